@@ -1,0 +1,46 @@
+# One command each on a fresh clone: every target creates/reuses .venv first.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+STAMP  := $(VENV)/.installed
+HOST   ?= 127.0.0.1
+PORT   ?= 8000
+
+.PHONY: venv test lint serve bench cuda-check browser clean
+
+venv: $(STAMP)
+
+# torch==2.13.0 first (the CPU wheel on local disk); any other spelling pulls a multi-GB CUDA build.
+# --no-build-isolation: the C++ extension builds against the torch already in the venv.
+$(STAMP): pyproject.toml setup.py $(wildcard cuda_ext/*.cpp cuda_ext/*.h cuda_ext/*.cuh)
+	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip setuptools wheel
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q --no-build-isolation -e '.[test]'
+	touch $(STAMP)
+
+# Debian's chromium for the browser test (no browser download is possible here).
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium >/dev/null; }
+
+test: venv browser
+	$(PY) -m pytest -q -n 2 --dist loadgroup
+
+lint: venv
+	$(PY) -m ruff check densecnn app tests scripts
+	$(PY) -m ruff format --check densecnn app tests scripts
+
+serve: venv
+	$(VENV)/bin/densecnn serve --host $(HOST) --port $(PORT)
+
+bench: venv
+	$(VENV)/bin/densecnn bench --out docs/benchmarks
+
+cuda-check:
+	bash scripts/cuda_check.sh
+
+clean:
+	rm -rf $(VENV) build *.egg-info

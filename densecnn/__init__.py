@@ -1,0 +1,33 @@
+"""densecnn: exact whole-image inference and masked training for patch-trained CNNs.
+
+>>> import densecnn, torch
+>>> model, patch = densecnn.zoo.plain_133(in_channels=3, num_classes=32)
+>>> dense = densecnn.convert(model.eval(), patch)
+>>> scores = dense(torch.rand(1, 3, 256, 256))   # (1, 32, 256, 256): model(patch) at every pixel
+"""
+
+from . import spec, zoo
+from .convert import convert
+from .dense import DenseCNN
+from .errors import ConversionError, DenseEquivalenceWarning, ModelFileError
+from .modelfile import LoadedModel, load, save
+from .rules import register_rule
+from .scan import fast_scan, scan_patches
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ConversionError",
+    "DenseCNN",
+    "DenseEquivalenceWarning",
+    "LoadedModel",
+    "ModelFileError",
+    "convert",
+    "fast_scan",
+    "load",
+    "register_rule",
+    "save",
+    "scan_patches",
+    "spec",
+    "zoo",
+]
