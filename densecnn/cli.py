@@ -1,0 +1,34 @@
+"""The ``densecnn`` command: one subcommand per module, each providing ``add_parser(subparsers)``."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# subcommand modules, in the order `densecnn --help` lists them
+COMMANDS = ["densecnn.commands.info"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="densecnn", description="Exact whole-image CNN pixel classification.")
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for module in COMMANDS:
+        importlib.import_module(module).add_parser(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse ``argv`` and run the chosen subcommand; errors a user can fix print one line, not a traceback."""
+    from .errors import ConversionError, ModelFileError
+
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args) or 0
+    except (ConversionError, ModelFileError, ValueError, FileNotFoundError) as exc:
+        print(f"densecnn {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

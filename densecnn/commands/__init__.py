@@ -1,0 +1,1 @@
+"""The ``densecnn`` subcommands, one module each."""

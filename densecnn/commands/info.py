@@ -1,0 +1,21 @@
+"""``densecnn info MODEL_DIR``: what a model is and the dense net it converts to."""
+
+from __future__ import annotations
+
+
+def add_parser(subparsers) -> None:
+    parser = subparsers.add_parser("info", help="describe a model directory and its dense net")
+    parser.add_argument("model", help="model directory (model.json + weights.safetensors)")
+    parser.set_defaults(run=run)
+
+
+def run(args) -> int:
+    from ..modelfile import load
+
+    loaded = load(args.model)
+    print(f"model: {loaded.path}")
+    print(f"patch size: {loaded.patch_size[0]}x{loaded.patch_size[1]}, input channels: {loaded.in_channels}")
+    print(f"classes ({loaded.num_classes}): {', '.join(loaded.class_names)}")
+    print(f"padding mode: {loaded.padding_mode}")
+    print(loaded.dense())
+    return 0

@@ -1,0 +1,76 @@
+"""Reading images into float arrays in [0, 1], the one way densecnn turns files into model input.
+
+PNG/JPEG/BMP go through Pillow (EXIF orientation applied); TIFF through tifffile (8/16-bit, float; first page).
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+import tifffile
+from PIL import Image, ImageOps
+
+_TIFF_MAGIC = (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+")
+
+
+class ImageReadError(ValueError):
+    """An image could not be decoded; the message says which and why."""
+
+
+def _scale(array: np.ndarray) -> np.ndarray:
+    """Integer images to [0, 1] by their dtype's range; float images are kept as they are."""
+    if array.dtype == np.bool_:
+        return array.astype(np.float32)
+    if np.issubdtype(array.dtype, np.integer):
+        return array.astype(np.float32) / np.iinfo(array.dtype).max
+    return array.astype(np.float32)
+
+
+def read_array(source: str | Path | bytes) -> np.ndarray:
+    """The raw pixel array of an image file or its bytes: (H, W) or (H, W, C), in the file's dtype."""
+    data = source if isinstance(source, bytes) else Path(source).read_bytes()
+    name = "<upload>" if isinstance(source, bytes) else str(source)
+    if data[:4] in _TIFF_MAGIC:
+        try:
+            return tifffile.imread(io.BytesIO(data), key=0)
+        except Exception as exc:  # tifffile raises many types on corrupt files
+            raise ImageReadError(f"{name}: cannot read TIFF: {exc}") from None
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            image = ImageOps.exif_transpose(image)
+            if image.mode in ("P", "PA", "LA", "CMYK", "YCbCr", "HSV", "LAB", "1"):
+                image = image.convert("RGBA" if "A" in image.mode or "transparency" in image.info else "RGB")
+            return np.asarray(image)
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
+        raise ImageReadError(f"{name}: not a readable image ({exc})") from None
+
+
+def to_channels(array: np.ndarray, channels: int) -> np.ndarray:
+    """(H, W) or (H, W, C) -> (H, W, ``channels``): gray <-> RGB by luminance/replication, alpha dropped."""
+    if array.ndim == 2:
+        array = array[:, :, None]
+    if array.ndim != 3:
+        raise ImageReadError(f"expected a 2-D image (H, W[, C]), got an array of shape {array.shape}")
+    if array.shape[2] in (2, 4):  # gray+alpha, RGBA: drop alpha
+        array = array[:, :, :-1]
+    have = array.shape[2]
+    if have == channels:
+        return array
+    if have == 1:
+        return np.repeat(array, channels, axis=2)
+    if have == 3 and channels == 1:
+        weights = np.array([0.299, 0.587, 0.114], dtype=np.float32)
+        return (array.astype(np.float32) @ weights)[:, :, None]
+    raise ImageReadError(f"cannot convert an image with {have} channels to the model's {channels}")
+
+
+def read_image(source: str | Path | bytes, channels: int) -> np.ndarray:
+    """An image file (path or bytes) as a float32 (C, H, W) array in [0, 1] with ``channels`` channels.
+
+    >>> read_image("cells.png", channels=1).shape
+    (1, 512, 512)
+    """
+    array = to_channels(_scale(read_array(source)), channels)
+    return np.ascontiguousarray(array.transpose(2, 0, 1))
