@@ -52,7 +52,8 @@ def pad_image(
     top, left = before
     bottom, right = after
     if padding_mode == "zeros":
-        return F.pad(x, (left, right, top, bottom))
+        padded = F.pad(x, (left, max(right, 0), top, max(bottom, 0)))
+        return padded[..., : top + x.shape[-2] + bottom, : left + x.shape[-1] + right]
     rows = _source_index(x.shape[-2], top, bottom, padding_mode, x.device)
     cols = _source_index(x.shape[-1], left, right, padding_mode, x.device)
     return x.index_select(-2, rows).index_select(-1, cols)

@@ -1,0 +1,102 @@
+"""Property: for random patch nets, the dense net equals patch-by-patch scanning at every pixel."""
+
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+import densecnn
+from tests.naive import assert_close_relative
+
+ACTIVATIONS = [nn.ReLU, nn.Tanh, nn.Sigmoid, nn.ELU, nn.GELU, lambda: nn.LeakyReLU(0.1), nn.Identity]
+
+
+@st.composite
+def patch_nets(draw):
+    """(model, patch_size): 1-4 conv/pool stages then a conv, FC or global-pool head reaching one output."""
+    in_channels = draw(st.integers(1, 4))
+    height = draw(st.integers(4, 26))
+    width = height if draw(st.booleans()) else draw(st.integers(4, 26))
+    size, channels, layers = [height, width], in_channels, []
+
+    def window(max_kernel=7):
+        kernel = draw(st.integers(1, max(1, min(max_kernel, *size))))
+        dilation = draw(st.sampled_from([1, 1, 2])) if (kernel - 1) * 2 + 1 <= min(size) else 1
+        stride = draw(st.integers(1, 3))
+        for axis in (0, 1):
+            size[axis] = (size[axis] - (kernel - 1) * dilation - 1) // stride + 1
+        return kernel, stride, dilation
+
+    for _ in range(draw(st.integers(1, 4))):
+        if min(size) < 1:
+            break
+        out_channels = draw(st.integers(1, 5))
+        groups = draw(st.sampled_from([g for g in (1, 2) if channels % g == 0 and out_channels % g == 0]))
+        kernel, stride, dilation = window()
+        layers.append(nn.Conv2d(channels, out_channels, kernel, stride, dilation=dilation, groups=groups,
+                                bias=draw(st.booleans())))  # fmt: skip
+        channels = out_channels
+        if draw(st.booleans()) and min(size) >= 1:
+            pool_type = draw(st.sampled_from([nn.MaxPool2d, nn.AvgPool2d]))
+            kernel = draw(st.integers(1, min(3, *size)))
+            stride = draw(st.integers(1, 3))
+            layers.append(pool_type(kernel, stride))
+            size = [(n - kernel) // stride + 1 for n in size]
+        layers.append(draw(st.sampled_from(ACTIVATIONS))())
+    classes = draw(st.integers(1, 4))
+    head = draw(st.sampled_from(["conv", "fc", "global"]))
+    if head == "conv":
+        layers.append(nn.Conv2d(channels, classes, tuple(size)))
+    elif head == "fc":
+        hidden = draw(st.integers(1, 6))
+        layers += [nn.Flatten(), nn.Linear(channels * size[0] * size[1], hidden), nn.Tanh(), nn.Linear(hidden, classes)]
+    else:
+        pool = draw(st.sampled_from([nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d]))
+        layers += [pool(1), nn.Flatten(), nn.Linear(channels, classes)]
+    return nn.Sequential(*layers).eval(), (height, width)
+
+
+def _valid(net):
+    model, patch = net
+    try:
+        densecnn.convert(model, patch)
+    except densecnn.ConversionError:
+        return False
+    return True
+
+
+def _check(net, data, dtype, rel):
+    model, patch = net
+    model = model.to(dtype)
+    n = data.draw(st.integers(1, 2), label="batch")
+    height = data.draw(st.integers(1, patch[0] + 6), label="height")
+    width = data.draw(st.integers(1, patch[1] + 6), label="width")
+    mode = data.draw(st.sampled_from(["zeros", "reflect", "replicate"]), label="padding_mode")
+    x = torch.randn(n, model[0].in_channels, height, width, dtype=dtype)
+    expected = densecnn.scan_patches(model, x, patch, padding_mode=mode)
+    dense = densecnn.convert(model, patch, padding_mode=mode, backend="native")
+    with torch.no_grad():
+        assert_close_relative(dense(x), expected, rel)
+
+
+@settings(max_examples=300)
+@given(net=patch_nets().filter(_valid), data=st.data())
+def test_dense_equals_patch_scanning_float64(net, data):
+    _check(net, data, torch.float64, 1e-10)
+
+
+@settings(max_examples=100)
+@given(net=patch_nets().filter(_valid), data=st.data())
+def test_dense_equals_patch_scanning_float32(net, data):
+    _check(net, data, torch.float32, 1e-5)
+
+
+@settings(max_examples=100)
+@given(net=patch_nets().filter(_valid), data=st.data())
+def test_fast_scan_equals_patch_scanning(net, data):
+    model, patch = net
+    model = model.double()
+    x = torch.randn(1, model[0].in_channels, data.draw(st.integers(1, 20)), data.draw(st.integers(1, 20)),
+                    dtype=torch.float64)  # fmt: skip
+    expected = densecnn.scan_patches(model, x, patch)
+    assert_close_relative(densecnn.fast_scan(model, x, patch), expected, 1e-10)

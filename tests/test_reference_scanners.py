@@ -1,0 +1,61 @@
+"""The reference scanners themselves, checked against a literal one-patch-at-a-time loop."""
+
+import pytest
+import torch
+
+import densecnn
+from densecnn.padding import pad_image
+from tests.naive import NUMPY_MODES, assert_close_relative, literal_scan, numpy_pad_for_patches
+
+MODES = list(NUMPY_MODES)
+
+
+def _tiny(in_channels=2, num_classes=3):
+    torch.manual_seed(0)
+    model, patch = densecnn.zoo.tiny(in_channels=in_channels, num_classes=num_classes)
+    return model.double().eval(), patch
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("size", [(1, 1), (2, 5), (5, 3), (13, 11)])
+def test_scan_patches_matches_literal_loop(mode, size):
+    model, patch = _tiny()
+    x = torch.rand(2, 2, *size, dtype=torch.float64)
+    expected = literal_scan(model, x, (patch, patch), mode)
+    actual = densecnn.scan_patches(model, x, patch, padding_mode=mode, batch_size=7)
+    assert_close_relative(actual, expected, 1e-12)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_scan_patches_rectangular_even_patch(mode):
+    torch.manual_seed(1)
+    model = torch.nn.Sequential(torch.nn.Conv2d(1, 3, (4, 3)), torch.nn.Tanh(), torch.nn.Conv2d(3, 2, (3, 4))).double()
+    x = torch.rand(1, 1, 6, 7, dtype=torch.float64)
+    expected = literal_scan(model, x, (6, 6), mode)
+    assert_close_relative(densecnn.scan_patches(model, x, (6, 6), padding_mode=mode), expected, 1e-12)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_fast_scan_matches_scan_patches(mode):
+    model, patch = _tiny()
+    x = torch.rand(2, 2, 15, 18, dtype=torch.float64)
+    expected = densecnn.scan_patches(model, x, patch, padding_mode=mode)
+    assert_close_relative(densecnn.fast_scan(model, x, patch, padding_mode=mode), expected, 1e-12)
+
+
+@pytest.mark.parametrize("mode", ["reflect", "replicate"])
+@pytest.mark.parametrize("length", [1, 2, 3, 7])
+def test_padding_matches_numpy_even_when_pad_exceeds_image(mode, length):
+    x = torch.rand(1, 1, length, length + 1, dtype=torch.float64)
+    expected = numpy_pad_for_patches(x.numpy(), (19, 20), mode)
+    actual = pad_image(x, (9, 9), (9, 10), mode)
+    assert torch.equal(actual, torch.from_numpy(expected))
+
+
+def test_scan_patches_rejects_bad_arguments():
+    model, patch = _tiny()
+    x = torch.rand(1, 2, 4, 4, dtype=torch.float64)
+    with pytest.raises(ValueError, match="padding_mode"):
+        densecnn.scan_patches(model, x, patch, padding_mode="circular")
+    with pytest.raises(ValueError, match="batch_size"):
+        densecnn.scan_patches(model, x, patch, batch_size=0)
