@@ -7,7 +7,7 @@ import importlib
 import sys
 
 # subcommand modules, in the order `densecnn --help` lists them
-COMMANDS = ["densecnn.commands.info"]
+COMMANDS = ["densecnn.commands.info", "densecnn.commands.export_onnx"]
 
 
 def build_parser() -> argparse.ArgumentParser:

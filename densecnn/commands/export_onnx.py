@@ -1,0 +1,29 @@
+"""``densecnn export-onnx MODEL_DIR OUT.onnx``: the model's dense net as ONNX, dynamic height and width."""
+
+from __future__ import annotations
+
+
+def add_parser(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "export-onnx",
+        help="export a model's dense net to ONNX (image -> per-pixel scores, any H and W)",
+        description="Write the dense net of MODEL as ONNX: input 'image' (N, C, H, W) float32, already "
+        "normalised with the model's mean/std; output 'scores' (N, K, H, W). Padding is in the graph.",
+    )
+    parser.add_argument("model", help="model directory (model.json + weights.safetensors)")
+    parser.add_argument("out", help="the .onnx file to write")
+    parser.set_defaults(run=run)
+
+
+def run(args) -> int:
+    from ..modelfile import load
+    from ..onnx_export import export_onnx
+
+    loaded = load(args.model)
+    dense = loaded.dense(backend="native")
+    path = export_onnx(dense, args.out)
+    channels, classes = dense.in_channels, dense.num_classes
+    print(f"wrote {path}: input 'image' (N, {channels}, H, W) -> output 'scores' (N, {classes}, H, W)")
+    if loaded.normalization:
+        print(f"normalise inputs first: (x - {loaded.normalization['mean']}) / {loaded.normalization['std']}")
+    return 0

@@ -1,0 +1,88 @@
+"""ONNX export: onnxruntime CPU runs the exported dense net: equal to DenseCNN and patch scanning."""
+
+import numpy as np
+import pytest
+import torch
+
+import densecnn
+from densecnn.cli import main
+from densecnn.onnx_export import IR_VERSION, export_onnx
+
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+
+
+def _session(path):
+    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+
+@pytest.mark.parametrize("padding_mode", ["zeros", "reflect", "replicate"])
+def test_onnx_matches_dense_net_at_dynamic_sizes(tmp_path, padding_mode):
+    torch.manual_seed(0)
+    model, patch = densecnn.zoo.tiny(in_channels=2, num_classes=4)  # max pool, avg pool, Linear heads
+    dense = densecnn.convert(model.eval(), patch, padding_mode=padding_mode, backend="native")
+    path = export_onnx(dense, tmp_path / "tiny.onnx")
+    session = _session(path)
+    for shape in [(1, 2, 37, 29), (2, 2, 50, 61), (1, 2, 3, 2), (1, 2, 1, 1)]:
+        x = torch.rand(*shape)
+        (scores,) = session.run(None, {"image": x.numpy()})
+        expected = dense(x).detach().numpy()
+        assert scores.shape == expected.shape == (shape[0], 4, shape[2], shape[3])
+        np.testing.assert_allclose(scores, expected, rtol=0, atol=1e-4)
+
+
+def test_onnx_matches_patch_scanning_for_a_deeper_net(tmp_path):
+    torch.manual_seed(1)
+    model, patch = densecnn.zoo.stages_46(in_channels=3, num_classes=5)
+    model.eval()
+    dense = densecnn.convert(model, patch, padding_mode="reflect", backend="native")
+    x = torch.rand(1, 3, 21, 18)
+    (scores,) = _session(export_onnx(dense, tmp_path / "stages.onnx")).run(None, {"image": x.numpy()})
+    expected = densecnn.scan_patches(model, x, patch, padding_mode="reflect").detach().numpy()  # independent
+    np.testing.assert_allclose(scores, expected, rtol=0, atol=1e-4)
+
+
+def test_exported_graph_uses_dilated_ops_and_a_loadable_ir_version(tmp_path):
+    model, patch = densecnn.zoo.tiny()
+    path = export_onnx(densecnn.convert(model.eval(), patch, backend="native"), tmp_path / "t.onnx")
+    graph = onnx.load(str(path))
+    assert graph.ir_version == IR_VERSION
+    ops = {node.op_type: node for node in graph.graph.node}
+    assert "AveragePool" not in ops  # average pooling is a depthwise conv
+    dilations = {
+        tuple(a.ints)
+        for n in graph.graph.node
+        if n.op_type == "MaxPool"
+        for a in n.attribute
+        if a.name == "dilations"
+    }
+    assert dilations == {(1, 1)}  # the first pool; the later windows are dilated convs
+    conv_dilations = {
+        tuple(a.ints)
+        for n in graph.graph.node
+        if n.op_type == "Conv"
+        for a in n.attribute
+        if a.name == "dilations"
+    }
+    assert (2, 2) in conv_dilations and (4, 4) in conv_dilations
+    dims = graph.graph.input[0].type.tensor_type.shape.dim
+    assert [d.dim_param or d.dim_value for d in dims] == ["N", 1, "H", "W"]
+
+
+def test_export_onnx_command(tmp_path, capsys):
+    model, patch = densecnn.zoo.tiny(in_channels=1, num_classes=3)
+    normalization = {"mean": [0.5], "std": [0.25]}
+    densecnn.save(
+        model, tmp_path / "m", patch_size=patch, normalization=normalization, padding_mode="replicate"
+    )
+    assert main(["export-onnx", str(tmp_path / "m"), str(tmp_path / "m.onnx")]) == 0
+    assert "normalise inputs first" in capsys.readouterr().out
+    loaded = densecnn.load(tmp_path / "m")
+    x = loaded.normalize(torch.rand(1, 1, 30, 40))
+    (scores,) = _session(tmp_path / "m.onnx").run(None, {"image": x.numpy()})
+    np.testing.assert_allclose(scores, loaded.dense()(x).detach().numpy(), rtol=0, atol=1e-4)
+
+
+def test_export_onnx_command_reports_a_missing_model(tmp_path, capsys):
+    assert main(["export-onnx", str(tmp_path / "nothing"), str(tmp_path / "x.onnx")]) == 2
+    assert "model.json is missing" in capsys.readouterr().err
