@@ -6,10 +6,11 @@
 >>> scores = dense(torch.rand(1, 3, 256, 256))   # (1, 32, 256, 256): model(patch) at every pixel
 """
 
-from . import spec, zoo
+from . import masks, spec, zoo
 from .convert import convert
 from .dense import DenseCNN
 from .errors import ConversionError, DenseEquivalenceWarning, ModelFileError
+from .losses import masked_cross_entropy
 from .modelfile import LoadedModel, load, save
 from .rules import register_rule
 from .scan import fast_scan, scan_patches
@@ -25,6 +26,8 @@ __all__ = [
     "convert",
     "fast_scan",
     "load",
+    "masked_cross_entropy",
+    "masks",
     "register_rule",
     "save",
     "scan_patches",

@@ -1,0 +1,120 @@
+"""Masked whole-image cross-entropy: train a dense net on the pixels a mask selects.
+
+With ``dense = densecnn.convert(model.eval(), P)``, the gradient of
+``masked_cross_entropy(dense(x), labels, mask)`` w.r.t. ``model``'s parameters equals the gradient of the
+mean cross-entropy over the minibatch of P×P patches centred at the selected pixels (cut with the padding
+convention of :mod:`densecnn.padding`), for eval-mode BatchNorm and no dropout. The whole image is scored
+either way, so the cost of a step does not depend on how many pixels the mask selects.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def masked_cross_entropy_terms(
+    scores: torch.Tensor,
+    labels: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    *,
+    ignore_index: int = 255,
+    class_weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(loss_sum, weight_sum)`` over the selected, non-ignored pixels; their ratio is the mean loss.
+
+    ``loss_sum = Σ w[y] · CE`` and ``weight_sum = Σ w[y]`` (w = 1 without ``class_weights``).
+    Distributed training sums both over all processes before dividing, so every pixel of the global batch
+    counts equally.
+    Computed in float32 (or float64 if the scores are float64), whatever dtype the scores come in.
+    """
+    targets = _check(scores, labels, mask, ignore_index, class_weights)
+    if mask is not None:
+        targets = targets.masked_fill(~mask, ignore_index)  # unselected pixels count like ignored ones
+    compute_dtype = torch.float64 if scores.dtype == torch.float64 else torch.float32
+    scores = scores.to(compute_dtype)
+    per_pixel = F.cross_entropy(scores, targets, ignore_index=ignore_index, reduction="none")  # (N, H, W)
+    counted = targets != ignore_index  # (N, H, W)
+    if class_weights is None:
+        weight = counted.to(compute_dtype)
+    else:
+        per_class = class_weights.to(scores.device, compute_dtype)  # (K,)
+        weight = per_class[targets.clamp(max=scores.shape[1] - 1)] * counted  # (N, H, W)
+    return (per_pixel * weight).sum(), weight.sum()
+
+
+def masked_cross_entropy(
+    scores: torch.Tensor,
+    labels: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    *,
+    ignore_index: int = 255,
+    class_weights: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Mean cross-entropy over the pixels selected by ``mask`` whose label is not ``ignore_index``.
+
+    Args:
+        scores: (N, K, H, W) raw class scores, e.g. ``dense(x)``.
+        labels: (N, H, W) integer class ids in ``0..K-1``, or ``ignore_index``.
+        mask: (N, H, W) bool, True where the pixel's error counts; ``None`` selects every pixel.
+        ignore_index: label value never counted (default 255, the dataset convention).
+        class_weights: optional (K,) weights. The result is then ``Σ w[y]·CE / Σ w[y]`` over the counted
+            pixels: exactly ``F.cross_entropy(patch_scores, patch_labels, weight=class_weights)`` on the patch
+            minibatch.
+
+    Returns:
+        A scalar tensor (float32, or float64 for float64 scores). When no pixel counts it is 0 with a zero
+        gradient (not NaN), so a batch of fully ignored crops does not poison training.
+
+    >>> dense = densecnn.convert(model.eval(), patch)
+    >>> scores = dense(images)                                   # (N, K, H, W)
+    >>> mask = densecnn.masks.random(64)(labels, generator=g)    # 64 pixels per image
+    >>> densecnn.masked_cross_entropy(scores, labels, mask).backward()   # grads land in model's parameters
+    """
+    loss_sum, weight_sum = masked_cross_entropy_terms(
+        scores, labels, mask, ignore_index=ignore_index, class_weights=class_weights
+    )
+    return loss_sum / weight_sum.clamp(min=torch.finfo(weight_sum.dtype).tiny)
+
+
+def pixel_cross_entropy(
+    scores: torch.Tensor, labels: torch.Tensor, *, ignore_index: int = 255
+) -> torch.Tensor:
+    """(N, K, H, W) scores, (N, H, W) labels -> (N, H, W) detached per-pixel cross-entropy, 0 where ignored.
+
+    What :func:`densecnn.masks.hard` ranks pixels by: it reuses scores already computed (no extra forward).
+    """
+    _check(scores, labels, None, ignore_index, None)
+    with torch.no_grad():
+        return F.cross_entropy(scores.float(), labels.long(), ignore_index=ignore_index, reduction="none")
+
+
+def _check(scores, labels, mask, ignore_index, class_weights) -> torch.Tensor:
+    """Validate the arguments; return the labels as int64."""
+    if scores.dim() != 4:
+        raise ValueError(f"scores must be (N, K, H, W), got shape {tuple(scores.shape)}")
+    n, k, height, width = scores.shape
+    if tuple(labels.shape) != (n, height, width):
+        raise ValueError(
+            f"labels must be (N, H, W) = {(n, height, width)} to match the scores, got {tuple(labels.shape)}"
+        )
+    if labels.is_floating_point() or labels.dtype == torch.bool:
+        raise TypeError(f"labels must be an integer tensor of class ids, got {labels.dtype}")
+    if mask is not None:
+        if tuple(mask.shape) != (n, height, width):
+            raise ValueError(f"mask must be (N, H, W) = {(n, height, width)}, got {tuple(mask.shape)}")
+        if mask.dtype != torch.bool:
+            raise TypeError(f"mask must be a bool tensor, got {mask.dtype}; use mask.bool()")
+    if class_weights is not None and tuple(class_weights.shape) != (k,):
+        raise ValueError(
+            f"class_weights must have one weight per class, shape ({k},), got {tuple(class_weights.shape)}"
+        )
+    labels = labels.long()
+    bad = (labels != ignore_index) & ((labels < 0) | (labels >= k))
+    if bad.any():
+        value = labels[bad][0].item()
+        raise ValueError(
+            f"label {value} is out of range for {k} classes "
+            f"(valid: 0..{k - 1}, or {ignore_index} to ignore a pixel)"
+        )
+    return labels

@@ -1,0 +1,158 @@
+"""Pixel-selection strategies: which pixels' errors a whole-image training step counts.
+
+Each strategy is called on a batch's labels and returns an (N, H, W) bool mask for
+:func:`densecnn.masked_cross_entropy`. Pixels labelled ``ignore_index`` are never selected. Random choices
+come from the ``generator`` you pass, so a step is reproducible.
+
+>>> g = torch.Generator().manual_seed(0)
+>>> strategy = densecnn.masks.parse("hard:256:0.25")    # the CLI's --mask syntax
+>>> scores = dense(images)                              # (N, K, H, W), the forward pass of this step
+>>> mask = strategy(labels, pixel_loss=densecnn.losses.pixel_cross_entropy(scores, labels), generator=g)
+>>> densecnn.masked_cross_entropy(scores, labels, mask).backward()
+
+Strategies:
+- ``all()``: every labelled pixel.
+- ``random(k)``: k pixels per image, uniformly among the labelled ones.
+- ``balanced(k)``: k pixels per class per image (all of them where a class has fewer).
+- ``hard(k, mix=0.5)``: per image, ``round(k·mix)`` pixels uniformly at random and the other ones with the
+  largest current error (``pixel_loss``, read off the forward pass already done: no extra forward).
+Where an image has fewer than k eligible pixels, all of them are selected.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+SPEC_SYNTAX = (
+    "all | random:K | balanced:K | hard:K[:MIX]  (K pixels per image, MIX in [0, 1] the random share)"
+)
+
+
+@dataclass(frozen=True)
+class MaskStrategy:
+    """A pixel-selection strategy: build one with :func:`all`, :func:`random`, :func:`balanced`, :func:`hard`
+    or :func:`parse`."""
+
+    kind: str
+    k: int = 0
+    mix: float = 0.0
+
+    @property
+    def needs_loss(self) -> bool:
+        """Whether the strategy ranks pixels by ``pixel_loss`` (only ``hard`` does)."""
+        return self.kind == "hard"
+
+    def __call__(
+        self,
+        labels: torch.Tensor,
+        *,
+        pixel_loss: torch.Tensor | None = None,
+        generator: torch.Generator | None = None,
+        ignore_index: int = 255,
+    ) -> torch.Tensor:
+        """(N, H, W) labels (and, for ``hard``, the (N, H, W) per-pixel loss) -> (N, H, W) bool mask."""
+        if labels.dim() != 3:
+            raise ValueError(f"labels must be (N, H, W), got shape {tuple(labels.shape)}")
+        eligible = labels != ignore_index  # (N, H, W)
+        if self.kind == "all":
+            return eligible
+        if self.kind == "random":
+            return _top_k(_random_keys(labels, generator), eligible, self.k)
+        if self.kind == "balanced":
+            keys = _random_keys(labels, generator)
+            mask = torch.zeros_like(eligible)
+            for value in labels[eligible].unique():
+                mask |= _top_k(keys, labels == value, self.k)
+            return mask
+        if pixel_loss is None or tuple(pixel_loss.shape) != tuple(labels.shape):
+            raise ValueError(
+                "hard(k) needs pixel_loss, the (N, H, W) per-pixel loss of the forward pass just done"
+            )
+        n_random = round(self.k * self.mix)
+        hardest = _top_k(pixel_loss.detach().float(), eligible, self.k - n_random)
+        return hardest | _top_k(_random_keys(labels, generator), eligible & ~hardest, n_random)
+
+    def __str__(self) -> str:
+        if self.kind == "all":
+            return "all"
+        return f"hard:{self.k}:{self.mix:g}" if self.kind == "hard" else f"{self.kind}:{self.k}"
+
+
+def all() -> MaskStrategy:
+    """Select every labelled pixel."""
+    return MaskStrategy("all")
+
+
+def random(k: int) -> MaskStrategy:
+    """Select ``k`` labelled pixels per image, uniformly at random."""
+    return MaskStrategy("random", _check_k(k))
+
+
+def balanced(k: int) -> MaskStrategy:
+    """Select ``k`` pixels of each class present in each image (all of a class's pixels if it has fewer)."""
+    return MaskStrategy("balanced", _check_k(k))
+
+
+def hard(k: int, mix: float = 0.5) -> MaskStrategy:
+    """Select ``k`` pixels per image: ``round(k·mix)`` at random, the others with the largest current loss."""
+    if not 0.0 <= mix <= 1.0:
+        raise ValueError(f"hard(k, mix): mix is the share of random pixels and must be in [0, 1], got {mix}")
+    return MaskStrategy("hard", _check_k(k), float(mix))
+
+
+def parse(spec: str) -> MaskStrategy:
+    """A strategy from the CLI syntax ``all | random:K | balanced:K | hard:K[:MIX]``.
+
+    >>> densecnn.masks.parse("hard:128:0.25")
+    MaskStrategy(kind='hard', k=128, mix=0.25)
+    """
+    parts = str(spec).strip().lower().split(":")
+    kind, args = parts[0], parts[1:]
+    builders = {
+        "all": (all, 0, 0),
+        "random": (random, 1, 1),
+        "balanced": (balanced, 1, 1),
+        "hard": (hard, 1, 2),
+    }
+    if kind not in builders:
+        raise ValueError(f"unknown mask strategy {spec!r}; use {SPEC_SYNTAX}")
+    build, least, most = builders[kind]
+    if not least <= len(args) <= most:
+        raise ValueError(f"mask strategy {spec!r} has the wrong number of arguments; use {SPEC_SYNTAX}")
+    try:
+        values = [int(args[0])] + [float(a) for a in args[1:]] if args else []
+    except ValueError:
+        raise ValueError(
+            f"mask strategy {spec!r}: K must be an integer and MIX a number; use {SPEC_SYNTAX}"
+        ) from None
+    return build(*values)
+
+
+def _check_k(k: int) -> int:
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"k (pixels per image) must be a positive integer, got {k!r}")
+    return k
+
+
+def _random_keys(labels: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """(N, H, W) uniform random keys in [0, 1): ranking by them picks a uniform random subset."""
+    keys = torch.rand(
+        labels.shape, generator=generator, device="cpu" if generator is None else generator.device
+    )
+    return keys.to(labels.device)
+
+
+def _top_k(keys: torch.Tensor, eligible: torch.Tensor, k: int) -> torch.Tensor:
+    """Per image, the (up to) ``k`` eligible pixels with the largest keys, as an (N, H, W) bool mask."""
+    n = keys.shape[0]
+    flat_eligible = eligible.reshape(n, -1)  # (N, H·W)
+    k = min(k, flat_eligible.shape[1])
+    if k == 0:
+        return torch.zeros_like(eligible)
+    ranked = keys.reshape(n, -1).masked_fill(~flat_eligible, float("-inf"))  # (N, H·W)
+    chosen = ranked.topk(k, dim=1).indices  # (N, k)
+    mask = torch.zeros_like(flat_eligible)
+    mask.scatter_(1, chosen, flat_eligible.gather(1, chosen))  # drop picks that were not eligible (too few)
+    return mask.view_as(eligible)

@@ -1,0 +1,183 @@
+"""masked_cross_entropy through a dense net == mean cross-entropy of the patches at the selected pixels.
+
+The reference cuts the patches itself (pad_for_patches + indexing) and runs the PATCH model on them, so it
+shares no code with the dense path beyond the padding convention.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+import densecnn
+from densecnn.losses import masked_cross_entropy_terms, pixel_cross_entropy
+from densecnn.padding import pad_for_patches
+
+IGNORE = 255
+
+
+@st.composite
+def architectures(draw):
+    """A random patch classifier: conv/pool stages, then a conv or FC head. P is solved backwards from the
+    head, with random floor slack so that even, odd and R < P patch sizes all occur."""
+    in_channels = draw(st.integers(1, 3))
+    num_classes = draw(st.integers(2, 4))
+    n_stages = draw(st.integers(1, 2))
+    stages = [
+        (
+            draw(st.integers(1, 3)),  # conv kernel
+            draw(st.sampled_from(["max", "avg"])),
+            draw(st.integers(1, 3)),  # pool kernel
+            draw(st.integers(1, 2)),  # pool stride
+            draw(st.integers(0, 1)),  # floor slack
+            draw(st.integers(2, 4)),  # channels
+        )
+        for _ in range(n_stages)
+    ]
+    head = draw(st.sampled_from(["conv", "fc"]))
+    final = draw(st.integers(1, 2))  # map size the head reads
+    size, layers, channels = final, [], in_channels
+    for conv_k, _, pool_k, pool_s, slack, _ in reversed(stages):
+        size = (size - 1) * pool_s + pool_k + min(slack, pool_s - 1)  # pool input
+        size = size + conv_k - 1  # conv input
+    patch = size
+    for conv_k, pool, pool_k, pool_s, _, out in stages:
+        pool_layer = nn.MaxPool2d(pool_k, pool_s) if pool == "max" else nn.AvgPool2d(pool_k, pool_s)
+        layers += [nn.Conv2d(channels, out, conv_k), pool_layer, nn.Tanh()]
+        channels = out
+    if head == "conv":
+        layers.append(nn.Conv2d(channels, num_classes, final))
+    else:
+        layers += [nn.Flatten(), nn.Linear(channels * final * final, 5), nn.ReLU(), nn.Linear(5, num_classes)]
+    return nn.Sequential(*layers), patch, in_channels, num_classes
+
+
+def patch_minibatch_loss(model, x, labels, mask, patch, padding_mode, class_weights):
+    """The classical step: cut the selected pixels' patches, run the patch model, mean cross-entropy."""
+    counted = mask & (labels != IGNORE)  # (N, H, W)
+    image, row, col = counted.nonzero(as_tuple=True)
+    padded = pad_for_patches(x, (patch, patch), padding_mode)  # (N, C, H+P-1, W+P-1)
+    patches = torch.stack(
+        [padded[n, :, i : i + patch, j : j + patch] for n, i, j in zip(image, row, col, strict=True)]
+    )
+    scores = model(patches).reshape(len(patches), -1)  # (B, K)
+    return F.cross_entropy(scores, labels[image, row, col], weight=class_weights)
+
+
+def grads(model, loss):
+    model.zero_grad()
+    loss.backward()
+    return [p.grad.clone() for p in model.parameters()]
+
+
+def relative_error(got, want):
+    return max(((g - w).norm() / w.norm().clamp(min=1e-12)).item() for g, w in zip(got, want, strict=True))
+
+
+def random_problem(draw, in_channels, num_classes, dtype):
+    n = draw(st.integers(1, 2))
+    height, width = draw(st.integers(3, 9)), draw(st.integers(3, 9))
+    seed = draw(st.integers(0, 2**31 - 1))
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, in_channels, height, width, generator=g, dtype=dtype)
+    labels = torch.randint(0, num_classes, (n, height, width), generator=g)
+    labels[torch.rand(n, height, width, generator=g) < 0.2] = IGNORE
+    mask = torch.rand(n, height, width, generator=g) < draw(st.sampled_from([0.1, 0.5, 1.0]))
+    if not (mask & (labels != IGNORE)).any():  # at least one counted pixel, else the patch mean is undefined
+        labels[0, 0, 0], mask[0, 0, 0] = 0, True
+    return x, labels, mask
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(arch=architectures(), data=st.data())
+def test_gradient_equals_patch_minibatch_gradient_float64(arch, data):
+    model, patch, in_channels, num_classes = arch
+    model = model.double().eval()
+    x, labels, mask = random_problem(data.draw, in_channels, num_classes, torch.float64)
+    padding_mode = data.draw(st.sampled_from(["zeros", "reflect", "replicate"]))
+    class_weights = data.draw(st.sampled_from([None, "random"]))
+    if class_weights == "random":
+        class_weights = torch.rand(num_classes, dtype=torch.float64) + 0.1
+
+    dense = densecnn.convert(model, patch, padding_mode=padding_mode)
+    dense_loss = densecnn.masked_cross_entropy(dense(x), labels, mask, class_weights=class_weights)
+    dense_grads = grads(model, dense_loss)
+    patch_loss = patch_minibatch_loss(model, x, labels, mask, patch, padding_mode, class_weights)
+    patch_grads = grads(model, patch_loss)
+
+    assert dense_loss.dtype == torch.float64
+    assert abs(dense_loss.item() - patch_loss.item()) <= 1e-10 * max(1.0, abs(patch_loss.item()))
+    assert relative_error(dense_grads, patch_grads) <= 1e-8
+
+
+def test_gradient_equals_patch_minibatch_gradient_float32():
+    torch.manual_seed(0)
+    model, patch = densecnn.zoo.tiny(in_channels=2, num_classes=3)
+    model.eval()
+    x = torch.randn(2, 2, 20, 17)
+    labels = torch.randint(0, 3, (2, 20, 17))
+    labels[:, :3] = IGNORE
+    mask = densecnn.masks.random(30)(labels, generator=torch.Generator().manual_seed(1))
+    dense = densecnn.convert(model, patch)
+    dense_grads = grads(model, densecnn.masked_cross_entropy(dense(x), labels, mask))
+    patch_grads = grads(model, patch_minibatch_loss(model, x, labels, mask, patch, "zeros", None))
+    assert relative_error(dense_grads, patch_grads) <= 1e-4
+
+
+def test_loss_is_float32_for_bfloat16_scores():
+    scores = torch.randn(1, 3, 4, 4).bfloat16()
+    labels = torch.randint(0, 3, (1, 4, 4))
+    loss = densecnn.masked_cross_entropy(scores, labels)
+    assert loss.dtype == torch.float32
+    assert torch.allclose(loss, F.cross_entropy(scores.float(), labels))
+
+
+def test_no_counted_pixel_gives_zero_loss_and_zero_gradient():
+    scores = torch.randn(1, 3, 4, 4, requires_grad=True)
+    labels = torch.full((1, 4, 4), IGNORE)
+    loss = densecnn.masked_cross_entropy(scores, labels)
+    loss.backward()
+    assert loss.item() == 0.0
+    assert torch.count_nonzero(scores.grad) == 0
+
+
+def test_terms_sum_over_counted_pixels():
+    scores = torch.randn(2, 3, 5, 5, dtype=torch.float64)
+    labels = torch.randint(0, 3, (2, 5, 5))
+    mask = torch.zeros(2, 5, 5, dtype=torch.bool)
+    mask[0, 1, 2] = mask[1, 4, 4] = True
+    weights = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64)
+    loss_sum, weight_sum = masked_cross_entropy_terms(scores, labels, mask, class_weights=weights)
+    picked = scores[[0, 1], :, [1, 4], [2, 4]]  # (2, K)
+    targets = labels[[0, 1], [1, 4], [2, 4]]
+    expected = F.cross_entropy(picked, targets, weight=weights, reduction="sum")
+    assert torch.allclose(loss_sum, expected)
+    assert weight_sum.item() == pytest.approx(weights[targets].sum().item())
+
+
+def test_pixel_cross_entropy_is_zero_at_ignored_pixels():
+    scores = torch.randn(1, 3, 4, 4)
+    labels = torch.randint(0, 3, (1, 4, 4))
+    labels[0, 0] = IGNORE
+    loss = pixel_cross_entropy(scores, labels)
+    assert loss.shape == (1, 4, 4) and not loss.requires_grad
+    assert (loss[0, 0] == 0).all() and (loss[0, 1:] > 0).all()
+
+
+@pytest.mark.parametrize(
+    "scores, labels, mask, match",
+    [
+        (torch.randn(1, 3, 4), torch.zeros(1, 4, dtype=torch.long), None, "scores must be"),
+        (torch.randn(1, 3, 4, 4), torch.zeros(1, 4, 5, dtype=torch.long), None, "labels must be"),
+        (torch.randn(1, 3, 4, 4), torch.zeros(1, 4, 4), None, "integer tensor"),
+        (torch.randn(1, 3, 4, 4), torch.full((1, 4, 4), 3), None, "label 3 is out of range for 3 classes"),
+        (torch.randn(1, 3, 4, 4), torch.zeros(1, 4, 4, dtype=torch.long), torch.ones(1, 4, 4), "bool tensor"),
+    ],
+)
+def test_bad_arguments_are_named(scores, labels, mask, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        densecnn.masked_cross_entropy(scores, labels, mask)

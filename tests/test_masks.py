@@ -1,0 +1,116 @@
+"""Pixel-selection strategies: counts, ignore label, hard pixels, determinism, CLI spec parsing."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from densecnn import masks
+
+IGNORE = 255
+
+
+def labels_with_ignore(seed=0, n=2, height=12, width=10, classes=3):
+    g = torch.Generator().manual_seed(seed)
+    labels = torch.randint(0, classes, (n, height, width), generator=g)
+    labels[:, :2] = IGNORE
+    return labels
+
+
+def gen(seed=0):
+    return torch.Generator().manual_seed(seed)
+
+
+def test_all_selects_every_labelled_pixel():
+    labels = labels_with_ignore()
+    assert torch.equal(masks.all()(labels), labels != IGNORE)
+
+
+@pytest.mark.parametrize("strategy", [masks.random(7), masks.hard(7, mix=0.4), masks.hard(7, mix=0.0)])
+def test_k_pixels_per_image_never_ignored(strategy):
+    labels = labels_with_ignore()
+    loss = torch.rand(labels.shape)
+    mask = strategy(labels, pixel_loss=loss, generator=gen())
+    assert mask.sum(dim=(1, 2)).tolist() == [7, 7]
+    assert not mask[labels == IGNORE].any()
+
+
+def test_fewer_eligible_pixels_than_k_selects_them_all():
+    labels = torch.full((1, 4, 4), IGNORE)
+    labels[0, 1, 1], labels[0, 2, 3] = 0, 1
+    for strategy in (masks.random(10), masks.balanced(10), masks.hard(10, mix=0.5)):
+        mask = strategy(labels, pixel_loss=torch.rand(1, 4, 4), generator=gen())
+        assert torch.equal(mask, labels != IGNORE)
+
+
+def test_balanced_takes_k_per_class_present():
+    labels = torch.zeros(1, 10, 10, dtype=torch.long)
+    labels[0, :2, :2] = 1  # 4 pixels of class 1
+    labels[0, 5, :] = IGNORE
+    mask = masks.balanced(6)(labels, generator=gen())
+    assert mask[labels == 0].sum() == 6
+    assert mask[labels == 1].sum() == 4
+    assert mask.sum() == 10
+
+
+def test_hard_takes_the_largest_losses_and_random_others():
+    labels = labels_with_ignore(n=1)
+    loss = torch.rand(labels.shape, generator=gen(3))
+    loss[labels == IGNORE] = 100.0  # huge losses at ignored pixels must still never be selected
+    mask = masks.hard(8, mix=0.25)(labels, pixel_loss=loss, generator=gen())
+    eligible_losses = loss[labels != IGNORE]
+    top6 = eligible_losses.topk(6).values
+    assert torch.equal(loss[mask].sort(descending=True).values[:6], top6)
+    assert mask.sum() == 8 and not mask[labels == IGNORE].any()
+    only_hard = masks.hard(8, mix=0.0)(labels, pixel_loss=loss, generator=gen())
+    assert torch.equal(loss[only_hard].sort(descending=True).values, eligible_losses.topk(8).values)
+
+
+def test_hard_needs_the_pixel_loss():
+    with pytest.raises(ValueError, match="needs pixel_loss"):
+        masks.hard(4)(labels_with_ignore(), generator=gen())
+
+
+@pytest.mark.parametrize("spec", ["random:9", "balanced:3", "hard:9:0.5"])
+def test_deterministic_under_a_generator(spec):
+    strategy = masks.parse(spec)
+    labels = labels_with_ignore()
+    loss = torch.rand(labels.shape, generator=gen(5))
+    first = strategy(labels, pixel_loss=loss, generator=gen(42))
+    again = strategy(labels, pixel_loss=loss, generator=gen(42))
+    other = strategy(labels, pixel_loss=loss, generator=gen(43))
+    assert torch.equal(first, again)
+    assert not torch.equal(first, other)
+
+
+@pytest.mark.parametrize(
+    "spec, expected",
+    [
+        ("all", masks.all()),
+        ("random:64", masks.random(64)),
+        ("balanced:16", masks.balanced(16)),
+        ("hard:32", masks.hard(32)),
+        ("hard:32:0.25", masks.hard(32, mix=0.25)),
+        (" HARD:32:1 ", masks.hard(32, mix=1.0)),
+    ],
+)
+def test_parse(spec, expected):
+    assert masks.parse(spec) == expected
+    assert masks.parse(str(expected)) == expected
+
+
+@pytest.mark.parametrize(
+    "spec, match",
+    [
+        ("everything", "unknown mask strategy"),
+        ("random", "wrong number of arguments"),
+        ("all:3", "wrong number of arguments"),
+        ("random:1:2", "wrong number of arguments"),
+        ("random:abc", "K must be an integer"),
+        ("random:0", "positive integer"),
+        ("hard:8:1.5", "mix is the share"),
+    ],
+)
+def test_parse_errors_say_the_syntax(spec, match):
+    with pytest.raises(ValueError, match=match):
+        masks.parse(spec)
