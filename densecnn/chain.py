@@ -90,7 +90,7 @@ def extract_chain(model: nn.Module, prefix: str = "") -> Chain:
     >>> extract_chain(nn.Sequential(nn.Conv2d(1, 2, 3), nn.Sequential(nn.ReLU())))
     [('0', Conv2d(1, 2, kernel_size=(3, 3), stride=(1, 1))), ('1.0', ReLU())]
     """
-    if find_rule(type(model)) is not None:
+    if find_rule(type(model)) is not None or _is_torch_layer(model):
         return [(prefix or type(model).__name__, model)]
     if isinstance(model, nn.Sequential):
         chain: Chain = []
@@ -98,6 +98,11 @@ def extract_chain(model: nn.Module, prefix: str = "") -> Chain:
             chain += extract_chain(child, f"{prefix}.{name}" if prefix else name)
         return chain
     return _trace_chain(model, prefix)
+
+
+def _is_torch_layer(module: nn.Module) -> bool:
+    """A torch.nn layer (not a container): a leaf whose lack of a rule is reported as such, not traced into."""
+    return type(module).__module__.startswith("torch.nn.modules") and not isinstance(module, nn.Sequential)
 
 
 def _trace_chain(model: nn.Module, prefix: str) -> Chain:
@@ -114,12 +119,16 @@ def _trace_chain(model: nn.Module, prefix: str) -> Chain:
     for node in graph.nodes:
         if node.op == "placeholder":
             if current is not None:
-                raise ConversionError(f"{where}: forward() takes more than one input; densecnn needs exactly one")
+                raise ConversionError(
+                    f"{where}: forward() takes more than one input; densecnn needs exactly one"
+                )
             current = node
             continue
         if node.op == "output":
             if node.args[0] is not current:
-                raise ConversionError(f"{where}: forward() must return the last op's output (a single tensor)")
+                raise ConversionError(
+                    f"{where}: forward() must return the last op's output (a single tensor)"
+                )
             break
         if _is_shape_query(node):
             continue
@@ -135,7 +144,9 @@ def _trace_chain(model: nn.Module, prefix: str) -> Chain:
 
 def _is_shape_query(node: torch.fx.Node) -> bool:
     return (node.op == "call_method" and node.target in ("size", "dim")) or (
-        node.op == "call_function" and node.target in (getattr, operator.getitem) and node.args[1:2] == ("shape",)
+        node.op == "call_function"
+        and node.target in (getattr, operator.getitem)
+        and node.args[1:2] == ("shape",)
     )
 
 
@@ -143,7 +154,9 @@ def _target_name(node: torch.fx.Node) -> str:
     return getattr(node.target, "__name__", str(node.target))
 
 
-def _node_layer(model: nn.Module, node: torch.fx.Node, prefix: str, where: str) -> tuple[str, nn.Module | None]:
+def _node_layer(
+    model: nn.Module, node: torch.fx.Node, prefix: str, where: str
+) -> tuple[str, nn.Module | None]:
     path = f"{prefix}.{node.target}" if prefix and node.op == "call_module" else str(node.target)
     if node.op == "call_module":
         return path, model.get_submodule(node.target)

@@ -11,7 +11,9 @@ COMMANDS = ["densecnn.commands.info", "densecnn.commands.export_onnx"]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="densecnn", description="Exact whole-image CNN pixel classification.")
+    parser = argparse.ArgumentParser(
+        prog="densecnn", description="Exact whole-image CNN pixel classification."
+    )
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in COMMANDS:
         importlib.import_module(module).add_parser(subparsers)

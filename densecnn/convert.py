@@ -122,7 +122,11 @@ def _nearest_valid_sizes(chain: Chain, patch: tuple[int, int]) -> str:
     """A hint naming the valid patch sizes nearest to ``patch`` (for (h, w): per axis, the other one held)."""
     if patch[0] == patch[1]:
         found = _nearest(chain, patch[0], lambda p: (p, p))
-        return f"Nearest valid patch sizes: {' and '.join(map(str, found))}" if found else "No valid size is near it"
+        return (
+            f"Nearest valid patch sizes: {' and '.join(map(str, found))}"
+            if found
+            else "No valid size is near it"
+        )
     height = _nearest(chain, patch[0], lambda p: (p, patch[1]))
     width = _nearest(chain, patch[1], lambda p: (patch[0], p))
     return (

@@ -1,6 +1,7 @@
 """Reading images into float arrays in [0, 1], the one way densecnn turns files into model input.
 
 PNG/JPEG/BMP go through Pillow (EXIF orientation applied); TIFF through tifffile (8/16-bit, float; first page).
+``max_pixels`` refuses an image from the size in its header, before its pixels are decoded.
 """
 
 from __future__ import annotations
@@ -19,7 +20,19 @@ class ImageReadError(ValueError):
     """An image could not be decoded; the message says which and why."""
 
 
-def _scale(array: np.ndarray) -> np.ndarray:
+class ImageTooLargeError(ImageReadError):
+    """An image has more pixels than allowed (judged from its header, or Pillow's decompression-bomb guard)."""
+
+
+def _check_pixels(name: str, width: int, height: int, max_pixels: int | None) -> None:
+    if max_pixels is not None and width * height > max_pixels:
+        raise ImageTooLargeError(
+            f"{name}: {width}x{height} = {width * height} pixels is more than the limit of {max_pixels}; "
+            "downscale or crop the image"
+        )
+
+
+def scale_to_unit(array: np.ndarray) -> np.ndarray:
     """Integer images to [0, 1] by their dtype's range; float images are kept as they are."""
     if array.dtype == np.bool_:
         return array.astype(np.float32)
@@ -28,22 +41,35 @@ def _scale(array: np.ndarray) -> np.ndarray:
     return array.astype(np.float32)
 
 
-def read_array(source: str | Path | bytes) -> np.ndarray:
-    """The raw pixel array of an image file or its bytes: (H, W) or (H, W, C), in the file's dtype."""
+def read_array(source: str | Path | bytes, *, max_pixels: int | None = None) -> np.ndarray:
+    """The raw pixel array of an image file or its bytes: (H, W) or (H, W, C), in the file's dtype.
+
+    Raises ImageTooLargeError, before decoding, for images of more than ``max_pixels`` pixels.
+    """
     data = source if isinstance(source, bytes) else Path(source).read_bytes()
     name = "<upload>" if isinstance(source, bytes) else str(source)
     if data[:4] in _TIFF_MAGIC:
         try:
-            return tifffile.imread(io.BytesIO(data), key=0)
+            with tifffile.TiffFile(io.BytesIO(data)) as tiff:
+                page = tiff.pages[0]
+                _check_pixels(name, page.imagewidth, page.imagelength, max_pixels)
+                return page.asarray()
+        except ImageReadError:
+            raise
         except Exception as exc:  # tifffile raises many types on corrupt files
             raise ImageReadError(f"{name}: cannot read TIFF: {exc}") from None
     try:
         with Image.open(io.BytesIO(data)) as image:
+            _check_pixels(name, image.width, image.height, max_pixels)
             image = ImageOps.exif_transpose(image)
             if image.mode in ("P", "PA", "LA", "CMYK", "YCbCr", "HSV", "LAB", "1"):
                 image = image.convert("RGBA" if "A" in image.mode or "transparency" in image.info else "RGB")
             return np.asarray(image)
-    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
+    except ImageReadError:
+        raise
+    except Image.DecompressionBombError as exc:
+        raise ImageTooLargeError(f"{name}: {exc}") from None
+    except (OSError, SyntaxError, ValueError) as exc:
         raise ImageReadError(f"{name}: not a readable image ({exc})") from None
 
 
@@ -72,5 +98,5 @@ def read_image(source: str | Path | bytes, channels: int) -> np.ndarray:
     >>> read_image("cells.png", channels=1).shape
     (1, 512, 512)
     """
-    array = to_channels(_scale(read_array(source)), channels)
+    array = to_channels(scale_to_unit(read_array(source)), channels)
     return np.ascontiguousarray(array.transpose(2, 0, 1))

@@ -157,7 +157,9 @@ def load(path) -> LoadedModel:
     try:
         model.load_state_dict(state)
     except RuntimeError as exc:
-        raise ModelFileError(f"{directory / WEIGHTS_FILE} does not match the layers in {CONFIG_FILE}: {exc}") from None
+        raise ModelFileError(
+            f"{directory / WEIGHTS_FILE} does not match the layers in {CONFIG_FILE}: {exc}"
+        ) from None
     model.eval()
     return LoadedModel(
         model=model,
@@ -178,10 +180,20 @@ def _validate_config(config: dict, *, where: str) -> None:
         raise ModelFileError(f"{where}: {why}")
 
     if not isinstance(config, dict) or config.get("format") != FORMAT:
-        fail(f"not a densecnn model file (expected \"format\": \"{FORMAT}\")")
+        fail(f'not a densecnn model file (expected "format": "{FORMAT}")')
     if config.get("format_version") != FORMAT_VERSION:
-        fail(f"format_version {config.get('format_version')!r} is not supported (this densecnn reads {FORMAT_VERSION})")
-    for key in ("patch_size", "in_channels", "num_classes", "class_names", "palette", "padding_mode", "layers"):
+        fail(
+            f"format_version {config.get('format_version')!r} is not supported (this densecnn reads {FORMAT_VERSION})"
+        )
+    for key in (
+        "patch_size",
+        "in_channels",
+        "num_classes",
+        "class_names",
+        "palette",
+        "padding_mode",
+        "layers",
+    ):
         if key not in config:
             fail(f"missing key {key!r}")
     k = config["num_classes"]
@@ -193,8 +205,10 @@ def _validate_config(config: dict, *, where: str) -> None:
     normalization = config.get("normalization")
     if normalization is not None:
         c = config["in_channels"]
-        if set(normalization) != {"mean", "std"} or any(len(normalization[key]) != c for key in ("mean", "std")):
-            fail(f"normalization must be {{\"mean\": [{c} values], \"std\": [{c} values]}}")
+        if set(normalization) != {"mean", "std"} or any(
+            len(normalization[key]) != c for key in ("mean", "std")
+        ):
+            fail(f'normalization must be {{"mean": [{c} values], "std": [{c} values]}}')
         if any(s <= 0 for s in normalization["std"]):
             fail("normalization std values must be > 0")
     try:

@@ -20,7 +20,9 @@ PADDING_MODES = ("zeros", "reflect", "replicate")
 
 def check_padding_mode(padding_mode: str) -> str:
     if padding_mode not in PADDING_MODES:
-        raise ValueError(f"padding_mode={padding_mode!r} is not supported; use one of {', '.join(PADDING_MODES)}")
+        raise ValueError(
+            f"padding_mode={padding_mode!r} is not supported; use one of {', '.join(PADDING_MODES)}"
+        )
     return padding_mode
 
 

@@ -28,7 +28,9 @@ def scan_patches(
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     n, _, height, width = x.shape
-    windows = pad_for_patches(x, (ph, pw), padding_mode).unfold(2, ph, 1).unfold(3, pw, 1)  # (N, C, H, W, Ph, Pw)
+    windows = (
+        pad_for_patches(x, (ph, pw), padding_mode).unfold(2, ph, 1).unfold(3, pw, 1)
+    )  # (N, C, H, W, Ph, Pw)
     pixels = torch.arange(n * height * width, device=x.device)
     scores = []
     for chunk in pixels.split(batch_size):
@@ -55,7 +57,10 @@ def fast_scan(model: nn.Module, x: torch.Tensor, patch_size, *, padding_mode: st
         total_stride[1] *= layer.stride[1]
     # Pad so that every fragment has the same size and the interleaved map covers all H×W pixels.
     padded = dense.pad(x)
-    extra = (-padded.shape[2]) % total_stride[0] + total_stride[0], (-padded.shape[3]) % total_stride[1] + total_stride[1]
+    extra = (
+        (-padded.shape[2]) % total_stride[0] + total_stride[0],
+        (-padded.shape[3]) % total_stride[1] + total_stride[1],
+    )
     padded = nn.functional.pad(padded, (0, extra[1], 0, extra[0]))
     fragments, strides = padded, []
     for layer in layers:

@@ -97,7 +97,9 @@ def from_spec(spec: list[dict[str, Any]]) -> nn.Sequential:
             )
         unknown = set(args) - set(LAYER_ARGS[layer_type])
         if unknown:
-            raise ModelFileError(f"layer {index} ({entry['type']}) has unknown arguments: {', '.join(sorted(unknown))}")
+            raise ModelFileError(
+                f"layer {index} ({entry['type']}) has unknown arguments: {', '.join(sorted(unknown))}"
+            )
         try:
             layers.append(layer_type(**args))
         except (TypeError, ValueError) as exc:

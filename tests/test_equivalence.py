@@ -49,7 +49,12 @@ def patch_nets(draw):
         layers.append(nn.Conv2d(channels, classes, tuple(size)))
     elif head == "fc":
         hidden = draw(st.integers(1, 6))
-        layers += [nn.Flatten(), nn.Linear(channels * size[0] * size[1], hidden), nn.Tanh(), nn.Linear(hidden, classes)]
+        layers += [
+            nn.Flatten(),
+            nn.Linear(channels * size[0] * size[1], hidden),
+            nn.Tanh(),
+            nn.Linear(hidden, classes),
+        ]
     else:
         pool = draw(st.sampled_from([nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d]))
         layers += [pool(1), nn.Flatten(), nn.Linear(channels, classes)]

@@ -29,7 +29,9 @@ def test_scan_patches_matches_literal_loop(mode, size):
 @pytest.mark.parametrize("mode", MODES)
 def test_scan_patches_rectangular_even_patch(mode):
     torch.manual_seed(1)
-    model = torch.nn.Sequential(torch.nn.Conv2d(1, 3, (4, 3)), torch.nn.Tanh(), torch.nn.Conv2d(3, 2, (3, 4))).double()
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(1, 3, (4, 3)), torch.nn.Tanh(), torch.nn.Conv2d(3, 2, (3, 4))
+    ).double()
     x = torch.rand(1, 1, 6, 7, dtype=torch.float64)
     expected = literal_scan(model, x, (6, 6), mode)
     assert_close_relative(densecnn.scan_patches(model, x, (6, 6), padding_mode=mode), expected, 1e-12)

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from torch import nn
 
-from ..layers import ChannelSoftmax, DenseAvgPool2d, DenseBatchNorm1d, DenseConv2d, DenseLinear, DenseMaxPool2d
+from ..layers import (
+    ChannelSoftmax,
+    DenseAvgPool2d,
+    DenseBatchNorm1d,
+    DenseConv2d,
+    DenseLinear,
+    DenseMaxPool2d,
+)
 from .registry import ConversionContext, register_rule
 
 
@@ -37,7 +44,8 @@ def _check_pool(pool, ctx: ConversionContext) -> tuple[tuple[int, int], tuple[in
         )
     if _pair(pool.padding) != (0, 0):
         raise ctx.error(
-            f"padding={pool.padding} pools values outside the patch", "use padding=0 (the patch supplies the context)"
+            f"padding={pool.padding} pools values outside the patch",
+            "use padding=0 (the patch supplies the context)",
         )
     kernel = _pair(pool.kernel_size)
     stride = _pair(pool.stride) if pool.stride is not None else kernel

@@ -75,7 +75,9 @@ class ConversionContext:
 
     def error(self, why: str, fix: str) -> ConversionError:
         """A ConversionError naming this layer, why it cannot be converted exactly, and what to do."""
-        return ConversionError(f"layer {self.path!r} ({type(self.module).__name__}): {why}. {fix[:1].upper()}{fix[1:]}")
+        return ConversionError(
+            f"layer {self.path!r} ({type(self.module).__name__}): {why}. {fix[:1].upper()}{fix[1:]}"
+        )
 
     def require_map(self, what: str) -> None:
         """Raise unless the patch tensor is still a (B, C, h, w) map (not yet flattened)."""

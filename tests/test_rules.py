@@ -1,0 +1,297 @@
+"""One test per conversion rule and per conversion error."""
+
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import densecnn
+from densecnn.layers import DenseAvgPool2d, DenseLinear
+from tests.naive import assert_close_relative
+
+torch.manual_seed(0)
+
+
+def _matches_scan(model, patch, *, size=(9, 11), mode="zeros", rel=1e-10):
+    in_channels = next(m for m in model.modules() if isinstance(m, (nn.Conv2d, nn.Linear))).in_channels
+    patch_hw = (patch, patch) if isinstance(patch, int) else patch
+    if any(isinstance(m, nn.modules.lazy.LazyModuleMixin) for m in model.modules()):
+        model.eval()(torch.zeros(1, in_channels, *patch_hw))  # materialises LazyLinear heads
+    model = model.double().eval()
+    x = torch.randn(2, in_channels, *size, dtype=torch.float64)
+    dense = densecnn.convert(model, patch, padding_mode=mode)
+    with torch.no_grad():
+        assert_close_relative(dense(x), densecnn.scan_patches(model, x, patch, padding_mode=mode), rel)
+    return dense
+
+
+# --- rules ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "conv",
+    [
+        nn.Conv2d(2, 3, 3),
+        nn.Conv2d(2, 3, (2, 4), stride=(2, 1)),
+        nn.Conv2d(2, 4, 3, stride=3, dilation=2),
+        nn.Conv2d(2, 4, 2, groups=2, bias=False),
+        nn.Conv2d(2, 3, 3, padding="valid"),
+    ],
+    ids=["plain", "rect-stride", "stride3-dilation2", "groups-nobias", "valid"],
+)
+def test_conv2d_rule(conv):
+    model = nn.Sequential(
+        conv, nn.Tanh(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(conv.out_channels, 2)
+    )
+    _matches_scan(model, 9)
+
+
+@pytest.mark.parametrize("pool", [nn.MaxPool2d(3, 2), nn.MaxPool2d(2, 3), nn.MaxPool2d(2, 2, dilation=2)])
+def test_max_pool_rule_overlapping_and_dilated(pool):
+    _matches_scan(
+        nn.Sequential(nn.Conv2d(1, 2, 2), pool, nn.Conv2d(2, 2, 1), nn.Flatten(), nn.LazyLinear(2)), 8
+    )
+
+
+@pytest.mark.parametrize(
+    "pool", [nn.AvgPool2d(3, 2), nn.AvgPool2d(2, 3), nn.AvgPool2d(2, 2, divisor_override=3)]
+)
+def test_avg_pool_rule(pool):
+    model = nn.Sequential(nn.Conv2d(1, 2, 2), nn.MaxPool2d(2, 2), pool, nn.Flatten(), nn.LazyLinear(2))
+    _matches_scan(model, 12)
+
+
+def test_dilated_avg_pool_is_the_mean_of_its_dilated_taps():
+    x = torch.arange(36.0, dtype=torch.float64).view(1, 1, 6, 6)
+    out = DenseAvgPool2d((2, 2), (2, 2), (2, 2))(x)
+    assert out.shape == (1, 1, 4, 4)
+    assert out[0, 0, 0, 0] == (x[0, 0, 0, 0] + x[0, 0, 0, 2] + x[0, 0, 2, 0] + x[0, 0, 2, 2]) / 4
+
+
+@pytest.mark.parametrize(
+    "pool", [nn.AdaptiveAvgPool2d(2), nn.AdaptiveMaxPool2d((1, 2)), nn.AdaptiveAvgPool2d((None, 4))]
+)
+def test_adaptive_pool_rule(pool):
+    model = nn.Sequential(nn.Conv2d(1, 2, 3), pool, nn.Flatten(), nn.LazyLinear(2))
+    _matches_scan(model, 10)  # map 8x8 at the pool
+
+
+def test_linear_stack_and_batchnorm1d():
+    bn = nn.BatchNorm1d(5)
+    bn.running_mean.uniform_(-1, 1)
+    bn.running_var.uniform_(0.5, 2)
+    model = nn.Sequential(nn.Conv2d(1, 2, 3), nn.Flatten(), nn.Linear(2 * 4 * 4, 5), bn, nn.ReLU(), nn.Dropout(0.3),
+                          nn.Linear(5, 4), nn.Identity(), nn.Linear(4, 3))  # fmt: skip
+    _matches_scan(model, 6)
+
+
+def test_batchnorm2d_and_dropout2d_in_eval_mode():
+    bn = nn.BatchNorm2d(3)
+    bn.running_mean.uniform_(-1, 1)
+    bn.running_var.uniform_(0.5, 2)
+    bn.weight.data.uniform_(0.5, 1.5)
+    model = nn.Sequential(nn.Conv2d(2, 3, 3), bn, nn.Dropout2d(), nn.ReLU(), nn.Conv2d(3, 2, 3))
+    _matches_scan(model, 5)
+
+
+@pytest.mark.parametrize(
+    "activation",
+    [nn.ReLU(), nn.ReLU6(), nn.LeakyReLU(0.2), nn.PReLU(3), nn.ELU(), nn.SELU(), nn.CELU(), nn.GELU(), nn.SiLU(),
+     nn.Mish(), nn.Tanh(), nn.Sigmoid(), nn.Hardtanh(-0.5, 0.5), nn.Hardswish(), nn.Hardsigmoid(), nn.Softplus(2),
+     nn.Softsign(), nn.Tanhshrink(), nn.LogSigmoid(), nn.Softshrink(0.1), nn.Hardshrink(0.1), nn.Threshold(0.1, -1)],
+    ids=lambda m: type(m).__name__,
+)  # fmt: skip
+def test_pointwise_rules(activation):
+    _matches_scan(nn.Sequential(nn.Conv2d(1, 3, 3), activation, nn.Conv2d(3, 2, 2)), 4)
+
+
+@pytest.mark.parametrize("last", [nn.Softmax(dim=1), nn.LogSoftmax(dim=-1)])
+def test_channel_softmax_at_the_end(last):
+    model = nn.Sequential(nn.Conv2d(1, 3, 3), nn.Flatten(), nn.Linear(3 * 2 * 2, 4), last)
+    _matches_scan(model, 4)
+
+
+def test_fx_traced_module_with_functional_ops():
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv1 = nn.Conv2d(2, 4, 3)
+            self.conv2 = nn.Conv2d(4, 4, 2)
+            self.fc = nn.Linear(4 * 2 * 2, 3)
+
+        def forward(self, x):
+            x = F.max_pool2d(F.relu(self.conv1(x)), 2)
+            x = torch.tanh(self.conv2(x))
+            x = x.view(x.size(0), -1)
+            return F.log_softmax(self.fc(x), dim=1)
+
+    _matches_scan(Net(), 9)
+
+
+def test_fx_traced_module_with_torch_flatten_and_nested_sequential():
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.features = nn.Sequential(nn.Conv2d(1, 3, 3), nn.Sequential(nn.AvgPool2d(2), nn.SiLU()))
+            self.head = nn.Linear(12, 2)
+
+        def forward(self, x):
+            return self.head(torch.flatten(self.features(x), 1))
+
+    dense = _matches_scan(Net(), 6)
+    assert isinstance(dense.features[-1], DenseLinear)
+
+
+def test_register_rule_for_a_custom_layer():
+    class Square(nn.Module):
+        def forward(self, x):
+            return x * x
+
+    @densecnn.register_rule(Square)
+    def _(module, ctx):
+        return module
+
+    _matches_scan(nn.Sequential(nn.Conv2d(1, 2, 3), Square(), nn.Conv2d(2, 2, 3)), 5)
+
+
+def test_even_patch_and_receptive_field_smaller_than_patch():
+    model = nn.Sequential(nn.Conv2d(1, 2, 3), nn.MaxPool2d(2), nn.Conv2d(2, 2, 2))  # 7 -> 5 -> 2 -> 1, R = 6
+    dense = _matches_scan(model, 7, size=(5, 4), mode="reflect")
+    assert dense.receptive_field == (6, 6)
+    _matches_scan(model, (6, 7), size=(3, 8), mode="replicate")
+
+
+# --- the contract of the dense net -----------------------------------------------------------------------
+
+
+def test_parameters_are_shared_and_model_not_mutated():
+    model, patch = densecnn.zoo.tiny(in_channels=1, num_classes=3)
+    model.train()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    dense = densecnn.convert(model, patch)
+    assert model.training and all(m.training for m in model.modules())
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    model_params = {id(p) for p in model.parameters()}
+    assert {id(p) for p in dense.parameters()} == model_params
+    dense(torch.rand(1, 1, 8, 8)).sum().backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
+
+
+def test_gradients_through_dense_net_equal_summed_patch_gradients():
+    torch.manual_seed(3)
+    model, patch = densecnn.zoo.tiny(in_channels=1, num_classes=2)
+    model = model.double().eval()
+    x = torch.rand(1, 1, 5, 6, dtype=torch.float64)
+    densecnn.convert(model, patch)(x).sum().backward()
+    dense_grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    patches = (
+        densecnn.padding.pad_for_patches(x, (patch, patch), "zeros").unfold(2, patch, 1).unfold(3, patch, 1)
+    )
+    model(patches.permute(0, 2, 3, 1, 4, 5).reshape(-1, 1, patch, patch)).sum().backward()
+    for dense_grad, p in zip(dense_grads, model.parameters()):
+        assert_close_relative(dense_grad, p.grad, 1e-10)
+
+
+def test_attributes_predict_and_repr():
+    model, patch = densecnn.zoo.plain_133(in_channels=3, num_classes=5)
+    dense = densecnn.convert(model.eval(), patch)
+    assert (dense.patch_size, dense.receptive_field) == ((133, 133), (133, 133))
+    assert (dense.in_channels, dense.num_classes, dense.padding_mode) == (3, 5, "zeros")
+    labels = dense.predict(torch.rand(2, 3, 7, 9))
+    assert labels.shape == (2, 7, 9) and labels.dtype == torch.int64
+    text = repr(dense)
+    assert "kernel=(8, 8), dilation=(1, 1)" in text and "kernel=(7, 7), dilation=(16, 16)" in text
+
+
+def test_training_mode_warns():
+    model = nn.Sequential(nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2), nn.Conv2d(2, 2, 3))
+    with pytest.warns(densecnn.DenseEquivalenceWarning, match="eval"):
+        dense = densecnn.convert(model, 5)
+    with pytest.warns(densecnn.DenseEquivalenceWarning, match="training mode"):
+        dense(torch.rand(2, 1, 6, 6))
+    model.eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        dense(torch.rand(2, 1, 6, 6))
+
+
+# --- errors --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("layer", "message"),
+    [
+        (nn.Conv2d(2, 2, 3, padding=1), r"'1' \(Conv2d\): padding=\(1, 1\).*padding=0"),
+        (nn.MaxPool2d(2, ceil_mode=True), r"'1' \(MaxPool2d\): ceil_mode=True.*ceil_mode=False"),
+        (nn.AvgPool2d(2, padding=1), r"'1' \(AvgPool2d\): padding=1"),
+        (nn.MaxPool2d(2, return_indices=True), r"return_indices"),
+        (nn.Upsample(scale_factor=2), r"'1' \(Upsample\): has no conversion rule.*register_rule"),
+        (nn.AdaptiveAvgPool2d(3), r"output_size=\(3, 3\) does not divide the 8x8 map"),
+    ],
+    ids=["conv-padding", "ceil-mode", "pool-padding", "return-indices", "unsupported", "adaptive-uneven"],
+)
+def test_conversion_errors_name_layer_reason_and_fix(layer, message):
+    model = nn.Sequential(nn.Conv2d(1, 2, 3), layer, nn.AdaptiveAvgPool2d(1), nn.Conv2d(2, 2, 1))
+    with pytest.raises(densecnn.ConversionError, match=message):
+        densecnn.convert(model, 10)
+
+
+def test_wrong_patch_size_names_the_nearest_valid_sizes():
+    model, _ = densecnn.zoo.plain_133()
+    with pytest.raises(densecnn.ConversionError, match=r"'6' \(Conv2d\).*Nearest valid patch sizes: 133"):
+        densecnn.convert(model, 100)
+    with pytest.raises(
+        densecnn.ConversionError, match=r"leaves a 2x2 output map.*Nearest valid patch sizes: 148$"
+    ):
+        densecnn.convert(model, 149)
+    tiny, _ = densecnn.zoo.tiny()
+    with pytest.raises(
+        densecnn.ConversionError, match=r"'7' \(Linear\): expects 24 input features.*sizes: 15$"
+    ):
+        densecnn.convert(tiny, 16)
+
+
+def test_misplaced_layers_are_rejected():
+    with pytest.raises(densecnn.ConversionError, match="BatchNorm2d before the Flatten"):
+        densecnn.convert(
+            nn.Sequential(nn.Conv2d(1, 2, 2), nn.Flatten(), nn.BatchNorm1d(8), nn.Linear(8, 2)), 3
+        )
+    with pytest.raises(densecnn.ConversionError, match="Flatten the map first"):
+        densecnn.convert(nn.Sequential(nn.Conv2d(1, 2, 2), nn.Linear(2, 2)), 3)
+    with pytest.raises(densecnn.ConversionError, match="dim=2 is not the class axis"):
+        densecnn.convert(nn.Sequential(nn.Conv2d(1, 2, 3), nn.Softmax(dim=2)), 3)
+    with pytest.raises(densecnn.ConversionError, match="start_dim=1"):
+        densecnn.convert(nn.Sequential(nn.Conv2d(1, 2, 3), nn.Flatten(0)), 3)
+
+
+def test_branching_model_is_rejected():
+    class Residual(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(2, 2, 1)
+
+        def forward(self, x):
+            return x + self.conv(x)
+
+    with pytest.raises(densecnn.ConversionError, match="single chains"):
+        densecnn.convert(Residual(), 1)
+
+
+def test_bad_arguments_and_inputs():
+    model, patch = densecnn.zoo.tiny(in_channels=1, num_classes=3)
+    with pytest.raises(ValueError, match="patch_size"):
+        densecnn.convert(model, 0)
+    with pytest.raises(ValueError, match="padding_mode"):
+        densecnn.convert(model, patch, padding_mode="circular")
+    with pytest.raises(ValueError, match="backend"):
+        densecnn.convert(model, patch, backend="cuda")
+    dense = densecnn.convert(model.eval(), patch)
+    with pytest.raises(ValueError, match=r"\(N, C, H, W\)"):
+        dense(torch.rand(1, 8, 8))
+    with pytest.raises(ValueError, match="1 input channels, the images have 3"):
+        dense(torch.rand(1, 3, 8, 8))
+    with pytest.raises(TypeError, match="float"):
+        dense(torch.zeros(1, 1, 8, 8, dtype=torch.uint8))
