@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import warnings
 
 import torch
 from torch import nn
 
+from . import ops, tiling
 from .errors import DenseEquivalenceWarning
 from .layers import WindowLayer
+from .ops.plan import Plan, make_plan
 from .padding import pad_image
 
 _STOCHASTIC = (nn.modules.batchnorm._BatchNorm, nn.modules.dropout._DropoutNd)
@@ -20,11 +23,18 @@ class DenseCNN(nn.Module):
     ``forward(x)`` maps (N, C, H, W) images to (N, K, H, W) scores with ``out[n, :, i, j] == model(patch centred at
     (i, j))``, the image padded as ``padding_mode`` says (top/left ⌊(P-1)/2⌋, bottom/right ⌊P/2⌋).
 
+    With backend "auto" (or "ext"), the first call for an input shape picks the fastest solver per layer and one
+    memory format for the whole net (:mod:`densecnn.ops.plan`, timings cached on disk by :mod:`densecnn.ops.find`);
+    backend "native" runs torch's dilated ops layer by layer in NCHW. ``max_memory`` (bytes) splits the work into
+    exact tiles (:mod:`densecnn.tiling`).
+
     Attributes:
         patch_size: (Ph, Pw) the patch model was trained on.
         receptive_field: (Rh, Rw), the pixels each output actually depends on (≤ patch_size).
         in_channels, num_classes: input channels C and output classes K.
         padding_mode: "zeros", "reflect" or "replicate".
+        solver, memory_format: None (chosen by timing) or a solver name / "nchw" / "nhwc" to force for every layer
+            (also settable by the environment variables DENSECNN_SOLVER and DENSECNN_MEMORY_FORMAT).
     """
 
     def __init__(
@@ -48,6 +58,9 @@ class DenseCNN(nn.Module):
             for axis in (0, 1)
         )
         self.backend = backend
+        self.solver: str | None = None
+        self.memory_format: str | None = None
+        self._plans: dict[tuple, Plan] = {}
 
     def window_layers(self) -> list[WindowLayer]:
         return [layer for layer in self.features if isinstance(layer, WindowLayer)]
@@ -68,25 +81,74 @@ class DenseCNN(nn.Module):
         bottom, right = self.receptive_field[0] - 1 - top, self.receptive_field[1] - 1 - left
         return pad_image(x, (top, left), (bottom, right), self.padding_mode)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """(N, C, H, W) float images -> (N, K, H, W) scores, one patch-model output per pixel."""
+    def forward(self, x: torch.Tensor, max_memory: int | None = None) -> torch.Tensor:
+        """(N, C, H, W) float images -> (N, K, H, W) scores, one patch-model output per pixel.
+
+        ``max_memory`` (bytes): compute the output in tiles whose estimated memory, with the held padded image and
+        scores, stays under it; the result equals the untiled one.
+
+        >>> dense(torch.rand(1, 1, 300, 200), max_memory=50_000_000).shape
+        torch.Size([1, 3, 300, 200])
+        """
         self._check_input(x)
         self._warn_if_stochastic()
-        return self.features(self.pad(x))
+        if max_memory is not None:
+            return tiling.run_tiled(self, x, max_memory, labels=False)
+        return self.run_padded(self.pad(x))
 
     @torch.no_grad()
-    def predict(self, x: torch.Tensor) -> torch.Tensor:
-        """(N, C, H, W) float images -> (N, H, W) int64 labels (argmax of the scores)."""
-        return self.forward(x).argmax(1)
+    def predict(self, x: torch.Tensor, max_memory: int | None = None) -> torch.Tensor:
+        """(N, C, H, W) float images -> (N, H, W) int64 labels (argmax of the scores).
+
+        With ``max_memory`` (bytes) only each tile's labels are kept, so large images fit: a 4096x4096 RGB image
+        through plain_133 with ``max_memory=1_500_000_000`` never holds the 2 GB of 32-class scores.
+        """
+        if max_memory is None:
+            return self.forward(x).argmax(1)
+        self._check_input(x)
+        self._warn_if_stochastic()
+        return tiling.run_tiled(self, x, max_memory, labels=True)
+
+    def run_padded(self, padded: torch.Tensor) -> torch.Tensor:
+        """Run the dense layers on an already padded (N, C, H+Rh-1, W+Rw-1) input -> (N, K, H, W)."""
+        if self.backend == "native":
+            return self.features(padded)
+        return self.plan(padded)(padded)
+
+    def plan(self, padded: torch.Tensor) -> Plan:
+        """The solver plan for this input (found and cached per shape, dtype, device and direction)."""
+        train = torch.is_grad_enabled() and (
+            padded.requires_grad or any(p.requires_grad for p in self.parameters())
+        )
+        key = (
+            tuple(padded.shape), padded.dtype, padded.device, train, self.backend, self.solver, self.memory_format,
+            os.environ.get("DENSECNN_SOLVER"), os.environ.get("DENSECNN_MEMORY_FORMAT"), ops.ext_available(),
+        )  # fmt: skip
+        if key not in self._plans:
+            self._plans[key] = make_plan(
+                self.features,
+                tuple(padded.shape),
+                padded.dtype,
+                padded.device,
+                backend=self.backend,
+                train=train,
+                solver=self.solver,
+                memory_format=self.memory_format,
+            )
+        return self._plans[key]
 
     def _check_input(self, x: torch.Tensor) -> None:
         if not isinstance(x, torch.Tensor) or x.dim() != 4:
             shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-            raise ValueError(f"expected images as an (N, C, H, W) tensor, got {shape}; add a batch axis with x[None]")
+            raise ValueError(
+                f"expected images as an (N, C, H, W) tensor, got {shape}; add a batch axis with x[None]"
+            )
         if not x.is_floating_point():
             raise TypeError(f"expected a floating-point tensor, got {x.dtype}; convert with x.float()")
         if self.in_channels is not None and x.shape[1] != self.in_channels:
-            raise ValueError(f"the model takes {self.in_channels} input channels, the images have {x.shape[1]}")
+            raise ValueError(
+                f"the model takes {self.in_channels} input channels, the images have {x.shape[1]}"
+            )
         if x.shape[2] < 1 or x.shape[3] < 1:
             raise ValueError(f"images must be at least 1x1, got {x.shape[2]}x{x.shape[3]}")
 

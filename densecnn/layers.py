@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import ops
+from .ops.solvers import ConvSpec, PoolSpec
 
 Pair = tuple[int, int]
 
@@ -38,6 +39,10 @@ class WindowLayer(nn.Module):
     def strided(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
+    def spec(self) -> ConvSpec | PoolSpec:
+        """The dense op this layer runs, for the solvers (:mod:`densecnn.ops.solvers`); parameters are not copied."""
+        raise NotImplementedError
+
     def extra_repr(self) -> str:
         return f"kernel={self.kernel}, dilation={self.dilation}, patch_stride={self.stride}"
 
@@ -56,6 +61,10 @@ class DenseConv2d(WindowLayer):
     def strided(self, x: torch.Tensor) -> torch.Tensor:
         conv = self.source
         return F.conv2d(x, conv.weight, conv.bias, conv.stride, 0, conv.dilation, conv.groups)
+
+    def spec(self) -> ConvSpec:
+        conv = self.source
+        return ConvSpec(conv.weight, conv.bias, self.dilation, conv.groups)
 
     def extra_repr(self) -> str:
         conv = self.source
@@ -84,6 +93,9 @@ class DenseLinear(WindowLayer):
     def strided(self, x: torch.Tensor) -> torch.Tensor:
         return F.conv2d(x, self.weight, self.source.bias)
 
+    def spec(self) -> ConvSpec:
+        return ConvSpec(self.weight, self.source.bias, self.dilation, 1)
+
     def extra_repr(self) -> str:
         return f"{self.map_shape[0]}, {self.source.out_features}, {super().extra_repr()} (from Linear)"
 
@@ -101,6 +113,9 @@ class DenseMaxPool2d(WindowLayer):
     def strided(self, x: torch.Tensor) -> torch.Tensor:
         return F.max_pool2d(x, self.kernel, self.stride, 0, self.source_dilation)
 
+    def spec(self) -> PoolSpec:
+        return PoolSpec("max_pool2d", self.kernel, self.dilation)
+
 
 class DenseAvgPool2d(WindowLayer):
     """Average pooling with the patch net's kernel, stride 1 and dilation ``d``: the mean of the kh·kw dilated taps
@@ -115,6 +130,9 @@ class DenseAvgPool2d(WindowLayer):
 
     def strided(self, x: torch.Tensor) -> torch.Tensor:
         return F.avg_pool2d(x, self.kernel, self.stride, 0, divisor_override=self.divisor)
+
+    def spec(self) -> PoolSpec:
+        return PoolSpec("avg_pool2d", self.kernel, self.dilation, self.divisor)
 
     def extra_repr(self) -> str:
         divisor = f", divisor={self.divisor}" if self.divisor else ""

@@ -1,0 +1,164 @@
+"""The find step (MIOpen's, seeds/003): time every candidate solver of a dense op once, cache the times on disk.
+
+For one op (a :class:`~densecnn.ops.solvers.ConvSpec` or ``PoolSpec``), input shape, dtype, device and direction
+(inference, or training = forward + backward), :func:`find` runs each applicable solver in both memory formats on
+random data of that shape and returns ``{memory_format: {solver: milliseconds}}``. The table is stored as one JSON
+file per problem under :func:`cache_dir`, keyed by (op, shapes, dtype, device, threads, torch and densecnn versions,
+whether the kernels are built), and reused by every later process.
+
+Spatial sizes are bucketed (next power of two, at most :data:`MAX_SIDE` plus the op's reach) so a new image size
+reuses its bucket's timings instead of timing again; the ranking of solvers depends on channels, kernel and dilation
+far more than on the exact size.
+
+Environment:
+- ``DENSECNN_CACHE_DIR``: where the tables live (default ``$XDG_CACHE_HOME/densecnn`` or ``~/.cache/densecnn``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from . import solvers
+from .solvers import ConvSpec, PoolSpec, Spec
+
+MEMORY_FORMATS = {"nchw": torch.contiguous_format, "nhwc": torch.channels_last}
+MAX_SIDE = 512  # timing inputs are at most this many pixels per side beyond the op's reach
+REPEATS = 3  # timed runs per candidate after one warm-up; the minimum is kept
+GIVE_UP = 4.0  # a candidate whose warm-up is this many times slower than the best so far is not timed further
+
+
+def cache_dir() -> Path:
+    """Where solver timings are cached: ``$DENSECNN_CACHE_DIR``, else ``$XDG_CACHE_HOME/densecnn``, else ~/.cache."""
+    if os.environ.get("DENSECNN_CACHE_DIR"):
+        return Path(os.environ["DENSECNN_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "densecnn"
+
+
+def timing_shape(spec: Spec, shape: tuple[int, int, int, int]) -> tuple[int, int, int, int]:
+    """The bucketed (1, C, H, W) the candidates are timed on, for an input of ``shape``."""
+    reach = [(k - 1) * d for k, d in zip(spec.kernel, spec.dilation)]
+    sides = [min(2 ** math.ceil(math.log2(side)), MAX_SIDE + r) for side, r in zip(shape[2:], reach)]
+    return 1, shape[1], max(sides[0], reach[0] + 1), max(sides[1], reach[1] + 1)
+
+
+def problem_key(
+    spec: Spec, shape, dtype: torch.dtype, device: torch.device, *, train: bool, ext: bool
+) -> dict:
+    """Everything a solver's speed depends on, as a JSON-able dict."""
+    from .. import __version__
+
+    key = {"op": spec.op, "input": list(timing_shape(spec, shape)), "kernel": list(spec.kernel)}
+    key["dilation"] = list(spec.dilation)
+    if isinstance(spec, ConvSpec):
+        key.update(weight=list(spec.weight.shape), bias=spec.bias is not None, groups=spec.groups)
+    else:
+        key.update(divisor=spec.divisor, activation=spec.activation)
+    key.update(
+        dtype=str(dtype).removeprefix("torch."),
+        device=torch.device(device).type,
+        threads=torch.get_num_threads(),
+        direction="train" if train else "infer",
+        ext=ext,
+        torch=torch.__version__,
+        densecnn=__version__,
+    )
+    return key
+
+
+def _cache_file(key: dict) -> Path:
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]
+    return cache_dir() / "solvers" / f"{digest}.json"
+
+
+def load_times(key: dict) -> dict[str, dict[str, float | None]] | None:
+    """The cached table for ``key``, or None (missing, unreadable or for another key)."""
+    try:
+        entry = json.loads(_cache_file(key).read_text())
+    except (OSError, ValueError):
+        return None
+    return entry.get("times_ms") if entry.get("key") == key else None
+
+
+def store_times(key: dict, times: dict) -> None:
+    path = _cache_file(key)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"key": key, "times_ms": times}, indent=1, sort_keys=True))
+        os.replace(tmp, path)  # atomic: concurrent finders never see half a file
+    except OSError:
+        pass  # a read-only cache only costs a find per process
+
+
+def find(
+    spec: Spec, shape, dtype: torch.dtype, device, *, train: bool, ext: bool
+) -> dict[str, dict[str, float | None]]:
+    """``{memory_format: {solver: ms}}`` for ``spec`` on inputs of ``shape``, from the cache or timed now.
+
+    A solver that fails on this problem (e.g. an unsupported dtype) is recorded as None and never chosen.
+    """
+    key = problem_key(spec, shape, dtype, device, train=train, ext=ext)
+    times = load_times(key)
+    if times is None:
+        times = {
+            fmt: _time_candidates(spec, key, fmt, dtype, device, train=train, ext=ext)
+            for fmt in MEMORY_FORMATS
+        }
+        store_times(key, times)
+    return times
+
+
+def _time_candidates(spec: Spec, key: dict, fmt: str, dtype, device, *, train: bool, ext: bool) -> dict:
+    generator = torch.Generator(device="cpu").manual_seed(0)
+    x = torch.randn(key["input"], generator=generator, dtype=dtype).to(device)
+    x = x.contiguous(memory_format=MEMORY_FORMATS[fmt]).requires_grad_(train)
+    spec = _synthetic(spec, generator, dtype, device, train)
+    times: dict[str, float | None] = {}
+    for name in solvers.candidates(spec, ext_available=ext):
+        times[name] = _time_one(name, spec, x, best=min((t for t in times.values() if t), default=None))
+    return times
+
+
+def _synthetic(spec: Spec, generator, dtype, device, train: bool) -> Spec:
+    """The same op with random parameters: timing never touches the model's own tensors."""
+    if isinstance(spec, PoolSpec):
+        return spec
+
+    def like(t):
+        return (
+            None
+            if t is None
+            else torch.randn(t.shape, generator=generator, dtype=dtype).to(device).requires_grad_(train)
+        )
+
+    return ConvSpec(like(spec.weight), like(spec.bias), spec.dilation, spec.groups)
+
+
+def _time_one(name: str, spec: Spec, x: torch.Tensor, best: float | None) -> float | None:
+    def step():
+        with torch.set_grad_enabled(x.requires_grad):
+            y = solvers.run(name, spec, x)
+            if x.requires_grad:
+                y.backward(torch.ones_like(y))
+
+    try:
+        warmup = _elapsed_ms(step)
+    except (RuntimeError, ValueError, TypeError, NotImplementedError):
+        return None
+    if best is not None and warmup > GIVE_UP * best:
+        return warmup
+    return min(_elapsed_ms(step) for _ in range(REPEATS))
+
+
+def _elapsed_ms(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return (time.perf_counter() - start) * 1e3
