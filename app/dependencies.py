@@ -1,0 +1,62 @@
+"""Typed dependencies of the endpoints."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, Path, Request
+
+from .errors import ApiError
+from .executor import InferencePool
+from .metrics import Metrics
+from .registry import ServedModel
+from .settings import Settings
+from .state import ServiceState
+
+
+def get_settings(request: Request) -> Settings:
+    return request.app.state.settings
+
+
+def get_service(request: Request) -> ServiceState:
+    return request.app.state.service
+
+
+def get_metrics(request: Request) -> Metrics:
+    return request.app.state.metrics
+
+
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+ServiceDep = Annotated[ServiceState, Depends(get_service)]
+MetricsDep = Annotated[Metrics, Depends(get_metrics)]
+
+
+def require_ready(service: ServiceDep, settings: SettingsDep) -> ServiceState:
+    """The service, or 503 + Retry-After while it loads or drains."""
+    if not service.ready:
+        raise ApiError(
+            503, "not_ready", service.not_ready_reason(), {"Retry-After": str(settings.retry_after)}
+        )
+    return service
+
+
+ReadyServiceDep = Annotated[ServiceState, Depends(require_ready)]
+
+
+def get_pool(service: ReadyServiceDep) -> InferencePool:
+    return service.pool
+
+
+PoolDep = Annotated[InferencePool, Depends(get_pool)]
+
+
+def get_model(
+    name: Annotated[str, Path(description="model name, see GET /v1/models")], service: ReadyServiceDep
+):
+    """The served model called ``name``, or 404 naming the ones that exist."""
+    if name not in service.models:
+        raise ApiError(404, "unknown_model", f"no model named {name!r}; models: {', '.join(service.models)}")
+    return service.models[name]
+
+
+ModelDep = Annotated[ServedModel, Depends(get_model)]

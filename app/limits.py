@@ -1,0 +1,58 @@
+"""The request-body limit, as pure ASGI middleware: counts the bytes actually received, chunked bodies included."""
+
+from __future__ import annotations
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from .errors import ApiError, error_response
+
+
+class BodyTooLarge(ApiError):
+    def __init__(self, limit: int):
+        super().__init__(
+            413,
+            "payload_too_large",
+            f"the request body is larger than the limit of {limit} bytes; send a smaller image",
+        )
+
+
+class BodySizeLimitMiddleware:
+    """Refuse request bodies over ``max_bytes`` with 413.
+
+    A declared ``Content-Length`` over the limit is refused when the endpoint starts reading, before any byte is
+    read; otherwise the bytes are counted as they arrive, so a chunked body without a length is stopped too.
+    """
+
+    def __init__(self, app: ASGIApp, max_bytes: int):
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length")
+        received = 0
+        started = False
+
+        async def limited_receive() -> Message:
+            nonlocal received
+            if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+                raise BodyTooLarge(self.max_bytes)
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_bytes:
+                    raise BodyTooLarge(self.max_bytes)
+            return message
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, limited_receive, tracking_send)
+        except BodyTooLarge as exc:  # raised where no exception handler saw it (e.g. while streaming)
+            if started:
+                raise
+            await error_response(exc.status, exc.code, exc.message)(scope, receive, send)

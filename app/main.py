@@ -1,0 +1,84 @@
+"""The app factory: ``create_app(settings)`` wires settings, lifespan, middleware, error handlers and routers."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from contextlib import asynccontextmanager
+
+import torch
+from fastapi import FastAPI
+from fastapi.staticfiles import StaticFiles
+
+import densecnn
+
+from .errors import install_error_handlers
+from .executor import InferencePool
+from .limits import BodySizeLimitMiddleware
+from .metrics import Metrics, MetricsMiddleware
+from .registry import load_models
+from .routers import health, models, page, segment
+from .routers import metrics as metrics_router
+from .routers.page import STATIC
+from .settings import Settings
+from .state import ServiceState, drain_on_signals
+
+logger = logging.getLogger("densecnn.app")
+
+
+async def _load_models(service: ServiceState, settings: Settings) -> None:
+    """Load the models off the event loop, so /healthz answers (and /readyz says 503) meanwhile."""
+    try:
+        service.models = await asyncio.to_thread(load_models, settings.model_dir)
+        default = settings.default_model
+        service.default_model = default if default in service.models else next(iter(service.models))
+    except ValueError as exc:  # ModelFileError and friends
+        service.load_error = str(exc)
+        logger.error("%s", exc)
+    finally:
+        service.loading = False
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """The densecnn service. Models are loaded in the lifespan (never at import), into ``app.state.service``.
+
+    >>> app = create_app(Settings(model_dir="models", queue_size=8))
+    >>> with TestClient(app) as client: ...
+    """
+    settings = settings or Settings()
+    metrics = Metrics()
+    service = ServiceState()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        def limit_threads() -> None:
+            torch.set_num_threads(settings.torch_threads)
+
+        limit_threads()
+        service.pool = InferencePool(
+            settings.max_concurrent_inferences, settings.queue_size, thread_setup=limit_threads
+        )
+        metrics.queue_depth.set_function(lambda: service.pool.queued)
+        drain_on_signals(service)
+        loading = asyncio.create_task(_load_models(service, settings))
+        try:
+            yield
+        finally:
+            service.draining = True  # in-flight requests have finished when the server gets here
+            await loading
+            await asyncio.to_thread(service.pool.shutdown)
+
+    app = FastAPI(
+        title="densecnn",
+        version=densecnn.__version__,
+        summary="Full-resolution label maps from patch-trained CNNs, exactly as patch-by-patch scanning gives them.",
+        lifespan=lifespan,
+    )
+    app.state.settings, app.state.service, app.state.metrics = settings, service, metrics
+    install_error_handlers(app, retry_after=settings.retry_after)
+    app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.max_upload_bytes)
+    app.add_middleware(MetricsMiddleware, metrics=metrics)  # outermost: counts every answer, 413s included
+    for router in (health.router, models.router, segment.router, metrics_router.router, page.router):
+        app.include_router(router)
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
+    return app

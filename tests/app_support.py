@@ -1,0 +1,82 @@
+"""Helpers for the service tests: small model directories, test images, waiting for readiness."""
+
+from __future__ import annotations
+
+import io
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+import densecnn
+from densecnn.imageio import read_image
+
+CLASS_NAMES = ["background", "dim", "bright"]
+
+
+def brightness_model(in_channels: int = 3) -> tuple[torch.nn.Sequential, int]:
+    """zoo.tiny with hand-set weights: labels pixels by the mean brightness h of their patch (0 < h < tanh 1).
+
+    Every layer averages, so h is a local mean; the head scores 0, 10(h-0.25), 20(h-0.375): class 0 "background"
+    for h < 0.25, 1 "dim" up to 0.5, 2 "bright" above.
+    """
+    model, patch = densecnn.zoo.tiny(in_channels=in_channels, num_classes=3)
+    conv1, conv2, fc1, fc2 = model[0], model[3], model[7], model[9]
+    with torch.no_grad():
+        conv1.weight.fill_(1.0 / conv1.weight[0].numel())
+        conv2.weight.fill_(1.0 / conv2.weight[0].numel())
+        fc1.weight.fill_(1.0 / fc1.in_features)
+        fc2.weight.copy_(torch.tensor([0.0, 10.0, 20.0])[:, None].expand(3, 8) / 8)
+        for layer in (conv1, conv2, fc1):
+            layer.bias.zero_()
+        fc2.bias.copy_(torch.tensor([0.0, -2.5, -7.5]))
+    return model.eval(), patch
+
+
+def save_brightness_model(root: Path, name: str = "cells", in_channels: int = 3, **kwargs) -> Path:
+    model, patch = brightness_model(in_channels)
+    palette = [[0, 0, 0], [40, 120, 255], [255, 200, 0]]
+    return densecnn.save(
+        model, root / name, patch_size=patch, class_names=CLASS_NAMES, palette=palette, **kwargs
+    )
+
+
+def blobs(height: int = 48, width: int = 64, seed: int = 0) -> np.ndarray:
+    """An (H, W, 3) uint8 picture: dark background, dim and bright discs, a little noise."""
+    rng = np.random.default_rng(seed)
+    yy, xx = np.mgrid[:height, :width]
+    image = np.full((height, width), 0.1)
+    for k in range(6):
+        cy, cx, r = rng.uniform(0, height), rng.uniform(0, width), rng.uniform(4, min(height, width) / 4)
+        image[(yy - cy) ** 2 + (xx - cx) ** 2 < r * r] = 0.45 if k % 2 else 0.95
+    image += rng.normal(0, 0.03, image.shape)
+    rgb = np.stack([image, image * 0.9, image * 0.8], axis=2)
+    return (np.clip(rgb, 0, 1) * 255).astype(np.uint8)
+
+
+def encode(array: np.ndarray, fmt: str = "PNG", **save_kwargs) -> bytes:
+    out = io.BytesIO()
+    Image.fromarray(array).save(out, format=fmt, **save_kwargs)
+    return out.getvalue()
+
+
+def wait_ready(get, timeout: float = 30.0) -> None:
+    """Poll ``get("/readyz")`` until it answers 200."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if get("/readyz").status_code == 200:
+                return
+        except Exception:  # the server is not listening yet
+            pass
+        time.sleep(0.05)
+    raise TimeoutError("the service did not become ready")
+
+
+def library_labels(model_dir: Path, image_bytes: bytes) -> np.ndarray:
+    """The label map the library gives for an image file: read_image -> normalize -> DenseCNN.predict. (H, W)."""
+    loaded = densecnn.load(model_dir)
+    x = torch.from_numpy(read_image(image_bytes, loaded.in_channels))[None]
+    return loaded.dense().predict(loaded.normalize(x))[0].numpy()

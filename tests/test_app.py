@@ -1,0 +1,525 @@
+"""The service in-process (``with TestClient(app)``, lifespan running): every endpoint and every error path.
+
+After each error the next good request must still succeed.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import struct
+import threading
+import time
+import zlib
+
+import numpy as np
+import pytest
+import tifffile
+import torch
+from fastapi.testclient import TestClient
+from PIL import Image
+from pydantic import ValidationError
+
+import densecnn
+from app import Settings, create_app
+from app.segmentation import SegmentResult
+from tests.app_support import CLASS_NAMES, blobs, encode, library_labels, save_brightness_model, wait_ready
+
+MAX_PIXELS = 1_000_000
+MAX_BYTES = 300_000
+
+
+@pytest.fixture(scope="module")
+def model_root(tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    save_brightness_model(root, "cells")
+    save_brightness_model(root, "gray", in_channels=1, normalization={"mean": [0.2], "std": [0.5]})
+    torch.manual_seed(0)
+    many, patch = densecnn.zoo.tiny(in_channels=3, num_classes=300)
+    densecnn.save(many, root / "many", patch_size=patch, padding_mode="reflect")
+    (root / "not-a-model").mkdir()  # ignored: no model.json
+    return root
+
+
+def make_app(model_root, **overrides):
+    settings = dict(
+        model_dir=model_root,
+        default_model="cells",
+        torch_threads=1,
+        max_image_pixels=MAX_PIXELS,
+        max_upload_bytes=MAX_BYTES,
+    )
+    return create_app(Settings(**{**settings, **overrides}))
+
+
+@pytest.fixture(scope="module")
+def client(model_root):
+    with TestClient(make_app(model_root)) as client:
+        wait_ready(client.get)
+        yield client
+
+
+IMAGE = blobs(40, 52)
+PNG = encode(IMAGE)
+
+
+def png_labels(body: bytes) -> np.ndarray:
+    return np.asarray(Image.open(io.BytesIO(body)))
+
+
+def post_raw(client, data: bytes, content_type: str = "image/png", model: str = "cells", **kwargs):
+    headers = {"content-type": content_type, **kwargs.pop("headers", {})}
+    return client.post(f"/v1/models/{model}/segment", content=data, headers=headers, **kwargs)
+
+
+def assert_error(response, status: int, code: str | None = None) -> dict:
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert set(body) == {"error"} and set(body["error"]) == {"code", "message"}
+    assert body["error"]["message"]
+    if code:
+        assert body["error"]["code"] == code
+    return body["error"]
+
+
+def assert_next_request_succeeds(client) -> None:
+    response = post_raw(client, PNG)
+    assert response.status_code == 200
+    assert np.array_equal(png_labels(response.content), library_labels(client.model_root / "cells", PNG))
+
+
+@pytest.fixture(autouse=True)
+def _remember_root(request, model_root):
+    if "client" in request.fixturenames:
+        request.getfixturevalue("client").model_root = model_root
+
+
+# --- health, models, page, metrics, OpenAPI ---
+
+
+def test_health_and_readiness(client):
+    assert client.get("/healthz").json() == {"status": "ok"}
+    ready = client.get("/readyz")
+    assert ready.status_code == 200
+    assert sorted(ready.json()["models"]) == ["cells", "gray", "many"]
+
+
+def test_model_list_and_details(client):
+    listing = client.get("/v1/models").json()
+    assert listing["default"] == "cells"
+    assert [m["name"] for m in listing["models"]] == ["cells", "gray", "many"]
+    info = client.get("/v1/models/gray").json()
+    assert info["patch_size"] == [12, 12] and info["in_channels"] == 1 and info["num_classes"] == 3
+    assert [c["name"] for c in info["classes"]] == CLASS_NAMES
+    assert info["classes"][2]["color"] == [255, 200, 0]
+    assert info["padding_mode"] == "zeros" and info["normalization"] == {"mean": [0.2], "std": [0.5]}
+    assert client.get("/v1/models/many").json()["padding_mode"] == "reflect"
+
+
+def test_unknown_model_is_404(client):
+    assert "cells" in assert_error(client.get("/v1/models/nope"), 404, "unknown_model")["message"]
+    assert_error(post_raw(client, PNG, model="nope"), 404, "unknown_model")
+    assert_next_request_succeeds(client)
+
+
+def test_framework_errors_use_the_error_shape(client):
+    assert_error(client.get("/no/such/path"), 404, "not_found")
+    assert_error(client.delete("/healthz"), 405, "method_not_allowed")
+    assert_error(post_raw(client, PNG, params={"view": "sideways"}), 422, "invalid_request")
+    assert_next_request_succeeds(client)
+
+
+def test_page_and_static_files(client):
+    page = client.get("/")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert "/static/app.js" in page.text
+    assert "segment?view=overlay" in client.get("/static/app.js").text
+
+
+def test_openapi_declares_binary_responses_and_the_image_body(client):
+    spec = client.get("/openapi.json").json()
+    operation = spec["paths"]["/v1/models/{name}/segment"]["post"]
+    ok = operation["responses"]["200"]["content"]
+    assert ok["image/png"]["schema"] == {"type": "string", "format": "binary"}
+    assert ok["application/x-npy"]["schema"]["format"] == "binary"
+    assert ok["application/json"]["schema"]["$ref"].endswith("/SegmentJson")
+    body = operation["requestBody"]["content"]
+    assert "image" in body["multipart/form-data"]["schema"]["properties"] and "image/png" in body
+    for status in ("400", "404", "406", "413", "415", "503"):
+        assert operation["responses"][status]["content"]["application/json"]["schema"]["$ref"].endswith(
+            "ErrorBody"
+        )
+
+
+def test_metrics_count_routes_statuses_and_inference(client):
+    post_raw(client, PNG)
+    post_raw(client, b"x" * (MAX_BYTES + 1))
+    text = client.get("/metrics").text
+    assert (
+        'densecnn_http_requests_total{method="POST",route="/v1/models/{name}/segment",status="200"}' in text
+    )
+    assert 'route="/v1/models/{name}/segment",status="413"' in text
+    assert 'densecnn_inference_seconds_count{model="cells"}' in text
+    assert "densecnn_inference_queue_depth 0.0" in text
+    assert "densecnn_image_pixels_count" in text
+    assert 'densecnn_http_request_duration_seconds_count{route="/v1/models/{name}/segment"}' in text
+
+
+# --- the segment endpoint: formats ---
+
+
+def test_default_answer_is_a_palette_png_equal_to_library_predict(client, model_root):
+    response = client.post("/v1/models/cells/segment", files={"image": ("blobs.png", PNG, "image/png")})
+    assert response.status_code == 200 and response.headers["content-type"] == "image/png"
+    image = Image.open(io.BytesIO(response.content))
+    assert image.mode == "P" and image.size == (52, 40)
+    assert image.getpalette()[:9] == [0, 0, 0, 40, 120, 255, 255, 200, 0]
+    labels = np.asarray(image)
+    assert np.array_equal(labels, library_labels(model_root / "cells", PNG))
+    assert set(np.unique(labels)) == {0, 1, 2}  # the test image has all three classes
+    timing = response.headers["server-timing"]
+    assert all(f"{step};dur=" in timing for step in ("decode", "infer", "encode"))
+
+
+def test_raw_body_equals_multipart(client):
+    multipart = client.post("/v1/models/cells/segment", files={"image": ("b.png", PNG, "image/png")})
+    assert post_raw(client, PNG).content == multipart.content
+    assert post_raw(client, PNG, "application/octet-stream").content == multipart.content
+
+
+def test_json_answer(client, model_root):
+    response = post_raw(client, PNG, headers={"accept": "application/json"})
+    assert response.status_code == 200 and response.headers["content-type"] == "application/json"
+    body = response.json()
+    assert (body["width"], body["height"]) == (52, 40)
+    assert [c["name"] for c in body["classes"]] == CLASS_NAMES
+    labels = png_labels(base64.b64decode(body["labels_png_base64"]))
+    assert np.array_equal(labels, library_labels(model_root / "cells", PNG))
+    assert body["pixel_counts"] == np.bincount(labels.ravel(), minlength=3).tolist()
+    assert "overlay_png_base64" not in body or body["overlay_png_base64"] is None
+
+
+def test_npy_probabilities(client, model_root):
+    response = post_raw(client, PNG, headers={"accept": "application/x-npy"})
+    assert response.status_code == 200 and response.headers["content-type"] == "application/x-npy"
+    probabilities = np.load(io.BytesIO(response.content), allow_pickle=False)
+    assert probabilities.dtype == np.float32 and probabilities.shape == (3, 40, 52)
+    np.testing.assert_allclose(probabilities.sum(0), 1, atol=1e-5)
+    assert np.array_equal(probabilities.argmax(0), library_labels(model_root / "cells", PNG))
+
+
+def test_overlay_view_blends_the_class_colours(client, model_root):
+    response = post_raw(client, PNG, params={"view": "overlay"})
+    assert response.status_code == 200
+    overlay = Image.open(io.BytesIO(response.content))
+    assert overlay.mode == "RGB" and overlay.size == (52, 40)
+    labels = library_labels(model_root / "cells", PNG)
+    palette = np.array([[0, 0, 0], [40, 120, 255], [255, 200, 0]], np.float32)
+    expected = np.round(0.5 * IMAGE + 0.5 * palette[labels])
+    assert np.abs(np.asarray(overlay).astype(np.float32) - expected).max() <= 1
+    with_json = post_raw(
+        client, PNG, params={"view": "overlay"}, headers={"accept": "application/json"}
+    ).json()
+    assert base64.b64decode(with_json["overlay_png_base64"]) == response.content
+
+
+def test_more_than_256_classes_give_a_16_bit_png(client, model_root):
+    response = post_raw(client, PNG, model="many")
+    image = Image.open(io.BytesIO(response.content))
+    assert image.mode == "I;16"
+    assert np.array_equal(np.asarray(image), library_labels(model_root / "many", PNG))
+
+
+@pytest.mark.parametrize(
+    ("accept", "media_type"),
+    [
+        (None, "image/png"),
+        ("*/*", "image/png"),
+        ("image/*", "image/png"),
+        ("application/json;q=0.5, application/x-npy", "application/x-npy"),
+        ("text/html, application/json", "application/json"),
+        ("image/png;q=0, application/*", "application/json"),
+    ],
+)
+def test_accept_negotiation(client, accept, media_type):
+    headers = {"accept": accept} if accept else {}
+    response = post_raw(client, PNG, headers=headers)
+    assert response.status_code == 200 and response.headers["content-type"] == media_type
+    assert response.headers["vary"] == "Accept"
+
+
+def test_unacceptable_accept_is_406_with_vary(client):
+    response = post_raw(client, PNG, headers={"accept": "text/html"})
+    assert_error(response, 406, "not_acceptable")
+    assert response.headers["vary"] == "Accept"
+    overlay_npy = post_raw(client, PNG, params={"view": "overlay"}, headers={"accept": "application/x-npy"})
+    assert_error(overlay_npy, 406)
+    assert_next_request_succeeds(client)
+
+
+# --- image inputs ---
+
+
+def test_one_pixel_image(client, model_root):
+    one = encode(np.full((1, 1, 3), 240, np.uint8))
+    response = post_raw(client, one)
+    assert response.status_code == 200
+    assert png_labels(response.content).shape == (1, 1)
+    assert np.array_equal(png_labels(response.content), library_labels(model_root / "cells", one))
+
+
+def test_rgba_drops_alpha(client):
+    rgba = np.concatenate([IMAGE, np.full((*IMAGE.shape[:2], 1), 77, np.uint8)], axis=2)
+    assert post_raw(client, encode(rgba)).content == post_raw(client, PNG).content
+
+
+def test_grayscale_into_rgb_and_rgb_into_gray_models(client, model_root):
+    gray = encode(IMAGE[:, :, 0])
+    response = post_raw(client, gray)
+    assert response.status_code == 200
+    replicated = encode(np.repeat(IMAGE[:, :, :1], 3, axis=2))
+    assert np.array_equal(png_labels(response.content), library_labels(model_root / "cells", replicated))
+    to_gray = post_raw(client, PNG, model="gray")  # luminance, then the model's normalisation
+    assert np.array_equal(png_labels(to_gray.content), library_labels(model_root / "gray", PNG))
+
+
+def test_16_bit_png_and_tiff(client, model_root):
+    deep = (IMAGE[:, :, 0].astype(np.uint16) * 257).astype(np.uint16)
+    out = io.BytesIO()
+    tifffile.imwrite(out, deep)
+    tiff = out.getvalue()
+    response = post_raw(client, tiff, "image/tiff", model="gray")
+    assert response.status_code == 200
+    assert np.array_equal(png_labels(response.content), library_labels(model_root / "gray", tiff))
+    eight_bit = post_raw(client, encode(IMAGE[:, :, 0]), model="gray")
+    assert response.content == eight_bit.content  # v * 257 / 65535 == v / 255
+    png16 = post_raw(client, encode(deep), model="gray")
+    assert png16.content == eight_bit.content
+
+
+def test_float_tiff(client, model_root):
+    out = io.BytesIO()
+    tifffile.imwrite(out, IMAGE.astype(np.float32) / 255, photometric="rgb")
+    response = post_raw(client, out.getvalue(), "image/tiff")
+    assert response.status_code == 200
+    assert np.array_equal(png_labels(response.content), library_labels(model_root / "cells", PNG))
+
+
+def test_multi_page_tiff_reads_the_first_page(client):
+    out = io.BytesIO()
+    tifffile.imwrite(out, np.stack([IMAGE[:, :, 0], 255 - IMAGE[:, :, 0]]))
+    assert len(tifffile.TiffFile(io.BytesIO(out.getvalue())).pages) == 2
+    response = post_raw(client, out.getvalue(), "image/tiff", model="gray")
+    assert response.content == post_raw(client, encode(IMAGE[:, :, 0]), model="gray").content
+
+
+def test_exif_orientation_is_applied(client, model_root):
+    exif = Image.Exif()
+    exif[0x0112] = 6  # stored landscape, displayed rotated 90 degrees clockwise
+    jpeg = encode(IMAGE, "JPEG", quality=95, exif=exif.tobytes())
+    response = post_raw(client, jpeg, "image/jpeg")
+    assert response.status_code == 200
+    labels = png_labels(response.content)
+    assert labels.shape == (52, 40)  # (H, W) of the displayed image
+    assert np.array_equal(labels, library_labels(model_root / "cells", jpeg))
+
+
+# --- bad inputs ---
+
+
+def test_truncated_png_is_400(client):
+    assert_error(post_raw(client, PNG[: len(PNG) // 2]), 400, "invalid_image")
+    assert_error(post_raw(client, PNG[:20]), 400, "invalid_image")
+    assert_next_request_succeeds(client)
+
+
+def test_corrupt_tiff_is_400(client):
+    assert_error(post_raw(client, b"II*\x00" + b"\xff" * 40, "image/tiff"), 400, "invalid_image")
+    assert_next_request_succeeds(client)
+
+
+def test_text_file_is_415(client):
+    text = b"this is not an image\n" * 10
+    multipart = client.post("/v1/models/cells/segment", files={"image": ("notes.txt", text, "text/plain")})
+    assert_error(multipart, 415, "unsupported_image_type")
+    assert_error(
+        post_raw(client, text, "image/png"), 415, "unsupported_image_type"
+    )  # bytes decide, not the label
+    assert_error(post_raw(client, text, "text/plain"), 415, "unsupported_media_type")
+    assert_next_request_succeeds(client)
+
+
+def test_missing_field_and_empty_body_are_400(client):
+    wrong_field = client.post("/v1/models/cells/segment", files={"file": ("b.png", PNG, "image/png")})
+    assert_error(wrong_field, 400, "missing_image")
+    assert_error(post_raw(client, b""), 400, "empty_image")
+    assert_next_request_succeeds(client)
+
+
+def png_header_only(width: int, height: int) -> bytes:
+    """A PNG that declares width x height but holds no pixel data."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", ihdr)
+        + chunk(b"IDAT", zlib.compress(b"\x00" * 16))
+        + chunk(b"IEND", b"")
+    )
+
+
+@pytest.mark.parametrize(
+    "size", [(2000, 1000), (100_000, 100_000)]
+)  # over our limit; over Pillow's bomb guard
+def test_huge_declared_dimensions_are_413_before_decoding(client, size):
+    started = time.perf_counter()
+    error = assert_error(post_raw(client, png_header_only(*size)), 413, "image_too_large")
+    assert time.perf_counter() - started < 2  # decided from the header: nothing was decoded
+    assert "pixels" in error["message"] or "decompression" in error["message"].lower()
+    assert_next_request_succeeds(client)
+
+
+def test_tiff_over_the_pixel_limit_is_413(model_root):
+    out = io.BytesIO()
+    tifffile.imwrite(out, np.zeros((40, 52), np.uint8))
+    with TestClient(make_app(model_root, max_image_pixels=1000)) as small:
+        wait_ready(small.get)
+        assert_error(post_raw(small, out.getvalue(), "image/tiff"), 413, "image_too_large")
+        assert_error(post_raw(small, PNG), 413, "image_too_large")
+        assert post_raw(small, encode(IMAGE[:20, :20])).status_code == 200
+
+
+def test_oversized_body_is_413(client):
+    assert_error(post_raw(client, PNG + b"\x00" * MAX_BYTES), 413, "payload_too_large")
+    big = ("big.png", PNG + b"\x00" * MAX_BYTES, "image/png")
+    assert_error(client.post("/v1/models/cells/segment", files={"image": big}), 413, "payload_too_large")
+    assert_next_request_succeeds(client)
+
+
+def test_oversized_chunked_body_is_413(client):
+    sent = []
+
+    def chunks():
+        for _ in range(100):  # 100 x 10 kB > the 300 kB limit; no Content-Length
+            sent.append(1)
+            yield b"\x00" * 10_000
+
+    response = client.post(
+        "/v1/models/cells/segment", content=chunks(), headers={"content-type": "image/png"}
+    )
+    assert "content-length" not in response.request.headers
+    assert_error(response, 413, "payload_too_large")
+    assert_next_request_succeeds(client)
+
+
+# --- lifecycle and load ---
+
+
+def test_readiness_is_503_while_loading(model_root, monkeypatch):
+    import app.main
+
+    release = threading.Event()
+    real_load = app.main.load_models
+
+    def slow_load(root):
+        release.wait(10)
+        return real_load(root)
+
+    monkeypatch.setattr(app.main, "load_models", slow_load)
+    with TestClient(make_app(model_root)) as client:
+        assert client.get("/healthz").status_code == 200
+        response = client.get("/readyz")
+        assert_error(response, 503, "not_ready")
+        assert "loading" in response.json()["error"]["message"] and response.headers["retry-after"] == "1"
+        assert_error(post_raw(client, PNG), 503, "not_ready")
+        release.set()
+        wait_ready(client.get)
+        assert post_raw(client, PNG).status_code == 200
+
+
+def test_readiness_is_503_when_no_model_loads(tmp_path):
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "model.json").write_text("{not json")
+    with TestClient(create_app(Settings(model_dir=tmp_path, torch_threads=1))) as client:
+        deadline = time.monotonic() + 10
+        while "loading" in client.get("/readyz").text and time.monotonic() < deadline:
+            time.sleep(0.02)
+        error = assert_error(client.get("/readyz"), 503, "not_ready")
+        assert "broken" in error["message"] and "not valid JSON" in error["message"]
+        assert client.get("/healthz").status_code == 200
+
+
+def test_readiness_is_503_while_draining(model_root):
+    with TestClient(make_app(model_root)) as client:
+        wait_ready(client.get)
+        client.app.state.service.draining = True  # what SIGTERM does (tested with a real server elsewhere)
+        assert "shutting down" in assert_error(client.get("/readyz"), 503, "not_ready")["message"]
+        assert_error(post_raw(client, PNG), 503, "not_ready")
+
+
+def blocking_segment(started: threading.Event, release: threading.Event):
+    def segment(served, data, output, **kwargs) -> SegmentResult:
+        started.set()
+        release.wait(10)
+        return SegmentResult(b"done", "image/png", 1, 1, {"infer": 0.0})
+
+    return segment
+
+
+def test_full_queue_is_503_with_retry_after_at_once(model_root, monkeypatch):
+    import app.routers.segment
+
+    started, release = threading.Event(), threading.Event()
+    monkeypatch.setattr(app.routers.segment, "segment", blocking_segment(started, release))
+    with TestClient(make_app(model_root, max_concurrent_inferences=1, queue_size=0, retry_after=3)) as client:
+        wait_ready(client.get)
+        first = []
+        worker = threading.Thread(target=lambda: first.append(post_raw(client, PNG)))
+        worker.start()
+        assert started.wait(10)
+        t0 = time.perf_counter()
+        busy = post_raw(client, PNG)
+        assert time.perf_counter() - t0 < 1  # refused at once, not after waiting
+        assert_error(busy, 503, "overloaded")
+        assert busy.headers["retry-after"] == "3"
+        assert 'status="503"' in client.get("/metrics").text
+        release.set()
+        worker.join(10)
+        assert first[0].status_code == 200 and first[0].content == b"done"
+        monkeypatch.undo()
+        assert post_raw(client, PNG).status_code == 200
+
+
+def test_slow_inference_times_out_with_503(model_root, monkeypatch):
+    import app.routers.segment
+
+    started, release = threading.Event(), threading.Event()
+    monkeypatch.setattr(app.routers.segment, "segment", blocking_segment(started, release))
+    with TestClient(make_app(model_root, request_timeout=0.2)) as client:
+        wait_ready(client.get)
+        response = post_raw(client, PNG)
+        assert_error(response, 503, "timeout")
+        assert "retry-after" in response.headers
+        release.set()
+
+
+# --- settings ---
+
+
+def test_settings_from_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("DENSECNN_MODEL_DIR", str(tmp_path))
+    monkeypatch.setenv("DENSECNN_MAX_UPLOAD_BYTES", "1234")
+    monkeypatch.setenv("DENSECNN_QUEUE_SIZE", "7")
+    settings = Settings()
+    assert (settings.model_dir, settings.max_upload_bytes, settings.queue_size) == (tmp_path, 1234, 7)
+    assert settings.max_image_pixels == 16_000_000 and settings.default_model == "nuclei"
+
+
+def test_settings_fail_fast(tmp_path):
+    with pytest.raises(ValidationError, match="is not a directory"):
+        Settings(model_dir=tmp_path / "missing")
+    with pytest.raises(ValidationError, match="greater than 0"):
+        Settings(model_dir=tmp_path, max_upload_bytes=0)
