@@ -59,6 +59,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             settings.max_concurrent_inferences, settings.queue_size, thread_setup=limit_threads
         )
         metrics.queue_depth.set_function(lambda: service.pool.queued)
+        metrics.running.set_function(lambda: service.pool.running)
         drain_on_signals(service)
         loading = asyncio.create_task(_load_models(service, settings))
         try:

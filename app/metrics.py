@@ -29,6 +29,7 @@ class Metrics:
         self.queue_depth = Gauge(
             "densecnn_inference_queue_depth", "requests waiting for an inference slot", registry=self.registry
         )
+        self.running = Gauge("densecnn_inferences_running", "inferences running now", registry=self.registry)
         self.image_pixels = Histogram(
             "densecnn_image_pixels", "pixels per segmented image", registry=self.registry,
             buckets=(1e3, 1e4, 1e5, 2.5e5, 1e6, 4e6, 8e6, 16e6, 64e6),

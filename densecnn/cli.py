@@ -7,7 +7,11 @@ import importlib
 import sys
 
 # subcommand modules, in the order `densecnn --help` lists them
-COMMANDS = ["densecnn.commands.info", "densecnn.commands.export_onnx"]
+COMMANDS = [
+    "densecnn.commands.info",
+    "densecnn.commands.export_onnx",
+    "densecnn.commands.serve",
+]
 
 
 def build_parser() -> argparse.ArgumentParser:

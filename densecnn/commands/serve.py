@@ -1,0 +1,48 @@
+"""``densecnn serve``: the web service (API + page) under uvicorn."""
+
+from __future__ import annotations
+
+import os
+
+
+def add_parser(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "serve",
+        help="serve the models of a directory over HTTP (API, web page, metrics)",
+        description="Serve every model under --model-dir: POST images to /v1/models/NAME/segment, or open / in a "
+        "browser. Other settings come from DENSECNN_* environment variables (see the README).",
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
+    parser.add_argument("--model-dir", help="directory of model directories (default: models/)")
+    parser.add_argument("--workers", type=int, default=1, help="worker processes (default: 1)")
+    parser.set_defaults(run=run)
+
+
+def run(args) -> int:
+    import uvicorn
+
+    from app.registry import model_dirs
+    from app.settings import Settings
+
+    if args.workers < 1:
+        raise ValueError(f"--workers must be at least 1, got {args.workers}")
+    if args.model_dir:
+        os.environ["DENSECNN_MODEL_DIR"] = args.model_dir  # workers build their Settings from the environment
+    if args.workers > 1 and "DENSECNN_TORCH_THREADS" not in os.environ:
+        os.environ["DENSECNN_TORCH_THREADS"] = str(max(1, (os.cpu_count() or 1) // args.workers))
+    settings = Settings()  # fails here, with the reason, on bad settings
+    if not model_dirs(settings.model_dir):
+        raise FileNotFoundError(
+            f"no models in {settings.model_dir} (no subdirectory holds a model.json); "
+            "train or copy one there, or pass --model-dir"
+        )
+    uvicorn.run(
+        "app.main:create_app",
+        factory=True,
+        host=args.host,
+        port=args.port,
+        workers=args.workers,
+        timeout_graceful_shutdown=int(settings.request_timeout) + 5,  # in-flight requests finish first
+    )
+    return 0
