@@ -10,6 +10,7 @@ import sys
 COMMANDS = [
     "densecnn.commands.info",
     "densecnn.commands.export_onnx",
+    "densecnn.commands.train",
     "densecnn.commands.serve",
 ]
 

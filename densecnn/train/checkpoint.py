@@ -1,0 +1,61 @@
+"""Atomic checkpoints in ``RUN/checkpoints/``: ``step-00000123.pt`` files and a ``latest`` pointer.
+
+A checkpoint is written to a temporary file and renamed into place, then ``latest`` is replaced the same way, so
+a run killed at any moment leaves the previous checkpoint intact and ``latest`` naming a complete file. Loading
+uses ``torch.load(weights_only=True)``: checkpoints hold tensors and plain values only, never pickled objects.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+
+LATEST = "latest"
+
+
+def checkpoint_dir(run_dir: str | Path) -> Path:
+    return Path(run_dir) / "checkpoints"
+
+
+def save_checkpoint(run_dir: str | Path, state: dict, *, step: int, keep: int) -> Path:
+    """Write ``state`` as the checkpoint of ``step``, point ``latest`` at it, keep the ``keep`` newest ones."""
+    folder = checkpoint_dir(run_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / f"step-{step:08d}.pt"
+    _atomic(target, lambda tmp: torch.save(state, tmp))
+    _atomic(folder / LATEST, lambda tmp: Path(tmp).write_text(target.name + "\n"))
+    for old in sorted(folder.glob("step-*.pt"))[:-keep]:
+        old.unlink()
+    return target
+
+
+def latest_checkpoint(run_dir: str | Path) -> Path | None:
+    """The checkpoint ``latest`` points at, or None when the run has none."""
+    pointer = checkpoint_dir(run_dir) / LATEST
+    if not pointer.is_file():
+        return None
+    target = pointer.parent / pointer.read_text().strip()
+    if not target.is_file():
+        raise ValueError(f"{pointer} names {target.name}, which is missing; the run directory is damaged")
+    return target
+
+
+def load_checkpoint(path: str | Path) -> dict:
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch raises many types on corrupt or foreign files
+        raise ValueError(f"cannot read checkpoint {path}: {exc}") from None
+
+
+def _atomic(target: Path, write) -> None:
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)

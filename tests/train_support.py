@@ -1,0 +1,42 @@
+"""Synthetic segmentation datasets for the training tests: bright discs (class 1) and grey squares (class 2)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+from safetensors.torch import load_file
+
+
+def make_dataset(root: Path, *, images: int, size=(40, 36), seed: int = 0) -> Path:
+    """Write ``images`` noisy gray images with their class-id maps under ``root``; returns ``root``."""
+    rng = np.random.default_rng(seed)
+    for folder in ("images", "labels"):
+        (root / folder).mkdir(parents=True, exist_ok=True)
+    height, width = size
+    rows, cols = np.mgrid[:height, :width]
+    for i in range(images):
+        image = rng.normal(40, 10, size)
+        labels = np.zeros(size, np.uint8)
+        for _ in range(4):
+            cy, cx, r = rng.integers(0, height), rng.integers(0, width), rng.integers(3, 7)
+            disc = (rows - cy) ** 2 + (cols - cx) ** 2 <= r * r
+            image[disc] += 120
+            labels[disc] = 1
+        for _ in range(3):
+            top, left, side = rng.integers(0, height - 6), rng.integers(0, width - 6), rng.integers(4, 8)
+            image[top : top + side, left : left + side] = 90
+            labels[top : top + side, left : left + side] = 2
+        Image.fromarray(np.clip(image, 0, 255).astype(np.uint8)).save(root / "images" / f"im{i}.png")
+        Image.fromarray(labels).save(root / "labels" / f"im{i}.png")
+    return root
+
+
+def weights(model_dir: Path) -> dict:
+    return load_file(Path(model_dir) / "weights.safetensors")
+
+
+def max_weight_difference(a: dict, b: dict) -> float:
+    assert a.keys() == b.keys()
+    return max((a[k] - b[k]).abs().max().item() for k in a)
