@@ -55,6 +55,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             torch.set_num_threads(settings.torch_threads)
 
         limit_threads()
+        service.loading, service.draining, service.load_error = True, False, None
         service.pool = InferencePool(
             settings.max_concurrent_inferences, settings.queue_size, thread_setup=limit_threads
         )
