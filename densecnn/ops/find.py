@@ -29,9 +29,12 @@ from . import solvers
 from .solvers import ConvSpec, PoolSpec, Spec
 
 MEMORY_FORMATS = {"nchw": torch.contiguous_format, "nhwc": torch.channels_last}
-MAX_SIDE = 512  # timing inputs are at most this many pixels per side beyond the op's reach
-REPEATS = 3  # timed runs per candidate after one warm-up; the minimum is kept
-GIVE_UP = 4.0  # a candidate whose warm-up is this many times slower than the best so far is not timed further
+MAX_SIDE = 256  # timing inputs are at most this many pixels per side beyond the op's reach
+REPEATS = (
+    3  # timed runs per candidate after one warm-up (fewer once they add up to BUDGET_MS); the minimum is kept
+)
+BUDGET_MS = 300.0
+GIVE_UP = 2.0  # a candidate whose warm-up is this many times slower than the best so far is not timed further
 
 
 def cache_dir() -> Path:
@@ -155,7 +158,10 @@ def _time_one(name: str, spec: Spec, x: torch.Tensor, best: float | None) -> flo
         return None
     if best is not None and warmup > GIVE_UP * best:
         return warmup
-    return min(_elapsed_ms(step) for _ in range(REPEATS))
+    runs = [_elapsed_ms(step)]
+    while len(runs) < REPEATS and sum(runs) < BUDGET_MS:
+        runs.append(_elapsed_ms(step))
+    return min(runs)
 
 
 def _elapsed_ms(fn) -> float:

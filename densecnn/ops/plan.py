@@ -151,10 +151,13 @@ def make_plan(
     allowed = allowed_solvers(backend, forced, ext)
     steps, tables = group_steps(features), []
     for step in steps:
-        if hasattr(step.layers[0], "spec"):
-            tables.append(find(step.spec(), shape, dtype, device, train=train, ext=ext))
-        else:
+        if not hasattr(step.layers[0], "spec"):
             tables.append(None)
+        elif forced and fmt_forced:  # nothing to choose: no timing
+            applies = forced in solvers.candidates(step.spec(), ext_available=ext)
+            tables.append({fmt_forced: {forced if applies else "native": 0.0}})
+        else:
+            tables.append(find(step.spec(), shape, dtype, device, train=train, ext=ext))
         shape = next_shape(step, shape)
     formats = [fmt_forced] if fmt_forced else list(MEMORY_FORMATS)
     best = {fmt: [_best(table, fmt, allowed, forced) for table in tables] for fmt in formats}

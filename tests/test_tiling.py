@@ -1,0 +1,145 @@
+"""Exact tiling under a memory cap: tiles with an R−1 halo stitch to the untiled result, and memory stays bounded."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import densecnn
+from densecnn import tiling
+
+
+@pytest.fixture(autouse=True)
+def fixed_solver(tmp_path, monkeypatch):
+    """Native NCHW everywhere: one deterministic solver, so tiled and untiled results are bitwise comparable."""
+    monkeypatch.setenv("DENSECNN_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("DENSECNN_SOLVER", "native")
+    monkeypatch.setenv("DENSECNN_MEMORY_FORMAT", "nchw")
+
+
+def _dense(name="tiny", padding_mode="zeros", **kwargs):
+    torch.manual_seed(0)
+    model, patch = densecnn.zoo.create(name, **kwargs)
+    return (
+        model.double().eval(),
+        patch,
+        densecnn.convert(model.double().eval(), patch, padding_mode=padding_mode),
+    )
+
+
+def _tiles(dense, x, max_memory, labels=False, train=False) -> int:
+    th, tw = tiling.choose_tile(dense, x.shape, x.element_size(), max_memory, labels=labels, train=train)
+    return len(tiling.tile_starts(x.shape[2], th)) * len(tiling.tile_starts(x.shape[3], tw))
+
+
+@pytest.mark.parametrize("padding_mode", ["zeros", "reflect", "replicate"])
+@pytest.mark.parametrize("size", [(23, 31), (40, 17), (1, 5)])
+def test_tiled_forward_equals_untiled_and_patch_scanning(padding_mode, size):
+    model, patch, dense = _dense("tiny", padding_mode, in_channels=2, num_classes=3)
+    x = torch.rand(2, 2, *size, dtype=torch.float64)
+    with torch.no_grad():
+        untiled = dense(x)
+        torch.testing.assert_close(untiled, densecnn.scan_patches(model, x, patch, padding_mode=padding_mode))
+        whole = tiling.held_bytes(dense, x.shape, 8, labels=False) + tiling.tile_bytes(
+            dense, 2, 2, size, 8, train=False
+        )
+        counts = set()
+        for max_memory in (whole, whole // 2, whole // 5, whole // 20):
+            try:
+                tiled = dense(x, max_memory=max_memory)
+            except ValueError as exc:
+                assert "too small" in str(exc)
+                continue
+            counts.add(_tiles(dense, x, max_memory))
+            assert torch.equal(tiled, untiled), f"max_memory={max_memory}"
+    assert 1 in counts and (max(counts) > 4 or size == (1, 5))
+
+
+def test_many_tiles_on_a_deep_net_with_autograd_and_labels():
+    model, patch, dense = _dense("stages_46", "reflect", in_channels=1, num_classes=4)
+    x = torch.rand(1, 1, 75, 61, dtype=torch.float64, requires_grad=True)
+    untiled = dense(x)
+    held = tiling.held_bytes(dense, x.shape, 8, labels=False)
+    max_memory = held + tiling.tile_bytes(dense, 1, 1, (25, 25), 8, train=True)
+    assert _tiles(dense, x.detach(), max_memory, train=True) >= 9
+    tiled = dense(x, max_memory=max_memory)
+    assert torch.equal(tiled, untiled)
+    (grad_untiled,) = torch.autograd.grad(untiled.sum(), x)
+    (grad_tiled,) = torch.autograd.grad(tiled.sum(), x)
+    torch.testing.assert_close(grad_tiled, grad_untiled)
+    max_memory = tiling.held_bytes(dense, x.shape, 8, labels=True) + tiling.tile_bytes(
+        dense, 1, 1, (20, 20), 8, train=False
+    )
+    labels = dense.predict(x.detach(), max_memory=max_memory)
+    assert _tiles(dense, x.detach(), max_memory, labels=True) >= 9
+    assert labels.dtype == torch.int64 and torch.equal(labels, untiled.argmax(1))
+
+
+def test_bad_max_memory_is_explained():
+    _, _, dense = _dense("tiny", in_channels=1, num_classes=3)
+    x = torch.rand(1, 1, 30, 30, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"too small for a 1x1x30x30 input: it needs at least [\d,]+ bytes"):
+        dense(x, max_memory=1000)
+    for bad in (0, -5, 1.5e9, True):
+        with pytest.raises(ValueError, match="positive number of bytes"):
+            dense.predict(x, max_memory=bad)
+
+
+def test_tile_estimate_grows_with_the_tile_and_the_cap_bounds_it():
+    _, _, dense = _dense("plain_133", in_channels=3, num_classes=32)
+    small = tiling.tile_bytes(dense, 1, 3, (64, 64), 4, train=False)
+    large = tiling.tile_bytes(dense, 1, 3, (256, 256), 4, train=False)
+    assert small < large
+    assert tiling.tile_bytes(dense, 1, 3, (64, 64), 4, train=True) > small
+    th, tw = tiling.choose_tile(dense, (1, 3, 1000, 800), 4, 300_000_000, labels=True, train=False)
+    assert th < 1000 and tw < 800
+    assert (
+        tiling.held_bytes(dense, (1, 3, 1000, 800), 4, labels=True)
+        + tiling.tile_bytes(dense, 1, 3, (th, tw), 4, train=False)
+        <= 300_000_000
+    )
+
+
+PEAK_SCRIPT = textwrap.dedent(
+    """
+    import json, resource, sys, torch, densecnn
+    torch.manual_seed(0)
+    model, patch = densecnn.zoo.plain_133(in_channels=3, num_classes=32)
+    dense = densecnn.convert(model.eval(), patch)
+    dense.solver, dense.memory_format = "native", "nhwc"
+    x = torch.rand(1, 3, 640, 640)
+    with torch.no_grad():
+        dense.predict(x[:, :, :160, :160], max_memory=10**9)  # warm up allocator and kernels
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    max_memory = None if sys.argv[1] == "none" else int(sys.argv[1])
+    dense.predict(x, max_memory=max_memory)
+    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    print(json.dumps({"growth": after - before}))
+    """
+)
+
+
+def _peak_growth(max_memory) -> int:
+    result = subprocess.run(
+        [sys.executable, "-c", PEAK_SCRIPT, str(max_memory)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    return json.loads(result.stdout.strip().splitlines()[-1])["growth"]
+
+
+@pytest.mark.slow
+def test_peak_memory_follows_the_cap():
+    """Measured peak RSS growth of a whole process: untiled vs capped predict of plain_133 on a 640x640 image."""
+    untiled = _peak_growth("none")
+    capped = _peak_growth(150_000_000)
+    print(f"peak RSS growth: untiled {untiled:,} bytes, capped at 150 MB {capped:,} bytes")
+    assert capped <= 150_000_000, f"capped predict grew the process by {capped:,} bytes"
+    assert untiled > 2 * capped, f"untiled {untiled:,} vs capped {capped:,}"
