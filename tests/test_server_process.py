@@ -4,14 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import io
-import os
 import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 
 import httpx
 import numpy as np
@@ -20,55 +15,9 @@ import torch
 from PIL import Image
 
 import densecnn
-from tests.app_support import blobs, encode, library_labels, save_brightness_model, wait_ready
+from tests.app_support import Server, blobs, encode, library_labels, save_brightness_model
 
-REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-class Server:
-    """``densecnn serve`` in a subprocess on a free loopback port."""
-
-    def __init__(self, model_dir: Path, log: Path, **settings):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        env = {**os.environ, "DENSECNN_TORCH_THREADS": "1"}
-        env.update({f"DENSECNN_{key.upper()}": str(value) for key, value in settings.items()})
-        self.log = log
-        command = [
-            sys.executable,
-            "-m",
-            "densecnn.cli",
-            "serve",
-            "--model-dir",
-            str(model_dir),
-            "--port",
-            str(self.port),
-        ]
-        self.process = subprocess.Popen(
-            command, cwd=REPO, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT
-        )
-        try:
-            wait_ready(lambda path: httpx.get(self.url + path, timeout=2), timeout=60)
-        except TimeoutError:
-            self.stop()
-            raise AssertionError(f"server did not become ready:\n{log.read_text()}") from None
-
-    def stop(self) -> int:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        return self.process.returncode
 
 
 @pytest.fixture(scope="module")

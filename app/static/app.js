@@ -91,6 +91,7 @@ async function segment(file) {
     showError("No model is loaded yet; wait a moment and try again.");
     return;
   }
+  $("result").hidden = true;
   $("status").textContent = `Segmenting ${file.name} with ${name}…`;
   const form = new FormData();
   form.append("image", file, file.name);

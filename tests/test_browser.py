@@ -1,0 +1,105 @@
+"""The web page in a real browser (Debian's chromium driven by playwright): upload, overlay, legend, errors."""
+
+from __future__ import annotations
+
+import base64
+import shutil
+
+import httpx
+import numpy as np
+import pytest
+
+from tests.app_support import CLASS_NAMES, Server, blobs, encode, library_labels, save_brightness_model
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+sync_api = pytest.importorskip("playwright.sync_api")
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.slow,
+    pytest.mark.skipif(shutil.which("chromium") is None, reason="needs Debian's chromium: `make browser`"),
+]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    save_brightness_model(root, "cells")
+    server = Server(root, tmp_path_factory.mktemp("log") / "server.log", default_model="cells")
+    yield server, root
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def page(served):
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        page = browser.new_page(viewport={"width": 1280, "height": 800})
+        page.set_default_timeout(30_000)
+        yield page
+        browser.close()
+
+
+def test_upload_shows_overlay_legend_and_counts(served, page, tmp_path):
+    server, root = served
+    image = blobs(120, 160, seed=11)
+    path = tmp_path / "blobs.png"
+    path.write_bytes(encode(image))
+
+    page.goto(server.url + "/")
+    page.wait_for_selector("#model:not([disabled])")
+    assert page.input_value("#model") == "cells"
+    assert "3 classes" in page.inner_text("#model-info")
+    page.set_input_files("#file", str(path))
+    page.wait_for_selector("#result:not([hidden])")
+    page.wait_for_function("document.getElementById('overlay-image').naturalWidth > 0")
+
+    # the overlay the page shows is the service's overlay of this image
+    src = page.get_attribute("#overlay-image", "src")
+    assert src.startswith("data:image/png;base64,")
+    api_overlay = httpx.post(
+        f"{server.url}/v1/models/cells/segment",
+        params={"view": "overlay"},
+        files={"image": ("b.png", path.read_bytes())},
+    ).content
+    assert base64.b64decode(src.split(",", 1)[1]) == api_overlay
+    assert page.evaluate("document.getElementById('overlay-image').naturalWidth") == 160
+    assert (
+        page.evaluate("document.getElementById('input-image').naturalWidth") == 160
+    )  # the image, side by side
+
+    rows = page.locator("#legend tbody tr")
+    assert rows.count() == 3
+    names = [rows.nth(k).locator("td").nth(1).inner_text() for k in range(3)]
+    counts = [int(rows.nth(k).locator("td").nth(2).inner_text().replace(",", "")) for k in range(3)]
+    assert names == CLASS_NAMES
+    expected = np.bincount(library_labels(root / "cells", path.read_bytes()).ravel(), minlength=3)
+    assert counts == expected.tolist()
+    status = page.inner_text("#status")
+    assert "Server time" in status and "160×120" in status
+    assert page.is_hidden("#error")
+    page.screenshot(path=str(tmp_path / "page.png"), full_page=True)
+    assert (tmp_path / "page.png").stat().st_size > 10_000
+
+
+def test_errors_are_shown_in_words(served, page, tmp_path):
+    server, _ = served
+    text = tmp_path / "notes.txt"
+    text.write_text("this is not an image\n")
+    page.goto(server.url + "/")
+    page.wait_for_selector("#model:not([disabled])")
+    page.set_input_files("#file", str(text))
+    page.wait_for_selector("#error:not([hidden])")
+    message = page.inner_text("#error")
+    assert "not an image" in message and "415" in message
+    page.screenshot(path=str(tmp_path / "error.png"))
