@@ -13,7 +13,7 @@ venv: $(STAMP)
 
 # torch==2.13.0 first (the CPU wheel on local disk); any other spelling pulls a multi-GB CUDA build.
 # --no-build-isolation: the C++ extension builds against the torch already in the venv.
-$(STAMP): pyproject.toml setup.py $(wildcard cuda_ext/*.cpp cuda_ext/*.h cuda_ext/*.cuh)
+$(STAMP): pyproject.toml setup.py $(wildcard cuda_ext/*.cpp cuda_ext/*.h cuda_ext/*.cuh cuda_ext/*.cu)
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip setuptools wheel
 	$(PIP) install -q torch==2.13.0

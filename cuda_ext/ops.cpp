@@ -1,0 +1,35 @@
+// The densecnn operator library: every op's schema, declared once. Kernels are registered per backend in
+// pool_cpu.cpp / conv_cpu.cpp (CPU) and pool_cuda.cpp / conv_cuda.cpp (CUDA); autograd and fake (meta) kernels
+// are registered from Python (densecnn/ops/ext.py). Importing the module `densecnn._C` runs these registrations.
+#include <Python.h>
+#include <torch/library.h>
+
+TORCH_LIBRARY(densecnn, m) {
+  // Stride-1 dilated max pooling fused with `activation` ("none", "relu", "tanh"). With with_taps, also the argmax
+  // as uint8 tap numbers: row_tap (N, C, H, W') = winning column tap of each row-pass element, col_tap
+  // (N, C, H', W') = winning row tap of each output; otherwise both are empty.
+  m.def(
+      "max_pool2d(Tensor input, int[2] kernel, int[2] dilation, str activation, bool with_taps) "
+      "-> (Tensor, Tensor, Tensor)");
+  m.def(
+      "max_pool2d_backward(Tensor grad_output, Tensor? output, Tensor row_tap, Tensor col_tap, int[2] kernel, "
+      "int[2] dilation, str activation) -> Tensor");
+  // Stride-1 dilated average pooling: activation(sum of the kh·kw taps / divisor).
+  m.def("avg_pool2d(Tensor input, int[2] kernel, int[2] dilation, int divisor, str activation) -> Tensor");
+  m.def(
+      "avg_pool2d_backward(Tensor grad_output, Tensor? output, int[2] kernel, int[2] dilation, int divisor, "
+      "str activation) -> Tensor");
+  // Stride-1 dilated convolution by im2col (built in bands of output rows) and a GEMM.
+  m.def("conv2d(Tensor input, Tensor weight, Tensor? bias, int[2] dilation, int groups) -> Tensor");
+  // Gradients w.r.t. (input, weight, bias); an entry whose output_mask is false comes back empty.
+  m.def(
+      "conv2d_backward(Tensor grad_output, Tensor input, Tensor weight, int[2] dilation, int groups, "
+      "bool[3] output_mask) -> (Tensor, Tensor, Tensor)");
+}
+
+// A bare Python module: loading it is what registers the ops above.
+extern "C" PyMODINIT_FUNC PyInit__C(void) {
+  static PyModuleDef module = {PyModuleDef_HEAD_INIT, "_C", "densecnn's compiled operators (torch.ops.densecnn)",
+                               -1, nullptr};
+  return PyModule_Create(&module);
+}

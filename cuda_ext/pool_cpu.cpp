@@ -1,0 +1,401 @@
+// CPU kernels of the d-sparse (stride-1, dilated) pooling ops: max and average, forward and backward, optionally
+// fused with the activation that follows.
+//
+// Work is split into blocks (plane, band of rows, chunk of a row) run by at::parallel_for; inside a block every loop
+// runs over the contiguous dimension so the compiler vectorises it (W in NCHW, W·C in channels_last).
+// Max pooling is separable: a row pass (max over the kw taps of each input row) then a column pass (max over kh rows
+// of the row pass), each done by doubling — max over taps {0..2p-1} = max of two windows of p taps — so a k-tap
+// window costs ceil(log2 k) vector ops per output instead of k. Row pass first, first-max-wins on ties and
+// last-NaN-wins (common.h), gives exactly F.max_pool2d's argmax (first maximum in row-major window order).
+// The argmax is kept as two uint8 tap numbers: `row_tap` (which of the kw taps won in each row-pass element) and
+// `col_tap` (which of the kh rows won for each output); backward gathers through them, race-free and vectorised.
+#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <type_traits>
+#include <vector>
+
+#include "common.h"
+#include "pool_args.h"
+
+namespace densecnn {
+namespace {
+
+constexpr int64_t kChunk = 2048;       // output elements of a row handled by one block
+constexpr int64_t kBandElems = 32768;  // target size of a block's row-pass buffer (values), to stay in L2
+
+// One doubling step: o[j] = max(a[j], a[j + shift]) for j < m, the right operand's tap offset by `tap_shift`.
+// `o` may equal `a` (j only reads positions >= j, so the in-place loop is dependence-free).
+template <typename T, bool kTaps, bool kFirst>
+void max_step(const T* a, const int32_t* a_tap, int64_t shift, int32_t tap_shift, int64_t m, T* o,
+              int32_t* o_tap) {
+#pragma GCC ivdep
+  for (int64_t j = 0; j < m; ++j) {
+    T best = a[j];
+    int32_t best_tap = kFirst ? 0 : (kTaps ? a_tap[j] : 0);
+    const int32_t right_tap = (kFirst ? 0 : (kTaps ? a_tap[j + shift] : 0)) + tap_shift;
+    max_update(best, best_tap, a[j + shift], right_tap);
+    o[j] = best;
+    if (kTaps) o_tap[j] = best_tap;
+  }
+}
+
+// out[j] = max over taps t < k of src[j + t·step], and the winning t, for j < n - (k-1)·step, by doubling.
+// `buf` has room for n elements.
+template <typename T, bool kTaps>
+void window_max(const T* src, int64_t n, int32_t k, int64_t step, T* out, int32_t* out_tap, T* buf,
+                int32_t* buf_tap) {
+  if (k == 1) {
+    std::copy(src, src + n, out);
+    if (kTaps) std::fill(out_tap, out_tap + n, 0);
+    return;
+  }
+  int32_t shifts[40];  // tap shifts of the doubling steps: 1, 2, 4, ..., then the remainder
+  int levels = 0, p = 1;
+  for (; 2 * p <= k; p *= 2) shifts[levels++] = p;
+  if (p < k) shifts[levels++] = k - p;
+  int64_t len = n;
+  for (int level = 0; level < levels; ++level) {
+    const int64_t shift = shifts[level] * step;
+    len -= shift;
+    T* o = level == levels - 1 ? out : buf;
+    int32_t* o_tap = level == levels - 1 ? out_tap : buf_tap;
+    if (level == 0) {
+      max_step<T, kTaps, true>(src, nullptr, shift, shifts[level], len, o, o_tap);
+    } else {
+      max_step<T, kTaps, false>(buf, buf_tap, shift, shifts[level], len, o, o_tap);
+    }
+  }
+}
+
+// Calls f(std::integral_constant<Activation, a>) so kernels get the activation as a compile-time constant.
+template <typename F>
+void dispatch_activation(Activation a, F&& f) {
+  switch (a) {
+    case Activation::kRelu:
+      return f(std::integral_constant<Activation, Activation::kRelu>{});
+    case Activation::kTanh:
+      return f(std::integral_constant<Activation, Activation::kTanh>{});
+    default:
+      return f(std::integral_constant<Activation, Activation::kNone>{});
+  }
+}
+
+// Splits a plane into blocks of output rows × output row elements.
+struct Blocks {
+  int64_t band_rows, chunk, bands, chunks;
+  Blocks(const PoolGeometry& g, int64_t rows, int64_t row_len, int64_t halo_rows) {
+    chunk = std::max<int64_t>(1, std::min(row_len, kChunk));
+    band_rows = std::max<int64_t>(8, kBandElems / chunk - halo_rows);
+    band_rows = std::max<int64_t>(1, std::min(band_rows, rows));
+    bands = (rows + band_rows - 1) / band_rows;
+    chunks = (row_len + chunk - 1) / chunk;
+  }
+  int64_t count(const PoolGeometry& g) const { return g.planes * bands * chunks; }
+};
+
+template <typename T, bool kTaps, Activation kAct>
+void max_pool_forward(const PoolGeometry& g, const T* x, T* y, uint8_t* row_tap, uint8_t* col_tap) {
+  const int64_t halo = (g.kh - 1) * g.tap_rows;
+  const Blocks blocks(g, g.out_rows, g.out_row_len, halo);
+  at::parallel_for(0, blocks.count(g), 1, [&](int64_t begin, int64_t end) {
+    const int64_t band_len = (blocks.band_rows + halo) * blocks.chunk;
+    const int64_t row_in = blocks.chunk + (g.kw - 1) * g.tap_step;
+    std::vector<T> band(band_len), band_buf(band_len), row_buf(row_in), col(band_len);
+    std::vector<int32_t> band_tap(kTaps ? band_len : 0), band_buf_tap(kTaps ? band_len : 0),
+        row_buf_tap(kTaps ? row_in : 0), col_tap_buf(kTaps ? band_len : 0);
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t plane = item / (blocks.bands * blocks.chunks);
+      const int64_t band_index = item / blocks.chunks % blocks.bands;
+      const int64_t e0 = item % blocks.chunks * blocks.chunk;
+      const int64_t e1 = std::min(e0 + blocks.chunk, g.out_row_len);
+      const int64_t i0 = band_index * blocks.band_rows;
+      const int64_t i1 = std::min(i0 + blocks.band_rows, g.out_rows);
+      const bool last_band = i1 == g.out_rows;
+      const int64_t w = e1 - e0, rows_in = i1 - i0 + halo;
+      const T* xp = x + plane * g.rows * g.row_len;
+      // Row pass: band[r][j] = max over the kw taps of input row i0 + r, for the chunk's output elements.
+      for (int64_t r = 0; r < rows_in; ++r) {
+        const int64_t row = i0 + r;
+        window_max<T, kTaps>(xp + row * g.row_len + e0, w + (g.kw - 1) * g.tap_step, g.kw, g.tap_step,
+                             band.data() + r * w, band_tap.data() + r * w, row_buf.data(), row_buf_tap.data());
+        if (kTaps && (row < i1 || last_band)) {  // each block stores the row taps of the rows it owns
+          uint8_t* dst = row_tap + (plane * g.rows + row) * g.out_row_len + e0;
+          const int32_t* src = band_tap.data() + r * w;
+          for (int64_t j = 0; j < w; ++j) dst[j] = static_cast<uint8_t>(src[j]);
+        }
+      }
+      // Column pass over the flattened band: a shift of one tap is tap_rows whole rows.
+      window_max<T, kTaps>(band.data(), rows_in * w, g.kh, g.tap_rows * w, col.data(),
+                           col_tap_buf.data(), band_buf.data(), band_buf_tap.data());
+      for (int64_t i = i0; i < i1; ++i) {
+        const T* src = col.data() + (i - i0) * w;
+        T* dst = y + (plane * g.out_rows + i) * g.out_row_len + e0;
+        for (int64_t j = 0; j < w; ++j) dst[j] = activation_forward(src[j], kAct);
+        if (kTaps) {
+          uint8_t* dst_tap = col_tap + (plane * g.out_rows + i) * g.out_row_len + e0;
+          const int32_t* src_tap = col_tap_buf.data() + (i - i0) * w;
+          for (int64_t j = 0; j < w; ++j) dst_tap[j] = static_cast<uint8_t>(src_tap[j]);
+        }
+      }
+    }
+  });
+}
+
+// grad_x[r][c] = Σ_b [row_tap[r][c - b·step] == b] · G[r][c - b·step], where
+// G[r][j] = Σ_a [col_tap[r - a·dh][j] == a] · grad_y[r - a·dh][j] · activation'(y[r - a·dh][j]).
+// Blocks are bands of INPUT rows, so every block writes only its own rows of grad_x.
+template <typename T, Activation kAct>
+void max_pool_backward(const PoolGeometry& g, const T* grad_y, const T* y, const uint8_t* row_tap,
+                       const uint8_t* col_tap, T* grad_x) {
+  const Blocks blocks(g, g.rows, g.row_len, 0);
+  const int64_t reach = (g.kw - 1) * g.tap_step;
+  at::parallel_for(0, blocks.count(g), 1, [&](int64_t begin, int64_t end) {
+    std::vector<T> gathered(blocks.chunk + reach);
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t plane = item / (blocks.bands * blocks.chunks);
+      const int64_t r0 = item / blocks.chunks % blocks.bands * blocks.band_rows;
+      const int64_t r1 = std::min(r0 + blocks.band_rows, g.rows);
+      const int64_t c0 = item % blocks.chunks * blocks.chunk;
+      const int64_t c1 = std::min(c0 + blocks.chunk, g.row_len);
+      const int64_t j0 = std::max<int64_t>(0, c0 - reach), j1 = std::min(c1, g.out_row_len);
+      const int64_t out_base = plane * g.out_rows * g.out_row_len;
+      for (int64_t r = r0; r < r1; ++r) {
+        T* gr = gathered.data();  // gr[j - j0]: the gathered gradient of row-pass element j in [j0, j1)
+        std::fill(gathered.begin(), gathered.end(), T(0));
+        for (int32_t a = 0; a < g.kh; ++a) {
+          const int64_t i = r - a * g.tap_rows;
+          if (i < 0 || i >= g.out_rows) continue;
+          const int64_t off = out_base + i * g.out_row_len;
+          const T* gy = grad_y + off + j0;
+          const uint8_t* ct = col_tap + off + j0;
+          const T* yy = y + off + j0;
+          for (int64_t j = 0; j < j1 - j0; ++j) {
+            // Unconditional loads, then a select: lets the compiler if-convert and vectorise the loop.
+            const T grad = kAct == Activation::kNone ? gy[j] : gy[j] * activation_grad(yy[j], kAct);
+            gr[j] += ct[j] == a ? grad : T(0);
+          }
+        }
+        T* gx = grad_x + (plane * g.rows + r) * g.row_len;
+        const uint8_t* rt = row_tap + (plane * g.rows + r) * g.out_row_len;
+        std::fill(gx + c0, gx + c1, T(0));
+        for (int32_t b = 0; b < g.kw; ++b) {
+          const int64_t shift = b * g.tap_step;
+          const int64_t lo = std::max(j0, c0 - shift), hi = std::min(j1, c1 - shift);
+          T* out = gx + j0 + shift;
+          const uint8_t* taps = rt + j0;
+#pragma GCC ivdep
+          for (int64_t j = lo - j0; j < hi - j0; ++j) {
+            const T grad = gr[j];
+            out[j] += taps[j] == b ? grad : T(0);
+          }
+        }
+      }
+    }
+  });
+}
+
+// Average pooling: y = activation(Σ taps / divisor), separable (row sums, then column sums of row sums).
+template <typename T, Activation kAct>
+void avg_pool_forward(const PoolGeometry& g, const T* x, T* y, int64_t divisor) {
+  const int64_t halo = (g.kh - 1) * g.tap_rows;
+  const Blocks blocks(g, g.out_rows, g.out_row_len, halo);
+  const T scale = T(1) / T(divisor);
+  at::parallel_for(0, blocks.count(g), 1, [&](int64_t begin, int64_t end) {
+    std::vector<T> band((blocks.band_rows + halo) * blocks.chunk), acc(blocks.chunk);
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t plane = item / (blocks.bands * blocks.chunks);
+      const int64_t i0 = item / blocks.chunks % blocks.bands * blocks.band_rows;
+      const int64_t i1 = std::min(i0 + blocks.band_rows, g.out_rows);
+      const int64_t e0 = item % blocks.chunks * blocks.chunk;
+      const int64_t e1 = std::min(e0 + blocks.chunk, g.out_row_len);
+      const int64_t w = e1 - e0, rows_in = i1 - i0 + halo;
+      const T* xp = x + plane * g.rows * g.row_len + e0;
+      for (int64_t r = 0; r < rows_in; ++r) {
+        const T* src = xp + (i0 + r) * g.row_len;
+        T* dst = band.data() + r * w;
+        std::copy(src, src + w, dst);
+        for (int32_t b = 1; b < g.kw; ++b) {
+          const T* tap = src + b * g.tap_step;
+          for (int64_t j = 0; j < w; ++j) dst[j] += tap[j];
+        }
+      }
+      for (int64_t i = i0; i < i1; ++i) {
+        const T* first = band.data() + (i - i0) * w;
+        std::copy(first, first + w, acc.begin());
+        for (int32_t a = 1; a < g.kh; ++a) {
+          const T* tap = first + a * g.tap_rows * w;
+          for (int64_t j = 0; j < w; ++j) acc[j] += tap[j];
+        }
+        T* dst = y + (plane * g.out_rows + i) * g.out_row_len + e0;
+        for (int64_t j = 0; j < w; ++j) dst[j] = activation_forward(acc[j] * scale, kAct);
+      }
+    }
+  });
+}
+
+// grad_x[r][c] = Σ_{a,b} grad_y[r - a·dh][c - b·step] · activation'(y[...]) / divisor (taps inside the output),
+// as a column gather into a row buffer followed by shifted adds along the row.
+template <typename T, Activation kAct>
+void avg_pool_backward(const PoolGeometry& g, const T* grad_y, const T* y, T* grad_x, int64_t divisor) {
+  const Blocks blocks(g, g.rows, g.row_len, 0);
+  const int64_t reach = (g.kw - 1) * g.tap_step;
+  const T scale = T(1) / T(divisor);
+  at::parallel_for(0, blocks.count(g), 1, [&](int64_t begin, int64_t end) {
+    std::vector<T> gathered(blocks.chunk + reach);
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t plane = item / (blocks.bands * blocks.chunks);
+      const int64_t r0 = item / blocks.chunks % blocks.bands * blocks.band_rows;
+      const int64_t r1 = std::min(r0 + blocks.band_rows, g.rows);
+      const int64_t c0 = item % blocks.chunks * blocks.chunk;
+      const int64_t c1 = std::min(c0 + blocks.chunk, g.row_len);
+      const int64_t j0 = std::max<int64_t>(0, c0 - reach), j1 = std::min(c1, g.out_row_len);
+      const int64_t out_base = plane * g.out_rows * g.out_row_len;
+      for (int64_t r = r0; r < r1; ++r) {
+        T* gr = gathered.data();
+        std::fill(gathered.begin(), gathered.end(), T(0));
+        for (int32_t a = 0; a < g.kh; ++a) {
+          const int64_t i = r - a * g.tap_rows;
+          if (i < 0 || i >= g.out_rows) continue;
+          const int64_t off = out_base + i * g.out_row_len;
+          const T* gy = grad_y + off + j0;
+          const T* yy = y + off + j0;
+          for (int64_t j = 0; j < j1 - j0; ++j) {
+            gr[j] += kAct == Activation::kNone ? gy[j] : gy[j] * activation_grad(yy[j], kAct);
+          }
+        }
+        T* gx = grad_x + (plane * g.rows + r) * g.row_len;
+        std::fill(gx + c0, gx + c1, T(0));
+        for (int32_t b = 0; b < g.kw; ++b) {
+          const int64_t shift = b * g.tap_step;
+          const int64_t lo = std::max(j0, c0 - shift), hi = std::min(j1, c1 - shift);
+          T* out = gx + j0 + shift;
+#pragma GCC ivdep
+          for (int64_t j = lo - j0; j < hi - j0; ++j) out[j] += gr[j];
+        }
+        for (int64_t c = c0; c < c1; ++c) gx[c] *= scale;
+      }
+    }
+  });
+}
+
+// ---- torch-facing CPU ops ----
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> max_pool2d_cpu(const at::Tensor& input, at::IntArrayRef kernel,
+                                                              at::IntArrayRef dilation, c10::string_view activation,
+                                                              bool with_taps) {
+  const auto layout = pool_layout(input);
+  check_pool_dtype("max_pool2d", input);
+  const PoolGeometry g = pool_geometry("max_pool2d", input.sizes(), kernel, dilation, layout);
+  TORCH_CHECK(kernel[0] <= 255 && kernel[1] <= 255, "densecnn.max_pool2d: kernel ", kernel,
+              " is too large for the ext kernels (at most 255 taps per axis); use backend='native'");
+  const Activation act = parse_activation(std::string(activation));
+  const at::Tensor x = input.contiguous(layout);
+  const int64_t out_w = x.size(3) - (kernel[1] - 1) * dilation[1];
+  at::Tensor y = empty_like_layout(x, g.out_rows, out_w, x.scalar_type(), layout);
+  at::Tensor row_tap = empty_like_layout(x, with_taps ? g.rows : 0, with_taps ? out_w : 0, at::kByte, layout);
+  at::Tensor col_tap = empty_like_layout(x, with_taps ? g.out_rows : 0, with_taps ? out_w : 0, at::kByte, layout);
+  if (y.numel() == 0) return {y, row_tap, col_tap};
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "densecnn_max_pool2d", [&] {
+    dispatch_activation(act, [&](auto act_constant) {
+      constexpr Activation kAct = decltype(act_constant)::value;
+      if (with_taps) {
+        max_pool_forward<scalar_t, true, kAct>(g, x.const_data_ptr<scalar_t>(), y.mutable_data_ptr<scalar_t>(),
+                                               row_tap.mutable_data_ptr<uint8_t>(),
+                                               col_tap.mutable_data_ptr<uint8_t>());
+      } else {
+        max_pool_forward<scalar_t, false, kAct>(g, x.const_data_ptr<scalar_t>(), y.mutable_data_ptr<scalar_t>(),
+                                                nullptr, nullptr);
+      }
+    });
+  });
+  return {y, row_tap, col_tap};
+}
+
+at::Tensor max_pool2d_backward_cpu(const at::Tensor& grad_output, const c10::optional<at::Tensor>& output,
+                                   const at::Tensor& row_tap, const at::Tensor& col_tap, at::IntArrayRef kernel,
+                                   at::IntArrayRef dilation, c10::string_view activation) {
+  const char* op_name = "max_pool2d_backward";
+  const Activation act = parse_activation(std::string(activation));
+  TORCH_CHECK(act == Activation::kNone || output.has_value(),
+              "densecnn.max_pool2d_backward: activation='", activation, "' needs the forward output");
+  const auto layout = pool_layout(col_tap);
+  const PoolGeometry g = backward_geometry("max_pool2d_backward", grad_output, kernel, dilation, layout);
+  TORCH_CHECK(col_tap.sizes() == grad_output.sizes() && row_tap.size(2) == g.rows,
+              "densecnn.max_pool2d_backward: the taps ", row_tap.sizes(), ", ", col_tap.sizes(),
+              " do not belong to grad_output ", grad_output.sizes(), "; pass those of the same forward call");
+  check_pool_dtype(op_name, grad_output);
+  const at::Tensor gy = grad_output.contiguous(layout);
+  const at::Tensor y = act == Activation::kNone ? gy : output->contiguous(layout);
+  const at::Tensor rt = row_tap.contiguous(layout), ct = col_tap.contiguous(layout);
+  at::Tensor grad_x = empty_like_layout(gy, g.rows, gy.size(3) + (kernel[1] - 1) * dilation[1], gy.scalar_type(),
+                                        layout);
+  if (grad_x.numel() == 0) return grad_x;
+  AT_DISPATCH_FLOATING_TYPES(gy.scalar_type(), "densecnn_max_pool2d_backward", [&] {
+    dispatch_activation(act, [&](auto act_constant) {
+      max_pool_backward<scalar_t, decltype(act_constant)::value>(
+          g, gy.const_data_ptr<scalar_t>(), y.const_data_ptr<scalar_t>(), rt.const_data_ptr<uint8_t>(),
+          ct.const_data_ptr<uint8_t>(), grad_x.mutable_data_ptr<scalar_t>());
+    });
+  });
+  return grad_x;
+}
+
+at::Tensor avg_pool2d_cpu(const at::Tensor& input, at::IntArrayRef kernel, at::IntArrayRef dilation,
+                          int64_t divisor, c10::string_view activation) {
+  const auto layout = pool_layout(input);
+  check_pool_dtype("avg_pool2d", input);
+  const PoolGeometry g = pool_geometry("avg_pool2d", input.sizes(), kernel, dilation, layout);
+  TORCH_CHECK(divisor >= 1, "densecnn.avg_pool2d: divisor must be a positive int, got ", divisor);
+  const Activation act = parse_activation(std::string(activation));
+  const at::Tensor x = input.contiguous(layout);
+  at::Tensor y = empty_like_layout(x, g.out_rows, x.size(3) - (kernel[1] - 1) * dilation[1], x.scalar_type(), layout);
+  if (y.numel() == 0) return y;
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "densecnn_avg_pool2d", [&] {
+    dispatch_activation(act, [&](auto act_constant) {
+      avg_pool_forward<scalar_t, decltype(act_constant)::value>(g, x.const_data_ptr<scalar_t>(),
+                                                                y.mutable_data_ptr<scalar_t>(), divisor);
+    });
+  });
+  return y;
+}
+
+at::Tensor avg_pool2d_backward_cpu(const at::Tensor& grad_output, const c10::optional<at::Tensor>& output,
+                                   at::IntArrayRef kernel, at::IntArrayRef dilation, int64_t divisor,
+                                   c10::string_view activation) {
+  const char* op_name = "avg_pool2d_backward";
+  const Activation act = parse_activation(std::string(activation));
+  TORCH_CHECK(act == Activation::kNone || output.has_value(),
+              "densecnn.avg_pool2d_backward: activation='", activation, "' needs the forward output");
+  TORCH_CHECK(divisor >= 1, "densecnn.avg_pool2d_backward: divisor must be a positive int, got ", divisor);
+  const auto layout = pool_layout(grad_output);
+  const PoolGeometry g = backward_geometry("avg_pool2d_backward", grad_output, kernel, dilation, layout);
+  check_pool_dtype(op_name, grad_output);
+  const at::Tensor gy = grad_output.contiguous(layout);
+  const at::Tensor y = act == Activation::kNone ? gy : output->contiguous(layout);
+  at::Tensor grad_x = empty_like_layout(gy, g.rows, gy.size(3) + (kernel[1] - 1) * dilation[1], gy.scalar_type(),
+                                        layout);
+  if (grad_x.numel() == 0) return grad_x;
+  AT_DISPATCH_FLOATING_TYPES(gy.scalar_type(), "densecnn_avg_pool2d_backward", [&] {
+    dispatch_activation(act, [&](auto act_constant) {
+      avg_pool_backward<scalar_t, decltype(act_constant)::value>(g, gy.const_data_ptr<scalar_t>(),
+                                                                 y.const_data_ptr<scalar_t>(),
+                                                                 grad_x.mutable_data_ptr<scalar_t>(), divisor);
+    });
+  });
+  return grad_x;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(densecnn, CPU, m) {
+  m.impl("max_pool2d", &max_pool2d_cpu);
+  m.impl("max_pool2d_backward", &max_pool2d_backward_cpu);
+  m.impl("avg_pool2d", &avg_pool2d_cpu);
+  m.impl("avg_pool2d_backward", &avg_pool2d_backward_cpu);
+}
+
+}  // namespace densecnn
