@@ -32,13 +32,13 @@ def model_dirs(root: Path) -> list[Path]:
     return sorted(path.parent for path in root.glob(f"*/{CONFIG_FILE}"))
 
 
-def load_models(root: Path) -> dict[str, ServedModel]:
+def load_models(root: Path, *, backend: str = "auto") -> dict[str, ServedModel]:
     """Load every model under ``root``; a broken one is logged and skipped; none at all is an error."""
     models, failures = {}, []
     for directory in model_dirs(root):
         try:
             loaded = load(directory)
-            models[directory.name] = ServedModel(directory.name, loaded, loaded.dense())
+            models[directory.name] = ServedModel(directory.name, loaded, loaded.dense(backend=backend))
         except (ModelFileError, ValueError) as exc:
             failures.append(f"{directory.name}: {exc}")
             logger.error("cannot load model %s: %s", directory, exc)

@@ -83,11 +83,14 @@ def segment(
     timings["decode"] = time.perf_counter() - start
 
     start = time.perf_counter()
+    kwargs = {"max_memory": max_memory} if served.tiles else {}  # tiles bound the memory of big images
     with torch.inference_mode():
-        kwargs = {"max_memory": max_memory} if served.tiles else {}
-        scores = served.dense(x, **kwargs)[0]  # (K, H, W)
-        labels = scores.argmax(0).numpy()  # (H, W)
-        probabilities = _probabilities(served, scores).float().numpy() if output is Output.NPY else None
+        if output is Output.NPY:
+            scores = served.dense(x, **kwargs)[0]  # (K, H, W)
+            labels = scores.argmax(0).numpy()  # (H, W)
+            probabilities = _probabilities(served, scores).float().numpy()
+        else:  # only the labels are kept, tile by tile
+            labels = served.dense.predict(x, **kwargs)[0].numpy()  # (H, W)
     timings["infer"] = time.perf_counter() - start
 
     start = time.perf_counter()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -28,6 +29,10 @@ class Settings(BaseSettings):
     max_image_pixels: int = Field(16_000_000, gt=0, description="larger images (by their header) get 413")
     max_inference_memory: int = Field(
         2_000_000_000, gt=0, description="bytes of activations per inference; bigger images run tiled"
+    )
+    backend: Literal["auto", "native", "ext"] = Field(
+        "auto",
+        description="dense ops: auto (timed solver choice per image size, cached on disk), native, ext",
     )
     max_concurrent_inferences: int = Field(1, gt=0, description="inferences running at once per worker")
     queue_size: int = Field(4, ge=0, description="requests waiting for an inference slot; beyond: 503")

@@ -82,11 +82,11 @@ def wait_ready(get, timeout: float = 30.0) -> None:
     raise TimeoutError("the service did not become ready")
 
 
-def library_labels(model_dir: Path, image_bytes: bytes) -> np.ndarray:
+def library_labels(model_dir: Path, image_bytes: bytes, backend: str = "native") -> np.ndarray:
     """The label map the library gives for an image file: read_image -> normalize -> DenseCNN.predict. (H, W)."""
     loaded = densecnn.load(model_dir)
     x = torch.from_numpy(read_image(image_bytes, loaded.in_channels))[None]
-    return loaded.dense().predict(loaded.normalize(x))[0].numpy()
+    return loaded.dense(backend=backend).predict(loaded.normalize(x))[0].numpy()
 
 
 def free_port() -> int:

@@ -46,6 +46,7 @@ def make_app(model_root, **overrides):
         model_dir=model_root,
         default_model="cells",
         torch_threads=1,
+        backend="native",  # no solver timing on each new image size: fast, deterministic tests
         max_image_pixels=MAX_PIXELS,
         max_upload_bytes=MAX_BYTES,
     )
@@ -424,9 +425,9 @@ def test_readiness_is_503_while_loading(model_root, monkeypatch):
     release = threading.Event()
     real_load = app.main.load_models
 
-    def slow_load(root):
+    def slow_load(root, **kwargs):
         release.wait(10)
-        return real_load(root)
+        return real_load(root, **kwargs)
 
     monkeypatch.setattr(app.main, "load_models", slow_load)
     with TestClient(make_app(model_root)) as client:
@@ -443,7 +444,7 @@ def test_readiness_is_503_while_loading(model_root, monkeypatch):
 def test_readiness_is_503_when_no_model_loads(tmp_path):
     (tmp_path / "broken").mkdir()
     (tmp_path / "broken" / "model.json").write_text("{not json")
-    with TestClient(create_app(Settings(model_dir=tmp_path, torch_threads=1))) as client:
+    with TestClient(create_app(Settings(model_dir=tmp_path, torch_threads=1, backend="native"))) as client:
         deadline = time.monotonic() + 10
         while "loading" in client.get("/readyz").text and time.monotonic() < deadline:
             time.sleep(0.02)
