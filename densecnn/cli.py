@@ -12,6 +12,8 @@ COMMANDS = [
     "densecnn.commands.export_onnx",
     "densecnn.commands.train",
     "densecnn.commands.serve",
+    "densecnn.commands.tune",
+    "densecnn.commands.bench",
 ]
 
 

@@ -1,0 +1,45 @@
+"""Interleaved timing: every contender runs once per round, rounds repeat, medians and per-round ratios are kept.
+
+On a shared, noisy machine, absolute times drift; running the contenders back to back in each round and taking the
+median over rounds of each *ratio* cancels most of that drift.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+
+
+def elapsed(fn: Callable[[], object]) -> float:
+    """Seconds one call of ``fn`` takes."""
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def interleave(contenders: dict[str, Callable[[], object]], repeats: int) -> dict[str, list]:
+    """Warm every contender up once, then run ``repeats`` rounds of all of them in turn.
+
+    A contender returns its own measurement (a float of seconds, or a dict, e.g. per-layer times) or anything else
+    (then its call is timed here, in seconds). Returns ``{name: [measurement per round]}``.
+    """
+    for fn in contenders.values():
+        fn()
+    samples: dict[str, list] = {name: [] for name in contenders}
+    for _ in range(repeats):
+        for name, fn in contenders.items():
+            start = time.perf_counter()
+            result = fn()
+            measured = isinstance(result, (float, dict))
+            samples[name].append(result if measured else time.perf_counter() - start)
+    return samples
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def ratio(slow: list[float], fast: list[float]) -> float:
+    """Median over rounds of slow/fast (rounds paired)."""
+    return statistics.median(s / f for s, f in zip(slow, fast))

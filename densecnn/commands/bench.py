@@ -1,0 +1,23 @@
+"""``densecnn bench``: the benchmark suite (JSON + Markdown + PNG plots)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def add_parser(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "bench", help="benchmark densecnn against patch-by-patch, fast scanning and native dilated conversion"
+    )
+    parser.add_argument("--out", default="docs/benchmarks", help="output folder (default: docs/benchmarks)")
+    parser.add_argument(
+        "--quick", action="store_true", help="tiny sizes, seconds in all: checks the pipeline, not the speed"
+    )
+    parser.set_defaults(run=run)
+
+
+def run(args) -> int:
+    from ..bench import run as run_benchmarks
+
+    run_benchmarks(Path(args.out), quick=args.quick)
+    return 0

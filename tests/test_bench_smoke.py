@@ -1,0 +1,36 @@
+"""`densecnn bench --quick` runs end to end and writes its JSON, Markdown and plots (timings are not checked)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from densecnn.cli import main
+
+
+@pytest.mark.slow
+def test_quick_bench_writes_results_tables_and_plots(tmp_path, monkeypatch):
+    monkeypatch.setenv("DENSECNN_CACHE_DIR", str(tmp_path / "cache"))
+    out = tmp_path / "bench"
+    assert main(["bench", "--quick", "--out", str(out)]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["mode"] == "quick" and results["repeats"] >= 5
+    layer_table = results["per_layer"][0]
+    assert {"forward_s", "train_s", "speedup", "layers", "memory_format"} <= set(layer_table)
+    assert set(layer_table["forward_s"]) == {"patch", "fast_scan", "native", "densecnn"}
+    assert all(row["native_forward"] > 0 and row["densecnn_backward"] > 0 for row in layer_table["layers"])
+    assert [row["size"] for row in results["vs_image_size"]] == results["config"]["sizes"]
+    assert len(results["vs_patch_size"]) == len(results["config"]["patch_kernels"])
+    assert [row["selected"] for row in results["masked_backward"]["rows"]] == results["config"][
+        "masked_counts"
+    ]
+    assert all(row["overhead"] > 0 for row in results["conv_limit"])
+    assert {(r["kernel"], r["dilation"]) for r in results["max_pool"]} == {(2, 2), (8, 1)}
+    assert all({"goal", "target", "achieved", "met"} <= set(goal) for goal in results["goals"])
+    markdown = (out / "results.md").read_text()
+    for heading in ("## Goals", "## Per layer", "## Forward vs image size", "## Masked training step"):
+        assert heading in markdown
+    for plot in results["plots"]:
+        assert (out / plot).read_bytes().startswith(b"\x89PNG")
+    assert len(results["plots"]) == len(results["per_layer"]) + 3
