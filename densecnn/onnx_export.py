@@ -132,8 +132,10 @@ def export_onnx(dense: DenseCNN, path) -> Path:
     >>> export_onnx(densecnn.load("models/nuclei").dense(), "nuclei.onnx")
     PosixPath('nuclei.onnx')
     """
-    import onnx
-
+    try:
+        import onnx
+    except ImportError:
+        raise OnnxExportError("ONNX export needs the onnx package: pip install onnx") from None
     module = exportable(dense)
     rf_h, rf_w = dense.receptive_field
     example = torch.zeros(1, dense.in_channels, max(rf_h, 8), max(rf_w, 8))

@@ -507,6 +507,25 @@ def test_slow_inference_times_out_with_503(model_root, monkeypatch):
         release.set()
 
 
+def test_sigterm_marks_the_service_draining_then_calls_the_servers_handler():
+    import os
+    import signal
+
+    from app.state import ServiceState, drain_on_signals
+
+    state, calls = ServiceState(), []
+    original = signal.signal(signal.SIGTERM, lambda sig, frame: calls.append(sig))  # stands in for uvicorn's
+    try:
+        drain_on_signals(state)
+        os.kill(os.getpid(), signal.SIGTERM)
+        deadline = time.monotonic() + 5
+        while not calls and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert state.draining and calls == [signal.SIGTERM]
+    finally:
+        signal.signal(signal.SIGTERM, original)
+
+
 # --- settings ---
 
 
