@@ -27,6 +27,7 @@ sync_api = pytest.importorskip("playwright.sync_api")
 pytestmark = [
     pytest.mark.browser,
     pytest.mark.slow,
+    pytest.mark.xdist_group("browser"),  # one server and one browser for the module
     pytest.mark.skipif(shutil.which("chromium") is None, reason="needs Debian's chromium: `make browser`"),
 ]
 

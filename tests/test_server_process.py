@@ -17,7 +17,7 @@ from PIL import Image
 import densecnn
 from tests.app_support import Server, blobs, encode, library_labels, save_brightness_model
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("server_process")]  # one server per module
 
 
 @pytest.fixture(scope="module")
