@@ -25,8 +25,8 @@ def image_format(data: bytes) -> str | None:
     return next((fmt for fmt, magics in SIGNATURES.items() if data.startswith(magics)), None)
 
 
-async def read_upload(request: Request) -> tuple[bytes, str]:
-    """The uploaded image bytes and their format; 415 for anything that is not an image we read."""
+async def read_upload(request: Request) -> bytes:
+    """The uploaded image's bytes; 415 for anything that is not an image in a format read here."""
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if content_type == "multipart/form-data":
         async with request.form(max_files=1, max_fields=8) as form:
