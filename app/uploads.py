@@ -45,9 +45,8 @@ async def read_upload(request: Request) -> bytes:
         )
     if not data:
         raise ApiError(400, "empty_image", "the uploaded image is empty (0 bytes)")
-    fmt = image_format(data)
-    if fmt is None:
+    if image_format(data) is None:
         raise ApiError(
             415, "unsupported_image_type", f"the upload is not an image in a format read here: {ACCEPTED}"
         )
-    return data, fmt
+    return data

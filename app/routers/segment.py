@@ -75,7 +75,7 @@ async def segment_image(
     view: View | None = None,
 ) -> Response:
     output = choose_output(request.headers.get("accept"), view)
-    data, _ = await read_upload(request)
+    data = await read_upload(request)
     job = partial(
         segment,
         served,
