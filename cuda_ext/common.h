@@ -36,6 +36,22 @@ HOST_DEVICE_INLINE void max_update(T& best, Tap& best_tap, T candidate, Tap cand
   best_tap = take ? candidate_tap : best_tap;
 }
 
+// Scans k taps src[0], src[step], ... in order: best value and its tap number (torch's rule).
+template <typename T, typename Tap>
+HOST_DEVICE_INLINE void max_scan(const T* src, int64_t step, int32_t k, T& best, Tap& best_tap) {
+  best = src[0];
+  best_tap = 0;
+  for (int32_t t = 1; t < k; ++t) max_update(best, best_tap, src[t * step], static_cast<Tap>(t));
+}
+
+// Sum of k taps src[0], src[step], ... in tap order.
+template <typename T>
+HOST_DEVICE_INLINE T sum_scan(const T* src, int64_t step, int32_t k) {
+  T sum = src[0];
+  for (int32_t t = 1; t < k; ++t) sum += src[t * step];
+  return sum;
+}
+
 // tanh for float as a clamped rational polynomial (Eigen's generic_fast_tanh_float, max error a few ulp):
 // branch-free, so the CPU loops auto-vectorise instead of calling libm per element.
 HOST_DEVICE_INLINE float fast_tanh(float x) {
@@ -104,6 +120,44 @@ struct PoolGeometry {
   int64_t tap_step;               // dw (or dw·C): elements between horizontal taps
   int32_t kh, kw;
 };
+
+// Gradient of input element (r, c) of one plane of a max pooling: the sum of grad_y · activation'(y) over the
+// outputs whose argmax it is. Output (i, j) took row-pass element (i + a·dh, j) when col_tap[i][j] == a, which took
+// input (i + a·dh, j + b·step) when row_tap[i + a·dh][j] == b. Race-free: one thread per input element.
+template <typename T>
+HOST_DEVICE_INLINE T max_grad_gather(const PoolGeometry& g, const T* grad_y, const T* y, const uint8_t* row_tap,
+                                     const uint8_t* col_tap, int64_t r, int64_t c, Activation activation) {
+  T sum = T(0);
+  for (int32_t b = 0; b < g.kw; ++b) {
+    const int64_t j = c - b * g.tap_step;
+    if (j < 0 || j >= g.out_row_len || row_tap[r * g.out_row_len + j] != b) continue;
+    for (int32_t a = 0; a < g.kh; ++a) {
+      const int64_t i = r - a * g.tap_rows;
+      if (i < 0 || i >= g.out_rows) continue;
+      const int64_t o = i * g.out_row_len + j;
+      if (col_tap[o] == a) sum += grad_y[o] * activation_grad(y[o], activation);
+    }
+  }
+  return sum;
+}
+
+// Gradient of input element (r, c) of one plane of an average pooling.
+template <typename T>
+HOST_DEVICE_INLINE T avg_grad_gather(const PoolGeometry& g, const T* grad_y, const T* y, int64_t r, int64_t c,
+                                     T scale, Activation activation) {
+  T sum = T(0);
+  for (int32_t a = 0; a < g.kh; ++a) {
+    const int64_t i = r - a * g.tap_rows;
+    if (i < 0 || i >= g.out_rows) continue;
+    for (int32_t b = 0; b < g.kw; ++b) {
+      const int64_t j = c - b * g.tap_step;
+      if (j < 0 || j >= g.out_row_len) continue;
+      const int64_t o = i * g.out_row_len + j;
+      sum += grad_y[o] * activation_grad(y[o], activation);
+    }
+  }
+  return sum * scale;
+}
 
 }  // namespace densecnn
 

@@ -5,6 +5,9 @@
 
 #include <string>
 
+#include <c10/util/Optional.h>
+#include <c10/util/string_view.h>
+
 #include "common.h"
 
 namespace densecnn {
@@ -73,6 +76,69 @@ inline PoolGeometry backward_geometry(const char* op, const at::Tensor& grad_out
 inline at::Tensor empty_like_layout(const at::Tensor& x, int64_t rows, int64_t cols, at::ScalarType dtype,
                                     at::MemoryFormat layout) {
   return at::empty({x.size(0), x.size(1), rows, cols}, x.options().dtype(dtype).memory_format(layout));
+}
+
+// A checked forward pooling call: the input made contiguous in the layout the kernels run in.
+struct PoolCall {
+  at::MemoryFormat layout;
+  PoolGeometry geometry;
+  Activation activation;
+  at::Tensor input;
+  int64_t out_cols;  // W'
+};
+
+inline PoolCall prepare_pool(const char* op, const at::Tensor& input, at::IntArrayRef kernel,
+                             at::IntArrayRef dilation, c10::string_view activation) {
+  PoolCall call;
+  call.layout = pool_layout(input);
+  call.geometry = pool_geometry(op, input.sizes(), kernel, dilation, call.layout);
+  check_pool_dtype(op, input);
+  call.activation = parse_activation(std::string(activation));
+  call.input = input.contiguous(call.layout);
+  call.out_cols = input.size(3) - (kernel[1] - 1) * dilation[1];
+  return call;
+}
+
+// A checked backward pooling call: grad_output and the forward output (needed by a fused activation's derivative;
+// grad_output stands in when there is none) made contiguous in `layout`.
+struct PoolBackwardCall {
+  PoolGeometry geometry;
+  Activation activation;
+  at::Tensor grad_output, output;
+  int64_t in_cols;  // W
+};
+
+inline PoolBackwardCall prepare_pool_backward(const char* op, const at::Tensor& grad_output,
+                                              const c10::optional<at::Tensor>& output, at::MemoryFormat layout,
+                                              at::IntArrayRef kernel, at::IntArrayRef dilation,
+                                              c10::string_view activation) {
+  PoolBackwardCall call;
+  call.activation = parse_activation(std::string(activation));
+  TORCH_CHECK(call.activation == Activation::kNone || output.has_value(), "densecnn.", op, ": activation='",
+              activation, "' needs the forward output");
+  call.geometry = backward_geometry(op, grad_output, kernel, dilation, layout);
+  check_pool_dtype(op, grad_output);
+  call.grad_output = grad_output.contiguous(layout);
+  if (call.activation == Activation::kNone) {
+    call.output = call.grad_output;
+  } else {
+    TORCH_CHECK(output->sizes() == grad_output.sizes() && output->scalar_type() == grad_output.scalar_type(),
+                "densecnn.", op, ": output ", output->sizes(), " does not match grad_output ", grad_output.sizes());
+    call.output = output->contiguous(layout);
+  }
+  call.in_cols = grad_output.size(3) + (kernel[1] - 1) * dilation[1];
+  return call;
+}
+
+inline void check_taps(const char* op, const PoolBackwardCall& call, const at::Tensor& row_tap,
+                       const at::Tensor& col_tap, at::IntArrayRef kernel) {
+  const auto& gy = call.grad_output;
+  TORCH_CHECK(col_tap.sizes() == gy.sizes() && row_tap.dim() == 4 && row_tap.size(2) == call.geometry.rows &&
+                  row_tap.size(3) == gy.size(3) && row_tap.scalar_type() == at::kByte &&
+                  col_tap.scalar_type() == at::kByte,
+              "densecnn.", op, ": the taps ", row_tap.sizes(), ", ", col_tap.sizes(), " do not belong to grad_output ",
+              gy.sizes(), "; pass those of the same forward call, made with with_taps=True");
+  TORCH_CHECK(kernel[0] <= 255 && kernel[1] <= 255, "densecnn.", op, ": kernel ", kernel, " is too large");
 }
 
 }  // namespace densecnn

@@ -287,20 +287,19 @@ void avg_pool_backward(const PoolGeometry& g, const T* grad_y, const T* y, T* gr
 std::tuple<at::Tensor, at::Tensor, at::Tensor> max_pool2d_cpu(const at::Tensor& input, at::IntArrayRef kernel,
                                                               at::IntArrayRef dilation, c10::string_view activation,
                                                               bool with_taps) {
-  const auto layout = pool_layout(input);
-  check_pool_dtype("max_pool2d", input);
-  const PoolGeometry g = pool_geometry("max_pool2d", input.sizes(), kernel, dilation, layout);
+  const PoolCall call = prepare_pool("max_pool2d", input, kernel, dilation, activation);
   TORCH_CHECK(kernel[0] <= 255 && kernel[1] <= 255, "densecnn.max_pool2d: kernel ", kernel,
               " is too large for the ext kernels (at most 255 taps per axis); use backend='native'");
-  const Activation act = parse_activation(std::string(activation));
-  const at::Tensor x = input.contiguous(layout);
-  const int64_t out_w = x.size(3) - (kernel[1] - 1) * dilation[1];
-  at::Tensor y = empty_like_layout(x, g.out_rows, out_w, x.scalar_type(), layout);
-  at::Tensor row_tap = empty_like_layout(x, with_taps ? g.rows : 0, with_taps ? out_w : 0, at::kByte, layout);
-  at::Tensor col_tap = empty_like_layout(x, with_taps ? g.out_rows : 0, with_taps ? out_w : 0, at::kByte, layout);
+  const PoolGeometry& g = call.geometry;
+  const at::Tensor& x = call.input;
+  at::Tensor y = empty_like_layout(x, g.out_rows, call.out_cols, x.scalar_type(), call.layout);
+  at::Tensor row_tap = empty_like_layout(x, with_taps ? g.rows : 0, with_taps ? call.out_cols : 0, at::kByte,
+                                         call.layout);
+  at::Tensor col_tap = empty_like_layout(x, with_taps ? g.out_rows : 0, with_taps ? call.out_cols : 0, at::kByte,
+                                         call.layout);
   if (y.numel() == 0) return {y, row_tap, col_tap};
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "densecnn_max_pool2d", [&] {
-    dispatch_activation(act, [&](auto act_constant) {
+    dispatch_activation(call.activation, [&](auto act_constant) {
       constexpr Activation kAct = decltype(act_constant)::value;
       if (with_taps) {
         max_pool_forward<scalar_t, true, kAct>(g, x.const_data_ptr<scalar_t>(), y.mutable_data_ptr<scalar_t>(),
@@ -318,27 +317,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> max_pool2d_cpu(const at::Tensor& 
 at::Tensor max_pool2d_backward_cpu(const at::Tensor& grad_output, const c10::optional<at::Tensor>& output,
                                    const at::Tensor& row_tap, const at::Tensor& col_tap, at::IntArrayRef kernel,
                                    at::IntArrayRef dilation, c10::string_view activation) {
-  const char* op_name = "max_pool2d_backward";
-  const Activation act = parse_activation(std::string(activation));
-  TORCH_CHECK(act == Activation::kNone || output.has_value(),
-              "densecnn.max_pool2d_backward: activation='", activation, "' needs the forward output");
+  const char* op = "max_pool2d_backward";
   const auto layout = pool_layout(col_tap);
-  const PoolGeometry g = backward_geometry("max_pool2d_backward", grad_output, kernel, dilation, layout);
-  TORCH_CHECK(col_tap.sizes() == grad_output.sizes() && row_tap.size(2) == g.rows,
-              "densecnn.max_pool2d_backward: the taps ", row_tap.sizes(), ", ", col_tap.sizes(),
-              " do not belong to grad_output ", grad_output.sizes(), "; pass those of the same forward call");
-  check_pool_dtype(op_name, grad_output);
-  const at::Tensor gy = grad_output.contiguous(layout);
-  const at::Tensor y = act == Activation::kNone ? gy : output->contiguous(layout);
+  const PoolBackwardCall call = prepare_pool_backward(op, grad_output, output, layout, kernel, dilation, activation);
+  check_taps(op, call, row_tap, col_tap, kernel);
+  const PoolGeometry& g = call.geometry;
   const at::Tensor rt = row_tap.contiguous(layout), ct = col_tap.contiguous(layout);
-  at::Tensor grad_x = empty_like_layout(gy, g.rows, gy.size(3) + (kernel[1] - 1) * dilation[1], gy.scalar_type(),
-                                        layout);
+  at::Tensor grad_x = empty_like_layout(call.grad_output, g.rows, call.in_cols, grad_output.scalar_type(), layout);
   if (grad_x.numel() == 0) return grad_x;
-  AT_DISPATCH_FLOATING_TYPES(gy.scalar_type(), "densecnn_max_pool2d_backward", [&] {
-    dispatch_activation(act, [&](auto act_constant) {
+  AT_DISPATCH_FLOATING_TYPES(grad_output.scalar_type(), "densecnn_max_pool2d_backward", [&] {
+    dispatch_activation(call.activation, [&](auto act_constant) {
       max_pool_backward<scalar_t, decltype(act_constant)::value>(
-          g, gy.const_data_ptr<scalar_t>(), y.const_data_ptr<scalar_t>(), rt.const_data_ptr<uint8_t>(),
-          ct.const_data_ptr<uint8_t>(), grad_x.mutable_data_ptr<scalar_t>());
+          g, call.grad_output.const_data_ptr<scalar_t>(), call.output.const_data_ptr<scalar_t>(),
+          rt.const_data_ptr<uint8_t>(), ct.const_data_ptr<uint8_t>(), grad_x.mutable_data_ptr<scalar_t>());
     });
   });
   return grad_x;
@@ -346,17 +337,14 @@ at::Tensor max_pool2d_backward_cpu(const at::Tensor& grad_output, const c10::opt
 
 at::Tensor avg_pool2d_cpu(const at::Tensor& input, at::IntArrayRef kernel, at::IntArrayRef dilation,
                           int64_t divisor, c10::string_view activation) {
-  const auto layout = pool_layout(input);
-  check_pool_dtype("avg_pool2d", input);
-  const PoolGeometry g = pool_geometry("avg_pool2d", input.sizes(), kernel, dilation, layout);
+  const PoolCall call = prepare_pool("avg_pool2d", input, kernel, dilation, activation);
   TORCH_CHECK(divisor >= 1, "densecnn.avg_pool2d: divisor must be a positive int, got ", divisor);
-  const Activation act = parse_activation(std::string(activation));
-  const at::Tensor x = input.contiguous(layout);
-  at::Tensor y = empty_like_layout(x, g.out_rows, x.size(3) - (kernel[1] - 1) * dilation[1], x.scalar_type(), layout);
+  const at::Tensor& x = call.input;
+  at::Tensor y = empty_like_layout(x, call.geometry.out_rows, call.out_cols, x.scalar_type(), call.layout);
   if (y.numel() == 0) return y;
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "densecnn_avg_pool2d", [&] {
-    dispatch_activation(act, [&](auto act_constant) {
-      avg_pool_forward<scalar_t, decltype(act_constant)::value>(g, x.const_data_ptr<scalar_t>(),
+    dispatch_activation(call.activation, [&](auto act_constant) {
+      avg_pool_forward<scalar_t, decltype(act_constant)::value>(call.geometry, x.const_data_ptr<scalar_t>(),
                                                                 y.mutable_data_ptr<scalar_t>(), divisor);
     });
   });
@@ -366,24 +354,18 @@ at::Tensor avg_pool2d_cpu(const at::Tensor& input, at::IntArrayRef kernel, at::I
 at::Tensor avg_pool2d_backward_cpu(const at::Tensor& grad_output, const c10::optional<at::Tensor>& output,
                                    at::IntArrayRef kernel, at::IntArrayRef dilation, int64_t divisor,
                                    c10::string_view activation) {
-  const char* op_name = "avg_pool2d_backward";
-  const Activation act = parse_activation(std::string(activation));
-  TORCH_CHECK(act == Activation::kNone || output.has_value(),
-              "densecnn.avg_pool2d_backward: activation='", activation, "' needs the forward output");
   TORCH_CHECK(divisor >= 1, "densecnn.avg_pool2d_backward: divisor must be a positive int, got ", divisor);
   const auto layout = pool_layout(grad_output);
-  const PoolGeometry g = backward_geometry("avg_pool2d_backward", grad_output, kernel, dilation, layout);
-  check_pool_dtype(op_name, grad_output);
-  const at::Tensor gy = grad_output.contiguous(layout);
-  const at::Tensor y = act == Activation::kNone ? gy : output->contiguous(layout);
-  at::Tensor grad_x = empty_like_layout(gy, g.rows, gy.size(3) + (kernel[1] - 1) * dilation[1], gy.scalar_type(),
-                                        layout);
+  const PoolBackwardCall call =
+      prepare_pool_backward("avg_pool2d_backward", grad_output, output, layout, kernel, dilation, activation);
+  at::Tensor grad_x =
+      empty_like_layout(call.grad_output, call.geometry.rows, call.in_cols, grad_output.scalar_type(), layout);
   if (grad_x.numel() == 0) return grad_x;
-  AT_DISPATCH_FLOATING_TYPES(gy.scalar_type(), "densecnn_avg_pool2d_backward", [&] {
-    dispatch_activation(act, [&](auto act_constant) {
-      avg_pool_backward<scalar_t, decltype(act_constant)::value>(g, gy.const_data_ptr<scalar_t>(),
-                                                                 y.const_data_ptr<scalar_t>(),
-                                                                 grad_x.mutable_data_ptr<scalar_t>(), divisor);
+  AT_DISPATCH_FLOATING_TYPES(grad_output.scalar_type(), "densecnn_avg_pool2d_backward", [&] {
+    dispatch_activation(call.activation, [&](auto act_constant) {
+      avg_pool_backward<scalar_t, decltype(act_constant)::value>(
+          call.geometry, call.grad_output.const_data_ptr<scalar_t>(), call.output.const_data_ptr<scalar_t>(),
+          grad_x.mutable_data_ptr<scalar_t>(), divisor);
     });
   });
   return grad_x;
