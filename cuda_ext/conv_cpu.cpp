@@ -9,6 +9,8 @@
 
 #include "common.h"
 #include "conv_driver.h"
+#include "elements.h"
+#include "gpu_loops.h"
 
 namespace densecnn {
 namespace {
@@ -20,6 +22,10 @@ struct CpuUnroll {
     AT_DISPATCH_FLOATING_TYPES(image.scalar_type(), "densecnn_im2col", [&] {
       const scalar_t* x = image.const_data_ptr<scalar_t>();
       scalar_t* out = col.mutable_data_ptr<scalar_t>();
+      if (gpu_loops_on_cpu()) {
+        for_each_element(im2col_size(g, rows), [&](int64_t i) { im2col_at(g, x, band_start, rows, out, i); });
+        return;
+      }
       at::parallel_for(0, col.size(0), 1, [&](int64_t begin, int64_t end) {
         for (int64_t row = begin; row < end; ++row) {
           for (int64_t i = 0; i < rows; ++i) {
@@ -37,6 +43,11 @@ struct CpuUnroll {
     AT_DISPATCH_FLOATING_TYPES(grad_col.scalar_type(), "densecnn_col2im", [&] {
       const scalar_t* src_all = grad_col.const_data_ptr<scalar_t>();
       scalar_t* gx = grad_image.mutable_data_ptr<scalar_t>();
+      if (gpu_loops_on_cpu()) {
+        for_each_element(g.channels * col2im_rows(g, rows) * g.cols,
+                         [&](int64_t i) { col2im_add_at(g, src_all, band_start, rows, gx, i); });
+        return;
+      }
       at::parallel_for(0, g.channels, 1, [&](int64_t begin, int64_t end) {
         for (int64_t c = begin; c < end; ++c) {
           for (int32_t a = 0; a < g.kh; ++a) {

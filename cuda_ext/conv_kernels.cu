@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include "common.h"
+#include "elements.h"
 #include "kernels.h"
 #include "launch.cuh"
 
@@ -11,20 +12,13 @@ namespace {
 
 template <typename T>
 __global__ void im2col_kernel(ConvGeometry g, const T* image, int64_t band_start, int64_t rows, T* col) {
-  const int64_t pixels = rows * g.out_cols;
-  DENSECNN_GRID_STRIDE_LOOP(index, g.channels * g.kh * g.kw * pixels) {
-    col[index] = image[im2col_source(g, band_start, index / pixels, index % pixels)];
-  }
+  DENSECNN_GRID_STRIDE_LOOP(index, im2col_size(g, rows)) { im2col_at(g, image, band_start, rows, col, index); }
 }
 
-// Input rows [band_start, band_start + rows + (kh-1)·dh) are the ones the band's taps touched.
 template <typename T>
-__global__ void col2im_kernel(ConvGeometry g, const T* grad_col, int64_t band_start, int64_t rows,
-                              int64_t touched_rows, T* grad_image) {
-  DENSECNN_GRID_STRIDE_LOOP(index, g.channels * touched_rows * g.cols) {
-    const int64_t q = index % g.cols, r = band_start + index / g.cols % touched_rows;
-    const int64_t c = index / (g.cols * touched_rows);
-    grad_image[(c * g.rows + r) * g.cols + q] += col2im_gather(g, grad_col, band_start, rows, c, r, q);
+__global__ void col2im_kernel(ConvGeometry g, const T* grad_col, int64_t band_start, int64_t rows, T* grad_image) {
+  DENSECNN_GRID_STRIDE_LOOP(index, g.channels * col2im_rows(g, rows) * g.cols) {
+    col2im_add_at(g, grad_col, band_start, rows, grad_image, index);
   }
 }
 
@@ -33,17 +27,15 @@ __global__ void col2im_kernel(ConvGeometry g, const T* grad_col, int64_t band_st
 template <typename T>
 cudaError_t launch_im2col(const ConvGeometry& g, const T* image, int64_t band_start, int64_t rows, T* col,
                           cudaStream_t stream) {
-  const int64_t n = g.channels * g.kh * g.kw * rows * g.out_cols;
-  im2col_kernel<T><<<blocks_for(n), kThreadsPerBlock, 0, stream>>>(g, image, band_start, rows, col);
+  im2col_kernel<T><<<blocks_for(im2col_size(g, rows)), kThreadsPerBlock, 0, stream>>>(g, image, band_start, rows, col);
   return cudaGetLastError();
 }
 
 template <typename T>
 cudaError_t launch_col2im_add(const ConvGeometry& g, const T* grad_col, int64_t band_start, int64_t rows,
                               T* grad_image, cudaStream_t stream) {
-  const int64_t touched_rows = rows + (g.kh - 1) * g.dh;
-  col2im_kernel<T><<<blocks_for(g.channels * touched_rows * g.cols), kThreadsPerBlock, 0, stream>>>(
-      g, grad_col, band_start, rows, touched_rows, grad_image);
+  col2im_kernel<T><<<blocks_for(g.channels * col2im_rows(g, rows) * g.cols), kThreadsPerBlock, 0, stream>>>(
+      g, grad_col, band_start, rows, grad_image);
   return cudaGetLastError();
 }
 

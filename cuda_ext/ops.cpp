@@ -4,6 +4,22 @@
 #include <Python.h>
 #include <torch/library.h>
 
+#include "gpu_loops.h"
+
+namespace densecnn {
+
+std::atomic<bool>& gpu_loops_on_cpu() {
+  static std::atomic<bool> enabled{false};
+  return enabled;
+}
+
+namespace {
+
+bool use_gpu_loops_on_cpu(bool enable) { return gpu_loops_on_cpu().exchange(enable); }
+
+}  // namespace
+}  // namespace densecnn
+
 TORCH_LIBRARY(densecnn, m) {
   // Stride-1 dilated max pooling fused with `activation` ("none", "relu", "tanh"). With with_taps, also the argmax
   // as uint8 tap numbers: row_tap (N, C, H, W') = winning column tap of each row-pass element, col_tap
@@ -25,6 +41,8 @@ TORCH_LIBRARY(densecnn, m) {
   m.def(
       "conv2d_backward(Tensor grad_output, Tensor input, Tensor weight, int[2] dilation, int groups, "
       "bool[3] output_mask) -> (Tensor, Tensor, Tensor)");
+  // Tests only: run the CUDA kernels' per-element bodies on the CPU (gpu_loops.h). Returns the previous setting.
+  m.def("_use_gpu_loops_on_cpu(bool enable) -> bool", &densecnn::use_gpu_loops_on_cpu);
 }
 
 // A bare Python module: loading it is what registers the ops above.

@@ -19,6 +19,8 @@
 #include <vector>
 
 #include "common.h"
+#include "elements.h"
+#include "gpu_loops.h"
 #include "pool_args.h"
 
 namespace densecnn {
@@ -298,6 +300,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> max_pool2d_cpu(const at::Tensor& 
   at::Tensor col_tap = empty_like_layout(x, with_taps ? g.out_rows : 0, with_taps ? call.out_cols : 0, at::kByte,
                                          call.layout);
   if (y.numel() == 0) return {y, row_tap, col_tap};
+  if (gpu_loops_on_cpu()) {
+    at::Tensor row_max = at::empty({row_pass_size(g)}, x.options());
+    AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "densecnn_max_pool2d_gpu_loops", [&] {
+      const scalar_t* xp = x.const_data_ptr<scalar_t>();
+      scalar_t* rm = row_max.mutable_data_ptr<scalar_t>();
+      scalar_t* yp = y.mutable_data_ptr<scalar_t>();
+      uint8_t* rt = with_taps ? row_tap.mutable_data_ptr<uint8_t>() : nullptr;
+      uint8_t* ct = with_taps ? col_tap.mutable_data_ptr<uint8_t>() : nullptr;
+      for_each_element(row_pass_size(g), [&](int64_t i) { max_row_pass_at(g, xp, rm, rt, i); });
+      for_each_element(output_size(g), [&](int64_t i) { max_col_pass_at(g, rm, yp, ct, call.activation, i); });
+    });
+    return {y, row_tap, col_tap};
+  }
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "densecnn_max_pool2d", [&] {
     dispatch_activation(call.activation, [&](auto act_constant) {
       constexpr Activation kAct = decltype(act_constant)::value;
@@ -325,6 +340,17 @@ at::Tensor max_pool2d_backward_cpu(const at::Tensor& grad_output, const c10::opt
   const at::Tensor rt = row_tap.contiguous(layout), ct = col_tap.contiguous(layout);
   at::Tensor grad_x = empty_like_layout(call.grad_output, g.rows, call.in_cols, grad_output.scalar_type(), layout);
   if (grad_x.numel() == 0) return grad_x;
+  if (gpu_loops_on_cpu()) {
+    AT_DISPATCH_FLOATING_TYPES(grad_output.scalar_type(), "densecnn_max_pool2d_backward_gpu_loops", [&] {
+      const scalar_t* gy = call.grad_output.const_data_ptr<scalar_t>();
+      const scalar_t* yp = call.output.const_data_ptr<scalar_t>();
+      const uint8_t* rtp = rt.const_data_ptr<uint8_t>();
+      const uint8_t* ctp = ct.const_data_ptr<uint8_t>();
+      scalar_t* gx = grad_x.mutable_data_ptr<scalar_t>();
+      for_each_element(input_size(g), [&](int64_t i) { max_backward_at(g, gy, yp, rtp, ctp, gx, call.activation, i); });
+    });
+    return grad_x;
+  }
   AT_DISPATCH_FLOATING_TYPES(grad_output.scalar_type(), "densecnn_max_pool2d_backward", [&] {
     dispatch_activation(call.activation, [&](auto act_constant) {
       max_pool_backward<scalar_t, decltype(act_constant)::value>(
@@ -342,6 +368,19 @@ at::Tensor avg_pool2d_cpu(const at::Tensor& input, at::IntArrayRef kernel, at::I
   const at::Tensor& x = call.input;
   at::Tensor y = empty_like_layout(x, call.geometry.out_rows, call.out_cols, x.scalar_type(), call.layout);
   if (y.numel() == 0) return y;
+  if (gpu_loops_on_cpu()) {
+    const PoolGeometry& g = call.geometry;
+    at::Tensor row_sum = at::empty({row_pass_size(g)}, x.options());
+    AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "densecnn_avg_pool2d_gpu_loops", [&] {
+      const scalar_t* xp = x.const_data_ptr<scalar_t>();
+      scalar_t* rs = row_sum.mutable_data_ptr<scalar_t>();
+      scalar_t* yp = y.mutable_data_ptr<scalar_t>();
+      const scalar_t scale = scalar_t(1) / scalar_t(divisor);
+      for_each_element(row_pass_size(g), [&](int64_t i) { sum_row_pass_at(g, xp, rs, i); });
+      for_each_element(output_size(g), [&](int64_t i) { avg_col_pass_at(g, rs, yp, scale, call.activation, i); });
+    });
+    return y;
+  }
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "densecnn_avg_pool2d", [&] {
     dispatch_activation(call.activation, [&](auto act_constant) {
       avg_pool_forward<scalar_t, decltype(act_constant)::value>(call.geometry, x.const_data_ptr<scalar_t>(),
@@ -361,6 +400,17 @@ at::Tensor avg_pool2d_backward_cpu(const at::Tensor& grad_output, const c10::opt
   at::Tensor grad_x =
       empty_like_layout(call.grad_output, call.geometry.rows, call.in_cols, grad_output.scalar_type(), layout);
   if (grad_x.numel() == 0) return grad_x;
+  if (gpu_loops_on_cpu()) {
+    AT_DISPATCH_FLOATING_TYPES(grad_output.scalar_type(), "densecnn_avg_pool2d_backward_gpu_loops", [&] {
+      const scalar_t* gy = call.grad_output.const_data_ptr<scalar_t>();
+      const scalar_t* yp = call.output.const_data_ptr<scalar_t>();
+      scalar_t* gx = grad_x.mutable_data_ptr<scalar_t>();
+      const scalar_t scale = scalar_t(1) / scalar_t(divisor);
+      for_each_element(input_size(call.geometry),
+                       [&](int64_t i) { avg_backward_at(call.geometry, gy, yp, gx, scale, call.activation, i); });
+    });
+    return grad_x;
+  }
   AT_DISPATCH_FLOATING_TYPES(grad_output.scalar_type(), "densecnn_avg_pool2d_backward", [&] {
     dispatch_activation(call.activation, [&](auto act_constant) {
       avg_pool_backward<scalar_t, decltype(act_constant)::value>(

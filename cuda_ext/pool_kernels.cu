@@ -1,10 +1,11 @@
-// CUDA kernels of the d-sparse pooling ops: grid-stride loops over the per-element math of common.h, one thread per
-// element. Max and average pooling are separable, as on the CPU: a row pass (kw taps along each input row) into
+// CUDA kernels of the d-sparse pooling ops: grid-stride loops over the per-element bodies of elements.h, one
+// thread per element. Max and average pooling are separable, as on the CPU: a row pass (kw taps along each input row) into
 // scratch, then a column pass (kh taps down the row pass) — 2k instead of k² taps per output. The argmax taps and
 // the scan rule are those of the CPU kernels, so the backward gathers are the same formulas.
 #include <cuda_runtime.h>
 
 #include "common.h"
+#include "elements.h"
 #include "kernels.h"
 #include "launch.cuh"
 
@@ -13,66 +14,36 @@ namespace {
 
 template <typename T>
 __global__ void max_row_pass(PoolGeometry g, const T* x, T* row_max, uint8_t* row_tap) {
-  DENSECNN_GRID_STRIDE_LOOP(index, g.planes * g.rows * g.out_row_len) {
-    const int64_t j = index % g.out_row_len, row = index / g.out_row_len;  // row = plane·H + r
-    T best;
-    int32_t tap;
-    max_scan(x + row * g.row_len + j, g.tap_step, g.kw, best, tap);
-    row_max[index] = best;
-    if (row_tap != nullptr) row_tap[index] = static_cast<uint8_t>(tap);
-  }
+  DENSECNN_GRID_STRIDE_LOOP(index, row_pass_size(g)) { max_row_pass_at(g, x, row_max, row_tap, index); }
 }
 
 template <typename T>
 __global__ void max_col_pass(PoolGeometry g, const T* row_max, T* y, uint8_t* col_tap, Activation activation) {
-  DENSECNN_GRID_STRIDE_LOOP(index, g.planes * g.out_rows * g.out_row_len) {
-    const int64_t j = index % g.out_row_len, i = index / g.out_row_len % g.out_rows;
-    const int64_t plane = index / (g.out_row_len * g.out_rows);
-    T best;
-    int32_t tap;
-    max_scan(row_max + (plane * g.rows + i) * g.out_row_len + j, g.tap_rows * g.out_row_len, g.kh, best, tap);
-    y[index] = activation_forward(best, activation);
-    if (col_tap != nullptr) col_tap[index] = static_cast<uint8_t>(tap);
-  }
+  DENSECNN_GRID_STRIDE_LOOP(index, output_size(g)) { max_col_pass_at(g, row_max, y, col_tap, activation, index); }
 }
 
 template <typename T>
 __global__ void max_backward(PoolGeometry g, const T* grad_y, const T* y, const uint8_t* row_tap,
                              const uint8_t* col_tap, T* grad_x, Activation activation) {
-  DENSECNN_GRID_STRIDE_LOOP(index, g.planes * g.rows * g.row_len) {
-    const int64_t c = index % g.row_len, r = index / g.row_len % g.rows, plane = index / (g.row_len * g.rows);
-    const int64_t out_plane = plane * g.out_rows * g.out_row_len;
-    grad_x[index] = max_grad_gather(g, grad_y + out_plane, y + out_plane, row_tap + plane * g.rows * g.out_row_len,
-                                    col_tap + out_plane, r, c, activation);
+  DENSECNN_GRID_STRIDE_LOOP(index, input_size(g)) {
+    max_backward_at(g, grad_y, y, row_tap, col_tap, grad_x, activation, index);
   }
 }
 
 template <typename T>
 __global__ void sum_row_pass(PoolGeometry g, const T* x, T* row_sum) {
-  DENSECNN_GRID_STRIDE_LOOP(index, g.planes * g.rows * g.out_row_len) {
-    const int64_t j = index % g.out_row_len, row = index / g.out_row_len;
-    row_sum[index] = sum_scan(x + row * g.row_len + j, g.tap_step, g.kw);
-  }
+  DENSECNN_GRID_STRIDE_LOOP(index, row_pass_size(g)) { sum_row_pass_at(g, x, row_sum, index); }
 }
 
 template <typename T>
 __global__ void avg_col_pass(PoolGeometry g, const T* row_sum, T* y, T scale, Activation activation) {
-  DENSECNN_GRID_STRIDE_LOOP(index, g.planes * g.out_rows * g.out_row_len) {
-    const int64_t j = index % g.out_row_len, i = index / g.out_row_len % g.out_rows;
-    const int64_t plane = index / (g.out_row_len * g.out_rows);
-    const T sum = sum_scan(row_sum + (plane * g.rows + i) * g.out_row_len + j, g.tap_rows * g.out_row_len, g.kh);
-    y[index] = activation_forward(sum * scale, activation);
-  }
+  DENSECNN_GRID_STRIDE_LOOP(index, output_size(g)) { avg_col_pass_at(g, row_sum, y, scale, activation, index); }
 }
 
 template <typename T>
 __global__ void avg_backward(PoolGeometry g, const T* grad_y, const T* y, T* grad_x, T scale,
                              Activation activation) {
-  DENSECNN_GRID_STRIDE_LOOP(index, g.planes * g.rows * g.row_len) {
-    const int64_t c = index % g.row_len, r = index / g.row_len % g.rows, plane = index / (g.row_len * g.rows);
-    const int64_t out_plane = plane * g.out_rows * g.out_row_len;
-    grad_x[index] = avg_grad_gather(g, grad_y + out_plane, y + out_plane, r, c, scale, activation);
-  }
+  DENSECNN_GRID_STRIDE_LOOP(index, input_size(g)) { avg_backward_at(g, grad_y, y, grad_x, scale, activation, index); }
 }
 
 }  // namespace
@@ -80,9 +51,9 @@ __global__ void avg_backward(PoolGeometry g, const T* grad_y, const T* y, T* gra
 template <typename T>
 cudaError_t launch_max_pool_forward(const PoolGeometry& g, const T* x, T* row_max, T* y, uint8_t* row_tap,
                                     uint8_t* col_tap, Activation activation, cudaStream_t stream) {
-  max_row_pass<T><<<blocks_for(g.planes * g.rows * g.out_row_len), kThreadsPerBlock, 0, stream>>>(g, x, row_max,
+  max_row_pass<T><<<blocks_for(row_pass_size(g)), kThreadsPerBlock, 0, stream>>>(g, x, row_max,
                                                                                                    row_tap);
-  max_col_pass<T><<<blocks_for(g.planes * g.out_rows * g.out_row_len), kThreadsPerBlock, 0, stream>>>(
+  max_col_pass<T><<<blocks_for(output_size(g)), kThreadsPerBlock, 0, stream>>>(
       g, row_max, y, col_tap, activation);
   return cudaGetLastError();
 }
@@ -90,7 +61,7 @@ cudaError_t launch_max_pool_forward(const PoolGeometry& g, const T* x, T* row_ma
 template <typename T>
 cudaError_t launch_max_pool_backward(const PoolGeometry& g, const T* grad_y, const T* y, const uint8_t* row_tap,
                                      const uint8_t* col_tap, T* grad_x, Activation activation, cudaStream_t stream) {
-  max_backward<T><<<blocks_for(g.planes * g.rows * g.row_len), kThreadsPerBlock, 0, stream>>>(
+  max_backward<T><<<blocks_for(input_size(g)), kThreadsPerBlock, 0, stream>>>(
       g, grad_y, y, row_tap, col_tap, grad_x, activation);
   return cudaGetLastError();
 }
@@ -98,8 +69,8 @@ cudaError_t launch_max_pool_backward(const PoolGeometry& g, const T* grad_y, con
 template <typename T>
 cudaError_t launch_avg_pool_forward(const PoolGeometry& g, const T* x, T* row_sum, T* y, int64_t divisor,
                                     Activation activation, cudaStream_t stream) {
-  sum_row_pass<T><<<blocks_for(g.planes * g.rows * g.out_row_len), kThreadsPerBlock, 0, stream>>>(g, x, row_sum);
-  avg_col_pass<T><<<blocks_for(g.planes * g.out_rows * g.out_row_len), kThreadsPerBlock, 0, stream>>>(
+  sum_row_pass<T><<<blocks_for(row_pass_size(g)), kThreadsPerBlock, 0, stream>>>(g, x, row_sum);
+  avg_col_pass<T><<<blocks_for(output_size(g)), kThreadsPerBlock, 0, stream>>>(
       g, row_sum, y, T(1) / T(divisor), activation);
   return cudaGetLastError();
 }
@@ -107,7 +78,7 @@ cudaError_t launch_avg_pool_forward(const PoolGeometry& g, const T* x, T* row_su
 template <typename T>
 cudaError_t launch_avg_pool_backward(const PoolGeometry& g, const T* grad_y, const T* y, T* grad_x, int64_t divisor,
                                      Activation activation, cudaStream_t stream) {
-  avg_backward<T><<<blocks_for(g.planes * g.rows * g.row_len), kThreadsPerBlock, 0, stream>>>(
+  avg_backward<T><<<blocks_for(input_size(g)), kThreadsPerBlock, 0, stream>>>(
       g, grad_y, y, grad_x, T(1) / T(divisor), activation);
   return cudaGetLastError();
 }

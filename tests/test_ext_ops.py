@@ -6,6 +6,8 @@ row-major window order — they share no code with the kernels nor with densecnn
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -19,6 +21,20 @@ DEVICES = [
     pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU")),
 ]
 ops = torch.ops.densecnn
+
+
+@contextlib.contextmanager
+def kernel_loops(loops: str):
+    """Run the CPU ops with their vectorised CPU loops ("cpu") or with the CUDA kernels' per-element bodies
+    ("gpu", cuda_ext/elements.h) — the latter is how the CUDA kernels' logic is tested without a GPU."""
+    previous = ops._use_gpu_loops_on_cpu(loops == "gpu")
+    try:
+        yield
+    finally:
+        ops._use_gpu_loops_on_cpu(previous)
+
+
+LOOPS = pytest.mark.parametrize("loops", ["cpu", "gpu"])
 
 
 def test_extension_is_built():
@@ -116,9 +132,15 @@ def tied_input(shape, seed, dtype=torch.float64):
 # ---- equality with the references ----
 
 
-@settings(max_examples=60, deadline=None)
+@LOOPS
+@settings(max_examples=50, deadline=None)
 @given(pool_cases(), st.sampled_from(ext.ACTIVATIONS), st.booleans())
-def test_max_pool_matches_reference(case, activation, with_nan):
+def test_max_pool_matches_reference(loops, case, activation, with_nan):
+    with kernel_loops(loops):
+        check_max_pool(case, activation, with_nan)
+
+
+def check_max_pool(case, activation, with_nan):
     kernel, dilation, shape, layout, seed = case
     x = tied_input(shape, seed)
     if with_nan:
@@ -137,9 +159,15 @@ def test_max_pool_matches_reference(case, activation, with_nan):
     torch.testing.assert_close(grad_x, expected, rtol=1e-12, atol=1e-12, equal_nan=True)
 
 
+@LOOPS
 @settings(max_examples=40, deadline=None)
 @given(pool_cases(), st.sampled_from(ext.ACTIVATIONS), st.sampled_from([None, 1, 5]))
-def test_avg_pool_matches_reference(case, activation, divisor):
+def test_avg_pool_matches_reference(loops, case, activation, divisor):
+    with kernel_loops(loops):
+        check_avg_pool(case, activation, divisor)
+
+
+def check_avg_pool(case, activation, divisor):
     kernel, dilation, shape, layout, seed = case
     x = in_layout(
         torch.randn(shape, dtype=torch.float64, generator=torch.Generator().manual_seed(seed)), layout
@@ -155,12 +183,14 @@ def test_avg_pool_matches_reference(case, activation, divisor):
     torch.testing.assert_close(grad_x, x_ref.grad, rtol=1e-12, atol=1e-12)
 
 
+@LOOPS
 @pytest.mark.parametrize("layout", ["nchw", "channels_last"])
-def test_max_pool_float32_equals_torch(layout):
+def test_max_pool_float32_equals_torch(loops, layout):
     # The benchmark shapes' little brother: k=8/d=1 and k=2/d=8 windows, bitwise equal to F.max_pool2d.
     x = in_layout(torch.randn(2, 16, 70, 75), layout)
     for kernel, dilation in [((8, 8), (1, 1)), ((2, 2), (8, 8)), ((3, 2), (2, 5))]:
-        y = ext.max_pool2d(x, kernel, dilation)
+        with kernel_loops(loops):
+            y = ext.max_pool2d(x, kernel, dilation)
         assert torch.equal(y, F.max_pool2d(x, kernel, 1, 0, dilation))
         assert y.is_contiguous(memory_format=torch.channels_last) == (layout == "channels_last")
 
@@ -172,6 +202,7 @@ def test_tanh_float32_is_close_to_torch():
     torch.testing.assert_close(y, torch.tanh(x), rtol=0, atol=5e-7)
 
 
+@LOOPS
 @settings(max_examples=25, deadline=None)
 @given(
     st.integers(1, 2),
@@ -183,9 +214,15 @@ def test_tanh_float32_is_close_to_torch():
     st.booleans(),
     st.sampled_from(["nchw", "channels_last"]),
 )
-def test_conv2d_matches_reference(n, channels, kh, kw, dh, dw, with_bias, layout):
+def test_conv2d_matches_reference(loops, n, channels, kh, kw, dh, dw, with_bias, layout):
+    with kernel_loops(loops):
+        check_conv2d(n, channels, (kh, kw), (dh, dw), with_bias, layout)
+
+
+def check_conv2d(n, channels, kernel, dilation, with_bias, layout):
     cg, kg, groups = channels
-    dilation = (dh, dw)
+    kh, kw = kernel
+    dh, dw = dilation
     x = in_layout(
         torch.randn(n, cg * groups, (kh - 1) * dh + 3, (kw - 1) * dw + 4, dtype=torch.float64), layout
     )
@@ -207,12 +244,20 @@ def test_conv2d_matches_reference(n, channels, kh, kw, dh, dw, with_bias, layout
         torch.testing.assert_close(grad, ref.grad, rtol=1e-10, atol=1e-10)
 
 
-def test_conv2d_float32_in_bands_matches_torch():
-    # A 7×7 kernel over 50 channels: the unrolled matrix is built in several bands of output rows.
-    x = torch.randn(1, 50, 120, 90)
-    weight, bias = torch.randn(8, 50, 7, 7), torch.randn(8)
-    y = ext.conv2d(x, weight, bias, (4, 4))
-    torch.testing.assert_close(y, F.conv2d(x, weight, bias, dilation=4), rtol=1e-4, atol=1e-4)
+@LOOPS
+def test_conv2d_float32_in_bands_matches_torch(loops):
+    # A 7×7 kernel over 50 channels on a 1100-pixel-wide image: the unrolled matrix (64 MiB at most) is built in
+    # several bands of output rows, forward and backward.
+    x = torch.randn(1, 50, 60, 1100, requires_grad=True)
+    weight, bias = torch.randn(4, 50, 7, 7, requires_grad=True), torch.randn(4)
+    with kernel_loops(loops):
+        y = ext.conv2d(x, weight, bias, (4, 4))
+        grad_x, grad_w = torch.autograd.grad(y.sum(), [x, weight])
+    y_ref = F.conv2d(x, weight, bias, dilation=4)
+    torch.testing.assert_close(y, y_ref, rtol=1e-4, atol=1e-4)
+    expected = torch.autograd.grad(y_ref.sum(), [x, weight])
+    torch.testing.assert_close(grad_x, expected[0], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(grad_w, expected[1], rtol=1e-4, atol=2e-2)
 
 
 # ---- torch.library checks ----
