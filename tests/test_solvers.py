@@ -207,3 +207,15 @@ def test_native_backend_never_plans(monkeypatch):
     torch.testing.assert_close(
         densecnn.convert(model, patch, backend="native")(x), densecnn.scan_patches(model, x, patch)
     )
+
+
+def test_tune_command_fills_the_cache_ahead_of_time(tmp_path, solver_cache, capsys):
+    from densecnn.cli import main
+
+    model, patch, _ = _net("tiny")
+    densecnn.save(model.float(), tmp_path / "model", patch_size=patch)
+    assert main(["tune", str(tmp_path / "model"), "--size", "20", "24", "--train"]) == 0
+    printed = capsys.readouterr().out
+    assert "inference plan for 1x20x24" in printed and "training plan" in printed
+    assert len(list((solver_cache / "solvers").glob("*.json"))) == 2 * 6  # 6 windowed layers, both directions
+    assert main(["tune", str(tmp_path / "model"), "--size", "0", "24"]) == 2

@@ -10,7 +10,7 @@ import json
 import time
 from pathlib import Path
 
-from . import report, suite
+from . import memory, report, suite
 from .suite import Config
 
 __all__ = ["Config", "run"]
@@ -32,6 +32,7 @@ def run(out: Path, *, quick: bool = False, log=print) -> dict:
     }
     start = time.perf_counter()
     items = [
+        ("memory", lambda: memory.tiled_predict_peak(config.model, config.memory_image, config.memory_cap)),
         ("per_layer", lambda: [suite.per_layer(name, config) for name in config.models]),
         ("max_pool", lambda: [suite.max_pool(k, d, config) for k, d in ((2, 2), (8, 1))]),
         ("conv_limit", lambda: [suite.conv_limit(name, config) for name in config.models]),

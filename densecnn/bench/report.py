@@ -77,8 +77,11 @@ def markdown(results: dict) -> str:
         out += ["", f"## Forward vs {title} (Table {3 if col == 'size' else 4} analogue)", ""]
         rows = [
             [str(r[col])]
-            + [_ms(r["forward_s"][k]) for k in ("patch", "fast_scan", "native", "densecnn")]
-            + [_x(r["speedup"][k]) for k in ("patch", "fast_scan", "native")]
+            + [
+                _ms(r["forward_s"][k]) if k in r["forward_s"] else "–"
+                for k in ("patch", "fast_scan", "native", "densecnn")
+            ]
+            + [_x(r["speedup"][k]) if k in r["speedup"] else "–" for k in ("patch", "fast_scan", "native")]
             for r in results[key]
         ]
         header = [
@@ -92,6 +95,13 @@ def markdown(results: dict) -> str:
             "vs native",
         ]
         out += _table(header, rows)
+    mem = results["memory"]
+    out += ["", "## Memory: tiled predict in a fresh process", ""]
+    out += _table(
+        ["model", "image", "max_memory", "peak RSS (whole process)", "time (s)"],
+        [[mem["model"], "x".join(map(str, mem["image"])), f"{mem['max_memory']:,}", f"{mem['peak_rss_bytes']:,}",
+          f"{mem['seconds']:.1f}"]],
+    )  # fmt: skip
     masked = results["masked_backward"]
     out += [
         "",
@@ -179,6 +189,15 @@ def goals(results: dict) -> list[list]:
             native = _ms(r["times_s"][f"native_{direction}"])
             rows.append([f"{name} {direction}", f">= {target}x", _x(r["speedup"][direction]), f"{native} ms"])
             rows[-1].append(r["speedup"][direction] >= target)
+    mem = results["memory"]
+    rows.append(
+        [
+            f"{mem['model']} predict {mem['image'][2]}² peak RSS",
+            "<= 2 GB",
+            f"{mem['peak_rss_bytes'] / 1e9:.2f} GB",
+        ]
+        + [f"max_memory={mem['max_memory']:,}", mem["peak_rss_bytes"] <= 2e9]
+    )
     for row in rows:
         row[2] = f"{row[2]} {'(met)' if row[4] else '(NOT met)'}"
     return rows
@@ -212,8 +231,13 @@ def plots(results: dict, out: Path) -> list[str]:
     ):
         fig, ax = plt.subplots(figsize=(6, 4))
         for baseline in ("patch", "fast_scan", "native"):
-            xs = [r[col] for r in results[key]]
-            ax.plot(xs, [r["speedup"][baseline] for r in results[key]], marker="o", label=f"vs {baseline}")
+            rows = [r for r in results[key] if baseline in r["speedup"]]
+            ax.plot(
+                [r[col] for r in rows],
+                [r["speedup"][baseline] for r in rows],
+                marker="o",
+                label=f"vs {baseline}",
+            )
         ax.set_yscale("log")
         ax.set_xlabel(label)
         ax.set_ylabel("densecnn speedup (forward)")

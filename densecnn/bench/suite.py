@@ -33,7 +33,12 @@ class Config:
     masked_counts: list[int] = field(default_factory=lambda: [1, 16, 256, 4096, 65536])
     pool_channels: int = 64
     pool_size: int = 512
-    patch_batch: int = 256
+    patch_batch: int = 64  # patches per timed batch of the patch-by-patch baseline
+    fast_scan_up_to: int = (
+        512  # image sides above this skip fast scanning in the size sweep (its time explodes)
+    )
+    memory_image: int = 4096  # tiled predict of one RGB image of this side under memory_cap bytes
+    memory_cap: int = 1_500_000_000
 
     @classmethod
     def quick(cls) -> Config:
@@ -51,6 +56,8 @@ class Config:
             pool_channels=4,
             pool_size=24,
             patch_batch=8,
+            memory_image=64,
+            memory_cap=50_000_000,
         )
 
 
@@ -115,15 +122,11 @@ def per_layer(name: str, config: Config) -> dict:
 
 
 def _forward_baselines(work: Workload, config: Config) -> dict:
-    samples = interleave(
-        {
-            "patch": work.patch_forward(config.patch_batch),
-            "fast_scan": work.fast_scan(),
-            "native": work.forward("native"),
-            "densecnn": work.forward("densecnn"),
-        },
-        config.repeats,
-    )
+    contenders = {"patch": work.patch_forward(config.patch_batch)}
+    if work.x.shape[-1] <= config.fast_scan_up_to:
+        contenders["fast_scan"] = work.fast_scan()
+    contenders.update(native=work.forward("native"), densecnn=work.forward("densecnn"))
+    samples = interleave(contenders, config.repeats)
     result = {"forward_s": {k: median(v) for k, v in samples.items()}}
     result["speedup"] = {k: ratio(v, samples["densecnn"]) for k, v in samples.items() if k != "densecnn"}
     return result
