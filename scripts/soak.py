@@ -2,6 +2,7 @@
 
     .venv/bin/python scripts/soak.py                       # 1000 requests, a tiny zoo model, 256x256 images
     .venv/bin/python scripts/soak.py --model-dir models --model nuclei --size 512
+    .venv/bin/python scripts/soak.py --shapes 1000             # every request a new image size
 
 Starts the server on a free loopback port, warms it up (RSS "before" is taken after the warm-up, so one-time
 allocations are not counted as growth), sends the requests at the given concurrency with a few image sizes, and
@@ -52,12 +53,12 @@ def tiny_model_dir() -> Path:
     return root
 
 
-def images(size: int, count: int = 4) -> list[bytes]:
-    """PNG images of a few sizes around ``size`` (so shapes vary as in real traffic)."""
+def images(size: int, count: int) -> list[bytes]:
+    """``count`` PNG images of distinct sizes around ``size`` (shapes vary as in real traffic)."""
     rng = np.random.default_rng(0)
     out = []
     for k in range(count):
-        h, w = size - 16 * k, size + 8 * k
+        h, w = size - 3 * (k % 17), size - (k % 97)  # 17 x 97 distinct pairs
         buf = io.BytesIO()
         Image.fromarray((rng.random((h, w, 3)) * 255).astype(np.uint8)).save(buf, format="PNG")
         out.append(buf.getvalue())
@@ -94,6 +95,9 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=1000)
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--size", type=int, default=256, help="image side in pixels (default 256)")
+    parser.add_argument(
+        "--shapes", type=int, default=4, help="distinct image sizes, used in turn (default 4)"
+    )
     parser.add_argument("--out", type=Path, help="also write the numbers as JSON here")
     args = parser.parse_args()
 
@@ -125,7 +129,7 @@ def main() -> int:
             if time.monotonic() > deadline or server.poll() is not None:
                 raise SystemExit("the server did not become ready")
             time.sleep(0.1)
-        bodies = images(args.size)
+        bodies = images(args.size, args.shapes)
         asyncio.run(soak(url, args.model, bodies, 20, args.concurrency))  # warm-up
         before = rss_mib(server.pid)
         started = time.perf_counter()
@@ -144,6 +148,7 @@ def main() -> int:
         "requests": args.requests,
         "concurrency": args.concurrency,
         "image_side": args.size,
+        "distinct_shapes": args.shapes,
         "statuses": statuses,
         "requests_per_second": round(args.requests / elapsed, 1),
         "latency_ms": {f"p{q}": round(float(np.percentile(latencies, q)), 1) for q in (50, 95, 99)},
