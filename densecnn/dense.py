@@ -102,6 +102,7 @@ class DenseCNN(nn.Module):
 
         With ``max_memory`` (bytes) only each tile's labels are kept, so large images fit: a 4096x4096 RGB image
         through plain_133 with ``max_memory=1_500_000_000`` never holds the 2 GB of 32-class scores.
+        With backend "auto" the images' dtype is the compute dtype: ``predict(x.bfloat16())`` is bf16 inference.
         """
         if max_memory is None:
             return self.forward(x).argmax(1)
@@ -145,6 +146,12 @@ class DenseCNN(nn.Module):
             )
         if not x.is_floating_point():
             raise TypeError(f"expected a floating-point tensor, got {x.dtype}; convert with x.float()")
+        weight = next(self.parameters(), None)
+        if self.backend == "native" and weight is not None and x.dtype != weight.dtype:
+            raise TypeError(
+                f"backend='native' computes in the model's dtype ({weight.dtype}), the images are {x.dtype}; "
+                f"convert them with x.to({weight.dtype}) or use backend='auto', which computes in the images' dtype"
+            )
         if self.in_channels is not None and x.shape[1] != self.in_channels:
             raise ValueError(
                 f"the model takes {self.in_channels} input channels, the images have {x.shape[1]}"

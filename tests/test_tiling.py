@@ -152,3 +152,18 @@ def test_peak_memory_follows_the_cap():
     print(f"peak RSS growth: untiled {untiled:,} bytes, capped at 150 MB {capped:,} bytes")
     assert capped <= 150_000_000, f"capped predict grew the process by {capped:,} bytes"
     assert untiled > 2 * capped, f"untiled {untiled:,} vs capped {capped:,}"
+
+
+def test_bfloat16_inference_through_tiles(monkeypatch):
+    """A bfloat16 image runs the net in bfloat16 (conv weights cast on the fly); labels mostly agree with float32."""
+    monkeypatch.delenv("DENSECNN_MEMORY_FORMAT")
+    torch.manual_seed(0)
+    model, patch = densecnn.zoo.create("stages_46", in_channels=1, num_classes=3)
+    dense = densecnn.convert(model.eval(), patch)
+    x = torch.rand(1, 1, 40, 36)
+    reference = dense.predict(x)
+    labels = dense.predict(x.bfloat16(), max_memory=3_000_000)
+    assert labels.dtype == torch.int64 and (labels == reference).float().mean() > 0.9
+    assert next(model.parameters()).dtype == torch.float32  # the model itself is untouched
+    with pytest.raises(TypeError, match="backend='native' computes in the model's dtype"):
+        densecnn.convert(model, patch, backend="native").predict(x.bfloat16())

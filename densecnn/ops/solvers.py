@@ -200,7 +200,14 @@ def candidates(spec: Spec, *, ext_available: bool) -> list[str]:
 
 
 def run(name: str, spec: Spec, x: torch.Tensor) -> torch.Tensor:
-    """Run ``spec`` on ``x`` (N, C, H, W) with solver ``name``; the output keeps ``x``'s memory format."""
+    """Run ``spec`` on ``x`` (N, C, H, W) with solver ``name``; the output keeps ``x``'s memory format.
+
+    The input's dtype is the compute dtype: conv parameters are cast to it (differentiably), so a bfloat16 image
+    runs the whole net in bfloat16.
+    """
+    if isinstance(spec, ConvSpec) and spec.weight.dtype != x.dtype:
+        bias = None if spec.bias is None else spec.bias.to(x.dtype)
+        spec = ConvSpec(spec.weight.to(x.dtype), bias, spec.dilation, spec.groups)
     y = SOLVERS[name].run(spec, x)
     return y.contiguous(
         memory_format=torch.channels_last if _is_channels_last(x) else torch.contiguous_format
