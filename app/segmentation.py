@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from densecnn.imageio import read_array, scale_to_unit, to_channels
+from densecnn.imageio import ImageTooLargeError, read_array, scale_to_unit, to_channels
 from densecnn.layers import ChannelSoftmax
 
 from .negotiation import Output
@@ -79,18 +79,24 @@ def segment(
     image = scale_to_unit(read_array(data, max_pixels=max_pixels))  # (H, W[, C]), EXIF orientation applied
     x = torch.from_numpy(np.ascontiguousarray(to_channels(image, loaded.in_channels).transpose(2, 0, 1)))
     x = loaded.normalize(x[None])  # (1, C, H, W)
-    height, width = x.shape[2:]
+    height, width = x.shape[2], x.shape[3]
     timings["decode"] = time.perf_counter() - start
 
     start = time.perf_counter()
     kwargs = {"max_memory": max_memory} if served.tiles else {}  # tiles bound the memory of big images
     with torch.inference_mode():
-        if output is Output.NPY:
-            scores = served.dense(x, **kwargs)[0]  # (K, H, W)
-            labels = scores.argmax(0).numpy()  # (H, W)
-            probabilities = _probabilities(served, scores).float().numpy()
-        else:  # only the labels are kept, tile by tile
-            labels = served.dense.predict(x, **kwargs)[0].numpy()  # (H, W)
+        try:
+            if output is Output.NPY:
+                scores = served.dense(x, **kwargs)[0]  # (K, H, W)
+                labels = scores.argmax(0).numpy()  # (H, W)
+                probabilities = _probabilities(served, scores).float().numpy()
+            else:  # only the labels are kept, tile by tile
+                labels = served.dense.predict(x, **kwargs)[0].numpy()  # (H, W)
+        except ValueError as exc:  # the input is valid by now: only the memory budget can refuse it
+            raise ImageTooLargeError(
+                f"a {width}x{height} image needs more memory than this server allows per inference "
+                f"(max_inference_memory): {exc}. Send a smaller image, or ask for labels instead of probabilities"
+            ) from None
     timings["infer"] = time.perf_counter() - start
 
     start = time.perf_counter()

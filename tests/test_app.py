@@ -393,6 +393,19 @@ def test_tiff_over_the_pixel_limit_is_413(model_root):
         assert post_raw(small, encode(IMAGE[:20, :20])).status_code == 200
 
 
+def test_tiles_under_the_memory_budget_and_refuses_what_cannot_fit(model_root):
+    with TestClient(make_app(model_root, max_inference_memory=70_000)) as small:  # 6x6 tiles for 40x52 labels
+        wait_ready(small.get)
+        tiled = post_raw(small, PNG)
+        assert tiled.status_code == 200
+        assert np.array_equal(png_labels(tiled.content), library_labels(model_root / "cells", PNG))
+        error = assert_error(
+            post_raw(small, PNG, headers={"accept": "application/x-npy"}), 413, "image_too_large"
+        )
+        assert "max_inference_memory" in error["message"]
+        assert post_raw(small, PNG).status_code == 200
+
+
 def test_oversized_body_is_413(client):
     assert_error(post_raw(client, PNG + b"\x00" * MAX_BYTES), 413, "payload_too_large")
     big = ("big.png", PNG + b"\x00" * MAX_BYTES, "image/png")
