@@ -99,18 +99,21 @@ def test_dense_and_patch_methods_take_identical_steps(toy, tmp_path):
 
 
 def test_resume_continues_exactly_where_it_stopped(toy, tmp_path):
+    # 4 images x 3 crops / batch 4 = 3 steps per epoch: step 4 is in the middle of the second epoch
     config = small(
-        toy, tmp_path / "full", epochs=3, checkpoint_every=1, keep_checkpoints=10, mask="hard:12:0.5"
+        toy, tmp_path / "full", epochs=3, crops_per_image=3, checkpoint_every=1, keep_checkpoints=10
     )
+    config.mask = "hard:12:0.5"
     full = weights(train(config))
     full_metrics = read_metrics(tmp_path / "full" / "metrics.jsonl")
 
-    # the run as if killed right after step 4 (mid-epoch 2 of 3): rewind its latest pointer, drop later files
+    # the run as if killed right after step 4: rewind its latest pointer, drop the later files
     shutil.copytree(tmp_path / "full", tmp_path / "cut")
     folder = checkpoint_dir(tmp_path / "cut")
     for later in sorted(folder.glob("step-*.pt"))[4:]:
         later.unlink()
     (folder / "latest").write_text("step-00000004.pt\n")
+    assert torch.load(folder / "step-00000004.pt", weights_only=True)["next_batch"] == 1  # mid-epoch
     shutil.rmtree(tmp_path / "cut" / "model")
 
     resumed = weights(train(TrainConfig(model="", data="", out=str(tmp_path / "cut"), resume=True)))
