@@ -70,18 +70,16 @@ def first_reaching(records: list[dict], target: float) -> dict | None:
 
 
 def time_to_accuracy(args) -> str:
-    dense = run(
-        args.out, "dense-all", mask="all", epochs=args.epochs, crops_per_image=32, val_every=args.val_every
-    )
-    patches = run(
-        args.out,
-        f"patches-random{args.patches_k}",
-        method="patches",
-        mask=f"random:{args.patches_k}",
-        epochs=args.epochs,
-        crops_per_image=32,
-        val_every=args.val_every,
-    )
+    schedule = dict(crops_per_image=32, val_every=args.val_every)
+    names = ("dense-all", f"patches-random{args.patches_k}")
+    runs = {
+        names[0]: dict(mask="all", epochs=args.epochs, **schedule),
+        names[1]: dict(
+            method="patches", mask=f"random:{args.patches_k}", epochs=args.patches_epochs, **schedule
+        ),
+    }
+    results = run_all(args.out, runs, args.parallel)
+    dense, patches = results[names[0]], results[names[1]]
     targets = args.targets
     lines = [
         "### Time to reach a validation foreground IoU: dense whole-crop training vs patch minibatches",
