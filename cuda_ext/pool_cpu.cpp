@@ -29,11 +29,21 @@ namespace {
 constexpr int64_t kChunk = 2048;       // output elements of a row handled by one block
 constexpr int64_t kBandElems = 32768;  // target size of a block's row-pass buffer (values), to stay in L2
 
+// The inner loops below are compiled for several ISAs — AVX-512, AVX2 and the x86-64 baseline — and the best one
+// the CPU supports is picked when the library loads (GCC function multiversioning, `target_clones`). The build
+// therefore needs no -march flag and the same wheel runs on any x86-64 CPU.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define DENSECNN_MULTIVERSION __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define DENSECNN_MULTIVERSION
+#endif
+#define DENSECNN_ALWAYS_INLINE inline __attribute__((always_inline))
+
 // One doubling step: o[j] = max(a[j], a[j + shift]) for j < m, the right operand's tap offset by `tap_shift`.
 // `o` may equal `a` (j only reads positions >= j, so the in-place loop is dependence-free).
 template <typename T, bool kTaps, bool kFirst>
-void max_step(const T* a, const int32_t* a_tap, int64_t shift, int32_t tap_shift, int64_t m, T* o,
-              int32_t* o_tap) {
+DENSECNN_ALWAYS_INLINE void max_step_loop(const T* a, const int32_t* a_tap, int64_t shift, int32_t tap_shift,
+                                          int64_t m, T* o, int32_t* o_tap) {
 #pragma GCC ivdep
   for (int64_t j = 0; j < m; ++j) {
     T best = a[j];
@@ -44,6 +54,80 @@ void max_step(const T* a, const int32_t* a_tap, int64_t shift, int32_t tap_shift
     if (kTaps) o_tap[j] = best_tap;
   }
 }
+
+template <bool B>
+using Flag = std::integral_constant<bool, B>;
+
+#define DENSECNN_MAX_STEP(T, TAPS, FIRST)                                                                       \
+  DENSECNN_MULTIVERSION void max_step(Flag<TAPS>, Flag<FIRST>, const T* a, const int32_t* a_tap, int64_t shift, \
+                                      int32_t tap_shift, int64_t m, T* o, int32_t* o_tap) {                    \
+    max_step_loop<T, TAPS, FIRST>(a, a_tap, shift, tap_shift, m, o, o_tap);                                     \
+  }
+DENSECNN_MAX_STEP(float, false, false)
+DENSECNN_MAX_STEP(float, false, true)
+DENSECNN_MAX_STEP(float, true, false)
+DENSECNN_MAX_STEP(float, true, true)
+DENSECNN_MAX_STEP(double, false, false)
+DENSECNN_MAX_STEP(double, false, true)
+DENSECNN_MAX_STEP(double, true, false)
+DENSECNN_MAX_STEP(double, true, true)
+
+// acc[j] += taps[j] == tap ? src[j] : 0 — the backward gathers through the argmax taps.
+template <typename T>
+DENSECNN_ALWAYS_INLINE void select_add_loop(T* acc, const T* src, const uint8_t* taps, int32_t tap, int64_t n) {
+#pragma GCC ivdep
+  for (int64_t j = 0; j < n; ++j) {
+    const T value = src[j];  // an unconditional load, then a select: the loop if-converts and vectorises
+    acc[j] += taps[j] == tap ? value : T(0);
+  }
+}
+DENSECNN_MULTIVERSION void select_add(float* acc, const float* src, const uint8_t* taps, int32_t tap, int64_t n) {
+  select_add_loop(acc, src, taps, tap, n);
+}
+DENSECNN_MULTIVERSION void select_add(double* acc, const double* src, const uint8_t* taps, int32_t tap, int64_t n) {
+  select_add_loop(acc, src, taps, tap, n);
+}
+
+template <typename T>
+DENSECNN_ALWAYS_INLINE void add_loop(T* acc, const T* src, int64_t n) {
+#pragma GCC ivdep
+  for (int64_t j = 0; j < n; ++j) acc[j] += src[j];
+}
+DENSECNN_MULTIVERSION void add(float* acc, const float* src, int64_t n) { add_loop(acc, src, n); }
+DENSECNN_MULTIVERSION void add(double* acc, const double* src, int64_t n) { add_loop(acc, src, n); }
+
+DENSECNN_MULTIVERSION void narrow_taps(const int32_t* src, uint8_t* dst, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) dst[j] = static_cast<uint8_t>(src[j]);
+}
+
+// dst[j] = activation(src[j] · scale), and the gradient factor grad[j] · activation'(y[j]).
+template <typename T, Activation kAct>
+DENSECNN_ALWAYS_INLINE void activate_loop(const T* src, T scale, T* dst, int64_t n) {
+#pragma GCC ivdep
+  for (int64_t j = 0; j < n; ++j) dst[j] = activation_forward(src[j] * scale, kAct);
+}
+template <typename T, Activation kAct>
+DENSECNN_ALWAYS_INLINE void activation_grad_loop(const T* grad, const T* y, T* dst, int64_t n) {
+#pragma GCC ivdep
+  for (int64_t j = 0; j < n; ++j) dst[j] = grad[j] * activation_grad(y[j], kAct);
+}
+
+template <Activation A>
+using Act = std::integral_constant<Activation, A>;
+
+#define DENSECNN_ACTIVATION(T, ACT)                                                                                 \
+  DENSECNN_MULTIVERSION void activate(Act<ACT>, const T* src, T scale, T* dst, int64_t n) {                         \
+    activate_loop<T, ACT>(src, scale, dst, n);                                                                      \
+  }                                                                                                                 \
+  DENSECNN_MULTIVERSION void activation_grad(Act<ACT>, const T* grad, const T* y, T* dst, int64_t n) {             \
+    activation_grad_loop<T, ACT>(grad, y, dst, n);                                                                  \
+  }
+DENSECNN_ACTIVATION(float, Activation::kNone)
+DENSECNN_ACTIVATION(float, Activation::kRelu)
+DENSECNN_ACTIVATION(float, Activation::kTanh)
+DENSECNN_ACTIVATION(double, Activation::kNone)
+DENSECNN_ACTIVATION(double, Activation::kRelu)
+DENSECNN_ACTIVATION(double, Activation::kTanh)
 
 // out[j] = max over taps t < k of src[j + t·step], and the winning t, for j < n - (k-1)·step, by doubling.
 // `buf` has room for n elements.
@@ -66,9 +150,9 @@ void window_max(const T* src, int64_t n, int32_t k, int64_t step, T* out, int32_
     T* o = level == levels - 1 ? out : buf;
     int32_t* o_tap = level == levels - 1 ? out_tap : buf_tap;
     if (level == 0) {
-      max_step<T, kTaps, true>(src, nullptr, shift, shifts[level], len, o, o_tap);
+      max_step(Flag<kTaps>{}, Flag<true>{}, src, nullptr, shift, shifts[level], len, o, o_tap);
     } else {
-      max_step<T, kTaps, false>(buf, buf_tap, shift, shifts[level], len, o, o_tap);
+      max_step(Flag<kTaps>{}, Flag<false>{}, buf, buf_tap, shift, shifts[level], len, o, o_tap);
     }
   }
 }
@@ -125,9 +209,7 @@ void max_pool_forward(const PoolGeometry& g, const T* x, T* y, uint8_t* row_tap,
         window_max<T, kTaps>(xp + row * g.row_len + e0, w + (g.kw - 1) * g.tap_step, g.kw, g.tap_step,
                              band.data() + r * w, band_tap.data() + r * w, row_buf.data(), row_buf_tap.data());
         if (kTaps && (row < i1 || last_band)) {  // each block stores the row taps of the rows it owns
-          uint8_t* dst = row_tap + (plane * g.rows + row) * g.out_row_len + e0;
-          const int32_t* src = band_tap.data() + r * w;
-          for (int64_t j = 0; j < w; ++j) dst[j] = static_cast<uint8_t>(src[j]);
+          narrow_taps(band_tap.data() + r * w, row_tap + (plane * g.rows + row) * g.out_row_len + e0, w);
         }
       }
       // Column pass over the flattened band: a shift of one tap is tap_rows whole rows.
@@ -136,11 +218,9 @@ void max_pool_forward(const PoolGeometry& g, const T* x, T* y, uint8_t* row_tap,
       for (int64_t i = i0; i < i1; ++i) {
         const T* src = col.data() + (i - i0) * w;
         T* dst = y + (plane * g.out_rows + i) * g.out_row_len + e0;
-        for (int64_t j = 0; j < w; ++j) dst[j] = activation_forward(src[j], kAct);
+        activate(Act<kAct>{}, src, T(1), dst, w);
         if (kTaps) {
-          uint8_t* dst_tap = col_tap + (plane * g.out_rows + i) * g.out_row_len + e0;
-          const int32_t* src_tap = col_tap_buf.data() + (i - i0) * w;
-          for (int64_t j = 0; j < w; ++j) dst_tap[j] = static_cast<uint8_t>(src_tap[j]);
+          narrow_taps(col_tap_buf.data() + (i - i0) * w, col_tap + (plane * g.out_rows + i) * g.out_row_len + e0, w);
         }
       }
     }
@@ -156,7 +236,7 @@ void max_pool_backward(const PoolGeometry& g, const T* grad_y, const T* y, const
   const Blocks blocks(g, g.rows, g.row_len, 0);
   const int64_t reach = (g.kw - 1) * g.tap_step;
   at::parallel_for(0, blocks.count(g), 1, [&](int64_t begin, int64_t end) {
-    std::vector<T> gathered(blocks.chunk + reach);
+    std::vector<T> gathered(blocks.chunk + reach), scaled(kAct == Activation::kNone ? 0 : blocks.chunk + reach);
     for (int64_t item = begin; item < end; ++item) {
       const int64_t plane = item / (blocks.bands * blocks.chunks);
       const int64_t r0 = item / blocks.chunks % blocks.bands * blocks.band_rows;
@@ -171,15 +251,13 @@ void max_pool_backward(const PoolGeometry& g, const T* grad_y, const T* y, const
         for (int32_t a = 0; a < g.kh; ++a) {
           const int64_t i = r - a * g.tap_rows;
           if (i < 0 || i >= g.out_rows) continue;
-          const int64_t off = out_base + i * g.out_row_len;
-          const T* gy = grad_y + off + j0;
-          const uint8_t* ct = col_tap + off + j0;
-          const T* yy = y + off + j0;
-          for (int64_t j = 0; j < j1 - j0; ++j) {
-            // Unconditional loads, then a select: lets the compiler if-convert and vectorise the loop.
-            const T grad = kAct == Activation::kNone ? gy[j] : gy[j] * activation_grad(yy[j], kAct);
-            gr[j] += ct[j] == a ? grad : T(0);
+          const int64_t off = out_base + i * g.out_row_len + j0;
+          const T* gy = grad_y + off;
+          if (kAct != Activation::kNone) {
+            activation_grad(Act<kAct>{}, gy, y + off, scaled.data(), j1 - j0);
+            gy = scaled.data();
           }
+          select_add(gr, gy, col_tap + off, a, j1 - j0);
         }
         T* gx = grad_x + (plane * g.rows + r) * g.row_len;
         const uint8_t* rt = row_tap + (plane * g.rows + r) * g.out_row_len;
@@ -187,13 +265,7 @@ void max_pool_backward(const PoolGeometry& g, const T* grad_y, const T* y, const
         for (int32_t b = 0; b < g.kw; ++b) {
           const int64_t shift = b * g.tap_step;
           const int64_t lo = std::max(j0, c0 - shift), hi = std::min(j1, c1 - shift);
-          T* out = gx + j0 + shift;
-          const uint8_t* taps = rt + j0;
-#pragma GCC ivdep
-          for (int64_t j = lo - j0; j < hi - j0; ++j) {
-            const T grad = gr[j];
-            out[j] += taps[j] == b ? grad : T(0);
-          }
+          select_add(gx + lo + shift, gr + (lo - j0), rt + lo, b, hi - lo);
         }
       }
     }
@@ -220,20 +292,13 @@ void avg_pool_forward(const PoolGeometry& g, const T* x, T* y, int64_t divisor) 
         const T* src = xp + (i0 + r) * g.row_len;
         T* dst = band.data() + r * w;
         std::copy(src, src + w, dst);
-        for (int32_t b = 1; b < g.kw; ++b) {
-          const T* tap = src + b * g.tap_step;
-          for (int64_t j = 0; j < w; ++j) dst[j] += tap[j];
-        }
+        for (int32_t b = 1; b < g.kw; ++b) add(dst, src + b * g.tap_step, w);
       }
       for (int64_t i = i0; i < i1; ++i) {
         const T* first = band.data() + (i - i0) * w;
         std::copy(first, first + w, acc.begin());
-        for (int32_t a = 1; a < g.kh; ++a) {
-          const T* tap = first + a * g.tap_rows * w;
-          for (int64_t j = 0; j < w; ++j) acc[j] += tap[j];
-        }
-        T* dst = y + (plane * g.out_rows + i) * g.out_row_len + e0;
-        for (int64_t j = 0; j < w; ++j) dst[j] = activation_forward(acc[j] * scale, kAct);
+        for (int32_t a = 1; a < g.kh; ++a) add(acc.data(), first + a * g.tap_rows * w, w);
+        activate(Act<kAct>{}, acc.data(), scale, y + (plane * g.out_rows + i) * g.out_row_len + e0, w);
       }
     }
   });
@@ -247,7 +312,7 @@ void avg_pool_backward(const PoolGeometry& g, const T* grad_y, const T* y, T* gr
   const int64_t reach = (g.kw - 1) * g.tap_step;
   const T scale = T(1) / T(divisor);
   at::parallel_for(0, blocks.count(g), 1, [&](int64_t begin, int64_t end) {
-    std::vector<T> gathered(blocks.chunk + reach);
+    std::vector<T> gathered(blocks.chunk + reach), scaled(kAct == Activation::kNone ? 0 : blocks.chunk + reach);
     for (int64_t item = begin; item < end; ++item) {
       const int64_t plane = item / (blocks.bands * blocks.chunks);
       const int64_t r0 = item / blocks.chunks % blocks.bands * blocks.band_rows;
@@ -257,28 +322,27 @@ void avg_pool_backward(const PoolGeometry& g, const T* grad_y, const T* y, T* gr
       const int64_t j0 = std::max<int64_t>(0, c0 - reach), j1 = std::min(c1, g.out_row_len);
       const int64_t out_base = plane * g.out_rows * g.out_row_len;
       for (int64_t r = r0; r < r1; ++r) {
-        T* gr = gathered.data();
+        T* gr = gathered.data();  // gr[j - j0]: the column sum of grad_y feeding row-pass element j
         std::fill(gathered.begin(), gathered.end(), T(0));
         for (int32_t a = 0; a < g.kh; ++a) {
           const int64_t i = r - a * g.tap_rows;
           if (i < 0 || i >= g.out_rows) continue;
-          const int64_t off = out_base + i * g.out_row_len;
-          const T* gy = grad_y + off + j0;
-          const T* yy = y + off + j0;
-          for (int64_t j = 0; j < j1 - j0; ++j) {
-            gr[j] += kAct == Activation::kNone ? gy[j] : gy[j] * activation_grad(yy[j], kAct);
+          const int64_t off = out_base + i * g.out_row_len + j0;
+          const T* gy = grad_y + off;
+          if (kAct != Activation::kNone) {
+            activation_grad(Act<kAct>{}, gy, y + off, scaled.data(), j1 - j0);
+            gy = scaled.data();
           }
+          add(gr, gy, j1 - j0);
         }
         T* gx = grad_x + (plane * g.rows + r) * g.row_len;
         std::fill(gx + c0, gx + c1, T(0));
         for (int32_t b = 0; b < g.kw; ++b) {
           const int64_t shift = b * g.tap_step;
           const int64_t lo = std::max(j0, c0 - shift), hi = std::min(j1, c1 - shift);
-          T* out = gx + j0 + shift;
-#pragma GCC ivdep
-          for (int64_t j = lo - j0; j < hi - j0; ++j) out[j] += gr[j];
+          add(gx + lo + shift, gr + (lo - j0), hi - lo);
         }
-        for (int64_t c = c0; c < c1; ++c) gx[c] *= scale;
+        activate(Act<Activation::kNone>{}, gx + c0, scale, gx + c0, c1 - c0);
       }
     }
   });
