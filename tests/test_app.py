@@ -551,6 +551,16 @@ def test_settings_from_environment(monkeypatch, tmp_path):
     assert settings.max_image_pixels == 16_000_000 and settings.default_model == "nuclei"
 
 
+def test_serve_command_fails_fast_without_models(tmp_path, monkeypatch, capsys):
+    from densecnn.cli import main
+
+    monkeypatch.delenv("DENSECNN_MODEL_DIR", raising=False)
+    assert main(["serve", "--model-dir", str(tmp_path)]) == 2
+    assert "no models in" in capsys.readouterr().err
+    assert main(["serve", "--model-dir", str(tmp_path / "missing")]) == 2
+    assert "is not a directory" in capsys.readouterr().err
+
+
 def test_settings_fail_fast(tmp_path):
     with pytest.raises(ValidationError, match="is not a directory"):
         Settings(model_dir=tmp_path / "missing")
