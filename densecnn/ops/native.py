@@ -20,7 +20,9 @@ def max_pool2d(x, kernel: tuple[int, int], dilation: tuple[int, int]) -> torch.T
     return F.max_pool2d(x, kernel, stride=1, dilation=dilation)
 
 
-def avg_pool2d(x, kernel: tuple[int, int], dilation: tuple[int, int], divisor: int | None = None) -> torch.Tensor:
+def avg_pool2d(
+    x, kernel: tuple[int, int], dilation: tuple[int, int], divisor: int | None = None
+) -> torch.Tensor:
     """Stride-1 dilated average pooling, which torch lacks (pytorch#14907), as a depthwise convolution.
 
     Every output is the sum of its kh·kw dilated taps divided by ``divisor`` (default kh·kw).
