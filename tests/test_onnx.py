@@ -1,5 +1,7 @@
 """ONNX export: onnxruntime CPU runs the exported dense net: equal to DenseCNN and patch scanning."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -86,3 +88,17 @@ def test_export_onnx_command(tmp_path, capsys):
 def test_export_onnx_command_reports_a_missing_model(tmp_path, capsys):
     assert main(["export-onnx", str(tmp_path / "nothing"), str(tmp_path / "x.onnx")]) == 2
     assert "model.json is missing" in capsys.readouterr().err
+
+
+SHIPPED = Path(__file__).resolve().parent.parent / "models" / "nuclei"
+
+
+@pytest.mark.skipif(
+    not (SHIPPED / "model.json").is_file(), reason="models/nuclei is not shipped in this checkout"
+)
+def test_shipped_model_exports(tmp_path):
+    loaded = densecnn.load(SHIPPED)
+    dense = loaded.dense(backend="native")
+    x = loaded.normalize(torch.rand(1, loaded.in_channels, 64, 80))
+    (scores,) = _session(export_onnx(dense, tmp_path / "nuclei.onnx")).run(None, {"image": x.numpy()})
+    np.testing.assert_allclose(scores, dense(x).detach().numpy(), rtol=0, atol=1e-4)
