@@ -36,7 +36,7 @@ def run(out: Path, *, quick: bool = False, log=print) -> dict:
         ("per_layer", lambda: [suite.per_layer(name, config) for name in config.models]),
         ("max_pool", lambda: [suite.max_pool(k, d, config) for k, d in ((2, 2), (8, 1))]),
         ("conv_limit", lambda: [suite.conv_limit(name, config) for name in config.models]),
-        ("vs_image_size", lambda: suite.vs_image_size(config)),
+        ("vs_image_size", lambda: suite.vs_image_size(config, results["per_layer"])),
         ("vs_patch_size", lambda: suite.vs_patch_size(config)),
         ("masked_backward", lambda: suite.masked_backward(config)),
     ]

@@ -25,7 +25,7 @@ class Config:
     models: list[str] = field(default_factory=lambda: ["plain_133", "stages_46"])  # per layer, conv limit
     model: str = "plain_133"  # vs image size, masked training
     size: int = 512  # the goals' image size
-    sizes: list[int] = field(default_factory=lambda: [128, 256, 512, 1024])
+    sizes: list[int] = field(default_factory=lambda: [128, 256, 512, 1024])  # 512 reuses the per-layer run
     patch_kernels: list[int] = field(default_factory=lambda: [3, 5, 7, 9])  # plain family: patch 16·m + 21
     patch_image: int = 256
     patch_width: int = 50  # channels of the plain family's hidden layers
@@ -34,9 +34,7 @@ class Config:
     pool_channels: int = 64
     pool_size: int = 512
     patch_batch: int = 64  # patches per timed batch of the patch-by-patch baseline
-    fast_scan_up_to: int = (
-        512  # image sides above this skip fast scanning in the size sweep (its time explodes)
-    )
+    baselines_up_to: int = 512  # in the size sweep, larger images are compared with patch-by-patch only
     memory_image: int = 4096  # tiled predict of one RGB image of this side under memory_cap bytes
     memory_cap: int = 1_500_000_000
 
@@ -62,11 +60,14 @@ class Config:
 
 
 def per_layer(name: str, config: Config) -> dict:
-    """Table 1 analogue: per-layer forward and backward (native vs densecnn), whole-net times of all four baselines."""
+    """Table 1 analogue: per-layer forward and backward (native vs densecnn), whole-net times of all four baselines.
+
+    Native ops run the same computation with or without autograd, so their forward times come from the training
+    runs; densecnn's inference and training plans may differ, so both are run.
+    """
     work = Workload.zoo(name, config.size)
     samples = interleave(
         {
-            "native": work.stepwise("native", train=False),
             "densecnn": work.stepwise("densecnn", train=False),
             "native_train": work.stepwise("native", train=True),
             "densecnn_train": work.stepwise("densecnn", train=True),
@@ -75,13 +76,14 @@ def per_layer(name: str, config: Config) -> dict:
             "patch_train": work.patch_train(config.patch_batch),
         },
         config.repeats,
+        warm_up=("densecnn", "densecnn_train"),
     )
     layers = []
     for i, layer in enumerate(work.step_names()):
         row = {"layer": layer, "solver": work.plan(False).steps[i].solver or "module"}
         row["train_solver"] = work.plan(True).steps[i].solver or "module"
         for key, which, part in [
-            ("native_forward", "native", "forward"),
+            ("native_forward", "native_train", "forward"),
             ("densecnn_forward", "densecnn", "forward"),
             ("native_backward", "native_train", "backward"),
             ("densecnn_backward", "densecnn_train", "backward"),
@@ -90,7 +92,10 @@ def per_layer(name: str, config: Config) -> dict:
         row["forward_speedup"] = row["native_forward"] / row["densecnn_forward"]
         row["backward_speedup"] = row["native_backward"] / row["densecnn_backward"]
         layers.append(row)
-    forward = {k: [sum(s["forward"]) for s in samples[k]] for k in ("native", "densecnn")}
+    forward = {
+        k: [sum(s["forward"]) for s in samples[w]]
+        for k, w in (("native", "native_train"), ("densecnn", "densecnn"))
+    }
     train = {
         k: [sum(s["forward"]) + sum(s["backward"]) for s in samples[f"{k}_train"]]
         for k in ("native", "densecnn")
@@ -123,21 +128,35 @@ def per_layer(name: str, config: Config) -> dict:
 
 def _forward_baselines(work: Workload, config: Config) -> dict:
     contenders = {"patch": work.patch_forward(config.patch_batch)}
-    if work.x.shape[-1] <= config.fast_scan_up_to:
-        contenders["fast_scan"] = work.fast_scan()
-    contenders.update(native=work.forward("native"), densecnn=work.forward("densecnn"))
-    samples = interleave(contenders, config.repeats)
+    if work.x.shape[-1] <= config.baselines_up_to:
+        contenders.update(fast_scan=work.fast_scan(), native=work.forward("native"))
+    contenders["densecnn"] = work.forward("densecnn")
+    samples = interleave(contenders, config.repeats, warm_up=("densecnn",))
     result = {"forward_s": {k: median(v) for k, v in samples.items()}}
     result["speedup"] = {k: ratio(v, samples["densecnn"]) for k, v in samples.items() if k != "densecnn"}
     return result
 
 
-def vs_image_size(config: Config) -> list[dict]:
-    """Table 3 analogue: forward at growing image sizes (plain_133 unless quick)."""
-    return [
-        {"size": size, **_forward_baselines(Workload.zoo(config.model, size), config)}
-        for size in config.sizes
-    ]
+def vs_image_size(config: Config, per_layer_results: list[dict]) -> list[dict]:
+    """Table 3 analogue: forward at growing image sizes (plain_133 unless quick).
+
+    The goals' size comes from the per-layer run of the same model (same interleaved baselines), not run twice.
+    """
+    rows = []
+    for size in config.sizes:
+        same = [r for r in per_layer_results if r["model"] == config.model and r["image"][-1] == size]
+        if same:
+            speedup = same[0]["speedup"]
+            rows.append(
+                {
+                    "size": size,
+                    "forward_s": same[0]["forward_s"],
+                    "speedup": {k: speedup[f"forward_vs_{k}"] for k in ("patch", "fast_scan", "native")},
+                }
+            )
+        else:
+            rows.append({"size": size, **_forward_baselines(Workload.zoo(config.model, size), config)})
+    return rows
 
 
 def vs_patch_size(config: Config) -> list[dict]:
@@ -192,23 +211,27 @@ def _masked_step(work: Workload, labels, mask):
 
 
 def conv_limit(name: str, config: Config) -> dict:
-    """Overhead over the conv-only limit: densecnn forward / Σ over conv layers of the best conv solver's time."""
+    """Overhead over the conv-only limit: densecnn forward / Σ over conv layers of the best conv solver's time.
+
+    Conv candidates are timed in the memory format the net runs in (what the rest of the net would cost is the
+    question), on inputs of the real shapes, interleaved with the whole forward.
+    """
     work = Workload.zoo(name, config.size)
     shape, contenders = tuple(work.padded.shape), {"densecnn": work.forward("densecnn")}
+    fmt = work.plan(False).memory_format
     ext = ext_available()
     for i, step in enumerate(group_steps(work.dense.features)):
         spec = step.spec() if hasattr(step.layers[0], "spec") else None
         if isinstance(spec, ConvSpec):
-            for fmt, memory_format in MEMORY_FORMATS.items():
-                x = torch.randn(shape).contiguous(memory_format=memory_format)
-                for solver in solvers.candidates(spec, ext_available=ext):
-                    contenders[f"{i}:{solver}:{fmt}"] = _no_grad_solver(solver, spec, x)
+            x = torch.randn(shape).contiguous(memory_format=MEMORY_FORMATS[fmt])
+            for solver in solvers.candidates(spec, ext_available=ext):
+                contenders[f"{i}:{solver}"] = _no_grad_solver(solver, spec, x)
         shape = next_shape(step, shape)
     samples = interleave(contenders, config.repeats)
     per_conv: dict[str, dict] = {}
     for key, values in samples.items():
         if key != "densecnn":
-            layer, solver, fmt = key.split(":")
+            layer, solver = key.split(":")
             per_conv.setdefault(layer, {})[f"{solver}/{fmt}"] = median(values)
     best = {layer: min(times, key=times.get) for layer, times in per_conv.items()}
     limit = sum(per_conv[layer][best[layer]] for layer in per_conv)
@@ -216,6 +239,7 @@ def conv_limit(name: str, config: Config) -> dict:
     return {
         "model": name,
         "image": list(work.x.shape),
+        "memory_format": fmt,
         "convs": [{"step": int(k), "best": best[k], "times_s": v} for k, v in per_conv.items()],
         "conv_limit_s": limit,
         "densecnn_forward_s": forward,

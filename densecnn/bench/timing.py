@@ -18,14 +18,20 @@ def elapsed(fn: Callable[[], object]) -> float:
     return time.perf_counter() - start
 
 
-def interleave(contenders: dict[str, Callable[[], object]], repeats: int) -> dict[str, list]:
-    """Warm every contender up once, then run ``repeats`` rounds of all of them in turn.
+def interleave(
+    contenders: dict[str, Callable[[], object]], repeats: int, *, warm_up: tuple[str, ...] | None = None
+) -> dict[str, list]:
+    """Warm the contenders named in ``warm_up`` (default: all) up once, then run ``repeats`` rounds of all in turn.
+
+    Warm-up matters for densecnn (its first call per shape runs the find step); skipping it for slow baselines saves
+    their longest runs and barely moves a median.
 
     A contender returns its own measurement (a float of seconds, or a dict, e.g. per-layer times) or anything else
     (then its call is timed here, in seconds). Returns ``{name: [measurement per round]}``.
     """
-    for fn in contenders.values():
-        fn()
+    for name, fn in contenders.items():
+        if warm_up is None or name in warm_up:
+            fn()
     samples: dict[str, list] = {name: [] for name in contenders}
     for _ in range(repeats):
         for name, fn in contenders.items():
