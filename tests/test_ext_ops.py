@@ -247,16 +247,19 @@ def check_conv2d(n, channels, kernel, dilation, with_bias, layout):
 @LOOPS
 def test_conv2d_float32_in_bands_matches_torch(loops):
     # A 7×7 kernel over 50 channels on a 1100-pixel-wide image: the unrolled matrix (64 MiB at most) is built in
-    # several bands of output rows, forward and backward.
-    x = torch.randn(1, 50, 60, 1100, requires_grad=True)
-    weight, bias = torch.randn(4, 50, 7, 7, requires_grad=True), torch.randn(4)
+    # several bands of output rows, forward and backward. Outputs are sums of 2450 float32 products (~50 in size),
+    # so the tolerances are float32 rounding of sums in a different order.
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(1, 50, 60, 1100, generator=generator, requires_grad=True)
+    weight = torch.randn(4, 50, 7, 7, generator=generator, requires_grad=True)
+    bias = torch.randn(4, generator=generator)
     with kernel_loops(loops):
         y = ext.conv2d(x, weight, bias, (4, 4))
         grad_x, grad_w = torch.autograd.grad(y.sum(), [x, weight])
     y_ref = F.conv2d(x, weight, bias, dilation=4)
-    torch.testing.assert_close(y, y_ref, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(y, y_ref, rtol=1e-4, atol=2e-3)
     expected = torch.autograd.grad(y_ref.sum(), [x, weight])
-    torch.testing.assert_close(grad_x, expected[0], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(grad_x, expected[0], rtol=1e-4, atol=5e-4)
     torch.testing.assert_close(grad_w, expected[1], rtol=1e-4, atol=2e-2)
 
 
