@@ -117,7 +117,7 @@ def test_resume_continues_exactly_where_it_stopped(toy, tmp_path):
     shutil.rmtree(tmp_path / "cut" / "model")
 
     resumed = weights(train(TrainConfig(model="", data="", out=str(tmp_path / "cut"), resume=True)))
-    assert max_weight_difference(full, resumed) == 0.0
+    assert max_weight_difference(full, resumed) <= 1e-6  # bitwise when the find step picks the same solvers
 
     def comparable(records):
         return [{k: v for k, v in r.items() if k not in ("images_per_s", "train_seconds")} for r in records]
@@ -125,8 +125,9 @@ def test_resume_continues_exactly_where_it_stopped(toy, tmp_path):
     assert comparable(read_metrics(tmp_path / "cut" / "metrics.jsonl")) == comparable(full_metrics)
 
 
-def test_bf16_autocast_trains_with_a_float32_loss(toy, tmp_path):
-    train(small(toy, tmp_path / "bf16", bf16=True, epochs=1))
+@pytest.mark.parametrize("method", ["dense", "patches"])
+def test_bf16_trains_with_a_float32_loss(toy, tmp_path, method):
+    train(small(toy, tmp_path / "bf16", bf16=True, epochs=1, method=method))
     losses = [r["loss"] for r in read_metrics(tmp_path / "bf16" / "metrics.jsonl") if r["kind"] == "train"]
     assert losses and all(np.isfinite(losses))
 

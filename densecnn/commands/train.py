@@ -89,7 +89,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help=f"learning-rate schedule over the run (default {d.schedule})")  # fmt: skip
     optim.add_argument("--class-weights", type=_floats, help="per-class loss weights, comma-separated")
     optim.add_argument(
-        "--bf16", action="store_true", help="bfloat16 autocast for the forward (loss in float32)"
+        "--bf16", action="store_true", help="bfloat16 forward pass (weights and loss stay float32)"
     )
 
     run_group = parser.add_argument_group("run")

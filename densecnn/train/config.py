@@ -33,7 +33,7 @@ class TrainConfig:
         method: ``dense`` (whole crops through the dense net) or ``patches`` (the classical patch minibatch).
         optimizer, lr, momentum, weight_decay, schedule: the optimiser (SGD with momentum or AdamW) and its
             learning-rate schedule (cosine to 0 over the run, or constant).
-        bf16: autocast the forward pass to bfloat16 (the loss stays float32).
+        bf16: compute the forward pass in bfloat16 (weights, gradients and the loss stay float32).
         padding_mode: image padding of a fresh model ("zeros", "reflect", "replicate").
         class_weights: optional per-class loss weights.
         seed: seeds the data order, crops, augmentation and masks; equal seeds give equal runs.

@@ -58,7 +58,8 @@ class _Scorer(nn.Module):
 
     def forward(self, x: torch.Tensor, method: str) -> torch.Tensor:
         # dense: (B, C, c+R-1, c+R-1) context crops -> (B, K, c, c); patches: (M, C, Ph, Pw) -> (M, K, 1, 1)
-        return self.dense.features(x) if method == "dense" else self.model(x).reshape(len(x), -1, 1, 1)
+        # run_padded: the dense layers on an already padded input, with the solvers the find step chose
+        return self.dense.run_padded(x) if method == "dense" else self.model(x).reshape(len(x), -1, 1, 1)
 
 
 class Trainer:
@@ -295,11 +296,13 @@ class Trainer:
             labels.append(crop.labels)
         images = torch.stack(images).to(self.device)  # (B, C, c+Ph-1, c+Pw-1)
         labels = torch.stack(labels).to(self.device)  # (B, c, c)
-        autocast = torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.config.bf16)
+        bf16 = self.config.bf16
         if self.config.method == "dense":
             (rh, rw), c = self.dense.receptive_field, self.crop
-            with autocast:
-                scores = self.net(images[:, :, : c + rh - 1, : c + rw - 1], "dense")  # (B, K, c, c)
+            context = images[:, :, : c + rh - 1, : c + rw - 1]  # (B, C, c+Rh-1, c+Rw-1)
+            # the dense solvers compute in the input's dtype, casting the float32 weights on the fly (what autocast
+            # does for torch's ops; densecnn's own kernels are not autocast-aware), gradients land in float32
+            scores = self.net(context.bfloat16() if bf16 else context, "dense")  # (B, K, c, c)
             pixel_loss = pixel_cross_entropy(scores, labels) if self.strategy.needs_loss else None
             mask = self._select(labels, generators, pixel_loss)  # (B, c, c)
             targets = labels
@@ -308,7 +311,7 @@ class Trainer:
             image, row, col = (mask & (labels != IGNORE_INDEX)).nonzero(as_tuple=True)
             (ph, pw) = self.patch_size
             windows = images.unfold(2, ph, 1).unfold(3, pw, 1)  # (B, C, c, c, Ph, Pw)
-            with autocast:
+            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=bf16):
                 scores = self.net(windows[image, :, row, col], "patches")  # (M, K, 1, 1)
             targets = labels[image, row, col].view(-1, 1, 1)  # (M, 1, 1)
             mask = None
@@ -456,7 +459,7 @@ class Trainer:
             f"{self.crop}x{self.crop} per step)",
             "optimiser": f"{config.optimizer}, lr {config.lr:g} ({config.schedule}), weight decay {config.weight_decay:g}",
             "augmentation": f"flips {'on' if config.flip else 'off'}, quarter turns {'on' if config.rot90 else 'off'}",
-            "precision": "bfloat16 autocast, float32 loss" if config.bf16 else "float32",
+            "precision": "bfloat16 compute, float32 weights and loss" if config.bf16 else "float32",
             "processes": self.dist.world_size,
             "training time": f"{self.train_seconds:.0f} s of training steps (validation not included)",
             "seed": config.seed,
