@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import warnings
+from pathlib import Path
 
 from . import native
 
@@ -41,6 +42,18 @@ def ext_available() -> bool:
     """Whether densecnn's compiled kernels are built and loaded."""
     ext = ext_module()
     return ext is not None and ext.available()
+
+
+def ext_build() -> str | None:
+    """An identifier of the built kernels (library size and modification time), so rebuilt kernels are re-timed."""
+    if not ext_available():
+        return None
+    try:
+        library = Path(importlib.import_module("densecnn._C").__file__)
+        stat = library.stat()
+    except (ImportError, OSError, TypeError):
+        return "unknown"
+    return f"{library.name}:{stat.st_size}:{int(stat.st_mtime)}"
 
 
 def ext_load_error() -> str:

@@ -4,7 +4,7 @@ For one op (a :class:`~densecnn.ops.solvers.ConvSpec` or ``PoolSpec``), input sh
 (inference, or training = forward + backward), :func:`find` runs each applicable solver in both memory formats on
 random data of that shape and returns ``{memory_format: {solver: milliseconds}}``. The table is stored as one JSON
 file per problem under :func:`cache_dir`, keyed by (op, shapes, dtype, device, threads, torch and densecnn versions,
-whether the kernels are built), and reused by every later process.
+which build of the kernels is loaded, if any), and reused by every later process.
 
 Spatial sizes are bucketed (next power of two, at most :data:`MAX_SIDE` plus the op's reach) so a new image size
 reuses its bucket's timings instead of timing again; the ranking of solvers depends on channels, kernel and dilation
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from . import solvers
+from . import ext_build, solvers
 from .solvers import ConvSpec, PoolSpec, Spec
 
 MEMORY_FORMATS = {"nchw": torch.contiguous_format, "nhwc": torch.channels_last}
@@ -69,7 +69,7 @@ def problem_key(
         device=torch.device(device).type,
         threads=torch.get_num_threads(),
         direction="train" if train else "infer",
-        ext=ext,
+        ext=ext_build() if ext else None,
         torch=torch.__version__,
         densecnn=__version__,
     )
