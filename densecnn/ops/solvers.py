@@ -180,16 +180,9 @@ SOLVERS: dict[str, Solver] = {
     solver.name: solver
     for solver in (
         Solver("native", _native, lambda spec: True),
-        Solver(
-            "s2b", _space_to_batch, lambda spec: _dilated(spec) or getattr(spec, "op", "") == "avg_pool2d"
-        ),
+        Solver("s2b", _space_to_batch, lambda spec: _dilated(spec) or spec.op == "avg_pool2d"),
         Solver("ext", _ext_op, lambda spec: True, needs_ext=True),
-        Solver(
-            "ext_fused",
-            _ext_fused,
-            lambda spec: getattr(spec, "activation", None) is not None,
-            needs_ext=True,
-        ),
+        Solver("ext_fused", _ext_fused, lambda spec: spec.activation is not None, needs_ext=True),
     )
 }
 
