@@ -26,6 +26,8 @@ def test_quick_bench_writes_results_tables_and_plots(tmp_path, monkeypatch):
         "masked_counts"
     ]
     assert all(row["overhead"] > 0 for row in results["conv_limit"])
+    assert all(0 <= row["label_agreement"] <= 1 for row in results["bfloat16"])
+    assert results["memory"]["peak_rss_bytes"] > 0
     assert {(r["kernel"], r["dilation"]) for r in results["max_pool"]} == {(2, 2), (8, 1)}
     assert all({"goal", "target", "achieved", "met"} <= set(goal) for goal in results["goals"])
     markdown = (out / "results.md").read_text()

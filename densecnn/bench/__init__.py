@@ -39,6 +39,7 @@ def run(out: Path, *, quick: bool = False, log=print) -> dict:
         ("vs_image_size", lambda: suite.vs_image_size(config, results["per_layer"])),
         ("vs_patch_size", lambda: suite.vs_patch_size(config)),
         ("masked_backward", lambda: suite.masked_backward(config)),
+        ("bfloat16", lambda: [suite.bfloat16(name, config) for name in config.models]),
     ]
     for key, item in items:
         log(f"[{time.perf_counter() - start:6.1f}s] {key} ...")

@@ -112,6 +112,32 @@ def markdown(results: dict) -> str:
         ["selected pixels", "densecnn step", "patch minibatch step"],
         [[str(r["selected"]), _ms(r["densecnn_s"]), _ms(r["patch_s"])] for r in masked["rows"]],
     )
+    out += ["", "## bf16 inference (bfloat16 image, backend auto) vs float32", ""]
+    out += _table(
+        [
+            "model",
+            "image",
+            "label agreement",
+            "max |score error|",
+            "max |score|",
+            "float32",
+            "bf16",
+            "speedup",
+        ],
+        [
+            [
+                r["model"],
+                "x".join(map(str, r["image"])),
+                f"{r['label_agreement']:.2%}",
+                f"{r['max_abs_score_error']:.2g}",
+                f"{r['max_abs_score']:.2g}",
+                _ms(r["times_s"]["float32"]),
+                _ms(r["times_s"]["bfloat16"]),
+                _x(r["speedup"]),
+            ]
+            for r in results["bfloat16"]
+        ],
+    )
     out += ["", "## Overhead over the conv-only limit", ""]
     out += _table(
         ["model", "Σ best conv", "densecnn forward", "overhead", "best conv solvers"],

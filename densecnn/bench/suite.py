@@ -314,3 +314,27 @@ def environment() -> dict:
         "cpu": platform.processor() or platform.machine(),
         "ext_available": ext_available(),
     }
+
+
+def bfloat16(name: str, config: Config) -> dict:
+    """bf16 inference (a bfloat16 image through backend "auto") vs float32: label agreement, score error, speed.
+
+    Random weights and a random image: classes are close together, so this is a pessimistic agreement figure.
+    """
+    work = Workload.zoo(name, config.patch_image)
+    x16 = work.x.bfloat16()
+    with torch.no_grad():
+        scores, scores16 = work.dense(work.x), work.dense(x16).float()
+    samples = interleave(
+        {"float32": lambda: work.dense.predict(work.x), "bfloat16": lambda: work.dense.predict(x16)},
+        config.repeats,
+    )
+    return {
+        "model": name,
+        "image": list(work.x.shape),
+        "label_agreement": (scores.argmax(1) == scores16.argmax(1)).double().mean().item(),
+        "max_abs_score_error": (scores - scores16).abs().max().item(),
+        "max_abs_score": scores.abs().max().item(),
+        "times_s": {k: median(v) for k, v in samples.items()},
+        "speedup": ratio(samples["float32"], samples["bfloat16"]),
+    }
