@@ -10,9 +10,10 @@ import os
 from setuptools import setup
 from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension
 
-# -O3 auto-vectorises the kernels' inner loops for the baseline x86-64 ISA, so the wheel runs on any CPU torch
-# runs on; no -march=native (the build machine need not be the machine that runs the tests).
-CXX_FLAGS = ["-O3", "-std=c++17", "-fopenmp"]
+# No -march: the build must run on any x86-64 CPU torch runs on; the hot loops pick AVX-512/AVX2 at load time
+# (target_clones in cuda_ext/pool_cpu.cpp). -fopenmp makes at::parallel_for use torch's OpenMP thread pool.
+# No -std either: torch's cpp_extension passes the standard its headers need (C++17 for 2.13, C++20 for 2.14).
+CXX_FLAGS = ["-O3", "-fopenmp"]
 
 
 def _cuda_include_dirs() -> list[str]:
@@ -33,7 +34,7 @@ def _extension():
             sources + sorted(glob.glob("cuda_ext/*.cu")),
             include_dirs=[os.path.abspath("cuda_ext"), *_cuda_include_dirs()],
             define_macros=[("WITH_CUDA", None)],
-            extra_compile_args={"cxx": CXX_FLAGS, "nvcc": ["-O3", "-std=c++17"]},
+            extra_compile_args={"cxx": CXX_FLAGS, "nvcc": ["-O3"]},
         )
     return CppExtension(
         "densecnn._C",
