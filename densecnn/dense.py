@@ -122,7 +122,8 @@ class DenseCNN(nn.Module):
             padded.requires_grad or any(p.requires_grad for p in self.parameters())
         )
         key = (
-            tuple(padded.shape), padded.dtype, padded.device, train, self.backend, self.solver, self.memory_format,
+            tuple(padded.shape), padded.dtype, padded.device, train, padded.requires_grad, self.backend, self.solver,
+            self.memory_format,
             os.environ.get("DENSECNN_SOLVER"), os.environ.get("DENSECNN_MEMORY_FORMAT"), ops.ext_available(),
         )  # fmt: skip
         if key not in self._plans:
@@ -135,6 +136,7 @@ class DenseCNN(nn.Module):
                 train=train,
                 solver=self.solver,
                 memory_format=self.memory_format,
+                input_grad=padded.requires_grad,
             )
         return self._plans[key]
 

@@ -152,7 +152,7 @@ def test_find_picks_a_candidate_caches_it_and_reuses_it(solver_cache, monkeypatc
 
 
 def test_the_fastest_timed_solver_and_format_win(monkeypatch):
-    def fake_find(spec, shape, dtype, device, *, train, ext):
+    def fake_find(spec, shape, dtype, device, *, train, ext, input_grad):
         table = {name: 10.0 for name in solvers.candidates(spec, ext_available=ext)}
         if "s2b" in table:
             table["s2b"] = 1.0

@@ -53,7 +53,14 @@ def timing_shape(spec: Spec, shape: tuple[int, int, int, int]) -> tuple[int, int
 
 
 def problem_key(
-    spec: Spec, shape, dtype: torch.dtype, device: torch.device, *, train: bool, ext: bool
+    spec: Spec,
+    shape,
+    dtype: torch.dtype,
+    device: torch.device,
+    *,
+    train: bool,
+    ext: bool,
+    input_grad: bool = True,
 ) -> dict:
     """Everything a solver's speed depends on, as a JSON-able dict."""
     from .. import __version__
@@ -68,7 +75,7 @@ def problem_key(
         dtype=str(dtype).removeprefix("torch."),
         device=torch.device(device).type,
         threads=torch.get_num_threads(),
-        direction="train" if train else "infer",
+        direction=("train" if input_grad else "train_params_only") if train else "infer",
         ext=ext_build() if ext else None,
         torch=torch.__version__,
         densecnn=__version__,
@@ -102,31 +109,36 @@ def store_times(key: dict, times: dict) -> None:
 
 
 def find(
-    spec: Spec, shape, dtype: torch.dtype, device, *, train: bool, ext: bool
+    spec: Spec, shape, dtype: torch.dtype, device, *, train: bool, ext: bool, input_grad: bool = True
 ) -> dict[str, dict[str, float | None]]:
     """``{memory_format: {solver: ms}}`` for ``spec`` on inputs of ``shape``, from the cache or timed now.
 
-    A solver that fails on this problem (e.g. an unsupported dtype) is recorded as None and never chosen.
+    ``input_grad``: in training, whether the input needs a gradient (not for the first layer's image), which both
+    changes the work and must be supported. A solver that fails on this problem (e.g. an unsupported dtype) is
+    recorded as None and never chosen.
     """
-    key = problem_key(spec, shape, dtype, device, train=train, ext=ext)
+    key = problem_key(spec, shape, dtype, device, train=train, ext=ext, input_grad=input_grad)
     times = load_times(key)
     if times is None:
         times = {
-            fmt: _time_candidates(spec, key, fmt, dtype, device, train=train, ext=ext)
+            fmt: _time_candidates(spec, key, fmt, dtype, device, train=train, ext=ext, input_grad=input_grad)
             for fmt in MEMORY_FORMATS
         }
         store_times(key, times)
     return times
 
 
-def _time_candidates(spec: Spec, key: dict, fmt: str, dtype, device, *, train: bool, ext: bool) -> dict:
+def _time_candidates(
+    spec: Spec, key: dict, fmt: str, dtype, device, *, train: bool, ext: bool, input_grad: bool
+) -> dict:
     generator = torch.Generator(device="cpu").manual_seed(0)
     x = torch.randn(key["input"], generator=generator, dtype=dtype).to(device)
-    x = x.contiguous(memory_format=MEMORY_FORMATS[fmt]).requires_grad_(train)
+    x = x.contiguous(memory_format=MEMORY_FORMATS[fmt]).requires_grad_(train and input_grad)
     spec = _synthetic(spec, generator, dtype, device, train)
     times: dict[str, float | None] = {}
     for name in solvers.candidates(spec, ext_available=ext):
-        times[name] = _time_one(name, spec, x, best=min((t for t in times.values() if t), default=None))
+        best = min((t for t in times.values() if t), default=None)
+        times[name] = _time_one(name, spec, x, train=train, best=best)
     return times
 
 
@@ -145,11 +157,11 @@ def _synthetic(spec: Spec, generator, dtype, device, train: bool) -> Spec:
     return ConvSpec(like(spec.weight), like(spec.bias), spec.dilation, spec.groups)
 
 
-def _time_one(name: str, spec: Spec, x: torch.Tensor, best: float | None) -> float | None:
+def _time_one(name: str, spec: Spec, x: torch.Tensor, *, train: bool, best: float | None) -> float | None:
     def step():
-        with torch.set_grad_enabled(x.requires_grad):
+        with torch.set_grad_enabled(train):
             y = solvers.run(name, spec, x)
-            if x.requires_grad:
+            if y.requires_grad:
                 y.backward(torch.ones_like(y))
 
     try:

@@ -144,20 +144,27 @@ def make_plan(
     train: bool,
     solver: str | None = None,
     memory_format: str | None = None,
+    input_grad: bool = False,
 ) -> Plan:
-    """The fastest plan for running ``features`` on a (N, C, H, W) input of ``shape`` (timing via :func:`find`)."""
+    """The fastest plan for running ``features`` on a (N, C, H, W) input of ``shape`` (timing via :func:`find`).
+
+    ``train``: plan for forward + backward; ``input_grad``: whether the input itself needs a gradient.
+    """
     forced, fmt_forced = forced_solver(solver), forced_memory_format(memory_format)
     ext = ext_available()
     allowed = allowed_solvers(backend, forced, ext)
     steps, tables = group_steps(features), []
-    for step in steps:
+    for index, step in enumerate(steps):
         if not hasattr(step.layers[0], "spec"):
             tables.append(None)
         elif forced and fmt_forced:  # nothing to choose: no timing
             applies = forced in solvers.candidates(step.spec(), ext_available=ext)
             tables.append({fmt_forced: {forced if applies else "native": 0.0}})
         else:
-            tables.append(find(step.spec(), shape, dtype, device, train=train, ext=ext))
+            needs_grad = input_grad or index > 0  # every later layer's input comes from parameters
+            tables.append(
+                find(step.spec(), shape, dtype, device, train=train, ext=ext, input_grad=needs_grad)
+            )
         shape = next_shape(step, shape)
     formats = [fmt_forced] if fmt_forced else list(MEMORY_FORMATS)
     best = {fmt: [_best(table, fmt, allowed, forced) for table in tables] for fmt in formats}
