@@ -444,13 +444,15 @@ class Trainer:
             "started from": f"`{config.model}`",
         }
         data_summary = {
-            "training set": f"`{config.data}`: {len(self.train_samples)} images, "
+            "training set": f"`{config.data}`: {_count(self.train_samples, 'image')}: "
             + ", ".join(f"{s.name} {s.labels.shape[0]}x{s.labels.shape[1]}" for s in self.train_samples[:5])
             + (" ..." if len(self.train_samples) > 5 else ""),
             "labelled training pixels per class": ", ".join(
                 f"{name} {int(n)}" for name, n in zip(self.class_names, pixels, strict=True)
             ),
-            "validation set": f"`{config.val}`: {len(self.val_samples)} images" if config.val else "none",
+            "validation set": f"`{config.val}`: {_count(self.val_samples, 'image')}"
+            if config.val
+            else "none",
         }
         training_summary = {
             "method": f"{config.method} ({'whole crops through the dense net' if config.method == 'dense' else 'patch minibatches'})",
@@ -478,6 +480,10 @@ class Trainer:
 
 def _due(step: int, every: int, epoch_done: bool) -> bool:
     return step % every == 0 if every else epoch_done
+
+
+def _count(items: list, noun: str) -> str:
+    return f"{len(items)} {noun}{'' if len(items) == 1 else 's'}"
 
 
 def _round(values: list[float]) -> list[float]:
