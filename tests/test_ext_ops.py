@@ -318,6 +318,37 @@ def test_gradcheck_pools(fn):
     assert torch.autograd.gradcheck(fn, (x,), eps=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("activation", ext.ACTIVATIONS)
+@pytest.mark.parametrize("layout", ["nchw", "channels_last"])
+def test_gradcheck_backward_ops(activation, layout):
+    # The backward ops as functions of (grad_output, output), checked directly and through double backward.
+    x = in_layout(
+        torch.randperm(2 * 3 * 9 * 10, dtype=torch.float64).view(2, 3, 9, 10) / 50 - 2 + 0.00731, layout
+    )
+    kernel, dilation = [2, 3], [3, 2]
+    y, row_tap, col_tap = ops.max_pool2d(x, kernel, dilation, activation, True)
+    y_avg = ops.avg_pool2d(x, kernel, dilation, 4, activation)
+    grad_y = torch.randn_like(y, requires_grad=True)
+    saved = [t.detach().clone().requires_grad_(activation != "none") for t in (y, y_avg)]
+    inputs = [(grad_y, saved[0]), (grad_y, saved[1])] if activation != "none" else [(grad_y,), (grad_y,)]
+
+    def max_backward(g, out=None):
+        return ops.max_pool2d_backward(g, out, row_tap, col_tap, kernel, dilation, activation)
+
+    def avg_backward(g, out=None):
+        return ops.avg_pool2d_backward(g, out, kernel, dilation, 4, activation)
+
+    assert torch.autograd.gradcheck(max_backward, inputs[0])
+    assert torch.autograd.gradcheck(avg_backward, inputs[1])
+    leaf = x.detach().clone().requires_grad_()
+    assert torch.autograd.gradgradcheck(
+        lambda t: ext.pool2d_activation(t, kernel, dilation, "max", activation), leaf
+    )
+    assert torch.autograd.gradgradcheck(
+        lambda t: ext.pool2d_activation(t, kernel, dilation, "avg", activation), leaf
+    )
+
+
 @pytest.mark.parametrize("groups", [1, 2])
 def test_gradcheck_conv2d(groups):
     x = torch.randn(2, 4, 8, 9, dtype=torch.float64, requires_grad=True)

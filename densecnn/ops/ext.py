@@ -130,6 +130,25 @@ def _pooled_size(size: int, k: int, d: int) -> int:
     return size - (k - 1) * d
 
 
+def _activation_grad(y: torch.Tensor, activation: str) -> torch.Tensor | None:
+    """d activation / d input, from the activation's output y (None for the identity)."""
+    if activation == "tanh":
+        return 1 - y * y
+    if activation == "relu":
+        return (y > 0).to(y.dtype)
+    return None
+
+
+def _gather_argmax(t: torch.Tensor, row_tap: torch.Tensor, col_tap: torch.Tensor, dilation) -> torch.Tensor:
+    """t (N, C, H, W) at each max-pooling output's argmax -> (N, C, H', W'); the taps are those of the forward."""
+    n, c, oh, ow = col_tap.shape
+    rows = (
+        torch.arange(oh, device=t.device).view(1, 1, oh, 1) + col_tap.long() * dilation[0]
+    )  # (N, C, H', W')
+    cols = torch.arange(ow, device=t.device).view(1, 1, 1, ow) + row_tap.long().gather(2, rows) * dilation[1]
+    return t.flatten(2).gather(2, (rows * t.shape[3] + cols).flatten(2)).view(n, c, oh, ow)
+
+
 def _register() -> None:
     ops = torch.ops.densecnn
 
@@ -220,6 +239,39 @@ def _register() -> None:
         return *(grad if needed else None for grad, needed in zip(grads, mask, strict=True)), None, None
 
     torch.library.register_autograd("densecnn::conv2d", conv_backward, setup_context=conv_setup)
+
+    # The backward ops are linear in grad_output; their own gradients make double backward work.
+    def max_backward_setup(ctx, inputs, output):
+        grad_y, y, row_tap, col_tap, _, ctx.dilation, ctx.activation = inputs
+        ctx.save_for_backward(grad_y, y, row_tap, col_tap)
+
+    def max_backward_backward(ctx, grad_grad_x):
+        grad_y, y, row_tap, col_tap = ctx.saved_tensors
+        gathered = _gather_argmax(grad_grad_x, row_tap, col_tap, ctx.dilation)  # (N, C, H', W')
+        local = _activation_grad(y, ctx.activation) if y is not None else None
+        grad_grad_y = gathered if local is None else gathered * local
+        grad_out = gathered * grad_y * (-2 * y) if ctx.activation == "tanh" else None  # relu'' = 0
+        return grad_grad_y, grad_out, None, None, None, None, None
+
+    torch.library.register_autograd(
+        "densecnn::max_pool2d_backward", max_backward_backward, setup_context=max_backward_setup
+    )
+
+    def avg_backward_setup(ctx, inputs, output):
+        grad_y, y, ctx.kernel, ctx.dilation, ctx.divisor, ctx.activation = inputs
+        ctx.save_for_backward(grad_y, y)
+
+    def avg_backward_backward(ctx, grad_grad_x):
+        grad_y, y = ctx.saved_tensors
+        pooled = ops.avg_pool2d(grad_grad_x, ctx.kernel, ctx.dilation, ctx.divisor, "none")  # (N, C, H', W')
+        local = _activation_grad(y, ctx.activation) if y is not None else None
+        grad_grad_y = pooled if local is None else pooled * local
+        grad_out = pooled * grad_y * (-2 * y) if ctx.activation == "tanh" else None
+        return grad_grad_y, grad_out, None, None, None, None
+
+    torch.library.register_autograd(
+        "densecnn::avg_pool2d_backward", avg_backward_backward, setup_context=avg_backward_setup
+    )
 
 
 if available():
