@@ -58,7 +58,7 @@ def main() -> None:
         ax.set_axis_off()
     handles = [plt.Rectangle((0, 0), 1, 1, color=np.array(c) / 255) for c in loaded.palette]
     fig.legend(handles, loaded.class_names, loc="lower center", ncol=len(handles), frameon=False)
-    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    fig.tight_layout(rect=(0, 0.06, 1, 0.96))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(args.out)
     print(f"wrote {args.out}")
