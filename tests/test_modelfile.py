@@ -1,6 +1,7 @@
 """Model directories (save/load), the JSON layer spec and the zoo."""
 
 import json
+import os
 
 import pytest
 import torch
@@ -178,3 +179,12 @@ def test_zoo_registry():
     assert patch == 133 and [type(m).__name__ for m in plain] == [
         "Conv2d", "MaxPool2d", "Tanh", "Conv2d", "MaxPool2d", "Tanh", "Conv2d"
     ]  # fmt: skip
+
+
+def test_saved_files_get_the_umask_permissions(saved):
+    _, _, path = saved
+    umask = os.umask(0)
+    os.umask(umask)
+    for name in ("model.json", "weights.safetensors"):
+        assert (path / name).stat().st_mode & 0o777 == 0o666 & ~umask
+    assert not list(path.glob(".*tmp"))

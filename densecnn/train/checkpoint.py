@@ -7,11 +7,11 @@ uses ``torch.load(weights_only=True)``: checkpoints hold tensors and plain value
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
 import torch
+
+from ..atomic import atomic_write
 
 LATEST = "latest"
 
@@ -25,8 +25,8 @@ def save_checkpoint(run_dir: str | Path, state: dict, *, step: int, keep: int) -
     folder = checkpoint_dir(run_dir)
     folder.mkdir(parents=True, exist_ok=True)
     target = folder / f"step-{step:08d}.pt"
-    _atomic(target, lambda tmp: torch.save(state, tmp))
-    _atomic(folder / LATEST, lambda tmp: Path(tmp).write_text(target.name + "\n"))
+    atomic_write(target, lambda tmp: torch.save(state, tmp))
+    atomic_write(folder / LATEST, lambda tmp: tmp.write_text(target.name + "\n"))
     for old in sorted(folder.glob("step-*.pt"))[:-keep]:
         old.unlink()
     return target
@@ -48,14 +48,3 @@ def load_checkpoint(path: str | Path) -> dict:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises many types on corrupt or foreign files
         raise ValueError(f"cannot read checkpoint {path}: {exc}") from None
-
-
-def _atomic(target: Path, write) -> None:
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
