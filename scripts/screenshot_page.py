@@ -6,18 +6,12 @@
 from __future__ import annotations
 
 import argparse
-import os
-import signal
-import socket
-import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
+from local_server import REPO, running_server
 from playwright.sync_api import sync_playwright
 
-REPO = Path(__file__).resolve().parent.parent
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]  # fmt: skip
 
@@ -32,50 +26,19 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=REPO / "docs" / "images" / "service_page.png")
     args = parser.parse_args()
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    command = [
-        sys.executable,
-        "-m",
-        "densecnn.cli",
-        "serve",
-        "--model-dir",
-        str(args.model_dir),
-        "--port",
-        str(port),
-    ]
-    server = subprocess.Popen(
-        command, cwd=REPO, env=os.environ, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(url + "/readyz", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline or server.poll() is not None:
-                raise SystemExit("the server did not become ready")
-            time.sleep(0.1)
-        with sync_playwright() as playwright:
-            browser = playwright.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
-            page = browser.new_page(viewport={"width": 1280, "height": 760})
-            page.goto(url + "/")
-            page.wait_for_selector("#model:not([disabled])")
-            if args.model:
-                page.select_option("#model", args.model)
-            page.set_input_files("#file", str(args.image))
-            page.wait_for_selector("#result:not([hidden])", timeout=120_000)
-            page.wait_for_function("document.getElementById('overlay-image').naturalWidth > 0")
-            args.out.parent.mkdir(parents=True, exist_ok=True)
-            page.screenshot(path=str(args.out), full_page=True)
-            browser.close()
-    finally:
-        server.send_signal(signal.SIGTERM)
-        server.wait(60)
+    with running_server(args.model_dir) as (url, _), sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1280, "height": 760})
+        page.goto(url + "/")
+        page.wait_for_selector("#model:not([disabled])")
+        if args.model:
+            page.select_option("#model", args.model)
+        page.set_input_files("#file", str(args.image))
+        page.wait_for_selector("#result:not([hidden])", timeout=120_000)
+        page.wait_for_function("document.getElementById('overlay-image').naturalWidth > 0")
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(args.out), full_page=True)
+        browser.close()
     print(f"wrote {args.out}")
     return 0
 

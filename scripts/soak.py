@@ -15,10 +15,6 @@ import argparse
 import asyncio
 import io
 import json
-import os
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -26,9 +22,8 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+from local_server import running_server
 from PIL import Image
-
-REPO = Path(__file__).resolve().parent.parent
 
 
 def rss_mib(pid: int) -> float:
@@ -36,12 +31,6 @@ def rss_mib(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     raise RuntimeError(f"no VmRSS for pid {pid}")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def tiny_model_dir() -> Path:
@@ -102,33 +91,8 @@ def main() -> int:
     args = parser.parse_args()
 
     model_dir = args.model_dir or tiny_model_dir()
-    port = free_port()
-    env = {**os.environ, "DENSECNN_TORCH_THREADS": "1", "DENSECNN_QUEUE_SIZE": str(args.concurrency)}
-    command = [
-        sys.executable,
-        "-m",
-        "densecnn.cli",
-        "serve",
-        "--model-dir",
-        str(model_dir),
-        "--port",
-        str(port),
-    ]
-    server = subprocess.Popen(
-        command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(url + "/readyz", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline or server.poll() is not None:
-                raise SystemExit("the server did not become ready")
-            time.sleep(0.1)
+    env = {"DENSECNN_TORCH_THREADS": "1", "DENSECNN_QUEUE_SIZE": str(args.concurrency)}
+    with running_server(model_dir, env=env) as (url, server):
         bodies = images(args.size, args.shapes)
         asyncio.run(soak(url, args.model, bodies, 20, args.concurrency))  # warm-up
         before = rss_mib(server.pid)
@@ -136,9 +100,6 @@ def main() -> int:
         results = asyncio.run(soak(url, args.model, bodies, args.requests, args.concurrency))
         elapsed = time.perf_counter() - started
         after = rss_mib(server.pid)
-    finally:
-        server.send_signal(signal.SIGTERM)
-        server.wait(60)
 
     statuses = {}
     for status, _ in results:
