@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 
 from .ops.plan import layer_output_shape
 
-WORKSPACE = 2.0  # solver buffers: at most one extra copy of a layer's input and output
+WORKSPACE = 3.0  # solver buffers: space-to-batch holds two extra copies of a layer's input and output
 PROGRESS_FROM = 8  # show a progress bar from this many tiles on (on a terminal)
 
 

@@ -97,6 +97,7 @@ def markdown(results: dict) -> str:
         out += _table(header, rows)
     mem = results["memory"]
     out += ["", "## Memory: tiled predict in a fresh process", ""]
+    out += [mem["note"] + ".", ""] if "note" in mem else []
     out += _table(
         ["model", "image", "max_memory", "peak RSS (whole process)", "time (s)"],
         [[mem["model"], "x".join(map(str, mem["image"])), f"{mem['max_memory']:,}", f"{mem['peak_rss_bytes']:,}",
