@@ -219,3 +219,21 @@ def test_tune_command_fills_the_cache_ahead_of_time(tmp_path, solver_cache, caps
     assert "inference plan for 1x20x24" in printed and "training plan" in printed
     assert len(list((solver_cache / "solvers").glob("*.json"))) == 2 * 6  # 6 windowed layers, both directions
     assert main(["tune", str(tmp_path / "model"), "--size", "0", "24"]) == 2
+
+
+def test_training_plans_time_the_first_layer_without_an_input_gradient(monkeypatch):
+    """The image needs no gradient, so the first layer's training problem is timed (and must run) without one."""
+    seen = []
+
+    def fake_find(spec, shape, dtype, device, *, train, ext, input_grad):
+        seen.append((train, input_grad))
+        return {"nchw": {"native": 1.0}, "nhwc": {"native": 2.0}}
+
+    monkeypatch.setattr(plan, "find", fake_find)
+    model, patch, channels = _net("stages_46")
+    dense = densecnn.convert(model, patch)
+    dense.plan(torch.zeros(1, channels, 60, 60, dtype=torch.float64))
+    assert seen == [(True, False)] + [(True, True)] * 6
+    seen.clear()
+    dense.plan(torch.zeros(1, channels, 60, 60, dtype=torch.float64, requires_grad=True))
+    assert seen == [(True, True)] * 7
