@@ -148,7 +148,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> conv2d_im2col_backward(const at::
       }
     }
   }
-  return {grad_x.contiguous(layout), output_mask[1] ? grad_w.view(weight.sizes()) : grad_w, grad_b};
+  return {output_mask[0] ? grad_x.contiguous(layout) : grad_x, output_mask[1] ? grad_w.view(weight.sizes()) : grad_w,
+          grad_b};
 }
 
 }  // namespace densecnn

@@ -244,6 +244,18 @@ def check_conv2d(n, channels, kernel, dilation, with_bias, layout):
         torch.testing.assert_close(grad, ref.grad, rtol=1e-10, atol=1e-10)
 
 
+@pytest.mark.parametrize("layout", ["nchw", "channels_last"])
+def test_conv2d_backward_without_input_gradient(layout):
+    # The first conv of a training step: the image needs no gradient, only the weights do.
+    x = in_layout(torch.randn(2, 3, 9, 10, dtype=torch.float64), layout)
+    weight = torch.randn(4, 3, 3, 2, dtype=torch.float64, requires_grad=True)
+    bias = torch.randn(4, dtype=torch.float64, requires_grad=True)
+    grads = torch.autograd.grad(ext.conv2d(x, weight, bias, (2, 3)).sum(), [weight, bias])
+    expected = torch.autograd.grad(conv_reference(x, weight, bias, (2, 3), 1).sum(), [weight, bias])
+    for grad, ref in zip(grads, expected, strict=True):
+        torch.testing.assert_close(grad, ref, rtol=1e-10, atol=1e-10)
+
+
 @LOOPS
 def test_conv2d_float32_in_bands_matches_torch(loops):
     # A 7×7 kernel over 50 channels on a 1100-pixel-wide image: the unrolled matrix (64 MiB at most) is built in
