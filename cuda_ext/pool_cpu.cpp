@@ -171,9 +171,14 @@ void dispatch_activation(Activation a, F&& f) {
 }
 
 // Splits a plane into blocks of output rows × output row elements.
+// One work item: rows [row0, row1) and row elements [col0, col1) of one plane.
+struct Block {
+  int64_t plane, row0, row1, col0, col1;
+};
+
 struct Blocks {
-  int64_t band_rows, chunk, bands, chunks;
-  Blocks(const PoolGeometry& g, int64_t rows, int64_t row_len, int64_t halo_rows) {
+  int64_t rows, row_len, band_rows, chunk, bands, chunks;
+  Blocks(const PoolGeometry& g, int64_t rows_, int64_t row_len_, int64_t halo_rows) : rows(rows_), row_len(row_len_) {
     chunk = std::max<int64_t>(1, std::min(row_len, kChunk));
     band_rows = std::max<int64_t>(8, kBandElems / chunk - halo_rows);
     band_rows = std::max<int64_t>(1, std::min(band_rows, rows));
@@ -181,6 +186,10 @@ struct Blocks {
     chunks = (row_len + chunk - 1) / chunk;
   }
   int64_t count(const PoolGeometry& g) const { return g.planes * bands * chunks; }
+  Block at(int64_t item) const {
+    const int64_t row0 = item / chunks % bands * band_rows, col0 = item % chunks * chunk;
+    return {item / (bands * chunks), row0, std::min(row0 + band_rows, rows), col0, std::min(col0 + chunk, row_len)};
+  }
 };
 
 template <typename T, bool kTaps, Activation kAct>
@@ -194,12 +203,8 @@ void max_pool_forward(const PoolGeometry& g, const T* x, T* y, uint8_t* row_tap,
     std::vector<int32_t> band_tap(kTaps ? band_len : 0), band_buf_tap(kTaps ? band_len : 0),
         row_buf_tap(kTaps ? row_in : 0), col_tap_buf(kTaps ? band_len : 0);
     for (int64_t item = begin; item < end; ++item) {
-      const int64_t plane = item / (blocks.bands * blocks.chunks);
-      const int64_t band_index = item / blocks.chunks % blocks.bands;
-      const int64_t e0 = item % blocks.chunks * blocks.chunk;
-      const int64_t e1 = std::min(e0 + blocks.chunk, g.out_row_len);
-      const int64_t i0 = band_index * blocks.band_rows;
-      const int64_t i1 = std::min(i0 + blocks.band_rows, g.out_rows);
+      const Block block = blocks.at(item);
+      const int64_t plane = block.plane, i0 = block.row0, i1 = block.row1, e0 = block.col0, e1 = block.col1;
       const bool last_band = i1 == g.out_rows;
       const int64_t w = e1 - e0, rows_in = i1 - i0 + halo;
       const T* xp = x + plane * g.rows * g.row_len;
@@ -238,11 +243,8 @@ void max_pool_backward(const PoolGeometry& g, const T* grad_y, const T* y, const
   at::parallel_for(0, blocks.count(g), 1, [&](int64_t begin, int64_t end) {
     std::vector<T> gathered(blocks.chunk + reach), scaled(kAct == Activation::kNone ? 0 : blocks.chunk + reach);
     for (int64_t item = begin; item < end; ++item) {
-      const int64_t plane = item / (blocks.bands * blocks.chunks);
-      const int64_t r0 = item / blocks.chunks % blocks.bands * blocks.band_rows;
-      const int64_t r1 = std::min(r0 + blocks.band_rows, g.rows);
-      const int64_t c0 = item % blocks.chunks * blocks.chunk;
-      const int64_t c1 = std::min(c0 + blocks.chunk, g.row_len);
+      const Block block = blocks.at(item);
+      const int64_t plane = block.plane, r0 = block.row0, r1 = block.row1, c0 = block.col0, c1 = block.col1;
       const int64_t j0 = std::max<int64_t>(0, c0 - reach), j1 = std::min(c1, g.out_row_len);
       const int64_t out_base = plane * g.out_rows * g.out_row_len;
       for (int64_t r = r0; r < r1; ++r) {
@@ -281,11 +283,8 @@ void avg_pool_forward(const PoolGeometry& g, const T* x, T* y, int64_t divisor) 
   at::parallel_for(0, blocks.count(g), 1, [&](int64_t begin, int64_t end) {
     std::vector<T> band((blocks.band_rows + halo) * blocks.chunk), acc(blocks.chunk);
     for (int64_t item = begin; item < end; ++item) {
-      const int64_t plane = item / (blocks.bands * blocks.chunks);
-      const int64_t i0 = item / blocks.chunks % blocks.bands * blocks.band_rows;
-      const int64_t i1 = std::min(i0 + blocks.band_rows, g.out_rows);
-      const int64_t e0 = item % blocks.chunks * blocks.chunk;
-      const int64_t e1 = std::min(e0 + blocks.chunk, g.out_row_len);
+      const Block block = blocks.at(item);
+      const int64_t plane = block.plane, i0 = block.row0, i1 = block.row1, e0 = block.col0, e1 = block.col1;
       const int64_t w = e1 - e0, rows_in = i1 - i0 + halo;
       const T* xp = x + plane * g.rows * g.row_len + e0;
       for (int64_t r = 0; r < rows_in; ++r) {
@@ -314,11 +313,8 @@ void avg_pool_backward(const PoolGeometry& g, const T* grad_y, const T* y, T* gr
   at::parallel_for(0, blocks.count(g), 1, [&](int64_t begin, int64_t end) {
     std::vector<T> gathered(blocks.chunk + reach), scaled(kAct == Activation::kNone ? 0 : blocks.chunk + reach);
     for (int64_t item = begin; item < end; ++item) {
-      const int64_t plane = item / (blocks.bands * blocks.chunks);
-      const int64_t r0 = item / blocks.chunks % blocks.bands * blocks.band_rows;
-      const int64_t r1 = std::min(r0 + blocks.band_rows, g.rows);
-      const int64_t c0 = item % blocks.chunks * blocks.chunk;
-      const int64_t c1 = std::min(c0 + blocks.chunk, g.row_len);
+      const Block block = blocks.at(item);
+      const int64_t plane = block.plane, r0 = block.row0, r1 = block.row1, c0 = block.col0, c1 = block.col1;
       const int64_t j0 = std::max<int64_t>(0, c0 - reach), j1 = std::min(c1, g.out_row_len);
       const int64_t out_base = plane * g.out_rows * g.out_row_len;
       for (int64_t r = r0; r < r1; ++r) {
