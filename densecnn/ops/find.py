@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from ..atomic import atomic_write
 from . import ext_build, solvers
 from .solvers import ConvSpec, PoolSpec, Spec
 
@@ -101,9 +102,8 @@ def store_times(key: dict, times: dict) -> None:
     path = _cache_file(key)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"key": key, "times_ms": times}, indent=1, sort_keys=True))
-        os.replace(tmp, path)  # atomic: concurrent finders never see half a file
+        text = json.dumps({"key": key, "times_ms": times}, indent=1, sort_keys=True)
+        atomic_write(path, lambda tmp: tmp.write_text(text))  # concurrent finders never see half a file
     except OSError:
         pass  # a read-only cache only costs a find per process
 
