@@ -9,11 +9,11 @@ import sys
 # subcommand modules, in the order `densecnn --help` lists them
 COMMANDS = [
     "densecnn.commands.info",
-    "densecnn.commands.export_onnx",
     "densecnn.commands.train",
-    "densecnn.commands.serve",
     "densecnn.commands.tune",
     "densecnn.commands.bench",
+    "densecnn.commands.serve",
+    "densecnn.commands.export_onnx",
 ]
 
 
