@@ -76,14 +76,19 @@ def _activate(y: torch.Tensor, activation: str | None) -> torch.Tensor:
 # --- native --------------------------------------------------------------------------------------------------------
 
 
-def _native(spec: Spec, x: torch.Tensor) -> torch.Tensor:
+def _run_ops(ops_module, spec: Spec, x: torch.Tensor) -> torch.Tensor:
+    """``spec`` through a module of dense ops with the signatures of :mod:`densecnn.ops.native`."""
     if isinstance(spec, ConvSpec):
-        return native.conv2d(x, spec.weight, spec.bias, spec.dilation, spec.groups)
+        return ops_module.conv2d(x, spec.weight, spec.bias, spec.dilation, spec.groups)
     if spec.op == "max_pool2d":
-        y = native.max_pool2d(x, spec.kernel, spec.dilation)
+        y = ops_module.max_pool2d(x, spec.kernel, spec.dilation)
     else:
-        y = native.avg_pool2d(x, spec.kernel, spec.dilation, spec.divisor)
+        y = ops_module.avg_pool2d(x, spec.kernel, spec.dilation, spec.divisor)
     return _activate(y, spec.activation)
+
+
+def _native(spec: Spec, x: torch.Tensor) -> torch.Tensor:
+    return _run_ops(native, spec, x)
 
 
 # --- space-to-batch ------------------------------------------------------------------------------------------------
@@ -146,14 +151,7 @@ def _space_to_batch(spec: Spec, x: torch.Tensor) -> torch.Tensor:
 
 
 def _ext_op(spec: Spec, x: torch.Tensor) -> torch.Tensor:
-    ext = _ext()
-    if isinstance(spec, ConvSpec):
-        return ext.conv2d(x, spec.weight, spec.bias, spec.dilation, spec.groups)
-    if spec.op == "max_pool2d":
-        y = ext.max_pool2d(x, spec.kernel, spec.dilation)
-    else:
-        y = ext.avg_pool2d(x, spec.kernel, spec.dilation, spec.divisor)
-    return _activate(y, spec.activation)
+    return _run_ops(_ext(), spec, x)
 
 
 def _ext_fused(spec: PoolSpec, x: torch.Tensor) -> torch.Tensor:
