@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml setup.py $(wildcard cuda_ext/*.cpp cuda_ext/*.h cuda_ex
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip setuptools wheel
 	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q --no-build-isolation -e '.[test]'
+	$(PIP) install -q --no-build-isolation -e '.[all,test]'
 	touch $(STAMP)
 
 # Debian's chromium for the browser test (no browser download is possible here).

@@ -12,8 +12,14 @@ import numpy as np
 import torch
 from PIL import Image
 
-from densecnn.imageio import ImageTooLargeError, read_array, scale_to_unit, to_channels
-from densecnn.layers import ChannelSoftmax
+from densecnn.imageio import (
+    ImageTooLargeError,
+    class_probabilities,
+    model_input,
+    read_array,
+    scale_to_unit,
+    to_channels,
+)
 
 from .negotiation import Output
 from .registry import ServedModel
@@ -32,14 +38,6 @@ class SegmentResult:
     def server_timing(self) -> str:
         """The ``Server-Timing`` header value, milliseconds per step."""
         return ", ".join(f"{step};dur={seconds * 1000:.1f}" for step, seconds in self.timings.items())
-
-
-def _probabilities(served: ServedModel, scores: torch.Tensor) -> torch.Tensor:
-    """(K, H, W) scores -> class probabilities; a net that ends in (log-)softmax already gives them."""
-    last = served.dense.features[-1]
-    if isinstance(last, ChannelSoftmax):
-        return scores.exp() if last.log else scores
-    return scores.softmax(0)
 
 
 def labels_png(labels: np.ndarray, palette: list[list[int]], num_classes: int) -> bytes:
@@ -76,9 +74,9 @@ def segment(
     loaded = served.loaded
     timings = {}
     start = time.perf_counter()
-    image = scale_to_unit(read_array(data, max_pixels=max_pixels))  # (H, W[, C]), EXIF orientation applied
-    x = torch.from_numpy(np.ascontiguousarray(to_channels(image, loaded.in_channels).transpose(2, 0, 1)))
-    x = loaded.normalize(x[None])  # (1, C, H, W)
+    pixels = read_array(data, max_pixels=max_pixels)  # (H, W[, C]), EXIF orientation applied
+    x = model_input(pixels, loaded)  # (1, C, H, W)
+    image = scale_to_unit(pixels)  # for the overlay
     height, width = x.shape[2], x.shape[3]
     timings["decode"] = time.perf_counter() - start
 
@@ -87,9 +85,9 @@ def segment(
     with torch.inference_mode():
         try:
             if output is Output.NPY:
-                scores = served.dense(x, **kwargs)[0]  # (K, H, W)
-                labels = scores.argmax(0).numpy()  # (H, W)
-                probabilities = _probabilities(served, scores).float().numpy()
+                scores = served.dense(x, **kwargs)  # (1, K, H, W)
+                labels = scores[0].argmax(0).numpy()  # (H, W)
+                probabilities = class_probabilities(scores, served.dense)[0].float().numpy()
             else:  # only the labels are kept, tile by tile
                 labels = served.dense.predict(x, **kwargs)[0].numpy()  # (H, W)
         except ValueError as exc:  # the input is valid by now: only the memory budget can refuse it

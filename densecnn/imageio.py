@@ -1,5 +1,9 @@
 """Reading images into float arrays in [0, 1], the one way densecnn turns files into model input.
 
+:func:`model_input` turns decoded pixels into what a saved model takes (scale, channels, normalisation), and
+:func:`class_probabilities` gives the probabilities view of a dense net's output; the service, the CLI and
+``densecnn predict`` all go through them.
+
 PNG/JPEG/BMP go through Pillow (EXIF orientation applied); TIFF through tifffile (8/16-bit, float; first page).
 ``max_pixels`` refuses an image from the size in its header, before its pixels are decoded.
 """
@@ -11,7 +15,10 @@ from pathlib import Path
 
 import numpy as np
 import tifffile
+import torch
 from PIL import Image, ImageOps
+
+from .layers import ChannelSoftmax
 
 _TIFF_MAGIC = (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+")
 
@@ -100,3 +107,26 @@ def read_image(source: str | Path | bytes, channels: int) -> np.ndarray:
     """
     array = to_channels(scale_to_unit(read_array(source)), channels)
     return np.ascontiguousarray(array.transpose(2, 0, 1))
+
+
+def model_input(image: np.ndarray, model) -> torch.Tensor:
+    """Decoded pixels (H, W) or (H, W, C), any dtype -> the (1, C, H, W) float32 input of a saved model.
+
+    Integer pixels are scaled to [0, 1] by their dtype's range, the channels converted to the model's (gray <-> RGB,
+    alpha dropped), then the model's normalisation applied. ``model`` is a :class:`densecnn.LoadedModel`.
+
+    >>> loaded = densecnn.load("models/nuclei")
+    >>> model_input(read_array("cells.png"), loaded).shape
+    torch.Size([1, 1, 512, 512])
+    """
+    pixels = to_channels(scale_to_unit(image), model.in_channels)  # (H, W, C) float32
+    x = torch.from_numpy(np.ascontiguousarray(pixels.transpose(2, 0, 1)))[None]  # (1, C, H, W)
+    return model.normalize(x)
+
+
+def class_probabilities(scores: torch.Tensor, dense) -> torch.Tensor:
+    """(N, K, ...) scores of ``dense`` -> class probabilities; a net ending in (log-)softmax already gives them."""
+    last = dense.features[-1]
+    if isinstance(last, ChannelSoftmax):
+        return scores.exp() if last.log else scores
+    return scores.softmax(1)

@@ -30,17 +30,3 @@ def literal_scan(model, x: torch.Tensor, patch: tuple[int, int], padding_mode: s
                     out = torch.empty(n, scores.numel(), height, width, dtype=scores.dtype)
                 out[b, :, i, j] = scores
     return out
-
-
-def assert_close_relative(
-    actual: torch.Tensor, expected: torch.Tensor, rel: float, floor: float = 0.0
-) -> None:
-    """max |actual - expected| <= rel * max(max |expected|, floor), with matching shapes.
-
-    ``floor=1`` makes ``rel`` an absolute bound for scores below 1: float32 rounding grows with the magnitudes inside
-    the net, not with the (possibly tiny) scores that come out of it.
-    """
-    assert actual.shape == expected.shape, (actual.shape, expected.shape)
-    scale = max(expected.abs().max().item(), floor) or 1.0
-    error = (actual - expected).abs().max().item()
-    assert error <= rel * scale, f"max abs error {error:.3g} > {rel:g} x {scale:.3g}"

@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 import densecnn
-from tests.naive import assert_close_relative
+from tests.tolerances import assert_close_relative
 
 ACTIVATIONS = [nn.ReLU, nn.Tanh, nn.Sigmoid, nn.ELU, nn.GELU, lambda: nn.LeakyReLU(0.1), nn.Identity]
 

@@ -10,7 +10,7 @@ from torch import nn
 
 import densecnn
 from densecnn.spec import LAYER_ARGS, from_spec, to_spec
-from tests.naive import assert_close_relative
+from tests.tolerances import assert_close_relative
 
 
 @pytest.fixture

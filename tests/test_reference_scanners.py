@@ -5,7 +5,8 @@ import torch
 
 import densecnn
 from densecnn.padding import pad_image
-from tests.naive import NUMPY_MODES, assert_close_relative, literal_scan, numpy_pad_for_patches
+from tests.naive import NUMPY_MODES, literal_scan, numpy_pad_for_patches
+from tests.tolerances import assert_close_relative
 
 MODES = list(NUMPY_MODES)
 

@@ -9,7 +9,7 @@ from torch import nn
 
 import densecnn
 from densecnn.layers import DenseAvgPool2d, DenseLinear
-from tests.naive import assert_close_relative
+from tests.tolerances import assert_close_relative
 
 torch.manual_seed(0)
 

@@ -13,11 +13,12 @@ import torch
 
 import densecnn
 from densecnn import tiling
+from tests.tolerances import assert_equal_to_rounding, assert_labels_equal_except_ties
 
 
 @pytest.fixture(autouse=True)
 def fixed_solver(tmp_path, monkeypatch):
-    """Native NCHW everywhere: one deterministic solver, so tiled and untiled results are bitwise comparable."""
+    """Native NCHW everywhere: one solver, so tiled and untiled runs differ only by torch's shape-dependent rounding."""
     monkeypatch.setenv("DENSECNN_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("DENSECNN_SOLVER", "native")
     monkeypatch.setenv("DENSECNN_MEMORY_FORMAT", "nchw")
@@ -57,7 +58,7 @@ def test_tiled_forward_equals_untiled_and_patch_scanning(padding_mode, size):
                 assert "too small" in str(exc)
                 continue
             counts.add(_tiles(dense, x, max_memory))
-            assert torch.equal(tiled, untiled), f"max_memory={max_memory}"
+            assert_equal_to_rounding(tiled, untiled, f"max_memory={max_memory}")
     assert 1 in counts and (max(counts) > 4 or size == (1, 5))
 
 
@@ -69,7 +70,7 @@ def test_many_tiles_on_a_deep_net_with_autograd_and_labels():
     max_memory = held + tiling.tile_bytes(dense, 1, 1, (25, 25), 8, train=True)
     assert _tiles(dense, x.detach(), max_memory, train=True) >= 9
     tiled = dense(x, max_memory=max_memory)
-    assert torch.equal(tiled, untiled)
+    assert_equal_to_rounding(tiled, untiled)
     (grad_untiled,) = torch.autograd.grad(untiled.sum(), x)
     (grad_tiled,) = torch.autograd.grad(tiled.sum(), x)
     torch.testing.assert_close(grad_tiled, grad_untiled)
@@ -78,7 +79,8 @@ def test_many_tiles_on_a_deep_net_with_autograd_and_labels():
     )
     labels = dense.predict(x.detach(), max_memory=max_memory)
     assert _tiles(dense, x.detach(), max_memory, labels=True) >= 9
-    assert labels.dtype == torch.int64 and torch.equal(labels, untiled.argmax(1))
+    assert labels.dtype == torch.int64
+    assert_labels_equal_except_ties(labels, untiled)
 
 
 def test_bad_max_memory_is_explained():
