@@ -14,3 +14,11 @@ class ModelFileError(ValueError):
 
 class DenseEquivalenceWarning(UserWarning):
     """The dense net will not match patch-by-patch scanning (e.g. BatchNorm/Dropout in training mode)."""
+
+
+class PredictInputError(ValueError):
+    """``densecnn predict`` was given an input or output it cannot use; the message says which and what to give."""
+
+
+class BlockFailedError(RuntimeError):
+    """A block of a chunked prediction kept failing after its retries; the message names its coordinates."""
