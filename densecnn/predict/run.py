@@ -2,8 +2,8 @@
 
 Work goes to Dask's distributed scheduler as futures: one task per output chunk for a chunked array
 (:mod:`densecnn.predict.blocks`), one per image for an image set (:mod:`densecnn.predict.files`). Without a
-scheduler address a local cluster is started in this process (one worker, its torch threads using every core) or,
-with ``workers > 1``, as that many worker processes. The driver keeps only a window of tasks in flight, resubmits a
+scheduler address a local cluster is started in this process (one worker thread; torch's own threads use the
+cores) or, with ``workers > 1``, as that many worker processes sharing the cores out. The driver keeps only a window of tasks in flight, resubmits a
 failed task up to ``retries`` times (counting them for the summary), and stops at a block that keeps failing,
 naming its coordinates; an image that cannot be read is listed in the summary and the set goes on.
 """
@@ -187,9 +187,14 @@ def _client(scheduler: str | None, workers: int) -> Iterator[tuple[object, int |
         return
     if workers < 1:
         raise PredictInputError(f"workers must be at least 1, got {workers}")
-    threads = max(1, (os.cpu_count() or 1) // workers)
-    processes = {"processes": True, "host": "127.0.0.1"} if workers > 1 else {"processes": False}
-    cluster = LocalCluster(n_workers=workers, threads_per_worker=1, dashboard_address=None, **processes)
+    if workers == 1:  # one worker thread in this process, with this process's torch threads
+        cluster = LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None)
+        threads = None
+    else:  # Dask starts worker processes with one OpenMP thread: share the cores out
+        cluster = LocalCluster(
+            n_workers=workers, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None
+        )
+        threads = max(1, (os.cpu_count() or 1) // workers)
     with cluster, Client(cluster) as client:
         yield client, threads
 

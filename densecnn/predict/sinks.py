@@ -44,7 +44,7 @@ def create_output(
     path = Path(path)
     if resume and path.exists():
         try:
-            existing = zarr.open_array(str(path), mode="r+")
+            existing = zarr.open_array(str(path), mode="r")
         except Exception as exc:  # not an array, or unreadable metadata
             raise PredictInputError(
                 f"{path} exists and is not a zarr array ({exc}); remove it or choose another"
@@ -77,10 +77,13 @@ def _differences(found: dict, wanted: dict, existing, attributes: dict) -> str:
 
 
 def open_output(path: str):
-    """The output array at ``path`` (opened by each task: cheap, and never stale when a run starts over)."""
+    """The output array at ``path`` (opened by each task: cheap, and never stale when a run starts over).
+
+    ``write_empty_chunks`` is a setting of the opened array, not of the stored one: set it on every opening.
+    """
     import zarr
 
-    return zarr.open_array(path, mode="r+")
+    return zarr.open_array(path, mode="r+").with_config({"write_empty_chunks": True})
 
 
 def _chunk_key(array, index: tuple[int, ...]) -> str:
