@@ -42,7 +42,8 @@ def add_parser(subparsers) -> None:
     parser = subparsers.add_parser(
         "predict",
         help="label images, image sets, and chunked arrays too large for memory (locally or on a Dask cluster)",
-        description=__doc__.split("\n")[0].split(": ", 1)[1],
+        description="Label an image file, a set of images, or a chunked array too large for memory, locally or on "
+        "a Dask cluster; the result equals one pass of the dense net over the whole image.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -38,9 +38,8 @@ from .sources import ArraySource, image_files, is_zarr, open_source
 
 DEFAULT_TIFF_CHUNK = 1024  # output chunk for TIFF inputs (their strips can span the whole width)
 DEFAULT_BLOCK = 1024  # pixels per side a task computes at once (whole chunks; fewer if memory is short)
-MEMORY_SHARE = (
-    0.6  # of a worker slot's memory limit given to one task by default; the rest is the process itself
-)
+WORKER_BASELINE = 512 * 2**20  # a worker process with torch, Dask and a model loaded, before any task
+TASK_SHARE = 0.5  # of what is left under a worker slot's memory limit, given to a task; the rest is headroom
 
 
 @dataclass
@@ -200,16 +199,27 @@ def _client(scheduler: str | None, workers: int) -> Iterator[tuple[object, int |
 
 
 def _task_memory(client, max_memory: int | None) -> int:
-    """Bytes one task may use: ``max_memory``, or a share of the smallest worker slot's memory limit."""
+    """Bytes one task may use: ``max_memory``, or a share of what the smallest worker slot has left.
+
+    A worker's memory limit less its baseline (the process with torch and the model), split among its threads;
+    half of that, so that Dask's pause at 80% of the limit is not reached.
+    """
     if max_memory is not None:
         return max_memory
     import psutil
 
-    slots = [
-        (info.get("memory_limit") or psutil.virtual_memory().total) / max(info.get("nthreads", 1), 1)
-        for info in client.scheduler_info()["workers"].values()
-    ]
-    return int(MEMORY_SHARE * min(slots, default=psutil.virtual_memory().total))
+    slots = []
+    for info in client.scheduler_info()["workers"].values():
+        limit = info.get("memory_limit") or psutil.virtual_memory().total
+        used = max(info.get("metrics", {}).get("memory", 0), WORKER_BASELINE)
+        slots.append((limit - used) / max(info.get("nthreads", 1), 1))
+    budget = int(TASK_SHARE * min(slots, default=psutil.virtual_memory().total))
+    if budget <= 0:
+        raise PredictInputError(
+            f"the workers' memory limit leaves nothing for a task (a worker itself needs about "
+            f"{WORKER_BASELINE // 2**20} MiB); give the workers more memory, or fewer threads each"
+        )
+    return budget
 
 
 def _chunks(source: ArraySource, chunk) -> tuple[int, ...]:
