@@ -1,13 +1,14 @@
-"""What a valid model directory is: the schema of ``model.json`` and the header of ``weights.safetensors``.
+"""The format of ``model.json``: a pydantic schema, built from the layer types a spec may name and their
+constructors' own signatures, and the layers it describes, built on the meta device.
 
-Both are checked before any tensor is allocated. Every problem becomes one :class:`~densecnn.ModelFileError` that
-names the file, the key (a JSON path such as ``layers[3].kernel_size``), what is wrong and how to fix it.
+Every problem becomes one :class:`~densecnn.ModelFileError` that names the file, the key (a JSON path such as
+``layers[3].kernel_size``), what is wrong and how to fix it.
 
 >>> config = parse_config(Path("models/nuclei/model.json").read_text(), where="models/nuclei/model.json")
 >>> config.patch_size, config.num_classes
 ((40, 40), 3)
->>> read_weights_header(Path("models/nuclei/weights.safetensors"))["0.weight"]
-TensorInfo(dtype=torch.float32, shape=(8, 1, 3, 3))
+>>> build_on_meta(config, where="models/nuclei/model.json")[0].weight.device
+device(type='meta')
 """
 
 from __future__ import annotations
@@ -15,11 +16,10 @@ from __future__ import annotations
 import functools
 import inspect
 import json
-import math
 import types
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, Literal, NamedTuple, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import torch
 from pydantic import (
@@ -42,28 +42,14 @@ from .padding import PADDING_MODES
 
 FORMAT = "densecnn-model"
 FORMAT_VERSION = 1
+CONFIG_FILE = "model.json"
+WEIGHTS_FILE = "weights.safetensors"
 FORMAT_DOCS = "docs/model-files.md"
 # JSON semantics, no coercion: "3" is not an int, 3.5 is not an int, true is not 1; NaN and infinities are refused
 _STRICT = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
 # layer arguments go through validator functions, which see Python lists where torch's annotations say tuples:
 # lax containers, strict scalars (see _strict_scalars)
 _LAYER_CONFIG = ConfigDict(strict=False, extra="forbid", allow_inf_nan=False)
-
-# the float dtypes a model's weights may be saved in (all of a model's float tensors share one)
-FLOAT_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
-_SAFETENSORS_DTYPES = {
-    "F64": torch.float64,
-    "F32": torch.float32,
-    "F16": torch.float16,
-    "BF16": torch.bfloat16,
-    "I64": torch.int64,
-    "I32": torch.int32,
-    "I16": torch.int16,
-    "I8": torch.int8,
-    "U8": torch.uint8,
-    "BOOL": torch.bool,
-}
-_MAX_HEADER_BYTES = 100 * 2**20  # the limit the safetensors library itself enforces
 
 
 def file_error(where: str | Path, key: str | None, problem: str, fix: str) -> ModelFileError:
@@ -281,7 +267,7 @@ def _check_lengths(config: BaseModel, where: str | Path) -> None:
                 )  # fmt: skip
 
 
-def _json_path(loc: tuple) -> str:
+def json_path(loc: tuple) -> str:
     """('layers', 3, 'Conv2dLayer'-tag, 'kernel_size') -> 'layers[3].kernel_size' (the union tag dropped)."""
     if len(loc) > 2 and loc[0] == "layers":
         loc = loc[:2] + loc[3:]
@@ -311,7 +297,7 @@ def _translate(exc: ValidationError, where: str | Path, vocabulary: dict) -> Mod
     errors = exc.errors()
     error = errors[0]
     loc, kind = error["loc"], error["type"]
-    key = _json_path(loc)
+    key = json_path(loc)
     more = f" (and {len(errors) - 1} more problems)" if len(errors) > 1 else ""
     in_layer = len(loc) > 2 and loc[0] == "layers"
     layer_name = loc[2] if in_layer else None
@@ -322,7 +308,7 @@ def _translate(exc: ValidationError, where: str | Path, vocabulary: dict) -> Mod
     elif kind == "union_tag_not_found":
         problem, fix, key = "missing key", 'give every layer a "type"', key + ".type"
     elif kind == "missing" and isinstance(loc[-1], int):  # a tuple too short
-        key = _json_path(loc[:-1])
+        key = json_path(loc[:-1])
         problem, fix = (
             f"too few entries (nothing at index {loc[-1]})",
             f"give every entry (the format is described in {FORMAT_DOCS})",
@@ -342,79 +328,21 @@ def _translate(exc: ValidationError, where: str | Path, vocabulary: dict) -> Mod
     return file_error(where, key, problem + more, fix)
 
 
-# ---- weights.safetensors, from its header only
-class TensorInfo(NamedTuple):
-    """A tensor as the weights file's header describes it."""
-
-    dtype: torch.dtype
-    shape: tuple[int, ...]
-
-    @property
-    def numel(self) -> int:
-        return math.prod(self.shape)
-
-
-class _HeaderEntry(BaseModel):
-    model_config = ConfigDict(strict=True, extra="forbid")
-    dtype: str
-    shape: list[Annotated[int, Field(ge=0)]]
-    data_offsets: Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=2, max_length=2)]
-
-
-def read_weights_header(path: Path) -> dict[str, TensorInfo]:
-    """The tensors a ``.safetensors`` file holds (name -> dtype, shape), read from its header without loading data.
-
-    The header must be well formed and every tensor's byte range must lie inside the file and fit its dtype and
-    shape, so that loading it afterwards cannot fail or allocate more than the file holds.
-    """
-    fix = "write the model again with densecnn.save"
-    try:
-        size = path.stat().st_size
-        with path.open("rb") as file:
-            length = int.from_bytes(file.read(8), "little")
-            if size < 8 or length > size - 8:
-                raise file_error(path, None, f"truncated: {size} bytes, too short for its header", fix)
-            if length > _MAX_HEADER_BYTES:
-                raise file_error(
-                    path, None, f"a header of {length} bytes is larger than safetensors allows", fix
+def build_on_meta(config, *, where: Path) -> nn.Sequential:
+    """The layers ``config`` describes, on the meta device: shapes without memory, nothing initialised."""
+    layers = []
+    with torch.device("meta"):
+        for index, entry in enumerate(config.layers):
+            try:
+                layers.append(spec.from_spec([entry.model_dump(exclude_unset=True)])[0])
+            except (ModelFileError, TypeError, ValueError, RuntimeError, OverflowError) as exc:
+                reason = first_line(
+                    exc.__context__ if isinstance(exc, ModelFileError) and exc.__context__ else exc
                 )
-            header_bytes = file.read(length)
-    except FileNotFoundError:
-        raise file_error(
-            path, None, "missing", f"put the model's weights next to its model.json, or {fix}"
-        ) from None
-    except OSError as exc:
-        raise file_error(path, None, f"cannot be read ({exc.strerror or exc})", "check the file") from None
-    try:
-        header = json.loads(header_bytes)
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise file_error(path, None, "not a safetensors file (its header is not JSON)", fix) from None
-    if not isinstance(header, dict):
-        raise file_error(path, None, "not a safetensors file (its header is not a JSON object)", fix)
-    header.pop("__metadata__", None)
-    data_bytes = size - 8 - length
-    tensors = {}
-    for name, raw in header.items():
-        try:
-            entry = _HeaderEntry.model_validate(raw)
-        except ValidationError as exc:
-            problem = (
-                f"malformed header entry ({exc.errors()[0]['msg']} at {_json_path(exc.errors()[0]['loc'])})"
-            )
-            raise file_error(path, f"tensor {name!r}", problem, fix) from None
-        dtype = _SAFETENSORS_DTYPES.get(entry.dtype)
-        if dtype is None:
-            raise file_error(
-                path, f"tensor {name!r}", f"dtype {entry.dtype} is not supported",
-                f"save the model in one of {', '.join(str(d).removeprefix('torch.') for d in FLOAT_DTYPES)}",
-            )  # fmt: skip
-        info = TensorInfo(dtype, tuple(entry.shape))
-        begin, end = entry.data_offsets
-        if end < begin or end - begin != info.numel * dtype.itemsize or end > data_bytes:
-            raise file_error(
-                path, f"tensor {name!r}",
-                f"its bytes {begin}..{end} do not hold a {entry.dtype} tensor of shape {list(info.shape)} inside "
-                f"the file's {data_bytes} data bytes (truncated or corrupt)", fix,
-            )  # fmt: skip
-        tensors[name] = info
-    return tensors
+                raise file_error(
+                    where,
+                    f"layers[{index}]",
+                    f"{entry.type} rejects these arguments ({reason})",
+                    "correct them",
+                ) from None
+    return nn.Sequential(*layers).eval()
