@@ -144,13 +144,12 @@ def check_directory(directory: Path) -> tuple[BaseModel, nn.Sequential]:
 
 
 def _read_text(config_path: Path) -> str:
-    if not config_path.parent.is_dir():
-        raise file_error(config_path.parent, None, "no such directory", "give the path of a model directory")
     try:
         return config_path.read_text(encoding="utf-8")
     except FileNotFoundError:
+        absent = "" if config_path.parent.is_dir() else " (no such directory)"
         raise file_error(
-            config_path.parent, None, f"not a model directory: {CONFIG_FILE} is missing",
+            config_path.parent, None, f"not a model directory: {CONFIG_FILE} is missing{absent}",
             f"give a directory written by densecnn.save ({CONFIG_FILE} + {WEIGHTS_FILE})",
         ) from None  # fmt: skip
     except UnicodeDecodeError:

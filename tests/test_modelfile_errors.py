@@ -122,9 +122,9 @@ CONFIG_CASES = {
                               "is 3, but the first layer takes 1 channels"),
     "num_classes vs layers": (lambda c: c.update(num_classes=4, class_names=list("abcd"), palette=[[0, 0, 0]] * 4),
                               "num_classes", "is 4, but the layers give 3 scores"),
-    "channels between layers": (_set(3, "in_channels", 5), "layers", r"layer '3' \(Conv2d\).*5"),
+    "channels between layers": (_set(3, "in_channels", 5), "layers", r"do not convert to a dense net \(.*Conv2d"),
     "wrong patch size": (lambda c: c.update(patch_size=[20, 20]), "patch_size", r"20x20 does not fit the layers"),
-    "unconvertible layer": (_set(0, "padding", "same"), "layers", "padding=same"),
+    "unconvertible layer": (_set(0, "padding", "same"), "layers", r"do not convert to a dense net \(.*Conv2d"),
     "constructor refuses": (_set(0, "groups", 3), r"layers\[0\]", "Conv2d rejects these arguments .*divisible"),
     "size overflows": (_set(0, "out_channels", 10**30), r"layers\[0\]", "Conv2d rejects these arguments"),
 }  # fmt: skip
@@ -190,7 +190,9 @@ def test_broken_directories(broken, tmp_path):
         densecnn.ModelFileError, match=f"^{re.escape(str(broken))}: not a model directory: model.json"
     ):
         densecnn.load(broken)
-    with pytest.raises(densecnn.ModelFileError, match="nowhere: no such directory; give the path"):
+    with pytest.raises(
+        densecnn.ModelFileError, match=r"nowhere: not a model directory: .* \(no such directory\)"
+    ):
         densecnn.load(tmp_path / "nowhere")
 
 
@@ -266,7 +268,7 @@ def test_cli_prints_one_line_and_exits_2(broken, capsys):
         f"densecnn info: error: {broken / 'model.json'}: layers[3].kernel_size"
     )
     assert cli_main(["info", str(broken / "nowhere")]) == 2
-    assert "no such directory" in capsys.readouterr().err
+    assert "model.json is missing (no such directory)" in capsys.readouterr().err
 
 
 def test_cli_info_on_a_broken_directory_has_no_traceback(broken):
