@@ -19,7 +19,7 @@ import json
 import types
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, ForwardRef, Literal, Union, get_args, get_origin
 
 import torch
 from pydantic import (
@@ -151,10 +151,22 @@ def _strict_scalars(annotation: Any) -> Any:
     return annotation
 
 
+def _signature(layer: type[nn.Module]) -> inspect.Signature:
+    try:
+        return inspect.signature(layer.__init__, eval_str=True)
+    except Exception:  # string annotations that do not resolve: kept as strings, checked by the constructor
+        return inspect.signature(layer.__init__)
+
+
 def _argument_type(layer: type[nn.Module], name: str) -> tuple[Any, Any]:
-    """(annotated type, default) of one constructor argument, from the layer's own signature."""
-    parameter = inspect.signature(layer.__init__, eval_str=True).parameters[name]
-    annotation = Any if parameter.annotation is inspect.Parameter.empty else parameter.annotation
+    """(annotated type, default) of one constructor argument, from the layer's own signature. An argument taken
+    through ``**kwargs``, or annotated with a type pydantic cannot check, is left to the constructor."""
+    parameter = _signature(layer).parameters.get(name)
+    if parameter is None or parameter.kind is inspect.Parameter.VAR_KEYWORD:
+        return Any, None
+    annotation = parameter.annotation
+    if annotation is inspect.Parameter.empty or isinstance(annotation, (str, ForwardRef)):
+        annotation = Any  # unannotated, or a name that does not resolve
     try:
         TypeAdapter(annotation)
     except Exception:  # a user layer's annotation pydantic cannot check: the constructor checks it when built

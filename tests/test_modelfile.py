@@ -6,11 +6,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from pydantic import ValidationError
 from safetensors.torch import load_file
 from torch import nn
 
 import densecnn
-from densecnn.modelformat import parse_config
+from densecnn.modelformat import _layer_model, parse_config
 from densecnn.spec import LAYER_ARGS, from_spec, to_spec
 from tests.tolerances import assert_close_relative
 
@@ -125,6 +126,20 @@ def test_the_shipped_model_loads_unchanged():
     with torch.no_grad():
         expected = densecnn.scan_patches(loaded.model, x, 40, padding_mode="reflect")
         assert_close_relative(loaded.dense()(x), expected, 1e-5)
+
+
+class _UserLayer(nn.Module):
+    def __init__(self, beta: float, steps: "UndefinedType", scale=2, **options):  # noqa: F821
+        super().__init__()
+
+
+def test_the_format_checks_what_a_user_layer_signature_says():
+    layer = _layer_model("UserLayer", _UserLayer, ("beta", "steps", "scale", "colour"))
+    layer.model_validate({"type": "UserLayer", "beta": 1, "steps": [1, 2], "colour": "red"})
+    with pytest.raises(ValidationError, match="expected a number"):
+        layer.model_validate({"type": "UserLayer", "beta": "1"})
+    with pytest.raises(ValidationError, match="beta"):
+        layer.model_validate({"type": "UserLayer"})  # no default: required
 
 
 def test_save_rejects_unconvertible_models_before_writing(tmp_path):
