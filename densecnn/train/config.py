@@ -165,6 +165,11 @@ class TrainConfig:
                 words += [flag(spec.name), str(value)]
         return shlex.join(words)
 
+    def launcher(self) -> str:
+        """The words before the options in ``command`` (``densecnn train``, ``torchrun ... -m densecnn.train``);
+        ``densecnn train`` for a run started from Python. ``--model`` is always the first option written."""
+        return self.command.partition(" --model ")[0] or "densecnn train"
+
     def to_dict(self) -> dict:
         return asdict(self)
 
@@ -182,7 +187,7 @@ def flag(name: str) -> str:
 def _attribute_docs() -> str:
     lines = ["", "", "    Attributes:"]
     for spec in fields(TrainConfig):
-        default = "" if spec.default is MISSING else f" Default: {spec.default!r}."
+        default = "" if spec.default in (MISSING, None) else f" Default: {spec.default!r}."
         lines.append(f"        {spec.name}: {spec.metadata['help']}.{default}")
     return "\n".join(lines) + "\n"
 

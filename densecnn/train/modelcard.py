@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -56,7 +57,10 @@ def save_trained_model(
         model_dir / "README.md",
         title=f"densecnn model: {', '.join(model.class_names)}",
         config=config.to_dict(),
-        command=config.command or config.command_line(),
+        # the classes and channels the run derived (from classes.json, the images) written out as well
+        command=dataclasses.replace(config, classes=model.num_classes, channels=model.in_channels).command_line(
+            config.launcher()
+        ),
         **summaries,
         val_scores=val_scores,
         class_names=model.class_names,
