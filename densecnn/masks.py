@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .losses import IGNORE_INDEX
+
 
 @dataclass(frozen=True)
 class MaskStrategy:
@@ -46,7 +48,7 @@ class MaskStrategy:
         *,
         pixel_loss: torch.Tensor | None = None,
         generator: torch.Generator | None = None,
-        ignore_index: int = 255,
+        ignore_index: int = IGNORE_INDEX,
     ) -> torch.Tensor:
         """(N, H, W) labels (and, for ``hard``, the (N, H, W) per-pixel loss) -> (N, H, W) bool mask."""
         if labels.dim() != 3:

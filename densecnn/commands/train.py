@@ -73,10 +73,10 @@ def _floats(text: str) -> list[float]:
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
 
 
-def config_from_args(args: argparse.Namespace, launcher: str = "densecnn train"):
+def config_from_args(args: argparse.Namespace, launcher: str | None = None):
     """The TrainConfig of parsed options, with ``command``: the full command line that reproduces it."""
     from ..errors import TrainingError
-    from ..train.config import TrainConfig
+    from ..train.config import LAUNCHER, TrainConfig
 
     if not args.resume:
         missing = [f"--{name}" for name in ("model", "data") if getattr(args, name) is None]
@@ -87,11 +87,11 @@ def config_from_args(args: argparse.Namespace, launcher: str = "densecnn train")
     values = {key: value for key, value in vars(args).items() if key not in ("run", "command")}
     values.update(model=args.model or "", data=args.data or "")
     config = TrainConfig.from_dict(values)
-    config.command = config.command_line(launcher)
+    config.command = config.command_line(launcher or LAUNCHER)
     return config
 
 
-def run(args: argparse.Namespace, launcher: str = "densecnn train") -> int:
+def run(args: argparse.Namespace, launcher: str | None = None) -> int:
     from ..train import train
 
     model_dir = train(config_from_args(args, launcher))

@@ -18,6 +18,8 @@ from .distributed import DEVICES
 from .optim import OPTIMIZERS, SCHEDULES
 from .step import METHODS
 
+LAUNCHER = "densecnn train"  # the command a run's options follow, unless torchrun or python -m started it
+
 # options that describe how a run was started rather than what it trains: never written into its command
 NOT_IN_COMMAND = ("resume", "command")
 
@@ -144,7 +146,7 @@ class TrainConfig:
                 )
         return self
 
-    def command_line(self, launcher: str = "densecnn train") -> str:
+    def command_line(self, launcher: str = LAUNCHER) -> str:
         """The command that reproduces this run: ``launcher`` and EVERY option, defaults included, so the command
         means the same run even where a later version changes a default. Options left unset (None: "derive it",
         e.g. ``--classes`` from classes.json) have no value to write and are left out.
@@ -168,7 +170,7 @@ class TrainConfig:
     def launcher(self) -> str:
         """The words before the options in ``command`` (``densecnn train``, ``torchrun ... -m densecnn.train``);
         ``densecnn train`` for a run started from Python. ``--model`` is always the first option written."""
-        return self.command.partition(" --model ")[0] or "densecnn train"
+        return self.command.partition(" --model ")[0] or LAUNCHER
 
     def to_dict(self) -> dict:
         return asdict(self)

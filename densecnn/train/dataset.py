@@ -20,8 +20,8 @@ import numpy as np
 
 from ..errors import DatasetError
 from ..imageio import ImageReadError, read_array, read_image
+from ..losses import IGNORE_INDEX
 
-IGNORE_INDEX = 255
 IMAGE_SUFFIXES = (".png", ".tif", ".tiff", ".jpg", ".jpeg", ".bmp")
 LABEL_SUFFIXES = (".png", ".tif", ".tiff")
 

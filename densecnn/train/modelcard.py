@@ -10,11 +10,11 @@ import numpy as np
 
 from .. import masks
 from ..dense import DenseCNN
+from ..losses import IGNORE_INDEX
 from ..modelfile import LoadedModel, save
 from .checkpoint import Progress
 from .config import TrainConfig
 from .data import TrainingData
-from .dataset import IGNORE_INDEX
 from .step import METHODS
 
 
@@ -58,9 +58,9 @@ def save_trained_model(
         title=f"densecnn model: {', '.join(model.class_names)}",
         config=config.to_dict(),
         # the classes and channels the run derived (from classes.json, the images) written out as well
-        command=dataclasses.replace(config, classes=model.num_classes, channels=model.in_channels).command_line(
-            config.launcher()
-        ),
+        command=dataclasses.replace(
+            config, classes=model.num_classes, channels=model.in_channels
+        ).command_line(config.launcher()),
         **summaries,
         val_scores=val_scores,
         class_names=model.class_names,

@@ -16,9 +16,8 @@ from torch.nn.parallel import DistributedDataParallel
 from .. import masks
 from ..dense import DenseCNN
 from ..errors import TrainingError
-from ..losses import masked_cross_entropy_terms, pixel_cross_entropy
+from ..losses import IGNORE_INDEX, masked_cross_entropy_terms, pixel_cross_entropy
 from .crops import sample_generator
-from .dataset import IGNORE_INDEX
 
 # the training methods, name -> what a step computes: the one list, read by the CLI and the model card
 METHODS = {
