@@ -20,8 +20,8 @@ from .step import METHODS
 
 LAUNCHER = "densecnn train"  # the command a run's options follow, unless torchrun or python -m started it
 
-# options that describe how a run was started rather than what it trains: never written into its command
-NOT_IN_COMMAND = ("resume", "command")
+# options that say how a run starts rather than what it trains: never written into its command
+NOT_IN_COMMAND = ("resume",)
 
 
 def option(default=MISSING, *, help: str, group: str, choices=None, at_least=None, cli: bool = True):
@@ -160,7 +160,7 @@ class TrainConfig:
             if not spec.metadata["cli"] or spec.name in NOT_IN_COMMAND or value is None:
                 continue
             if isinstance(value, bool):
-                words.append(flag(spec.name) if value else f"--no-{spec.name.replace('_', '-')}")
+                words.append(flag(spec.name) if value else "--no-" + flag(spec.name)[2:])
             elif isinstance(value, list):
                 words += [flag(spec.name), ",".join(repr(float(v)) for v in value)]
             else:
