@@ -323,3 +323,14 @@ def test_an_existing_run_is_not_overwritten_without_resume(toy, tmp_path, capsys
     assert main(["train", "--out", str(tmp_path / "empty"), "--resume"]) == 2
     assert "no checkpoint to resume from" in capsys.readouterr().err
     assert json.loads((tmp_path / "run" / "model" / "model.json").read_text())["num_classes"] == 3
+
+
+def test_training_errors_are_densecnn_errors(toy, tmp_path):
+    with pytest.raises(densecnn.TrainingError, match="--batch must be >= 1"):
+        small(toy, tmp_path / "run", batch=0).check()
+    with pytest.raises(
+        densecnn.TrainingError, match="--optimizer 'lion' is not supported; use one of sgd, adamw"
+    ):
+        small(toy, tmp_path / "run", optimizer="lion").check()
+    with pytest.raises(densecnn.DatasetError, match="no images/ folder"):
+        train(small(toy, tmp_path / "run", data=str(tmp_path)))
