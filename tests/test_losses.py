@@ -171,7 +171,9 @@ def test_pixel_cross_entropy_is_zero_at_ignored_pixels():
 @pytest.mark.parametrize(
     "scores, labels, mask, match",
     [
-        (torch.randn(1, 3, 4), torch.zeros(1, 4, dtype=torch.long), None, "scores must be"),
+        (torch.randn(1, 3), torch.zeros(1, dtype=torch.long), None, "scores must be"),
+        (torch.randn(1, 3, 2, 2, 2, 2), torch.zeros(1, 2, 2, 2, 2, dtype=torch.long), None, "1 to 3 spatial axes"),
+        (torch.randn(1, 3, 4, 4, 4), torch.zeros(1, 4, 4, dtype=torch.long), None, r"labels must be \(N, D, H, W\)"),
         (torch.randn(1, 3, 4, 4), torch.zeros(1, 4, 5, dtype=torch.long), None, "labels must be"),
         (torch.randn(1, 3, 4, 4), torch.zeros(1, 4, 4), None, "integer tensor"),
         (torch.randn(1, 3, 4, 4), torch.full((1, 4, 4), 3), None, "label 3 is out of range for 3 classes"),
@@ -181,3 +183,47 @@ def test_pixel_cross_entropy_is_zero_at_ignored_pixels():
 def test_bad_arguments_are_named(scores, labels, mask, match):
     with pytest.raises((ValueError, TypeError), match=match):
         densecnn.masked_cross_entropy(scores, labels, mask)
+
+
+# --- signals (N, K, L) and volumes (N, K, D, H, W): the same loss, one code path ---------------------------------
+
+
+def per_pixel_reference(scores, labels, mask, class_weights):
+    """The loss written out element by element: gather each counted pixel's score vector, then F.cross_entropy."""
+    counted = mask & (labels != IGNORE)  # (N, *spatial)
+    where = counted.nonzero().tolist()
+    picked = torch.stack([scores[(n, slice(None), *position)] for n, *position in where])  # (M, K)
+    targets = torch.stack([labels[tuple(index)] for index in where])  # (M,)
+    return F.cross_entropy(picked, targets, weight=class_weights)
+
+
+@pytest.mark.parametrize("spatial", [(23,), (4, 5, 6)], ids=["signal", "volume"])
+@pytest.mark.parametrize("spec", ["all", "random:7", "balanced:3", "hard:9:0.3"])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_masked_loss_and_gradient_equal_the_per_pixel_reference_in_1d_and_3d(spatial, spec, weighted):
+    g = torch.Generator().manual_seed(len(spatial) * 100 + len(spec))
+    n, k = 2, 3
+    scores = torch.randn(n, k, *spatial, generator=g, dtype=torch.float64, requires_grad=True)
+    labels = torch.randint(0, k, (n, *spatial), generator=g)
+    labels[torch.rand(n, *spatial, generator=g) < 0.25] = IGNORE
+    class_weights = torch.rand(k, generator=g, dtype=torch.float64) + 0.1 if weighted else None
+    strategy = densecnn.masks.parse(spec)
+    mask = strategy(labels, pixel_loss=pixel_cross_entropy(scores, labels), generator=g)
+    assert mask.shape == labels.shape and not mask[labels == IGNORE].any()
+
+    loss = densecnn.masked_cross_entropy(scores, labels, mask, class_weights=class_weights)
+    (got,) = torch.autograd.grad(loss, scores)
+    reference = per_pixel_reference(scores, labels, mask, class_weights)
+    (want,) = torch.autograd.grad(reference, scores)
+    assert abs(loss.item() - reference.item()) <= 1e-12 * max(1.0, abs(reference.item()))
+    assert ((got - want).norm() / want.norm()).item() <= 1e-8
+    assert torch.count_nonzero(got.sum(1)[~mask].abs() > 0) == 0  # unselected pixels get no gradient
+
+
+@pytest.mark.parametrize("shape", [(1, 3, 5), (1, 3, 2, 3, 4)], ids=["signal", "volume"])
+def test_pixel_cross_entropy_keeps_the_spatial_shape(shape):
+    scores = torch.randn(*shape)
+    labels = torch.randint(0, 3, (shape[0], *shape[2:]))
+    labels.view(-1)[0] = IGNORE
+    loss = pixel_cross_entropy(scores, labels)
+    assert loss.shape == labels.shape and loss.view(-1)[0] == 0 and (loss.view(-1)[1:] > 0).all()
