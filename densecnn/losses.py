@@ -18,7 +18,11 @@ import torch.nn.functional as F
 
 IGNORE_INDEX = 255  # the label of pixels that are never counted: the dataset convention, declared once
 
-SPATIAL_AXES = {1: ("L",), 2: ("H", "W"), 3: ("D", "H", "W")}  # the axis names of a signal, an image, a volume
+SPATIAL_AXES = {
+    1: ("L",),
+    2: ("H", "W"),
+    3: ("D", "H", "W"),
+}  # the axis names of a signal, an image, a volume
 
 
 def masked_cross_entropy_terms(

@@ -172,8 +172,18 @@ def test_pixel_cross_entropy_is_zero_at_ignored_pixels():
     "scores, labels, mask, match",
     [
         (torch.randn(1, 3), torch.zeros(1, dtype=torch.long), None, "scores must be"),
-        (torch.randn(1, 3, 2, 2, 2, 2), torch.zeros(1, 2, 2, 2, 2, dtype=torch.long), None, "1 to 3 spatial axes"),
-        (torch.randn(1, 3, 4, 4, 4), torch.zeros(1, 4, 4, dtype=torch.long), None, r"labels must be \(N, D, H, W\)"),
+        (
+            torch.randn(1, 3, 2, 2, 2, 2),
+            torch.zeros(1, 2, 2, 2, 2, dtype=torch.long),
+            None,
+            "1 to 3 spatial axes",
+        ),
+        (
+            torch.randn(1, 3, 4, 4, 4),
+            torch.zeros(1, 4, 4, dtype=torch.long),
+            None,
+            r"labels must be \(N, D, H, W\)",
+        ),
         (torch.randn(1, 3, 4, 4), torch.zeros(1, 4, 5, dtype=torch.long), None, "labels must be"),
         (torch.randn(1, 3, 4, 4), torch.zeros(1, 4, 4), None, "integer tensor"),
         (torch.randn(1, 3, 4, 4), torch.full((1, 4, 4), 3), None, "label 3 is out of range for 3 classes"),

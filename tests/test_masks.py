@@ -138,7 +138,9 @@ def test_k_pixels_per_sample_in_1d_and_3d(spatial, strategy):
     assert mask.shape == labels.shape
     assert mask.reshape(3, -1).sum(1).tolist() == [7, 7, 7]
     assert not mask[labels == IGNORE].any()
-    if strategy.kind == "hard" and strategy.mix == 0.0:  # pure hard: per sample, the 7 largest eligible losses
+    if (
+        strategy.kind == "hard" and strategy.mix == 0.0
+    ):  # pure hard: per sample, the 7 largest eligible losses
         for sample_loss, sample_labels, sample_mask in zip(loss, labels, mask, strict=True):
             eligible = sample_loss[sample_labels != IGNORE]
             assert torch.equal(sample_loss[sample_mask].sort().values, eligible.topk(7).values.sort().values)
