@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import DatasetError
-from ..imageio import ImageReadError, read_array, read_image, scale_to_unit, to_channels
+from ..imageio import ImageReadError, read_array, read_image, scale_to_unit
 from ..losses import IGNORE_INDEX
 from .arrays import SUFFIXES, read_nd
 
@@ -128,12 +128,14 @@ def _read_image(path: Path, channels: int, spatial_dims: int) -> np.ndarray:
     array = read_nd(path, spatial_dims)
     if array.ndim == spatial_dims:
         array = array[None]  # (1, *spatial)
-    pixels = scale_to_unit(array).reshape(array.shape[0], -1).T[:, None, :]  # (pixels, 1, C): one image row
-    try:
-        pixels = to_channels(pixels, channels)  # (pixels, 1, channels): the same conversion as for images
-    except ImageReadError as exc:
-        raise DatasetError(f"{path}: {exc}") from None
-    return np.ascontiguousarray(pixels[:, 0, :].T.reshape(channels, *array.shape[1:]))
+    if array.shape[0] != channels:
+        if array.shape[0] != 1:  # a signal's or volume's channels are not colours: only gray is converted
+            raise DatasetError(
+                f"{path}: {array.shape[0]} channels (the first axis), the model takes {channels}; "
+                "give the arrays the model's channels"
+            )
+        array = np.repeat(array, channels, axis=0)
+    return np.ascontiguousarray(scale_to_unit(array))
 
 
 def _companion(folder: Path, stem: str, suffixes: tuple[str, ...]) -> Path | None:
