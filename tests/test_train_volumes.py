@@ -6,7 +6,9 @@ window); the steps with a stride-1 conv net, whose dense net is the net itself r
 
 from __future__ import annotations
 
+import argparse
 import itertools
+import shlex
 
 import numpy as np
 import pytest
@@ -15,6 +17,7 @@ import torch
 from torch import nn
 
 from densecnn import DatasetError, TrainingError, zoo
+from densecnn.commands.train import add_arguments, config_from_args
 from densecnn.train import TrainConfig
 from densecnn.train import loop as training_loop
 from densecnn.train.crops import CropSampler, pad_spatial, sample_generator
@@ -119,6 +122,27 @@ def test_crop_size_per_axis():
         crop_size([8, 64], [(31, 61, 40)], rot90=True)
     with pytest.raises(TrainingError, match="--no-rot90"):
         crop_size([8, 64, 32], [(31, 61, 40)], rot90=True)
+
+
+@pytest.mark.parametrize("text, value", [("48", 48), ("8,64,64", [8, 64, 64])])
+def test_the_crop_option_takes_an_int_or_one_size_per_axis(text, value):
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--out", "r", "--model", "tiny", "--data", "d", "--crop", text])
+    config = config_from_args(args)
+    assert config.crop == value
+    words = shlex.split(config.command)
+    assert words[words.index("--crop") + 1] == text  # the model card's command gives it back as written
+    with pytest.raises(TrainingError, match="--crop must be >= 1"):
+        TrainConfig(model="tiny", data="d", out="r", crop=[4, 0, 4]).check()
+
+
+def test_a_bad_crop_option_is_refused_by_the_parser(capsys):
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--out", "r", "--crop", "8,x"])
+    assert "expected an integer or comma-separated integers" in capsys.readouterr().err
 
 
 # --- datasets ------------------------------------------------------------------------------------------------------
