@@ -203,6 +203,16 @@ def test_rgb_tiff_pages_have_their_channel_axis_moved_first(tmp_path):
     np.testing.assert_allclose(sample.image, np.moveaxis(rgb, -1, 0) / 255, rtol=1e-6)
 
 
+def test_a_model_of_images_refuses_a_tiff_stack(tmp_path):
+    volume, labels = volume_and_labels()
+    write(tmp_path / "images" / "a.tif", volume)
+    write(tmp_path / "labels" / "a.tif", labels[0])
+    with pytest.raises(DatasetError, match="a.tif: a stack of 5 slices, and the model reads 2-D images"):
+        read_dataset(tmp_path, channels=1, num_classes=3)
+    write(tmp_path / "images" / "a.tif", volume[0])  # one page: an image, read as before
+    assert read_dataset(tmp_path, channels=1, num_classes=3)[0].image.shape == (1, 7, 6)
+
+
 def test_signal_datasets_read_npy(tmp_path):
     signal = np.random.default_rng(2).standard_normal((2, 50)).astype(np.float32)
     write(tmp_path / "images" / "ecg.npy", signal)

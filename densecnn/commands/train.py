@@ -14,7 +14,8 @@ import typing
 EPILOG = """\
 dataset layout: DIR/images/NAME.(png|tif|jpg...), DIR/labels/NAME.(png|tif) with class ids 0..K-1 and 255 = ignore,
 optional DIR/masks/NAME.(png|tif) (nonzero = labels count), optional classes.json {"names", "palette"} in DIR or
-its parent.
+its parent. For volumes: TIFF stacks, .npy or .zarr arrays (D, H, W) / (C, D, H, W) with label volumes; for
+signals: .npy arrays (L,) / (C, L); --crop then takes one size per axis, e.g. --crop 16,64,64.
 
 examples:
   densecnn train --model tiny --classes 3 --data data/toy/train --val data/toy/val --out runs/toy

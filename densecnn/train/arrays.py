@@ -51,6 +51,16 @@ def read_nd(path: Path, spatial_dims: int) -> np.ndarray:
     return array
 
 
+def tiff_slices(path: Path) -> int:
+    """How many same-shaped pages (slices) the TIFF ``path`` stacks: 1 for an image; 0 if it is not a TIFF."""
+    try:
+        with tifffile.TiffFile(path) as tiff:
+            series, page = tiff.series[0], tiff.pages[0]
+            return int(np.prod(series.shape[: len(series.shape) - len(page.shape)], dtype=np.int64))
+    except Exception:  # not a TIFF, or a broken one: the image reader reports it
+        return 0
+
+
 def _read_tiff(path: Path, spatial_dims: int) -> np.ndarray:
     with tifffile.TiffFile(path) as tiff:
         series = tiff.series[0]
@@ -67,7 +77,9 @@ def _read_zarr(path: Path) -> np.ndarray:
     try:
         import zarr
     except ImportError:
-        raise DatasetError(f"{path}: reading zarr arrays needs the zarr package: pip install zarr") from None
+        raise DatasetError(
+            f"{path}: reading zarr arrays needs the zarr package: pip install zarr (or densecnn[dist])"
+        ) from None
     store = zarr.open(str(path), mode="r")
     if isinstance(store, zarr.Group):
         if "0" not in store:

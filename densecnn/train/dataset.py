@@ -25,7 +25,7 @@ import numpy as np
 from ..errors import DatasetError
 from ..imageio import ImageReadError, read_array, read_image, scale_to_unit
 from ..losses import IGNORE_INDEX
-from .arrays import SUFFIXES, read_nd
+from .arrays import SUFFIXES, read_nd, tiff_slices
 
 IMAGE_SUFFIXES = (".png", ".tif", ".tiff", ".jpg", ".jpeg", ".bmp")
 LABEL_SUFFIXES = (".png", ".tif", ".tiff")
@@ -121,6 +121,11 @@ def _label_suffixes(spatial_dims: int) -> tuple[str, ...]:
 def _read_image(path: Path, channels: int, spatial_dims: int) -> np.ndarray:
     """An image file as float32 (C, *spatial) in [0, 1] with ``channels`` channels."""
     if spatial_dims == 2:
+        if path.suffix.lower() in (".tif", ".tiff") and tiff_slices(path) > 1:
+            raise DatasetError(
+                f"{path}: a stack of {tiff_slices(path)} slices, and the model reads 2-D images; "
+                "train a model of volumes on it, or save the slices as separate images"
+            )
         try:
             return read_image(path, channels)  # (C, H, W)
         except ImageReadError as exc:
