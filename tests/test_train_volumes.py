@@ -24,6 +24,7 @@ from densecnn.train.crops import CropSampler, pad_spatial, sample_generator
 from densecnn.train.data import crop_size
 from densecnn.train.dataset import read_dataset
 from densecnn.train.distributed import Distributed
+from densecnn.train.metrics import confusion_matrix
 from densecnn.train.validation import validate
 
 NUMPY_MODES = {"zeros": "constant", "reflect": "reflect", "replicate": "edge"}
@@ -326,3 +327,16 @@ def test_dense_and_patch_steps_are_identical_in_1d_and_3d(tmp_path, stride_one_t
         assert np.isfinite(loss) and len(scores["iou"]) == 3 and 0 <= scores["pixel_accuracy"] <= 1
     for dense, patches in zip(weights["dense"], weights["patches"], strict=True):
         torch.testing.assert_close(dense, patches, rtol=1e-5, atol=1e-6)
+
+
+def test_confusion_matrix_counts_every_labelled_voxel():
+    rng = np.random.default_rng(5)
+    labels = rng.integers(0, 3, (1, 4, 5, 6))
+    labels[0, 0] = 255
+    predicted = rng.integers(0, 3, (1, 4, 5, 6))
+    expected = np.zeros((3, 3), np.int64)
+    for truth, guess in zip(labels.ravel(), predicted.ravel(), strict=True):
+        if truth != 255:
+            expected[truth, guess] += 1
+    got = confusion_matrix(torch.from_numpy(predicted), torch.from_numpy(labels), 3)
+    np.testing.assert_array_equal(got.numpy(), expected)
