@@ -9,7 +9,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 import densecnn
-from densecnn.spec import LAYER_ARGS, from_spec, to_spec
+from densecnn.spec import from_spec, layer_types, to_spec
 from tests.tolerances import assert_close_relative
 
 
@@ -136,11 +136,13 @@ def _instance(layer_type):
         nn.Softmax: nn.Softmax(dim=1),
         nn.LogSoftmax: nn.LogSoftmax(dim=1),
         nn.Threshold: nn.Threshold(0.1, 0.0),
+        nn.LocalResponseNorm: nn.LocalResponseNorm(3, alpha=2e-4),
+        nn.RReLU: nn.RReLU(0.1, 0.2),
     }
     return examples.get(layer_type) or layer_type()
 
 
-@pytest.mark.parametrize("layer_type", list(LAYER_ARGS), ids=lambda t: t.__name__)
+@pytest.mark.parametrize("layer_type", [t for t, _ in layer_types().values()], ids=lambda t: t.__name__)
 def test_spec_round_trip_of_every_layer_type(layer_type):
     layer = _instance(layer_type)
     spec = to_spec(nn.Sequential(layer))
