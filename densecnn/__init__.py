@@ -9,7 +9,14 @@
 from . import masks, spec, zoo
 from .convert import convert
 from .dense import DenseCNN
-from .errors import ConversionError, DenseEquivalenceWarning, ModelFileError
+from .errors import (
+    ConversionError,
+    DenseEquivalenceWarning,
+    ModelFileError,
+    OnnxExportError,
+    PatchSizeError,
+    PatchSizeWarning,
+)
 from .losses import masked_cross_entropy
 from .modelfile import LoadedModel, load, save
 from .rules import register_rule
@@ -23,6 +30,9 @@ __all__ = [
     "DenseEquivalenceWarning",
     "LoadedModel",
     "ModelFileError",
+    "OnnxExportError",
+    "PatchSizeError",
+    "PatchSizeWarning",
     "convert",
     "fast_scan",
     "load",

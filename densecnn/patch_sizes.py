@@ -201,11 +201,11 @@ def describe_nearest(steps: list[Step], size: Size) -> str:
     if len(set(size)) == 1 and len({tuple(_axis(steps, a)) for a in range(len(size))}) == 1:
         found = nearest(steps, size, tuple(range(len(size))))
         return f"Nearest valid patch sizes: {' and '.join(map(str, found))}" if found else "No valid size is near it"
-    names = ("heights", "widths") if len(size) == 2 else tuple(f"sizes along axis {a}" for a in range(len(size)))
+    names = ("height", "width", "depth")[: len(size)] if len(size) <= 2 else [f"axis {a}" for a in range(len(size))]
     parts = []
     for axis, name in enumerate(names):
-        held = ", ".join(f"{n}" for a, n in enumerate(size) if a != axis)
+        held = ", ".join(f"{names[a]} {n}" for a, n in enumerate(size) if a != axis)
         found = nearest(steps, size, (axis,))
-        parts.append(f"nearest valid {name} (other axes {held}): {', '.join(map(str, found)) or 'none'}")
+        parts.append(f"nearest valid {name}s ({held}): {', '.join(map(str, found)) or 'none'}")
     text = "; ".join(parts)
     return text[:1].upper() + text[1:]

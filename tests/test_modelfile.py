@@ -138,6 +138,8 @@ def _instance(layer_type):
         nn.Threshold: nn.Threshold(0.1, 0.0),
         nn.LocalResponseNorm: nn.LocalResponseNorm(3, alpha=2e-4),
         nn.RReLU: nn.RReLU(0.1, 0.2),
+        nn.InstanceNorm2d: nn.InstanceNorm2d(3, affine=True, track_running_stats=True),
+        nn.LayerNorm: nn.LayerNorm(4, eps=1e-3, bias=False),
     }
     return examples.get(layer_type) or layer_type()
 

@@ -18,6 +18,7 @@ from ..layers import (
     DenseAvgPool2d,
     DenseBatchNorm1d,
     DenseConv2d,
+    DenseLayerNorm,
     DenseLinear,
     DenseMaxPool2d,
 )
@@ -317,17 +318,38 @@ def softmax2d(module: nn.Softmax2d, ctx: ConversionContext):
     return ChannelSoftmax(log=False)
 
 
-# Layers whose output, even in eval mode, depends on the whole patch or the batch: never exact on a dense map.
+_OWN_STATISTICS = (
+    "so every output depends on the patch's own statistics, which a whole-image net cannot reproduce per pixel"
+)
+
+
+@register_rule(nn.InstanceNorm2d, args=_BATCH_NORM, stochastic=True)
+def instance_norm2d(module: nn.InstanceNorm2d, ctx: ConversionContext):
+    if not module.track_running_stats:
+        raise ctx.error(
+            f"normalises each channel over the whole map of the patch, {_OWN_STATISTICS}",
+            "use track_running_stats=True (eval mode then uses the running statistics), or BatchNorm2d",
+        )
+    ctx.require_map("InstanceNorm2d")
+    ctx.expect_channels(module.num_features, "channels")
+    return module  # eval mode: the running statistics, per channel
+
+
+@register_rule(nn.LayerNorm, args=("normalized_shape", "eps", "elementwise_affine", "bias"))
+def layer_norm(module: nn.LayerNorm, ctx: ConversionContext):
+    if not (ctx.flat and ctx.size == (1, 1) and tuple(module.normalized_shape) == (ctx.channels,)):
+        raise ctx.error(
+            f"normalized_shape={tuple(module.normalized_shape)} normalises over the patch's map, {_OWN_STATISTICS}",
+            "use LayerNorm only on feature vectors (after a Linear), or BatchNorm2d on maps",
+        )
+    return DenseLayerNorm(module)  # over the features of each patch: per pixel of the dense map
+
+
+# Layers whose output, even in eval mode, depends on the whole patch map: never exact on a dense map.
 REFUSED = {
-    nn.modules.instancenorm._InstanceNorm: "normalises each channel over the whole map of the patch, so every output "
-    "depends on the patch's own statistics, which a whole-image net cannot reproduce per pixel",
-    nn.GroupNorm: "normalises groups of channels over the whole map of the patch, so every output depends on the "
-    "patch's own statistics, which a whole-image net cannot reproduce per pixel",
-    nn.LayerNorm: "normalises over the trailing dimensions of the patch tensor (the map, or the feature vector), "
-    "so every output depends on the patch's own statistics",
-    nn.modules.batchnorm.SyncBatchNorm: "synchronises batch statistics across processes; convert the model after "
-    "torch.nn.SyncBatchNorm is turned back into BatchNorm2d",
-}  # fmt: skip
+    nn.GroupNorm: f"normalises groups of channels over the whole map of the patch, {_OWN_STATISTICS}",
+    nn.modules.instancenorm._InstanceNorm: f"normalises each channel over the whole map of the patch, {_OWN_STATISTICS}",
+}
 
 
 def refuse(module: nn.Module, ctx: ConversionContext):
@@ -337,3 +359,4 @@ def refuse(module: nn.Module, ctx: ConversionContext):
 
 for _layer in REFUSED:
     register_rule(_layer)(refuse)
+register_rule(nn.SyncBatchNorm, stochastic=True)(batch_norm2d)  # in eval mode: the running statistics, like BatchNorm2d

@@ -170,6 +170,11 @@ def find_rule(layer_type: type) -> Rule | None:
     return record.rule if record else None
 
 
+def records() -> list[LayerRecord]:
+    """Every registered layer record, built-in and user's."""
+    return list(_RECORDS.values())
+
+
 def saved_record(layer_type: type) -> LayerRecord | None:
     """The record that saves layers of exactly this type (a subclass may compute something else), or None."""
     record = _RECORDS.get(layer_type)
@@ -291,10 +296,15 @@ class ConversionContext:
         if channels is None and in_features % (height * width) == 0:
             channels = in_features // (height * width)
             self.expect_channels(channels, "input channels")
-        if channels is None or channels * height * width != in_features:
+        if channels is None:
             self.size_error(
-                f"expects {in_features} input features but this patch size leaves a "
-                f"{channels or '?'}x{height}x{width} map ({(channels or 0) * height * width} features)"
+                f"expects {in_features} input features, which the {height}x{width} map this patch size leaves cannot "
+                f"give ({in_features} is not a multiple of {height * width})"
+            )
+        elif channels * height * width != in_features:
+            self.size_error(
+                f"expects {in_features} input features but this patch size leaves a {channels}x{height}x{width} map "
+                f"({channels * height * width} features)"
             )
         self.size = (1, 1)
         return channels or 1, height, width
