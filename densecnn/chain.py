@@ -96,7 +96,11 @@ def _is_shape_query(node: torch.fx.Node) -> bool:
         return False
     if node.target is getattr:
         return node.args[1] == "shape"
-    return node.target is operator.getitem and isinstance(node.args[0], torch.fx.Node) and _is_shape_query(node.args[0])
+    return (
+        node.target is operator.getitem
+        and isinstance(node.args[0], torch.fx.Node)
+        and _is_shape_query(node.args[0])
+    )
 
 
 def _target_name(node: torch.fx.Node) -> str:

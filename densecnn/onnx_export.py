@@ -99,7 +99,9 @@ def export_avg_pool(layer: WindowLayer, channels: int) -> nn.Module:
     """A dense average pool: a depthwise dilated ``Conv`` with constant weights (ONNX's AveragePool has no
     dilations before opset 19)."""
     spec = layer.spec()
-    weight = torch.full((channels, 1, *spec.kernel), 1.0 / (spec.divisor or math.prod(spec.kernel)))  # (C, 1, kh, kw)
+    weight = torch.full(
+        (channels, 1, *spec.kernel), 1.0 / (spec.divisor or math.prod(spec.kernel))
+    )  # (C, 1, kh, kw)
     return _DilatedConv(weight, None, spec.dilation, channels)
 
 
@@ -110,10 +112,14 @@ def exportable(dense: DenseCNN) -> nn.Sequential:
     layers without an export function (activations, per-pixel BatchNorm, channel softmax) are written as they are.
     """
     if dense.in_channels is None:
-        raise OnnxExportError("the dense net does not know its input channels; convert a model that starts with Conv2d")
+        raise OnnxExportError(
+            "the dense net does not know its input channels; convert a model that starts with Conv2d"
+        )
     exports = getattr(dense, "onnx_exports", None)
     if exports is None or len(exports) != len(dense.features):
-        raise OnnxExportError("this DenseCNN was not made by densecnn.convert(); convert the patch model to export it")
+        raise OnnxExportError(
+            "this DenseCNN was not made by densecnn.convert(); convert the patch model to export it"
+        )
     (top, bottom), (left, right) = (patch_offsets(p) for p in dense.patch_size)
     # the dense ops consume receptive_field - 1 pixels per axis; pad exactly as DenseCNN.pad does
     bottom, right = dense.receptive_field[0] - 1 - top, dense.receptive_field[1] - 1 - left

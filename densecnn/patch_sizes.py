@@ -149,9 +149,13 @@ def _targets(steps: list[Step], moving: tuple[int, ...], size: Size) -> _Targets
     if not rest:
         return _Targets([1] if valid(1) else [])
     fixing = rest[0]
-    if isinstance(fixing, Adaptive):  # everything after it sees the fixed output: one check decides all multiples
+    if isinstance(
+        fixing, Adaptive
+    ):  # everything after it sees the fixed output: one check decides all multiples
         return _Targets(period=fixing.output) if valid(fixing.output) else _Targets()
-    held = math.prod(_size_before(steps, steps.index(fixing), axis, n) for axis, n in enumerate(size) if axis not in moving)
+    held = math.prod(
+        _size_before(steps, steps.index(fixing), axis, n) for axis, n in enumerate(size) if axis not in moving
+    )
     return _Targets([t for t in _divisors(fixing.in_features) if held >= 1 and valid(t)])
 
 
@@ -200,8 +204,16 @@ def describe_nearest(steps: list[Step], size: Size) -> str:
     """A hint naming the valid sizes nearest to an invalid ``size`` (for (h, w): per axis, the other one held)."""
     if len(set(size)) == 1 and len({tuple(_axis(steps, a)) for a in range(len(size))}) == 1:
         found = nearest(steps, size, tuple(range(len(size))))
-        return f"Nearest valid patch sizes: {' and '.join(map(str, found))}" if found else "No valid size is near it"
-    names = ("height", "width", "depth")[: len(size)] if len(size) <= 2 else [f"axis {a}" for a in range(len(size))]
+        return (
+            f"Nearest valid patch sizes: {' and '.join(map(str, found))}"
+            if found
+            else "No valid size is near it"
+        )
+    names = (
+        ("height", "width", "depth")[: len(size)]
+        if len(size) <= 2
+        else [f"axis {a}" for a in range(len(size))]
+    )
     parts = []
     for axis, name in enumerate(names):
         held = ", ".join(f"{names[a]} {n}" for a, n in enumerate(size) if a != axis)

@@ -71,7 +71,10 @@ def test_custom_layers_save_and_load(tmp_path):
     model, patch = _model()
     densecnn.save(model, tmp_path / "m", patch_size=patch)
     layers = json.loads((tmp_path / "m" / "model.json").read_text())["layers"]
-    assert layers[1] == {"type": "ChannelScale", "channels": 3} and layers[2] == {"type": "ScaledTanh", "beta": 0.5}
+    assert layers[1] == {"type": "ChannelScale", "channels": 3} and layers[2] == {
+        "type": "ScaledTanh",
+        "beta": 0.5,
+    }
     loaded = densecnn.load(tmp_path / "m")
     assert [type(m) for m in loaded.model] == [type(m) for m in model]
     assert torch.equal(loaded.model[1].scale, model[1].scale)
@@ -96,7 +99,9 @@ def test_custom_layers_export_to_onnx(tmp_path):
     dense = densecnn.convert(model, patch, backend="native")
     path = export_onnx(dense, tmp_path / "custom.onnx")
     x = torch.rand(1, 1, 20, 17)
-    (scores,) = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"image": x.numpy()})
+    (scores,) = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(
+        None, {"image": x.numpy()}
+    )
     np.testing.assert_allclose(scores, dense(x).detach().numpy(), rtol=0, atol=1e-5)
 
 

@@ -53,8 +53,14 @@ EXAMPLES = {
         ("map", lambda: _randomised(nn.InstanceNorm2d(3, affine=True, track_running_stats=True)), EXACT),
     ],
     nn.modules.instancenorm._InstanceNorm: [("flat", lambda: nn.InstanceNorm1d(4), REFUSED_HERE)],
-    nn.GroupNorm: [("map", lambda: nn.GroupNorm(1, 3), REFUSED_HERE), ("map", lambda: nn.GroupNorm(3, 3), REFUSED_HERE)],
-    nn.LayerNorm: [("map", lambda: nn.LayerNorm([3, 5, 5]), REFUSED_HERE), ("flat", lambda: nn.LayerNorm(4), EXACT)],
+    nn.GroupNorm: [
+        ("map", lambda: nn.GroupNorm(1, 3), REFUSED_HERE),
+        ("map", lambda: nn.GroupNorm(3, 3), REFUSED_HERE),
+    ],
+    nn.LayerNorm: [
+        ("map", lambda: nn.LayerNorm([3, 5, 5]), REFUSED_HERE),
+        ("flat", lambda: nn.LayerNorm(4), EXACT),
+    ],
     nn.Dropout: [("map", lambda: nn.Dropout(0.5), EXACT), ("flat", lambda: nn.Dropout(0.5), EXACT)],
     nn.Dropout2d: [("map", lambda: nn.Dropout2d(0.5), EXACT)],
     nn.AlphaDropout: [("flat", lambda: nn.AlphaDropout(0.5), EXACT)],
@@ -101,7 +107,9 @@ def _net(where: str, layer: nn.Module) -> nn.Sequential:
 
 
 def test_every_built_in_layer_type_with_a_rule_of_its_own_has_examples():
-    missing = [t.__name__ for t in BUILT_IN if t not in EXAMPLES and find_record(t).rule is not runs_unchanged]
+    missing = [
+        t.__name__ for t in BUILT_IN if t not in EXAMPLES and find_record(t).rule is not runs_unchanged
+    ]
     assert not missing
 
 
@@ -146,7 +154,9 @@ def test_training_mode_is_deterministic_unless_flagged_and_warned(layer_type, wh
 
 def test_batch_norm_without_running_statistics_is_refused_with_the_reason():
     net = nn.Sequential(nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2, track_running_stats=False), nn.Conv2d(2, 2, 3))
-    with pytest.raises(densecnn.ConversionError, match=r"'1' \(BatchNorm2d\): track_running_stats=False.*batch"):
+    with pytest.raises(
+        densecnn.ConversionError, match=r"'1' \(BatchNorm2d\): track_running_stats=False.*batch"
+    ):
         densecnn.convert(net.eval(), 5)
 
 

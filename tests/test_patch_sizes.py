@@ -74,7 +74,8 @@ def test_smallest_equivalent_size_is_the_smallest_reduced_alike(steps, size):
     reached = [_prefix_output(steps, axis, n) for axis, n in enumerate(size)]
     assume(min(reached) >= 1)
     expected = tuple(
-        min(n for n in range(1, size[axis] + 1) if _prefix_output(steps, axis, n) == reached[axis]) for axis in (0, 1)
+        min(n for n in range(1, size[axis] + 1) if _prefix_output(steps, axis, n) == reached[axis])
+        for axis in (0, 1)
     )
     assert smallest_equivalent(steps, size) == expected
     assert accepts(steps, expected) == accepts(steps, size)

@@ -156,10 +156,8 @@ class _FunctionalDropoutNet(nn.Module):
 
     def forward(self, x):
         x = F.max_pool2d(F.relu(self.conv(x)), 2)
-        if self.training_argument:
-            x = F.dropout(x, 0.5, training=self.training)
-        else:
-            x = F.dropout(x, 0.5)  # training=True whatever the model's mode: random in eval mode too
+        # without training=, F.dropout drops whatever the model's mode: random in eval mode too
+        x = F.dropout(x, 0.5, training=self.training) if self.training_argument else F.dropout(x, 0.5)
         x = x.reshape(x.shape[0], -1)
         return F.log_softmax(self.fc(x), dim=1)
 
@@ -180,7 +178,9 @@ def test_functional_dropout_follows_the_model_mode_and_the_dense_nets():
 
 
 def test_functional_dropout_that_ignores_the_mode_is_refused():
-    with pytest.raises(densecnn.ConversionError, match="training=True while the model is in eval mode.*self.training"):
+    with pytest.raises(
+        densecnn.ConversionError, match="training=True while the model is in eval mode.*self.training"
+    ):
         densecnn.convert(_FunctionalDropoutNet(training_argument=False).eval(), 6)
 
 
@@ -235,9 +235,13 @@ def test_mlp_on_flattened_patches():
     model = nn.Sequential(nn.Flatten(), nn.Linear(5 * 5 * 3, 7), nn.ReLU(), nn.Linear(7, 4))
     dense = _matches_scan(model, 5, in_channels=3)
     assert (dense.in_channels, dense.num_classes, dense.receptive_field) == (3, 4, (5, 5))
-    with pytest.raises(densecnn.PatchSizeError, match=r"expects 75 input features.*Nearest valid patch sizes: 5$"):
+    with pytest.raises(
+        densecnn.PatchSizeError, match=r"expects 75 input features.*Nearest valid patch sizes: 5$"
+    ):
         densecnn.convert(model, 6)
-    with pytest.raises(densecnn.PatchSizeError, match=r"not a multiple of 16.*sizes: 1 and 5$"):  # 1x1, 75 channels
+    with pytest.raises(
+        densecnn.PatchSizeError, match=r"not a multiple of 16.*sizes: 1 and 5$"
+    ):  # 1x1, 75 channels
         densecnn.convert(model, 4)
 
 
@@ -258,7 +262,9 @@ def test_numpy_patch_sizes():
 
 
 def test_linear_on_an_unflattened_map_is_refused():
-    with pytest.raises(densecnn.ConversionError, match=r"'1' \(Linear\): Linear applied to a \(B, C, h, w\) map"):
+    with pytest.raises(
+        densecnn.ConversionError, match=r"'1' \(Linear\): Linear applied to a \(B, C, h, w\) map"
+    ):
         densecnn.convert(nn.Sequential(nn.Conv2d(1, 4, 5), nn.Linear(4, 3)), 5)
 
 
@@ -267,7 +273,9 @@ def test_a_larger_patch_size_that_still_converts_warns_naming_the_smallest():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         densecnn.convert(model.eval(), 133)  # the size it was built for: no warning
-    with pytest.warns(densecnn.PatchSizeWarning, match=r"last 7 row\(s\) and 7 column.*trained with patch_size=133"):
+    with pytest.warns(
+        densecnn.PatchSizeWarning, match=r"last 7 row\(s\) and 7 column.*trained with patch_size=133"
+    ):
         densecnn.convert(model, 140)
     tiny, _ = densecnn.zoo.tiny()
     with pytest.warns(densecnn.PatchSizeWarning, match=r"patch_size=\(12, 12\)"):

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ..rules.registry import fused_activation
 from . import ext_available, require_ext, solvers
 from .find import MEMORY_FORMATS, find
-from ..rules.registry import fused_activation
 from .solvers import SOLVERS, PoolSpec
 
 Shape = tuple[int, int, int, int]

@@ -1,5 +1,6 @@
 """Layer records: one per layer type, with its conversion rule; extensible with :func:`register_rule`."""
 
+from . import builtin  # noqa: F401  (registers the built-in records)
 from .registry import (
     Alias,
     ConversionContext,
@@ -14,7 +15,6 @@ from .registry import (
     saved_record,
     saved_types,
 )
-from . import builtin  # noqa: E402, F401, I001  (registers the built-in records; after the registry)
 
 __all__ = [
     "Alias",

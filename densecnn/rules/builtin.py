@@ -71,7 +71,9 @@ def _no_indices(pool, ctx: ConversionContext) -> None:
         raise ctx.error("return_indices=True returns a second tensor", "use return_indices=False")
 
 
-_MAX_POOL_ALIAS = Alias(F.max_pool2d, ("kernel_size", "stride", "padding", "dilation", "ceil_mode", "return_indices"))
+_MAX_POOL_ALIAS = Alias(
+    F.max_pool2d, ("kernel_size", "stride", "padding", "dilation", "ceil_mode", "return_indices")
+)
 
 
 @register_rule(nn.MaxPool2d, args=(*_POOL, "dilation"), aliases=[_MAX_POOL_ALIAS], export=export_max_pool)
@@ -138,7 +140,9 @@ def _flatten_view(*shape) -> nn.Module | None:
     flatten = nn.Flatten()
     features = shape[1]
     if isinstance(features, int) and features != -1:
-        flatten.expected_features = features  # checked by the rule: view(-1, n) must not split a patch in rows
+        flatten.expected_features = (
+            features  # checked by the rule: view(-1, n) must not split a patch in rows
+        )
     return flatten
 
 
@@ -209,7 +213,9 @@ _POINTWISE = {
     nn.Threshold: (("threshold", "value"), [Alias(F.threshold, ("threshold", "value", "inplace"))]),
 }
 for _layer, (_args, _aliases) in _POINTWISE.items():
-    register_rule(_layer, args=_args, aliases=_aliases, fused_activation={nn.ReLU: "relu", nn.Tanh: "tanh"}.get(_layer))
+    register_rule(
+        _layer, args=_args, aliases=_aliases, fused_activation={nn.ReLU: "relu", nn.Tanh: "tanh"}.get(_layer)
+    )
 
 # Random in training mode, the identity in eval mode: the module follows the dense net's own .train()/.eval().
 _DROPOUT = {
@@ -318,9 +324,7 @@ def softmax2d(module: nn.Softmax2d, ctx: ConversionContext):
     return ChannelSoftmax(log=False)
 
 
-_OWN_STATISTICS = (
-    "so every output depends on the patch's own statistics, which a whole-image net cannot reproduce per pixel"
-)
+_OWN_STATISTICS = "so every output depends on the patch's own statistics, which a whole-image net cannot reproduce per pixel"
 
 
 @register_rule(nn.InstanceNorm2d, args=_BATCH_NORM, stochastic=True)
@@ -354,9 +358,13 @@ REFUSED = {
 
 def refuse(module: nn.Module, ctx: ConversionContext):
     reason = next(why for layer_type, why in REFUSED.items() if isinstance(module, layer_type))
-    raise ctx.error(reason, "use BatchNorm2d (eval mode, running statistics) or no normalisation in the patch net")
+    raise ctx.error(
+        reason, "use BatchNorm2d (eval mode, running statistics) or no normalisation in the patch net"
+    )
 
 
 for _layer in REFUSED:
     register_rule(_layer)(refuse)
-register_rule(nn.SyncBatchNorm, stochastic=True)(batch_norm2d)  # in eval mode: the running statistics, like BatchNorm2d
+register_rule(nn.SyncBatchNorm, stochastic=True)(
+    batch_norm2d
+)  # in eval mode: the running statistics, like BatchNorm2d

@@ -20,7 +20,9 @@ from ..patch_sizes import Adaptive, Features, Step, Window
 
 Pair = tuple[int, int]
 Rule = Callable[[nn.Module, "ConversionContext"], "nn.Module | None"]
-Export = Callable[[nn.Module, int], nn.Module]  # (dense layer, channels entering it) -> an ONNX-friendly module
+Export = Callable[
+    [nn.Module, int], nn.Module
+]  # (dense layer, channels entering it) -> an ONNX-friendly module
 
 
 @dataclass(frozen=True)
@@ -273,7 +275,9 @@ class ConversionContext:
     def adapt(self, output_size) -> Pair:
         """Account for an adaptive pool to ``output_size`` (None keeps an axis) as a pool whose kernel equals its
         stride; returns that kernel. The map must be a multiple of the output (equal windows)."""
-        outputs = (output_size, output_size) if isinstance(output_size, int) or output_size is None else output_size
+        outputs = (
+            (output_size, output_size) if isinstance(output_size, int) or output_size is None else output_size
+        )
         out = tuple(n if o is None else o for o, n in zip(outputs, self.size))
         self.steps.append(tuple(Window(1, 1) if o is None else Adaptive(o) for o in outputs))
         if any(n % o for n, o in zip(self.size, out)):
