@@ -158,7 +158,9 @@ class DenseLayerNorm(nn.Module):
         self.source = norm
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.source(x.movedim(1, -1)).movedim(-1, 1)  # normalise the C values of each pixel
+        last = x.dim() - 1  # (N, C, *spatial) -> (N, *spatial, C), normalised, and back
+        normalised = self.source(x.permute(0, *range(2, last + 1), 1))
+        return normalised.permute(0, last, *range(1, last))
 
 
 class ChannelSoftmax(nn.Module):

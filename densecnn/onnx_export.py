@@ -105,6 +105,39 @@ def export_avg_pool(layer: WindowLayer, channels: int) -> nn.Module:
     return _DilatedConv(weight, None, spec.dilation, channels)
 
 
+class _RunningNorm(nn.Module):
+    """Per-channel normalisation with fixed running statistics (exported as ``BatchNormalization``)."""
+
+    def __init__(self, norm: nn.Module):
+        super().__init__()
+        self.norm = norm
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        norm = self.norm
+        return F.batch_norm(
+            x, norm.running_mean, norm.running_var, norm.weight, norm.bias, False, 0.0, norm.eps
+        )
+
+
+def export_running_norm(layer: nn.Module, channels: int) -> nn.Module:
+    """An eval-mode InstanceNorm2d with running statistics: the same normalisation as a BatchNorm in eval mode."""
+    return _RunningNorm(layer)
+
+
+class _Threshold(nn.Module):
+    def __init__(self, threshold: float, value: float):
+        super().__init__()
+        self.threshold, self.value = threshold, value
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.where(x > self.threshold, x, torch.full_like(x, self.value))
+
+
+def export_threshold(layer: nn.Threshold, channels: int) -> nn.Module:
+    """``nn.Threshold`` as a ``Where`` (torch exports only threshold 0)."""
+    return _Threshold(layer.threshold, layer.value)
+
+
 def exportable(dense: DenseCNN) -> nn.Sequential:
     """The dense net rebuilt from ONNX-friendly modules (padding first); same outputs as ``dense.forward``.
 

@@ -95,7 +95,9 @@ def patch_nets(draw):
     last = draw(st.sampled_from(LAST), label="softmax")
     layers += [last()] if last else []
     traced = draw(st.booleans(), label="traced")
-    model = FunctionalNet(layers, draw(st.integers(0, len(FLATTENS) - 1))) if traced else nn.Sequential(*layers)
+    model = (
+        FunctionalNet(layers, draw(st.integers(0, len(FLATTENS) - 1))) if traced else nn.Sequential(*layers)
+    )
     model.in_channels = in_channels
     return model.eval(), (height, width)
 

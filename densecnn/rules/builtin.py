@@ -22,7 +22,7 @@ from ..layers import (
     DenseLinear,
     DenseMaxPool2d,
 )
-from ..onnx_export import export_avg_pool, export_conv, export_max_pool
+from ..onnx_export import export_avg_pool, export_conv, export_max_pool, export_running_norm, export_threshold
 from .registry import Alias, ConversionContext, register_rule
 
 _POOL = ("kernel_size", "stride", "padding", "ceil_mode")
@@ -212,9 +212,14 @@ _POINTWISE = {
     nn.Hardshrink: (("lambd",), [Alias(F.hardshrink, ("lambd",))]),
     nn.Threshold: (("threshold", "value"), [Alias(F.threshold, ("threshold", "value", "inplace"))]),
 }
+_FUSED = {nn.ReLU: "relu", nn.Tanh: "tanh"}  # a pool kernel may apply these itself
 for _layer, (_args, _aliases) in _POINTWISE.items():
     register_rule(
-        _layer, args=_args, aliases=_aliases, fused_activation={nn.ReLU: "relu", nn.Tanh: "tanh"}.get(_layer)
+        _layer,
+        args=_args,
+        aliases=_aliases,
+        fused_activation=_FUSED.get(_layer),
+        export=export_threshold if _layer is nn.Threshold else None,
     )
 
 # Random in training mode, the identity in eval mode: the module follows the dense net's own .train()/.eval().
@@ -327,7 +332,7 @@ def softmax2d(module: nn.Softmax2d, ctx: ConversionContext):
 _OWN_STATISTICS = "so every output depends on the patch's own statistics, which a whole-image net cannot reproduce per pixel"
 
 
-@register_rule(nn.InstanceNorm2d, args=_BATCH_NORM, stochastic=True)
+@register_rule(nn.InstanceNorm2d, args=_BATCH_NORM, export=export_running_norm, stochastic=True)
 def instance_norm2d(module: nn.InstanceNorm2d, ctx: ConversionContext):
     if not module.track_running_stats:
         raise ctx.error(
