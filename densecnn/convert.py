@@ -41,6 +41,13 @@ def convert(model: nn.Module, patch_size, *, padding_mode: str = "zeros", backen
 
     Raises:
         ConversionError: a layer cannot be converted exactly; the message names it and says what to do.
+        PatchSizeError: the patch size does not bring the net to one output; the message names the nearest sizes
+            that do (computed in closed form from the layers, instantly whatever the size).
+
+    Warns:
+        PatchSizeWarning: a smaller patch size gives the same net (pooling floors drop the extra rows and columns),
+            so the model was most likely trained with that one.
+        DenseEquivalenceWarning: BatchNorm/Dropout-like layers are in training mode.
 
     Example::
 

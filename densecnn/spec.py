@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch import nn
 
 from .chain import extract_chain
@@ -35,7 +36,7 @@ def layer_types() -> dict[str, tuple[type[nn.Module], tuple[str, ...]]]:
 
 
 def _json_value(name: str, value: Any) -> Any:
-    if name == "bias" and not isinstance(value, bool):
+    if name == "bias" and (value is None or isinstance(value, torch.Tensor)):
         return value is not None  # the constructor flag, read back from the parameter
     if isinstance(value, tuple):
         return [_json_value("", v) for v in value]

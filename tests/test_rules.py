@@ -8,7 +8,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import densecnn
-from densecnn.layers import DenseAvgPool2d, DenseLinear
+from densecnn.layers import ChannelSoftmax, DenseAvgPool2d, DenseLinear
+from densecnn.rules import aliases
 from tests.tolerances import assert_close_relative
 
 torch.manual_seed(0)
@@ -280,6 +281,43 @@ def test_a_larger_patch_size_that_still_converts_warns_naming_the_smallest():
     tiny, _ = densecnn.zoo.tiny()
     with pytest.warns(densecnn.PatchSizeWarning, match=r"patch_size=\(12, 12\)"):
         densecnn.convert(tiny, (12, 15))
+
+
+_FUNCTIONAL = [
+    pytest.param(record.layer_type, alias, id=f"{record.name}-{getattr(alias.target, '__name__', alias.target)}")
+    for table in aliases()
+    for record, alias in table.values()
+    if alias.build is None and record.layer_type not in (nn.Flatten, nn.MaxPool2d, nn.AvgPool2d)
+    and not record.layer_type.__name__.startswith("Adaptive")
+]  # fmt: skip
+
+
+_FUNCTIONAL_ARGS = {nn.Threshold: (0.1, -1.0), nn.Softmax: (1,), nn.LogSoftmax: (1,)}  # required arguments
+
+
+@pytest.mark.parametrize(("layer_type", "alias"), _FUNCTIONAL)
+def test_every_functional_alias_converts_like_its_layer(layer_type, alias):
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv1, self.conv2 = nn.Conv2d(1, 3, 3), nn.Conv2d(3, 2, 2)
+
+        def forward(self, x):
+            x = self.conv2(self.conv1(x))
+            args = _FUNCTIONAL_ARGS.get(layer_type, ())
+            extra = {"training": self.training} if "training" in alias.params else {}
+            if isinstance(alias.target, str):
+                return getattr(x, alias.target)(*args, **extra)
+            return alias.target(x, *args, **extra)
+
+    torch.manual_seed(0)
+    dense = _matches_scan(Net(), 4)
+    expected = {nn.Identity: [], nn.Softmax: [ChannelSoftmax], nn.LogSoftmax: [ChannelSoftmax]}.get(
+        layer_type
+    )
+    assert [type(layer) for layer in dense.features][2:] == (
+        expected if expected is not None else [layer_type]
+    )
 
 
 def test_register_rule_for_a_custom_layer():

@@ -190,7 +190,7 @@ def linear(module: nn.Linear, ctx: ConversionContext):
 
 # pointwise layer -> (constructor args saved in model.json, its functional/method forms in fx traces)
 _POINTWISE = {
-    nn.ReLU: ((), [F.relu, torch.relu, "relu"]),
+    nn.ReLU: ((), [Alias(F.relu, ("inplace",)), torch.relu, "relu"]),
     nn.ReLU6: ((), [Alias(F.relu6, ("inplace",))]),
     nn.LeakyReLU: (("negative_slope",), [Alias(F.leaky_relu, ("negative_slope", "inplace"))]),
     nn.ELU: (("alpha",), [Alias(F.elu, ("alpha", "inplace"))]),
