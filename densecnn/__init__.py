@@ -11,11 +11,13 @@ from .convert import convert
 from .dense import DenseCNN
 from .errors import (
     ConversionError,
+    DatasetError,
     DenseEquivalenceWarning,
     ModelFileError,
     OnnxExportError,
     PatchSizeError,
     PatchSizeWarning,
+    TrainingError,
 )
 from .losses import masked_cross_entropy
 from .modelfile import LoadedModel, load, save
@@ -26,6 +28,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ConversionError",
+    "DatasetError",
     "DenseCNN",
     "DenseEquivalenceWarning",
     "LoadedModel",
@@ -33,6 +36,7 @@ __all__ = [
     "OnnxExportError",
     "PatchSizeError",
     "PatchSizeWarning",
+    "TrainingError",
     "convert",
     "fast_scan",
     "load",

@@ -28,3 +28,12 @@ class DenseEquivalenceWarning(UserWarning):
 class PatchSizeWarning(UserWarning):
     """The patch size converts, but a smaller size gives the same net: the extra rows or columns of every patch are
     never read (pooling floors them away), so the size was most likely not the one the model was trained with."""
+
+
+class DatasetError(ValueError):
+    """A training dataset directory or one of its files is unusable; the message names the file and the fix."""
+
+
+class TrainingError(ValueError):
+    """A training run cannot start or continue: an invalid option, a run directory in the wrong state, or a damaged
+    checkpoint. The message names the option (``--batch``) or the file, and the fix."""
