@@ -67,8 +67,9 @@ def convert(model: nn.Module, patch_size, *, padding_mode: str = "zeros", backen
     _warn_if_not_smallest(ctx, patch)
     if any(module.training and is_stochastic(module) for _, module in chain):
         warnings.warn(
-            "the model has BatchNorm/Dropout layers in training mode: the dense net matches patch-by-patch scanning "
-            "only in eval mode. Call model.eval() before comparing or predicting.",
+            "the model has layers in training mode whose output is then random or depends on the batch "
+            "(BatchNorm, Dropout, RReLU, ...): the dense net matches patch-by-patch scanning only in eval mode. "
+            "Call model.eval() before comparing or predicting.",
             DenseEquivalenceWarning,
             stacklevel=2,
         )

@@ -149,9 +149,8 @@ def _targets(steps: list[Step], moving: tuple[int, ...], size: Size) -> _Targets
     if not rest:
         return _Targets([1] if valid(1) else [])
     fixing = rest[0]
-    if isinstance(
-        fixing, Adaptive
-    ):  # everything after it sees the fixed output: one check decides all multiples
+    if isinstance(fixing, Adaptive):
+        # everything after the pool sees its fixed output: one check decides all multiples
         return _Targets(period=fixing.output) if valid(fixing.output) else _Targets()
     held = math.prod(
         _size_before(steps, steps.index(fixing), axis, n) for axis, n in enumerate(size) if axis not in moving
@@ -209,11 +208,7 @@ def describe_nearest(steps: list[Step], size: Size) -> str:
             if found
             else "No valid size is near it"
         )
-    names = (
-        ("height", "width", "depth")[: len(size)]
-        if len(size) <= 2
-        else [f"axis {a}" for a in range(len(size))]
-    )
+    names = {1: ("length",), 2: ("height", "width"), 3: ("depth", "height", "width")}[len(size)]
     parts = []
     for axis, name in enumerate(names):
         held = ", ".join(f"{names[a]} {n}" for a, n in enumerate(size) if a != axis)
