@@ -200,19 +200,30 @@ def smallest_equivalent(steps: list[Step], size: Size) -> Size:
 
 
 def describe_nearest(steps: list[Step], size: Size) -> str:
-    """A hint naming the valid sizes nearest to an invalid ``size`` (for (h, w): per axis, the other one held)."""
+    """A hint naming the valid sizes nearest to an invalid ``size`` (for (h, w): per axis, the other one held).
+
+    A valid size below ``size`` is named with the smallest size that gives the same net, the likely training size:
+    ``133 to 148 (one net; most likely trained with 133)``.
+    """
+
+    def phrase(found: list[int], moving: tuple[int, ...]) -> list[str]:
+        texts = []
+        for p in found:
+            low = smallest_equivalent(steps, tuple(p if a in moving else n for a, n in enumerate(size)))[
+                moving[0]
+            ]
+            texts.append(str(p) if low == p else f"{low} to {p} (one net; most likely trained with {low})")
+        return texts
+
     if len(set(size)) == 1 and len({tuple(_axis(steps, a)) for a in range(len(size))}) == 1:
-        found = nearest(steps, size, tuple(range(len(size))))
-        return (
-            f"Nearest valid patch sizes: {' and '.join(map(str, found))}"
-            if found
-            else "No valid size is near it"
-        )
+        moving = tuple(range(len(size)))
+        found = phrase(nearest(steps, size, moving), moving)
+        return f"Nearest valid patch sizes: {' and '.join(found)}" if found else "No valid size is near it"
     names = {1: ("length",), 2: ("height", "width"), 3: ("depth", "height", "width")}[len(size)]
     parts = []
     for axis, name in enumerate(names):
         held = ", ".join(f"{names[a]} {n}" for a, n in enumerate(size) if a != axis)
-        found = nearest(steps, size, (axis,))
-        parts.append(f"nearest valid {name}s ({held}): {', '.join(map(str, found)) or 'none'}")
+        found = phrase(nearest(steps, size, (axis,)), (axis,))
+        parts.append(f"nearest valid {name}s ({held}): {', '.join(found) or 'none'}")
     text = "; ".join(parts)
     return text[:1].upper() + text[1:]

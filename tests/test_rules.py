@@ -417,17 +417,22 @@ def test_conversion_errors_name_layer_reason_and_fix(layer, message):
 
 def test_wrong_patch_size_names_the_nearest_valid_sizes():
     model, _ = densecnn.zoo.plain_133()
-    with pytest.raises(densecnn.ConversionError, match=r"'6' \(Conv2d\).*Nearest valid patch sizes: 133"):
+    with pytest.raises(densecnn.ConversionError, match=r"'6' \(Conv2d\).*Nearest valid patch sizes: 133$"):
         densecnn.convert(model, 100)
     with pytest.raises(
-        densecnn.ConversionError, match=r"leaves a 2x2 output map.*Nearest valid patch sizes: 148$"
+        densecnn.PatchSizeError,
+        match=r"leaves a 2x2 output map.*Nearest valid patch sizes: 133 to 148 \(one net; most likely trained with 133\)$",
     ):
-        densecnn.convert(model, 149)
+        densecnn.convert(model, 149)  # 133..148 all bring the net to one output: pooling floors
     tiny, _ = densecnn.zoo.tiny()
     with pytest.raises(
-        densecnn.ConversionError, match=r"'7' \(Linear\): expects 24 input features.*sizes: 15$"
+        densecnn.ConversionError, match=r"'7' \(Linear\): expects 24 input features.*sizes: 12 to 15"
     ):
         densecnn.convert(tiny, 16)
+    with pytest.raises(
+        densecnn.PatchSizeError, match=r"heights \(width 20\): 8 to 11.*widths \(height 12\): 12 to"
+    ):
+        densecnn.convert(tiny, (12, 20))
 
 
 def test_misplaced_layers_are_rejected():
