@@ -20,9 +20,8 @@ from ..patch_sizes import Adaptive, Features, Step, Window
 
 Pair = tuple[int, int]
 Rule = Callable[[nn.Module, "ConversionContext"], "nn.Module | None"]
-Export = Callable[
-    [nn.Module, int], nn.Module
-]  # (dense layer, channels entering it) -> an ONNX-friendly module
+# (dense layer, channels entering it) -> an ONNX-friendly module
+Export = Callable[[nn.Module, int], nn.Module]
 
 
 @dataclass(frozen=True)
@@ -35,8 +34,8 @@ class Alias:
             constructor (``training`` and ``inplace`` excepted: the dense layer follows the model's mode and never
             works in place).
         defaults: the function's defaults where they differ from the constructor's (``torch.flatten``: start_dim=0).
-        build: makes the layer from the named arguments instead of the constructor; returns None when the call is not
-            this layer (``x.view(n, m, k)`` is no flatten).
+        build: makes the layer from the call's arguments after the input instead of the constructor; returns None
+            when the call is not this layer (``x.view(n, m, k)`` is no flatten).
     """
 
     target: Callable | str
