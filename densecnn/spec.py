@@ -56,6 +56,11 @@ def to_spec(model: nn.Module) -> list[dict[str, Any]]:
             )
         layer = {"type": record.name}
         for name in record.args:
+            if not hasattr(module, name):
+                raise ModelFileError(
+                    f"layer {path!r} ({record.name}): its registered argument {name!r} is not an attribute of the "
+                    f"layer; keep each constructor argument as an attribute of the same name (self.{name} = {name})"
+                )
             value = _json_value(name, getattr(module, name))
             if not isinstance(value, (bool, int, float, str, list, type(None))):
                 raise ModelFileError(

@@ -135,6 +135,20 @@ def test_unsaveable_layers_name_the_fix():
         to_spec(nn.Sequential(nn.Conv2d(1, 2, 3), Unsaved()))
 
 
+def test_registered_arguments_must_be_attributes():
+    class Hidden(nn.Module):
+        def __init__(self, beta: float = 1.0):
+            super().__init__()
+            self._beta = beta
+
+        def forward(self, x):
+            return x * self._beta
+
+    densecnn.register_rule(Hidden, args=["beta"])
+    with pytest.raises(densecnn.ModelFileError, match=r"'beta' is not an attribute.*self.beta = beta"):
+        to_spec(nn.Sequential(nn.Conv2d(1, 2, 3), Hidden(2.0)))
+
+
 def test_fused_activations_come_from_the_records():
     assert fused_activation(nn.ReLU()) == "relu" and fused_activation(nn.Tanh()) == "tanh"
 
