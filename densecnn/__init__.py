@@ -9,7 +9,16 @@
 from . import masks, spec, zoo
 from .convert import convert
 from .dense import DenseCNN
-from .errors import ConversionError, DatasetError, DenseEquivalenceWarning, ModelFileError, TrainingError
+from .errors import (
+    ConversionError,
+    DatasetError,
+    DenseEquivalenceWarning,
+    ModelFileError,
+    OnnxExportError,
+    PatchSizeError,
+    PatchSizeWarning,
+    TrainingError,
+)
 from .losses import masked_cross_entropy
 from .modelfile import LoadedModel, load, save
 from .rules import register_rule
@@ -24,6 +33,9 @@ __all__ = [
     "DenseEquivalenceWarning",
     "LoadedModel",
     "ModelFileError",
+    "OnnxExportError",
+    "PatchSizeError",
+    "PatchSizeWarning",
     "TrainingError",
     "convert",
     "fast_scan",
