@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from densecnn import DatasetError, TrainingError, zoo
+from densecnn.cli import main
 from densecnn.commands.train import add_arguments, config_from_args
 from densecnn.train import TrainConfig
 from densecnn.train import loop as training_loop
@@ -174,6 +175,12 @@ def test_volume_datasets_read_tiff_stacks_npy_and_zarr(tmp_path):
     write(tmp_path / "labels" / "b.npy", labels.astype(np.int32))
     write(tmp_path / "images" / "c.zarr", volume)
     write(tmp_path / "labels" / "c.zarr", labels)
+    tifffile.imwrite(
+        tmp_path / "images" / "e.tif", volume, volumetric=True, tile=(16, 16), photometric="minisblack"
+    )
+    write(
+        tmp_path / "labels" / "e.tif", labels
+    )  # above: a 3-D TIFF (one volumetric page), here a multi-page one
     (tmp_path / "images" / "d.tif").parent.mkdir(exist_ok=True)
     for page in volume:  # pages appended one by one, no shape metadata: stacked in page order
         tifffile.imwrite(tmp_path / "images" / "d.tif", page, append=True, metadata=None)
@@ -181,12 +188,12 @@ def test_volume_datasets_read_tiff_stacks_npy_and_zarr(tmp_path):
     write(tmp_path / "masks" / "d.npy", (np.arange(labels.size) % 2).reshape(labels.shape))
 
     samples = read_dataset(tmp_path, channels=1, num_classes=3, spatial_dims=3)
-    assert [s.name for s in samples] == ["a", "b", "c", "d"]
+    assert [s.name for s in samples] == ["a", "b", "c", "d", "e"]
     for sample in samples:
         assert sample.image.shape == (1, 5, 7, 6) and sample.image.dtype == np.float32
         np.testing.assert_allclose(sample.image[0], volume / 255, rtol=1e-6)
         assert sample.labels.dtype == np.int64
-    for sample in samples[:3]:
+    for sample in samples[:3] + samples[4:]:
         np.testing.assert_array_equal(sample.labels, labels)
     masked = samples[3].labels.reshape(-1)
     assert (masked[::2] == 255).all() and np.array_equal(masked[1::2], labels.reshape(-1)[1::2])
@@ -340,3 +347,25 @@ def test_confusion_matrix_counts_every_labelled_voxel():
             expected[truth, guess] += 1
     got = confusion_matrix(torch.from_numpy(predicted), torch.from_numpy(labels), 3)
     np.testing.assert_array_equal(got.numpy(), expected)
+
+
+def test_training_a_model_of_images_on_volumes_is_a_one_line_error(tmp_path, capsys):
+    volume, labels = volume_and_labels()
+    write(tmp_path / "data" / "images" / "a.tif", volume)
+    write(tmp_path / "data" / "labels" / "a.tif", labels)
+    argv = [
+        "train",
+        "--model",
+        "tiny",
+        "--classes",
+        "3",
+        "--data",
+        str(tmp_path / "data"),
+        "--out",
+        str(tmp_path / "r"),
+    ]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert (
+        err.startswith("densecnn train: error:") and "a stack of 5 slices" in err and "Traceback" not in err
+    )
