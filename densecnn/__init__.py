@@ -9,7 +9,18 @@
 from . import masks, spec, zoo
 from .convert import convert
 from .dense import DenseCNN
-from .errors import ConversionError, DenseEquivalenceWarning, ModelFileError
+from .errors import (
+    BlockFailedError,
+    ConversionError,
+    DatasetError,
+    DenseEquivalenceWarning,
+    ModelFileError,
+    OnnxExportError,
+    PatchSizeError,
+    PatchSizeWarning,
+    PredictInputError,
+    TrainingError,
+)
 from .losses import masked_cross_entropy
 from .modelfile import LoadedModel, load, save
 from .rules import register_rule
@@ -18,11 +29,18 @@ from .scan import fast_scan, scan_patches
 __version__ = "0.1.0"
 
 __all__ = [
+    "BlockFailedError",
     "ConversionError",
+    "DatasetError",
     "DenseCNN",
     "DenseEquivalenceWarning",
     "LoadedModel",
     "ModelFileError",
+    "OnnxExportError",
+    "PatchSizeError",
+    "PatchSizeWarning",
+    "PredictInputError",
+    "TrainingError",
     "convert",
     "fast_scan",
     "load",
