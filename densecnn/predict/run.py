@@ -181,7 +181,8 @@ def _client(scheduler: str | None, workers: int) -> Iterator[tuple[object, int |
 
     if scheduler is not None:
         with Client(scheduler) as client:
-            print(f"densecnn predict: Dask dashboard at {client.dashboard_link}", file=sys.stderr)
+            if "dashboard" in client.scheduler_info().get("services", {}):
+                print(f"densecnn predict: Dask dashboard at {client.dashboard_link}", file=sys.stderr)
             yield client, None  # the cluster's workers keep their own thread settings
         return
     if workers < 1:
