@@ -78,6 +78,7 @@ def main() -> None:
     }
     for run in runs.values():  # warm-up: solver search, imports, worker start-up paths
         run()
+    load_before = os.getloadavg()[0]
     seconds: dict[str, list[float]] = {name: [] for name in runs}
     for _ in range(args.rounds):  # interleaved
         for name, run in runs.items():
@@ -100,6 +101,7 @@ def main() -> None:
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}",
         "image": f"{args.size}x{args.size} nuclei (tiled), zarr chunks {args.chunk}x{args.chunk}",
         "rounds": args.rounds,
+        "load_average": [round(load_before, 1), round(os.getloadavg()[0], 1)],
         "runs": rows,
         "seconds_per_chunk_per_worker": chunk_seconds,
         "extrapolated_hours_100k_slide": extrapolation,
@@ -117,6 +119,10 @@ def markdown(result: dict, args) -> str:
         f"Measured by `python scripts/bench_predict.py --size {args.size} --chunk {args.chunk} --rounds "
         f"{args.rounds}` on {result['machine']}: the shipped nuclei model over a {result['image']}; "
         "rounds interleaved, medians.",
+        "",
+        f"Machine load average (1 min) before and after the rounds: {result['load_average'][0]} and "
+        f"{result['load_average'][1]} on {os.cpu_count()} cores: other work shared the cores, so absolute numbers "
+        "are low; the ratios come from interleaved rounds.",
         "",
         "| run | median s | output pixels/s | vs in-memory |",
         "|---|---:|---:|---:|",

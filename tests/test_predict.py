@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 import tifffile
 import torch
-import zarr
 from PIL import Image
 from torch import nn
 
@@ -29,6 +28,9 @@ from tests.predict_support import (
     whole_image_scores,
 )
 from tests.tolerances import assert_close_relative, assert_labels_equal_except_ties
+
+zarr = pytest.importorskip("zarr")
+pytest.importorskip("distributed")
 
 pytestmark = [
     pytest.mark.xdist_group("dask"),

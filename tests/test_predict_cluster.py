@@ -17,7 +17,6 @@ import numpy as np
 import pytest
 import tifffile
 import torch
-import zarr
 from PIL import Image
 from torch import nn
 
@@ -34,6 +33,7 @@ from tests.tolerances import assert_labels_equal_except_ties
 
 pytestmark = pytest.mark.xdist_group("dask")
 distributed = pytest.importorskip("distributed")
+zarr = pytest.importorskip("zarr")
 
 WORKER_MEMORY = 2**30
 # the native solver in NCHW everywhere: no timing of solver candidates in each worker (the workers inherit it)

@@ -112,6 +112,7 @@ def predict(
     """
     from ..modelfile import load
 
+    _require_dist()
     loaded = load(model)
     model = str(Path(model).resolve())
     input, output = Path(input), Path(output)
@@ -137,6 +138,16 @@ def predict(
     if not input.is_file():
         raise PredictInputError(f"{input}: no such file, directory or zarr array")
     return _predict_one_image(loaded, input, output, max_memory, device)
+
+
+def _require_dist() -> None:
+    try:
+        import distributed  # noqa: F401
+        import zarr  # noqa: F401
+    except ImportError as exc:
+        raise PredictInputError(
+            f"densecnn predict needs the 'dist' extra ({exc.name} is missing): pip install 'densecnn[dist]'"
+        ) from None
 
 
 def _chunked_source(input: Path, channel_axis: int | None, spatial_dims: int) -> ArraySource:
