@@ -14,3 +14,7 @@ class ModelFileError(ValueError):
 
 class DenseEquivalenceWarning(UserWarning):
     """The dense net will not match patch-by-patch scanning (e.g. BatchNorm/Dropout in training mode)."""
+
+
+class ExtensionUnavailableWarning(RuntimeWarning):
+    """densecnn's compiled kernels are not built or failed to load; torch-only solvers are used instead."""
