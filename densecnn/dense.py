@@ -115,20 +115,28 @@ class DenseCNN(nn.Module):
         self._warn_if_stochastic()
         return self._run_tiled(x, max_memory, labels=True)
 
-    def warm(self, shape, *, dtype: torch.dtype = torch.float32, train: bool = False) -> None:
-        """Prepare everything a call on (N, C, H, W) images of ``shape`` needs, so that the first real call is as
-        fast as the next: the plan (tuned if ``tune`` is set) and torch's kernels for those shapes, by one call on
-        zeros. ``train`` warms a training step (forward + backward) instead of inference.
+    def warm(
+        self, shape, *, dtype: torch.dtype = torch.float32, max_memory: int | None = None, train: bool = False
+    ) -> None:
+        """Prepare what a call on (N, C, H, W) images of ``shape`` needs, so that the first real call is as fast as
+        the next: the plans (tuned if ``tune`` is set) and torch's own first-call work for those shapes, by one call
+        on zeros: ``predict(x, max_memory)`` (with ``max_memory``, the plan of its tile shape), or with ``train`` a
+        training step (forward and backward; the parameters' gradients are left as they were).
 
-        >>> dense.warm((1, 3, 512, 512))  # e.g. at a service's start-up, once per configured size
+        >>> dense.warm((1, 3, 512, 512))  # e.g. at a service's start-up, once per expected size
         """
         x = torch.zeros(shape, dtype=dtype, device=next(self.parameters()).device)
-        with torch.set_grad_enabled(train):
-            scores = self.forward(x)
-            if train:
+        if not train:
+            self.predict(x, max_memory=max_memory)
+            return
+        params = list(self.parameters())
+        grads = [p.grad for p in params]
+        with torch.enable_grad():
+            scores = self.forward(x, max_memory=max_memory)
+            if scores.requires_grad:
                 scores.sum().backward()
-                for p in self.parameters():
-                    p.grad = None
+        for p, grad in zip(params, grads):
+            p.grad = grad
 
     def _run_tiled(self, x: torch.Tensor, max_memory: int, *, labels: bool) -> torch.Tensor:
         tiling.check_max_memory(max_memory)

@@ -278,7 +278,7 @@ def test_warm_makes_the_plans_of_the_first_call(monkeypatch):
     dense = densecnn.convert(model.float(), patch)
     dense.warm((1, channels, 12, 12))
     dense.warm((1, channels, 12, 12), train=True)
-    assert all(p.grad is None for p in model.parameters())
+    assert all(p.grad is None for p in model.parameters())  # gradients untouched
     monkeypatch.setattr(plan, "make_plan", None)
     monkeypatch.setattr(densecnn.dense, "make_plan", None)
     x = torch.rand(1, channels, 12, 12)

@@ -6,10 +6,13 @@ dense ops (convs and pools of various kernels, dilations, channels and map sizes
 
     log(ms) ≈ β · features(op, input shape)
 
-over the log of the output pixels, channels, kernel taps and dilation (:func:`features`). The plan ranks candidates
-by these predictions, so the first call on a new machine or image size runs at once; the find step
+over the log of the output pixels, channels, kernel taps and dilation (:func:`features`). A prediction is that fit
+plus the residuals of the nearest measured problems (weighted by their closeness in feature space, fading to none
+far from any measurement): solver speeds have steps a global fit smooths over (a format that wins at 64 channels
+and loses at 3), and the measured grid includes the layers of common nets. The plan ranks candidates by these
+predictions, so the first call on a new machine or image size runs at once; the find step
 (:mod:`densecnn.ops.find`, ``densecnn tune``) replaces them by real timings when asked. The absolute numbers are the
-shipping machine's; only their ranking is used.
+shipping machine's; the plan uses them to compare candidates and memory formats.
 
 >>> from densecnn.ops.solvers import PoolSpec
 >>> table = predict(PoolSpec("max_pool2d", (2, 2), (8, 8)), (1, 50, 300, 300), torch.float32, train=False,
@@ -23,6 +26,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -31,16 +35,11 @@ from ..geometry import output_size
 from .solvers import ConvSpec, Spec
 
 MODEL_FILE = Path(__file__).with_name("cost_model.json")
-FEATURES = (
-    "bias",
-    "log_out_pixels",
-    "log_out_channels",
-    "log_in_channels_per_group",
-    "log_taps",
-    "log_dilation",
-)
-FEATURES += ("activation",)
+FEATURES = ("bias", "log_out_pixels", "log_out_channels", "log_in_channels_per_group", "log_taps")
+FEATURES += ("log_dilation", "activation")
 RIDGE = 1e-3  # keeps the fit well-posed when a feature barely varies within a group
+NEIGHBOURS = 4  # measured problems whose residuals correct a prediction
+BANDWIDTH = 0.5  # closeness scale of the correction, in standard deviations of each feature
 
 
 def problem(spec: Spec, shape) -> dict:
@@ -92,16 +91,74 @@ def fit(measurements: list[dict]) -> dict[str, list[float]]:
     return models
 
 
+@dataclass(frozen=True)
+class _Group:
+    beta: torch.Tensor  # (features,)
+    points: torch.Tensor  # (problems, features): the measured problems' features, scaled
+    residuals: torch.Tensor  # (problems,): log(measured ms) - the fit's log prediction
+
+
+class CostModel:
+    """Fitted models plus the measurements behind them; :meth:`time_ms` predicts one candidate's time."""
+
+    def __init__(self, models: dict[str, list[float]], problems: list[dict]):
+        rows: dict[str, list[tuple[list[float], float]]] = {}
+        for row in measurement_rows(problems):
+            if row["ms"]:
+                key = group(row["op"], row["solver"], row["format"], row["direction"], row["dtype"])
+                rows.setdefault(key, []).append((features(row), math.log(row["ms"])))
+        every = torch.tensor([f for r in rows.values() for f, _ in r] or [[0.0] * len(FEATURES)])
+        spread = every.double().std(0) if len(every) > 1 else torch.zeros(len(FEATURES), dtype=torch.float64)
+        self.scale = torch.where(spread > 1e-9, 1 / spread.clamp(min=1e-9), torch.zeros(()))  # bias: 0
+        self.groups = {}
+        for key, beta in models.items():
+            beta = torch.tensor(beta, dtype=torch.float64)
+            x = torch.tensor([f for f, _ in rows.get(key, [])], dtype=torch.float64).view(-1, len(FEATURES))
+            y = torch.tensor([t for _, t in rows.get(key, [])], dtype=torch.float64)
+            self.groups[key] = _Group(beta, x * self.scale, y - x @ beta)
+
+    @classmethod
+    def fitted(cls, problems: list[dict]) -> CostModel:
+        """Fit to measured problems (as ``cost_model.json`` stores them)."""
+        return cls(fit(measurement_rows(problems)), problems)
+
+    def time_ms(self, row: dict, solver: str, memory_format: str, direction: str, dtype: str) -> float | None:
+        """Predicted ms of ``solver`` on the problem ``row`` (:func:`problem`); None without a model for it (the
+        float32 models stand in for other dtypes)."""
+        g = self.groups.get(group(row["op"], solver, memory_format, direction, dtype))
+        g = g or self.groups.get(group(row["op"], solver, memory_format, direction, "float32"))
+        if g is None:
+            return None
+        x = torch.tensor(features(row), dtype=torch.float64)
+        log_ms = float(g.beta @ x)
+        if len(g.residuals):
+            distances = ((g.points - x * self.scale) ** 2).sum(1).sqrt()  # (problems,)
+            near = distances.topk(min(NEIGHBOURS, len(distances)), largest=False)
+            weights = torch.exp(-((near.values / BANDWIDTH) ** 2))
+            log_ms += float((weights * g.residuals[near.indices]).sum() / (weights.sum() + math.exp(-1.0)))
+        return math.exp(log_ms)
+
+
 @functools.cache
-def _models() -> dict[str, list[float]]:
+def shipped() -> CostModel:
+    """The model in ``cost_model.json`` (an empty one if the file is missing or unreadable)."""
     try:
-        return json.loads(MODEL_FILE.read_text())["models"]
+        document = json.loads(MODEL_FILE.read_text())
+        return CostModel(document["models"], document["problems"])
     except (OSError, ValueError, KeyError):
-        return {}
+        return CostModel({}, [])
 
 
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
+def measurement_rows(problems: list[dict]) -> list[dict]:
+    """One row per (problem, direction, memory format, solver) of the file's problems, as :func:`fit` takes them."""
+    rows = []
+    for p in problems:
+        base = {k: v for k, v in p.items() if k != "times_ms"}
+        for direction, table in p["times_ms"].items():
+            for fmt, times in table.items():
+                for solver, ms in times.items():
+                    rows.append({**base, "direction": direction, "format": fmt, "solver": solver, "ms": ms})
+    return rows
 
 
 def predict(
@@ -110,17 +167,12 @@ def predict(
     """``{memory_format: {solver: predicted ms}}`` for ``spec`` on an input of ``shape`` — the find step's table,
     predicted. A solver without a fitted model for this op gets None (not chosen), except ``native``, which gets a
     neutral 1.0 so that a net always has a plan. Dtypes not in the file use the float32 models."""
-    models, row = _models(), problem(spec, shape)
-    direction = "train" if train else "infer"
-    x = features(row)
+    model, row = shipped(), problem(spec, shape)
+    direction, dtype_name = "train" if train else "infer", str(dtype).removeprefix("torch.")
     table: dict[str, dict[str, float | None]] = {}
     for memory_format in ("nchw", "nhwc"):
         table[memory_format] = {}
         for solver in candidates:
-            beta = models.get(group(spec.op, solver, memory_format, direction, _dtype_name(dtype)))
-            beta = beta or models.get(group(spec.op, solver, memory_format, direction, "float32"))
-            if beta is not None:
-                table[memory_format][solver] = math.exp(sum(b * f for b, f in zip(beta, x)))
-            else:
-                table[memory_format][solver] = 1.0 if solver == "native" else None
+            ms = model.time_ms(row, solver, memory_format, direction, dtype_name)
+            table[memory_format][solver] = ms if ms is not None or solver != "native" else 1.0
     return table

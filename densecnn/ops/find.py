@@ -138,17 +138,23 @@ def cached(
 
 
 def time_candidates(
-    spec: Spec, shape, dtype, device, *, train: bool, ext: bool, input_grad: bool
+    spec: Spec, shape, dtype, device, *, train: bool, ext: bool, input_grad: bool, every: bool = False
 ) -> dict[str, dict[str, float | None]]:
-    """``{memory_format: {solver: ms}}``: every candidate timed now on random data of exactly ``shape``."""
+    """``{memory_format: {solver: ms}}``: every candidate timed now on random data of exactly ``shape``.
+
+    ``every``: time each candidate fully (as the cost model's measurements need), instead of giving up on one whose
+    warm-up is already :data:`GIVE_UP` times slower than the best so far (then its warm-up time is recorded).
+    """
     return {
-        fmt: _time_candidates(spec, shape, fmt, dtype, device, train=train, ext=ext, input_grad=input_grad)
+        fmt: _time_candidates(
+            spec, shape, fmt, dtype, device, train=train, ext=ext, input_grad=input_grad, every=every
+        )
         for fmt in MEMORY_FORMATS
     }
 
 
 def _time_candidates(
-    spec: Spec, shape, fmt: str, dtype, device, *, train: bool, ext: bool, input_grad: bool
+    spec: Spec, shape, fmt: str, dtype, device, *, train: bool, ext: bool, input_grad: bool, every: bool = False
 ) -> dict:
     generator = torch.Generator(device="cpu").manual_seed(0)
     x = torch.randn(list(shape), generator=generator, dtype=dtype).to(device)
@@ -156,7 +162,7 @@ def _time_candidates(
     spec = _synthetic(spec, generator, dtype, device, train)
     times: dict[str, float | None] = {}
     for name in solvers.candidates(spec, ext_available=ext, dtype=dtype):
-        best = min((t for t in times.values() if t), default=None)
+        best = None if every else min((t for t in times.values() if t), default=None)
         times[name] = _time_one(name, spec, x, train=train, best=best)
     return times
 
