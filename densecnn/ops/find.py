@@ -154,7 +154,16 @@ def time_candidates(
 
 
 def _time_candidates(
-    spec: Spec, shape, fmt: str, dtype, device, *, train: bool, ext: bool, input_grad: bool, every: bool = False
+    spec: Spec,
+    shape,
+    fmt: str,
+    dtype,
+    device,
+    *,
+    train: bool,
+    ext: bool,
+    input_grad: bool,
+    every: bool = False,
 ) -> dict:
     generator = torch.Generator(device="cpu").manual_seed(0)
     x = torch.randn(list(shape), generator=generator, dtype=dtype).to(device)
