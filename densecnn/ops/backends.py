@@ -27,6 +27,9 @@ class Backend(str, enum.Enum):
     NATIVE = "native"
     EXT = "ext"
 
+    def __str__(self) -> str:
+        return self.value
+
 
 _warned = False
 
