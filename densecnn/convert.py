@@ -27,7 +27,9 @@ def as_patch_size(patch_size) -> tuple[int, int]:
     return pair
 
 
-def convert(model: nn.Module, patch_size, *, padding_mode: str = "zeros", backend: str = "auto") -> DenseCNN:
+def convert(
+    model: nn.Module, patch_size, *, padding_mode: str = "zeros", backend: str = "auto", tune: bool = False
+) -> DenseCNN:
     """Convert a patch classifier into a DenseCNN that labels every pixel of a whole image in one pass.
 
     ``model`` maps (B, C, Ph, Pw) patches to (B, K) scores (or (B, K, 1, 1)). The dense net uses the very same
@@ -37,7 +39,10 @@ def convert(model: nn.Module, patch_size, *, padding_mode: str = "zeros", backen
         model: an ``nn.Sequential`` (nested allowed) or a module whose ``torch.fx`` trace is a chain of layers.
         patch_size: the patch size the model was trained on, int or (h, w).
         padding_mode: how the image is extended beyond its border: "zeros", "reflect" or "replicate".
-        backend: "auto", "native" (torch ops) or "ext" (densecnn's own kernels).
+        backend: which solvers may run the dense ops (:class:`densecnn.ops.Backend`): "auto" (all), "native"
+            (torch's dilated ops, NCHW) or "ext" (densecnn's own kernels).
+        tune: time the candidate solvers of each layer on the first call for a new input shape (cached on disk)
+            instead of choosing at once from the shipped cost model; see docs/performance.md.
 
     Raises:
         ConversionError: a layer cannot be converted exactly; the message names it and says what to do.
@@ -80,6 +85,7 @@ def convert(model: nn.Module, patch_size, *, padding_mode: str = "zeros", backen
         num_classes=ctx.channels,
         padding_mode=padding_mode,
         backend=backend,
+        tune=tune,
     )
     dense.onnx_exports = tuple(record.export for _, record in converted)  # read by densecnn.onnx_export
     return dense

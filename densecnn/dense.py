@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import math
 import os
 import warnings
 
 import torch
 from torch import nn
 
-from . import ops, tiling
+from . import tiling
 from .errors import DenseEquivalenceWarning
-from .layers import WindowLayer
-from .ops.plan import Plan, make_plan
-from .padding import pad_image
+from .geometry import Size
+from .layers import WindowLayer, output_shape
+from .ops.backends import Backend, check_backend, ext_available
+from .ops.plan import Plan, find_requested, make_plan
+from .padding import dense_padding, pad_image
 
 _STOCHASTIC = (nn.modules.batchnorm._BatchNorm, nn.modules.dropout._DropoutNd)
 
@@ -23,17 +26,20 @@ class DenseCNN(nn.Module):
     ``forward(x)`` maps (N, C, H, W) images to (N, K, H, W) scores with ``out[n, :, i, j] == model(patch centred at
     (i, j))``, the image padded as ``padding_mode`` says (top/left ⌊(P-1)/2⌋, bottom/right ⌊P/2⌋).
 
-    With backend "auto" (or "ext"), the first call for an input shape picks the fastest solver per layer and one
-    memory format for the whole net (:mod:`densecnn.ops.plan`, timings cached on disk by :mod:`densecnn.ops.find`);
-    backend "native" runs torch's dilated ops layer by layer in NCHW. ``max_memory`` (bytes) splits the work into
-    exact tiles (:mod:`densecnn.tiling`).
+    The first call for an input shape picks a solver per layer and one memory format for the whole net
+    (:mod:`densecnn.ops.plan`) at once, from the shipped cost model; with ``tune`` (or ``DENSECNN_FIND=1``) it
+    times the candidates instead and caches the times on disk (:mod:`densecnn.ops.find`), which later plans reuse.
+    ``backend`` restricts the candidates: "native" runs torch's dilated ops in NCHW, "ext" densecnn's kernels only.
+    ``max_memory`` (bytes) splits the work into exact tiles (:mod:`densecnn.tiling`).
 
     Attributes:
         patch_size: (Ph, Pw) the patch model was trained on.
         receptive_field: (Rh, Rw), the pixels each output actually depends on (≤ patch_size).
         in_channels, num_classes: input channels C and output classes K.
         padding_mode: "zeros", "reflect" or "replicate".
-        solver, memory_format: None (chosen by timing) or a solver name / "nchw" / "nhwc" to force for every layer
+        backend: the :class:`~densecnn.ops.Backend` whose solvers the plans may use.
+        tune: time the candidate solvers of every new problem instead of predicting their times.
+        solver, memory_format: None (chosen by the plan) or a solver name / "nchw" / "nhwc" to force for every layer
             (also settable by the environment variables DENSECNN_SOLVER and DENSECNN_MEMORY_FORMAT).
     """
 
@@ -45,7 +51,8 @@ class DenseCNN(nn.Module):
         in_channels: int | None,
         num_classes: int,
         padding_mode: str,
-        backend: str,
+        backend: str = "auto",
+        tune: bool = False,
     ):
         super().__init__()
         self.features = nn.Sequential(*layers)
@@ -58,6 +65,7 @@ class DenseCNN(nn.Module):
             for axis in (0, 1)
         )
         self.backend = backend
+        self.tune = tune
         self.solver: str | None = None
         self.memory_format: str | None = None
         self._plans: dict[tuple, Plan] = {}
@@ -66,20 +74,17 @@ class DenseCNN(nn.Module):
         return [layer for layer in self.features if isinstance(layer, WindowLayer)]
 
     @property
-    def backend(self) -> str:
+    def backend(self) -> Backend:
         return self._backend
 
     @backend.setter
     def backend(self, backend: str) -> None:
-        self._backend = backend
-        for layer in self.window_layers():
-            layer.backend = backend
+        self._backend = check_backend(backend)
 
     def pad(self, x: torch.Tensor) -> torch.Tensor:
         """(N, C, H, W) -> (N, C, H+Rh-1, W+Rw-1): the padding the dense ops consume, so the output is H×W."""
-        top, left = ((p - 1) // 2 for p in self.patch_size)
-        bottom, right = self.receptive_field[0] - 1 - top, self.receptive_field[1] - 1 - left
-        return pad_image(x, (top, left), (bottom, right), self.padding_mode)
+        before, after = dense_padding(self.patch_size, self.receptive_field)
+        return pad_image(x, before, after, self.padding_mode)
 
     def forward(self, x: torch.Tensor, max_memory: int | None = None) -> torch.Tensor:
         """(N, C, H, W) float images -> (N, K, H, W) scores, one patch-model output per pixel.
@@ -93,7 +98,7 @@ class DenseCNN(nn.Module):
         self._check_input(x)
         self._warn_if_stochastic()
         if max_memory is not None:
-            return tiling.run_tiled(self, x, max_memory, labels=False)
+            return self._run_tiled(x, max_memory, labels=False)
         return self.run_padded(self.pad(x))
 
     @torch.no_grad()
@@ -108,23 +113,71 @@ class DenseCNN(nn.Module):
             return self.forward(x).argmax(1)
         self._check_input(x)
         self._warn_if_stochastic()
-        return tiling.run_tiled(self, x, max_memory, labels=True)
+        return self._run_tiled(x, max_memory, labels=True)
+
+    def warm(
+        self, shape, *, dtype: torch.dtype = torch.float32, max_memory: int | None = None, train: bool = False
+    ) -> None:
+        """Prepare what a call on (N, C, H, W) images of ``shape`` needs, so that the first real call is as fast as
+        the next: the plans (tuned if ``tune`` is set) and torch's own first-call work for those shapes, by one call
+        on zeros: ``predict(x, max_memory)`` (with ``max_memory``, the plan of its tile shape), or with ``train`` a
+        training step (forward and backward; the parameters' gradients are left as they were).
+
+        >>> dense.warm((1, 3, 512, 512))  # e.g. at a service's start-up, once per expected size
+        """
+        x = torch.zeros(shape, dtype=dtype, device=next(self.parameters()).device)
+        if not train:
+            self.predict(x, max_memory=max_memory)
+            return
+        params = list(self.parameters())
+        grads = [p.grad for p in params]
+        with torch.enable_grad():
+            scores = self.forward(x, max_memory=max_memory)
+            if scores.requires_grad:
+                scores.sum().backward()
+        for p, grad in zip(params, grads):
+            p.grad = grad
+
+    def _run_tiled(self, x: torch.Tensor, max_memory: int, *, labels: bool) -> torch.Tensor:
+        tiling.check_max_memory(max_memory)
+        estimate = self.memory_estimate(x.shape, x.element_size(), labels=labels, train=self._trains(x))
+        tile = tiling.choose_tile(x.shape, max_memory, estimate, labels=labels)
+        return tiling.run_tiled(self.run_padded, self.pad(x), tile, self.receptive_field, labels=labels)
+
+    def memory_estimate(self, shape, itemsize: int, *, labels: bool, train: bool) -> tiling.MemoryEstimate:
+        """Bytes a tiled call on (N, C, H, W) images of ``shape`` holds, and needs per output tile (from the layer
+        shapes; see :mod:`densecnn.tiling`). ``labels``: only labels are kept; ``train``: under autograd."""
+        n, c, *size = shape
+        padded = math.prod(s + r - 1 for s, r in zip(size, self.receptive_field))
+        result = n * math.prod(size) * (8 if labels else self.num_classes * itemsize)
+
+        def tile(tile_size: Size) -> int:
+            layer_shape = (n, c, *(t + r - 1 for t, r in zip(tile_size, self.receptive_field)))
+            sizes = [math.prod(layer_shape)]
+            for layer in self.features:
+                layer_shape = output_shape(layer, layer_shape)
+                sizes.append(math.prod(layer_shape))
+            return tiling.tile_peak_bytes(sizes, itemsize, train=train)
+
+        return tiling.MemoryEstimate(held=n * c * padded * itemsize + result, tile=tile)
 
     def run_padded(self, padded: torch.Tensor) -> torch.Tensor:
         """Run the dense layers on an already padded (N, C, H+Rh-1, W+Rw-1) input -> (N, K, H, W)."""
-        if self.backend == "native":
-            return self.features(padded)
         return self.plan(padded)(padded)
 
-    def plan(self, padded: torch.Tensor) -> Plan:
-        """The solver plan for this input (found and cached per shape, dtype, device and direction)."""
-        train = torch.is_grad_enabled() and (
-            padded.requires_grad or any(p.requires_grad for p in self.parameters())
+    def _trains(self, x: torch.Tensor) -> bool:
+        return torch.is_grad_enabled() and (
+            x.requires_grad or any(p.requires_grad for p in self.parameters())
         )
+
+    def plan(self, padded: torch.Tensor) -> Plan:
+        """The solver plan for this input (made once per shape, dtype, device, direction and forcing)."""
+        train = self._trains(padded)
+        tune = find_requested(self.tune)
         key = (
-            tuple(padded.shape), padded.dtype, padded.device, train, padded.requires_grad, self.backend, self.solver,
-            self.memory_format,
-            os.environ.get("DENSECNN_SOLVER"), os.environ.get("DENSECNN_MEMORY_FORMAT"), ops.ext_available(),
+            tuple(padded.shape), padded.dtype, padded.device, train, padded.requires_grad, self.backend, tune,
+            self.solver, self.memory_format,
+            os.environ.get("DENSECNN_SOLVER"), os.environ.get("DENSECNN_MEMORY_FORMAT"), ext_available(),
         )  # fmt: skip
         if key not in self._plans:
             self._plans[key] = make_plan(
@@ -137,6 +190,7 @@ class DenseCNN(nn.Module):
                 solver=self.solver,
                 memory_format=self.memory_format,
                 input_grad=padded.requires_grad,
+                tune=tune,
             )
         return self._plans[key]
 
@@ -149,7 +203,7 @@ class DenseCNN(nn.Module):
         if not x.is_floating_point():
             raise TypeError(f"expected a floating-point tensor, got {x.dtype}; convert with x.float()")
         weight = next(self.parameters(), None)
-        if self.backend == "native" and weight is not None and x.dtype != weight.dtype:
+        if self.backend is Backend.NATIVE and weight is not None and x.dtype != weight.dtype:
             raise TypeError(
                 f"backend='native' computes in the model's dtype ({weight.dtype}), the images are {x.dtype}; "
                 f"convert them with x.to({weight.dtype}) or use backend='auto', which computes in the images' dtype"
@@ -173,5 +227,5 @@ class DenseCNN(nn.Module):
     def extra_repr(self) -> str:
         return (
             f"patch_size={self.patch_size}, receptive_field={self.receptive_field}, "
-            f"padding_mode={self.padding_mode!r}, backend={self.backend!r}"
+            f"padding_mode={self.padding_mode!r}, backend={self.backend.value!r}"
         )

@@ -37,3 +37,7 @@ class DatasetError(ValueError):
 class TrainingError(ValueError):
     """A training run cannot start or continue: an invalid option, a run directory in the wrong state, or a damaged
     checkpoint. The message names the option (``--batch``) or the file, and the fix."""
+
+
+class ExtensionUnavailableWarning(RuntimeWarning):
+    """densecnn's compiled kernels are not built or failed to load; torch-only solvers are used instead."""

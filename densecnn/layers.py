@@ -11,18 +11,22 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import ops
+from .geometry import Size, output_size
+from .ops import solvers
 from .ops.solvers import ConvSpec, PoolSpec
 
-Pair = tuple[int, int]
+Shape = tuple[int, ...]  # (N, C, *spatial)
 
 
-def _mul(a: Pair, b: Pair) -> Pair:
-    return a[0] * b[0], a[1] * b[1]
+def _mul(a: Size, b: Size) -> Size:
+    return tuple(x * y for x, y in zip(a, b, strict=True))
 
 
 class WindowLayer(nn.Module):
     """A stride-1 op sliding a ``kernel`` window whose taps are ``dilation`` pixels apart.
+
+    Called on its own, a layer runs its op with torch's dilated ops (the ``native`` solver); inside a
+    :class:`~densecnn.DenseCNN`, the net's plan picks the solver (:mod:`densecnn.ops.plan`).
 
     Attributes:
         kernel: (kh, kw) taps of the window.
@@ -30,11 +34,18 @@ class WindowLayer(nn.Module):
         dilation: (dh, dw) tap spacing of the dense op, in input pixels.
     """
 
-    backend: str = "auto"
-
-    def __init__(self, kernel: Pair, stride: Pair, dilation: Pair):
+    def __init__(self, kernel: Size, stride: Size, dilation: Size):
         super().__init__()
-        self.kernel, self.stride, self.dilation = kernel, stride, dilation
+        self.kernel, self.stride, self.dilation = tuple(kernel), tuple(stride), tuple(dilation)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (N, C, H, W) -> (N, C', H', W')
+        return solvers.run("native", self.spec(), x)
+
+    def output_shape(self, shape: Shape) -> Shape:
+        """The (N, C', H', W') this layer outputs for an input of ``shape``."""
+        spec = self.spec()
+        channels = spec.weight.shape[0] if isinstance(spec, ConvSpec) else shape[1]
+        return (shape[0], channels, *output_size(tuple(shape[2:]), self.kernel, self.dilation))
 
     def strided(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
@@ -50,13 +61,9 @@ class WindowLayer(nn.Module):
 class DenseConv2d(WindowLayer):
     """A patch net's ``nn.Conv2d`` (no padding, any stride) as a stride-1 conv with dilation ``d · conv.dilation``."""
 
-    def __init__(self, conv: nn.Conv2d, input_dilation: Pair):
+    def __init__(self, conv: nn.Conv2d, input_dilation: Size):
         super().__init__(conv.kernel_size, conv.stride, _mul(input_dilation, conv.dilation))
         self.source = conv
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (N, C, H, W) -> (N, K, H', W')
-        conv = self.source
-        return ops.conv2d(x, conv.weight, conv.bias, self.dilation, conv.groups, backend=self.backend)
 
     def strided(self, x: torch.Tensor) -> torch.Tensor:
         conv = self.source
@@ -78,7 +85,7 @@ class DenseLinear(WindowLayer):
     The kernel is a view of ``linear.weight`` (flatten order is C, then rows, then columns), never a copy.
     """
 
-    def __init__(self, linear: nn.Linear, map_shape: tuple[int, int, int], input_dilation: Pair):
+    def __init__(self, linear: nn.Linear, map_shape: tuple[int, int, int], input_dilation: Size):
         super().__init__(map_shape[1:], (1, 1), input_dilation)
         self.source = linear
         self.map_shape = map_shape
@@ -86,9 +93,6 @@ class DenseLinear(WindowLayer):
     @property
     def weight(self) -> torch.Tensor:  # (K, C, mh, mw), a view of the Linear's (K, C·mh·mw) weight
         return self.source.weight.view(self.source.out_features, *self.map_shape)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return ops.conv2d(x, self.weight, self.source.bias, self.dilation, 1, backend=self.backend)
 
     def strided(self, x: torch.Tensor) -> torch.Tensor:
         return F.conv2d(x, self.weight, self.source.bias)
@@ -103,12 +107,9 @@ class DenseLinear(WindowLayer):
 class DenseMaxPool2d(WindowLayer):
     """Max pooling with the patch net's kernel, stride 1 and dilation ``d · pool.dilation``."""
 
-    def __init__(self, kernel: Pair, stride: Pair, source_dilation: Pair, input_dilation: Pair):
+    def __init__(self, kernel: Size, stride: Size, source_dilation: Size, input_dilation: Size):
         super().__init__(kernel, stride, _mul(input_dilation, source_dilation))
         self.source_dilation = source_dilation
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return ops.max_pool2d(x, self.kernel, self.dilation, backend=self.backend)
 
     def strided(self, x: torch.Tensor) -> torch.Tensor:
         return F.max_pool2d(x, self.kernel, self.stride, 0, self.source_dilation)
@@ -121,12 +122,9 @@ class DenseAvgPool2d(WindowLayer):
     """Average pooling with the patch net's kernel, stride 1 and dilation ``d``: the mean of the kh·kw dilated taps
     (or their sum over ``divisor``, for ``AvgPool2d(divisor_override=...)``)."""
 
-    def __init__(self, kernel: Pair, stride: Pair, input_dilation: Pair, divisor: int | None = None):
+    def __init__(self, kernel: Size, stride: Size, input_dilation: Size, divisor: int | None = None):
         super().__init__(kernel, stride, input_dilation)
         self.divisor = divisor
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return ops.avg_pool2d(x, self.kernel, self.dilation, self.divisor, backend=self.backend)
 
     def strided(self, x: torch.Tensor) -> torch.Tensor:
         return F.avg_pool2d(x, self.kernel, self.stride, 0, divisor_override=self.divisor)
@@ -175,3 +173,8 @@ class ChannelSoftmax(nn.Module):
 
     def extra_repr(self) -> str:
         return "log=True" if self.log else ""
+
+
+def output_shape(layer: nn.Module, shape: Shape) -> Shape:
+    """The shape ``layer`` of a dense net outputs for an input of ``shape`` (pointwise layers keep it)."""
+    return layer.output_shape(shape) if isinstance(layer, WindowLayer) else shape

@@ -15,6 +15,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .geometry import Size
+
 PADDING_MODES = ("zeros", "reflect", "replicate")
 
 
@@ -31,12 +33,30 @@ def patch_offsets(patch_size: int) -> tuple[int, int]:
     return (patch_size - 1) // 2, patch_size // 2
 
 
-def _source_index(length: int, before: int, after: int, padding_mode: str, device) -> torch.Tensor:
-    """Index into an axis of ``length`` for each of the ``before + length + after`` padded positions."""
-    positions = torch.arange(-before, length + after, device=device)
-    if padding_mode == "replicate" or length == 1:
-        return positions.clamp(0, length - 1)
-    period = 2 * (length - 1)  # reflect: ... 2 1 [0 1 2 ... L-1] L-2 ...
+def dense_padding(patch_size: Size, receptive_field: Size) -> tuple[Size, Size]:
+    """(before, after) per axis for a dense net: the patch centre's offsets, with ``after`` cut to what the dense ops
+    consume (R - 1 in all), so the output has the image's size. ``after`` is negative where R < P - before.
+
+    >>> dense_padding((133, 133), (133, 133))
+    ((66, 66), (66, 66))
+    """
+    before = tuple(patch_offsets(p)[0] for p in patch_size)
+    return before, tuple(r - 1 - b for r, b in zip(receptive_field, before, strict=True))
+
+
+def source_index(positions: torch.Tensor, length, padding_mode: str) -> torch.Tensor:
+    """For padded ``positions`` along an axis of ``length`` (an int, or a 0-d tensor while tracing for ONNX), the
+    index of the image pixel each one copies: the nearest (``replicate``) or the mirrored one (``reflect``).
+
+    >>> source_index(torch.arange(-2, 5), 3, "reflect")
+    tensor([2, 1, 0, 1, 2, 1, 0])
+    """
+    length = torch.as_tensor(length, device=positions.device)
+    if padding_mode == "replicate":
+        return torch.minimum(positions.clamp(min=0), length - 1)
+    period = torch.clamp(
+        2 * (length - 1), min=1
+    )  # reflect: ... 2 1 [0 1 2 ... L-1] L-2 ...; a 1-pixel axis: itself
     folded = positions.remainder(period)
     return torch.where(folded < length, folded, period - folded)
 
@@ -56,12 +76,12 @@ def pad_image(
     if padding_mode == "zeros":
         padded = F.pad(x, (left, max(right, 0), top, max(bottom, 0)))
         return padded[..., : top + x.shape[-2] + bottom, : left + x.shape[-1] + right]
-    rows = _source_index(x.shape[-2], top, bottom, padding_mode, x.device)
-    cols = _source_index(x.shape[-1], left, right, padding_mode, x.device)
+    rows = source_index(torch.arange(-top, x.shape[-2] + bottom, device=x.device), x.shape[-2], padding_mode)
+    cols = source_index(torch.arange(-left, x.shape[-1] + right, device=x.device), x.shape[-1], padding_mode)
     return x.index_select(-2, rows).index_select(-1, cols)
 
 
-def pad_for_patches(x: torch.Tensor, patch_size: tuple[int, int], padding_mode: str) -> torch.Tensor:
+def pad_for_patches(x: torch.Tensor, patch_size: Size, padding_mode: str) -> torch.Tensor:
     """Pad (N, C, H, W) so that every P×P window of the result is the patch of one pixel: (N, C, H+Ph-1, W+Pw-1)."""
     (top, bottom), (left, right) = patch_offsets(patch_size[0]), patch_offsets(patch_size[1])
     return pad_image(x, (top, left), (bottom, right), padding_mode)

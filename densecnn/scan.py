@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
@@ -94,13 +96,6 @@ def _interleave(fragments: torch.Tensor, strides: list[tuple[int, int]], n: int)
     col_axes = [2 * i + 1 for i in range(depth)]  # bL … b1
     base = 2 * depth
     x = x.permute(base, base + 1, base + 2, *row_axes, base + 3, *col_axes)  # (N, K, h, aL…a1, w, bL…b1)
-    rows = h * _prod(s[0] for s in strides)
-    cols = w * _prod(s[1] for s in strides)
+    rows = h * math.prod(s[0] for s in strides)
+    cols = w * math.prod(s[1] for s in strides)
     return x.reshape(n, k, rows, cols)
-
-
-def _prod(values) -> int:
-    result = 1
-    for v in values:
-        result *= v
-    return result

@@ -12,6 +12,9 @@ Solvers:
   back. Exact, and often much faster where torch's dilated kernels are slow (large dilations, pooling).
 - ``ext``: densecnn's own kernels (``cuda_ext``, see :mod:`densecnn.ops.ext`), when built.
 - ``ext_fused``: the ext pooling kernel fused with the following tanh/ReLU, for a pool step that has one.
+
+Which solver runs each layer is the plan's choice (:mod:`densecnn.ops.plan`): from the shipped cost model at once
+(:mod:`densecnn.ops.costmodel`), or from timings when asked to tune (:mod:`densecnn.ops.find`).
 """
 
 from __future__ import annotations
@@ -22,9 +25,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from . import native
+from ..geometry import Size, output_size
+from . import ext, native
 
-Pair = tuple[int, int]
 
 
 @dataclass(frozen=True)
@@ -33,14 +36,14 @@ class ConvSpec:
 
     weight: torch.Tensor
     bias: torch.Tensor | None
-    dilation: Pair
+    dilation: Size
     groups: int
 
     op = "conv2d"
     activation = None  # convs absorb no activation (class attributes, not fields)
 
     @property
-    def kernel(self) -> Pair:
+    def kernel(self) -> Size:
         return tuple(self.weight.shape[2:])
 
 
@@ -49,19 +52,13 @@ class PoolSpec:
     """A stride-1 dilated max or average pool, optionally followed by a pointwise ``activation`` ("tanh", "relu")."""
 
     op: str  # "max_pool2d" or "avg_pool2d"
-    kernel: Pair
-    dilation: Pair
+    kernel: Size
+    dilation: Size
     divisor: int | None = None
     activation: str | None = None
 
 
 Spec = ConvSpec | PoolSpec
-
-
-def _ext():
-    from . import ext_module
-
-    return ext_module()
 
 
 def _activate(y: torch.Tensor, activation: str | None) -> torch.Tensor:
@@ -97,7 +94,7 @@ def _is_channels_last(x: torch.Tensor) -> bool:
     return not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last)
 
 
-def to_subgrids(x: torch.Tensor, dilation: Pair) -> torch.Tensor:
+def to_subgrids(x: torch.Tensor, dilation: Size) -> torch.Tensor:
     """(N, C, H, W) -> (N·dh·dw, C, ⌈H/dh⌉, ⌈W/dw⌉): pixel (q·dh + r, p·dw + s) goes to (q, p) of sub-grid (r, s).
 
     The image is zero-padded to a multiple of the dilation; the padded pixels only feed outputs that are cropped.
@@ -115,7 +112,7 @@ def to_subgrids(x: torch.Tensor, dilation: Pair) -> torch.Tensor:
     return grids.permute(0, 3, 5, 1, 2, 4).reshape(n * dh * dw, c, hs, ws)
 
 
-def from_subgrids(y: torch.Tensor, n: int, dilation: Pair, size: Pair) -> torch.Tensor:
+def from_subgrids(y: torch.Tensor, n: int, dilation: Size, size: Size) -> torch.Tensor:
     """Inverse of :func:`to_subgrids` for the op's output: (N·dh·dw, K, ho, wo) -> (N, K, H', W') cropped to ``size``."""
     _, k, ho, wo = y.shape
     dh, dw = dilation
@@ -128,12 +125,8 @@ def from_subgrids(y: torch.Tensor, n: int, dilation: Pair, size: Pair) -> torch.
     return full[:, :, : size[0], : size[1]]
 
 
-def _output_size(x: torch.Tensor, kernel: Pair, dilation: Pair) -> Pair:
-    return tuple(x.shape[2 + a] - (kernel[a] - 1) * dilation[a] for a in (0, 1))
-
-
 def _space_to_batch(spec: Spec, x: torch.Tensor) -> torch.Tensor:
-    size = _output_size(x, spec.kernel, spec.dilation)
+    size = output_size(tuple(x.shape[2:]), spec.kernel, spec.dilation)
     subgrids = to_subgrids(x, spec.dilation) if spec.dilation != (1, 1) else x
     if isinstance(spec, ConvSpec):
         y = F.conv2d(subgrids, spec.weight, spec.bias, groups=spec.groups)
@@ -150,12 +143,12 @@ def _space_to_batch(spec: Spec, x: torch.Tensor) -> torch.Tensor:
 
 
 def _ext_op(spec: Spec, x: torch.Tensor) -> torch.Tensor:
-    return _run_ops(_ext(), spec, x)
+    return _run_ops(ext, spec, x)
 
 
 def _ext_fused(spec: PoolSpec, x: torch.Tensor) -> torch.Tensor:
     mode = "max" if spec.op == "max_pool2d" else "avg"
-    return _ext().pool2d_activation(x, spec.kernel, spec.dilation, mode, spec.activation, spec.divisor)
+    return ext.pool2d_activation(x, spec.kernel, spec.dilation, mode, spec.activation, spec.divisor)
 
 
 # --- registry ------------------------------------------------------------------------------------------------------
@@ -163,10 +156,19 @@ def _ext_fused(spec: PoolSpec, x: torch.Tensor) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class Solver:
+    """A named way to run dense ops: ``run(spec, x)`` where ``applies(spec)``, for inputs of ``dtypes`` (None: any)."""
+
     name: str
     run: Callable[[Spec, torch.Tensor], torch.Tensor]
     applies: Callable[[Spec], bool]
     needs_ext: bool = False
+    dtypes: frozenset[torch.dtype] | None = None
+
+    def supports(self, dtype: torch.dtype) -> bool:
+        return self.dtypes is None or dtype in self.dtypes
+
+
+_EXT_DTYPES = frozenset({torch.float32, torch.float64})
 
 
 def _dilated(spec: Spec) -> bool:
@@ -178,15 +180,25 @@ SOLVERS: dict[str, Solver] = {
     for solver in (
         Solver("native", _native, lambda spec: True),
         Solver("s2b", _space_to_batch, lambda spec: _dilated(spec) or spec.op == "avg_pool2d"),
-        Solver("ext", _ext_op, lambda spec: True, needs_ext=True),
-        Solver("ext_fused", _ext_fused, lambda spec: spec.activation is not None, needs_ext=True),
+        Solver("ext", _ext_op, lambda spec: True, needs_ext=True, dtypes=_EXT_DTYPES),
+        Solver(
+            "ext_fused",
+            _ext_fused,
+            lambda spec: spec.activation is not None,
+            needs_ext=True,
+            dtypes=_EXT_DTYPES,
+        ),
     )
 }
 
 
-def candidates(spec: Spec, *, ext_available: bool) -> list[str]:
-    """Names of the solvers that can run ``spec`` here, ``native`` first."""
-    return [s.name for s in SOLVERS.values() if s.applies(spec) and (ext_available or not s.needs_ext)]
+def candidates(spec: Spec, *, ext_available: bool, dtype: torch.dtype | None = None) -> list[str]:
+    """Names of the solvers that can run ``spec`` here (on inputs of ``dtype``, if given), ``native`` first."""
+    return [
+        s.name
+        for s in SOLVERS.values()
+        if s.applies(spec) and (ext_available or not s.needs_ext) and (dtype is None or s.supports(dtype))
+    ]
 
 
 def run(name: str, spec: Spec, x: torch.Tensor) -> torch.Tensor:
