@@ -29,7 +29,6 @@ from ..geometry import Size, output_size
 from . import ext, native
 
 
-
 @dataclass(frozen=True)
 class ConvSpec:
     """A stride-1 dilated conv: weight (K, C/groups, kh, kw), optional bias (K,)."""
