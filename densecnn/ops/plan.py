@@ -34,7 +34,7 @@ from ..layers import output_shape
 from ..rules.registry import fused_activation
 from . import costmodel, solvers
 from .backends import Backend, allowed_solvers, ext_available
-from .find import MEMORY_FORMATS, cached, find
+from .find import MEMORY_FORMATS, cached, find, memory_formats
 from .solvers import SOLVERS, PoolSpec
 
 Shape = tuple[int, ...]  # (N, C, *spatial)
@@ -148,14 +148,17 @@ def make_plan(
     input_grad: bool = False,
     tune: bool = False,
 ) -> Plan:
-    """The fastest plan for running ``features`` on a (N, C, H, W) input of ``shape``: per-layer times predicted
-    (immediate mode, or cached timings) or, with ``tune``, timed by :func:`find`.
+    """The fastest plan for running ``features`` on a (N, C, *S) input of ``shape``: per-layer times predicted
+    (immediate mode, or cached timings) or, with ``tune``, timed by :func:`find`. Signals and volumes run in NC*
+    (a forced "nhwc" applies to images only).
 
     ``train``: plan for forward + backward; ``input_grad``: whether the input itself needs a gradient.
     """
     forced, fmt_forced = forced_solver(solver), forced_memory_format(memory_format)
     if backend is Backend.NATIVE and fmt_forced is None:
         fmt_forced = "nchw"  # torch's dilated ops as they come: nothing to choose, nothing to time
+    if fmt_forced not in (None, *memory_formats(shape)):
+        fmt_forced = "nchw"  # channels-last is for images only
     allowed = allowed_solvers(backend, forced)
     ext = ext_available()
     steps = group_steps(features)
@@ -177,7 +180,7 @@ def make_plan(
                 input_grad=needs_grad,
             )
         shape = next_shape(step, shape)
-    formats = [fmt_forced] if fmt_forced else list(MEMORY_FORMATS)
+    formats = [fmt_forced] if fmt_forced else memory_formats(shape)
     best = {fmt: [_best(step.times, fmt, allowed, forced) for step in steps] for fmt in formats}
     chosen = min(formats, key=lambda fmt: sum(ms for _, ms in best[fmt]))
     for step, (name, _) in zip(steps, best[chosen]):
