@@ -17,7 +17,6 @@ from .patch_sizes import describe_nearest, smallest_equivalent
 from .rules import ConversionContext, LayerRecord, find_record, is_stochastic
 from .rules.registry import spatial_dims
 
-
 _AXES = {1: "(length,)", 2: "(height, width)", 3: "(depth, height, width)"}
 
 

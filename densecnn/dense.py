@@ -231,7 +231,9 @@ class DenseCNN(nn.Module):
             )
         if min(x.shape[2:]) < 1:
             what = _INPUTS[self.dims][0]
-            raise ValueError(f"{what} must have at least 1 pixel per axis, got {'x'.join(map(str, x.shape[2:]))}")
+            raise ValueError(
+                f"{what} must have at least 1 pixel per axis, got {'x'.join(map(str, x.shape[2:]))}"
+            )
 
     def _warn_if_stochastic(self) -> None:
         if any(m.training for m in self.modules() if isinstance(m, _STOCHASTIC)):

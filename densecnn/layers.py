@@ -78,7 +78,9 @@ class DenseConv(WindowLayer):
 
     def strided(self, x: torch.Tensor) -> torch.Tensor:
         conv = self.source
-        return functional("conv", self.dims)(x, conv.weight, conv.bias, conv.stride, 0, conv.dilation, conv.groups)
+        return functional("conv", self.dims)(
+            x, conv.weight, conv.bias, conv.stride, 0, conv.dilation, conv.groups
+        )
 
     def spec(self) -> ConvSpec:
         conv = self.source
@@ -141,7 +143,9 @@ class DenseAvgPool(WindowLayer):
     def strided(self, x: torch.Tensor) -> torch.Tensor:
         if self.dims == 1:  # F.avg_pool1d has no divisor_override (the rule passes none for AvgPool1d)
             return F.avg_pool1d(x, self.kernel, self.stride, 0)
-        return functional("avg_pool", self.dims)(x, self.kernel, self.stride, 0, divisor_override=self.divisor)
+        return functional("avg_pool", self.dims)(
+            x, self.kernel, self.stride, 0, divisor_override=self.divisor
+        )
 
     def spec(self) -> PoolSpec:
         return PoolSpec(f"avg_pool{self.dims}d", self.kernel, self.dilation, self.divisor)

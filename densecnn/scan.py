@@ -42,7 +42,7 @@ def scan_patches(
     scores = []
     for chunk in pixels.split(batch_size):
         index = torch.unravel_index(chunk, (n, *size))  # (image, *position)
-        patches = windows[index[0], :, *index[1:]]  # (B, C, *P)
+        patches = windows[(index[0], slice(None), *index[1:])]  # (B, C, *P)
         scores.append(model(patches).reshape(len(chunk), -1))  # (B, K)
     return torch.cat(scores).view(n, *size, -1).movedim(-1, 1)  # (N, K, *S)
 
@@ -93,7 +93,9 @@ def _interleave(fragments: torch.Tensor, strides: list[tuple[int, ...]], n: int)
     offset least significant."""
     _, k, *out = fragments.shape
     dims, depth = len(out), len(strides)
-    offsets = [s for stride in reversed(strides) for s in stride]  # batch = (layer L's offsets, …, layer 1's, n)
+    offsets = [
+        s for stride in reversed(strides) for s in stride
+    ]  # batch = (layer L's offsets, …, layer 1's, n)
     x = fragments.view(*offsets, n, k, *out)
     base = dims * depth
     order = [base, base + 1]  # (N, K, then per axis: its map size, then the offsets of layers L … 1)

@@ -64,7 +64,7 @@ class PoolSpec:
 
     @property
     def mode(self) -> str:
-        """"max" or "avg"."""
+        """ "max" or "avg"."""
         return self.op[:3]
 
 

@@ -61,7 +61,16 @@ def conv(conv: nn.modules.conv._ConvNd, ctx: ConversionContext):
 for _dims, _layer in _by_dims("Conv").items():
     register_rule(
         _layer,
-        args=("in_channels", "out_channels", "kernel_size", "stride", "padding", "dilation", "groups", "bias"),
+        args=(
+            "in_channels",
+            "out_channels",
+            "kernel_size",
+            "stride",
+            "padding",
+            "dilation",
+            "groups",
+            "bias",
+        ),
         export=export_conv,
         dims=_dims,
     )(conv)
@@ -100,9 +109,12 @@ def max_pool(pool: nn.modules.pooling._MaxPoolNd, ctx: ConversionContext):
 
 for _dims, _layer in _by_dims("MaxPool").items():
     _alias = Alias(
-        _functions("max_pool")[_dims], ("kernel_size", "stride", "padding", "dilation", "ceil_mode", "return_indices")
+        _functions("max_pool")[_dims],
+        ("kernel_size", "stride", "padding", "dilation", "ceil_mode", "return_indices"),
     )
-    register_rule(_layer, args=(*_POOL, "dilation"), aliases=[_alias], export=export_max_pool, dims=_dims)(max_pool)
+    register_rule(_layer, args=(*_POOL, "dilation"), aliases=[_alias], export=export_max_pool, dims=_dims)(
+        max_pool
+    )
 
 
 def avg_pool(pool: nn.modules.pooling._AvgPoolNd, ctx: ConversionContext):
@@ -381,7 +393,11 @@ def instance_norm(module: nn.modules.instancenorm._InstanceNorm, ctx: Conversion
 for _dims, _layer in _by_dims("InstanceNorm").items():
     # InstanceNorm1d, like BatchNorm1d, also reads (B, C) features: it implies no number of axes
     register_rule(
-        _layer, args=_BATCH_NORM, export=export_running_norm, stochastic=True, dims=_dims if _dims > 1 else None
+        _layer,
+        args=_BATCH_NORM,
+        export=export_running_norm,
+        stochastic=True,
+        dims=_dims if _dims > 1 else None,
     )(instance_norm)
 
 
@@ -411,4 +427,6 @@ def refuse(module: nn.Module, ctx: ConversionContext):
 
 for _layer in REFUSED:
     register_rule(_layer)(refuse)
-register_rule(nn.SyncBatchNorm, stochastic=True)(batch_norm)  # in eval mode: the running statistics, like BatchNorm
+register_rule(nn.SyncBatchNorm, stochastic=True)(
+    batch_norm
+)  # in eval mode: the running statistics, like BatchNorm

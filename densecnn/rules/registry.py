@@ -296,14 +296,18 @@ class ConversionContext:
         extent = tuple((k - 1) * d + 1 for k, d in zip(kernel, source_dilation, strict=True))
         self.steps.append(tuple(Window(e, s) for e, s in zip(extent, stride, strict=True)))
         if any(e > n for e, n in zip(extent, self.size)):
-            self.size_error(f"its {_x(extent)} window does not fit the {_x(self.size)} map this patch size leaves")
+            self.size_error(
+                f"its {_x(extent)} window does not fit the {_x(self.size)} map this patch size leaves"
+            )
         self.size = tuple(max((n - e) // s + 1, 1) for n, e, s in zip(self.size, extent, stride))
         self.dilation = tuple(d * s for d, s in zip(self.dilation, stride))
 
     def adapt(self, output_size) -> Size:
         """Account for an adaptive pool to ``output_size`` (None keeps an axis) as a pool whose kernel equals its
         stride; returns that kernel. The map must be a multiple of the output (equal windows)."""
-        outputs = (output_size,) * self.dims if isinstance(output_size, int) or output_size is None else output_size
+        outputs = (
+            (output_size,) * self.dims if isinstance(output_size, int) or output_size is None else output_size
+        )
         if len(outputs) != self.dims:
             raise self.error(
                 f"output_size={output_size} has {len(outputs)} entries for a map with {self.dims} spatial axes",
