@@ -86,8 +86,8 @@ def convert(
 
     Raises:
         ConversionError: a layer cannot be converted exactly; the message names it and says what to do.
-        PatchSizeError: the patch size does not bring the net to one output; the message names the nearest sizes
-            that do (computed in closed form from the layers, instantly whatever the size).
+        PatchSizeError: the patch size does not bring the net to one output, or has a number of entries other than
+            the layers' spatial axes; the message names the nearest sizes that do (computed in closed form from the layers, instantly whatever the size).
 
     Warns:
         PatchSizeWarning: a smaller patch size gives the same net (pooling floors drop the extra rows and columns),
@@ -104,7 +104,13 @@ def convert(
     check_padding_mode(padding_mode)
     check_backend(backend)
     chain = extract_chain(model)
-    patch = as_patch_size(patch_size, spatial_dims_of(chain, patch_size))
+    dims = spatial_dims_of(chain, patch_size)
+    if isinstance(patch_size, Sequence) and len(patch_size) != dims:
+        raise PatchSizeError(
+            f"patch_size {tuple(patch_size)} has {len(patch_size)} entries, but the model's layers have {dims} "
+            f"spatial axis/axes: give an int or {_AXES[dims]}"
+        )
+    patch = as_patch_size(patch_size, dims)
     try:
         converted, ctx = _convert_chain(chain, patch)
     except PatchSizeError as exc:

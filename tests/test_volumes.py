@@ -326,3 +326,30 @@ def test_channels_last_is_for_images_only(monkeypatch, tmp_path):
     with torch.no_grad():
         assert_equal_to_rounding(dense(x), densecnn.scan_patches(model, x, patch))
     assert {row["format"] for row in dense.plan(dense.pad(x)).describe()} == {"nchw"}
+
+
+def test_a_volume_model_file_round_trips_and_exports_to_onnx(tmp_path, capsys):
+    ort = pytest.importorskip("onnxruntime")
+    from densecnn.cli import main
+
+    model, patch = _volume_net()
+    model = nn.Sequential(*model, nn.Dropout3d(0.1), nn.LogSoftmax(dim=1)).float().eval()
+    path = densecnn.save(model, tmp_path / "volume", patch_size=patch, padding_mode="reflect")
+    loaded = densecnn.load(path)
+    assert loaded.patch_size == patch
+    x = torch.randn(1, 2, 6, 17, 15)
+    expected = literal_scan(model, x, patch, "reflect")
+    with torch.no_grad():
+        assert_close_relative(loaded.dense()(loaded.normalize(x)), expected, 1e-5, 1.0)
+
+    assert main(["export-onnx", str(path), str(tmp_path / "volume.onnx")]) == 0
+    assert "(N, 2, D, H, W)" in capsys.readouterr().out
+    session = ort.InferenceSession(str(tmp_path / "volume.onnx"), providers=["CPUExecutionProvider"])
+    for shape in [
+        (1, 2, 6, 17, 15),
+        (2, 2, 3, 9, 20),
+        (1, 2, 1, 1, 1),
+    ]:  # every axis dynamic, smaller than the patch
+        x = torch.randn(shape)
+        (scores,) = session.run(None, {"image": x.numpy()})
+        assert_close_relative(torch.from_numpy(scores), literal_scan(model, x, patch, "reflect"), 1e-5, 1.0)
