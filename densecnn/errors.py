@@ -14,3 +14,19 @@ class ModelFileError(ValueError):
 
 class DenseEquivalenceWarning(UserWarning):
     """The dense net will not match patch-by-patch scanning (e.g. BatchNorm/Dropout in training mode)."""
+
+
+class ImageReadError(ValueError):
+    """An image could not be decoded, or is not a 2-D image; the message says which and why."""
+
+
+class ImageTooLargeError(ImageReadError):
+    """An image is larger than allowed (its pixels or decoded bytes, judged from its header before decoding)."""
+
+
+class ImageStackError(ImageReadError):
+    """A stack of planes (a multi-page/volumetric TIFF) was given where one 2-D image is expected."""
+
+
+class Cancelled(RuntimeError):
+    """A computation was stopped between two steps because its ``cancel`` event was set."""
