@@ -10,8 +10,10 @@ the app (``upload_timeout``, 408), and an inference its own (``request_timeout``
 from __future__ import annotations
 
 import asyncio
+import copy
 import os
 
+from uvicorn.config import LOGGING_CONFIG
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from .settings import Settings
@@ -58,8 +60,11 @@ class HeaderDeadlineProtocol(H11Protocol):
 def uvicorn_options(settings: Settings) -> dict:
     """uvicorn.run keyword arguments for these settings (besides host, port and workers)."""
     os.environ[HEADER_TIMEOUT_VARIABLE] = str(settings.header_timeout)  # read by the protocol in every worker
+    log_config = copy.deepcopy(LOGGING_CONFIG)  # the service's own lines (models loaded, clients gone) as uvicorn's
+    log_config["loggers"]["densecnn.app"] = {"handlers": ["default"], "level": "INFO", "propagate": False}
     return {
         "http": f"{HeaderDeadlineProtocol.__module__}:{HeaderDeadlineProtocol.__qualname__}",
+        "log_config": log_config,
         "timeout_keep_alive": settings.keep_alive_timeout,
         "limit_concurrency": settings.max_connections,
         "h11_max_incomplete_event_size": settings.max_header_bytes,

@@ -91,7 +91,9 @@ def library_scores(model_dir: Path, image_bytes: bytes, backend: str = "native")
         return loaded.dense(backend=backend)(loaded.normalize(x))
 
 
-def assert_library_labels(labels: np.ndarray, model_dir: Path, image_bytes: bytes, backend: str = "native") -> None:
+def assert_library_labels(
+    labels: np.ndarray, model_dir: Path, image_bytes: bytes, backend: str = "native"
+) -> None:
     """(H, W) labels from the service are the library's labels for the same file, except at exact ties.
 
     The service may compute in tiles or with other solvers than this reference, so scores agree to rounding and

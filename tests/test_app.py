@@ -276,7 +276,9 @@ def test_unacceptable_accept_is_406_with_vary(client):
 
 def test_406_quotes_a_long_accept_header_truncated(client):
     accept = "text/html;q=0.9, " * 6000  # 102 kB
-    message = assert_error(post_raw(client, PNG, headers={"accept": accept}), 406, "not_acceptable")["message"]
+    message = assert_error(post_raw(client, PNG, headers={"accept": accept}), 406, "not_acceptable")[
+        "message"
+    ]
     assert len(message) < 500 and f"({len(accept):,} characters)" in message
 
 
@@ -360,7 +362,9 @@ def test_compressed_tiff(client, model_root, compression):
 def test_tiff_orientation_tag_is_applied(client, orientation):
     """The label map of a TIFF stored rotated equals that of the image as displayed (Orientation tag 274)."""
     stored = {3: np.rot90(IMAGE, 2), 6: np.rot90(IMAGE, 1), 8: np.rot90(IMAGE, -1)}[orientation]
-    tiff = tiff_bytes(np.ascontiguousarray(stored), photometric="rgb", extratags=[(274, "H", 1, orientation, True)])
+    tiff = tiff_bytes(
+        np.ascontiguousarray(stored), photometric="rgb", extratags=[(274, "H", 1, orientation, True)]
+    )
     response = post_raw(client, tiff, "image/tiff")
     assert response.status_code == 200
     assert png_labels(response.content).shape == IMAGE.shape[:2]  # (H, W) as displayed
@@ -419,7 +423,7 @@ def test_text_file_is_415(client):
 
 def multipart(boundary: str, data: bytes, *, closed: bool = True) -> bytes:
     head = (
-        f"--{boundary}\r\nContent-Disposition: form-data; name=\"image\"; filename=\"b.png\"\r\n"
+        f'--{boundary}\r\nContent-Disposition: form-data; name="image"; filename="b.png"\r\n'
         "Content-Type: image/png\r\n\r\n"
     ).encode()
     return head + data + (f"\r\n--{boundary}--\r\n".encode() if closed else b"")
@@ -718,7 +722,9 @@ def test_queued_job_of_a_client_that_left_never_starts(model_root, monkeypatch):
     started, release = threading.Event(), threading.Event()
     calls = []
     blocking = blocking_segment(started, release)
-    monkeypatch.setattr(app.routers.segment, "segment", lambda *a, **k: (calls.append(1), blocking(*a, **k))[1])
+    monkeypatch.setattr(
+        app.routers.segment, "segment", lambda *a, **k: (calls.append(1), blocking(*a, **k))[1]
+    )
     with TestClient(make_app(model_root, max_concurrent_inferences=1, queue_size=2)) as client:
         wait_ready(client.get)
         first = []

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 import signal
+import socket
 import threading
 import time
 
@@ -15,7 +17,7 @@ import torch
 from PIL import Image
 
 import densecnn
-from tests.app_support import Server, blobs, encode, library_labels, save_brightness_model
+from tests.app_support import Server, assert_library_labels, blobs, encode, save_brightness_model
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("server_process")]  # one server per module
 
@@ -47,9 +49,7 @@ def test_segment_over_http_equals_library_predict(server, model_root):
     )
     assert response.status_code == 200
     labels = np.asarray(Image.open(io.BytesIO(response.content)))
-    assert np.array_equal(
-        labels, library_labels(model_root / "cells", image, backend="auto")
-    )  # both defaults
+    assert_library_labels(labels, model_root / "cells", image, backend="auto")  # both defaults
     assert "infer;dur=" in response.headers["server-timing"]
 
 
@@ -103,10 +103,158 @@ def test_sigterm_drains_in_flight_requests(model_root, tmp_path):
         time.sleep(0.01)
     server.process.send_signal(signal.SIGTERM)
     worker.join(60)
-    assert server.process.wait(30) in (0, -signal.SIGTERM)  # uvicorn re-raises the signal it handled
+    assert server.process.wait(30) == 0  # a clean shutdown, not death by the signal (143)
     assert answers and answers[0].status_code == 200  # the in-flight request finished
     assert Image.open(io.BytesIO(answers[0].content)).size == (160, 160)
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"{server.url}/healthz", timeout=2)
     log = (tmp_path / "server.log").read_text()
     assert "Waiting for application shutdown" in log or "Shutting down" in log
+
+
+def metric(url: str, line_start: str) -> float:
+    """The value of the first /metrics sample line starting with ``line_start`` (0 if absent)."""
+    for line in httpx.get(f"{url}/metrics").text.splitlines():
+        if line.startswith(line_start):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_clients_that_give_up_do_not_delay_the_next_one(model_root, tmp_path):
+    """Four clients post 1024x1024 images to a slow model (~20 s each here) and give up after 1 s: the queued jobs
+    never start and the running one stops at its next layer, so a fifth, small request is answered at once."""
+    server = Server(model_root, tmp_path / "server.log", backend="native", queue_size=4)
+    try:
+        big = encode(blobs(1024, 1024, seed=11))
+
+        def give_up() -> None:
+            with pytest.raises(httpx.ReadTimeout):
+                httpx.post(f"{server.url}/v1/models/slow/segment", content=big,
+                           headers={"content-type": "image/png"}, timeout=httpx.Timeout(30, read=1.0))  # fmt: skip
+
+        clients = [threading.Thread(target=give_up) for _ in range(4)]
+        for client in clients:
+            client.start()
+        for client in clients:
+            client.join(30)
+        started = time.perf_counter()
+        small = httpx.post(f"{server.url}/v1/models/cells/segment", content=encode(blobs(64, 64)),
+                           headers={"content-type": "image/png"}, timeout=60)  # fmt: skip
+        waited = time.perf_counter() - started
+        print(f"\nthe fifth request took {waited:.2f} s after four clients gave up")
+        assert small.status_code == 200
+        assert waited < 5  # not the 4 x ~20 s the abandoned work would take
+        assert metric(server.url, 'densecnn_inferences_abandoned_total{reason="client_gone"}') == 4
+        assert (
+            metric(
+                server.url,
+                'densecnn_http_requests_total{method="POST",route="/v1/models/{name}/segment",status="499"}',
+            )
+            == 4
+        )
+    finally:
+        assert server.stop() == 0
+    assert "Traceback" not in (tmp_path / "server.log").read_text()
+
+
+@pytest.fixture(scope="module")
+def strict_server(model_root, tmp_path_factory):
+    """A server with short deadlines for slow clients."""
+    log = tmp_path_factory.mktemp("strict") / "server.log"
+    server = Server(
+        model_root, log, backend="native", header_timeout=1, upload_timeout=1, keep_alive_timeout=1
+    )
+    yield server
+    server.stop()
+
+
+def raw_connection(server: Server) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+    return sock
+
+
+def closed_within(sock: socket.socket, seconds: float) -> bool:
+    """Whether the server closes ``sock`` within ``seconds`` (reading whatever it sends first)."""
+    sock.settimeout(seconds)
+    try:
+        while sock.recv(4096):
+            pass
+        return True
+    except TimeoutError:
+        return False
+    except ConnectionResetError:
+        return True
+
+
+def read_until_closed(sock: socket.socket, seconds: float) -> bytes:
+    """Everything the server sends until it closes the connection (or ``seconds`` pass)."""
+    sock.settimeout(seconds)
+    chunks = []
+    try:
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+    except (TimeoutError, ConnectionResetError):
+        pass
+    return b"".join(chunks)
+
+
+def test_slowloris_headers_are_cut_off(strict_server):
+    with raw_connection(strict_server) as sock:
+        sock.sendall(b"POST /v1/models/cells/segment HTTP/1.1\r\nHost: x\r\n")
+        started = time.perf_counter()
+        try:
+            for _ in range(20):  # one header byte every 0.2 s: never a complete request
+                sock.sendall(b"X")
+                time.sleep(0.2)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        assert closed_within(sock, 1)
+        assert (
+            time.perf_counter() - started < 4
+        )  # the header timeout (1 s), not the 4 s the client would take
+    assert httpx.get(f"{strict_server.url}/healthz").status_code == 200
+
+
+def test_idle_keep_alive_connection_is_closed(strict_server):
+    with raw_connection(strict_server) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        time.sleep(0.2)
+        assert sock.recv(4096).startswith(b"HTTP/1.1 200")
+        assert closed_within(sock, 5)  # keep-alive timeout of 1 s
+
+
+def test_slow_body_is_408(strict_server):
+    with raw_connection(strict_server) as sock:
+        sock.sendall(b"POST /v1/models/cells/segment HTTP/1.1\r\nHost: x\r\nContent-Type: image/png\r\n"
+                     b"Content-Length: 100000\r\n\r\n" + b"\x89PNG" + b"\x00" * 100)  # fmt: skip
+        answer = read_until_closed(sock, 10)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408") and b"application/json" in head
+    assert json.loads(body)["error"]["code"] == "upload_timeout"
+
+
+def test_client_leaving_mid_upload_is_one_log_line_and_499(strict_server):
+    before = metric(
+        strict_server.url,
+        'densecnn_http_requests_total{method="POST",route="/v1/models/{name}/segment",status="499"}',
+    )
+    with raw_connection(strict_server) as sock:
+        sock.sendall(b"POST /v1/models/cells/segment HTTP/1.1\r\nHost: x\r\nContent-Type: image/png\r\n"
+                     b"Content-Length: 100000\r\n\r\n" + b"\x89PNG" + b"\x00" * 1000)  # fmt: skip
+        time.sleep(0.2)
+    deadline = time.monotonic() + 5
+    line = 'densecnn_http_requests_total{method="POST",route="/v1/models/{name}/segment",status="499"}'
+    while metric(strict_server.url, line) == before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert metric(strict_server.url, line) == before + 1
+    assert 'status="500"' not in httpx.get(f"{strict_server.url}/metrics").text
+    log = strict_server.log.read_text()
+    assert log.count("closed the connection before the answer") == 1 and "Traceback" not in log
+
+
+def test_protocol_errors_are_plain_text_from_uvicorn(strict_server):
+    """Malformed HTTP never reaches the app: uvicorn answers 400 in plain text (documented)."""
+    with raw_connection(strict_server) as sock:
+        sock.sendall(b"NOT HTTP AT ALL\r\n\r\n")
+        answer = read_until_closed(sock, 10)
+    assert answer.startswith(b"HTTP/1.1 400") and b"text/plain" in answer
