@@ -108,19 +108,18 @@ def segment(
         try:
             if output is Output.NPY:
                 scores = served.dense(x, max_memory=limits.max_memory, cancel=cancel)  # (1, K, H, W)
-                labels = scores[0].argmax(0).numpy()  # (H, W)
+                del x  # from here on: the scores, then the probabilities, then their .npy bytes
                 probabilities = class_probabilities(scores, served.dense)[0].float().numpy()  # (K, H, W)
                 del scores
             else:  # only the labels are kept, tile by tile
-                labels = served.dense.predict(x, max_memory=limits.max_memory, cancel=cancel)[
-                    0
-                ].numpy()  # (H, W)
+                labels = served.dense.predict(x, max_memory=limits.max_memory, cancel=cancel)
+                labels = labels[0].numpy()  # (H, W)
+                del x
         except ValueError as exc:  # the input is valid by now: only the memory budget can refuse it
             raise ImageTooLargeError(
                 f"a {width}x{height} image needs more memory than this server allows per inference "
                 f"(max_inference_memory): {exc}. Send a smaller image, or ask for labels instead of probabilities"
             ) from None
-    del x
     timings["infer"] = time.perf_counter() - start
 
     start = time.perf_counter()

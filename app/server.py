@@ -60,7 +60,9 @@ class HeaderDeadlineProtocol(H11Protocol):
 def uvicorn_options(settings: Settings) -> dict:
     """uvicorn.run keyword arguments for these settings (besides host, port and workers)."""
     os.environ[HEADER_TIMEOUT_VARIABLE] = str(settings.header_timeout)  # read by the protocol in every worker
-    log_config = copy.deepcopy(LOGGING_CONFIG)  # the service's own lines (models loaded, clients gone) as uvicorn's
+    log_config = copy.deepcopy(
+        LOGGING_CONFIG
+    )  # the service's own lines (models loaded, clients gone) as uvicorn's
     log_config["loggers"]["densecnn.app"] = {"handlers": ["default"], "level": "INFO", "propagate": False}
     return {
         "http": f"{HeaderDeadlineProtocol.__module__}:{HeaderDeadlineProtocol.__qualname__}",

@@ -85,25 +85,24 @@ async def segment_image(
     view: View | None = None,
 ) -> Response:
     output = choose_output(request.headers.get("accept"), view)
-    data = await read_upload(request, timeout=settings.upload_timeout)
-    limits = RequestLimits(
-        settings.max_image_pixels, settings.max_decode_bytes, settings.max_inference_memory
-    )
-    cancel = threading.Event()
-    job = partial(segment, served, data, output, overlay=view is View.overlay, limits=limits, cancel=cancel)
-    try:
-        result = await pool.run(
-            job,
-            cancel=cancel,
-            timeout=settings.request_timeout,
-            client_gone=partial(client_disconnected, request),
+    with pool.admit() as place:  # 503 at once when full, before the body is read
+        data = await read_upload(request, timeout=settings.upload_timeout)
+        limits = RequestLimits(
+            settings.max_image_pixels, settings.max_decode_bytes, settings.max_inference_memory
         )
-    except ClientGone:
-        metrics.abandoned.labels("client_gone").inc()
-        raise
-    except InferenceTimeout:
-        metrics.abandoned.labels("timeout").inc()
-        raise
+        cancel = threading.Event()
+        job = partial(
+            segment, served, data, output, overlay=view is View.overlay, limits=limits, cancel=cancel
+        )
+        try:
+            result = await pool.run(place, job, cancel=cancel, timeout=settings.request_timeout,
+                                    client_gone=partial(client_disconnected, request))  # fmt: skip
+        except ClientGone:
+            metrics.abandoned.labels("client_gone").inc()
+            raise
+        except InferenceTimeout:
+            metrics.abandoned.labels("timeout").inc()
+            raise
     metrics.inference.labels(served.name).observe(result.timings["infer"])
     metrics.image_pixels.observe(result.width * result.height)
     headers = {"Server-Timing": result.server_timing(), "Vary": "Accept"}
