@@ -71,6 +71,21 @@ class Settings(BaseSettings):
         description="bytes of a request's line and headers; beyond: uvicorn answers 400 (plain text)",
     )
 
+    def request_memory_bound(self, in_channels: int = 3) -> int:
+        """Bytes one request may add to a worker's memory, for a model of ``in_channels`` input channels.
+
+        The body (held as received, parsed and read: 3 x ``max_upload_bytes``), the decoder's buffer and the decoded
+        array (2 x ``max_decode_bytes``), the float32 model input (4 x ``max_image_pixels`` x channels), and the
+        inference with its padded copy and result (``max_inference_memory``, which the dense net's tiling respects).
+        The defaults give 923 MB (0.86 GiB) for an RGB model (measured peaks in docs/service.md).
+        """
+        return (
+            3 * self.max_upload_bytes
+            + 2 * self.max_decode_bytes
+            + 4 * self.max_image_pixels * in_channels
+            + self.max_inference_memory
+        )
+
     @field_validator("model_dir")
     @classmethod
     def _model_dir_exists(cls, value: Path) -> Path:
