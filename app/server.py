@@ -19,6 +19,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from .settings import Settings
 
 HEADER_TIMEOUT_VARIABLE = "DENSECNN_HEADER_TIMEOUT"
+WORKER_HEALTHCHECK_SECONDS = 60
 
 
 class HeaderDeadlineProtocol(H11Protocol):
@@ -71,4 +72,7 @@ def uvicorn_options(settings: Settings) -> dict:
         "limit_concurrency": settings.max_connections,
         "h11_max_incomplete_event_size": settings.max_header_bytes,
         "timeout_graceful_shutdown": int(settings.request_timeout) + 5,  # in-flight requests finish first
+        # with --workers, the supervisor restarts a worker that does not answer its ping within this time; importing
+        # torch and loading the models can hold the interpreter longer than uvicorn's 5 s on a busy machine
+        "timeout_worker_healthcheck": WORKER_HEALTHCHECK_SECONDS,
     }

@@ -9,7 +9,15 @@
 from . import masks, spec, zoo
 from .convert import convert
 from .dense import DenseCNN
-from .errors import ConversionError, DenseEquivalenceWarning, ModelFileError
+from .errors import (
+    Cancelled,
+    ConversionError,
+    DenseEquivalenceWarning,
+    ImageReadError,
+    ImageStackError,
+    ImageTooLargeError,
+    ModelFileError,
+)
 from .losses import masked_cross_entropy
 from .modelfile import LoadedModel, load, save
 from .rules import register_rule
@@ -18,9 +26,13 @@ from .scan import fast_scan, scan_patches
 __version__ = "0.1.0"
 
 __all__ = [
+    "Cancelled",
     "ConversionError",
     "DenseCNN",
     "DenseEquivalenceWarning",
+    "ImageReadError",
+    "ImageStackError",
+    "ImageTooLargeError",
     "LoadedModel",
     "ModelFileError",
     "convert",

@@ -113,7 +113,7 @@ def free_port() -> int:
 class Server:
     """``densecnn serve`` in a subprocess on a free loopback port."""
 
-    def __init__(self, model_dir: Path, log: Path, **settings):
+    def __init__(self, model_dir: Path, log: Path, *, workers: int = 1, **settings):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         env = {**os.environ, "DENSECNN_TORCH_THREADS": "1"}
@@ -128,6 +128,8 @@ class Server:
             str(model_dir),
             "--port",
             str(self.port),
+            "--workers",
+            str(workers),
         ]
         self.process = subprocess.Popen(
             command, cwd=REPO, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT

@@ -842,6 +842,19 @@ def test_serve_command_fails_fast_without_models(tmp_path, monkeypatch, capsys):
     assert "is not a directory" in capsys.readouterr().err
 
 
+def test_settings_take_the_librarys_vocabulary(tmp_path):
+    from densecnn.ops import BACKENDS
+
+    for backend in BACKENDS:
+        assert Settings(model_dir=tmp_path, backend=backend).backend == backend
+    with pytest.raises(ValidationError, match="'auto', 'native' or 'ext'|auto.*native.*ext"):
+        Settings(model_dir=tmp_path, backend="fast")
+
+
+def test_default_limits_bound_one_request_under_1_gib(tmp_path):
+    assert Settings(model_dir=tmp_path).request_memory_bound(in_channels=3) <= 1 << 30
+
+
 def test_settings_fail_fast(tmp_path):
     with pytest.raises(ValidationError, match="is not a directory"):
         Settings(model_dir=tmp_path / "missing")

@@ -113,6 +113,15 @@ def test_sigterm_drains_in_flight_requests(model_root, tmp_path):
     assert "Waiting for application shutdown" in log or "Shutting down" in log
 
 
+def test_two_worker_processes_serve_and_stop_cleanly(model_root, tmp_path):
+    server = Server(model_root, tmp_path / "server.log", workers=2, backend="native")
+    answers = [httpx.post(f"{server.url}/v1/models/cells/segment", content=encode(blobs(40, 40)),
+                          headers={"content-type": "image/png"}, timeout=60) for _ in range(4)]  # fmt: skip
+    assert [a.status_code for a in answers] == [200] * 4
+    assert server.stop() == 0
+    assert "died" not in (tmp_path / "server.log").read_text()  # no worker was restarted
+
+
 def metric(url: str, line_start: str) -> float:
     """The value of the first /metrics sample line starting with ``line_start`` (0 if absent)."""
     for line in httpx.get(f"{url}/metrics").text.splitlines():
