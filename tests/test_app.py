@@ -162,6 +162,7 @@ def test_openapi_declares_binary_responses_and_the_image_body(client):
     assert ok["application/json"]["schema"]["$ref"].endswith("/SegmentJson")
     body = operation["requestBody"]["content"]
     assert "image" in body["multipart/form-data"]["schema"]["properties"] and "image/png" in body
+    assert "TIFF Orientation tag" in operation["description"] and "displayed" in operation["description"]
     for status in ("400", "404", "406", "413", "415", "503"):
         assert operation["responses"][status]["content"]["application/json"]["schema"]["$ref"].endswith(
             "ErrorBody"
