@@ -18,15 +18,16 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from .settings import Settings
 
-HEADER_TIMEOUT_VARIABLE = "DENSECNN_HEADER_TIMEOUT"
 WORKER_HEALTHCHECK_SECONDS = 60
 
 
 class HeaderDeadlineProtocol(H11Protocol):
     """uvicorn's h11 protocol, plus: a request's headers must arrive within the header timeout."""
 
+    # uvicorn builds the protocol itself, in every worker: the setting comes the way all settings do, from the
+    # environment (validated by Settings when `densecnn serve` starts)
     header_timeout = float(
-        os.environ.get(HEADER_TIMEOUT_VARIABLE, Settings.model_fields["header_timeout"].default)
+        os.environ.get("DENSECNN_HEADER_TIMEOUT", Settings.model_fields["header_timeout"].default)
     )
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -60,7 +61,6 @@ class HeaderDeadlineProtocol(H11Protocol):
 
 def uvicorn_options(settings: Settings) -> dict:
     """uvicorn.run keyword arguments for these settings (besides host, port and workers)."""
-    os.environ[HEADER_TIMEOUT_VARIABLE] = str(settings.header_timeout)  # read by the protocol in every worker
     log_config = copy.deepcopy(
         LOGGING_CONFIG
     )  # the service's own lines (models loaded, clients gone) as uvicorn's

@@ -119,7 +119,7 @@ class ImageHeader:
 
 
 def _tiff_header(tiff: tifffile.TiffFile) -> ImageHeader:
-    page, series = tiff.pages.first, tiff.series[0]
+    page, series = tiff.pages[0], tiff.series[0]
     planes = math.prod(size for axis, size in zip(series.axes, series.shape) if axis not in _TIFF_PLANE_AXES)
     layout = f"axes {series.axes}, shape {'x'.join(map(str, series.shape))}"
     height, width = page.imagelength, page.imagewidth
@@ -175,7 +175,7 @@ def _read(data: bytes, name: str, *, decode: bool, **limits):
                 if not decode:
                     return header
                 header.check(name, **limits)
-                page = tiff.pages.first
+                page = tiff.pages[0]
                 array = page.asarray(maxworkers=1)  # one decoding thread: memory is the array's
                 if page.axes.startswith("S"):  # planar configuration "separate": samples first
                     array = np.moveaxis(array, 0, -1)

@@ -513,6 +513,31 @@ def test_decompression_bomb_through_samples_per_pixel_is_413_fast(model_root):
         assert post_raw(big, PNG).status_code == 200
 
 
+def test_read_header_describes_an_image_without_decoding_it():
+    from densecnn.imageio import read_header
+
+    started = time.perf_counter()
+    header = read_header(sample_bomb_tiff())
+    assert (header.format, header.width, header.height, header.samples, header.planes) == (
+        "tiff",
+        4000,
+        4000,
+        64,
+        1,
+    )
+    assert header.decoded_bytes == 4000 * 4000 * 64
+    rgba = read_header(encode(np.dstack([IMAGE, IMAGE[:, :, :1]])))
+    assert (rgba.format, rgba.width, rgba.height, rgba.samples, rgba.bytes_per_sample) == (
+        "png",
+        52,
+        40,
+        4,
+        1,
+    )
+    assert read_header(tiff_bytes(np.stack([IMAGE[:, :, 0]] * 5))).planes == 5
+    assert time.perf_counter() - started < 5
+
+
 def test_decoded_bytes_over_the_budget_are_413_for_every_format(model_root):
     """width x height x samples x bytes per sample, from the header, against max_decode_bytes (40x52 images)."""
     gray16, rgb16 = IMAGE[:, :, 0].astype(np.uint16) * 257, IMAGE.astype(np.uint16) * 257
