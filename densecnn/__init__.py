@@ -12,11 +12,13 @@ from .dense import DenseCNN
 from .errors import (
     Cancelled,
     ConversionError,
+    DatasetError,
     DenseEquivalenceWarning,
     ImageReadError,
     ImageStackError,
     ImageTooLargeError,
     ModelFileError,
+    TrainingError,
 )
 from .losses import masked_cross_entropy
 from .modelfile import LoadedModel, load, save
@@ -28,6 +30,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Cancelled",
     "ConversionError",
+    "DatasetError",
     "DenseCNN",
     "DenseEquivalenceWarning",
     "ImageReadError",
@@ -35,6 +38,7 @@ __all__ = [
     "ImageTooLargeError",
     "LoadedModel",
     "ModelFileError",
+    "TrainingError",
     "convert",
     "fast_scan",
     "load",

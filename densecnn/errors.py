@@ -16,6 +16,15 @@ class DenseEquivalenceWarning(UserWarning):
     """The dense net will not match patch-by-patch scanning (e.g. BatchNorm/Dropout in training mode)."""
 
 
+class DatasetError(ValueError):
+    """A training dataset directory or one of its files is unusable; the message names the file and the fix."""
+
+
+class TrainingError(ValueError):
+    """A training run cannot start or continue: an invalid option, a run directory in the wrong state, or a damaged
+    checkpoint. The message names the option (``--batch``) or the file, and the fix."""
+
+
 class ImageReadError(ValueError):
     """An image could not be decoded, or is not a 2-D image; the message says which and why."""
 
