@@ -82,7 +82,7 @@ class ImageHeader:
     samples: int
     bytes_per_sample: int
     planes: int = 1
-    layout: str = ""  # the stack's axes and shape, e.g. "ZYX 12x512x512"
+    layout: str = ""  # the stack's axes and shape, e.g. "axes ZYX, shape 12x512x512"
 
     @property
     def pixels(self) -> int:
@@ -107,14 +107,14 @@ class ImageHeader:
             )
         if max_pixels is not None and self.pixels > max_pixels:
             raise ImageTooLargeError(
-                f"{name}: {self.width}x{self.height} = {self.pixels:,} pixels is more than this server's limit of "
-                f"{max_pixels:,} pixels; downscale or crop the image"
+                f"{name}: {self.width}x{self.height} = {self.pixels:,} pixels is more than the limit of {max_pixels:,} "
+                "pixels; downscale or crop the image"
             )
         if max_bytes is not None and self.decoded_bytes > max_bytes:
             raise ImageTooLargeError(
                 f"{name}: decoding this {self.format.upper()} ({self.width}x{self.height} pixels x {self.samples} "
-                f"samples x {self.bytes_per_sample} bytes) would take {self.decoded_bytes:,} bytes, more than this "
-                f"server's limit of {max_bytes:,} bytes; send fewer samples per pixel, fewer bits, or a smaller image"
+                f"samples x {self.bytes_per_sample} bytes) would take {self.decoded_bytes:,} bytes, more than the "
+                f"limit of {max_bytes:,} bytes; send fewer samples per pixel, fewer bits, or a smaller image"
             )
 
 
@@ -198,11 +198,11 @@ def _read(data: bytes, name: str, *, decode: bool, **limits):
             return np.asarray(image)
     except ImageReadError:
         raise
-    except Image.DecompressionBombError as exc:  # Pillow's own guard, far above any server's limit
+    except Image.DecompressionBombError as exc:  # Pillow's own guard (89 M pixels and up): quote ours
         found = _PILLOW_BOMB.search(str(exc))
         size = f"{int(found.group(1)):,} pixels" if found else "its size"
         limit = limits.get("max_pixels")
-        limit_text = f"this server's limit of {limit:,} pixels" if limit else "what can be decoded safely"
+        limit_text = f"the limit of {limit:,} pixels" if limit else "what can be decoded safely"
         raise ImageTooLargeError(
             f"{name}: {size} is more than {limit_text}; downscale or crop the image"
         ) from None
