@@ -18,6 +18,9 @@ from .errors import (
     ImageStackError,
     ImageTooLargeError,
     ModelFileError,
+    OnnxExportError,
+    PatchSizeError,
+    PatchSizeWarning,
     TrainingError,
 )
 from .losses import masked_cross_entropy
@@ -38,6 +41,9 @@ __all__ = [
     "ImageTooLargeError",
     "LoadedModel",
     "ModelFileError",
+    "OnnxExportError",
+    "PatchSizeError",
+    "PatchSizeWarning",
     "TrainingError",
     "convert",
     "fast_scan",

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from torch import nn
 
 from .convert import convert
+from .errors import PatchSizeError
 from .modelformat import (
     CONFIG_FILE,
     WEIGHTS_FILE,
@@ -28,7 +29,6 @@ from .modelformat import (
     json_path,
     parse_config,
 )
-from .rules import PatchSizeError
 
 # the float dtypes a model's weights may be saved in (all of a model's float tensors share one)
 FLOAT_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)

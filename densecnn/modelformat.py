@@ -60,7 +60,7 @@ def file_error(where: str | Path, key: str | None, problem: str, fix: str) -> Mo
 
 def layer_vocabulary() -> dict[str, tuple[type[nn.Module], tuple[str, ...]]]:
     """Layer type name -> (its class, the constructor arguments a spec gives it): the types a file may name."""
-    return {layer.__name__: (layer, args) for layer, args in spec.LAYER_ARGS.items()}
+    return spec.layer_types()
 
 
 # ---- argument ranges, by argument name (the same name means the same thing in every torch layer)
