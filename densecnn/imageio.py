@@ -39,6 +39,7 @@ __all__ = [
     "read_array",
     "read_header",
     "read_image",
+    "scale_to_unit",
     "unit_planes",
 ]
 
@@ -230,6 +231,15 @@ def _oriented(array: np.ndarray, orientation: int) -> np.ndarray:
     if transpose:
         array = np.swapaxes(array, 0, 1)
     return array[:: -1 if flip_rows else 1, :: -1 if flip_columns else 1]
+
+
+def scale_to_unit(array: np.ndarray) -> np.ndarray:
+    """Integer arrays to float32 in [0, 1] by their dtype's range; float arrays kept as they are (as float32)."""
+    if array.dtype == np.bool_:
+        return array.astype(np.float32)
+    if np.issubdtype(array.dtype, np.integer):
+        return array.astype(np.float32) / np.iinfo(array.dtype).max
+    return array.astype(np.float32)
 
 
 def unit_planes(image: np.ndarray, channels: int) -> np.ndarray:
