@@ -103,8 +103,8 @@ class ImageHeader:
         """Raise ImageStackError for a stack, ImageTooLargeError past a limit; both say what was received."""
         if self.planes > 1:
             raise ImageStackError(
-                f"{name}: received a stack of {self.planes} planes ({self.layout}); the model takes one 2-D image "
-                "(height x width, with 1-4 samples per pixel): send a single plane"
+                f"{name}: received a stack of {self.planes} slices ({self.layout}); the model takes one 2-D image "
+                "(height x width, with 1-4 samples per pixel): send a single slice"
             )
         if max_pixels is not None and self.pixels > max_pixels:
             raise ImageTooLargeError(

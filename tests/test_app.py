@@ -341,10 +341,10 @@ def test_a_tiff_stack_is_422_saying_what_was_received(client):
     stack = tiff_bytes(np.stack([IMAGE[:, :, 0]] * 5))
     assert len(tifffile.TiffFile(io.BytesIO(stack)).pages) == 5
     error = assert_error(post_raw(client, stack, "image/tiff", model="gray"), 422, "image_is_a_stack")
-    assert "stack of 5 planes" in error["message"] and "2-D image" in error["message"]
+    assert "stack of 5 slices" in error["message"] and "2-D image" in error["message"]
     volume = tiff_bytes(np.stack([IMAGE] * 3), volumetric=True, tile=(16, 16), photometric="rgb")
     error = assert_error(post_raw(client, volume, "image/tiff"), 422, "image_is_a_stack")
-    assert "stack of 3 planes" in error["message"]
+    assert "stack of 3 slices" in error["message"]
     assert_next_request_succeeds(client)
 
 
