@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import os
+import threading
 import warnings
 
 import torch
@@ -99,11 +101,14 @@ class DenseCNN(nn.Module):
         before, after = dense_padding(self.patch_size, self.receptive_field)
         return pad_image(x, before, after, self.padding_mode)
 
-    def forward(self, x: torch.Tensor, max_memory: int | None = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, max_memory: int | None = None, *, cancel: threading.Event | None = None
+    ) -> torch.Tensor:
         """(N, C, H, W) float images -> (N, K, H, W) scores, one patch-model output per pixel.
 
         ``max_memory`` (bytes): compute the output in tiles whose estimated memory, with the held padded image and
-        scores, stays under it; the result equals the untiled one.
+        scores, stays under it; the result equals the untiled one. ``cancel``: once this event is set (by another
+        thread), the computation stops at the next layer or tile with :class:`densecnn.errors.Cancelled`.
 
         >>> dense(torch.rand(1, 1, 300, 200), max_memory=50_000_000).shape
         torch.Size([1, 3, 300, 200])
@@ -111,22 +116,25 @@ class DenseCNN(nn.Module):
         self._check_input(x)
         self._warn_if_stochastic()
         if max_memory is not None:
-            return self._run_tiled(x, max_memory, labels=False)
-        return self.run_padded(self.pad(x))
+            return self._run_tiled(x, max_memory, labels=False, cancel=cancel)
+        return self.run_padded(self.pad(x), cancel=cancel)
 
     @torch.no_grad()
-    def predict(self, x: torch.Tensor, max_memory: int | None = None) -> torch.Tensor:
+    def predict(
+        self, x: torch.Tensor, max_memory: int | None = None, *, cancel: threading.Event | None = None
+    ) -> torch.Tensor:
         """(N, C, H, W) float images -> (N, H, W) int64 labels (argmax of the scores).
 
         With ``max_memory`` (bytes) only each tile's labels are kept, so large images fit: a 4096x4096 RGB image
         through plain_133 with ``max_memory=1_500_000_000`` never holds the 2 GB of 32-class scores.
         With backend "auto" the images' dtype is the compute dtype: ``predict(x.bfloat16())`` is bf16 inference.
+        ``cancel`` stops it as in :meth:`forward`.
         """
         if max_memory is None:
-            return self.forward(x).argmax(1)
+            return self.forward(x, cancel=cancel).argmax(1)
         self._check_input(x)
         self._warn_if_stochastic()
-        return self._run_tiled(x, max_memory, labels=True)
+        return self._run_tiled(x, max_memory, labels=True, cancel=cancel)
 
     def warm(
         self, shape, *, dtype: torch.dtype = torch.float32, max_memory: int | None = None, train: bool = False
@@ -151,11 +159,14 @@ class DenseCNN(nn.Module):
         for p, grad in zip(params, grads):
             p.grad = grad
 
-    def _run_tiled(self, x: torch.Tensor, max_memory: int, *, labels: bool) -> torch.Tensor:
+    def _run_tiled(
+        self, x: torch.Tensor, max_memory: int, *, labels: bool, cancel: threading.Event | None
+    ) -> torch.Tensor:
         tiling.check_max_memory(max_memory)
         estimate = self.memory_estimate(x.shape, x.element_size(), labels=labels, train=self._trains(x))
         tile = tiling.choose_tile(x.shape, max_memory, estimate, labels=labels)
-        return tiling.run_tiled(self.run_padded, self.pad(x), tile, self.receptive_field, labels=labels)
+        run = functools.partial(self.run_padded, cancel=cancel)  # checks ``cancel`` before each layer of each tile
+        return tiling.run_tiled(run, self.pad(x), tile, self.receptive_field, labels=labels)
 
     def memory_estimate(self, shape, itemsize: int, *, labels: bool, train: bool) -> tiling.MemoryEstimate:
         """Bytes a tiled call on (N, C, H, W) images of ``shape`` holds, and needs per output tile (from the layer
@@ -174,9 +185,10 @@ class DenseCNN(nn.Module):
 
         return tiling.MemoryEstimate(held=n * c * padded * itemsize + result, tile=tile)
 
-    def run_padded(self, padded: torch.Tensor) -> torch.Tensor:
-        """Run the dense layers on an already padded (N, C, H+Rh-1, W+Rw-1) input -> (N, K, H, W)."""
-        return self.plan(padded)(padded)
+    def run_padded(self, padded: torch.Tensor, *, cancel: threading.Event | None = None) -> torch.Tensor:
+        """Run the dense layers on an already padded (N, C, *(S+R-1)) input -> (N, K, *S); ``cancel`` as in
+        :meth:`forward`."""
+        return self.plan(padded)(padded, cancel=cancel)
 
     def _trains(self, x: torch.Tensor) -> bool:
         return torch.is_grad_enabled() and (

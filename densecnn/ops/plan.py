@@ -25,11 +25,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import threading
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
+from ..errors import Cancelled
 from ..layers import output_shape
 from ..rules.registry import fused_activation
 from . import costmodel, solvers
@@ -65,11 +67,9 @@ class Plan:
     memory_format: str  # "nchw" or "nhwc"
     steps: list[Step]
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, *, cancel: threading.Event | None = None) -> torch.Tensor:
         x = x.contiguous(memory_format=MEMORY_FORMATS[self.memory_format])
-        for step in self.steps:
-            x = step(x)
-        return x.contiguous()
+        return run_steps(self.steps, x, cancel).contiguous()
 
     def describe(self) -> list[dict]:
         """One row per step: its layers, solver, memory format, where the choice came from ("tuned" timings, the
@@ -84,6 +84,15 @@ class Plan:
             }
             for step in self.steps
         ]
+
+
+def run_steps(steps, x: torch.Tensor, cancel: threading.Event | None = None) -> torch.Tensor:
+    """``x`` through each step in turn; raises :class:`Cancelled` before a step once ``cancel`` is set."""
+    for step in steps:
+        if cancel is not None and cancel.is_set():
+            raise Cancelled("the computation was cancelled")
+        x = step(x)
+    return x
 
 
 def group_steps(features: nn.Sequential) -> list[Step]:
