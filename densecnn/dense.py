@@ -165,7 +165,9 @@ class DenseCNN(nn.Module):
         tiling.check_max_memory(max_memory)
         estimate = self.memory_estimate(x.shape, x.element_size(), labels=labels, train=self._trains(x))
         tile = tiling.choose_tile(x.shape, max_memory, estimate, labels=labels)
-        run = functools.partial(self.run_padded, cancel=cancel)  # checks ``cancel`` before each layer of each tile
+        run = functools.partial(
+            self.run_padded, cancel=cancel
+        )  # checks ``cancel`` before each layer of each tile
         return tiling.run_tiled(run, self.pad(x), tile, self.receptive_field, labels=labels)
 
     def memory_estimate(self, shape, itemsize: int, *, labels: bool, train: bool) -> tiling.MemoryEstimate:

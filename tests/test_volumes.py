@@ -268,7 +268,10 @@ def test_patch_size_errors_name_the_nearest_sizes_per_axis():
         densecnn.PatchSizeError, match=r"Nearest valid depths \(height 14, width 14\): 5 to 6 \(one"
     ):
         densecnn.convert(model, (7, 14, 14))
-    with pytest.raises(ValueError, match=r"\(depth, height, width\).*3 spatial"):
+    with pytest.raises(
+        densecnn.PatchSizeError,
+        match=r"has 2 entries.*3 spatial axis/axes: give an int or \(depth, height, width\)",
+    ):
         densecnn.convert(model, (16, 16))
     for wrong in (17, (5, 9, 14)):
         with pytest.raises(densecnn.PatchSizeError, match="Nearest valid|nearest valid"):
