@@ -104,7 +104,8 @@ class DenseCNN(nn.Module):
     def forward(
         self, x: torch.Tensor, max_memory: int | None = None, *, cancel: threading.Event | None = None
     ) -> torch.Tensor:
-        """(N, C, H, W) float images -> (N, K, H, W) scores, one patch-model output per pixel.
+        """(N, C, H, W) float images -> (N, K, H, W) scores, one patch-model output per pixel ((N, C, *S) ->
+        (N, K, *S) for signals and volumes).
 
         ``max_memory`` (bytes): compute the output in tiles whose estimated memory, with the held padded image and
         scores, stays under it; the result equals the untiled one. ``cancel``: once this event is set (by another
@@ -123,7 +124,7 @@ class DenseCNN(nn.Module):
     def predict(
         self, x: torch.Tensor, max_memory: int | None = None, *, cancel: threading.Event | None = None
     ) -> torch.Tensor:
-        """(N, C, H, W) float images -> (N, H, W) int64 labels (argmax of the scores).
+        """(N, C, H, W) float images -> (N, H, W) int64 labels (argmax of the scores); (N, C, *S) -> (N, *S).
 
         With ``max_memory`` (bytes) only each tile's labels are kept, so large images fit: a 4096x4096 RGB image
         through plain_133 with ``max_memory=1_500_000_000`` never holds the 2 GB of 32-class scores.
