@@ -356,3 +356,23 @@ def test_a_volume_model_file_round_trips_and_exports_to_onnx(tmp_path, capsys):
         x = torch.randn(shape)
         (scores,) = session.run(None, {"image": x.numpy()})
         assert_close_relative(torch.from_numpy(scores), literal_scan(model, x, patch, "reflect"), 1e-5, 1.0)
+
+
+@pytest.mark.parametrize("layout", [torch.contiguous_format, torch.channels_last_3d])
+def test_space_to_batch_equals_the_native_dilated_ops_in_3d(layout):
+    from densecnn.ops import solvers
+    from densecnn.ops.solvers import ConvSpec, PoolSpec
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 4, 9, 11, 10, dtype=torch.float64).contiguous(memory_format=layout)
+    specs = [
+        ConvSpec(
+            torch.randn(6, 2, 2, 3, 2, dtype=torch.float64), torch.randn(6, dtype=torch.float64), (2, 1, 3), 2
+        ),
+        PoolSpec("max_pool3d", (2, 2, 3), (3, 2, 1), activation="tanh"),
+        PoolSpec("avg_pool3d", (2, 1, 2), (2, 4, 2), divisor=3),
+    ]
+    for spec in specs:
+        y = solvers.run("s2b", spec, x)
+        assert y.is_contiguous(memory_format=layout)
+        assert_equal_to_rounding(y, solvers.run("native", spec, x.contiguous()))
