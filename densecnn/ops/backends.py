@@ -31,7 +31,9 @@ class Backend(str, enum.Enum):
         return self.value
 
 
-BACKENDS = tuple(b.value for b in Backend)  # the names, for settings and command lines ("auto", "native", "ext")
+BACKENDS = tuple(
+    b.value for b in Backend
+)  # the names, for settings and command lines ("auto", "native", "ext")
 
 _warned = False
 
