@@ -31,9 +31,8 @@ class Backend(str, enum.Enum):
         return self.value
 
 
-BACKENDS = tuple(
-    b.value for b in Backend
-)  # the names, for settings and command lines ("auto", "native", "ext")
+# the names, for settings and command lines: ("auto", "native", "ext")
+BACKENDS = tuple(b.value for b in Backend)
 
 _warned = False
 
