@@ -11,7 +11,7 @@ from torch import nn
 
 from . import tiling
 from .errors import DenseEquivalenceWarning
-from .geometry import Size
+from .geometry import Size, reach
 from .layers import WindowLayer, output_shape
 from .ops.backends import Backend, check_backend, ext_available
 from .ops.plan import Plan, find_requested, make_plan
@@ -60,9 +60,9 @@ class DenseCNN(nn.Module):
         self.in_channels = in_channels
         self.num_classes = num_classes
         self.padding_mode = padding_mode
-        self.receptive_field = tuple(
-            1 + sum((layer.kernel[axis] - 1) * layer.dilation[axis] for layer in self.window_layers())
-            for axis in (0, 1)
+        reaches = [reach(layer.kernel, layer.dilation) for layer in self.window_layers()]
+        self.receptive_field = (
+            tuple(1 + sum(axis) for axis in zip(*reaches)) if reaches else (1,) * len(patch_size)
         )
         self.backend = backend
         self.tune = tune
