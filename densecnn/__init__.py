@@ -9,7 +9,20 @@
 from . import masks, spec, zoo
 from .convert import convert
 from .dense import DenseCNN
-from .errors import ConversionError, DenseEquivalenceWarning, ModelFileError
+from .errors import (
+    Cancelled,
+    ConversionError,
+    DatasetError,
+    DenseEquivalenceWarning,
+    ImageReadError,
+    ImageStackError,
+    ImageTooLargeError,
+    ModelFileError,
+    OnnxExportError,
+    PatchSizeError,
+    PatchSizeWarning,
+    TrainingError,
+)
 from .losses import masked_cross_entropy
 from .modelfile import LoadedModel, load, save
 from .rules import register_rule
@@ -18,11 +31,20 @@ from .scan import fast_scan, scan_patches
 __version__ = "0.1.0"
 
 __all__ = [
+    "Cancelled",
     "ConversionError",
+    "DatasetError",
     "DenseCNN",
     "DenseEquivalenceWarning",
+    "ImageReadError",
+    "ImageStackError",
+    "ImageTooLargeError",
     "LoadedModel",
     "ModelFileError",
+    "OnnxExportError",
+    "PatchSizeError",
+    "PatchSizeWarning",
+    "TrainingError",
     "convert",
     "fast_scan",
     "load",

@@ -3,23 +3,65 @@
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 
 from torch import nn
 
 from .chain import Chain, extract_chain
-from .dense import _STOCHASTIC, DenseCNN
-from .errors import ConversionError, DenseEquivalenceWarning
+from .dense import DenseCNN
+from .errors import ConversionError, DenseEquivalenceWarning, PatchSizeError, PatchSizeWarning
+from .geometry import Size, ntuple
 from .ops import check_backend
 from .padding import check_padding_mode
-from .rules import ConversionContext, PatchSizeError, find_rule
+from .patch_sizes import describe_nearest, smallest_equivalent
+from .rules import ConversionContext, LayerRecord, find_record, is_stochastic
+from .rules.registry import spatial_dims
+
+_AXES = {1: "(length,)", 2: "(height, width)", 3: "(depth, height, width)"}
 
 
-def as_patch_size(patch_size) -> tuple[int, int]:
-    """An int or (h, w) as a validated (h, w) pair of positive ints."""
-    pair = (patch_size, patch_size) if isinstance(patch_size, int) else tuple(patch_size)
-    if len(pair) != 2 or not all(isinstance(p, int) and not isinstance(p, bool) and p >= 1 for p in pair):
-        raise ValueError(f"patch_size must be a positive int or a pair (h, w) of them, got {patch_size!r}")
-    return pair
+def as_patch_size(patch_size, dims: int = 2) -> Size:
+    """An int or a tuple with one entry per spatial axis (numpy ints too) as a validated tuple of ``dims`` positive
+    Python ints: (h, w) for images, (d, h, w) for volumes, (l,) for signals.
+
+    >>> as_patch_size(9, 3), as_patch_size((9, 65, 65), 3)
+    ((9, 9, 9), (9, 65, 65))
+    """
+    try:
+        size = ntuple(patch_size, dims, "patch_size")
+    except (TypeError, ValueError):
+        size = ()
+    if len(size) != dims or min(size) < 1:
+        raise ValueError(
+            f"patch_size must be a positive int or a tuple {_AXES[dims]} of them for a net with {dims} spatial "
+            f"axis/axes, got {patch_size!r}"
+        )
+    return size
+
+
+def spatial_dims_of(chain: Chain, patch_size) -> int:
+    """The number of spatial axes of a patch net: fixed by its layers (``Conv3d``: 3), else by a tuple
+    ``patch_size``'s length, else 2 (an MLP on raw image patches).
+
+    Raises:
+        ConversionError: the layers mix numbers of axes (a Conv2d and a MaxPool3d).
+    """
+    found: dict[int, str] = {}
+    for path, module in chain:
+        dims = spatial_dims(module)
+        if dims is not None:
+            found.setdefault(dims, f"{path!r} ({type(module).__name__})")
+    if len(found) > 1:
+        named = ", ".join(f"{where}: {dims}-D" for dims, where in sorted(found.items()))
+        raise ConversionError(
+            f"the model mixes layers for different numbers of spatial axes ({named}). Use layers of one kind "
+            "throughout (Conv1d/MaxPool1d for signals, Conv2d/MaxPool2d for images, Conv3d/MaxPool3d for volumes)"
+        )
+    if found:
+        return next(iter(found))
+    if isinstance(patch_size, Sequence) and len(patch_size) in _AXES:
+        return len(patch_size)
+    return 2
 
 
 def convert(
@@ -29,10 +71,13 @@ def convert(
 
     ``model`` maps (B, C, Ph, Pw) patches to (B, K) scores (or (B, K, 1, 1)). The dense net uses the very same
     parameters (no copies), so gradients through it land in ``model``; ``model`` itself is not modified.
+    Signal and volume nets convert the same way: a model of ``Conv1d`` layers maps (B, C, Pl) patches, one of
+    ``Conv3d`` layers (B, C, Pd, Ph, Pw) patches; the layers fix the number of spatial axes.
 
     Args:
         model: an ``nn.Sequential`` (nested allowed) or a module whose ``torch.fx`` trace is a chain of layers.
-        patch_size: the patch size the model was trained on, int or (h, w).
+        patch_size: the patch size the model was trained on: an int, or a tuple with one entry per spatial axis
+            ((h, w) for images; (d, h, w) for volumes, anisotropic ones like (9, 65, 65) included; (l,) for signals).
         padding_mode: how the image is extended beyond its border: "zeros", "reflect" or "replicate".
         backend: which solvers may run the dense ops (:class:`densecnn.ops.Backend`): "auto" (all), "native"
             (torch's dilated ops, NCHW) or "ext" (densecnn's own kernels).
@@ -41,6 +86,13 @@ def convert(
 
     Raises:
         ConversionError: a layer cannot be converted exactly; the message names it and says what to do.
+        PatchSizeError: the patch size does not bring the net to one output, or has a number of entries other than
+            the layers' spatial axes; the message names the nearest sizes that do (computed in closed form from the layers, instantly whatever the size).
+
+    Warns:
+        PatchSizeWarning: a smaller patch size gives the same net (pooling floors drop the extra rows and columns),
+            so the model was most likely trained with that one.
+        DenseEquivalenceWarning: BatchNorm/Dropout-like layers are in training mode.
 
     Example::
 
@@ -49,93 +101,98 @@ def convert(
         >>> dense(torch.rand(2, 1, 40, 50)).shape
         torch.Size([2, 3, 40, 50])
     """
-    patch = as_patch_size(patch_size)
     check_padding_mode(padding_mode)
     check_backend(backend)
     chain = extract_chain(model)
+    dims = spatial_dims_of(chain, patch_size)
+    if isinstance(patch_size, Sequence) and len(patch_size) != dims:
+        raise PatchSizeError(
+            f"patch_size {tuple(patch_size)} has {len(patch_size)} entries, but the model's layers have {dims} "
+            f"spatial axis/axes: give an int or {_AXES[dims]}"
+        )
+    patch = as_patch_size(patch_size, dims)
     try:
-        layers, ctx = _convert_chain(chain, patch)
+        converted, ctx = _convert_chain(chain, patch)
     except PatchSizeError as exc:
         raise PatchSizeError(f"{exc}. {_nearest_valid_sizes(chain, patch)}") from None
-    if any(module.training for _, module in chain if isinstance(module, _STOCHASTIC)):
+    _warn_if_not_smallest(ctx, patch)
+    if any(module.training and is_stochastic(module) for _, module in chain):
         warnings.warn(
-            "the model has BatchNorm/Dropout layers in training mode: the dense net matches patch-by-patch scanning "
-            "only in eval mode. Call model.eval() before comparing or predicting.",
+            "the model has layers in training mode whose output is then random or depends on the batch "
+            "(BatchNorm, Dropout, RReLU, ...): the dense net matches patch-by-patch scanning only in eval mode. "
+            "Call model.eval() before comparing or predicting.",
             DenseEquivalenceWarning,
             stacklevel=2,
         )
-    return DenseCNN(
-        layers,
+    dense = DenseCNN(
+        [layer for layer, _ in converted],
         patch_size=patch,
-        in_channels=_in_channels(chain),
+        in_channels=ctx.in_channels,
         num_classes=ctx.channels,
         padding_mode=padding_mode,
         backend=backend,
         tune=tune,
     )
+    dense.onnx_exports = tuple(record.export for _, record in converted)  # read by densecnn.onnx_export
+    return dense
 
 
-def _convert_chain(chain: Chain, patch: tuple[int, int]) -> tuple[list[nn.Module], ConversionContext]:
+def _convert_chain(
+    chain: Chain, patch: Size, *, strict: bool = True
+) -> tuple[list[tuple[nn.Module, LayerRecord]], ConversionContext]:
+    """The dense layers, each with the record of the layer it came from, and the context after the last layer.
+
+    ``strict=False`` goes on past a patch size that does not fit, to record every layer's size steps.
+    """
     if not chain:
         raise ConversionError("the model has no layers to convert")
-    ctx = ConversionContext(path="", size=patch, channels=None)
-    layers = []
+    ctx = ConversionContext(path="", size=patch, channels=None, strict=strict)
+    converted = []
     for index, (path, module) in enumerate(chain):
         ctx.path, ctx.module, ctx.is_last = path, module, index == len(chain) - 1
-        rule = find_rule(type(module))
-        if rule is None:
+        record = find_record(type(module))
+        if record is None:
             raise ctx.error(
                 "has no conversion rule",
                 "use a supported layer, or register a rule for it with @densecnn.register_rule "
                 "(only if it can be made exactly equivalent)",
             )
-        dense_layer = rule(module, ctx)
+        dense_layer = record.rule(module, ctx)
         if dense_layer is not None:
-            layers.append(dense_layer)
-    if ctx.size != (1, 1):
+            converted.append((dense_layer, record))
+    if not ctx.is_point() and strict:
         raise PatchSizeError(
-            f"this patch size leaves a {ctx.size[0]}x{ctx.size[1]} output map, not one score vector per patch"
+            f"this patch size leaves a {'x'.join(map(str, ctx.size))} output map, not one score vector per patch"
         )
     if ctx.channels is None:
-        raise ConversionError("the model has no layer that fixes its number of classes (no Conv2d or Linear)")
-    return layers, ctx
+        raise ConversionError("the model has no layer that fixes its number of classes (no Conv or Linear)")
+    return converted, ctx
 
 
-def _in_channels(chain: Chain) -> int | None:
-    for _, module in chain:
-        if isinstance(module, nn.Conv2d):
-            return module.in_channels
-        if isinstance(module, nn.Linear):
-            return None
-    return None
-
-
-def _is_valid(chain: Chain, patch: tuple[int, int]) -> bool:
+def _nearest_valid_sizes(chain: Chain, patch: Size) -> str:
+    """A hint naming the valid patch sizes nearest to ``patch``, from the layers' size steps (closed form)."""
     try:
-        _convert_chain(chain, patch)
-    except PatchSizeError:
-        return False
-    return True
+        _, ctx = _convert_chain(chain, patch, strict=False)
+    except ConversionError as exc:  # the model has another problem too: say it
+        return f"(The model also fails for another reason: {exc})"
+    return describe_nearest(ctx.steps, patch)
 
 
-def _nearest(chain: Chain, start: int, make_patch) -> list[int]:
-    below = next((p for p in range(start - 1, 0, -1) if _is_valid(chain, make_patch(p))), None)
-    above = next((p for p in range(start + 1, 4 * start + 64) if _is_valid(chain, make_patch(p))), None)
-    return [p for p in (below, above) if p is not None]
-
-
-def _nearest_valid_sizes(chain: Chain, patch: tuple[int, int]) -> str:
-    """A hint naming the valid patch sizes nearest to ``patch`` (for (h, w): per axis, the other one held)."""
-    if patch[0] == patch[1]:
-        found = _nearest(chain, patch[0], lambda p: (p, p))
-        return (
-            f"Nearest valid patch sizes: {' and '.join(map(str, found))}"
-            if found
-            else "No valid size is near it"
+def _warn_if_not_smallest(ctx: ConversionContext, patch: Size) -> None:
+    smallest = smallest_equivalent(ctx.steps, patch)
+    if smallest != patch:
+        unread = tuple(p - s for p, s in zip(patch, smallest))
+        size = smallest[0] if len(set(smallest)) == 1 and len(set(patch)) == 1 else smallest
+        if len(patch) == 2:
+            what = f"{unread[0]} row(s) and {unread[1]} column(s)"
+        else:
+            names = {1: ("sample(s)",), 3: ("slice(s)", "row(s)", "column(s)")}[len(patch)]
+            what = " and ".join(f"{u} {name}" for u, name in zip(unread, names))
+        warnings.warn(
+            f"patch size {'x'.join(map(str, patch))}: the net never reads the last {what} of each patch (its "
+            f"pools floor them away), so {'x'.join(map(str, smallest))} gives the same "
+            f"net, and the model was most likely trained with patch_size={size}. With a larger size, each pixel's "
+            "label comes from a patch whose centre is shifted. Pass the size the model was trained with",
+            PatchSizeWarning,
+            stacklevel=3,
         )
-    height = _nearest(chain, patch[0], lambda p: (p, patch[1]))
-    width = _nearest(chain, patch[1], lambda p: (patch[0], p))
-    return (
-        f"Nearest valid heights (width {patch[1]}): {', '.join(map(str, height)) or 'none'}; "
-        f"nearest valid widths (height {patch[0]}): {', '.join(map(str, width)) or 'none'}"
-    )

@@ -8,13 +8,52 @@ class ConversionError(ValueError):
     """
 
 
+class PatchSizeError(ConversionError):
+    """The patch size does not bring the patch net to a single output pixel; the message names the nearest sizes
+    that do."""
+
+
 class ModelFileError(ValueError):
     """A model directory is missing, malformed, or was written by an incompatible version."""
+
+
+class OnnxExportError(ValueError):
+    """A dense net holds a layer the ONNX exporter does not know how to write."""
 
 
 class DenseEquivalenceWarning(UserWarning):
     """The dense net will not match patch-by-patch scanning (e.g. BatchNorm/Dropout in training mode)."""
 
 
+class PatchSizeWarning(UserWarning):
+    """The patch size converts, but a smaller size gives the same net: the extra rows or columns of every patch are
+    never read (pooling floors them away), so the size was most likely not the one the model was trained with."""
+
+
+class DatasetError(ValueError):
+    """A training dataset directory or one of its files is unusable; the message names the file and the fix."""
+
+
+class TrainingError(ValueError):
+    """A training run cannot start or continue: an invalid option, a run directory in the wrong state, or a damaged
+    checkpoint. The message names the option (``--batch``) or the file, and the fix."""
+
+
 class ExtensionUnavailableWarning(RuntimeWarning):
     """densecnn's compiled kernels are not built or failed to load; torch-only solvers are used instead."""
+
+
+class ImageReadError(ValueError):
+    """An image could not be decoded, or is not a 2-D image; the message says which and why."""
+
+
+class ImageTooLargeError(ImageReadError):
+    """An image is larger than allowed (its pixels or decoded bytes, judged from its header before decoding)."""
+
+
+class ImageStackError(ImageReadError):
+    """A stack of planes (a multi-page/volumetric TIFF) was given where one 2-D image is expected."""
+
+
+class Cancelled(RuntimeError):
+    """A computation was stopped between two steps because its ``cancel`` event was set."""

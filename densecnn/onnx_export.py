@@ -3,7 +3,9 @@
 The graph holds the dense net's stride-1 dilated ops: ``Conv`` with ``dilations`` (convs and Linear heads),
 ``MaxPool`` with ``dilations`` (opset >= 10), average pooling as a depthwise ``Conv`` with constant
 weights, and the image padding as ``Pad`` (zeros) or a ``Gather`` of mirrored/clamped row and column indices
-(reflect, replicate), so the ONNX model maps images to scores exactly like ``DenseCNN.forward``.
+(reflect, replicate), so the ONNX model maps images to scores exactly like ``DenseCNN.forward``. ONNX's Conv and
+MaxPool are N-d, so nets for signals (N, C, L) and volumes (N, C, D, H, W) export the same way, every spatial axis
+dynamic.
 
 >>> loaded = densecnn.load("models/nuclei")
 >>> export_onnx(loaded.dense(), "nuclei.onnx")          # normalisation is NOT in the graph: apply it first
@@ -11,6 +13,7 @@ weights, and the image padding as ``Pad`` (zeros) or a ``Gather`` of mirrored/cl
 
 from __future__ import annotations
 
+import math
 import warnings
 from pathlib import Path
 
@@ -19,21 +22,18 @@ import torch.nn.functional as F
 from torch import nn
 
 from .dense import DenseCNN
-from .layers import DenseAvgPool2d, DenseConv2d, DenseLinear, DenseMaxPool2d, WindowLayer
-from .padding import patch_offsets
+from .errors import OnnxExportError
+from .layers import WindowLayer, functional
+from .padding import dense_padding
 
 OPSET = 17  # dilated MaxPool needs >= 10
 IR_VERSION = 8  # the IR version that goes with opset 17; onnxruntime >= 1.14 loads it
 
 
-class OnnxExportError(ValueError):
-    """A dense net holds a layer the ONNX exporter does not know how to write."""
-
-
 class _IndexPad(nn.Module):
-    """Reflect/replicate padding as a gather of row and column indices from the input's dynamic size."""
+    """Reflect/replicate padding as a gather of indices along each spatial axis, from the input's dynamic size."""
 
-    def __init__(self, before: tuple[int, int], after: tuple[int, int], padding_mode: str):
+    def __init__(self, before: tuple[int, ...], after: tuple[int, ...], padding_mode: str):
         super().__init__()
         self.before, self.after, self.padding_mode = before, after, padding_mode
 
@@ -45,17 +45,19 @@ class _IndexPad(nn.Module):
         folded = positions.remainder(period)
         return torch.where(folded < length, folded, period - folded)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (N, C, H, W) -> (N, C, top+H+bottom, left+W+right)
-        size = torch._shape_as_tensor(x)  # traced as Shape, so H and W stay dynamic in the graph
-        rows = self._indices(size[2], self.before[0], self.after[0])
-        cols = self._indices(size[3], self.before[1], self.after[1])
-        return x.index_select(2, rows).index_select(3, cols)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (N, C, *S) -> (N, C, *(before + S + after))
+        size = torch._shape_as_tensor(x)  # traced as Shape, so the spatial sizes stay dynamic in the graph
+        for axis, (before, after) in enumerate(zip(self.before, self.after), start=2):
+            x = x.index_select(axis, self._indices(size[axis], before, after))
+        return x
 
 
 class _ZeroPad(nn.Module):
-    def __init__(self, before: tuple[int, int], after: tuple[int, int]):
+    def __init__(self, before: tuple[int, ...], after: tuple[int, ...]):
         super().__init__()
-        self.pads = (before[1], after[1], before[0], after[0])  # (left, right, top, bottom)
+        self.pads = tuple(
+            w for b, a in zip(reversed(before), reversed(after)) for w in (b, a)
+        )  # last axis first
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.pad(x, self.pads)
@@ -65,68 +67,126 @@ class _DilatedConv(nn.Module):
     """A stride-1 dilated conv with fixed weights (a dense conv, Linear head or average pool)."""
 
     def __init__(
-        self, weight: torch.Tensor, bias: torch.Tensor | None, dilation: tuple[int, int], groups: int
+        self, weight: torch.Tensor, bias: torch.Tensor | None, dilation: tuple[int, ...], groups: int
     ):
         super().__init__()
-        self.register_buffer("weight", weight.detach().clone())  # (K, C/groups, kh, kw)
+        self.register_buffer("weight", weight.detach().clone())  # (K, C/groups, *k)
         self.register_buffer("bias", None if bias is None else bias.detach().clone())
         self.dilation, self.groups = dilation, groups
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.conv2d(x, self.weight, self.bias, 1, 0, self.dilation, self.groups)
+        return functional("conv", len(self.dilation))(
+            x, self.weight, self.bias, 1, 0, self.dilation, self.groups
+        )
 
 
 class _DilatedMaxPool(nn.Module):
-    def __init__(self, kernel: tuple[int, int], dilation: tuple[int, int]):
+    def __init__(self, kernel: tuple[int, ...], dilation: tuple[int, ...]):
         super().__init__()
         self.kernel, self.dilation = kernel, dilation
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.max_pool2d(x, self.kernel, 1, 0, self.dilation)
+        return functional("max_pool", len(self.kernel))(x, self.kernel, 1, 0, self.dilation)
+
+
+def export_conv(layer: WindowLayer, channels: int) -> nn.Module:
+    """A dense conv or Linear head: a dilated ``Conv``."""
+    spec = layer.spec()
+    return _DilatedConv(spec.weight, spec.bias, spec.dilation, spec.groups)
+
+
+def export_max_pool(layer: WindowLayer, channels: int) -> nn.Module:
+    """A dense max pool: a ``MaxPool`` with ``dilations``."""
+    spec = layer.spec()
+    return _DilatedMaxPool(spec.kernel, spec.dilation)
+
+
+def export_avg_pool(layer: WindowLayer, channels: int) -> nn.Module:
+    """A dense average pool: a depthwise dilated ``Conv`` with constant weights (ONNX's AveragePool has no
+    dilations before opset 19)."""
+    spec = layer.spec()
+    weight = torch.full(
+        (channels, 1, *spec.kernel), 1.0 / (spec.divisor or math.prod(spec.kernel))
+    )  # (C, 1, *k)
+    return _DilatedConv(weight, None, spec.dilation, channels)
+
+
+class _RunningNorm(nn.Module):
+    """Per-channel normalisation with fixed running statistics (exported as ``BatchNormalization``)."""
+
+    def __init__(self, norm: nn.Module):
+        super().__init__()
+        self.norm = norm
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        norm = self.norm
+        return F.batch_norm(
+            x, norm.running_mean, norm.running_var, norm.weight, norm.bias, False, 0.0, norm.eps
+        )
+
+
+def export_running_norm(layer: nn.Module, channels: int) -> nn.Module:
+    """An eval-mode InstanceNorm1d/2d/3d with running statistics: the same normalisation as a BatchNorm in eval
+    mode."""
+    return _RunningNorm(layer)
+
+
+class _Threshold(nn.Module):
+    def __init__(self, threshold: float, value: float):
+        super().__init__()
+        self.threshold, self.value = threshold, value
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.where(x > self.threshold, x, torch.full_like(x, self.value))
+
+
+def export_threshold(layer: nn.Threshold, channels: int) -> nn.Module:
+    """``nn.Threshold`` as a ``Where`` (torch exports only threshold 0)."""
+    return _Threshold(layer.threshold, layer.value)
 
 
 def exportable(dense: DenseCNN) -> nn.Sequential:
-    """The dense net rebuilt from ONNX-friendly modules (padding first); same outputs as ``dense.forward``."""
+    """The dense net rebuilt from ONNX-friendly modules (padding first); same outputs as ``dense.forward``.
+
+    Each dense layer is written as its layer type's record says (:class:`densecnn.rules.LayerRecord`, ``export``);
+    layers without an export function (activations, per-pixel BatchNorm, channel softmax) are written as they are.
+    """
     if dense.in_channels is None:
         raise OnnxExportError(
             "the dense net does not know its input channels; convert a model that starts with Conv2d"
         )
-    (top, bottom), (left, right) = (patch_offsets(p) for p in dense.patch_size)
+    exports = getattr(dense, "onnx_exports", None)
+    if exports is None or len(exports) != len(dense.features):
+        raise OnnxExportError(
+            "this DenseCNN was not made by densecnn.convert(); convert the patch model to export it"
+        )
     # the dense ops consume receptive_field - 1 pixels per axis; pad exactly as DenseCNN.pad does
-    bottom, right = dense.receptive_field[0] - 1 - top, dense.receptive_field[1] - 1 - left
+    before, after = dense_padding(dense.patch_size, dense.receptive_field)
     if dense.padding_mode == "zeros":
-        modules: list[nn.Module] = [_ZeroPad((top, left), (bottom, right))]
+        modules: list[nn.Module] = [_ZeroPad(before, after)]
     else:
-        modules = [_IndexPad((top, left), (bottom, right), dense.padding_mode)]
+        modules = [_IndexPad(before, after, dense.padding_mode)]
     channels = dense.in_channels
-    for index, layer in enumerate(dense.features):
-        if isinstance(layer, DenseConv2d):
-            conv = layer.source
-            modules.append(_DilatedConv(conv.weight, conv.bias, layer.dilation, conv.groups))
-            channels = conv.out_channels
-        elif isinstance(layer, DenseLinear):
-            modules.append(_DilatedConv(layer.weight, layer.source.bias, layer.dilation, 1))
-            channels = layer.source.out_features
-        elif isinstance(layer, DenseMaxPool2d):
-            modules.append(_DilatedMaxPool(layer.kernel, layer.dilation))
-        elif isinstance(layer, DenseAvgPool2d):
-            taps = layer.kernel[0] * layer.kernel[1]
-            weight = torch.full((channels, 1, *layer.kernel), 1.0 / (layer.divisor or taps))  # (C, 1, kh, kw)
-            modules.append(_DilatedConv(weight, None, layer.dilation, channels))
+    for index, (layer, export) in enumerate(zip(dense.features, exports)):
+        if export is not None:
+            modules.append(export(layer, channels))
         elif isinstance(layer, WindowLayer):
             raise OnnxExportError(
-                f"layer {index} ({type(layer).__name__}) is a windowed layer the ONNX exporter does not "
-                "know; add a case for it in densecnn/onnx_export.py"
+                f"layer {index} ({type(layer).__name__}) is a windowed layer whose rule names no ONNX export; "
+                "register its layer type with densecnn.register_rule(..., export=...)"
             )
-        else:  # pointwise modules (activations, per-pixel BatchNorm, channel softmax) export as they are
+        else:
             modules.append(layer)
+        spec = layer.spec() if isinstance(layer, WindowLayer) else None
+        channels = spec.weight.shape[0] if spec is not None and hasattr(spec, "weight") else channels
     return nn.Sequential(*modules).eval()
 
 
 def export_onnx(dense: DenseCNN, path) -> Path:
-    """Write ``dense`` as an ONNX model with input ``image`` (N, C, H, W) and output ``scores`` (N, K, H, W).
+    """Write ``dense`` as an ONNX model with input ``image`` (N, C, H, W) and output ``scores`` (N, K, H, W)
+    ((N, C, D, H, W) -> (N, K, D, H, W) for a volume net, (N, C, L) -> (N, K, L) for a signal net).
 
-    N, H and W are dynamic. The graph includes the padding (``dense.padding_mode``) but not the model file's
+    N and the spatial axes are dynamic. The graph includes the padding (``dense.padding_mode``) but not the model file's
     normalisation: feed it ``loaded.normalize(images)``.
 
     >>> export_onnx(densecnn.load("models/nuclei").dense(), "nuclei.onnx")
@@ -137,8 +197,8 @@ def export_onnx(dense: DenseCNN, path) -> Path:
     except ImportError:
         raise OnnxExportError("ONNX export needs the onnx package: pip install onnx") from None
     module = exportable(dense)
-    rf_h, rf_w = dense.receptive_field
-    example = torch.zeros(1, dense.in_channels, max(rf_h, 8), max(rf_w, 8))
+    example = torch.zeros(1, dense.in_channels, *(max(r, 8) for r in dense.receptive_field))
+    axes = {0: "N", **dict(zip(range(2, dense.dims + 2), {1: "L", 2: "HW", 3: "DHW"}[dense.dims]))}
     out = Path(path)
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter(
@@ -152,7 +212,7 @@ def export_onnx(dense: DenseCNN, path) -> Path:
             opset_version=OPSET,
             input_names=["image"],
             output_names=["scores"],
-            dynamic_axes={"image": {0: "N", 2: "H", 3: "W"}, "scores": {0: "N", 2: "H", 3: "W"}},
+            dynamic_axes={"image": axes, "scores": axes},
         )
     model = onnx.load(str(out))
     model.ir_version = IR_VERSION

@@ -3,8 +3,9 @@
 Tiling knows nothing of the net it tiles: it is given a function that runs one padded tile, the receptive field R,
 and a memory estimate. The whole image is padded once (by the caller); output tile rows r … r+th−1 read padded rows
 r … r+th+Rh−2, exactly what the untiled pass reads for them, so the stitched result equals the untiled one (to
-rounding: the same ops on the same pixels, at another shape). All tiles have the same size (the last row/column of
-tiles is shifted back to end at the border, overlapping its neighbour), so one solver plan serves them all.
+rounding: the same ops on the same pixels, at another shape); signals and volumes are cut alike along every axis.
+All tiles have the same size (the last row/column of tiles is shifted back to end at the border, overlapping its
+neighbour), so one solver plan serves them all.
 
 The memory estimate (:class:`MemoryEstimate`, built by :meth:`densecnn.DenseCNN.memory_estimate` from the layer
 shapes): the padded image and the result are held throughout; per tile, the peak is the largest pair of consecutive
@@ -51,7 +52,7 @@ def check_max_memory(max_memory) -> int:
 
 def choose_tile(shape, max_memory: int, estimate: MemoryEstimate, *, labels: bool) -> Size:
     """The output tile (th, tw) with the fewest tiles whose estimate fits ``max_memory`` bytes, for an input of
-    ``shape`` (N, C, H, W).
+    ``shape`` (N, C, *S); tiles are cubes (squares for images) cut to the input's size.
 
     Raises:
         ValueError: not even a 1×1 tile fits; the message says how much memory is needed.
@@ -92,7 +93,7 @@ def run_tiled(
     *,
     labels: bool,
 ) -> torch.Tensor:
-    """(N, C, H+Rh-1, W+Rw-1) padded images -> (N, K, H, W) scores, or (N, H, W) int64 labels if ``labels``,
+    """(N, C, *(S+R-1)) padded inputs -> (N, K, *S) scores, or (N, *S) int64 labels if ``labels``,
     computed tile by tile with ``run_padded`` ((N, C, th+Rh-1, tw+Rw-1) -> (N, K, th, tw)).
     """
     size = tuple(s - r + 1 for s, r in zip(padded.shape[2:], receptive_field, strict=True))

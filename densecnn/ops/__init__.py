@@ -12,6 +12,6 @@
 
 from __future__ import annotations
 
-from .backends import Backend, check_backend, ext_available
+from .backends import BACKENDS, Backend, check_backend, ext_available
 
-__all__ = ["Backend", "check_backend", "ext_available"]
+__all__ = ["BACKENDS", "Backend", "check_backend", "ext_available"]

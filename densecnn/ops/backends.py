@@ -31,6 +31,9 @@ class Backend(str, enum.Enum):
         return self.value
 
 
+# the names, for settings and command lines: ("auto", "native", "ext")
+BACKENDS = tuple(b.value for b in Backend)
+
 _warned = False
 
 

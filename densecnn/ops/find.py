@@ -31,7 +31,7 @@ from . import solvers
 from .backends import ext_build
 from .solvers import ConvSpec, PoolSpec, Spec
 
-MEMORY_FORMATS = {"nchw": torch.contiguous_format, "nhwc": torch.channels_last}
+MEMORY_FORMATS = {"nchw": torch.contiguous_format, "nhwc": torch.channels_last}  # "nhwc": images only
 MAX_SIDE = 256  # timing inputs are at most this many pixels per side beyond the op's reach
 REPEATS = (
     3  # timed runs per candidate after one warm-up (fewer once they add up to BUDGET_MS); the minimum is kept
@@ -48,10 +48,17 @@ def cache_dir() -> Path:
     return Path(base) / "densecnn"
 
 
-def timing_shape(spec: Spec, shape: tuple[int, int, int, int]) -> tuple[int, int, int, int]:
-    """The bucketed (1, C, H, W) the candidates are timed on, for an input of ``shape``."""
+def memory_formats(shape) -> list[str]:
+    """The memory formats a net may run in on (N, C, *S) inputs of ``shape``: channels-last for images only."""
+    return list(MEMORY_FORMATS) if len(shape) == 4 else ["nchw"]
+
+
+def timing_shape(spec: Spec, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The bucketed (1, C, *S) the candidates are timed on, for an input of ``shape`` (as many pixels at most as a
+    MAX_SIDE² image, for signals and volumes too)."""
     reaches = reach(spec.kernel, spec.dilation)
-    sides = [min(2 ** math.ceil(math.log2(side)), MAX_SIDE + r) for side, r in zip(shape[2:], reaches)]
+    max_side = round(MAX_SIDE ** (2 / (len(shape) - 2)))
+    sides = [min(2 ** math.ceil(math.log2(side)), max_side + r) for side, r in zip(shape[2:], reaches)]
     return (1, shape[1], *(max(side, r + 1) for side, r in zip(sides, reaches)))
 
 
@@ -149,7 +156,7 @@ def time_candidates(
         fmt: _time_candidates(
             spec, shape, fmt, dtype, device, train=train, ext=ext, input_grad=input_grad, every=every
         )
-        for fmt in MEMORY_FORMATS
+        for fmt in memory_formats(shape)
     }
 
 

@@ -25,16 +25,19 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import threading
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
+from ..errors import Cancelled
 from ..layers import output_shape
+from ..rules.registry import fused_activation
 from . import costmodel, solvers
 from .backends import Backend, allowed_solvers, ext_available
-from .find import MEMORY_FORMATS, cached, find
-from .solvers import ACTIVATIONS, SOLVERS, PoolSpec
+from .find import MEMORY_FORMATS, cached, find, memory_formats
+from .solvers import SOLVERS, PoolSpec
 
 Shape = tuple[int, ...]  # (N, C, *spatial)
 
@@ -64,11 +67,9 @@ class Plan:
     memory_format: str  # "nchw" or "nhwc"
     steps: list[Step]
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, *, cancel: threading.Event | None = None) -> torch.Tensor:
         x = x.contiguous(memory_format=MEMORY_FORMATS[self.memory_format])
-        for step in self.steps:
-            x = step(x)
-        return x.contiguous()
+        return run_steps(self.steps, x, cancel).contiguous()
 
     def describe(self) -> list[dict]:
         """One row per step: its layers, solver, memory format, where the choice came from ("tuned" timings, the
@@ -85,6 +86,15 @@ class Plan:
         ]
 
 
+def run_steps(steps, x: torch.Tensor, cancel: threading.Event | None = None) -> torch.Tensor:
+    """``x`` through each step in turn; raises :class:`Cancelled` before a step once ``cancel`` is set."""
+    for step in steps:
+        if cancel is not None and cancel.is_set():
+            raise Cancelled("the computation was cancelled")
+        x = step(x)
+    return x
+
+
 def group_steps(features: nn.Sequential) -> list[Step]:
     """Steps of the net: each windowed layer (absorbing a following tanh/ReLU after a pool), each other layer alone."""
     layers, steps, i = list(features), [], 0
@@ -95,7 +105,7 @@ def group_steps(features: nn.Sequential) -> list[Step]:
             i += 1
             continue
         follower = layers[i + 1] if i + 1 < len(layers) else None
-        activation = ACTIVATIONS.get(type(follower))
+        activation = fused_activation(follower)
         if isinstance(layer.spec(), PoolSpec) and activation:
             steps.append(Step((layer, follower), activation))
             i += 2
@@ -147,14 +157,17 @@ def make_plan(
     input_grad: bool = False,
     tune: bool = False,
 ) -> Plan:
-    """The fastest plan for running ``features`` on a (N, C, H, W) input of ``shape``: per-layer times predicted
-    (immediate mode, or cached timings) or, with ``tune``, timed by :func:`find`.
+    """The fastest plan for running ``features`` on a (N, C, *S) input of ``shape``: per-layer times predicted
+    (immediate mode, or cached timings) or, with ``tune``, timed by :func:`find`. Signals and volumes run in NC*
+    (a forced "nhwc" applies to images only).
 
     ``train``: plan for forward + backward; ``input_grad``: whether the input itself needs a gradient.
     """
     forced, fmt_forced = forced_solver(solver), forced_memory_format(memory_format)
     if backend is Backend.NATIVE and fmt_forced is None:
         fmt_forced = "nchw"  # torch's dilated ops as they come: nothing to choose, nothing to time
+    if fmt_forced not in (None, *memory_formats(shape)):
+        fmt_forced = "nchw"  # channels-last is for images only
     allowed = allowed_solvers(backend, forced)
     ext = ext_available()
     steps = group_steps(features)
@@ -176,7 +189,7 @@ def make_plan(
                 input_grad=needs_grad,
             )
         shape = next_shape(step, shape)
-    formats = [fmt_forced] if fmt_forced else list(MEMORY_FORMATS)
+    formats = [fmt_forced] if fmt_forced else memory_formats(shape)
     best = {fmt: [_best(step.times, fmt, allowed, forced) for step in steps] for fmt in formats}
     chosen = min(formats, key=lambda fmt: sum(ms for _, ms in best[fmt]))
     for step, (name, _) in zip(steps, best[chosen]):
