@@ -11,9 +11,13 @@ from .convert import convert
 from .dense import DenseCNN
 from .errors import (
     BlockFailedError,
+    Cancelled,
     ConversionError,
     DatasetError,
     DenseEquivalenceWarning,
+    ImageReadError,
+    ImageStackError,
+    ImageTooLargeError,
     ModelFileError,
     OnnxExportError,
     PatchSizeError,
@@ -30,10 +34,14 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BlockFailedError",
+    "Cancelled",
     "ConversionError",
     "DatasetError",
     "DenseCNN",
     "DenseEquivalenceWarning",
+    "ImageReadError",
+    "ImageStackError",
+    "ImageTooLargeError",
     "LoadedModel",
     "ModelFileError",
     "OnnxExportError",

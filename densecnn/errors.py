@@ -39,6 +39,26 @@ class TrainingError(ValueError):
     checkpoint. The message names the option (``--batch``) or the file, and the fix."""
 
 
+class ExtensionUnavailableWarning(RuntimeWarning):
+    """densecnn's compiled kernels are not built or failed to load; torch-only solvers are used instead."""
+
+
+class ImageReadError(ValueError):
+    """An image could not be decoded, or is not a 2-D image; the message says which and why."""
+
+
+class ImageTooLargeError(ImageReadError):
+    """An image is larger than allowed (its pixels or decoded bytes, judged from its header before decoding)."""
+
+
+class ImageStackError(ImageReadError):
+    """A stack of planes (a multi-page/volumetric TIFF) was given where one 2-D image is expected."""
+
+
+class Cancelled(RuntimeError):
+    """A computation was stopped between two steps because its ``cancel`` event was set."""
+
+
 class PredictInputError(ValueError):
     """``densecnn predict`` was given an input or output it cannot use; the message says which and what to give."""
 
