@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import BlockFailedError, PredictInputError
-from ..imageio import ImageReadError, to_channels
+from ..imageio import ImageReadError, unit_planes
 from .blocks import BlockJob, bounding_region, halo, predict_block, window_size
 from .files import FileJob, predict_file
 from .sinks import (
@@ -161,7 +161,7 @@ def _chunked_source(input: Path, channel_axis: int | None, spatial_dims: int) ->
 
 def _check_channels(have: int, want: int, where: str) -> None:
     try:
-        to_channels(np.zeros((1, 1, have), np.float32), want)
+        unit_planes(np.zeros((1, 1, have), np.float32), want)
     except ImageReadError:
         raise PredictInputError(
             f"{where}: {have} channels cannot feed a model of {want}; if the channels are not the first axis, "
