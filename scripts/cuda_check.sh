@@ -24,11 +24,16 @@ if [[ ${#sources[@]} -eq 0 ]]; then
   exit 1
 fi
 
+# The defines torch's cpp_extension passes to nvcc: the .cu files must not rely on __half/__nv_bfloat16's implicit
+# conversions and operators, which the real build disables.
+TORCH_NVCC_DEFINES=(-D__CUDA_NO_HALF_OPERATORS__ -D__CUDA_NO_HALF_CONVERSIONS__ -D__CUDA_NO_BFLOAT16_CONVERSIONS__
+  -D__CUDA_NO_HALF2_OPERATORS__)
+
 echo "cuda-check: $("$NVCC" --version | tail -n 2 | head -n 1)"
 failed=0
 for src in "${sources[@]}"; do
   start=$SECONDS
-  if "$NVCC" -std=c++17 -O3 -Icuda_ext \
+  if "$NVCC" -std=c++17 -O3 -Icuda_ext "${TORCH_NVCC_DEFINES[@]}" \
       -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
       -Werror all-warnings -c "$src" -o "$out/$(basename "$src").o"; then
     echo "cuda-check: ok      $src ($((SECONDS - start)) s)"
