@@ -255,7 +255,7 @@ struct Box {
 struct Boxes {
   int axes;
   int64_t planes, block[kMaxAxes], blocks[kMaxAxes], reach[kMaxAxes], out[kMaxAxes];
-  int64_t capacity;  // values in the largest input box (the innermost axis counted at its output chunk)
+  int64_t capacity;  // values in the largest input box
 
   explicit Boxes(const PoolGeometry& g) : axes(g.axes), planes(g.planes) {
     for (int a = 0; a < axes; ++a) {
@@ -264,7 +264,7 @@ struct Boxes {
     }
     const int inner_axis = axes - 1;
     block[inner_axis] = std::max<int64_t>(1, std::min(out[inner_axis], kChunk));
-    capacity = block[inner_axis];
+    capacity = block[inner_axis] + reach[inner_axis];
     for (int a = axes - 2; a >= 0; --a) {
       const int64_t wanted = std::max<int64_t>(8, kBandElems / capacity - reach[a]);
       block[a] = std::max<int64_t>(1, std::min(wanted, out[a]));
@@ -293,24 +293,25 @@ struct Boxes {
   }
 };
 
-// Stores the int32 taps of a pass (local box layout, `extent`) as uint8 into the pass's global tap array (extents
-// `global`), for the positions this box owns: its outputs along pooled axes; along axes not pooled yet, its
-// outputs' first taps, or everything up to the end of the axis when the box is the axis's last.
-inline void store_taps(const Box& box, int axes, int pass_axis, const int64_t* extent, const int64_t* global,
-                       const int32_t* local_taps, uint8_t* taps) {
+// Stores the int32 taps of a pass (local box layout, `extent`; rows of `width` valid elements) as uint8 into the
+// pass's global tap array (extents `global`), for the positions this box owns: its outputs along pooled axes; along
+// axes not pooled yet, its outputs' first taps, or everything up to the end of the axis when the box is the axis's
+// last.
+inline void store_taps(const Box& box, int axes, int pass_axis, const int64_t* extent, int64_t width,
+                       const int64_t* global, const int32_t* local_taps, uint8_t* taps) {
   const int rows_axes = axes - 1;
   int64_t owned[kMaxAxes];
   for (int b = 0; b < rows_axes; ++b) {
     owned[b] = b < pass_axis && box.last[b] ? extent[b] : box.o1[b] - box.o0[b];
   }
-  const int64_t w = extent[axes - 1];
+  const int64_t row_stride = extent[axes - 1];
   int64_t plane_rows = 1;
   for (int b = 0; b < rows_axes; ++b) plane_rows *= global[b];
   const int64_t zero[kMaxAxes] = {0, 0, 0};
   for_each_index(rows_axes, owned, [&](const int64_t* c) {
     const int64_t local = offset_of(rows_axes, c, zero, extent);
     const int64_t row = box.plane * plane_rows + offset_of(rows_axes, c, box.o0, global);
-    narrow_taps(local_taps + local * w, taps + row * global[axes - 1] + box.o0[axes - 1], w);
+    narrow_taps(local_taps + local * row_stride, taps + row * global[axes - 1] + box.o0[axes - 1], width);
   });
 }
 
@@ -325,36 +326,49 @@ void pool_forward(const PoolGeometry& g, const T* x, T* y, uint8_t* const* taps,
     in_plane *= g.size[a];
     out_plane *= g.out[a];
   }
+  // When a box spans whole rows, consecutive rows of the input are contiguous: the innermost pass then runs over
+  // each run of rows in one call (short rows — volumes — would otherwise cost a call per row). The box keeps the
+  // input's row length, and the last (k-1)·step elements of each of its rows hold values that are never stored.
+  const bool whole_rows = axes >= 2 && boxes.blocks[inner_axis] == 1;
   at::parallel_for(0, boxes.count(), 1, [&](int64_t begin, int64_t end) {
     const int64_t row_in = boxes.block[inner_axis] + boxes.reach[inner_axis];
     std::vector<A> band(boxes.capacity), other(boxes.capacity), buf(kMax ? boxes.capacity : 0), row_buf(row_in),
-        widen_buf(std::is_same_v<A, T> ? 0 : row_in);
+        widen_buf(std::is_same_v<A, T> ? 0 : boxes.capacity);
     std::vector<int32_t> tap_out(kTaps ? boxes.capacity : 0), tap_buf(kTaps ? boxes.capacity : 0),
         row_buf_tap(kTaps ? row_in : 0);
     for (int64_t item = begin; item < end; ++item) {
       const Box box = boxes.at(item);
       int64_t extent[kMaxAxes];  // the box's local extents, shrinking as the passes pool their axes
       int64_t global[kMaxAxes];  // the extents of the current pass's output over the whole plane
+      const int64_t w = box.o1[inner_axis] - box.o0[inner_axis], w_in = w + boxes.reach[inner_axis];
       for (int a = 0; a < axes; ++a) {
-        extent[a] = box.o1[a] - box.o0[a] + (a == inner_axis ? 0 : boxes.reach[a]);
+        extent[a] = box.o1[a] - box.o0[a] + (a == inner_axis && !whole_rows ? 0 : boxes.reach[a]);
         global[a] = a == inner_axis ? g.out[a] : g.size[a];
       }
-      const int64_t w = extent[inner_axis], w_in = w + boxes.reach[inner_axis];
+      const int64_t row_stride = extent[inner_axis];  // w, or w_in for whole rows
       const T* xp = x + box.plane * in_plane;
       const int64_t zero[kMaxAxes] = {0, 0, 0};
-      // The innermost pass, row by row from the input into the box.
-      for_each_index(inner_axis, extent, [&](const int64_t* c) {
-        const int64_t local = offset_of(inner_axis, c, zero, extent);
-        const T* src = xp + offset_of(inner_axis, c, box.o0, g.size) * g.size[inner_axis] + box.o0[inner_axis];
-        const A* row = widened(src, w_in, widen_buf.data());
+      // The innermost pass, from the input into the box: run by run of whole rows, or row by row.
+      const int run_axes = whole_rows ? inner_axis - 1 : inner_axis;
+      const int64_t run_rows = whole_rows ? extent[inner_axis - 1] : 1;
+      for_each_index(run_axes, extent, [&](const int64_t* c) {
+        int64_t local = offset_of(run_axes, c, zero, extent), row = offset_of(run_axes, c, box.o0, g.size);
+        if (whole_rows) {
+          local *= run_rows;
+          row = row * g.size[inner_axis - 1] + box.o0[inner_axis - 1];
+        }
+        const int64_t n = (run_rows - 1) * row_stride + w_in;
+        const A* src = widened(xp + row * g.size[inner_axis] + box.o0[inner_axis], n, widen_buf.data());
+        A* dst = band.data() + local * row_stride;
         if constexpr (kMax) {
-          window_max<A, kTaps>(row, w_in, g.kernel[inner_axis], g.step[inner_axis], band.data() + local * w,
-                               tap_out.data() + local * w, row_buf.data(), row_buf_tap.data());
+          window_max<A, kTaps>(src, n, g.kernel[inner_axis], g.step[inner_axis], dst,
+                               tap_out.data() + local * row_stride, whole_rows ? buf.data() : row_buf.data(),
+                               whole_rows ? tap_buf.data() : row_buf_tap.data());
         } else {
-          window_sum<A>(row, w_in, g.kernel[inner_axis], g.step[inner_axis], band.data() + local * w);
+          window_sum<A>(src, n, g.kernel[inner_axis], g.step[inner_axis], dst);
         }
       });
-      if (kTaps) store_taps(box, axes, inner_axis, extent, global, tap_out.data(), taps[inner_axis]);
+      if (kTaps) store_taps(box, axes, inner_axis, extent, w, global, tap_out.data(), taps[inner_axis]);
       // The other passes, each over the box as (outer, len, inner).
       A* current = band.data();
       A* next = other.data();
@@ -374,7 +388,7 @@ void pool_forward(const PoolGeometry& g, const T* x, T* y, uint8_t* const* taps,
         }
         extent[a] = pooled;
         global[a] = g.out[a];
-        if (kTaps) store_taps(box, axes, a, extent, global, tap_out.data(), taps[a]);
+        if (kTaps) store_taps(box, axes, a, extent, w, global, tap_out.data(), taps[a]);
         std::swap(current, next);
       }
       // The outputs, row by row.
@@ -382,7 +396,7 @@ void pool_forward(const PoolGeometry& g, const T* x, T* y, uint8_t* const* taps,
         const int64_t local = offset_of(inner_axis, c, zero, extent);
         T* dst = y + box.plane * out_plane + offset_of(inner_axis, c, box.o0, g.out) * g.out[inner_axis] +
                  box.o0[inner_axis];
-        store_activated<T, A, kAct>(current + local * w, scale, dst, row_buf.data(), w);
+        store_activated<T, A, kAct>(current + local * row_stride, scale, dst, row_buf.data(), w);
       });
     }
   });
