@@ -12,13 +12,15 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+IGNORE_INDEX = 255  # the label of pixels that are never counted: the dataset convention, declared once
+
 
 def masked_cross_entropy_terms(
     scores: torch.Tensor,
     labels: torch.Tensor,
     mask: torch.Tensor | None = None,
     *,
-    ignore_index: int = 255,
+    ignore_index: int = IGNORE_INDEX,
     class_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(loss_sum, weight_sum)`` over the selected, non-ignored pixels; their ratio is the mean loss.
@@ -48,7 +50,7 @@ def masked_cross_entropy(
     labels: torch.Tensor,
     mask: torch.Tensor | None = None,
     *,
-    ignore_index: int = 255,
+    ignore_index: int = IGNORE_INDEX,
     class_weights: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Mean cross-entropy over the pixels selected by ``mask`` whose label is not ``ignore_index``.
@@ -78,7 +80,7 @@ def masked_cross_entropy(
 
 
 def pixel_cross_entropy(
-    scores: torch.Tensor, labels: torch.Tensor, *, ignore_index: int = 255
+    scores: torch.Tensor, labels: torch.Tensor, *, ignore_index: int = IGNORE_INDEX
 ) -> torch.Tensor:
     """(N, K, H, W) scores, (N, H, W) labels -> (N, H, W) detached per-pixel cross-entropy, 0 where ignored.
 

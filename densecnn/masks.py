@@ -25,9 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-SPEC_SYNTAX = (
-    "all | random:K | balanced:K | hard:K[:MIX]  (K pixels per image, MIX in [0, 1] the random share)"
-)
+from .losses import IGNORE_INDEX
 
 
 @dataclass(frozen=True)
@@ -50,7 +48,7 @@ class MaskStrategy:
         *,
         pixel_loss: torch.Tensor | None = None,
         generator: torch.Generator | None = None,
-        ignore_index: int = 255,
+        ignore_index: int = IGNORE_INDEX,
     ) -> torch.Tensor:
         """(N, H, W) labels (and, for ``hard``, the (N, H, W) per-pixel loss) -> (N, H, W) bool mask."""
         if labels.dim() != 3:
@@ -102,6 +100,20 @@ def hard(k: int, mix: float = 0.5) -> MaskStrategy:
     return MaskStrategy("hard", _check_k(k), float(mix))
 
 
+# kind -> (builder, its required and optional arguments in the ``--mask`` syntax): the one list of kinds
+KINDS = {
+    "all": (all, (), ()),
+    "random": (random, ("K",), ()),
+    "balanced": (balanced, ("K",), ()),
+    "hard": (hard, ("K",), ("MIX",)),
+}
+SPEC_SYNTAX = " | ".join(
+    kind + "".join(f":{a}" for a in required) + "".join(f"[:{a}]" for a in optional)
+    for kind, (_, required, optional) in KINDS.items()
+)
+SPEC_SYNTAX += "  (K pixels per image, MIX in [0, 1] the random share)"
+
+
 def parse(spec: str) -> MaskStrategy:
     """A strategy from the CLI syntax ``all | random:K | balanced:K | hard:K[:MIX]``.
 
@@ -110,16 +122,10 @@ def parse(spec: str) -> MaskStrategy:
     """
     parts = str(spec).strip().lower().split(":")
     kind, args = parts[0], parts[1:]
-    builders = {
-        "all": (all, 0, 0),
-        "random": (random, 1, 1),
-        "balanced": (balanced, 1, 1),
-        "hard": (hard, 1, 2),
-    }
-    if kind not in builders:
+    if kind not in KINDS:
         raise ValueError(f"unknown mask strategy {spec!r}; use {SPEC_SYNTAX}")
-    build, least, most = builders[kind]
-    if not least <= len(args) <= most:
+    build, required, optional = KINDS[kind]
+    if not len(required) <= len(args) <= len(required) + len(optional):
         raise ValueError(f"mask strategy {spec!r} has the wrong number of arguments; use {SPEC_SYNTAX}")
     try:
         values = [int(args[0])] + [float(a) for a in args[1:]] if args else []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -10,13 +11,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 from PIL import Image
-from train_support import make_dataset
+from train_support import card_command, make_dataset, parser_with_other_defaults
 
 import densecnn
+from densecnn.commands.train import config_from_args
 from densecnn.train import TrainConfig, train
 from densecnn.train.dataset import read_dataset
 
-SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPTS = ROOT / "scripts"
 
 
 def load_script(name: str):
@@ -95,3 +98,15 @@ def test_finetune_wrapper_fine_tunes_a_model_directory(tmp_path):
     card = (tmp_path / "ft" / "model" / "README.md").read_text()
     assert "--lr 0.0003" in card and "--epochs 1" in card  # the wrapper's default and the user's override
     assert densecnn.load(tmp_path / "ft" / "model").num_classes == 3
+
+
+def test_shipped_model_card_command_reproduces_its_training_config():
+    """models/nuclei's card gives the full command: parsed under other defaults, it is the config in model.json."""
+    model_dir = ROOT / "models" / "nuclei"
+    words = card_command(model_dir)
+    assert words[:2] == ["densecnn", "train"]
+    reproduced = config_from_args(parser_with_other_defaults().parse_args(words[2:])).to_dict()
+    saved = json.loads((model_dir / "model.json").read_text())["extra"]["training"]["config"]
+    loaded = densecnn.load(model_dir)
+    saved.update(classes=loaded.num_classes, channels=loaded.in_channels)  # derived by the run, written out
+    assert {**reproduced, "command": ""} == {**saved, "command": ""}

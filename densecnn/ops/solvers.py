@@ -25,7 +25,6 @@ import torch.nn.functional as F
 from . import native
 
 Pair = tuple[int, int]
-ACTIVATIONS = {torch.nn.Tanh: "tanh", torch.nn.ReLU: "relu"}  # activations a pool step may absorb
 
 
 @dataclass(frozen=True)

@@ -18,15 +18,12 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import DatasetError
 from ..imageio import ImageReadError, read_array, read_image
+from ..losses import IGNORE_INDEX
 
-IGNORE_INDEX = 255
 IMAGE_SUFFIXES = (".png", ".tif", ".tiff", ".jpg", ".jpeg", ".bmp")
 LABEL_SUFFIXES = (".png", ".tif", ".tiff")
-
-
-class DatasetError(ValueError):
-    """A dataset directory or one of its files is unusable; the message names the file."""
 
 
 @dataclass
