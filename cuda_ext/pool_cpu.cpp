@@ -435,19 +435,80 @@ void gather_pass(const AxisPass& p, const A* grad, const uint8_t* tap, D* grad_i
   });
 }
 
+// The last two backward gathers fused, row by row: along the rows (axis n-2) into a row buffer, then along the
+// innermost axis straight into grad_x — one read of the gradient and one write of grad_x, as a 2-D image needs.
+// grad (outer, H', W') is the gradient after pooling both axes; when `y` is given (the first gathers of a 2-D
+// pooling), each gathered row is first multiplied by activation'(y) · scale.
+template <typename A, bool kMax, typename D>
+void gather_last_two(const PoolGeometry& g, const A* grad, const A* y, Activation activation, A scale,
+                     const uint8_t* rows_tap, const uint8_t* row_tap, D* grad_x) {
+  const AxisPass rows = axis_pass(g, g.axes - 2), row = axis_pass(g, g.axes - 1);
+  const int64_t h = rows.in_len, h_out = rows.out_len, w_out = rows.inner, w = row.in_len;
+  const int64_t reach = (row.kernel - 1) * row.dilation;
+  const int64_t chunk = std::max<int64_t>(1, std::min(w, kChunk)), chunks = (w + chunk - 1) / chunk;
+  const bool plain = y == nullptr && scale == A(1);
+  at::parallel_for(0, rows.outer * h * chunks, 1, [&](int64_t begin, int64_t end) {
+    std::vector<A> gathered(chunk + reach), scaled(plain ? 0 : chunk + reach), acc(std::is_same_v<A, D> ? 0 : chunk);
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t o = item / (h * chunks), r = item / chunks % h, c0 = item % chunks * chunk;
+      const int64_t c1 = std::min(c0 + chunk, w), j0 = std::max<int64_t>(0, c0 - reach), j1 = std::min(c1, w_out);
+      std::fill(gathered.begin(), gathered.end(), A(0));  // gathered[j - j0]: the gradient of element j of row r
+      for (int32_t a = 0; a < rows.kernel && j0 < j1; ++a) {
+        const int64_t i = r - a * rows.dilation;
+        if (i < 0) break;
+        if (i >= h_out) continue;
+        const int64_t off = (o * h_out + i) * w_out + j0;
+        const A* gy = grad + off;
+        if (!plain) {
+          dispatch_activation(activation, [&](auto act_constant) {
+            activation_grad(act_constant, gy, y == nullptr ? gy : y + off, scale, scaled.data(), j1 - j0);
+          });
+          gy = scaled.data();
+        }
+        if constexpr (kMax) {
+          select_add(gathered.data(), gy, rows_tap + off, a, j1 - j0);
+        } else {
+          add(gathered.data(), gy, j1 - j0);
+        }
+      }
+      D* gx_row = grad_x + (o * h + r) * w;
+      A* sum;
+      if constexpr (std::is_same_v<A, D>) {
+        sum = gx_row + c0;
+      } else {
+        sum = acc.data();
+      }
+      std::fill(sum, sum + (c1 - c0), A(0));
+      const uint8_t* taps_of_row = row_tap + (o * h + r) * w_out;
+      for (int32_t b = 0; b < row.kernel; ++b) {
+        const int64_t shift = b * row.dilation;
+        const int64_t lo = std::max(j0, c0 - shift), hi = std::min(j1, c1 - shift);
+        if (lo >= hi) continue;
+        if constexpr (kMax) {
+          select_add(sum + (lo + shift - c0), gathered.data() + (lo - j0), taps_of_row + lo, b, hi - lo);
+        } else {
+          add(sum + (lo + shift - c0), gathered.data() + (lo - j0), hi - lo);
+        }
+      }
+      if constexpr (!std::is_same_v<A, D>) convert_row(sum, gx_row + c0, c1 - c0);
+    }
+  });
+}
+
 // Backward of max (kMax, through `taps`) or average pooling: the passes' gathers in reverse order, outermost axis
-// first, from grad_y · activation'(y) · scale (made in `incoming`, the size of grad_y) to grad_x. `scratch` holds
-// two slots of intermediate_size values.
+// first, from grad_y · activation'(y) · scale to grad_x; the last two fused (gather_last_two). `incoming` (the size
+// of grad_y) receives grad_y · activation'(y) · scale in the accumulation type when the gathers cannot apply it
+// themselves; `scratch` holds two slots of intermediate_size values for the passes before the last two.
 template <typename T, bool kMax>
 void pool_backward(const PoolGeometry& g, const T* grad_y, const T* y, const uint8_t* const* taps, T* grad_x,
                    Activation activation, Acc<T> scale, Acc<T>* incoming, Acc<T>* scratch) {
   using A = Acc<T>;
-  const AxisPass first = axis_pass(g, 0);
-  const int64_t n_out = pass_output_size(first);
-  const A* grad = nullptr;
-  if (std::is_same_v<A, T> && activation == Activation::kNone && scale == A(1)) {
-    grad = reinterpret_cast<const A*>(grad_y);
-  } else {
+  const bool inline_factor = std::is_same_v<A, T> && g.axes == 2;  // gather_last_two applies it
+  const bool factor = activation != Activation::kNone || scale != A(1);
+  const A* grad = reinterpret_cast<const A*>(grad_y);  // used only when A is T
+  const A* output = activation == Activation::kNone ? nullptr : reinterpret_cast<const A*>(y);
+  if (!std::is_same_v<A, T> || (factor && !inline_factor)) {
+    const int64_t n_out = pass_output_size(axis_pass(g, 0));
     at::parallel_for(0, n_out, kChunk, [&](int64_t begin, int64_t end) {
       std::vector<A> gy(end - begin), yy(y == nullptr ? 0 : end - begin);
       const A* gyp = widened(grad_y + begin, end - begin, gy.data());
@@ -457,19 +518,22 @@ void pool_backward(const PoolGeometry& g, const T* grad_y, const T* y, const uin
       });
     });
     grad = incoming;
+    output = nullptr;
+    activation = Activation::kNone;
+    scale = A(1);
+  }
+  if (g.axes == 1) {
+    gather_pass<A, kMax>(axis_pass(g, 0), grad, kMax ? taps[0] : nullptr, grad_x);
+    return;
   }
   A* slots[2] = {scratch, scratch + intermediate_size(g)};
-  for (int a = 0; a < g.axes; ++a) {
-    const AxisPass p = axis_pass(g, a);
-    const uint8_t* tap = kMax ? taps[a] : nullptr;
-    if (a == g.axes - 1) {
-      gather_pass<A, kMax>(p, grad, tap, grad_x);
-    } else {
-      A* dst = slots[a % 2];
-      gather_pass<A, kMax>(p, grad, tap, dst);
-      grad = dst;
-    }
+  for (int a = 0; a + 2 < g.axes; ++a) {
+    gather_pass<A, kMax>(axis_pass(g, a), grad, kMax ? taps[a] : nullptr, slots[a % 2]);
+    grad = slots[a % 2];
   }
+  const int rows_axis = g.axes - 2;
+  gather_last_two<A, kMax>(g, grad, output, activation, scale, kMax ? taps[rows_axis] : nullptr,
+                           kMax ? taps[rows_axis + 1] : nullptr, grad_x);
 }
 
 // ---- the CUDA kernels' passes (elements.h), run on the CPU for the tests ----

@@ -4,6 +4,7 @@ Candidates run interleaved (one call of each per round), and the medians are rep
 
     PYTHONPATH=. python scripts/bench_pooling.py volume   # (1, 16, 64, 64, 64), k=2, d=1, 2, 4
     PYTHONPATH=. python scripts/bench_pooling.py image    # (1, 50, 512, 512), k=8 d=1 and k=2 d=2
+    PYTHONPATH=. python scripts/bench_pooling.py volume --backward   # forward keeping the argmax + backward
 """
 
 from __future__ import annotations
@@ -33,6 +34,17 @@ def space_to_batch_max_pool3d(x: torch.Tensor, kernel: int, dilation: int) -> to
     return y.reshape(n, c, *(q * d for q in y.shape[2::2]))[:, :, : out[0], : out[1], : out[2]]
 
 
+def with_backward(pool):
+    """pool(x) followed by the gradient of a fixed random grad_output w.r.t. x (a training step's share)."""
+
+    def step(x):
+        x = x.detach().requires_grad_()
+        y = pool(x)
+        return torch.autograd.grad(y, x, torch.ones_like(y))[0]
+
+    return step
+
+
 def interleaved_medians(candidates: dict, rounds: int) -> dict[str, float]:
     """Median seconds per candidate, timing one call of each candidate per round (after one warm-up call)."""
     times = {name: [] for name in candidates}
@@ -46,7 +58,7 @@ def interleaved_medians(candidates: dict, rounds: int) -> dict[str, float]:
     return {name: statistics.median(t) for name, t in times.items()}
 
 
-def volume(rounds: int) -> list[dict]:
+def volume(rounds: int, backward: bool) -> list[dict]:
     x = torch.randn(1, 16, 64, 64, 64, generator=torch.Generator().manual_seed(0))
     x_cl = x.contiguous(memory_format=torch.channels_last_3d)
     rows = []
@@ -54,44 +66,60 @@ def volume(rounds: int) -> list[dict]:
         expected = F.max_pool3d(x, 2, 1, 0, d)
         assert torch.equal(ext.max_pool(x, 2, d), expected)
         assert torch.equal(space_to_batch_max_pool3d(x, 2, d), expected)
-        candidates = {
-            "ext": lambda d=d: ext.max_pool(x, 2, d),
-            "ext_channels_last": lambda d=d: ext.max_pool(x_cl, 2, d),
-            "native": lambda d=d: F.max_pool3d(x, 2, 1, 0, d),
-            "native_channels_last": lambda d=d: F.max_pool3d(x_cl, 2, 1, 0, d),
-            "space_to_batch": lambda d=d: space_to_batch_max_pool3d(x, 2, d),
+        pools = {
+            "ext": (x, lambda t, d=d: ext.max_pool(t, 2, d)),
+            "ext_channels_last": (x_cl, lambda t, d=d: ext.max_pool(t, 2, d)),
+            "native": (x, lambda t, d=d: F.max_pool3d(t, 2, 1, 0, d)),
+            "native_channels_last": (x_cl, lambda t, d=d: F.max_pool3d(t, 2, 1, 0, d)),
+            "space_to_batch": (x, lambda t, d=d: space_to_batch_max_pool3d(t, 2, d)),
         }
+        candidates = _calls(pools, backward)
         rows.append({"kernel": 2, "dilation": d, "median_s": interleaved_medians(candidates, rounds)})
     return rows
 
 
-def image(rounds: int) -> list[dict]:
+def image(rounds: int, backward: bool) -> list[dict]:
     x = torch.randn(1, 50, 512, 512, generator=torch.Generator().manual_seed(0))
     x_cl = x.contiguous(memory_format=torch.channels_last)
     rows = []
     for k, d in ((8, 1), (2, 2)):
-        candidates = {
-            "ext": lambda k=k, d=d: ext.max_pool2d(x, k, d),
-            "ext_channels_last": lambda k=k, d=d: ext.max_pool2d(x_cl, k, d),
-            "native": lambda k=k, d=d: F.max_pool2d(x, k, 1, 0, d),
-            "native_channels_last": lambda k=k, d=d: F.max_pool2d(x_cl, k, 1, 0, d),
+        pools = {
+            "ext": (x, lambda t, k=k, d=d: ext.max_pool2d(t, k, d)),
+            "ext_channels_last": (x_cl, lambda t, k=k, d=d: ext.max_pool2d(t, k, d)),
+            "native": (x, lambda t, k=k, d=d: F.max_pool2d(t, k, 1, 0, d)),
+            "native_channels_last": (x_cl, lambda t, k=k, d=d: F.max_pool2d(t, k, 1, 0, d)),
         }
+        candidates = _calls(pools, backward)
         rows.append({"kernel": k, "dilation": d, "median_s": interleaved_medians(candidates, rounds)})
     return rows
+
+
+def _calls(pools: dict, backward: bool) -> dict:
+    """name -> a no-argument call: the pool of its input, or (backward) the pool and its gradient."""
+    if backward:
+        return {name: (lambda x=x, pool=pool: with_backward(pool)(x)) for name, (x, pool) in pools.items()}
+    return {name: (lambda x=x, pool=pool: pool(x)) for name, (x, pool) in pools.items()}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("case", choices=["volume", "image"])
     parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument(
+        "--backward", action="store_true", help="time forward (keeping the argmax) + backward"
+    )
     args = parser.parse_args()
-    with torch.no_grad():
-        rows = volume(args.rounds) if args.case == "volume" else image(args.rounds)
+    with torch.set_grad_enabled(args.backward):
+        rows = (volume if args.case == "volume" else image)(args.rounds, args.backward)
     for row in rows:
         medians = row["median_s"]
         best_native = min(medians["native"], medians["native_channels_last"])
         row["native_over_ext"] = best_native / min(medians["ext"], medians["ext_channels_last"])
-    print(json.dumps({"case": args.case, "threads": torch.get_num_threads(), "rows": rows}))
+    print(
+        json.dumps(
+            {"case": args.case, "backward": args.backward, "threads": torch.get_num_threads(), "rows": rows}
+        )
+    )
 
 
 if __name__ == "__main__":
