@@ -496,19 +496,33 @@ void gather_last_two(const PoolGeometry& g, const A* grad, const A* y, Activatio
 }
 
 // Backward of max (kMax, through `taps`) or average pooling: the passes' gathers in reverse order, outermost axis
-// first, from grad_y · activation'(y) · scale to grad_x; the last two fused (gather_last_two). `incoming` (the size
-// of grad_y) receives grad_y · activation'(y) · scale in the accumulation type when the gathers cannot apply it
-// themselves; `scratch` holds two slots of intermediate_size values for the passes before the last two.
+// first, from grad_y · activation'(y) · scale to grad_x; the last two fused (gather_last_two). `scratch`
+// (backward_scratch_size values) first holds grad_y · activation'(y) · scale in the accumulation type when the
+// gathers cannot apply it themselves, then two slots of intermediate_size values for the passes before the last two.
+template <typename T>
+bool needs_incoming(const PoolGeometry& g, Activation activation, Acc<T> scale) {
+  const bool factor = activation != Activation::kNone || scale != Acc<T>(1);
+  const bool inline_factor = std::is_same_v<Acc<T>, T> && g.axes == 2;  // gather_last_two applies it
+  return !std::is_same_v<Acc<T>, T> || (factor && !inline_factor);
+}
+
+// Scratch values pool_backward needs: `incoming` (if needs_incoming), then the slots (for three axes).
+template <typename T>
+int64_t backward_scratch_size(const PoolGeometry& g, Activation activation, Acc<T> scale) {
+  const int64_t incoming = needs_incoming<T>(g, activation, scale) ? pass_output_size(axis_pass(g, 0)) : 0;
+  return incoming + (g.axes >= 3 ? 2 * intermediate_size(g) : 0);
+}
+
 template <typename T, bool kMax>
 void pool_backward(const PoolGeometry& g, const T* grad_y, const T* y, const uint8_t* const* taps, T* grad_x,
-                   Activation activation, Acc<T> scale, Acc<T>* incoming, Acc<T>* scratch) {
+                   Activation activation, Acc<T> scale, Acc<T>* scratch) {
   using A = Acc<T>;
-  const bool inline_factor = std::is_same_v<A, T> && g.axes == 2;  // gather_last_two applies it
-  const bool factor = activation != Activation::kNone || scale != A(1);
   const A* grad = reinterpret_cast<const A*>(grad_y);  // used only when A is T
   const A* output = activation == Activation::kNone ? nullptr : reinterpret_cast<const A*>(y);
-  if (!std::is_same_v<A, T> || (factor && !inline_factor)) {
+  A* incoming = scratch;
+  if (needs_incoming<T>(g, activation, scale)) {
     const int64_t n_out = pass_output_size(axis_pass(g, 0));
+    scratch += n_out;
     at::parallel_for(0, n_out, kChunk, [&](int64_t begin, int64_t end) {
       std::vector<A> gy(end - begin), yy(y == nullptr ? 0 : end - begin);
       const A* gyp = widened(grad_y + begin, end - begin, gy.data());
@@ -581,8 +595,14 @@ void backward_element_loops(const PoolGeometry& g, const T* grad_y, const T* y, 
 // ---- torch-facing CPU ops ----
 
 template <typename T>
-at::Tensor scratch_for(const PoolGeometry& g, const at::Tensor& like, int64_t extra = 0) {
-  return at::empty({2 * intermediate_size(g) + extra}, like.options().dtype(c10::CppTypeToScalarType<Acc<T>>::value));
+at::Tensor scratch_of(int64_t size, const at::Tensor& like) {
+  return at::empty({size}, like.options().dtype(c10::CppTypeToScalarType<Acc<T>>::value));
+}
+
+// The two slots between passes of the per-element loops.
+template <typename T>
+at::Tensor scratch_for(const PoolGeometry& g, const at::Tensor& like) {
+  return scratch_of<T>(2 * intermediate_size(g), like);
 }
 
 std::tuple<at::Tensor, std::vector<at::Tensor>> max_pool_cpu(const at::Tensor& input, at::IntArrayRef kernel,
@@ -637,13 +657,14 @@ at::Tensor max_pool_backward_cpu(const at::Tensor& grad_output, const c10::optio
     const scalar_t* gy = call.grad_output.const_data_ptr<scalar_t>();
     const scalar_t* yp = call.output ? call.output->const_data_ptr<scalar_t>() : nullptr;
     scalar_t* gx = grad_x.mutable_data_ptr<scalar_t>();
-    at::Tensor scratch = scratch_for<scalar_t>(g, grad_output, call.grad_output.numel());
-    Acc<scalar_t>* incoming = scratch.mutable_data_ptr<Acc<scalar_t>>();
     if (gpu_loops_on_cpu()) {
-      backward_element_loops<scalar_t, true>(g, gy, yp, tap_ptrs, gx, call.activation, 1, incoming);
+      at::Tensor scratch = scratch_for<scalar_t>(g, grad_output);
+      backward_element_loops<scalar_t, true>(g, gy, yp, tap_ptrs, gx, call.activation, 1,
+                                             scratch.mutable_data_ptr<Acc<scalar_t>>());
     } else {
-      pool_backward<scalar_t, true>(g, gy, yp, tap_ptrs, gx, call.activation, 1, incoming,
-                                    incoming + call.grad_output.numel());
+      at::Tensor scratch = scratch_of<scalar_t>(backward_scratch_size<scalar_t>(g, call.activation, 1), grad_output);
+      pool_backward<scalar_t, true>(g, gy, yp, tap_ptrs, gx, call.activation, 1,
+                                    scratch.mutable_data_ptr<Acc<scalar_t>>());
     }
   });
   return grad_x;
@@ -691,13 +712,13 @@ at::Tensor avg_pool_backward_cpu(const at::Tensor& grad_output, const c10::optio
     const scalar_t* yp = call.output ? call.output->const_data_ptr<scalar_t>() : nullptr;
     scalar_t* gx = grad_x.mutable_data_ptr<scalar_t>();
     const A scale = A(1) / A(divisor);
-    at::Tensor scratch = scratch_for<scalar_t>(g, grad_output, call.grad_output.numel());
-    A* incoming = scratch.mutable_data_ptr<A>();
     if (gpu_loops_on_cpu()) {
-      backward_element_loops<scalar_t, false>(g, gy, yp, nullptr, gx, call.activation, scale, incoming);
+      at::Tensor scratch = scratch_for<scalar_t>(g, grad_output);
+      backward_element_loops<scalar_t, false>(g, gy, yp, nullptr, gx, call.activation, scale,
+                                              scratch.mutable_data_ptr<A>());
     } else {
-      pool_backward<scalar_t, false>(g, gy, yp, nullptr, gx, call.activation, scale, incoming,
-                                     incoming + call.grad_output.numel());
+      at::Tensor scratch = scratch_of<scalar_t>(backward_scratch_size<scalar_t>(g, call.activation, scale), grad_output);
+      pool_backward<scalar_t, false>(g, gy, yp, nullptr, gx, call.activation, scale, scratch.mutable_data_ptr<A>());
     }
   });
   return grad_x;

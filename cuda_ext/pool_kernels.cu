@@ -26,12 +26,16 @@ __global__ void sum_pass(AxisPass p, const S* src, D* dst, A scale, Activation a
 template <typename A, typename G, typename Y, typename D>
 __global__ void max_pass_backward(AxisPass p, const G* grad, const Y* y, const uint8_t* tap, D* grad_in,
                                   Activation activation) {
-  DENSECNN_GRID_STRIDE_LOOP(e, pass_input_size(p)) { max_pass_backward_at<A>(p, grad, y, tap, grad_in, activation, e); }
+  DENSECNN_GRID_STRIDE_LOOP(e, pass_input_size(p)) {
+    max_pass_backward_at<A>(p, grad, y, tap, grad_in, activation, e);
+  }
 }
 
 template <typename A, typename G, typename Y, typename D>
 __global__ void sum_pass_backward(AxisPass p, const G* grad, const Y* y, D* grad_in, A scale, Activation activation) {
-  DENSECNN_GRID_STRIDE_LOOP(e, pass_input_size(p)) { sum_pass_backward_at<A>(p, grad, y, grad_in, scale, activation, e); }
+  DENSECNN_GRID_STRIDE_LOOP(e, pass_input_size(p)) {
+    sum_pass_backward_at<A>(p, grad, y, grad_in, scale, activation, e);
+  }
 }
 
 }  // namespace
