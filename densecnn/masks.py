@@ -1,8 +1,9 @@
 """Pixel-selection strategies: which pixels' errors a whole-image training step counts.
 
-Each strategy is called on a batch's labels and returns an (N, H, W) bool mask for
-:func:`densecnn.masked_cross_entropy`. Pixels labelled ``ignore_index`` are never selected. Random choices
-come from the ``generator`` you pass, so a step is reproducible.
+Each strategy is called on a batch's labels and returns a bool mask of their shape for
+:func:`densecnn.masked_cross_entropy`: (N, H, W) for images, (N, L) for signals, (N, D, H, W) for volumes, where
+"per image" means per sample (per signal, per volume). Pixels labelled ``ignore_index`` are never selected.
+Random choices come from the ``generator`` you pass, so a step is reproducible.
 
 >>> g = torch.Generator().manual_seed(0)
 >>> strategy = densecnn.masks.parse("hard:256:0.25")    # the CLI's --mask syntax
@@ -50,10 +51,12 @@ class MaskStrategy:
         generator: torch.Generator | None = None,
         ignore_index: int = IGNORE_INDEX,
     ) -> torch.Tensor:
-        """(N, H, W) labels (and, for ``hard``, the (N, H, W) per-pixel loss) -> (N, H, W) bool mask."""
-        if labels.dim() != 3:
-            raise ValueError(f"labels must be (N, H, W), got shape {tuple(labels.shape)}")
-        eligible = labels != ignore_index  # (N, H, W)
+        """(N, *spatial) labels (and, for ``hard``, their per-pixel loss, same shape) -> (N, *spatial) bool mask."""
+        if not 2 <= labels.dim() <= 4:
+            raise ValueError(
+                f"labels must be (N, L), (N, H, W) or (N, D, H, W), got shape {tuple(labels.shape)}"
+            )
+        eligible = labels != ignore_index  # (N, *spatial)
         if self.kind == "all":
             return eligible
         if self.kind == "random":
@@ -66,7 +69,7 @@ class MaskStrategy:
             return mask
         if pixel_loss is None or tuple(pixel_loss.shape) != tuple(labels.shape):
             raise ValueError(
-                "hard(k) needs pixel_loss, the (N, H, W) per-pixel loss of the forward pass just done"
+                "hard(k) needs pixel_loss, the per-pixel loss of the forward pass just done, shaped like the labels"
             )
         n_random = round(self.k * self.mix)
         hardest = _top_k(pixel_loss.detach().float(), eligible, self.k - n_random)
@@ -143,7 +146,7 @@ def _check_k(k: int) -> int:
 
 
 def _random_keys(labels: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """(N, H, W) uniform random keys in [0, 1): ranking by them picks a uniform random subset."""
+    """(N, *spatial) uniform random keys in [0, 1): ranking by them picks a uniform random subset."""
     keys = torch.rand(
         labels.shape, generator=generator, device="cpu" if generator is None else generator.device
     )
@@ -151,13 +154,13 @@ def _random_keys(labels: torch.Tensor, generator: torch.Generator | None) -> tor
 
 
 def _top_k(keys: torch.Tensor, eligible: torch.Tensor, k: int) -> torch.Tensor:
-    """Per image, the (up to) ``k`` eligible pixels with the largest keys, as an (N, H, W) bool mask."""
+    """Per sample, the (up to) ``k`` eligible pixels with the largest keys, as an (N, *spatial) bool mask."""
     n = keys.shape[0]
-    flat_eligible = eligible.reshape(n, -1)  # (N, H·W)
+    flat_eligible = eligible.reshape(n, -1)  # (N, pixels)
     k = min(k, flat_eligible.shape[1])
     if k == 0:
         return torch.zeros_like(eligible)
-    ranked = keys.reshape(n, -1).masked_fill(~flat_eligible, float("-inf"))  # (N, H·W)
+    ranked = keys.reshape(n, -1).masked_fill(~flat_eligible, float("-inf"))  # (N, pixels)
     chosen = ranked.topk(k, dim=1).indices  # (N, k)
     mask = torch.zeros_like(flat_eligible)
     mask.scatter_(1, chosen, flat_eligible.gather(1, chosen))  # drop picks that were not eligible (too few)

@@ -71,11 +71,12 @@ class LoadedModel:
 
     def normalize(self, x: torch.Tensor) -> torch.Tensor:
         """(N, C, H, W) images scaled to [0, 1] -> the model's input: ``(x - mean) / std`` per channel, in the
-        model's dtype (computed in the wider of the two)."""
+        model's dtype (computed in the wider of the two). Signals (N, C, L) and volumes (N, C, D, H, W) alike."""
         x = x.to(torch.promote_types(x.dtype, self.dtype))
         if self.normalization:
-            mean = x.new_tensor(self.normalization["mean"]).view(1, -1, 1, 1)
-            std = x.new_tensor(self.normalization["std"]).view(1, -1, 1, 1)
+            per_channel = (1, -1) + (1,) * (x.dim() - 2)  # broadcast over N and every spatial axis
+            mean = x.new_tensor(self.normalization["mean"]).view(per_channel)
+            std = x.new_tensor(self.normalization["std"]).view(per_channel)
             x = (x - mean) / std
         return x.to(self.dtype)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import json
 import subprocess
 import sys
@@ -72,6 +73,31 @@ def test_nucleus_cores_of_different_instances_never_touch():
         instance, other_instance = neighbours(instances, dr, dc)
         core, other_core = neighbours(cores, dr, dc)
         assert not (core & other_core & (instance != other_instance)).any()
+
+
+def test_nuclei3d_classes_use_the_six_face_neighbours():
+    """The 3-D rule against a voxel-by-voxel reference; cores of different instances never share a face or an
+    edge (they may meet at a corner, which the 6-neighbourhood does not see)."""
+    fetch = load_script("fetch_data")
+    rng = np.random.default_rng(1)
+    instances = (
+        rng.integers(0, 4, (4, 5, 6)).repeat(2, 0).repeat(2, 1).repeat(2, 2)
+    )  # (8, 10, 12) touching blobs
+    expected = (instances > 0).astype(np.uint8)
+    faces = [step for step in itertools.product((-1, 0, 1), repeat=3) if sum(map(abs, step)) == 1]
+    for voxel in itertools.product(*map(range, instances.shape)):
+        for step in faces:
+            other = tuple(v + s for v, s in zip(voxel, step, strict=True))
+            inside = all(0 <= o < n for o, n in zip(other, instances.shape, strict=True))
+            if instances[voxel] > 0 and inside and instances[other] != instances[voxel]:
+                expected[voxel] = 2
+    classes = fetch.class_map(instances)
+    assert np.array_equal(classes, expected)
+    cores = np.argwhere(classes == 1)
+    assert len(cores) > 10
+    for a, b in itertools.combinations(cores, 2):
+        if np.abs(a - b).max() == 1 and np.abs(a - b).sum() <= 2:  # face or edge neighbours
+            assert instances[tuple(a)] == instances[tuple(b)]
 
 
 def test_masks_folder_marks_pixels_ignored(tmp_path):

@@ -14,7 +14,8 @@ import typing
 EPILOG = """\
 dataset layout: DIR/images/NAME.(png|tif|jpg...), DIR/labels/NAME.(png|tif) with class ids 0..K-1 and 255 = ignore,
 optional DIR/masks/NAME.(png|tif) (nonzero = labels count), optional classes.json {"names", "palette"} in DIR or
-its parent.
+its parent. For volumes: TIFF stacks, .npy or .zarr arrays (D, H, W) / (C, D, H, W) with label volumes; for
+signals: .npy arrays (L,) / (C, L); --crop then takes one size per axis, e.g. --crop 16,64,64.
 
 examples:
   densecnn train --model tiny --classes 3 --data data/toy/train --val data/toy/val --out runs/toy
@@ -49,14 +50,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             continue
         if meta["group"] not in groups:
             groups[meta["group"]] = parser.add_argument_group(meta["group"])
-        kind = next(t for t in (*typing.get_args(hints[spec.name]), hints[spec.name]) if t is not type(None))
+        kinds = [t for t in (*typing.get_args(hints[spec.name]), hints[spec.name]) if t is not type(None)]
+        kind = list[int] if list[int] in kinds else kinds[0]  # an int or per-axis ints: "64" or "8,64,64"
         default = None if spec.default is dataclasses.MISSING else spec.default
         kwargs = {"help": meta["help"], "default": default}
         if kind is bool:
             kwargs["action"] = argparse.BooleanOptionalAction  # --flip / --no-flip
             kwargs["help"] += f" (default {'on' if default else 'off'})"
         else:
-            kwargs["type"] = _floats if typing.get_origin(kind) is list else kind
+            kwargs["type"] = {list[int]: _ints, list[float]: _floats}.get(kind, kind)
             if meta["choices"] is not None:
                 kwargs["choices"] = meta["choices"]
             if default is not None:
@@ -64,6 +66,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         if spec.name == "out":
             kwargs["required"] = True  # --model and --data may come from the checkpoint with --resume
         groups[meta["group"]].add_argument(flag(spec.name), **kwargs)
+
+
+def _ints(text: str) -> int | list[int]:
+    """``64`` -> 64, ``8,64,64`` -> [8, 64, 64]: one size for every axis, or one per axis."""
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected an integer or comma-separated integers, got {text!r}"
+        ) from None
+    return values[0] if len(values) == 1 else values
 
 
 def _floats(text: str) -> list[float]:

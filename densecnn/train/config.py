@@ -62,11 +62,17 @@ class TrainConfig:
         8, help="random crops drawn from each training image per epoch", group=SCHEDULE, at_least=1
     )
     batch: int = option(8, help="images (crops) per step, all processes together", group=SCHEDULE, at_least=1)
-    crop: int = option(
-        64, help="side of the square random crops (clipped to the smallest image)", group=SCHEDULE, at_least=1
+    crop: int | list[int] = option(
+        64,
+        help="size of the random crops: one int (a square, or a cube), or one per spatial axis, e.g. 16,64,64 "
+        "(clipped to the smallest image)",
+        group=SCHEDULE,
+        at_least=1,
     )
-    flip: bool = option(True, help="random flips of each crop", group=SCHEDULE)
-    rot90: bool = option(True, help="random quarter turns of each crop", group=SCHEDULE)
+    flip: bool = option(True, help="random flips of each crop (along every spatial axis)", group=SCHEDULE)
+    rot90: bool = option(
+        True, help="random quarter turns of each crop (in the (H, W) plane of a volume)", group=SCHEDULE
+    )
     mask: str = option("all", help=f"pixels whose errors count: {masks.SPEC_SYNTAX}", group=SCHEDULE)
     method: str = option(
         "dense",
@@ -113,7 +119,8 @@ class TrainConfig:
         """Validate every field; raise :class:`~densecnn.errors.TrainingError` naming the option and the fix."""
         for spec in fields(self):
             value, least = getattr(self, spec.name), spec.metadata["at_least"]
-            if least is not None and value is not None and value < least:
+            values = value if isinstance(value, list) else [value]
+            if least is not None and value is not None and any(v < least for v in values):
                 meaning = " (0: every epoch)" if least == 0 else ""
                 raise TrainingError(f"{flag(spec.name)} must be >= {least}{meaning}, got {value}")
             allowed = spec.metadata["choices"]
@@ -162,7 +169,10 @@ class TrainConfig:
             if isinstance(value, bool):
                 words.append(flag(spec.name) if value else "--no-" + flag(spec.name)[2:])
             elif isinstance(value, list):
-                words += [flag(spec.name), ",".join(repr(float(v)) for v in value)]
+                words += [
+                    flag(spec.name),
+                    ",".join(str(v) if isinstance(v, int) else repr(float(v)) for v in value),
+                ]
             else:
                 words += [flag(spec.name), str(value)]
         return shlex.join(words)

@@ -67,6 +67,11 @@ def save_trained_model(
     )
 
 
+def _size(shape) -> str:
+    """(31, 61, 40) -> "31x61x40"."""
+    return "x".join(str(n) for n in shape)
+
+
 def _summaries(config, model, dense, data, progress, processes) -> dict:
     """The card's model, data and training bullet lists."""
     norm = model.normalization
@@ -75,8 +80,8 @@ def _summaries(config, model, dense, data, progress, processes) -> dict:
         minlength=model.num_classes,
     )
     model_summary = {
-        "patch size": f"{model.patch_size[0]}x{model.patch_size[1]}",
-        "receptive field": f"{dense.receptive_field[0]}x{dense.receptive_field[1]}",
+        "patch size": _size(model.patch_size),
+        "receptive field": _size(dense.receptive_field),
         "input channels": model.in_channels,
         "classes": ", ".join(f"{k} {name}" for k, name in enumerate(model.class_names)),
         "parameters": sum(p.numel() for p in model.model.parameters()),
@@ -86,7 +91,7 @@ def _summaries(config, model, dense, data, progress, processes) -> dict:
     }
     data_summary = {
         "training set": f"`{config.data}`: {_count(data.train, 'image')}: "
-        + ", ".join(f"{s.name} {s.labels.shape[0]}x{s.labels.shape[1]}" for s in data.train[:5])
+        + ", ".join(f"{s.name} {_size(s.labels.shape)}" for s in data.train[:5])
         + (" ..." if len(data.train) > 5 else ""),
         "labelled training pixels per class": ", ".join(
             f"{name} {int(n)}" for name, n in zip(model.class_names, pixels, strict=True)
@@ -97,9 +102,11 @@ def _summaries(config, model, dense, data, progress, processes) -> dict:
         "method": f"{config.method} ({METHODS[config.method]})",
         "pixel selection": f"`{str(masks.parse(config.mask))}`",
         "steps": f"{progress.step} ({config.epochs} epochs x {data.steps_per_epoch} steps; {config.batch} crops "
-        f"of {data.crop}x{data.crop} per step)",
+        f"of {_size(data.crop)} per step)",
         "optimiser": f"{config.optimizer}, lr {config.lr:g} ({config.schedule}), weight decay {config.weight_decay:g}",
-        "augmentation": f"flips {'on' if config.flip else 'off'}, quarter turns {'on' if config.rot90 else 'off'}",
+        "augmentation": f"flips {'on' if config.flip else 'off'}, quarter turns "
+        + ("in the (H, W) plane " if len(data.crop) == 3 else "")
+        + ("on" if config.rot90 and len(data.crop) >= 2 else "off"),
         "precision": "bfloat16 compute, float32 weights and loss" if config.bf16 else "float32",
         "processes": processes,
         "training time": f"{progress.train_seconds:.0f} s of training steps (validation not included)",

@@ -34,9 +34,11 @@ class Scorer(nn.Module):
         self.model, self.dense = model, dense
 
     def forward(self, x: torch.Tensor, method: str) -> torch.Tensor:
-        # dense: (B, C, c+R-1, c+R-1) context crops -> (B, K, c, c); patches: (M, C, Ph, Pw) -> (M, K, 1, 1)
+        # dense: (B, C, *(c+R-1)) context crops -> (B, K, *c); patches: (M, C, *P) -> (M, K, 1, ..., 1)
         # run_padded: the dense layers on an already padded input, with the solvers the find step chose
-        return self.dense.run_padded(x) if method == "dense" else self.model(x).reshape(len(x), -1, 1, 1)
+        if method == "dense":
+            return self.dense.run_padded(x)
+        return self.model(x).reshape(len(x), -1, *(1,) * (x.dim() - 2))
 
 
 class Step:
@@ -79,8 +81,8 @@ class Step:
             generators.append(generator)
             images.append(crop.image)
             labels.append(crop.labels)
-        images = torch.stack(images).to(self.dist.device)  # (B, C, c+Ph-1, c+Pw-1)
-        labels = torch.stack(labels).to(self.dist.device)  # (B, c, c)
+        images = torch.stack(images).to(self.dist.device)  # (B, C, *(c+P-1)): one entry per spatial axis
+        labels = torch.stack(labels).to(self.dist.device)  # (B, *c)
         if self.config.method == "dense":
             scores, targets, mask = self._dense_scores(images, labels, generators)
         else:
@@ -88,22 +90,30 @@ class Step:
         return self._descend(scores, targets, mask)
 
     def _dense_scores(self, images, labels, generators):
-        (rh, rw), c = self.dense.receptive_field, self.data.crop
-        context = images[:, :, : c + rh - 1, : c + rw - 1]  # (B, C, c+Rh-1, c+Rw-1)
+        receptive, crop = self.dense.receptive_field, self.data.crop
+        # the pixels' patches reach past what the outputs depend on when R < P: keep the first c+R-1 per axis
+        needed = tuple(slice(0, c + r - 1) for c, r in zip(crop, receptive, strict=True))
+        context = images[(slice(None), slice(None), *needed)]  # (B, C, *(c+R-1))
         # the dense solvers compute in the input's dtype, casting the float32 weights on the fly (what autocast
         # does for torch's ops; densecnn's own kernels are not autocast-aware), gradients land in float32
-        scores = self.net(context.bfloat16() if self.config.bf16 else context, "dense")  # (B, K, c, c)
+        scores = self.net(context.bfloat16() if self.config.bf16 else context, "dense")  # (B, K, *c)
         pixel_loss = pixel_cross_entropy(scores, labels) if self.strategy.needs_loss else None
-        return scores, labels, self._select(labels, generators, pixel_loss)  # mask (B, c, c)
+        return scores, labels, self._select(labels, generators, pixel_loss)  # mask (B, *c)
 
     def _patch_scores(self, images, labels, generators):
         mask = self._select(labels, generators, None)
-        image, row, col = (mask & (labels != IGNORE_INDEX)).nonzero(as_tuple=True)
-        ph, pw = self.dense.patch_size
-        windows = images.unfold(2, ph, 1).unfold(3, pw, 1)  # (B, C, c, c, Ph, Pw)
+        image, *position = (mask & (labels != IGNORE_INDEX)).nonzero(
+            as_tuple=True
+        )  # sample, then one per axis
+        windows = images
+        for axis, p in enumerate(self.dense.patch_size, start=2):
+            windows = windows.unfold(axis, p, 1)  # finally (B, C, *c, *P)
         with torch.autocast(self.dist.device.type, dtype=torch.bfloat16, enabled=self.config.bf16):
-            scores = self.net(windows[image, :, row, col], "patches")  # (M, K, 1, 1)
-        return scores, labels[image, row, col].view(-1, 1, 1), None  # targets (M, 1, 1): every patch counts
+            scores = self.net(windows[(image, slice(None), *position)], "patches")  # (M, K, 1, ..., 1)
+        targets = labels[(image, *position)].view(
+            -1, *(1,) * len(position)
+        )  # (M, 1, ..., 1): every patch counts
+        return scores, targets, None
 
     def _select(self, labels, generators, pixel_loss) -> torch.Tensor:
         return torch.cat(

@@ -1,4 +1,7 @@
-"""Validation: whole-image dense prediction on the validation set, split over processes, every labelled pixel."""
+"""Validation: whole-image dense prediction on the validation set, split over processes, every labelled pixel.
+
+Signals and volumes are scored whole, like images: one dense pass per sample.
+"""
 
 from __future__ import annotations
 
@@ -29,9 +32,9 @@ def validate(
     count = torch.zeros((), dtype=torch.float64, device=dist.device)
     for index in range(dist.rank, len(samples), dist.world_size):
         sample = samples[index]
-        image = normalized(model, sample)[None].to(dist.device)  # (1, C, H, W)
-        labels = torch.from_numpy(sample.labels)[None].to(dist.device)  # (1, H, W)
-        scores = dense(image)  # (1, K, H, W)
+        image = normalized(model, sample)[None].to(dist.device)  # (1, C, *spatial)
+        labels = torch.from_numpy(sample.labels)[None].to(dist.device)  # (1, *spatial)
+        scores = dense(image)  # (1, K, *spatial)
         confusion += confusion_matrix(scores.argmax(1), labels, k).to(confusion)
         part_sum, part_count = masked_cross_entropy_terms(scores, labels)
         loss_sum += part_sum.double()
