@@ -33,6 +33,7 @@ namespace {
 
 constexpr int64_t kChunk = 2048;       // output elements of a row handled by one box (and one backward work item)
 constexpr int64_t kBandElems = 32768;  // target size of a box's buffer (values), to stay in L2
+constexpr int64_t kShortRow = 256;     // rows shorter than this (in elements) are pooled in runs of whole rows
 
 // The inner loops below are compiled for several ISAs — AVX-512, AVX2 and the x86-64 baseline — and the best one
 // the CPU supports is picked when the library loads (GCC function multiversioning, `target_clones`). The build
@@ -326,10 +327,11 @@ void pool_forward(const PoolGeometry& g, const T* x, T* y, uint8_t* const* taps,
     in_plane *= g.size[a];
     out_plane *= g.out[a];
   }
-  // When a box spans whole rows, consecutive rows of the input are contiguous: the innermost pass then runs over
-  // each run of rows in one call (short rows — volumes — would otherwise cost a call per row). The box keeps the
-  // input's row length, and the last (k-1)·step elements of each of its rows hold values that are never stored.
-  const bool whole_rows = axes >= 2 && boxes.blocks[inner_axis] == 1;
+  // When a box spans whole short rows, consecutive rows of the input are contiguous: the innermost pass then runs
+  // over each run of rows in one call (short rows — volumes — would otherwise cost a call per row). The box keeps
+  // the input's row length, and the last (k-1)·step elements of each of its rows hold values that are never stored.
+  // Longer rows go one by one, so that the doubling steps of a row stay in L1.
+  const bool whole_rows = axes >= 2 && boxes.blocks[inner_axis] == 1 && g.size[inner_axis] < kShortRow;
   at::parallel_for(0, boxes.count(), 1, [&](int64_t begin, int64_t end) {
     const int64_t row_in = boxes.block[inner_axis] + boxes.reach[inner_axis];
     std::vector<A> band(boxes.capacity), other(boxes.capacity), buf(kMax ? boxes.capacity : 0), row_buf(row_in),

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from densecnn.geometry import ntuple
 from densecnn.ops import ext
 
 DEVICES = [
@@ -218,20 +219,25 @@ def check_avg_pool(case, activation, divisor):
     ("shape", "windows"),
     [
         ((2, 16, 300), [(8, 1), (2, 8), (3, 5)]),
-        ((2, 16, 70, 75), [((8, 8), (1, 1)), ((2, 2), (8, 8)), ((3, 2), (2, 5))]),
+        ((2, 8, 40, 270), [((8, 8), (1, 1)), ((2, 2), (8, 8)), ((3, 2), (2, 5))]),
         ((1, 8, 20, 23, 26), [(2, 1), (2, 4), ((3, 2, 2), (2, 1, 5))]),
     ],
     ids=["1d", "2d", "3d"],
 )
 def test_max_pool_float32_equals_torch(loops, layout, shape, windows):
-    # Larger shapes than the hypothesis cases (several boxes per plane, rows longer than a chunk in 1-D); a max is
-    # a selection, so the result is bitwise torch's.
+    # Larger shapes than the hypothesis cases: several boxes per plane, rows pooled one by one (long rows; in
+    # channels-last images, rows longer than a chunk) as well as in runs of whole short rows (volumes). A max is a
+    # selection, so the result is bitwise torch's; averages agree to float32 rounding.
     x = in_layout(torch.randn(shape, generator=torch.Generator().manual_seed(0)), layout)
     for kernel, dilation in windows:
         with kernel_loops(loops):
             y = ext.max_pool(x, kernel, dilation)
+            y_avg = ext.avg_pool(x, kernel, dilation)
         assert torch.equal(y, NATIVE_MAX_POOL[x.dim() - 2](x, kernel, 1, 0, dilation))
         assert has_layout_of(y, x) and x.is_contiguous() == (layout == "contiguous")
+        axes = x.dim() - 2
+        expected = avg_reference(x, ntuple(kernel, axes), ntuple(dilation, axes))
+        torch.testing.assert_close(y_avg, expected, rtol=1e-5, atol=1e-6)
 
 
 @LOOPS
