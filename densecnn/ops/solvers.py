@@ -12,6 +12,8 @@ Solvers:
   back. Exact, and often much faster where torch's dilated kernels are slow (large dilations, pooling).
 - ``ext``: densecnn's own kernels (``cuda_ext``, see :mod:`densecnn.ops.ext`), when built.
 - ``ext_fused``: the ext pooling kernel fused with the following tanh/ReLU, for a pool step that has one.
+- ``fft``: convs in the frequency domain on overlap-save tiles of the sub-grids, every stage a GEMM
+  (:mod:`densecnn.ops.fft_conv`); its cost does not grow with the kernel size.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from . import native
+from . import fft_conv, native
 
 Pair = tuple[int, int]
 ACTIVATIONS = {torch.nn.Tanh: "tanh", torch.nn.ReLU: "relu"}  # activations a pool step may absorb
@@ -181,6 +183,7 @@ SOLVERS: dict[str, Solver] = {
         Solver("s2b", _space_to_batch, lambda spec: _dilated(spec) or spec.op == "avg_pool2d"),
         Solver("ext", _ext_op, lambda spec: True, needs_ext=True),
         Solver("ext_fused", _ext_fused, lambda spec: spec.activation is not None, needs_ext=True),
+        Solver("fft", fft_conv.conv2d, fft_conv.applies),
     )
 }
 
