@@ -184,6 +184,40 @@ def bf16_agreement(name: str, size: int) -> float:
     return (dense.predict(x) == dense.predict(x.bfloat16())).double().mean().item()
 
 
+def gemm_throughput(repeats: int) -> dict[str, float]:
+    """GFLOP/s of a 2048² matrix product in float32 and bfloat16 (interleaved): the compute ceiling of each dtype."""
+    n = 2048
+    pairs = {name: (torch.randn(n, n).to(getattr(torch, name)), torch.randn(n, n).to(getattr(torch, name)))
+             for name in ("float32", "bfloat16")}  # fmt: skip
+    ms = interleaved({name: functools.partial(torch.mm, a, b) for name, (a, b) in pairs.items()}, repeats)
+    return {name: 2 * n**3 / (t * 1e-3) / 1e9 for name, t in ms.items()}
+
+
+def kernel_sweep(size: int, kernels: list[int], repeats: int) -> list[dict]:
+    """The last conv of plain_133 (50 -> 32 channels, dilation 16, output size²) with a k×k kernel: the best direct
+    solver vs fft, whose cost does not grow with k."""
+    rows = []
+    for k in kernels:
+        spec = solvers.ConvSpec(torch.randn(32, 50, k, k) / (50 * k * k) ** 0.5, torch.randn(32), (16, 16), 1)
+        x = torch.randn(1, 50, size + (k - 1) * 16, size + (k - 1) * 16)
+        inputs = {fmt: x.contiguous(memory_format=memory) for fmt, memory in FORMATS.items()}
+        ms = interleaved(
+            {
+                f"{name}@{fmt}": functools.partial(solvers.run, name, spec, inputs[fmt])
+                for name in ("native", "s2b", "fft")
+                for fmt in FORMATS
+            },  # fmt: skip
+            repeats,
+        )
+        direct = min(t for key, t in ms.items() if not key.startswith("fft"))
+        fft = min(t for key, t in ms.items() if key.startswith("fft"))
+        rows.append({"kernel": k, "best_direct_ms": direct, "fft_ms": fft, "fft_speedup": direct / fft})
+        print(
+            f"conv {k}x{k} d16 50->32 to {size}²: best direct {direct:.1f} ms, fft {fft:.1f} ms ({direct / fft:.2f}x)"
+        )
+    return rows
+
+
 def report(result: dict) -> None:
     print(f"\n## {result['net']} at {result['size']}² ({result['dtype']})")
     for layer in result["layers"]:
@@ -203,15 +237,24 @@ def report(result: dict) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--nets", nargs="+", default=list(NETS), choices=list(NETS))
+    parser.add_argument("--nets", nargs="*", default=list(NETS), choices=list(NETS))
     parser.add_argument("--size", type=int, default=512)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument(
+        "--kernels", type=int, nargs="*", default=[], help="also sweep the last conv's kernel size"
+    )
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
     os.environ.setdefault("DENSECNN_CACHE_DIR", tempfile.mkdtemp(prefix="densecnn-bench-"))
     dtype = getattr(torch, args.dtype)
     results = []
+    if dtype == torch.bfloat16:
+        gemm = gemm_throughput(args.repeats)
+        print("matrix product GFLOP/s:", {k: round(v, 1) for k, v in gemm.items()})
+        results.append({"gemm_gflops": gemm})
+    if args.kernels:
+        results.append({"kernel_sweep": kernel_sweep(args.size, args.kernels, args.repeats)})
     for name in args.nets:
         result = bench_net(name, args.size, dtype, args.repeats)
         if dtype == torch.bfloat16:

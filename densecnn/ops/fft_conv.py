@@ -42,6 +42,7 @@ from ..geometry import output_size
 Pair = tuple[int, int]
 MAX_TILE = 64  # largest tile side considered; past it the O(T) transforms cost more than the products save
 MEMORY_WEIGHT = 8.0  # multiply-adds one float written and read back costs, in the tile-size cost model
+SHORT_CONTRACTION = 32  # a GEMM whose contraction is this long runs at half the speed of a long one
 CACHE_SIZE = 32  # kernel spectra kept (inference), least recently used dropped first
 COMPUTE_DTYPES = (torch.float32, torch.float64)
 
@@ -109,13 +110,19 @@ def _cost(tile: Pair, sub_out: Pair, kernel: Pair, c: int, k: int, grids: int) -
     (th, tw), (sh, sw) = tile, (tile[0] - kernel[0] + 1, tile[1] - kernel[1] + 1)
     tiles = grids * -(-sub_out[0] // sh) * -(-sub_out[1] // sw)
     f = tw // 2 + 1
-    multiply_adds = (
-        c * (th * 2 * f * tw + 4 * th * th * f)  # forward DFT along w, then h
-        + 4 * th * f * c * k  # complex channel mixing
-        + k * (4 * sh * th * f + 2 * f * sh * sw)  # inverse DFT along h, then w
+    multiply_adds = (  # each GEMM's multiply-adds over its efficiency, which falls with a short contraction
+        c * th * 2 * f * tw / _efficiency(tw)  # forward DFT along w
+        + c * 4 * th * th * f / _efficiency(2 * th)  # forward DFT along h
+        + 4 * th * f * c * k / _efficiency(c)  # complex channel mixing
+        + k * 4 * sh * th * f / _efficiency(th)  # inverse DFT along h
+        + k * 2 * f * sh * sw / _efficiency(2 * f)  # inverse DFT along w
     )
     floats = c * (th * tw + 4 * th * f) + k * (4 * th * f + 2 * sh * f + 2 * sh * sw)
     return tiles * (multiply_adds + MEMORY_WEIGHT * floats)
+
+
+def _efficiency(contraction: int) -> float:
+    return contraction / (contraction + SHORT_CONTRACTION)
 
 
 # --- stages --------------------------------------------------------------------------------------------------------
