@@ -12,6 +12,7 @@ channels_last) and with densecnn's own plan.
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import functools
 import json
@@ -50,11 +51,12 @@ def steps_of(dense) -> list[tuple]:
 
 
 def interleaved(candidates: dict, repeats: int) -> dict[str, float]:
-    """Median milliseconds of each candidate, run round-robin after one warm-up each."""
+    """Median milliseconds of each candidate, run round-robin after one warm-up each; a candidate that fails its
+    warm-up (e.g. a kernel without bfloat16 support) is left out, as the find step does."""
+    with torch.no_grad():
+        candidates = {name: fn for name, fn in candidates.items() if _runs(fn)}
     times = {name: [] for name in candidates}
     with torch.no_grad():
-        for fn in candidates.values():
-            fn()
         for _ in range(repeats):
             for name, fn in candidates.items():
                 start = time.perf_counter()
@@ -63,14 +65,20 @@ def interleaved(candidates: dict, repeats: int) -> dict[str, float]:
     return {name: statistics.median(ms) for name, ms in times.items()}
 
 
+def _runs(fn) -> bool:
+    try:
+        fn()
+    except (RuntimeError, TypeError, ValueError, NotImplementedError):
+        return False
+    return True
+
+
 def step_table(steps, padded: torch.Tensor, repeats: int) -> list[dict]:
     """Per windowed step: its description and {f"{solver}@{format}": ms}."""
     rows, x = [], padded
     for layers, spec in steps:
-        with torch.no_grad():
-            out = x
-            for layer in layers:
-                out = layer(out)
+        with torch.no_grad():  # the next step's input, computed in x's dtype
+            out = solvers.run("native", spec, x) if spec is not None else layers[0](x)
         if spec is not None:
             inputs = {fmt: x.contiguous(memory_format=memory) for fmt, memory in FORMATS.items()}
             candidates = {
@@ -127,7 +135,7 @@ def bench_net(name: str, size: int, dtype: torch.dtype, repeats: int) -> dict:
     padded = dense.pad(x)
     steps = steps_of(dense)
     rows = step_table(steps, padded, repeats)
-    native = densecnn.convert(model.to(dtype), patch, backend="native")
+    native = densecnn.convert(copy.deepcopy(model).to(dtype), patch, backend="native")
     plans = {
         "with_fft": plan_from_table(rows, lambda s: True),
         "without_fft": plan_from_table(rows, lambda s: s != "fft"),
@@ -141,6 +149,8 @@ def bench_net(name: str, size: int, dtype: torch.dtype, repeats: int) -> dict:
             for key, (fmt, names, _) in plans.items()
         },
     }
+    if dtype != torch.float32:
+        candidates["densecnn_float32"] = functools.partial(dense, x.float())
     end_to_end = interleaved(candidates, repeats)
     result = {
         "net": name,
@@ -163,6 +173,8 @@ def bench_net(name: str, size: int, dtype: torch.dtype, repeats: int) -> dict:
         result["layers"].append(layer)
     conv_sum = sum(layer.get("best_native", 0.0) for layer in result["layers"])
     best_native = min(end_to_end["native_nchw"], end_to_end["native_nhwc"])
+    if dtype != torch.float32:
+        result["speedup_vs_float32"] = end_to_end["densecnn_float32"] / end_to_end["densecnn"]
     result["plans"] = {key: {"format": fmt, "solvers": names} for key, (fmt, names, _) in plans.items()}
     result["sum_best_native_conv_ms"] = conv_sum
     result["ratios"] = {
@@ -229,6 +241,8 @@ def report(result: dict) -> None:
               f"best direct {layer['best_direct']} {ms[layer['best_direct']]:.1f} ms{gain}")  # fmt: skip
     print("end to end (ms):", {k: round(v, 1) for k, v in result["end_to_end"].items()})
     print("plans:", result["plans"])
+    if "speedup_vs_float32" in result:
+        print(f"densecnn {result['dtype']} vs float32: {result['speedup_vs_float32']:.2f}x")
     print(f"sum of best native conv per layer: {result['sum_best_native_conv_ms']:.1f} ms")
     for key, ratios in result["ratios"].items():
         print(f"{key:18s} {ratios['vs_best_native_conversion']:.2f}x best native conversion, "
