@@ -9,7 +9,16 @@
 from . import masks, spec, zoo
 from .convert import convert
 from .dense import DenseCNN
-from .errors import ConversionError, DenseEquivalenceWarning, ModelFileError
+from .errors import (
+    ConversionError,
+    DatasetError,
+    DenseEquivalenceWarning,
+    ModelFileError,
+    OnnxExportError,
+    PatchSizeError,
+    PatchSizeWarning,
+    TrainingError,
+)
 from .losses import masked_cross_entropy
 from .modelfile import LoadedModel, load, save
 from .rules import register_rule
@@ -19,10 +28,15 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ConversionError",
+    "DatasetError",
     "DenseCNN",
     "DenseEquivalenceWarning",
     "LoadedModel",
     "ModelFileError",
+    "OnnxExportError",
+    "PatchSizeError",
+    "PatchSizeWarning",
+    "TrainingError",
     "convert",
     "fast_scan",
     "load",

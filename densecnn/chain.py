@@ -2,7 +2,11 @@
 
 ``nn.Sequential`` (nested too) is read directly. Any other module is traced with ``torch.fx``; the trace must be a
 single chain where each op consumes the previous one's output. Functional ops (``F.relu``, ``torch.flatten``,
-``x.view(x.size(0), -1)`` …) become the equivalent parameter-free modules. Modules with a conversion rule are leaves.
+``x.view(x.size(0), -1)`` …) become the equivalent parameter-free modules, as the layer records' aliases say
+(:mod:`densecnn.rules.registry`); ops that only read the input's shape (``x.size(0)``, ``x.shape[0]``) are skipped.
+A functional op that takes ``training=`` (``F.dropout(x, p, training=self.training)``) becomes a module in the model's
+mode at conversion, which then follows the dense net's own ``.train()``/``.eval()``. Modules with a conversion rule are
+leaves.
 """
 
 from __future__ import annotations
@@ -11,70 +15,12 @@ import operator
 
 import torch
 import torch.fx
-import torch.nn.functional as F
 from torch import nn
 
 from .errors import ConversionError
-from .rules import find_rule
+from .rules import aliases, find_rule
 
 Chain = list[tuple[str, nn.Module]]
-
-
-def _flatten_view(node: torch.fx.Node) -> nn.Module | None:
-    """``x.view(x.size(0), -1)`` / ``x.reshape(n, -1)`` / ``x.view(-1, F)`` as a Flatten, else None."""
-    shape = node.args[1:] if len(node.args) > 2 else tuple(node.args[1]) if len(node.args) == 2 else ()
-    if len(shape) == 2 and (shape[1] == -1 or shape[0] == -1):
-        return nn.Flatten()
-    return None
-
-
-def _arg(node: torch.fx.Node, index: int, name: str, default):
-    if len(node.args) > index:
-        return node.args[index]
-    return node.kwargs.get(name, default)
-
-
-# functional op -> builder of the equivalent module from the fx node
-_FUNCTIONS = {
-    F.relu: lambda n: nn.ReLU(),
-    torch.relu: lambda n: nn.ReLU(),
-    torch.tanh: lambda n: nn.Tanh(),
-    F.tanh: lambda n: nn.Tanh(),
-    torch.sigmoid: lambda n: nn.Sigmoid(),
-    F.sigmoid: lambda n: nn.Sigmoid(),
-    F.gelu: lambda n: nn.GELU(approximate=n.kwargs.get("approximate", "none")),
-    F.silu: lambda n: nn.SiLU(),
-    F.elu: lambda n: nn.ELU(alpha=_arg(n, 1, "alpha", 1.0)),
-    F.leaky_relu: lambda n: nn.LeakyReLU(_arg(n, 1, "negative_slope", 0.01)),
-    F.hardtanh: lambda n: nn.Hardtanh(_arg(n, 1, "min_val", -1.0), _arg(n, 2, "max_val", 1.0)),
-    F.softplus: lambda n: nn.Softplus(_arg(n, 1, "beta", 1.0), _arg(n, 2, "threshold", 20.0)),
-    F.softmax: lambda n: nn.Softmax(dim=_arg(n, 1, "dim", None)),
-    F.log_softmax: lambda n: nn.LogSoftmax(dim=_arg(n, 1, "dim", None)),
-    torch.softmax: lambda n: nn.Softmax(dim=_arg(n, 1, "dim", None)),
-    torch.log_softmax: lambda n: nn.LogSoftmax(dim=_arg(n, 1, "dim", None)),
-    torch.flatten: lambda n: nn.Flatten(_arg(n, 1, "start_dim", 0), _arg(n, 2, "end_dim", -1)),
-    F.max_pool2d: lambda n: nn.MaxPool2d(
-        _arg(n, 1, "kernel_size", None), _arg(n, 2, "stride", None), _arg(n, 3, "padding", 0),
-        _arg(n, 4, "dilation", 1), ceil_mode=_arg(n, 5, "ceil_mode", False),
-    ),
-    F.avg_pool2d: lambda n: nn.AvgPool2d(
-        _arg(n, 1, "kernel_size", None), _arg(n, 2, "stride", None), _arg(n, 3, "padding", 0),
-        _arg(n, 4, "ceil_mode", False), divisor_override=_arg(n, 6, "divisor_override", None),
-    ),
-    F.dropout: lambda n: nn.Dropout(_arg(n, 1, "p", 0.5)),
-}  # fmt: skip
-
-_METHODS = {
-    "relu": lambda n: nn.ReLU(),
-    "tanh": lambda n: nn.Tanh(),
-    "sigmoid": lambda n: nn.Sigmoid(),
-    "softmax": lambda n: nn.Softmax(dim=_arg(n, 1, "dim", None)),
-    "log_softmax": lambda n: nn.LogSoftmax(dim=_arg(n, 1, "dim", None)),
-    "flatten": lambda n: nn.Flatten(_arg(n, 1, "start_dim", 0), _arg(n, 2, "end_dim", -1)),
-    "contiguous": lambda n: nn.Identity(),
-    "view": _flatten_view,
-    "reshape": _flatten_view,
-}
 
 
 class _RuleLeafTracer(torch.fx.Tracer):
@@ -143,10 +89,17 @@ def _trace_chain(model: nn.Module, prefix: str) -> Chain:
 
 
 def _is_shape_query(node: torch.fx.Node) -> bool:
-    return (node.op == "call_method" and node.target in ("size", "dim")) or (
-        node.op == "call_function"
-        and node.target in (getattr, operator.getitem)
-        and node.args[1:2] == ("shape",)
+    """``x.size(0)``, ``x.dim()``, ``x.shape``, ``x.shape[0]``, ``x.size()[0]``: reads a shape, computes nothing."""
+    if node.op == "call_method" and node.target in ("size", "dim"):
+        return True
+    if node.op != "call_function":
+        return False
+    if node.target is getattr:
+        return node.args[1] == "shape"
+    return (
+        node.target is operator.getitem
+        and isinstance(node.args[0], torch.fx.Node)
+        and _is_shape_query(node.args[0])
     )
 
 
@@ -160,13 +113,43 @@ def _node_layer(
     path = f"{prefix}.{node.target}" if prefix and node.op == "call_module" else str(node.target)
     if node.op == "call_module":
         return path, model.get_submodule(node.target)
-    builders = _FUNCTIONS if node.op == "call_function" else _METHODS if node.op == "call_method" else {}
-    builder = builders.get(node.target)
-    module = builder(node) if builder else None
+    op = f"{where}: op {node.name!r} ({node.op} {_target_name(node)})"
+    functions, methods = aliases()
+    found = functions.get(node.target) if node.op == "call_function" else methods.get(node.target)
+    module = _alias_layer(model, node, *found, op) if found else None
     if module is None:
         raise ConversionError(
-            f"{where}: op {node.name!r} ({node.op} {_target_name(node)}) is not a supported layer. "
-            "Use an nn module with a conversion rule, or register one with @densecnn.register_rule"
+            f"{op} is not a supported layer. Use an nn module with a conversion rule, or register one with "
+            "@densecnn.register_rule"
         )
     name = f"{prefix}.{node.name}" if prefix else node.name
     return name, None if isinstance(module, nn.Identity) else module
+
+
+def _alias_layer(model: nn.Module, node: torch.fx.Node, record, alias, op: str) -> nn.Module | None:
+    """The module a functional/method call stands for, in the model's mode (None: not this layer)."""
+    values = node.args[1:]
+    if alias.build is not None:
+        return alias.build(*values, **node.kwargs)
+    if len(values) > len(alias.params):
+        raise ConversionError(f"{op}: takes at most {len(alias.params)} arguments after the input here")
+    named = {**alias.defaults, **dict(zip(alias.params, values)), **node.kwargs}
+    named.pop("inplace", None)  # the dense net never works in place
+    named.pop("_stacklevel", None)
+    if named.pop("dtype", None) is not None:
+        raise ConversionError(f"{op}: dtype= changes the precision inside the net; cast the model instead")
+    unknown = set(named) - set(alias.params)
+    if unknown:
+        raise ConversionError(f"{op}: argument(s) {', '.join(sorted(unknown))} are not supported")
+    training = named.pop("training", alias.training_default())
+    if any(isinstance(value, torch.fx.Node) for value in named.values()):
+        raise ConversionError(f"{op}: its arguments must be constants, not computed in forward()")
+    module = record.layer_type(**named).train(model.training)
+    if training is None or training == model.training:
+        return module
+    if training:
+        raise ConversionError(
+            f"{op}: is called with training=True while the model is in eval mode, so it is random even in eval "
+            "mode and no net can reproduce it. Pass training=self.training"
+        )
+    return nn.Identity()  # training=False while the model trains: the op never acts

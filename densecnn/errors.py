@@ -8,9 +8,32 @@ class ConversionError(ValueError):
     """
 
 
+class PatchSizeError(ConversionError):
+    """The patch size does not bring the patch net to a single output pixel; the message names the nearest sizes
+    that do."""
+
+
 class ModelFileError(ValueError):
     """A model directory is missing, malformed, or was written by an incompatible version."""
 
 
+class OnnxExportError(ValueError):
+    """A dense net holds a layer the ONNX exporter does not know how to write."""
+
+
 class DenseEquivalenceWarning(UserWarning):
     """The dense net will not match patch-by-patch scanning (e.g. BatchNorm/Dropout in training mode)."""
+
+
+class PatchSizeWarning(UserWarning):
+    """The patch size converts, but a smaller size gives the same net: the extra rows or columns of every patch are
+    never read (pooling floors them away), so the size was most likely not the one the model was trained with."""
+
+
+class DatasetError(ValueError):
+    """A training dataset directory or one of its files is unusable; the message names the file and the fix."""
+
+
+class TrainingError(ValueError):
+    """A training run cannot start or continue: an invalid option, a run directory in the wrong state, or a damaged
+    checkpoint. The message names the option (``--batch``) or the file, and the fix."""

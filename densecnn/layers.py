@@ -150,6 +150,19 @@ class DenseBatchNorm1d(nn.Module):
         return self.source(x.flatten(2)).view_as(x)  # BatchNorm1d accepts (N, C, L)
 
 
+class DenseLayerNorm(nn.Module):
+    """A ``LayerNorm`` over the features of a 1×1 map, applied per pixel of the (N, C, H, W) dense map."""
+
+    def __init__(self, norm: nn.LayerNorm):
+        super().__init__()
+        self.source = norm
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        last = x.dim() - 1  # (N, C, *spatial) -> (N, *spatial, C), normalised, and back
+        normalised = self.source(x.permute(0, *range(2, last + 1), 1))
+        return normalised.permute(0, last, *range(1, last))
+
+
 class ChannelSoftmax(nn.Module):
     """Softmax (or log-softmax) over the class axis of (N, K, H, W) scores."""
 

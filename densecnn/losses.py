@@ -5,6 +5,10 @@ With ``dense = densecnn.convert(model.eval(), P)``, the gradient of
 mean cross-entropy over the minibatch of P×P patches centred at the selected pixels (cut with the padding
 convention of :mod:`densecnn.padding`), for eval-mode BatchNorm and no dropout. The whole image is scored
 either way, so the cost of a step does not depend on how many pixels the mask selects.
+
+Everything here is dimension-generic: scores are (N, K, *spatial) with 1 (signals, (N, K, L)), 2 (images,
+(N, K, H, W)) or 3 (volumes, (N, K, D, H, W)) spatial axes, labels and masks (N, *spatial); "pixel" means one
+element of the spatial grid (a sample of a signal, a voxel of a volume).
 """
 
 from __future__ import annotations
@@ -12,13 +16,21 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+IGNORE_INDEX = 255  # the label of pixels that are never counted: the dataset convention, declared once
+
+SPATIAL_AXES = {
+    1: ("L",),
+    2: ("H", "W"),
+    3: ("D", "H", "W"),
+}  # the axis names of a signal, an image, a volume
+
 
 def masked_cross_entropy_terms(
     scores: torch.Tensor,
     labels: torch.Tensor,
     mask: torch.Tensor | None = None,
     *,
-    ignore_index: int = 255,
+    ignore_index: int = IGNORE_INDEX,
     class_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(loss_sum, weight_sum)`` over the selected, non-ignored pixels; their ratio is the mean loss.
@@ -33,13 +45,13 @@ def masked_cross_entropy_terms(
         targets = targets.masked_fill(~mask, ignore_index)  # unselected pixels count like ignored ones
     compute_dtype = torch.float64 if scores.dtype == torch.float64 else torch.float32
     scores = scores.to(compute_dtype)
-    per_pixel = F.cross_entropy(scores, targets, ignore_index=ignore_index, reduction="none")  # (N, H, W)
-    counted = targets != ignore_index  # (N, H, W)
+    per_pixel = F.cross_entropy(scores, targets, ignore_index=ignore_index, reduction="none")  # (N, *spatial)
+    counted = targets != ignore_index  # (N, *spatial)
     if class_weights is None:
         weight = counted.to(compute_dtype)
     else:
         per_class = class_weights.to(scores.device, compute_dtype)  # (K,)
-        weight = per_class[targets.clamp(max=scores.shape[1] - 1)] * counted  # (N, H, W)
+        weight = per_class[targets.clamp(max=scores.shape[1] - 1)] * counted  # (N, *spatial)
     return (per_pixel * weight).sum(), weight.sum()
 
 
@@ -48,14 +60,15 @@ def masked_cross_entropy(
     labels: torch.Tensor,
     mask: torch.Tensor | None = None,
     *,
-    ignore_index: int = 255,
+    ignore_index: int = IGNORE_INDEX,
     class_weights: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Mean cross-entropy over the pixels selected by ``mask`` whose label is not ``ignore_index``.
 
     Args:
-        scores: (N, K, H, W) raw class scores, e.g. ``dense(x)``.
-        labels: (N, H, W) integer class ids in ``0..K-1``, or ``ignore_index``.
+        scores: (N, K, H, W) raw class scores, e.g. ``dense(x)``; (N, K, L) for signals, (N, K, D, H, W) for
+            volumes.
+        labels: (N, H, W) integer class ids in ``0..K-1``, or ``ignore_index`` ((N, L), (N, D, H, W)).
         mask: (N, H, W) bool, True where the pixel's error counts; ``None`` selects every pixel.
         ignore_index: label value never counted (default 255, the dataset convention).
         class_weights: optional (K,) weights. The result is then ``Σ w[y]·CE / Σ w[y]`` over the counted
@@ -78,9 +91,10 @@ def masked_cross_entropy(
 
 
 def pixel_cross_entropy(
-    scores: torch.Tensor, labels: torch.Tensor, *, ignore_index: int = 255
+    scores: torch.Tensor, labels: torch.Tensor, *, ignore_index: int = IGNORE_INDEX
 ) -> torch.Tensor:
-    """(N, K, H, W) scores, (N, H, W) labels -> (N, H, W) detached per-pixel cross-entropy, 0 where ignored.
+    """(N, K, *spatial) scores, (N, *spatial) labels -> (N, *spatial) detached per-pixel cross-entropy, 0 where
+    ignored.
 
     What :func:`densecnn.masks.hard` ranks pixels by: it reuses scores already computed (no extra forward).
     """
@@ -91,18 +105,21 @@ def pixel_cross_entropy(
 
 def _check(scores, labels, mask, ignore_index, class_weights) -> torch.Tensor:
     """Validate the arguments; return the labels as int64."""
-    if scores.dim() != 4:
-        raise ValueError(f"scores must be (N, K, H, W), got shape {tuple(scores.shape)}")
-    n, k, height, width = scores.shape
-    if tuple(labels.shape) != (n, height, width):
+    if not 3 <= scores.dim() <= 5:
         raise ValueError(
-            f"labels must be (N, H, W) = {(n, height, width)} to match the scores, got {tuple(labels.shape)}"
+            "scores must be (N, K, L), (N, K, H, W) or (N, K, D, H, W) (1 to 3 spatial axes), "
+            f"got shape {tuple(scores.shape)}"
         )
+    k = scores.shape[1]
+    expected = (scores.shape[0], *scores.shape[2:])  # (N, *spatial)
+    axes = "(N, " + ", ".join(SPATIAL_AXES[scores.dim() - 2]) + ")"
+    if tuple(labels.shape) != expected:
+        raise ValueError(f"labels must be {axes} = {expected} to match the scores, got {tuple(labels.shape)}")
     if labels.is_floating_point() or labels.dtype == torch.bool:
         raise TypeError(f"labels must be an integer tensor of class ids, got {labels.dtype}")
     if mask is not None:
-        if tuple(mask.shape) != (n, height, width):
-            raise ValueError(f"mask must be (N, H, W) = {(n, height, width)}, got {tuple(mask.shape)}")
+        if tuple(mask.shape) != expected:
+            raise ValueError(f"mask must be {axes} = {expected}, got {tuple(mask.shape)}")
         if mask.dtype != torch.bool:
             raise TypeError(f"mask must be a bool tensor, got {mask.dtype}; use mask.bool()")
     if class_weights is not None and tuple(class_weights.shape) != (k,):

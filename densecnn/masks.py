@@ -1,8 +1,9 @@
 """Pixel-selection strategies: which pixels' errors a whole-image training step counts.
 
-Each strategy is called on a batch's labels and returns an (N, H, W) bool mask for
-:func:`densecnn.masked_cross_entropy`. Pixels labelled ``ignore_index`` are never selected. Random choices
-come from the ``generator`` you pass, so a step is reproducible.
+Each strategy is called on a batch's labels and returns a bool mask of their shape for
+:func:`densecnn.masked_cross_entropy`: (N, H, W) for images, (N, L) for signals, (N, D, H, W) for volumes, where
+"per image" means per sample (per signal, per volume). Pixels labelled ``ignore_index`` are never selected.
+Random choices come from the ``generator`` you pass, so a step is reproducible.
 
 >>> g = torch.Generator().manual_seed(0)
 >>> strategy = densecnn.masks.parse("hard:256:0.25")    # the CLI's --mask syntax
@@ -25,9 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-SPEC_SYNTAX = (
-    "all | random:K | balanced:K | hard:K[:MIX]  (K pixels per image, MIX in [0, 1] the random share)"
-)
+from .losses import IGNORE_INDEX
 
 
 @dataclass(frozen=True)
@@ -50,12 +49,14 @@ class MaskStrategy:
         *,
         pixel_loss: torch.Tensor | None = None,
         generator: torch.Generator | None = None,
-        ignore_index: int = 255,
+        ignore_index: int = IGNORE_INDEX,
     ) -> torch.Tensor:
-        """(N, H, W) labels (and, for ``hard``, the (N, H, W) per-pixel loss) -> (N, H, W) bool mask."""
-        if labels.dim() != 3:
-            raise ValueError(f"labels must be (N, H, W), got shape {tuple(labels.shape)}")
-        eligible = labels != ignore_index  # (N, H, W)
+        """(N, *spatial) labels (and, for ``hard``, their per-pixel loss, same shape) -> (N, *spatial) bool mask."""
+        if not 2 <= labels.dim() <= 4:
+            raise ValueError(
+                f"labels must be (N, L), (N, H, W) or (N, D, H, W), got shape {tuple(labels.shape)}"
+            )
+        eligible = labels != ignore_index  # (N, *spatial)
         if self.kind == "all":
             return eligible
         if self.kind == "random":
@@ -68,7 +69,7 @@ class MaskStrategy:
             return mask
         if pixel_loss is None or tuple(pixel_loss.shape) != tuple(labels.shape):
             raise ValueError(
-                "hard(k) needs pixel_loss, the (N, H, W) per-pixel loss of the forward pass just done"
+                "hard(k) needs pixel_loss, the per-pixel loss of the forward pass just done, shaped like the labels"
             )
         n_random = round(self.k * self.mix)
         hardest = _top_k(pixel_loss.detach().float(), eligible, self.k - n_random)
@@ -102,6 +103,20 @@ def hard(k: int, mix: float = 0.5) -> MaskStrategy:
     return MaskStrategy("hard", _check_k(k), float(mix))
 
 
+# kind -> (builder, its required and optional arguments in the ``--mask`` syntax): the one list of kinds
+KINDS = {
+    "all": (all, (), ()),
+    "random": (random, ("K",), ()),
+    "balanced": (balanced, ("K",), ()),
+    "hard": (hard, ("K",), ("MIX",)),
+}
+SPEC_SYNTAX = " | ".join(
+    kind + "".join(f":{a}" for a in required) + "".join(f"[:{a}]" for a in optional)
+    for kind, (_, required, optional) in KINDS.items()
+)
+SPEC_SYNTAX += "  (K pixels per image, MIX in [0, 1] the random share)"
+
+
 def parse(spec: str) -> MaskStrategy:
     """A strategy from the CLI syntax ``all | random:K | balanced:K | hard:K[:MIX]``.
 
@@ -110,16 +125,10 @@ def parse(spec: str) -> MaskStrategy:
     """
     parts = str(spec).strip().lower().split(":")
     kind, args = parts[0], parts[1:]
-    builders = {
-        "all": (all, 0, 0),
-        "random": (random, 1, 1),
-        "balanced": (balanced, 1, 1),
-        "hard": (hard, 1, 2),
-    }
-    if kind not in builders:
+    if kind not in KINDS:
         raise ValueError(f"unknown mask strategy {spec!r}; use {SPEC_SYNTAX}")
-    build, least, most = builders[kind]
-    if not least <= len(args) <= most:
+    build, required, optional = KINDS[kind]
+    if not len(required) <= len(args) <= len(required) + len(optional):
         raise ValueError(f"mask strategy {spec!r} has the wrong number of arguments; use {SPEC_SYNTAX}")
     try:
         values = [int(args[0])] + [float(a) for a in args[1:]] if args else []
@@ -137,7 +146,7 @@ def _check_k(k: int) -> int:
 
 
 def _random_keys(labels: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """(N, H, W) uniform random keys in [0, 1): ranking by them picks a uniform random subset."""
+    """(N, *spatial) uniform random keys in [0, 1): ranking by them picks a uniform random subset."""
     keys = torch.rand(
         labels.shape, generator=generator, device="cpu" if generator is None else generator.device
     )
@@ -145,13 +154,13 @@ def _random_keys(labels: torch.Tensor, generator: torch.Generator | None) -> tor
 
 
 def _top_k(keys: torch.Tensor, eligible: torch.Tensor, k: int) -> torch.Tensor:
-    """Per image, the (up to) ``k`` eligible pixels with the largest keys, as an (N, H, W) bool mask."""
+    """Per sample, the (up to) ``k`` eligible pixels with the largest keys, as an (N, *spatial) bool mask."""
     n = keys.shape[0]
-    flat_eligible = eligible.reshape(n, -1)  # (N, H·W)
+    flat_eligible = eligible.reshape(n, -1)  # (N, pixels)
     k = min(k, flat_eligible.shape[1])
     if k == 0:
         return torch.zeros_like(eligible)
-    ranked = keys.reshape(n, -1).masked_fill(~flat_eligible, float("-inf"))  # (N, H·W)
+    ranked = keys.reshape(n, -1).masked_fill(~flat_eligible, float("-inf"))  # (N, pixels)
     chosen = ranked.topk(k, dim=1).indices  # (N, k)
     mask = torch.zeros_like(flat_eligible)
     mask.scatter_(1, chosen, flat_eligible.gather(1, chosen))  # drop picks that were not eligible (too few)

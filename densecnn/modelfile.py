@@ -16,14 +16,18 @@ from .atomic import atomic_write
 from .chain import extract_chain
 from .convert import as_patch_size, convert
 from .dense import DenseCNN
-from .errors import ModelFileError
+from .modelcheck import TensorInfo, check_directory, check_weights
+from .modelformat import (
+    CONFIG_FILE,
+    FORMAT,
+    FORMAT_VERSION,
+    WEIGHTS_FILE,
+    build_on_meta,
+    file_error,
+    parse_config,
+)
 from .padding import check_padding_mode
-from .spec import from_spec, to_spec
-
-FORMAT = "densecnn-model"
-FORMAT_VERSION = 1
-CONFIG_FILE = "model.json"
-WEIGHTS_FILE = "weights.safetensors"
+from .spec import to_spec
 
 
 def default_palette(num_classes: int) -> list[list[int]]:
@@ -60,13 +64,21 @@ class LoadedModel:
         """The dense net of this model (sharing its parameters), with the saved padding mode."""
         return convert(self.model, self.patch_size, padding_mode=self.padding_mode, backend=backend)
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype the weights were saved in (and are kept in): float32, float64, float16 or bfloat16."""
+        return next((p.dtype for p in self.model.parameters() if p.is_floating_point()), torch.float32)
+
     def normalize(self, x: torch.Tensor) -> torch.Tensor:
-        """(N, C, H, W) images scaled to [0, 1] -> the model's input: ``(x - mean) / std`` per channel."""
-        if not self.normalization:
-            return x
-        mean = x.new_tensor(self.normalization["mean"]).view(1, -1, 1, 1)
-        std = x.new_tensor(self.normalization["std"]).view(1, -1, 1, 1)
-        return (x - mean) / std
+        """(N, C, H, W) images scaled to [0, 1] -> the model's input: ``(x - mean) / std`` per channel, in the
+        model's dtype (computed in the wider of the two). Signals (N, C, L) and volumes (N, C, D, H, W) alike."""
+        x = x.to(torch.promote_types(x.dtype, self.dtype))
+        if self.normalization:
+            per_channel = (1, -1) + (1,) * (x.dim() - 2)  # broadcast over N and every spatial axis
+            mean = x.new_tensor(self.normalization["mean"]).view(per_channel)
+            std = x.new_tensor(self.normalization["std"]).view(per_channel)
+            x = (x - mean) / std
+        return x.to(self.dtype)
 
 
 def save(
@@ -94,8 +106,6 @@ def save(
     check_padding_mode(padding_mode)
     dense = convert(model, patch, padding_mode=padding_mode)  # validates that the model converts exactly
     num_classes, in_channels = dense.num_classes, dense.in_channels
-    spec = to_spec(model)
-    sequential = from_spec(spec)
     state = nn.Sequential(*[module for _, module in extract_chain(model)]).state_dict()
     class_names = list(class_names) if class_names is not None else [f"class_{k}" for k in range(num_classes)]
     palette = [list(map(int, c)) for c in palette] if palette is not None else default_palette(num_classes)
@@ -109,97 +119,64 @@ def save(
         "palette": palette,
         "normalization": normalization,
         "padding_mode": padding_mode,
-        "layers": spec,
+        "layers": to_spec(model),
         "extra": extra or {},
     }
-    _validate_config(config, where="save()")
-    sequential.load_state_dict(state)  # the spec rebuilds exactly this model
     out = Path(path)
+    where = f"{out / CONFIG_FILE} (not written)"
+    try:
+        text = json.dumps(config, indent=2, allow_nan=False) + "\n"
+    except (TypeError, ValueError) as exc:
+        raise file_error(
+            where, None, f"the metadata is not plain JSON ({exc})", "pass lists, numbers and strings"
+        ) from None
+    # the checks load makes, so that save never writes a directory load refuses
+    layers = build_on_meta(parse_config(text, where=where), where=where)
+    check_weights(
+        layers, {name: TensorInfo(t.dtype, tuple(t.shape)) for name, t in state.items()}, where=where
+    )
     out.mkdir(parents=True, exist_ok=True)
     tensors = {name: tensor.detach().cpu().contiguous() for name, tensor in state.items()}
     atomic_write(out / WEIGHTS_FILE, lambda tmp: save_file(tensors, tmp, metadata={"format": FORMAT}))
-    atomic_write(out / CONFIG_FILE, lambda tmp: tmp.write_text(json.dumps(config, indent=2) + "\n"))
+    atomic_write(out / CONFIG_FILE, lambda tmp: tmp.write_text(text))
     return out
 
 
 def load(path) -> LoadedModel:
-    """Read a model directory written by :func:`save` (no pickle is ever loaded).
+    """Read a model directory written by :func:`save` (no pickle is ever loaded), keeping the saved dtype.
+
+    The whole directory is validated before any tensor is allocated: ``model.json`` against the format (types,
+    ranges, layer types and arguments, lengths of class names, palette and normalisation), the layers against
+    each other and the patch size (on the meta device), and every tensor's name, shape and dtype against the
+    weights file's header. Only then are the weights read, straight into the layers.
+
+    Raises:
+        ModelFileError: naming the file, the key (such as ``layers[3].kernel_size``), the problem and the fix.
 
     >>> loaded = densecnn.load("models/nuclei")
     >>> labels = loaded.dense().predict(loaded.normalize(images))  # (N, H, W)
     """
     directory = Path(path)
-    config_path = directory / CONFIG_FILE
-    if not config_path.is_file():
-        raise ModelFileError(f"{directory} is not a model directory: {CONFIG_FILE} is missing")
-    try:
-        config = json.loads(config_path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ModelFileError(f"{config_path} is not valid JSON: {exc}") from None
-    _validate_config(config, where=str(config_path))
-    model = from_spec(config["layers"])
+    config, model = check_directory(directory)
     try:
         state = load_file(directory / WEIGHTS_FILE)
-    except (FileNotFoundError, SafetensorError, OSError) as exc:
-        raise ModelFileError(f"cannot read {directory / WEIGHTS_FILE}: {exc}") from None
-    try:
-        model.load_state_dict(state)
-    except RuntimeError as exc:
-        raise ModelFileError(
-            f"{directory / WEIGHTS_FILE} does not match the layers in {CONFIG_FILE}: {exc}"
+    except (SafetensorError, OSError) as exc:
+        raise file_error(
+            directory / WEIGHTS_FILE,
+            None,
+            f"cannot be read ({exc})",
+            "write the model again with densecnn.save",
         ) from None
-    model.eval()
+    model.load_state_dict(state, assign=True)  # the file's tensors become the parameters: no copy, no cast
     return LoadedModel(
         model=model,
-        patch_size=tuple(config["patch_size"]),
-        in_channels=config["in_channels"],
-        num_classes=config["num_classes"],
-        class_names=config["class_names"],
-        palette=config["palette"],
-        normalization=config["normalization"],
-        padding_mode=config["padding_mode"],
+        patch_size=config.patch_size,
+        in_channels=config.in_channels,
+        num_classes=config.num_classes,
+        class_names=config.class_names,
+        palette=[list(colour) for colour in config.palette],
+        normalization=config.normalization.model_dump() if config.normalization else None,
+        padding_mode=config.padding_mode,
         path=directory,
-        extra=config.get("extra", {}),
+        extra=config.extra,
     )
-
-
-def _validate_config(config: dict, *, where: str) -> None:
-    def fail(why: str):
-        raise ModelFileError(f"{where}: {why}")
-
-    if not isinstance(config, dict) or config.get("format") != FORMAT:
-        fail(f'not a densecnn model file (expected "format": "{FORMAT}")')
-    if config.get("format_version") != FORMAT_VERSION:
-        fail(
-            f"format_version {config.get('format_version')!r} is not supported (this densecnn reads {FORMAT_VERSION})"
-        )
-    for key in (
-        "patch_size",
-        "in_channels",
-        "num_classes",
-        "class_names",
-        "palette",
-        "padding_mode",
-        "layers",
-    ):
-        if key not in config:
-            fail(f"missing key {key!r}")
-    k = config["num_classes"]
-    if len(config["class_names"]) != k:
-        fail(f"{len(config['class_names'])} class_names for {k} classes")
-    palette = config["palette"]
-    if len(palette) != k or any(len(c) != 3 or not all(0 <= int(v) <= 255 for v in c) for c in palette):
-        fail(f"palette must be {k} [r, g, b] colours with values in 0..255")
-    normalization = config.get("normalization")
-    if normalization is not None:
-        c = config["in_channels"]
-        if set(normalization) != {"mean", "std"} or any(
-            len(normalization[key]) != c for key in ("mean", "std")
-        ):
-            fail(f'normalization must be {{"mean": [{c} values], "std": [{c} values]}}')
-        if any(s <= 0 for s in normalization["std"]):
-            fail("normalization std values must be > 0")
-    try:
-        check_padding_mode(config["padding_mode"])
-    except ValueError as exc:
-        fail(str(exc))

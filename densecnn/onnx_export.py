@@ -11,6 +11,7 @@ weights, and the image padding as ``Pad`` (zeros) or a ``Gather`` of mirrored/cl
 
 from __future__ import annotations
 
+import math
 import warnings
 from pathlib import Path
 
@@ -19,15 +20,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from .dense import DenseCNN
-from .layers import DenseAvgPool2d, DenseConv2d, DenseLinear, DenseMaxPool2d, WindowLayer
+from .errors import OnnxExportError
+from .layers import WindowLayer
 from .padding import patch_offsets
 
 OPSET = 17  # dilated MaxPool needs >= 10
 IR_VERSION = 8  # the IR version that goes with opset 17; onnxruntime >= 1.14 loads it
-
-
-class OnnxExportError(ValueError):
-    """A dense net holds a layer the ONNX exporter does not know how to write."""
 
 
 class _IndexPad(nn.Module):
@@ -85,11 +83,75 @@ class _DilatedMaxPool(nn.Module):
         return F.max_pool2d(x, self.kernel, 1, 0, self.dilation)
 
 
+def export_conv(layer: WindowLayer, channels: int) -> nn.Module:
+    """A dense conv or Linear head: a dilated ``Conv``."""
+    spec = layer.spec()
+    return _DilatedConv(spec.weight, spec.bias, spec.dilation, spec.groups)
+
+
+def export_max_pool(layer: WindowLayer, channels: int) -> nn.Module:
+    """A dense max pool: a ``MaxPool`` with ``dilations``."""
+    spec = layer.spec()
+    return _DilatedMaxPool(spec.kernel, spec.dilation)
+
+
+def export_avg_pool(layer: WindowLayer, channels: int) -> nn.Module:
+    """A dense average pool: a depthwise dilated ``Conv`` with constant weights (ONNX's AveragePool has no
+    dilations before opset 19)."""
+    spec = layer.spec()
+    weight = torch.full(
+        (channels, 1, *spec.kernel), 1.0 / (spec.divisor or math.prod(spec.kernel))
+    )  # (C, 1, kh, kw)
+    return _DilatedConv(weight, None, spec.dilation, channels)
+
+
+class _RunningNorm(nn.Module):
+    """Per-channel normalisation with fixed running statistics (exported as ``BatchNormalization``)."""
+
+    def __init__(self, norm: nn.Module):
+        super().__init__()
+        self.norm = norm
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        norm = self.norm
+        return F.batch_norm(
+            x, norm.running_mean, norm.running_var, norm.weight, norm.bias, False, 0.0, norm.eps
+        )
+
+
+def export_running_norm(layer: nn.Module, channels: int) -> nn.Module:
+    """An eval-mode InstanceNorm2d with running statistics: the same normalisation as a BatchNorm in eval mode."""
+    return _RunningNorm(layer)
+
+
+class _Threshold(nn.Module):
+    def __init__(self, threshold: float, value: float):
+        super().__init__()
+        self.threshold, self.value = threshold, value
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.where(x > self.threshold, x, torch.full_like(x, self.value))
+
+
+def export_threshold(layer: nn.Threshold, channels: int) -> nn.Module:
+    """``nn.Threshold`` as a ``Where`` (torch exports only threshold 0)."""
+    return _Threshold(layer.threshold, layer.value)
+
+
 def exportable(dense: DenseCNN) -> nn.Sequential:
-    """The dense net rebuilt from ONNX-friendly modules (padding first); same outputs as ``dense.forward``."""
+    """The dense net rebuilt from ONNX-friendly modules (padding first); same outputs as ``dense.forward``.
+
+    Each dense layer is written as its layer type's record says (:class:`densecnn.rules.LayerRecord`, ``export``);
+    layers without an export function (activations, per-pixel BatchNorm, channel softmax) are written as they are.
+    """
     if dense.in_channels is None:
         raise OnnxExportError(
             "the dense net does not know its input channels; convert a model that starts with Conv2d"
+        )
+    exports = getattr(dense, "onnx_exports", None)
+    if exports is None or len(exports) != len(dense.features):
+        raise OnnxExportError(
+            "this DenseCNN was not made by densecnn.convert(); convert the patch model to export it"
         )
     (top, bottom), (left, right) = (patch_offsets(p) for p in dense.patch_size)
     # the dense ops consume receptive_field - 1 pixels per axis; pad exactly as DenseCNN.pad does
@@ -99,27 +161,18 @@ def exportable(dense: DenseCNN) -> nn.Sequential:
     else:
         modules = [_IndexPad((top, left), (bottom, right), dense.padding_mode)]
     channels = dense.in_channels
-    for index, layer in enumerate(dense.features):
-        if isinstance(layer, DenseConv2d):
-            conv = layer.source
-            modules.append(_DilatedConv(conv.weight, conv.bias, layer.dilation, conv.groups))
-            channels = conv.out_channels
-        elif isinstance(layer, DenseLinear):
-            modules.append(_DilatedConv(layer.weight, layer.source.bias, layer.dilation, 1))
-            channels = layer.source.out_features
-        elif isinstance(layer, DenseMaxPool2d):
-            modules.append(_DilatedMaxPool(layer.kernel, layer.dilation))
-        elif isinstance(layer, DenseAvgPool2d):
-            taps = layer.kernel[0] * layer.kernel[1]
-            weight = torch.full((channels, 1, *layer.kernel), 1.0 / (layer.divisor or taps))  # (C, 1, kh, kw)
-            modules.append(_DilatedConv(weight, None, layer.dilation, channels))
+    for index, (layer, export) in enumerate(zip(dense.features, exports)):
+        if export is not None:
+            modules.append(export(layer, channels))
         elif isinstance(layer, WindowLayer):
             raise OnnxExportError(
-                f"layer {index} ({type(layer).__name__}) is a windowed layer the ONNX exporter does not "
-                "know; add a case for it in densecnn/onnx_export.py"
+                f"layer {index} ({type(layer).__name__}) is a windowed layer whose rule names no ONNX export; "
+                "register its layer type with densecnn.register_rule(..., export=...)"
             )
-        else:  # pointwise modules (activations, per-pixel BatchNorm, channel softmax) export as they are
+        else:
             modules.append(layer)
+        spec = layer.spec() if isinstance(layer, WindowLayer) else None
+        channels = spec.weight.shape[0] if spec is not None and hasattr(spec, "weight") else channels
     return nn.Sequential(*modules).eval()
 
 

@@ -17,91 +17,85 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch import nn
 
 from .chain import extract_chain
 from .errors import ModelFileError
-
-_POOL = ("kernel_size", "stride", "padding", "ceil_mode")
-# layer type -> the constructor arguments that describe it (all readable as attributes of the module)
-LAYER_ARGS: dict[type, tuple[str, ...]] = {
-    nn.Conv2d: ("in_channels", "out_channels", "kernel_size", "stride", "padding", "dilation", "groups", "bias"),
-    nn.Linear: ("in_features", "out_features", "bias"),
-    nn.MaxPool2d: (*_POOL, "dilation"),
-    nn.AvgPool2d: (*_POOL, "count_include_pad", "divisor_override"),
-    nn.AdaptiveMaxPool2d: ("output_size",),
-    nn.AdaptiveAvgPool2d: ("output_size",),
-    nn.BatchNorm1d: ("num_features", "eps", "momentum", "affine", "track_running_stats"),
-    nn.BatchNorm2d: ("num_features", "eps", "momentum", "affine", "track_running_stats"),
-    nn.Flatten: ("start_dim", "end_dim"),
-    nn.Dropout: ("p",),
-    nn.Dropout2d: ("p",),
-    nn.AlphaDropout: ("p",),
-    nn.LeakyReLU: ("negative_slope",),
-    nn.PReLU: ("num_parameters",),
-    nn.ELU: ("alpha",),
-    nn.CELU: ("alpha",),
-    nn.GELU: ("approximate",),
-    nn.Hardtanh: ("min_val", "max_val"),
-    nn.Softplus: ("beta", "threshold"),
-    nn.Softshrink: ("lambd",),
-    nn.Hardshrink: ("lambd",),
-    nn.Threshold: ("threshold", "value"),
-    nn.Softmax: ("dim",),
-    nn.LogSoftmax: ("dim",),
-    **{
-        layer: ()
-        for layer in (
-            nn.ReLU, nn.ReLU6, nn.SELU, nn.SiLU, nn.Mish, nn.Tanh, nn.Sigmoid, nn.Hardswish, nn.Hardsigmoid,
-            nn.Softsign, nn.Tanhshrink, nn.LogSigmoid, nn.Identity,
-        )
-    },
-}  # fmt: skip
-_TYPES = {layer.__name__: layer for layer in LAYER_ARGS}
+from .rules import LayerRecord, saved_record, saved_types
 
 
-def _json_value(value: Any) -> Any:
-    return list(value) if isinstance(value, tuple) else value
+def layer_types() -> dict[str, tuple[type[nn.Module], tuple[str, ...]]]:
+    """Name in a spec -> (layer type, its constructor arguments): every layer registered with ``args``, built-in or
+    a user's (:func:`densecnn.register_rule`), at the time of the call.
+
+    >>> layer_types()["Conv2d"][1][:3]
+    ('in_channels', 'out_channels', 'kernel_size')
+    """
+    return {name: (record.layer_type, record.args) for name, record in saved_types().items()}
+
+
+def _json_value(name: str, value: Any) -> Any:
+    if name == "bias" and (value is None or isinstance(value, torch.Tensor)):
+        return value is not None  # the constructor flag, read back from the parameter
+    if isinstance(value, tuple):
+        return [_json_value("", v) for v in value]
+    return value
 
 
 def to_spec(model: nn.Module) -> list[dict[str, Any]]:
     """The layer spec of ``model`` (an ``nn.Sequential`` or a traceable chain), one dict per layer."""
     spec = []
     for path, module in extract_chain(model):
-        args = LAYER_ARGS.get(type(module))
-        if args is None:
+        record = saved_record(type(module))
+        if record is None:
             raise ModelFileError(
-                f"layer {path!r} ({type(module).__name__}) has no spec entry; spec layers are {', '.join(sorted(_TYPES))}"
+                f"layer {path!r} ({type(module).__name__}) has no spec entry; spec layers are "
+                f"{', '.join(saved_types())}. Register your own layers with "
+                "densecnn.register_rule(MyLayer, args=[...constructor arguments...])"
             )
-        layer = {"type": type(module).__name__}
-        for name in args:
-            value = getattr(module, name)
-            layer[name] = (value is not None) if name == "bias" else _json_value(value)
+        layer = {"type": record.name}
+        for name in record.args:
+            if not hasattr(module, name):
+                raise ModelFileError(
+                    f"layer {path!r} ({record.name}): its registered argument {name!r} is not an attribute of the "
+                    f"layer; keep each constructor argument as an attribute of the same name (self.{name} = {name})"
+                )
+            value = _json_value(name, getattr(module, name))
+            if not isinstance(value, (bool, int, float, str, list, type(None))):
+                raise ModelFileError(
+                    f"layer {path!r} ({record.name}): argument {name}={value!r} is not a JSON value (a number, "
+                    "string, bool, list or null); register the layer with arguments that are"
+                )
+            layer[name] = value
         spec.append(layer)
     return spec
 
 
 def from_spec(spec: list[dict[str, Any]]) -> nn.Sequential:
-    """Build the ``nn.Sequential`` a layer spec describes (freshly initialised weights)."""
+    """Build the ``nn.Sequential`` a layer spec describes (freshly initialised weights, on the current default
+    device: ``with torch.device("meta"):`` builds it without memory)."""
     if not isinstance(spec, list) or not spec:
         raise ModelFileError("a layer spec must be a non-empty list of layers")
+    types = saved_types()
     layers = []
     for index, entry in enumerate(spec):
         if not isinstance(entry, dict) or "type" not in entry:
             raise ModelFileError(f"layer {index} of the spec must be an object with a 'type', got {entry!r}")
         args = {key: value for key, value in entry.items() if key != "type"}
-        layer_type = _TYPES.get(entry["type"])
-        if layer_type is None:
+        record: LayerRecord | None = types.get(entry["type"])
+        if record is None:
             raise ModelFileError(
-                f"layer {index} has unknown type {entry['type']!r}; supported types: {', '.join(sorted(_TYPES))}"
+                f"layer {index} has unknown type {entry['type']!r}; supported types: {', '.join(types)}. A layer of "
+                "your own loads once it is registered in this process: densecnn.register_rule(MyLayer, args=[...])"
             )
-        unknown = set(args) - set(LAYER_ARGS[layer_type])
+        unknown = set(args) - set(record.args)
         if unknown:
             raise ModelFileError(
                 f"layer {index} ({entry['type']}) has unknown arguments: {', '.join(sorted(unknown))}"
             )
         try:
-            layers.append(layer_type(**args))
+            layers.append(record.layer_type(**args))
         except (TypeError, ValueError) as exc:
             raise ModelFileError(f"layer {index} ({entry['type']}) has invalid arguments: {exc}") from None
     return nn.Sequential(*layers)

@@ -1,5 +1,6 @@
 """Property: for random patch nets, the dense net equals patch-by-patch scanning at every pixel."""
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -8,17 +9,49 @@ from torch import nn
 import densecnn
 from tests.tolerances import assert_close_relative
 
+# random patch sizes are often larger than the smallest of their class (pooling floors): that is intended here
+pytestmark = pytest.mark.filterwarnings("ignore::densecnn.PatchSizeWarning")
+
 ACTIVATIONS = [nn.ReLU, nn.Tanh, nn.Sigmoid, nn.ELU, nn.GELU, lambda: nn.LeakyReLU(0.1), nn.Identity]
+FLATTENS = [
+    lambda x: x.reshape(x.shape[0], -1),
+    lambda x: x.view(x.size(0), -1),
+    lambda x: x.flatten(1),
+    lambda x: torch.flatten(x, 1),
+]
+LAST = [None, None, lambda: nn.Softmax(dim=1), nn.LogSoftmax]  # nn.LogSoftmax(): dim=None, over the classes
+
+
+class FunctionalNet(nn.Module):
+    """The same layers as a module that torch.fx traces, each Flatten written as a tensor idiom."""
+
+    def __init__(self, layers: list[nn.Module], flatten: int):
+        super().__init__()
+        self.layers = nn.ModuleList(layers)
+        self.flatten = flatten
+
+    def __getitem__(self, index: int) -> nn.Module:
+        return self.layers[index]
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = FLATTENS[self.flatten](x) if isinstance(layer, nn.Flatten) else layer(x)
+        return x
 
 
 @st.composite
 def patch_nets(draw):
-    """(model, patch_size): 1-4 conv/pool stages then a conv, FC or global-pool head reaching one output."""
+    """(model, patch_size): 0-4 conv/pool stages then a conv, FC or global-pool head reaching one output (no stage
+    and an FC head: an MLP on raw patches), maybe a softmax, as an nn.Sequential or a module traced by torch.fx.
+
+    ``model.in_channels`` is the patch channels.
+    """
     torch.manual_seed(draw(st.integers(0, 2**31 - 1), label="weights seed"))  # reproducible weights
     in_channels = draw(st.integers(1, 4))
     height = draw(st.integers(4, 26))
     width = height if draw(st.booleans()) else draw(st.integers(4, 26))
     size, channels, layers = [height, width], in_channels, []
+    mlp = draw(st.integers(0, 9), label="mlp") == 0
 
     def window(max_kernel=7):
         kernel = draw(st.integers(1, max(1, min(max_kernel, *size))))
@@ -28,7 +61,7 @@ def patch_nets(draw):
             size[axis] = (size[axis] - (kernel - 1) * dilation - 1) // stride + 1
         return kernel, stride, dilation
 
-    for _ in range(draw(st.integers(1, 4))):
+    for _ in range(0 if mlp else draw(st.integers(1, 4))):
         if min(size) < 1:
             break
         out_channels = draw(st.integers(1, 5))
@@ -45,7 +78,7 @@ def patch_nets(draw):
             size = [(n - kernel) // stride + 1 for n in size]
         layers.append(draw(st.sampled_from(ACTIVATIONS))())
     classes = draw(st.integers(1, 4))
-    head = draw(st.sampled_from(["conv", "fc", "global"]))
+    head = "fc" if mlp else draw(st.sampled_from(["conv", "fc", "global"]))
     if head == "conv":
         layers.append(nn.Conv2d(channels, classes, tuple(size)))
     elif head == "fc":
@@ -59,7 +92,14 @@ def patch_nets(draw):
     else:
         pool = draw(st.sampled_from([nn.AdaptiveAvgPool2d, nn.AdaptiveMaxPool2d]))
         layers += [pool(1), nn.Flatten(), nn.Linear(channels, classes)]
-    return nn.Sequential(*layers).eval(), (height, width)
+    last = draw(st.sampled_from(LAST), label="softmax")
+    layers += [last()] if last else []
+    traced = draw(st.booleans(), label="traced")
+    model = (
+        FunctionalNet(layers, draw(st.integers(0, len(FLATTENS) - 1))) if traced else nn.Sequential(*layers)
+    )
+    model.in_channels = in_channels
+    return model.eval(), (height, width)
 
 
 def _valid(net):
@@ -83,7 +123,7 @@ def _check(net, data, dtype, rel, floor=0.0):
     height = data.draw(st.integers(1, patch[0] + 6), label="height")
     width = data.draw(st.integers(1, patch[1] + 6), label="width")
     mode = data.draw(st.sampled_from(["zeros", "reflect", "replicate"]), label="padding_mode")
-    x = _image(data, (n, model[0].in_channels, height, width), dtype)
+    x = _image(data, (n, model.in_channels, height, width), dtype)
     expected = densecnn.scan_patches(model, x, patch, padding_mode=mode)
     dense = densecnn.convert(model, patch, padding_mode=mode, backend="native")
     with torch.no_grad():
@@ -111,6 +151,6 @@ def test_fast_scan_equals_patch_scanning(net, data):
         data.draw(st.integers(1, 20), label="height"),
         data.draw(st.integers(1, 20), label="width"),
     )
-    x = _image(data, (1, model[0].in_channels, height, width), torch.float64)
+    x = _image(data, (1, model.in_channels, height, width), torch.float64)
     expected = densecnn.scan_patches(model, x, patch)
     assert_close_relative(densecnn.fast_scan(model, x, patch), expected, 1e-10)

@@ -114,3 +114,60 @@ def test_parse(spec, expected):
 def test_parse_errors_say_the_syntax(spec, match):
     with pytest.raises(ValueError, match=match):
         masks.parse(spec)
+
+
+# --- signals (N, L) and volumes (N, D, H, W): K per sample ------------------------------------------------------
+
+SPATIAL = [(40,), (5, 6, 7)]
+
+
+def nd_labels(spatial, seed=0, n=3, classes=3):
+    g = torch.Generator().manual_seed(seed)
+    labels = torch.randint(0, classes, (n, *spatial), generator=g)
+    labels[torch.rand(n, *spatial, generator=g) < 0.3] = IGNORE
+    return labels
+
+
+@pytest.mark.parametrize("spatial", SPATIAL, ids=["signal", "volume"])
+@pytest.mark.parametrize("strategy", [masks.random(7), masks.hard(7, mix=0.4), masks.hard(7, mix=0.0)])
+def test_k_pixels_per_sample_in_1d_and_3d(spatial, strategy):
+    labels = nd_labels(spatial)
+    loss = torch.rand(labels.shape, generator=gen(1))
+    loss[labels == IGNORE] = 100.0  # never picked, however hard
+    mask = strategy(labels, pixel_loss=loss, generator=gen())
+    assert mask.shape == labels.shape
+    assert mask.reshape(3, -1).sum(1).tolist() == [7, 7, 7]
+    assert not mask[labels == IGNORE].any()
+    if (
+        strategy.kind == "hard" and strategy.mix == 0.0
+    ):  # pure hard: per sample, the 7 largest eligible losses
+        for sample_loss, sample_labels, sample_mask in zip(loss, labels, mask, strict=True):
+            eligible = sample_loss[sample_labels != IGNORE]
+            assert torch.equal(sample_loss[sample_mask].sort().values, eligible.topk(7).values.sort().values)
+
+
+@pytest.mark.parametrize("spatial", SPATIAL, ids=["signal", "volume"])
+def test_all_and_balanced_in_1d_and_3d(spatial):
+    labels = nd_labels(spatial, seed=2)
+    assert torch.equal(masks.all()(labels), labels != IGNORE)
+    mask = masks.balanced(4)(labels, generator=gen())
+    for sample_labels, sample_mask in zip(labels, mask, strict=True):
+        for value in range(3):
+            present = int((sample_labels == value).sum())
+            assert int((sample_mask & (sample_labels == value)).sum()) == min(4, present)
+    assert not mask[labels == IGNORE].any()
+
+
+@pytest.mark.parametrize("spatial", SPATIAL, ids=["signal", "volume"])
+@pytest.mark.parametrize("spec", ["random:9", "balanced:3", "hard:9:0.5"])
+def test_deterministic_under_a_generator_in_1d_and_3d(spatial, spec):
+    strategy, labels = masks.parse(spec), nd_labels(spatial, seed=4)
+    loss = torch.rand(labels.shape, generator=gen(5))
+    first = strategy(labels, pixel_loss=loss, generator=gen(42))
+    assert torch.equal(first, strategy(labels, pixel_loss=loss, generator=gen(42)))
+    assert not torch.equal(first, strategy(labels, pixel_loss=loss, generator=gen(43)))
+
+
+def test_labels_with_too_many_axes_are_refused():
+    with pytest.raises(ValueError, match=r"\(N, L\), \(N, H, W\) or \(N, D, H, W\)"):
+        masks.all()(torch.zeros(1, 2, 2, 2, 2, dtype=torch.long))

@@ -9,6 +9,7 @@ import torch
 import densecnn
 from densecnn.cli import main
 from densecnn.onnx_export import IR_VERSION, export_onnx
+from tests.test_layer_records import CASES, EXACT, PATCH, _net
 
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
@@ -102,3 +103,17 @@ def test_shipped_model_exports(tmp_path):
     x = loaded.normalize(torch.rand(1, loaded.in_channels, 64, 80))
     (scores,) = _session(export_onnx(dense, tmp_path / "nuclei.onnx")).run(None, {"image": x.numpy()})
     np.testing.assert_allclose(scores, dense(x).detach().numpy(), rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("layer_type", "where", "make", "expected"),
+    [case for case in CASES if case.values[3] == EXACT],
+)
+def test_every_built_in_layer_type_exports(tmp_path, layer_type, where, make, expected):
+    torch.manual_seed(0)
+    net = _net(where, make()).float().eval()
+    dense = densecnn.convert(net, PATCH, backend="native")
+    x = torch.randn(2, 2, 9, 7)
+    (scores,) = _session(export_onnx(dense, tmp_path / "layer.onnx")).run(None, {"image": x.numpy()})
+    expected_scores = densecnn.scan_patches(net, x, PATCH).numpy()  # independent of the dense net
+    np.testing.assert_allclose(scores, expected_scores, rtol=0, atol=1e-4)

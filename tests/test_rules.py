@@ -8,14 +8,16 @@ import torch.nn.functional as F
 from torch import nn
 
 import densecnn
-from densecnn.layers import DenseAvgPool2d, DenseLinear
+from densecnn.layers import ChannelSoftmax, DenseAvgPool2d, DenseLinear
+from densecnn.rules import aliases
 from tests.tolerances import assert_close_relative
 
 torch.manual_seed(0)
 
 
-def _matches_scan(model, patch, *, size=(9, 11), mode="zeros", rel=1e-10):
-    in_channels = next(m for m in model.modules() if isinstance(m, (nn.Conv2d, nn.Linear))).in_channels
+def _matches_scan(model, patch, *, size=(9, 11), mode="zeros", rel=1e-10, in_channels=None):
+    if in_channels is None:
+        in_channels = next(m for m in model.modules() if isinstance(m, nn.Conv2d)).in_channels
     patch_hw = (patch, patch) if isinstance(patch, int) else patch
     if any(isinstance(m, nn.modules.lazy.LazyModuleMixin) for m in model.modules()):
         model.eval()(torch.zeros(1, in_channels, *patch_hw))  # materialises LazyLinear heads
@@ -144,6 +146,180 @@ def test_fx_traced_module_with_torch_flatten_and_nested_sequential():
     assert isinstance(dense.features[-1], DenseLinear)
 
 
+class _FunctionalDropoutNet(nn.Module):
+    """PyTorch's MNIST example idiom: functional dropout following self.training, flattened by reshape."""
+
+    def __init__(self, training_argument=True):
+        super().__init__()
+        self.conv = nn.Conv2d(1, 4, 3)
+        self.fc = nn.Linear(4 * 2 * 2, 3)
+        self.training_argument = training_argument
+
+    def forward(self, x):
+        x = F.max_pool2d(F.relu(self.conv(x)), 2)
+        # without training=, F.dropout drops whatever the model's mode: random in eval mode too
+        x = F.dropout(x, 0.5, training=self.training) if self.training_argument else F.dropout(x, 0.5)
+        x = x.reshape(x.shape[0], -1)
+        return F.log_softmax(self.fc(x), dim=1)
+
+
+def test_functional_dropout_follows_the_model_mode_and_the_dense_nets():
+    torch.manual_seed(0)
+    model = _FunctionalDropoutNet().double().eval()
+    dense = _matches_scan(model, 6)  # deterministic and exact in eval mode
+    x = torch.rand(1, 1, 12, 12, dtype=torch.float64)
+    dense.train()
+    with pytest.warns(densecnn.DenseEquivalenceWarning):
+        assert not torch.equal(dense(x), dense(x))  # the dense net's own .train() turns dropout on
+    dense.eval()
+    assert torch.equal(dense(x), dense(x))
+    with pytest.warns(densecnn.DenseEquivalenceWarning, match="training mode"):
+        trained = densecnn.convert(model.train(), 6)  # converted in training mode: drops until .eval()
+    assert trained.features[3].training and not trained.eval().features[3].training
+
+
+def test_functional_dropout_that_ignores_the_mode_is_refused():
+    with pytest.raises(
+        densecnn.ConversionError, match="training=True while the model is in eval mode.*self.training"
+    ):
+        densecnn.convert(_FunctionalDropoutNet(training_argument=False).eval(), 6)
+
+
+@pytest.mark.parametrize(
+    "flatten",
+    [
+        lambda x: x.reshape(x.shape[0], -1),
+        lambda x: x.view(x.size(0), -1),
+        lambda x: x.view(x.size()[0], -1),
+        lambda x: x.flatten(1),
+        lambda x: torch.flatten(x, 1),
+        lambda x: torch.reshape(x, (x.shape[0], -1)),
+        lambda x: x.view(-1, 3 * 2 * 2),
+        lambda x: x.contiguous().view(-1, 12),
+    ],
+    ids=["reshape-shape0", "view-size0", "view-size()0", "flatten-method", "torch-flatten", "torch-reshape",
+         "view-minus1-n", "contiguous-view"],
+)  # fmt: skip
+def test_flatten_idioms(flatten):
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(2, 3, 3)
+            self.fc = nn.Linear(12, 2)
+
+        def forward(self, x):
+            return self.fc(flatten(torch.tanh(self.conv(x))))
+
+    dense = _matches_scan(Net(), 4)
+    assert isinstance(dense.features[-1], DenseLinear)
+
+
+def test_flatten_idioms_that_are_not_per_patch_flattening_are_refused():
+    class Net(nn.Module):
+        def __init__(self, flatten):
+            super().__init__()
+            self.conv, self.flatten = nn.Conv2d(2, 3, 3), flatten
+
+        def forward(self, x):
+            return self.flatten(self.conv(x))
+
+    with pytest.raises(densecnn.ConversionError, match="start_dim=0"):
+        densecnn.convert(Net(lambda x: torch.flatten(x)), 3)
+    with pytest.raises(densecnn.ConversionError, match=r"view\(-1, 1\) splits each patch"):
+        densecnn.convert(Net(lambda x: x.view(-1, 1)), 3)  # a 3x1x1 map: 3 rows per patch
+    with pytest.raises(densecnn.ConversionError, match="not a supported layer"):
+        densecnn.convert(Net(lambda x: x.view(x.size(0), 3, -1)), 3)
+
+
+def test_mlp_on_flattened_patches():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(5 * 5 * 3, 7), nn.ReLU(), nn.Linear(7, 4))
+    dense = _matches_scan(model, 5, in_channels=3)
+    assert (dense.in_channels, dense.num_classes, dense.receptive_field) == (3, 4, (5, 5))
+    with pytest.raises(
+        densecnn.PatchSizeError, match=r"expects 75 input features.*Nearest valid patch sizes: 5$"
+    ):
+        densecnn.convert(model, 6)
+    with pytest.raises(
+        densecnn.PatchSizeError, match=r"not a multiple of 16.*sizes: 1 and 5$"
+    ):  # 1x1, 75 channels
+        densecnn.convert(model, 4)
+
+
+@pytest.mark.parametrize("last", [nn.Softmax(), nn.LogSoftmax()], ids=["Softmax", "LogSoftmax"])
+@pytest.mark.parametrize("flat", [True, False])
+def test_softmax_without_dim_is_over_the_classes(last, flat):
+    head = [nn.Flatten(), nn.Linear(3 * 2 * 2, 4)] if flat else [nn.Conv2d(3, 4, 2)]
+    with pytest.warns(UserWarning, match="Implicit dimension"):  # torch's own warning, from patch scanning
+        _matches_scan(nn.Sequential(nn.Conv2d(1, 3, 3), *head, last), 4)
+
+
+def test_numpy_patch_sizes():
+    np = pytest.importorskip("numpy")
+    model, _ = densecnn.zoo.tiny(in_channels=1, num_classes=3)
+    for patch in (np.int64(12), (np.int32(12), np.int64(12)), np.array([12, 12])[0]):
+        dense = densecnn.convert(model.eval(), patch)
+        assert dense.patch_size == (12, 12) and all(type(p) is int for p in dense.patch_size)
+
+
+def test_linear_on_an_unflattened_map_is_refused():
+    with pytest.raises(
+        densecnn.ConversionError, match=r"'1' \(Linear\): Linear applied to a \(B, C, h, w\) map"
+    ):
+        densecnn.convert(nn.Sequential(nn.Conv2d(1, 4, 5), nn.Linear(4, 3)), 5)
+
+
+def test_a_larger_patch_size_that_still_converts_warns_naming_the_smallest():
+    model, _ = densecnn.zoo.plain_133()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        densecnn.convert(model.eval(), 133)  # the size it was built for: no warning
+    with pytest.warns(
+        densecnn.PatchSizeWarning, match=r"last 7 row\(s\) and 7 column.*trained with patch_size=133"
+    ):
+        densecnn.convert(model, 140)
+    tiny, _ = densecnn.zoo.tiny()
+    with pytest.warns(densecnn.PatchSizeWarning, match=r"patch_size=\(12, 12\)"):
+        densecnn.convert(tiny, (12, 15))
+
+
+_FUNCTIONAL = [
+    pytest.param(record.layer_type, alias, id=f"{record.name}-{getattr(alias.target, '__name__', alias.target)}")
+    for table in aliases()
+    for record, alias in table.values()
+    if alias.build is None and record.layer_type not in (nn.Flatten, nn.MaxPool2d, nn.AvgPool2d)
+    and not record.layer_type.__name__.startswith("Adaptive")
+]  # fmt: skip
+
+
+_FUNCTIONAL_ARGS = {nn.Threshold: (0.1, -1.0), nn.Softmax: (1,), nn.LogSoftmax: (1,)}  # required arguments
+
+
+@pytest.mark.parametrize(("layer_type", "alias"), _FUNCTIONAL)
+def test_every_functional_alias_converts_like_its_layer(layer_type, alias):
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv1, self.conv2 = nn.Conv2d(1, 3, 3), nn.Conv2d(3, 2, 2)
+
+        def forward(self, x):
+            x = self.conv2(self.conv1(x))
+            args = _FUNCTIONAL_ARGS.get(layer_type, ())
+            extra = {"training": self.training} if "training" in alias.params else {}
+            if isinstance(alias.target, str):
+                return getattr(x, alias.target)(*args, **extra)
+            return alias.target(x, *args, **extra)
+
+    torch.manual_seed(0)
+    dense = _matches_scan(Net(), 4)
+    expected = {nn.Identity: [], nn.Softmax: [ChannelSoftmax], nn.LogSoftmax: [ChannelSoftmax]}.get(
+        layer_type
+    )
+    assert [type(layer) for layer in dense.features][2:] == (
+        expected if expected is not None else [layer_type]
+    )
+
+
 def test_register_rule_for_a_custom_layer():
     class Square(nn.Module):
         def forward(self, x):
@@ -241,17 +417,22 @@ def test_conversion_errors_name_layer_reason_and_fix(layer, message):
 
 def test_wrong_patch_size_names_the_nearest_valid_sizes():
     model, _ = densecnn.zoo.plain_133()
-    with pytest.raises(densecnn.ConversionError, match=r"'6' \(Conv2d\).*Nearest valid patch sizes: 133"):
+    with pytest.raises(densecnn.ConversionError, match=r"'6' \(Conv2d\).*Nearest valid patch sizes: 133$"):
         densecnn.convert(model, 100)
     with pytest.raises(
-        densecnn.ConversionError, match=r"leaves a 2x2 output map.*Nearest valid patch sizes: 148$"
+        densecnn.PatchSizeError,
+        match=r"leaves a 2x2 output map.*Nearest valid patch sizes: 133 to 148 \(one net; most likely trained with 133\)$",
     ):
-        densecnn.convert(model, 149)
+        densecnn.convert(model, 149)  # 133..148 all bring the net to one output: pooling floors
     tiny, _ = densecnn.zoo.tiny()
     with pytest.raises(
-        densecnn.ConversionError, match=r"'7' \(Linear\): expects 24 input features.*sizes: 15$"
+        densecnn.ConversionError, match=r"'7' \(Linear\): expects 24 input features.*sizes: 12 to 15"
     ):
         densecnn.convert(tiny, 16)
+    with pytest.raises(
+        densecnn.PatchSizeError, match=r"heights \(width 20\): 8 to 11.*widths \(height 12\): 12 to"
+    ):
+        densecnn.convert(tiny, (12, 20))
 
 
 def test_misplaced_layers_are_rejected():

@@ -45,7 +45,11 @@ def test_two_gloo_processes_match_one_process(tmp_path):
     assert max_weight_difference(weights(single), weights(tmp_path / "two" / "model")) <= 1e-6
     one_val = [r for r in read_metrics(tmp_path / "one" / "metrics.jsonl") if r["kind"] == "val"]
     two_val = [r for r in read_metrics(tmp_path / "two" / "metrics.jsonl") if r["kind"] == "val"]
+    # the processes score 2 + 1 images: the loss sums and confusion matrices are all-reduced over them. The two runs'
+    # weights agree to rounding (gradients all-reduced in another order), not bitwise, so a pixel at an exact tie
+    # may change its label: IoUs agree to a few pixels, the loss to rounding
+    assert [r["loss"] for r in two_val] == pytest.approx([r["loss"] for r in one_val], rel=1e-5)
     flat = [[iou for r in records for iou in r["iou"]] for records in (one_val, two_val)]
-    assert flat[1] == pytest.approx(flat[0], abs=1e-6)  # confusion matrices all-reduced over the processes
+    assert flat[1] == pytest.approx(flat[0], abs=5e-3)
     card = (tmp_path / "two" / "model" / "README.md").read_text()
     assert "torchrun --nproc-per-node 2 -m densecnn.train" in card and "- processes: 2" in card

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib.util
+import itertools
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -10,13 +12,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 from PIL import Image
-from train_support import make_dataset
+from train_support import card_command, make_dataset, parser_with_other_defaults
 
 import densecnn
+from densecnn.commands.train import config_from_args
 from densecnn.train import TrainConfig, train
 from densecnn.train.dataset import read_dataset
 
-SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPTS = ROOT / "scripts"
 
 
 def load_script(name: str):
@@ -71,6 +75,31 @@ def test_nucleus_cores_of_different_instances_never_touch():
         assert not (core & other_core & (instance != other_instance)).any()
 
 
+def test_nuclei3d_classes_use_the_six_face_neighbours():
+    """The 3-D rule against a voxel-by-voxel reference; cores of different instances never share a face or an
+    edge (they may meet at a corner, which the 6-neighbourhood does not see)."""
+    fetch = load_script("fetch_data")
+    rng = np.random.default_rng(1)
+    instances = (
+        rng.integers(0, 4, (4, 5, 6)).repeat(2, 0).repeat(2, 1).repeat(2, 2)
+    )  # (8, 10, 12) touching blobs
+    expected = (instances > 0).astype(np.uint8)
+    faces = [step for step in itertools.product((-1, 0, 1), repeat=3) if sum(map(abs, step)) == 1]
+    for voxel in itertools.product(*map(range, instances.shape)):
+        for step in faces:
+            other = tuple(v + s for v, s in zip(voxel, step, strict=True))
+            inside = all(0 <= o < n for o, n in zip(other, instances.shape, strict=True))
+            if instances[voxel] > 0 and inside and instances[other] != instances[voxel]:
+                expected[voxel] = 2
+    classes = fetch.class_map(instances)
+    assert np.array_equal(classes, expected)
+    cores = np.argwhere(classes == 1)
+    assert len(cores) > 10
+    for a, b in itertools.combinations(cores, 2):
+        if np.abs(a - b).max() == 1 and np.abs(a - b).sum() <= 2:  # face or edge neighbours
+            assert instances[tuple(a)] == instances[tuple(b)]
+
+
 def test_masks_folder_marks_pixels_ignored(tmp_path):
     data = make_dataset(tmp_path / "d", images=1)
     (data / "masks").mkdir()
@@ -95,3 +124,15 @@ def test_finetune_wrapper_fine_tunes_a_model_directory(tmp_path):
     card = (tmp_path / "ft" / "model" / "README.md").read_text()
     assert "--lr 0.0003" in card and "--epochs 1" in card  # the wrapper's default and the user's override
     assert densecnn.load(tmp_path / "ft" / "model").num_classes == 3
+
+
+def test_shipped_model_card_command_reproduces_its_training_config():
+    """models/nuclei's card gives the full command: parsed under other defaults, it is the config in model.json."""
+    model_dir = ROOT / "models" / "nuclei"
+    words = card_command(model_dir)
+    assert words[:2] == ["densecnn", "train"]
+    reproduced = config_from_args(parser_with_other_defaults().parse_args(words[2:])).to_dict()
+    saved = json.loads((model_dir / "model.json").read_text())["extra"]["training"]["config"]
+    loaded = densecnn.load(model_dir)
+    saved.update(classes=loaded.num_classes, channels=loaded.in_channels)  # derived by the run, written out
+    assert {**reproduced, "command": ""} == {**saved, "command": ""}

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import argparse
+import shlex
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
 from safetensors.torch import load_file
+
+from densecnn.commands.train import add_arguments
+from densecnn.train.config import NOT_IN_COMMAND
 
 
 def make_dataset(root: Path, *, images: int, size=(40, 36), seed: int = 0) -> Path:
@@ -40,3 +45,31 @@ def weights(model_dir: Path) -> dict:
 def max_weight_difference(a: dict, b: dict) -> float:
     assert a.keys() == b.keys()
     return max((a[k] - b[k]).abs().max().item() for k in a)
+
+
+def card_command(model_dir) -> list[str]:
+    """The words of the command in a model card's "Training command" block."""
+    card = (model_dir / "README.md").read_text()
+    return shlex.split(card.split("## Training command")[1].split("```")[1])
+
+
+def parser_with_other_defaults() -> argparse.ArgumentParser:
+    """The ``densecnn train`` options with every default changed, as a later version might change them (except
+    ``--resume``, which says how a run starts, not what it trains)."""
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    other = {}
+    for action in parser._actions:
+        default = action.default
+        if action.dest in NOT_IN_COMMAND:
+            continue
+        if action.choices:
+            other[action.dest] = next(c for c in action.choices if c != default)
+        elif isinstance(default, bool):
+            other[action.dest] = not default
+        elif isinstance(default, int | float):
+            other[action.dest] = default + 7
+        elif isinstance(default, str):
+            other[action.dest] = default + "-changed"
+    parser.set_defaults(**other)
+    return parser

@@ -17,5 +17,7 @@ def run(args) -> int:
     print(f"patch size: {loaded.patch_size[0]}x{loaded.patch_size[1]}, input channels: {loaded.in_channels}")
     print(f"classes ({loaded.num_classes}): {', '.join(loaded.class_names)}")
     print(f"padding mode: {loaded.padding_mode}")
+    parameters = sum(p.numel() for p in loaded.model.parameters())
+    print(f"parameters: {parameters:,} ({str(loaded.dtype).removeprefix('torch.')})")
     print(loaded.dense())
     return 0

@@ -6,13 +6,16 @@ The same options work under torchrun: ``torchrun --nproc-per-node N -m densecnn.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
+import typing
 
 EPILOG = """\
 dataset layout: DIR/images/NAME.(png|tif|jpg...), DIR/labels/NAME.(png|tif) with class ids 0..K-1 and 255 = ignore,
 optional DIR/masks/NAME.(png|tif) (nonzero = labels count), optional classes.json {"names", "palette"} in DIR or
-its parent.
+its parent. For volumes: TIFF stacks, .npy or .zarr arrays (D, H, W) / (C, D, H, W) with label volumes; for
+signals: .npy arrays (L,) / (C, L); --crop then takes one size per axis, e.g. --crop 16,64,64.
 
 examples:
   densecnn train --model tiny --classes 3 --data data/toy/train --val data/toy/val --out runs/toy
@@ -35,71 +38,45 @@ def add_parser(subparsers) -> None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from ..train.config import TrainConfig
+    """One option per :class:`~densecnn.train.TrainConfig` field, generated from the field: its type, default,
+    help, group and choices (the library's registries) are declared there once."""
+    from ..train.config import TrainConfig, flag
 
-    d = TrainConfig(model="", data="", out="")  # the defaults, stated once
-    io = parser.add_argument_group("model and data")
-    io.add_argument(
-        "--model", help="model directory to fine-tune, or a zoo name (tiny, stages_46, ...) to start"
-    )
-    io.add_argument("--data", help="training dataset directory (images/, labels/, optional masks/)")
-    io.add_argument("--val", help="validation dataset directory, scored on whole images (default: none)")
-    io.add_argument("--out", required=True, help="run directory: checkpoints, metrics.jsonl, plots, model/")
-    io.add_argument("--classes", type=int, help="classes of a fresh zoo model (default: from classes.json)")
-    io.add_argument("--channels", type=int, help="input channels of a fresh model (default: from the images)")
-    io.add_argument("--padding-mode", default=d.padding_mode, choices=("zeros", "reflect", "replicate"),
-                    help=f"image padding of a fresh model (default {d.padding_mode})")  # fmt: skip
-    io.add_argument(
-        "--resume", action="store_true", help="continue the run in --out from its latest checkpoint"
-    )
+    hints = typing.get_type_hints(TrainConfig)
+    groups: dict[str, argparse._ArgumentGroup] = {}
+    for spec in dataclasses.fields(TrainConfig):
+        meta = spec.metadata
+        if not meta["cli"]:
+            continue
+        if meta["group"] not in groups:
+            groups[meta["group"]] = parser.add_argument_group(meta["group"])
+        kinds = [t for t in (*typing.get_args(hints[spec.name]), hints[spec.name]) if t is not type(None)]
+        kind = list[int] if list[int] in kinds else kinds[0]  # an int or per-axis ints: "64" or "8,64,64"
+        default = None if spec.default is dataclasses.MISSING else spec.default
+        kwargs = {"help": meta["help"], "default": default}
+        if kind is bool:
+            kwargs["action"] = argparse.BooleanOptionalAction  # --flip / --no-flip
+            kwargs["help"] += f" (default {'on' if default else 'off'})"
+        else:
+            kwargs["type"] = {list[int]: _ints, list[float]: _floats}.get(kind, kind)
+            if meta["choices"] is not None:
+                kwargs["choices"] = meta["choices"]
+            if default is not None:
+                kwargs["help"] += f" (default {default})"
+        if spec.name == "out":
+            kwargs["required"] = True  # --model and --data may come from the checkpoint with --resume
+        groups[meta["group"]].add_argument(flag(spec.name), **kwargs)
 
-    steps = parser.add_argument_group("schedule")
-    steps.add_argument("--epochs", type=int, default=d.epochs, help=f"default {d.epochs}")
-    steps.add_argument("--crops-per-image", type=int, default=d.crops_per_image,
-                       help=f"random crops drawn from each training image per epoch (default {d.crops_per_image})")  # fmt: skip
-    steps.add_argument("--batch", type=int, default=d.batch,
-                       help=f"images (crops) per step, all processes together (default {d.batch})")  # fmt: skip
-    steps.add_argument(
-        "--crop", type=int, default=d.crop, help=f"side of the square random crops (default {d.crop})"
-    )
-    steps.add_argument("--flip", action=argparse.BooleanOptionalAction, default=d.flip, help="random flips")
-    steps.add_argument(
-        "--rot90", action=argparse.BooleanOptionalAction, default=d.rot90, help="random quarter turns"
-    )
-    steps.add_argument("--mask", default=d.mask,
-                       help="pixels whose errors count: all | random:K | balanced:K | hard:K[:MIX] "
-                       f"(K per image; MIX = random share of hard, default 0.5) (default {d.mask})")  # fmt: skip
-    steps.add_argument("--method", default=d.method, choices=("dense", "patches"),
-                       help="dense: whole crops through the dense net; patches: the classical patch-minibatch "
-                       f"baseline (needs --mask random:K or balanced:K) (default {d.method})")  # fmt: skip
-    steps.add_argument("--seed", type=int, default=d.seed, help=f"default {d.seed}")
 
-    optim = parser.add_argument_group("optimiser")
-    optim.add_argument(
-        "--optimizer", default=d.optimizer, choices=("sgd", "adamw"), help=f"default {d.optimizer}"
-    )
-    optim.add_argument("--lr", type=float, default=d.lr, help=f"learning rate (default {d.lr:g})")
-    optim.add_argument(
-        "--momentum", type=float, default=d.momentum, help=f"SGD momentum (default {d.momentum:g})"
-    )
-    optim.add_argument(
-        "--weight-decay", type=float, default=d.weight_decay, help=f"default {d.weight_decay:g}"
-    )
-    optim.add_argument("--schedule", default=d.schedule, choices=("cosine", "constant"),
-                       help=f"learning-rate schedule over the run (default {d.schedule})")  # fmt: skip
-    optim.add_argument("--class-weights", type=_floats, help="per-class loss weights, comma-separated")
-    optim.add_argument(
-        "--bf16", action="store_true", help="bfloat16 forward pass (weights and loss stay float32)"
-    )
-
-    run_group = parser.add_argument_group("run")
-    run_group.add_argument("--val-every", type=int, default=d.val_every,
-                           help="validate every N steps (default 0: every epoch)")  # fmt: skip
-    run_group.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every,
-                           help="checkpoint every N steps (default 0: every epoch)")  # fmt: skip
-    run_group.add_argument("--keep-checkpoints", type=int, default=d.keep_checkpoints,
-                           help=f"newest checkpoints kept (default {d.keep_checkpoints})")  # fmt: skip
-    run_group.add_argument("--device", default=d.device, choices=("auto", "cpu", "cuda"), help="default auto")
+def _ints(text: str) -> int | list[int]:
+    """``64`` -> 64, ``8,64,64`` -> [8, 64, 64]: one size for every axis, or one per axis."""
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected an integer or comma-separated integers, got {text!r}"
+        ) from None
+    return values[0] if len(values) == 1 else values
 
 
 def _floats(text: str) -> list[float]:
@@ -109,21 +86,25 @@ def _floats(text: str) -> list[float]:
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
 
 
-def config_from_args(args: argparse.Namespace, launcher: str = "densecnn train"):
-    from ..train.config import TrainConfig
+def config_from_args(args: argparse.Namespace, launcher: str | None = None):
+    """The TrainConfig of parsed options, with ``command``: the full command line that reproduces it."""
+    from ..errors import TrainingError
+    from ..train.config import LAUNCHER, TrainConfig
 
     if not args.resume:
         missing = [f"--{name}" for name in ("model", "data") if getattr(args, name) is None]
         if missing:
-            raise ValueError(f"{' and '.join(missing)} required (or --resume to continue the run in --out)")
+            raise TrainingError(
+                f"{' and '.join(missing)} required (or --resume to continue the run in --out)"
+            )
     values = {key: value for key, value in vars(args).items() if key not in ("run", "command")}
     values.update(model=args.model or "", data=args.data or "")
     config = TrainConfig.from_dict(values)
-    config.command = config.command_line(launcher)
+    config.command = config.command_line(launcher or LAUNCHER)
     return config
 
 
-def run(args: argparse.Namespace, launcher: str = "densecnn train") -> int:
+def run(args: argparse.Namespace, launcher: str | None = None) -> int:
     from ..train import train
 
     model_dir = train(config_from_args(args, launcher))

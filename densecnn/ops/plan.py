@@ -20,9 +20,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ..rules.registry import fused_activation
 from . import ext_available, require_ext, solvers
 from .find import MEMORY_FORMATS, find
-from .solvers import ACTIVATIONS, SOLVERS, PoolSpec
+from .solvers import SOLVERS, PoolSpec
 
 Shape = tuple[int, int, int, int]
 
@@ -78,7 +79,7 @@ def group_steps(features: nn.Sequential) -> list[Step]:
             i += 1
             continue
         follower = layers[i + 1] if i + 1 < len(layers) else None
-        activation = ACTIVATIONS.get(type(follower))
+        activation = fused_activation(follower)
         if isinstance(layer.spec(), PoolSpec) and activation:
             steps.append(Step((layer, follower), activation))
             i += 2

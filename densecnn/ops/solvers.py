@@ -27,7 +27,6 @@ import torch.nn.functional as F
 from . import fft_conv, native
 
 Pair = tuple[int, int]
-ACTIVATIONS = {torch.nn.Tanh: "tanh", torch.nn.ReLU: "relu"}  # activations a pool step may absorb
 
 
 @dataclass(frozen=True)

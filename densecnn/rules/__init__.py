@@ -1,6 +1,32 @@
-"""Conversion rules: one small function per layer type, extensible with :func:`register_rule`."""
+"""Layer records: one per layer type, with its conversion rule; extensible with :func:`register_rule`."""
 
-from . import builtin  # noqa: F401  (registers the built-in rules)
-from .registry import ConversionContext, PatchSizeError, find_rule, register_rule
+from . import builtin  # noqa: F401  (registers the built-in records)
+from .registry import (
+    Alias,
+    ConversionContext,
+    LayerRecord,
+    aliases,
+    find_record,
+    find_rule,
+    fused_activation,
+    is_stochastic,
+    records,
+    register_rule,
+    saved_record,
+    saved_types,
+)
 
-__all__ = ["ConversionContext", "PatchSizeError", "find_rule", "register_rule"]
+__all__ = [
+    "Alias",
+    "ConversionContext",
+    "LayerRecord",
+    "aliases",
+    "find_record",
+    "find_rule",
+    "fused_activation",
+    "is_stochastic",
+    "records",
+    "register_rule",
+    "saved_record",
+    "saved_types",
+]

@@ -1,25 +1,39 @@
-"""The built-in conversion rules, one small function per layer type."""
+"""The built-in layer records: one small conversion rule per layer type, with its spec arguments, fx aliases, ONNX
+export and fusion name.
+
+A layer converts only if the dense net reproduces it exactly. Layers whose eval-mode output depends on the batch or on
+randomness, or that normalise over the whole map (so a patch's output depends on the patch's own statistics), are
+refused by name with the reason (:data:`REFUSED`).
+"""
 
 from __future__ import annotations
 
+import torch
+import torch.nn.functional as F
 from torch import nn
 
+from ..geometry import ntuple
 from ..layers import (
     ChannelSoftmax,
     DenseAvgPool2d,
     DenseBatchNorm1d,
     DenseConv2d,
+    DenseLayerNorm,
     DenseLinear,
     DenseMaxPool2d,
 )
-from .registry import ConversionContext, register_rule
+from ..onnx_export import export_avg_pool, export_conv, export_max_pool, export_running_norm, export_threshold
+from .registry import Alias, ConversionContext, register_rule
+
+_POOL = ("kernel_size", "stride", "padding", "ceil_mode")
+_BATCH_NORM = ("num_features", "eps", "momentum", "affine", "track_running_stats")
 
 
-def _pair(value) -> tuple[int, int]:
-    return (value, value) if isinstance(value, int) else tuple(value)
-
-
-@register_rule(nn.Conv2d)
+@register_rule(
+    nn.Conv2d,
+    args=("in_channels", "out_channels", "kernel_size", "stride", "padding", "dilation", "groups", "bias"),
+    export=export_conv,
+)
 def conv2d(conv: nn.Conv2d, ctx: ConversionContext):
     if conv.padding not in ("valid", (0, 0)):
         raise ctx.error(
@@ -42,28 +56,47 @@ def _check_pool(pool, ctx: ConversionContext) -> tuple[tuple[int, int], tuple[in
             "ceil_mode=True pools a partial window at the patch border, which a whole-image net cannot reproduce",
             "use ceil_mode=False (and a patch size that the pools divide)",
         )
-    if _pair(pool.padding) != (0, 0):
+    if ntuple(pool.padding, 2) != (0, 0):
         raise ctx.error(
             f"padding={pool.padding} pools values outside the patch",
             "use padding=0 (the patch supplies the context)",
         )
-    kernel = _pair(pool.kernel_size)
-    stride = _pair(pool.stride) if pool.stride is not None else kernel
+    kernel = ntuple(pool.kernel_size, 2)
+    stride = ntuple(pool.stride, 2) if pool.stride is not None else kernel
     return kernel, stride
 
 
-@register_rule(nn.MaxPool2d)
-def max_pool2d(pool: nn.MaxPool2d, ctx: ConversionContext):
+def _no_indices(pool, ctx: ConversionContext) -> None:
     if pool.return_indices:
         raise ctx.error("return_indices=True returns a second tensor", "use return_indices=False")
+
+
+_MAX_POOL_ALIAS = Alias(
+    F.max_pool2d, ("kernel_size", "stride", "padding", "dilation", "ceil_mode", "return_indices")
+)
+
+
+@register_rule(nn.MaxPool2d, args=(*_POOL, "dilation"), aliases=[_MAX_POOL_ALIAS], export=export_max_pool)
+def max_pool2d(pool: nn.MaxPool2d, ctx: ConversionContext):
+    _no_indices(pool, ctx)
     kernel, stride = _check_pool(pool, ctx)
-    source_dilation = _pair(pool.dilation)
+    source_dilation = ntuple(pool.dilation, 2)
     input_dilation = ctx.dilation
     ctx.slide(kernel, stride, source_dilation)
     return DenseMaxPool2d(kernel, stride, source_dilation, input_dilation)
 
 
-@register_rule(nn.AvgPool2d)
+_AVG_POOL_ALIAS = Alias(
+    F.avg_pool2d, ("kernel_size", "stride", "padding", "ceil_mode", "count_include_pad", "divisor_override")
+)
+
+
+@register_rule(
+    nn.AvgPool2d,
+    args=(*_POOL, "count_include_pad", "divisor_override"),
+    aliases=[_AVG_POOL_ALIAS],
+    export=export_avg_pool,
+)
 def avg_pool2d(pool: nn.AvgPool2d, ctx: ConversionContext):
     kernel, stride = _check_pool(pool, ctx)
     input_dilation = ctx.dilation
@@ -71,38 +104,58 @@ def avg_pool2d(pool: nn.AvgPool2d, ctx: ConversionContext):
     return DenseAvgPool2d(kernel, stride, input_dilation, pool.divisor_override)
 
 
-def _adaptive_as_pool(pool, ctx: ConversionContext) -> tuple[tuple[int, int], tuple[int, int]]:
-    ctx.require_map("adaptive pooling")
-    out = tuple(n if o is None else o for o, n in zip(_pair(pool.output_size), ctx.size))
-    if any(n % o for n, o in zip(ctx.size, out)):
-        raise ctx.error(
-            f"output_size={out} does not divide the {ctx.size[0]}x{ctx.size[1]} map this patch size leaves, "
-            "so its windows have unequal sizes",
-            "choose a patch size whose map here is a multiple of the output size, or use MaxPool2d/AvgPool2d",
-        )
-    kernel = tuple(n // o for n, o in zip(ctx.size, out))
-    return kernel, kernel
-
-
-@register_rule(nn.AdaptiveAvgPool2d)
+@register_rule(
+    nn.AdaptiveAvgPool2d,
+    args=("output_size",),
+    aliases=[Alias(F.adaptive_avg_pool2d, ("output_size",))],
+    export=export_avg_pool,
+)
 def adaptive_avg_pool2d(pool: nn.AdaptiveAvgPool2d, ctx: ConversionContext):
-    kernel, stride = _adaptive_as_pool(pool, ctx)
+    ctx.require_map("adaptive pooling")
     input_dilation = ctx.dilation
-    ctx.slide(kernel, stride)
-    return DenseAvgPool2d(kernel, stride, input_dilation)
+    kernel = ctx.adapt(pool.output_size)
+    return DenseAvgPool2d(kernel, kernel, input_dilation)
 
 
-@register_rule(nn.AdaptiveMaxPool2d)
+@register_rule(
+    nn.AdaptiveMaxPool2d,
+    args=("output_size",),
+    aliases=[Alias(F.adaptive_max_pool2d, ("output_size", "return_indices"))],
+    export=export_max_pool,
+)
 def adaptive_max_pool2d(pool: nn.AdaptiveMaxPool2d, ctx: ConversionContext):
-    if pool.return_indices:
-        raise ctx.error("return_indices=True returns a second tensor", "use return_indices=False")
-    kernel, stride = _adaptive_as_pool(pool, ctx)
+    _no_indices(pool, ctx)
+    ctx.require_map("adaptive pooling")
     input_dilation = ctx.dilation
-    ctx.slide(kernel, stride)
-    return DenseMaxPool2d(kernel, stride, (1, 1), input_dilation)
+    kernel = ctx.adapt(pool.output_size)
+    return DenseMaxPool2d(kernel, kernel, (1, 1), input_dilation)
 
 
-@register_rule(nn.Flatten)
+def _flatten_view(*shape) -> nn.Module | None:
+    """``x.view(x.size(0), -1)``, ``x.reshape(x.shape[0], -1)``, ``x.view(-1, n)``: a Flatten, else None."""
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+        shape = tuple(shape[0])
+    if len(shape) != 2 or -1 not in shape:
+        return None
+    flatten = nn.Flatten()
+    features = shape[1]
+    if isinstance(features, int) and features != -1:
+        flatten.expected_features = (
+            features  # checked by the rule: view(-1, n) must not split a patch in rows
+        )
+    return flatten
+
+
+_FLATTEN_ALIASES = [
+    Alias(torch.flatten, ("start_dim", "end_dim"), defaults={"start_dim": 0}),
+    Alias("flatten", ("start_dim", "end_dim"), defaults={"start_dim": 0}),
+    Alias("view", build=_flatten_view),
+    Alias("reshape", build=_flatten_view),
+    Alias(torch.reshape, build=_flatten_view),
+]
+
+
+@register_rule(nn.Flatten, args=("start_dim", "end_dim"), aliases=_FLATTEN_ALIASES)
 def flatten(module: nn.Flatten, ctx: ConversionContext):
     if module.start_dim != 1 or module.end_dim != -1:
         raise ctx.error(
@@ -111,57 +164,85 @@ def flatten(module: nn.Flatten, ctx: ConversionContext):
         )
     if not ctx.flat:
         ctx.flat_map = (ctx.channels, *ctx.size)
+    expected = getattr(module, "expected_features", None)
+    channels, height, width = ctx.flat_map
+    if expected is not None and channels is not None and channels * height * width != expected:
+        raise ctx.error(
+            f"view(-1, {expected}) splits each patch's {channels}x{height}x{width} map into several rows",
+            "flatten with x.flatten(1) (or check the patch size)",
+        )
     return None
 
 
-@register_rule(nn.Linear)
+@register_rule(nn.Linear, args=("in_features", "out_features", "bias"), export=export_conv)
 def linear(module: nn.Linear, ctx: ConversionContext):
     if not ctx.flat:
-        if ctx.size != (1, 1):
-            raise ctx.error(
-                "Linear applied to a (B, C, h, w) map acts on its width axis",
-                "flatten the map first (nn.Flatten() or torch.flatten(x, 1))",
-            )
-        ctx.flat_map = (ctx.channels, 1, 1)
-    channels, height, width = ctx.flat_map
-    if channels is None or module.in_features != channels * height * width:
-        raise _linear_size_error(module, ctx)
-    layer = DenseLinear(module, ctx.flat_map, ctx.dilation)
-    ctx.slide((height, width), (1, 1))
+        raise ctx.error(
+            "Linear applied to a (B, C, h, w) map acts on its width axis, so the patch model cannot produce one "
+            "score vector per patch",
+            "flatten the map first (nn.Flatten() or torch.flatten(x, 1))",
+        )
+    layer = DenseLinear(module, ctx.read_features(module.in_features), ctx.dilation)
     ctx.channels = module.out_features
     ctx.flat_map = (module.out_features, 1, 1)
     return layer
 
 
-def _linear_size_error(module: nn.Linear, ctx: ConversionContext):
-    from .registry import PatchSizeError
-
-    channels, height, width = ctx.flat_map
-    return PatchSizeError(
-        f"layer {ctx.path!r} (Linear): expects {module.in_features} input features but this patch size leaves a "
-        f"{channels}x{height}x{width} map ({(channels or 0) * height * width} features). Use the patch size the "
-        "model was trained with"
+# pointwise layer -> (constructor args saved in model.json, its functional/method forms in fx traces)
+_POINTWISE = {
+    nn.ReLU: ((), [Alias(F.relu, ("inplace",)), torch.relu, "relu"]),
+    nn.ReLU6: ((), [Alias(F.relu6, ("inplace",))]),
+    nn.LeakyReLU: (("negative_slope",), [Alias(F.leaky_relu, ("negative_slope", "inplace"))]),
+    nn.ELU: (("alpha",), [Alias(F.elu, ("alpha", "inplace"))]),
+    nn.SELU: ((), [Alias(F.selu, ("inplace",))]),
+    nn.CELU: (("alpha",), [Alias(F.celu, ("alpha", "inplace"))]),
+    nn.GELU: (("approximate",), [Alias(F.gelu, ("approximate",))]),
+    nn.SiLU: ((), [Alias(F.silu, ("inplace",))]),
+    nn.Mish: ((), [Alias(F.mish, ("inplace",))]),
+    nn.Tanh: ((), [torch.tanh, F.tanh, "tanh"]),
+    nn.Sigmoid: ((), [torch.sigmoid, F.sigmoid, "sigmoid"]),
+    nn.Hardtanh: (("min_val", "max_val"), [Alias(F.hardtanh, ("min_val", "max_val", "inplace"))]),
+    nn.Hardswish: ((), [Alias(F.hardswish, ("inplace",))]),
+    nn.Hardsigmoid: ((), [Alias(F.hardsigmoid, ("inplace",))]),
+    nn.Softplus: (("beta", "threshold"), [Alias(F.softplus, ("beta", "threshold"))]),
+    nn.Softsign: ((), [F.softsign]),
+    nn.Tanhshrink: ((), [F.tanhshrink]),
+    nn.LogSigmoid: ((), [F.logsigmoid]),
+    nn.Softshrink: (("lambd",), [Alias(F.softshrink, ("lambd",))]),
+    nn.Hardshrink: (("lambd",), [Alias(F.hardshrink, ("lambd",))]),
+    nn.Threshold: (("threshold", "value"), [Alias(F.threshold, ("threshold", "value", "inplace"))]),
+}
+_FUSED = {nn.ReLU: "relu", nn.Tanh: "tanh"}  # a pool kernel may apply these itself
+for _layer, (_args, _aliases) in _POINTWISE.items():
+    register_rule(
+        _layer,
+        args=_args,
+        aliases=_aliases,
+        fused_activation=_FUSED.get(_layer),
+        export=export_threshold if _layer is nn.Threshold else None,
     )
 
+# Random in training mode, the identity in eval mode: the module follows the dense net's own .train()/.eval().
+_DROPOUT = {
+    nn.Dropout: Alias(F.dropout, ("p", "training", "inplace")),
+    nn.AlphaDropout: Alias(F.alpha_dropout, ("p", "training", "inplace")),
+}
+for _layer, _alias in _DROPOUT.items():
+    register_rule(_layer, args=("p",), aliases=[_alias], stochastic=True)
 
-_POINTWISE = (
-    nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.ELU, nn.SELU, nn.CELU, nn.GELU, nn.SiLU, nn.Mish, nn.Tanh, nn.Sigmoid,
-    nn.Hardtanh, nn.Hardswish, nn.Hardsigmoid, nn.Softplus, nn.Softsign, nn.Tanhshrink, nn.LogSigmoid,
-    nn.Softshrink, nn.Hardshrink, nn.Threshold, nn.Dropout, nn.AlphaDropout,
+# RReLU: a random slope per value in training mode, the fixed slope (lower + upper) / 2 in eval mode.
+register_rule(
+    nn.RReLU, args=("lower", "upper"), aliases=[Alias(F.rrelu, ("lower", "upper", "training", "inplace"))],
+    stochastic=True,
 )  # fmt: skip
 
 
-@register_rule(*_POINTWISE)
-def pointwise(module: nn.Module, ctx: ConversionContext):
-    return module
-
-
-@register_rule(nn.Identity)
+@register_rule(nn.Identity, args=(), aliases=["contiguous"])
 def identity(module: nn.Identity, ctx: ConversionContext):
     return None
 
 
-@register_rule(nn.PReLU)
+@register_rule(nn.PReLU, args=("num_parameters",))
 def prelu(module: nn.PReLU, ctx: ConversionContext):
     if module.num_parameters > 1:
         ctx.require_map("a per-channel PReLU")
@@ -169,21 +250,38 @@ def prelu(module: nn.PReLU, ctx: ConversionContext):
     return module
 
 
-@register_rule(nn.Dropout2d)
-def dropout2d(module: nn.Dropout2d, ctx: ConversionContext):
-    ctx.require_map("Dropout2d")
+@register_rule(
+    nn.Dropout2d, args=("p",), aliases=[Alias(F.dropout2d, ("p", "training", "inplace"))], stochastic=True
+)
+@register_rule(
+    nn.FeatureAlphaDropout, args=("p",), aliases=[Alias(F.feature_alpha_dropout, ("p", "training", "inplace"))],
+    stochastic=True,
+)  # fmt: skip
+def channel_dropout(module: nn.Module, ctx: ConversionContext):
+    ctx.require_map(type(module).__name__)
     return module
 
 
-@register_rule(nn.BatchNorm2d)
+def _require_running_stats(module: nn.Module, ctx: ConversionContext) -> None:
+    if not module.track_running_stats or module.running_mean is None:
+        raise ctx.error(
+            "track_running_stats=False normalises with the statistics of the batch even in eval mode, so a patch's "
+            "output depends on the other patches in its batch, and a whole image is one batch of a different size",
+            "train with track_running_stats=True (the default) so that eval mode uses the running statistics",
+        )
+
+
+@register_rule(nn.BatchNorm2d, args=_BATCH_NORM, stochastic=True)
 def batch_norm2d(module: nn.BatchNorm2d, ctx: ConversionContext):
+    _require_running_stats(module, ctx)
     ctx.require_map("BatchNorm2d")
     ctx.expect_channels(module.num_features, "channels")
     return module
 
 
-@register_rule(nn.BatchNorm1d)
+@register_rule(nn.BatchNorm1d, args=_BATCH_NORM, stochastic=True)
 def batch_norm1d(module: nn.BatchNorm1d, ctx: ConversionContext):
+    _require_running_stats(module, ctx)
     if not ctx.flat or ctx.size != (1, 1):
         raise ctx.error(
             "BatchNorm1d here normalises the features of a whole flattened map, position by position",
@@ -193,13 +291,85 @@ def batch_norm1d(module: nn.BatchNorm1d, ctx: ConversionContext):
     return DenseBatchNorm1d(module)
 
 
-@register_rule(nn.Softmax, nn.LogSoftmax)
+@register_rule(nn.LocalResponseNorm, args=("size", "alpha", "beta", "k"))
+def local_response_norm(module: nn.LocalResponseNorm, ctx: ConversionContext):
+    if ctx.flat:
+        raise ctx.error("LocalResponseNorm needs a (B, C, h, w) map", "move it before the Flatten")
+    return module  # across channels at each pixel: pointwise in space
+
+
+_SOFTMAX_ALIASES = {
+    nn.Softmax: [Alias(F.softmax, ("dim", "_stacklevel", "dtype")), Alias(torch.softmax, ("dim", "dtype")),
+                 Alias("softmax", ("dim", "dtype"))],
+    nn.LogSoftmax: [Alias(F.log_softmax, ("dim", "_stacklevel", "dtype")), Alias(torch.log_softmax, ("dim", "dtype")),
+                    Alias("log_softmax", ("dim", "dtype"))],
+}  # fmt: skip
+
+
 def softmax(module: nn.Module, ctx: ConversionContext):
-    channel_dims = (1, -1) if ctx.flat else (1, -3)
+    # dim=None: torch takes dim 1 for the (B, K) and (B, K, 1, 1) outputs of a patch classifier
+    channel_dims = (None, 1, -1) if ctx.flat else (None, 1, -3)
     if module.dim not in channel_dims:
         raise ctx.error(
             f"dim={module.dim} is not the class axis of the patch output",
-            f"use dim={channel_dims[0]} (softmax over classes)",
+            f"use dim={channel_dims[1]} (softmax over classes)",
         )
     ctx.require_map("Softmax over classes")
     return ChannelSoftmax(log=isinstance(module, nn.LogSoftmax))
+
+
+for _layer, _aliases in _SOFTMAX_ALIASES.items():
+    register_rule(_layer, args=("dim",), aliases=_aliases)(softmax)
+
+
+@register_rule(nn.Softmax2d, args=())
+def softmax2d(module: nn.Softmax2d, ctx: ConversionContext):
+    if ctx.flat:
+        raise ctx.error("Softmax2d needs a (B, C, h, w) map", "use nn.Softmax(dim=1) after a Flatten")
+    return ChannelSoftmax(log=False)
+
+
+_OWN_STATISTICS = "so every output depends on the patch's own statistics, which a whole-image net cannot reproduce per pixel"
+
+
+@register_rule(nn.InstanceNorm2d, args=_BATCH_NORM, export=export_running_norm, stochastic=True)
+def instance_norm2d(module: nn.InstanceNorm2d, ctx: ConversionContext):
+    if not module.track_running_stats:
+        raise ctx.error(
+            f"normalises each channel over the whole map of the patch, {_OWN_STATISTICS}",
+            "use track_running_stats=True (eval mode then uses the running statistics), or BatchNorm2d",
+        )
+    ctx.require_map("InstanceNorm2d")
+    ctx.expect_channels(module.num_features, "channels")
+    return module  # eval mode: the running statistics, per channel
+
+
+@register_rule(nn.LayerNorm, args=("normalized_shape", "eps", "elementwise_affine", "bias"))
+def layer_norm(module: nn.LayerNorm, ctx: ConversionContext):
+    if not (ctx.flat and ctx.size == (1, 1) and tuple(module.normalized_shape) == (ctx.channels,)):
+        raise ctx.error(
+            f"normalized_shape={tuple(module.normalized_shape)} normalises over the patch's map, {_OWN_STATISTICS}",
+            "use LayerNorm only on feature vectors (after a Linear), or BatchNorm2d on maps",
+        )
+    return DenseLayerNorm(module)  # over the features of each patch: per pixel of the dense map
+
+
+# Layers whose output, even in eval mode, depends on the whole patch map: never exact on a dense map.
+REFUSED = {
+    nn.GroupNorm: f"normalises groups of channels over the whole map of the patch, {_OWN_STATISTICS}",
+    nn.modules.instancenorm._InstanceNorm: f"normalises each channel over the whole map of the patch, {_OWN_STATISTICS}",
+}
+
+
+def refuse(module: nn.Module, ctx: ConversionContext):
+    reason = next(why for layer_type, why in REFUSED.items() if isinstance(module, layer_type))
+    raise ctx.error(
+        reason, "use BatchNorm2d (eval mode, running statistics) or no normalisation in the patch net"
+    )
+
+
+for _layer in REFUSED:
+    register_rule(_layer)(refuse)
+register_rule(nn.SyncBatchNorm, stochastic=True)(
+    batch_norm2d
+)  # in eval mode: the running statistics, like BatchNorm2d

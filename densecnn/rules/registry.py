@@ -1,51 +1,211 @@
-"""The table of conversion rules, keyed by layer type, and the state a rule reads and updates."""
+"""One record per layer type: how it converts, how it is saved, its fx aliases, how it exports, what may absorb it.
+
+Every module of densecnn that needs to know about a layer type reads its :class:`LayerRecord`:
+the converter (``rule``), :mod:`densecnn.chain` (``aliases``: ``F.relu`` or ``x.flatten(1)`` in a traced model),
+:mod:`densecnn.spec` (``args``: the constructor arguments written to ``model.json``), :mod:`densecnn.onnx_export`
+(``export``) and the solver plan (``fused_activation``). :func:`register_rule` writes a record, for the built-in
+layers (:mod:`densecnn.rules.builtin`) and for a user's own.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import inspect
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from torch import nn
 
-from ..errors import ConversionError
+from ..errors import ConversionError, PatchSizeError
+from ..patch_sizes import Adaptive, Features, Step, Window
 
 Pair = tuple[int, int]
 Rule = Callable[[nn.Module, "ConversionContext"], "nn.Module | None"]
+# (dense layer, channels entering it) -> an ONNX-friendly module
+Export = Callable[[nn.Module, int], nn.Module]
 
-_RULES: dict[type, Rule] = {}
+
+@dataclass(frozen=True)
+class Alias:
+    """A functional or tensor-method form of a layer, as it appears in a ``torch.fx`` trace.
+
+    Attributes:
+        target: the function (``F.elu``, ``torch.flatten``) or the tensor method's name (``"flatten"``).
+        params: the names of its arguments after the input, in order; they are passed by name to the layer's
+            constructor (``training`` and ``inplace`` excepted: the dense layer follows the model's mode and never
+            works in place).
+        defaults: the function's defaults where they differ from the constructor's (``torch.flatten``: start_dim=0).
+        build: makes the layer from the call's arguments after the input instead of the constructor; returns None
+            when the call is not this layer (``x.view(n, m, k)`` is no flatten).
+    """
+
+    target: Callable | str
+    params: tuple[str, ...] = ()
+    defaults: dict = field(default_factory=dict)
+    build: Callable[..., nn.Module | None] | None = None
+
+    def training_default(self) -> bool | None:
+        """What a call without ``training=`` does (``F.dropout``: drops; ``F.alpha_dropout``: does not)."""
+        if "training" not in self.params:
+            return None
+        return inspect.signature(self.target).parameters["training"].default
 
 
-def register_rule(*layer_types: type) -> Callable[[Rule], Rule]:
-    """Register ``rule(module, ctx) -> dense module | None`` for one or more layer types.
+@dataclass(frozen=True)
+class LayerRecord:
+    """Everything densecnn knows about one layer type.
 
-    The rule returns the dense layer to run in place of ``module`` (``None`` to drop it) and updates ``ctx``:
-    ``ctx.slide(...)`` for windowed ops, ``ctx.channels`` when the channel count changes. A later registration for
-    the same type replaces the earlier one; a subclass without its own rule uses its nearest registered base class.
+    Attributes:
+        layer_type: the ``nn.Module`` subclass.
+        rule: ``rule(module, ctx) -> dense module | None`` (None drops the layer); see :class:`ConversionContext`.
+        args: the constructor arguments that describe a layer, each readable as an attribute of it, written to
+            ``model.json``; None: the layer cannot be saved.
+        aliases: its functional/method forms in fx traces.
+        export: builds the ONNX-friendly module for the dense layer the rule returned; None: the dense layer is
+            exported as it is (torch.onnx traces its forward).
+        fused_activation: the name under which a pool step may absorb this layer into its kernel ("relu", "tanh").
+        stochastic: in training mode its output depends on randomness or on the batch (Dropout, BatchNorm), so the
+            dense net matches patch scanning only in eval mode.
+    """
 
-    Example: a custom pointwise activation runs unchanged on the dense map::
+    layer_type: type[nn.Module]
+    rule: Rule
+    args: tuple[str, ...] | None = None
+    aliases: tuple[Alias, ...] = ()
+    export: Export | None = None
+    fused_activation: str | None = None
+    stochastic: bool = False
 
-        @densecnn.register_rule(MySwish)
+    @property
+    def name(self) -> str:
+        """The type's name in ``model.json``."""
+        return self.layer_type.__name__
+
+
+_RECORDS: dict[type, LayerRecord] = {}
+_SAVED_NAMES: dict[str, type] = {}  # name in model.json -> layer type, for the types that have args
+
+
+def runs_unchanged(module: nn.Module, ctx: ConversionContext) -> nn.Module:
+    """The rule of a pointwise layer (acting on each value alone): the same module runs on the dense map."""
+    return module
+
+
+def register_rule(
+    *layer_types: type,
+    args: Sequence[str] | None = None,
+    aliases: Sequence[Alias | Callable | str] = (),
+    export: Export | None = None,
+    fused_activation: str | None = None,
+    stochastic: bool = False,
+) -> Callable[[Rule], Rule]:
+    """Register layer types with densecnn: how they convert, and optionally how they are saved, traced and exported.
+
+    Called on its own, it registers pointwise layers (they run unchanged on the dense map: right only for layers
+    that act on each value alone). Used as a decorator, the decorated ``rule(module, ctx) -> dense module | None``
+    converts them: it returns the dense layer to run in place of ``module`` (``None`` to drop it) and updates
+    ``ctx``: ``ctx.slide(...)`` for windowed ops, ``ctx.channels`` when the channel count changes. A later
+    registration of the same type replaces the earlier one; a subclass without its own record converts with its
+    nearest registered base class's rule.
+
+    Args:
+        args: constructor arguments (attributes of the layer) to write to ``model.json``, so that
+            :func:`densecnn.save` can save the layer and :func:`densecnn.load` can build it again, in a process where it
+            is registered (loading never imports code named by a file).
+        aliases: functional or tensor-method forms of the layer for ``torch.fx`` traces (:class:`Alias`, or a bare
+            function or method name taking no arguments after the input).
+        export: how the dense layer is written to ONNX; by default it is exported as it is.
+        fused_activation: "relu" or "tanh" if a pool kernel may apply this layer itself.
+        stochastic: its training-mode output depends on randomness or on the batch.
+
+    Examples::
+
+        densecnn.register_rule(ScaledTanh, args=["beta"])   # pointwise: converts, saves, loads, exports
+
+        @densecnn.register_rule(ChannelScale, args=["channels"])
         def _(module, ctx):
+            ctx.require_map("ChannelScale")
+            ctx.expect_channels(module.channels, "channels")
             return module
     """
+    saved = None if args is None else tuple(args)
+    record_aliases = tuple(a if isinstance(a, Alias) else Alias(a) for a in aliases)
+
+    def record(layer_type: type, rule: Rule) -> None:
+        if saved is not None:
+            owner = _SAVED_NAMES.get(layer_type.__name__)
+            if owner is not None and _qualified(owner) != _qualified(layer_type):
+                raise ConversionError(
+                    f"cannot register {_qualified(layer_type)} with args: its name {layer_type.__name__!r} already "
+                    f"names {_qualified(owner)} in model files. Rename the class"
+                )
+            _SAVED_NAMES[layer_type.__name__] = layer_type
+        _RECORDS[layer_type] = LayerRecord(
+            layer_type, rule, saved, record_aliases, export, fused_activation, stochastic
+        )
+
+    for layer_type in layer_types:
+        record(layer_type, runs_unchanged)
 
     def decorator(rule: Rule) -> Rule:
         for layer_type in layer_types:
-            _RULES[layer_type] = rule
+            record(layer_type, rule)
         return rule
 
     return decorator
 
 
-def find_rule(layer_type: type) -> Rule | None:
+def _qualified(layer_type: type) -> str:
+    return f"{layer_type.__module__}.{layer_type.__qualname__}"
+
+
+def find_record(layer_type: type) -> LayerRecord | None:
+    """The record of ``layer_type`` or of its nearest registered base class."""
     for base in layer_type.__mro__:
-        if base in _RULES:
-            return _RULES[base]
+        if base in _RECORDS:
+            return _RECORDS[base]
     return None
 
 
-class PatchSizeError(ConversionError):
-    """The patch size does not bring the patch net to a single output pixel."""
+def find_rule(layer_type: type) -> Rule | None:
+    record = find_record(layer_type)
+    return record.rule if record else None
+
+
+def records() -> list[LayerRecord]:
+    """Every registered layer record, built-in and user's."""
+    return list(_RECORDS.values())
+
+
+def saved_record(layer_type: type) -> LayerRecord | None:
+    """The record that saves layers of exactly this type (a subclass may compute something else), or None."""
+    record = _RECORDS.get(layer_type)
+    return record if record is not None and record.args is not None else None
+
+
+def saved_types() -> dict[str, LayerRecord]:
+    """Name in ``model.json`` -> record, for every layer type that can be saved (registered with ``args``)."""
+    return {name: _RECORDS[layer_type] for name, layer_type in sorted(_SAVED_NAMES.items())}
+
+
+def fused_activation(module: nn.Module | None) -> str | None:
+    """The activation name under which a pool step may absorb ``module`` (its exact type), else None."""
+    record = _RECORDS.get(type(module))
+    return record.fused_activation if record else None
+
+
+def is_stochastic(module: nn.Module) -> bool:
+    """Whether ``module``'s training-mode output depends on randomness or on the batch."""
+    record = find_record(type(module))
+    return record is not None and record.stochastic
+
+
+def aliases() -> tuple[dict[Callable, tuple[LayerRecord, Alias]], dict[str, tuple[LayerRecord, Alias]]]:
+    """The fx vocabulary: (function -> (record, alias), method name -> (record, alias))."""
+    functions, methods = {}, {}
+    for record in _RECORDS.values():
+        for alias in record.aliases:
+            (methods if isinstance(alias.target, str) else functions)[alias.target] = (record, alias)
+    return functions, methods
 
 
 @dataclass
@@ -56,18 +216,24 @@ class ConversionContext:
         path: dotted path of the layer in the user's model.
         size: (h, w) of the patch net's feature map entering the layer.
         channels: channels entering the layer (``None`` until a layer fixes them).
+        in_channels: the channels of the patch itself, once a layer has fixed them.
         dilation: spacing, in image pixels, of the layer's input samples in the dense net (product of strides so far).
         flat_map: (C, h, w) of the map that was flattened once the patch tensor is (B, F), else ``None``.
         is_last: whether this is the model's last layer.
+        steps: what each layer did to the map size so far (:mod:`densecnn.patch_sizes`).
+        strict: raise on a patch size that does not fit (False: record the steps and go on, to find valid sizes).
     """
 
     path: str
     size: Pair
     channels: int | None
+    in_channels: int | None = None
     dilation: Pair = (1, 1)
-    flat_map: tuple[int, int, int] | None = None
+    flat_map: tuple[int | None, int, int] | None = None
     is_last: bool = False
     module: nn.Module | None = field(default=None, repr=False)
+    steps: list[Step] = field(default_factory=list, repr=False)
+    strict: bool = True
 
     @property
     def flat(self) -> bool:
@@ -75,9 +241,15 @@ class ConversionContext:
 
     def error(self, why: str, fix: str) -> ConversionError:
         """A ConversionError naming this layer, why it cannot be converted exactly, and what to do."""
-        return ConversionError(
-            f"layer {self.path!r} ({type(self.module).__name__}): {why}. {fix[:1].upper()}{fix[1:]}"
-        )
+        return ConversionError(f"{self._where()}: {why}. {fix[:1].upper()}{fix[1:]}")
+
+    def size_error(self, why: str) -> None:
+        """Raise a PatchSizeError naming this layer (unless probing for the valid sizes)."""
+        if self.strict:
+            raise PatchSizeError(f"{self._where()}: {why}")
+
+    def _where(self) -> str:
+        return f"layer {self.path!r} ({type(self.module).__name__})"
 
     def require_map(self, what: str) -> None:
         """Raise unless the patch tensor is still a (B, C, h, w) map (not yet flattened)."""
@@ -90,16 +262,61 @@ class ConversionContext:
     def slide(self, kernel: Pair, stride: Pair, source_dilation: Pair = (1, 1)) -> None:
         """Account for a window op (kernel, stride, own dilation): the map shrinks and later taps spread by stride."""
         extent = tuple((k - 1) * d + 1 for k, d in zip(kernel, source_dilation))
+        self.steps.append(tuple(Window(e, s) for e, s in zip(extent, stride)))
         if extent[0] > self.size[0] or extent[1] > self.size[1]:
-            raise PatchSizeError(
-                f"layer {self.path!r} ({type(self.module).__name__}): its {extent[0]}x{extent[1]} window does not "
-                f"fit the {self.size[0]}x{self.size[1]} map this patch size leaves. Use a larger patch size"
+            self.size_error(
+                f"its {extent[0]}x{extent[1]} window does not fit the {self.size[0]}x{self.size[1]} map this patch "
+                "size leaves"
             )
-        self.size = tuple((n - e) // s + 1 for n, e, s in zip(self.size, extent, stride))
+        self.size = tuple(max((n - e) // s + 1, 1) for n, e, s in zip(self.size, extent, stride))
         self.dilation = (self.dilation[0] * stride[0], self.dilation[1] * stride[1])
 
+    def adapt(self, output_size) -> Pair:
+        """Account for an adaptive pool to ``output_size`` (None keeps an axis) as a pool whose kernel equals its
+        stride; returns that kernel. The map must be a multiple of the output (equal windows)."""
+        outputs = (
+            (output_size, output_size) if isinstance(output_size, int) or output_size is None else output_size
+        )
+        out = tuple(n if o is None else o for o, n in zip(outputs, self.size))
+        self.steps.append(tuple(Window(1, 1) if o is None else Adaptive(o) for o in outputs))
+        if any(n % o for n, o in zip(self.size, out)):
+            self.size_error(
+                f"output_size={out} does not divide the {self.size[0]}x{self.size[1]} map this patch size leaves, "
+                "so its windows have unequal sizes (use MaxPool2d/AvgPool2d for other sizes)"
+            )
+        kernel = tuple(max(n // o, 1) for n, o in zip(self.size, out))
+        self.size = out
+        self.dilation = (self.dilation[0] * kernel[0], self.dilation[1] * kernel[1])
+        return kernel
+
+    def read_features(self, in_features: int) -> tuple[int, int, int]:
+        """Account for a Linear reading the flattened map as ``in_features`` values; returns that map's (C, h, w).
+
+        An MLP on raw patches has no earlier layer fixing C: then C is ``in_features / (h·w)``.
+        """
+        channels, height, width = self.flat_map
+        self.steps.append(Features(in_features, channels))
+        if channels is None and in_features % (height * width) == 0:
+            channels = in_features // (height * width)
+            self.expect_channels(channels, "input channels")
+        if channels is None:
+            self.size_error(
+                f"expects {in_features} input features, which the {height}x{width} map this patch size leaves cannot "
+                f"give ({in_features} is not a multiple of {height * width})"
+            )
+        elif channels * height * width != in_features:
+            self.size_error(
+                f"expects {in_features} input features but this patch size leaves a {channels}x{height}x{width} map "
+                f"({channels * height * width} features)"
+            )
+        self.size = (1, 1)
+        return channels or 1, height, width
+
     def expect_channels(self, expected: int, what: str) -> None:
-        if self.channels is not None and self.channels != expected:
+        """Raise unless the channels entering the layer are ``expected``; the first layer to know them fixes them."""
+        if self.channels is None:
+            self.channels = self.in_channels = expected
+        elif self.channels != expected:
             raise self.error(
                 f"expects {expected} {what} but the previous layers produce {self.channels}",
                 "fix the model so that consecutive layers agree",

@@ -6,8 +6,8 @@
 >>> densecnn.load(model_dir)
 """
 
+from ..errors import DatasetError, TrainingError
 from .config import TrainConfig
-from .dataset import DatasetError
 from .loop import train
 
-__all__ = ["DatasetError", "TrainConfig", "train"]
+__all__ = ["DatasetError", "TrainConfig", "TrainingError", "train"]

@@ -1,139 +1,186 @@
-"""TrainConfig: every choice a training run makes, saved in its checkpoints and model card."""
+"""TrainConfig: every choice a training run makes, saved in its checkpoints and model card.
+
+Each field is declared once, with its help, CLI group, choices and range in the field's metadata: the
+``densecnn train`` options (:mod:`densecnn.commands.train`), :meth:`TrainConfig.check`, the command written into the
+model card and this class's docstring are all generated from it.
+"""
 
 from __future__ import annotations
 
 import shlex
-from dataclasses import asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 
-from .. import masks
-from ..padding import check_padding_mode
+from .. import masks, zoo
+from ..errors import TrainingError
+from ..padding import PADDING_MODES
+from .distributed import DEVICES
+from .optim import OPTIMIZERS, SCHEDULES
+from .step import METHODS
 
-METHODS = ("dense", "patches")
-OPTIMIZERS = ("sgd", "adamw")
-SCHEDULES = ("cosine", "constant")
+LAUNCHER = "densecnn train"  # the command a run's options follow, unless torchrun or python -m started it
+
+# options that say how a run starts rather than what it trains: never written into its command
+NOT_IN_COMMAND = ("resume",)
+
+
+def option(default=MISSING, *, help: str, group: str, choices=None, at_least=None, cli: bool = True):
+    """A TrainConfig field: ``help`` and ``group`` for ``--help``, ``choices`` (a registry's names) and ``at_least``
+    for :meth:`TrainConfig.check`; ``cli=False`` keeps it off the command line."""
+    metadata = {"help": help, "group": group, "choices": choices, "at_least": at_least, "cli": cli}
+    return field(default=default, metadata=metadata)
+
+
+DATA, SCHEDULE, OPTIMISER, RUN = "model and data", "schedule", "optimiser", "run"
 
 
 @dataclass
 class TrainConfig:
-    """A training run. ``batch`` is the GLOBAL number of images (crops) per step, split evenly over processes.
+    """A training run. ``batch`` is the GLOBAL number of images (crops) per step, split evenly over processes."""
 
-    Attributes:
-        model: a model directory to fine-tune, or a zoo name (then ``classes`` is needed).
-        data: a dataset directory with ``images/``, ``labels/`` and optional ``masks/``.
-        out: the run directory (checkpoints, metrics.jsonl, plots, final model).
-        val: an optional validation dataset directory, scored on whole images.
-        classes: number of classes for a fresh zoo model (default: from classes.json).
-        channels: input channels for a fresh zoo model (default: from the first training image).
-        epochs, crops_per_image: an epoch draws ``crops_per_image`` random crops from every training image.
-        batch: images per step, all processes together.
-        crop: side of the square training crops (clipped to the smallest image).
-        flip, rot90: random flips / quarter turns of each crop.
-        mask: pixel-selection strategy, ``all | random:K | balanced:K | hard:K[:MIX]``.
-        method: ``dense`` (whole crops through the dense net) or ``patches`` (the classical patch minibatch).
-        optimizer, lr, momentum, weight_decay, schedule: the optimiser (SGD with momentum or AdamW) and its
-            learning-rate schedule (cosine to 0 over the run, or constant).
-        bf16: compute the forward pass in bfloat16 (weights, gradients and the loss stay float32).
-        padding_mode: image padding of a fresh model ("zeros", "reflect", "replicate").
-        class_weights: optional per-class loss weights.
-        seed: seeds the data order, crops, augmentation and masks; equal seeds give equal runs.
-        val_every: validate every this many steps (0: at the end of every epoch).
-        checkpoint_every: save a checkpoint every this many steps (0: at the end of every epoch).
-        keep_checkpoints: how many recent checkpoints to keep.
-        resume: continue from ``out``'s latest checkpoint.
-        device: "cpu", "cuda" or "auto".
-        command: the command line that started the run (for the model card).
-    """
-
-    model: str
-    data: str
-    out: str
-    val: str | None = None
-    classes: int | None = None
-    channels: int | None = None
-    epochs: int = 10
-    crops_per_image: int = 8
-    batch: int = 8
-    crop: int = 64
-    flip: bool = True
-    rot90: bool = True
-    mask: str = "all"
-    method: str = "dense"
-    optimizer: str = "adamw"
-    lr: float = 1e-3
-    momentum: float = 0.9
-    weight_decay: float = 0.0
-    schedule: str = "cosine"
-    bf16: bool = False
-    padding_mode: str = "reflect"
-    class_weights: list[float] | None = None
-    seed: int = 0
-    val_every: int = 0
-    checkpoint_every: int = 0
-    keep_checkpoints: int = 3
-    resume: bool = False
-    device: str = "auto"
-    command: str = ""
+    model: str = option(
+        help=f"a model directory to fine-tune, or a zoo name ({', '.join(zoo.list_models())}) to start from "
+        "(then --classes is needed)",
+        group=DATA,
+    )
+    data: str = option(help="the training dataset directory (images/, labels/, optional masks/)", group=DATA)
+    out: str = option(help="the run directory: checkpoints, metrics.jsonl, plots, model/", group=DATA)
+    val: str | None = option(
+        None, help="a validation dataset directory, scored on whole images (default: none)", group=DATA
+    )
+    classes: int | None = option(
+        None, help="classes of a fresh zoo model (default: from classes.json)", group=DATA, at_least=2
+    )
+    channels: int | None = option(
+        None,
+        help="input channels of a fresh zoo model (default: from the first image)",
+        group=DATA,
+        at_least=1,
+    )
+    epochs: int = option(10, help="passes over the training images", group=SCHEDULE, at_least=1)
+    crops_per_image: int = option(
+        8, help="random crops drawn from each training image per epoch", group=SCHEDULE, at_least=1
+    )
+    batch: int = option(8, help="images (crops) per step, all processes together", group=SCHEDULE, at_least=1)
+    crop: int | list[int] = option(
+        64,
+        help="size of the random crops: one int (a square, or a cube), or one per spatial axis, e.g. 16,64,64 "
+        "(clipped to the smallest image)",
+        group=SCHEDULE,
+        at_least=1,
+    )
+    flip: bool = option(True, help="random flips of each crop (along every spatial axis)", group=SCHEDULE)
+    rot90: bool = option(
+        True, help="random quarter turns of each crop (in the (H, W) plane of a volume)", group=SCHEDULE
+    )
+    mask: str = option("all", help=f"pixels whose errors count: {masks.SPEC_SYNTAX}", group=SCHEDULE)
+    method: str = option(
+        "dense",
+        help="; ".join(f"{name}: {what}" for name, what in METHODS.items()),
+        group=SCHEDULE,
+        choices=tuple(METHODS),
+    )
+    optimizer: str = option("adamw", help="the optimiser", group=OPTIMISER, choices=tuple(OPTIMIZERS))
+    lr: float = option(1e-3, help="learning rate (> 0)", group=OPTIMISER)
+    momentum: float = option(0.9, help="SGD momentum", group=OPTIMISER)
+    weight_decay: float = option(0.0, help="weight decay", group=OPTIMISER)
+    schedule: str = option(
+        "cosine",
+        help="learning-rate schedule over the run (cosine to 0, or constant)",
+        group=OPTIMISER,
+        choices=tuple(SCHEDULES),
+    )
+    bf16: bool = option(
+        False, help="bfloat16 forward pass (weights, gradients and the loss stay float32)", group=OPTIMISER
+    )
+    padding_mode: str = option(
+        "reflect", help="image padding of a fresh model", group=DATA, choices=PADDING_MODES
+    )
+    class_weights: list[float] | None = option(
+        None, help="per-class loss weights, comma-separated (default: all 1)", group=OPTIMISER
+    )
+    seed: int = option(
+        0,
+        help="seeds the initial weights, data order, crops, augmentation and masks; equal seeds give equal runs",
+        group=SCHEDULE,
+    )
+    val_every: int = option(0, help="validate every N steps (0: every epoch)", group=RUN, at_least=0)
+    checkpoint_every: int = option(0, help="checkpoint every N steps (0: every epoch)", group=RUN, at_least=0)
+    keep_checkpoints: int = option(3, help="newest checkpoints kept", group=RUN, at_least=1)
+    resume: bool = option(False, help="continue the run in --out from its latest checkpoint", group=DATA)
+    device: str = option(
+        "auto", help="where to train (auto: CUDA when available)", group=RUN, choices=DEVICES
+    )
+    command: str = option(
+        "", help="the command line that started the run (for the model card)", group=RUN, cli=False
+    )
 
     def check(self) -> TrainConfig:
-        """Validate every field; raise ValueError naming the option and the fix."""
-        for name in ("epochs", "crops_per_image", "batch", "crop", "keep_checkpoints"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"--{_flag(name)} must be >= 1, got {getattr(self, name)}")
-        for name in ("val_every", "checkpoint_every"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"--{_flag(name)} must be >= 0 (0: every epoch), got {getattr(self, name)}")
+        """Validate every field; raise :class:`~densecnn.errors.TrainingError` naming the option and the fix."""
+        for spec in fields(self):
+            value, least = getattr(self, spec.name), spec.metadata["at_least"]
+            values = value if isinstance(value, list) else [value]
+            if least is not None and value is not None and any(v < least for v in values):
+                meaning = " (0: every epoch)" if least == 0 else ""
+                raise TrainingError(f"{flag(spec.name)} must be >= {least}{meaning}, got {value}")
+            allowed = spec.metadata["choices"]
+            if allowed is not None and value not in allowed:
+                raise TrainingError(
+                    f"{flag(spec.name)} {value!r} is not supported; use one of {', '.join(allowed)}"
+                )
         if self.lr <= 0:
-            raise ValueError(f"--lr must be > 0, got {self.lr}")
-        if self.classes is not None and self.classes < 2:
-            raise ValueError(f"--classes must be >= 2, got {self.classes}")
-        if self.channels is not None and self.channels < 1:
-            raise ValueError(f"--channels must be >= 1, got {self.channels}")
-        _choice("method", self.method, METHODS)
-        _choice("optimizer", self.optimizer, OPTIMIZERS)
-        _choice("schedule", self.schedule, SCHEDULES)
-        _choice("device", self.device, ("auto", "cpu", "cuda"))
-        check_padding_mode(self.padding_mode)
-        strategy = masks.parse(self.mask)
+            raise TrainingError(f"--lr must be > 0, got {self.lr}")
+        try:
+            strategy = masks.parse(self.mask)
+        except ValueError as exc:
+            raise TrainingError(f"--mask: {exc}") from None
         if strategy.needs_loss and self.method == "patches":
-            raise ValueError(
+            raise TrainingError(
                 f"--mask {self.mask} ranks pixels by the loss of a dense forward pass; use it with --method dense"
             )
         if self.method == "patches" and strategy.kind == "all":
-            raise ValueError(
+            raise TrainingError(
                 "--method patches with --mask all would cut one patch per crop pixel; "
                 "choose how many patches per crop with --mask random:K (or balanced:K)"
             )
         if self.class_weights is not None and any(w < 0 for w in self.class_weights):
-            raise ValueError(f"--class-weights must be >= 0, got {self.class_weights}")
+            raise TrainingError(f"--class-weights must be >= 0, got {self.class_weights}")
         for name in ("data", "val"):
             path = getattr(self, name)
             if path is not None and not Path(path).is_dir():
-                raise ValueError(f"--{name} {path}: no such directory (it needs images/ and labels/ folders)")
+                raise TrainingError(
+                    f"--{name} {path}: no such directory (it needs images/ and labels/ folders)"
+                )
         return self
 
-    def command_line(self, launcher: str = "densecnn train") -> str:
-        """The command that reproduces this run: ``launcher`` plus every option that differs from its default.
+    def command_line(self, launcher: str = LAUNCHER) -> str:
+        """The command that reproduces this run: ``launcher`` and EVERY option, defaults included, so the command
+        means the same run even where a later version changes a default. Options left unset (None: "derive it",
+        e.g. ``--classes`` from classes.json) have no value to write and are left out.
 
         >>> TrainConfig(model="tiny", data="d", out="r", classes=3, bf16=True).command_line()
-        'densecnn train --model tiny --data d --out r --classes 3 --bf16'
+        'densecnn train --model tiny --data d --out r --classes 3 --epochs 10 ... --bf16 ... --device auto'
         """
-        defaults = TrainConfig(model="", data="", out="")
         words = shlex.split(launcher)
-        for field in fields(self):
-            value = getattr(self, field.name)
-            if field.name in ("command", "resume") or (
-                value == getattr(defaults, field.name) and value != ""
-            ):
+        for spec in fields(self):
+            value = getattr(self, spec.name)
+            if not spec.metadata["cli"] or spec.name in NOT_IN_COMMAND or value is None:
                 continue
-            flag = f"--{_flag(field.name)}"
             if isinstance(value, bool):
-                words.append(flag if value else f"--no-{_flag(field.name)}")
+                words.append(flag(spec.name) if value else "--no-" + flag(spec.name)[2:])
             elif isinstance(value, list):
-                words += [flag, ",".join(f"{v:g}" for v in value)]
+                words += [
+                    flag(spec.name),
+                    ",".join(str(v) if isinstance(v, int) else repr(float(v)) for v in value),
+                ]
             else:
-                words += [flag, str(value)]
+                words += [flag(spec.name), str(value)]
         return shlex.join(words)
+
+    def launcher(self) -> str:
+        """The words before the options in ``command`` (``densecnn train``, ``torchrun ... -m densecnn.train``);
+        ``densecnn train`` for a run started from Python. ``--model`` is always the first option written."""
+        return self.command.partition(" --model ")[0] or LAUNCHER
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -144,10 +191,17 @@ class TrainConfig:
         return cls(**{key: value for key, value in values.items() if key in known})
 
 
-def _flag(name: str) -> str:
-    return name.replace("_", "-")
+def flag(name: str) -> str:
+    """The command-line flag of a TrainConfig field: ``crops_per_image`` -> ``--crops-per-image``."""
+    return "--" + name.replace("_", "-")
 
 
-def _choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise ValueError(f"--{_flag(name)} {value!r} is not supported; use one of {', '.join(allowed)}")
+def _attribute_docs() -> str:
+    lines = ["", "", "    Attributes:"]
+    for spec in fields(TrainConfig):
+        default = "" if spec.default in (MISSING, None) else f" Default: {spec.default!r}."
+        lines.append(f"        {spec.name}: {spec.metadata['help']}.{default}")
+    return "\n".join(lines) + "\n"
+
+
+TrainConfig.__doc__ += _attribute_docs()  # generated from the fields: help(TrainConfig) lists them

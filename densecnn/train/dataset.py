@@ -7,6 +7,10 @@ Layout::
     DIR/masks/NAME.png|.tif|.tiff             optional: nonzero where labels count (others are ignored)
     DIR/classes.json (or DIR/../classes.json) optional: {"names": [...], "palette": [[r, g, b], ...]}
 
+For a model of volumes the files are TIFF stacks, .npy or .zarr arrays ((D, H, W), or (C, D, H, W) for images;
+see :mod:`densecnn.train.arrays`), for a model of signals .npy arrays ((L,) or (C, L)); labels and masks have the
+image's spatial shape.
+
 Every problem raises :class:`DatasetError` naming the file and the fix.
 """
 
@@ -18,20 +22,19 @@ from pathlib import Path
 
 import numpy as np
 
-from ..imageio import ImageReadError, read_array, read_image
+from ..errors import DatasetError
+from ..imageio import ImageReadError, read_array, read_image, scale_to_unit
+from ..losses import IGNORE_INDEX
+from .arrays import SUFFIXES, read_nd, tiff_slices
 
-IGNORE_INDEX = 255
 IMAGE_SUFFIXES = (".png", ".tif", ".tiff", ".jpg", ".jpeg", ".bmp")
 LABEL_SUFFIXES = (".png", ".tif", ".tiff")
 
 
-class DatasetError(ValueError):
-    """A dataset directory or one of its files is unusable; the message names the file."""
-
-
 @dataclass
 class Sample:
-    """One training image: ``image`` (C, H, W) float32 in [0, 1], ``labels`` (H, W) int64 (255 = ignore)."""
+    """One training image: ``image`` (C, H, W) float32 in [0, 1], ``labels`` (H, W) int64 (255 = ignore); for
+    signals and volumes ``image`` (C, *spatial) and ``labels`` (*spatial)."""
 
     name: str
     image: np.ndarray
@@ -44,22 +47,27 @@ class ClassInfo:
     palette: list[list[int]] | None = None
 
 
-def image_files(directory: str | Path) -> list[Path]:
-    """The images of a dataset directory, sorted by name."""
+def image_files(directory: str | Path, spatial_dims: int = 2) -> list[Path]:
+    """The images of a dataset directory (signals or volumes for ``spatial_dims`` 1 or 3), sorted by name."""
     folder = Path(directory) / "images"
     if not folder.is_dir():
         raise DatasetError(
             f"{directory}: no images/ folder (a dataset has images/ and labels/ with matching names)"
         )
-    files = sorted(p for p in folder.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+    suffixes = _image_suffixes(spatial_dims)
+    files = sorted(p for p in folder.iterdir() if p.suffix.lower() in suffixes)
     if not files:
-        raise DatasetError(f"{folder}: no images found (looked for {', '.join(IMAGE_SUFFIXES)})")
+        raise DatasetError(f"{folder}: no images found (looked for {', '.join(suffixes)})")
     return files
 
 
-def infer_channels(directory: str | Path) -> int:
-    """1 for a gray first image, 3 for colour: the input channels of a fresh model."""
-    first = image_files(directory)[0]
+def infer_channels(directory: str | Path, spatial_dims: int = 2) -> int:
+    """The input channels of a fresh model: 1 for a gray first image, 3 for colour; for signals and volumes the
+    first array's channel axis (1 without one)."""
+    first = image_files(directory, spatial_dims)[0]
+    if spatial_dims != 2:
+        array = read_nd(first, spatial_dims)
+        return array.shape[0] if array.ndim > spatial_dims else 1
     try:
         array = read_array(first)
     except ImageReadError as exc:
@@ -79,40 +87,81 @@ def read_class_info(directory: str | Path) -> ClassInfo:
     return ClassInfo()
 
 
-def read_dataset(directory: str | Path, *, channels: int, num_classes: int) -> list[Sample]:
-    """Every image of ``directory`` with its labels (masked pixels set to 255), checked against the model."""
+def read_dataset(
+    directory: str | Path, *, channels: int, num_classes: int, spatial_dims: int = 2
+) -> list[Sample]:
+    """Every image of ``directory`` with its labels (masked pixels set to 255), checked against the model.
+
+    ``spatial_dims`` is the model's: 2 for images, 1 for signals, 3 for volumes (its ``len(patch_size)``).
+
+    >>> [s.image.shape for s in read_dataset("data/nuclei3d/train", channels=1, num_classes=3, spatial_dims=3)]
+    [(1, 31, 61, 40)]
+    """
     directory = Path(directory)
     samples = []
-    for image_path in image_files(directory):
-        try:
-            image = read_image(image_path, channels)  # (C, H, W)
-        except ImageReadError as exc:
-            raise DatasetError(f"{exc}; fix or remove the file") from None
-        labels = _read_labels(directory, image_path, image.shape[1:], num_classes)
-        mask_path = _companion(directory / "masks", image_path.stem, LABEL_SUFFIXES)
+    for image_path in image_files(directory, spatial_dims):
+        image = _read_image(image_path, channels, spatial_dims)  # (C, *spatial)
+        labels = _read_labels(directory, image_path, image.shape[1:], num_classes, spatial_dims)
+        mask_path = _companion(directory / "masks", image_path.stem, _label_suffixes(spatial_dims))
         if mask_path is not None:
-            mask = _read_class_map(mask_path, image_path, image.shape[1:], what="mask")
+            mask = _read_class_map(mask_path, image_path, image.shape[1:], spatial_dims, what="mask")
             labels[mask == 0] = IGNORE_INDEX
         samples.append(Sample(image_path.stem, image, labels))
     return samples
 
 
+def _image_suffixes(spatial_dims: int) -> tuple[str, ...]:
+    return IMAGE_SUFFIXES if spatial_dims == 2 else SUFFIXES[spatial_dims]
+
+
+def _label_suffixes(spatial_dims: int) -> tuple[str, ...]:
+    return LABEL_SUFFIXES if spatial_dims == 2 else SUFFIXES[spatial_dims]
+
+
+def _read_image(path: Path, channels: int, spatial_dims: int) -> np.ndarray:
+    """An image file as float32 (C, *spatial) in [0, 1] with ``channels`` channels."""
+    if spatial_dims == 2:
+        if path.suffix.lower() in (".tif", ".tiff") and tiff_slices(path) > 1:
+            raise DatasetError(
+                f"{path}: a stack of {tiff_slices(path)} slices, and the model reads 2-D images; "
+                "train a model of volumes on it, or save the slices as separate images"
+            )
+        try:
+            return read_image(path, channels)  # (C, H, W)
+        except ImageReadError as exc:
+            raise DatasetError(f"{exc}; fix or remove the file") from None
+    array = read_nd(path, spatial_dims)
+    if array.ndim == spatial_dims:
+        array = array[None]  # (1, *spatial)
+    if array.shape[0] != channels:
+        if array.shape[0] != 1:  # a signal's or volume's channels are not colours: only gray is converted
+            raise DatasetError(
+                f"{path}: {array.shape[0]} channels (the first axis), the model takes {channels}; "
+                "give the arrays the model's channels"
+            )
+        array = np.repeat(array, channels, axis=0)
+    return np.ascontiguousarray(scale_to_unit(array))
+
+
 def _companion(folder: Path, stem: str, suffixes: tuple[str, ...]) -> Path | None:
     for suffix in suffixes:
         for candidate in (folder / f"{stem}{suffix}", folder / f"{stem}{suffix.upper()}"):
-            if candidate.is_file():
+            if candidate.is_file() or (suffix == ".zarr" and candidate.is_dir()):
                 return candidate
     return None
 
 
-def _read_labels(directory: Path, image_path: Path, shape: tuple[int, int], num_classes: int) -> np.ndarray:
-    label_path = _companion(directory / "labels", image_path.stem, LABEL_SUFFIXES)
+def _read_labels(
+    directory: Path, image_path: Path, shape: tuple[int, ...], num_classes: int, spatial_dims: int
+) -> np.ndarray:
+    label_path = _companion(directory / "labels", image_path.stem, _label_suffixes(spatial_dims))
     if label_path is None:
+        suffixes = _label_suffixes(spatial_dims)
         raise DatasetError(
-            f"{image_path}: no label file; expected {directory / 'labels' / image_path.stem}.png "
-            f"(or .tif), a class-id map of the same size"
+            f"{image_path}: no label file; expected {directory / 'labels' / image_path.stem}{suffixes[0]} "
+            f"(or {', '.join(suffixes[1:]) or suffixes[0]}), a class-id map of the same size"
         )
-    labels = _read_class_map(label_path, image_path, shape, what="label")
+    labels = _read_class_map(label_path, image_path, shape, spatial_dims, what="label")
     bad = (labels != IGNORE_INDEX) & (labels >= num_classes)
     if bad.any():
         values = sorted(set(np.unique(labels[bad]).tolist()))
@@ -123,29 +172,41 @@ def _read_labels(directory: Path, image_path: Path, shape: tuple[int, int], num_
     return labels
 
 
-def _read_class_map(path: Path, image_path: Path, shape: tuple[int, int], *, what: str) -> np.ndarray:
+def _read_class_map(
+    path: Path, image_path: Path, shape: tuple[int, ...], spatial_dims: int, *, what: str
+) -> np.ndarray:
     """A single-channel integer map of ``shape``, as int64."""
-    try:
-        array = read_array(path)
-    except ImageReadError as exc:
-        raise DatasetError(f"{exc}; fix or remove the file") from None
-    if array.ndim == 3 and array.shape[2] == 1:
-        array = array[:, :, 0]
-    if array.ndim != 2:
+    if spatial_dims == 2:
+        try:
+            array = read_array(path)
+        except ImageReadError as exc:
+            raise DatasetError(f"{exc}; fix or remove the file") from None
+        if array.ndim == 3 and array.shape[2] == 1:
+            array = array[:, :, 0]
+        hint = "colour labels are not read; save the ids as an 8-bit grayscale PNG"
+    else:
+        array = read_nd(path, spatial_dims)
+        if array.ndim > spatial_dims and array.shape[0] == 1:
+            array = array[0]
+        hint = "save the class ids as one array of the image's spatial shape, without a channel axis"
+    if array.ndim != spatial_dims:
         raise DatasetError(
-            f"{path}: a {what} file must be a single-channel map of class ids, got shape {array.shape} "
-            "(colour labels are not read; save the ids as an 8-bit grayscale PNG)"
+            f"{path}: a {what} file must be a single-channel map of class ids, got shape {array.shape} ({hint})"
         )
     if not np.issubdtype(array.dtype, np.integer) and array.dtype != np.bool_:
         raise DatasetError(f"{path}: a {what} file must hold integers, got {array.dtype}")
     if array.shape != tuple(shape):
         raise DatasetError(
-            f"{path}: {what} size {array.shape[0]}x{array.shape[1]} does not match its image {image_path} "
-            f"({shape[0]}x{shape[1]})"
+            f"{path}: {what} size {_size(array.shape)} does not match its image {image_path} ({_size(shape)}); "
+            f"give the {what}s the image's size"
         )
     if array.size and array.min() < 0:
         raise DatasetError(f"{path}: negative {what} values")
     return array.astype(np.int64)
+
+
+def _size(shape) -> str:
+    return "x".join(str(s) for s in shape)
 
 
 def normalization_stats(samples: list[Sample]) -> dict[str, list[float]]:
@@ -155,7 +216,7 @@ def normalization_stats(samples: list[Sample]) -> dict[str, list[float]]:
     squares = np.zeros(channels)
     count = 0
     for sample in samples:
-        pixels = sample.image.reshape(channels, -1).astype(np.float64)  # (C, H·W)
+        pixels = sample.image.reshape(channels, -1).astype(np.float64)  # (C, pixels)
         total += pixels.sum(1)
         squares += (pixels**2).sum(1)
         count += pixels.shape[1]

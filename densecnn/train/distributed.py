@@ -8,6 +8,10 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from ..errors import TrainingError
+
+DEVICES = ("auto", "cpu", "cuda")  # "auto": CUDA when available
+
 
 @dataclass
 class Distributed:
@@ -41,7 +45,7 @@ def setup(device: str = "auto") -> Distributed:
     """Join the process group torchrun describes (``WORLD_SIZE``/``RANK``/``LOCAL_RANK``), if any."""
     use_cuda = torch.cuda.is_available() if device == "auto" else device == "cuda"
     if use_cuda and not torch.cuda.is_available():
-        raise ValueError("--device cuda: no CUDA device is available; use --device cpu")
+        raise TrainingError("--device cuda: no CUDA device is available; use --device cpu")
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if world_size == 1:
         return Distributed(device=torch.device("cuda" if use_cuda else "cpu"))

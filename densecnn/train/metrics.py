@@ -7,9 +7,11 @@ from pathlib import Path
 
 import torch
 
+from ..losses import IGNORE_INDEX
+
 
 def confusion_matrix(
-    predicted: torch.Tensor, labels: torch.Tensor, num_classes: int, ignore_index: int = 255
+    predicted: torch.Tensor, labels: torch.Tensor, num_classes: int, ignore_index: int = IGNORE_INDEX
 ):
     """(K, K) int64 counts, rows = true class, columns = predicted class, over pixels not labelled ``ignore_index``.
 

@@ -1,8 +1,130 @@
-"""The README.md model card written next to a trained model: data, exact command, metrics, limitations."""
+"""A run's final model directory: the weights, model.json with the training record, and the README.md model card
+(data, the full training command, metrics, limitations)."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
+
+import numpy as np
+
+from .. import masks
+from ..dense import DenseCNN
+from ..losses import IGNORE_INDEX
+from ..modelfile import LoadedModel, save
+from .checkpoint import Progress
+from .config import TrainConfig
+from .data import TrainingData
+from .step import METHODS
+
+
+def save_trained_model(
+    model_dir: Path,
+    *,
+    config: TrainConfig,
+    model: LoadedModel,
+    dense: DenseCNN,
+    data: TrainingData,
+    progress: Progress,
+    processes: int,
+    val_scores: dict | None,
+) -> Path:
+    """Save ``model`` (moved to the CPU and back) with its training record into ``model_dir``, and its card."""
+    training = {
+        "method": config.method,
+        "mask": str(masks.parse(config.mask)),
+        "steps": progress.step,
+        "epochs": config.epochs,
+        "train_seconds": round(progress.train_seconds, 1),
+        "processes": processes,
+        "val": val_scores,
+        "config": config.to_dict(),
+    }
+    device = next(model.model.parameters()).device
+    save(
+        model.model.cpu(),
+        model_dir,
+        patch_size=model.patch_size,
+        class_names=model.class_names,
+        palette=model.palette,
+        normalization=model.normalization,
+        padding_mode=model.padding_mode,
+        extra={"training": training},
+    )
+    model.model.to(device)
+    summaries = _summaries(config, model, dense, data, progress, processes)
+    return write_model_card(
+        model_dir / "README.md",
+        title=f"densecnn model: {', '.join(model.class_names)}",
+        config=config.to_dict(),
+        # the classes and channels the run derived (from classes.json, the images) written out as well
+        command=dataclasses.replace(
+            config, classes=model.num_classes, channels=model.in_channels
+        ).command_line(config.launcher()),
+        **summaries,
+        val_scores=val_scores,
+        class_names=model.class_names,
+    )
+
+
+def _size(shape) -> str:
+    """(31, 61, 40) -> "31x61x40"."""
+    return "x".join(str(n) for n in shape)
+
+
+def _summaries(config, model, dense, data, progress, processes) -> dict:
+    """The card's model, data and training bullet lists."""
+    norm = model.normalization
+    pixels = np.bincount(
+        np.concatenate([s.labels[s.labels != IGNORE_INDEX].ravel() for s in data.train]),
+        minlength=model.num_classes,
+    )
+    model_summary = {
+        "patch size": _size(model.patch_size),
+        "receptive field": _size(dense.receptive_field),
+        "input channels": model.in_channels,
+        "classes": ", ".join(f"{k} {name}" for k, name in enumerate(model.class_names)),
+        "parameters": sum(p.numel() for p in model.model.parameters()),
+        "padding mode": model.padding_mode,
+        "normalisation": f"mean {_round(norm['mean'])}, std {_round(norm['std'])}",
+        "started from": f"`{config.model}`",
+    }
+    data_summary = {
+        "training set": f"`{config.data}`: {_count(data.train, 'image')}: "
+        + ", ".join(f"{s.name} {_size(s.labels.shape)}" for s in data.train[:5])
+        + (" ..." if len(data.train) > 5 else ""),
+        "labelled training pixels per class": ", ".join(
+            f"{name} {int(n)}" for name, n in zip(model.class_names, pixels, strict=True)
+        ),
+        "validation set": f"`{config.val}`: {_count(data.val, 'image')}" if config.val else "none",
+    }
+    training_summary = {
+        "method": f"{config.method} ({METHODS[config.method]})",
+        "pixel selection": f"`{str(masks.parse(config.mask))}`",
+        "steps": f"{progress.step} ({config.epochs} epochs x {data.steps_per_epoch} steps; {config.batch} crops "
+        f"of {_size(data.crop)} per step)",
+        "optimiser": f"{config.optimizer}, lr {config.lr:g} ({config.schedule}), weight decay {config.weight_decay:g}",
+        "augmentation": f"flips {'on' if config.flip else 'off'}, quarter turns "
+        + ("in the (H, W) plane " if len(data.crop) == 3 else "")
+        + ("on" if config.rot90 and len(data.crop) >= 2 else "off"),
+        "precision": "bfloat16 compute, float32 weights and loss" if config.bf16 else "float32",
+        "processes": processes,
+        "training time": f"{progress.train_seconds:.0f} s of training steps (validation not included)",
+        "seed": config.seed,
+    }
+    return {
+        "model_summary": model_summary,
+        "data_summary": data_summary,
+        "training_summary": training_summary,
+    }
+
+
+def _count(items: list, noun: str) -> str:
+    return f"{len(items)} {noun}{'' if len(items) == 1 else 's'}"
+
+
+def _round(values: list[float]) -> list[float]:
+    return [float(f"{v:.4g}") for v in values]
 
 
 def _fmt(value) -> str:
@@ -14,13 +136,15 @@ def write_model_card(
     *,
     title: str,
     config: dict,
+    command: str,
     model_summary: dict,
     data_summary: dict,
     training_summary: dict,
     val_scores: dict | None,
     class_names: list[str],
 ) -> Path:
-    """Write the card to ``path`` (a README.md) and return it."""
+    """Write the card to ``path`` (a README.md) and return it. ``command`` is the full command of the run (every
+    option written, defaults included); a run started from Python gets the equivalent ``densecnn train`` command."""
     lines = [f"# {title}", "", "A densecnn patch classifier: it labels the centre pixel of a patch; "]
     lines[-1] += "`densecnn` runs it on whole images in one exact dense pass."
     lines += ["", "## Model", ""]
@@ -31,8 +155,13 @@ def write_model_card(
         "",
         "## Training command",
         "",
+        "Every option is written, defaults included, so the command reproduces this run whatever later versions",
+        "change."
+        if config.get("command")
+        else "change. The run was started from Python; this is its equivalent command.",
+        "",
         "```",
-        config.get("command") or "(library call, no command)",
+        command,
         "```",
         "",
     ]

@@ -1,0 +1,125 @@
+"""Valid patch sizes in closed form: checked against brute force and against the converter itself."""
+
+import time
+
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+import densecnn
+from densecnn.chain import extract_chain
+from densecnn.convert import _convert_chain
+from densecnn.patch_sizes import Adaptive, Features, Window, accepts, nearest, preimage, smallest_equivalent
+from tests.test_equivalence import patch_nets
+
+SEARCH = 400  # brute force looks this far
+
+
+@st.composite
+def step_chains(draw):
+    """Random size steps of a 2-D patch net: windows, maybe an adaptive pool, maybe a Linear head."""
+    steps = []
+    for _ in range(draw(st.integers(0, 4))):
+        window = (draw(st.integers(1, 7)), draw(st.integers(1, 3)))
+        other = window if draw(st.booleans()) else (draw(st.integers(1, 7)), draw(st.integers(1, 3)))
+        steps.append((Window(*window), Window(*other)))
+    if draw(st.booleans()):
+        output = draw(st.integers(1, 3))
+        steps.append((Adaptive(output), Adaptive(output) if draw(st.booleans()) else Window(1, 1)))
+        for _ in range(draw(st.integers(0, 1))):
+            extent = draw(st.integers(1, 2))
+            steps.append((Window(extent, 1), Window(extent, 1)))
+    if draw(st.booleans()):
+        steps.append(Features(draw(st.integers(1, 200)), draw(st.sampled_from([None, 1, 2, 3]))))
+    return steps
+
+
+def _brute_force(steps, size, moving):
+    def valid(p):
+        return accepts(steps, tuple(p if axis in moving else n for axis, n in enumerate(size)))
+
+    start = size[moving[0]]
+    below = next((p for p in range(start - 1, 0, -1) if valid(p)), None)
+    above = next((p for p in range(start + 1, SEARCH) if valid(p)), None)
+    return [p for p in (below, above) if p is not None]
+
+
+@settings(max_examples=400)
+@given(steps=step_chains(), size=st.tuples(st.integers(1, 60), st.integers(1, 60)), square=st.booleans())
+def test_nearest_valid_sizes_equal_brute_force(steps, size, square):
+    same_axes = all(isinstance(s, Features) or s[0] == s[1] for s in steps)
+    moving = (0, 1) if square and same_axes else (0,)
+    if moving == (0, 1):
+        size = (size[0], size[0])
+    assume(not accepts(steps, size))
+    found = nearest(steps, size, moving)
+    if found and found[-1] >= SEARCH:  # beyond the brute-force range: check it directly
+        assert accepts(steps, tuple(found[-1] if a in moving else n for a, n in enumerate(size)))
+        found = found[:-1]
+    assert found == _brute_force(steps, size, moving)
+
+
+def _prefix_output(steps, axis, n):
+    """The size along ``axis`` reaching the first size-fixing step (an adaptive pool or a Linear)."""
+    for step in steps:
+        if isinstance(step, Features) or not isinstance(step[axis], Window):
+            break
+        n = step[axis].apply(n)
+    return n
+
+
+@settings(max_examples=300)
+@given(steps=step_chains(), size=st.tuples(st.integers(1, 80), st.integers(1, 80)))
+def test_smallest_equivalent_size_is_the_smallest_reduced_alike(steps, size):
+    reached = [_prefix_output(steps, axis, n) for axis, n in enumerate(size)]
+    assume(min(reached) >= 1)
+    expected = tuple(
+        min(n for n in range(1, size[axis] + 1) if _prefix_output(steps, axis, n) == reached[axis])
+        for axis in (0, 1)
+    )
+    assert smallest_equivalent(steps, size) == expected
+    assert accepts(steps, expected) == accepts(steps, size)
+
+
+@settings(max_examples=150)
+@given(net=patch_nets(), data=st.data())
+def test_the_recorded_steps_accept_exactly_the_sizes_the_converter_accepts(net, data):
+    model, patch = net
+    chain = extract_chain(model)
+    try:
+        _, ctx = _convert_chain(chain, patch, strict=False)
+    except densecnn.ConversionError:
+        assume(False)
+    size = (data.draw(st.integers(1, 40), label="h"), data.draw(st.integers(1, 40), label="w"))
+    try:
+        _convert_chain(chain, size)
+        converts = True
+    except densecnn.PatchSizeError:
+        converts = False
+    assert accepts(ctx.steps, size) == converts
+
+
+@pytest.mark.parametrize("patch", [30000, 200000, (133, 200000)])
+def test_a_huge_wrong_patch_size_fails_at_once_naming_the_nearest_valid_sizes(patch):
+    model, _ = densecnn.zoo.plain_133()
+    start = time.perf_counter()
+    with pytest.raises(densecnn.PatchSizeError, match=r"148"):
+        densecnn.convert(model, patch)
+    assert time.perf_counter() - start < 1.0
+
+
+def test_valid_sizes_of_reference_nets():
+    steps = [(Window(e, s), Window(e, s)) for e, s in [(6, 1), (8, 8), (3, 1), (2, 2), (7, 1)]]  # plain_133
+    assert preimage([step[0] for step in steps], 1) == (133, 148)
+    assert nearest(steps, (149, 149), (0, 1)) == [148]
+    assert nearest(steps, (100, 100), (0, 1)) == [133]
+    assert smallest_equivalent(steps, (140, 141)) == (133, 133)
+    global_pool = [(Window(3, 1), Window(3, 1)), (Window(2, 2), Window(2, 2)), (Adaptive(1), Adaptive(1))]
+    assert nearest(global_pool, (2, 2), (0, 1)) == [4]
+    assert smallest_equivalent(global_pool, (11, 10)) == (10, 10)
+
+
+def test_converting_a_valid_model_does_not_warn_or_search(recwarn):
+    model, patch = densecnn.zoo.stages_46()
+    densecnn.convert(model.eval(), patch)
+    assert not [w for w in recwarn if issubclass(w.category, densecnn.PatchSizeWarning)]
