@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 import densecnn
 from densecnn.ops import fft_conv, solvers
 from densecnn.ops.solvers import ConvSpec
-from tests.test_equivalence import patch_nets
+from tests.test_equivalence import _valid, patch_nets
 from tests.tolerances import assert_close_relative
 
 FORMATS = {"nchw": torch.contiguous_format, "nhwc": torch.channels_last}
@@ -76,14 +76,6 @@ def test_fft_conv_equals_the_tap_sum_float32(problem):
         assert_close_relative(solvers.run("fft", spec, x).double(), expected, 1e-5, floor=1.0)
 
 
-def _convertible(net) -> bool:
-    try:
-        densecnn.convert(*net)
-    except densecnn.ConversionError:
-        return False
-    return True
-
-
 def _check_net(net, data, dtype, rel):
     model, patch = net
     model = model.to(dtype)
@@ -93,7 +85,7 @@ def _check_net(net, data, dtype, rel):
     mode = data.draw(st.sampled_from(["zeros", "reflect", "replicate"]), label="padding_mode")
     seed = data.draw(st.integers(0, 2**31 - 1), label="image seed")
     x = torch.randn(
-        n, model[0].in_channels, height, width, dtype=dtype, generator=torch.Generator().manual_seed(seed)
+        n, model.in_channels, height, width, dtype=dtype, generator=torch.Generator().manual_seed(seed)
     )
     expected = densecnn.scan_patches(model, x, patch, padding_mode=mode)
     dense = densecnn.convert(model, patch, padding_mode=mode)
@@ -104,13 +96,13 @@ def _check_net(net, data, dtype, rel):
 
 
 @settings(max_examples=60, deadline=None)
-@given(net=patch_nets().filter(_convertible), data=st.data())
+@given(net=patch_nets().filter(_valid), data=st.data())
 def test_dense_nets_through_fft_equal_patch_scanning_float64(net, data):
     _check_net(net, data, torch.float64, 1e-10)
 
 
 @settings(max_examples=40, deadline=None)
-@given(net=patch_nets().filter(_convertible), data=st.data())
+@given(net=patch_nets().filter(_valid), data=st.data())
 def test_dense_nets_through_fft_equal_patch_scanning_float32(net, data):
     _check_net(net, data, torch.float32, 1e-5)
 

@@ -48,8 +48,8 @@ COMPUTE_DTYPES = (torch.float32, torch.float64)
 
 
 def applies(spec) -> bool:
-    """The solver runs ungrouped convs with a kernel larger than 1×1 (a 1×1 conv has nothing to transform)."""
-    return spec.op == "conv2d" and spec.groups == 1 and spec.kernel != (1, 1)
+    """The solver runs ungrouped 2-D convs with a kernel larger than 1×1 (a 1×1 conv has nothing to transform)."""
+    return spec.op == "conv2d" and len(spec.kernel) == 2 and spec.groups == 1 and spec.kernel != (1, 1)
 
 
 def conv2d(spec, x: torch.Tensor) -> torch.Tensor:
