@@ -31,12 +31,13 @@ COPY densecnn/ densecnn/
 COPY app/ app/
 COPY models/ models/
 
-# as `make venv`: torch==2.13.0 first, then the project built against it (--no-build-isolation)
+# as `make venv`: torch==2.13.0 first, then the project with the service's extra, built against it
+# (--no-build-isolation); app/ is installed as the package densecnn_app
 RUN python3 -m venv /opt/venv \
  && pip install -q --upgrade pip setuptools wheel \
  && pip install -q --index-url "${TORCH_INDEX_URL}" torch==2.13.0 \
- && pip install -q --no-build-isolation . \
- && python -c "import densecnn, app"
+ && pip install -q --no-build-isolation '.[serve]' \
+ && python -c "import densecnn, densecnn_app"
 
 RUN useradd --create-home --uid 10001 densecnn
 USER densecnn

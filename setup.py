@@ -7,7 +7,7 @@ The CPU extension is always built. The CUDA kernels are added only when ``CUDA_H
 import glob
 import os
 
-from setuptools import setup
+from setuptools import find_packages, setup
 from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension
 
 # No -march: the build must run on any x86-64 CPU torch runs on; the hot loops pick AVX-512/AVX2 at load time
@@ -44,4 +44,19 @@ def _extension():
     )
 
 
-setup(ext_modules=[_extension()], cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)})
+def _packages() -> list[str]:
+    """densecnn, and the web service from app/ installed as ``densecnn_app`` (a top-level ``app`` would collide with
+    users' own); in the repository it stays app/, importable as ``app`` from the repository root."""
+    service = [name.replace("app", SERVICE_PACKAGE, 1) for name in find_packages(include=["app", "app.*"])]
+    return find_packages(include=["densecnn", "densecnn.*"]) + service + [f"{SERVICE_PACKAGE}.static"]
+
+
+SERVICE_PACKAGE = "densecnn_app"
+
+setup(
+    packages=_packages(),
+    package_dir={SERVICE_PACKAGE: "app"},
+    package_data={f"{SERVICE_PACKAGE}.static": ["*"]},
+    ext_modules=[_extension()],
+    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+)

@@ -1,4 +1,8 @@
-"""One error body for every 4xx/5xx, ``{"error": {"code": ..., "message": ...}}``; domain errors -> statuses here."""
+"""Every error of the service, and the one place where errors become HTTP answers.
+
+Every 4xx/5xx the app answers has the body ``{"error": {"code": ..., "message": ...}}``. Protocol errors that uvicorn
+answers itself, before the app sees a request (malformed HTTP, headers over the size limit), are plain text.
+"""
 
 from __future__ import annotations
 
@@ -6,15 +10,16 @@ import logging
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
-from densecnn.imageio import ImageReadError, ImageTooLargeError
-
-from .executor import InferenceTimeout, Overloaded
+from densecnn.errors import ImageReadError, ImageStackError, ImageTooLargeError
 
 logger = logging.getLogger("densecnn.app")
+
+CLIENT_CLOSED = 499  # nginx's "client closed request": counted in /metrics, never sent to anyone
 
 
 class ErrorDetail(BaseModel):
@@ -36,6 +41,37 @@ class ApiError(Exception):
         self.status, self.code, self.message, self.headers = status, code, message, headers or {}
 
 
+class BodyTooLarge(ApiError):
+    def __init__(self, limit: int):
+        super().__init__(
+            413,
+            "payload_too_large",
+            f"the request body is larger than the limit of {limit:,} bytes; send a smaller image",
+        )
+
+
+class Overloaded(ApiError):
+    """Every inference slot and queue place is taken (or the server is shutting down)."""
+
+    def __init__(self, message: str):
+        super().__init__(503, "overloaded", message)
+
+
+class InferenceTimeout(ApiError):
+    """A job did not finish within the request deadline; it is abandoned at its next layer or tile."""
+
+    def __init__(self, timeout: float):
+        super().__init__(
+            503,
+            "timeout",
+            f"the inference did not finish within {timeout:g} s; send a smaller image or retry later",
+        )
+
+
+class ClientGone(Exception):
+    """The client closed the connection before its answer was ready; its job is dropped or abandoned."""
+
+
 def error_response(
     status: int, code: str, message: str, headers: dict[str, str] | None = None
 ) -> JSONResponse:
@@ -51,31 +87,37 @@ _HTTP_CODES = {
     413: "payload_too_large",
     415: "unsupported_media_type",
 }
+_RETRY = {503}  # statuses that carry Retry-After
 
 
 def install_error_handlers(app: FastAPI, *, retry_after: int) -> None:
     """Map every exception the service raises (and FastAPI's own 404/405/422) to the one error shape."""
-    busy = {"Retry-After": str(retry_after)}
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError):
-        return error_response(exc.status, exc.code, exc.message, exc.headers)
+        headers = dict(exc.headers)
+        if exc.status in _RETRY:
+            headers.setdefault("Retry-After", str(retry_after))
+        return error_response(exc.status, exc.code, exc.message, headers)
 
     @app.exception_handler(ImageTooLargeError)
     async def image_too_large(request: Request, exc: ImageTooLargeError):
         return error_response(413, "image_too_large", str(exc))
 
+    @app.exception_handler(ImageStackError)
+    async def image_stack(request: Request, exc: ImageStackError):
+        return error_response(422, "image_is_a_stack", str(exc))
+
     @app.exception_handler(ImageReadError)
     async def unreadable_image(request: Request, exc: ImageReadError):
         return error_response(400, "invalid_image", str(exc))
 
-    @app.exception_handler(Overloaded)
-    async def overloaded(request: Request, exc: Overloaded):
-        return error_response(503, "overloaded", str(exc), busy)
-
-    @app.exception_handler(InferenceTimeout)
-    async def timed_out(request: Request, exc: InferenceTimeout):
-        return error_response(503, "timeout", str(exc), busy)
+    @app.exception_handler(ClientDisconnect)
+    @app.exception_handler(ClientGone)
+    async def client_gone(request: Request, exc: Exception):
+        logger.info("client %s closed the connection before the answer to %s %s", _peer(request), request.method,
+                    request.url.path)  # fmt: skip
+        return Response(status_code=CLIENT_CLOSED)  # nobody reads it; /metrics counts it apart
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException):
@@ -97,3 +139,7 @@ def install_error_handlers(app: FastAPI, *, retry_after: int) -> None:
     async def internal_error(request: Request, exc: Exception):
         logger.exception("unhandled error on %s %s", request.method, request.url.path)
         return error_response(500, "internal_error", "the server failed on this request; it was logged")
+
+
+def _peer(request: Request) -> str:
+    return f"{request.client.host}:{request.client.port}" if request.client else "?"

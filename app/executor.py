@@ -1,33 +1,36 @@
 """The bounded inference executor with admission control: inference never runs on the event loop.
 
-At most ``workers`` jobs run at once and at most ``queue_size`` more wait; a job beyond that is refused at once
+At most ``workers`` jobs run at once and at most ``queue_size`` more wait; a request beyond that is refused at once
 (:class:`Overloaded`, which the API answers with 503 + Retry-After), so load never piles up into timeouts or 500s.
+A request takes its place (:meth:`InferencePool.admit`) before its body is read, so at most ``workers + queue_size``
+uploads are held in memory at once.
+A job whose client has gone, or whose deadline has passed, gives its slot back: a queued one never starts, a running
+one stops at its next layer or tile (its ``cancel`` event is set; the job must pass it to the dense net).
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
+from densecnn.errors import Cancelled
+
+from .errors import ClientGone, InferenceTimeout, Overloaded
+
 T = TypeVar("T")
-
-
-class Overloaded(Exception):
-    """Every inference slot and queue place is taken."""
-
-
-class InferenceTimeout(Exception):
-    """A job did not finish within the request timeout."""
 
 
 class InferencePool:
     """Run blocking jobs on ``workers`` threads with at most ``queue_size`` waiting.
 
     >>> pool = InferencePool(workers=1, queue_size=4)
-    >>> result = await pool.run(lambda: expensive(), timeout=60)
+    >>> with pool.admit() as place:        # Overloaded at once when full
+    ...     data = await read_the_upload()
+    ...     cancel = threading.Event()
+    ...     result = await pool.run(place, lambda: expensive(data, cancel), cancel=cancel, timeout=60)
     """
 
     def __init__(self, workers: int, queue_size: int, *, thread_setup: Callable[[], None] | None = None):
@@ -36,6 +39,7 @@ class InferencePool:
         self._lock = threading.Lock()
         self._admitted = 0  # running + waiting
         self._running = 0
+        self.dropped = 0  # jobs whose client left, or whose deadline passed, before they started
 
     @property
     def queued(self) -> int:
@@ -48,7 +52,8 @@ class InferencePool:
         with self._lock:
             return self._running
 
-    def _admit(self) -> None:
+    def admit(self) -> Admission:
+        """A place for one request, held until its job ends (or, with no job, until the ``with`` block ends)."""
         with self._lock:
             if self._admitted >= self.workers + self.queue_size:
                 raise Overloaded(
@@ -56,12 +61,17 @@ class InferencePool:
                     "waiting); retry after the time in the Retry-After header"
                 )
             self._admitted += 1
+        return Admission(self)
 
     def _release(self, _future=None) -> None:
         with self._lock:
             self._admitted -= 1
 
-    def _call(self, job: Callable[[], T]) -> T:
+    def _call(self, job: Callable[[], T], cancel: threading.Event) -> T:
+        if cancel.is_set():  # nobody waits for it any more: drop it before it starts
+            with self._lock:
+                self.dropped += 1
+            raise Cancelled("dropped before it started")
         with self._lock:
             self._running += 1
         try:
@@ -70,22 +80,61 @@ class InferencePool:
             with self._lock:
                 self._running -= 1
 
-    async def run(self, job: Callable[[], T], *, timeout: float) -> T:
-        """Run ``job()`` on a worker thread; raises Overloaded at once when full, InferenceTimeout after ``timeout``."""
-        self._admit()
+    async def run(
+        self,
+        place: Admission,
+        job: Callable[[], T],
+        *,
+        cancel: threading.Event,
+        timeout: float,
+        client_gone: Callable[[], Awaitable[None]] | None = None,
+    ) -> T:
+        """Run ``job()`` on a worker thread.
+
+        Raises InferenceTimeout after ``timeout`` seconds, ClientGone when ``client_gone()`` completes first; in both
+        cases ``cancel`` is set, so the job gives its place back at its next step.
+        """
         try:
-            future = self._executor.submit(self._call, job)
+            future = self._executor.submit(self._call, job, cancel)
         except RuntimeError:  # shut down
-            self._release()
             raise Overloaded("the server is shutting down; retry on another instance") from None
-        future.add_done_callback(self._release)  # the slot is held until the work really ends
+        place.held_by_job = True
+        future.add_done_callback(self._release)  # the place is held until the work really ends
+        result = asyncio.wrap_future(future)
+        watcher = asyncio.ensure_future(client_gone()) if client_gone is not None else None
         try:
-            return await asyncio.wait_for(asyncio.wrap_future(future), timeout)
-        except asyncio.TimeoutError:
-            raise InferenceTimeout(
-                f"the inference did not finish within {timeout:g} s; send a smaller image or retry later"
-            ) from None
+            done, _ = await asyncio.wait({result} | ({watcher} if watcher else set()), timeout=timeout,
+                                         return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+        if result in done:
+            return result.result()
+        cancel.set()
+        result.add_done_callback(_ignore_outcome)  # its Cancelled is expected: no "never retrieved" warning
+        if watcher is not None and watcher in done:
+            raise ClientGone()
+        raise InferenceTimeout(timeout)
 
     def shutdown(self) -> None:
         """Wait for running and queued jobs to finish, then stop the threads."""
         self._executor.shutdown(wait=True)
+
+
+class Admission:
+    """A request's place in the pool; released when the ``with`` block ends unless a job took it over."""
+
+    def __init__(self, pool: InferencePool):
+        self.pool, self.held_by_job = pool, False
+
+    def __enter__(self) -> Admission:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if not self.held_by_job:
+            self.pool._release()
+
+
+def _ignore_outcome(future: asyncio.Future) -> None:
+    if not future.cancelled():
+        future.exception()

@@ -4,16 +4,7 @@ from __future__ import annotations
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .errors import ApiError, error_response
-
-
-class BodyTooLarge(ApiError):
-    def __init__(self, limit: int):
-        super().__init__(
-            413,
-            "payload_too_large",
-            f"the request body is larger than the limit of {limit} bytes; send a smaller image",
-        )
+from .errors import BodyTooLarge, error_response
 
 
 class BodySizeLimitMiddleware:

@@ -1,5 +1,8 @@
 """Prometheus metrics, one registry per app: requests by route and status, latency, inference time, queue depth,
-image sizes. With several worker processes each worker reports its own."""
+abandoned jobs, image sizes. With several worker processes each worker reports its own.
+
+A request whose client disconnected before its answer is counted with status "499" (no answer is sent).
+"""
 
 from __future__ import annotations
 
@@ -30,6 +33,10 @@ class Metrics:
             "densecnn_inference_queue_depth", "requests waiting for an inference slot", registry=self.registry
         )
         self.running = Gauge("densecnn_inferences_running", "inferences running now", registry=self.registry)
+        self.abandoned = Counter(
+            "densecnn_inferences_abandoned", "jobs given up: the client left, or the request deadline passed",
+            ["reason"], registry=self.registry,
+        )  # fmt: skip
         self.image_pixels = Histogram(
             "densecnn_image_pixels", "pixels per segmented image", registry=self.registry,
             buckets=(1e3, 1e4, 1e5, 2.5e5, 1e6, 4e6, 8e6, 16e6, 64e6),

@@ -17,6 +17,7 @@ class View(str, Enum):
     overlay = "overlay"
 
 
+ECHO_LIMIT = 200  # characters of the Accept header quoted back in a 406
 _RANGES = {"*/*": Output.PNG, "image/*": Output.PNG, "application/*": Output.JSON}
 
 
@@ -45,6 +46,11 @@ def choose_output(accept: str | None, view: View | None) -> Output:
         if output in offered:
             return output
     names = ", ".join(o.value for o in offered)
+    echoed = (
+        accept
+        if len(accept or "") <= ECHO_LIMIT
+        else f"{accept[:ECHO_LIMIT]}... ({len(accept):,} characters)"
+    )
     raise ApiError(
-        406, "not_acceptable", f"cannot answer Accept: {accept}; ask for one of {names}", {"Vary": "Accept"}
+        406, "not_acceptable", f"cannot answer Accept: {echoed}; ask for one of {names}", {"Vary": "Accept"}
     )

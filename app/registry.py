@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,11 +19,6 @@ class ServedModel:
     name: str
     loaded: LoadedModel
     dense: DenseCNN
-
-    @property
-    def tiles(self) -> bool:
-        """Whether the dense net bounds its memory by tiling (``forward(x, max_memory=...)``)."""
-        return "max_memory" in inspect.signature(self.dense.forward).parameters
 
 
 def model_dirs(root: Path) -> list[Path]:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
+from densecnn.padding import PADDING_MODES
+
 from .registry import ServedModel
 
 
@@ -26,7 +28,7 @@ class ModelInfo(BaseModel):
     num_classes: int
     classes: list[ClassInfo]
     padding_mode: str = Field(
-        description="how the image is extended beyond its border: zeros, reflect, replicate"
+        description=f"how the image is extended beyond its border: {', '.join(PADDING_MODES)}"
     )
     normalization: Normalization | None = Field(description="applied to images scaled to [0, 1]")
 

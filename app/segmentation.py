@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -12,24 +13,28 @@ import numpy as np
 import torch
 from PIL import Image
 
-from densecnn.imageio import (
-    ImageTooLargeError,
-    class_probabilities,
-    model_input,
-    read_array,
-    scale_to_unit,
-    to_channels,
-)
+from densecnn.errors import ImageTooLargeError
+from densecnn.imageio import class_probabilities, model_input, read_array, unit_planes
 
 from .negotiation import Output
 from .registry import ServedModel
 
 OVERLAY_ALPHA = 0.5  # weight of the class colour in ?view=overlay
+OVERLAY_ROWS = 256  # rows blended at a time
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    """What one segment request may decode and compute (from the settings)."""
+
+    max_pixels: int
+    max_decode_bytes: int
+    max_memory: int
 
 
 @dataclass
 class SegmentResult:
-    body: bytes
+    body: bytes | memoryview
     media_type: str
     width: int
     height: int
@@ -52,44 +57,64 @@ def labels_png(labels: np.ndarray, palette: list[list[int]], num_classes: int) -
     return out.getvalue()
 
 
-def overlay_png(display: np.ndarray, labels: np.ndarray, palette: list[list[int]]) -> bytes:
-    """(H, W, 3) image in [0, 1] and (H, W) class ids -> an RGB PNG of the image with class colours blended in."""
-    colours = np.asarray(palette, dtype=np.float32)[labels] / 255.0  # (H, W, 3)
-    blended = (1 - OVERLAY_ALPHA) * np.clip(display, 0, 1) + OVERLAY_ALPHA * colours
+def overlay_png(pixels: np.ndarray, labels: np.ndarray, palette: list[list[int]]) -> bytes:
+    """Decoded pixels (H, W[, C]) and (H, W) class ids -> an RGB PNG of the image with class colours blended in.
+
+    Works on bands of rows, so besides the (H, W, 3) uint8 result only one band of floats is held.
+    """
+    colours = np.asarray(palette, dtype=np.float32) / 255.0  # (K, 3)
+    blended = np.empty((*labels.shape, 3), np.uint8)  # (H, W, 3)
+    for row in range(0, labels.shape[0], OVERLAY_ROWS):
+        rows = slice(row, row + OVERLAY_ROWS)
+        display = unit_planes(pixels[rows], 3).transpose(1, 2, 0)  # (band, W, 3) in [0, 1]
+        mixed = (1 - OVERLAY_ALPHA) * np.clip(display, 0, 1) + OVERLAY_ALPHA * colours[labels[rows]]
+        blended[rows] = np.round(mixed * 255)
     out = io.BytesIO()
-    Image.fromarray(np.round(blended * 255).astype(np.uint8)).save(out, format="PNG", compress_level=3)
+    Image.fromarray(blended).save(out, format="PNG", compress_level=3)
     return out.getvalue()
 
 
-def npy_bytes(array: np.ndarray) -> bytes:
+def npy_view(array: np.ndarray) -> memoryview:
+    """``array`` as the bytes of a .npy file (one copy, into the file's buffer)."""
     out = io.BytesIO()
     np.save(out, array, allow_pickle=False)
-    return out.getvalue()
+    return out.getbuffer()
 
 
 def segment(
-    served: ServedModel, data: bytes, output: Output, *, overlay: bool, max_pixels: int, max_memory: int
+    served: ServedModel,
+    data: bytes,
+    output: Output,
+    *,
+    overlay: bool,
+    limits: RequestLimits,
+    cancel: threading.Event | None = None,
 ) -> SegmentResult:
-    """Label every pixel of the image in ``data`` and encode the answer as ``output`` asks."""
+    """Label every pixel of the image in ``data`` and encode the answer as ``output`` asks.
+
+    The image is refused from its header if it is over ``limits``; once ``cancel`` is set the dense net stops at
+    its next layer or tile (:class:`densecnn.errors.Cancelled`).
+    """
     loaded = served.loaded
     timings = {}
     start = time.perf_counter()
-    pixels = read_array(data, max_pixels=max_pixels)  # (H, W[, C]), EXIF orientation applied
+    pixels = read_array(data, max_pixels=limits.max_pixels, max_bytes=limits.max_decode_bytes)  # as displayed
     x = model_input(pixels, loaded)  # (1, C, H, W)
-    image = scale_to_unit(pixels)  # for the overlay
     height, width = x.shape[2], x.shape[3]
     timings["decode"] = time.perf_counter() - start
 
     start = time.perf_counter()
-    kwargs = {"max_memory": max_memory} if served.tiles else {}  # tiles bound the memory of big images
     with torch.inference_mode():
         try:
             if output is Output.NPY:
-                scores = served.dense(x, **kwargs)  # (1, K, H, W)
-                labels = scores[0].argmax(0).numpy()  # (H, W)
-                probabilities = class_probabilities(scores, served.dense)[0].float().numpy()
+                scores = served.dense(x, max_memory=limits.max_memory, cancel=cancel)  # (1, K, H, W)
+                del x  # from here on: the scores, then the probabilities, then their .npy bytes
+                probabilities = class_probabilities(scores, served.dense)[0].float().numpy()  # (K, H, W)
+                del scores
             else:  # only the labels are kept, tile by tile
-                labels = served.dense.predict(x, **kwargs)[0].numpy()  # (H, W)
+                labels = served.dense.predict(x, max_memory=limits.max_memory, cancel=cancel)
+                labels = labels[0].numpy()  # (H, W)
+                del x
         except ValueError as exc:  # the input is valid by now: only the memory budget can refuse it
             raise ImageTooLargeError(
                 f"a {width}x{height} image needs more memory than this server allows per inference "
@@ -99,9 +124,9 @@ def segment(
 
     start = time.perf_counter()
     if output is Output.NPY:
-        body = npy_bytes(np.ascontiguousarray(probabilities))
+        body = npy_view(probabilities)
     elif output is Output.PNG and overlay:
-        body = overlay_png(to_channels(image, 3), labels, loaded.palette)
+        body = overlay_png(pixels, labels, loaded.palette)
     elif output is Output.PNG:
         body = labels_png(labels, loaded.palette, loaded.num_classes)
     else:
@@ -119,8 +144,9 @@ def segment(
             "pixel_counts": counts.tolist(),
         }
         if overlay:
-            overlay_bytes = overlay_png(to_channels(image, 3), labels, loaded.palette)
-            document["overlay_png_base64"] = base64.b64encode(overlay_bytes).decode()
+            document["overlay_png_base64"] = base64.b64encode(
+                overlay_png(pixels, labels, loaded.palette)
+            ).decode()
         body = json.dumps(document).encode()
     timings["encode"] = time.perf_counter() - start
     return SegmentResult(body, output.value, width, height, timings)

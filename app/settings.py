@@ -9,14 +9,17 @@ from typing import Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from densecnn.ops import BACKENDS
+
 SHIPPED_MODELS = Path(__file__).resolve().parent.parent / "models"
+MiB = 1 << 20
 
 
 class Settings(BaseSettings):
-    """What the service serves and how much work it accepts.
+    """What the service serves, how much work and memory one request may take, and how long a client may take.
 
     Every field can be set as an environment variable with the ``DENSECNN_`` prefix, e.g.
-    ``DENSECNN_MAX_UPLOAD_BYTES=5000000``.
+    ``DENSECNN_MAX_UPLOAD_BYTES=5000000``. docs/service.md explains the memory bound these limits give.
     """
 
     model_config = SettingsConfigDict(env_prefix="DENSECNN_", extra="forbid")
@@ -25,20 +28,63 @@ class Settings(BaseSettings):
         SHIPPED_MODELS, description="directory whose subdirectories are model directories"
     )
     default_model: str = Field("nuclei", description="the model the web page selects first")
-    max_upload_bytes: int = Field(20_000_000, gt=0, description="larger request bodies get 413")
-    max_image_pixels: int = Field(16_000_000, gt=0, description="larger images (by their header) get 413")
-    max_inference_memory: int = Field(
-        2_000_000_000, gt=0, description="bytes of activations per inference; bigger images run tiled"
-    )
-    backend: Literal["auto", "native", "ext"] = Field(
+    backend: Literal[BACKENDS] = Field(  # the library's vocabulary, not a copy of it
         "auto",
         description="dense ops: auto (timed solver choice per image size, cached on disk), native, ext",
     )
+    # --- what one request may cost ---
+    max_upload_bytes: int = Field(20_000_000, gt=0, description="larger request bodies get 413")
+    max_image_pixels: int = Field(
+        16_000_000, gt=0, description="larger images (width x height, from their header) get 413"
+    )
+    max_decode_bytes: int = Field(
+        64 * MiB,
+        gt=0,
+        description="images whose decoded array (width x height x samples x planes x bytes per sample, from their "
+        "header) is larger get 413 before decoding",
+    )
+    max_inference_memory: int = Field(
+        512 * MiB, gt=0, description="bytes of activations per inference; bigger images run tiled"
+    )
+    # --- how much work the process accepts ---
     max_concurrent_inferences: int = Field(1, gt=0, description="inferences running at once per worker")
     queue_size: int = Field(4, ge=0, description="requests waiting for an inference slot; beyond: 503")
-    request_timeout: float = Field(60.0, gt=0, description="seconds a request may wait and run; beyond: 503")
+    request_timeout: float = Field(
+        60.0, gt=0, description="seconds a request may wait and run; beyond: 503, and its job is abandoned"
+    )
     retry_after: int = Field(1, ge=0, description="seconds in the Retry-After header of 503 answers")
     torch_threads: int = Field(default_factory=lambda: os.cpu_count() or 1, gt=0, description="per worker")
+    # --- slow and idle clients (the last four are uvicorn's, applied by `densecnn serve`) ---
+    upload_timeout: float = Field(
+        30.0, gt=0, description="seconds the request body may take to arrive; beyond: 408"
+    )
+    header_timeout: float = Field(
+        10.0, gt=0, description="seconds a connection may take to send a request's headers; beyond: closed"
+    )
+    keep_alive_timeout: int = Field(5, gt=0, description="seconds an idle keep-alive connection stays open")
+    max_connections: int = Field(
+        100, gt=0, description="open connections per worker; beyond: uvicorn answers 503 (plain text)"
+    )
+    max_header_bytes: int = Field(
+        32 * 1024,
+        gt=0,
+        description="bytes of a request's line and headers; beyond: uvicorn answers 400 (plain text)",
+    )
+
+    def request_memory_bound(self, in_channels: int = 3) -> int:
+        """Bytes one request may add to a worker's memory, for a model of ``in_channels`` input channels.
+
+        The body (held as received, parsed and read: 3 x ``max_upload_bytes``), the decoder's buffer and the decoded
+        array (2 x ``max_decode_bytes``), the float32 model input (4 x ``max_image_pixels`` x channels), and the
+        inference with its padded copy and result (``max_inference_memory``, which the dense net's tiling respects).
+        The defaults give 923 MB (0.86 GiB) for an RGB model (measured peaks in docs/service.md).
+        """
+        return (
+            3 * self.max_upload_bytes
+            + 2 * self.max_decode_bytes
+            + 4 * self.max_image_pixels * in_channels
+            + self.max_inference_memory
+        )
 
     @field_validator("model_dir")
     @classmethod

@@ -1,48 +1,29 @@
 """Getting the uploaded image's bytes out of a request: multipart field ``image`` or a raw ``image/*`` body.
 
-The file type is decided from the bytes themselves (their signature), not from what the client declares.
+The file type is decided from the bytes themselves (their signature), not from what the client declares. The whole
+body must arrive within ``timeout`` seconds, so a client that trickles its upload holds no request forever.
 """
 
 from __future__ import annotations
 
+import asyncio
+
 from starlette.datastructures import UploadFile
 from starlette.requests import Request
 
+from densecnn.imageio import ACCEPTED, image_format
+
 from .errors import ApiError
 
-SIGNATURES = {
-    "png": (b"\x89PNG\r\n\x1a\n",),
-    "jpeg": (b"\xff\xd8\xff",),
-    "tiff": (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+"),
-    "bmp": (b"BM",),
-    "gif": (b"GIF87a", b"GIF89a"),
-}
-ACCEPTED = "PNG, JPEG or TIFF (also BMP, GIF)"
 
-
-def image_format(data: bytes) -> str | None:
-    """The image format whose signature ``data`` starts with, or None."""
-    return next((fmt for fmt, magics in SIGNATURES.items() if data.startswith(magics)), None)
-
-
-async def read_upload(request: Request) -> bytes:
-    """The uploaded image's bytes; 415 for anything that is not an image in a format read here."""
-    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if content_type == "multipart/form-data":
-        async with request.form(max_files=1, max_fields=8) as form:
-            upload = form.get("image")
-            if not isinstance(upload, UploadFile):
-                raise ApiError(400, "missing_image", "the multipart body has no file field named 'image'")
-            data = await upload.read()
-    elif content_type.startswith("image/") or content_type == "application/octet-stream":
-        data = await request.body()
-    else:
+async def read_upload(request: Request, *, timeout: float) -> bytes:
+    """The uploaded image's bytes; 408 when the body is too slow, 415 for anything that is not an image here."""
+    try:
+        data = await asyncio.wait_for(_image_bytes(request), timeout)
+    except asyncio.TimeoutError:
         raise ApiError(
-            415,
-            "unsupported_media_type",
-            f"Content-Type {content_type or '(none)'} is not accepted: send the image as multipart/form-data field "
-            "'image' or as a raw image/* body",
-        )
+            408, "upload_timeout", f"the request body did not arrive within {timeout:g} s; send it again"
+        ) from None
     if not data:
         raise ApiError(400, "empty_image", "the uploaded image is empty (0 bytes)")
     if image_format(data) is None:
@@ -50,3 +31,39 @@ async def read_upload(request: Request) -> bytes:
             415, "unsupported_image_type", f"the upload is not an image in a format read here: {ACCEPTED}"
         )
     return data
+
+
+async def _image_bytes(request: Request) -> bytes:
+    content_type, _, parameters = request.headers.get("content-type", "").partition(";")
+    content_type = content_type.strip().lower()
+    if content_type == "multipart/form-data":
+        body = await request.body()  # whole, so a cut-off body is told apart from a missing field
+        boundary = _boundary(parameters)
+        if boundary and b"--" + boundary + b"--" not in body:
+            raise ApiError(
+                400,
+                "incomplete_multipart",
+                f"the multipart body ({len(body):,} bytes) ends before its closing boundary: the upload was cut "
+                "off; send it again",
+            )
+        async with request.form(max_files=1, max_fields=8) as form:
+            upload = form.get("image")
+            if not isinstance(upload, UploadFile):
+                raise ApiError(400, "missing_image", "the multipart body has no file field named 'image'")
+            return await upload.read()
+    if content_type.startswith("image/") or content_type == "application/octet-stream":
+        return await request.body()
+    raise ApiError(
+        415,
+        "unsupported_media_type",
+        f"Content-Type {content_type[:100] or '(none)'} is not accepted: send the image as multipart/form-data "
+        "field 'image' or as a raw image/* body",
+    )
+
+
+def _boundary(parameters: str) -> bytes | None:
+    for parameter in parameters.split(";"):
+        key, _, value = parameter.strip().partition("=")
+        if key.lower() == "boundary":
+            return value.strip().strip('"').encode("latin-1", "replace")
+    return None

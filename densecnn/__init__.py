@@ -10,9 +10,13 @@ from . import masks, spec, zoo
 from .convert import convert
 from .dense import DenseCNN
 from .errors import (
+    Cancelled,
     ConversionError,
     DatasetError,
     DenseEquivalenceWarning,
+    ImageReadError,
+    ImageStackError,
+    ImageTooLargeError,
     ModelFileError,
     OnnxExportError,
     PatchSizeError,
@@ -27,10 +31,14 @@ from .scan import fast_scan, scan_patches
 __version__ = "0.1.0"
 
 __all__ = [
+    "Cancelled",
     "ConversionError",
     "DatasetError",
     "DenseCNN",
     "DenseEquivalenceWarning",
+    "ImageReadError",
+    "ImageStackError",
+    "ImageTooLargeError",
     "LoadedModel",
     "ModelFileError",
     "OnnxExportError",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 import warnings
 
 import torch
@@ -11,7 +12,7 @@ from torch import nn
 from . import ops, tiling
 from .errors import DenseEquivalenceWarning
 from .layers import WindowLayer
-from .ops.plan import Plan, make_plan
+from .ops.plan import Plan, make_plan, run_steps
 from .padding import pad_image
 
 _STOCHASTIC = (nn.modules.batchnorm._BatchNorm, nn.modules.dropout._DropoutNd)
@@ -81,11 +82,14 @@ class DenseCNN(nn.Module):
         bottom, right = self.receptive_field[0] - 1 - top, self.receptive_field[1] - 1 - left
         return pad_image(x, (top, left), (bottom, right), self.padding_mode)
 
-    def forward(self, x: torch.Tensor, max_memory: int | None = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, max_memory: int | None = None, *, cancel: threading.Event | None = None
+    ) -> torch.Tensor:
         """(N, C, H, W) float images -> (N, K, H, W) scores, one patch-model output per pixel.
 
         ``max_memory`` (bytes): compute the output in tiles whose estimated memory, with the held padded image and
-        scores, stays under it; the result equals the untiled one.
+        scores, stays under it; the result equals the untiled one. ``cancel``: once this event is set (by another
+        thread), the computation stops at the next layer or tile with :class:`densecnn.errors.Cancelled`.
 
         >>> dense(torch.rand(1, 1, 300, 200), max_memory=50_000_000).shape
         torch.Size([1, 3, 300, 200])
@@ -93,28 +97,31 @@ class DenseCNN(nn.Module):
         self._check_input(x)
         self._warn_if_stochastic()
         if max_memory is not None:
-            return tiling.run_tiled(self, x, max_memory, labels=False)
-        return self.run_padded(self.pad(x))
+            return tiling.run_tiled(self, x, max_memory, labels=False, cancel=cancel)
+        return self.run_padded(self.pad(x), cancel=cancel)
 
     @torch.no_grad()
-    def predict(self, x: torch.Tensor, max_memory: int | None = None) -> torch.Tensor:
+    def predict(
+        self, x: torch.Tensor, max_memory: int | None = None, *, cancel: threading.Event | None = None
+    ) -> torch.Tensor:
         """(N, C, H, W) float images -> (N, H, W) int64 labels (argmax of the scores).
 
         With ``max_memory`` (bytes) only each tile's labels are kept, so large images fit: a 4096x4096 RGB image
         through plain_133 with ``max_memory=1_500_000_000`` never holds the 2 GB of 32-class scores.
         With backend "auto" the images' dtype is the compute dtype: ``predict(x.bfloat16())`` is bf16 inference.
+        ``cancel`` stops it as in :meth:`forward`.
         """
         if max_memory is None:
-            return self.forward(x).argmax(1)
+            return self.forward(x, cancel=cancel).argmax(1)
         self._check_input(x)
         self._warn_if_stochastic()
-        return tiling.run_tiled(self, x, max_memory, labels=True)
+        return tiling.run_tiled(self, x, max_memory, labels=True, cancel=cancel)
 
-    def run_padded(self, padded: torch.Tensor) -> torch.Tensor:
+    def run_padded(self, padded: torch.Tensor, *, cancel: threading.Event | None = None) -> torch.Tensor:
         """Run the dense layers on an already padded (N, C, H+Rh-1, W+Rw-1) input -> (N, K, H, W)."""
         if self.backend == "native":
-            return self.features(padded)
-        return self.plan(padded)(padded)
+            return run_steps(self.features, padded, cancel)
+        return self.plan(padded)(padded, cancel=cancel)
 
     def plan(self, padded: torch.Tensor) -> Plan:
         """The solver plan for this input (found and cached per shape, dtype, device and direction)."""

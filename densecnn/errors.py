@@ -37,3 +37,19 @@ class DatasetError(ValueError):
 class TrainingError(ValueError):
     """A training run cannot start or continue: an invalid option, a run directory in the wrong state, or a damaged
     checkpoint. The message names the option (``--batch``) or the file, and the fix."""
+
+
+class ImageReadError(ValueError):
+    """An image could not be decoded, or is not a 2-D image; the message says which and why."""
+
+
+class ImageTooLargeError(ImageReadError):
+    """An image is larger than allowed (its pixels or decoded bytes, judged from its header before decoding)."""
+
+
+class ImageStackError(ImageReadError):
+    """A stack of planes (a multi-page/volumetric TIFF) was given where one 2-D image is expected."""
+
+
+class Cancelled(RuntimeError):
+    """A computation was stopped between two steps because its ``cancel`` event was set."""

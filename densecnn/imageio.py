@@ -4,13 +4,18 @@
 :func:`class_probabilities` gives the probabilities view of a dense net's output; the service, the CLI and
 ``densecnn predict`` all go through them.
 
-PNG/JPEG/BMP go through Pillow (EXIF orientation applied); TIFF through tifffile (8/16-bit, float; first page).
-``max_pixels`` refuses an image from the size in its header, before its pixels are decoded.
+PNG/JPEG/BMP/GIF go through Pillow, TIFF (uncompressed, LZW, deflate, JPEG, packbits, ...; 8/16/32-bit, float)
+through tifffile + imagecodecs. Both orientations are applied, EXIF (JPEG, PNG) and the TIFF Orientation tag, so
+pixels come out as the image is displayed. :func:`read_header` judges an image from its header alone; ``max_pixels``
+and ``max_bytes`` refuse it there, before a byte is decoded.
 """
 
 from __future__ import annotations
 
 import io
+import math
+import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -18,29 +23,218 @@ import tifffile
 import torch
 from PIL import Image, ImageOps
 
+from .errors import ImageReadError, ImageStackError, ImageTooLargeError
 from .layers import ChannelSoftmax
 
-_TIFF_MAGIC = (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+")
+__all__ = [
+    "ACCEPTED",
+    "SIGNATURES",
+    "ImageHeader",
+    "ImageReadError",
+    "ImageStackError",
+    "ImageTooLargeError",
+    "class_probabilities",
+    "image_format",
+    "model_input",
+    "read_array",
+    "read_header",
+    "read_image",
+    "scale_to_unit",
+    "unit_planes",
+]
+
+TIFF_MAGIC = (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+")  # classic and BigTIFF, both byte orders
+SIGNATURES = {
+    "png": (b"\x89PNG\r\n\x1a\n",),
+    "jpeg": (b"\xff\xd8\xff",),
+    "tiff": TIFF_MAGIC,
+    "bmp": (b"BM",),
+    "gif": (b"GIF87a", b"GIF89a"),
+}
+ACCEPTED = "PNG, JPEG or TIFF (also BMP, GIF)"
+
+# Pillow modes read as they are -> (samples, bytes per sample); bilevel is read as gray, any other mode (palette,
+# CMYK, ...) as RGB(A).
+_PILLOW_KEPT = {"L": (1, 1), "LA": (2, 1), "RGB": (3, 1), "RGBA": (4, 1), "I": (1, 4), "F": (1, 4)}
+_PILLOW_KEPT |= {"I;16": (1, 2), "I;16B": (1, 2), "I;16L": (1, 2)}
+_TIFF_PLANE_AXES = set(
+    "YXS"
+)  # axes of one 2-D image; any other axis (Z, T, C as pages, Q, I, ...) stacks planes
+_PILLOW_BOMB = re.compile(r"\((\d+) pixels\)")
+_NORMALIZE_ROWS = 256  # the normalisation runs on bands of rows, so its temporaries stay small
 
 
-class ImageReadError(ValueError):
-    """An image could not be decoded; the message says which and why."""
+def image_format(data: bytes) -> str | None:
+    """The image format whose signature ``data`` starts with ("png", "jpeg", "tiff", "bmp", "gif"), or None."""
+    return next((fmt for fmt, magics in SIGNATURES.items() if data.startswith(magics)), None)
 
 
-class ImageTooLargeError(ImageReadError):
-    """An image has more pixels than allowed (judged from its header, or Pillow's decompression-bomb guard)."""
+@dataclass(frozen=True)
+class ImageHeader:
+    """What an image file holds, read from its header without decoding its pixels.
+
+    ``samples`` and ``bytes_per_sample`` describe the array the decoder produces (a palette image decodes to RGB),
+    ``planes`` how many 2-D planes the file's first image series stacks (pages of a TIFF stack, slices of a volume).
+    """
+
+    format: str
+    width: int
+    height: int
+    samples: int
+    bytes_per_sample: int
+    planes: int = 1
+    layout: str = ""  # the stack's axes and shape, e.g. "axes ZYX, shape 12x512x512"
+
+    @property
+    def pixels(self) -> int:
+        return self.width * self.height
+
+    @property
+    def plane_bytes(self) -> int:
+        """Bytes of one decoded plane: width × height × samples × bytes per sample."""
+        return self.pixels * self.samples * self.bytes_per_sample
+
+    @property
+    def decoded_bytes(self) -> int:
+        """Bytes the whole decoded image holds: one plane's bytes × planes."""
+        return self.plane_bytes * self.planes
+
+    def check(self, name: str, *, max_pixels: int | None = None, max_bytes: int | None = None) -> None:
+        """Raise ImageStackError for a stack, ImageTooLargeError past a limit; both say what was received."""
+        if self.planes > 1:
+            raise ImageStackError(
+                f"{name}: received a stack of {self.planes} slices ({self.layout}); the model takes one 2-D image "
+                "(height x width, with 1-4 samples per pixel): send a single slice"
+            )
+        if max_pixels is not None and self.pixels > max_pixels:
+            raise ImageTooLargeError(
+                f"{name}: {self.width}x{self.height} = {self.pixels:,} pixels is more than the limit of {max_pixels:,} "
+                "pixels; downscale or crop the image"
+            )
+        if max_bytes is not None and self.decoded_bytes > max_bytes:
+            raise ImageTooLargeError(
+                f"{name}: decoding this {self.format.upper()} ({self.width}x{self.height} pixels x {self.samples} "
+                f"samples x {self.bytes_per_sample} bytes) would take {self.decoded_bytes:,} bytes, more than the "
+                f"limit of {max_bytes:,} bytes; send fewer samples per pixel, fewer bits, or a smaller image"
+            )
 
 
-def _check_pixels(name: str, width: int, height: int, max_pixels: int | None) -> None:
-    if max_pixels is not None and width * height > max_pixels:
+def _tiff_header(tiff: tifffile.TiffFile) -> ImageHeader:
+    page, series = tiff.pages[0], tiff.series[0]
+    planes = math.prod(size for axis, size in zip(series.axes, series.shape) if axis not in _TIFF_PLANE_AXES)
+    layout = f"axes {series.axes}, shape {'x'.join(map(str, series.shape))}"
+    height, width = page.imagelength, page.imagewidth
+    samples = math.prod(page.shape) // max(1, height * width * max(1, page.imagedepth))
+    return ImageHeader(
+        "tiff", width, height, samples, page.dtype.itemsize, max(planes, page.imagedepth), layout
+    )
+
+
+def _pillow_header(image: Image.Image, fmt: str) -> ImageHeader:
+    if image.mode == "1":
+        samples, size = 1, 1
+    elif image.mode in _PILLOW_KEPT:
+        samples, size = _PILLOW_KEPT[image.mode]
+    else:
+        samples, size = (4 if "A" in image.mode or "transparency" in image.info else 3), 1
+    return ImageHeader(fmt, image.width, image.height, samples, size)
+
+
+def _name(source) -> str:
+    return "<upload>" if isinstance(source, bytes) else str(source)
+
+
+def read_header(source: str | Path | bytes) -> ImageHeader:
+    """The :class:`ImageHeader` of an image file or its bytes; nothing is decoded.
+
+    >>> header = read_header(Path("cells.tif").read_bytes())
+    >>> header.width, header.height, header.samples, header.decoded_bytes
+    (640, 480, 3, 921600)
+    """
+    data = source if isinstance(source, bytes) else Path(source).read_bytes()
+    return _read(data, _name(source), decode=False)
+
+
+def read_array(
+    source: str | Path | bytes, *, max_pixels: int | None = None, max_bytes: int | None = None
+) -> np.ndarray:
+    """The pixel array of an image file or its bytes, as displayed: (H, W) or (H, W, C), in the file's dtype.
+
+    Raises, from the header and before decoding: ImageStackError for a stack of planes (a multi-page or volumetric
+    TIFF), ImageTooLargeError for more than ``max_pixels`` pixels or ``max_bytes`` decoded bytes (width × height ×
+    samples × planes × bytes per sample). ImageReadError for anything that cannot be decoded.
+    """
+    data = source if isinstance(source, bytes) else Path(source).read_bytes()
+    return _read(data, _name(source), decode=True, max_pixels=max_pixels, max_bytes=max_bytes)
+
+
+def _read(data: bytes, name: str, *, decode: bool, **limits):
+    if image_format(data) == "tiff":
+        try:
+            with tifffile.TiffFile(io.BytesIO(data)) as tiff:
+                header = _tiff_header(tiff)
+                if not decode:
+                    return header
+                header.check(name, **limits)
+                page = tiff.pages[0]
+                array = page.asarray(maxworkers=1)  # one decoding thread: memory is the array's
+                if page.axes.startswith("S"):  # planar configuration "separate": samples first
+                    array = np.moveaxis(array, 0, -1)
+                return _oriented(array, page.tags.valueof(274, 1))
+        except ImageReadError:
+            raise
+        except Exception as exc:  # tifffile raises many types on corrupt files
+            raise ImageReadError(f"{name}: cannot read TIFF: {exc}") from None
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            header = _pillow_header(image, (image.format or "image").lower())
+            if not decode:
+                return header
+            header.check(name, **limits)
+            image = ImageOps.exif_transpose(image)
+            if image.mode == "1":
+                image = image.convert("L")
+            elif image.mode not in _PILLOW_KEPT:
+                image = image.convert("RGBA" if header.samples == 4 else "RGB")
+            return np.asarray(image)
+    except ImageReadError:
+        raise
+    except Image.DecompressionBombError as exc:  # Pillow's own guard (89 M pixels and up): quote ours
+        found = _PILLOW_BOMB.search(str(exc))
+        size = f"{int(found.group(1)):,} pixels" if found else "its size"
+        limit = limits.get("max_pixels")
+        limit_text = f"the limit of {limit:,} pixels" if limit else "what can be decoded safely"
         raise ImageTooLargeError(
-            f"{name}: {width}x{height} = {width * height} pixels is more than the limit of {max_pixels}; "
-            "downscale or crop the image"
-        )
+            f"{name}: {size} is more than {limit_text}; downscale or crop the image"
+        ) from None
+    except (OSError, SyntaxError, ValueError, EOFError) as exc:
+        raise ImageReadError(f"{name}: not a readable image ({exc})") from None
+
+
+# Orientation value -> (transpose first?, flip rows?, flip columns?), as the TIFF and EXIF specifications define
+# them (value 5-8: the stored rows are the displayed columns). Pillow's exif_transpose agrees.
+_ORIENTATIONS = {
+    1: (False, False, False),
+    2: (False, False, True),
+    3: (False, True, True),
+    4: (False, True, False),
+    5: (True, False, False),
+    6: (True, False, True),
+    7: (True, True, True),
+    8: (True, True, False),
+}
+
+
+def _oriented(array: np.ndarray, orientation: int) -> np.ndarray:
+    """(H, W[, S]) as stored -> as displayed under the TIFF/EXIF Orientation value 1-8 (a view, no copy)."""
+    transpose, flip_rows, flip_columns = _ORIENTATIONS.get(orientation, _ORIENTATIONS[1])
+    if transpose:
+        array = np.swapaxes(array, 0, 1)
+    return array[:: -1 if flip_rows else 1, :: -1 if flip_columns else 1]
 
 
 def scale_to_unit(array: np.ndarray) -> np.ndarray:
-    """Integer images to [0, 1] by their dtype's range; float images are kept as they are."""
+    """Integer arrays to float32 in [0, 1] by their dtype's range; float arrays kept as they are (as float32)."""
     if array.dtype == np.bool_:
         return array.astype(np.float32)
     if np.issubdtype(array.dtype, np.integer):
@@ -48,55 +242,40 @@ def scale_to_unit(array: np.ndarray) -> np.ndarray:
     return array.astype(np.float32)
 
 
-def read_array(source: str | Path | bytes, *, max_pixels: int | None = None) -> np.ndarray:
-    """The raw pixel array of an image file or its bytes: (H, W) or (H, W, C), in the file's dtype.
+def unit_planes(image: np.ndarray, channels: int) -> np.ndarray:
+    """Decoded pixels (H, W) or (H, W, C), any dtype -> (``channels``, H, W) float32 in [0, 1].
 
-    Raises ImageTooLargeError, before decoding, for images of more than ``max_pixels`` pixels.
+    Integers are scaled by their dtype's range, floats kept; alpha is dropped, gray is replicated to RGB and RGB
+    turned to gray by luminance (0.299 R + 0.587 G + 0.114 B).
+
+    Works one plane at a time: besides the result it holds at most one float plane, whatever the image's dtype.
     """
-    data = source if isinstance(source, bytes) else Path(source).read_bytes()
-    name = "<upload>" if isinstance(source, bytes) else str(source)
-    if data[:4] in _TIFF_MAGIC:
-        try:
-            with tifffile.TiffFile(io.BytesIO(data)) as tiff:
-                page = tiff.pages[0]
-                _check_pixels(name, page.imagewidth, page.imagelength, max_pixels)
-                return page.asarray()
-        except ImageReadError:
-            raise
-        except Exception as exc:  # tifffile raises many types on corrupt files
-            raise ImageReadError(f"{name}: cannot read TIFF: {exc}") from None
-    try:
-        with Image.open(io.BytesIO(data)) as image:
-            _check_pixels(name, image.width, image.height, max_pixels)
-            image = ImageOps.exif_transpose(image)
-            if image.mode in ("P", "PA", "LA", "CMYK", "YCbCr", "HSV", "LAB", "1"):
-                image = image.convert("RGBA" if "A" in image.mode or "transparency" in image.info else "RGB")
-            return np.asarray(image)
-    except ImageReadError:
-        raise
-    except Image.DecompressionBombError as exc:
-        raise ImageTooLargeError(f"{name}: {exc}") from None
-    except (OSError, SyntaxError, ValueError) as exc:
-        raise ImageReadError(f"{name}: not a readable image ({exc})") from None
+    if image.ndim == 2:
+        image = image[:, :, None]
+    if image.ndim != 3:
+        raise ImageReadError(f"expected a 2-D image (H, W[, C]), got an array of shape {image.shape}")
+    height, width, have = image.shape
+    out = np.empty((channels, height, width), np.float32)  # (C, H, W)
+    colour = have - 1 if have in (2, 4) else have  # alpha dropped
+    maximum = np.iinfo(image.dtype).max if np.issubdtype(image.dtype, np.integer) else None
 
+    def plane(k: int, into: np.ndarray) -> np.ndarray:
+        into[...] = image[:, :, k]  # cast to float32
+        if maximum is not None:
+            into /= np.float32(maximum)
+        return into
 
-def to_channels(array: np.ndarray, channels: int) -> np.ndarray:
-    """(H, W) or (H, W, C) -> (H, W, ``channels``): gray <-> RGB by luminance/replication, alpha dropped."""
-    if array.ndim == 2:
-        array = array[:, :, None]
-    if array.ndim != 3:
-        raise ImageReadError(f"expected a 2-D image (H, W[, C]), got an array of shape {array.shape}")
-    if array.shape[2] in (2, 4):  # gray+alpha, RGBA: drop alpha
-        array = array[:, :, :-1]
-    have = array.shape[2]
-    if have == channels:
-        return array
-    if have == 1:
-        return np.repeat(array, channels, axis=2)
-    if have == 3 and channels == 1:
-        weights = np.array([0.299, 0.587, 0.114], dtype=np.float32)
-        return (array.astype(np.float32) @ weights)[:, :, None]
-    raise ImageReadError(f"cannot convert an image with {have} channels to the model's {channels}")
+    if colour == channels or colour == 1:
+        for c in range(channels):
+            plane(c if colour == channels else 0, out[c])
+    elif colour == 3 and channels == 1:
+        scratch = np.empty((height, width), np.float32)
+        out[0] = 0
+        for k, weight in enumerate((0.299, 0.587, 0.114)):
+            out[0] += np.float32(weight) * plane(k, scratch)
+    else:
+        raise ImageReadError(f"cannot convert an image with {colour} channels to the model's {channels}")
+    return out
 
 
 def read_image(source: str | Path | bytes, channels: int) -> np.ndarray:
@@ -105,8 +284,7 @@ def read_image(source: str | Path | bytes, channels: int) -> np.ndarray:
     >>> read_image("cells.png", channels=1).shape
     (1, 512, 512)
     """
-    array = to_channels(scale_to_unit(read_array(source)), channels)
-    return np.ascontiguousarray(array.transpose(2, 0, 1))
+    return unit_planes(read_array(source), channels)
 
 
 def model_input(image: np.ndarray, model) -> torch.Tensor:
@@ -114,14 +292,17 @@ def model_input(image: np.ndarray, model) -> torch.Tensor:
 
     Integer pixels are scaled to [0, 1] by their dtype's range, the channels converted to the model's (gray <-> RGB,
     alpha dropped), then the model's normalisation applied. ``model`` is a :class:`densecnn.LoadedModel`.
+    Besides the result, it holds one float plane and one band of rows at a time.
 
     >>> loaded = densecnn.load("models/nuclei")
     >>> model_input(read_array("cells.png"), loaded).shape
     torch.Size([1, 1, 512, 512])
     """
-    pixels = to_channels(scale_to_unit(image), model.in_channels)  # (H, W, C) float32
-    x = torch.from_numpy(np.ascontiguousarray(pixels.transpose(2, 0, 1)))[None]  # (1, C, H, W)
-    return model.normalize(x)
+    x = torch.from_numpy(unit_planes(image, model.in_channels))[None]  # (1, C, H, W)
+    for row in range(0, x.shape[2], _NORMALIZE_ROWS):
+        band = x[:, :, row : row + _NORMALIZE_ROWS]
+        band.copy_(model.normalize(band))
+    return x
 
 
 def class_probabilities(scores: torch.Tensor, dense) -> torch.Tensor:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import threading
 
 import torch
 from tqdm.auto import tqdm
@@ -88,10 +89,13 @@ def tile_starts(length: int, tile: int) -> list[int]:
     return [min(i * tile, length - tile) for i in range(math.ceil(length / tile))]
 
 
-def run_tiled(dense, x: torch.Tensor, max_memory: int, *, labels: bool) -> torch.Tensor:
+def run_tiled(
+    dense, x: torch.Tensor, max_memory: int, *, labels: bool, cancel: threading.Event | None = None
+) -> torch.Tensor:
     """(N, C, H, W) -> (N, K, H, W) scores, or (N, H, W) int64 labels if ``labels``, tile by tile.
 
-    Equal to the untiled ``dense(x)`` (same ops on the same padded pixels).
+    Equal to the untiled ``dense(x)`` (same ops on the same padded pixels). Raises :class:`Cancelled` at the next
+    tile or layer once ``cancel`` is set.
     """
     if isinstance(max_memory, bool) or not isinstance(max_memory, int) or max_memory <= 0:
         raise ValueError(f"max_memory must be a positive number of bytes (int), got {max_memory!r}")
@@ -110,7 +114,7 @@ def run_tiled(dense, x: torch.Tensor, max_memory: int, *, labels: bool) -> torch
     )
     for row, col in progress:
         scores = dense.run_padded(
-            padded[:, :, row : row + th + rh - 1, col : col + tw + rw - 1]
+            padded[:, :, row : row + th + rh - 1, col : col + tw + rw - 1], cancel=cancel
         )  # (N, K, th, tw)
         if labels:
             out[:, row : row + th, col : col + tw] = scores.argmax(1)

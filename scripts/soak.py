@@ -3,10 +3,15 @@
     .venv/bin/python scripts/soak.py                       # 1000 requests, a tiny zoo model, 256x256 images
     .venv/bin/python scripts/soak.py --model-dir models --model nuclei --size 512
     .venv/bin/python scripts/soak.py --shapes 1000             # every request a new image size
+    .venv/bin/python scripts/soak.py --peak 4000               # peak memory of one 4000x4000 request per format
 
 Starts the server on a free loopback port, warms it up (RSS "before" is taken after the warm-up, so one-time
 allocations are not counted as growth), sends the requests at the given concurrency with a few image sizes, and
 prints statuses, latency percentiles and the server's resident memory before and after. Not a CI test.
+
+``--peak SIDE`` instead measures one request's peak memory at the default limits: for each answer format (label
+PNG, JSON with overlay, npy probabilities) a fresh server gets one SIDE x SIDE RGB image, and the report gives the
+server's peak resident memory (VmHWM) minus its resident memory when idle (after a small warm-up request).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import json
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 import httpx
@@ -26,11 +32,53 @@ from local_server import running_server
 from PIL import Image
 
 
-def rss_mib(pid: int) -> float:
+def rss_mib(pid: int, field: str = "VmRSS") -> float:
+    """The process's resident memory (VmRSS) or its peak so far (VmHWM), MiB."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1]) / 1024
-    raise RuntimeError(f"no VmRSS for pid {pid}")
+    raise RuntimeError(f"no {field} for pid {pid}")
+
+
+PEAK_FORMATS = {  # name -> (Accept, query)
+    "labels_png": ("image/png", ""),
+    "json_overlay": ("application/json", "?view=overlay"),
+    "npy_probabilities": ("application/x-npy", ""),
+}
+
+
+def smooth_image(side: int) -> bytes:
+    """A side x side RGB JPEG of smooth blobs: many pixels, few bytes on the wire."""
+    yy, xx = np.mgrid[:side, :side].astype(np.float32) / side
+    rgb = np.stack([np.sin(9 * xx) * np.cos(7 * yy), np.cos(5 * xx + yy), np.sin(3 * yy)], axis=2)
+    buf = io.BytesIO()
+    Image.fromarray(((rgb + 1) * 127.5).astype(np.uint8)).save(buf, format="JPEG", quality=85)
+    return buf.getvalue()
+
+
+def peak_memory(model_dir: Path, model: str, side: int) -> dict:
+    """Per answer format: one side x side request on a fresh server at the default limits; peak minus idle MiB."""
+    body, warm = smooth_image(side), smooth_image(64)
+    report = {"image_side": side, "upload_bytes": len(body), "formats": {}}
+    env = {"DENSECNN_TORCH_THREADS": "1", "DENSECNN_BACKEND": "native", "DENSECNN_REQUEST_TIMEOUT": "3600"}
+    for name, (accept, query) in PEAK_FORMATS.items():
+        with running_server(model_dir, env=env) as (url, server):
+            post = partial(httpx.post, headers={"content-type": "image/jpeg", "accept": accept}, timeout=3600)
+            assert post(f"{url}/v1/models/{model}/segment{query}", content=warm).status_code == 200
+            idle = rss_mib(server.pid)
+            started = time.perf_counter()
+            response = post(f"{url}/v1/models/{model}/segment{query}", content=body)
+            seconds = time.perf_counter() - started
+            peak = rss_mib(server.pid, "VmHWM")
+        report["formats"][name] = {
+            "status": response.status_code,
+            "seconds": round(seconds, 1),
+            "idle_mib": round(idle, 1),
+            "peak_mib": round(peak, 1),
+            "peak_over_idle_mib": round(peak - idle, 1),
+        }
+        print(name, report["formats"][name], flush=True)
+    return report
 
 
 def tiny_model_dir() -> Path:
@@ -87,10 +135,19 @@ def main() -> int:
     parser.add_argument(
         "--shapes", type=int, default=4, help="distinct image sizes, used in turn (default 4)"
     )
+    parser.add_argument(
+        "--peak", type=int, metavar="SIDE", help="measure one SIDE x SIDE request's peak memory"
+    )
     parser.add_argument("--out", type=Path, help="also write the numbers as JSON here")
     args = parser.parse_args()
 
     model_dir = args.model_dir or tiny_model_dir()
+    if args.peak:
+        report = peak_memory(model_dir, args.model, args.peak)
+        print(json.dumps(report, indent=2))
+        if args.out:
+            args.out.write_text(json.dumps(report, indent=2) + "\n")
+        return 0
     env = {"DENSECNN_TORCH_THREADS": "1", "DENSECNN_QUEUE_SIZE": str(args.concurrency)}
     with running_server(model_dir, env=env) as (url, server):
         bodies = images(args.size, args.shapes)

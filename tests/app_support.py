@@ -18,6 +18,7 @@ from PIL import Image
 
 import densecnn
 from densecnn.imageio import read_image
+from tests.tolerances import assert_labels_equal_except_ties
 
 REPO = Path(__file__).resolve().parent.parent
 CLASS_NAMES = ["background", "dim", "bright"]
@@ -82,11 +83,25 @@ def wait_ready(get, timeout: float = 30.0) -> None:
     raise TimeoutError("the service did not become ready")
 
 
-def library_labels(model_dir: Path, image_bytes: bytes, backend: str = "native") -> np.ndarray:
-    """The label map the library gives for an image file: read_image -> normalize -> DenseCNN.predict. (H, W)."""
+def library_scores(model_dir: Path, image_bytes: bytes, backend: str = "native") -> torch.Tensor:
+    """The scores the library gives for an image file: read_image -> normalize -> DenseCNN. (1, K, H, W)."""
     loaded = densecnn.load(model_dir)
     x = torch.from_numpy(read_image(image_bytes, loaded.in_channels))[None]
-    return loaded.dense(backend=backend).predict(loaded.normalize(x))[0].numpy()
+    with torch.no_grad():
+        return loaded.dense(backend=backend)(loaded.normalize(x))
+
+
+def assert_library_labels(
+    labels: np.ndarray, model_dir: Path, image_bytes: bytes, backend: str = "native"
+) -> None:
+    """(H, W) labels from the service are the library's labels for the same file, except at exact ties.
+
+    The service may compute in tiles or with other solvers than this reference, so scores agree to rounding and
+    labels everywhere but where the two best classes are within rounding of each other.
+    """
+    scores = library_scores(model_dir, image_bytes, backend)
+    assert labels.shape == tuple(scores.shape[2:]), (labels.shape, scores.shape)
+    assert_labels_equal_except_ties(torch.from_numpy(labels.astype(np.int64))[None], scores)
 
 
 def free_port() -> int:
@@ -98,7 +113,7 @@ def free_port() -> int:
 class Server:
     """``densecnn serve`` in a subprocess on a free loopback port."""
 
-    def __init__(self, model_dir: Path, log: Path, **settings):
+    def __init__(self, model_dir: Path, log: Path, *, workers: int = 1, **settings):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         env = {**os.environ, "DENSECNN_TORCH_THREADS": "1"}
@@ -113,6 +128,8 @@ class Server:
             str(model_dir),
             "--port",
             str(self.port),
+            "--workers",
+            str(workers),
         ]
         self.process = subprocess.Popen(
             command, cwd=REPO, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import base64
 import io
+import resource
 import struct
 import threading
 import time
 import zlib
+from functools import partial
 
 import numpy as np
 import pytest
@@ -23,7 +25,14 @@ from pydantic import ValidationError
 import densecnn
 from app import Settings, create_app
 from app.segmentation import SegmentResult
-from tests.app_support import CLASS_NAMES, blobs, encode, library_labels, save_brightness_model, wait_ready
+from tests.app_support import (
+    CLASS_NAMES,
+    assert_library_labels,
+    blobs,
+    encode,
+    save_brightness_model,
+    wait_ready,
+)
 
 MAX_PIXELS = 1_000_000
 MAX_BYTES = 300_000
@@ -86,7 +95,7 @@ def assert_error(response, status: int, code: str | None = None) -> dict:
 def assert_next_request_succeeds(client) -> None:
     response = post_raw(client, PNG)
     assert response.status_code == 200
-    assert np.array_equal(png_labels(response.content), library_labels(client.model_root / "cells", PNG))
+    assert_library_labels(png_labels(response.content), client.model_root / "cells", PNG)
 
 
 @pytest.fixture(autouse=True)
@@ -135,6 +144,13 @@ def test_page_and_static_files(client):
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
     assert "/static/app.js" in page.text
     assert "segment?view=overlay" in client.get("/static/app.js").text
+    assert 'rel="icon"' in page.text
+
+
+def test_favicon(client):
+    response = client.get("/favicon.ico")
+    assert response.status_code == 200 and response.headers["content-type"] == "image/x-icon"
+    assert Image.open(io.BytesIO(response.content)).format == "ICO"
 
 
 def test_openapi_declares_binary_responses_and_the_image_body(client):
@@ -146,6 +162,7 @@ def test_openapi_declares_binary_responses_and_the_image_body(client):
     assert ok["application/json"]["schema"]["$ref"].endswith("/SegmentJson")
     body = operation["requestBody"]["content"]
     assert "image" in body["multipart/form-data"]["schema"]["properties"] and "image/png" in body
+    assert "TIFF Orientation tag" in operation["description"] and "displayed" in operation["description"]
     for status in ("400", "404", "406", "413", "415", "503"):
         assert operation["responses"][status]["content"]["application/json"]["schema"]["$ref"].endswith(
             "ErrorBody"
@@ -176,7 +193,7 @@ def test_default_answer_is_a_palette_png_equal_to_library_predict(client, model_
     assert image.mode == "P" and image.size == (52, 40)
     assert image.getpalette()[:9] == [0, 0, 0, 40, 120, 255, 255, 200, 0]
     labels = np.asarray(image)
-    assert np.array_equal(labels, library_labels(model_root / "cells", PNG))
+    assert_library_labels(labels, model_root / "cells", PNG)
     assert set(np.unique(labels)) == {0, 1, 2}  # the test image has all three classes
     timing = response.headers["server-timing"]
     assert all(f"{step};dur=" in timing for step in ("decode", "infer", "encode"))
@@ -195,7 +212,7 @@ def test_json_answer(client, model_root):
     assert (body["width"], body["height"]) == (52, 40)
     assert [c["name"] for c in body["classes"]] == CLASS_NAMES
     labels = png_labels(base64.b64decode(body["labels_png_base64"]))
-    assert np.array_equal(labels, library_labels(model_root / "cells", PNG))
+    assert_library_labels(labels, model_root / "cells", PNG)
     assert body["pixel_counts"] == np.bincount(labels.ravel(), minlength=3).tolist()
     assert "overlay_png_base64" not in body or body["overlay_png_base64"] is None
 
@@ -206,7 +223,7 @@ def test_npy_probabilities(client, model_root):
     probabilities = np.load(io.BytesIO(response.content), allow_pickle=False)
     assert probabilities.dtype == np.float32 and probabilities.shape == (3, 40, 52)
     np.testing.assert_allclose(probabilities.sum(0), 1, atol=1e-5)
-    assert np.array_equal(probabilities.argmax(0), library_labels(model_root / "cells", PNG))
+    assert_library_labels(probabilities.argmax(0), model_root / "cells", PNG)
 
 
 def test_overlay_view_blends_the_class_colours(client, model_root):
@@ -214,7 +231,7 @@ def test_overlay_view_blends_the_class_colours(client, model_root):
     assert response.status_code == 200
     overlay = Image.open(io.BytesIO(response.content))
     assert overlay.mode == "RGB" and overlay.size == (52, 40)
-    labels = library_labels(model_root / "cells", PNG)
+    labels = png_labels(post_raw(client, PNG).content)  # the same computation as the overlay's
     palette = np.array([[0, 0, 0], [40, 120, 255], [255, 200, 0]], np.float32)
     expected = np.round(0.5 * IMAGE + 0.5 * palette[labels])
     assert np.abs(np.asarray(overlay).astype(np.float32) - expected).max() <= 1
@@ -228,7 +245,7 @@ def test_more_than_256_classes_give_a_16_bit_png(client, model_root):
     response = post_raw(client, PNG, model="many")
     image = Image.open(io.BytesIO(response.content))
     assert image.mode == "I;16"
-    assert np.array_equal(np.asarray(image), library_labels(model_root / "many", PNG))
+    assert_library_labels(np.asarray(image), model_root / "many", PNG)
 
 
 @pytest.mark.parametrize(
@@ -258,6 +275,14 @@ def test_unacceptable_accept_is_406_with_vary(client):
     assert_next_request_succeeds(client)
 
 
+def test_406_quotes_a_long_accept_header_truncated(client):
+    accept = "text/html;q=0.9, " * 6000  # 102 kB
+    message = assert_error(post_raw(client, PNG, headers={"accept": accept}), 406, "not_acceptable")[
+        "message"
+    ]
+    assert len(message) < 500 and f"({len(accept):,} characters)" in message
+
+
 # --- image inputs ---
 
 
@@ -266,7 +291,7 @@ def test_one_pixel_image(client, model_root):
     response = post_raw(client, one)
     assert response.status_code == 200
     assert png_labels(response.content).shape == (1, 1)
-    assert np.array_equal(png_labels(response.content), library_labels(model_root / "cells", one))
+    assert_library_labels(png_labels(response.content), model_root / "cells", one)
 
 
 def test_rgba_drops_alpha(client):
@@ -279,9 +304,9 @@ def test_grayscale_into_rgb_and_rgb_into_gray_models(client, model_root):
     response = post_raw(client, gray)
     assert response.status_code == 200
     replicated = encode(np.repeat(IMAGE[:, :, :1], 3, axis=2))
-    assert np.array_equal(png_labels(response.content), library_labels(model_root / "cells", replicated))
+    assert_library_labels(png_labels(response.content), model_root / "cells", replicated)
     to_gray = post_raw(client, PNG, model="gray")  # luminance, then the model's normalisation
-    assert np.array_equal(png_labels(to_gray.content), library_labels(model_root / "gray", PNG))
+    assert_library_labels(png_labels(to_gray.content), model_root / "gray", PNG)
 
 
 def test_16_bit_png_and_tiff(client, model_root):
@@ -291,7 +316,7 @@ def test_16_bit_png_and_tiff(client, model_root):
     tiff = out.getvalue()
     response = post_raw(client, tiff, "image/tiff", model="gray")
     assert response.status_code == 200
-    assert np.array_equal(png_labels(response.content), library_labels(model_root / "gray", tiff))
+    assert_library_labels(png_labels(response.content), model_root / "gray", tiff)
     eight_bit = post_raw(client, encode(IMAGE[:, :, 0]), model="gray")
     assert response.content == eight_bit.content  # v * 257 / 65535 == v / 255
     png16 = post_raw(client, encode(deep), model="gray")
@@ -303,15 +328,62 @@ def test_float_tiff(client, model_root):
     tifffile.imwrite(out, IMAGE.astype(np.float32) / 255, photometric="rgb")
     response = post_raw(client, out.getvalue(), "image/tiff")
     assert response.status_code == 200
-    assert np.array_equal(png_labels(response.content), library_labels(model_root / "cells", PNG))
+    assert_library_labels(png_labels(response.content), model_root / "cells", PNG)
 
 
-def test_multi_page_tiff_reads_the_first_page(client):
+def tiff_bytes(array: np.ndarray, **kwargs) -> bytes:
     out = io.BytesIO()
-    tifffile.imwrite(out, np.stack([IMAGE[:, :, 0], 255 - IMAGE[:, :, 0]]))
-    assert len(tifffile.TiffFile(io.BytesIO(out.getvalue())).pages) == 2
-    response = post_raw(client, out.getvalue(), "image/tiff", model="gray")
-    assert response.content == post_raw(client, encode(IMAGE[:, :, 0]), model="gray").content
+    tifffile.imwrite(out, array, **kwargs)
+    return out.getvalue()
+
+
+def test_a_tiff_stack_is_422_saying_what_was_received(client):
+    stack = tiff_bytes(np.stack([IMAGE[:, :, 0]] * 5))
+    assert len(tifffile.TiffFile(io.BytesIO(stack)).pages) == 5
+    error = assert_error(post_raw(client, stack, "image/tiff", model="gray"), 422, "image_is_a_stack")
+    assert "stack of 5 slices" in error["message"] and "2-D image" in error["message"]
+    volume = tiff_bytes(np.stack([IMAGE] * 3), volumetric=True, tile=(16, 16), photometric="rgb")
+    error = assert_error(post_raw(client, volume, "image/tiff"), 422, "image_is_a_stack")
+    assert "stack of 3 slices" in error["message"]
+    assert_next_request_succeeds(client)
+
+
+@pytest.mark.parametrize("compression", ["lzw", "zlib", "jpeg", "packbits"])
+def test_compressed_tiff(client, model_root, compression):
+    tiff = tiff_bytes(IMAGE, compression=compression, photometric="rgb")
+    response = post_raw(client, tiff, "image/tiff")
+    assert response.status_code == 200, response.text
+    labels = png_labels(response.content)
+    assert_library_labels(labels, model_root / "cells", tiff)
+    if compression != "jpeg":  # lossless: the same pixels as the PNG, so the same computation
+        assert response.content == post_raw(client, PNG).content
+
+
+@pytest.mark.parametrize("orientation", [3, 6, 8])
+def test_tiff_orientation_tag_is_applied(client, orientation):
+    """The label map of a TIFF stored rotated equals that of the image as displayed (Orientation tag 274)."""
+    stored = {3: np.rot90(IMAGE, 2), 6: np.rot90(IMAGE, 1), 8: np.rot90(IMAGE, -1)}[orientation]
+    tiff = tiff_bytes(
+        np.ascontiguousarray(stored), photometric="rgb", extratags=[(274, "H", 1, orientation, True)]
+    )
+    response = post_raw(client, tiff, "image/tiff")
+    assert response.status_code == 200
+    assert png_labels(response.content).shape == IMAGE.shape[:2]  # (H, W) as displayed
+    assert response.content == post_raw(client, PNG).content  # the displayed pixels, the same computation
+
+
+def test_every_orientation_reads_as_pillow_displays_it():
+    """TIFF Orientation 1-8 is read as Pillow's exif_transpose shows the same EXIF orientation."""
+    from densecnn.imageio import read_array
+
+    for orientation in range(1, 9):
+        exif = Image.Exif()
+        exif[0x0112] = orientation
+        png = encode(IMAGE, exif=exif.tobytes())
+        tiff = tiff_bytes(IMAGE, photometric="rgb", extratags=[(274, "H", 1, orientation, True)])
+        displayed = read_array(png)
+        assert displayed.shape[:2] == (IMAGE.shape[:2] if orientation <= 4 else IMAGE.shape[1::-1])
+        assert np.array_equal(read_array(tiff), displayed), orientation
 
 
 def test_exif_orientation_is_applied(client, model_root):
@@ -322,7 +394,7 @@ def test_exif_orientation_is_applied(client, model_root):
     assert response.status_code == 200
     labels = png_labels(response.content)
     assert labels.shape == (52, 40)  # (H, W) of the displayed image
-    assert np.array_equal(labels, library_labels(model_root / "cells", jpeg))
+    assert_library_labels(labels, model_root / "cells", jpeg)
 
 
 # --- bad inputs ---
@@ -350,6 +422,23 @@ def test_text_file_is_415(client):
     assert_next_request_succeeds(client)
 
 
+def multipart(boundary: str, data: bytes, *, closed: bool = True) -> bytes:
+    head = (
+        f'--{boundary}\r\nContent-Disposition: form-data; name="image"; filename="b.png"\r\n'
+        "Content-Type: image/png\r\n\r\n"
+    ).encode()
+    return head + data + (f"\r\n--{boundary}--\r\n".encode() if closed else b"")
+
+
+def test_cut_off_multipart_body_is_400_saying_so(client):
+    content_type = "multipart/form-data; boundary=XyZ"
+    assert post_raw(client, multipart("XyZ", PNG), content_type).content == post_raw(client, PNG).content
+    for cut in (multipart("XyZ", PNG, closed=False), multipart("XyZ", PNG[: len(PNG) // 2], closed=False)):
+        error = assert_error(post_raw(client, cut, content_type), 400, "incomplete_multipart")
+        assert "cut off" in error["message"]
+    assert_next_request_succeeds(client)
+
+
 def test_missing_field_and_empty_body_are_400(client):
     wrong_field = client.post("/v1/models/cells/segment", files={"file": ("b.png", PNG, "image/png")})
     assert_error(wrong_field, 400, "missing_image")
@@ -372,15 +461,107 @@ def png_header_only(width: int, height: int) -> bytes:
     )
 
 
-@pytest.mark.parametrize(
-    "size", [(2000, 1000), (100_000, 100_000)]
-)  # over our limit; over Pillow's bomb guard
-def test_huge_declared_dimensions_are_413_before_decoding(client, size):
+def with_size(fmt: str, width: int, height: int) -> bytes:
+    """A small image in ``fmt`` whose header is rewritten to declare width x height (its pixel data stays small)."""
+    if fmt == "PNG":
+        return png_header_only(width, height)
+    data = bytearray(encode(IMAGE, fmt))
+    if fmt == "BMP":
+        data[18:26] = struct.pack("<ii", width, height)
+    elif fmt == "GIF":
+        data[6:10] = struct.pack("<HH", width, height)  # the logical screen: Pillow's size
+    elif fmt == "JPEG":
+        sof = data.index(b"\xff\xc0")
+        data[sof + 5 : sof + 9] = struct.pack(">HH", height, width)
+    return bytes(data)
+
+
+@pytest.mark.parametrize("fmt", ["PNG", "BMP", "GIF", "JPEG"])
+@pytest.mark.parametrize("size", [(2000, 1000), (60_000, 60_000)])  # over our limit; also over Pillow's guard
+def test_huge_declared_dimensions_are_413_before_decoding_quoting_our_limit(client, fmt, size):
     started = time.perf_counter()
-    error = assert_error(post_raw(client, png_header_only(*size)), 413, "image_too_large")
+    error = assert_error(post_raw(client, with_size(fmt, *size)), 413, "image_too_large")
     assert time.perf_counter() - started < 2  # decided from the header: nothing was decoded
-    assert "pixels" in error["message"] or "decompression" in error["message"].lower()
+    assert f"limit of {MAX_PIXELS:,} pixels" in error["message"]  # the server's limit, not Pillow's
+    assert f"{size[0] * size[1]:,} pixels" in error["message"] or f"{size[0]}x{size[1]}" in error["message"]
     assert_next_request_succeeds(client)
+
+
+def sample_bomb_tiff(width: int = 4000, height: int = 4000, samples: int = 64) -> bytes:
+    """A ~1 MB deflate TIFF of width x height x samples zeros: small on the wire, 1 GB once decoded."""
+    tile = zlib.compress(bytes(256 * 256 * samples))  # one encoded tile, written for every tile position
+    count = -(-width // 256) * -(-height // 256)
+    return tiff_bytes(
+        (tile for _ in range(count)), shape=(height, width, samples), dtype=np.uint8, tile=(256, 256),
+        compression="zlib", photometric="minisblack", planarconfig="contig",
+    )  # fmt: skip
+
+
+def test_decompression_bomb_through_samples_per_pixel_is_413_fast(model_root):
+    """16 M pixels pass the pixel limit, but x 64 samples is 1 GB decoded: refused from the header, in < 5 s."""
+    bomb = sample_bomb_tiff()
+    assert len(bomb) < 1_100_000
+    with TestClient(make_app(model_root, max_upload_bytes=2_000_000, max_image_pixels=16_000_000)) as big:
+        wait_ready(big.get)
+        rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        started = time.perf_counter()
+        error = assert_error(post_raw(big, bomb, "image/tiff"), 413, "image_too_large")
+        assert time.perf_counter() - started < 5
+        assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - rss_before < 100_000_000
+        default = Settings.model_fields["max_decode_bytes"].default
+        assert "64 samples" in error["message"] and f"limit of {default:,} bytes" in error["message"]
+        assert post_raw(big, PNG).status_code == 200
+
+
+def test_read_header_describes_an_image_without_decoding_it():
+    from densecnn.imageio import read_header
+
+    started = time.perf_counter()
+    header = read_header(sample_bomb_tiff())
+    assert (header.format, header.width, header.height, header.samples, header.planes) == (
+        "tiff",
+        4000,
+        4000,
+        64,
+        1,
+    )
+    assert header.decoded_bytes == 4000 * 4000 * 64
+    rgba = read_header(encode(np.dstack([IMAGE, IMAGE[:, :, :1]])))
+    assert (rgba.format, rgba.width, rgba.height, rgba.samples, rgba.bytes_per_sample) == (
+        "png",
+        52,
+        40,
+        4,
+        1,
+    )
+    assert read_header(tiff_bytes(np.stack([IMAGE[:, :, 0]] * 5))).planes == 5
+    assert time.perf_counter() - started < 5
+
+
+def test_decoded_bytes_over_the_budget_are_413_for_every_format(model_root):
+    """width x height x samples x bytes per sample, from the header, against max_decode_bytes (40x52 images)."""
+    gray16, rgb16 = IMAGE[:, :, 0].astype(np.uint16) * 257, IMAGE.astype(np.uint16) * 257
+    cases = [  # (what, bytes, decoded bytes)
+        ("gray PNG", encode(IMAGE[:, :, 0]), 2080),
+        ("RGB PNG", PNG, 6240),
+        ("RGBA PNG", encode(np.dstack([IMAGE, IMAGE[:, :, :1]])), 8320),
+        ("RGB JPEG", encode(IMAGE, "JPEG"), 6240),
+        ("RGB BMP", encode(IMAGE, "BMP"), 6240),
+        ("GIF (palette, decoded to RGB)", encode(IMAGE, "GIF"), 6240),
+        ("16-bit gray TIFF", tiff_bytes(gray16), 4160),
+        ("16-bit RGB LZW TIFF", tiff_bytes(rgb16, photometric="rgb", compression="lzw"), 12480),
+    ]
+    budget = 5000
+    with TestClient(make_app(model_root, max_decode_bytes=budget)) as small:
+        wait_ready(small.get)
+        for what, data, decoded in cases:
+            response = post_raw(small, data, "application/octet-stream")
+            if decoded <= budget:
+                assert response.status_code == 200, what
+            else:
+                message = assert_error(response, 413, "image_too_large")["message"]
+                assert f"take {decoded:,} bytes" in message and f"limit of {budget:,} bytes" in message, what
+        assert post_raw(small, encode(IMAGE[:, :, 0])).status_code == 200
 
 
 def test_tiff_over_the_pixel_limit_is_413(model_root):
@@ -398,7 +579,7 @@ def test_tiles_under_the_memory_budget_and_refuses_what_cannot_fit(model_root):
         wait_ready(small.get)
         tiled = post_raw(small, PNG)
         assert tiled.status_code == 200
-        assert np.array_equal(png_labels(tiled.content), library_labels(model_root / "cells", PNG))
+        assert_library_labels(png_labels(tiled.content), model_root / "cells", PNG)
         error = assert_error(
             post_raw(small, PNG, headers={"accept": "application/x-npy"}), 413, "image_too_large"
         )
@@ -520,6 +701,132 @@ def test_slow_inference_times_out_with_503(model_root, monkeypatch):
         release.set()
 
 
+async def asgi_post(app, body: bytes, *, cut_after: int | None = None, leave_after: float | None = None):
+    """POST ``body`` to the ASGI app as a client that leaves: after ``cut_after`` bytes of the body, or
+    ``leave_after`` seconds after sending all of it. Returns the status the app answered with (None if none)."""
+    import asyncio
+
+    path = "/v1/models/cells/segment"
+    scope = {
+        "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+        "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "", "client": ("127.0.0.1", 5),
+        "server": ("testserver", 80), "headers": [(b"content-type", b"image/png"), (b"content-length", b"%d" % len(body))],
+    }  # fmt: skip
+    sent = [{"type": "http.request", "body": body[:cut_after], "more_body": cut_after is not None}]
+    statuses = []
+
+    async def receive():
+        if sent:
+            return sent.pop(0)
+        if leave_after is not None:
+            await asyncio.sleep(leave_after)
+        return {"type": "http.disconnect"}
+
+    async def send(message):
+        if message["type"] == "http.response.start":
+            statuses.append(message["status"])
+
+    await app(scope, receive, send)
+    return statuses[0] if statuses else None
+
+
+def test_client_leaving_mid_upload_is_counted_as_499_with_one_log_line(client, caplog):
+    caplog.set_level("INFO", logger="densecnn.app")
+    status = client.portal.call(partial(asgi_post, client.app, PNG, cut_after=100))
+    assert status == 499
+    lines = [r for r in caplog.records if "closed the connection" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].exc_info is None
+    assert not any(r.exc_info for r in caplog.records)  # no traceback
+    text = client.get("/metrics").text
+    assert 'route="/v1/models/{name}/segment",status="499"' in text
+    assert_next_request_succeeds(client)
+
+
+def test_queued_job_of_a_client_that_left_never_starts(model_root, monkeypatch):
+    import app.routers.segment
+
+    started, release = threading.Event(), threading.Event()
+    calls = []
+    blocking = blocking_segment(started, release)
+    monkeypatch.setattr(
+        app.routers.segment, "segment", lambda *a, **k: (calls.append(1), blocking(*a, **k))[1]
+    )
+    with TestClient(make_app(model_root, max_concurrent_inferences=1, queue_size=2)) as client:
+        wait_ready(client.get)
+        first = []
+        worker = threading.Thread(target=lambda: first.append(post_raw(client, PNG)))
+        worker.start()
+        assert started.wait(10)
+        t0 = time.perf_counter()
+        assert client.portal.call(partial(asgi_post, client.app, PNG, leave_after=0.2)) == 499
+        assert time.perf_counter() - t0 < 5  # answered when the client left, not when the first job ended
+        release.set()
+        worker.join(10)
+        assert first[0].status_code == 200
+        pool = client.app.state.service.pool
+        deadline = time.monotonic() + 5
+        while pool.dropped == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert pool.dropped == 1 and len(calls) == 1  # the second job was dropped before it started
+        assert 'densecnn_inferences_abandoned_total{reason="client_gone"} 1.0' in client.get("/metrics").text
+
+
+def test_running_job_past_the_deadline_gives_its_slot_back(model_root, monkeypatch):
+    import app.routers.segment
+    from densecnn.errors import Cancelled
+
+    stopped = threading.Event()
+
+    def cancellable_segment(served, data, output, *, cancel, **kwargs):
+        assert cancel.wait(10)  # the dense net would stop at its next layer or tile
+        stopped.set()
+        raise Cancelled("stopped")
+
+    monkeypatch.setattr(app.routers.segment, "segment", cancellable_segment)
+    with TestClient(make_app(model_root, request_timeout=0.3, queue_size=0)) as client:
+        wait_ready(client.get)
+        assert_error(post_raw(client, PNG), 503, "timeout")
+        assert stopped.wait(5)
+        pool = client.app.state.service.pool
+        deadline = time.monotonic() + 5
+        while pool.running and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert pool.running == 0 and pool.queued == 0
+        monkeypatch.undo()
+        assert post_raw(client, PNG).status_code == 200  # the slot is free again
+
+
+class CancelAfter(threading.Event):
+    """An event that reads as set from its (checks + 1)-th check on: counts the boundaries the dense net checks."""
+
+    def __init__(self, checks: int):
+        super().__init__()
+        self.checks = 0
+        self.limit = checks
+
+    def is_set(self) -> bool:
+        self.checks += 1
+        return self.checks > self.limit
+
+
+@pytest.mark.parametrize("max_memory", [None, 70_000])  # untiled; 6x6 tiles
+def test_dense_net_stops_between_layers_and_tiles_once_cancelled(model_root, max_memory):
+    from densecnn.errors import Cancelled
+
+    loaded = densecnn.load(model_root / "cells")
+    dense = loaded.dense(backend="native")
+    x = torch.rand(1, 3, 40, 52)
+    never = CancelAfter(10**9)
+    labels = dense.predict(x, max_memory=max_memory, cancel=never)
+    assert torch.equal(labels, dense.predict(x, max_memory=max_memory))  # the same computation
+    layers = len(dense.features)
+    assert never.checks >= layers  # checked before every layer (of every tile)
+    soon = CancelAfter(2)
+    with pytest.raises(Cancelled):
+        dense.predict(x, max_memory=max_memory, cancel=soon)
+    assert soon.checks == 3  # stopped at the first boundary after the event was set
+
+
 def test_sigterm_marks_the_service_draining_then_calls_the_servers_handler():
     import os
     import signal
@@ -559,6 +866,19 @@ def test_serve_command_fails_fast_without_models(tmp_path, monkeypatch, capsys):
     assert "no models in" in capsys.readouterr().err
     assert main(["serve", "--model-dir", str(tmp_path / "missing")]) == 2
     assert "is not a directory" in capsys.readouterr().err
+
+
+def test_settings_take_the_librarys_vocabulary(tmp_path):
+    from densecnn.ops import BACKENDS
+
+    for backend in BACKENDS:
+        assert Settings(model_dir=tmp_path, backend=backend).backend == backend
+    with pytest.raises(ValidationError, match="'auto', 'native' or 'ext'|auto.*native.*ext"):
+        Settings(model_dir=tmp_path, backend="fast")
+
+
+def test_default_limits_bound_one_request_under_1_gib(tmp_path):
+    assert Settings(model_dir=tmp_path).request_memory_bound(in_channels=3) <= 1 << 30
 
 
 def test_settings_fail_fast(tmp_path):

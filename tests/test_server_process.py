@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 import signal
+import socket
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -15,7 +18,7 @@ import torch
 from PIL import Image
 
 import densecnn
-from tests.app_support import Server, blobs, encode, library_labels, save_brightness_model
+from tests.app_support import Server, assert_library_labels, blobs, encode, save_brightness_model
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("server_process")]  # one server per module
 
@@ -47,9 +50,7 @@ def test_segment_over_http_equals_library_predict(server, model_root):
     )
     assert response.status_code == 200
     labels = np.asarray(Image.open(io.BytesIO(response.content)))
-    assert np.array_equal(
-        labels, library_labels(model_root / "cells", image, backend="auto")
-    )  # both defaults
+    assert_library_labels(labels, model_root / "cells", image, backend="auto")  # both defaults
     assert "infer;dur=" in response.headers["server-timing"]
 
 
@@ -103,10 +104,207 @@ def test_sigterm_drains_in_flight_requests(model_root, tmp_path):
         time.sleep(0.01)
     server.process.send_signal(signal.SIGTERM)
     worker.join(60)
-    assert server.process.wait(30) in (0, -signal.SIGTERM)  # uvicorn re-raises the signal it handled
+    assert server.process.wait(30) == 0  # a clean shutdown, not death by the signal (143)
     assert answers and answers[0].status_code == 200  # the in-flight request finished
     assert Image.open(io.BytesIO(answers[0].content)).size == (160, 160)
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"{server.url}/healthz", timeout=2)
     log = (tmp_path / "server.log").read_text()
     assert "Waiting for application shutdown" in log or "Shutting down" in log
+
+
+def test_two_worker_processes_serve_and_stop_cleanly(model_root, tmp_path):
+    server = Server(model_root, tmp_path / "server.log", workers=2, backend="native")
+    answers = [httpx.post(f"{server.url}/v1/models/cells/segment", content=encode(blobs(40, 40)),
+                          headers={"content-type": "image/png"}, timeout=60) for _ in range(4)]  # fmt: skip
+    assert [a.status_code for a in answers] == [200] * 4
+    assert server.stop() == 0
+    assert "died" not in (tmp_path / "server.log").read_text()  # no worker was restarted
+
+
+def metric(url: str, line_start: str) -> float:
+    """The value of the first /metrics sample line starting with ``line_start`` (0 if absent)."""
+    for line in httpx.get(f"{url}/metrics").text.splitlines():
+        if line.startswith(line_start):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_clients_that_give_up_do_not_delay_the_next_one(model_root, tmp_path):
+    """Four clients post 1024x1024 images to a slow model (~20 s each here) and give up after 1 s: the queued jobs
+    never start and the running one stops at its next layer, so a fifth, small request is answered at once."""
+    server = Server(model_root, tmp_path / "server.log", backend="native", queue_size=4)
+    try:
+        big = encode(blobs(1024, 1024, seed=11))
+
+        def give_up() -> None:
+            with pytest.raises(httpx.ReadTimeout):
+                httpx.post(f"{server.url}/v1/models/slow/segment", content=big,
+                           headers={"content-type": "image/png"}, timeout=httpx.Timeout(30, read=1.0))  # fmt: skip
+
+        clients = [threading.Thread(target=give_up) for _ in range(4)]
+        for client in clients:
+            client.start()
+        for client in clients:
+            client.join(30)
+        started = time.perf_counter()
+        small = httpx.post(f"{server.url}/v1/models/cells/segment", content=encode(blobs(64, 64)),
+                           headers={"content-type": "image/png"}, timeout=60)  # fmt: skip
+        waited = time.perf_counter() - started
+        print(f"\nthe fifth request took {waited:.2f} s after four clients gave up")
+        assert small.status_code == 200
+        assert waited < 5  # not the 4 x ~20 s the abandoned work would take
+        assert metric(server.url, 'densecnn_inferences_abandoned_total{reason="client_gone"}') == 4
+        assert (
+            metric(
+                server.url,
+                'densecnn_http_requests_total{method="POST",route="/v1/models/{name}/segment",status="499"}',
+            )
+            == 4
+        )
+    finally:
+        assert server.stop() == 0
+    assert "Traceback" not in (tmp_path / "server.log").read_text()
+
+
+@pytest.fixture(scope="module")
+def strict_server(model_root, tmp_path_factory):
+    """A server with short deadlines for slow clients."""
+    log = tmp_path_factory.mktemp("strict") / "server.log"
+    server = Server(
+        model_root, log, backend="native", header_timeout=1, upload_timeout=1, keep_alive_timeout=1
+    )
+    yield server
+    server.stop()
+
+
+def raw_connection(server: Server) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+    return sock
+
+
+def closed_within(sock: socket.socket, seconds: float) -> bool:
+    """Whether the server closes ``sock`` within ``seconds`` (reading whatever it sends first)."""
+    sock.settimeout(seconds)
+    try:
+        while sock.recv(4096):
+            pass
+        return True
+    except TimeoutError:
+        return False
+    except ConnectionResetError:
+        return True
+
+
+def read_until_closed(sock: socket.socket, seconds: float) -> bytes:
+    """Everything the server sends until it closes the connection (or ``seconds`` pass)."""
+    sock.settimeout(seconds)
+    chunks = []
+    try:
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+    except (TimeoutError, ConnectionResetError):
+        pass
+    return b"".join(chunks)
+
+
+def test_slowloris_headers_are_cut_off(strict_server):
+    with raw_connection(strict_server) as sock:
+        sock.sendall(b"POST /v1/models/cells/segment HTTP/1.1\r\nHost: x\r\n")
+        started = time.perf_counter()
+        try:
+            for _ in range(20):  # one header byte every 0.2 s: never a complete request
+                sock.sendall(b"X")
+                time.sleep(0.2)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        assert closed_within(sock, 1)
+        assert (
+            time.perf_counter() - started < 4
+        )  # the header timeout (1 s), not the 4 s the client would take
+    assert httpx.get(f"{strict_server.url}/healthz").status_code == 200
+
+
+def test_idle_keep_alive_connection_is_closed(strict_server):
+    with raw_connection(strict_server) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        time.sleep(0.2)
+        assert sock.recv(4096).startswith(b"HTTP/1.1 200")
+        assert closed_within(sock, 5)  # keep-alive timeout of 1 s
+
+
+def test_slow_body_is_408(strict_server):
+    with raw_connection(strict_server) as sock:
+        sock.sendall(b"POST /v1/models/cells/segment HTTP/1.1\r\nHost: x\r\nContent-Type: image/png\r\n"
+                     b"Content-Length: 100000\r\n\r\n" + b"\x89PNG" + b"\x00" * 100)  # fmt: skip
+        answer = read_until_closed(sock, 10)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408") and b"application/json" in head
+    assert json.loads(body)["error"]["code"] == "upload_timeout"
+
+
+def test_client_leaving_mid_upload_is_one_log_line_and_499(strict_server):
+    before = metric(
+        strict_server.url,
+        'densecnn_http_requests_total{method="POST",route="/v1/models/{name}/segment",status="499"}',
+    )
+    with raw_connection(strict_server) as sock:
+        sock.sendall(b"POST /v1/models/cells/segment HTTP/1.1\r\nHost: x\r\nContent-Type: image/png\r\n"
+                     b"Content-Length: 100000\r\n\r\n" + b"\x89PNG" + b"\x00" * 1000)  # fmt: skip
+        time.sleep(0.2)
+    deadline = time.monotonic() + 5
+    line = 'densecnn_http_requests_total{method="POST",route="/v1/models/{name}/segment",status="499"}'
+    while metric(strict_server.url, line) == before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert metric(strict_server.url, line) == before + 1
+    assert 'status="500"' not in httpx.get(f"{strict_server.url}/metrics").text
+    log = strict_server.log.read_text()
+    assert log.count("closed the connection before the answer") == 1 and "Traceback" not in log
+
+
+def test_protocol_errors_are_plain_text_from_uvicorn(strict_server):
+    """Malformed HTTP never reaches the app: uvicorn answers 400 in plain text (documented)."""
+    with raw_connection(strict_server) as sock:
+        sock.sendall(b"NOT HTTP AT ALL\r\n\r\n")
+        answer = read_until_closed(sock, 10)
+    assert answer.startswith(b"HTTP/1.1 400") and b"text/plain" in answer
+
+
+def memory_mib(pid: int, field: str) -> float:
+    """VmRSS (resident now) or VmHWM (peak resident so far) of a process, MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError(f"no {field} for {pid}")
+
+
+def smooth_jpeg(side: int) -> bytes:
+    yy, xx = np.mgrid[:side, :side].astype(np.float32) / side
+    rgb = np.stack([np.sin(9 * xx) * np.cos(7 * yy), np.cos(5 * xx + yy), np.sin(3 * yy)], axis=2)
+    return encode(((rgb + 1) * 127.5).astype(np.uint8), "JPEG", quality=85)
+
+
+@pytest.mark.parametrize(
+    ("accept", "query"), [("image/png", ""), ("application/json", "?view=overlay"), ("application/x-npy", "")]
+)
+def test_one_request_stays_within_the_documented_memory_bound(model_root, tmp_path, accept, query):
+    """A 1000x1000 RGB image at limits scaled down from the defaults, on a fresh server: its peak resident memory
+    over idle stays under Settings.request_memory_bound (docs/service.md measures the defaults at 4000x4000)."""
+    from app.settings import Settings
+
+    limits = dict(max_upload_bytes=2_000_000, max_image_pixels=1_000_000, max_decode_bytes=4 << 20,
+                  max_inference_memory=64 << 20)  # fmt: skip
+    bound = Settings(model_dir=model_root, **limits).request_memory_bound(in_channels=3) / 2**20
+    server = Server(model_root, tmp_path / "server.log", backend="native", **limits)
+    try:
+        url = f"{server.url}/v1/models/cells/segment{query}"
+        headers = {"content-type": "image/jpeg", "accept": accept}
+        assert httpx.post(url, content=smooth_jpeg(64), headers=headers).status_code == 200  # warm-up
+        idle = memory_mib(server.process.pid, "VmRSS")
+        response = httpx.post(url, content=smooth_jpeg(1000), headers=headers, timeout=120)
+        assert response.status_code == 200, response.text
+        peak = memory_mib(server.process.pid, "VmHWM") - idle
+        print(f"\n{accept}{query}: peak over idle {peak:.1f} MiB, bound {bound:.1f} MiB")
+        assert peak <= bound
+    finally:
+        server.stop()

@@ -1,4 +1,4 @@
-"""The web page at ``/``: plain HTML + JS from ``app/static``."""
+"""The web page at ``/`` (plain HTML + JS from ``app/static``) and its favicon."""
 
 from __future__ import annotations
 
@@ -15,3 +15,8 @@ router = APIRouter(include_in_schema=False)
 @router.get("/")
 async def index() -> FileResponse:
     return FileResponse(STATIC / "index.html", media_type="text/html")
+
+
+@router.get("/favicon.ico")
+async def favicon() -> FileResponse:
+    return FileResponse(STATIC / "favicon.ico", media_type="image/x-icon")

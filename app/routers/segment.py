@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import threading
 from functools import partial
 
 from fastapi import APIRouter, Request, Response
 
 from ..dependencies import MetricsDep, ModelDep, PoolDep, SettingsDep
-from ..errors import ErrorBody
+from ..errors import ClientGone, ErrorBody, InferenceTimeout
 from ..negotiation import View, choose_output
 from ..schemas import SegmentJson
-from ..segmentation import segment
+from ..segmentation import RequestLimits, segment
 from ..uploads import read_upload
 
 router = APIRouter(prefix="/v1/models", tags=["segmentation"])
@@ -43,8 +44,16 @@ def _error(description: str) -> dict:
         "image's full resolution (a 16-bit PNG above 256 classes); `application/json` the label PNG in base64 "
         "with per-class pixel counts; `application/x-npy` float32 class probabilities (K, H, W). "
         "`?view=overlay` returns the image with the class colours blended in (PNG, or base64 in the JSON). "
-        "EXIF orientation is applied: labels are in the orientation the image is displayed in. "
-        "A multi-page TIFF is read from its first page. Timing is in the `Server-Timing` header."
+        "**Orientation**: the EXIF orientation (JPEG, PNG) and the TIFF Orientation tag (274) are applied before "
+        "inference, so the label map has the orientation in which the image is *displayed* (for orientations 5-8 "
+        "its width and height are the stored height and width). "
+        "A TIFF may be compressed (LZW, deflate, JPEG, packbits, ...); a stack of planes (multi-page or volumetric "
+        "TIFF) is refused with 422, naming what was received. "
+        "**Limits**: the body is limited in bytes, the image in pixels and in decoded bytes (width x height x "
+        "samples x planes x bytes per sample), both judged from its header before decoding (413). "
+        "A client that disconnects gets no answer and its job is dropped (queued) or stopped at its next layer "
+        "(running); a job past the request deadline is stopped the same way (503). "
+        "Timing is in the `Server-Timing` header."
     ),
     openapi_extra={"requestBody": IMAGE_BODY},
     response_class=Response,
@@ -57,12 +66,13 @@ def _error(description: str) -> dict:
                 "application/x-npy": BINARY,
             },
         },
-        400: _error("the image is corrupt or truncated, or the multipart body has no field `image`"),
+        400: _error("the image is corrupt or truncated, or the multipart body is cut off or has no field `image`"),
         404: _error("no such model"),
         406: _error("no response format in Accept is offered"),
-        413: _error("the body is over the byte limit, or the image over the pixel limit"),
+        408: _error("the request body did not arrive within the upload timeout"),
+        413: _error("the body is over the byte limit, or the image over the pixel or decoded-byte limit"),
         415: _error("not an image in a format read here"),
-        422: _error("invalid query parameter"),
+        422: _error("invalid query parameter, or a stack of planes sent to a model of 2-D images"),
         503: _error("busy (queue full), timed out, loading or draining; see Retry-After"),
     },
 )  # fmt: skip
@@ -75,18 +85,31 @@ async def segment_image(
     view: View | None = None,
 ) -> Response:
     output = choose_output(request.headers.get("accept"), view)
-    data = await read_upload(request)
-    job = partial(
-        segment,
-        served,
-        data,
-        output,
-        overlay=view is View.overlay,
-        max_pixels=settings.max_image_pixels,
-        max_memory=settings.max_inference_memory,
-    )
-    result = await pool.run(job, timeout=settings.request_timeout)
+    with pool.admit() as place:  # 503 at once when full, before the body is read
+        data = await read_upload(request, timeout=settings.upload_timeout)
+        limits = RequestLimits(
+            settings.max_image_pixels, settings.max_decode_bytes, settings.max_inference_memory
+        )
+        cancel = threading.Event()
+        job = partial(
+            segment, served, data, output, overlay=view is View.overlay, limits=limits, cancel=cancel
+        )
+        try:
+            result = await pool.run(place, job, cancel=cancel, timeout=settings.request_timeout,
+                                    client_gone=partial(client_disconnected, request))  # fmt: skip
+        except ClientGone:
+            metrics.abandoned.labels("client_gone").inc()
+            raise
+        except InferenceTimeout:
+            metrics.abandoned.labels("timeout").inc()
+            raise
     metrics.inference.labels(served.name).observe(result.timings["infer"])
     metrics.image_pixels.observe(result.width * result.height)
     headers = {"Server-Timing": result.server_timing(), "Vary": "Accept"}
     return Response(result.body, media_type=result.media_type, headers=headers)
+
+
+async def client_disconnected(request: Request) -> None:
+    """Returns when the client closes the connection (the body has been read: only a disconnect can arrive)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import os
+import signal
 
 
 def add_parser(subparsers) -> None:
@@ -10,7 +13,7 @@ def add_parser(subparsers) -> None:
         "serve",
         help="serve the models of a directory over HTTP (API, web page, metrics)",
         description="Serve every model under --model-dir: POST images to /v1/models/NAME/segment, or open / in a "
-        "browser. Other settings come from DENSECNN_* environment variables (see the README).",
+        "browser. Other settings come from DENSECNN_* environment variables (see docs/service.md).",
     )
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
@@ -22,8 +25,10 @@ def add_parser(subparsers) -> None:
 def run(args) -> int:
     import uvicorn
 
-    from app.registry import model_dirs
-    from app.settings import Settings
+    service = service_package()
+    model_dirs = importlib.import_module(f"{service}.registry").model_dirs
+    uvicorn_options = importlib.import_module(f"{service}.server").uvicorn_options
+    Settings = importlib.import_module(f"{service}.settings").Settings
 
     if args.workers < 1:
         raise ValueError(f"--workers must be at least 1, got {args.workers}")
@@ -37,12 +42,21 @@ def run(args) -> int:
             f"no models in {settings.model_dir} (no subdirectory holds a model.json); "
             "train or copy one there, or pass --model-dir"
         )
+    # uvicorn handles SIGTERM (drains, then shuts down) and re-raises it afterwards: a no-op handler makes that
+    # clean shutdown exit 0 instead of dying by the signal (143)
+    signal.signal(signal.SIGTERM, lambda signum, frame: None)
     uvicorn.run(
-        "app.main:create_app",
+        f"{service}.main:create_app",
         factory=True,
         host=args.host,
         port=args.port,
         workers=args.workers,
-        timeout_graceful_shutdown=int(settings.request_timeout) + 5,  # in-flight requests finish first
+        **uvicorn_options(settings),
     )
     return 0
+
+
+def service_package() -> str:
+    """The web service's import name: ``densecnn_app`` where densecnn is installed (pip, make, the Docker image),
+    ``app`` in a repository checkout used without installing (its app/ directory on the path)."""
+    return "densecnn_app" if importlib.util.find_spec("densecnn_app") else "app"

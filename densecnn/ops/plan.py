@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import threading
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
+from ..errors import Cancelled
 from ..rules.registry import fused_activation
 from . import ext_available, require_ext, solvers
 from .find import MEMORY_FORMATS, find
@@ -51,11 +53,9 @@ class Plan:
     memory_format: str  # "nchw" or "nhwc"
     steps: list[Step]
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, *, cancel: threading.Event | None = None) -> torch.Tensor:
         x = x.contiguous(memory_format=MEMORY_FORMATS[self.memory_format])
-        for step in self.steps:
-            x = step(x)
-        return x.contiguous()
+        return run_steps(self.steps, x, cancel).contiguous()
 
     def describe(self) -> list[dict]:
         """One row per step: its layers, solver and memory format (for ``densecnn tune`` and the benchmarks)."""
@@ -67,6 +67,15 @@ class Plan:
             }
             for step in self.steps
         ]
+
+
+def run_steps(steps, x: torch.Tensor, cancel: threading.Event | None = None) -> torch.Tensor:
+    """``x`` through each step in turn; raises :class:`Cancelled` before a step once ``cancel`` is set."""
+    for step in steps:
+        if cancel is not None and cancel.is_set():
+            raise Cancelled("the computation was cancelled")
+        x = step(x)
+    return x
 
 
 def group_steps(features: nn.Sequential) -> list[Step]:
