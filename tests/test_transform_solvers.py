@@ -182,3 +182,9 @@ def test_tile_sizes_cover_each_sub_grid_with_valid_tiles(sub_out, kernel):
     for t, k, s in zip(tile, kernel, sub_out):
         assert k < t <= max(fft_conv.MAX_TILE, k + 1)
         assert t <= max(k + 1, s + k - 1)  # never a tile larger than the sub-grid needs
+
+
+def test_an_input_smaller_than_the_kernel_reach_is_a_clear_error():
+    spec = ConvSpec(torch.zeros(2, 1, 3, 3), None, (4, 4), 1)
+    with pytest.raises(ValueError, match="smaller than the 3x3 kernel at dilation"):
+        fft_conv.conv2d(spec, torch.zeros(1, 1, 8, 20))

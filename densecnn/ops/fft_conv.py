@@ -32,6 +32,7 @@ order only (about 1e-7 relative in float32). bfloat16 and float16 inputs are com
 from __future__ import annotations
 
 import functools
+import threading
 from collections import OrderedDict
 
 import torch
@@ -70,6 +71,11 @@ def conv2d(spec, x: torch.Tensor) -> torch.Tensor:
     k = weight.shape[0]
     kernel, dilation = spec.kernel, spec.dilation
     out = output_size((h, w), kernel, dilation)
+    if min(out) < 1:
+        raise ValueError(
+            f"a {h}x{w} input is smaller than the {kernel[0]}x{kernel[1]} kernel at dilation {dilation} reaches; "
+            "pad it (DenseCNN does) or use a smaller kernel"
+        )
     sub_out = tuple(-(-o // d) for o, d in zip(out, dilation))  # output rows/cols per sub-grid
     tile = tile_sizes(sub_out, kernel, c, k, n * dilation[0] * dilation[1])
     valid = tuple(t - kk + 1 for t, kk in zip(tile, kernel))
@@ -191,6 +197,7 @@ def _scatter(y, n: int, k: int, valid: Pair, counts: Pair, dilation: Pair, out: 
 # --- the kernel's spectrum -----------------------------------------------------------------------------------------
 
 _spectra: OrderedDict[tuple, tuple] = OrderedDict()
+_spectra_lock = threading.Lock()
 
 
 def kernel_spectrum(weight: torch.Tensor, tile: Pair, channels_inner: bool, dtype):
@@ -213,15 +220,17 @@ def kernel_spectrum(weight: torch.Tensor, tile: Pair, channels_inner: bool, dtyp
         weight.device,
         tile,
         channels_inner,
-        dtype,
     )
-    if key in _spectra:
-        _spectra.move_to_end(key)
-        return _spectra[key][1]
+    key += (dtype,)
+    with _spectra_lock:  # served models run in several threads
+        if key in _spectra:
+            _spectra.move_to_end(key)
+            return _spectra[key][1]
     spectrum = _spectrum(weight, tile, channels_inner, dtype)
-    _spectra[key] = (weight, spectrum)
-    if len(_spectra) > CACHE_SIZE:
-        _spectra.popitem(last=False)
+    with _spectra_lock:
+        _spectra[key] = (weight, spectrum)
+        if len(_spectra) > CACHE_SIZE:
+            _spectra.popitem(last=False)
     return spectrum
 
 
