@@ -220,8 +220,8 @@ def kernel_spectrum(weight: torch.Tensor, tile: Pair, channels_inner: bool, dtyp
         weight.device,
         tile,
         channels_inner,
+        dtype,
     )
-    key += (dtype,)
     with _spectra_lock:  # served models run in several threads
         if key in _spectra:
             _spectra.move_to_end(key)
