@@ -43,7 +43,9 @@ from ..geometry import output_size
 Pair = tuple[int, int]
 MAX_TILE = 64  # largest tile side considered; past it the O(T) transforms cost more than the products save
 MEMORY_WEIGHT = 8.0  # multiply-adds one float written and read back costs, in the tile-size cost model
-SHORT_CONTRACTION = 32  # a GEMM whose contraction is this long runs at half the speed of a long one
+SHORT_CONTRACTION = (
+    128  # a GEMM whose contraction is this long runs at half the speed of a long one (measured)
+)
 CACHE_SIZE = 32  # kernel spectra kept (inference), least recently used dropped first
 COMPUTE_DTYPES = (torch.float32, torch.float64)
 
