@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import dataclasses
 import functools
 import json
 import os
@@ -24,30 +23,18 @@ import time
 import torch
 
 import densecnn
-from densecnn.ops import ext_available, solvers
+from densecnn.ops import ext_available, plan, solvers
 
 FORMATS = {"nchw": torch.contiguous_format, "nhwc": torch.channels_last}
 NETS = {"plain_133": 32, "stages_46": 8}  # classes
 
 
 def steps_of(dense) -> list[tuple]:
-    """(layers, spec or None) per step: a windowed layer absorbing the tanh/ReLU after a pool, else one layer."""
-    layers, steps, i = list(dense.features), [], 0
-    while i < len(layers):
-        layer = layers[i]
-        if not hasattr(layer, "spec"):
-            steps.append(((layer,), None))
-            i += 1
-            continue
-        spec = layer.spec()
-        follower = solvers.ACTIVATIONS.get(type(layers[i + 1])) if i + 1 < len(layers) else None
-        if isinstance(spec, solvers.PoolSpec) and follower:
-            steps.append(((layer, layers[i + 1]), dataclasses.replace(spec, activation=follower)))
-            i += 2
-        else:
-            steps.append(((layer,), spec))
-            i += 1
-    return steps
+    """(layers, spec or None) per step of the net, grouped as the planner groups them (a pool absorbs its tanh/ReLU)."""
+    return [
+        (step.layers, step.spec() if hasattr(step.layers[0], "spec") else None)
+        for step in plan.group_steps(dense.features)
+    ]
 
 
 def interleaved(candidates: dict, repeats: int) -> dict[str, float]:
