@@ -3,46 +3,91 @@
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 
 from torch import nn
 
 from .chain import Chain, extract_chain
 from .dense import DenseCNN
 from .errors import ConversionError, DenseEquivalenceWarning, PatchSizeError, PatchSizeWarning
-from .geometry import ntuple
+from .geometry import Size, ntuple
 from .ops import check_backend
 from .padding import check_padding_mode
 from .patch_sizes import describe_nearest, smallest_equivalent
 from .rules import ConversionContext, LayerRecord, find_record, is_stochastic
+from .rules.registry import spatial_dims
+
+_AXES = {1: "(length,)", 2: "(height, width)", 3: "(depth, height, width)"}
 
 
-def as_patch_size(patch_size) -> tuple[int, int]:
-    """An int or (h, w) (numpy ints too) as a validated (h, w) pair of positive Python ints."""
+def as_patch_size(patch_size, dims: int = 2) -> Size:
+    """An int or a tuple with one entry per spatial axis (numpy ints too) as a validated tuple of ``dims`` positive
+    Python ints: (h, w) for images, (d, h, w) for volumes, (l,) for signals.
+
+    >>> as_patch_size(9, 3), as_patch_size((9, 65, 65), 3)
+    ((9, 9, 9), (9, 65, 65))
+    """
     try:
-        pair = ntuple(patch_size, 2, "patch_size")
+        size = ntuple(patch_size, dims, "patch_size")
     except (TypeError, ValueError):
-        pair = ()
-    if len(pair) != 2 or min(pair) < 1:
-        raise ValueError(f"patch_size must be a positive int or a pair (h, w) of them, got {patch_size!r}")
-    return pair
+        size = ()
+    if len(size) != dims or min(size) < 1:
+        raise ValueError(
+            f"patch_size must be a positive int or a tuple {_AXES[dims]} of them for a net with {dims} spatial "
+            f"axis/axes, got {patch_size!r}"
+        )
+    return size
 
 
-def convert(model: nn.Module, patch_size, *, padding_mode: str = "zeros", backend: str = "auto") -> DenseCNN:
+def spatial_dims_of(chain: Chain, patch_size) -> int:
+    """The number of spatial axes of a patch net: fixed by its layers (``Conv3d``: 3), else by a tuple
+    ``patch_size``'s length, else 2 (an MLP on raw image patches).
+
+    Raises:
+        ConversionError: the layers mix numbers of axes (a Conv2d and a MaxPool3d).
+    """
+    found: dict[int, str] = {}
+    for path, module in chain:
+        dims = spatial_dims(module)
+        if dims is not None:
+            found.setdefault(dims, f"{path!r} ({type(module).__name__})")
+    if len(found) > 1:
+        named = ", ".join(f"{where}: {dims}-D" for dims, where in sorted(found.items()))
+        raise ConversionError(
+            f"the model mixes layers for different numbers of spatial axes ({named}). Use layers of one kind "
+            "throughout (Conv1d/MaxPool1d for signals, Conv2d/MaxPool2d for images, Conv3d/MaxPool3d for volumes)"
+        )
+    if found:
+        return next(iter(found))
+    if isinstance(patch_size, Sequence) and len(patch_size) in _AXES:
+        return len(patch_size)
+    return 2
+
+
+def convert(
+    model: nn.Module, patch_size, *, padding_mode: str = "zeros", backend: str = "auto", tune: bool = False
+) -> DenseCNN:
     """Convert a patch classifier into a DenseCNN that labels every pixel of a whole image in one pass.
 
     ``model`` maps (B, C, Ph, Pw) patches to (B, K) scores (or (B, K, 1, 1)). The dense net uses the very same
     parameters (no copies), so gradients through it land in ``model``; ``model`` itself is not modified.
+    Signal and volume nets convert the same way: a model of ``Conv1d`` layers maps (B, C, Pl) patches, one of
+    ``Conv3d`` layers (B, C, Pd, Ph, Pw) patches; the layers fix the number of spatial axes.
 
     Args:
         model: an ``nn.Sequential`` (nested allowed) or a module whose ``torch.fx`` trace is a chain of layers.
-        patch_size: the patch size the model was trained on, int or (h, w).
+        patch_size: the patch size the model was trained on: an int, or a tuple with one entry per spatial axis
+            ((h, w) for images; (d, h, w) for volumes, anisotropic ones like (9, 65, 65) included; (l,) for signals).
         padding_mode: how the image is extended beyond its border: "zeros", "reflect" or "replicate".
-        backend: "auto", "native" (torch ops) or "ext" (densecnn's own kernels).
+        backend: which solvers may run the dense ops (:class:`densecnn.ops.Backend`): "auto" (all), "native"
+            (torch's dilated ops, NCHW) or "ext" (densecnn's own kernels).
+        tune: time the candidate solvers of each layer on the first call for a new input shape (cached on disk)
+            instead of choosing at once from the shipped cost model; see docs/performance.md.
 
     Raises:
         ConversionError: a layer cannot be converted exactly; the message names it and says what to do.
-        PatchSizeError: the patch size does not bring the net to one output; the message names the nearest sizes
-            that do (computed in closed form from the layers, instantly whatever the size).
+        PatchSizeError: the patch size does not bring the net to one output, or has a number of entries other than
+            the layers' spatial axes; the message names the nearest sizes that do (computed in closed form from the layers, instantly whatever the size).
 
     Warns:
         PatchSizeWarning: a smaller patch size gives the same net (pooling floors drop the extra rows and columns),
@@ -56,10 +101,16 @@ def convert(model: nn.Module, patch_size, *, padding_mode: str = "zeros", backen
         >>> dense(torch.rand(2, 1, 40, 50)).shape
         torch.Size([2, 3, 40, 50])
     """
-    patch = as_patch_size(patch_size)
     check_padding_mode(padding_mode)
     check_backend(backend)
     chain = extract_chain(model)
+    dims = spatial_dims_of(chain, patch_size)
+    if isinstance(patch_size, Sequence) and len(patch_size) != dims:
+        raise PatchSizeError(
+            f"patch_size {tuple(patch_size)} has {len(patch_size)} entries, but the model's layers have {dims} "
+            f"spatial axis/axes: give an int or {_AXES[dims]}"
+        )
+    patch = as_patch_size(patch_size, dims)
     try:
         converted, ctx = _convert_chain(chain, patch)
     except PatchSizeError as exc:
@@ -80,13 +131,14 @@ def convert(model: nn.Module, patch_size, *, padding_mode: str = "zeros", backen
         num_classes=ctx.channels,
         padding_mode=padding_mode,
         backend=backend,
+        tune=tune,
     )
     dense.onnx_exports = tuple(record.export for _, record in converted)  # read by densecnn.onnx_export
     return dense
 
 
 def _convert_chain(
-    chain: Chain, patch: tuple[int, int], *, strict: bool = True
+    chain: Chain, patch: Size, *, strict: bool = True
 ) -> tuple[list[tuple[nn.Module, LayerRecord]], ConversionContext]:
     """The dense layers, each with the record of the layer it came from, and the context after the last layer.
 
@@ -108,16 +160,16 @@ def _convert_chain(
         dense_layer = record.rule(module, ctx)
         if dense_layer is not None:
             converted.append((dense_layer, record))
-    if ctx.size != (1, 1) and strict:
+    if not ctx.is_point() and strict:
         raise PatchSizeError(
-            f"this patch size leaves a {ctx.size[0]}x{ctx.size[1]} output map, not one score vector per patch"
+            f"this patch size leaves a {'x'.join(map(str, ctx.size))} output map, not one score vector per patch"
         )
     if ctx.channels is None:
-        raise ConversionError("the model has no layer that fixes its number of classes (no Conv2d or Linear)")
+        raise ConversionError("the model has no layer that fixes its number of classes (no Conv or Linear)")
     return converted, ctx
 
 
-def _nearest_valid_sizes(chain: Chain, patch: tuple[int, int]) -> str:
+def _nearest_valid_sizes(chain: Chain, patch: Size) -> str:
     """A hint naming the valid patch sizes nearest to ``patch``, from the layers' size steps (closed form)."""
     try:
         _, ctx = _convert_chain(chain, patch, strict=False)
@@ -126,14 +178,19 @@ def _nearest_valid_sizes(chain: Chain, patch: tuple[int, int]) -> str:
     return describe_nearest(ctx.steps, patch)
 
 
-def _warn_if_not_smallest(ctx: ConversionContext, patch: tuple[int, int]) -> None:
+def _warn_if_not_smallest(ctx: ConversionContext, patch: Size) -> None:
     smallest = smallest_equivalent(ctx.steps, patch)
     if smallest != patch:
         unread = tuple(p - s for p, s in zip(patch, smallest))
         size = smallest[0] if len(set(smallest)) == 1 and len(set(patch)) == 1 else smallest
+        if len(patch) == 2:
+            what = f"{unread[0]} row(s) and {unread[1]} column(s)"
+        else:
+            names = {1: ("sample(s)",), 3: ("slice(s)", "row(s)", "column(s)")}[len(patch)]
+            what = " and ".join(f"{u} {name}" for u, name in zip(unread, names))
         warnings.warn(
-            f"patch size {patch[0]}x{patch[1]}: the net never reads the last {unread[0]} row(s) and {unread[1]} "
-            f"column(s) of each patch (its pools floor them away), so {smallest[0]}x{smallest[1]} gives the same "
+            f"patch size {'x'.join(map(str, patch))}: the net never reads the last {what} of each patch (its "
+            f"pools floor them away), so {'x'.join(map(str, smallest))} gives the same "
             f"net, and the model was most likely trained with patch_size={size}. With a larger size, each pixel's "
             "label comes from a patch whose centre is shifted. Pass the size the model was trained with",
             PatchSizeWarning,

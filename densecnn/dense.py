@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import math
 import os
 import threading
 import warnings
@@ -9,12 +11,15 @@ import warnings
 import torch
 from torch import nn
 
-from . import ops, tiling
+from . import tiling
 from .errors import DenseEquivalenceWarning
-from .layers import WindowLayer
-from .ops.plan import Plan, make_plan, run_steps
-from .padding import pad_image
+from .geometry import Size, reach
+from .layers import WindowLayer, output_shape
+from .ops.backends import Backend, check_backend, ext_available
+from .ops.plan import Plan, find_requested, make_plan
+from .padding import dense_padding, pad_image
 
+_INPUTS = {1: ("signals", "(N, C, L)"), 2: ("images", "(N, C, H, W)"), 3: ("volumes", "(N, C, D, H, W)")}
 _STOCHASTIC = (nn.modules.batchnorm._BatchNorm, nn.modules.dropout._DropoutNd)
 
 
@@ -22,19 +27,26 @@ class DenseCNN(nn.Module):
     """A patch classifier converted to stride-1 dilated ops; build it with :func:`densecnn.convert`.
 
     ``forward(x)`` maps (N, C, H, W) images to (N, K, H, W) scores with ``out[n, :, i, j] == model(patch centred at
-    (i, j))``, the image padded as ``padding_mode`` says (top/left ⌊(P-1)/2⌋, bottom/right ⌊P/2⌋).
+    (i, j))``, the image padded as ``padding_mode`` says (top/left ⌊(P-1)/2⌋, bottom/right ⌊P/2⌋). A net converted
+    from a signal model (``Conv1d``...) maps (N, C, L) signals to (N, K, L), one from a volume model (``Conv3d``...)
+    (N, C, D, H, W) volumes to (N, K, D, H, W), padded by the same rule along every axis.
 
-    With backend "auto" (or "ext"), the first call for an input shape picks the fastest solver per layer and one
-    memory format for the whole net (:mod:`densecnn.ops.plan`, timings cached on disk by :mod:`densecnn.ops.find`);
-    backend "native" runs torch's dilated ops layer by layer in NCHW. ``max_memory`` (bytes) splits the work into
-    exact tiles (:mod:`densecnn.tiling`).
+    The first call for an input shape picks a solver per layer and one memory format for the whole net
+    (:mod:`densecnn.ops.plan`) at once, from the shipped cost model; with ``tune`` (or ``DENSECNN_FIND=1``) it
+    times the candidates instead and caches the times on disk (:mod:`densecnn.ops.find`), which later plans reuse.
+    ``backend`` restricts the candidates: "native" runs torch's dilated ops in NCHW, "ext" densecnn's kernels only.
+    ``max_memory`` (bytes) splits the work into exact tiles (:mod:`densecnn.tiling`).
 
     Attributes:
-        patch_size: (Ph, Pw) the patch model was trained on.
-        receptive_field: (Rh, Rw), the pixels each output actually depends on (≤ patch_size).
+        patch_size: (Ph, Pw) the patch model was trained on; (Pd, Ph, Pw) for volumes, (Pl,) for signals.
+        receptive_field: (Rh, Rw), the pixels each output actually depends on (≤ patch_size), per axis like
+            ``patch_size``.
+        dims: the number of spatial axes (1, 2 or 3).
         in_channels, num_classes: input channels C and output classes K.
         padding_mode: "zeros", "reflect" or "replicate".
-        solver, memory_format: None (chosen by timing) or a solver name / "nchw" / "nhwc" to force for every layer
+        backend: the :class:`~densecnn.ops.Backend` whose solvers the plans may use.
+        tune: time the candidate solvers of every new problem instead of predicting their times.
+        solver, memory_format: None (chosen by the plan) or a solver name / "nchw" / "nhwc" to force for every layer
             (also settable by the environment variables DENSECNN_SOLVER and DENSECNN_MEMORY_FORMAT).
     """
 
@@ -42,11 +54,12 @@ class DenseCNN(nn.Module):
         self,
         layers: list[nn.Module],
         *,
-        patch_size: tuple[int, int],
+        patch_size: tuple[int, ...],
         in_channels: int | None,
         num_classes: int,
         padding_mode: str,
-        backend: str,
+        backend: str = "auto",
+        tune: bool = False,
     ):
         super().__init__()
         self.features = nn.Sequential(*layers)
@@ -55,37 +68,44 @@ class DenseCNN(nn.Module):
         self.num_classes = num_classes
         self.padding_mode = padding_mode
         self.receptive_field = tuple(
-            1 + sum((layer.kernel[axis] - 1) * layer.dilation[axis] for layer in self.window_layers())
-            for axis in (0, 1)
+            1 + sum(reach(layer.kernel, layer.dilation)[axis] for layer in self.window_layers())
+            for axis in range(len(patch_size))
         )
         self.backend = backend
+        self.tune = tune
         self.solver: str | None = None
         self.memory_format: str | None = None
         self._plans: dict[tuple, Plan] = {}
+
+    @property
+    def dims(self) -> int:
+        """The number of spatial axes: 1 (signals), 2 (images) or 3 (volumes)."""
+        return len(self.patch_size)
 
     def window_layers(self) -> list[WindowLayer]:
         return [layer for layer in self.features if isinstance(layer, WindowLayer)]
 
     @property
-    def backend(self) -> str:
+    def backend(self) -> Backend:
         return self._backend
 
     @backend.setter
     def backend(self, backend: str) -> None:
-        self._backend = backend
-        for layer in self.window_layers():
-            layer.backend = backend
+        self._backend = check_backend(backend)
 
     def pad(self, x: torch.Tensor) -> torch.Tensor:
-        """(N, C, H, W) -> (N, C, H+Rh-1, W+Rw-1): the padding the dense ops consume, so the output is H×W."""
-        top, left = ((p - 1) // 2 for p in self.patch_size)
-        bottom, right = self.receptive_field[0] - 1 - top, self.receptive_field[1] - 1 - left
-        return pad_image(x, (top, left), (bottom, right), self.padding_mode)
+        """(N, C, *S) -> (N, C, *(S+R-1)): the padding the dense ops consume, so the output has the input's size.
+
+        Use it (or :func:`densecnn.padding.pad_image` with :func:`~densecnn.padding.dense_padding`) to pad crops of any
+        number of spatial axes the way the dense net does."""
+        before, after = dense_padding(self.patch_size, self.receptive_field)
+        return pad_image(x, before, after, self.padding_mode)
 
     def forward(
         self, x: torch.Tensor, max_memory: int | None = None, *, cancel: threading.Event | None = None
     ) -> torch.Tensor:
-        """(N, C, H, W) float images -> (N, K, H, W) scores, one patch-model output per pixel.
+        """(N, C, H, W) float images -> (N, K, H, W) scores, one patch-model output per pixel ((N, C, *S) ->
+        (N, K, *S) for signals and volumes).
 
         ``max_memory`` (bytes): compute the output in tiles whose estimated memory, with the held padded image and
         scores, stays under it; the result equals the untiled one. ``cancel``: once this event is set (by another
@@ -97,14 +117,14 @@ class DenseCNN(nn.Module):
         self._check_input(x)
         self._warn_if_stochastic()
         if max_memory is not None:
-            return tiling.run_tiled(self, x, max_memory, labels=False, cancel=cancel)
+            return self._run_tiled(x, max_memory, labels=False, cancel=cancel)
         return self.run_padded(self.pad(x), cancel=cancel)
 
     @torch.no_grad()
     def predict(
         self, x: torch.Tensor, max_memory: int | None = None, *, cancel: threading.Event | None = None
     ) -> torch.Tensor:
-        """(N, C, H, W) float images -> (N, H, W) int64 labels (argmax of the scores).
+        """(N, C, H, W) float images -> (N, H, W) int64 labels (argmax of the scores); (N, C, *S) -> (N, *S).
 
         With ``max_memory`` (bytes) only each tile's labels are kept, so large images fit: a 4096x4096 RGB image
         through plain_133 with ``max_memory=1_500_000_000`` never holds the 2 GB of 32-class scores.
@@ -115,23 +135,77 @@ class DenseCNN(nn.Module):
             return self.forward(x, cancel=cancel).argmax(1)
         self._check_input(x)
         self._warn_if_stochastic()
-        return tiling.run_tiled(self, x, max_memory, labels=True, cancel=cancel)
+        return self._run_tiled(x, max_memory, labels=True, cancel=cancel)
+
+    def warm(
+        self, shape, *, dtype: torch.dtype = torch.float32, max_memory: int | None = None, train: bool = False
+    ) -> None:
+        """Prepare what a call on (N, C, H, W) images of ``shape`` needs, so that the first real call is as fast as
+        the next: the plans (tuned if ``tune`` is set) and torch's own first-call work for those shapes, by one call
+        on zeros: ``predict(x, max_memory)`` (with ``max_memory``, the plan of its tile shape), or with ``train`` a
+        training step (forward and backward; the parameters' gradients are left as they were).
+
+        >>> dense.warm((1, 3, 512, 512))  # e.g. at a service's start-up, once per expected size
+        """
+        x = torch.zeros(shape, dtype=dtype, device=next(self.parameters()).device)
+        if not train:
+            self.predict(x, max_memory=max_memory)
+            return
+        params = list(self.parameters())
+        grads = [p.grad for p in params]
+        with torch.enable_grad():
+            scores = self.forward(x, max_memory=max_memory)
+            if scores.requires_grad:
+                scores.sum().backward()
+        for p, grad in zip(params, grads):
+            p.grad = grad
+
+    def _run_tiled(
+        self, x: torch.Tensor, max_memory: int, *, labels: bool, cancel: threading.Event | None
+    ) -> torch.Tensor:
+        tiling.check_max_memory(max_memory)
+        estimate = self.memory_estimate(x.shape, x.element_size(), labels=labels, train=self._trains(x))
+        tile = tiling.choose_tile(x.shape, max_memory, estimate, labels=labels)
+        run = functools.partial(
+            self.run_padded, cancel=cancel
+        )  # checks ``cancel`` before each layer of each tile
+        return tiling.run_tiled(run, self.pad(x), tile, self.receptive_field, labels=labels)
+
+    def memory_estimate(self, shape, itemsize: int, *, labels: bool, train: bool) -> tiling.MemoryEstimate:
+        """Bytes a tiled call on (N, C, H, W) images of ``shape`` holds, and needs per output tile (from the layer
+        shapes; see :mod:`densecnn.tiling`). ``labels``: only labels are kept; ``train``: under autograd."""
+        n, c, *size = shape
+        padded = math.prod(s + r - 1 for s, r in zip(size, self.receptive_field))
+        result = n * math.prod(size) * (8 if labels else self.num_classes * itemsize)
+
+        def tile(tile_size: Size) -> int:
+            layer_shape = (n, c, *(t + r - 1 for t, r in zip(tile_size, self.receptive_field)))
+            sizes = [math.prod(layer_shape)]
+            for layer in self.features:
+                layer_shape = output_shape(layer, layer_shape)
+                sizes.append(math.prod(layer_shape))
+            return tiling.tile_peak_bytes(sizes, itemsize, train=train)
+
+        return tiling.MemoryEstimate(held=n * c * padded * itemsize + result, tile=tile)
 
     def run_padded(self, padded: torch.Tensor, *, cancel: threading.Event | None = None) -> torch.Tensor:
-        """Run the dense layers on an already padded (N, C, H+Rh-1, W+Rw-1) input -> (N, K, H, W)."""
-        if self.backend == "native":
-            return run_steps(self.features, padded, cancel)
+        """Run the dense layers on an already padded (N, C, *(S+R-1)) input -> (N, K, *S); ``cancel`` as in
+        :meth:`forward`."""
         return self.plan(padded)(padded, cancel=cancel)
 
-    def plan(self, padded: torch.Tensor) -> Plan:
-        """The solver plan for this input (found and cached per shape, dtype, device and direction)."""
-        train = torch.is_grad_enabled() and (
-            padded.requires_grad or any(p.requires_grad for p in self.parameters())
+    def _trains(self, x: torch.Tensor) -> bool:
+        return torch.is_grad_enabled() and (
+            x.requires_grad or any(p.requires_grad for p in self.parameters())
         )
+
+    def plan(self, padded: torch.Tensor) -> Plan:
+        """The solver plan for this input (made once per shape, dtype, device, direction and forcing)."""
+        train = self._trains(padded)
+        tune = find_requested(self.tune)
         key = (
-            tuple(padded.shape), padded.dtype, padded.device, train, padded.requires_grad, self.backend, self.solver,
-            self.memory_format,
-            os.environ.get("DENSECNN_SOLVER"), os.environ.get("DENSECNN_MEMORY_FORMAT"), ops.ext_available(),
+            tuple(padded.shape), padded.dtype, padded.device, train, padded.requires_grad, self.backend, tune,
+            self.solver, self.memory_format,
+            os.environ.get("DENSECNN_SOLVER"), os.environ.get("DENSECNN_MEMORY_FORMAT"), ext_available(),
         )  # fmt: skip
         if key not in self._plans:
             self._plans[key] = make_plan(
@@ -144,19 +218,24 @@ class DenseCNN(nn.Module):
                 solver=self.solver,
                 memory_format=self.memory_format,
                 input_grad=padded.requires_grad,
+                tune=tune,
             )
         return self._plans[key]
 
     def _check_input(self, x: torch.Tensor) -> None:
-        if not isinstance(x, torch.Tensor) or x.dim() != 4:
+        if not isinstance(x, torch.Tensor) or x.dim() != self.dims + 2:
             shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-            raise ValueError(
-                f"expected images as an (N, C, H, W) tensor, got {shape}; add a batch axis with x[None]"
-            )
+            what, layout = _INPUTS[self.dims]
+            fix = "add a batch axis with x[None]"
+            if isinstance(x, torch.Tensor) and x.dim() == self.dims + 1:
+                fix = f"add the batch axis with x[None] (a single {what[:-1]})"
+            elif isinstance(x, torch.Tensor):
+                fix = f"this model has {self.dims} spatial axis/axes (patch size {self.patch_size})"
+            raise ValueError(f"expected {what} as an {layout} tensor, got {shape}; {fix}")
         if not x.is_floating_point():
             raise TypeError(f"expected a floating-point tensor, got {x.dtype}; convert with x.float()")
         weight = next(self.parameters(), None)
-        if self.backend == "native" and weight is not None and x.dtype != weight.dtype:
+        if self.backend is Backend.NATIVE and weight is not None and x.dtype != weight.dtype:
             raise TypeError(
                 f"backend='native' computes in the model's dtype ({weight.dtype}), the images are {x.dtype}; "
                 f"convert them with x.to({weight.dtype}) or use backend='auto', which computes in the images' dtype"
@@ -165,8 +244,11 @@ class DenseCNN(nn.Module):
             raise ValueError(
                 f"the model takes {self.in_channels} input channels, the images have {x.shape[1]}"
             )
-        if x.shape[2] < 1 or x.shape[3] < 1:
-            raise ValueError(f"images must be at least 1x1, got {x.shape[2]}x{x.shape[3]}")
+        if min(x.shape[2:]) < 1:
+            what = _INPUTS[self.dims][0]
+            raise ValueError(
+                f"{what} must have at least 1 pixel per axis, got {'x'.join(map(str, x.shape[2:]))}"
+            )
 
     def _warn_if_stochastic(self) -> None:
         if any(m.training for m in self.modules() if isinstance(m, _STOCHASTIC)):
@@ -180,5 +262,5 @@ class DenseCNN(nn.Module):
     def extra_repr(self) -> str:
         return (
             f"patch_size={self.patch_size}, receptive_field={self.receptive_field}, "
-            f"padding_mode={self.padding_mode!r}, backend={self.backend!r}"
+            f"padding_mode={self.padding_mode!r}, backend={self.backend.value!r}"
         )

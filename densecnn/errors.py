@@ -39,6 +39,10 @@ class TrainingError(ValueError):
     checkpoint. The message names the option (``--batch``) or the file, and the fix."""
 
 
+class ExtensionUnavailableWarning(RuntimeWarning):
+    """densecnn's compiled kernels are not built or failed to load; torch-only solvers are used instead."""
+
+
 class ImageReadError(ValueError):
     """An image could not be decoded, or is not a 2-D image; the message says which and why."""
 

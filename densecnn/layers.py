@@ -11,30 +11,51 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import ops
+from .geometry import Size, output_size
+from .ops import solvers
 from .ops.solvers import ConvSpec, PoolSpec
 
-Pair = tuple[int, int]
+Shape = tuple[int, ...]  # (N, C, *spatial)
 
 
-def _mul(a: Pair, b: Pair) -> Pair:
-    return a[0] * b[0], a[1] * b[1]
+def _mul(a: Size, b: Size) -> Size:
+    return tuple(x * y for x, y in zip(a, b, strict=True))
+
+
+def functional(op: str, dims: int):
+    """torch's functional op for ``dims`` spatial axes: ``functional("conv", 3)`` is ``F.conv3d``."""
+    return getattr(F, f"{op}{dims}d")
 
 
 class WindowLayer(nn.Module):
-    """A stride-1 op sliding a ``kernel`` window whose taps are ``dilation`` pixels apart.
+    """A stride-1 op sliding a ``kernel`` window whose taps are ``dilation`` pixels apart, over 1, 2 or 3 spatial axes.
+
+    Called on its own, a layer runs its op with torch's dilated ops (the ``native`` solver); inside a
+    :class:`~densecnn.DenseCNN`, the net's plan picks the solver (:mod:`densecnn.ops.plan`).
 
     Attributes:
-        kernel: (kh, kw) taps of the window.
-        stride: (sh, sw) stride of the patch net's op.
-        dilation: (dh, dw) tap spacing of the dense op, in input pixels.
+        kernel: taps of the window, one entry per spatial axis ((kh, kw) for images, (kd, kh, kw) for volumes).
+        stride: stride of the patch net's op, per axis.
+        dilation: tap spacing of the dense op, in input pixels, per axis.
     """
 
-    backend: str = "auto"
-
-    def __init__(self, kernel: Pair, stride: Pair, dilation: Pair):
+    def __init__(self, kernel: Size, stride: Size, dilation: Size):
         super().__init__()
-        self.kernel, self.stride, self.dilation = kernel, stride, dilation
+        self.kernel, self.stride, self.dilation = tuple(kernel), tuple(stride), tuple(dilation)
+
+    @property
+    def dims(self) -> int:
+        """The number of spatial axes."""
+        return len(self.kernel)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (N, C, *S) -> (N, C', *S')
+        return solvers.run("native", self.spec(), x)
+
+    def output_shape(self, shape: Shape) -> Shape:
+        """The (N, C', *S') this layer outputs for an input of ``shape``."""
+        spec = self.spec()
+        channels = spec.weight.shape[0] if isinstance(spec, ConvSpec) else shape[1]
+        return (shape[0], channels, *output_size(tuple(shape[2:]), self.kernel, self.dilation))
 
     def strided(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
@@ -47,20 +68,19 @@ class WindowLayer(nn.Module):
         return f"kernel={self.kernel}, dilation={self.dilation}, patch_stride={self.stride}"
 
 
-class DenseConv2d(WindowLayer):
-    """A patch net's ``nn.Conv2d`` (no padding, any stride) as a stride-1 conv with dilation ``d · conv.dilation``."""
+class DenseConv(WindowLayer):
+    """A patch net's ``nn.Conv1d/2d/3d`` (no padding, any stride) as a stride-1 conv with dilation
+    ``d · conv.dilation``."""
 
-    def __init__(self, conv: nn.Conv2d, input_dilation: Pair):
+    def __init__(self, conv: nn.modules.conv._ConvNd, input_dilation: Size):
         super().__init__(conv.kernel_size, conv.stride, _mul(input_dilation, conv.dilation))
         self.source = conv
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (N, C, H, W) -> (N, K, H', W')
-        conv = self.source
-        return ops.conv2d(x, conv.weight, conv.bias, self.dilation, conv.groups, backend=self.backend)
-
     def strided(self, x: torch.Tensor) -> torch.Tensor:
         conv = self.source
-        return F.conv2d(x, conv.weight, conv.bias, conv.stride, 0, conv.dilation, conv.groups)
+        return functional("conv", self.dims)(
+            x, conv.weight, conv.bias, conv.stride, 0, conv.dilation, conv.groups
+        )
 
     def spec(self) -> ConvSpec:
         conv = self.source
@@ -73,25 +93,23 @@ class DenseConv2d(WindowLayer):
 
 
 class DenseLinear(WindowLayer):
-    """A ``nn.Linear`` reading a flattened (C, mh, mw) map, as a conv with an mh×mw kernel and the input's dilation.
+    """A ``nn.Linear`` reading a flattened (C, *m) map, as a conv whose kernel is the map (mh×mw for images, md×mh×mw
+    for volumes) with the input's dilation.
 
-    The kernel is a view of ``linear.weight`` (flatten order is C, then rows, then columns), never a copy.
+    The kernel is a view of ``linear.weight`` (flatten order is C, then the spatial axes in order), never a copy.
     """
 
-    def __init__(self, linear: nn.Linear, map_shape: tuple[int, int, int], input_dilation: Pair):
-        super().__init__(map_shape[1:], (1, 1), input_dilation)
+    def __init__(self, linear: nn.Linear, map_shape: tuple[int, ...], input_dilation: Size):
+        super().__init__(map_shape[1:], (1,) * len(input_dilation), input_dilation)
         self.source = linear
         self.map_shape = map_shape
 
     @property
-    def weight(self) -> torch.Tensor:  # (K, C, mh, mw), a view of the Linear's (K, C·mh·mw) weight
+    def weight(self) -> torch.Tensor:  # (K, C, *m), a view of the Linear's (K, C·prod(m)) weight
         return self.source.weight.view(self.source.out_features, *self.map_shape)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return ops.conv2d(x, self.weight, self.source.bias, self.dilation, 1, backend=self.backend)
-
     def strided(self, x: torch.Tensor) -> torch.Tensor:
-        return F.conv2d(x, self.weight, self.source.bias)
+        return functional("conv", self.dims)(x, self.weight, self.source.bias)
 
     def spec(self) -> ConvSpec:
         return ConvSpec(self.weight, self.source.bias, self.dilation, 1)
@@ -100,39 +118,37 @@ class DenseLinear(WindowLayer):
         return f"{self.map_shape[0]}, {self.source.out_features}, {super().extra_repr()} (from Linear)"
 
 
-class DenseMaxPool2d(WindowLayer):
+class DenseMaxPool(WindowLayer):
     """Max pooling with the patch net's kernel, stride 1 and dilation ``d · pool.dilation``."""
 
-    def __init__(self, kernel: Pair, stride: Pair, source_dilation: Pair, input_dilation: Pair):
+    def __init__(self, kernel: Size, stride: Size, source_dilation: Size, input_dilation: Size):
         super().__init__(kernel, stride, _mul(input_dilation, source_dilation))
         self.source_dilation = source_dilation
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return ops.max_pool2d(x, self.kernel, self.dilation, backend=self.backend)
-
     def strided(self, x: torch.Tensor) -> torch.Tensor:
-        return F.max_pool2d(x, self.kernel, self.stride, 0, self.source_dilation)
+        return functional("max_pool", self.dims)(x, self.kernel, self.stride, 0, self.source_dilation)
 
     def spec(self) -> PoolSpec:
-        return PoolSpec("max_pool2d", self.kernel, self.dilation)
+        return PoolSpec(f"max_pool{self.dims}d", self.kernel, self.dilation)
 
 
-class DenseAvgPool2d(WindowLayer):
-    """Average pooling with the patch net's kernel, stride 1 and dilation ``d``: the mean of the kh·kw dilated taps
-    (or their sum over ``divisor``, for ``AvgPool2d(divisor_override=...)``)."""
+class DenseAvgPool(WindowLayer):
+    """Average pooling with the patch net's kernel, stride 1 and dilation ``d``: the mean of the dilated taps (or
+    their sum over ``divisor``, for ``AvgPool2d/3d(divisor_override=...)``)."""
 
-    def __init__(self, kernel: Pair, stride: Pair, input_dilation: Pair, divisor: int | None = None):
+    def __init__(self, kernel: Size, stride: Size, input_dilation: Size, divisor: int | None = None):
         super().__init__(kernel, stride, input_dilation)
         self.divisor = divisor
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return ops.avg_pool2d(x, self.kernel, self.dilation, self.divisor, backend=self.backend)
-
     def strided(self, x: torch.Tensor) -> torch.Tensor:
-        return F.avg_pool2d(x, self.kernel, self.stride, 0, divisor_override=self.divisor)
+        if self.dims == 1:  # F.avg_pool1d has no divisor_override (the rule passes none for AvgPool1d)
+            return F.avg_pool1d(x, self.kernel, self.stride, 0)
+        return functional("avg_pool", self.dims)(
+            x, self.kernel, self.stride, 0, divisor_override=self.divisor
+        )
 
     def spec(self) -> PoolSpec:
-        return PoolSpec("avg_pool2d", self.kernel, self.dilation, self.divisor)
+        return PoolSpec(f"avg_pool{self.dims}d", self.kernel, self.dilation, self.divisor)
 
     def extra_repr(self) -> str:
         divisor = f", divisor={self.divisor}" if self.divisor else ""
@@ -140,7 +156,8 @@ class DenseAvgPool2d(WindowLayer):
 
 
 class DenseBatchNorm1d(nn.Module):
-    """A ``BatchNorm1d`` over the features of a 1×1 map, applied per pixel of the (N, C, H, W) dense map."""
+    """A ``BatchNorm1d`` over the features of a 1×1 map (after a Linear), applied per pixel of the (N, C, *S) dense
+    map."""
 
     def __init__(self, bn: nn.BatchNorm1d):
         super().__init__()
@@ -151,7 +168,7 @@ class DenseBatchNorm1d(nn.Module):
 
 
 class DenseLayerNorm(nn.Module):
-    """A ``LayerNorm`` over the features of a 1×1 map, applied per pixel of the (N, C, H, W) dense map."""
+    """A ``LayerNorm`` over the features of a 1×1 map, applied per pixel of the (N, C, *S) dense map."""
 
     def __init__(self, norm: nn.LayerNorm):
         super().__init__()
@@ -164,7 +181,7 @@ class DenseLayerNorm(nn.Module):
 
 
 class ChannelSoftmax(nn.Module):
-    """Softmax (or log-softmax) over the class axis of (N, K, H, W) scores."""
+    """Softmax (or log-softmax) over the class axis of (N, K, *S) scores."""
 
     def __init__(self, log: bool):
         super().__init__()
@@ -175,3 +192,8 @@ class ChannelSoftmax(nn.Module):
 
     def extra_repr(self) -> str:
         return "log=True" if self.log else ""
+
+
+def output_shape(layer: nn.Module, shape: Shape) -> Shape:
+    """The shape ``layer`` of a dense net outputs for an input of ``shape`` (pointwise layers keep it)."""
+    return layer.output_shape(shape) if isinstance(layer, WindowLayer) else shape

@@ -14,7 +14,7 @@ from torch import nn
 
 from .atomic import atomic_write
 from .chain import extract_chain
-from .convert import as_patch_size, convert
+from .convert import convert
 from .dense import DenseCNN
 from .modelcheck import TensorInfo, check_directory, check_weights
 from .modelformat import (
@@ -50,7 +50,7 @@ class LoadedModel:
     """
 
     model: nn.Sequential
-    patch_size: tuple[int, int]
+    patch_size: tuple[int, ...]
     in_channels: int
     num_classes: int
     class_names: list[str]
@@ -102,9 +102,9 @@ def save(
     >>> densecnn.save(model, "models/tiny", patch_size=patch, class_names=["bg", "cell", "edge"])
     PosixPath('models/tiny')
     """
-    patch = as_patch_size(patch_size)
     check_padding_mode(padding_mode)
-    dense = convert(model, patch, padding_mode=padding_mode)  # validates that the model converts exactly
+    dense = convert(model, patch_size, padding_mode=padding_mode)  # validates that the model converts exactly
+    patch = dense.patch_size
     num_classes, in_channels = dense.num_classes, dense.in_channels
     state = nn.Sequential(*[module for _, module in extract_chain(model)]).state_dict()
     class_names = list(class_names) if class_names is not None else [f"class_{k}" for k in range(num_classes)]

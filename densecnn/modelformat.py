@@ -206,7 +206,10 @@ def _config_model(vocabulary: tuple[tuple[str, type[nn.Module], tuple[str, ...]]
         __config__=_STRICT,
         format=(Literal[FORMAT], ...),
         format_version=(Literal[FORMAT_VERSION], ...),
-        patch_size=(tuple[PositiveInt, PositiveInt], ...),
+        patch_size=(
+            Annotated[tuple[PositiveInt, ...], Field(min_length=1, max_length=3)],
+            ...,
+        ),  # one per axis
         in_channels=(PositiveInt, ...),
         num_classes=(PositiveInt, ...),
         class_names=(list[str], ...),

@@ -3,7 +3,9 @@
 The graph holds the dense net's stride-1 dilated ops: ``Conv`` with ``dilations`` (convs and Linear heads),
 ``MaxPool`` with ``dilations`` (opset >= 10), average pooling as a depthwise ``Conv`` with constant
 weights, and the image padding as ``Pad`` (zeros) or a ``Gather`` of mirrored/clamped row and column indices
-(reflect, replicate), so the ONNX model maps images to scores exactly like ``DenseCNN.forward``.
+(reflect, replicate), so the ONNX model maps images to scores exactly like ``DenseCNN.forward``. ONNX's Conv and
+MaxPool are N-d, so nets for signals (N, C, L) and volumes (N, C, D, H, W) export the same way, every spatial axis
+dynamic.
 
 >>> loaded = densecnn.load("models/nuclei")
 >>> export_onnx(loaded.dense(), "nuclei.onnx")          # normalisation is NOT in the graph: apply it first
@@ -21,17 +23,17 @@ from torch import nn
 
 from .dense import DenseCNN
 from .errors import OnnxExportError
-from .layers import WindowLayer
-from .padding import patch_offsets
+from .layers import WindowLayer, functional
+from .padding import dense_padding
 
 OPSET = 17  # dilated MaxPool needs >= 10
 IR_VERSION = 8  # the IR version that goes with opset 17; onnxruntime >= 1.14 loads it
 
 
 class _IndexPad(nn.Module):
-    """Reflect/replicate padding as a gather of row and column indices from the input's dynamic size."""
+    """Reflect/replicate padding as a gather of indices along each spatial axis, from the input's dynamic size."""
 
-    def __init__(self, before: tuple[int, int], after: tuple[int, int], padding_mode: str):
+    def __init__(self, before: tuple[int, ...], after: tuple[int, ...], padding_mode: str):
         super().__init__()
         self.before, self.after, self.padding_mode = before, after, padding_mode
 
@@ -43,17 +45,19 @@ class _IndexPad(nn.Module):
         folded = positions.remainder(period)
         return torch.where(folded < length, folded, period - folded)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (N, C, H, W) -> (N, C, top+H+bottom, left+W+right)
-        size = torch._shape_as_tensor(x)  # traced as Shape, so H and W stay dynamic in the graph
-        rows = self._indices(size[2], self.before[0], self.after[0])
-        cols = self._indices(size[3], self.before[1], self.after[1])
-        return x.index_select(2, rows).index_select(3, cols)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (N, C, *S) -> (N, C, *(before + S + after))
+        size = torch._shape_as_tensor(x)  # traced as Shape, so the spatial sizes stay dynamic in the graph
+        for axis, (before, after) in enumerate(zip(self.before, self.after), start=2):
+            x = x.index_select(axis, self._indices(size[axis], before, after))
+        return x
 
 
 class _ZeroPad(nn.Module):
-    def __init__(self, before: tuple[int, int], after: tuple[int, int]):
+    def __init__(self, before: tuple[int, ...], after: tuple[int, ...]):
         super().__init__()
-        self.pads = (before[1], after[1], before[0], after[0])  # (left, right, top, bottom)
+        self.pads = tuple(
+            w for b, a in zip(reversed(before), reversed(after)) for w in (b, a)
+        )  # last axis first
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.pad(x, self.pads)
@@ -63,24 +67,26 @@ class _DilatedConv(nn.Module):
     """A stride-1 dilated conv with fixed weights (a dense conv, Linear head or average pool)."""
 
     def __init__(
-        self, weight: torch.Tensor, bias: torch.Tensor | None, dilation: tuple[int, int], groups: int
+        self, weight: torch.Tensor, bias: torch.Tensor | None, dilation: tuple[int, ...], groups: int
     ):
         super().__init__()
-        self.register_buffer("weight", weight.detach().clone())  # (K, C/groups, kh, kw)
+        self.register_buffer("weight", weight.detach().clone())  # (K, C/groups, *k)
         self.register_buffer("bias", None if bias is None else bias.detach().clone())
         self.dilation, self.groups = dilation, groups
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.conv2d(x, self.weight, self.bias, 1, 0, self.dilation, self.groups)
+        return functional("conv", len(self.dilation))(
+            x, self.weight, self.bias, 1, 0, self.dilation, self.groups
+        )
 
 
 class _DilatedMaxPool(nn.Module):
-    def __init__(self, kernel: tuple[int, int], dilation: tuple[int, int]):
+    def __init__(self, kernel: tuple[int, ...], dilation: tuple[int, ...]):
         super().__init__()
         self.kernel, self.dilation = kernel, dilation
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.max_pool2d(x, self.kernel, 1, 0, self.dilation)
+        return functional("max_pool", len(self.kernel))(x, self.kernel, 1, 0, self.dilation)
 
 
 def export_conv(layer: WindowLayer, channels: int) -> nn.Module:
@@ -101,7 +107,7 @@ def export_avg_pool(layer: WindowLayer, channels: int) -> nn.Module:
     spec = layer.spec()
     weight = torch.full(
         (channels, 1, *spec.kernel), 1.0 / (spec.divisor or math.prod(spec.kernel))
-    )  # (C, 1, kh, kw)
+    )  # (C, 1, *k)
     return _DilatedConv(weight, None, spec.dilation, channels)
 
 
@@ -120,7 +126,8 @@ class _RunningNorm(nn.Module):
 
 
 def export_running_norm(layer: nn.Module, channels: int) -> nn.Module:
-    """An eval-mode InstanceNorm2d with running statistics: the same normalisation as a BatchNorm in eval mode."""
+    """An eval-mode InstanceNorm1d/2d/3d with running statistics: the same normalisation as a BatchNorm in eval
+    mode."""
     return _RunningNorm(layer)
 
 
@@ -153,13 +160,12 @@ def exportable(dense: DenseCNN) -> nn.Sequential:
         raise OnnxExportError(
             "this DenseCNN was not made by densecnn.convert(); convert the patch model to export it"
         )
-    (top, bottom), (left, right) = (patch_offsets(p) for p in dense.patch_size)
     # the dense ops consume receptive_field - 1 pixels per axis; pad exactly as DenseCNN.pad does
-    bottom, right = dense.receptive_field[0] - 1 - top, dense.receptive_field[1] - 1 - left
+    before, after = dense_padding(dense.patch_size, dense.receptive_field)
     if dense.padding_mode == "zeros":
-        modules: list[nn.Module] = [_ZeroPad((top, left), (bottom, right))]
+        modules: list[nn.Module] = [_ZeroPad(before, after)]
     else:
-        modules = [_IndexPad((top, left), (bottom, right), dense.padding_mode)]
+        modules = [_IndexPad(before, after, dense.padding_mode)]
     channels = dense.in_channels
     for index, (layer, export) in enumerate(zip(dense.features, exports)):
         if export is not None:
@@ -177,9 +183,10 @@ def exportable(dense: DenseCNN) -> nn.Sequential:
 
 
 def export_onnx(dense: DenseCNN, path) -> Path:
-    """Write ``dense`` as an ONNX model with input ``image`` (N, C, H, W) and output ``scores`` (N, K, H, W).
+    """Write ``dense`` as an ONNX model with input ``image`` (N, C, H, W) and output ``scores`` (N, K, H, W)
+    ((N, C, D, H, W) -> (N, K, D, H, W) for a volume net, (N, C, L) -> (N, K, L) for a signal net).
 
-    N, H and W are dynamic. The graph includes the padding (``dense.padding_mode``) but not the model file's
+    N and the spatial axes are dynamic. The graph includes the padding (``dense.padding_mode``) but not the model file's
     normalisation: feed it ``loaded.normalize(images)``.
 
     >>> export_onnx(densecnn.load("models/nuclei").dense(), "nuclei.onnx")
@@ -190,8 +197,8 @@ def export_onnx(dense: DenseCNN, path) -> Path:
     except ImportError:
         raise OnnxExportError("ONNX export needs the onnx package: pip install onnx") from None
     module = exportable(dense)
-    rf_h, rf_w = dense.receptive_field
-    example = torch.zeros(1, dense.in_channels, max(rf_h, 8), max(rf_w, 8))
+    example = torch.zeros(1, dense.in_channels, *(max(r, 8) for r in dense.receptive_field))
+    axes = {0: "N", **dict(zip(range(2, dense.dims + 2), {1: "L", 2: "HW", 3: "DHW"}[dense.dims]))}
     out = Path(path)
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter(
@@ -205,7 +212,7 @@ def export_onnx(dense: DenseCNN, path) -> Path:
             opset_version=OPSET,
             input_names=["image"],
             output_names=["scores"],
-            dynamic_axes={"image": {0: "N", 2: "H", 3: "W"}, "scores": {0: "N", 2: "H", 3: "W"}},
+            dynamic_axes={"image": axes, "scores": axes},
         )
     model = onnx.load(str(out))
     model.ir_version = IR_VERSION

@@ -1,7 +1,8 @@
 """The image padding convention shared by the dense net and the patch scanners.
 
 Pixel (i, j)'s P×P patch covers rows i - ⌊(P-1)/2⌋ … i + ⌊P/2⌋ (columns alike), so a whole image is padded by
-⌊(P-1)/2⌋ at the top/left and ⌊P/2⌋ at the bottom/right.
+⌊(P-1)/2⌋ at the top/left and ⌊P/2⌋ at the bottom/right. Signals and volumes follow the same rule along each of their
+spatial axes (a patch of (Pd, Ph, Pw) voxels is padded by ⌊(P-1)/2⌋ before and ⌊P/2⌋ after along each axis).
 
 Padding modes:
 - ``"zeros"``: zeros outside the image.
@@ -14,6 +15,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from .geometry import Size
 
 PADDING_MODES = ("zeros", "reflect", "replicate")
 
@@ -31,37 +34,59 @@ def patch_offsets(patch_size: int) -> tuple[int, int]:
     return (patch_size - 1) // 2, patch_size // 2
 
 
-def _source_index(length: int, before: int, after: int, padding_mode: str, device) -> torch.Tensor:
-    """Index into an axis of ``length`` for each of the ``before + length + after`` padded positions."""
-    positions = torch.arange(-before, length + after, device=device)
-    if padding_mode == "replicate" or length == 1:
-        return positions.clamp(0, length - 1)
-    period = 2 * (length - 1)  # reflect: ... 2 1 [0 1 2 ... L-1] L-2 ...
+def dense_padding(patch_size: Size, receptive_field: Size) -> tuple[Size, Size]:
+    """(before, after) per axis for a dense net: the patch centre's offsets, with ``after`` cut to what the dense ops
+    consume (R - 1 in all), so the output has the image's size. ``after`` is negative where R < P - before.
+
+    >>> dense_padding((133, 133), (133, 133))
+    ((66, 66), (66, 66))
+    """
+    before = tuple(patch_offsets(p)[0] for p in patch_size)
+    return before, tuple(r - 1 - b for r, b in zip(receptive_field, before, strict=True))
+
+
+def source_index(positions: torch.Tensor, length, padding_mode: str) -> torch.Tensor:
+    """For padded ``positions`` along an axis of ``length`` (an int, or a 0-d tensor while tracing for ONNX), the
+    index of the image pixel each one copies: the nearest (``replicate``) or the mirrored one (``reflect``).
+
+    >>> source_index(torch.arange(-2, 5), 3, "reflect")
+    tensor([2, 1, 0, 1, 2, 1, 0])
+    """
+    length = torch.as_tensor(length, device=positions.device)
+    if padding_mode == "replicate":
+        return torch.minimum(positions.clamp(min=0), length - 1)
+    period = torch.clamp(
+        2 * (length - 1), min=1
+    )  # reflect: ... 2 1 [0 1 2 ... L-1] L-2 ...; a 1-pixel axis: itself
     folded = positions.remainder(period)
     return torch.where(folded < length, folded, period - folded)
 
 
-def pad_image(
-    x: torch.Tensor, before: tuple[int, int], after: tuple[int, int], padding_mode: str
-) -> torch.Tensor:
-    """Pad (N, C, H, W) by ``before=(top, left)`` and ``after=(bottom, right)`` pixels in ``padding_mode``.
-
-    A negative ``after`` crops that many rows/columns instead.
+def pad_image(x: torch.Tensor, before: Size, after: Size, padding_mode: str) -> torch.Tensor:
+    """Pad (N, C, *spatial) by ``before[a]`` pixels before and ``after[a]`` after along each spatial axis ``a``, in
+    ``padding_mode``. A negative ``after`` crops that many pixels instead.
 
     >>> pad_image(torch.arange(3.).view(1, 1, 1, 3), (0, 2), (0, 2), "reflect")
     tensor([[[[2., 1., 0., 1., 2., 1., 0.]]]])
+    >>> pad_image(torch.arange(3.).view(1, 1, 3), (1,), (-1,), "replicate")  # a signal (N, C, L)
+    tensor([[[0., 0., 1.]]])
     """
-    top, left = before
-    bottom, right = after
+    spatial = tuple(x.shape[2:])
     if padding_mode == "zeros":
-        padded = F.pad(x, (left, max(right, 0), top, max(bottom, 0)))
-        return padded[..., : top + x.shape[-2] + bottom, : left + x.shape[-1] + right]
-    rows = _source_index(x.shape[-2], top, bottom, padding_mode, x.device)
-    cols = _source_index(x.shape[-1], left, right, padding_mode, x.device)
-    return x.index_select(-2, rows).index_select(-1, cols)
+        widths = [w for b, a in zip(reversed(before), reversed(after), strict=True) for w in (b, max(a, 0))]
+        padded = F.pad(x, widths)
+        return padded[(..., *(slice(0, b + s + a) for b, s, a in zip(before, spatial, after, strict=True)))]
+    for axis, (b, s, a) in enumerate(zip(before, spatial, after, strict=True), start=2):
+        index = source_index(torch.arange(-b, s + a, device=x.device), s, padding_mode)
+        x = x.index_select(axis, index)
+    return x
 
 
-def pad_for_patches(x: torch.Tensor, patch_size: tuple[int, int], padding_mode: str) -> torch.Tensor:
-    """Pad (N, C, H, W) so that every P×P window of the result is the patch of one pixel: (N, C, H+Ph-1, W+Pw-1)."""
-    (top, bottom), (left, right) = patch_offsets(patch_size[0]), patch_offsets(patch_size[1])
-    return pad_image(x, (top, left), (bottom, right), padding_mode)
+def pad_for_patches(x: torch.Tensor, patch_size: Size, padding_mode: str) -> torch.Tensor:
+    """Pad (N, C, *spatial) so that every window of ``patch_size`` in the result is the patch of one pixel:
+    (N, C, *(S + P - 1)).
+
+    The padding of training crops and of the patch scanners; the dense net pads by :func:`dense_padding`.
+    """
+    offsets = [patch_offsets(p) for p in patch_size]
+    return pad_image(x, tuple(b for b, _ in offsets), tuple(a for _, a in offsets), padding_mode)

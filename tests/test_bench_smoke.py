@@ -19,6 +19,8 @@ def test_quick_bench_writes_results_tables_and_plots(tmp_path, monkeypatch):
     layer_table = results["per_layer"][0]
     assert {"forward_s", "train_s", "speedup", "layers", "memory_format"} <= set(layer_table)
     assert set(layer_table["forward_s"]) == {"patch", "fast_scan", "native", "densecnn"}
+    assert set(layer_table["baseline_layouts"].values()) <= {"nchw", "nhwc"}  # the faster layout is named
+    assert set(layer_table["native_forward_s"]) == {"nchw", "nhwc"}
     assert all(row["native_forward"] > 0 and row["densecnn_backward"] > 0 for row in layer_table["layers"])
     assert [row["size"] for row in results["vs_image_size"]] == results["config"]["sizes"]
     assert len(results["vs_patch_size"]) == len(results["config"]["patch_kernels"])
@@ -26,13 +28,34 @@ def test_quick_bench_writes_results_tables_and_plots(tmp_path, monkeypatch):
         "masked_counts"
     ]
     assert all(row["overhead"] > 0 for row in results["conv_limit"])
+    race = results["conv_limit"][0]["layers"]
+    assert all(
+        row["winner_s"] <= min(row["times_s"].values()) for row in race
+    )  # which solver won, by how much
+    assert all(row["plan_choice_vs_best_in_format"] >= 1 for row in race)
+    for row in results["first_call"]:
+        assert row["forward"]["first_s"] > 0 and row["train"]["first_over_warm"] > 0
+    for row in results["immediate_vs_tuned"]:
+        assert row["forward"]["immediate_over_tuned"] > 0 and row["train"]["plans"]["tuned"]["solvers"]
     assert all(0 <= row["label_agreement"] <= 1 for row in results["bfloat16"])
     assert results["memory"]["peak_rss_bytes"] > 0
     assert {(r["kernel"], r["dilation"]) for r in results["max_pool"]} == {(2, 2), (8, 1)}
-    assert all({"goal", "target", "achieved", "met"} <= set(goal) for goal in results["goals"])
+    assert results["summary"] and all(
+        {"measurement", "value", "baseline"} <= set(row) for row in results["summary"]
+    )
     markdown = (out / "results.md").read_text()
-    for heading in ("## Goals", "## Per layer", "## Forward vs image size", "## Masked training step"):
+    for heading in ("## Summary", "## Per layer", "## Forward vs image size", "## Masked training step"):
         assert heading in markdown
     for plot in results["plots"]:
         assert (out / plot).read_bytes().startswith(b"\x89PNG")
     assert len(results["plots"]) == len(results["per_layer"]) + 3
+
+
+def test_bench_runs_only_the_items_asked_for(tmp_path, monkeypatch):
+    monkeypatch.setenv("DENSECNN_CACHE_DIR", str(tmp_path / "cache"))
+    out = tmp_path / "bench"
+    assert main(["bench", "--quick", "--only", "max_pool", "--out", str(out)]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert "max_pool" in results and "per_layer" not in results
+    assert "## d-sparse max pooling" in (out / "results.md").read_text()
+    assert main(["bench", "--quick", "--only", "fastest", "--out", str(out)]) == 2

@@ -28,7 +28,8 @@ def _randomised(bn):
 
 EXACT, REFUSED_HERE = "exact", "refused"
 # layer type -> examples (where it goes, factory, expected), where: "map" (after Conv2d(2, 3, 2), on a 3-channel 5x5
-# map), "flat" (on 4 features, inside the Linear head) or "end" (on the 2 class scores).
+# map), "flat" (on 4 features, inside the Linear head) or "end" (on the 2 class scores); "map1"/"map3": the same in
+# a signal net (after Conv1d, on a length-5 map) or a volume net (after Conv3d, on a 5x5x5 map).
 EXAMPLES = {
     nn.Conv2d: [("map", lambda: nn.Conv2d(3, 3, 2, stride=2), EXACT)],
     nn.Linear: [("flat", lambda: nn.Linear(4, 4), EXACT)],
@@ -70,7 +71,34 @@ EXAMPLES = {
     nn.Softmax: [("end", lambda: nn.Softmax(dim=1), EXACT), ("end", lambda: nn.Softmax(), EXACT)],
     nn.LogSoftmax: [("end", lambda: nn.LogSoftmax(dim=-1), EXACT), ("end", lambda: nn.LogSoftmax(), EXACT)],
     nn.Softmax2d: [("map", lambda: nn.Softmax2d(), EXACT)],
+    # signals and volumes
+    nn.Conv1d: [("map1", lambda: nn.Conv1d(3, 3, 2, stride=2), EXACT)],
+    nn.Conv3d: [("map3", lambda: nn.Conv3d(3, 3, (2, 1, 2), stride=(2, 1, 1), groups=3), EXACT)],
+    nn.MaxPool1d: [("map1", lambda: nn.MaxPool1d(2, 1, dilation=2), EXACT)],
+    nn.MaxPool3d: [("map3", lambda: nn.MaxPool3d(2, (1, 2, 1), dilation=(2, 1, 1)), EXACT)],
+    nn.AvgPool1d: [("map1", lambda: nn.AvgPool1d(3, 2), EXACT)],
+    nn.AvgPool3d: [("map3", lambda: nn.AvgPool3d(3, 2, divisor_override=5), EXACT)],
+    nn.AdaptiveAvgPool1d: [("map1", lambda: nn.AdaptiveAvgPool1d(1), EXACT)],
+    nn.AdaptiveAvgPool3d: [("map3", lambda: nn.AdaptiveAvgPool3d((1, None, 5)), EXACT)],
+    nn.AdaptiveMaxPool1d: [("map1", lambda: nn.AdaptiveMaxPool1d(5), EXACT)],
+    nn.AdaptiveMaxPool3d: [("map3", lambda: nn.AdaptiveMaxPool3d(1), EXACT)],
+    nn.BatchNorm3d: [
+        ("map3", lambda: _randomised(nn.BatchNorm3d(3)), EXACT),
+        ("map3", lambda: nn.BatchNorm3d(3, track_running_stats=False), REFUSED_HERE),
+    ],
+    nn.InstanceNorm1d: [
+        ("map1", lambda: nn.InstanceNorm1d(3), REFUSED_HERE),
+        ("map1", lambda: _randomised(nn.InstanceNorm1d(3, track_running_stats=True)), EXACT),
+    ],
+    nn.InstanceNorm3d: [
+        ("map3", lambda: nn.InstanceNorm3d(3), REFUSED_HERE),
+        ("map3", lambda: _randomised(nn.InstanceNorm3d(3, affine=True, track_running_stats=True)), EXACT),
+    ],
+    nn.Dropout1d: [("map1", lambda: nn.Dropout1d(0.5), EXACT)],
+    nn.Dropout3d: [("map3", lambda: nn.Dropout3d(0.5), EXACT)],
 }
+EXAMPLES[nn.BatchNorm1d].append(("map1", lambda: _randomised(nn.BatchNorm1d(3)), EXACT))  # on a signal's map
+SIZES = (7, 8, 6)  # the input's spatial size, cut to the net's number of axes
 POINTWISE_ARGS = {nn.LeakyReLU: (0.2,), nn.Hardtanh: (-0.5, 0.5), nn.Softshrink: (0.3,), nn.Hardshrink: (0.3,),
                   nn.Threshold: (0.1, -1.0), nn.Softplus: (2.0,)}  # fmt: skip
 
@@ -93,16 +121,22 @@ CASES = [
 ]
 
 
+def _dims(where: str) -> int:
+    return int(where[-1]) if where[-1].isdigit() else 2
+
+
 def _net(where: str, layer: nn.Module) -> nn.Sequential:
+    dims = _dims(where)
+    conv = getattr(nn, f"Conv{dims}d")(2, 3, 2)
     head = [nn.Flatten(), nn.LazyLinear(4), nn.Tanh(), nn.Linear(4, 2)]
-    if where == "map":
-        net = nn.Sequential(nn.Conv2d(2, 3, 2), layer, *head)
+    if where.startswith("map"):
+        net = nn.Sequential(conv, layer, *head)
     elif where == "flat":
-        net = nn.Sequential(nn.Conv2d(2, 3, 2), *head[:3], layer, head[3])
+        net = nn.Sequential(conv, *head[:3], layer, head[3])
     else:
-        net = nn.Sequential(nn.Conv2d(2, 3, 2), *head, layer)
+        net = nn.Sequential(conv, *head, layer)
     with torch.no_grad():
-        net.eval()(torch.rand(2, 2, PATCH, PATCH))  # materialises the LazyLinear
+        net.eval()(torch.rand(2, 2, *(PATCH,) * dims))  # materialises the LazyLinear
     return net.double()
 
 
@@ -122,7 +156,7 @@ def test_eval_mode_converts_exactly_or_raises(layer_type, where, make, expected)
             densecnn.convert(net, PATCH)
         return
     dense = densecnn.convert(net, PATCH)
-    x = torch.randn(3, 2, 7, 8, dtype=torch.float64)
+    x = torch.randn(3, 2, *SIZES[: _dims(where)], dtype=torch.float64)
     with torch.no_grad():
         whole = dense(x)
         assert torch.equal(dense(x), whole), "not deterministic"
@@ -144,7 +178,7 @@ def test_training_mode_is_deterministic_unless_flagged_and_warned(layer_type, wh
         assert warned
         return
     assert not warned
-    x = torch.randn(3, 2, 7, 8, dtype=torch.float64)
+    x = torch.randn(3, 2, *SIZES[: _dims(where)], dtype=torch.float64)
     with torch.no_grad():
         whole = dense(x)
         assert torch.equal(dense(x), whole)

@@ -1,9 +1,7 @@
 """masked_cross_entropy through a dense net == mean cross-entropy of the patches at the selected pixels.
 
 The reference cuts the patches itself (numpy.pad with the padding convention + indexing) and runs the PATCH model
-on them, so it shares no code with the dense path. Signals and volumes take the same test as images; it runs for
-them once Conv1d/Conv3d convert (until then it is skipped, and test_conv1d_and_conv3d_do_not_convert_yet, a strict
-xfail, fails as soon as they do, to have its skip removed).
+on them, so it shares no code with the dense path. Signals and volumes take the same test as images.
 """
 
 from __future__ import annotations
@@ -28,27 +26,6 @@ LAYERS = {  # spatial axes -> (conv, max pool, avg pool)
     3: (nn.Conv3d, nn.MaxPool3d, nn.AvgPool3d),
 }
 NUMPY_PADDING = {"zeros": "constant", "reflect": "reflect", "replicate": "edge"}
-
-
-def converts(dims: int) -> bool:
-    """Whether the converter takes convolutions with ``dims`` spatial axes."""
-    try:
-        densecnn.convert(nn.Sequential(LAYERS[dims][0](1, 2, 3)).eval(), 3)
-    except densecnn.ConversionError:
-        return False
-    return True
-
-
-NOT_CONVERTED_YET = pytest.mark.skipif(
-    not (converts(1) and converts(3)), reason="Conv1d/Conv3d have no conversion rule yet"
-)
-
-
-@pytest.mark.xfail(
-    raises=AssertionError, strict=True, reason="remove this and NOT_CONVERTED_YET when they convert"
-)
-def test_conv1d_and_conv3d_do_not_convert_yet():
-    assert converts(1) and converts(3)
 
 
 @st.composite
@@ -133,7 +110,7 @@ def random_problem(draw, in_channels, num_classes, dtype, dims=2):
 
 @pytest.mark.parametrize(
     "dims",
-    [pytest.param(1, marks=NOT_CONVERTED_YET), 2, pytest.param(3, marks=NOT_CONVERTED_YET)],
+    [1, 2, 3],
     ids=["signal", "image", "volume"],
 )
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -170,6 +170,20 @@ def _instance(layer_type):
         nn.RReLU: nn.RReLU(0.1, 0.2),
         nn.InstanceNorm2d: nn.InstanceNorm2d(3, affine=True, track_running_stats=True),
         nn.LayerNorm: nn.LayerNorm(4, eps=1e-3, bias=False),
+        # signals and volumes
+        nn.Conv1d: nn.Conv1d(2, 4, 3, stride=2, dilation=2, groups=2),
+        nn.Conv3d: nn.Conv3d(2, 4, (1, 3, 2), stride=(1, 2, 2), dilation=(2, 1, 1), bias=False),
+        nn.MaxPool1d: nn.MaxPool1d(3, 2, dilation=2),
+        nn.MaxPool3d: nn.MaxPool3d((1, 2, 2), dilation=(1, 2, 1)),
+        nn.AvgPool1d: nn.AvgPool1d(3, 2),
+        nn.AvgPool3d: nn.AvgPool3d(2, 1, divisor_override=5),
+        nn.AdaptiveMaxPool1d: nn.AdaptiveMaxPool1d(2),
+        nn.AdaptiveAvgPool3d: nn.AdaptiveAvgPool3d((1, None, 2)),
+        nn.AdaptiveMaxPool3d: nn.AdaptiveMaxPool3d(1),
+        nn.AdaptiveAvgPool1d: nn.AdaptiveAvgPool1d(1),
+        nn.BatchNorm3d: nn.BatchNorm3d(3, eps=1e-4),
+        nn.InstanceNorm1d: nn.InstanceNorm1d(3, affine=True, track_running_stats=True),
+        nn.InstanceNorm3d: nn.InstanceNorm3d(3, track_running_stats=True),
     }
     return examples.get(layer_type) or layer_type()
 

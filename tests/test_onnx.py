@@ -9,7 +9,7 @@ import torch
 import densecnn
 from densecnn.cli import main
 from densecnn.onnx_export import IR_VERSION, export_onnx
-from tests.test_layer_records import CASES, EXACT, PATCH, _net
+from tests.test_layer_records import CASES, EXACT, PATCH, _dims, _net
 
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
@@ -113,7 +113,7 @@ def test_every_built_in_layer_type_exports(tmp_path, layer_type, where, make, ex
     torch.manual_seed(0)
     net = _net(where, make()).float().eval()
     dense = densecnn.convert(net, PATCH, backend="native")
-    x = torch.randn(2, 2, 9, 7)
+    x = torch.randn(2, 2, *(9, 7, 6)[: _dims(where)])  # signals and volumes too
     (scores,) = _session(export_onnx(dense, tmp_path / "layer.onnx")).run(None, {"image": x.numpy()})
     expected_scores = densecnn.scan_patches(net, x, PATCH).numpy()  # independent of the dense net
     np.testing.assert_allclose(scores, expected_scores, rtol=0, atol=1e-4)

@@ -1,5 +1,5 @@
-"""Solver choice: every candidate solver is exact, the find step caches and reuses its choice, forcing works,
-and a missing extension falls back to native ops with one warning."""
+"""Solver choice: every candidate solver is exact, immediate mode chooses without timing, the find step caches
+and reuses its choice, forcing works, and a missing extension falls back to torch-only solvers with one warning."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import warnings
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 import densecnn
 from densecnn import ops
-from densecnn.ops import find, plan, solvers
+from densecnn.errors import ExtensionUnavailableWarning
+from densecnn.ops import backends, costmodel, ext, find, plan, solvers
 from densecnn.ops.solvers import ConvSpec, PoolSpec
 
 EXT_SOLVERS = [name for name, s in solvers.SOLVERS.items() if s.needs_ext]
@@ -22,16 +22,16 @@ ALL_SOLVERS = list(solvers.SOLVERS)
 
 @pytest.fixture(autouse=True)
 def solver_cache(tmp_path, monkeypatch):
-    """A private solver cache and no forcing from the environment."""
+    """A private solver cache and no forcing or tuning from the environment."""
     monkeypatch.setenv("DENSECNN_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.delenv("DENSECNN_SOLVER", raising=False)
-    monkeypatch.delenv("DENSECNN_MEMORY_FORMAT", raising=False)
+    for name in ("DENSECNN_SOLVER", "DENSECNN_MEMORY_FORMAT", "DENSECNN_FIND"):
+        monkeypatch.delenv(name, raising=False)
     return tmp_path / "cache"
 
 
 def _skip_without_ext(solver: str) -> None:
     if solvers.SOLVERS[solver].needs_ext and not ops.ext_available():
-        pytest.skip(f"densecnn's kernels are not built ({ops.ext_load_error()})")
+        pytest.skip(f"densecnn's kernels are not built ({ext.load_error()})")
 
 
 def _net(name: str):
@@ -131,7 +131,7 @@ def test_find_picks_a_candidate_caches_it_and_reuses_it(solver_cache, monkeypatc
     model, patch, channels = _net("stages_46")
     x = torch.rand(1, channels, 20, 20, dtype=torch.float64)
     with torch.no_grad():
-        first = densecnn.convert(model, patch)(x)
+        first = densecnn.convert(model, patch, tune=True)(x)
     files = list((solver_cache / "solvers").glob("*.json"))
     assert len(files) == 7  # one problem per windowed layer of stages_46
     entry = json.loads(files[0].read_text())
@@ -142,13 +142,14 @@ def test_find_picks_a_candidate_caches_it_and_reuses_it(solver_cache, monkeypatc
         raise AssertionError("the find step timed again instead of using the cache")
 
     monkeypatch.setattr(find, "_time_candidates", no_timing)
-    dense = densecnn.convert(model, patch)
-    with torch.no_grad():
-        torch.testing.assert_close(dense(x), first)
-    with torch.no_grad():
-        chosen = dense.plan(dense.pad(x))
-    assert chosen.memory_format in find.MEMORY_FORMATS
-    assert all(step.solver in solvers.SOLVERS for step in chosen.steps if hasattr(step.layers[0], "spec"))
+    for tune in (True, False):  # tuning again and immediate mode both use the cached timings
+        dense = densecnn.convert(model, patch, tune=tune)
+        with torch.no_grad():
+            torch.testing.assert_close(dense(x), first)
+            chosen = dense.plan(dense.pad(x))
+        assert chosen.memory_format in find.MEMORY_FORMATS
+        windowed = [step for step in chosen.steps if hasattr(step.layers[0], "spec")]
+        assert all(step.solver in solvers.SOLVERS and step.source == "tuned" for step in windowed)
 
 
 def test_the_fastest_timed_solver_and_format_win(monkeypatch):
@@ -159,6 +160,7 @@ def test_the_fastest_timed_solver_and_format_win(monkeypatch):
         return {"nchw": table, "nhwc": {name: ms * 2 for name, ms in table.items()}}
 
     monkeypatch.setattr(plan, "find", fake_find)
+    monkeypatch.setenv("DENSECNN_FIND", "1")
     model, patch, channels = _net("stages_46")
     dense = densecnn.convert(model, patch)
     chosen = dense.plan(torch.zeros(1, channels, 60, 60, dtype=torch.float64))
@@ -171,7 +173,8 @@ def test_the_fastest_timed_solver_and_format_win(monkeypatch):
 def test_solver_and_memory_format_forced_by_environment(monkeypatch):
     monkeypatch.setenv("DENSECNN_SOLVER", "s2b")
     monkeypatch.setenv("DENSECNN_MEMORY_FORMAT", "nhwc")
-    monkeypatch.setattr(plan, "find", None)  # forcing both needs no timing
+    monkeypatch.setattr(plan, "find", None)  # forcing both needs no timing and no prediction
+    monkeypatch.setattr(costmodel, "predict", None)
     model, patch, channels = _net("stages_46")
     dense = densecnn.convert(model, patch)
     x = torch.rand(1, channels, 8, 8, dtype=torch.float64)
@@ -185,14 +188,15 @@ def test_solver_and_memory_format_forced_by_environment(monkeypatch):
 
 
 def test_missing_extension_warns_once_and_falls_back(monkeypatch):
-    monkeypatch.setattr(ops, "ext_module", lambda: None)
-    monkeypatch.setattr(ops, "_warned", False)
+    monkeypatch.setattr(ext, "available", lambda: False)
+    monkeypatch.setattr(backends, "_warned", False)
     model, patch, channels = _net("tiny")
     x = torch.rand(1, channels, 9, 9, dtype=torch.float64)
     reference = densecnn.scan_patches(model, x, patch)
-    with pytest.warns(ops.ExtensionUnavailableWarning, match="not available.*falls back to native"):
-        torch.testing.assert_close(densecnn.convert(model, patch)(x), reference)
-        torch.testing.assert_close(ops.max_pool2d(x, (2, 2), (1, 1)), F.max_pool2d(x, 2, 1))
+    with pytest.warns(ExtensionUnavailableWarning, match="not available.*falls back to torch-only solvers"):
+        dense = densecnn.convert(model, patch)
+        torch.testing.assert_close(dense(x), reference)
+    assert not any(step.solver in ("ext", "ext_fused") for step in dense.plan(dense.pad(x)).steps)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         densecnn.convert(model, patch)(x)  # no second warning
@@ -200,13 +204,87 @@ def test_missing_extension_warns_once_and_falls_back(monkeypatch):
         densecnn.convert(model, patch, backend="ext")(x)
 
 
-def test_native_backend_never_plans(monkeypatch):
-    monkeypatch.setattr(densecnn.dense, "make_plan", None)
+def test_native_backend_runs_torch_ops_in_nchw_without_choosing(monkeypatch):
+    monkeypatch.setattr(plan, "find", None)
+    monkeypatch.setattr(costmodel, "predict", None)
     model, patch, channels = _net("tiny")
     x = torch.rand(1, channels, 7, 9, dtype=torch.float64)
-    torch.testing.assert_close(
-        densecnn.convert(model, patch, backend="native")(x), densecnn.scan_patches(model, x, patch)
-    )
+    dense = densecnn.convert(model, patch, backend="native")
+    torch.testing.assert_close(dense(x), densecnn.scan_patches(model, x, patch))
+    chosen = dense.plan(dense.pad(x))
+    assert chosen.memory_format == "nchw"
+    assert {step.solver for step in chosen.steps if hasattr(step.layers[0], "spec")} == {"native"}
+
+
+def test_backend_is_one_vocabulary():
+    assert ops.check_backend("ext") is ops.Backend.EXT
+    assert densecnn.convert(*_net("tiny")[:2], backend="native").backend is ops.Backend.NATIVE
+    with pytest.raises(ValueError, match="use one of auto, native, ext"):
+        ops.check_backend("cuda")
+    assert backends.allowed_solvers(ops.Backend.NATIVE, None) == {"native"}
+    assert backends.allowed_solvers(ops.Backend.AUTO, "s2b") == {"s2b", "native"}
+
+
+def test_immediate_mode_times_nothing_and_is_deterministic(monkeypatch, solver_cache):
+    def no_timing(*args, **kwargs):
+        raise AssertionError("immediate mode timed a candidate")
+
+    monkeypatch.setattr(find, "_time_candidates", no_timing)
+    model, patch, channels = _net("stages_46")
+    x = torch.rand(1, channels, 30, 30, dtype=torch.float64)
+    plans = []
+    for _ in range(2):
+        dense = densecnn.convert(model, patch)
+        with torch.no_grad():
+            torch.testing.assert_close(dense(x), densecnn.scan_patches(model, x, patch))
+            plans.append(dense.plan(dense.pad(x)))
+    assert not solver_cache.exists()  # nothing timed, nothing cached
+    windowed = [step for step in plans[0].steps if hasattr(step.layers[0], "spec")]
+    assert {step.source for step in windowed} == {"predicted"}
+    assert [s.solver for s in plans[0].steps] == [s.solver for s in plans[1].steps]
+    assert plans[0].memory_format == plans[1].memory_format
+
+
+def test_cost_model_predicts_every_fitted_candidate_in_both_formats():
+    spec = PoolSpec("max_pool2d", (2, 2), (8, 8), activation="tanh")
+    names = solvers.candidates(spec, ext_available=ops.ext_available())
+    table = costmodel.predict(spec, (1, 50, 300, 300), torch.float32, train=False, candidates=names)
+    assert set(table) == {"nchw", "nhwc"}
+    assert all(ms is not None and ms > 0 for fmt in table.values() for ms in fmt.values())
+    larger = costmodel.predict(spec, (1, 50, 600, 600), torch.float32, train=False, candidates=names)
+    assert larger["nchw"]["native"] > table["nchw"]["native"]  # more pixels cost more
+
+
+def test_cost_model_fit_recovers_a_known_law():
+    """Times made up from a known log-linear law (independent of any solver) are fitted back to it."""
+    true_beta = [-3.0, 1.0, 0.8, 0.5, 1.1, 0.2, 0.3]
+    rows = []
+    for c_in in (2, 8, 32):
+        for c_out in (4, 16):
+            for k, d in ((1, 1), (3, 2), (5, 4), (7, 8)):
+                for side in (40, 90):
+                    spec = ConvSpec(torch.empty(c_out, c_in, k, k), None, (d, d), 1)
+                    row = costmodel.problem(spec, (1, c_in, side + (k - 1) * d, side))
+                    row["activation"] = "tanh" if side == 40 else None
+                    ms = torch.tensor(costmodel.features(row)).double() @ torch.tensor(true_beta).double()
+                    rows.append({**row, "solver": "native", "format": "nchw", "direction": "infer"})
+                    rows[-1].update(dtype="float32", ms=ms.exp().item())
+    (beta,) = costmodel.fit(rows).values()
+    torch.testing.assert_close(torch.tensor(beta), torch.tensor(true_beta), atol=1e-3, rtol=1e-3)
+
+
+def test_warm_makes_the_plans_of_the_first_call(monkeypatch):
+    model, patch, channels = _net("tiny")
+    dense = densecnn.convert(model.float(), patch)
+    dense.warm((1, channels, 12, 12))
+    dense.warm((1, channels, 12, 12), train=True)
+    assert all(p.grad is None for p in model.parameters())  # gradients untouched
+    monkeypatch.setattr(plan, "make_plan", None)
+    monkeypatch.setattr(densecnn.dense, "make_plan", None)
+    x = torch.rand(1, channels, 12, 12)
+    with torch.no_grad():
+        dense(x)
+    dense(x).sum().backward()  # the training plan is there too
 
 
 def test_tune_command_fills_the_cache_ahead_of_time(tmp_path, solver_cache, capsys):
@@ -216,7 +294,7 @@ def test_tune_command_fills_the_cache_ahead_of_time(tmp_path, solver_cache, caps
     densecnn.save(model.float(), tmp_path / "model", patch_size=patch)
     assert main(["tune", str(tmp_path / "model"), "--size", "20", "24", "--train"]) == 0
     printed = capsys.readouterr().out
-    assert "inference plan for 1x20x24" in printed and "training plan" in printed
+    assert "inference plan for 1x20x24" in printed and "training plan" in printed and "tuned" in printed
     assert len(list((solver_cache / "solvers").glob("*.json"))) == 2 * 6  # 6 windowed layers, both directions
     assert main(["tune", str(tmp_path / "model"), "--size", "0", "24"]) == 2
 
@@ -231,7 +309,7 @@ def test_training_plans_time_the_first_layer_without_an_input_gradient(monkeypat
 
     monkeypatch.setattr(plan, "find", fake_find)
     model, patch, channels = _net("stages_46")
-    dense = densecnn.convert(model, patch)
+    dense = densecnn.convert(model, patch, tune=True)
     dense.plan(torch.zeros(1, channels, 60, 60, dtype=torch.float64))
     assert seen == [(True, False)] + [(True, True)] * 6
     seen.clear()

@@ -34,8 +34,19 @@ def _dense(name="tiny", padding_mode="zeros", **kwargs):
     )
 
 
+def _tile(dense, shape, itemsize, max_memory, labels=False, train=False):
+    estimate = dense.memory_estimate(shape, itemsize, labels=labels, train=train)
+    return tiling.choose_tile(shape, max_memory, estimate, labels=labels)
+
+
+def _bytes(dense, shape, itemsize, tile, labels=False, train=False) -> int:
+    """Held bytes plus the estimated peak of one ``tile``: the least max_memory that admits that tile."""
+    estimate = dense.memory_estimate(shape, itemsize, labels=labels, train=train)
+    return estimate.held + estimate.tile(tile)
+
+
 def _tiles(dense, x, max_memory, labels=False, train=False) -> int:
-    th, tw = tiling.choose_tile(dense, x.shape, x.element_size(), max_memory, labels=labels, train=train)
+    th, tw = _tile(dense, x.shape, x.element_size(), max_memory, labels, train)
     return len(tiling.tile_starts(x.shape[2], th)) * len(tiling.tile_starts(x.shape[3], tw))
 
 
@@ -47,9 +58,7 @@ def test_tiled_forward_equals_untiled_and_patch_scanning(padding_mode, size):
     with torch.no_grad():
         untiled = dense(x)
         torch.testing.assert_close(untiled, densecnn.scan_patches(model, x, patch, padding_mode=padding_mode))
-        whole = tiling.held_bytes(dense, x.shape, 8, labels=False) + tiling.tile_bytes(
-            dense, 2, 2, size, 8, train=False
-        )
+        whole = _bytes(dense, x.shape, 8, size)
         counts = set()
         for max_memory in (whole, whole // 2, whole // 5, whole // 20):
             try:
@@ -66,17 +75,14 @@ def test_many_tiles_on_a_deep_net_with_autograd_and_labels():
     model, patch, dense = _dense("stages_46", "reflect", in_channels=1, num_classes=4)
     x = torch.rand(1, 1, 75, 61, dtype=torch.float64, requires_grad=True)
     untiled = dense(x)
-    held = tiling.held_bytes(dense, x.shape, 8, labels=False)
-    max_memory = held + tiling.tile_bytes(dense, 1, 1, (25, 25), 8, train=True)
+    max_memory = _bytes(dense, x.shape, 8, (25, 25), train=True)
     assert _tiles(dense, x.detach(), max_memory, train=True) >= 9
     tiled = dense(x, max_memory=max_memory)
     assert_equal_to_rounding(tiled, untiled)
     (grad_untiled,) = torch.autograd.grad(untiled.sum(), x)
     (grad_tiled,) = torch.autograd.grad(tiled.sum(), x)
     torch.testing.assert_close(grad_tiled, grad_untiled)
-    max_memory = tiling.held_bytes(dense, x.shape, 8, labels=True) + tiling.tile_bytes(
-        dense, 1, 1, (20, 20), 8, train=False
-    )
+    max_memory = _bytes(dense, x.shape, 8, (20, 20), labels=True)
     labels = dense.predict(x.detach(), max_memory=max_memory)
     assert _tiles(dense, x.detach(), max_memory, labels=True) >= 9
     assert labels.dtype == torch.int64
@@ -95,17 +101,14 @@ def test_bad_max_memory_is_explained():
 
 def test_tile_estimate_grows_with_the_tile_and_the_cap_bounds_it():
     _, _, dense = _dense("plain_133", in_channels=3, num_classes=32)
-    small = tiling.tile_bytes(dense, 1, 3, (64, 64), 4, train=False)
-    large = tiling.tile_bytes(dense, 1, 3, (256, 256), 4, train=False)
+    shape = (1, 3, 1000, 800)
+    small = dense.memory_estimate(shape, 4, labels=False, train=False).tile((64, 64))
+    large = dense.memory_estimate(shape, 4, labels=False, train=False).tile((256, 256))
     assert small < large
-    assert tiling.tile_bytes(dense, 1, 3, (64, 64), 4, train=True) > small
-    th, tw = tiling.choose_tile(dense, (1, 3, 1000, 800), 4, 300_000_000, labels=True, train=False)
+    assert dense.memory_estimate(shape, 4, labels=False, train=True).tile((64, 64)) > small
+    th, tw = _tile(dense, shape, 4, 300_000_000, labels=True)
     assert th < 1000 and tw < 800
-    assert (
-        tiling.held_bytes(dense, (1, 3, 1000, 800), 4, labels=True)
-        + tiling.tile_bytes(dense, 1, 3, (th, tw), 4, train=False)
-        <= 300_000_000
-    )
+    assert _bytes(dense, shape, 4, (th, tw), labels=True) <= 300_000_000
 
 
 PEAK_SCRIPT = textwrap.dedent(

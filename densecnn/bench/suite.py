@@ -1,4 +1,8 @@
-"""The benchmark items (DESIGN.md's baselines, the issue's goals); each returns a JSON-able dict of medians and ratios."""
+"""The benchmark items; each returns a JSON-able dict of medians and ratios, measured in one interleaved run.
+
+Baselines are honest: native dilated ops, fast scanning and patch-by-patch scanning each run in NCHW and in
+channels_last, and densecnn is compared with the faster of the two (named in the results).
+"""
 
 from __future__ import annotations
 
@@ -13,8 +17,8 @@ from densecnn.ops.find import MEMORY_FORMATS, find
 from densecnn.ops.plan import group_steps, next_shape
 from densecnn.ops.solvers import ConvSpec, PoolSpec
 
-from .timing import elapsed, interleave, median, ratio
-from .workloads import Workload, native_max_pool, plain_family, pool_input
+from .timing import elapsed, fastest, interleave, median, ratio
+from .workloads import LAYOUTS, Workload, native_max_pool, plain_family, pool_input
 
 
 @dataclass
@@ -37,6 +41,7 @@ class Config:
     baselines_up_to: int = 512  # in the size sweep, larger images are compared with patch-by-patch only
     memory_image: int = 4096  # tiled predict of one RGB image of this side under memory_cap bytes
     memory_cap: int = 1_500_000_000
+    cold_runs: int = 3  # fresh processes per first-call measurement
 
     @classmethod
     def quick(cls) -> Config:
@@ -56,84 +61,96 @@ class Config:
             patch_batch=8,
             memory_image=64,
             memory_cap=50_000_000,
+            cold_runs=1,
         )
 
 
 def per_layer(name: str, config: Config) -> dict:
-    """Table 1 analogue: per-layer forward and backward (native vs densecnn), whole-net times of all four baselines.
+    """Table 1 analogue: per-layer forward and backward (best native vs densecnn), whole-net times of all four ways.
 
     Native ops run the same computation with or without autograd, so their forward times come from the training
-    runs; densecnn's inference and training plans may differ, so both are run.
+    runs; densecnn's inference and training plans may differ, so both are run. Per layer, "native" is the faster of
+    NCHW and channels_last for that layer; for the whole net, the faster of the two whole runs.
     """
     work = Workload.zoo(name, config.size)
-    samples = interleave(
-        {
-            "densecnn": work.stepwise("densecnn", train=False),
-            "native_train": work.stepwise("native", train=True),
-            "densecnn_train": work.stepwise("densecnn", train=True),
-            "fast_scan": work.fast_scan(),
-            "patch": work.patch_forward(config.patch_batch),
-            "patch_train": work.patch_train(config.patch_batch),
-        },
-        config.repeats,
-        warm_up=("densecnn", "densecnn_train"),
+    contenders = {"densecnn": work.stepwise("densecnn", train=False)}
+    contenders.update({f"native/{fmt}": work.stepwise(f"native/{fmt}", train=True) for fmt in LAYOUTS})
+    contenders["densecnn_train"] = work.stepwise("densecnn", train=True)
+    contenders.update({f"fast_scan/{fmt}": work.fast_scan(fmt) for fmt in LAYOUTS})
+    contenders.update({f"patch/{fmt}": work.patch_forward(config.patch_batch, fmt) for fmt in LAYOUTS})
+    contenders.update(
+        {f"patch_train/{fmt}": work.patch_train(config.patch_batch, layout=fmt) for fmt in LAYOUTS}
     )
+    samples = interleave(contenders, config.repeats, warm_up=("densecnn", "densecnn_train"))
+    plans = {"infer": work.plan(False), "train": work.plan(True)}
     layers = []
     for i, layer in enumerate(work.step_names()):
-        row = {"layer": layer, "solver": work.plan(False).steps[i].solver or "module"}
-        row["train_solver"] = work.plan(True).steps[i].solver or "module"
-        for key, which, part in [
-            ("native_forward", "native_train", "forward"),
-            ("densecnn_forward", "densecnn", "forward"),
-            ("native_backward", "native_train", "backward"),
-            ("densecnn_backward", "densecnn_train", "backward"),
-        ]:
-            row[key] = median([s[part][i] for s in samples[which]])
-        row["forward_speedup"] = row["native_forward"] / row["densecnn_forward"]
-        row["backward_speedup"] = row["native_backward"] / row["densecnn_backward"]
+        row = {"layer": layer, "solver": plans["infer"].steps[i].solver or "module"}
+        row["train_solver"] = plans["train"].steps[i].solver or "module"
+        row["choice"] = plans["infer"].steps[i].source or "module"
+        for part in ("forward", "backward"):
+            native = {fmt: median([s[part][i] for s in samples[f"native/{fmt}"]]) for fmt in LAYOUTS}
+            row[f"native_{part}_format"] = min(native, key=native.get)
+            row[f"native_{part}"] = native[row[f"native_{part}_format"]]
+            which = "densecnn" if part == "forward" else "densecnn_train"
+            row[f"densecnn_{part}"] = median([s[part][i] for s in samples[which]])
+            row[f"{part}_speedup"] = row[f"native_{part}"] / row[f"densecnn_{part}"]
         layers.append(row)
     forward = {
-        k: [sum(s["forward"]) for s in samples[w]]
-        for k, w in (("native", "native_train"), ("densecnn", "densecnn"))
+        k: [sum(s["forward"]) for s in v] for k, v in samples.items() if k.startswith(("native", "dense"))
     }
     train = {
-        k: [sum(s["forward"]) + sum(s["backward"]) for s in samples[f"{k}_train"]]
-        for k in ("native", "densecnn")
+        k: [sum(s["forward"]) + sum(s["backward"]) for s in samples[k]] for k in forward if k != "densecnn"
+    }
+    best = {
+        "native": fastest(forward, "native/"),
+        "native_train": fastest(train, "native/"),
+        "fast_scan": fastest(samples, "fast_scan/"),
+        "patch": fastest(samples, "patch/"),
+        "patch_train": fastest(samples, "patch_train/"),
     }
     return {
         "model": name,
         "image": list(work.x.shape),
-        "memory_format": {"infer": work.plan(False).memory_format, "train": work.plan(True).memory_format},
+        "memory_format": {direction: plan.memory_format for direction, plan in plans.items()},
+        "baseline_layouts": {k: v.split("/")[1] for k, v in best.items()},
         "layers": layers,
         "forward_s": {
-            "patch": median(samples["patch"]),
-            "fast_scan": median(samples["fast_scan"]),
-            "native": median(forward["native"]),
+            "patch": median(samples[best["patch"]]),
+            "fast_scan": median(samples[best["fast_scan"]]),
+            "native": median(forward[best["native"]]),
             "densecnn": median(forward["densecnn"]),
         },
+        "native_forward_s": {fmt: median(forward[f"native/{fmt}"]) for fmt in LAYOUTS},
         "train_s": {
-            "patch": median(samples["patch_train"]),
-            "native": median(train["native"]),
-            "densecnn": median(train["densecnn"]),
+            "patch": median(samples[best["patch_train"]]),
+            "native": median(train[best["native_train"]]),
+            "densecnn": median(train["densecnn_train"]),
         },
         "speedup": {
-            "forward_vs_patch": ratio(samples["patch"], forward["densecnn"]),
-            "forward_vs_fast_scan": ratio(samples["fast_scan"], forward["densecnn"]),
-            "forward_vs_native": ratio(forward["native"], forward["densecnn"]),
-            "train_vs_native": ratio(train["native"], train["densecnn"]),
-            "train_vs_patch": ratio(samples["patch_train"], train["densecnn"]),
+            "forward_vs_patch": ratio(samples[best["patch"]], forward["densecnn"]),
+            "forward_vs_fast_scan": ratio(samples[best["fast_scan"]], forward["densecnn"]),
+            "forward_vs_native": ratio(forward[best["native"]], forward["densecnn"]),
+            "train_vs_native": ratio(train[best["native_train"]], train["densecnn_train"]),
+            "train_vs_patch": ratio(samples[best["patch_train"]], train["densecnn_train"]),
         },
     }
 
 
 def _forward_baselines(work: Workload, config: Config) -> dict:
-    contenders = {"patch": work.patch_forward(config.patch_batch)}
+    contenders = {f"patch/{fmt}": work.patch_forward(config.patch_batch, fmt) for fmt in LAYOUTS}
     if work.x.shape[-1] <= config.baselines_up_to:
-        contenders.update(fast_scan=work.fast_scan(), native=work.forward("native"))
+        contenders.update({f"fast_scan/{fmt}": work.fast_scan(fmt) for fmt in LAYOUTS})
+        contenders.update({f"native/{fmt}": work.forward(f"native/{fmt}") for fmt in LAYOUTS})
     contenders["densecnn"] = work.forward("densecnn")
     samples = interleave(contenders, config.repeats, warm_up=("densecnn",))
-    result = {"forward_s": {k: median(v) for k, v in samples.items()}}
-    result["speedup"] = {k: ratio(v, samples["densecnn"]) for k, v in samples.items() if k != "densecnn"}
+    best = {k: fastest(samples, f"{k}/") for k in ("patch", "fast_scan", "native") if f"{k}/nchw" in samples}
+    best["densecnn"] = "densecnn"
+    result = {"forward_s": {k: median(samples[v]) for k, v in best.items()}}
+    result["baseline_layouts"] = {k: v.split("/")[1] for k, v in best.items() if k != "densecnn"}
+    result["speedup"] = {
+        k: ratio(samples[v], samples["densecnn"]) for k, v in best.items() if k != "densecnn"
+    }
     return result
 
 
@@ -151,6 +168,9 @@ def vs_image_size(config: Config, per_layer_results: list[dict]) -> list[dict]:
                 {
                     "size": size,
                     "forward_s": same[0]["forward_s"],
+                    "baseline_layouts": {
+                        k: same[0]["baseline_layouts"][k] for k in ("patch", "fast_scan", "native")
+                    },
                     "speedup": {k: speedup[f"forward_vs_{k}"] for k in ("patch", "fast_scan", "native")},
                 }
             )
@@ -185,21 +205,22 @@ def masked_backward(config: Config) -> dict:
         mask = torch.zeros(n * h * w, dtype=torch.bool)
         mask[torch.randperm(n * h * w)[:count]] = True
         contenders[f"densecnn_{count}"] = _masked_step(work, labels, mask.view(n, h, w))
-        contenders[f"patch_{count}"] = work.patch_train(config.patch_batch, count)
+        for fmt in LAYOUTS:
+            contenders[f"patch_{count}/{fmt}"] = work.patch_train(config.patch_batch, count, fmt)
     samples = interleave(contenders, config.repeats)
-    counts = sorted({int(k.split("_")[1]) for k in samples})
-    return {
-        "model": work.name,
-        "image": list(work.x.shape),
-        "rows": [
+    counts = sorted({int(k.split("_")[1]) for k in samples if k.startswith("densecnn_")})
+    rows = []
+    for c in counts:
+        patch = fastest(samples, f"patch_{c}/")
+        rows.append(
             {
                 "selected": c,
                 "densecnn_s": median(samples[f"densecnn_{c}"]),
-                "patch_s": median(samples[f"patch_{c}"]),
+                "patch_s": median(samples[patch]),
+                "patch_layout": patch.split("/")[1],
             }
-            for c in counts
-        ],
-    }
+        )
+    return {"model": work.name, "image": list(work.x.shape), "rows": rows}
 
 
 def _masked_step(work: Workload, labels, mask):
@@ -211,39 +232,67 @@ def _masked_step(work: Workload, labels, mask):
 
 
 def conv_limit(name: str, config: Config) -> dict:
-    """Overhead over the conv-only limit: densecnn forward / Σ over conv layers of the best conv solver's time.
-
-    Conv candidates are timed in the memory format the net runs in (what the rest of the net would cost is the
-    question), on inputs of the real shapes, interleaved with the whole forward.
+    """Every candidate solver of every layer, on the real shapes, in both memory formats: which won and by how much,
+    and densecnn's overhead over the conv-only limit (its forward / Σ over conv layers of the best conv time in the
+    format the net runs in), interleaved with the whole forward. Inference (no autograd).
     """
     work = Workload.zoo(name, config.size)
     shape, contenders = tuple(work.padded.shape), {"densecnn": work.forward("densecnn")}
-    fmt = work.plan(False).memory_format
-    ext = ext_available()
-    for i, step in enumerate(group_steps(work.dense.features)):
-        spec = step.spec() if hasattr(step.layers[0], "spec") else None
-        if isinstance(spec, ConvSpec):
-            x = torch.randn(shape).contiguous(memory_format=MEMORY_FORMATS[fmt])
-            for solver in solvers.candidates(spec, ext_available=ext):
-                contenders[f"{i}:{solver}"] = _no_grad_solver(solver, spec, x)
+    plan = work.plan(False)
+    ext, steps = ext_available(), group_steps(work.dense.features)
+    for i, step in enumerate(steps):
+        if hasattr(step.layers[0], "spec"):
+            spec = step.spec()
+            for fmt in LAYOUTS:
+                x = torch.randn(shape).contiguous(memory_format=MEMORY_FORMATS[fmt])
+                for solver in solvers.candidates(spec, ext_available=ext, dtype=x.dtype):
+                    contenders[f"{i}:{solver}/{fmt}"] = _no_grad_solver(solver, spec, x)
         shape = next_shape(step, shape)
     samples = interleave(contenders, config.repeats)
-    per_conv: dict[str, dict] = {}
+    races: dict[int, dict[str, float]] = {}
     for key, values in samples.items():
         if key != "densecnn":
-            layer, solver = key.split(":")
-            per_conv.setdefault(layer, {})[f"{solver}/{fmt}"] = median(values)
-    best = {layer: min(times, key=times.get) for layer, times in per_conv.items()}
-    limit = sum(per_conv[layer][best[layer]] for layer in per_conv)
+            step, candidate = key.split(":")
+            races.setdefault(int(step), {})[candidate] = median(values)
+    names = work.step_names()
+    layers = [
+        _race_row(names[i], times, plan.steps[i].solver, plan.memory_format) for i, times in races.items()
+    ]
+    convs = [row for i, row in zip(races, layers) if isinstance(steps[i].spec(), ConvSpec)]
+    limit = sum(row["best_in_plan_format_s"] for row in convs)
     forward = median(samples["densecnn"])
     return {
         "model": name,
         "image": list(work.x.shape),
-        "memory_format": fmt,
-        "convs": [{"step": int(k), "best": best[k], "times_s": v} for k, v in per_conv.items()],
+        "memory_format": plan.memory_format,
+        "layers": layers,
+        "convs": [{"layer": r["layer"], "best": r["best_in_plan_format"]} for r in convs],
         "conv_limit_s": limit,
         "densecnn_forward_s": forward,
         "overhead": forward / limit,
+    }
+
+
+def _race_row(layer: str, times: dict[str, float], chosen: str, fmt: str) -> dict:
+    """One layer's race: the winner over both formats, its margin over the runner-up, the best native, the plan's
+    choice and how far it is from the best in the plan's format."""
+    ranked = sorted(times, key=times.get)
+    in_format = {c: t for c, t in times.items() if c.endswith(f"/{fmt}")}
+    best_in_format = min(in_format, key=in_format.get)
+    native = min((c for c in times if c.startswith("native/")), key=times.get)
+    return {
+        "layer": layer,
+        "times_s": times,
+        "winner": ranked[0],
+        "winner_s": times[ranked[0]],
+        "runner_up": ranked[1] if len(ranked) > 1 else None,
+        "margin": times[ranked[1]] / times[ranked[0]] if len(ranked) > 1 else None,
+        "best_native": native,
+        "vs_best_native": times[native] / times[ranked[0]],
+        "plan_choice": f"{chosen}/{fmt}",
+        "plan_choice_vs_best_in_format": times[f"{chosen}/{fmt}"] / in_format[best_in_format],
+        "best_in_plan_format": best_in_format,
+        "best_in_plan_format_s": in_format[best_in_format],
     }
 
 
@@ -256,7 +305,8 @@ def _no_grad_solver(solver, spec, x):
 
 
 def max_pool(kernel: int, dilation: int, config: Config) -> dict:
-    """d-sparse max pooling: densecnn's chosen solver vs ``F.max_pool2d(dilation=d, stride=1)`` (NCHW), fwd and bwd."""
+    """d-sparse max pooling: densecnn's fastest timed solver vs ``F.max_pool2d(dilation=d, stride=1)`` in the faster
+    of NCHW and channels_last, forward and backward."""
     x = pool_input(config.pool_channels, config.pool_size)
     spec = PoolSpec("max_pool2d", (kernel, kernel), (dilation, dilation))
     ext = ext_available()
@@ -268,27 +318,31 @@ def max_pool(kernel: int, dilation: int, config: Config) -> dict:
             key=lambda fs: times[fs[0]][fs[1]],
         )
     xs = {d: x.contiguous(memory_format=MEMORY_FORMATS[chosen[d][0]]) for d in chosen}
-    samples = interleave(
-        {
-            "native_forward": lambda: native_max_pool(x, kernel, dilation),
-            "densecnn_forward": lambda: solvers.run(chosen["forward"][1], spec, xs["forward"]),
-            "native_backward": _backward(lambda v: native_max_pool(v, kernel, dilation), x),
-            "densecnn_backward": _backward(
-                lambda v: solvers.run(chosen["backward"][1], spec, v), xs["backward"]
-            ),
-        },
-        config.repeats,
-    )
+    contenders = {
+        "densecnn_forward": lambda: solvers.run(chosen["forward"][1], spec, xs["forward"]),
+        "densecnn_backward": _backward(lambda v: solvers.run(chosen["backward"][1], spec, v), xs["backward"]),
+    }
+    for fmt in LAYOUTS:
+        layout = x.contiguous(memory_format=MEMORY_FORMATS[fmt])
+        contenders[f"native_forward/{fmt}"] = lambda v=layout: native_max_pool(v, kernel, dilation)
+        contenders[f"native_backward/{fmt}"] = _backward(
+            lambda v: native_max_pool(v, kernel, dilation), layout
+        )
+    samples = interleave(contenders, config.repeats)
+    native = {d: fastest(samples, f"native_{d}/") for d in ("forward", "backward")}
     return {
         "kernel": kernel,
         "dilation": dilation,
         "input": list(x.shape),
         "solver": {d: f"{s}/{fmt}" for d, (fmt, s) in chosen.items()},
-        "times_s": {k: median(v) for k, v in samples.items()},
-        "speedup": {
-            "forward": ratio(samples["native_forward"], samples["densecnn_forward"]),
-            "backward": ratio(samples["native_backward"], samples["densecnn_backward"]),
+        "native_layout": {d: name.split("/")[1] for d, name in native.items()},
+        "times_s": {
+            "native_forward": median(samples[native["forward"]]),
+            "native_backward": median(samples[native["backward"]]),
+            "densecnn_forward": median(samples["densecnn_forward"]),
+            "densecnn_backward": median(samples["densecnn_backward"]),
         },
+        "speedup": {d: ratio(samples[native[d]], samples[f"densecnn_{d}"]) for d in ("forward", "backward")},
     }
 
 

@@ -49,3 +49,8 @@ def median(values: list[float]) -> float:
 def ratio(slow: list[float], fast: list[float]) -> float:
     """Median over rounds of slow/fast (rounds paired)."""
     return statistics.median(s / f for s, f in zip(slow, fast))
+
+
+def fastest(samples: dict[str, list], prefix: str) -> str:
+    """The name, among those starting with ``prefix`` (one contender in several layouts), with the lowest median."""
+    return min((name for name in samples if name.startswith(prefix)), key=lambda name: median(samples[name]))

@@ -1,9 +1,11 @@
-"""What the benchmarks run: the four ways to label every pixel (DESIGN.md), layer by layer where it matters.
+"""What the benchmarks run: the four ways to label every pixel, layer by layer where it matters.
 
 - ``patch``: patch-by-patch scanning, batched; a sample batch of patches is timed and scaled to all pixels.
 - ``fast_scan``: fragments (:func:`densecnn.fast_scan`), forward only.
-- ``native``: the dense net with backend "native" (torch's dilated ops, NCHW).
+- ``native``: the dense net with backend "native" (torch's dilated ops), in NCHW or channels_last (NHWC).
 - ``densecnn``: the dense net with backend "auto" (per-layer solver choice, one memory format, the kernels if built).
+
+The baselines run in both memory formats (:data:`LAYOUTS`); the benchmarks compare against the faster of the two.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from densecnn.ops.find import MEMORY_FORMATS
 from densecnn.ops.plan import group_steps
 
 from .timing import elapsed
+
+LAYOUTS = ("nchw", "nhwc")
 
 
 def plain_family(
@@ -49,7 +53,9 @@ class Workload:
     x: torch.Tensor  # (N, C, H, W)
 
     def __post_init__(self):
-        self.native = densecnn.convert(self.model, self.patch, backend="native")
+        self.natives = {fmt: densecnn.convert(self.model, self.patch, backend="native") for fmt in LAYOUTS}
+        for fmt, native in self.natives.items():
+            native.memory_format = fmt
         self.dense = densecnn.convert(self.model, self.patch, backend="auto")
         self.padded = self.dense.pad(self.x)
 
@@ -73,21 +79,35 @@ class Workload:
     # --- whole-net timings (seconds) -------------------------------------------------------------------------------
 
     def forward(self, which: str) -> Callable:
-        net = self.native if which == "native" else self.dense
+        """``which``: "densecnn", or "native/nchw" / "native/nhwc"."""
+        net = self.dense if which == "densecnn" else self.natives[which.split("/")[1]]
         return lambda: _no_grad(net, self.x)
 
-    def fast_scan(self) -> Callable:
-        return lambda: densecnn.fast_scan(self.model, self.x, self.patch)
+    def train_step(self, which: str) -> Callable:
+        """Forward and backward of the summed scores (the dense net of ``which``, as in :meth:`forward`)."""
+        net = self.dense if which == "densecnn" else self.natives[which.split("/")[1]]
 
-    def patch_forward(self, batch: int) -> Callable:
-        """Seconds for all pixels, scaled from one batch of ``batch`` patches."""
+        def step():
+            self.model.zero_grad(set_to_none=True)
+            net(self.x).sum().backward()
+
+        return step
+
+    def fast_scan(self, layout: str = "nchw") -> Callable:
+        x = self.x.contiguous(memory_format=MEMORY_FORMATS[layout])
+        return lambda: densecnn.fast_scan(self.model, x, self.patch)
+
+    def patch_forward(self, batch: int, layout: str = "nchw") -> Callable:
+        """Seconds for all pixels, scaled from one batch of ``batch`` patches in ``layout``."""
         patches = torch.rand(batch, self.x.shape[1], self.patch, self.patch)
+        patches = patches.contiguous(memory_format=MEMORY_FORMATS[layout])
         return lambda: elapsed(lambda: _no_grad(self.model, patches)) * self.pixels / batch
 
-    def patch_train(self, batch: int, count: int | None = None) -> Callable:
+    def patch_train(self, batch: int, count: int | None = None, layout: str = "nchw") -> Callable:
         """Seconds for a forward+backward over ``count`` patches (default all pixels), scaled from one batch."""
         batch = min(batch, count or batch)
         patches = torch.rand(batch, self.x.shape[1], self.patch, self.patch)
+        patches = patches.contiguous(memory_format=MEMORY_FORMATS[layout])
 
         def step():
             self.model.zero_grad(set_to_none=True)
@@ -100,16 +120,17 @@ class Workload:
     def stepwise(self, which: str, *, train: bool) -> Callable:
         """A run returning {"forward": [s per step], "backward": [s per step]} (backward empty unless ``train``).
 
-        The densecnn rows include the memory-format conversions at entry and exit in the first and last steps.
-        Backward starts from a fixed gradient of ones on the scores.
+        ``which``: "densecnn", or "native/nchw" / "native/nhwc" (torch's ops layer by layer in that format). The
+        rows include the memory-format conversions at entry and exit in the first and last steps. Backward starts
+        from a fixed gradient of ones on the scores.
         """
-        if which == "native":
-            layer_groups = [step.layers for step in group_steps(self.native.features)]
-            steps = [_sequence(layers) for layers in layer_groups]
-            fmt = torch.contiguous_format
-        else:
+        if which == "densecnn":
             plan = self.plan(train)
             steps, fmt = list(plan.steps), MEMORY_FORMATS[plan.memory_format]
+        else:
+            layer_groups = [step.layers for step in group_steps(self.dense.features)]
+            steps = [_sequence(layers) for layers in layer_groups]
+            fmt = MEMORY_FORMATS[which.split("/")[1]]
         params = list(self.model.parameters())
 
         def run():
@@ -172,5 +193,5 @@ def pool_input(channels: int = 64, size: int = 512) -> torch.Tensor:
 
 
 def native_max_pool(x: torch.Tensor, kernel: int, dilation: int) -> torch.Tensor:
-    """The issue's pooling baseline: ``F.max_pool2d(dilation=d, stride=1)`` on NCHW."""
+    """The pooling baseline: ``F.max_pool2d(dilation=d, stride=1)`` (in ``x``'s memory format)."""
     return F.max_pool2d(x, kernel, 1, 0, dilation)

@@ -1,4 +1,4 @@
-"""``densecnn export-onnx MODEL_DIR OUT.onnx``: the model's dense net as ONNX, dynamic height and width."""
+"""``densecnn export-onnx MODEL_DIR OUT.onnx``: the model's dense net as ONNX, every spatial axis dynamic."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ def add_parser(subparsers) -> None:
         "export-onnx",
         help="export a model's dense net to ONNX (image -> per-pixel scores, any H and W)",
         description="Write the dense net of MODEL as ONNX: input 'image' (N, C, H, W) float32, already "
-        "normalised with the model's mean/std; output 'scores' (N, K, H, W). Padding is in the graph.",
+        "normalised with the model's mean/std; output 'scores' (N, K, H, W). Padding is in the graph. Volume models "
+        "map (N, C, D, H, W) to (N, K, D, H, W), signal models (N, C, L) to (N, K, L).",
     )
     parser.add_argument("model", help="model directory (model.json + weights.safetensors)")
     parser.add_argument("out", help="the .onnx file to write")
@@ -22,8 +23,9 @@ def run(args) -> int:
     loaded = load(args.model)
     dense = loaded.dense(backend="native")
     path = export_onnx(dense, args.out)
+    axes = ", ".join({1: "L", 2: "HW", 3: "DHW"}[dense.dims])
     channels, classes = dense.in_channels, dense.num_classes
-    print(f"wrote {path}: input 'image' (N, {channels}, H, W) -> output 'scores' (N, {classes}, H, W)")
+    print(f"wrote {path}: input 'image' (N, {channels}, {axes}) -> output 'scores' (N, {classes}, {axes})")
     if loaded.normalization:
         print(f"normalise inputs first: (x - {loaded.normalization['mean']}) / {loaded.normalization['std']}")
     return 0

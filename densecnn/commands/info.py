@@ -14,7 +14,7 @@ def run(args) -> int:
 
     loaded = load(args.model)
     print(f"model: {loaded.path}")
-    print(f"patch size: {loaded.patch_size[0]}x{loaded.patch_size[1]}, input channels: {loaded.in_channels}")
+    print(f"patch size: {'x'.join(map(str, loaded.patch_size))}, input channels: {loaded.in_channels}")
     print(f"classes ({loaded.num_classes}): {', '.join(loaded.class_names)}")
     print(f"padding mode: {loaded.padding_mode}")
     parameters = sum(p.numel() for p in loaded.model.parameters())

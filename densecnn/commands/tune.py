@@ -1,4 +1,5 @@
-"""``densecnn tune MODEL_DIR --size H W``: run the solver find step ahead of time and show the chosen plan."""
+"""``densecnn tune MODEL_DIR --size H W``: time every layer's candidate solvers ahead of time, cache the times (later
+runs use them instead of the cost model's predictions) and show the chosen plan."""
 
 from __future__ import annotations
 
@@ -38,9 +39,11 @@ def run(args) -> int:
         )
     loaded = load(args.model)
     dense = loaded.dense()
+    dense.tune = True
     shape = (args.batch, loaded.in_channels, height, width)
     if args.max_memory is not None:
-        height, width = choose_tile(dense, shape, 4, args.max_memory, labels=True, train=False)
+        estimate = dense.memory_estimate(shape, 4, labels=True, train=False)
+        height, width = choose_tile(shape, args.max_memory, estimate, labels=True)
         print(f"tile for max_memory={args.max_memory:,}: {height}x{width}")
     rh, rw = dense.receptive_field
     padded = torch.zeros(args.batch, loaded.in_channels, height + rh - 1, width + rw - 1)
@@ -52,6 +55,8 @@ def run(args) -> int:
             f"memory format {plan.memory_format}:"
         )
         for row in plan.describe():
-            print(f"  {' + '.join(row['layers']):<32} {row['solver']}")
+            times = ", ".join(f"{name} {ms:.2f}" for name, ms in row["times_ms"].items() if ms is not None)
+            source = f" ({row['source']}: {times} ms)" if row["source"] else ""
+            print(f"  {' + '.join(row['layers']):<32} {row['solver']:<10}{source}")
     print(f"solver timings cached in {cache_dir() / 'solvers'}")
     return 0

@@ -1,4 +1,4 @@
-"""The find step (MIOpen's, seeds/003): time every candidate solver of a dense op once, cache the times on disk.
+"""The find step (as in MIOpen): time every candidate solver of a dense op once, cache the times on disk.
 
 For one op (a :class:`~densecnn.ops.solvers.ConvSpec` or ``PoolSpec``), input shape, dtype, device and direction
 (inference, or training = forward + backward), :func:`find` runs each applicable solver in both memory formats on
@@ -26,10 +26,12 @@ from pathlib import Path
 import torch
 
 from ..atomic import atomic_write
-from . import ext_build, solvers
+from ..geometry import reach
+from . import solvers
+from .backends import ext_build
 from .solvers import ConvSpec, PoolSpec, Spec
 
-MEMORY_FORMATS = {"nchw": torch.contiguous_format, "nhwc": torch.channels_last}
+MEMORY_FORMATS = {"nchw": torch.contiguous_format, "nhwc": torch.channels_last}  # "nhwc": images only
 MAX_SIDE = 256  # timing inputs are at most this many pixels per side beyond the op's reach
 REPEATS = (
     3  # timed runs per candidate after one warm-up (fewer once they add up to BUDGET_MS); the minimum is kept
@@ -46,11 +48,18 @@ def cache_dir() -> Path:
     return Path(base) / "densecnn"
 
 
-def timing_shape(spec: Spec, shape: tuple[int, int, int, int]) -> tuple[int, int, int, int]:
-    """The bucketed (1, C, H, W) the candidates are timed on, for an input of ``shape``."""
-    reach = [(k - 1) * d for k, d in zip(spec.kernel, spec.dilation)]
-    sides = [min(2 ** math.ceil(math.log2(side)), MAX_SIDE + r) for side, r in zip(shape[2:], reach)]
-    return 1, shape[1], max(sides[0], reach[0] + 1), max(sides[1], reach[1] + 1)
+def memory_formats(shape) -> list[str]:
+    """The memory formats a net may run in on (N, C, *S) inputs of ``shape``: channels-last for images only."""
+    return list(MEMORY_FORMATS) if len(shape) == 4 else ["nchw"]
+
+
+def timing_shape(spec: Spec, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The bucketed (1, C, *S) the candidates are timed on, for an input of ``shape`` (as many pixels at most as a
+    MAX_SIDE² image, for signals and volumes too)."""
+    reaches = reach(spec.kernel, spec.dilation)
+    max_side = round(MAX_SIDE ** (2 / (len(shape) - 2)))
+    sides = [min(2 ** math.ceil(math.log2(side)), max_side + r) for side, r in zip(shape[2:], reaches)]
+    return (1, shape[1], *(max(side, r + 1) for side, r in zip(sides, reaches)))
 
 
 def problem_key(
@@ -120,24 +129,56 @@ def find(
     key = problem_key(spec, shape, dtype, device, train=train, ext=ext, input_grad=input_grad)
     times = load_times(key)
     if times is None:
-        times = {
-            fmt: _time_candidates(spec, key, fmt, dtype, device, train=train, ext=ext, input_grad=input_grad)
-            for fmt in MEMORY_FORMATS
-        }
+        times = time_candidates(
+            spec, key["input"], dtype, device, train=train, ext=ext, input_grad=input_grad
+        )
         store_times(key, times)
     return times
 
 
+def cached(
+    spec: Spec, shape, dtype: torch.dtype, device, *, train: bool, ext: bool, input_grad: bool = True
+) -> dict[str, dict[str, float | None]] | None:
+    """The table :func:`find` would return if it is already cached (by ``densecnn tune`` or an earlier find), else
+    None; never times anything."""
+    return load_times(problem_key(spec, shape, dtype, device, train=train, ext=ext, input_grad=input_grad))
+
+
+def time_candidates(
+    spec: Spec, shape, dtype, device, *, train: bool, ext: bool, input_grad: bool, every: bool = False
+) -> dict[str, dict[str, float | None]]:
+    """``{memory_format: {solver: ms}}``: every candidate timed now on random data of exactly ``shape``.
+
+    ``every``: time each candidate fully (as the cost model's measurements need), instead of giving up on one whose
+    warm-up is already :data:`GIVE_UP` times slower than the best so far (then its warm-up time is recorded).
+    """
+    return {
+        fmt: _time_candidates(
+            spec, shape, fmt, dtype, device, train=train, ext=ext, input_grad=input_grad, every=every
+        )
+        for fmt in memory_formats(shape)
+    }
+
+
 def _time_candidates(
-    spec: Spec, key: dict, fmt: str, dtype, device, *, train: bool, ext: bool, input_grad: bool
+    spec: Spec,
+    shape,
+    fmt: str,
+    dtype,
+    device,
+    *,
+    train: bool,
+    ext: bool,
+    input_grad: bool,
+    every: bool = False,
 ) -> dict:
     generator = torch.Generator(device="cpu").manual_seed(0)
-    x = torch.randn(key["input"], generator=generator, dtype=dtype).to(device)
+    x = torch.randn(list(shape), generator=generator, dtype=dtype).to(device)
     x = x.contiguous(memory_format=MEMORY_FORMATS[fmt]).requires_grad_(train and input_grad)
     spec = _synthetic(spec, generator, dtype, device, train)
     times: dict[str, float | None] = {}
-    for name in solvers.candidates(spec, ext_available=ext):
-        best = min((t for t in times.values() if t), default=None)
+    for name in solvers.candidates(spec, ext_available=ext, dtype=dtype):
+        best = None if every else min((t for t in times.values() if t), default=None)
         times[name] = _time_one(name, spec, x, train=train, best=best)
     return times
 

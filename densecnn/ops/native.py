@@ -1,33 +1,38 @@
 """Native-torch implementations of the dense (stride-1, dilated) ops: the portable fallback and the reference.
 
-All ops take and return (N, C, H, W) tensors, use stride 1 and no padding, so the output is
-(N, C', H - (kh-1)·dh, W - (kw-1)·dw).
+All ops take and return (N, C, *S) tensors with 1, 2 or 3 spatial axes (signals, images, volumes), use stride 1 and
+no padding, so the output is (N, C', *(S - (k-1)·d)) per axis.
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
-
-def conv2d(x, weight, bias, dilation: tuple[int, int], groups: int = 1) -> torch.Tensor:
-    """Stride-1 dilated convolution. x (N, C, H, W), weight (K, C/groups, kh, kw) -> (N, K, H', W')."""
-    return F.conv2d(x, weight, bias, stride=1, dilation=dilation, groups=groups)
+from ..geometry import Size
 
 
-def max_pool2d(x, kernel: tuple[int, int], dilation: tuple[int, int]) -> torch.Tensor:
-    """Stride-1 dilated max pooling. (N, C, H, W) -> (N, C, H', W')."""
-    return F.max_pool2d(x, kernel, stride=1, dilation=dilation)
+def _functional(op: str, x: torch.Tensor):
+    return getattr(F, f"{op}{x.dim() - 2}d")
 
 
-def avg_pool2d(
-    x, kernel: tuple[int, int], dilation: tuple[int, int], divisor: int | None = None
-) -> torch.Tensor:
+def conv(x, weight, bias, dilation: Size, groups: int = 1) -> torch.Tensor:
+    """Stride-1 dilated convolution. x (N, C, *S), weight (K, C/groups, *k) -> (N, K, *S')."""
+    return _functional("conv", x)(x, weight, bias, stride=1, dilation=dilation, groups=groups)
+
+
+def max_pool(x, kernel: Size, dilation: Size) -> torch.Tensor:
+    """Stride-1 dilated max pooling. (N, C, *S) -> (N, C, *S')."""
+    return _functional("max_pool", x)(x, kernel, stride=1, dilation=dilation)
+
+
+def avg_pool(x, kernel: Size, dilation: Size, divisor: int | None = None) -> torch.Tensor:
     """Stride-1 dilated average pooling, which torch lacks (pytorch#14907), as a depthwise convolution.
 
-    Every output is the sum of its kh·kw dilated taps divided by ``divisor`` (default kh·kw).
+    Every output is the sum of its dilated taps divided by ``divisor`` (default: the number of taps).
     """
     channels = x.shape[1]
-    taps = kernel[0] * kernel[1]
-    weight = x.new_full((channels, 1, *kernel), 1.0 / (divisor or taps))  # (C, 1, kh, kw)
-    return F.conv2d(x, weight, None, stride=1, dilation=dilation, groups=channels)
+    weight = x.new_full((channels, 1, *kernel), 1.0 / (divisor or math.prod(kernel)))  # (C, 1, *k)
+    return conv(x, weight, None, dilation, channels)

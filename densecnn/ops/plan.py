@@ -3,7 +3,17 @@
 A plan groups the net's layers into steps (a windowed layer, with the tanh/ReLU that follows a pool so fused solvers
 can absorb it; or a pointwise layer on its own), picks a solver per step and one memory format for the whole net
 (the one whose per-layer best times add up to the least), and converts the input once at entry and the output once
-at exit.
+at exit. A plan is the only way a dense net runs its ops.
+
+Where the per-layer times come from:
+- immediate mode (the default): the find step's cached timings of the layer if there are any (from ``densecnn
+  tune`` or an earlier tuned run), else the shipped cost model's predictions (:mod:`densecnn.ops.costmodel`):
+  no candidate is timed, so the first call is as fast as the next;
+- tuning (``tune=True``, ``DENSECNN_FIND=1``, ``densecnn tune``): every candidate is timed once per problem and the
+  times cached on disk (:mod:`densecnn.ops.find`), which later immediate-mode plans reuse.
+
+The backend restricts the candidates (:func:`densecnn.ops.backends.allowed_solvers`); ``native`` runs torch's ops
+in NCHW and so has nothing to choose.
 
 Forcing (for experiments and benchmarks), strongest first:
 - ``DenseCNN.solver`` / ``DenseCNN.memory_format`` attributes;
@@ -22,12 +32,14 @@ import torch
 from torch import nn
 
 from ..errors import Cancelled
+from ..layers import output_shape
 from ..rules.registry import fused_activation
-from . import ext_available, require_ext, solvers
-from .find import MEMORY_FORMATS, find
+from . import costmodel, solvers
+from .backends import Backend, allowed_solvers, ext_available
+from .find import MEMORY_FORMATS, cached, find, memory_formats
 from .solvers import SOLVERS, PoolSpec
 
-Shape = tuple[int, int, int, int]
+Shape = tuple[int, ...]  # (N, C, *spatial)
 
 
 @dataclass
@@ -37,6 +49,8 @@ class Step:
     layers: tuple[nn.Module, ...]
     activation: str | None = None
     solver: str | None = None
+    source: str | None = None  # "tuned", "predicted" or "forced": where the times behind the choice came from
+    times: dict | None = None  # {memory_format: {solver: ms}} the choice was made on
 
     def spec(self):
         spec = self.layers[0].spec()
@@ -58,12 +72,15 @@ class Plan:
         return run_steps(self.steps, x, cancel).contiguous()
 
     def describe(self) -> list[dict]:
-        """One row per step: its layers, solver and memory format (for ``densecnn tune`` and the benchmarks)."""
+        """One row per step: its layers, solver, memory format, where the choice came from ("tuned" timings, the
+        cost model's "predicted" times, "forced"), and the step's times per candidate in that format (ms)."""
         return [
             {
                 "layers": [type(m).__name__ for m in step.layers],
                 "solver": step.solver or "module",
                 "format": self.memory_format,
+                "source": step.source,
+                "times_ms": step.times.get(self.memory_format, {}) if step.times else {},
             }
             for step in self.steps
         ]
@@ -98,20 +115,15 @@ def group_steps(features: nn.Sequential) -> list[Step]:
     return steps
 
 
-def layer_output_shape(layer: nn.Module, shape: Shape) -> Shape:
-    """The (N, C, H, W) a dense layer outputs for an input of ``shape`` (pointwise layers keep it)."""
-    if not hasattr(layer, "spec"):
-        return shape
-    spec = layer.spec()
-    channels = spec.weight.shape[0] if isinstance(spec, solvers.ConvSpec) else shape[1]
-    h, w = (shape[2 + a] - (spec.kernel[a] - 1) * spec.dilation[a] for a in (0, 1))
-    return shape[0], channels, h, w
-
-
 def next_shape(step: Step, shape: Shape) -> Shape:
     for layer in step.layers:
-        shape = layer_output_shape(layer, shape)
+        shape = output_shape(layer, shape)
     return shape
+
+
+def find_requested(attribute: bool) -> bool:
+    """Whether plans time their candidates: ``tune=True`` on the net, or ``DENSECNN_FIND=1`` in the environment."""
+    return attribute or os.environ.get("DENSECNN_FIND", "") not in ("", "0")
 
 
 def forced_solver(attribute: str | None) -> str | None:
@@ -132,56 +144,70 @@ def forced_memory_format(attribute: str | None) -> str | None:
     return fmt
 
 
-def allowed_solvers(backend: str, forced: str | None, ext: bool) -> set[str]:
-    """The solvers a plan may use: everything applicable for "auto", only the kernels for "ext"."""
-    if forced is not None:
-        if SOLVERS[forced].needs_ext:
-            require_ext()
-        return {forced, "native"}
-    if backend == "ext":
-        require_ext()
-        return {"ext", "ext_fused"}
-    return {name for name, s in SOLVERS.items() if ext or not s.needs_ext}
-
-
 def make_plan(
     features: nn.Sequential,
     shape: Shape,
     dtype: torch.dtype,
     device,
     *,
-    backend: str,
+    backend: Backend,
     train: bool,
     solver: str | None = None,
     memory_format: str | None = None,
     input_grad: bool = False,
+    tune: bool = False,
 ) -> Plan:
-    """The fastest plan for running ``features`` on a (N, C, H, W) input of ``shape`` (timing via :func:`find`).
+    """The fastest plan for running ``features`` on a (N, C, *S) input of ``shape``: per-layer times predicted
+    (immediate mode, or cached timings) or, with ``tune``, timed by :func:`find`. Signals and volumes run in NC*
+    (a forced "nhwc" applies to images only).
 
     ``train``: plan for forward + backward; ``input_grad``: whether the input itself needs a gradient.
     """
     forced, fmt_forced = forced_solver(solver), forced_memory_format(memory_format)
+    if backend is Backend.NATIVE and fmt_forced is None:
+        fmt_forced = "nchw"  # torch's dilated ops as they come: nothing to choose, nothing to time
+    if fmt_forced not in (None, *memory_formats(shape)):
+        fmt_forced = "nchw"  # channels-last is for images only
+    allowed = allowed_solvers(backend, forced)
     ext = ext_available()
-    allowed = allowed_solvers(backend, forced, ext)
-    steps, tables = group_steps(features), []
+    steps = group_steps(features)
     for index, step in enumerate(steps):
-        if not hasattr(step.layers[0], "spec"):
-            tables.append(None)
-        elif forced and fmt_forced:  # nothing to choose: no timing
-            applies = forced in solvers.candidates(step.spec(), ext_available=ext)
-            tables.append({fmt_forced: {forced if applies else "native": 0.0}})
-        else:
+        if hasattr(step.layers[0], "spec"):
+            spec = step.spec()
+            names = [n for n in solvers.candidates(spec, ext_available=ext, dtype=dtype) if n in allowed]
             needs_grad = input_grad or index > 0  # every later layer's input comes from parameters
-            tables.append(
-                find(step.spec(), shape, dtype, device, train=train, ext=ext, input_grad=needs_grad)
+            step.source, step.times = _times(
+                spec,
+                names,
+                shape,
+                dtype,
+                device,
+                forced,
+                fmt_forced,
+                train=train,
+                tune=tune,
+                input_grad=needs_grad,
             )
         shape = next_shape(step, shape)
-    formats = [fmt_forced] if fmt_forced else list(MEMORY_FORMATS)
-    best = {fmt: [_best(table, fmt, allowed, forced) for table in tables] for fmt in formats}
+    formats = [fmt_forced] if fmt_forced else memory_formats(shape)
+    best = {fmt: [_best(step.times, fmt, allowed, forced) for step in steps] for fmt in formats}
     chosen = min(formats, key=lambda fmt: sum(ms for _, ms in best[fmt]))
     for step, (name, _) in zip(steps, best[chosen]):
         step.solver = name
     return Plan(chosen, steps)
+
+
+def _times(spec, names, shape, dtype, device, forced, fmt_forced, *, train, tune, input_grad):
+    """(source, {memory_format: {solver: ms}}) for one step."""
+    if fmt_forced and names and (forced or len(names) == 1):  # nothing to choose: no timing, no prediction
+        return "forced", {fmt_forced: {forced if forced in names else names[0]: 0.0}}
+    ext = ext_available()
+    if tune:
+        return "tuned", find(spec, shape, dtype, device, train=train, ext=ext, input_grad=input_grad)
+    times = cached(spec, shape, dtype, device, train=train, ext=ext, input_grad=input_grad)
+    if times is not None:
+        return "tuned", times
+    return "predicted", costmodel.predict(spec, shape, dtype, train=train, candidates=names)
 
 
 def _best(table, fmt: str, allowed: set[str], forced: str | None) -> tuple[str | None, float]:

@@ -6,64 +6,71 @@ the fastest. Every solver is exact (equal to the native dilated op up to float s
 
 Solvers:
 - ``native``: torch's dilated op (``F.conv2d(dilation=d)``, ``F.max_pool2d(dilation=d, stride=1)``, average pooling as a
-  depthwise conv), in whatever memory format ``x`` has.
+  depthwise conv; ``conv1d``/``conv3d`` and so on for signals and volumes), in whatever memory format ``x`` has.
 - ``s2b`` (space-to-batch): pixel (q·d + r) of the input belongs to sub-grid r; a d-dilated window only ever reads one
-  sub-grid, so the d×d sub-grids are moved into the batch, the *undilated* op runs on them, and the results are moved
-  back. Exact, and often much faster where torch's dilated kernels are slow (large dilations, pooling).
-- ``ext``: densecnn's own kernels (``cuda_ext``, see :mod:`densecnn.ops.ext`), when built.
-- ``ext_fused``: the ext pooling kernel fused with the following tanh/ReLU, for a pool step that has one.
-- ``fft``: convs in the frequency domain on overlap-save tiles of the sub-grids, every stage a GEMM
+  sub-grid, so the d×d sub-grids (d×d×d for volumes) are moved into the batch, the *undilated* op runs on them, and
+  the results are moved back. Exact, and often much faster where torch's dilated kernels are slow (large dilations,
+  pooling).
+- ``ext``: densecnn's own kernels (``cuda_ext``, see :mod:`densecnn.ops.ext`), when built; 2-D ops only.
+- ``ext_fused``: the ext pooling kernel fused with the following tanh/ReLU, for a pool step that has one (2-D).
+- ``fft``: 2-D convs in the frequency domain on overlap-save tiles of the sub-grids, every stage a GEMM
   (:mod:`densecnn.ops.fft_conv`); its cost does not grow with the kernel size.
+
+Which solver runs each layer is the plan's choice (:mod:`densecnn.ops.plan`): from the shipped cost model at once
+(:mod:`densecnn.ops.costmodel`), or from timings when asked to tune (:mod:`densecnn.ops.find`).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from . import fft_conv, native
-
-Pair = tuple[int, int]
+from ..geometry import Size, output_size
+from . import ext, fft_conv, native
 
 
 @dataclass(frozen=True)
 class ConvSpec:
-    """A stride-1 dilated conv: weight (K, C/groups, kh, kw), optional bias (K,)."""
+    """A stride-1 dilated conv: weight (K, C/groups, *k) with one kernel entry per spatial axis, optional bias (K,)."""
 
     weight: torch.Tensor
     bias: torch.Tensor | None
-    dilation: Pair
+    dilation: Size
     groups: int
 
-    op = "conv2d"
-    activation = None  # convs absorb no activation (class attributes, not fields)
+    activation = None  # convs absorb no activation (a class attribute, not a field)
 
     @property
-    def kernel(self) -> Pair:
+    def kernel(self) -> Size:
         return tuple(self.weight.shape[2:])
+
+    @property
+    def op(self) -> str:
+        """torch's name of the op: "conv1d", "conv2d" or "conv3d"."""
+        return f"conv{len(self.kernel)}d"
 
 
 @dataclass(frozen=True)
 class PoolSpec:
     """A stride-1 dilated max or average pool, optionally followed by a pointwise ``activation`` ("tanh", "relu")."""
 
-    op: str  # "max_pool2d" or "avg_pool2d"
-    kernel: Pair
-    dilation: Pair
+    op: str  # torch's name of the op: "max_pool2d" or "avg_pool2d" ("max_pool3d", "avg_pool1d", ...)
+    kernel: Size
+    dilation: Size
     divisor: int | None = None
     activation: str | None = None
 
+    @property
+    def mode(self) -> str:
+        """ "max" or "avg"."""
+        return self.op[:3]
+
 
 Spec = ConvSpec | PoolSpec
-
-
-def _ext():
-    from . import ext_module
-
-    return ext_module()
 
 
 def _activate(y: torch.Tensor, activation: str | None) -> torch.Tensor:
@@ -77,73 +84,80 @@ def _activate(y: torch.Tensor, activation: str | None) -> torch.Tensor:
 # --- native --------------------------------------------------------------------------------------------------------
 
 
-def _run_ops(ops_module, spec: Spec, x: torch.Tensor) -> torch.Tensor:
-    """``spec`` through a module of dense ops with the signatures of :mod:`densecnn.ops.native`."""
-    if isinstance(spec, ConvSpec):
-        return ops_module.conv2d(x, spec.weight, spec.bias, spec.dilation, spec.groups)
-    if spec.op == "max_pool2d":
-        y = ops_module.max_pool2d(x, spec.kernel, spec.dilation)
-    else:
-        y = ops_module.avg_pool2d(x, spec.kernel, spec.dilation, spec.divisor)
-    return _activate(y, spec.activation)
-
-
 def _native(spec: Spec, x: torch.Tensor) -> torch.Tensor:
-    return _run_ops(native, spec, x)
+    if isinstance(spec, ConvSpec):
+        return native.conv(x, spec.weight, spec.bias, spec.dilation, spec.groups)
+    if spec.mode == "max":
+        return _activate(native.max_pool(x, spec.kernel, spec.dilation), spec.activation)
+    return _activate(native.avg_pool(x, spec.kernel, spec.dilation, spec.divisor), spec.activation)
 
 
 # --- space-to-batch ------------------------------------------------------------------------------------------------
 
 
 def _is_channels_last(x: torch.Tensor) -> bool:
-    return not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last)
+    """Whether ``x`` is channels-last (``channels_last`` for 2-D, ``channels_last_3d`` for 3-D) and not NC*."""
+    layout = {4: torch.channels_last, 5: torch.channels_last_3d}.get(x.dim())
+    return layout is not None and not x.is_contiguous() and x.is_contiguous(memory_format=layout)
 
 
-def to_subgrids(x: torch.Tensor, dilation: Pair) -> torch.Tensor:
-    """(N, C, H, W) -> (N·dh·dw, C, ⌈H/dh⌉, ⌈W/dw⌉): pixel (q·dh + r, p·dw + s) goes to (q, p) of sub-grid (r, s).
+def to_subgrids(x: torch.Tensor, dilation: Size) -> torch.Tensor:
+    """(N, C, *S) -> (N·prod(d), C, *⌈S/d⌉): along each axis, pixel q·d + r goes to q of sub-grid r.
 
-    The image is zero-padded to a multiple of the dilation; the padded pixels only feed outputs that are cropped.
-    The result keeps ``x``'s memory format (NCHW or channels_last).
+    For images, pixel (q·dh + r, p·dw + s) goes to (q, p) of sub-grid (r, s). The input is zero-padded to a multiple of
+    the dilation; the padded pixels only feed outputs that are cropped. The result keeps ``x``'s memory format (NC*
+    or channels-last).
     """
-    n, c, h, w = x.shape
-    dh, dw = dilation
-    hs, ws = -(-h // dh), -(-w // dw)
-    if (hs * dh, ws * dw) != (h, w):
-        x = F.pad(x, (0, ws * dw - w, 0, hs * dh - h))
+    n, c, *size = x.shape
+    dims = len(size)
+    sub = [-(-s // d) for s, d in zip(size, dilation, strict=True)]
+    widths = [w for s, g, d in zip(reversed(size), reversed(sub), reversed(dilation)) for w in (0, g * d - s)]
+    if any(widths):
+        x = F.pad(x, widths)
+    split = [v for g, d in zip(sub, dilation) for v in (g, d)]  # (S0, d0, S1, d1, ...)
+    grid_axes = [1 + 2 * a for a in range(dims)]  # the S_a axes after the batch axis
+    phase_axes = [2 + 2 * a for a in range(dims)]  # the d_a axes
     if _is_channels_last(x):
-        nhwc = x.permute(0, 2, 3, 1).reshape(n, hs, dh, ws, dw, c)  # (N, Hs, dh, Ws, dw, C)
-        return nhwc.permute(0, 2, 4, 1, 3, 5).reshape(n * dh * dw, hs, ws, c).permute(0, 3, 1, 2)
-    grids = x.reshape(n, c, hs, dh, ws, dw)  # (N, C, Hs, dh, Ws, dw)
-    return grids.permute(0, 3, 5, 1, 2, 4).reshape(n * dh * dw, c, hs, ws)
+        last = x.movedim(1, -1).reshape(n, *split, c)  # (N, S0, d0, ..., C)
+        moved = last.permute(0, *phase_axes, *grid_axes, 1 + 2 * dims)
+        return moved.reshape(n * math.prod(dilation), *sub, c).movedim(-1, 1)
+    grids = x.reshape(n, c, *split)  # (N, C, S0, d0, S1, d1, ...)
+    moved = grids.permute(0, *(a + 1 for a in phase_axes), 1, *(a + 1 for a in grid_axes))
+    return moved.reshape(n * math.prod(dilation), c, *sub)
 
 
-def from_subgrids(y: torch.Tensor, n: int, dilation: Pair, size: Pair) -> torch.Tensor:
-    """Inverse of :func:`to_subgrids` for the op's output: (N·dh·dw, K, ho, wo) -> (N, K, H', W') cropped to ``size``."""
-    _, k, ho, wo = y.shape
-    dh, dw = dilation
+def from_subgrids(y: torch.Tensor, n: int, dilation: Size, size: Size) -> torch.Tensor:
+    """Inverse of :func:`to_subgrids` for the op's output: (N·prod(d), K, *o) -> (N, K, *(o·d)) cropped to ``size``."""
+    _, k, *out = y.shape
+    dims = len(out)
+    interleaved = [v for o, d in zip(out, dilation) for v in (o, d)]  # (o0, d0, o1, d1, ...)
     if _is_channels_last(y):
-        nhwc = y.permute(0, 2, 3, 1).reshape(n, dh, dw, ho, wo, k)  # (N, dh, dw, ho, wo, K)
-        full = nhwc.permute(0, 3, 1, 4, 2, 5).reshape(n, ho * dh, wo * dw, k).permute(0, 3, 1, 2)
+        last = y.movedim(1, -1).reshape(n, *dilation, *out, k)  # (N, d0, d1, ..., o0, o1, ..., K)
+        order = [i for a in range(dims) for i in (1 + dims + a, 1 + a)]
+        full = last.permute(0, *order, 1 + 2 * dims).reshape(n, *interleaved, k)
+        full = full.reshape(n, *(o * d for o, d in zip(out, dilation)), k).movedim(-1, 1)
     else:
-        grids = y.reshape(n, dh, dw, k, ho, wo)  # (N, dh, dw, K, ho, wo)
-        full = grids.permute(0, 3, 4, 1, 5, 2).reshape(n, k, ho * dh, wo * dw)
-    return full[:, :, : size[0], : size[1]]
-
-
-def _output_size(x: torch.Tensor, kernel: Pair, dilation: Pair) -> Pair:
-    return tuple(x.shape[2 + a] - (kernel[a] - 1) * dilation[a] for a in (0, 1))
+        grids = y.reshape(n, *dilation, k, *out)  # (N, d0, d1, ..., K, o0, o1, ...)
+        order = [i for a in range(dims) for i in (2 + dims + a, 1 + a)]
+        full = grids.permute(0, 1 + dims, *order).reshape(n, k, *(o * d for o, d in zip(out, dilation)))
+    return full[(slice(None), slice(None), *(slice(0, s) for s in size))]
 
 
 def _space_to_batch(spec: Spec, x: torch.Tensor) -> torch.Tensor:
-    size = _output_size(x, spec.kernel, spec.dilation)
-    subgrids = to_subgrids(x, spec.dilation) if spec.dilation != (1, 1) else x
+    size = output_size(tuple(x.shape[2:]), spec.kernel, spec.dilation)
+    dilated = any(d != 1 for d in spec.dilation)
+    subgrids = to_subgrids(x, spec.dilation) if dilated else x
+    ones = (1,) * len(spec.kernel)
     if isinstance(spec, ConvSpec):
-        y = F.conv2d(subgrids, spec.weight, spec.bias, groups=spec.groups)
-    elif spec.op == "max_pool2d":
-        y = F.max_pool2d(subgrids, spec.kernel, 1)
+        y = native.conv(subgrids, spec.weight, spec.bias, ones, spec.groups)
+    elif spec.mode == "max":
+        y = native.max_pool(subgrids, spec.kernel, ones)
+    elif len(spec.kernel) == 1:  # F.avg_pool1d has no divisor_override
+        y = native.avg_pool(subgrids, spec.kernel, ones, spec.divisor)
     else:
-        y = F.avg_pool2d(subgrids, spec.kernel, 1, divisor_override=spec.divisor)
-    if spec.dilation != (1, 1):
+        pool = getattr(F, spec.op)
+        y = pool(subgrids, spec.kernel, 1, divisor_override=spec.divisor)
+    if dilated:
         y = from_subgrids(y, x.shape[0], spec.dilation, size)
     return _activate(y, spec.activation)
 
@@ -152,12 +166,15 @@ def _space_to_batch(spec: Spec, x: torch.Tensor) -> torch.Tensor:
 
 
 def _ext_op(spec: Spec, x: torch.Tensor) -> torch.Tensor:
-    return _run_ops(_ext(), spec, x)
+    if isinstance(spec, ConvSpec):
+        return ext.conv2d(x, spec.weight, spec.bias, spec.dilation, spec.groups)
+    if spec.mode == "max":
+        return _activate(ext.max_pool2d(x, spec.kernel, spec.dilation), spec.activation)
+    return _activate(ext.avg_pool2d(x, spec.kernel, spec.dilation, spec.divisor), spec.activation)
 
 
 def _ext_fused(spec: PoolSpec, x: torch.Tensor) -> torch.Tensor:
-    mode = "max" if spec.op == "max_pool2d" else "avg"
-    return _ext().pool2d_activation(x, spec.kernel, spec.dilation, mode, spec.activation, spec.divisor)
+    return ext.pool2d_activation(x, spec.kernel, spec.dilation, spec.mode, spec.activation, spec.divisor)
 
 
 # --- registry ------------------------------------------------------------------------------------------------------
@@ -165,35 +182,59 @@ def _ext_fused(spec: PoolSpec, x: torch.Tensor) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class Solver:
+    """A named way to run dense ops: ``run(spec, x)`` where ``applies(spec)``, for inputs of ``dtypes`` (None: any)."""
+
     name: str
     run: Callable[[Spec, torch.Tensor], torch.Tensor]
     applies: Callable[[Spec], bool]
     needs_ext: bool = False
+    dtypes: frozenset[torch.dtype] | None = None
+
+    def supports(self, dtype: torch.dtype) -> bool:
+        return self.dtypes is None or dtype in self.dtypes
+
+
+_EXT_DTYPES = frozenset({torch.float32, torch.float64})
 
 
 def _dilated(spec: Spec) -> bool:
-    return spec.dilation != (1, 1) and spec.kernel != (1, 1)
+    return any(d != 1 for d in spec.dilation) and any(k != 1 for k in spec.kernel)
+
+
+def _planar(spec: Spec) -> bool:
+    """densecnn's kernels run 2-D ops only."""
+    return len(spec.kernel) == 2
 
 
 SOLVERS: dict[str, Solver] = {
     solver.name: solver
     for solver in (
         Solver("native", _native, lambda spec: True),
-        Solver("s2b", _space_to_batch, lambda spec: _dilated(spec) or spec.op == "avg_pool2d"),
-        Solver("ext", _ext_op, lambda spec: True, needs_ext=True),
-        Solver("ext_fused", _ext_fused, lambda spec: spec.activation is not None, needs_ext=True),
+        Solver("s2b", _space_to_batch, lambda spec: _dilated(spec) or spec.op.startswith("avg_pool")),
+        Solver("ext", _ext_op, _planar, needs_ext=True, dtypes=_EXT_DTYPES),
+        Solver(
+            "ext_fused",
+            _ext_fused,
+            lambda spec: _planar(spec) and spec.activation is not None,
+            needs_ext=True,
+            dtypes=_EXT_DTYPES,
+        ),
         Solver("fft", fft_conv.conv2d, fft_conv.applies),
     )
 }
 
 
-def candidates(spec: Spec, *, ext_available: bool) -> list[str]:
-    """Names of the solvers that can run ``spec`` here, ``native`` first."""
-    return [s.name for s in SOLVERS.values() if s.applies(spec) and (ext_available or not s.needs_ext)]
+def candidates(spec: Spec, *, ext_available: bool, dtype: torch.dtype | None = None) -> list[str]:
+    """Names of the solvers that can run ``spec`` here (on inputs of ``dtype``, if given), ``native`` first."""
+    return [
+        s.name
+        for s in SOLVERS.values()
+        if s.applies(spec) and (ext_available or not s.needs_ext) and (dtype is None or s.supports(dtype))
+    ]
 
 
 def run(name: str, spec: Spec, x: torch.Tensor) -> torch.Tensor:
-    """Run ``spec`` on ``x`` (N, C, H, W) with solver ``name``; the output keeps ``x``'s memory format.
+    """Run ``spec`` on ``x`` (N, C, *S) with solver ``name``; the output keeps ``x``'s memory format.
 
     The input's dtype is the compute dtype: conv parameters are cast to it (differentiably), so a bfloat16 image
     runs the whole net in bfloat16.
@@ -202,6 +243,5 @@ def run(name: str, spec: Spec, x: torch.Tensor) -> torch.Tensor:
         bias = None if spec.bias is None else spec.bias.to(x.dtype)
         spec = ConvSpec(spec.weight.to(x.dtype), bias, spec.dilation, spec.groups)
     y = SOLVERS[name].run(spec, x)
-    return y.contiguous(
-        memory_format=torch.channels_last if _is_channels_last(x) else torch.contiguous_format
-    )
+    layout = {4: torch.channels_last, 5: torch.channels_last_3d}[x.dim()] if _is_channels_last(x) else None
+    return y.contiguous(memory_format=layout or torch.contiguous_format)

@@ -8,61 +8,88 @@ refused by name with the reason (:data:`REFUSED`).
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..geometry import ntuple
 from ..layers import (
     ChannelSoftmax,
-    DenseAvgPool2d,
+    DenseAvgPool,
     DenseBatchNorm1d,
-    DenseConv2d,
+    DenseConv,
     DenseLayerNorm,
     DenseLinear,
-    DenseMaxPool2d,
+    DenseMaxPool,
 )
 from ..onnx_export import export_avg_pool, export_conv, export_max_pool, export_running_norm, export_threshold
 from .registry import Alias, ConversionContext, register_rule
 
 _POOL = ("kernel_size", "stride", "padding", "ceil_mode")
 _BATCH_NORM = ("num_features", "eps", "momentum", "affine", "track_running_stats")
+_MAPS = {1: "(B, C, l)", 2: "(B, C, h, w)", 3: "(B, C, d, h, w)"}
+_DIMS = (1, 2, 3)  # signals, images, volumes: one record per torch layer type, one rule for all
 
 
-@register_rule(
-    nn.Conv2d,
-    args=("in_channels", "out_channels", "kernel_size", "stride", "padding", "dilation", "groups", "bias"),
-    export=export_conv,
-)
-def conv2d(conv: nn.Conv2d, ctx: ConversionContext):
-    if conv.padding not in ("valid", (0, 0)):
+def _by_dims(name: str) -> dict[int, type]:
+    """``_by_dims("Conv")`` -> {1: nn.Conv1d, 2: nn.Conv2d, 3: nn.Conv3d}."""
+    return {dims: getattr(nn, f"{name}{dims}d") for dims in _DIMS}
+
+
+def _functions(name: str) -> dict[int, object]:
+    """``_functions("max_pool")`` -> {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}."""
+    return {dims: getattr(F, f"{name}{dims}d") for dims in _DIMS}
+
+
+def conv(conv: nn.modules.conv._ConvNd, ctx: ConversionContext):
+    name = type(conv).__name__
+    if conv.padding != "valid" and any(conv.padding):
         raise ctx.error(
             f"padding={conv.padding} makes the output depend on where the patch border falls, "
             "so no whole-image net can reproduce it exactly",
             "train the patch net with padding=0 (the patch itself supplies the context)",
         )
-    ctx.require_map("Conv2d")
+    ctx.require_map(name)
     ctx.expect_channels(conv.in_channels, "input channels")
     input_dilation = ctx.dilation
     ctx.slide(conv.kernel_size, conv.stride, conv.dilation)
     ctx.channels = conv.out_channels
-    return DenseConv2d(conv, input_dilation)
+    return DenseConv(conv, input_dilation)
 
 
-def _check_pool(pool, ctx: ConversionContext) -> tuple[tuple[int, int], tuple[int, int]]:
+for _dims, _layer in _by_dims("Conv").items():
+    register_rule(
+        _layer,
+        args=(
+            "in_channels",
+            "out_channels",
+            "kernel_size",
+            "stride",
+            "padding",
+            "dilation",
+            "groups",
+            "bias",
+        ),
+        export=export_conv,
+        dims=_dims,
+    )(conv)
+
+
+def _check_pool(pool, ctx: ConversionContext) -> tuple[tuple[int, ...], tuple[int, ...]]:
     ctx.require_map("pooling")
     if pool.ceil_mode:
         raise ctx.error(
             "ceil_mode=True pools a partial window at the patch border, which a whole-image net cannot reproduce",
             "use ceil_mode=False (and a patch size that the pools divide)",
         )
-    if ntuple(pool.padding, 2) != (0, 0):
+    if any(ctx.ntuple(pool.padding, "padding")):
         raise ctx.error(
             f"padding={pool.padding} pools values outside the patch",
             "use padding=0 (the patch supplies the context)",
         )
-    kernel = ntuple(pool.kernel_size, 2)
-    stride = ntuple(pool.stride, 2) if pool.stride is not None else kernel
+    kernel = ctx.ntuple(pool.kernel_size, "kernel_size")
+    stride = ctx.ntuple(pool.stride, "stride") if pool.stride is not None else kernel
     return kernel, stride
 
 
@@ -71,64 +98,74 @@ def _no_indices(pool, ctx: ConversionContext) -> None:
         raise ctx.error("return_indices=True returns a second tensor", "use return_indices=False")
 
 
-_MAX_POOL_ALIAS = Alias(
-    F.max_pool2d, ("kernel_size", "stride", "padding", "dilation", "ceil_mode", "return_indices")
-)
-
-
-@register_rule(nn.MaxPool2d, args=(*_POOL, "dilation"), aliases=[_MAX_POOL_ALIAS], export=export_max_pool)
-def max_pool2d(pool: nn.MaxPool2d, ctx: ConversionContext):
+def max_pool(pool: nn.modules.pooling._MaxPoolNd, ctx: ConversionContext):
     _no_indices(pool, ctx)
     kernel, stride = _check_pool(pool, ctx)
-    source_dilation = ntuple(pool.dilation, 2)
+    source_dilation = ctx.ntuple(pool.dilation, "dilation")
     input_dilation = ctx.dilation
     ctx.slide(kernel, stride, source_dilation)
-    return DenseMaxPool2d(kernel, stride, source_dilation, input_dilation)
+    return DenseMaxPool(kernel, stride, source_dilation, input_dilation)
 
 
-_AVG_POOL_ALIAS = Alias(
-    F.avg_pool2d, ("kernel_size", "stride", "padding", "ceil_mode", "count_include_pad", "divisor_override")
-)
+for _dims, _layer in _by_dims("MaxPool").items():
+    _alias = Alias(
+        _functions("max_pool")[_dims],
+        ("kernel_size", "stride", "padding", "dilation", "ceil_mode", "return_indices"),
+    )
+    register_rule(_layer, args=(*_POOL, "dilation"), aliases=[_alias], export=export_max_pool, dims=_dims)(
+        max_pool
+    )
 
 
-@register_rule(
-    nn.AvgPool2d,
-    args=(*_POOL, "count_include_pad", "divisor_override"),
-    aliases=[_AVG_POOL_ALIAS],
-    export=export_avg_pool,
-)
-def avg_pool2d(pool: nn.AvgPool2d, ctx: ConversionContext):
+def avg_pool(pool: nn.modules.pooling._AvgPoolNd, ctx: ConversionContext):
     kernel, stride = _check_pool(pool, ctx)
     input_dilation = ctx.dilation
     ctx.slide(kernel, stride)
-    return DenseAvgPool2d(kernel, stride, input_dilation, pool.divisor_override)
+    return DenseAvgPool(kernel, stride, input_dilation, getattr(pool, "divisor_override", None))
 
 
-@register_rule(
-    nn.AdaptiveAvgPool2d,
-    args=("output_size",),
-    aliases=[Alias(F.adaptive_avg_pool2d, ("output_size",))],
-    export=export_avg_pool,
-)
-def adaptive_avg_pool2d(pool: nn.AdaptiveAvgPool2d, ctx: ConversionContext):
+for _dims, _layer in _by_dims("AvgPool").items():
+    _divisor = ("divisor_override",) if _dims > 1 else ()  # AvgPool1d has none
+    register_rule(
+        _layer,
+        args=(*_POOL, "count_include_pad", *_divisor),
+        aliases=[Alias(_functions("avg_pool")[_dims], ("kernel_size", "stride", "padding", "ceil_mode",
+                                                        "count_include_pad", *_divisor))],
+        export=export_avg_pool,
+        dims=_dims,
+    )(avg_pool)  # fmt: skip
+
+
+def adaptive_avg_pool(pool: nn.Module, ctx: ConversionContext):
     ctx.require_map("adaptive pooling")
     input_dilation = ctx.dilation
     kernel = ctx.adapt(pool.output_size)
-    return DenseAvgPool2d(kernel, kernel, input_dilation)
+    return DenseAvgPool(kernel, kernel, input_dilation)
 
 
-@register_rule(
-    nn.AdaptiveMaxPool2d,
-    args=("output_size",),
-    aliases=[Alias(F.adaptive_max_pool2d, ("output_size", "return_indices"))],
-    export=export_max_pool,
-)
-def adaptive_max_pool2d(pool: nn.AdaptiveMaxPool2d, ctx: ConversionContext):
+def adaptive_max_pool(pool: nn.Module, ctx: ConversionContext):
     _no_indices(pool, ctx)
     ctx.require_map("adaptive pooling")
     input_dilation = ctx.dilation
     kernel = ctx.adapt(pool.output_size)
-    return DenseMaxPool2d(kernel, kernel, (1, 1), input_dilation)
+    return DenseMaxPool(kernel, kernel, (1,) * ctx.dims, input_dilation)
+
+
+for _dims in _DIMS:
+    register_rule(
+        _by_dims("AdaptiveAvgPool")[_dims],
+        args=("output_size",),
+        aliases=[Alias(_functions("adaptive_avg_pool")[_dims], ("output_size",))],
+        export=export_avg_pool,
+        dims=_dims,
+    )(adaptive_avg_pool)
+    register_rule(
+        _by_dims("AdaptiveMaxPool")[_dims],
+        args=("output_size",),
+        aliases=[Alias(_functions("adaptive_max_pool")[_dims], ("output_size", "return_indices"))],
+        export=export_max_pool,
+        dims=_dims,
+    )(adaptive_max_pool)
 
 
 def _flatten_view(*shape) -> nn.Module | None:
@@ -165,10 +202,10 @@ def flatten(module: nn.Flatten, ctx: ConversionContext):
     if not ctx.flat:
         ctx.flat_map = (ctx.channels, *ctx.size)
     expected = getattr(module, "expected_features", None)
-    channels, height, width = ctx.flat_map
-    if expected is not None and channels is not None and channels * height * width != expected:
+    channels, *size = ctx.flat_map
+    if expected is not None and channels is not None and channels * math.prod(size) != expected:
         raise ctx.error(
-            f"view(-1, {expected}) splits each patch's {channels}x{height}x{width} map into several rows",
+            f"view(-1, {expected}) splits each patch's {'x'.join(map(str, ctx.flat_map))} map into several rows",
             "flatten with x.flatten(1) (or check the patch size)",
         )
     return None
@@ -178,13 +215,13 @@ def flatten(module: nn.Flatten, ctx: ConversionContext):
 def linear(module: nn.Linear, ctx: ConversionContext):
     if not ctx.flat:
         raise ctx.error(
-            "Linear applied to a (B, C, h, w) map acts on its width axis, so the patch model cannot produce one "
-            "score vector per patch",
+            f"Linear applied to a {_MAPS[ctx.dims]} map acts on its last axis, so the patch model cannot produce "
+            "one score vector per patch",
             "flatten the map first (nn.Flatten() or torch.flatten(x, 1))",
         )
     layer = DenseLinear(module, ctx.read_features(module.in_features), ctx.dilation)
     ctx.channels = module.out_features
-    ctx.flat_map = (module.out_features, 1, 1)
+    ctx.flat_map = (module.out_features, *ctx.size)
     return layer
 
 
@@ -251,15 +288,17 @@ def prelu(module: nn.PReLU, ctx: ConversionContext):
 
 
 @register_rule(
-    nn.Dropout2d, args=("p",), aliases=[Alias(F.dropout2d, ("p", "training", "inplace"))], stochastic=True
-)
-@register_rule(
     nn.FeatureAlphaDropout, args=("p",), aliases=[Alias(F.feature_alpha_dropout, ("p", "training", "inplace"))],
     stochastic=True,
 )  # fmt: skip
 def channel_dropout(module: nn.Module, ctx: ConversionContext):
     ctx.require_map(type(module).__name__)
     return module
+
+
+for _dims, _layer in _by_dims("Dropout").items():
+    _alias = Alias(_functions("dropout")[_dims], ("p", "training", "inplace"))
+    register_rule(_layer, args=("p",), aliases=[_alias], stochastic=True, dims=_dims)(channel_dropout)
 
 
 def _require_running_stats(module: nn.Module, ctx: ConversionContext) -> None:
@@ -271,21 +310,27 @@ def _require_running_stats(module: nn.Module, ctx: ConversionContext) -> None:
         )
 
 
-@register_rule(nn.BatchNorm2d, args=_BATCH_NORM, stochastic=True)
-def batch_norm2d(module: nn.BatchNorm2d, ctx: ConversionContext):
+def batch_norm(module: nn.Module, ctx: ConversionContext):
+    """BatchNorm2d/3d, and BatchNorm1d on the (B, C, L) maps of a signal net: per channel, with running statistics."""
     _require_running_stats(module, ctx)
-    ctx.require_map("BatchNorm2d")
+    ctx.require_map(type(module).__name__)
     ctx.expect_channels(module.num_features, "channels")
     return module
 
 
+register_rule(nn.BatchNorm2d, args=_BATCH_NORM, stochastic=True, dims=2)(batch_norm)
+register_rule(nn.BatchNorm3d, args=_BATCH_NORM, stochastic=True, dims=3)(batch_norm)
+
+
 @register_rule(nn.BatchNorm1d, args=_BATCH_NORM, stochastic=True)
 def batch_norm1d(module: nn.BatchNorm1d, ctx: ConversionContext):
+    if ctx.dims == 1 and not ctx.flat:
+        return batch_norm(module, ctx)  # a signal net's (B, C, L) map
     _require_running_stats(module, ctx)
-    if not ctx.flat or ctx.size != (1, 1):
+    if not ctx.flat or not ctx.is_point():
         raise ctx.error(
             "BatchNorm1d here normalises the features of a whole flattened map, position by position",
-            "use BatchNorm2d before the Flatten, or put BatchNorm1d after a Linear",
+            "use BatchNorm2d before the Flatten (BatchNorm3d for volumes), or put BatchNorm1d after a Linear",
         )
     ctx.expect_channels(module.num_features, "features")
     return DenseBatchNorm1d(module)
@@ -294,7 +339,7 @@ def batch_norm1d(module: nn.BatchNorm1d, ctx: ConversionContext):
 @register_rule(nn.LocalResponseNorm, args=("size", "alpha", "beta", "k"))
 def local_response_norm(module: nn.LocalResponseNorm, ctx: ConversionContext):
     if ctx.flat:
-        raise ctx.error("LocalResponseNorm needs a (B, C, h, w) map", "move it before the Flatten")
+        raise ctx.error("LocalResponseNorm needs a (B, C, ...) map", "move it before the Flatten")
     return module  # across channels at each pixel: pointwise in space
 
 
@@ -308,7 +353,7 @@ _SOFTMAX_ALIASES = {
 
 def softmax(module: nn.Module, ctx: ConversionContext):
     # dim=None: torch takes dim 1 for the (B, K) and (B, K, 1, 1) outputs of a patch classifier
-    channel_dims = (None, 1, -1) if ctx.flat else (None, 1, -3)
+    channel_dims = (None, 1, -1) if ctx.flat else (None, 1, -(ctx.dims + 1))
     if module.dim not in channel_dims:
         raise ctx.error(
             f"dim={module.dim} is not the class axis of the patch output",
@@ -322,7 +367,7 @@ for _layer, _aliases in _SOFTMAX_ALIASES.items():
     register_rule(_layer, args=("dim",), aliases=_aliases)(softmax)
 
 
-@register_rule(nn.Softmax2d, args=())
+@register_rule(nn.Softmax2d, args=(), dims=2)
 def softmax2d(module: nn.Softmax2d, ctx: ConversionContext):
     if ctx.flat:
         raise ctx.error("Softmax2d needs a (B, C, h, w) map", "use nn.Softmax(dim=1) after a Flatten")
@@ -332,21 +377,33 @@ def softmax2d(module: nn.Softmax2d, ctx: ConversionContext):
 _OWN_STATISTICS = "so every output depends on the patch's own statistics, which a whole-image net cannot reproduce per pixel"
 
 
-@register_rule(nn.InstanceNorm2d, args=_BATCH_NORM, export=export_running_norm, stochastic=True)
-def instance_norm2d(module: nn.InstanceNorm2d, ctx: ConversionContext):
+def instance_norm(module: nn.modules.instancenorm._InstanceNorm, ctx: ConversionContext):
+    name = type(module).__name__
     if not module.track_running_stats:
         raise ctx.error(
             f"normalises each channel over the whole map of the patch, {_OWN_STATISTICS}",
-            "use track_running_stats=True (eval mode then uses the running statistics), or BatchNorm2d",
+            f"use track_running_stats=True (eval mode then uses the running statistics), or {name.replace('Instance', 'Batch')}",
         )
-    ctx.require_map("InstanceNorm2d")
+    if ctx.flat:
+        raise ctx.error(f"{name} needs a (B, C, ...) map", "move it before the Flatten")
     ctx.expect_channels(module.num_features, "channels")
     return module  # eval mode: the running statistics, per channel
 
 
+for _dims, _layer in _by_dims("InstanceNorm").items():
+    # InstanceNorm1d, like BatchNorm1d, also reads (B, C) features: it implies no number of axes
+    register_rule(
+        _layer,
+        args=_BATCH_NORM,
+        export=export_running_norm,
+        stochastic=True,
+        dims=_dims if _dims > 1 else None,
+    )(instance_norm)
+
+
 @register_rule(nn.LayerNorm, args=("normalized_shape", "eps", "elementwise_affine", "bias"))
 def layer_norm(module: nn.LayerNorm, ctx: ConversionContext):
-    if not (ctx.flat and ctx.size == (1, 1) and tuple(module.normalized_shape) == (ctx.channels,)):
+    if not (ctx.flat and ctx.is_point() and tuple(module.normalized_shape) == (ctx.channels,)):
         raise ctx.error(
             f"normalized_shape={tuple(module.normalized_shape)} normalises over the patch's map, {_OWN_STATISTICS}",
             "use LayerNorm only on feature vectors (after a Linear), or BatchNorm2d on maps",
@@ -371,5 +428,5 @@ def refuse(module: nn.Module, ctx: ConversionContext):
 for _layer in REFUSED:
     register_rule(_layer)(refuse)
 register_rule(nn.SyncBatchNorm, stochastic=True)(
-    batch_norm2d
-)  # in eval mode: the running statistics, like BatchNorm2d
+    batch_norm
+)  # in eval mode: the running statistics, like BatchNorm

@@ -10,15 +10,17 @@ layers (:mod:`densecnn.rules.builtin`) and for a user's own.
 from __future__ import annotations
 
 import inspect
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from torch import nn
 
 from ..errors import ConversionError, PatchSizeError
+from ..geometry import ntuple
 from ..patch_sizes import Adaptive, Features, Step, Window
 
-Pair = tuple[int, int]
+Size = tuple[int, ...]  # one entry per spatial axis
 Rule = Callable[[nn.Module, "ConversionContext"], "nn.Module | None"]
 # (dense layer, channels entering it) -> an ONNX-friendly module
 Export = Callable[[nn.Module, int], nn.Module]
@@ -65,6 +67,8 @@ class LayerRecord:
         fused_activation: the name under which a pool step may absorb this layer into its kernel ("relu", "tanh").
         stochastic: in training mode its output depends on randomness or on the batch (Dropout, BatchNorm), so the
             dense net matches patch scanning only in eval mode.
+        dims: the number of spatial axes the layer type implies (``Conv3d``: 3), which fixes the net's; None for
+            layers that take any (pointwise layers, ``Linear``, ``BatchNorm1d``).
     """
 
     layer_type: type[nn.Module]
@@ -74,6 +78,7 @@ class LayerRecord:
     export: Export | None = None
     fused_activation: str | None = None
     stochastic: bool = False
+    dims: int | None = None
 
     @property
     def name(self) -> str:
@@ -97,6 +102,7 @@ def register_rule(
     export: Export | None = None,
     fused_activation: str | None = None,
     stochastic: bool = False,
+    dims: int | None = None,
 ) -> Callable[[Rule], Rule]:
     """Register layer types with densecnn: how they convert, and optionally how they are saved, traced and exported.
 
@@ -116,6 +122,7 @@ def register_rule(
         export: how the dense layer is written to ONNX; by default it is exported as it is.
         fused_activation: "relu" or "tanh" if a pool kernel may apply this layer itself.
         stochastic: its training-mode output depends on randomness or on the batch.
+        dims: the number of spatial axes the type implies (1 for signals, 2 for images, 3 for volumes), if any.
 
     Examples::
 
@@ -140,7 +147,7 @@ def register_rule(
                 )
             _SAVED_NAMES[layer_type.__name__] = layer_type
         _RECORDS[layer_type] = LayerRecord(
-            layer_type, rule, saved, record_aliases, export, fused_activation, stochastic
+            layer_type, rule, saved, record_aliases, export, fused_activation, stochastic, dims
         )
 
     for layer_type in layer_types:
@@ -193,6 +200,12 @@ def fused_activation(module: nn.Module | None) -> str | None:
     return record.fused_activation if record else None
 
 
+def spatial_dims(module: nn.Module) -> int | None:
+    """The number of spatial axes ``module``'s type implies (``Conv3d``: 3), None if it takes any."""
+    record = find_record(type(module))
+    return record.dims if record else None
+
+
 def is_stochastic(module: nn.Module) -> bool:
     """Whether ``module``'s training-mode output depends on randomness or on the batch."""
     record = find_record(type(module))
@@ -214,30 +227,44 @@ class ConversionContext:
 
     Attributes:
         path: dotted path of the layer in the user's model.
-        size: (h, w) of the patch net's feature map entering the layer.
+        size: the size of the patch net's feature map entering the layer, one entry per spatial axis ((h, w) for
+            images, (d, h, w) for volumes, (l,) for signals).
         channels: channels entering the layer (``None`` until a layer fixes them).
         in_channels: the channels of the patch itself, once a layer has fixed them.
         dilation: spacing, in image pixels, of the layer's input samples in the dense net (product of strides so far).
-        flat_map: (C, h, w) of the map that was flattened once the patch tensor is (B, F), else ``None``.
+        flat_map: (C, *size) of the map that was flattened once the patch tensor is (B, F), else ``None``.
         is_last: whether this is the model's last layer.
         steps: what each layer did to the map size so far (:mod:`densecnn.patch_sizes`).
         strict: raise on a patch size that does not fit (False: record the steps and go on, to find valid sizes).
     """
 
     path: str
-    size: Pair
+    size: Size
     channels: int | None
     in_channels: int | None = None
-    dilation: Pair = (1, 1)
-    flat_map: tuple[int | None, int, int] | None = None
+    dilation: Size | None = None  # None: ones, one per axis of ``size``
+    flat_map: tuple[int | None, ...] | None = None
     is_last: bool = False
     module: nn.Module | None = field(default=None, repr=False)
     steps: list[Step] = field(default_factory=list, repr=False)
     strict: bool = True
 
+    def __post_init__(self):
+        if self.dilation is None:
+            self.dilation = (1,) * len(self.size)
+
+    @property
+    def dims(self) -> int:
+        """The number of spatial axes."""
+        return len(self.size)
+
     @property
     def flat(self) -> bool:
         return self.flat_map is not None
+
+    def is_point(self) -> bool:
+        """Whether the map is a single position (1×1, 1×1×1), as after a Linear."""
+        return all(n == 1 for n in self.size)
 
     def error(self, why: str, fix: str) -> ConversionError:
         """A ConversionError naming this layer, why it cannot be converted exactly, and what to do."""
@@ -252,65 +279,75 @@ class ConversionContext:
         return f"layer {self.path!r} ({type(self.module).__name__})"
 
     def require_map(self, what: str) -> None:
-        """Raise unless the patch tensor is still a (B, C, h, w) map (not yet flattened)."""
-        if self.flat and self.size != (1, 1):
+        """Raise unless the patch tensor is still a (B, C, *size) map (not yet flattened)."""
+        if self.flat and not self.is_point():
             raise self.error(
-                f"{what} is applied after Flatten, to the features of a {self.size[0]}x{self.size[1]} map",
+                f"{what} is applied after Flatten, to the features of a {_x(self.size)} map",
                 "move it before the Flatten",
             )
 
-    def slide(self, kernel: Pair, stride: Pair, source_dilation: Pair = (1, 1)) -> None:
+    def ntuple(self, value, name: str) -> Size:
+        """A layer argument (an int or one entry per axis) as a tuple with one entry per spatial axis of the net."""
+        return ntuple(value, self.dims, name)
+
+    def slide(self, kernel: Size, stride: Size, source_dilation: Size | None = None) -> None:
         """Account for a window op (kernel, stride, own dilation): the map shrinks and later taps spread by stride."""
-        extent = tuple((k - 1) * d + 1 for k, d in zip(kernel, source_dilation))
-        self.steps.append(tuple(Window(e, s) for e, s in zip(extent, stride)))
-        if extent[0] > self.size[0] or extent[1] > self.size[1]:
+        source_dilation = source_dilation or (1,) * self.dims
+        extent = tuple((k - 1) * d + 1 for k, d in zip(kernel, source_dilation, strict=True))
+        self.steps.append(tuple(Window(e, s) for e, s in zip(extent, stride, strict=True)))
+        if any(e > n for e, n in zip(extent, self.size)):
             self.size_error(
-                f"its {extent[0]}x{extent[1]} window does not fit the {self.size[0]}x{self.size[1]} map this patch "
-                "size leaves"
+                f"its {_x(extent)} window does not fit the {_x(self.size)} map this patch size leaves"
             )
         self.size = tuple(max((n - e) // s + 1, 1) for n, e, s in zip(self.size, extent, stride))
-        self.dilation = (self.dilation[0] * stride[0], self.dilation[1] * stride[1])
+        self.dilation = tuple(d * s for d, s in zip(self.dilation, stride))
 
-    def adapt(self, output_size) -> Pair:
+    def adapt(self, output_size) -> Size:
         """Account for an adaptive pool to ``output_size`` (None keeps an axis) as a pool whose kernel equals its
         stride; returns that kernel. The map must be a multiple of the output (equal windows)."""
         outputs = (
-            (output_size, output_size) if isinstance(output_size, int) or output_size is None else output_size
+            (output_size,) * self.dims if isinstance(output_size, int) or output_size is None else output_size
         )
+        if len(outputs) != self.dims:
+            raise self.error(
+                f"output_size={output_size} has {len(outputs)} entries for a map with {self.dims} spatial axes",
+                "give one entry per spatial axis",
+            )
         out = tuple(n if o is None else o for o, n in zip(outputs, self.size))
         self.steps.append(tuple(Window(1, 1) if o is None else Adaptive(o) for o in outputs))
         if any(n % o for n, o in zip(self.size, out)):
             self.size_error(
-                f"output_size={out} does not divide the {self.size[0]}x{self.size[1]} map this patch size leaves, "
-                "so its windows have unequal sizes (use MaxPool2d/AvgPool2d for other sizes)"
+                f"output_size={out} does not divide the {_x(self.size)} map this patch size leaves, "
+                "so its windows have unequal sizes (use a MaxPool/AvgPool layer for other sizes)"
             )
         kernel = tuple(max(n // o, 1) for n, o in zip(self.size, out))
         self.size = out
-        self.dilation = (self.dilation[0] * kernel[0], self.dilation[1] * kernel[1])
+        self.dilation = tuple(d * k for d, k in zip(self.dilation, kernel))
         return kernel
 
-    def read_features(self, in_features: int) -> tuple[int, int, int]:
-        """Account for a Linear reading the flattened map as ``in_features`` values; returns that map's (C, h, w).
+    def read_features(self, in_features: int) -> tuple[int, ...]:
+        """Account for a Linear reading the flattened map as ``in_features`` values; returns that map's (C, *size).
 
-        An MLP on raw patches has no earlier layer fixing C: then C is ``in_features / (h·w)``.
+        An MLP on raw patches has no earlier layer fixing C: then C is ``in_features`` over the map's positions.
         """
-        channels, height, width = self.flat_map
+        channels, *size = self.flat_map
+        positions = math.prod(size)
         self.steps.append(Features(in_features, channels))
-        if channels is None and in_features % (height * width) == 0:
-            channels = in_features // (height * width)
+        if channels is None and in_features % positions == 0:
+            channels = in_features // positions
             self.expect_channels(channels, "input channels")
         if channels is None:
             self.size_error(
-                f"expects {in_features} input features, which the {height}x{width} map this patch size leaves cannot "
-                f"give ({in_features} is not a multiple of {height * width})"
+                f"expects {in_features} input features, which the {_x(size)} map this patch size leaves cannot "
+                f"give ({in_features} is not a multiple of {positions})"
             )
-        elif channels * height * width != in_features:
+        elif channels * positions != in_features:
             self.size_error(
-                f"expects {in_features} input features but this patch size leaves a {channels}x{height}x{width} map "
-                f"({channels * height * width} features)"
+                f"expects {in_features} input features but this patch size leaves a {_x((channels, *size))} map "
+                f"({channels * positions} features)"
             )
-        self.size = (1, 1)
-        return channels or 1, height, width
+        self.size = (1,) * self.dims
+        return (channels or 1, *size)
 
     def expect_channels(self, expected: int, what: str) -> None:
         """Raise unless the channels entering the layer are ``expected``; the first layer to know them fixes them."""
@@ -321,3 +358,8 @@ class ConversionContext:
                 f"expects {expected} {what} but the previous layers produce {self.channels}",
                 "fix the model so that consecutive layers agree",
             )
+
+
+def _x(size) -> str:
+    """A size as users write it: 9x65x65."""
+    return "x".join(map(str, size))

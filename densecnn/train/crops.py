@@ -106,18 +106,13 @@ def windows(starts, sizes, margin) -> tuple[slice, ...]:
 
 
 def pad_spatial(image: torch.Tensor, before: Size, after: Size, padding_mode: str) -> torch.Tensor:
-    """(C, *spatial) padded by ``before[a]`` / ``after[a]`` along spatial axis a, in ``padding_mode``.
-
-    Every padding mode is a per-axis index map, so padding axis by axis (with :func:`~densecnn.padding.pad_image`
-    on the last axis) equals padding all axes at once.
+    """(C, *spatial) padded by ``before[a]`` / ``after[a]`` along spatial axis a, in ``padding_mode``
+    (:func:`~densecnn.padding.pad_image`, which takes any number of spatial axes, on a batch of one).
 
     >>> pad_spatial(torch.arange(3.).view(1, 3), (2,), (1,), "reflect")
     tensor([[2., 1., 0., 1., 2., 1.]])
     """
-    for axis, (b, a) in enumerate(zip(before, after, strict=True), start=1):
-        last = image.movedim(axis, -1)  # (..., length of this axis)
-        image = pad_image(last, (0, b), (0, a), padding_mode).movedim(-1, axis)
-    return image
+    return pad_image(image[None], before, after, padding_mode)[0]
 
 
 def sample_generator(seed: int, epoch: int, position: int) -> torch.Generator:

@@ -1,0 +1,178 @@
+"""Immediate mode: each candidate solver's time predicted from measurements shipped with the package, no timing.
+
+``cost_model.json`` (next to this module) holds measurements of every solver in both memory formats on a grid of
+dense ops (convs and pools of various kernels, dilations, channels and map sizes), taken on one machine by
+``scripts/fit_cost_model.py``, and per (op, solver, memory format, direction, dtype) a least-squares fit of
+
+    log(ms) ≈ β · features(op, input shape)
+
+over the log of the output pixels, channels, kernel taps and dilation (:func:`features`). A prediction is that fit
+plus the residuals of the nearest measured problems (weighted by their closeness in feature space, fading to none
+far from any measurement): solver speeds have steps a global fit smooths over (a format that wins at 64 channels
+and loses at 3), and the measured grid includes the layers of common nets. The plan ranks candidates by these
+predictions, so the first call on a new machine or image size runs at once; the find step
+(:mod:`densecnn.ops.find`, ``densecnn tune``) replaces them by real timings when asked. The absolute numbers are the
+shipping machine's; the plan uses them to compare candidates and memory formats.
+
+>>> from densecnn.ops.solvers import PoolSpec
+>>> table = predict(PoolSpec("max_pool2d", (2, 2), (8, 8)), (1, 50, 300, 300), torch.float32, train=False,
+...                 candidates=["native", "s2b"])
+>>> sorted(table)
+['nchw', 'nhwc']
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..geometry import output_size
+from .solvers import ConvSpec, Spec
+
+MODEL_FILE = Path(__file__).with_name("cost_model.json")
+FEATURES = ("bias", "log_out_pixels", "log_out_channels", "log_in_channels_per_group", "log_taps")
+FEATURES += ("log_dilation", "activation")
+RIDGE = 1e-3  # keeps the fit well-posed when a feature barely varies within a group
+NEIGHBOURS = 4  # measured problems whose residuals correct a prediction
+BANDWIDTH = 0.5  # closeness scale of the correction, in standard deviations of each feature
+
+
+def problem(spec: Spec, shape) -> dict:
+    """The op and its (N, C, H, W) input as the JSON row the cost model is fitted on."""
+    row = {"op": spec.op, "input": list(shape), "kernel": list(spec.kernel), "dilation": list(spec.dilation)}
+    if isinstance(spec, ConvSpec):
+        row.update(out_channels=spec.weight.shape[0], groups=spec.groups, activation=None)
+    else:
+        row.update(out_channels=shape[1], groups=shape[1], activation=spec.activation)
+    return row
+
+
+def features(row: dict) -> list[float]:
+    """The fitted model's inputs for one problem row (see :data:`FEATURES`)."""
+    n, c, *size = row["input"]
+    out = output_size(tuple(size), tuple(row["kernel"]), tuple(row["dilation"]))
+    return [
+        1.0,
+        math.log(n * math.prod(max(s, 1) for s in out)),
+        math.log(row["out_channels"]),
+        math.log(max(c // row["groups"], 1)),
+        math.log(math.prod(row["kernel"])),
+        math.log(math.prod(row["dilation"])),
+        1.0 if row["activation"] else 0.0,
+    ]
+
+
+def group(op: str, solver: str, memory_format: str, direction: str, dtype: str) -> str:
+    """The name of one fitted model: ``op/solver/format/direction/dtype``."""
+    return f"{op}/{solver}/{memory_format}/{direction}/{dtype}"
+
+
+def fit(measurements: list[dict]) -> dict[str, list[float]]:
+    """Per group, the coefficients of the log-linear fit to measurement rows
+    ``{**problem(spec, shape), "solver", "format", "direction", "dtype", "ms"}`` (failed runs have ``ms`` None)."""
+    by_group: dict[str, list[dict]] = {}
+    for row in measurements:
+        if row["ms"]:
+            key = group(row["op"], row["solver"], row["format"], row["direction"], row["dtype"])
+            by_group.setdefault(key, []).append(row)
+    models = {}
+    for key, rows in sorted(by_group.items()):
+        x = torch.tensor([features(r) for r in rows], dtype=torch.float64)  # (rows, features)
+        y = torch.tensor([math.log(r["ms"]) for r in rows], dtype=torch.float64)  # (rows,)
+        ridge = RIDGE * torch.eye(x.shape[1], dtype=torch.float64)
+        ridge[0, 0] = 0.0  # the intercept is not shrunk
+        beta = torch.linalg.solve(x.T @ x + ridge, x.T @ y)
+        models[key] = [round(b, 6) for b in beta.tolist()]
+    return models
+
+
+@dataclass(frozen=True)
+class _Group:
+    beta: torch.Tensor  # (features,)
+    points: torch.Tensor  # (problems, features): the measured problems' features, scaled
+    residuals: torch.Tensor  # (problems,): log(measured ms) - the fit's log prediction
+
+
+class CostModel:
+    """Fitted models plus the measurements behind them; :meth:`time_ms` predicts one candidate's time."""
+
+    def __init__(self, models: dict[str, list[float]], problems: list[dict]):
+        rows: dict[str, list[tuple[list[float], float]]] = {}
+        for row in measurement_rows(problems):
+            if row["ms"]:
+                key = group(row["op"], row["solver"], row["format"], row["direction"], row["dtype"])
+                rows.setdefault(key, []).append((features(row), math.log(row["ms"])))
+        every = torch.tensor([f for r in rows.values() for f, _ in r] or [[0.0] * len(FEATURES)])
+        spread = every.double().std(0) if len(every) > 1 else torch.zeros(len(FEATURES), dtype=torch.float64)
+        self.scale = torch.where(spread > 1e-9, 1 / spread.clamp(min=1e-9), torch.zeros(()))  # bias: 0
+        self.groups = {}
+        for key, beta in models.items():
+            beta = torch.tensor(beta, dtype=torch.float64)
+            x = torch.tensor([f for f, _ in rows.get(key, [])], dtype=torch.float64).view(-1, len(FEATURES))
+            y = torch.tensor([t for _, t in rows.get(key, [])], dtype=torch.float64)
+            self.groups[key] = _Group(beta, x * self.scale, y - x @ beta)
+
+    @classmethod
+    def fitted(cls, problems: list[dict]) -> CostModel:
+        """Fit to measured problems (as ``cost_model.json`` stores them)."""
+        return cls(fit(measurement_rows(problems)), problems)
+
+    def time_ms(self, row: dict, solver: str, memory_format: str, direction: str, dtype: str) -> float | None:
+        """Predicted ms of ``solver`` on the problem ``row`` (:func:`problem`); None without a model for it (the
+        float32 models stand in for other dtypes)."""
+        g = self.groups.get(group(row["op"], solver, memory_format, direction, dtype))
+        g = g or self.groups.get(group(row["op"], solver, memory_format, direction, "float32"))
+        if g is None:
+            return None
+        x = torch.tensor(features(row), dtype=torch.float64)
+        log_ms = float(g.beta @ x)
+        if len(g.residuals):
+            distances = ((g.points - x * self.scale) ** 2).sum(1).sqrt()  # (problems,)
+            near = distances.topk(min(NEIGHBOURS, len(distances)), largest=False)
+            weights = torch.exp(-((near.values / BANDWIDTH) ** 2))
+            log_ms += float((weights * g.residuals[near.indices]).sum() / (weights.sum() + math.exp(-1.0)))
+        return math.exp(log_ms)
+
+
+@functools.cache
+def shipped() -> CostModel:
+    """The model in ``cost_model.json`` (an empty one if the file is missing or unreadable)."""
+    try:
+        document = json.loads(MODEL_FILE.read_text())
+        return CostModel(document["models"], document["problems"])
+    except (OSError, ValueError, KeyError):
+        return CostModel({}, [])
+
+
+def measurement_rows(problems: list[dict]) -> list[dict]:
+    """One row per (problem, direction, memory format, solver) of the file's problems, as :func:`fit` takes them."""
+    rows = []
+    for p in problems:
+        base = {k: v for k, v in p.items() if k != "times_ms"}
+        for direction, table in p["times_ms"].items():
+            for fmt, times in table.items():
+                for solver, ms in times.items():
+                    rows.append({**base, "direction": direction, "format": fmt, "solver": solver, "ms": ms})
+    return rows
+
+
+def predict(
+    spec: Spec, shape, dtype: torch.dtype, *, train: bool, candidates: list[str]
+) -> dict[str, dict[str, float | None]]:
+    """``{memory_format: {solver: predicted ms}}`` for ``spec`` on an input of ``shape`` — the find step's table,
+    predicted. A solver without a fitted model for this op gets None (not chosen), except ``native``, which gets a
+    neutral 1.0 so that a net always has a plan. Dtypes not in the file use the float32 models."""
+    model, row = shipped(), problem(spec, shape)
+    direction, dtype_name = "train" if train else "infer", str(dtype).removeprefix("torch.")
+    table: dict[str, dict[str, float | None]] = {}
+    for memory_format in ("nchw", "nhwc"):
+        table[memory_format] = {}
+        for solver in candidates:
+            ms = model.time_ms(row, solver, memory_format, direction, dtype_name)
+            table[memory_format][solver] = ms if ms is not None or solver != "native" else 1.0
+    return table

@@ -1,0 +1,188 @@
+"""Measure every solver on a grid of dense ops on this machine and fit the immediate-mode cost model.
+
+Writes ``densecnn/ops/cost_model.json`` (the measurements and the fitted models; see densecnn/ops/costmodel.py and
+docs/performance.md). Run it on a quiet machine of the kind the package will run on, after adding or changing a
+solver:
+
+    python scripts/fit_cost_model.py                 # time the grid (several minutes) and fit
+    python scripts/fit_cost_model.py --refit         # refit the shipped measurements only (after changing features)
+    python scripts/fit_cost_model.py --merge         # time the grid again and keep each candidate's faster time
+    python scripts/fit_cost_model.py --quick         # a handful of problems: checks the pipeline, not for shipping
+
+On a busy machine a run's times carry the other load's spikes (they only ever add time); ``--merge`` with the
+shipped file keeps, per problem and candidate, the minimum of both runs. When other processes hold the cores, every
+multi-threaded op also waits for its slowest thread at each barrier (tens of ms per op): time with ``--threads 1``
+there, which keeps the solvers' ranking.
+
+The grid is random (seeded) over kernel, dilation, channels and map size, plus the layers of the zoo's reference nets
+at a 256² image (what the find step would time for them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import random
+import time
+
+import torch
+
+import densecnn
+from densecnn.geometry import output_size, reach
+from densecnn.ops import costmodel, find, plan
+from densecnn.ops.backends import ext_available
+from densecnn.ops.solvers import ConvSpec, PoolSpec
+
+MAX_MACS = 4e9  # larger convs are left out: too slow to time for what they add to the fit
+REFERENCE_NETS = {"plain_133": 32, "stages_46": 8, "nuclei": 3}  # name: classes
+
+
+def _spec(row: dict):
+    if row["op"] == "conv2d":
+        c = row["input"][1]
+        weight = torch.randn(row["out_channels"], c // row["groups"], *row["kernel"])
+        return ConvSpec(weight, torch.randn(row["out_channels"]), tuple(row["dilation"]), row["groups"])
+    return PoolSpec(row["op"], tuple(row["kernel"]), tuple(row["dilation"]), activation=row["activation"])
+
+
+def _macs(row: dict) -> float:
+    n, c, *size = row["input"]
+    out = output_size(tuple(size), tuple(row["kernel"]), tuple(row["dilation"]))
+    pixels = n * math.prod(max(s, 1) for s in out)
+    return pixels * math.prod(row["kernel"]) * row["out_channels"] * c / row["groups"]
+
+
+def random_grid(count: int, seed: int) -> list[dict]:
+    """Random conv and pool problems (float32, batch 1) over the ranges dense nets meet."""
+    rng = random.Random(seed)
+    rows = []
+    while len(rows) < count:
+        kernel, dilation = rng.choice([1, 2, 3, 5, 7]), rng.choice([1, 2, 4, 8, 16])
+        side = rng.choice([48, 96, 160, 256]) + reach((kernel,), (dilation,))[0]
+        if rng.random() < 0.55:
+            c_in, c_out = rng.choice([1, 3, 8, 16, 32, 50, 64, 128]), rng.choice([3, 8, 16, 32, 50, 64, 128])
+            spec = ConvSpec(torch.empty(c_out, c_in, kernel, kernel), None, (dilation, dilation), 1)
+        else:
+            op = rng.choice(["max_pool2d", "max_pool2d", "max_pool2d", "avg_pool2d"])
+            kernel = rng.choice([2, 2, 3, 4, 8])
+            side = rng.choice([48, 96, 160, 256]) + reach((kernel,), (dilation,))[0]
+            c_in = rng.choice([4, 8, 16, 32, 50, 64, 128])
+            spec = PoolSpec(
+                op, (kernel, kernel), (dilation, dilation), activation=rng.choice([None, "tanh", "relu"])
+            )
+        row = costmodel.problem(spec, (1, c_in, side, side))
+        if _macs(row) <= MAX_MACS:
+            rows.append(row)
+    return rows
+
+
+def reference_problems(size: int) -> list[dict]:
+    """The windowed steps of the zoo's reference nets on a size² image, at the find step's timing shapes."""
+    rows = []
+    for name, classes in REFERENCE_NETS.items():
+        model, patch = densecnn.zoo.create(
+            name, in_channels=3 if name != "nuclei" else 1, num_classes=classes
+        )
+        dense = densecnn.convert(model.eval(), patch)
+        shape = (
+            1,
+            dense.in_channels,
+            size + dense.receptive_field[0] - 1,
+            size + dense.receptive_field[1] - 1,
+        )
+        for step in plan.group_steps(dense.features):
+            if hasattr(step.layers[0], "spec"):
+                spec = step.spec()
+                rows.append(costmodel.problem(spec, find.timing_shape(spec, shape)))
+            shape = plan.next_shape(step, shape)
+    return rows
+
+
+def measure(rows: list[dict], log) -> list[dict]:
+    ext = ext_available()
+    measured = []
+    for i, row in enumerate(rows):
+        spec, start = _spec(row), time.perf_counter()
+        times = {
+            direction: find.time_candidates(
+                spec, row["input"], torch.float32, "cpu", train=train, ext=ext, input_grad=train, every=True
+            )
+            for direction, train in (("infer", False), ("train", True))
+        }
+        rounded = {
+            direction: {
+                fmt: {s: ms and float(f"{ms:.4g}") for s, ms in t.items()} for fmt, t in table.items()
+            }
+            for direction, table in times.items()
+        }
+        measured.append({**row, "dtype": "float32", "times_ms": rounded})
+        log(f"[{i + 1}/{len(rows)}] {row['op']} in={row['input']} k={row['kernel']} d={row['dilation']} "
+            f"out={row['out_channels']} act={row['activation']}: {time.perf_counter() - start:.1f}s")  # fmt: skip
+    return measured
+
+
+def _merged(problems: list[dict], shipped: list[dict]) -> list[dict]:
+    """``problems`` with each time replaced by the minimum of it and the shipped file's time for the same problem."""
+    by_key = {json.dumps({k: v for k, v in p.items() if k != "times_ms"}, sort_keys=True): p for p in shipped}
+    for p in problems:
+        old = by_key.get(json.dumps({k: v for k, v in p.items() if k != "times_ms"}, sort_keys=True))
+        for direction, table in p["times_ms"].items():
+            for fmt, times in table.items():
+                for solver, ms in times.items():
+                    previous = old and old["times_ms"].get(direction, {}).get(fmt, {}).get(solver)
+                    if previous and (ms is None or previous < ms):
+                        times[solver] = previous
+    return problems
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--refit", action="store_true", help="refit the shipped measurements, time nothing")
+    parser.add_argument("--quick", action="store_true", help="a few problems only (pipeline check)")
+    parser.add_argument("--merge", action="store_true", help="keep the faster of each new and shipped time")
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch threads while timing (default: torch's default)"
+    )
+    parser.add_argument("--count", type=int, default=60, help="random grid problems (default 60)")
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="timed runs per candidate after a warm-up (min kept)"
+    )
+    parser.add_argument("--out", default=str(costmodel.MODEL_FILE))
+    args = parser.parse_args()
+    if args.refit:
+        shipped = json.loads(costmodel.MODEL_FILE.read_text())
+        problems, machine = shipped["problems"], shipped["machine"]
+    else:
+        find.REPEATS, find.BUDGET_MS = args.repeats, 600.0
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        torch.manual_seed(0)
+        rows = reference_problems(256) + random_grid(4 if args.quick else args.count, seed=0)
+        problems = measure(rows[:8] if args.quick else rows, print)
+        if args.merge:
+            problems = _merged(problems, json.loads(costmodel.MODEL_FILE.read_text())["problems"])
+        machine = {
+            "cpu": platform.processor() or platform.machine(),
+            "threads": torch.get_num_threads(),
+            "torch": torch.__version__,
+            "ext": ext_available(),
+        }
+    models = costmodel.fit(costmodel.measurement_rows(problems))
+    document = {
+        "machine": machine,
+        "features": list(costmodel.FEATURES),
+        "models": models,
+        "problems": problems,
+    }
+    with open(args.out, "w") as f:
+        f.write("{\n")
+        for key in ("machine", "features", "models"):
+            f.write(f"{json.dumps(key)}: {json.dumps(document[key], sort_keys=True)},\n")
+        f.write('"problems": [\n' + ",\n".join(json.dumps(p, sort_keys=True) for p in problems) + "\n]}\n")
+    print(f"wrote {args.out}: {len(problems)} problems, {len(models)} fitted models")
+
+
+if __name__ == "__main__":
+    main()
