@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from ..imageio import class_probabilities, model_input
+from ..tiling import class_labels
 from .sinks import chunk_written, open_output
 from .sources import ArraySource
 from .worker import TaskResult, worker_model
@@ -152,7 +153,7 @@ def predict_block(job: BlockJob, chunks: tuple[tuple[int, ...], ...]) -> TaskRes
             labels = dense.predict(x, max_memory=job.max_memory)[0]  # (h, w)
         else:
             scores = dense(x, max_memory=job.max_memory)  # (1, K, h, w)
-            labels = scores[0].argmax(0)  # (h, w)
+            labels = class_labels(scores)[0]  # (h, w)
             probabilities = class_probabilities(scores, dense)[0].to(torch.float16).cpu().numpy()  # (K, h, w)
     labels = labels.cpu().numpy().astype(labels_out.dtype)
     written = 0
