@@ -394,8 +394,9 @@ def scale_to_unit(array: np.ndarray) -> np.ndarray:
 def unit_planes(image: np.ndarray, channels: int) -> np.ndarray:
     """Decoded pixels (H, W) or (H, W, C), any dtype -> (``channels``, H, W) float32 in [0, 1].
 
-    Integers are scaled by their dtype's range, floats kept; alpha is dropped, gray is replicated to RGB and RGB
-    turned to gray by luminance (0.299 R + 0.587 G + 0.114 B).
+    Integers are scaled by their dtype's range, floats kept. As many samples as the model's channels are taken as
+    they are; otherwise alpha is dropped, gray is replicated to RGB and RGB turned to gray by luminance
+    (0.299 R + 0.587 G + 0.114 B).
 
     Works one plane at a time: besides the result it holds at most one float plane, whatever the image's dtype.
     """
@@ -405,7 +406,7 @@ def unit_planes(image: np.ndarray, channels: int) -> np.ndarray:
         raise ImageReadError(f"expected a 2-D image (H, W[, C]), got an array of shape {image.shape}")
     height, width, have = image.shape
     out = np.empty((channels, height, width), np.float32)  # (C, H, W)
-    colour = have - 1 if have in (2, 4) else have  # alpha dropped
+    colour = have if have == channels else have - 1 if have in (2, 4) else have  # alpha dropped unless taken
     maximum = np.iinfo(image.dtype).max if np.issubdtype(image.dtype, np.integer) else None
 
     def plane(k: int, into: np.ndarray) -> np.ndarray:
