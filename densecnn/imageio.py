@@ -290,7 +290,7 @@ def _npy_array(data: bytes, name: str, dims: int, **limits) -> np.ndarray:
         if version not in read_header:
             raise ValueError(f"unsupported .npy version {version[0]}.{version[1]} (1.0 and 2.0 are read)")
         shape, _, dtype = read_header[version](stream)
-    except ValueError as exc:
+    except Exception as exc:  # a corrupt header's literal raises ValueError, SyntaxError, TokenError, ...
         raise ImageReadError(f"{name}: not a readable .npy array ({exc})") from None
     if dtype.hasobject or dtype.fields is not None or dtype.kind not in NPY_KINDS:
         raise ImageReadError(
@@ -303,7 +303,7 @@ def _npy_array(data: bytes, name: str, dims: int, **limits) -> np.ndarray:
     _check_nd(name, shape, dims, math.prod(shape) * dtype.itemsize, **limits)
     try:
         array = np.load(io.BytesIO(data), allow_pickle=False)
-    except (ValueError, OSError, EOFError) as exc:
+    except Exception as exc:  # truncated or corrupt data
         raise ImageReadError(f"{name}: not a readable .npy array ({exc})") from None
     return array if array.ndim == dims + 1 else array[None]
 
