@@ -92,9 +92,7 @@ def client(tmp_path_factory):
 def test_mutated_files_get_200_or_a_4xx_and_the_server_stays_healthy(client, name):
     original, url = FILES[name], f"/v1/models/{MODEL.get(name, 'cells')}/segment"
     assert (
-        client.post(
-            url, content=original, headers={"content-type": "application/octet-stream"}
-        ).status_code
+        client.post(url, content=original, headers={"content-type": "application/octet-stream"}).status_code
         == 200
     )
     seed = sorted(FILES).index(name)
@@ -102,9 +100,7 @@ def test_mutated_files_get_200_or_a_4xx_and_the_server_stays_healthy(client, nam
     statuses = []
     for _ in range(MUTANTS_PER_FILE):
         data, mutation = mutate(original, rng)
-        response = client.post(
-            url, content=data, headers={"content-type": "application/octet-stream"}
-        )
+        response = client.post(url, content=data, headers={"content-type": "application/octet-stream"})
         where = f"{name}, seed {seed}: {mutation} -> {response.status_code} {response.text[:200]}"
         assert response.status_code == 200 or 400 <= response.status_code < 500, where
         if response.status_code != 200:
@@ -113,8 +109,6 @@ def test_mutated_files_get_200_or_a_4xx_and_the_server_stays_healthy(client, nam
     assert any(status != 200 for status in statuses)  # the mutations did reach the decoders' error paths
     assert client.get("/readyz").status_code == 200
     assert (
-        client.post(
-            url, content=original, headers={"content-type": "application/octet-stream"}
-        ).status_code
+        client.post(url, content=original, headers={"content-type": "application/octet-stream"}).status_code
         == 200
     )
