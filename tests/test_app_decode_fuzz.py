@@ -14,8 +14,8 @@ import pytest
 import tifffile
 from fastapi.testclient import TestClient
 
-from app import Settings, create_app
 import densecnn
+from app import Settings, create_app
 from tests.app_support import blobs, encode, save_brightness_model, wait_ready
 from tests.test_app_volumes import volume_model
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 _TAKES = {1: "signals (N, C, L)", 2: "images (N, C, H, W)", 3: "volumes (N, C, D, H, W)"}
 _AXES = {1: "L", 2: "H x W", 3: "D x H x W"}
 
