@@ -5,11 +5,11 @@
 ``densecnn predict`` all go through them.
 
 PNG/JPEG/BMP/GIF go through Pillow, TIFF (uncompressed, LZW, deflate, JPEG, packbits, ...; 8/16/32-bit, float)
-through tifffile + imagecodecs, .npy arrays through numpy (never unpickling). :func:`read_nd` reads an upload for a
-model of any dimensionality (signals, images, volumes: a multi-page or volumetric TIFF, or a .npy array) channel
-first, and :func:`array_input` turns it into the model's input. Both orientations are applied, EXIF (JPEG, PNG) and the TIFF Orientation tag, so
-pixels come out as the image is displayed. :func:`read_header` judges an image from its header alone; ``max_pixels``
-and ``max_bytes`` refuse it there, before a byte is decoded.
+through tifffile + imagecodecs, .npy arrays through numpy (never unpickling). Both orientations are applied, EXIF
+(JPEG, PNG) and the TIFF Orientation tag, so pixels come out as the image is displayed. :func:`read_nd` reads an
+upload for a model of any number of axes (signals, images, volumes: a multi-page or volumetric TIFF, or a .npy
+array) channel first, and :func:`array_input` turns it into the model's input. :func:`read_header` judges an image
+from its header alone; ``max_pixels`` and ``max_bytes`` refuse it there, before a byte is decoded.
 """
 
 from __future__ import annotations
@@ -36,14 +36,14 @@ __all__ = [
     "ImageReadError",
     "ImageStackError",
     "ImageTooLargeError",
-    "class_probabilities",
     "array_input",
+    "class_probabilities",
     "image_format",
     "model_input",
     "read_array",
     "read_header",
-    "read_nd",
     "read_image",
+    "read_nd",
     "scale_to_unit",
     "unit_planes",
 ]
@@ -258,6 +258,9 @@ _TAKES = {
 }
 
 
+_UNITS = {1: "samples", 2: "pixels", 3: "voxels"}
+
+
 def _check_nd(name: str, shape: tuple[int, ...], dims: int, nbytes: int, max_pixels, max_bytes) -> None:
     """Refuse a channel-first ``shape`` over the limits; the spatial axes count as pixels (voxels, samples)."""
     spatial = shape[-dims:]
@@ -273,9 +276,6 @@ def _check_nd(name: str, shape: tuple[int, ...], dims: int, nbytes: int, max_pix
             f"{name}: decoding this array (shape {'x'.join(map(str, shape))}) would take {nbytes:,} bytes, more "
             f"than the limit of {max_bytes:,} bytes; send fewer channels, fewer bits, or a smaller crop"
         )
-
-
-_UNITS = {1: "samples", 2: "pixels", 3: "voxels"}
 
 
 def _npy_array(data: bytes, name: str, dims: int, **limits) -> np.ndarray:
@@ -296,7 +296,9 @@ def _npy_array(data: bytes, name: str, dims: int, **limits) -> np.ndarray:
         raise ImageReadError(
             f"{name}: a .npy array of dtype {dtype} holds no pixel values; send bool, integers or floats"
         )
-    if len(shape) not in (dims, dims + 1) or 0 in shape:
+    if 0 in shape:
+        raise ImageReadError(f"{name}: the .npy array of shape {shape} is empty")
+    if len(shape) not in (dims, dims + 1):
         raise ImageDimensionsError(
             f"{name}: received a .npy array of shape {shape}; the model takes {_TAKES[dims]}"
         )

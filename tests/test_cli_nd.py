@@ -24,7 +24,10 @@ def test_tune_takes_one_size_per_axis(tmp_path, capsys, monkeypatch):
     out = capsys.readouterr().out
     assert "tile for max_memory=2,000,000: " in out and "inference plan for 1x" in out
     assert main(["tune", str(tmp_path / "stack"), "--size", "20", "18"]) == 2
-    assert "this model has 3 spatial axis/axes (patch size 5x14x14); pass --size D H W" in capsys.readouterr().err
+    assert (
+        "this model has 3 spatial axis/axes (patch size 5x14x14); pass --size D H W"
+        in capsys.readouterr().err
+    )
     densecnn.save(signal_model()[0], tmp_path / "ecg", patch_size=signal_model()[1])
     assert main(["tune", str(tmp_path / "ecg"), "--size", "300", "--train"]) == 0
     out = capsys.readouterr().out
