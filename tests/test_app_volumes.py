@@ -289,3 +289,11 @@ def test_memory_bound_counts_the_copies_a_volume_takes(tmp_path):
     settings = Settings(model_dir=tmp_path)
     extra = settings.request_memory_bound(1, dims=3) - settings.request_memory_bound(1)
     assert extra == settings.max_decode_bytes + 2 * settings.max_image_pixels
+
+
+def test_a_volume_as_multipart_field_and_the_image_json_has_shape_and_counts(client, model_root):
+    response = client.post("/v1/models/stack/segment", files={"image": ("stack.tif", tiff(VOLUME))})
+    assert response.status_code == 200 and response.headers["content-type"] == "image/tiff"
+    assert_volume_labels(tifffile.imread(io.BytesIO(response.content)), model_root)
+    document = post(client, "cells", encode(blobs(24, 30)), "image/png", "application/json").json()
+    assert document["shape"] == [24, 30] and document["counts"] == document["pixel_counts"]
