@@ -10,6 +10,7 @@ from . import masks, spec, zoo
 from .convert import convert
 from .dense import DenseCNN
 from .errors import (
+    BlockFailedError,
     Cancelled,
     ConversionError,
     DatasetError,
@@ -22,6 +23,7 @@ from .errors import (
     OnnxExportError,
     PatchSizeError,
     PatchSizeWarning,
+    PredictInputError,
     TrainingError,
 )
 from .losses import masked_cross_entropy
@@ -32,6 +34,7 @@ from .scan import fast_scan, scan_patches
 __version__ = "0.1.0"
 
 __all__ = [
+    "BlockFailedError",
     "Cancelled",
     "ConversionError",
     "DatasetError",
@@ -46,6 +49,7 @@ __all__ = [
     "OnnxExportError",
     "PatchSizeError",
     "PatchSizeWarning",
+    "PredictInputError",
     "TrainingError",
     "convert",
     "fast_scan",

@@ -62,3 +62,11 @@ class ImageDimensionsError(ImageReadError):
 
 class Cancelled(RuntimeError):
     """A computation was stopped between two steps because its ``cancel`` event was set."""
+
+
+class PredictInputError(ValueError):
+    """``densecnn predict`` was given an input or output it cannot use; the message says which and what to give."""
+
+
+class BlockFailedError(RuntimeError):
+    """A block of a chunked prediction kept failing after its retries; the message names its coordinates."""

@@ -181,7 +181,9 @@ def check_max_pool(case, activation, with_nan):
     x = in_layout(x, layout).requires_grad_()
     y = ext.pool_activation(x, kernel, dilation, "max", activation)
     best, _ = max_reference(x.detach(), kernel, dilation)
-    torch.testing.assert_close(y, ACTIVATE[activation](best), rtol=0, atol=0, equal_nan=True)
+    # max values are exact; tanh is the kernels' own (libm / rational), torch.tanh is Sleef's: a few ulp apart
+    tolerance = 0.0 if activation in ("none", "relu") else 4 * torch.finfo(y.dtype).eps
+    torch.testing.assert_close(y, ACTIVATE[activation](best), rtol=tolerance, atol=tolerance, equal_nan=True)
     assert has_layout_of(y, x)
     grad_y = tied_input(y.shape, seed + 1)
     (grad_x,) = torch.autograd.grad(y, x, grad_y)
