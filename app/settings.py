@@ -49,6 +49,12 @@ class Settings(BaseSettings):
     max_inference_memory: int = Field(
         512 * MiB, gt=0, description="bytes of activations per inference; bigger images run tiled"
     )
+    warm_sizes: list[list[int]] = Field(
+        [[512, 512]],
+        description="image sizes (one entry per spatial axis, e.g. [512, 512] or [64, 256, 256]) each model with "
+        "that many axes runs once at start-up, before /readyz says ready, so the first request of that size is as "
+        "fast as the next; [] skips it",
+    )
     # --- how much work the process accepts ---
     max_concurrent_inferences: int = Field(1, gt=0, description="inferences running at once per worker")
     queue_size: int = Field(4, ge=0, description="requests waiting for an inference slot; beyond: 503")
