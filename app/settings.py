@@ -80,7 +80,7 @@ class Settings(BaseSettings):
         description="bytes of a request's line and headers; beyond: uvicorn answers 400 (plain text)",
     )
 
-    def request_memory_bound(self, in_channels: int = 3, dims: int = 2) -> int:
+    def request_memory_bound(self, in_channels: int = 3, dims: int = 2, probability_classes: int = 0) -> int:
         """Bytes one request may add to a worker's memory, for a model of ``in_channels`` input channels and
         ``dims`` spatial axes (``max_image_pixels`` counts the voxels of a volume, the samples of a signal).
 
@@ -88,7 +88,8 @@ class Settings(BaseSettings):
         array (2 x ``max_decode_bytes``), the float32 model input (4 x ``max_image_pixels`` x channels), and the
         inference with its padded copy and result (``max_inference_memory``, which the dense net's tiling respects).
         Volumes and signals add the channel-first copy of the decoded array (``max_decode_bytes``) and their label
-        ids (up to 2 bytes per voxel) before encoding.
+        ids (up to 2 bytes per voxel) before encoding. An npy answer of ``probability_classes`` class probabilities
+        adds their float32 array and its encoded bytes (8 bytes per class and pixel); label answers pass 0.
         The defaults give 923 MB (0.86 GiB) for an RGB image model (measured peaks in docs/service.md).
         """
         bound = (
@@ -99,7 +100,7 @@ class Settings(BaseSettings):
         )
         if dims != 2:
             bound += self.max_decode_bytes + 2 * self.max_image_pixels
-        return bound
+        return bound + 8 * probability_classes * self.max_image_pixels
 
     @field_validator("model_dir")
     @classmethod

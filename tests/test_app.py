@@ -894,7 +894,9 @@ def test_models_are_warmed_for_their_sizes_before_ready(model_root, monkeypatch)
     monkeypatch.setattr(
         densecnn.DenseCNN, "warm", lambda self, shape, **kwargs: warmed.append((shape, kwargs["max_memory"]))
     )
-    with TestClient(make_app(model_root, warm_sizes=[[32, 40], [4, 8, 8]], max_inference_memory=10**8)) as client:
+    with TestClient(
+        make_app(model_root, warm_sizes=[[32, 40], [4, 8, 8]], max_inference_memory=10**8)
+    ) as client:
         wait_ready(client.get)
         models = client.get("/v1/models").json()["models"]
     images = [m for m in models if m["dims"] == 2]
