@@ -45,9 +45,13 @@ def load_models(
             logger.error("cannot load model %s: %s", directory, exc)
     for served in models.values():
         for size in warm_sizes:
-            if len(size) == served.dense.dims:
+            if len(size) != served.dense.dims:
+                continue
+            try:
                 served.dense.warm((1, served.loaded.in_channels, *size), max_memory=max_memory)
                 logger.info("warmed model %s for size %s", served.name, "x".join(map(str, size)))
+            except ValueError as exc:  # e.g. the size does not fit max_memory: requests of it get 413 anyway
+                logger.warning("cannot warm model %s for size %s: %s", served.name, size, exc)
     if not models:
         why = "; ".join(failures) or f"no subdirectory of {root} holds a {CONFIG_FILE}"
         raise ModelFileError(f"no model could be loaded from {root} ({why})")

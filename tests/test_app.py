@@ -56,6 +56,7 @@ def make_app(model_root, **overrides):
         default_model="cells",
         torch_threads=1,
         backend="native",  # no solver timing on each new image size: fast, deterministic tests
+        warm_sizes=[],  # start at once (the warm-up has its own test)
         max_image_pixels=MAX_PIXELS,
         max_upload_bytes=MAX_BYTES,
     )
@@ -903,3 +904,10 @@ def test_models_are_warmed_for_their_sizes_before_ready(model_root, monkeypatch)
     assert images and len(warmed) == len(images)  # once per image model; no model takes the 3-D size
     assert {shape[2:] for shape, _ in warmed} == {(32, 40)}
     assert all(max_memory == 10**8 for _, max_memory in warmed)
+
+
+def test_a_warm_up_that_cannot_fit_is_logged_and_the_service_starts(model_root, caplog):
+    with TestClient(make_app(model_root, warm_sizes=[[64, 64]], max_inference_memory=1000)) as client:
+        wait_ready(client.get)
+        assert client.get("/readyz").status_code == 200
+    assert "cannot warm model" in caplog.text
