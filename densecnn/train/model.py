@@ -38,12 +38,13 @@ def start_model(config: TrainConfig) -> LoadedModel:
             f"--model {config.model} is a zoo name: give the number of classes with --classes "
             f"(or put a classes.json with names in {config.data})"
         )
-    in_channels = config.channels or infer_channels(config.data)
-    torch.manual_seed(config.seed)  # the same initial weights on every process
     try:
-        model, patch = zoo.create(config.model, in_channels=in_channels, num_classes=classes)
+        dims = zoo.spatial_dims(config.model)
     except ValueError as exc:
         raise TrainingError(f"--model {config.model}: not a model directory, and {exc}") from None
+    in_channels = config.channels or infer_channels(config.data, dims)
+    torch.manual_seed(config.seed)  # the same initial weights on every process
+    model, patch = zoo.create(config.model, in_channels=in_channels, num_classes=classes)
     names_fit = info.names is not None and len(info.names) == classes
     palette_fits = names_fit and info.palette is not None and len(info.palette) == classes
     return LoadedModel(
