@@ -10,7 +10,9 @@ solver:
     python scripts/fit_cost_model.py --quick         # a handful of problems: checks the pipeline, not for shipping
 
 On a busy machine a run's times carry the other load's spikes (they only ever add time); ``--merge`` with the
-shipped file keeps, per problem and candidate, the minimum of both runs.
+shipped file keeps, per problem and candidate, the minimum of both runs. When other processes hold the cores, every
+multi-threaded op also waits for its slowest thread at each barrier (tens of ms per op): time with ``--threads 1``
+there, which keeps the solvers' ranking.
 
 The grid is random (seeded) over kernel, dilation, channels and map size, plus the layers of the zoo's reference nets
 at a 256² image (what the find step would time for them).
@@ -28,6 +30,7 @@ import time
 import torch
 
 import densecnn
+from densecnn.geometry import output_size, reach
 from densecnn.ops import costmodel, find, plan
 from densecnn.ops.backends import ext_available
 from densecnn.ops.solvers import ConvSpec, PoolSpec
@@ -45,11 +48,10 @@ def _spec(row: dict):
 
 
 def _macs(row: dict) -> float:
-    n, c, h, w = row["input"]
-    k = math.prod(row["kernel"])
-    reach = [(kk - 1) * d for kk, d in zip(row["kernel"], row["dilation"])]
-    pixels = n * max(h - reach[0], 1) * max(w - reach[1], 1)
-    return pixels * k * row["out_channels"] * c / row["groups"]
+    n, c, *size = row["input"]
+    out = output_size(tuple(size), tuple(row["kernel"]), tuple(row["dilation"]))
+    pixels = n * math.prod(max(s, 1) for s in out)
+    return pixels * math.prod(row["kernel"]) * row["out_channels"] * c / row["groups"]
 
 
 def random_grid(count: int, seed: int) -> list[dict]:
@@ -58,14 +60,14 @@ def random_grid(count: int, seed: int) -> list[dict]:
     rows = []
     while len(rows) < count:
         kernel, dilation = rng.choice([1, 2, 3, 5, 7]), rng.choice([1, 2, 4, 8, 16])
-        side = rng.choice([48, 96, 160, 256]) + (kernel - 1) * dilation
+        side = rng.choice([48, 96, 160, 256]) + reach((kernel,), (dilation,))[0]
         if rng.random() < 0.55:
             c_in, c_out = rng.choice([1, 3, 8, 16, 32, 50, 64, 128]), rng.choice([3, 8, 16, 32, 50, 64, 128])
             spec = ConvSpec(torch.empty(c_out, c_in, kernel, kernel), None, (dilation, dilation), 1)
         else:
             op = rng.choice(["max_pool2d", "max_pool2d", "max_pool2d", "avg_pool2d"])
             kernel = rng.choice([2, 2, 3, 4, 8])
-            side = rng.choice([48, 96, 160, 256]) + (kernel - 1) * dilation
+            side = rng.choice([48, 96, 160, 256]) + reach((kernel,), (dilation,))[0]
             c_in = rng.choice([4, 8, 16, 32, 50, 64, 128])
             spec = PoolSpec(
                 op, (kernel, kernel), (dilation, dilation), activation=rng.choice([None, "tanh", "relu"])
@@ -140,6 +142,9 @@ def main() -> None:
     parser.add_argument("--refit", action="store_true", help="refit the shipped measurements, time nothing")
     parser.add_argument("--quick", action="store_true", help="a few problems only (pipeline check)")
     parser.add_argument("--merge", action="store_true", help="keep the faster of each new and shipped time")
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch threads while timing (default: torch's default)"
+    )
     parser.add_argument("--count", type=int, default=60, help="random grid problems (default 60)")
     parser.add_argument(
         "--repeats", type=int, default=3, help="timed runs per candidate after a warm-up (min kept)"
@@ -151,6 +156,8 @@ def main() -> None:
         problems, machine = shipped["problems"], shipped["machine"]
     else:
         find.REPEATS, find.BUDGET_MS = args.repeats, 600.0
+        if args.threads:
+            torch.set_num_threads(args.threads)
         torch.manual_seed(0)
         rows = reference_problems(256) + random_grid(4 if args.quick else args.count, seed=0)
         problems = measure(rows[:8] if args.quick else rows, print)
