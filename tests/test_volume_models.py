@@ -3,6 +3,7 @@ a fresh 3-D net trained from the command line, and the shipped model's card."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -13,9 +14,10 @@ import torch
 import densecnn
 from densecnn import zoo
 from densecnn.cli import main
+from densecnn.commands.train import config_from_args
 from tests.naive import literal_scan
 from tests.tolerances import assert_equal_to_rounding, assert_labels_equal_except_ties
-from tests.train_support import card_command
+from tests.train_support import card_command, parser_with_other_defaults
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ROOT / "models" / "nuclei3d"
@@ -80,3 +82,7 @@ def test_the_shipped_3d_model_card_states_its_validation_scores_and_full_command
     assert foreground is not None and 0.5 < float(foreground.group(1)) <= 1
     words = card_command(SHIPPED)
     assert words[:4] == ["densecnn", "train", "--model", "nuclei3d"] and "--crop" in words
+    reproduced = config_from_args(parser_with_other_defaults().parse_args(words[2:])).to_dict()
+    saved = json.loads((SHIPPED / "model.json").read_text())["extra"]["training"]["config"]
+    saved.update(channels=1)  # derived by the run from the first volume, written out in the card
+    assert {**reproduced, "command": ""} == {**saved, "command": ""}
