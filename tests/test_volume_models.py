@@ -3,6 +3,7 @@ a fresh 3-D net trained from the command line, and the shipped model's card."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 from pathlib import Path
@@ -86,3 +87,39 @@ def test_the_shipped_3d_model_card_states_its_validation_scores_and_full_command
     saved = json.loads((SHIPPED / "model.json").read_text())["extra"]["training"]["config"]
     saved.update(channels=1)  # derived by the run from the first volume, written out in the card
     assert {**reproduced, "command": ""} == {**saved, "command": ""}
+
+
+def script(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_figure_cuts_the_three_planes_through_the_centre():
+    volume = np.arange(3 * 5 * 7).reshape(3, 5, 7)  # (D, H, W)
+    planes = dict(script("volume_figure").centre_slices(volume))
+    np.testing.assert_array_equal(planes["XY (z = 1)"], volume[1])
+    np.testing.assert_array_equal(planes["XZ (y = 2)"], volume[:, 2, :])
+    np.testing.assert_array_equal(planes["YZ (x = 3)"], volume[:, :, 3])
+
+
+def test_the_volume_benchmark_runs_and_reports_every_way(tmp_path, monkeypatch):
+    """A 12³ smoke run (timings are not checked): every way in both layouts, the races and the written tables."""
+    monkeypatch.setenv("DENSECNN_CACHE_DIR", str(tmp_path / "cache"))
+    bench = script("bench_volumes")
+    threads = torch.get_num_threads()
+    try:
+        bench.main(
+            ["--size", "12", "--repeats", "1", "--cube-batch", "2", "--out", str(tmp_path / "volumes")]
+        )
+    finally:
+        torch.set_num_threads(threads)
+    result = json.loads((tmp_path / "volumes.json").read_text())
+    ways = {f"{way}/{layout}" for way in ("native", "fast_scan", "cubes") for layout in ("ncdhw", "ndhwc")}
+    assert set(result["times_s"]) == ways | {"densecnn"} and result["output_voxels"] == 12**3
+    assert set(result["speedup"]) == {"native", "fast_scan", "cubes"}
+    races = result["layer_races"]
+    assert [row["conv"] for row in races["layers"]] == [True, False, True, False, True, True]
+    assert races["conv_limit_s"] == pytest.approx(sum(r["best_s"] for r in races["layers"] if r["conv"]))
+    assert "conv-only limit" in (tmp_path / "volumes.md").read_text().lower()
