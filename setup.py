@@ -1,7 +1,7 @@
 """Build of densecnn's C++/CUDA extension (cuda_ext/) as ``densecnn._C``; package metadata lives in pyproject.toml.
 
 The CPU extension is always built. The CUDA kernels are added only when ``CUDA_HOME`` is set and ``FORCE_CUDA=1``
-(never decided by ``torch.cuda.is_available()``: build machines often have no GPU). See README "Kernels (cuda_ext)".
+(never decided by ``torch.cuda.is_available()``: build machines often have no GPU). See docs/cuda.md.
 """
 
 import glob

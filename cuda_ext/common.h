@@ -9,12 +9,60 @@
 #include <cstdint>
 
 #if defined(__CUDACC__)
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#endif
+
+#if defined(__CUDACC__)
 #define HOST_DEVICE_INLINE __host__ __device__ __forceinline__
 #else
 #define HOST_DEVICE_INLINE inline
 #endif
 
 namespace densecnn {
+
+// Accumulation type: reduced-precision storage (bfloat16, half) is widened to float for every sum and comparison;
+// float and double accumulate in themselves.
+template <typename T>
+struct AccumulateIn {
+  using type = float;
+};
+template <>
+struct AccumulateIn<double> {
+  using type = double;
+};
+template <typename T>
+using Acc = typename AccumulateIn<T>::type;
+
+// Conversions between storage and accumulation types. torch builds its CUDA code with the implicit conversions of
+// __nv_bfloat16/__half disabled, so those use the intrinsics; everything else (float, double, c10::BFloat16,
+// c10::Half) converts with a cast.
+template <typename A, typename S>
+HOST_DEVICE_INLINE A widen(S value) {
+  return static_cast<A>(value);
+}
+template <typename D, typename A>
+HOST_DEVICE_INLINE D narrow(A value) {
+  return static_cast<D>(value);
+}
+#if defined(__CUDACC__)
+template <>
+HOST_DEVICE_INLINE float widen<float, __nv_bfloat16>(__nv_bfloat16 value) {
+  return __bfloat162float(value);
+}
+template <>
+HOST_DEVICE_INLINE float widen<float, __half>(__half value) {
+  return __half2float(value);
+}
+template <>
+HOST_DEVICE_INLINE __nv_bfloat16 narrow<__nv_bfloat16, float>(float value) {
+  return __float2bfloat16_rn(value);
+}
+template <>
+HOST_DEVICE_INLINE __half narrow<__half, float>(float value) {
+  return __float2half_rn(value);
+}
+#endif
 
 // A pointwise activation that may follow a pooling layer; fused ops apply it to the pooled value.
 // The derivative is always expressed through the activation's OUTPUT, so backward needs only the saved output.
@@ -36,19 +84,19 @@ HOST_DEVICE_INLINE void max_update(T& best, Tap& best_tap, T candidate, Tap cand
   best_tap = take ? candidate_tap : best_tap;
 }
 
-// Scans k taps src[0], src[step], ... in order: best value and its tap number (torch's rule).
-template <typename T, typename Tap>
-HOST_DEVICE_INLINE void max_scan(const T* src, int64_t step, int32_t k, T& best, Tap& best_tap) {
-  best = src[0];
+// Scans k taps src[0], src[step], ... in order, widened to A: best value and its tap number (torch's rule).
+template <typename A, typename S, typename Tap>
+HOST_DEVICE_INLINE void max_scan(const S* src, int64_t step, int32_t k, A& best, Tap& best_tap) {
+  best = widen<A>(src[0]);
   best_tap = 0;
-  for (int32_t t = 1; t < k; ++t) max_update(best, best_tap, src[t * step], static_cast<Tap>(t));
+  for (int32_t t = 1; t < k; ++t) max_update(best, best_tap, widen<A>(src[t * step]), static_cast<Tap>(t));
 }
 
-// Sum of k taps src[0], src[step], ... in tap order.
-template <typename T>
-HOST_DEVICE_INLINE T sum_scan(const T* src, int64_t step, int32_t k) {
-  T sum = src[0];
-  for (int32_t t = 1; t < k; ++t) sum += src[t * step];
+// Sum of k taps src[0], src[step], ... in tap order, accumulated in A.
+template <typename A, typename S>
+HOST_DEVICE_INLINE A sum_scan(const S* src, int64_t step, int32_t k) {
+  A sum = widen<A>(src[0]);
+  for (int32_t t = 1; t < k; ++t) sum += widen<A>(src[t * step]);
   return sum;
 }
 
@@ -108,55 +156,54 @@ HOST_DEVICE_INLINE T activation_grad(T y, Activation activation) {
   }
 }
 
-// Geometry of one pooling problem, in the units the kernels use: a "plane" is a 2-D array of `rows` rows of
-// `row_len` contiguous elements. NCHW: one plane per (n, c), row_len = W, taps `dw` elements apart.
-// NHWC (channels_last): one plane per n, row_len = W·C, taps `dw·C` elements apart — the same loops then run
-// over the channels too, so both layouts vectorise over their contiguous dimension.
+// Geometry of one d-sparse pooling problem over n = `axes` spatial axes (1: signals, 2: images, 3: volumes), in the
+// units the kernels use. Each of `planes` planes is a compact n-d array; its innermost axis counts ELEMENTS.
+// Contiguous (N, C, ...): one plane per (n, c), innermost extent W, taps `d` apart.
+// Channels-last (N, ..., C): one plane per n, innermost extent W·C, taps `d·C` apart — the channels ride along in
+// the innermost axis, so both layouts vectorise over their contiguous dimension with the same loops.
+constexpr int kMaxAxes = 3;
+
 struct PoolGeometry {
+  int32_t axes;
   int64_t planes;
-  int64_t rows, row_len;          // input: H, W (or W·C)
-  int64_t out_rows, out_row_len;  // output: H' = H - (kh-1)·dh, W' (or W'·C)
-  int64_t tap_rows;               // dh: rows between vertical taps
-  int64_t tap_step;               // dw (or dw·C): elements between horizontal taps
-  int32_t kh, kw;
+  int64_t size[kMaxAxes];  // input extent per axis (innermost: W, or W·C)
+  int64_t out[kMaxAxes];   // output extent: size - (k - 1)·step
+  int64_t step[kMaxAxes];  // distance between two taps along the axis, in its own units: d (innermost: d or d·C)
+  int32_t kernel[kMaxAxes];
 };
 
-// Gradient of input element (r, c) of one plane of a max pooling: the sum of grad_y · activation'(y) over the
-// outputs whose argmax it is. Output (i, j) took row-pass element (i + a·dh, j) when col_tap[i][j] == a, which took
-// input (i + a·dh, j + b·step) when row_tap[i + a·dh][j] == b. Race-free: one thread per input element.
-template <typename T>
-HOST_DEVICE_INLINE T max_grad_gather(const PoolGeometry& g, const T* grad_y, const T* y, const uint8_t* row_tap,
-                                     const uint8_t* col_tap, int64_t r, int64_t c, Activation activation) {
-  T sum = T(0);
-  for (int32_t b = 0; b < g.kw; ++b) {
-    const int64_t j = c - b * g.tap_step;
-    if (j < 0 || j >= g.out_row_len || row_tap[r * g.out_row_len + j] != b) continue;
-    for (int32_t a = 0; a < g.kh; ++a) {
-      const int64_t i = r - a * g.tap_rows;
-      if (i < 0 || i >= g.out_rows) continue;
-      const int64_t o = i * g.out_row_len + j;
-      if (col_tap[o] == a) sum += grad_y[o] * activation_grad(y[o], activation);
-    }
-  }
-  return sum;
+// Max and average pooling are separable: one pass per axis, innermost first, each a 1-d window along its axis.
+// A pass sees its array as (outer, len, inner): `outer` slabs of `len` slices of `inner` contiguous elements, the
+// taps of a window `dilation·inner` elements apart. The same pass serves every axis of every n: only the three
+// extents change. Innermost first, with torch's scan rule in each pass, selects the first maximum in row-major
+// window order — F.max_pool*d's argmax.
+struct AxisPass {
+  int64_t outer, in_len, out_len, inner;
+  int64_t dilation;  // in units of the axis: element distance between taps = dilation·inner
+  int32_t kernel;
+};
+
+// The pass along `axis`: axes after it are already pooled (extent out), the others still whole (extent size).
+HOST_DEVICE_INLINE AxisPass axis_pass(const PoolGeometry& g, int axis) {
+  AxisPass p;
+  p.outer = g.planes;
+  p.inner = 1;
+  for (int b = 0; b < axis; ++b) p.outer *= g.size[b];
+  for (int b = axis + 1; b < g.axes; ++b) p.inner *= g.out[b];
+  p.in_len = g.size[axis];
+  p.out_len = g.out[axis];
+  p.dilation = g.step[axis];
+  p.kernel = g.kernel[axis];
+  return p;
 }
 
-// Gradient of input element (r, c) of one plane of an average pooling.
-template <typename T>
-HOST_DEVICE_INLINE T avg_grad_gather(const PoolGeometry& g, const T* grad_y, const T* y, int64_t r, int64_t c,
-                                     T scale, Activation activation) {
-  T sum = T(0);
-  for (int32_t a = 0; a < g.kh; ++a) {
-    const int64_t i = r - a * g.tap_rows;
-    if (i < 0 || i >= g.out_rows) continue;
-    for (int32_t b = 0; b < g.kw; ++b) {
-      const int64_t j = c - b * g.tap_step;
-      if (j < 0 || j >= g.out_row_len) continue;
-      const int64_t o = i * g.out_row_len + j;
-      sum += grad_y[o] * activation_grad(y[o], activation);
-    }
-  }
-  return sum * scale;
+HOST_DEVICE_INLINE int64_t pass_input_size(const AxisPass& p) { return p.outer * p.in_len * p.inner; }
+HOST_DEVICE_INLINE int64_t pass_output_size(const AxisPass& p) { return p.outer * p.out_len * p.inner; }
+
+// Elements of the largest array between two passes: the innermost pass's output (forward) or the gradient that
+// reaches it (backward). Two such slots alternate between passes.
+HOST_DEVICE_INLINE int64_t intermediate_size(const PoolGeometry& g) {
+  return g.axes == 1 ? 0 : pass_output_size(axis_pass(g, g.axes - 1));
 }
 
 }  // namespace densecnn

@@ -59,11 +59,16 @@ inline at::Tensor band_view(const at::Tensor& t, int64_t n, const ConvGeometry& 
   return t.select(0, n).view({t.size(1), g.out_rows * g.out_cols}).narrow(1, i0 * g.out_cols, rows * g.out_cols);
 }
 
+// The conv runs in NCHW; its output goes back to the input's layout.
+inline at::MemoryFormat conv_layout(const at::Tensor& input) {
+  return is_channels_last(input) ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
+}
+
 template <class Unroll>
 at::Tensor conv2d_im2col(const at::Tensor& input, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
                          at::IntArrayRef dilation, int64_t groups) {
   const ConvGeometry g = conv_geometry("conv2d", input, weight, dilation, groups);
-  const auto layout = pool_layout(input);
+  const auto layout = conv_layout(input);
   const at::Tensor x = input.contiguous();  // the unrolling runs on NCHW
   const int64_t k = weight.size(0), k_group = k / groups, taps = weight.size(1) * g.kh * g.kw;
   if (bias.has_value()) {
@@ -108,7 +113,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> conv2d_im2col_backward(const at::
                   grad_output.size(2) == g.out_rows && grad_output.size(3) == g.out_cols,
               "densecnn.conv2d_backward: grad_output has shape ", grad_output.sizes(), " but the forward output is (",
               input.size(0), ", ", k, ", ", g.out_rows, ", ", g.out_cols, ")");
-  const auto layout = pool_layout(input);
+  const auto layout = conv_layout(input);
   const at::Tensor x = input.contiguous(), gy = grad_output.contiguous();
   const at::Tensor w = weight.reshape({groups, k_group, taps});
   at::Tensor grad_x = output_mask[0] ? at::zeros_like(x) : at::empty({0}, x.options());

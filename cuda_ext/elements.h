@@ -9,64 +9,115 @@
 
 namespace densecnn {
 
-// Row pass of max pooling over all rows: element index = (plane·H + r)·out_row_len + j.
-HOST_DEVICE_INLINE int64_t row_pass_size(const PoolGeometry& g) { return g.planes * g.rows * g.out_row_len; }
-HOST_DEVICE_INLINE int64_t output_size(const PoolGeometry& g) { return g.planes * g.out_rows * g.out_row_len; }
-HOST_DEVICE_INLINE int64_t input_size(const PoolGeometry& g) { return g.planes * g.rows * g.row_len; }
-
-template <typename T>
-HOST_DEVICE_INLINE void max_row_pass_at(const PoolGeometry& g, const T* x, T* row_max, uint8_t* row_tap,
-                                        int64_t index) {
-  const int64_t j = index % g.out_row_len, row = index / g.out_row_len;  // row = plane·H + r
-  T best;
-  int32_t tap;
-  max_scan(x + row * g.row_len + j, g.tap_step, g.kw, best, tap);
-  row_max[index] = best;
-  if (row_tap != nullptr) row_tap[index] = static_cast<uint8_t>(tap);
+// One pass of the pooling ops (common.h AxisPass): element e of the pass output is (o, l, i) of (outer, out_len,
+// inner); its window reads src[(o·in_len + l + t·dilation)·inner + i] for the taps t < kernel. S and D are the
+// source and destination types (storage T, or the accumulation type A of the scratch between passes); the last
+// pass applies the activation and writes the output.
+template <typename A, typename S, typename D>
+HOST_DEVICE_INLINE void max_pass_at(const AxisPass& p, const S* src, D* dst, uint8_t* tap, Activation activation,
+                                    int64_t e) {
+  const int64_t i = e % p.inner, l = e / p.inner % p.out_len, o = e / (p.inner * p.out_len);
+  A best;
+  int32_t best_tap;
+  max_scan(src + (o * p.in_len + l) * p.inner + i, p.dilation * p.inner, p.kernel, best, best_tap);
+  dst[e] = narrow<D>(activation_forward(best, activation));
+  if (tap != nullptr) tap[e] = static_cast<uint8_t>(best_tap);
 }
 
-template <typename T>
-HOST_DEVICE_INLINE void max_col_pass_at(const PoolGeometry& g, const T* row_max, T* y, uint8_t* col_tap,
-                                        Activation activation, int64_t index) {
-  const int64_t j = index % g.out_row_len, i = index / g.out_row_len % g.out_rows;
-  const int64_t plane = index / (g.out_row_len * g.out_rows);
-  T best;
-  int32_t tap;
-  max_scan(row_max + (plane * g.rows + i) * g.out_row_len + j, g.tap_rows * g.out_row_len, g.kh, best, tap);
-  y[index] = activation_forward(best, activation);
-  if (col_tap != nullptr) col_tap[index] = static_cast<uint8_t>(tap);
+template <typename A, typename S, typename D>
+HOST_DEVICE_INLINE void sum_pass_at(const AxisPass& p, const S* src, D* dst, A scale, Activation activation,
+                                    int64_t e) {
+  const int64_t i = e % p.inner, l = e / p.inner % p.out_len, o = e / (p.inner * p.out_len);
+  const A sum = sum_scan<A>(src + (o * p.in_len + l) * p.inner + i, p.dilation * p.inner, p.kernel);
+  dst[e] = narrow<D>(activation_forward(sum * scale, activation));
 }
 
-template <typename T>
-HOST_DEVICE_INLINE void max_backward_at(const PoolGeometry& g, const T* grad_y, const T* y, const uint8_t* row_tap,
-                                        const uint8_t* col_tap, T* grad_x, Activation activation, int64_t index) {
-  const int64_t c = index % g.row_len, r = index / g.row_len % g.rows, plane = index / (g.row_len * g.rows);
-  const int64_t out_plane = plane * g.out_rows * g.out_row_len;
-  grad_x[index] = max_grad_gather(g, grad_y + out_plane, y + out_plane, row_tap + plane * g.rows * g.out_row_len,
-                                  col_tap + out_plane, r, c, activation);
+// The gradient flowing back through output element o_index of a pass: grad · activation'(y), where y (the forward
+// output) is given only to the first backward pass (the last forward pass, which applied the activation).
+template <typename A, typename G, typename Y>
+HOST_DEVICE_INLINE A incoming_grad(const G* grad, const Y* y, Activation activation, int64_t o_index) {
+  const A g = widen<A>(grad[o_index]);
+  return y == nullptr ? g : g * activation_grad(widen<A>(y[o_index]), activation);
 }
 
-template <typename T>
-HOST_DEVICE_INLINE void sum_row_pass_at(const PoolGeometry& g, const T* x, T* row_sum, int64_t index) {
-  const int64_t j = index % g.out_row_len, row = index / g.out_row_len;
-  row_sum[index] = sum_scan(x + row * g.row_len + j, g.tap_step, g.kw);
+// Backward of a pass, as a gather (race-free, one thread per element): element e = (o, l, i) of the pass INPUT
+// receives the gradient of the outputs (o, l - t·dilation, i) whose argmax tap is t.
+template <typename A, typename G, typename Y, typename D>
+HOST_DEVICE_INLINE void max_pass_backward_at(const AxisPass& p, const G* grad, const Y* y, const uint8_t* tap,
+                                             D* grad_in, Activation activation, int64_t e) {
+  const int64_t i = e % p.inner, l = e / p.inner % p.in_len, o = e / (p.inner * p.in_len);
+  A sum = A(0);
+  for (int32_t t = 0; t < p.kernel; ++t) {
+    const int64_t l_out = l - t * p.dilation;
+    if (l_out < 0) break;
+    if (l_out >= p.out_len) continue;
+    const int64_t o_index = (o * p.out_len + l_out) * p.inner + i;
+    if (tap[o_index] == t) sum += incoming_grad<A>(grad, y, activation, o_index);
+  }
+  grad_in[e] = narrow<D>(sum);
 }
 
-template <typename T>
-HOST_DEVICE_INLINE void avg_col_pass_at(const PoolGeometry& g, const T* row_sum, T* y, T scale,
-                                        Activation activation, int64_t index) {
-  const int64_t j = index % g.out_row_len, i = index / g.out_row_len % g.out_rows;
-  const int64_t plane = index / (g.out_row_len * g.out_rows);
-  const T sum = sum_scan(row_sum + (plane * g.rows + i) * g.out_row_len + j, g.tap_rows * g.out_row_len, g.kh);
-  y[index] = activation_forward(sum * scale, activation);
+template <typename A, typename G, typename Y, typename D>
+HOST_DEVICE_INLINE void sum_pass_backward_at(const AxisPass& p, const G* grad, const Y* y, D* grad_in, A scale,
+                                             Activation activation, int64_t e) {
+  const int64_t i = e % p.inner, l = e / p.inner % p.in_len, o = e / (p.inner * p.in_len);
+  A sum = A(0);
+  for (int32_t t = 0; t < p.kernel; ++t) {
+    const int64_t l_out = l - t * p.dilation;
+    if (l_out < 0) break;
+    if (l_out < p.out_len) sum += incoming_grad<A>(grad, y, activation, (o * p.out_len + l_out) * p.inner + i);
+  }
+  grad_in[e] = narrow<D>(sum * scale);
 }
 
-template <typename T>
-HOST_DEVICE_INLINE void avg_backward_at(const PoolGeometry& g, const T* grad_y, const T* y, T* grad_x, T scale,
-                                        Activation activation, int64_t index) {
-  const int64_t c = index % g.row_len, r = index / g.row_len % g.rows, plane = index / (g.row_len * g.rows);
-  const int64_t out_plane = plane * g.out_rows * g.out_row_len;
-  grad_x[index] = avg_grad_gather(g, grad_y + out_plane, y + out_plane, r, c, scale, activation);
+// The order of the passes and the arrays they run between, shared by the CUDA launchers and the CPU's run of the
+// per-element bodies. Forward: innermost axis first; the first pass reads x, the last writes y (the only pass that
+// applies the activation and the average's scale), and the passes between alternate between two scratch slots of
+// intermediate_size values. `run(axis, pass, src, dst, last)` runs one pass.
+template <typename T, typename Run>
+void forward_passes(const PoolGeometry& g, const T* x, T* y, Acc<T>* scratch, Run&& run) {
+  Acc<T>* slots[2] = {scratch, scratch + intermediate_size(g)};
+  const Acc<T>* src = nullptr;
+  for (int a = g.axes - 1; a >= 0; --a) {
+    const AxisPass p = axis_pass(g, a);
+    Acc<T>* dst = slots[a % 2];
+    const bool first = a == g.axes - 1, last = a == 0;
+    if (first && last) {
+      run(a, p, x, y, true);
+    } else if (first) {
+      run(a, p, x, dst, false);
+    } else if (last) {
+      run(a, p, src, y, true);
+    } else {
+      run(a, p, src, dst, false);
+    }
+    src = dst;
+  }
+}
+
+// Backward: the passes' gathers in reverse order, outermost axis first, from grad_y to grad_x. Only the first
+// gather sees the forward output y (for the activation's derivative; null when there is none) and applies the
+// scale. `run(axis, pass, grad, y, grad_in, first)` runs one gather.
+template <typename T, typename Run>
+void backward_passes(const PoolGeometry& g, const T* grad_y, const T* y, T* grad_x, Acc<T>* scratch, Run&& run) {
+  Acc<T>* slots[2] = {scratch, scratch + intermediate_size(g)};
+  const Acc<T>* grad = nullptr;
+  const T* no_output = nullptr;
+  for (int a = 0; a < g.axes; ++a) {
+    const AxisPass p = axis_pass(g, a);
+    Acc<T>* dst = slots[a % 2];
+    const bool first = a == 0, last = a == g.axes - 1;
+    if (first && last) {
+      run(a, p, grad_y, y, grad_x, true);
+    } else if (first) {
+      run(a, p, grad_y, y, dst, true);
+    } else if (last) {
+      run(a, p, grad, no_output, grad_x, false);
+    } else {
+      run(a, p, grad, no_output, dst, false);
+    }
+    grad = dst;
+  }
 }
 
 // im2col of a band: index over the (C·kh·kw, rows·W') unrolled matrix.

@@ -3,6 +3,8 @@
 // torch-facing *_cuda.cpp files allocate, guard the device and check the returned error.
 #pragma once
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -11,24 +13,26 @@
 
 namespace densecnn {
 
-// y (and, when row_tap/col_tap are non-null, the argmax taps) of a max pooling; row_max has planes·rows·out_row_len
-// elements of scratch for the row pass.
+// The pooling launchers run one kernel per axis pass (common.h AxisPass), innermost axis first forward and outermost
+// first backward. T is float, double, __nv_bfloat16 or __half; `scratch` holds 2·intermediate_size(g) values of
+// Acc<T> for the arrays between passes.
+
+// y (and, per axis a where taps[a] is non-null, the argmax taps of the pass along a) of a max pooling.
 template <typename T>
-cudaError_t launch_max_pool_forward(const PoolGeometry& g, const T* x, T* row_max, T* y, uint8_t* row_tap,
-                                    uint8_t* col_tap, Activation activation, cudaStream_t stream);
+cudaError_t launch_max_pool_forward(const PoolGeometry& g, const T* x, T* y, uint8_t* const* taps,
+                                    Activation activation, Acc<T>* scratch, cudaStream_t stream);
 
 template <typename T>
-cudaError_t launch_max_pool_backward(const PoolGeometry& g, const T* grad_y, const T* y, const uint8_t* row_tap,
-                                     const uint8_t* col_tap, T* grad_x, Activation activation, cudaStream_t stream);
+cudaError_t launch_max_pool_backward(const PoolGeometry& g, const T* grad_y, const T* y, const uint8_t* const* taps,
+                                     T* grad_x, Activation activation, Acc<T>* scratch, cudaStream_t stream);
 
-// row_sum: planes·rows·out_row_len elements of scratch.
 template <typename T>
-cudaError_t launch_avg_pool_forward(const PoolGeometry& g, const T* x, T* row_sum, T* y, int64_t divisor,
-                                    Activation activation, cudaStream_t stream);
+cudaError_t launch_avg_pool_forward(const PoolGeometry& g, const T* x, T* y, int64_t divisor, Activation activation,
+                                    Acc<T>* scratch, cudaStream_t stream);
 
 template <typename T>
 cudaError_t launch_avg_pool_backward(const PoolGeometry& g, const T* grad_y, const T* y, T* grad_x, int64_t divisor,
-                                     Activation activation, cudaStream_t stream);
+                                     Activation activation, Acc<T>* scratch, cudaStream_t stream);
 
 // col (C·kh·kw, rows·W') <- the band of output rows [band_start, band_start + rows) of the (C, H, W) image.
 template <typename T>

@@ -21,19 +21,20 @@ bool use_gpu_loops_on_cpu(bool enable) { return gpu_loops_on_cpu().exchange(enab
 }  // namespace densecnn
 
 TORCH_LIBRARY(densecnn, m) {
-  // Stride-1 dilated max pooling fused with `activation` ("none", "relu", "tanh"). With with_taps, also the argmax
-  // as uint8 tap numbers: row_tap (N, C, H, W') = winning column tap of each row-pass element, col_tap
-  // (N, C, H', W') = winning row tap of each output; otherwise both are empty.
+  // Stride-1 dilated max pooling over the n = len(kernel) spatial axes of an (N, C, L), (N, C, H, W) or
+  // (N, C, D, H, W) input, fused with `activation` ("none", "relu", "tanh"). With with_taps, also the argmax as
+  // uint8 tap numbers, one tensor per axis a: which of the window's k[a] taps along a won, for every output of the
+  // pass along a (passes run innermost axis first, so taps[a] has the axes from a on pooled); otherwise [].
   m.def(
-      "max_pool2d(Tensor input, int[2] kernel, int[2] dilation, str activation, bool with_taps) "
-      "-> (Tensor, Tensor, Tensor)");
+      "max_pool(Tensor input, int[] kernel, int[] dilation, str activation, bool with_taps) "
+      "-> (Tensor, Tensor[])");
   m.def(
-      "max_pool2d_backward(Tensor grad_output, Tensor? output, Tensor row_tap, Tensor col_tap, int[2] kernel, "
-      "int[2] dilation, str activation) -> Tensor");
-  // Stride-1 dilated average pooling: activation(sum of the kh·kw taps / divisor).
-  m.def("avg_pool2d(Tensor input, int[2] kernel, int[2] dilation, int divisor, str activation) -> Tensor");
+      "max_pool_backward(Tensor grad_output, Tensor? output, Tensor[] taps, int[] kernel, int[] dilation, "
+      "str activation) -> Tensor");
+  // Stride-1 dilated average pooling: activation(sum of the window's taps / divisor).
+  m.def("avg_pool(Tensor input, int[] kernel, int[] dilation, int divisor, str activation) -> Tensor");
   m.def(
-      "avg_pool2d_backward(Tensor grad_output, Tensor? output, int[2] kernel, int[2] dilation, int divisor, "
+      "avg_pool_backward(Tensor grad_output, Tensor? output, int[] kernel, int[] dilation, int divisor, "
       "str activation) -> Tensor");
   // Stride-1 dilated convolution by im2col (built in bands of output rows) and a GEMM.
   m.def("conv2d(Tensor input, Tensor weight, Tensor? bias, int[2] dilation, int groups) -> Tensor");

@@ -1,9 +1,11 @@
-// Argument checking, layout choice and output allocation shared by the CPU and CUDA pooling launchers.
+// Argument checking, layout choice and output allocation shared by the CPU and CUDA pooling launchers, for inputs
+// (N, C, L), (N, C, H, W) and (N, C, D, H, W).
 #pragma once
 
 #include <ATen/ATen.h>
 
 #include <string>
+#include <vector>
 
 #include <c10/util/Optional.h>
 #include <c10/util/string_view.h>
@@ -12,12 +14,29 @@
 
 namespace densecnn {
 
-// Kernels run on the input's own layout: channels_last when its channel stride is 1 (the NHWC kernels vectorise
-// over W·C), NCHW otherwise. Must agree with `_layout` in densecnn/ops/ext.py (the fake kernels).
-inline at::MemoryFormat pool_layout(const at::Tensor& x) {
-  if (x.dim() != 4) return at::MemoryFormat::Contiguous;  // the op's checks then reject it
-  const bool channels_last = x.size(1) > 1 && x.size(2) * x.size(3) > 1 && x.stride(1) == 1;
-  return channels_last ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
+// Kernels run on the input's own layout: channels-last when its channel stride is 1 (then the kernels vectorise
+// over W·C), contiguous otherwise. Channels-last is (N, ..., C) in memory whatever the number of spatial axes:
+// torch's channels_last (4-D) and channels_last_3d (5-D), and the (N, L, C) of a transposed signal.
+// Must agree with `_is_channels_last` in densecnn/ops/ext.py (the fake kernels).
+inline bool is_channels_last(const at::Tensor& x) {
+  if (x.dim() < 3) return false;
+  int64_t spatial = 1;
+  for (int64_t d = 2; d < x.dim(); ++d) spatial *= x.size(d);
+  return x.size(1) > 1 && spatial > 1 && x.stride(1) == 1;
+}
+
+// x with its elements laid out compactly in the given layout (no copy when they already are).
+inline at::Tensor in_layout(const at::Tensor& x, bool channels_last) {
+  return channels_last ? x.movedim(1, -1).contiguous().movedim(-1, 1) : x.contiguous();
+}
+
+// An uninitialised (N, C, ...) tensor of `sizes` in the given layout.
+inline at::Tensor empty_in_layout(at::IntArrayRef sizes, const at::TensorOptions& options, bool channels_last) {
+  if (!channels_last) return at::empty(sizes, options);
+  std::vector<int64_t> memory_order{sizes[0]};
+  memory_order.insert(memory_order.end(), sizes.begin() + 2, sizes.end());
+  memory_order.push_back(sizes[1]);
+  return at::empty(memory_order, options).movedim(-1, 1);
 }
 
 inline Activation parse_activation(const std::string& name) {
@@ -28,117 +47,158 @@ inline Activation parse_activation(const std::string& name) {
 }
 
 inline void check_pool_dtype(const char* op, const at::Tensor& x) {
-  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble, "densecnn.", op,
-              ": dtype must be float32 or float64, got ", x.scalar_type(), "; convert with .float()");
+  const auto dtype = x.scalar_type();
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kDouble || dtype == at::kBFloat16 || dtype == at::kHalf,
+              "densecnn.", op, ": dtype must be float32, float64, bfloat16 or float16, got ", dtype,
+              "; convert with .float()");
 }
 
-// Checks a pooling call on an input of `sizes` (N, C, H, W) and returns its geometry in `layout`.
+inline std::string join_sizes(at::IntArrayRef sizes) {
+  std::string text;
+  for (size_t i = 0; i < sizes.size(); ++i) text += (i ? "x" : "") + std::to_string(sizes[i]);
+  return text;
+}
+
+// Checks a pooling call on an input of `sizes` (N, C, spatial...) and returns its geometry in the given layout.
 inline PoolGeometry pool_geometry(const char* op, at::IntArrayRef sizes, at::IntArrayRef kernel,
-                                  at::IntArrayRef dilation, at::MemoryFormat layout) {
-  TORCH_CHECK(sizes.size() == 4, "densecnn.", op, ": expected a 4-D (N, C, H, W) input, got shape ", sizes);
-  TORCH_CHECK(kernel.size() == 2 && kernel[0] >= 1 && kernel[1] >= 1, "densecnn.", op,
-              ": kernel must be two positive ints (kh, kw), got ", kernel);
-  TORCH_CHECK(dilation.size() == 2 && dilation[0] >= 1 && dilation[1] >= 1, "densecnn.", op,
-              ": dilation must be two positive ints (dh, dw), got ", dilation);
-  const int64_t n = sizes[0], c = sizes[1], h = sizes[2], w = sizes[3];
-  const int64_t span_h = (kernel[0] - 1) * dilation[0] + 1, span_w = (kernel[1] - 1) * dilation[1] + 1;
-  TORCH_CHECK(h >= span_h && w >= span_w, "densecnn.", op, ": kernel ", kernel, " with dilation ", dilation,
-              " spans ", span_h, "x", span_w, " pixels but the input is only ", h, "x", w,
-              "; use a larger input (stride-1 ops without padding shrink it by the span minus one)");
-  const bool nhwc = layout == at::MemoryFormat::ChannelsLast;
-  const int64_t inner = nhwc ? c : 1;  // elements per pixel within a plane row
+                                  at::IntArrayRef dilation, bool channels_last) {
+  const int64_t axes = static_cast<int64_t>(sizes.size()) - 2;
+  TORCH_CHECK(axes >= 1 && axes <= kMaxAxes, "densecnn.", op,
+              ": expected a 3-D (N, C, L), 4-D (N, C, H, W) or 5-D (N, C, D, H, W) input, got shape ", sizes);
+  TORCH_CHECK(static_cast<int64_t>(kernel.size()) == axes && static_cast<int64_t>(dilation.size()) == axes,
+              "densecnn.", op, ": kernel ", kernel, " and dilation ", dilation, " need one entry per spatial axis (",
+              axes, ") of the input ", sizes);
+  std::vector<int64_t> span(axes), spatial(sizes.begin() + 2, sizes.end());
+  for (int64_t a = 0; a < axes; ++a) {
+    TORCH_CHECK(kernel[a] >= 1, "densecnn.", op, ": kernel must be positive ints, got ", kernel);
+    TORCH_CHECK(dilation[a] >= 1, "densecnn.", op, ": dilation must be positive ints, got ", dilation);
+    span[a] = (kernel[a] - 1) * dilation[a] + 1;
+  }
+  for (int64_t a = 0; a < axes; ++a) {
+    TORCH_CHECK(spatial[a] >= span[a], "densecnn.", op, ": kernel ", kernel, " with dilation ", dilation, " spans ",
+                join_sizes(span), " pixels but the input is only ", join_sizes(spatial),
+                "; use a larger input (stride-1 ops without padding shrink it by the span minus one)");
+  }
+  const int64_t n = sizes[0], c = sizes[1];
   PoolGeometry g;
-  g.planes = nhwc ? n : n * c;
-  g.rows = h;
-  g.row_len = w * inner;
-  g.out_rows = h - span_h + 1;
-  g.out_row_len = (w - span_w + 1) * inner;
-  g.tap_rows = dilation[0];
-  g.tap_step = dilation[1] * inner;
-  g.kh = static_cast<int32_t>(kernel[0]);
-  g.kw = static_cast<int32_t>(kernel[1]);
+  g.axes = static_cast<int32_t>(axes);
+  g.planes = channels_last ? n : n * c;
+  for (int64_t a = 0; a < axes; ++a) {
+    const int64_t unit = channels_last && a == axes - 1 ? c : 1;  // channels ride along in the innermost axis
+    g.size[a] = spatial[a] * unit;
+    g.out[a] = (spatial[a] - span[a] + 1) * unit;
+    g.step[a] = dilation[a] * unit;
+    g.kernel[a] = static_cast<int32_t>(kernel[a]);
+  }
   return g;
 }
 
-// The geometry of the forward call whose output has the shape of `grad_output`.
-inline PoolGeometry backward_geometry(const char* op, const at::Tensor& grad_output, at::IntArrayRef kernel,
-                                      at::IntArrayRef dilation, at::MemoryFormat layout) {
-  TORCH_CHECK(grad_output.dim() == 4, "densecnn.", op, ": expected a 4-D grad_output, got shape ",
-              grad_output.sizes());
-  TORCH_CHECK(kernel.size() == 2 && dilation.size() == 2, "densecnn.", op, ": kernel and dilation need 2 ints");
-  const int64_t sizes[4] = {grad_output.size(0), grad_output.size(1),
-                            grad_output.size(2) + (kernel[0] - 1) * dilation[0],
-                            grad_output.size(3) + (kernel[1] - 1) * dilation[1]};
-  return pool_geometry(op, sizes, kernel, dilation, layout);
+// (N, C, spatial...) after pooling the axes from `first_pooled` on: the shape of that pass's output.
+inline std::vector<int64_t> pooled_sizes(at::IntArrayRef sizes, at::IntArrayRef kernel, at::IntArrayRef dilation,
+                                         int64_t first_pooled) {
+  std::vector<int64_t> out(sizes.begin(), sizes.end());
+  for (int64_t a = first_pooled; a < static_cast<int64_t>(kernel.size()); ++a) {
+    out[a + 2] -= (kernel[a] - 1) * dilation[a];
+  }
+  return out;
 }
 
-// A (N, C, rows, cols) tensor like `x` in `layout`.
-inline at::Tensor empty_like_layout(const at::Tensor& x, int64_t rows, int64_t cols, at::ScalarType dtype,
-                                    at::MemoryFormat layout) {
-  return at::empty({x.size(0), x.size(1), rows, cols}, x.options().dtype(dtype).memory_format(layout));
+// The input sizes of the forward call whose output has `out_sizes`.
+inline std::vector<int64_t> unpooled_sizes(const char* op, at::IntArrayRef out_sizes, at::IntArrayRef kernel,
+                                           at::IntArrayRef dilation) {
+  TORCH_CHECK(out_sizes.size() >= 3 && kernel.size() == out_sizes.size() - 2 && dilation.size() == kernel.size(),
+              "densecnn.", op, ": grad_output ", out_sizes, " does not match kernel ", kernel, " and dilation ",
+              dilation);
+  std::vector<int64_t> sizes(out_sizes.begin(), out_sizes.end());
+  for (size_t a = 0; a < kernel.size(); ++a) sizes[a + 2] += (kernel[a] - 1) * dilation[a];
+  return sizes;
 }
 
-// A checked forward pooling call: the input made contiguous in the layout the kernels run in.
+// Max pooling keeps its argmax as uint8 tap numbers.
+inline void check_max_kernel(const char* op, at::IntArrayRef kernel) {
+  for (const int64_t k : kernel) {
+    TORCH_CHECK(k <= 255, "densecnn.", op, ": kernel ", kernel,
+                " is too large for the ext kernels (at most 255 taps per axis); use backend='native'");
+  }
+}
+
+// A checked forward pooling call: the input made compact in the layout the kernels run in.
 struct PoolCall {
-  at::MemoryFormat layout;
+  bool channels_last;
   PoolGeometry geometry;
   Activation activation;
   at::Tensor input;
-  int64_t out_cols;  // W'
+  std::vector<int64_t> out_sizes;
 };
 
 inline PoolCall prepare_pool(const char* op, const at::Tensor& input, at::IntArrayRef kernel,
                              at::IntArrayRef dilation, c10::string_view activation) {
   PoolCall call;
-  call.layout = pool_layout(input);
-  call.geometry = pool_geometry(op, input.sizes(), kernel, dilation, call.layout);
+  call.channels_last = is_channels_last(input);
+  call.geometry = pool_geometry(op, input.sizes(), kernel, dilation, call.channels_last);
   check_pool_dtype(op, input);
   call.activation = parse_activation(std::string(activation));
-  call.input = input.contiguous(call.layout);
-  call.out_cols = input.size(3) - (kernel[1] - 1) * dilation[1];
+  call.input = in_layout(input, call.channels_last);
+  call.out_sizes = pooled_sizes(input.sizes(), kernel, dilation, 0);
   return call;
+}
+
+// Per axis a, the argmax taps of the pass along a: uint8 of that pass's output shape (pooled_sizes from a).
+inline std::vector<at::Tensor> empty_taps(const PoolCall& call, at::IntArrayRef kernel, at::IntArrayRef dilation) {
+  std::vector<at::Tensor> taps;
+  for (int64_t a = 0; a < static_cast<int64_t>(kernel.size()); ++a) {
+    taps.push_back(empty_in_layout(pooled_sizes(call.input.sizes(), kernel, dilation, a),
+                                   call.input.options().dtype(at::kByte), call.channels_last));
+  }
+  return taps;
 }
 
 // A checked backward pooling call: grad_output and the forward output (needed by a fused activation's derivative;
-// grad_output stands in when there is none) made contiguous in `layout`.
+// absent otherwise) made compact in the layout, and the geometry of the forward call.
 struct PoolBackwardCall {
+  bool channels_last;
   PoolGeometry geometry;
   Activation activation;
-  at::Tensor grad_output, output;
-  int64_t in_cols;  // W
+  at::Tensor grad_output;
+  c10::optional<at::Tensor> output;
+  std::vector<int64_t> in_sizes;
 };
 
 inline PoolBackwardCall prepare_pool_backward(const char* op, const at::Tensor& grad_output,
-                                              const c10::optional<at::Tensor>& output, at::MemoryFormat layout,
+                                              const c10::optional<at::Tensor>& output, bool channels_last,
                                               at::IntArrayRef kernel, at::IntArrayRef dilation,
                                               c10::string_view activation) {
   PoolBackwardCall call;
+  call.channels_last = channels_last;
   call.activation = parse_activation(std::string(activation));
   TORCH_CHECK(call.activation == Activation::kNone || output.has_value(), "densecnn.", op, ": activation='",
               activation, "' needs the forward output");
-  call.geometry = backward_geometry(op, grad_output, kernel, dilation, layout);
+  call.in_sizes = unpooled_sizes(op, grad_output.sizes(), kernel, dilation);
+  call.geometry = pool_geometry(op, call.in_sizes, kernel, dilation, channels_last);
   check_pool_dtype(op, grad_output);
-  call.grad_output = grad_output.contiguous(layout);
-  if (call.activation == Activation::kNone) {
-    call.output = call.grad_output;
-  } else {
+  call.grad_output = in_layout(grad_output, channels_last);
+  if (call.activation != Activation::kNone) {
     TORCH_CHECK(output->sizes() == grad_output.sizes() && output->scalar_type() == grad_output.scalar_type(),
                 "densecnn.", op, ": output ", output->sizes(), " does not match grad_output ", grad_output.sizes());
-    call.output = output->contiguous(layout);
+    call.output = in_layout(*output, channels_last);
   }
-  call.in_cols = grad_output.size(3) + (kernel[1] - 1) * dilation[1];
   return call;
 }
 
-inline void check_taps(const char* op, const PoolBackwardCall& call, const at::Tensor& row_tap,
-                       const at::Tensor& col_tap, at::IntArrayRef kernel) {
-  const auto& gy = call.grad_output;
-  TORCH_CHECK(col_tap.sizes() == gy.sizes() && row_tap.dim() == 4 && row_tap.size(2) == call.geometry.rows &&
-                  row_tap.size(3) == gy.size(3) && row_tap.scalar_type() == at::kByte &&
-                  col_tap.scalar_type() == at::kByte,
-              "densecnn.", op, ": the taps ", row_tap.sizes(), ", ", col_tap.sizes(), " do not belong to grad_output ",
-              gy.sizes(), "; pass those of the same forward call, made with with_taps=True");
-  TORCH_CHECK(kernel[0] <= 255 && kernel[1] <= 255, "densecnn.", op, ": kernel ", kernel, " is too large");
+// The taps of the forward call that made grad_output's output, made compact in the call's layout.
+inline std::vector<at::Tensor> checked_taps(const char* op, const PoolBackwardCall& call, at::TensorList taps,
+                                            at::IntArrayRef kernel, at::IntArrayRef dilation) {
+  TORCH_CHECK(taps.size() == kernel.size(), "densecnn.", op, ": got ", taps.size(), " tap tensors for ",
+              kernel.size(), " spatial axes; pass those of the same forward call, made with with_taps=True");
+  std::vector<at::Tensor> compact;
+  for (size_t a = 0; a < taps.size(); ++a) {
+    const auto expected = pooled_sizes(call.in_sizes, kernel, dilation, static_cast<int64_t>(a));
+    TORCH_CHECK(taps[a].sizes() == at::IntArrayRef(expected) && taps[a].scalar_type() == at::kByte, "densecnn.", op,
+                ": taps[", a, "] ", taps[a].sizes(), " does not belong to grad_output ", call.grad_output.sizes(),
+                "; pass the taps of the same forward call, made with with_taps=True");
+    compact.push_back(in_layout(taps[a], call.channels_last));
+  }
+  return compact;
 }
 
 }  // namespace densecnn

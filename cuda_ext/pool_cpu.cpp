@@ -1,14 +1,19 @@
-// CPU kernels of the d-sparse (stride-1, dilated) pooling ops: max and average, forward and backward, optionally
-// fused with the activation that follows.
+// CPU kernels of the d-sparse (stride-1, dilated) pooling ops over 1, 2 or 3 spatial axes: max and average,
+// forward and backward, optionally fused with the activation that follows.
 //
-// Work is split into blocks (plane, band of rows, chunk of a row) run by at::parallel_for; inside a block every loop
-// runs over the contiguous dimension so the compiler vectorises it (W in NCHW, W·C in channels_last).
-// Max pooling is separable: a row pass (max over the kw taps of each input row) then a column pass (max over kh rows
-// of the row pass), each done by doubling — max over taps {0..2p-1} = max of two windows of p taps — so a k-tap
-// window costs ceil(log2 k) vector ops per output instead of k. Row pass first, first-max-wins on ties and
-// last-NaN-wins (common.h), gives exactly F.max_pool2d's argmax (first maximum in row-major window order).
-// The argmax is kept as two uint8 tap numbers: `row_tap` (which of the kw taps won in each row-pass element) and
-// `col_tap` (which of the kh rows won for each output); backward gathers through them, race-free and vectorised.
+// Pooling is separable (common.h AxisPass): one pass per axis, innermost first, each a 1-d window over an array
+// seen as (outer, len, inner). Every loop below runs over the contiguous dimension so the compiler vectorises it
+// (W, or W·C in channels-last). A max pass works by doubling — max over taps {0..2p-1} = max of two windows of p
+// taps — so a k-tap window costs ceil(log2 k) vector ops per output instead of k.
+//
+// Forward: the output is cut into boxes (a plane; per axis a block of outputs, the innermost a chunk of a row) run
+// by at::parallel_for. A box reads its input box (the outputs' windows), runs the innermost pass row by row into a
+// buffer that stays in L2, then the other passes over that buffer, and writes its outputs: one read of the input,
+// one write of the output, whatever the number of axes. Max pooling keeps its argmax as one uint8 tap number per
+// pass output (which of the k taps won); the backward gathers through them, race-free and vectorised.
+//
+// Reduced precision (bfloat16, float16) is widened to float when a row is read and rounded once when written:
+// max is exact, sums accumulate in float.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
@@ -26,8 +31,9 @@
 namespace densecnn {
 namespace {
 
-constexpr int64_t kChunk = 2048;       // output elements of a row handled by one block
-constexpr int64_t kBandElems = 32768;  // target size of a block's row-pass buffer (values), to stay in L2
+constexpr int64_t kChunk = 2048;       // output elements of a row handled by one box (and one backward work item)
+constexpr int64_t kBandElems = 32768;  // target size of a box's buffer (values), to stay in L2
+constexpr int64_t kShortRow = 256;     // rows shorter than this (in elements) are pooled in runs of whole rows
 
 // The inner loops below are compiled for several ISAs — AVX-512, AVX2 and the x86-64 baseline — and the best one
 // the CPU supports is picked when the library loads (GCC function multiversioning, `target_clones`). The build
@@ -100,27 +106,39 @@ DENSECNN_MULTIVERSION void narrow_taps(const int32_t* src, uint8_t* dst, int64_t
   for (int64_t j = 0; j < n; ++j) dst[j] = static_cast<uint8_t>(src[j]);
 }
 
-// dst[j] = activation(src[j] · scale), and the gradient factor grad[j] · activation'(y[j]).
+// Rows of reduced-precision storage widened to float on reading and rounded (to nearest even) on writing.
+template <typename S, typename D>
+DENSECNN_ALWAYS_INLINE void convert_loop(const S* src, D* dst, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) dst[j] = static_cast<D>(src[j]);
+}
+#define DENSECNN_CONVERT(S, D) \
+  DENSECNN_MULTIVERSION void convert_row(const S* src, D* dst, int64_t n) { convert_loop(src, dst, n); }
+DENSECNN_CONVERT(c10::BFloat16, float)
+DENSECNN_CONVERT(float, c10::BFloat16)
+DENSECNN_CONVERT(c10::Half, float)
+DENSECNN_CONVERT(float, c10::Half)
+
+// dst[j] = activation(src[j] · scale), and the gradient factor grad[j] · activation'(y[j]) · scale.
 template <typename T, Activation kAct>
 DENSECNN_ALWAYS_INLINE void activate_loop(const T* src, T scale, T* dst, int64_t n) {
 #pragma GCC ivdep
   for (int64_t j = 0; j < n; ++j) dst[j] = activation_forward(src[j] * scale, kAct);
 }
 template <typename T, Activation kAct>
-DENSECNN_ALWAYS_INLINE void activation_grad_loop(const T* grad, const T* y, T* dst, int64_t n) {
+DENSECNN_ALWAYS_INLINE void activation_grad_loop(const T* grad, const T* y, T scale, T* dst, int64_t n) {
 #pragma GCC ivdep
-  for (int64_t j = 0; j < n; ++j) dst[j] = grad[j] * activation_grad(y[j], kAct);
+  for (int64_t j = 0; j < n; ++j) dst[j] = grad[j] * activation_grad(y[j], kAct) * scale;
 }
 
 template <Activation A>
 using Act = std::integral_constant<Activation, A>;
 
-#define DENSECNN_ACTIVATION(T, ACT)                                                                                 \
-  DENSECNN_MULTIVERSION void activate(Act<ACT>, const T* src, T scale, T* dst, int64_t n) {                         \
-    activate_loop<T, ACT>(src, scale, dst, n);                                                                      \
-  }                                                                                                                 \
-  DENSECNN_MULTIVERSION void activation_grad(Act<ACT>, const T* grad, const T* y, T* dst, int64_t n) {             \
-    activation_grad_loop<T, ACT>(grad, y, dst, n);                                                                  \
+#define DENSECNN_ACTIVATION(T, ACT)                                                                          \
+  DENSECNN_MULTIVERSION void activate(Act<ACT>, const T* src, T scale, T* dst, int64_t n) {                  \
+    activate_loop<T, ACT>(src, scale, dst, n);                                                               \
+  }                                                                                                          \
+  DENSECNN_MULTIVERSION void activation_grad(Act<ACT>, const T* grad, const T* y, T scale, T* dst, int64_t n) { \
+    activation_grad_loop<T, ACT>(grad, y, scale, dst, n);                                                    \
   }
 DENSECNN_ACTIVATION(float, Activation::kNone)
 DENSECNN_ACTIVATION(float, Activation::kRelu)
@@ -128,6 +146,28 @@ DENSECNN_ACTIVATION(float, Activation::kTanh)
 DENSECNN_ACTIVATION(double, Activation::kNone)
 DENSECNN_ACTIVATION(double, Activation::kRelu)
 DENSECNN_ACTIVATION(double, Activation::kTanh)
+
+// A row of storage type T as accumulation type A: the row itself, or its widened copy in `buffer`.
+template <typename A, typename T>
+const A* widened(const T* row, int64_t n, A* buffer) {
+  if constexpr (std::is_same_v<A, T>) {
+    return row;
+  } else {
+    convert_row(row, buffer, n);
+    return buffer;
+  }
+}
+
+// dst (storage T) = activation(src · scale); `buffer` holds the float result before rounding to T.
+template <typename T, typename A, Activation kAct>
+void store_activated(const A* src, A scale, T* dst, A* buffer, int64_t n) {
+  if constexpr (std::is_same_v<A, T>) {
+    activate(Act<kAct>{}, src, scale, dst, n);
+  } else {
+    activate(Act<kAct>{}, src, scale, buffer, n);
+    convert_row(buffer, dst, n);
+  }
+}
 
 // out[j] = max over taps t < k of src[j + t·step], and the winning t, for j < n - (k-1)·step, by doubling.
 // `buf` has room for n elements.
@@ -157,6 +197,14 @@ void window_max(const T* src, int64_t n, int32_t k, int64_t step, T* out, int32_
   }
 }
 
+// out[j] = sum over taps t < k of src[j + t·step], in tap order.
+template <typename T>
+void window_sum(const T* src, int64_t n, int32_t k, int64_t step, T* out) {
+  const int64_t m = n - (k - 1) * step;
+  std::copy(src, src + m, out);
+  for (int32_t t = 1; t < k; ++t) add(out, src + t * step, m);
+}
+
 // Calls f(std::integral_constant<Activation, a>) so kernels get the activation as a compile-time constant.
 template <typename F>
 void dispatch_activation(Activation a, F&& f) {
@@ -170,313 +218,510 @@ void dispatch_activation(Activation a, F&& f) {
   }
 }
 
-// Splits a plane into blocks of output rows × output row elements.
-// One work item: rows [row0, row1) and row elements [col0, col1) of one plane.
-struct Block {
-  int64_t plane, row0, row1, col0, col1;
+// Calls f(c) for every index c of the box of `count` axes with the given extents, in row-major order.
+template <typename F>
+void for_each_index(int count, const int64_t* extent, F&& f) {
+  int64_t c[kMaxAxes] = {0, 0, 0};
+  for (int b = 0; b < count; ++b) {
+    if (extent[b] <= 0) return;
+  }
+  while (true) {
+    f(static_cast<const int64_t*>(c));
+    int b = count - 1;
+    for (; b >= 0; --b) {
+      if (++c[b] < extent[b]) break;
+      c[b] = 0;
+    }
+    if (b < 0) return;
+  }
+}
+
+// Row-major offset of index c + origin in an array of `count` axes with the given extents.
+inline int64_t offset_of(int count, const int64_t* c, const int64_t* origin, const int64_t* extent) {
+  int64_t offset = 0;
+  for (int b = 0; b < count; ++b) offset = offset * extent[b] + origin[b] + c[b];
+  return offset;
+}
+
+// One forward work item: a plane and, per axis, the outputs [o0, o1); `last` when the block is the axis's last.
+struct Box {
+  int64_t plane;
+  int64_t o0[kMaxAxes], o1[kMaxAxes];
+  bool last[kMaxAxes];
 };
 
-struct Blocks {
-  int64_t rows, row_len, band_rows, chunk, bands, chunks;
-  Blocks(const PoolGeometry& g, int64_t rows_, int64_t row_len_, int64_t halo_rows) : rows(rows_), row_len(row_len_) {
-    chunk = std::max<int64_t>(1, std::min(row_len, kChunk));
-    band_rows = std::max<int64_t>(8, kBandElems / chunk - halo_rows);
-    band_rows = std::max<int64_t>(1, std::min(band_rows, rows));
-    bands = (rows + band_rows - 1) / band_rows;
-    chunks = (row_len + chunk - 1) / chunk;
+// The forward's boxes. The innermost axis is cut into chunks of kChunk outputs; each other axis, from the inside
+// out, into blocks of at least 8 outputs sized so that the box's input (outputs plus the window's reach) stays
+// near kBandElems values.
+struct Boxes {
+  int axes;
+  int64_t planes, block[kMaxAxes], blocks[kMaxAxes], reach[kMaxAxes], out[kMaxAxes];
+  int64_t capacity;  // values in the largest input box
+
+  explicit Boxes(const PoolGeometry& g) : axes(g.axes), planes(g.planes) {
+    for (int a = 0; a < axes; ++a) {
+      reach[a] = (g.kernel[a] - 1) * g.step[a];
+      out[a] = g.out[a];
+    }
+    const int inner_axis = axes - 1;
+    block[inner_axis] = std::max<int64_t>(1, std::min(out[inner_axis], kChunk));
+    capacity = block[inner_axis] + reach[inner_axis];
+    for (int a = axes - 2; a >= 0; --a) {
+      const int64_t wanted = std::max<int64_t>(8, kBandElems / capacity - reach[a]);
+      block[a] = std::max<int64_t>(1, std::min(wanted, out[a]));
+      capacity *= block[a] + reach[a];
+    }
+    for (int a = 0; a < axes; ++a) blocks[a] = (out[a] + block[a] - 1) / block[a];
   }
-  int64_t count(const PoolGeometry& g) const { return g.planes * bands * chunks; }
-  Block at(int64_t item) const {
-    const int64_t row0 = item / chunks % bands * band_rows, col0 = item % chunks * chunk;
-    return {item / (bands * chunks), row0, std::min(row0 + band_rows, rows), col0, std::min(col0 + chunk, row_len)};
+
+  int64_t count() const {
+    int64_t n = planes;
+    for (int a = 0; a < axes; ++a) n *= blocks[a];
+    return n;
+  }
+
+  Box at(int64_t item) const {
+    Box box;
+    for (int a = axes - 1; a >= 0; --a) {
+      const int64_t index = item % blocks[a];
+      item /= blocks[a];
+      box.o0[a] = index * block[a];
+      box.o1[a] = std::min(box.o0[a] + block[a], out[a]);
+      box.last[a] = index == blocks[a] - 1;
+    }
+    box.plane = item;
+    return box;
   }
 };
 
-template <typename T, bool kTaps, Activation kAct>
-void max_pool_forward(const PoolGeometry& g, const T* x, T* y, uint8_t* row_tap, uint8_t* col_tap) {
-  const int64_t halo = (g.kh - 1) * g.tap_rows;
-  const Blocks blocks(g, g.out_rows, g.out_row_len, halo);
-  at::parallel_for(0, blocks.count(g), 1, [&](int64_t begin, int64_t end) {
-    const int64_t band_len = (blocks.band_rows + halo) * blocks.chunk;
-    const int64_t row_in = blocks.chunk + (g.kw - 1) * g.tap_step;
-    std::vector<T> band(band_len), band_buf(band_len), row_buf(row_in), col(band_len);
-    std::vector<int32_t> band_tap(kTaps ? band_len : 0), band_buf_tap(kTaps ? band_len : 0),
-        row_buf_tap(kTaps ? row_in : 0), col_tap_buf(kTaps ? band_len : 0);
-    for (int64_t item = begin; item < end; ++item) {
-      const Block block = blocks.at(item);
-      const int64_t plane = block.plane, i0 = block.row0, i1 = block.row1, e0 = block.col0, e1 = block.col1;
-      const bool last_band = i1 == g.out_rows;
-      const int64_t w = e1 - e0, rows_in = i1 - i0 + halo;
-      const T* xp = x + plane * g.rows * g.row_len;
-      // Row pass: band[r][j] = max over the kw taps of input row i0 + r, for the chunk's output elements.
-      for (int64_t r = 0; r < rows_in; ++r) {
-        const int64_t row = i0 + r;
-        window_max<T, kTaps>(xp + row * g.row_len + e0, w + (g.kw - 1) * g.tap_step, g.kw, g.tap_step,
-                             band.data() + r * w, band_tap.data() + r * w, row_buf.data(), row_buf_tap.data());
-        if (kTaps && (row < i1 || last_band)) {  // each block stores the row taps of the rows it owns
-          narrow_taps(band_tap.data() + r * w, row_tap + (plane * g.rows + row) * g.out_row_len + e0, w);
-        }
-      }
-      // Column pass over the flattened band: a shift of one tap is tap_rows whole rows.
-      window_max<T, kTaps>(band.data(), rows_in * w, g.kh, g.tap_rows * w, col.data(),
-                           col_tap_buf.data(), band_buf.data(), band_buf_tap.data());
-      for (int64_t i = i0; i < i1; ++i) {
-        const T* src = col.data() + (i - i0) * w;
-        T* dst = y + (plane * g.out_rows + i) * g.out_row_len + e0;
-        activate(Act<kAct>{}, src, T(1), dst, w);
-        if (kTaps) {
-          narrow_taps(col_tap_buf.data() + (i - i0) * w, col_tap + (plane * g.out_rows + i) * g.out_row_len + e0, w);
-        }
-      }
-    }
+// Stores the int32 taps of a pass (local box layout, `extent`; rows of `width` valid elements) as uint8 into the
+// pass's global tap array (extents `global`), for the positions this box owns: its outputs along pooled axes; along
+// axes not pooled yet, its outputs' first taps, or everything up to the end of the axis when the box is the axis's
+// last.
+inline void store_taps(const Box& box, int axes, int pass_axis, const int64_t* extent, int64_t width,
+                       const int64_t* global, const int32_t* local_taps, uint8_t* taps) {
+  const int rows_axes = axes - 1;
+  int64_t owned[kMaxAxes];
+  for (int b = 0; b < rows_axes; ++b) {
+    owned[b] = b < pass_axis && box.last[b] ? extent[b] : box.o1[b] - box.o0[b];
+  }
+  const int64_t row_stride = extent[axes - 1];
+  int64_t plane_rows = 1;
+  for (int b = 0; b < rows_axes; ++b) plane_rows *= global[b];
+  const int64_t zero[kMaxAxes] = {0, 0, 0};
+  for_each_index(rows_axes, owned, [&](const int64_t* c) {
+    const int64_t local = offset_of(rows_axes, c, zero, extent);
+    const int64_t row = box.plane * plane_rows + offset_of(rows_axes, c, box.o0, global);
+    narrow_taps(local_taps + local * row_stride, taps + row * global[axes - 1] + box.o0[axes - 1], width);
   });
 }
 
-// grad_x[r][c] = Σ_b [row_tap[r][c - b·step] == b] · G[r][c - b·step], where
-// G[r][j] = Σ_a [col_tap[r - a·dh][j] == a] · grad_y[r - a·dh][j] · activation'(y[r - a·dh][j]).
-// Blocks are bands of INPUT rows, so every block writes only its own rows of grad_x.
-template <typename T, Activation kAct>
-void max_pool_backward(const PoolGeometry& g, const T* grad_y, const T* y, const uint8_t* row_tap,
-                       const uint8_t* col_tap, T* grad_x) {
-  const Blocks blocks(g, g.rows, g.row_len, 0);
-  const int64_t reach = (g.kw - 1) * g.tap_step;
-  at::parallel_for(0, blocks.count(g), 1, [&](int64_t begin, int64_t end) {
-    std::vector<T> gathered(blocks.chunk + reach), scaled(kAct == Activation::kNone ? 0 : blocks.chunk + reach);
+// Forward of max (kMax) or average pooling; `taps[a]` receives the argmax taps of the pass along axis a (kTaps).
+template <typename T, bool kMax, bool kTaps, Activation kAct>
+void pool_forward(const PoolGeometry& g, const T* x, T* y, uint8_t* const* taps, Acc<T> scale) {
+  using A = Acc<T>;
+  const int axes = g.axes, inner_axis = axes - 1;
+  const Boxes boxes(g);
+  int64_t in_plane = 1, out_plane = 1;
+  for (int a = 0; a < axes; ++a) {
+    in_plane *= g.size[a];
+    out_plane *= g.out[a];
+  }
+  // When a box spans whole short rows, consecutive rows of the input are contiguous: the innermost pass then runs
+  // over each run of rows in one call (short rows — volumes — would otherwise cost a call per row). The box keeps
+  // the input's row length, and the last (k-1)·step elements of each of its rows hold values that are never stored.
+  // Longer rows go one by one, so that the doubling steps of a row stay in L1.
+  const bool whole_rows = axes >= 2 && boxes.blocks[inner_axis] == 1 && g.size[inner_axis] < kShortRow;
+  at::parallel_for(0, boxes.count(), 1, [&](int64_t begin, int64_t end) {
+    const int64_t row_in = boxes.block[inner_axis] + boxes.reach[inner_axis];
+    std::vector<A> band(boxes.capacity), other(boxes.capacity), buf(kMax ? boxes.capacity : 0), row_buf(row_in),
+        widen_buf(std::is_same_v<A, T> ? 0 : boxes.capacity);
+    std::vector<int32_t> tap_out(kTaps ? boxes.capacity : 0), tap_buf(kTaps ? boxes.capacity : 0),
+        row_buf_tap(kTaps ? row_in : 0);
     for (int64_t item = begin; item < end; ++item) {
-      const Block block = blocks.at(item);
-      const int64_t plane = block.plane, r0 = block.row0, r1 = block.row1, c0 = block.col0, c1 = block.col1;
-      const int64_t j0 = std::max<int64_t>(0, c0 - reach), j1 = std::min(c1, g.out_row_len);
-      const int64_t out_base = plane * g.out_rows * g.out_row_len;
-      for (int64_t r = r0; r < r1; ++r) {
-        T* gr = gathered.data();  // gr[j - j0]: the gathered gradient of row-pass element j in [j0, j1)
-        std::fill(gathered.begin(), gathered.end(), T(0));
-        for (int32_t a = 0; a < g.kh; ++a) {
-          const int64_t i = r - a * g.tap_rows;
-          if (i < 0 || i >= g.out_rows) continue;
-          const int64_t off = out_base + i * g.out_row_len + j0;
-          const T* gy = grad_y + off;
-          if (kAct != Activation::kNone) {
-            activation_grad(Act<kAct>{}, gy, y + off, scaled.data(), j1 - j0);
-            gy = scaled.data();
+      const Box box = boxes.at(item);
+      int64_t extent[kMaxAxes];  // the box's local extents, shrinking as the passes pool their axes
+      int64_t global[kMaxAxes];  // the extents of the current pass's output over the whole plane
+      const int64_t w = box.o1[inner_axis] - box.o0[inner_axis], w_in = w + boxes.reach[inner_axis];
+      for (int a = 0; a < axes; ++a) {
+        extent[a] = box.o1[a] - box.o0[a] + (a == inner_axis && !whole_rows ? 0 : boxes.reach[a]);
+        global[a] = a == inner_axis ? g.out[a] : g.size[a];
+      }
+      const int64_t row_stride = extent[inner_axis];  // w, or w_in for whole rows
+      const T* xp = x + box.plane * in_plane;
+      const int64_t zero[kMaxAxes] = {0, 0, 0};
+      // The innermost pass, from the input into the box: run by run of whole rows, or row by row.
+      const int run_axes = whole_rows ? inner_axis - 1 : inner_axis;
+      const int64_t run_rows = whole_rows ? extent[inner_axis - 1] : 1;
+      for_each_index(run_axes, extent, [&](const int64_t* c) {
+        int64_t local = offset_of(run_axes, c, zero, extent), row = offset_of(run_axes, c, box.o0, g.size);
+        if (whole_rows) {
+          local *= run_rows;
+          row = row * g.size[inner_axis - 1] + box.o0[inner_axis - 1];
+        }
+        const int64_t n = (run_rows - 1) * row_stride + w_in;
+        const A* src = widened(xp + row * g.size[inner_axis] + box.o0[inner_axis], n, widen_buf.data());
+        A* dst = band.data() + local * row_stride;
+        if constexpr (kMax) {
+          window_max<A, kTaps>(src, n, g.kernel[inner_axis], g.step[inner_axis], dst,
+                               tap_out.data() + local * row_stride, whole_rows ? buf.data() : row_buf.data(),
+                               whole_rows ? tap_buf.data() : row_buf_tap.data());
+        } else {
+          window_sum<A>(src, n, g.kernel[inner_axis], g.step[inner_axis], dst);
+        }
+      });
+      if (kTaps) store_taps(box, axes, inner_axis, extent, w, global, tap_out.data(), taps[inner_axis]);
+      // The other passes, each over the box as (outer, len, inner).
+      A* current = band.data();
+      A* next = other.data();
+      for (int a = inner_axis - 1; a >= 0; --a) {
+        int64_t outer = 1, inner = 1;
+        for (int b = 0; b < a; ++b) outer *= extent[b];
+        for (int b = a + 1; b < axes; ++b) inner *= extent[b];
+        const int64_t len = extent[a], pooled = box.o1[a] - box.o0[a];
+        for (int64_t o = 0; o < outer; ++o) {
+          const A* src = current + o * len * inner;
+          if constexpr (kMax) {
+            window_max<A, kTaps>(src, len * inner, g.kernel[a], g.step[a] * inner, next + o * pooled * inner,
+                                 tap_out.data() + o * pooled * inner, buf.data(), tap_buf.data());
+          } else {
+            window_sum<A>(src, len * inner, g.kernel[a], g.step[a] * inner, next + o * pooled * inner);
           }
-          select_add(gr, gy, col_tap + off, a, j1 - j0);
         }
-        T* gx = grad_x + (plane * g.rows + r) * g.row_len;
-        const uint8_t* rt = row_tap + (plane * g.rows + r) * g.out_row_len;
-        std::fill(gx + c0, gx + c1, T(0));
-        for (int32_t b = 0; b < g.kw; ++b) {
-          const int64_t shift = b * g.tap_step;
-          const int64_t lo = std::max(j0, c0 - shift), hi = std::min(j1, c1 - shift);
-          select_add(gx + lo + shift, gr + (lo - j0), rt + lo, b, hi - lo);
-        }
+        extent[a] = pooled;
+        global[a] = g.out[a];
+        if (kTaps) store_taps(box, axes, a, extent, w, global, tap_out.data(), taps[a]);
+        std::swap(current, next);
       }
+      // The outputs, row by row.
+      for_each_index(inner_axis, extent, [&](const int64_t* c) {
+        const int64_t local = offset_of(inner_axis, c, zero, extent);
+        T* dst = y + box.plane * out_plane + offset_of(inner_axis, c, box.o0, g.out) * g.out[inner_axis] +
+                 box.o0[inner_axis];
+        store_activated<T, A, kAct>(current + local * row_stride, scale, dst, row_buf.data(), w);
+      });
     }
   });
 }
 
-// Average pooling: y = activation(Σ taps / divisor), separable (row sums, then column sums of row sums).
-template <typename T, Activation kAct>
-void avg_pool_forward(const PoolGeometry& g, const T* x, T* y, int64_t divisor) {
-  const int64_t halo = (g.kh - 1) * g.tap_rows;
-  const Blocks blocks(g, g.out_rows, g.out_row_len, halo);
-  const T scale = T(1) / T(divisor);
-  at::parallel_for(0, blocks.count(g), 1, [&](int64_t begin, int64_t end) {
-    std::vector<T> band((blocks.band_rows + halo) * blocks.chunk), acc(blocks.chunk);
+// Backward of one pass as a gather: grad_in (outer, in_len, inner) from grad (outer, out_len, inner), element
+// (o, l, i) summing the outputs (o, l - t·dilation, i) — those whose argmax tap is t, for max. Seen along the
+// flattened (len·inner) row of a slab, each tap t is one shifted contiguous range: vectorised and race-free.
+template <typename A, bool kMax, typename D>
+void gather_pass(const AxisPass& p, const A* grad, const uint8_t* tap, D* grad_in) {
+  const int64_t row = p.in_len * p.inner, out_row = p.out_len * p.inner, shift = p.dilation * p.inner;
+  const int64_t chunks = (row + kChunk - 1) / kChunk;
+  at::parallel_for(0, p.outer * chunks, 1, [&](int64_t begin, int64_t end) {
+    std::vector<A> acc(std::is_same_v<A, D> ? 0 : kChunk);
     for (int64_t item = begin; item < end; ++item) {
-      const Block block = blocks.at(item);
-      const int64_t plane = block.plane, i0 = block.row0, i1 = block.row1, e0 = block.col0, e1 = block.col1;
-      const int64_t w = e1 - e0, rows_in = i1 - i0 + halo;
-      const T* xp = x + plane * g.rows * g.row_len + e0;
-      for (int64_t r = 0; r < rows_in; ++r) {
-        const T* src = xp + (i0 + r) * g.row_len;
-        T* dst = band.data() + r * w;
-        std::copy(src, src + w, dst);
-        for (int32_t b = 1; b < g.kw; ++b) add(dst, src + b * g.tap_step, w);
+      const int64_t o = item / chunks, c0 = item % chunks * kChunk, c1 = std::min(c0 + kChunk, row);
+      A* sum;
+      if constexpr (std::is_same_v<A, D>) {
+        sum = grad_in + o * row + c0;
+      } else {
+        sum = acc.data();
       }
-      for (int64_t i = i0; i < i1; ++i) {
-        const T* first = band.data() + (i - i0) * w;
-        std::copy(first, first + w, acc.begin());
-        for (int32_t a = 1; a < g.kh; ++a) add(acc.data(), first + a * g.tap_rows * w, w);
-        activate(Act<kAct>{}, acc.data(), scale, y + (plane * g.out_rows + i) * g.out_row_len + e0, w);
+      std::fill(sum, sum + (c1 - c0), A(0));
+      for (int32_t t = 0; t < p.kernel; ++t) {
+        const int64_t lo = std::max(c0, t * shift), hi = std::min(c1, t * shift + out_row);
+        if (lo >= hi) continue;
+        const int64_t src = o * out_row + lo - t * shift;
+        if constexpr (kMax) {
+          select_add(sum + (lo - c0), grad + src, tap + src, t, hi - lo);
+        } else {
+          add(sum + (lo - c0), grad + src, hi - lo);
+        }
       }
+      if constexpr (!std::is_same_v<A, D>) convert_row(sum, grad_in + o * row + c0, c1 - c0);
     }
   });
 }
 
-// grad_x[r][c] = Σ_{a,b} grad_y[r - a·dh][c - b·step] · activation'(y[...]) / divisor (taps inside the output),
-// as a column gather into a row buffer followed by shifted adds along the row.
-template <typename T, Activation kAct>
-void avg_pool_backward(const PoolGeometry& g, const T* grad_y, const T* y, T* grad_x, int64_t divisor) {
-  const Blocks blocks(g, g.rows, g.row_len, 0);
-  const int64_t reach = (g.kw - 1) * g.tap_step;
-  const T scale = T(1) / T(divisor);
-  at::parallel_for(0, blocks.count(g), 1, [&](int64_t begin, int64_t end) {
-    std::vector<T> gathered(blocks.chunk + reach), scaled(kAct == Activation::kNone ? 0 : blocks.chunk + reach);
+// The last two backward gathers fused, row by row: along the rows (axis n-2) into a row buffer, then along the
+// innermost axis straight into grad_x — one read of the gradient and one write of grad_x, as a 2-D image needs.
+// grad (outer, H', W') is the gradient after pooling both axes; when `y` is given (the first gathers of a 2-D
+// pooling), each gathered row is first multiplied by activation'(y) · scale.
+template <typename A, bool kMax, typename D>
+void gather_last_two(const PoolGeometry& g, const A* grad, const A* y, Activation activation, A scale,
+                     const uint8_t* rows_tap, const uint8_t* row_tap, D* grad_x) {
+  const AxisPass rows = axis_pass(g, g.axes - 2), row = axis_pass(g, g.axes - 1);
+  const int64_t h = rows.in_len, h_out = rows.out_len, w_out = rows.inner, w = row.in_len;
+  const int64_t reach = (row.kernel - 1) * row.dilation;
+  const int64_t chunk = std::max<int64_t>(1, std::min(w, kChunk)), chunks = (w + chunk - 1) / chunk;
+  const bool plain = y == nullptr && scale == A(1);
+  at::parallel_for(0, rows.outer * h * chunks, 1, [&](int64_t begin, int64_t end) {
+    std::vector<A> gathered(chunk + reach), scaled(plain ? 0 : chunk + reach), acc(std::is_same_v<A, D> ? 0 : chunk);
     for (int64_t item = begin; item < end; ++item) {
-      const Block block = blocks.at(item);
-      const int64_t plane = block.plane, r0 = block.row0, r1 = block.row1, c0 = block.col0, c1 = block.col1;
-      const int64_t j0 = std::max<int64_t>(0, c0 - reach), j1 = std::min(c1, g.out_row_len);
-      const int64_t out_base = plane * g.out_rows * g.out_row_len;
-      for (int64_t r = r0; r < r1; ++r) {
-        T* gr = gathered.data();  // gr[j - j0]: the column sum of grad_y feeding row-pass element j
-        std::fill(gathered.begin(), gathered.end(), T(0));
-        for (int32_t a = 0; a < g.kh; ++a) {
-          const int64_t i = r - a * g.tap_rows;
-          if (i < 0 || i >= g.out_rows) continue;
-          const int64_t off = out_base + i * g.out_row_len + j0;
-          const T* gy = grad_y + off;
-          if (kAct != Activation::kNone) {
-            activation_grad(Act<kAct>{}, gy, y + off, scaled.data(), j1 - j0);
-            gy = scaled.data();
-          }
-          add(gr, gy, j1 - j0);
+      const int64_t o = item / (h * chunks), r = item / chunks % h, c0 = item % chunks * chunk;
+      const int64_t c1 = std::min(c0 + chunk, w), j0 = std::max<int64_t>(0, c0 - reach), j1 = std::min(c1, w_out);
+      std::fill(gathered.begin(), gathered.end(), A(0));  // gathered[j - j0]: the gradient of element j of row r
+      for (int32_t a = 0; a < rows.kernel && j0 < j1; ++a) {
+        const int64_t i = r - a * rows.dilation;
+        if (i < 0) break;
+        if (i >= h_out) continue;
+        const int64_t off = (o * h_out + i) * w_out + j0;
+        const A* gy = grad + off;
+        if (!plain) {
+          dispatch_activation(activation, [&](auto act_constant) {
+            activation_grad(act_constant, gy, y == nullptr ? gy : y + off, scale, scaled.data(), j1 - j0);
+          });
+          gy = scaled.data();
         }
-        T* gx = grad_x + (plane * g.rows + r) * g.row_len;
-        std::fill(gx + c0, gx + c1, T(0));
-        for (int32_t b = 0; b < g.kw; ++b) {
-          const int64_t shift = b * g.tap_step;
-          const int64_t lo = std::max(j0, c0 - shift), hi = std::min(j1, c1 - shift);
-          add(gx + lo + shift, gr + (lo - j0), hi - lo);
+        if constexpr (kMax) {
+          select_add(gathered.data(), gy, rows_tap + off, a, j1 - j0);
+        } else {
+          add(gathered.data(), gy, j1 - j0);
         }
-        activate(Act<Activation::kNone>{}, gx + c0, scale, gx + c0, c1 - c0);
       }
+      D* gx_row = grad_x + (o * h + r) * w;
+      A* sum;
+      if constexpr (std::is_same_v<A, D>) {
+        sum = gx_row + c0;
+      } else {
+        sum = acc.data();
+      }
+      std::fill(sum, sum + (c1 - c0), A(0));
+      const uint8_t* taps_of_row = row_tap + (o * h + r) * w_out;
+      for (int32_t b = 0; b < row.kernel; ++b) {
+        const int64_t shift = b * row.dilation;
+        const int64_t lo = std::max(j0, c0 - shift), hi = std::min(j1, c1 - shift);
+        if (lo >= hi) continue;
+        if constexpr (kMax) {
+          select_add(sum + (lo + shift - c0), gathered.data() + (lo - j0), taps_of_row + lo, b, hi - lo);
+        } else {
+          add(sum + (lo + shift - c0), gathered.data() + (lo - j0), hi - lo);
+        }
+      }
+      if constexpr (!std::is_same_v<A, D>) convert_row(sum, gx_row + c0, c1 - c0);
     }
   });
+}
+
+// Backward of max (kMax, through `taps`) or average pooling: the passes' gathers in reverse order, outermost axis
+// first, from grad_y · activation'(y) · scale to grad_x; the last two fused (gather_last_two). `scratch`
+// (backward_scratch_size values) first holds grad_y · activation'(y) · scale in the accumulation type when the
+// gathers cannot apply it themselves, then two slots of intermediate_size values for the passes before the last two.
+template <typename T>
+bool needs_incoming(const PoolGeometry& g, Activation activation, Acc<T> scale) {
+  const bool factor = activation != Activation::kNone || scale != Acc<T>(1);
+  const bool inline_factor = std::is_same_v<Acc<T>, T> && g.axes == 2;  // gather_last_two applies it
+  return !std::is_same_v<Acc<T>, T> || (factor && !inline_factor);
+}
+
+// Scratch values pool_backward needs: `incoming` (if needs_incoming), then the slots (for three axes).
+template <typename T>
+int64_t backward_scratch_size(const PoolGeometry& g, Activation activation, Acc<T> scale) {
+  const int64_t incoming = needs_incoming<T>(g, activation, scale) ? pass_output_size(axis_pass(g, 0)) : 0;
+  return incoming + (g.axes >= 3 ? 2 * intermediate_size(g) : 0);
+}
+
+template <typename T, bool kMax>
+void pool_backward(const PoolGeometry& g, const T* grad_y, const T* y, const uint8_t* const* taps, T* grad_x,
+                   Activation activation, Acc<T> scale, Acc<T>* scratch) {
+  using A = Acc<T>;
+  const A* grad = reinterpret_cast<const A*>(grad_y);  // used only when A is T
+  const A* output = activation == Activation::kNone ? nullptr : reinterpret_cast<const A*>(y);
+  A* incoming = scratch;
+  if (needs_incoming<T>(g, activation, scale)) {
+    const int64_t n_out = pass_output_size(axis_pass(g, 0));
+    scratch += n_out;
+    at::parallel_for(0, n_out, kChunk, [&](int64_t begin, int64_t end) {
+      std::vector<A> gy(end - begin), yy(y == nullptr ? 0 : end - begin);
+      const A* gyp = widened(grad_y + begin, end - begin, gy.data());
+      const A* yp = y == nullptr ? gyp : widened(y + begin, end - begin, yy.data());
+      dispatch_activation(activation, [&](auto act_constant) {
+        activation_grad(act_constant, gyp, yp, scale, incoming + begin, end - begin);
+      });
+    });
+    grad = incoming;
+    output = nullptr;
+    activation = Activation::kNone;
+    scale = A(1);
+  }
+  if (g.axes == 1) {
+    gather_pass<A, kMax>(axis_pass(g, 0), grad, kMax ? taps[0] : nullptr, grad_x);
+    return;
+  }
+  A* slots[2] = {scratch, scratch + intermediate_size(g)};
+  for (int a = 0; a + 2 < g.axes; ++a) {
+    gather_pass<A, kMax>(axis_pass(g, a), grad, kMax ? taps[a] : nullptr, slots[a % 2]);
+    grad = slots[a % 2];
+  }
+  const int rows_axis = g.axes - 2;
+  gather_last_two<A, kMax>(g, grad, output, activation, scale, kMax ? taps[rows_axis] : nullptr,
+                           kMax ? taps[rows_axis + 1] : nullptr, grad_x);
+}
+
+// ---- the CUDA kernels' passes (elements.h), run on the CPU for the tests ----
+
+template <typename T>
+void max_forward_element_loops(const PoolGeometry& g, const T* x, T* y, uint8_t* const* taps, Activation activation,
+                               Acc<T>* scratch) {
+  forward_passes(g, x, y, scratch, [&](int a, const AxisPass& p, const auto* src, auto* dst, bool last) {
+    uint8_t* tap = taps == nullptr ? nullptr : taps[a];
+    const Activation act = last ? activation : Activation::kNone;
+    for_each_element(pass_output_size(p), [&](int64_t e) { max_pass_at<Acc<T>>(p, src, dst, tap, act, e); });
+  });
+}
+
+template <typename T>
+void avg_forward_element_loops(const PoolGeometry& g, const T* x, T* y, Activation activation, Acc<T> scale,
+                               Acc<T>* scratch) {
+  forward_passes(g, x, y, scratch, [&](int, const AxisPass& p, const auto* src, auto* dst, bool last) {
+    const Activation act = last ? activation : Activation::kNone;
+    const Acc<T> s = last ? scale : Acc<T>(1);
+    for_each_element(pass_output_size(p), [&](int64_t e) { sum_pass_at<Acc<T>>(p, src, dst, s, act, e); });
+  });
+}
+
+// kMax: through the taps; otherwise average pooling (scale = 1 / divisor).
+template <typename T, bool kMax>
+void backward_element_loops(const PoolGeometry& g, const T* grad_y, const T* y, const uint8_t* const* taps,
+                            T* grad_x, Activation activation, Acc<T> scale, Acc<T>* scratch) {
+  using A = Acc<T>;
+  const T* output = activation == Activation::kNone ? nullptr : y;
+  backward_passes(g, grad_y, output, grad_x, scratch,
+                  [&](int a, const AxisPass& p, const auto* grad, const T* out, auto* grad_in, bool first) {
+                    const Activation act = first ? activation : Activation::kNone;
+                    const A s = first ? scale : A(1);
+                    for_each_element(pass_input_size(p), [&](int64_t e) {
+                      if constexpr (kMax) {
+                        max_pass_backward_at<A>(p, grad, out, taps[a], grad_in, act, e);
+                      } else {
+                        sum_pass_backward_at<A>(p, grad, out, grad_in, s, act, e);
+                      }
+                    });
+                  });
 }
 
 // ---- torch-facing CPU ops ----
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> max_pool2d_cpu(const at::Tensor& input, at::IntArrayRef kernel,
-                                                              at::IntArrayRef dilation, c10::string_view activation,
-                                                              bool with_taps) {
-  const PoolCall call = prepare_pool("max_pool2d", input, kernel, dilation, activation);
-  TORCH_CHECK(kernel[0] <= 255 && kernel[1] <= 255, "densecnn.max_pool2d: kernel ", kernel,
-              " is too large for the ext kernels (at most 255 taps per axis); use backend='native'");
+template <typename T>
+at::Tensor scratch_of(int64_t size, const at::Tensor& like) {
+  return at::empty({size}, like.options().dtype(c10::CppTypeToScalarType<Acc<T>>::value));
+}
+
+// The two slots between passes of the per-element loops.
+template <typename T>
+at::Tensor scratch_for(const PoolGeometry& g, const at::Tensor& like) {
+  return scratch_of<T>(2 * intermediate_size(g), like);
+}
+
+std::tuple<at::Tensor, std::vector<at::Tensor>> max_pool_cpu(const at::Tensor& input, at::IntArrayRef kernel,
+                                                             at::IntArrayRef dilation, c10::string_view activation,
+                                                             bool with_taps) {
+  const PoolCall call = prepare_pool("max_pool", input, kernel, dilation, activation);
+  check_max_kernel("max_pool", kernel);
   const PoolGeometry& g = call.geometry;
   const at::Tensor& x = call.input;
-  at::Tensor y = empty_like_layout(x, g.out_rows, call.out_cols, x.scalar_type(), call.layout);
-  at::Tensor row_tap = empty_like_layout(x, with_taps ? g.rows : 0, with_taps ? call.out_cols : 0, at::kByte,
-                                         call.layout);
-  at::Tensor col_tap = empty_like_layout(x, with_taps ? g.out_rows : 0, with_taps ? call.out_cols : 0, at::kByte,
-                                         call.layout);
-  if (y.numel() == 0) return {y, row_tap, col_tap};
-  if (gpu_loops_on_cpu()) {
-    at::Tensor row_max = at::empty({row_pass_size(g)}, x.options());
-    AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "densecnn_max_pool2d_gpu_loops", [&] {
-      const scalar_t* xp = x.const_data_ptr<scalar_t>();
-      scalar_t* rm = row_max.mutable_data_ptr<scalar_t>();
-      scalar_t* yp = y.mutable_data_ptr<scalar_t>();
-      uint8_t* rt = with_taps ? row_tap.mutable_data_ptr<uint8_t>() : nullptr;
-      uint8_t* ct = with_taps ? col_tap.mutable_data_ptr<uint8_t>() : nullptr;
-      for_each_element(row_pass_size(g), [&](int64_t i) { max_row_pass_at(g, xp, rm, rt, i); });
-      for_each_element(output_size(g), [&](int64_t i) { max_col_pass_at(g, rm, yp, ct, call.activation, i); });
-    });
-    return {y, row_tap, col_tap};
-  }
-  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "densecnn_max_pool2d", [&] {
+  at::Tensor y = empty_in_layout(call.out_sizes, x.options(), call.channels_last);
+  std::vector<at::Tensor> taps = with_taps ? empty_taps(call, kernel, dilation) : std::vector<at::Tensor>{};
+  if (y.numel() == 0) return {y, taps};
+  uint8_t* tap_ptrs[kMaxAxes] = {nullptr, nullptr, nullptr};
+  for (size_t a = 0; a < taps.size(); ++a) tap_ptrs[a] = taps[a].mutable_data_ptr<uint8_t>();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "densecnn_max_pool", [&] {
+    const scalar_t* xp = x.const_data_ptr<scalar_t>();
+    scalar_t* yp = y.mutable_data_ptr<scalar_t>();
+    if (gpu_loops_on_cpu()) {
+      at::Tensor scratch = scratch_for<scalar_t>(g, x);
+      max_forward_element_loops(g, xp, yp, with_taps ? tap_ptrs : nullptr, call.activation,
+                                scratch.mutable_data_ptr<Acc<scalar_t>>());
+      return;
+    }
     dispatch_activation(call.activation, [&](auto act_constant) {
       constexpr Activation kAct = decltype(act_constant)::value;
       if (with_taps) {
-        max_pool_forward<scalar_t, true, kAct>(g, x.const_data_ptr<scalar_t>(), y.mutable_data_ptr<scalar_t>(),
-                                               row_tap.mutable_data_ptr<uint8_t>(),
-                                               col_tap.mutable_data_ptr<uint8_t>());
+        pool_forward<scalar_t, true, true, kAct>(g, xp, yp, tap_ptrs, 1);
       } else {
-        max_pool_forward<scalar_t, false, kAct>(g, x.const_data_ptr<scalar_t>(), y.mutable_data_ptr<scalar_t>(),
-                                                nullptr, nullptr);
+        pool_forward<scalar_t, true, false, kAct>(g, xp, yp, nullptr, 1);
       }
     });
   });
-  return {y, row_tap, col_tap};
+  return {y, taps};
 }
 
-at::Tensor max_pool2d_backward_cpu(const at::Tensor& grad_output, const c10::optional<at::Tensor>& output,
-                                   const at::Tensor& row_tap, const at::Tensor& col_tap, at::IntArrayRef kernel,
-                                   at::IntArrayRef dilation, c10::string_view activation) {
-  const char* op = "max_pool2d_backward";
-  const auto layout = pool_layout(col_tap);
-  const PoolBackwardCall call = prepare_pool_backward(op, grad_output, output, layout, kernel, dilation, activation);
-  check_taps(op, call, row_tap, col_tap, kernel);
+at::Tensor max_pool_backward_cpu(const at::Tensor& grad_output, const c10::optional<at::Tensor>& output,
+                                 at::TensorList taps, at::IntArrayRef kernel, at::IntArrayRef dilation,
+                                 c10::string_view activation) {
+  const char* op = "max_pool_backward";
+  TORCH_CHECK(!taps.empty(), "densecnn.", op, ": no taps; pass those of the forward call made with with_taps=True");
+  check_max_kernel(op, kernel);
+  const PoolBackwardCall call =
+      prepare_pool_backward(op, grad_output, output, is_channels_last(taps.back()), kernel, dilation, activation);
+  const std::vector<at::Tensor> compact_taps = checked_taps(op, call, taps, kernel, dilation);
   const PoolGeometry& g = call.geometry;
-  const at::Tensor rt = row_tap.contiguous(layout), ct = col_tap.contiguous(layout);
-  at::Tensor grad_x = empty_like_layout(call.grad_output, g.rows, call.in_cols, grad_output.scalar_type(), layout);
+  at::Tensor grad_x = empty_in_layout(call.in_sizes, grad_output.options(), call.channels_last);
   if (grad_x.numel() == 0) return grad_x;
-  if (gpu_loops_on_cpu()) {
-    AT_DISPATCH_FLOATING_TYPES(grad_output.scalar_type(), "densecnn_max_pool2d_backward_gpu_loops", [&] {
-      const scalar_t* gy = call.grad_output.const_data_ptr<scalar_t>();
-      const scalar_t* yp = call.output.const_data_ptr<scalar_t>();
-      const uint8_t* rtp = rt.const_data_ptr<uint8_t>();
-      const uint8_t* ctp = ct.const_data_ptr<uint8_t>();
-      scalar_t* gx = grad_x.mutable_data_ptr<scalar_t>();
-      for_each_element(input_size(g), [&](int64_t i) { max_backward_at(g, gy, yp, rtp, ctp, gx, call.activation, i); });
-    });
-    return grad_x;
-  }
-  AT_DISPATCH_FLOATING_TYPES(grad_output.scalar_type(), "densecnn_max_pool2d_backward", [&] {
-    dispatch_activation(call.activation, [&](auto act_constant) {
-      max_pool_backward<scalar_t, decltype(act_constant)::value>(
-          g, call.grad_output.const_data_ptr<scalar_t>(), call.output.const_data_ptr<scalar_t>(),
-          rt.const_data_ptr<uint8_t>(), ct.const_data_ptr<uint8_t>(), grad_x.mutable_data_ptr<scalar_t>());
-    });
+  const uint8_t* tap_ptrs[kMaxAxes] = {nullptr, nullptr, nullptr};
+  for (size_t a = 0; a < compact_taps.size(); ++a) tap_ptrs[a] = compact_taps[a].const_data_ptr<uint8_t>();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, grad_output.scalar_type(), "densecnn_max_pool_backward",
+                                  [&] {
+    const scalar_t* gy = call.grad_output.const_data_ptr<scalar_t>();
+    const scalar_t* yp = call.output ? call.output->const_data_ptr<scalar_t>() : nullptr;
+    scalar_t* gx = grad_x.mutable_data_ptr<scalar_t>();
+    if (gpu_loops_on_cpu()) {
+      at::Tensor scratch = scratch_for<scalar_t>(g, grad_output);
+      backward_element_loops<scalar_t, true>(g, gy, yp, tap_ptrs, gx, call.activation, 1,
+                                             scratch.mutable_data_ptr<Acc<scalar_t>>());
+    } else {
+      at::Tensor scratch = scratch_of<scalar_t>(backward_scratch_size<scalar_t>(g, call.activation, 1), grad_output);
+      pool_backward<scalar_t, true>(g, gy, yp, tap_ptrs, gx, call.activation, 1,
+                                    scratch.mutable_data_ptr<Acc<scalar_t>>());
+    }
   });
   return grad_x;
 }
 
-at::Tensor avg_pool2d_cpu(const at::Tensor& input, at::IntArrayRef kernel, at::IntArrayRef dilation,
-                          int64_t divisor, c10::string_view activation) {
-  const PoolCall call = prepare_pool("avg_pool2d", input, kernel, dilation, activation);
-  TORCH_CHECK(divisor >= 1, "densecnn.avg_pool2d: divisor must be a positive int, got ", divisor);
+at::Tensor avg_pool_cpu(const at::Tensor& input, at::IntArrayRef kernel, at::IntArrayRef dilation, int64_t divisor,
+                        c10::string_view activation) {
+  const PoolCall call = prepare_pool("avg_pool", input, kernel, dilation, activation);
+  TORCH_CHECK(divisor >= 1, "densecnn.avg_pool: divisor must be a positive int, got ", divisor);
+  const PoolGeometry& g = call.geometry;
   const at::Tensor& x = call.input;
-  at::Tensor y = empty_like_layout(x, call.geometry.out_rows, call.out_cols, x.scalar_type(), call.layout);
+  at::Tensor y = empty_in_layout(call.out_sizes, x.options(), call.channels_last);
   if (y.numel() == 0) return y;
-  if (gpu_loops_on_cpu()) {
-    const PoolGeometry& g = call.geometry;
-    at::Tensor row_sum = at::empty({row_pass_size(g)}, x.options());
-    AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "densecnn_avg_pool2d_gpu_loops", [&] {
-      const scalar_t* xp = x.const_data_ptr<scalar_t>();
-      scalar_t* rs = row_sum.mutable_data_ptr<scalar_t>();
-      scalar_t* yp = y.mutable_data_ptr<scalar_t>();
-      const scalar_t scale = scalar_t(1) / scalar_t(divisor);
-      for_each_element(row_pass_size(g), [&](int64_t i) { sum_row_pass_at(g, xp, rs, i); });
-      for_each_element(output_size(g), [&](int64_t i) { avg_col_pass_at(g, rs, yp, scale, call.activation, i); });
-    });
-    return y;
-  }
-  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "densecnn_avg_pool2d", [&] {
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "densecnn_avg_pool", [&] {
+    using A = Acc<scalar_t>;
+    const scalar_t* xp = x.const_data_ptr<scalar_t>();
+    scalar_t* yp = y.mutable_data_ptr<scalar_t>();
+    const A scale = A(1) / A(divisor);
+    if (gpu_loops_on_cpu()) {
+      at::Tensor scratch = scratch_for<scalar_t>(g, x);
+      avg_forward_element_loops(g, xp, yp, call.activation, scale, scratch.mutable_data_ptr<A>());
+      return;
+    }
     dispatch_activation(call.activation, [&](auto act_constant) {
-      avg_pool_forward<scalar_t, decltype(act_constant)::value>(call.geometry, x.const_data_ptr<scalar_t>(),
-                                                                y.mutable_data_ptr<scalar_t>(), divisor);
+      pool_forward<scalar_t, false, false, decltype(act_constant)::value>(g, xp, yp, nullptr, scale);
     });
   });
   return y;
 }
 
-at::Tensor avg_pool2d_backward_cpu(const at::Tensor& grad_output, const c10::optional<at::Tensor>& output,
-                                   at::IntArrayRef kernel, at::IntArrayRef dilation, int64_t divisor,
-                                   c10::string_view activation) {
-  TORCH_CHECK(divisor >= 1, "densecnn.avg_pool2d_backward: divisor must be a positive int, got ", divisor);
-  const auto layout = pool_layout(grad_output);
-  const PoolBackwardCall call =
-      prepare_pool_backward("avg_pool2d_backward", grad_output, output, layout, kernel, dilation, activation);
-  at::Tensor grad_x =
-      empty_like_layout(call.grad_output, call.geometry.rows, call.in_cols, grad_output.scalar_type(), layout);
+at::Tensor avg_pool_backward_cpu(const at::Tensor& grad_output, const c10::optional<at::Tensor>& output,
+                                 at::IntArrayRef kernel, at::IntArrayRef dilation, int64_t divisor,
+                                 c10::string_view activation) {
+  const char* op = "avg_pool_backward";
+  TORCH_CHECK(divisor >= 1, "densecnn.", op, ": divisor must be a positive int, got ", divisor);
+  const PoolBackwardCall call = prepare_pool_backward(op, grad_output, output, is_channels_last(grad_output), kernel,
+                                                      dilation, activation);
+  const PoolGeometry& g = call.geometry;
+  at::Tensor grad_x = empty_in_layout(call.in_sizes, grad_output.options(), call.channels_last);
   if (grad_x.numel() == 0) return grad_x;
-  if (gpu_loops_on_cpu()) {
-    AT_DISPATCH_FLOATING_TYPES(grad_output.scalar_type(), "densecnn_avg_pool2d_backward_gpu_loops", [&] {
-      const scalar_t* gy = call.grad_output.const_data_ptr<scalar_t>();
-      const scalar_t* yp = call.output.const_data_ptr<scalar_t>();
-      scalar_t* gx = grad_x.mutable_data_ptr<scalar_t>();
-      const scalar_t scale = scalar_t(1) / scalar_t(divisor);
-      for_each_element(input_size(call.geometry),
-                       [&](int64_t i) { avg_backward_at(call.geometry, gy, yp, gx, scale, call.activation, i); });
-    });
-    return grad_x;
-  }
-  AT_DISPATCH_FLOATING_TYPES(grad_output.scalar_type(), "densecnn_avg_pool2d_backward", [&] {
-    dispatch_activation(call.activation, [&](auto act_constant) {
-      avg_pool_backward<scalar_t, decltype(act_constant)::value>(
-          call.geometry, call.grad_output.const_data_ptr<scalar_t>(), call.output.const_data_ptr<scalar_t>(),
-          grad_x.mutable_data_ptr<scalar_t>(), divisor);
-    });
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, grad_output.scalar_type(), "densecnn_avg_pool_backward",
+                                  [&] {
+    using A = Acc<scalar_t>;
+    const scalar_t* gy = call.grad_output.const_data_ptr<scalar_t>();
+    const scalar_t* yp = call.output ? call.output->const_data_ptr<scalar_t>() : nullptr;
+    scalar_t* gx = grad_x.mutable_data_ptr<scalar_t>();
+    const A scale = A(1) / A(divisor);
+    if (gpu_loops_on_cpu()) {
+      at::Tensor scratch = scratch_for<scalar_t>(g, grad_output);
+      backward_element_loops<scalar_t, false>(g, gy, yp, nullptr, gx, call.activation, scale,
+                                              scratch.mutable_data_ptr<A>());
+    } else {
+      at::Tensor scratch = scratch_of<scalar_t>(backward_scratch_size<scalar_t>(g, call.activation, scale), grad_output);
+      pool_backward<scalar_t, false>(g, gy, yp, nullptr, gx, call.activation, scale, scratch.mutable_data_ptr<A>());
+    }
   });
   return grad_x;
 }
@@ -484,10 +729,10 @@ at::Tensor avg_pool2d_backward_cpu(const at::Tensor& grad_output, const c10::opt
 }  // namespace
 
 TORCH_LIBRARY_IMPL(densecnn, CPU, m) {
-  m.impl("max_pool2d", &max_pool2d_cpu);
-  m.impl("max_pool2d_backward", &max_pool2d_backward_cpu);
-  m.impl("avg_pool2d", &avg_pool2d_cpu);
-  m.impl("avg_pool2d_backward", &avg_pool2d_backward_cpu);
+  m.impl("max_pool", &max_pool_cpu);
+  m.impl("max_pool_backward", &max_pool_backward_cpu);
+  m.impl("avg_pool", &avg_pool_cpu);
+  m.impl("avg_pool_backward", &avg_pool_backward_cpu);
 }
 
 }  // namespace densecnn

@@ -1,7 +1,8 @@
-// CUDA kernels of the d-sparse pooling ops: grid-stride loops over the per-element bodies of elements.h, one
-// thread per element. Max and average pooling are separable, as on the CPU: a row pass (kw taps along each input row) into
-// scratch, then a column pass (kh taps down the row pass) — 2k instead of k² taps per output. The argmax taps and
-// the scan rule are those of the CPU kernels, so the backward gathers are the same formulas.
+// CUDA kernels of the d-sparse pooling ops over 1, 2 or 3 spatial axes: grid-stride loops over the per-element
+// bodies of elements.h, one thread per element, one kernel per axis pass (innermost first forward, outermost first
+// backward, elements.h forward_passes/backward_passes). Separable as on the CPU: Σ k instead of Π k taps per
+// output. The argmax taps and the scan rule are those of the CPU kernels, so the backward gathers are the same
+// formulas. Reduced precision (bfloat16, half) is widened to float per tap and the scratch between passes is float.
 #include <cuda_runtime.h>
 
 #include "common.h"
@@ -12,88 +13,94 @@
 namespace densecnn {
 namespace {
 
-template <typename T>
-__global__ void max_row_pass(PoolGeometry g, const T* x, T* row_max, uint8_t* row_tap) {
-  DENSECNN_GRID_STRIDE_LOOP(index, row_pass_size(g)) { max_row_pass_at(g, x, row_max, row_tap, index); }
+template <typename A, typename S, typename D>
+__global__ void max_pass(AxisPass p, const S* src, D* dst, uint8_t* tap, Activation activation) {
+  DENSECNN_GRID_STRIDE_LOOP(e, pass_output_size(p)) { max_pass_at<A>(p, src, dst, tap, activation, e); }
 }
 
-template <typename T>
-__global__ void max_col_pass(PoolGeometry g, const T* row_max, T* y, uint8_t* col_tap, Activation activation) {
-  DENSECNN_GRID_STRIDE_LOOP(index, output_size(g)) { max_col_pass_at(g, row_max, y, col_tap, activation, index); }
+template <typename A, typename S, typename D>
+__global__ void sum_pass(AxisPass p, const S* src, D* dst, A scale, Activation activation) {
+  DENSECNN_GRID_STRIDE_LOOP(e, pass_output_size(p)) { sum_pass_at<A>(p, src, dst, scale, activation, e); }
 }
 
-template <typename T>
-__global__ void max_backward(PoolGeometry g, const T* grad_y, const T* y, const uint8_t* row_tap,
-                             const uint8_t* col_tap, T* grad_x, Activation activation) {
-  DENSECNN_GRID_STRIDE_LOOP(index, input_size(g)) {
-    max_backward_at(g, grad_y, y, row_tap, col_tap, grad_x, activation, index);
+template <typename A, typename G, typename Y, typename D>
+__global__ void max_pass_backward(AxisPass p, const G* grad, const Y* y, const uint8_t* tap, D* grad_in,
+                                  Activation activation) {
+  DENSECNN_GRID_STRIDE_LOOP(e, pass_input_size(p)) {
+    max_pass_backward_at<A>(p, grad, y, tap, grad_in, activation, e);
   }
 }
 
-template <typename T>
-__global__ void sum_row_pass(PoolGeometry g, const T* x, T* row_sum) {
-  DENSECNN_GRID_STRIDE_LOOP(index, row_pass_size(g)) { sum_row_pass_at(g, x, row_sum, index); }
-}
-
-template <typename T>
-__global__ void avg_col_pass(PoolGeometry g, const T* row_sum, T* y, T scale, Activation activation) {
-  DENSECNN_GRID_STRIDE_LOOP(index, output_size(g)) { avg_col_pass_at(g, row_sum, y, scale, activation, index); }
-}
-
-template <typename T>
-__global__ void avg_backward(PoolGeometry g, const T* grad_y, const T* y, T* grad_x, T scale,
-                             Activation activation) {
-  DENSECNN_GRID_STRIDE_LOOP(index, input_size(g)) { avg_backward_at(g, grad_y, y, grad_x, scale, activation, index); }
+template <typename A, typename G, typename Y, typename D>
+__global__ void sum_pass_backward(AxisPass p, const G* grad, const Y* y, D* grad_in, A scale, Activation activation) {
+  DENSECNN_GRID_STRIDE_LOOP(e, pass_input_size(p)) {
+    sum_pass_backward_at<A>(p, grad, y, grad_in, scale, activation, e);
+  }
 }
 
 }  // namespace
 
 template <typename T>
-cudaError_t launch_max_pool_forward(const PoolGeometry& g, const T* x, T* row_max, T* y, uint8_t* row_tap,
-                                    uint8_t* col_tap, Activation activation, cudaStream_t stream) {
-  max_row_pass<T><<<blocks_for(row_pass_size(g)), kThreadsPerBlock, 0, stream>>>(g, x, row_max,
-                                                                                                   row_tap);
-  max_col_pass<T><<<blocks_for(output_size(g)), kThreadsPerBlock, 0, stream>>>(
-      g, row_max, y, col_tap, activation);
+cudaError_t launch_max_pool_forward(const PoolGeometry& g, const T* x, T* y, uint8_t* const* taps,
+                                    Activation activation, Acc<T>* scratch, cudaStream_t stream) {
+  forward_passes(g, x, y, scratch, [&](int a, const AxisPass& p, const auto* src, auto* dst, bool last) {
+    max_pass<Acc<T>><<<blocks_for(pass_output_size(p)), kThreadsPerBlock, 0, stream>>>(
+        p, src, dst, taps == nullptr ? nullptr : taps[a], last ? activation : Activation::kNone);
+  });
   return cudaGetLastError();
 }
 
 template <typename T>
-cudaError_t launch_max_pool_backward(const PoolGeometry& g, const T* grad_y, const T* y, const uint8_t* row_tap,
-                                     const uint8_t* col_tap, T* grad_x, Activation activation, cudaStream_t stream) {
-  max_backward<T><<<blocks_for(input_size(g)), kThreadsPerBlock, 0, stream>>>(
-      g, grad_y, y, row_tap, col_tap, grad_x, activation);
+cudaError_t launch_max_pool_backward(const PoolGeometry& g, const T* grad_y, const T* y, const uint8_t* const* taps,
+                                     T* grad_x, Activation activation, Acc<T>* scratch, cudaStream_t stream) {
+  const T* output = activation == Activation::kNone ? nullptr : y;
+  backward_passes(g, grad_y, output, grad_x, scratch,
+                  [&](int a, const AxisPass& p, const auto* grad, const T* out, auto* grad_in, bool first) {
+                    max_pass_backward<Acc<T>><<<blocks_for(pass_input_size(p)), kThreadsPerBlock, 0, stream>>>(
+                        p, grad, out, taps[a], grad_in, first ? activation : Activation::kNone);
+                  });
   return cudaGetLastError();
 }
 
 template <typename T>
-cudaError_t launch_avg_pool_forward(const PoolGeometry& g, const T* x, T* row_sum, T* y, int64_t divisor,
-                                    Activation activation, cudaStream_t stream) {
-  sum_row_pass<T><<<blocks_for(row_pass_size(g)), kThreadsPerBlock, 0, stream>>>(g, x, row_sum);
-  avg_col_pass<T><<<blocks_for(output_size(g)), kThreadsPerBlock, 0, stream>>>(
-      g, row_sum, y, T(1) / T(divisor), activation);
+cudaError_t launch_avg_pool_forward(const PoolGeometry& g, const T* x, T* y, int64_t divisor, Activation activation,
+                                    Acc<T>* scratch, cudaStream_t stream) {
+  using A = Acc<T>;
+  const A scale = A(1) / A(divisor);
+  forward_passes(g, x, y, scratch, [&](int, const AxisPass& p, const auto* src, auto* dst, bool last) {
+    sum_pass<A><<<blocks_for(pass_output_size(p)), kThreadsPerBlock, 0, stream>>>(
+        p, src, dst, last ? scale : A(1), last ? activation : Activation::kNone);
+  });
   return cudaGetLastError();
 }
 
 template <typename T>
 cudaError_t launch_avg_pool_backward(const PoolGeometry& g, const T* grad_y, const T* y, T* grad_x, int64_t divisor,
-                                     Activation activation, cudaStream_t stream) {
-  avg_backward<T><<<blocks_for(input_size(g)), kThreadsPerBlock, 0, stream>>>(
-      g, grad_y, y, grad_x, T(1) / T(divisor), activation);
+                                     Activation activation, Acc<T>* scratch, cudaStream_t stream) {
+  using A = Acc<T>;
+  const A scale = A(1) / A(divisor);
+  const T* output = activation == Activation::kNone ? nullptr : y;
+  backward_passes(g, grad_y, output, grad_x, scratch,
+                  [&](int, const AxisPass& p, const auto* grad, const T* out, auto* grad_in, bool first) {
+                    sum_pass_backward<A><<<blocks_for(pass_input_size(p)), kThreadsPerBlock, 0, stream>>>(
+                        p, grad, out, grad_in, first ? scale : A(1), first ? activation : Activation::kNone);
+                  });
   return cudaGetLastError();
 }
 
-#define DENSECNN_INSTANTIATE_POOL(T)                                                                            \
-  template cudaError_t launch_max_pool_forward<T>(const PoolGeometry&, const T*, T*, T*, uint8_t*, uint8_t*,   \
-                                                  Activation, cudaStream_t);                                   \
-  template cudaError_t launch_max_pool_backward<T>(const PoolGeometry&, const T*, const T*, const uint8_t*,    \
-                                                   const uint8_t*, T*, Activation, cudaStream_t);              \
-  template cudaError_t launch_avg_pool_forward<T>(const PoolGeometry&, const T*, T*, T*, int64_t, Activation,  \
-                                                  cudaStream_t);                                               \
-  template cudaError_t launch_avg_pool_backward<T>(const PoolGeometry&, const T*, const T*, T*, int64_t,       \
-                                                   Activation, cudaStream_t);
+#define DENSECNN_INSTANTIATE_POOL(T)                                                                             \
+  template cudaError_t launch_max_pool_forward<T>(const PoolGeometry&, const T*, T*, uint8_t* const*, Activation, \
+                                                  Acc<T>*, cudaStream_t);                                        \
+  template cudaError_t launch_max_pool_backward<T>(const PoolGeometry&, const T*, const T*, const uint8_t* const*, \
+                                                   T*, Activation, Acc<T>*, cudaStream_t);                        \
+  template cudaError_t launch_avg_pool_forward<T>(const PoolGeometry&, const T*, T*, int64_t, Activation, Acc<T>*, \
+                                                  cudaStream_t);                                                 \
+  template cudaError_t launch_avg_pool_backward<T>(const PoolGeometry&, const T*, const T*, T*, int64_t,          \
+                                                   Activation, Acc<T>*, cudaStream_t);
 
 DENSECNN_INSTANTIATE_POOL(float)
 DENSECNN_INSTANTIATE_POOL(double)
+DENSECNN_INSTANTIATE_POOL(__nv_bfloat16)
+DENSECNN_INSTANTIATE_POOL(__half)
 
 }  // namespace densecnn

@@ -10,6 +10,7 @@ from . import masks, spec, zoo
 from .convert import convert
 from .dense import DenseCNN
 from .errors import (
+    BlockFailedError,
     Cancelled,
     ConversionError,
     DatasetError,
@@ -21,6 +22,7 @@ from .errors import (
     OnnxExportError,
     PatchSizeError,
     PatchSizeWarning,
+    PredictInputError,
     TrainingError,
 )
 from .losses import masked_cross_entropy
@@ -31,6 +33,7 @@ from .scan import fast_scan, scan_patches
 __version__ = "0.1.0"
 
 __all__ = [
+    "BlockFailedError",
     "Cancelled",
     "ConversionError",
     "DatasetError",
@@ -44,6 +47,7 @@ __all__ = [
     "OnnxExportError",
     "PatchSizeError",
     "PatchSizeWarning",
+    "PredictInputError",
     "TrainingError",
     "convert",
     "fast_scan",

@@ -11,6 +11,7 @@ COMMANDS = [
     "densecnn.commands.info",
     "densecnn.commands.train",
     "densecnn.commands.tune",
+    "densecnn.commands.predict",
     "densecnn.commands.bench",
     "densecnn.commands.serve",
     "densecnn.commands.export_onnx",

@@ -132,7 +132,7 @@ class DenseCNN(nn.Module):
         ``cancel`` stops it as in :meth:`forward`.
         """
         if max_memory is None:
-            return self.forward(x, cancel=cancel).argmax(1)
+            return tiling.class_labels(self.forward(x, cancel=cancel))
         self._check_input(x)
         self._warn_if_stochastic()
         return self._run_tiled(x, max_memory, labels=True, cancel=cancel)

@@ -57,3 +57,11 @@ class ImageStackError(ImageReadError):
 
 class Cancelled(RuntimeError):
     """A computation was stopped between two steps because its ``cancel`` event was set."""
+
+
+class PredictInputError(ValueError):
+    """``densecnn predict`` was given an input or output it cannot use; the message says which and what to give."""
+
+
+class BlockFailedError(RuntimeError):
+    """A block of a chunked prediction kept failing after its retries; the message names its coordinates."""

@@ -36,12 +36,15 @@ class WindowLayer(nn.Module):
     Attributes:
         kernel: taps of the window, one entry per spatial axis ((kh, kw) for images, (kd, kh, kw) for volumes).
         stride: stride of the patch net's op, per axis.
-        dilation: tap spacing of the dense op, in input pixels, per axis.
+        dilation: tap spacing of the dense op, in input pixels, per axis (1 along an axis of one tap).
     """
 
     def __init__(self, kernel: Size, stride: Size, dilation: Size):
         super().__init__()
-        self.kernel, self.stride, self.dilation = tuple(kernel), tuple(stride), tuple(dilation)
+        self.kernel, self.stride = tuple(kernel), tuple(stride)
+        # A one-tap axis has no spacing: dilation 1 there, since torch's dilated kernels are far slower than its
+        # plain ones (a 1x1 conv after a pool would otherwise take the dilated path).
+        self.dilation = tuple(1 if k == 1 else d for k, d in zip(self.kernel, dilation, strict=True))
 
     @property
     def dims(self) -> int:

@@ -24,7 +24,7 @@ from torch import nn
 from .dense import DenseCNN
 from .errors import OnnxExportError
 from .layers import WindowLayer, functional
-from .padding import dense_padding
+from .padding import dense_padding, source_index
 
 OPSET = 17  # dilated MaxPool needs >= 10
 IR_VERSION = 8  # the IR version that goes with opset 17; onnxruntime >= 1.14 loads it
@@ -37,18 +37,11 @@ class _IndexPad(nn.Module):
         super().__init__()
         self.before, self.after, self.padding_mode = before, after, padding_mode
 
-    def _indices(self, length: torch.Tensor, before: int, after: int) -> torch.Tensor:
-        positions = torch.arange(-before, length + after)  # (before + length + after,)
-        if self.padding_mode == "replicate":
-            return torch.minimum(positions.clamp(min=0), length - 1)
-        period = torch.clamp(2 * (length - 1), min=1)  # a 1-pixel axis reflects onto itself
-        folded = positions.remainder(period)
-        return torch.where(folded < length, folded, period - folded)
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (N, C, *S) -> (N, C, *(before + S + after))
         size = torch._shape_as_tensor(x)  # traced as Shape, so the spatial sizes stay dynamic in the graph
         for axis, (before, after) in enumerate(zip(self.before, self.after), start=2):
-            x = x.index_select(axis, self._indices(size[axis], before, after))
+            positions = torch.arange(-before, size[axis] + after)  # (before + length + after,)
+            x = x.index_select(axis, source_index(positions, size[axis], self.padding_mode))
         return x
 
 

@@ -25,6 +25,13 @@ from tqdm.auto import tqdm
 
 from .geometry import Size
 
+
+def class_labels(scores: torch.Tensor) -> torch.Tensor:
+    """(N, K, *S) scores -> (N, *S) int64 labels: the first class with the highest score, as ``argmax(1)`` gives,
+    through ``max(1)``, which torch runs several times faster on the CPU for few classes."""
+    return scores.max(1).indices
+
+
 WORKSPACE = 3.0  # solver buffers: space-to-batch holds two extra copies of a layer's input and output
 PROGRESS_FROM = 8  # show a progress bar from this many tiles on (on a terminal)
 
@@ -109,7 +116,7 @@ def run_tiled(
         if labels:
             if out is None:
                 out = torch.empty((padded.shape[0], *size), dtype=torch.int64, device=padded.device)
-            out[(slice(None), *target)] = scores.argmax(1)
+            out[(slice(None), *target)] = class_labels(scores)
         else:
             if out is None:
                 out = scores.new_empty((padded.shape[0], scores.shape[1], *size))

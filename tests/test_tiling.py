@@ -172,3 +172,10 @@ def test_bfloat16_inference_through_tiles(monkeypatch):
     assert next(model.parameters()).dtype == torch.float32  # the model itself is untouched
     with pytest.raises(TypeError, match="backend='native' computes in the model's dtype"):
         densecnn.convert(model, patch, backend="native").predict(x.bfloat16())
+
+
+def test_class_labels_are_argmax_with_ties_and_nan():
+    scores = torch.randint(0, 3, (2, 4, 9, 7)).double()  # many ties
+    scores[0, 1, 0, 0] = float("nan")
+    assert torch.equal(tiling.class_labels(scores), scores.argmax(1))
+    assert torch.equal(tiling.class_labels(scores.float()), scores.float().argmax(1))

@@ -17,6 +17,7 @@ from torch import nn
 
 import densecnn
 from densecnn import tiling
+from densecnn.ops import ext
 from densecnn.padding import dense_padding, pad_image
 from tests.naive import literal_scan
 from tests.tolerances import assert_close_relative, assert_equal_to_rounding, assert_labels_equal_except_ties
@@ -142,6 +143,8 @@ def _input(data, model, patch, dtype, max_side):
     )
 
 
+# Forced solvers run the layers they apply to (densecnn's kernels: the pools) and native for the rest.
+SOLVERS = ["native", "s2b"] + (["ext", "ext_fused"] if ext.available() else [])
 MAX_SIDE = {1: 40, 3: 9}
 EXAMPLES = {1: 60, 3: 40}
 
@@ -150,7 +153,7 @@ def _check(net, data, dtype, rel, floor, dims):
     model, patch = net
     model = model.to(dtype)
     mode = data.draw(st.sampled_from(MODES), label="padding_mode")
-    solver = data.draw(st.sampled_from(["native", "s2b"]), label="solver")
+    solver = data.draw(st.sampled_from(SOLVERS), label="solver")
     x = _input(data, model, patch, dtype, MAX_SIDE[dims])
     dense = densecnn.convert(model, patch, padding_mode=mode)
     dense.solver = solver

@@ -1,10 +1,13 @@
 """densecnn's own kernels (``cuda_ext/``, compiled as ``densecnn._C``) as autograd-capable torch ops.
 
 Loading ``densecnn._C`` registers ``torch.ops.densecnn.*`` (schemas in ``cuda_ext/ops.cpp``, CPU and CUDA kernels
-per backend); this module adds their fake (shape) kernels and autograd formulas and typed wrappers with the
-signatures of :mod:`densecnn.ops.native`. All ops use stride 1 and no padding: a (kh, kw) window with dilation
-(dh, dw) maps (N, C, H, W) to (N, C', H - (kh-1)·dh, W - (kw-1)·dw). Outputs keep the input's memory format
-(channels_last in, channels_last out). Supported dtypes: float32, float64.
+per backend); this module adds their fake (shape) kernels and autograd formulas, and typed wrappers.
+
+All ops use stride 1 and no padding. The pooling ops take signals (N, C, L), images (N, C, H, W) and volumes
+(N, C, D, H, W) with one kernel and dilation entry per spatial axis: a window k with dilation d maps each axis of
+size S to S - (k-1)·d. Outputs keep the input's memory format (channels_last / channels_last_3d in, the same out).
+Pooling supports float32, float64, bfloat16 and float16 (reduced precision accumulates in float32); the
+convolution float32 and float64.
 
 Importing never fails: when the extension is not built, :func:`available` is False and :func:`load_error` says why.
 
@@ -12,10 +15,14 @@ Example:
     >>> import torch
     >>> from densecnn.ops import ext
     >>> if ext.available():
+    ...     y = ext.max_pool(torch.randn(1, 8, 20, 20, 20), (2, 2, 2), (4, 4, 4))  # (1, 8, 16, 16, 16)
     ...     y = ext.max_pool2d(torch.randn(1, 64, 40, 40), (2, 2), (2, 2))  # (1, 64, 38, 38)
 """
 
 from __future__ import annotations
+
+import math
+import numbers
 
 import torch
 
@@ -48,11 +55,25 @@ def _require() -> None:
         )
 
 
-def _pair(name: str, value) -> list[int]:
-    pair = [value, value] if isinstance(value, int) else list(value)
-    if len(pair) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in pair):
-        raise ValueError(f"{name} must be a positive int or a pair of positive ints, got {value!r}")
-    return pair
+def _per_axis(name: str, value, axes: int) -> list[int]:
+    """A positive int for every spatial axis, from an int or one entry per axis."""
+    entries = [value] * axes if isinstance(value, numbers.Integral) else list(value)
+    if len(entries) != axes or not all(
+        isinstance(v, numbers.Integral) and not isinstance(v, bool) and v >= 1 for v in entries
+    ):
+        raise ValueError(
+            f"{name} must be a positive int or one positive int per spatial axis ({axes}), got {value!r}"
+        )
+    return [int(v) for v in entries]
+
+
+def _spatial_axes(x: torch.Tensor) -> int:
+    if not 3 <= x.dim() <= 5:
+        raise ValueError(
+            "expected a 3-D (N, C, L), 4-D (N, C, H, W) or 5-D (N, C, D, H, W) input, "
+            f"got shape {tuple(x.shape)}"
+        )
+    return x.dim() - 2
 
 
 def _check_activation(activation: str) -> None:
@@ -63,30 +84,40 @@ def _check_activation(activation: str) -> None:
 # ---- public wrappers ----
 
 
-def max_pool2d(x: torch.Tensor, kernel, dilation) -> torch.Tensor:
-    """Stride-1 dilated max pooling. (N, C, H, W) -> (N, C, H', W'), equal to
-    ``F.max_pool2d(x, kernel, stride=1, dilation=dilation)``, gradient included (ties: first maximum in window
-    order; NaN windows give NaN and send the gradient to their last NaN, as torch does).
+def max_pool(x: torch.Tensor, kernel, dilation) -> torch.Tensor:
+    """Stride-1 dilated max pooling over every spatial axis of (N, C, L), (N, C, H, W) or (N, C, D, H, W), equal
+    to ``F.max_pool{1,2,3}d(x, kernel, stride=1, dilation=dilation)``, gradient included (ties: first maximum in
+    window order; NaN windows give NaN and send the gradient to their last NaN, as torch does).
+
+    Example:
+        >>> y = max_pool(torch.randn(2, 4, 30, 30, 30), 2, (1, 4, 4))  # (2, 4, 29, 26, 26)
     """
-    return pool2d_activation(x, kernel, dilation, "max", "none")
+    return pool_activation(x, kernel, dilation, "max", "none")
 
 
-def avg_pool2d(x: torch.Tensor, kernel, dilation, divisor: int | None = None) -> torch.Tensor:
-    """Stride-1 dilated average pooling: the sum of the kh·kw dilated taps over ``divisor`` (default kh·kw)."""
-    return pool2d_activation(x, kernel, dilation, "avg", "none", divisor)
+def avg_pool(x: torch.Tensor, kernel, dilation, divisor: int | None = None) -> torch.Tensor:
+    """Stride-1 dilated average pooling: the sum of the window's dilated taps over ``divisor`` (default: the
+    number of taps, the product of ``kernel``).
+
+    Example:
+        >>> y = avg_pool(torch.randn(1, 3, 100), 4, 2)  # (1, 3, 94)
+    """
+    return pool_activation(x, kernel, dilation, "avg", "none", divisor)
 
 
-def pool2d_activation(
+def pool_activation(
     x: torch.Tensor, kernel, dilation, mode: str, activation: str, divisor: int | None = None
 ) -> torch.Tensor:
     """Pooling (``mode`` "max" or "avg") fused with the pointwise ``activation`` that follows it
     ("none", "relu", "tanh"): ``activation(pool(x))`` in one pass over memory, forward and backward.
+    ``kernel`` and ``dilation`` are ints or have one entry per spatial axis.
 
     Example:
-        >>> y = pool2d_activation(torch.randn(1, 50, 64, 64), (2, 2), (8, 8), "max", "tanh")  # (1, 50, 56, 56)
+        >>> y = pool_activation(torch.randn(1, 50, 64, 64), (2, 2), (8, 8), "max", "tanh")  # (1, 50, 56, 56)
     """
     _require()
-    kernel, dilation = _pair("kernel", kernel), _pair("dilation", dilation)
+    axes = _spatial_axes(x)
+    kernel, dilation = _per_axis("kernel", kernel, axes), _per_axis("dilation", dilation, axes)
     _check_activation(activation)
     if mode == "max":
         if divisor is not None:
@@ -94,14 +125,39 @@ def pool2d_activation(
         with_taps = (
             torch.is_grad_enabled() and x.requires_grad
         )  # the argmax is only kept when backward may run
-        return torch.ops.densecnn.max_pool2d(x, kernel, dilation, activation, with_taps)[0]
+        return torch.ops.densecnn.max_pool(x, kernel, dilation, activation, with_taps)[0]
     if mode == "avg":
         if divisor is not None and (not isinstance(divisor, int) or divisor < 1):
             raise ValueError(f"divisor must be a positive int or None, got {divisor!r}")
-        return torch.ops.densecnn.avg_pool2d(
-            x, kernel, dilation, divisor or kernel[0] * kernel[1], activation
-        )
+        return torch.ops.densecnn.avg_pool(x, kernel, dilation, divisor or math.prod(kernel), activation)
     raise ValueError(f"mode={mode!r} is not supported; use one of {', '.join(POOL_MODES)}")
+
+
+def _require_image(x: torch.Tensor) -> None:
+    if x.dim() != 4:
+        raise ValueError(
+            f"expected a 4-D (N, C, H, W) input, got shape {tuple(x.shape)}; use max_pool/avg_pool"
+        )
+
+
+def max_pool2d(x: torch.Tensor, kernel, dilation) -> torch.Tensor:
+    """:func:`max_pool` of an (N, C, H, W) image."""
+    _require_image(x)
+    return max_pool(x, kernel, dilation)
+
+
+def avg_pool2d(x: torch.Tensor, kernel, dilation, divisor: int | None = None) -> torch.Tensor:
+    """:func:`avg_pool` of an (N, C, H, W) image."""
+    _require_image(x)
+    return avg_pool(x, kernel, dilation, divisor)
+
+
+def pool2d_activation(
+    x: torch.Tensor, kernel, dilation, mode: str, activation: str, divisor: int | None = None
+) -> torch.Tensor:
+    """:func:`pool_activation` of an (N, C, H, W) image."""
+    _require_image(x)
+    return pool_activation(x, kernel, dilation, mode, activation, divisor)
 
 
 def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, dilation, groups: int = 1):
@@ -110,24 +166,39 @@ def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, dil
     ``F.conv2d(x, weight, bias, stride=1, dilation=dilation, groups=groups)``.
     """
     _require()
-    return torch.ops.densecnn.conv2d(x, weight, bias, _pair("dilation", dilation), groups)
+    return torch.ops.densecnn.conv2d(x, weight, bias, _per_axis("dilation", dilation, 2), groups)
 
 
-# ---- fake kernels and autograd (registered once the library is loaded) ----
+# ---- shapes and layouts, as the kernels see them ----
 
 
-def _layout(x: torch.Tensor) -> torch.memory_format:
-    """The memory format the kernels run in and return; mirrors ``pool_layout`` in cuda_ext/pool_args.h."""
-    channels_last = x.size(1) > 1 and x.size(2) * x.size(3) > 1 and x.stride(1) == 1
-    return torch.channels_last if channels_last else torch.contiguous_format
+def _is_channels_last(x: torch.Tensor) -> bool:
+    """Whether the kernels run (and return) channels-last; mirrors ``is_channels_last`` in cuda_ext/pool_args.h."""
+    return x.size(1) > 1 and math.prod(x.shape[2:]) > 1 and x.stride(1) == 1
 
 
-def _empty(like: torch.Tensor, shape, layout, dtype=None) -> torch.Tensor:
-    return torch.empty(shape, dtype=dtype or like.dtype, device=like.device, memory_format=layout)
+def _empty(like: torch.Tensor, shape, channels_last: bool, dtype=None) -> torch.Tensor:
+    """An (N, C, ...) tensor in the kernels' layout: channels-last is (N, ..., C) in memory for any rank."""
+    dtype = dtype or like.dtype
+    if not channels_last:
+        return torch.empty(shape, dtype=dtype, device=like.device)
+    n, c, *spatial = shape
+    return torch.empty((n, *spatial, c), dtype=dtype, device=like.device).movedim(-1, 1)
 
 
-def _pooled_size(size: int, k: int, d: int) -> int:
-    return size - (k - 1) * d
+def _pooled_shape(shape, kernel, dilation, first_axis: int = 0) -> list[int]:
+    """(N, C, spatial...) with the spatial axes from ``first_axis`` on pooled (stride 1, no padding)."""
+    n, c, *spatial = shape
+    pooled = [
+        s - (k - 1) * d if a >= first_axis else s
+        for a, (s, k, d) in enumerate(zip(spatial, kernel, dilation))
+    ]
+    return [n, c, *pooled]
+
+
+def _unpooled_shape(shape, kernel, dilation) -> list[int]:
+    n, c, *spatial = shape
+    return [n, c, *(s + (k - 1) * d for s, k, d in zip(spatial, kernel, dilation))]
 
 
 def _activation_grad(y: torch.Tensor, activation: str) -> torch.Tensor | None:
@@ -139,140 +210,158 @@ def _activation_grad(y: torch.Tensor, activation: str) -> torch.Tensor | None:
     return None
 
 
-def _gather_argmax(t: torch.Tensor, row_tap: torch.Tensor, col_tap: torch.Tensor, dilation) -> torch.Tensor:
-    """t (N, C, H, W) at each max-pooling output's argmax -> (N, C, H', W'); the taps are those of the forward."""
-    n, c, oh, ow = col_tap.shape
-    rows = (
-        torch.arange(oh, device=t.device).view(1, 1, oh, 1) + col_tap.long() * dilation[0]
-    )  # (N, C, H', W')
-    cols = torch.arange(ow, device=t.device).view(1, 1, 1, ow) + row_tap.long().gather(2, rows) * dilation[1]
-    return t.flatten(2).gather(2, (rows * t.shape[3] + cols).flatten(2)).view(n, c, oh, ow)
+def _gather_argmax(t: torch.Tensor, taps, dilation) -> torch.Tensor:
+    """t (N, C, *input) at each max-pooling output's argmax -> (N, C, *output); ``taps`` are the forward's.
+
+    The passes ran innermost axis first, so the argmax is traced outermost first: taps[0] says which tap won
+    along axis 0 for each output, which fixes where taps[1] is read, and so on.
+    """
+    n, c, *out = taps[0].shape
+    axes = len(out)
+    index = [
+        torch.arange(size, device=t.device).view([size if b == a else 1 for b in range(axes)])
+        for a, size in enumerate(out)
+    ]  # per axis, the output's coordinate (broadcast), becoming the argmax's
+    for a, tap in enumerate(taps):
+        extent = tap.shape[2:]
+        flat = sum(index[b] * math.prod(extent[b + 1 :]) for b in range(axes))  # (N|1, C|1, *out)
+        chosen = tap.flatten(2).gather(2, flat.expand(n, c, *out).flatten(2)).view(n, c, *out)
+        index[a] = index[a] + chosen.long() * dilation[a]
+    input_extent = t.shape[2:]
+    flat = sum(index[b] * math.prod(input_extent[b + 1 :]) for b in range(axes))
+    return t.flatten(2).gather(2, flat.expand(n, c, *out).flatten(2)).view(n, c, *out)
 
 
-def _register() -> None:
-    ops = torch.ops.densecnn
+# ---- per-op registration: fake kernels and autograd formulas ----
 
-    @torch.library.register_fake("densecnn::max_pool2d")
+
+def _register_max_pool(ops) -> None:
+    @torch.library.register_fake("densecnn::max_pool")
     def _(input, kernel, dilation, activation, with_taps):
-        n, c, h, w = input.shape
-        oh, ow = _pooled_size(h, kernel[0], dilation[0]), _pooled_size(w, kernel[1], dilation[1])
-        layout = _layout(input)
-        taps = (h, ow, oh, ow) if with_taps else (0, 0, 0, 0)
-        return (
-            _empty(input, (n, c, oh, ow), layout),
-            _empty(input, (n, c, taps[0], taps[1]), layout, torch.uint8),
-            _empty(input, (n, c, taps[2], taps[3]), layout, torch.uint8),
-        )
+        channels_last = _is_channels_last(input)
+        y = _empty(input, _pooled_shape(input.shape, kernel, dilation), channels_last)
+        taps = [
+            _empty(input, _pooled_shape(input.shape, kernel, dilation, a), channels_last, torch.uint8)
+            for a in range(len(kernel) if with_taps else 0)
+        ]
+        return y, taps
 
-    @torch.library.register_fake("densecnn::max_pool2d_backward")
-    def _(grad_output, output, row_tap, col_tap, kernel, dilation, activation):
-        n, c, oh, ow = grad_output.shape
-        shape = (n, c, oh + (kernel[0] - 1) * dilation[0], ow + (kernel[1] - 1) * dilation[1])
-        return _empty(grad_output, shape, _layout(col_tap))
-
-    @torch.library.register_fake("densecnn::avg_pool2d")
-    def _(input, kernel, dilation, divisor, activation):
-        n, c, h, w = input.shape
-        shape = (n, c, _pooled_size(h, kernel[0], dilation[0]), _pooled_size(w, kernel[1], dilation[1]))
-        return _empty(input, shape, _layout(input))
-
-    @torch.library.register_fake("densecnn::avg_pool2d_backward")
-    def _(grad_output, output, kernel, dilation, divisor, activation):
-        n, c, oh, ow = grad_output.shape
-        shape = (n, c, oh + (kernel[0] - 1) * dilation[0], ow + (kernel[1] - 1) * dilation[1])
-        return _empty(grad_output, shape, _layout(grad_output))
-
-    @torch.library.register_fake("densecnn::conv2d")
-    def _(input, weight, bias, dilation, groups):
-        n, _, h, w = input.shape
-        k, _, kh, kw = weight.shape
-        shape = (n, k, _pooled_size(h, kh, dilation[0]), _pooled_size(w, kw, dilation[1]))
-        return _empty(input, shape, _layout(input))
-
-    @torch.library.register_fake("densecnn::conv2d_backward")
-    def _(grad_output, input, weight, dilation, groups, output_mask):
-        return (
-            _empty(input, input.shape, _layout(input)) if output_mask[0] else input.new_empty(0),
-            weight.new_empty(weight.shape) if output_mask[1] else input.new_empty(0),
-            weight.new_empty(weight.shape[0]) if output_mask[2] else input.new_empty(0),
-        )
-
-    def max_setup(ctx, inputs, output):
+    def setup(ctx, inputs, output):
         _, ctx.kernel, ctx.dilation, ctx.activation, ctx.with_taps = inputs
-        y, row_tap, col_tap = output
-        ctx.save_for_backward(y if ctx.activation != "none" else None, row_tap, col_tap)
+        y, taps = output
+        ctx.save_for_backward(y if ctx.activation != "none" else None, *taps)
 
-    def max_backward(ctx, grad_y, _grad_row_tap, _grad_col_tap):
+    def backward(ctx, grad_y, _grad_taps):
         if not ctx.with_taps:
             raise RuntimeError(
-                "densecnn::max_pool2d ran with with_taps=False, so it kept no argmax for backward; "
-                "call densecnn.ops.ext.max_pool2d, which keeps it whenever the input requires grad"
+                "densecnn::max_pool ran with with_taps=False, so it kept no argmax for backward; "
+                "call densecnn.ops.ext.max_pool, which keeps it whenever the input requires grad"
             )
-        y, row_tap, col_tap = ctx.saved_tensors
-        grad_x = ops.max_pool2d_backward(
-            grad_y, y, row_tap, col_tap, ctx.kernel, ctx.dilation, ctx.activation
-        )
+        y, *taps = ctx.saved_tensors
+        grad_x = ops.max_pool_backward(grad_y, y, taps, ctx.kernel, ctx.dilation, ctx.activation)
         return grad_x, None, None, None, None
 
-    torch.library.register_autograd("densecnn::max_pool2d", max_backward, setup_context=max_setup)
+    torch.library.register_autograd("densecnn::max_pool", backward, setup_context=setup)
 
-    def avg_setup(ctx, inputs, output):
-        _, ctx.kernel, ctx.dilation, ctx.divisor, ctx.activation = inputs
-        ctx.save_for_backward(output if ctx.activation != "none" else None)
 
-    def avg_backward(ctx, grad_y):
-        (y,) = ctx.saved_tensors
-        grad_x = ops.avg_pool2d_backward(grad_y, y, ctx.kernel, ctx.dilation, ctx.divisor, ctx.activation)
-        return grad_x, None, None, None, None
+def _register_max_pool_backward(ops) -> None:
+    @torch.library.register_fake("densecnn::max_pool_backward")
+    def _(grad_output, output, taps, kernel, dilation, activation):
+        shape = _unpooled_shape(grad_output.shape, kernel, dilation)
+        return _empty(grad_output, shape, _is_channels_last(taps[-1]))
 
-    torch.library.register_autograd("densecnn::avg_pool2d", avg_backward, setup_context=avg_setup)
+    # The backward op is linear in grad_output; its own gradient makes double backward work.
+    def setup(ctx, inputs, output):
+        grad_y, y, taps, _, ctx.dilation, ctx.activation = inputs
+        ctx.axes = len(taps)
+        ctx.save_for_backward(grad_y, y, *taps)
 
-    def conv_setup(ctx, inputs, output):
-        input, weight, bias, ctx.dilation, ctx.groups = inputs
-        ctx.has_bias = bias is not None
-        ctx.save_for_backward(input, weight)
-
-    def conv_backward(ctx, grad_y):
-        input, weight = ctx.saved_tensors
-        mask = [ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.has_bias and ctx.needs_input_grad[2]]
-        grads = ops.conv2d_backward(grad_y, input, weight, ctx.dilation, ctx.groups, mask)
-        return *(grad if needed else None for grad, needed in zip(grads, mask, strict=True)), None, None
-
-    torch.library.register_autograd("densecnn::conv2d", conv_backward, setup_context=conv_setup)
-
-    # The backward ops are linear in grad_output; their own gradients make double backward work.
-    def max_backward_setup(ctx, inputs, output):
-        grad_y, y, row_tap, col_tap, _, ctx.dilation, ctx.activation = inputs
-        ctx.save_for_backward(grad_y, y, row_tap, col_tap)
-
-    def max_backward_backward(ctx, grad_grad_x):
-        grad_y, y, row_tap, col_tap = ctx.saved_tensors
-        gathered = _gather_argmax(grad_grad_x, row_tap, col_tap, ctx.dilation)  # (N, C, H', W')
+    def backward(ctx, grad_grad_x):
+        grad_y, y, *taps = ctx.saved_tensors
+        gathered = _gather_argmax(grad_grad_x, taps, ctx.dilation)  # (N, C, *output)
         local = _activation_grad(y, ctx.activation) if y is not None else None
         grad_grad_y = gathered if local is None else gathered * local
         grad_out = gathered * grad_y * (-2 * y) if ctx.activation == "tanh" else None  # relu'' = 0
-        return grad_grad_y, grad_out, None, None, None, None, None
+        return grad_grad_y, grad_out, [None] * ctx.axes, None, None, None
 
-    torch.library.register_autograd(
-        "densecnn::max_pool2d_backward", max_backward_backward, setup_context=max_backward_setup
-    )
+    torch.library.register_autograd("densecnn::max_pool_backward", backward, setup_context=setup)
 
-    def avg_backward_setup(ctx, inputs, output):
+
+def _register_avg_pool(ops) -> None:
+    @torch.library.register_fake("densecnn::avg_pool")
+    def _(input, kernel, dilation, divisor, activation):
+        return _empty(input, _pooled_shape(input.shape, kernel, dilation), _is_channels_last(input))
+
+    def setup(ctx, inputs, output):
+        _, ctx.kernel, ctx.dilation, ctx.divisor, ctx.activation = inputs
+        ctx.save_for_backward(output if ctx.activation != "none" else None)
+
+    def backward(ctx, grad_y):
+        (y,) = ctx.saved_tensors
+        grad_x = ops.avg_pool_backward(grad_y, y, ctx.kernel, ctx.dilation, ctx.divisor, ctx.activation)
+        return grad_x, None, None, None, None
+
+    torch.library.register_autograd("densecnn::avg_pool", backward, setup_context=setup)
+
+
+def _register_avg_pool_backward(ops) -> None:
+    @torch.library.register_fake("densecnn::avg_pool_backward")
+    def _(grad_output, output, kernel, dilation, divisor, activation):
+        shape = _unpooled_shape(grad_output.shape, kernel, dilation)
+        return _empty(grad_output, shape, _is_channels_last(grad_output))
+
+    def setup(ctx, inputs, output):
         grad_y, y, ctx.kernel, ctx.dilation, ctx.divisor, ctx.activation = inputs
         ctx.save_for_backward(grad_y, y)
 
-    def avg_backward_backward(ctx, grad_grad_x):
+    def backward(ctx, grad_grad_x):
         grad_y, y = ctx.saved_tensors
-        pooled = ops.avg_pool2d(grad_grad_x, ctx.kernel, ctx.dilation, ctx.divisor, "none")  # (N, C, H', W')
+        pooled = ops.avg_pool(grad_grad_x, ctx.kernel, ctx.dilation, ctx.divisor, "none")  # (N, C, *output)
         local = _activation_grad(y, ctx.activation) if y is not None else None
         grad_grad_y = pooled if local is None else pooled * local
         grad_out = pooled * grad_y * (-2 * y) if ctx.activation == "tanh" else None
         return grad_grad_y, grad_out, None, None, None, None
 
-    torch.library.register_autograd(
-        "densecnn::avg_pool2d_backward", avg_backward_backward, setup_context=avg_backward_setup
-    )
+    torch.library.register_autograd("densecnn::avg_pool_backward", backward, setup_context=setup)
+
+
+def _register_conv2d(ops) -> None:
+    @torch.library.register_fake("densecnn::conv2d")
+    def _(input, weight, bias, dilation, groups):
+        shape = _pooled_shape((input.shape[0], weight.shape[0], *input.shape[2:]), weight.shape[2:], dilation)
+        return _empty(input, shape, _is_channels_last(input))
+
+    def setup(ctx, inputs, output):
+        input, weight, bias, ctx.dilation, ctx.groups = inputs
+        ctx.has_bias = bias is not None
+        ctx.save_for_backward(input, weight)
+
+    def backward(ctx, grad_y):
+        input, weight = ctx.saved_tensors
+        mask = [ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.has_bias and ctx.needs_input_grad[2]]
+        grads = ops.conv2d_backward(grad_y, input, weight, ctx.dilation, ctx.groups, mask)
+        return *(grad if needed else None for grad, needed in zip(grads, mask, strict=True)), None, None
+
+    torch.library.register_autograd("densecnn::conv2d", backward, setup_context=setup)
+
+
+def _register_conv2d_backward(ops) -> None:
+    @torch.library.register_fake("densecnn::conv2d_backward")
+    def _(grad_output, input, weight, dilation, groups, output_mask):
+        return (
+            _empty(input, input.shape, _is_channels_last(input)) if output_mask[0] else input.new_empty(0),
+            weight.new_empty(weight.shape) if output_mask[1] else input.new_empty(0),
+            weight.new_empty(weight.shape[0]) if output_mask[2] else input.new_empty(0),
+        )
 
 
 if available():
-    _register()
+    for _register_op in (
+        _register_max_pool,
+        _register_max_pool_backward,
+        _register_avg_pool,
+        _register_avg_pool_backward,
+        _register_conv2d,
+        _register_conv2d_backward,
+    ):
+        _register_op(torch.ops.densecnn)

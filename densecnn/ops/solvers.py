@@ -13,6 +13,8 @@ Solvers:
   pooling).
 - ``ext``: densecnn's own kernels (``cuda_ext``, see :mod:`densecnn.ops.ext`), when built; 2-D ops only.
 - ``ext_fused``: the ext pooling kernel fused with the following tanh/ReLU, for a pool step that has one (2-D).
+- ``fft``: 2-D convs in the frequency domain on overlap-save tiles of the sub-grids, every stage a GEMM
+  (:mod:`densecnn.ops.fft_conv`); its cost does not grow with the kernel size.
 
 Which solver runs each layer is the plan's choice (:mod:`densecnn.ops.plan`): from the shipped cost model at once
 (:mod:`densecnn.ops.costmodel`), or from timings when asked to tune (:mod:`densecnn.ops.find`).
@@ -28,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from ..geometry import Size, output_size
-from . import ext, native
+from . import ext, fft_conv, native
 
 
 @dataclass(frozen=True)
@@ -167,12 +169,12 @@ def _ext_op(spec: Spec, x: torch.Tensor) -> torch.Tensor:
     if isinstance(spec, ConvSpec):
         return ext.conv2d(x, spec.weight, spec.bias, spec.dilation, spec.groups)
     if spec.mode == "max":
-        return _activate(ext.max_pool2d(x, spec.kernel, spec.dilation), spec.activation)
-    return _activate(ext.avg_pool2d(x, spec.kernel, spec.dilation, spec.divisor), spec.activation)
+        return _activate(ext.max_pool(x, spec.kernel, spec.dilation), spec.activation)
+    return _activate(ext.avg_pool(x, spec.kernel, spec.dilation, spec.divisor), spec.activation)
 
 
 def _ext_fused(spec: PoolSpec, x: torch.Tensor) -> torch.Tensor:
-    return ext.pool2d_activation(x, spec.kernel, spec.dilation, spec.mode, spec.activation, spec.divisor)
+    return ext.pool_activation(x, spec.kernel, spec.dilation, spec.mode, spec.activation, spec.divisor)
 
 
 # --- registry ------------------------------------------------------------------------------------------------------
@@ -192,16 +194,17 @@ class Solver:
         return self.dtypes is None or dtype in self.dtypes
 
 
-_EXT_DTYPES = frozenset({torch.float32, torch.float64})
+_EXT_DTYPES = frozenset({torch.float32, torch.float64})  # the ext conv's; its pooling also runs bf16/fp16
+_EXT_POOL_DTYPES = _EXT_DTYPES | {torch.bfloat16, torch.float16}
 
 
 def _dilated(spec: Spec) -> bool:
     return any(d != 1 for d in spec.dilation) and any(k != 1 for k in spec.kernel)
 
 
-def _planar(spec: Spec) -> bool:
-    """densecnn's kernels run 2-D ops only."""
-    return len(spec.kernel) == 2
+def _ext_runs(spec: Spec) -> bool:
+    """densecnn's kernels pool along any number of axes; their convolution is 2-D only."""
+    return isinstance(spec, PoolSpec) or len(spec.kernel) == 2
 
 
 SOLVERS: dict[str, Solver] = {
@@ -209,14 +212,15 @@ SOLVERS: dict[str, Solver] = {
     for solver in (
         Solver("native", _native, lambda spec: True),
         Solver("s2b", _space_to_batch, lambda spec: _dilated(spec) or spec.op.startswith("avg_pool")),
-        Solver("ext", _ext_op, _planar, needs_ext=True, dtypes=_EXT_DTYPES),
+        Solver("ext", _ext_op, _ext_runs, needs_ext=True, dtypes=_EXT_DTYPES),
         Solver(
             "ext_fused",
             _ext_fused,
-            lambda spec: _planar(spec) and spec.activation is not None,
+            lambda spec: isinstance(spec, PoolSpec) and spec.activation is not None,
             needs_ext=True,
-            dtypes=_EXT_DTYPES,
+            dtypes=_EXT_POOL_DTYPES,
         ),
+        Solver("fft", fft_conv.conv2d, fft_conv.applies),
     )
 }
 

@@ -1,0 +1,108 @@
+"""``densecnn predict MODEL INPUT OUTPUT``: label an image, a set of images, or a chunked array, on Dask."""
+
+from __future__ import annotations
+
+import argparse
+
+EPILOG = """\
+inputs and outputs:
+  IMAGE.png|.jpg|.tif     -> OUTPUT.png (palette: pixel values are class ids), .tif or .npy
+  DIR or 'GLOB'           -> OUTPUT directory of label maps with the same names (.png for JPEG/BMP)
+  ARRAY.zarr, OME-Zarr group (level 0), or a (Big)TIFF read lazily
+                          -> OUTPUT.zarr: labels (uint8; uint16 past 256 classes), chunked like the input
+
+examples:
+  densecnn predict models/nuclei cells.png cells-labels.png
+  densecnn predict models/nuclei fields/ fields-labels/ --workers 2
+  densecnn predict models/nuclei slide.ome.zarr labels.zarr --probabilities probs.zarr
+  densecnn predict models/nuclei slide.tif labels.zarr --scheduler tcp://scheduler:8786 --chunk 2048
+
+A re-run with the same arguments skips chunks and images already written (--overwrite starts over).
+"""
+
+
+def _chunk(text: str) -> int | tuple[int, ...]:
+    try:
+        sizes = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected N or H,W, got {text!r}") from None
+    return sizes[0] if len(sizes) == 1 else sizes
+
+
+def _bytes(text: str) -> int:
+    units = {"k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
+    text = text.strip().lower().removesuffix("ib").removesuffix("b")
+    try:
+        return int(float(text[:-1]) * units[text[-1]]) if text and text[-1] in units else int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected bytes such as 2000000000 or 2GiB, got {text!r}") from None
+
+
+def add_parser(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "predict",
+        help="label images, image sets, and chunked arrays too large for memory (locally or on a Dask cluster)",
+        description="Label an image file, a set of images, or a chunked array too large for memory, locally or on "
+        "a Dask cluster; the result equals one pass of the dense net over the whole image.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("model", help="model directory (model.json + weights.safetensors)")
+    parser.add_argument(
+        "input", help="image file, directory or glob of images, zarr array / OME-Zarr group, TIFF"
+    )
+    parser.add_argument("output", help="label file, output directory, or .zarr array")
+    parser.add_argument(
+        "--probabilities", metavar="PATH.zarr", help="also write (K, H, W) float16 probabilities"
+    )
+    parser.add_argument(
+        "--scheduler", metavar="ADDRESS", help="a running Dask scheduler, e.g. tcp://host:8786"
+    )
+    parser.add_argument(
+        "--workers", type=int, default=1, help="local worker processes (default 1, all cores)"
+    )
+    parser.add_argument("--chunk", type=_chunk, help="output chunk N or H,W (default: the input's chunks)")
+    parser.add_argument(
+        "--block", type=_chunk, default=1024, help="pixels per side one task computes (default 1024)"
+    )
+    parser.add_argument(
+        "--max-memory", type=_bytes, help="bytes per task, e.g. 2GiB (default: from the workers)"
+    )
+    parser.add_argument("--model-device", default="cpu", help="torch device the workers run the model on")
+    parser.add_argument(
+        "--channel-axis", type=int, help="the input array's channel axis when it is not first"
+    )
+    parser.add_argument("--retries", type=int, default=2, help="resubmissions of a failing task (default 2)")
+    parser.add_argument("--overwrite", action="store_true", help="start over instead of resuming")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.set_defaults(run=run)
+
+
+def run(args) -> int:
+    import sys
+
+    from ..errors import BlockFailedError
+    from ..predict import predict
+
+    try:
+        summary = predict(
+            args.model,
+            args.input,
+            args.output,
+            probabilities=args.probabilities,
+            scheduler=args.scheduler,
+            workers=args.workers,
+            chunk=args.chunk,
+            block=args.block,
+            max_memory=args.max_memory,
+            device=args.model_device,
+            channel_axis=args.channel_axis,
+            resume=not args.overwrite,
+            retries=args.retries,
+            progress=not args.no_progress,
+        )
+    except BlockFailedError as exc:
+        print(f"densecnn predict: error: {exc}", file=sys.stderr)
+        return 1
+    print(summary)
+    return 1 if summary.failures else 0

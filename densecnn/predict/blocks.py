@@ -1,0 +1,169 @@
+"""One block of a chunked prediction: read its window with the halo, run the dense net, write its output chunk.
+
+An output chunk covering pixels [a, b) along an axis needs the input pixels its scores read: a − before … b − 1 +
+after, with before = ⌊(P−1)/2⌋ and after = R − 1 − before (the padding convention of the dense net; P the patch
+size, R the receptive field). The task reads that window from the store (the halo is read, not recomputed) and runs
+the dense net on it. Where the window reaches past the image, it is cut at the border and the dense net pads it there
+itself, in the model's padding mode, exactly as the whole-image pass pads the whole image; the dense net's padding at
+an interior side of the window only changes outputs outside [a, b), which are dropped. So each chunk equals the same
+pixels of one pass over the whole image, to rounding.
+
+All windows have one size per axis (a border window is shifted inwards, as :mod:`densecnn.tiling` shifts its last
+tile), so a worker finds one solver plan and reuses it for every block.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+
+from ..imageio import class_probabilities, model_input
+from ..tiling import class_labels
+from .sinks import chunk_written, open_output
+from .sources import ArraySource
+from .worker import TaskResult, worker_model
+
+
+def halo(patch_size: tuple[int, ...], receptive_field: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+    """(before, after) per spatial axis: how far before and after a pixel the pixels its scores read reach.
+
+    >>> halo((40, 40), (40, 40))
+    ((19, 20), (19, 20))
+    """
+    return tuple(
+        ((p - 1) // 2, r - 1 - (p - 1) // 2) for p, r in zip(patch_size, receptive_field, strict=True)
+    )
+
+
+def tight_window(start: int, stop: int, length: int, before: int, after: int) -> tuple[int, int]:
+    """The input range along one axis that output pixels [start, stop) need, cut at the image's borders.
+
+    Where the window is cut, the dense net's own padding takes over; a reflection reaches back into the image as
+    far as the padding is wide, so that much of the image is included too.
+    """
+    low, high = start - before, stop + after
+    first, last = max(low, 0), min(high, length)
+    if low < 0:  # reflect: padded row -k mirrors row k
+        last = max(last, min(length, 1 - low))
+    if high > length:  # reflect: padded row length-1+k mirrors row length-1-k
+        first = min(first, max(0, 2 * length - 1 - high))
+    return min(first, start), max(last, stop)
+
+
+def window_size(chunk: int, length: int, before: int, after: int) -> int:
+    """The one window length along an axis that holds the tight window of every chunk."""
+    starts = range(0, length, chunk)
+    return max(_size(tight_window(a, min(a + chunk, length), length, before, after)) for a in starts)
+
+
+def window(start: int, stop: int, length: int, before: int, after: int, size: int) -> tuple[int, int]:
+    """The tight window of output pixels [start, stop), grown to ``size`` and kept inside the image.
+
+    A window that reaches the start (end) of the image still starts (ends) there, so the dense net pads it
+    there as it pads the whole image.
+    """
+    first, _ = tight_window(start, stop, length, before, after)
+    first = min(first, length - size)
+    return first, first + size
+
+
+def _size(span: tuple[int, int]) -> int:
+    return span[1] - span[0]
+
+
+@dataclass(frozen=True)
+class BlockJob:
+    """Everything a block task needs, small and picklable (the model travels as its directory, never as weights).
+
+    A task computes a block of ``group`` chunks per axis (fewer at the far borders) in one pass of the dense net,
+    so that small store chunks do not make the halo dominate, and writes each of its chunks separately.
+
+    Attributes:
+        model: the model directory; device, threads: where and with how many torch threads it runs.
+        max_memory: bytes the dense net may use in a task (it tiles further inside under it), or None.
+        source: the input array; labels, probabilities: output zarr paths (probabilities optional).
+        chunks: the output chunk per spatial axis; group: chunks per task per axis; halo: (before, after) per axis;
+            windows: the input window length per axis.
+    """
+
+    model: str
+    device: str
+    threads: int | None
+    max_memory: int | None
+    source: ArraySource
+    labels: str
+    probabilities: str | None
+    chunks: tuple[int, ...]
+    group: tuple[int, ...]
+    halo: tuple[tuple[int, int], ...]
+    windows: tuple[int, ...]
+
+    def chunk_grid(self) -> list[tuple[int, ...]]:
+        """The index of every output chunk, row-major."""
+        counts = [math.ceil(n / c) for n, c in zip(self.source.spatial_shape, self.chunks, strict=True)]
+        return list(itertools.product(*(range(n) for n in counts)))
+
+    def block_of(self, chunk: tuple[int, ...]) -> tuple[int, ...]:
+        """The index of the task block holding ``chunk``."""
+        return tuple(i // g for i, g in zip(chunk, self.group, strict=True))
+
+    def chunk_region(self, index: tuple[int, ...]) -> tuple[slice, ...]:
+        return tuple(
+            slice(i * c, min((i + 1) * c, n))
+            for i, c, n in zip(index, self.chunks, self.source.spatial_shape, strict=True)
+        )
+
+
+def bounding_region(regions: list[tuple[slice, ...]]) -> tuple[slice, ...]:
+    return tuple(slice(min(r.start for r in axis), max(r.stop for r in axis)) for axis in zip(*regions))
+
+
+def predict_block(job: BlockJob, chunks: tuple[tuple[int, ...], ...]) -> TaskResult:
+    """Compute the output ``chunks`` (one task block) in one window and write those not yet written.
+
+    Runs inside a Dask task; the result counts the chunks and pixels written.
+    """
+    started = time.perf_counter()
+    labels_out = open_output(job.labels)
+    probabilities_out = open_output(job.probabilities) if job.probabilities else None
+    missing = [
+        index
+        for index in chunks
+        if not chunk_written(labels_out, index)
+        or (probabilities_out is not None and not chunk_written(probabilities_out, index))
+    ]
+    if not missing:
+        return TaskResult(chunks, 0, 0, time.perf_counter() - started)
+    region = bounding_region([job.chunk_region(index) for index in missing])
+    spans = [
+        window(r.start, r.stop, n, before, after, size)
+        for r, n, (before, after), size in zip(
+            region, job.source.spatial_shape, job.halo, job.windows, strict=True
+        )
+    ]
+    loaded, dense = worker_model(job.model, job.device, job.threads)
+    pixels = job.source.read(tuple(slice(*span) for span in spans))  # (h, w[, C])
+    x = model_input(pixels, loaded).to(job.device)  # (1, C, h, w)
+    with torch.no_grad():
+        if probabilities_out is None:
+            labels = dense.predict(x, max_memory=job.max_memory)[0]  # (h, w)
+        else:
+            scores = dense(x, max_memory=job.max_memory)  # (1, K, h, w)
+            labels = class_labels(scores)[0]  # (h, w)
+            probabilities = class_probabilities(scores, dense)[0].to(torch.float16).cpu().numpy()  # (K, h, w)
+    labels = labels.cpu().numpy().astype(labels_out.dtype)
+    written = 0
+    for index in missing:
+        chunk = job.chunk_region(index)
+        inside = tuple(
+            slice(c.start - first, c.stop - first) for c, (first, _) in zip(chunk, spans, strict=True)
+        )
+        if probabilities_out is not None:
+            probabilities_out[(slice(None), *chunk)] = probabilities[(slice(None), *inside)]
+        labels_out[chunk] = labels[inside]  # written last: a chunk with labels is complete
+        written += math.prod(c.stop - c.start for c in chunk)
+    return TaskResult(chunks, len(missing), written, time.perf_counter() - started)

@@ -1,0 +1,42 @@
+"""One image of an image set: read it whole, predict its labels (tiled under the memory cap), write its label map.
+
+A corrupt or unreadable image is a result, not an exception: the set goes on and the summary lists it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..imageio import ImageReadError, model_input, read_array
+from .sinks import write_labels
+from .worker import TaskResult, worker_model
+
+
+@dataclass(frozen=True)
+class FileJob:
+    """What every image task shares: the model directory, device, torch threads and the per-task memory cap."""
+
+    model: str
+    device: str
+    threads: int | None
+    max_memory: int | None
+
+
+def predict_file(job: FileJob, image: str, output: str) -> TaskResult:
+    """Write the label map of ``image`` to ``output`` (skipped if it exists); runs inside a Dask task."""
+    started = time.perf_counter()
+    if Path(output).exists():
+        return TaskResult(image, 0, 0, 0.0)
+    loaded, dense = worker_model(job.model, job.device, job.threads)
+    try:
+        x = model_input(read_array(image), loaded).to(job.device)  # (1, C, H, W)
+    except ImageReadError as exc:
+        return TaskResult(image, 0, 0, time.perf_counter() - started, str(exc))
+    with torch.no_grad():
+        labels = dense.predict(x, max_memory=job.max_memory)[0].cpu().numpy()  # (H, W)
+    write_labels(output, labels, loaded.palette)
+    return TaskResult(image, 1, labels.size, time.perf_counter() - started)

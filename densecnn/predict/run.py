@@ -1,0 +1,406 @@
+"""The driver of ``densecnn predict``: decide what the input is, start or join a Dask cluster, run the tasks, sum up.
+
+Work goes to Dask's distributed scheduler as futures: one task per output chunk for a chunked array
+(:mod:`densecnn.predict.blocks`), one per image for an image set (:mod:`densecnn.predict.files`). Without a
+scheduler address a local cluster is started in this process (one worker thread; torch's own threads use the
+cores) or, with ``workers > 1``, as that many worker processes sharing the cores out. The driver keeps only a window of tasks in flight, resubmits a
+failed task up to ``retries`` times (counting them for the summary), and stops at a block that keeps failing,
+naming its coordinates; an image that cannot be read is listed in the summary and the set goes on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import math
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import BlockFailedError, PredictInputError
+from ..imageio import ImageReadError, unit_planes
+from .blocks import BlockJob, bounding_region, halo, predict_block, window_size
+from .files import FileJob, predict_file
+from .sinks import (
+    check_label_path,
+    create_output,
+    label_dtype,
+    labels_file_name,
+    write_labels,
+    written_chunks,
+)
+from .sources import ArraySource, image_files, is_zarr, open_source
+
+DEFAULT_TIFF_CHUNK = 1024  # output chunk for TIFF inputs (their strips can span the whole width)
+DEFAULT_BLOCK = 1024  # pixels per side a task computes at once (whole chunks; fewer if memory is short)
+WORKER_BASELINE = 512 * 2**20  # a worker process with torch, Dask and a model loaded, before any task
+TASK_SHARE = 0.5  # of what is left under a worker slot's memory limit, given to a task; the rest is headroom
+
+
+@dataclass
+class Summary:
+    """What a prediction did: pixels/s, chunks (or images) computed and skipped, retries, failures."""
+
+    what: str  # "chunks" or "images"
+    total: int = 0
+    computed: int = 0
+    skipped: int = 0
+    retries: int = 0
+    pixels: int = 0
+    seconds: float = 0.0
+    workers: int = 1
+    failures: list[tuple[str, str]] = field(default_factory=list)
+    dashboard: str | None = None
+
+    @property
+    def pixels_per_second(self) -> float:
+        return self.pixels / self.seconds if self.seconds > 0 else 0.0
+
+    def __str__(self) -> str:
+        lines = [
+            f"{self.computed} of {self.total} {self.what} computed, {self.skipped} already written, "
+            f"{self.retries} retries, {len(self.failures)} failed",
+            f"{self.pixels:,} pixels in {self.seconds:.1f} s: {self.pixels_per_second:,.0f} pixels/s "
+            f"on {self.workers} worker{'s' * (self.workers != 1)}",
+        ]
+        lines += [f"failed: {what}: {why}" for what, why in self.failures]
+        return "\n".join(lines)
+
+
+def predict(
+    model: str | Path,
+    input: str | Path,
+    output: str | Path,
+    *,
+    probabilities: str | Path | None = None,
+    scheduler: str | None = None,
+    workers: int = 1,
+    chunk: int | tuple[int, ...] | None = None,
+    block: int | tuple[int, ...] = DEFAULT_BLOCK,
+    max_memory: int | None = None,
+    device: str = "cpu",
+    channel_axis: int | None = None,
+    resume: bool = True,
+    retries: int = 2,
+    progress: bool = True,
+) -> Summary:
+    """Label an image file, a set of images, or a chunked array too large for memory, with a saved model.
+
+    - ``input`` an image file -> ``output`` a label map (.png with the model's palette, .tif or .npy).
+    - ``input`` a directory or glob of images -> ``output`` a directory of label maps with the same names.
+    - ``input`` a zarr array, OME-Zarr group (level 0) or TIFF -> ``output`` a zarr array of labels (uint8, uint16
+      past 256 classes) chunked like the input (or ``chunk``); ``probabilities`` another zarr array path for the
+      (K, H, W) float16 class probabilities. A task computes about ``block`` pixels per side (whole chunks) in
+      one pass and writes each chunk.
+
+    The result equals one pass of the dense net over the whole image, to rounding. ``scheduler`` is the address of
+    a running Dask scheduler (``tcp://host:8786``); without it a local cluster of ``workers`` processes runs here.
+    ``max_memory`` caps each task's bytes (default: a share of its worker's memory limit); ``resume`` skips chunks
+    and images already written; a failing task is retried ``retries`` times.
+
+    >>> summary = predict("models/nuclei", "slide.ome.zarr", "slide-labels.zarr", workers=2)
+    >>> print(summary.pixels_per_second)
+
+    Raises:
+        PredictInputError: the input or output cannot be used (the message says what to give instead).
+        BlockFailedError: a block kept failing; the message names its chunk and pixel coordinates.
+    """
+    from ..modelfile import load
+
+    _require_dist()
+    loaded = load(model)
+    model = str(Path(model).resolve())
+    input, output = Path(input), Path(output)
+    if output.suffix == ".zarr" or is_zarr(output):
+        source = _chunked_source(input, channel_axis, len(loaded.patch_size))
+        _check_channels(source.channels, loaded.in_channels, source.path)
+        with _client(scheduler, workers) as (client, threads):
+            return _predict_array(client, threads, loaded, model, source, output, probabilities, chunk, block,
+                                  max_memory, device, resume, retries, progress)  # fmt: skip
+    if probabilities is not None:
+        raise PredictInputError(
+            "--probabilities is written for zarr outputs only; give OUTPUT ending in .zarr"
+        )
+    if is_zarr(input):
+        raise PredictInputError(
+            f"{input} is a zarr array: its labels go to a zarr array; give OUTPUT ending in .zarr"
+        )
+    if input.is_dir() or any(ch in str(input) for ch in "*?["):
+        images = image_files(input)
+        with _client(scheduler, workers) as (client, threads):
+            return _predict_images(client, threads, model, images, output, max_memory, device, resume, retries,
+                                   progress)  # fmt: skip
+    if not input.is_file():
+        raise PredictInputError(f"{input}: no such file, directory or zarr array")
+    return _predict_one_image(loaded, input, output, max_memory, device)
+
+
+def _require_dist() -> None:
+    try:
+        import distributed  # noqa: F401
+        import zarr  # noqa: F401
+    except ImportError as exc:
+        raise PredictInputError(
+            f"densecnn predict needs the 'dist' extra ({exc.name} is missing): pip install 'densecnn[dist]'"
+        ) from None
+
+
+def _chunked_source(input: Path, channel_axis: int | None, spatial_dims: int) -> ArraySource:
+    if input.is_file() and input.suffix.lower() not in (".tif", ".tiff"):
+        raise PredictInputError(
+            f"{input}: a {input.suffix} image is decoded whole; write its labels to a .png/.tif/.npy file, or give "
+            "a zarr array or TIFF for chunked output"
+        )
+    return open_source(input, channel_axis=channel_axis, spatial_dims=spatial_dims)
+
+
+def _check_channels(have: int, want: int, where: str) -> None:
+    try:
+        unit_planes(np.zeros((1, 1, have), np.float32), want)
+    except ImageReadError:
+        raise PredictInputError(
+            f"{where}: {have} channels cannot feed a model of {want}; if the channels are not the first axis, "
+            "name their axis with --channel-axis"
+        ) from None
+
+
+def _predict_one_image(loaded, input: Path, output: Path, max_memory: int | None, device: str) -> Summary:
+    import torch
+
+    from ..imageio import model_input, read_array
+
+    check_label_path(output)
+    started = time.perf_counter()
+    dense = loaded.dense().to(device).eval()
+    x = model_input(read_array(input), loaded).to(device)  # (1, C, H, W)
+    with torch.no_grad():
+        labels = dense.predict(x, max_memory=max_memory)[0].cpu().numpy()  # (H, W)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    write_labels(output, labels, loaded.palette)
+    return Summary("images", total=1, computed=1, pixels=labels.size, seconds=time.perf_counter() - started)
+
+
+@contextlib.contextmanager
+def _client(scheduler: str | None, workers: int) -> Iterator[tuple[object, int | None]]:
+    """A distributed Client for ``scheduler``, or for a local cluster; and the torch threads per task to set."""
+    from distributed import Client, LocalCluster
+
+    if scheduler is not None:
+        with Client(scheduler) as client:
+            if "dashboard" in client.scheduler_info().get("services", {}):
+                print(f"densecnn predict: Dask dashboard at {client.dashboard_link}", file=sys.stderr)
+            yield client, None  # the cluster's workers keep their own thread settings
+        return
+    if workers < 1:
+        raise PredictInputError(f"workers must be at least 1, got {workers}")
+    if workers == 1:  # one worker thread in this process, with this process's torch threads
+        cluster = LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None)
+        threads = None
+    else:  # Dask starts worker processes with one OpenMP thread: share the cores out
+        cluster = LocalCluster(
+            n_workers=workers, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None
+        )
+        threads = max(1, (os.cpu_count() or 1) // workers)
+    with cluster, Client(cluster) as client:
+        yield client, threads
+
+
+def _task_memory(client, max_memory: int | None) -> int:
+    """Bytes one task may use: ``max_memory``, or a share of what the smallest worker slot has left.
+
+    A worker's memory limit less its baseline (the process with torch and the model), split among its threads;
+    half of that, so that Dask's pause at 80% of the limit is not reached.
+    """
+    if max_memory is not None:
+        return max_memory
+    import psutil
+
+    slots = []
+    for info in client.scheduler_info()["workers"].values():
+        limit = info.get("memory_limit") or psutil.virtual_memory().total
+        used = max(info.get("metrics", {}).get("memory", 0), WORKER_BASELINE)
+        slots.append((limit - used) / max(info.get("nthreads", 1), 1))
+    budget = int(TASK_SHARE * min(slots, default=psutil.virtual_memory().total))
+    if budget <= 0:
+        raise PredictInputError(
+            f"the workers' memory limit leaves nothing for a task (a worker itself needs about "
+            f"{WORKER_BASELINE // 2**20} MiB); give the workers more memory, or fewer threads each"
+        )
+    return budget
+
+
+def _chunks(source: ArraySource, chunk) -> tuple[int, ...]:
+    from ..geometry import ntuple
+
+    dims = len(source.spatial_shape)
+    if chunk is not None:
+        chunks = ntuple(chunk, dims, "chunk")
+        if min(chunks) < 1:
+            raise PredictInputError(f"chunk must be positive, got {chunks}")
+        return chunks
+    if source.kind == "tiff":
+        return tuple(min(DEFAULT_TIFF_CHUNK, n) for n in source.spatial_shape)
+    return source.spatial_chunks
+
+
+def _predict_array(
+    client, threads, loaded, model: str, source: ArraySource, output: Path, probabilities, chunk, block,
+    max_memory, device, resume, retries, progress,
+) -> Summary:  # fmt: skip
+    dense = loaded.dense()
+    shape = source.spatial_shape
+    chunks = _chunks(source, chunk)
+    margins = halo(dense.patch_size, dense.receptive_field)
+    budget = _task_memory(client, max_memory)
+    bytes_per_pixel = (
+        source.channels * (np.dtype(source.dtype).itemsize + 8) + 8
+    )  # read, float copies, labels
+    group = _group(chunks, shape, margins, block, bytes_per_pixel, budget)
+    windows = tuple(
+        window_size(c * g, n, *m) for c, g, n, m in zip(chunks, group, shape, margins, strict=True)
+    )
+    held = math.prod(windows) * bytes_per_pixel
+    if held >= budget:
+        raise PredictInputError(
+            f"a task's window of {'x'.join(map(str, windows))} pixels needs about {held:,} bytes for its input and "
+            f"labels, more than the {budget:,} bytes a task may use; choose a smaller --chunk or raise --max-memory"
+        )
+    description = {"model": model, "input": str(Path(source.path).resolve()), "array": source.key,
+                   "classes": list(loaded.class_names)}  # fmt: skip
+    labels = create_output(output, shape=shape, chunks=chunks, dtype=label_dtype(loaded.num_classes),
+                           attributes={**description, "content": "labels"}, resume=resume)  # fmt: skip
+    done = written_chunks(labels, len(shape))
+    if probabilities is not None:
+        scores = create_output(probabilities, shape=(loaded.num_classes, *shape), chunks=(loaded.num_classes, *chunks),
+                               dtype=np.float16, attributes={**description, "content": "probabilities"},
+                               resume=resume)  # fmt: skip
+        done &= written_chunks(scores, len(shape))
+    job = BlockJob(model, device, threads, budget - held, source, str(output),
+                   str(probabilities) if probabilities is not None else None, chunks, group, margins,
+                   windows)  # fmt: skip
+    grid = job.chunk_grid()
+    blocks: dict[tuple[int, ...], list[tuple[int, ...]]] = {}
+    for index in grid:
+        if index not in done:
+            blocks.setdefault(job.block_of(index), []).append(index)
+    summary = Summary("chunks", total=len(grid), workers=_workers(client))
+
+    def failed(item, exc, attempts):
+        region = bounding_region([job.chunk_region(index) for index in item[0]])
+        where = ", ".join(
+            f"{axis} {r.start}..{r.stop - 1}" for axis, r in zip(_axis_names(len(region)), region)
+        )
+        raise BlockFailedError(
+            f"the block of chunks {list(item[0])} ({where}) failed {attempts} times: {exc}"
+        )
+
+    _run(
+        client, predict_block, job, [(tuple(b),) for b in blocks.values()], summary, retries, progress, failed
+    )
+    return summary
+
+
+def _group(chunks, shape, margins, block, bytes_per_pixel: int, budget: int) -> tuple[int, ...]:
+    """Chunks per task per axis: about ``block`` pixels per side (at least one chunk), halved until it fits half
+    the task's memory (the rest is for the dense net's own tiles)."""
+    from ..geometry import ntuple
+
+    sides = ntuple(block, len(chunks), "block")
+    group = [max(1, min(side // c, -(-n // c))) for side, c, n in zip(sides, chunks, shape, strict=True)]
+
+    def held() -> int:
+        sizes = [window_size(c * g, n, *m) for c, g, n, m in zip(chunks, group, shape, margins, strict=True)]
+        return math.prod(sizes) * bytes_per_pixel
+
+    while held() > budget // 2 and max(group) > 1:
+        axis = group.index(max(group))
+        group[axis] = max(1, group[axis] // 2)
+    return tuple(group)
+
+
+def _axis_names(n: int) -> tuple[str, ...]:
+    return ("planes", "rows", "columns")[-n:]
+
+
+def _predict_images(
+    client, threads, model, images: list[Path], output: Path, max_memory, device, resume, retries, progress
+) -> Summary:
+    targets = [output / labels_file_name(image) for image in images]
+    clashes = {t for t in targets if targets.count(t) > 1}
+    if clashes:
+        raise PredictInputError(
+            f"images would write the same label map ({', '.join(sorted(t.name for t in clashes))}); "
+            "give images with distinct names"
+        )
+    output.mkdir(parents=True, exist_ok=True)
+    if not resume:
+        for target in targets:
+            target.unlink(missing_ok=True)
+    todo = [(str(i), str(t)) for i, t in zip(images, targets) if not t.exists()]
+    job = FileJob(model, device, threads, _task_memory(client, max_memory))
+    summary = Summary("images", total=len(images), workers=_workers(client))
+
+    def failed(item, exc, attempts):
+        summary.failures.append((item[0], f"failed {attempts} times: {exc}"))
+
+    _run(client, predict_file, job, todo, summary, retries, progress, failed)
+    return summary
+
+
+def _workers(client) -> int:
+    return len(client.scheduler_info()["workers"])
+
+
+def _run(
+    client, task: Callable, job, items: list[tuple], summary: Summary, retries: int, progress: bool,
+    failed: Callable,
+) -> None:  # fmt: skip
+    """Run ``task(job, *item)`` for every item, a window of them in flight; retry, count, report to ``summary``."""
+    from distributed import as_completed
+    from tqdm.auto import tqdm
+
+    started = time.perf_counter()
+    slots = sum(info.get("nthreads", 1) for info in client.scheduler_info()["workers"].values())
+    pending = iter(items)
+    attempts: dict[object, tuple[tuple, int]] = {}
+
+    def submit(item: tuple, attempt: int) -> object:
+        future = client.submit(task, job, *item, pure=False)
+        attempts[future] = (item, attempt)
+        return future
+
+    first = [submit(item, 1) for item in itertools.islice(pending, 2 * slots + 2)]
+    bar = tqdm(
+        total=len(items), desc="densecnn predict", unit=summary.what[:-1], disable=None if progress else True
+    )
+    queue = as_completed(first, with_results=False)
+    try:
+        for future in queue:
+            item, attempt = attempts.pop(future)
+            if future.status == "error":
+                exc = future.exception()
+                if attempt <= retries:
+                    summary.retries += 1
+                    queue.add(submit(item, attempt + 1))
+                    continue
+                failed(item, exc, attempt)
+            else:
+                result = future.result()
+                if result.error is not None:
+                    summary.failures.append((result.item, result.error))
+                summary.computed += result.outputs
+                summary.pixels += result.pixels
+            bar.update()
+            following = next(pending, None)
+            if following is not None:
+                queue.add(submit(following, 1))
+    finally:
+        bar.close()
+        client.cancel(list(attempts))
+        summary.seconds = time.perf_counter() - started
+        summary.skipped = summary.total - summary.computed - len(summary.failures)

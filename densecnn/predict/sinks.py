@@ -1,0 +1,157 @@
+"""Where ``densecnn predict`` writes: zarr arrays chunk by chunk, and label files for single images.
+
+A zarr output is created once by the driver, with its description in the attributes; each task then writes whole
+chunks, and each chunk write is one store write, atomic (zarr's local store writes a temporary file and renames it;
+object stores replace objects whole), so a chunk is either absent or complete. A chunk's presence in the store is
+what resume checks: the array is created with ``write_empty_chunks`` so that a chunk of background is stored too.
+"""
+
+from __future__ import annotations
+
+import io
+import itertools
+from pathlib import Path
+
+import numpy as np
+
+from ..atomic import atomic_write
+from ..errors import PredictInputError
+
+LABEL_SUFFIXES = (".png", ".tif", ".tiff", ".npy")
+
+
+def label_dtype(num_classes: int) -> np.dtype:
+    """uint8 for up to 256 classes (ids 0..255), uint16 past that."""
+    return np.dtype(np.uint8 if num_classes <= 256 else np.uint16)
+
+
+def create_output(
+    path: str | Path,
+    *,
+    shape: tuple[int, ...],
+    chunks: tuple[int, ...],
+    dtype,
+    attributes: dict,
+    resume: bool,
+):
+    """Create the zarr array ``path``, or with ``resume`` reopen one written for the same ``attributes``.
+
+    Raises:
+        PredictInputError: ``path`` exists and describes another prediction (other model, input, shape or chunks).
+    """
+    import zarr
+
+    path = Path(path)
+    if resume and path.exists():
+        try:
+            existing = zarr.open_array(str(path), mode="r")
+        except Exception as exc:  # not an array, or unreadable metadata
+            raise PredictInputError(
+                f"{path} exists and is not a zarr array ({exc}); remove it or choose another"
+            ) from None
+        wanted = {"shape": tuple(shape), "chunks": tuple(chunks), "dtype": np.dtype(dtype)}
+        found = {"shape": existing.shape, "chunks": existing.chunks, "dtype": existing.dtype}
+        if found != wanted or existing.attrs.get("densecnn") != attributes:
+            raise PredictInputError(
+                f"{path} exists but holds another prediction ({_differences(found, wanted, existing, attributes)}); "
+                "remove it, choose another output, or pass --overwrite"
+            )
+        return existing
+    return zarr.create_array(
+        store=str(path),
+        shape=shape,
+        chunks=chunks,
+        dtype=dtype,
+        fill_value=0,
+        config={"write_empty_chunks": True},
+        attributes={"densecnn": attributes},
+        overwrite=True,
+    )
+
+
+def _differences(found: dict, wanted: dict, existing, attributes: dict) -> str:
+    diffs = [f"{k} {found[k]} vs {wanted[k]}" for k in found if found[k] != wanted[k]]
+    stored = existing.attrs.get("densecnn") or {}
+    diffs += [f"{k} {stored.get(k)!r} vs {v!r}" for k, v in attributes.items() if stored.get(k) != v]
+    return "; ".join(diffs) or "written by something else"
+
+
+def open_output(path: str):
+    """The output array at ``path`` (opened by each task: cheap, and never stale when a run starts over).
+
+    ``write_empty_chunks`` is a setting of the opened array, not of the stored one: set it on every opening.
+    """
+    import zarr
+
+    return zarr.open_array(path, mode="r+").with_config({"write_empty_chunks": True})
+
+
+def _chunk_key(array, index: tuple[int, ...]) -> str:
+    key = array.metadata.encode_chunk_key(index)
+    return f"{array.path}/{key}" if array.path else key
+
+
+def chunk_written(array, index: tuple[int, ...]) -> bool:
+    """Whether the chunk at grid ``index`` of a spatial output (leading class axis of probabilities at 0) exists."""
+    from zarr.core.sync import sync
+
+    index = (0,) * (array.ndim - len(index)) + tuple(index)
+    return sync(array.store.exists(_chunk_key(array, index)))
+
+
+def written_chunks(array, spatial_dims: int) -> set[tuple[int, ...]]:
+    """The grid indices of the chunks already in the store (one listing, not one request per chunk)."""
+    from zarr.core.sync import sync
+
+    async def keys():
+        return [key async for key in array.store.list_prefix(array.path)]
+
+    lead = array.ndim - spatial_dims
+    grid = [range(-(-n // c)) for n, c in zip(array.shape, array.chunks, strict=True)]
+    wanted = {
+        _chunk_key(array, index): index[lead:]
+        for index in itertools.product(*grid)
+        if all(i == 0 for i in index[:lead])
+    }
+    return {wanted[k] for k in sync(keys()) if k in wanted}
+
+
+def check_label_path(path: str | Path) -> Path:
+    path = Path(path)
+    if path.suffix.lower() not in LABEL_SUFFIXES:
+        raise PredictInputError(
+            f"{path}: a label map is written as {', '.join(LABEL_SUFFIXES)}, or as a zarr array (.zarr)"
+        )
+    return path
+
+
+def labels_file_name(image: Path) -> str:
+    """The label map's file name for an image: the same name, PNG for lossy or unusual formats."""
+    return image.name if image.suffix.lower() in LABEL_SUFFIXES else image.stem + ".png"
+
+
+def write_labels(path: str | Path, labels: np.ndarray, palette: list[list[int]]) -> None:
+    """Write (H, W) class ids atomically: a palette PNG (ids are the pixel values), a TIFF, or .npy by extension.
+
+    >>> write_labels("cells.labels.png", labels, loaded.palette)
+    """
+    path = check_label_path(path)
+    suffix = path.suffix.lower()
+    labels = labels.astype(label_dtype(len(palette)))
+    if suffix == ".npy":
+        buffer = io.BytesIO()
+        np.save(buffer, labels)
+    elif suffix == ".png":
+        from PIL import Image
+
+        image = Image.fromarray(labels)
+        if labels.dtype == np.uint8:
+            image.putpalette([v for colour in palette for v in colour])  # mode L -> P: the ids, coloured
+        buffer = io.BytesIO()
+        image.save(buffer, format="PNG")
+    else:
+        import tifffile
+
+        buffer = io.BytesIO()
+        tifffile.imwrite(buffer, labels, compression="zlib")
+    atomic_write(path, lambda tmp: tmp.write_bytes(buffer.getvalue()))

@@ -1,0 +1,48 @@
+"""What each worker process holds: the model, loaded once per process and reused by every task it runs.
+
+Tasks carry only the model's directory; :func:`worker_model` loads it on first use in a process (a cache keyed by
+path, device and thread count), so the weights are never pickled into tasks, and the dense net's solver plans,
+found on a worker's first block, serve all its later blocks of the same shape.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from dataclasses import dataclass
+
+import torch
+
+_LOCK = threading.Lock()
+
+
+@functools.lru_cache(maxsize=4)
+def _load(path: str, device: str, threads: int | None):
+    from ..modelfile import load
+
+    if threads is not None:
+        torch.set_num_threads(threads)
+    loaded = load(path)
+    dense = loaded.dense().to(device).eval()
+    return loaded, dense
+
+
+def worker_model(path: str, device: str = "cpu", threads: int | None = None):
+    """(LoadedModel, DenseCNN on ``device``) for the model directory ``path``, loaded once in this process.
+
+    ``threads`` sets torch's intra-op threads of the process (None keeps them: Dask's workers start with one
+    thread per task slot).
+    """
+    with _LOCK:
+        return _load(path, device, threads)
+
+
+@dataclass(frozen=True)
+class TaskResult:
+    """What a task returns: the chunks or image it did, how many outputs and pixels it wrote (0: already there)."""
+
+    item: object
+    outputs: int
+    pixels: int
+    seconds: float
+    error: str | None = None  # an image that could not be read

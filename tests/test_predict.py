@@ -1,0 +1,245 @@
+"""``densecnn predict`` in one process: chunked results equal patch-by-patch scanning; inputs, outputs, errors.
+
+The cluster tests (worker processes, the shipped model, resume after a kill, memory) are in test_predict_cluster.py.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+import tifffile
+import torch
+from PIL import Image
+from torch import nn
+
+import densecnn
+from densecnn.errors import BlockFailedError, PredictInputError
+from densecnn.imageio import model_input
+from densecnn.predict import predict
+from densecnn.predict import run as predict_run
+from densecnn.predict.blocks import halo, predict_block, tight_window, window, window_size
+from tests.naive import literal_scan
+from tests.predict_support import (
+    nuclei_pixels,
+    save_model,
+    tiled_nuclei,
+    whole_image_scores,
+)
+from tests.tolerances import assert_close_relative, assert_labels_equal_except_ties
+
+zarr = pytest.importorskip("zarr")
+pytest.importorskip("distributed")
+
+pytestmark = [
+    pytest.mark.xdist_group("dask"),
+    # the narrow model reads 2 of its 3 patch pixels on purpose (a receptive field smaller than the patch)
+    pytest.mark.filterwarnings("ignore::densecnn.PatchSizeWarning"),
+]
+
+
+@pytest.fixture(autouse=True)
+def _no_solver_timing(monkeypatch):
+    """Every dense net runs the native solver in NCHW: no timing of candidates on each new model and shape."""
+    monkeypatch.setenv("DENSECNN_SOLVER", "native")
+    monkeypatch.setenv("DENSECNN_MEMORY_FORMAT", "nchw")
+
+
+def _tiny(channels):
+    return densecnn.zoo.tiny(in_channels=channels, num_classes=3)  # patch 12 (even), pools, FC head
+
+
+def _odd(channels):
+    model = nn.Sequential(nn.Conv2d(channels, 4, 3), nn.ReLU(), nn.Conv2d(4, 3, 5), nn.Flatten())
+    return model, 7
+
+
+def _narrow(channels):
+    """Receptive field 2 inside a patch of 3: the halo after the pixel is 0, before it 1."""
+    return nn.Sequential(nn.Conv2d(channels, 3, 2, stride=2), nn.Flatten()), 3
+
+
+CASES = [  # (model, padding mode, channels, how the channels are stored)
+    (_tiny, "zeros", 1, "none"),
+    (_odd, "reflect", 3, "last"),
+    (_narrow, "replicate", 2, "first"),
+    (_tiny, "reflect", 1, "none"),
+]
+
+
+def _pixels(channels: int, height: int, width: int) -> np.ndarray:
+    """(H, W) or (H, W, C) uint8 crops of the nuclei image, a different crop per channel."""
+    image = nuclei_pixels()
+    planes = [image[40 * c : 40 * c + height, 100 + 30 * c : 100 + 30 * c + width] for c in range(channels)]
+    return planes[0] if channels == 1 else np.stack(planes, axis=-1)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0].__name__}-{c[1]}-{c[3]}")
+@pytest.mark.parametrize("chunk, block", [((7, 5), (7, 5)), ((9, 11), 20)], ids=["chunk-per-task", "grouped"])
+def test_chunked_prediction_equals_patch_scanning(tmp_path, case, chunk, block):
+    """Chunks smaller than the receptive field, an image that is not a multiple of the chunk, every padding mode."""
+    build, padding_mode, channels, stored = case
+    model, patch = build(channels)
+    model_dir = save_model(model, tmp_path / "model", patch, padding_mode, channels)
+    pixels = _pixels(channels, 45, 38)  # (H, W[, C])
+    stored_pixels = np.moveaxis(pixels, -1, 0) if stored == "first" else pixels
+    zarr.create_array(store=str(tmp_path / "in.zarr"), data=stored_pixels, chunks=stored_pixels.shape[:1] + (13, 10)
+                      if stored == "first" else (13, 10) + stored_pixels.shape[2:])  # fmt: skip
+    summary = predict(
+        model_dir, tmp_path / "in.zarr", tmp_path / "labels.zarr", probabilities=tmp_path / "p.zarr",
+        chunk=chunk, block=block, channel_axis=-1 if stored == "last" else None, progress=False,
+    )  # fmt: skip
+    loaded = densecnn.load(model_dir)
+    reference = literal_scan(
+        loaded.model, model_input(pixels, loaded), (patch, patch), padding_mode
+    )  # (1, K, H, W)
+    labels = torch.from_numpy(zarr.open_array(str(tmp_path / "labels.zarr"))[:].astype(np.int64))
+    probabilities = torch.from_numpy(zarr.open_array(str(tmp_path / "p.zarr"))[:].astype(np.float32))
+    assert summary.computed == summary.total == -(-45 // chunk[0]) * -(-38 // chunk[1])
+    assert labels.shape == (45, 38) and probabilities.shape == (3, 45, 38)
+    assert_labels_equal_except_ties(labels[None], reference)
+    assert_close_relative(
+        probabilities, reference.softmax(1)[0], rel=1e-3, floor=1.0, what="float16 probabilities"
+    )
+
+
+@pytest.mark.parametrize(
+    "length, chunk, before, after", [(45, 7, 5, 6), (5, 2, 9, 10), (30, 4, 1, 0), (12, 12, 3, 3)]
+)
+def test_windows_hold_what_each_chunk_reads_and_touch_the_border_where_padding_starts(
+    length, chunk, before, after
+):
+    size = window_size(chunk, length, before, after)
+    for start in range(0, length, chunk):
+        stop = min(start + chunk, length)
+        first, last = window(start, stop, length, before, after, size)
+        assert first >= 0 and last <= length and last - first == size
+        assert first <= max(start - before, 0) and last >= min(stop + after, length)
+        assert (start - before >= 0) or first == 0
+        assert (stop + after <= length) or last == length
+        assert tight_window(start, stop, length, before, after)[1] - first <= size
+
+
+def test_halo_follows_the_padding_convention():
+    assert halo((40, 40), (40, 40)) == ((19, 20), (19, 20))
+    assert halo((12, 7), (12, 7)) == ((5, 6), (3, 3))
+    assert halo((3, 3), (2, 2)) == ((1, 0), (1, 0))
+
+
+def test_ome_zarr_group_is_read_at_level_0_with_singleton_axes_dropped(tmp_path):
+    model, patch = _tiny(1)
+    model_dir = save_model(model, tmp_path / "model", patch, "zeros", 1)
+    pixels = tiled_nuclei(70, 60)
+    group = zarr.open_group(str(tmp_path / "image.ome.zarr"), mode="w")
+    axes = [{"name": n, "type": t} for n, t in zip("tczyx", ["time", "channel", "space", "space", "space"])]
+    group.attrs["ome"] = {
+        "version": "0.5",
+        "multiscales": [{"axes": axes, "datasets": [{"path": "0"}, {"path": "1"}]}],
+    }
+    group.create_array("0", data=pixels[None, None, None], chunks=(1, 1, 1, 32, 32))
+    group.create_array("1", data=pixels[None, None, None, ::2, ::2], chunks=(1, 1, 1, 32, 32))
+    predict(model_dir, tmp_path / "image.ome.zarr", tmp_path / "labels.zarr", progress=False)
+    labels = torch.from_numpy(zarr.open_array(str(tmp_path / "labels.zarr"))[:].astype(np.int64))
+    assert zarr.open_array(str(tmp_path / "labels.zarr")).chunks == (32, 32)  # the input's chunking
+    assert_labels_equal_except_ties(labels[None], whole_image_scores(model_dir, pixels)[None])
+
+
+def test_tiled_rgb_tiff_is_read_lazily_and_labelled_like_the_whole_image(tmp_path):
+    model, patch = _odd(3)
+    model_dir = save_model(model, tmp_path / "model", patch, "reflect", 3)
+    pixels = np.stack(
+        [tiled_nuclei(300, 280), tiled_nuclei(300, 280)[::-1], tiled_nuclei(300, 280)[:, ::-1]], -1
+    )
+    tifffile.imwrite(tmp_path / "slide.tif", pixels, tile=(128, 128), photometric="rgb", bigtiff=True)
+    summary = predict(model_dir, tmp_path / "slide.tif", tmp_path / "labels.zarr", chunk=128, progress=False)
+    labels = torch.from_numpy(zarr.open_array(str(tmp_path / "labels.zarr"))[:].astype(np.int64))
+    assert summary.total == 9
+    assert_labels_equal_except_ties(labels[None], whole_image_scores(model_dir, pixels)[None])
+
+
+@pytest.mark.parametrize("suffix", [".png", ".tif", ".npy"])
+def test_image_file_gives_a_label_file(tmp_path, suffix):
+    model, patch = _tiny(1)
+    model_dir = save_model(model, tmp_path / "model", patch, "reflect", 1)
+    pixels = nuclei_pixels()[:60, :50]
+    Image.fromarray(pixels).save(tmp_path / "cells.png")
+    predict(model_dir, tmp_path / "cells.png", tmp_path / f"labels{suffix}", progress=False)
+    path = tmp_path / f"labels{suffix}"
+    labels = (
+        np.load(path) if suffix == ".npy" else tifffile.imread(path) if suffix == ".tif" else Image.open(path)
+    )
+    if suffix == ".png":
+        assert labels.mode == "P"  # class ids as pixel values, coloured by the model's palette
+    labels = torch.from_numpy(np.asarray(labels).astype(np.int64))
+    assert_labels_equal_except_ties(labels[None], whole_image_scores(model_dir, pixels)[None])
+
+
+def test_resume_skips_written_chunks_and_refuses_another_prediction(tmp_path):
+    model, patch = _tiny(1)
+    model_dir = save_model(model, tmp_path / "model", patch, "zeros", 1)
+    zarr.create_array(store=str(tmp_path / "in.zarr"), data=tiled_nuclei(40, 40), chunks=(10, 10))
+    first = predict(model_dir, tmp_path / "in.zarr", tmp_path / "out.zarr", block=10, progress=False)
+    again = predict(model_dir, tmp_path / "in.zarr", tmp_path / "out.zarr", block=10, progress=False)
+    assert (first.computed, first.skipped) == (16, 0)
+    assert (again.computed, again.skipped) == (0, 16)
+    with pytest.raises(PredictInputError, match="holds another prediction.*chunks"):
+        predict(model_dir, tmp_path / "in.zarr", tmp_path / "out.zarr", chunk=20, progress=False)
+    over = predict(
+        model_dir, tmp_path / "in.zarr", tmp_path / "out.zarr", chunk=20, resume=False, progress=False
+    )
+    assert over.computed == 4
+
+
+_attempts: list = []
+
+
+def _fails_the_first_time(job, chunks):
+    """A block task with a transient error on its first call (the cluster runs in this process)."""
+    _attempts.append(chunks)
+    if len(_attempts) == 1:
+        raise OSError("transient read error")
+    return predict_block(job, chunks)
+
+
+def test_a_failing_block_is_retried_and_one_that_keeps_failing_stops_the_run_naming_it(tmp_path, monkeypatch):
+    model, patch = _tiny(1)
+    model_dir = save_model(model, tmp_path / "model", patch, "zeros", 1)
+    source = zarr.create_array(store=str(tmp_path / "in.zarr"), data=tiled_nuclei(40, 30), chunks=(10, 10))
+    monkeypatch.setattr(predict_run, "predict_block", _fails_the_first_time)
+    summary = predict(model_dir, tmp_path / "in.zarr", tmp_path / "flaky.zarr", block=10, progress=False)
+    assert (summary.computed, summary.retries) == (12, 1)
+    monkeypatch.undo()
+    (tmp_path / "in.zarr" / source.metadata.encode_chunk_key((3, 2))).write_bytes(b"not a zstd frame")
+    with pytest.raises(BlockFailedError) as failure:
+        predict(model_dir, tmp_path / "in.zarr", tmp_path / "broken.zarr", block=10, progress=False)
+    match = re.fullmatch(
+        r"the block of chunks \[\((\d), (\d)\)\] \(rows (\d+)\.\.(\d+), columns (\d+)\.\.(\d+)\) failed 3 times: .+",
+        str(failure.value),
+    )
+    assert match, failure.value
+    row, column, top, bottom, left, right = map(int, match.groups())
+    assert (top, bottom, left, right) == (10 * row, 10 * row + 9, 10 * column, 10 * column + 9)
+    (before, after), size = halo((12,), (12,))[0], window_size(10, 40, 5, 6)
+    rows = window(top, bottom + 1, 40, before, after, size)
+    columns = window(left, right + 1, 30, before, after, window_size(10, 30, 5, 6))
+    assert rows[0] < 40 and rows[1] > 30 and columns[0] < 30 and columns[1] > 20  # it reads the broken chunk
+
+
+def test_inputs_and_outputs_that_do_not_fit_get_clear_errors(tmp_path):
+    model, patch = _tiny(1)
+    model_dir = save_model(model, tmp_path / "model", patch, "zeros", 1)
+    Image.fromarray(nuclei_pixels()[:20, :20]).save(tmp_path / "cells.png")
+    zarr.create_array(
+        store=str(tmp_path / "rgb.zarr"), data=np.zeros((20, 20, 5), np.uint8), chunks=(10, 10, 5)
+    )
+    with pytest.raises(PredictInputError, match="decoded whole"):
+        predict(model_dir, tmp_path / "cells.png", tmp_path / "out.zarr")
+    with pytest.raises(PredictInputError, match="zarr array: its labels go to a zarr array"):
+        predict(model_dir, tmp_path / "rgb.zarr", tmp_path / "out.png")
+    with pytest.raises(PredictInputError, match="--channel-axis"):
+        predict(model_dir, tmp_path / "rgb.zarr", tmp_path / "out.zarr")
+    with pytest.raises(PredictInputError, match="label map is written as"):
+        predict(model_dir, tmp_path / "cells.png", tmp_path / "out.jpg")
+    with pytest.raises(PredictInputError, match="no image files"):
+        predict(model_dir, tmp_path / "*.bmp", tmp_path / "out")

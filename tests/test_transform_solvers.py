@@ -1,0 +1,190 @@
+"""The transform-domain solver ``fft``: exact to rounding against independent references, differentiable, and its
+kernel-spectrum cache follows the weights."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import densecnn
+from densecnn.ops import fft_conv, solvers
+from densecnn.ops.solvers import ConvSpec
+from tests.test_equivalence import _valid, patch_nets
+from tests.tolerances import assert_close_relative
+
+FORMATS = {"nchw": torch.contiguous_format, "nhwc": torch.channels_last}
+
+
+@pytest.fixture(autouse=True)
+def solver_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("DENSECNN_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("DENSECNN_SOLVER", raising=False)
+    monkeypatch.delenv("DENSECNN_MEMORY_FORMAT", raising=False)
+
+
+def _taps(x: torch.Tensor, spec: ConvSpec) -> torch.Tensor:
+    """Independent reference: every output is an explicit sum over the dilated window's taps."""
+    (kh, kw), (dh, dw) = spec.kernel, spec.dilation
+    ho, wo = x.shape[2] - (kh - 1) * dh, x.shape[3] - (kw - 1) * dw
+    out = torch.zeros(x.shape[0], spec.weight.shape[0], ho, wo, dtype=x.dtype)
+    for a in range(kh):
+        for b in range(kw):
+            tap = x[:, :, a * dh : a * dh + ho, b * dw : b * dw + wo]  # (N, C, ho, wo)
+            out += torch.einsum("nchw,kc->nkhw", tap, spec.weight[:, :, a, b])
+    return out if spec.bias is None else out + spec.bias.view(1, -1, 1, 1)
+
+
+@st.composite
+def conv_problems(draw, dtype=torch.float64):
+    """(spec, x): a random ungrouped conv, dilation and image size (possibly smaller than one tile)."""
+    seed = draw(st.integers(0, 2**31 - 1), label="seed")
+    generator = torch.Generator().manual_seed(seed)
+    kernel = (draw(st.integers(1, 8)), draw(st.integers(1, 8)))
+    dilation = (draw(st.integers(1, 5)), draw(st.integers(1, 5)))
+    channels, classes, batch = draw(st.integers(1, 6)), draw(st.integers(1, 6)), draw(st.integers(1, 2))
+    size = [(k - 1) * d + draw(st.integers(1, 40)) for k, d in zip(kernel, dilation)]
+    weight = torch.randn(classes, channels, *kernel, generator=generator, dtype=dtype)
+    bias = torch.randn(classes, generator=generator, dtype=dtype) if draw(st.booleans()) else None
+    x = torch.randn(batch, channels, *size, generator=generator, dtype=dtype)
+    x = x.contiguous(memory_format=FORMATS[draw(st.sampled_from(list(FORMATS)))])
+    return ConvSpec(weight, bias, dilation, 1), x
+
+
+@settings(max_examples=150, deadline=None)
+@given(problem=conv_problems())
+def test_fft_conv_equals_the_tap_sum_float64(problem):
+    spec, x = problem
+    if not fft_conv.applies(spec):
+        assert spec.kernel == (1, 1)
+        return
+    y = solvers.run("fft", spec, x)
+    assert_close_relative(y, _taps(x, spec), 1e-10, floor=1.0)
+    channels_last = not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last)
+    assert y.is_contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+
+
+@settings(max_examples=60, deadline=None)
+@given(problem=conv_problems(dtype=torch.float32))
+def test_fft_conv_equals_the_tap_sum_float32(problem):
+    spec, x = problem
+    if fft_conv.applies(spec):
+        expected = _taps(x.double(), ConvSpec(spec.weight.double(), None, spec.dilation, 1))
+        if spec.bias is not None:
+            expected += spec.bias.double().view(1, -1, 1, 1)
+        assert_close_relative(solvers.run("fft", spec, x).double(), expected, 1e-5, floor=1.0)
+
+
+def _check_net(net, data, dtype, rel):
+    model, patch = net
+    model = model.to(dtype)
+    n = data.draw(st.integers(1, 2), label="batch")
+    height = data.draw(st.integers(1, patch[0] + 6), label="height")
+    width = data.draw(st.integers(1, patch[1] + 6), label="width")
+    mode = data.draw(st.sampled_from(["zeros", "reflect", "replicate"]), label="padding_mode")
+    seed = data.draw(st.integers(0, 2**31 - 1), label="image seed")
+    x = torch.randn(
+        n, model.in_channels, height, width, dtype=dtype, generator=torch.Generator().manual_seed(seed)
+    )
+    expected = densecnn.scan_patches(model, x, patch, padding_mode=mode)
+    dense = densecnn.convert(model, patch, padding_mode=mode)
+    dense.solver = "fft"
+    dense.memory_format = data.draw(st.sampled_from(list(FORMATS)), label="memory format")
+    with torch.no_grad():
+        assert_close_relative(dense(x), expected, rel, floor=1.0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(net=patch_nets().filter(_valid), data=st.data())
+def test_dense_nets_through_fft_equal_patch_scanning_float64(net, data):
+    _check_net(net, data, torch.float64, 1e-10)
+
+
+@settings(max_examples=40, deadline=None)
+@given(net=patch_nets().filter(_valid), data=st.data())
+def test_dense_nets_through_fft_equal_patch_scanning_float32(net, data):
+    _check_net(net, data, torch.float32, 1e-5)
+
+
+@pytest.mark.parametrize("memory_format", list(FORMATS))
+def test_fft_gradients_equal_native_gradients(memory_format):
+    """Input, weight and bias gradients through the frequency domain equal those of the direct conv (float64)."""
+    generator = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 3, 23, 19, dtype=torch.float64, generator=generator)
+    x = x.contiguous(memory_format=FORMATS[memory_format])
+    weight = torch.randn(4, 3, 5, 3, dtype=torch.float64, generator=generator)
+    bias = torch.randn(4, dtype=torch.float64, generator=generator)
+    upstream = torch.randn(2, 4, 23 - 4 * 3, 19 - 2 * 2, dtype=torch.float64, generator=generator)
+    grads = {}
+    for solver in ("native", "fft"):
+        leaves = [t.clone().requires_grad_() for t in (x, weight, bias)]
+        y = solvers.run(solver, ConvSpec(leaves[1], leaves[2], (3, 2), 1), leaves[0])
+        (y * upstream).sum().backward()
+        grads[solver] = [leaf.grad for leaf in leaves]
+    for native, fft in zip(grads["native"], grads["fft"]):
+        assert_close_relative(fft, native, 1e-10, floor=1.0)
+
+
+def test_fft_conv_passes_gradcheck():
+    generator = torch.Generator().manual_seed(4)
+    x = torch.randn(1, 2, 9, 8, dtype=torch.float64, generator=generator, requires_grad=True)
+    weight = torch.randn(3, 2, 3, 2, dtype=torch.float64, generator=generator, requires_grad=True)
+    bias = torch.randn(3, dtype=torch.float64, generator=generator, requires_grad=True)
+    assert torch.autograd.gradcheck(
+        lambda *t: fft_conv.conv2d(ConvSpec(t[1], t[2], (2, 3), 1), t[0]), (x, weight, bias)
+    )
+
+
+def test_kernel_spectrum_is_reused_until_the_weight_changes():
+    weight = torch.randn(4, 3, 5, 5)
+    x = torch.randn(1, 3, 30, 30)
+    spec = ConvSpec(weight, None, (2, 2), 1)
+    with torch.no_grad():
+        first = fft_conv.kernel_spectrum(weight, (12, 12), False, torch.float32)
+        assert fft_conv.kernel_spectrum(weight, (12, 12), False, torch.float32) is first
+        weight.mul_(-2.0)  # an optimiser step: in place, bumps the version
+        assert fft_conv.kernel_spectrum(weight, (12, 12), False, torch.float32) is not first
+        assert_close_relative(fft_conv.conv2d(spec, x), _taps(x, spec), 1e-5, floor=1.0)
+
+
+def test_training_recomputes_the_spectrum_with_gradient():
+    weight = torch.randn(4, 3, 5, 5, requires_grad=True)
+    re, im = fft_conv.kernel_spectrum(weight, (9, 9), True, torch.float32)
+    assert re.requires_grad and im.requires_grad
+    (re.sum() + im.sum()).backward()
+    assert weight.grad is not None and weight.grad.abs().sum() > 0
+
+
+def test_bfloat16_input_is_computed_in_float32_and_rounded_back():
+    generator = torch.Generator().manual_seed(5)
+    x = torch.randn(1, 4, 40, 40, generator=generator)
+    spec = ConvSpec(torch.randn(3, 4, 7, 7, generator=generator), None, (4, 4), 1)
+    y = solvers.run("fft", spec, x.bfloat16())
+    assert y.dtype == torch.bfloat16
+    expected = _taps(x.bfloat16().double(), ConvSpec(spec.weight.bfloat16().double(), None, (4, 4), 1))
+    assert_close_relative(y.double(), expected, 2e-2, floor=1.0)
+
+
+def test_fft_applies_to_ungrouped_convs_larger_than_one_pixel():
+    weight = torch.zeros(4, 2, 3, 3)
+    assert fft_conv.applies(ConvSpec(weight, None, (2, 2), 1))
+    assert not fft_conv.applies(ConvSpec(weight, None, (2, 2), 2))  # grouped
+    assert not fft_conv.applies(ConvSpec(torch.zeros(4, 2, 1, 1), None, (1, 1), 1))
+    assert not fft_conv.applies(solvers.PoolSpec("max_pool2d", (2, 2), (1, 1)))
+
+
+@pytest.mark.parametrize(
+    ("sub_out", "kernel"), [((32, 32), (7, 7)), ((77, 77), (3, 3)), ((1, 1), (6, 6)), ((5, 300), (2, 9))]
+)
+def test_tile_sizes_cover_each_sub_grid_with_valid_tiles(sub_out, kernel):
+    tile = fft_conv.tile_sizes(sub_out, kernel, 50, 32, 4)
+    for t, k, s in zip(tile, kernel, sub_out):
+        assert k < t <= max(fft_conv.MAX_TILE, k + 1)
+        assert t <= max(k + 1, s + k - 1)  # never a tile larger than the sub-grid needs
+
+
+def test_an_input_smaller_than_the_kernel_reach_is_a_clear_error():
+    spec = ConvSpec(torch.zeros(2, 1, 3, 3), None, (4, 4), 1)
+    with pytest.raises(ValueError, match="smaller than the 3x3 kernel at dilation"):
+        fft_conv.conv2d(spec, torch.zeros(1, 1, 8, 20))
