@@ -37,13 +37,18 @@ LAYOUTS = {"ncdhw": torch.contiguous_format, "ndhwc": torch.channels_last_3d}
 
 
 def contenders(model, patch, x: torch.Tensor, cube_batch: int) -> dict:
-    """The four ways (baselines in both layouts), each a callable returning seconds or timed as a call."""
-    dense = densecnn.convert(model, patch, backend="auto")
+    """The four ways (baselines in both layouts), each a callable returning seconds or timed as a call; densecnn
+    with its immediate plan (solvers chosen by the shipped cost model) and tuned (``tune=True``: timed by the find
+    step on the first call)."""
+    dense = {
+        "densecnn": densecnn.convert(model, patch, backend="auto"),
+        "densecnn/tuned": densecnn.convert(model, patch, backend="auto", tune=True),
+    }
     native = densecnn.convert(model, patch, backend="native")
     padded = native.pad(x)
     voxels = x[0, 0].numel()
     cubes = torch.rand(cube_batch, x.shape[1], *patch)
-    runs = {"densecnn": lambda: _no_grad(dense, x)}
+    runs = {name: lambda net=net: _no_grad(net, x) for name, net in dense.items()}
     for name, layout in LAYOUTS.items():
         runs[f"native/{name}"] = _layers(native.features, padded.contiguous(memory_format=layout))
     for name, layout in LAYOUTS.items():
@@ -56,7 +61,8 @@ def contenders(model, patch, x: torch.Tensor, cube_batch: int) -> dict:
 
 
 def layer_races(dense, x: torch.Tensor, repeats: int) -> dict:
-    """Every candidate solver of every windowed layer on its real input, interleaved with densecnn's whole forward:
+    """Every candidate solver of every windowed layer on its real input, interleaved with the whole forward of
+    ``dense``:
     the conv-only limit (the sum over conv layers of the fastest conv solver) and where the rest of the time goes."""
     padded = dense.pad(x)
     with torch.no_grad():
@@ -117,7 +123,7 @@ def measure(size: int, repeats: int, cube_batch: int, threads: int) -> dict:
         way: min((n for n in times if n.startswith(way)), key=times.get)
         for way in ("native", "fast_scan", "cubes")
     }
-    races = layer_races(dense, x, repeats)
+    races = layer_races(dense["densecnn/tuned"], x, repeats)
     return {
         "model": "znni_3d",
         "patch": list(patch),
@@ -125,11 +131,14 @@ def measure(size: int, repeats: int, cube_batch: int, threads: int) -> dict:
         "output_voxels": voxels,
         "repeats": repeats,
         "cube_batch": cube_batch,
-        "kernels_3d": _kernels_apply(dense),
+        "kernels_3d": _kernels_apply(dense["densecnn"]),
+        "plans": {name: _solvers_of(net, x) for name, net in dense.items()},
         "times_s": times,
         "voxels_per_s": {name: voxels / t for name, t in times.items()},
         "baselines": best,
-        "speedup": {way: ratio(samples[name], samples["densecnn"]) for way, name in best.items()},
+        "speedup": {
+            net: {way: ratio(samples[name], samples[net]) for way, name in best.items()} for net in dense
+        },
         "layer_races": races,
         "environment": {
             "torch": torch.__version__,
@@ -153,22 +162,31 @@ def markdown(r: dict) -> str:
         f"densecnn's own pooling kernels {'ran' if r['kernels_3d'] else 'were not available'} for these 3-D pools; "
         f"torch {r['environment']['torch']}, {r['environment']['threads']} threads, shared CPU.",
         "",
-        "| way | median time | output voxels / s | densecnn speedup (median of per-round ratios) |",
-        "|---|---|---|---|",
+        "`densecnn` is the default (immediate) plan, its solvers predicted by the shipped cost model; "
+        "`densecnn/tuned` is `convert(..., tune=True)`, its solvers timed by the find step on the first call. "
+        "Speedups are medians of per-round ratios against the faster layout of each baseline.",
+        "",
+        "| way | median time | output voxels / s | speedup of densecnn | speedup of densecnn/tuned |",
+        "|---|---|---|---|---|",
     ]
     for name, t in sorted(r["times_s"].items(), key=lambda kv: kv[1]):
         way = name.split("/")[0]
-        speedup = f"{r['speedup'][way]:,.1f}×" if r["baselines"].get(way) == name else ""
-        lines.append(f"| {name} | {t:.3g} s | {r['voxels_per_s'][name]:,.0f} | {speedup} |")
+        cells = [
+            f"{r['speedup'][net][way]:,.1f}×" if r["baselines"].get(way) == name else ""
+            for net in ("densecnn", "densecnn/tuned")
+        ]
+        lines.append(f"| {name} | {t:.3g} s | {r['voxels_per_s'][name]:,.0f} | {' | '.join(cells)} |")
     races = r["layer_races"]
+    for net, plan in r["plans"].items():
+        lines += ["", f"`{net}` plan (solver per step): {', '.join(str(solver) for solver in plan)}."]
     lines += [
         "",
         "Every solver of every windowed layer on its real input (dense, stride 1, dilated), interleaved with "
-        f"densecnn's whole forward ({races['densecnn_forward_s']:.3g} s in these rounds). Conv-only limit (the "
-        f"fastest solver per conv layer, summed): {races['conv_limit_s']:.3g} s; densecnn's forward is "
+        f"densecnn/tuned's whole forward ({races['densecnn_forward_s']:.3g} s in these rounds). Conv-only limit (the "
+        f"fastest solver per conv layer, summed): {races['conv_limit_s']:.3g} s; densecnn/tuned's forward is "
         f"{races['vs_conv_limit']:.2f}× that.",
         "",
-        "| layer (input C×D×H×W) | densecnn's plan | fastest | times |",
+        "| layer (input C×D×H×W) | tuned plan | fastest | times |",
         "|---|---|---|---|",
     ]
     for row in races["layers"]:
@@ -176,6 +194,12 @@ def markdown(r: dict) -> str:
         lines.append(f"| {row['layer']} | {row['plan_choice']} | {row['best']} | {times} |")
     lines.append("")
     return "\n".join(lines)
+
+
+def _solvers_of(net, x: torch.Tensor) -> list[str | None]:
+    """The solver of each step of ``net``'s plan for ``x`` (None: a layer run as itself)."""
+    with torch.no_grad():
+        return [step.solver for step in net.plan(net.pad(x)).steps]
 
 
 def _kernels_apply(dense) -> bool:

@@ -117,8 +117,12 @@ def test_the_volume_benchmark_runs_and_reports_every_way(tmp_path, monkeypatch):
         torch.set_num_threads(threads)
     result = json.loads((tmp_path / "volumes.json").read_text())
     ways = {f"{way}/{layout}" for way in ("native", "fast_scan", "cubes") for layout in ("ncdhw", "ndhwc")}
-    assert set(result["times_s"]) == ways | {"densecnn"} and result["output_voxels"] == 12**3
-    assert set(result["speedup"]) == {"native", "fast_scan", "cubes"}
+    nets = {"densecnn", "densecnn/tuned"}
+    assert set(result["times_s"]) == ways | nets and result["output_voxels"] == 12**3
+    assert {net: set(ways) for net, ways in result["speedup"].items()} == {
+        net: {"native", "fast_scan", "cubes"} for net in nets
+    }
+    assert set(result["plans"]) == nets
     races = result["layer_races"]
     assert [row["conv"] for row in races["layers"]] == [True, False, True, False, True, True]
     assert races["conv_limit_s"] == pytest.approx(sum(r["best_s"] for r in races["layers"] if r["conv"]))
