@@ -15,7 +15,7 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from densecnn.errors import ImageReadError, ImageStackError, ImageTooLargeError
+from densecnn.errors import ImageDimensionsError, ImageReadError, ImageStackError, ImageTooLargeError
 
 logger = logging.getLogger("densecnn.app")
 
@@ -107,6 +107,10 @@ def install_error_handlers(app: FastAPI, *, retry_after: int) -> None:
     @app.exception_handler(ImageStackError)
     async def image_stack(request: Request, exc: ImageStackError):
         return error_response(422, "image_is_a_stack", str(exc))
+
+    @app.exception_handler(ImageDimensionsError)
+    async def wrong_dimensions(request: Request, exc: ImageDimensionsError):
+        return error_response(422, "wrong_dimensions", str(exc))
 
     @app.exception_handler(ImageReadError)
     async def unreadable_image(request: Request, exc: ImageReadError):

@@ -6,7 +6,15 @@ from pydantic import BaseModel, Field
 
 from densecnn.padding import PADDING_MODES
 
+from .negotiation import OFFERED
 from .registry import ServedModel
+
+AXES = {1: ("length",), 2: ("height", "width"), 3: ("depth", "height", "width")}
+ACCEPTS = {
+    1: ("application/x-npy",),
+    2: ("image/png", "image/jpeg", "image/tiff", "image/bmp", "image/gif", "application/x-npy"),
+    3: ("image/tiff", "application/x-npy"),
+}
 
 
 class ClassInfo(BaseModel):
@@ -22,8 +30,19 @@ class Normalization(BaseModel):
 
 class ModelInfo(BaseModel):
     name: str
-    patch_size: list[int] = Field(description="[height, width] of the patches the model was trained on")
-    receptive_field: list[int] = Field(description="[height, width] of the pixels each label depends on")
+    dims: int = Field(description="spatial axes: 1 (signals), 2 (images), 3 (volumes)")
+    axes: list[str] = Field(
+        description='the names of the spatial axes: ["length"], ["height", "width"] or '
+        '["depth", "height", "width"]'
+    )
+    patch_size: list[int] = Field(
+        description="per spatial axis (as `axes`): the patches the model was trained on"
+    )
+    receptive_field: list[int] = Field(
+        description="per spatial axis (as `axes`): the input each label depends on"
+    )
+    accepts: list[str] = Field(description="upload formats this model takes")
+    answers: list[str] = Field(description="media types of its answers (Accept), the default first")
     in_channels: int
     num_classes: int
     classes: list[ClassInfo]
@@ -35,8 +54,13 @@ class ModelInfo(BaseModel):
     @classmethod
     def of(cls, served: ServedModel) -> ModelInfo:
         loaded = served.loaded
+        dims = served.dense.dims
         return cls(
             name=served.name,
+            dims=dims,
+            axes=list(AXES[dims]),
+            accepts=list(ACCEPTS[dims]),
+            answers=[output.value for output in OFFERED[dims]],
             patch_size=list(loaded.patch_size),
             receptive_field=list(served.dense.receptive_field),
             in_channels=loaded.in_channels,
@@ -67,11 +91,22 @@ class Readiness(BaseModel):
 class SegmentJson(BaseModel):
     """``Accept: application/json`` answer of the segment endpoint."""
 
-    width: int
-    height: int
-    classes: list[ClassInfo]
-    labels_png_base64: str = Field(
-        description="the label map as a PNG (palette PNG, or 16-bit above 256 classes)"
+    shape: list[int] = Field(
+        description="the spatial shape: [height, width], [depth, height, width] or [length]"
     )
-    pixel_counts: list[int] = Field(description="pixels per class id")
+    classes: list[ClassInfo]
+    counts: list[int] = Field(description="pixels (voxels, samples) per class id")
+    width: int | None = Field(None, description="images only")
+    height: int | None = Field(None, description="images only")
+    labels_png_base64: str | None = Field(
+        None, description="images: the label map as a PNG (palette PNG, or 16-bit above 256 classes)"
+    )
+    pixel_counts: list[int] | None = Field(None, description="images: pixels per class id (as `counts`)")
+    labels_tiff_base64: str | None = Field(
+        None,
+        description="volumes: the label volume as a multi-page TIFF (uint8 ids, uint16 above 256 classes)",
+    )
+    labels_npy_base64: str | None = Field(
+        None, description="signals: the labels as a .npy (L,) of uint8 ids (uint16 above 256 classes)"
+    )
     overlay_png_base64: str | None = Field(None, description="only with ?view=overlay: the RGB overlay PNG")

@@ -1,20 +1,31 @@
-"""One segmentation job, run on an inference thread: decode the image, run the dense net, encode the answer."""
+"""One segmentation job, run on an inference thread: decode the image (volume, signal), run the dense net, encode
+the answer."""
 
 from __future__ import annotations
 
 import base64
 import io
 import json
+import math
 import threading
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
+import tifffile
 import torch
 from PIL import Image
 
 from densecnn.errors import ImageTooLargeError
-from densecnn.imageio import class_probabilities, model_input, read_array, unit_planes
+from densecnn.imageio import (
+    array_input,
+    class_probabilities,
+    image_format,
+    model_input,
+    read_array,
+    read_nd,
+    unit_planes,
+)
 
 from .negotiation import Output
 from .registry import ServedModel
@@ -36,9 +47,13 @@ class RequestLimits:
 class SegmentResult:
     body: bytes | memoryview
     media_type: str
-    width: int
-    height: int
+    shape: tuple[int, ...]  # the spatial shape: (L,), (H, W) or (D, H, W)
     timings: dict[str, float] = field(default_factory=dict)  # step -> seconds
+
+    @property
+    def size(self) -> int:
+        """Pixels (voxels, samples) labelled."""
+        return math.prod(self.shape)
 
     def server_timing(self) -> str:
         """The ``Server-Timing`` header value, milliseconds per step."""
@@ -54,6 +69,18 @@ def labels_png(labels: np.ndarray, palette: list[list[int]], num_classes: int) -
     else:
         image = Image.fromarray(labels.astype(np.uint16))  # mode I;16
     image.save(out, format="PNG", compress_level=3)
+    return out.getvalue()
+
+
+def label_ids(labels: np.ndarray, num_classes: int) -> np.ndarray:
+    """Class ids in the smallest unsigned type that holds them: uint8 up to 256 classes, else uint16."""
+    return labels.astype(np.uint8 if num_classes <= 256 else np.uint16)
+
+
+def labels_tiff(labels: np.ndarray, num_classes: int) -> bytes:
+    """(D, H, W) class ids -> a multi-page TIFF (one page per slice, uint8 or uint16 ids, deflate-compressed)."""
+    out = io.BytesIO()
+    tifffile.imwrite(out, label_ids(labels, num_classes), photometric="minisblack", compression="zlib")
     return out.getvalue()
 
 
@@ -96,57 +123,79 @@ def segment(
     its next layer or tile (:class:`densecnn.errors.Cancelled`).
     """
     loaded = served.loaded
+    dims = served.dense.dims
     timings = {}
     start = time.perf_counter()
-    pixels = read_array(data, max_pixels=limits.max_pixels, max_bytes=limits.max_decode_bytes)  # as displayed
-    x = model_input(pixels, loaded)  # (1, C, H, W)
-    height, width = x.shape[2], x.shape[3]
+    limits_kw = dict(max_pixels=limits.max_pixels, max_bytes=limits.max_decode_bytes)
+    if dims == 2 and image_format(data) != "npy":
+        pixels = read_array(data, **limits_kw)  # (H, W[, S]) as displayed
+        x = model_input(pixels, loaded)  # (1, C, H, W)
+    else:
+        array = read_nd(data, dims, **limits_kw)  # (C, *spatial), channel first
+        x = array_input(array, loaded)  # (1, C, *spatial)
+        pixels = np.moveaxis(array, 0, -1) if dims == 2 else None  # (H, W, C) for an overlay
+        del array
+    shape = tuple(x.shape[2:])
     timings["decode"] = time.perf_counter() - start
 
     start = time.perf_counter()
     with torch.inference_mode():
         try:
             if output is Output.NPY:
-                scores = served.dense(x, max_memory=limits.max_memory, cancel=cancel)  # (1, K, H, W)
+                scores = served.dense(x, max_memory=limits.max_memory, cancel=cancel)  # (1, K, *spatial)
                 del x  # from here on: the scores, then the probabilities, then their .npy bytes
-                probabilities = class_probabilities(scores, served.dense)[0].float().numpy()  # (K, H, W)
+                probabilities = class_probabilities(scores, served.dense)[0].float().numpy()  # (K, *spatial)
                 del scores
             else:  # only the labels are kept, tile by tile
                 labels = served.dense.predict(x, max_memory=limits.max_memory, cancel=cancel)
-                labels = labels[0].numpy()  # (H, W)
+                labels = labels[0].numpy()  # (*spatial)
                 del x
         except ValueError as exc:  # the input is valid by now: only the memory budget can refuse it
             raise ImageTooLargeError(
-                f"a {width}x{height} image needs more memory than this server allows per inference "
-                f"(max_inference_memory): {exc}. Send a smaller image, or ask for labels instead of probabilities"
+                f"an input of shape {'x'.join(map(str, shape))} needs more memory than this server allows per "
+                f"inference (max_inference_memory): {exc}. Send a smaller input, or ask for labels instead of "
+                "probabilities"
             ) from None
     timings["infer"] = time.perf_counter() - start
 
     start = time.perf_counter()
     if output is Output.NPY:
         body = npy_view(probabilities)
+    elif output is Output.TIFF:
+        body = labels_tiff(labels, loaded.num_classes)
     elif output is Output.PNG and overlay:
         body = overlay_png(pixels, labels, loaded.palette)
     elif output is Output.PNG:
         body = labels_png(labels, loaded.palette, loaded.num_classes)
     else:
-        counts = np.bincount(labels.ravel(), minlength=loaded.num_classes)
-        document = {
-            "width": width,
-            "height": height,
-            "classes": [
-                {"id": k, "name": name, "color": colour}
-                for k, (name, colour) in enumerate(zip(loaded.class_names, loaded.palette))
-            ],
-            "labels_png_base64": base64.b64encode(
-                labels_png(labels, loaded.palette, loaded.num_classes)
-            ).decode(),
-            "pixel_counts": counts.tolist(),
-        }
-        if overlay:
-            document["overlay_png_base64"] = base64.b64encode(
-                overlay_png(pixels, labels, loaded.palette)
-            ).decode()
-        body = json.dumps(document).encode()
+        body = json.dumps(_document(loaded, labels, pixels if overlay else None)).encode()
     timings["encode"] = time.perf_counter() - start
-    return SegmentResult(body, output.value, width, height, timings)
+    return SegmentResult(body, output.value, shape, timings)
+
+
+def _document(loaded, labels: np.ndarray, overlay_pixels: np.ndarray | None) -> dict:
+    """The JSON answer: shape, classes, counts per class and the labels (PNG, multi-page TIFF or .npy) in base64."""
+    counts = np.bincount(labels.ravel(), minlength=loaded.num_classes).tolist()
+    document = {
+        "shape": list(labels.shape),
+        "classes": [
+            {"id": k, "name": name, "color": colour}
+            for k, (name, colour) in enumerate(zip(loaded.class_names, loaded.palette))
+        ],
+        "counts": counts,
+    }
+    if labels.ndim == 2:  # an image: the fields 2-D clients read
+        height, width = labels.shape
+        png = labels_png(labels, loaded.palette, loaded.num_classes)
+        document |= {"width": width, "height": height, "labels_png_base64": base64.b64encode(png).decode()}
+        document["pixel_counts"] = counts
+    elif labels.ndim == 3:
+        document["labels_tiff_base64"] = base64.b64encode(labels_tiff(labels, loaded.num_classes)).decode()
+    else:
+        ids = bytes(npy_view(label_ids(labels, loaded.num_classes)))
+        document["labels_npy_base64"] = base64.b64encode(ids).decode()
+    if overlay_pixels is not None:
+        document["overlay_png_base64"] = base64.b64encode(
+            overlay_png(overlay_pixels, labels, loaded.palette)
+        ).decode()
+    return document

@@ -35,7 +35,10 @@ class Settings(BaseSettings):
     # --- what one request may cost ---
     max_upload_bytes: int = Field(20_000_000, gt=0, description="larger request bodies get 413")
     max_image_pixels: int = Field(
-        16_000_000, gt=0, description="larger images (width x height, from their header) get 413"
+        16_000_000,
+        gt=0,
+        description="larger images (width x height; voxels of a volume, samples of a signal; from their header) "
+        "get 413",
     )
     max_decode_bytes: int = Field(
         64 * MiB,
@@ -71,20 +74,26 @@ class Settings(BaseSettings):
         description="bytes of a request's line and headers; beyond: uvicorn answers 400 (plain text)",
     )
 
-    def request_memory_bound(self, in_channels: int = 3) -> int:
-        """Bytes one request may add to a worker's memory, for a model of ``in_channels`` input channels.
+    def request_memory_bound(self, in_channels: int = 3, dims: int = 2) -> int:
+        """Bytes one request may add to a worker's memory, for a model of ``in_channels`` input channels and
+        ``dims`` spatial axes (``max_image_pixels`` counts the voxels of a volume, the samples of a signal).
 
         The body (held as received, parsed and read: 3 x ``max_upload_bytes``), the decoder's buffer and the decoded
         array (2 x ``max_decode_bytes``), the float32 model input (4 x ``max_image_pixels`` x channels), and the
         inference with its padded copy and result (``max_inference_memory``, which the dense net's tiling respects).
-        The defaults give 923 MB (0.86 GiB) for an RGB model (measured peaks in docs/service.md).
+        Volumes and signals add the channel-first copy of the decoded array (``max_decode_bytes``) and their label
+        ids (up to 2 bytes per voxel) before encoding.
+        The defaults give 923 MB (0.86 GiB) for an RGB image model (measured peaks in docs/service.md).
         """
-        return (
+        bound = (
             3 * self.max_upload_bytes
             + 2 * self.max_decode_bytes
             + 4 * self.max_image_pixels * in_channels
             + self.max_inference_memory
         )
+        if dims != 2:
+            bound += self.max_decode_bytes + 2 * self.max_image_pixels
+        return bound
 
     @field_validator("model_dir")
     @classmethod

@@ -1,4 +1,5 @@
-"""Getting the uploaded image's bytes out of a request: multipart field ``image`` or a raw ``image/*`` body.
+"""Getting the uploaded image's bytes out of a request: multipart field ``image`` or a raw ``image/*`` body (or an
+``application/x-npy`` array).
 
 The file type is decided from the bytes themselves (their signature), not from what the client declares. The whole
 body must arrive within ``timeout`` seconds, so a client that trickles its upload holds no request forever.
@@ -14,6 +15,8 @@ from starlette.requests import Request
 from densecnn.imageio import ACCEPTED, image_format
 
 from .errors import ApiError
+
+RAW_TYPES = ("application/octet-stream", "application/x-npy", "application/npy")
 
 
 async def read_upload(request: Request, *, timeout: float) -> bytes:
@@ -51,13 +54,13 @@ async def _image_bytes(request: Request) -> bytes:
             if not isinstance(upload, UploadFile):
                 raise ApiError(400, "missing_image", "the multipart body has no file field named 'image'")
             return await upload.read()
-    if content_type.startswith("image/") or content_type == "application/octet-stream":
+    if content_type.startswith("image/") or content_type in RAW_TYPES:
         return await request.body()
     raise ApiError(
         415,
         "unsupported_media_type",
         f"Content-Type {content_type[:100] or '(none)'} is not accepted: send the image as multipart/form-data "
-        "field 'image' or as a raw image/* body",
+        "field 'image' or as a raw image/* or application/x-npy body",
     )
 
 

@@ -55,6 +55,11 @@ class ImageStackError(ImageReadError):
     """A stack of planes (a multi-page/volumetric TIFF) was given where one 2-D image is expected."""
 
 
+class ImageDimensionsError(ImageReadError):
+    """An upload has other spatial axes than the model takes (a 2-D image for a volume model, a volume for a signal
+    model, ...); the message names what was received and what the model takes."""
+
+
 class Cancelled(RuntimeError):
     """A computation was stopped between two steps because its ``cancel`` event was set."""
 

@@ -5,9 +5,11 @@
 ``densecnn predict`` all go through them.
 
 PNG/JPEG/BMP/GIF go through Pillow, TIFF (uncompressed, LZW, deflate, JPEG, packbits, ...; 8/16/32-bit, float)
-through tifffile + imagecodecs. Both orientations are applied, EXIF (JPEG, PNG) and the TIFF Orientation tag, so
-pixels come out as the image is displayed. :func:`read_header` judges an image from its header alone; ``max_pixels``
-and ``max_bytes`` refuse it there, before a byte is decoded.
+through tifffile + imagecodecs, .npy arrays through numpy (never unpickling). Both orientations are applied, EXIF
+(JPEG, PNG) and the TIFF Orientation tag, so pixels come out as the image is displayed. :func:`read_nd` reads an
+upload for a model of any number of axes (signals, images, volumes: a multi-page or volumetric TIFF, or a .npy
+array) channel first, and :func:`array_input` turns it into the model's input. :func:`read_header` judges an image
+from its header alone; ``max_pixels`` and ``max_bytes`` refuse it there, before a byte is decoded.
 """
 
 from __future__ import annotations
@@ -23,22 +25,25 @@ import tifffile
 import torch
 from PIL import Image, ImageOps
 
-from .errors import ImageReadError, ImageStackError, ImageTooLargeError
+from .errors import ImageDimensionsError, ImageReadError, ImageStackError, ImageTooLargeError
 from .layers import ChannelSoftmax
 
 __all__ = [
     "ACCEPTED",
     "SIGNATURES",
+    "ImageDimensionsError",
     "ImageHeader",
     "ImageReadError",
     "ImageStackError",
     "ImageTooLargeError",
+    "array_input",
     "class_probabilities",
     "image_format",
     "model_input",
     "read_array",
     "read_header",
     "read_image",
+    "read_nd",
     "scale_to_unit",
     "unit_planes",
 ]
@@ -50,8 +55,10 @@ SIGNATURES = {
     "tiff": TIFF_MAGIC,
     "bmp": (b"BM",),
     "gif": (b"GIF87a", b"GIF89a"),
+    "npy": (b"\x93NUMPY",),
 }
-ACCEPTED = "PNG, JPEG or TIFF (also BMP, GIF)"
+ACCEPTED = "PNG, JPEG or TIFF (also BMP, GIF), or a .npy array"
+NPY_KINDS = "biuf"  # bool, signed and unsigned integers, floats: the .npy dtypes read as pixel values
 
 # Pillow modes read as they are -> (samples, bytes per sample); bilevel is read as gray, any other mode (palette,
 # CMYK, ...) as RGB(A).
@@ -169,6 +176,10 @@ def read_array(
 
 
 def _read(data: bytes, name: str, *, decode: bool, **limits):
+    if image_format(data) == "npy":
+        raise ImageReadError(
+            f"{name}: a .npy array is not an image file; read it with densecnn.imageio.read_nd"
+        )
     if image_format(data) == "tiff":
         try:
             with tifffile.TiffFile(io.BytesIO(data)) as tiff:
@@ -225,12 +236,152 @@ _ORIENTATIONS = {
 }
 
 
-def _oriented(array: np.ndarray, orientation: int) -> np.ndarray:
-    """(H, W[, S]) as stored -> as displayed under the TIFF/EXIF Orientation value 1-8 (a view, no copy)."""
+def _oriented(array: np.ndarray, orientation: int, rows: int = 0) -> np.ndarray:
+    """(H, W[, S]) as stored -> as displayed under the TIFF/EXIF Orientation value 1-8 (a view, no copy).
+
+    ``rows`` is the axis of the rows (the columns follow it): (C, D, H, W) volumes are oriented with ``rows=2``.
+    """
     transpose, flip_rows, flip_columns = _ORIENTATIONS.get(orientation, _ORIENTATIONS[1])
     if transpose:
-        array = np.swapaxes(array, 0, 1)
-    return array[:: -1 if flip_rows else 1, :: -1 if flip_columns else 1]
+        array = np.swapaxes(array, rows, rows + 1)
+    flips = [slice(None)] * array.ndim
+    flips[rows] = slice(None, None, -1 if flip_rows else 1)
+    flips[rows + 1] = slice(None, None, -1 if flip_columns else 1)
+    return array[tuple(flips)]
+
+
+# What a model of 1, 2 or 3 spatial axes takes, for messages.
+_TAKES = {
+    1: "a signal: a .npy array (L,) or (C, L)",
+    2: "one 2-D image: PNG, JPEG or TIFF (H, W[, samples]), or a .npy array (H, W) or (C, H, W)",
+    3: "a volume: a multi-page or volumetric TIFF (D pages of H x W), or a .npy array (D, H, W) or (C, D, H, W)",
+}
+
+
+_UNITS = {1: "samples", 2: "pixels", 3: "voxels"}
+
+
+def _check_nd(name: str, shape: tuple[int, ...], dims: int, nbytes: int, max_pixels, max_bytes) -> None:
+    """Refuse a channel-first ``shape`` over the limits; the spatial axes count as pixels (voxels, samples)."""
+    spatial = shape[-dims:]
+    count = math.prod(spatial)
+    what = "x".join(map(str, spatial))
+    if max_pixels is not None and count > max_pixels:
+        raise ImageTooLargeError(
+            f"{name}: {what} = {count:,} {_UNITS[dims]} is more than the limit of {max_pixels:,}; send a smaller "
+            "crop"
+        )
+    if max_bytes is not None and nbytes > max_bytes:
+        raise ImageTooLargeError(
+            f"{name}: decoding this array (shape {'x'.join(map(str, shape))}) would take {nbytes:,} bytes, more "
+            f"than the limit of {max_bytes:,} bytes; send fewer channels, fewer bits, or a smaller crop"
+        )
+
+
+def _npy_array(data: bytes, name: str, dims: int, **limits) -> np.ndarray:
+    """A .npy upload, judged from its header (dtype, shape, bytes) before its data is read; channel first."""
+    stream = io.BytesIO(data)
+    try:
+        version = np.lib.format.read_magic(stream)
+        read_header = {
+            (1, 0): np.lib.format.read_array_header_1_0,
+            (2, 0): np.lib.format.read_array_header_2_0,
+        }
+        if version not in read_header:
+            raise ValueError(f"unsupported .npy version {version[0]}.{version[1]} (1.0 and 2.0 are read)")
+        shape, _, dtype = read_header[version](stream)
+    except Exception as exc:  # a corrupt header's literal raises ValueError, SyntaxError, TokenError, ...
+        raise ImageReadError(f"{name}: not a readable .npy array ({exc})") from None
+    if dtype.hasobject or dtype.fields is not None or dtype.kind not in NPY_KINDS:
+        raise ImageReadError(
+            f"{name}: a .npy array of dtype {dtype} holds no pixel values; send bool, integers or floats"
+        )
+    if 0 in shape:
+        raise ImageReadError(f"{name}: the .npy array of shape {shape} is empty")
+    if len(shape) not in (dims, dims + 1):
+        raise ImageDimensionsError(
+            f"{name}: received a .npy array of shape {shape}; the model takes {_TAKES[dims]}"
+        )
+    _check_nd(name, shape, dims, math.prod(shape) * dtype.itemsize, **limits)
+    try:
+        array = np.load(io.BytesIO(data), allow_pickle=False)
+    except Exception as exc:  # truncated or corrupt data
+        raise ImageReadError(f"{name}: not a readable .npy array ({exc})") from None
+    return array if array.ndim == dims + 1 else array[None]
+
+
+def _tiff_stack(data: bytes, name: str, **limits) -> np.ndarray:
+    """A multi-page or volumetric TIFF -> (C, D, H, W) as displayed, judged from its header before decoding.
+
+    Samples per pixel (S) or ImageJ channels (C) become the channels; every other axis besides Y and X (Z, T,
+    pages, ...) is a slice of the volume, in file order.
+    """
+    try:
+        with tifffile.TiffFile(io.BytesIO(data)) as tiff:
+            header, series = _tiff_header(tiff), tiff.series[0]
+            if header.planes == 1:
+                raise ImageDimensionsError(
+                    f"{name}: received a 2-D image ({header.width}x{header.height}, one TIFF page); the model takes "
+                    f"{_TAKES[3]}"
+                )
+            channels = [axis for axis in "SC" if axis in series.axes]
+            if len(channels) > 1:
+                raise ImageDimensionsError(
+                    f"{name}: received a TIFF with both samples and channels ({header.layout}); the model takes "
+                    f"{_TAKES[3]} with one channel axis"
+                )
+            sizes = dict(zip(series.axes, series.shape))
+            shape = (sizes.get(channels[0], 1) if channels else 1, header.planes, header.height, header.width)
+            if channels == ["C"]:
+                shape = (shape[0], shape[1] // shape[0], *shape[2:])  # ImageJ channels are counted as planes
+            _check_nd(name, shape, 3, header.decoded_bytes, **limits)
+            array = series.asarray(maxworkers=1)
+            orientation = tiff.pages[0].tags.valueof(274, 1)
+    except ImageReadError:
+        raise
+    except Exception as exc:  # tifffile raises many types on corrupt files
+        raise ImageReadError(f"{name}: cannot read TIFF: {exc}") from None
+    axes = series.axes
+    if channels:
+        array, axes = (
+            np.moveaxis(array, axes.index(channels[0]), 0),
+            channels[0] + axes.replace(channels[0], ""),
+        )
+    else:
+        array, axes = array[None], "C" + axes
+    array = np.moveaxis(array, [axes.index("Y"), axes.index("X")], [-2, -1])
+    volume = array.reshape(
+        array.shape[0], -1, *array.shape[-2:]
+    )  # (C, D, H, W): the other axes are the slices
+    return _oriented(volume, orientation, rows=2)
+
+
+def read_nd(
+    source: str | Path | bytes, dims: int, *, max_pixels: int | None = None, max_bytes: int | None = None
+) -> np.ndarray:
+    """An upload for a model of ``dims`` spatial axes, channel first: (C, L), (C, H, W) or (C, D, H, W), file dtype.
+
+    Volumes (``dims=3``) are multi-page or volumetric TIFFs (pages as displayed: the Orientation tag applied to
+    each) or .npy arrays (D, H, W) / (C, D, H, W); signals (``dims=1``) .npy arrays (L,) / (C, L); images
+    (``dims=2``) any image file (as :func:`read_array`) or .npy arrays (H, W) / (C, H, W). Raises, from the header
+    and before decoding: ImageDimensionsError when the upload has other axes than the model takes (naming both),
+    ImageTooLargeError past ``max_pixels`` pixels/voxels/samples or ``max_bytes`` decoded bytes.
+
+    >>> read_nd(Path("stack.tif").read_bytes(), 3).shape
+    (1, 12, 64, 64)
+    """
+    data = source if isinstance(source, bytes) else Path(source).read_bytes()
+    name, fmt = _name(source), image_format(data)
+    limits = dict(max_pixels=max_pixels, max_bytes=max_bytes)
+    if fmt == "npy":
+        return _npy_array(data, name, dims, **limits)
+    if dims == 2:
+        pixels = read_array(data, **limits)  # (H, W[, S])
+        return pixels[None] if pixels.ndim == 2 else np.moveaxis(pixels, -1, 0)
+    if dims == 3 and fmt == "tiff":
+        return _tiff_stack(data, name, **limits)
+    received = f"a {fmt.upper()} image" if fmt else "a file that is not an image or a .npy array"
+    raise ImageDimensionsError(f"{name}: received {received}; the model takes {_TAKES[dims]}")
 
 
 def scale_to_unit(array: np.ndarray) -> np.ndarray:
@@ -245,8 +396,9 @@ def scale_to_unit(array: np.ndarray) -> np.ndarray:
 def unit_planes(image: np.ndarray, channels: int) -> np.ndarray:
     """Decoded pixels (H, W) or (H, W, C), any dtype -> (``channels``, H, W) float32 in [0, 1].
 
-    Integers are scaled by their dtype's range, floats kept; alpha is dropped, gray is replicated to RGB and RGB
-    turned to gray by luminance (0.299 R + 0.587 G + 0.114 B).
+    Integers are scaled by their dtype's range, floats kept. As many samples as the model's channels are taken as
+    they are; otherwise alpha is dropped, gray is replicated to RGB and RGB turned to gray by luminance
+    (0.299 R + 0.587 G + 0.114 B).
 
     Works one plane at a time: besides the result it holds at most one float plane, whatever the image's dtype.
     """
@@ -256,7 +408,7 @@ def unit_planes(image: np.ndarray, channels: int) -> np.ndarray:
         raise ImageReadError(f"expected a 2-D image (H, W[, C]), got an array of shape {image.shape}")
     height, width, have = image.shape
     out = np.empty((channels, height, width), np.float32)  # (C, H, W)
-    colour = have - 1 if have in (2, 4) else have  # alpha dropped
+    colour = have if have == channels else have - 1 if have in (2, 4) else have  # alpha dropped unless taken
     maximum = np.iinfo(image.dtype).max if np.issubdtype(image.dtype, np.integer) else None
 
     def plane(k: int, into: np.ndarray) -> np.ndarray:
@@ -303,6 +455,25 @@ def model_input(image: np.ndarray, model) -> torch.Tensor:
         band = x[:, :, row : row + _NORMALIZE_ROWS]
         band.copy_(model.normalize(band))
     return x
+
+
+def array_input(array: np.ndarray, model) -> torch.Tensor:
+    """A channel-first (C, *spatial) array, any dtype -> the (1, C', *spatial) float input of a saved model.
+
+    Scaled and converted to the model's channels as :func:`model_input` does for images (one code path: the
+    spatial axes are laid out as rows of an image), then normalised. ``model`` is a :class:`densecnn.LoadedModel`.
+
+    >>> loaded = densecnn.load("models/nuclei3d")
+    >>> array_input(read_nd(Path("stack.tif").read_bytes(), 3), loaded).shape
+    torch.Size([1, 1, 12, 64, 64])
+    """
+    spatial = array.shape[1:]
+    rows = np.moveaxis(array, 0, -1).reshape(-1, spatial[-1], array.shape[0])  # (rows, last axis, C)
+    x = torch.from_numpy(unit_planes(rows, model.in_channels))[None]  # (1, C', rows, last axis)
+    for row in range(0, x.shape[2], _NORMALIZE_ROWS):
+        band = x[:, :, row : row + _NORMALIZE_ROWS]
+        band.copy_(model.normalize(band))
+    return x.view(1, model.in_channels, *spatial)  # (1, C', *spatial)
 
 
 def class_probabilities(scores: torch.Tensor, dense) -> torch.Tensor:

@@ -659,7 +659,7 @@ def blocking_segment(started: threading.Event, release: threading.Event):
     def segment(served, data, output, **kwargs) -> SegmentResult:
         started.set()
         release.wait(10)
-        return SegmentResult(b"done", "image/png", 1, 1, {"infer": 0.0})
+        return SegmentResult(b"done", "image/png", (1, 1), {"infer": 0.0})
 
     return segment
 

@@ -1,4 +1,5 @@
-"""Decode fuzzing: truncated and bit-flipped PNG/JPEG/GIF/BMP/TIFF files through the upload path.
+"""Decode fuzzing: truncated and bit-flipped PNG/JPEG/GIF/BMP/TIFF files, TIFF stacks and .npy arrays (images for a
+2-D model, volumes for a 3-D model) through the upload path.
 
 Every answer is a 200 or a 4xx in the error shape (never a 5xx, never a hang), and the service stays healthy.
 Seeded, so a failure reproduces; the seed and the mutation are in the assertion message.
@@ -13,16 +14,27 @@ import pytest
 import tifffile
 from fastapi.testclient import TestClient
 
+import densecnn
 from app import Settings, create_app
 from tests.app_support import blobs, encode, save_brightness_model, wait_ready
+from tests.test_app_volumes import volume_model
 
 MUTANTS_PER_FILE = 40
 IMAGE = blobs(24, 32, seed=4)
 
 
-def tiff(**kwargs) -> bytes:
+VOLUME = IMAGE[:, :, :1].reshape(6, 4, 32).repeat(3, axis=1)  # (D, H, W) from the same content
+
+
+def tiff(array=IMAGE, **kwargs) -> bytes:
     out = io.BytesIO()
-    tifffile.imwrite(out, IMAGE, photometric="rgb", **kwargs)
+    tifffile.imwrite(out, array, photometric="rgb" if array.ndim == 3 and array is IMAGE else None, **kwargs)
+    return out.getvalue()
+
+
+def npy(array) -> bytes:
+    out = io.BytesIO()
+    np.save(out, array)
     return out.getvalue()
 
 
@@ -37,7 +49,12 @@ FILES = {
     "tiff-deflate-tiled": tiff(compression="zlib", tile=(16, 16)),
     "tiff-jpeg": tiff(compression="jpeg"),
     "tiff-packbits": tiff(compression="packbits"),
+    "npy-image": npy(np.moveaxis(IMAGE, -1, 0)),
+    "npy-volume": npy(VOLUME),
+    "tiff-stack": tiff(VOLUME),
+    "tiff-stack-lzw": tiff(VOLUME, compression="lzw"),
 }
+MODEL = {"npy-volume": "stack", "tiff-stack": "stack", "tiff-stack-lzw": "stack"}  # the others: "cells"
 
 
 def mutate(data: bytes, rng: np.random.Generator) -> tuple[bytes, str]:
@@ -61,6 +78,7 @@ def mutate(data: bytes, rng: np.random.Generator) -> tuple[bytes, str]:
 def client(tmp_path_factory):
     root = tmp_path_factory.mktemp("models")
     save_brightness_model(root, "cells")
+    densecnn.save(volume_model()[0], root / "stack", patch_size=volume_model()[1])
     settings = Settings(
         model_dir=root, torch_threads=1, backend="native", max_image_pixels=1_000_000, max_decode_bytes=8_000_000,
         request_timeout=10,
@@ -72,11 +90,9 @@ def client(tmp_path_factory):
 
 @pytest.mark.parametrize("name", sorted(FILES))
 def test_mutated_files_get_200_or_a_4xx_and_the_server_stays_healthy(client, name):
-    original = FILES[name]
+    original, url = FILES[name], f"/v1/models/{MODEL.get(name, 'cells')}/segment"
     assert (
-        client.post(
-            "/v1/models/cells/segment", content=original, headers={"content-type": "image/png"}
-        ).status_code
+        client.post(url, content=original, headers={"content-type": "application/octet-stream"}).status_code
         == 200
     )
     seed = sorted(FILES).index(name)
@@ -84,9 +100,7 @@ def test_mutated_files_get_200_or_a_4xx_and_the_server_stays_healthy(client, nam
     statuses = []
     for _ in range(MUTANTS_PER_FILE):
         data, mutation = mutate(original, rng)
-        response = client.post(
-            "/v1/models/cells/segment", content=data, headers={"content-type": "application/octet-stream"}
-        )
+        response = client.post(url, content=data, headers={"content-type": "application/octet-stream"})
         where = f"{name}, seed {seed}: {mutation} -> {response.status_code} {response.text[:200]}"
         assert response.status_code == 200 or 400 <= response.status_code < 500, where
         if response.status_code != 200:
@@ -95,8 +109,6 @@ def test_mutated_files_get_200_or_a_4xx_and_the_server_stays_healthy(client, nam
     assert any(status != 200 for status in statuses)  # the mutations did reach the decoders' error paths
     assert client.get("/readyz").status_code == 200
     assert (
-        client.post(
-            "/v1/models/cells/segment", content=original, headers={"content-type": "image/png"}
-        ).status_code
+        client.post(url, content=original, headers={"content-type": "application/octet-stream"}).status_code
         == 200
     )

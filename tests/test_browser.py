@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
+import densecnn
 from tests.app_support import CLASS_NAMES, Server, assert_library_labels, blobs, encode, save_brightness_model
+from tests.test_app_volumes import volume_model
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -38,6 +40,8 @@ pytestmark = [
 def served(tmp_path_factory):
     root = tmp_path_factory.mktemp("models")
     save_brightness_model(root, "cells")
+    model, patch = volume_model()
+    densecnn.save(model, root / "stack", patch_size=patch)
     server = Server(root, tmp_path_factory.mktemp("log") / "server.log", default_model="cells")
     yield server, root
     server.stop()
@@ -109,3 +113,17 @@ def test_errors_are_shown_in_words(served, page, tmp_path):
     message = page.inner_text("#error")
     assert "not an image" in message and "415" in message
     page.screenshot(path=str(tmp_path / "error.png"))
+
+
+def test_a_volume_model_is_described_and_sent_to_the_api(served, page, tmp_path):
+    server, _ = served
+    path = tmp_path / "blobs.png"
+    path.write_bytes(encode(blobs(40, 40)))
+    page.goto(server.url + "/")
+    page.wait_for_selector("#model:not([disabled])")
+    page.select_option("#model", "stack")
+    assert "patch 5×14×14" in page.inner_text("#model-info")
+    assert "volume model" in page.inner_text("#model-info")
+    page.set_input_files("#file", str(path))
+    page.wait_for_selector("#error:not([hidden])")
+    assert "multi-page TIFF or .npy) to the API" in page.inner_text("#error")

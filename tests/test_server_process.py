@@ -308,3 +308,42 @@ def test_one_request_stays_within_the_documented_memory_bound(model_root, tmp_pa
         assert peak <= bound
     finally:
         server.stop()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the dense net's memory estimate for 3-D tiles is below what a volume tile takes (measured: 31 MiB "
+    "estimated, +107 MiB peak for 100^3 under max_memory=64 MiB); the bound holds once the estimate does",
+)
+@pytest.mark.parametrize("accept", ["image/tiff", "application/x-npy"])
+def test_one_volume_request_stays_within_the_documented_memory_bound(model_root, tmp_path, accept):
+    """A 100x100x100 volume at the limits of the image test, on a fresh server: its peak resident memory over idle
+    stays under Settings.request_memory_bound(dims=3)."""
+    from app.settings import Settings
+    from tests.test_app_volumes import volume_model
+
+    root = tmp_path / "models"
+    model, patch = volume_model()
+    densecnn.save(model, root / "stack", patch_size=patch)
+    limits = dict(max_upload_bytes=2_000_000, max_image_pixels=1_000_000, max_decode_bytes=4 << 20,
+                  max_inference_memory=64 << 20)  # fmt: skip
+    bound = Settings(model_dir=root, **limits).request_memory_bound(in_channels=1, dims=3) / 2**20
+    server = Server(root, tmp_path / "server.log", backend="native", **limits)
+    rng = np.random.default_rng(0)
+    try:
+        url = f"{server.url}/v1/models/stack/segment"
+        headers = {"content-type": "application/x-npy", "accept": accept}
+        small = io.BytesIO()
+        np.save(small, rng.integers(0, 255, (8, 16, 16), dtype=np.uint8))
+        warm = httpx.post(url, content=small.getvalue(), headers=headers)
+        assert warm.status_code == 200, warm.text  # warm-up
+        idle = memory_mib(server.process.pid, "VmRSS")
+        volume = io.BytesIO()
+        np.save(volume, rng.integers(0, 255, (100, 100, 100), dtype=np.uint8))
+        response = httpx.post(url, content=volume.getvalue(), headers=headers, timeout=300)
+        assert response.status_code == 200, response.text
+        peak = memory_mib(server.process.pid, "VmHWM") - idle
+        print(f"\nvolume, {accept}: peak over idle {peak:.1f} MiB, bound {bound:.1f} MiB")
+        assert peak <= bound
+    finally:
+        server.stop()

@@ -19,7 +19,9 @@ router = APIRouter(prefix="/v1/models", tags=["segmentation"])
 BINARY = {"schema": {"type": "string", "format": "binary"}}
 IMAGE_BODY = {
     "required": True,
-    "description": "the image: PNG, JPEG or TIFF (also BMP, GIF), as multipart field `image` or as the raw body",
+    "description": "the image: PNG, JPEG or TIFF (also BMP, GIF); the volume: a multi-page or volumetric TIFF; "
+                   "or a .npy array (any model; the only form for signals), as multipart field `image` or as the "
+                   "raw body",
     "content": {
         "multipart/form-data": {
             "schema": {"type": "object", "properties": {"image": {"type": "string", "format": "binary"}},
@@ -28,6 +30,7 @@ IMAGE_BODY = {
         "image/png": BINARY,
         "image/jpeg": BINARY,
         "image/tiff": BINARY,
+        "application/x-npy": BINARY,
     },
 }  # fmt: skip
 
@@ -38,11 +41,18 @@ def _error(description: str) -> dict:
 
 @router.post(
     "/{name}/segment",
-    summary="Label every pixel of an image",
+    summary="Label every pixel of an image (every voxel of a volume, every sample of a signal)",
     description=(
-        "The answer's format is chosen by `Accept`: `image/png` (default) a palette PNG of class ids at the "
-        "image's full resolution (a 16-bit PNG above 256 classes); `application/json` the label PNG in base64 "
-        "with per-class pixel counts; `application/x-npy` float32 class probabilities (K, H, W). "
+        "The answer's format is chosen by `Accept`: `image/png` (default for 2-D models) a palette PNG of class "
+        "ids at the image's full resolution (a 16-bit PNG above 256 classes); `image/tiff` (default for 3-D "
+        "models, which do not answer PNG) a multi-page TIFF of class ids, one page per slice (uint8, uint16 above "
+        "256 classes); `application/json` the shape, classes, per-class counts and the labels in base64 (a PNG "
+        "for images, a multi-page TIFF for volumes, a .npy for signals); `application/x-npy` always the float32 "
+        "class probabilities (K, *spatial): (K, H, W), (K, D, H, W) or (K, L). "
+        "**Volumes** (3-D models): a multi-page or volumetric TIFF (pages are slices; samples or ImageJ channels "
+        "are the channels) or a .npy (D, H, W) / (C, D, H, W). **Signals** (1-D models): a .npy (L,) / (C, L). "
+        "2-D models also take a .npy (H, W) / (C, H, W). An upload with other axes than the model takes gets 422 "
+        "`wrong_dimensions`, naming both. .npy files are read without unpickling. "
         "`?view=overlay` returns the image with the class colours blended in (PNG, or base64 in the JSON). "
         "**Orientation**: the EXIF orientation (JPEG, PNG) and the TIFF Orientation tag (274) are applied before "
         "inference, so the label map has the orientation in which the image is *displayed* (for orientations 5-8 "
@@ -63,6 +73,7 @@ def _error(description: str) -> dict:
             "model": SegmentJson,
             "content": {
                 "image/png": BINARY,
+                "image/tiff": BINARY,
                 "application/x-npy": BINARY,
             },
         },
@@ -72,7 +83,8 @@ def _error(description: str) -> dict:
         408: _error("the request body did not arrive within the upload timeout"),
         413: _error("the body is over the byte limit, or the image over the pixel or decoded-byte limit"),
         415: _error("not an image in a format read here"),
-        422: _error("invalid query parameter, or a stack of planes sent to a model of 2-D images"),
+        422: _error("invalid query parameter, a stack of planes sent to a model of 2-D images, a 2-D image sent "
+                    "to a volume model (other axes than the model takes), or ?view=overlay for a volume or signal"),
         503: _error("busy (queue full), timed out, loading or draining; see Retry-After"),
     },
 )  # fmt: skip
@@ -84,7 +96,7 @@ async def segment_image(
     metrics: MetricsDep,
     view: View | None = None,
 ) -> Response:
-    output = choose_output(request.headers.get("accept"), view)
+    output = choose_output(request.headers.get("accept"), view, served.dense.dims)
     with pool.admit() as place:  # 503 at once when full, before the body is read
         data = await read_upload(request, timeout=settings.upload_timeout)
         limits = RequestLimits(
@@ -104,7 +116,7 @@ async def segment_image(
             metrics.abandoned.labels("timeout").inc()
             raise
     metrics.inference.labels(served.name).observe(result.timings["infer"])
-    metrics.image_pixels.observe(result.width * result.height)
+    metrics.image_pixels.observe(result.size)
     headers = {"Server-Timing": result.server_timing(), "Vary": "Accept"}
     return Response(result.body, media_type=result.media_type, headers=headers)
 

@@ -24,9 +24,15 @@ async function errorText(response) {
   return `the server answered HTTP ${response.status} ${response.statusText}`;
 }
 
+const API_ONLY = {
+  1: "a signal model: this page shows images only; send signals (.npy) to the API (see /docs)",
+  3: "a volume model: this page shows images only; send volumes (multi-page TIFF or .npy) to the API (see /docs)",
+};
+
 function describeModel(info) {
-  const [ph, pw] = info.patch_size;
-  return `${info.num_classes} classes, patch ${ph}×${pw}, ${info.in_channels} input channel(s), padding ${info.padding_mode}`;
+  const patch = info.patch_size.join("×");
+  const facts = `${info.num_classes} classes, patch ${patch}, ${info.in_channels} input channel(s), padding ${info.padding_mode}`;
+  return info.dims === 2 ? facts : `${facts}. This is ${API_ONLY[info.dims]}.`;
 }
 
 async function loadModels() {
@@ -89,6 +95,10 @@ async function segment(file) {
   const name = $("model").value;
   if (!name || !models[name]) {
     showError("No model is loaded yet; wait a moment and try again.");
+    return;
+  }
+  if (models[name].dims !== 2) {
+    showError(`${name} is ${API_ONLY[models[name].dims]}.`);
     return;
   }
   $("result").hidden = true;

@@ -1,4 +1,4 @@
-"""``densecnn tune MODEL_DIR --size H W``: time every layer's candidate solvers ahead of time, cache the times (later
+"""``densecnn tune MODEL_DIR --size H W`` (``--size D H W`` for a volume model, ``--size L`` for a signal model): time every layer's candidate solvers ahead of time, cache the times (later
 runs use them instead of the cost model's predictions) and show the chosen plan."""
 
 from __future__ import annotations
@@ -10,7 +10,12 @@ def add_parser(subparsers) -> None:
     )
     parser.add_argument("model", help="model directory (model.json + weights.safetensors)")
     parser.add_argument(
-        "--size", nargs=2, type=int, required=True, metavar=("H", "W"), help="image height and width"
+        "--size",
+        nargs="+",
+        type=int,
+        required=True,
+        metavar="N",
+        help="the input's size, one number per spatial axis: H W for images, D H W for volumes, L for signals",
     )
     parser.add_argument("--batch", type=int, default=1, help="images per batch (default 1)")
     parser.add_argument(
@@ -32,26 +37,31 @@ def run(args) -> int:
     from ..ops.find import cache_dir
     from ..tiling import choose_tile
 
-    height, width = args.size
-    if height < 1 or width < 1 or args.batch < 1:
-        raise ValueError(
-            f"--size and --batch must be positive, got size {height}x{width}, batch {args.batch}"
-        )
+    size = tuple(args.size)
+    if min(size) < 1 or args.batch < 1:
+        raise ValueError(f"--size and --batch must be positive, got size {_text(size)}, batch {args.batch}")
     loaded = load(args.model)
     dense = loaded.dense()
+    if len(size) != dense.dims:
+        axes = {1: "L", 2: "H W", 3: "D H W"}[dense.dims]
+        raise ValueError(
+            f"--size {' '.join(map(str, size))}: this model has {dense.dims} spatial axis/axes (patch size "
+            f"{_text(dense.patch_size)}); pass --size {axes}"
+        )
     dense.tune = True
-    shape = (args.batch, loaded.in_channels, height, width)
+    shape = (args.batch, loaded.in_channels, *size)
     if args.max_memory is not None:
         estimate = dense.memory_estimate(shape, 4, labels=True, train=False)
-        height, width = choose_tile(shape, args.max_memory, estimate, labels=True)
-        print(f"tile for max_memory={args.max_memory:,}: {height}x{width}")
-    rh, rw = dense.receptive_field
-    padded = torch.zeros(args.batch, loaded.in_channels, height + rh - 1, width + rw - 1)
+        size = tuple(choose_tile(shape, args.max_memory, estimate, labels=True))
+        print(f"tile for max_memory={args.max_memory:,}: {_text(size)}")
+    padded = torch.zeros(
+        args.batch, loaded.in_channels, *(s + r - 1 for s, r in zip(size, dense.receptive_field))
+    )
     for train in (False, True) if args.train else (False,):
         with torch.set_grad_enabled(train):
             plan = dense.plan(padded)
         print(
-            f"{'training' if train else 'inference'} plan for {args.batch}x{height}x{width}, "
+            f"{'training' if train else 'inference'} plan for {args.batch}x{_text(size)}, "
             f"memory format {plan.memory_format}:"
         )
         for row in plan.describe():
@@ -60,3 +70,7 @@ def run(args) -> int:
             print(f"  {' + '.join(row['layers']):<32} {row['solver']:<10}{source}")
     print(f"solver timings cached in {cache_dir() / 'solvers'}")
     return 0
+
+
+def _text(size) -> str:
+    return "x".join(map(str, size))

@@ -26,6 +26,8 @@ import numbers
 
 import torch
 
+from ..geometry import output_size, reach
+
 ACTIVATIONS = ("none", "relu", "tanh")
 POOL_MODES = ("max", "avg")
 
@@ -189,16 +191,15 @@ def _empty(like: torch.Tensor, shape, channels_last: bool, dtype=None) -> torch.
 def _pooled_shape(shape, kernel, dilation, first_axis: int = 0) -> list[int]:
     """(N, C, spatial...) with the spatial axes from ``first_axis`` on pooled (stride 1, no padding)."""
     n, c, *spatial = shape
-    pooled = [
-        s - (k - 1) * d if a >= first_axis else s
-        for a, (s, k, d) in enumerate(zip(spatial, kernel, dilation))
-    ]
-    return [n, c, *pooled]
+    pooled = output_size(
+        tuple(spatial[first_axis:]), tuple(kernel[first_axis:]), tuple(dilation[first_axis:])
+    )
+    return [n, c, *spatial[:first_axis], *pooled]
 
 
 def _unpooled_shape(shape, kernel, dilation) -> list[int]:
     n, c, *spatial = shape
-    return [n, c, *(s + (k - 1) * d for s, k, d in zip(spatial, kernel, dilation))]
+    return [n, c, *(s + r for s, r in zip(spatial, reach(tuple(kernel), tuple(dilation))))]
 
 
 def _activation_grad(y: torch.Tensor, activation: str) -> torch.Tensor | None:

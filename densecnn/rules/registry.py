@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from torch import nn
 
 from ..errors import ConversionError, PatchSizeError
-from ..geometry import ntuple
+from ..geometry import ntuple, reach
 from ..patch_sizes import Adaptive, Features, Step, Window
 
 Size = tuple[int, ...]  # one entry per spatial axis
@@ -293,7 +293,7 @@ class ConversionContext:
     def slide(self, kernel: Size, stride: Size, source_dilation: Size | None = None) -> None:
         """Account for a window op (kernel, stride, own dilation): the map shrinks and later taps spread by stride."""
         source_dilation = source_dilation or (1,) * self.dims
-        extent = tuple((k - 1) * d + 1 for k, d in zip(kernel, source_dilation, strict=True))
+        extent = tuple(r + 1 for r in reach(kernel, source_dilation))
         self.steps.append(tuple(Window(e, s) for e, s in zip(extent, stride, strict=True)))
         if any(e > n for e, n in zip(extent, self.size)):
             self.size_error(
