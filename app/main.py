@@ -29,7 +29,13 @@ logger = logging.getLogger("densecnn.app")
 async def _load_models(service: ServiceState, settings: Settings) -> None:
     """Load the models off the event loop, so /healthz answers (and /readyz says 503) meanwhile."""
     try:
-        service.models = await asyncio.to_thread(load_models, settings.model_dir, backend=settings.backend)
+        service.models = await asyncio.to_thread(
+            load_models,
+            settings.model_dir,
+            backend=settings.backend,
+            warm_sizes=settings.warm_sizes,
+            max_memory=settings.max_inference_memory,
+        )
         default = settings.default_model
         service.default_model = default if default in service.models else next(iter(service.models))
     except ValueError as exc:  # ModelFileError and friends

@@ -26,8 +26,15 @@ def model_dirs(root: Path) -> list[Path]:
     return sorted(path.parent for path in root.glob(f"*/{CONFIG_FILE}"))
 
 
-def load_models(root: Path, *, backend: str = "auto") -> dict[str, ServedModel]:
-    """Load every model under ``root``; a broken one is logged and skipped; none at all is an error."""
+def load_models(
+    root: Path, *, backend: str = "auto", warm_sizes: list[list[int]] = (), max_memory: int | None = None
+) -> dict[str, ServedModel]:
+    """Load every model under ``root``; a broken one is logged and skipped; none at all is an error.
+
+    Each model then runs once on zeros of every size in ``warm_sizes`` with as many axes as it has (under the
+    inference memory cap ``max_memory``, so its tile shape is the one requests will use): plans and torch's
+    first-call work are done before the service reports ready.
+    """
     models, failures = {}, []
     for directory in model_dirs(root):
         try:
@@ -36,6 +43,11 @@ def load_models(root: Path, *, backend: str = "auto") -> dict[str, ServedModel]:
         except (ModelFileError, ValueError) as exc:
             failures.append(f"{directory.name}: {exc}")
             logger.error("cannot load model %s: %s", directory, exc)
+    for served in models.values():
+        for size in warm_sizes:
+            if len(size) == served.dense.dims:
+                served.dense.warm((1, served.loaded.in_channels, *size), max_memory=max_memory)
+                logger.info("warmed model %s for size %s", served.name, "x".join(map(str, size)))
     if not models:
         why = "; ".join(failures) or f"no subdirectory of {root} holds a {CONFIG_FILE}"
         raise ModelFileError(f"no model could be loaded from {root} ({why})")

@@ -49,6 +49,12 @@ class Settings(BaseSettings):
     max_inference_memory: int = Field(
         512 * MiB, gt=0, description="bytes of activations per inference; bigger images run tiled"
     )
+    warm_sizes: list[list[int]] = Field(
+        [[512, 512]],
+        description="image sizes (one entry per spatial axis, e.g. [512, 512] or [64, 256, 256]) each model with "
+        "that many axes runs once at start-up, before /readyz says ready, so the first request of that size is as "
+        "fast as the next; [] skips it",
+    )
     # --- how much work the process accepts ---
     max_concurrent_inferences: int = Field(1, gt=0, description="inferences running at once per worker")
     queue_size: int = Field(4, ge=0, description="requests waiting for an inference slot; beyond: 503")
@@ -74,7 +80,7 @@ class Settings(BaseSettings):
         description="bytes of a request's line and headers; beyond: uvicorn answers 400 (plain text)",
     )
 
-    def request_memory_bound(self, in_channels: int = 3, dims: int = 2) -> int:
+    def request_memory_bound(self, in_channels: int = 3, dims: int = 2, probability_classes: int = 0) -> int:
         """Bytes one request may add to a worker's memory, for a model of ``in_channels`` input channels and
         ``dims`` spatial axes (``max_image_pixels`` counts the voxels of a volume, the samples of a signal).
 
@@ -82,7 +88,8 @@ class Settings(BaseSettings):
         array (2 x ``max_decode_bytes``), the float32 model input (4 x ``max_image_pixels`` x channels), and the
         inference with its padded copy and result (``max_inference_memory``, which the dense net's tiling respects).
         Volumes and signals add the channel-first copy of the decoded array (``max_decode_bytes``) and their label
-        ids (up to 2 bytes per voxel) before encoding.
+        ids (up to 2 bytes per voxel) before encoding. An npy answer of ``probability_classes`` class probabilities
+        adds their float32 array and its encoded bytes (8 bytes per class and pixel); label answers pass 0.
         The defaults give 923 MB (0.86 GiB) for an RGB image model (measured peaks in docs/service.md).
         """
         bound = (
@@ -93,7 +100,7 @@ class Settings(BaseSettings):
         )
         if dims != 2:
             bound += self.max_decode_bytes + 2 * self.max_image_pixels
-        return bound
+        return bound + 8 * probability_classes * self.max_image_pixels
 
     @field_validator("model_dir")
     @classmethod

@@ -17,10 +17,25 @@ from .geometry import Size, reach
 from .layers import WindowLayer, output_shape
 from .ops.backends import Backend, check_backend, ext_available
 from .ops.plan import Plan, find_requested, make_plan
+from .ops.solvers import ConvSpec
 from .padding import dense_padding, pad_image
 
 _INPUTS = {1: ("signals", "(N, C, L)"), 2: ("images", "(N, C, H, W)"), 3: ("volumes", "(N, C, D, H, W)")}
 _STOCHASTIC = (nn.modules.batchnorm._BatchNorm, nn.modules.dropout._DropoutNd)
+
+
+def _native_scratch_bytes(layer: nn.Module, in_shape, out_shape, itemsize: int) -> int:
+    """Buffers torch's own ops allocate beyond their input and output, where they are large: a dilated 3-D conv
+    unrolls its input (im2col, one image at a time: C/groups · taps columns per output voxel), and 3-D max pooling
+    computes int64 argmax indices even without autograd."""
+    if not isinstance(layer, WindowLayer) or layer.dims != 3:
+        return 0
+    spec = layer.spec()
+    voxels = math.prod(out_shape[2:])
+    if isinstance(spec, ConvSpec):
+        dilated = any(d > 1 for d, k in zip(spec.dilation, spec.kernel) if k > 1)
+        return spec.weight.shape[1] * math.prod(spec.kernel) * voxels * itemsize if dilated else 0
+    return 8 * math.prod(out_shape) if spec.mode == "max" else 0
 
 
 class DenseCNN(nn.Module):
@@ -180,11 +195,13 @@ class DenseCNN(nn.Module):
 
         def tile(tile_size: Size) -> int:
             layer_shape = (n, c, *(t + r - 1 for t, r in zip(tile_size, self.receptive_field)))
-            sizes = [math.prod(layer_shape)]
+            sizes, scratch = [math.prod(layer_shape)], 0
             for layer in self.features:
-                layer_shape = output_shape(layer, layer_shape)
+                out_shape = output_shape(layer, layer_shape)
+                scratch = max(scratch, _native_scratch_bytes(layer, layer_shape, out_shape, itemsize))
+                layer_shape = out_shape
                 sizes.append(math.prod(layer_shape))
-            return tiling.tile_peak_bytes(sizes, itemsize, train=train)
+            return tiling.tile_peak_bytes(sizes, itemsize, train=train) + scratch
 
         return tiling.MemoryEstimate(held=n * c * padded * itemsize + result, tile=tile)
 

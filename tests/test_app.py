@@ -887,3 +887,19 @@ def test_settings_fail_fast(tmp_path):
         Settings(model_dir=tmp_path / "missing")
     with pytest.raises(ValidationError, match="greater than 0"):
         Settings(model_dir=tmp_path, max_upload_bytes=0)
+
+
+def test_models_are_warmed_for_their_sizes_before_ready(model_root, monkeypatch):
+    warmed = []
+    monkeypatch.setattr(
+        densecnn.DenseCNN, "warm", lambda self, shape, **kwargs: warmed.append((shape, kwargs["max_memory"]))
+    )
+    with TestClient(
+        make_app(model_root, warm_sizes=[[32, 40], [4, 8, 8]], max_inference_memory=10**8)
+    ) as client:
+        wait_ready(client.get)
+        models = client.get("/v1/models").json()["models"]
+    images = [m for m in models if m["dims"] == 2]
+    assert images and len(warmed) == len(images)  # once per image model; no model takes the 3-D size
+    assert {shape[2:] for shape, _ in warmed} == {(32, 40)}
+    assert all(max_memory == 10**8 for _, max_memory in warmed)
