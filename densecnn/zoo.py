@@ -1,8 +1,11 @@
-"""Reference patch classifiers. Each builder returns ``(model, patch_size)``.
+"""Reference patch classifiers. Each builder returns ``(model, patch_size)``: an int for
+the square patches of 2-D nets, a tuple with one entry per axis (D, H, W) for 3-D nets.
 
 >>> model, patch = densecnn.zoo.create("plain_133", in_channels=3, num_classes=32)
 >>> densecnn.zoo.list_models()
-['plain_133', 'stages_46', 'tiny']
+['nuclei', 'nuclei3d', 'plain_133', 'stages_46', 'tiny', 'znni_3d']
+>>> densecnn.zoo.create("znni_3d", in_channels=1, num_classes=3)[1]
+(18, 18, 18)
 """
 
 from __future__ import annotations
@@ -82,7 +85,56 @@ def nuclei(in_channels: int = 1, num_classes: int = 3) -> tuple[nn.Sequential, i
     return model, 40
 
 
-_MODELS = {"nuclei": nuclei, "plain_133": plain_133, "stages_46": stages_46, "tiny": tiny}
+def nuclei3d(in_channels: int = 1, num_classes: int = 3) -> tuple[nn.Sequential, tuple[int, int, int]]:
+    """The shipped 3-D nuclei segmenter (models/nuclei3d), patch (9, 20, 20) (D, H, W): one full-resolution 3³ conv,
+    two conv+pool stages pooling in the plane only (the stacks are coarser along D), a 3³ conv and a 1³ head.
+
+    Patch: 1 <- 3 <- (5, 6, 6) <- (5, 8, 8) <- (7, 16, 16) <- (7, 18, 18) <- (9, 20, 20); 17.6k parameters.
+    """
+    model = nn.Sequential(
+        nn.Conv3d(in_channels, 8, 3),
+        nn.ReLU(),
+        nn.Conv3d(8, 16, 3),
+        nn.MaxPool3d((1, 2, 2), (1, 2, 2)),
+        nn.ReLU(),
+        nn.Conv3d(16, 16, 3),
+        nn.MaxPool3d((1, 2, 2), (1, 2, 2)),
+        nn.ReLU(),
+        nn.Conv3d(16, 16, 3),
+        nn.ReLU(),
+        nn.Conv3d(16, num_classes, 1),
+    )
+    return model, (9, 20, 20)
+
+
+def znni_3d(in_channels: int = 1, num_classes: int = 3) -> tuple[nn.Sequential, tuple[int, int, int]]:
+    """A 3-D reference net in the style of the n337 net of Zlateski, Lee & Seung ("ZNNi: maximizing the inference
+    throughput of 3D convolutional networks on CPUs and GPUs"), scaled to a small CPU: three 3³ convs of 16
+    channels with two 2³ max pools, and a 1³ head. Patch 18³: 1 <- 3 <- 6 <- 8 <- 16 <- 18.
+    """
+    model = nn.Sequential(
+        nn.Conv3d(in_channels, 16, 3),
+        nn.MaxPool3d(2, 2),
+        nn.ReLU(),
+        nn.Conv3d(16, 16, 3),
+        nn.MaxPool3d(2, 2),
+        nn.ReLU(),
+        nn.Conv3d(16, 16, 3),
+        nn.ReLU(),
+        nn.Conv3d(16, num_classes, 1),
+    )
+    return model, (18, 18, 18)
+
+
+_MODELS = {
+    "nuclei": nuclei,
+    "nuclei3d": nuclei3d,
+    "plain_133": plain_133,
+    "stages_46": stages_46,
+    "tiny": tiny,
+    "znni_3d": znni_3d,
+}
+_VOLUME_MODELS = {"nuclei3d", "znni_3d"}
 
 
 def list_models(pattern: str = "*") -> list[str]:
@@ -90,8 +142,22 @@ def list_models(pattern: str = "*") -> list[str]:
     return sorted(name for name in _MODELS if fnmatch.fnmatch(name, pattern))
 
 
-def create(name: str, *, in_channels: int, num_classes: int) -> tuple[nn.Sequential, int]:
-    """Build zoo model ``name``; returns ``(model, patch_size)``."""
+def spatial_dims(name: str) -> int:
+    """The spatial axes of zoo model ``name``'s input: 2 for images, 3 for volumes.
+
+    >>> densecnn.zoo.spatial_dims("nuclei3d")
+    3
+    """
+    _check_name(name)
+    return 3 if name in _VOLUME_MODELS else 2
+
+
+def create(name: str, *, in_channels: int, num_classes: int) -> tuple[nn.Sequential, int | tuple[int, ...]]:
+    """Build zoo model ``name``; returns ``(model, patch_size)`` (a tuple per axis for 3-D nets)."""
+    _check_name(name)
+    return _MODELS[name](in_channels=in_channels, num_classes=num_classes)
+
+
+def _check_name(name: str) -> None:
     if name not in _MODELS:
         raise ValueError(f"Unknown model {name!r}; the zoo has {', '.join(list_models())}")
-    return _MODELS[name](in_channels=in_channels, num_classes=num_classes)

@@ -38,12 +38,9 @@ def start_model(config: TrainConfig) -> LoadedModel:
             f"--model {config.model} is a zoo name: give the number of classes with --classes "
             f"(or put a classes.json with names in {config.data})"
         )
-    in_channels = config.channels or infer_channels(config.data)
+    in_channels = config.channels or infer_channels(config.data, _zoo_call(zoo.spatial_dims, config.model))
     torch.manual_seed(config.seed)  # the same initial weights on every process
-    try:
-        model, patch = zoo.create(config.model, in_channels=in_channels, num_classes=classes)
-    except ValueError as exc:
-        raise TrainingError(f"--model {config.model}: not a model directory, and {exc}") from None
+    model, patch = _zoo_call(zoo.create, config.model, in_channels=in_channels, num_classes=classes)
     names_fit = info.names is not None and len(info.names) == classes
     palette_fits = names_fit and info.palette is not None and len(info.palette) == classes
     return LoadedModel(
@@ -56,3 +53,11 @@ def start_model(config: TrainConfig) -> LoadedModel:
         normalization=None,
         padding_mode=config.padding_mode,
     )
+
+
+def _zoo_call(function, name: str, **kwargs):
+    """``function(name, **kwargs)`` of the zoo, an unknown name reported as an option error."""
+    try:
+        return function(name, **kwargs)
+    except ValueError as exc:
+        raise TrainingError(f"--model {name}: not a model directory, and {exc}") from None
