@@ -299,3 +299,45 @@ def test_a_volume_model_given_image_files_names_what_to_pass(tmp_path):
     with pytest.raises(PredictInputError, match=r"does not fit a 3-D model.*\(D, H, W\) or \(C, D, H, W\)"):
         zarr.create_array(store=str(tmp_path / "plane.zarr"), data=nuclei_pixels()[:40, :40], chunks=(20, 20))
         predict(model_dir, tmp_path / "plane.zarr", tmp_path / "labels.zarr")
+
+
+def test_chunked_signal_prediction_equals_patch_scanning(tmp_path):
+    """A (C, L) zarr signal for a 1-D model, chunks smaller than the receptive field."""
+    model = nn.Sequential(
+        nn.Conv1d(2, 3, 5), nn.ReLU(), nn.MaxPool1d(3, 2), nn.Conv1d(3, 4, 3, dilation=2), nn.AvgPool1d(2),
+        nn.Conv1d(4, 2, 3), nn.Flatten(),
+    )  # fmt: skip
+    model_dir = save_model(model, tmp_path / "model", (25,), "replicate", 2)
+    signal = tiled_nuclei(2, 300)  # (C, L)
+    zarr.create_array(store=str(tmp_path / "in.zarr"), data=signal, chunks=(2, 70))
+    summary = predict(
+        model_dir, tmp_path / "in.zarr", tmp_path / "labels.zarr", chunk=11, block=33, progress=False
+    )
+    loaded = densecnn.load(model_dir)
+    reference = literal_scan(loaded.model, array_input(signal, loaded), (25,), "replicate")  # (1, K, L)
+    labels = torch.from_numpy(zarr.open_array(str(tmp_path / "labels.zarr"))[:].astype(np.int64))
+    assert summary.computed == summary.total == -(-300 // 11)
+    assert_labels_equal_except_ties(labels[None], reference)
+
+
+@pytest.mark.parametrize("stored", ["ome-zarr", "tiff"])
+def test_ome_zarr_and_tiff_volumes_are_read_by_their_spatial_axes(tmp_path, stored):
+    """An OME-Zarr (t, c, z, y, x) group and a multi-page TIFF stack (which tifffile may tag as samples)."""
+    model, patch = _volume(1)
+    model_dir = save_model(model, tmp_path / "model", patch, "zeros", 1)
+    voxels = _voxels(1, 4, 20, 18)  # (C, D, H, W)
+    if stored == "tiff":
+        source = tmp_path / "stack.tif"
+        tifffile.imwrite(source, voxels[0], tile=(16, 16))
+    else:
+        source = tmp_path / "stack.ome.zarr"
+        group = zarr.open_group(str(source), mode="w")
+        names = ["t", "c", "z", "y", "x"]
+        group.attrs["multiscales"] = [{"axes": [{"name": n} for n in names], "datasets": [{"path": "0"}]}]
+        group.create_array("0", data=voxels[None], chunks=(1, 1, 3, 9, 9))
+    predict(model_dir, source, tmp_path / "labels.zarr", chunk=(3, 9, 9), progress=False)
+    loaded = densecnn.load(model_dir)
+    reference = literal_scan(loaded.model, array_input(voxels, loaded), patch, "zeros")  # (1, K, D, H, W)
+    labels = torch.from_numpy(zarr.open_array(str(tmp_path / "labels.zarr"))[:].astype(np.int64))
+    assert labels.shape == (4, 20, 18)
+    assert_labels_equal_except_ties(labels[None], reference)

@@ -212,10 +212,10 @@ def _tiff_source(path: Path, channel_axis: int | None, spatial_dims: int) -> Arr
             axes = tiff.series[0].axes
     except Exception as exc:  # tifffile raises many types on corrupt files
         raise PredictInputError(f"{path}: cannot read TIFF: {exc}") from None
-    if channel_axis is None:
-        samples = [i for i, a in enumerate(axes) if a in "SC"]
-        channel_axis = samples[0] if samples else None
     node = open_array(ArraySource(str(path), "0", "tiff", (), (), "", ""))
     shape = tuple(node.shape)
+    if channel_axis is None and len(shape) > spatial_dims:  # a (D, H, W) stack may be tagged as samples
+        samples = [i for i, a in enumerate(axes) if a in "SC"]
+        channel_axis = samples[0] if samples else None
     layout = _layout(shape, channel_axis, path, spatial_dims)
     return ArraySource(str(path), "0", "tiff", shape, tuple(node.chunks), str(node.dtype), layout)
