@@ -16,7 +16,7 @@ from torch import nn
 
 import densecnn
 from densecnn.errors import BlockFailedError, PredictInputError
-from densecnn.imageio import model_input
+from densecnn.imageio import array_input, model_input
 from densecnn.predict import predict
 from densecnn.predict import run as predict_run
 from densecnn.predict.blocks import halo, predict_block, tight_window, window, window_size
@@ -243,3 +243,101 @@ def test_inputs_and_outputs_that_do_not_fit_get_clear_errors(tmp_path):
         predict(model_dir, tmp_path / "cells.png", tmp_path / "out.jpg")
     with pytest.raises(PredictInputError, match="no image files"):
         predict(model_dir, tmp_path / "*.bmp", tmp_path / "out")
+
+
+def _volume(channels):
+    """A 3-D patch classifier with an anisotropic patch, like an EM stack's (slices, rows, columns)."""
+    model = nn.Sequential(
+        nn.Conv3d(channels, 4, (1, 3, 3)), nn.ReLU(), nn.MaxPool3d((1, 2, 2)), nn.Conv3d(4, 4, (2, 3, 3)),
+        nn.Tanh(), nn.MaxPool3d(2), nn.Flatten(), nn.Linear(4 * 2 * 2 * 2, 3),
+    )  # fmt: skip
+    return model, (5, 14, 14)
+
+
+def _voxels(channels: int, depth: int, height: int, width: int) -> np.ndarray:
+    """(C, D, H, W) uint8: slices are crops of the nuclei image drifting from slice to slice, one crop per channel."""
+    image = nuclei_pixels()
+    return np.stack([
+        np.stack([image[2 * d + 50 * c : 2 * d + 50 * c + height, 3 * d : 3 * d + width] for d in range(depth)])
+        for c in range(channels)
+    ])  # fmt: skip
+
+
+@pytest.mark.parametrize("padding_mode, channels", [("zeros", 1), ("reflect", 2)])
+def test_chunked_volume_prediction_equals_patch_scanning_and_resumes(tmp_path, padding_mode, channels):
+    """A (D, H, W) or (C, D, H, W) zarr volume, chunks smaller than the receptive field along the rows and columns
+    and dividing none of the volume's sides; a second run computes nothing."""
+    model, patch = _volume(channels)
+    model_dir = save_model(model, tmp_path / "model", patch, padding_mode, channels)
+    voxels = _voxels(channels, 12, 30, 26)  # (C, D, H, W)
+    stored = voxels[0] if channels == 1 else voxels
+    zarr.create_array(store=str(tmp_path / "in.zarr"), data=stored, chunks=stored.shape[:-3] + (7, 13, 10))
+    run = dict(chunk=(5, 8, 9), block=(5, 16, 9), probabilities=tmp_path / "p.zarr", progress=False)
+    summary = predict(model_dir, tmp_path / "in.zarr", tmp_path / "labels.zarr", **run)
+    again = predict(model_dir, tmp_path / "in.zarr", tmp_path / "labels.zarr", **run)
+    loaded = densecnn.load(model_dir)
+    reference = literal_scan(
+        loaded.model, array_input(voxels, loaded), patch, padding_mode
+    )  # (1, K, D, H, W)
+    labels = torch.from_numpy(zarr.open_array(str(tmp_path / "labels.zarr"))[:].astype(np.int64))
+    probabilities = torch.from_numpy(zarr.open_array(str(tmp_path / "p.zarr"))[:].astype(np.float32))
+    assert summary.computed == summary.total == 3 * 4 * 3
+    assert (again.computed, again.skipped) == (0, summary.total)
+    assert labels.shape == (12, 30, 26) and probabilities.shape == (3, 12, 30, 26)
+    assert_labels_equal_except_ties(labels[None], reference)
+    assert_close_relative(
+        probabilities, reference.softmax(1)[0], rel=1e-3, floor=1.0, what="float16 probabilities"
+    )
+
+
+def test_a_volume_model_given_image_files_names_what_to_pass(tmp_path):
+    model, patch = _volume(1)
+    model_dir = save_model(model, tmp_path / "model", patch, "zeros", 1)
+    Image.fromarray(nuclei_pixels()[:40, :40]).save(tmp_path / "cells.png")
+    with pytest.raises(PredictInputError, match="3-D model labels a chunked volume.*zarr array"):
+        predict(model_dir, tmp_path / "cells.png", tmp_path / "cells-labels.png")
+    with pytest.raises(PredictInputError, match=r"does not fit a 3-D model.*\(D, H, W\) or \(C, D, H, W\)"):
+        zarr.create_array(store=str(tmp_path / "plane.zarr"), data=nuclei_pixels()[:40, :40], chunks=(20, 20))
+        predict(model_dir, tmp_path / "plane.zarr", tmp_path / "labels.zarr")
+
+
+def test_chunked_signal_prediction_equals_patch_scanning(tmp_path):
+    """A (C, L) zarr signal for a 1-D model, chunks smaller than the receptive field."""
+    model = nn.Sequential(
+        nn.Conv1d(2, 3, 5), nn.ReLU(), nn.MaxPool1d(3, 2), nn.Conv1d(3, 4, 3, dilation=2), nn.AvgPool1d(2),
+        nn.Conv1d(4, 2, 3), nn.Flatten(),
+    )  # fmt: skip
+    model_dir = save_model(model, tmp_path / "model", (25,), "replicate", 2)
+    signal = tiled_nuclei(2, 300)  # (C, L)
+    zarr.create_array(store=str(tmp_path / "in.zarr"), data=signal, chunks=(2, 70))
+    summary = predict(
+        model_dir, tmp_path / "in.zarr", tmp_path / "labels.zarr", chunk=11, block=33, progress=False
+    )
+    loaded = densecnn.load(model_dir)
+    reference = literal_scan(loaded.model, array_input(signal, loaded), (25,), "replicate")  # (1, K, L)
+    labels = torch.from_numpy(zarr.open_array(str(tmp_path / "labels.zarr"))[:].astype(np.int64))
+    assert summary.computed == summary.total == -(-300 // 11)
+    assert_labels_equal_except_ties(labels[None], reference)
+
+
+@pytest.mark.parametrize("stored", ["ome-zarr", "tiff"])
+def test_ome_zarr_and_tiff_volumes_are_read_by_their_spatial_axes(tmp_path, stored):
+    """An OME-Zarr (t, c, z, y, x) group and a multi-page TIFF stack (which tifffile may tag as samples)."""
+    model, patch = _volume(1)
+    model_dir = save_model(model, tmp_path / "model", patch, "zeros", 1)
+    voxels = _voxels(1, 4, 20, 18)  # (C, D, H, W)
+    if stored == "tiff":
+        source = tmp_path / "stack.tif"
+        tifffile.imwrite(source, voxels[0], tile=(16, 16))
+    else:
+        source = tmp_path / "stack.ome.zarr"
+        group = zarr.open_group(str(source), mode="w")
+        names = ["t", "c", "z", "y", "x"]
+        group.attrs["multiscales"] = [{"axes": [{"name": n} for n in names], "datasets": [{"path": "0"}]}]
+        group.create_array("0", data=voxels[None], chunks=(1, 1, 3, 9, 9))
+    predict(model_dir, source, tmp_path / "labels.zarr", chunk=(3, 9, 9), progress=False)
+    loaded = densecnn.load(model_dir)
+    reference = literal_scan(loaded.model, array_input(voxels, loaded), patch, "zeros")  # (1, K, D, H, W)
+    labels = torch.from_numpy(zarr.open_array(str(tmp_path / "labels.zarr"))[:].astype(np.int64))
+    assert labels.shape == (4, 20, 18)
+    assert_labels_equal_except_ties(labels[None], reference)

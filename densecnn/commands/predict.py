@@ -8,7 +8,7 @@ EPILOG = """\
 inputs and outputs:
   IMAGE.png|.jpg|.tif     -> OUTPUT.png (palette: pixel values are class ids), .tif or .npy
   DIR or 'GLOB'           -> OUTPUT directory of label maps with the same names (.png for JPEG/BMP)
-  ARRAY.zarr, OME-Zarr group (level 0), or a (Big)TIFF read lazily
+  ARRAY.zarr, OME-Zarr group (level 0), or a (Big)TIFF read lazily; (D, H, W) volumes for 3-D models
                           -> OUTPUT.zarr: labels (uint8; uint16 past 256 classes), chunked like the input
 
 examples:
@@ -25,7 +25,7 @@ def _chunk(text: str) -> int | tuple[int, ...]:
     try:
         sizes = tuple(int(part) for part in text.split(","))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected N or H,W, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected N, H,W or D,H,W, got {text!r}") from None
     return sizes[0] if len(sizes) == 1 else sizes
 
 
@@ -53,7 +53,9 @@ def add_parser(subparsers) -> None:
     )
     parser.add_argument("output", help="label file, output directory, or .zarr array")
     parser.add_argument(
-        "--probabilities", metavar="PATH.zarr", help="also write (K, H, W) float16 probabilities"
+        "--probabilities",
+        metavar="PATH.zarr",
+        help="also write (K, H, W) or (K, D, H, W) float16 probabilities",
     )
     parser.add_argument(
         "--scheduler", metavar="ADDRESS", help="a running Dask scheduler, e.g. tcp://host:8786"
@@ -61,7 +63,9 @@ def add_parser(subparsers) -> None:
     parser.add_argument(
         "--workers", type=int, default=1, help="local worker processes (default 1, all cores)"
     )
-    parser.add_argument("--chunk", type=_chunk, help="output chunk N or H,W (default: the input's chunks)")
+    parser.add_argument(
+        "--chunk", type=_chunk, help="output chunk N, H,W or D,H,W (default: the input's chunks)"
+    )
     parser.add_argument(
         "--block", type=_chunk, default=1024, help="pixels per side one task computes (default 1024)"
     )

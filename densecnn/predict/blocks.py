@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..imageio import class_probabilities, model_input
+from ..imageio import array_input, class_probabilities
 from ..tiling import class_labels
 from .sinks import chunk_written, open_output
 from .sources import ArraySource
@@ -146,15 +146,17 @@ def predict_block(job: BlockJob, chunks: tuple[tuple[int, ...], ...]) -> TaskRes
         )
     ]
     loaded, dense = worker_model(job.model, job.device, job.threads)
-    pixels = job.source.read(tuple(slice(*span) for span in spans))  # (h, w[, C])
-    x = model_input(pixels, loaded).to(job.device)  # (1, C, h, w)
+    pixels = job.source.read(tuple(slice(*span) for span in spans))  # (C, *window)
+    x = array_input(pixels, loaded).to(job.device)  # (1, C', *window)
     with torch.no_grad():
         if probabilities_out is None:
-            labels = dense.predict(x, max_memory=job.max_memory)[0]  # (h, w)
+            labels = dense.predict(x, max_memory=job.max_memory)[0]  # (*window)
         else:
-            scores = dense(x, max_memory=job.max_memory)  # (1, K, h, w)
-            labels = class_labels(scores)[0]  # (h, w)
-            probabilities = class_probabilities(scores, dense)[0].to(torch.float16).cpu().numpy()  # (K, h, w)
+            scores = dense(x, max_memory=job.max_memory)  # (1, K, *window)
+            labels = class_labels(scores)[0]  # (*window)
+            probabilities = (
+                class_probabilities(scores, dense)[0].to(torch.float16).cpu().numpy()
+            )  # (K, *window)
     labels = labels.cpu().numpy().astype(labels_out.dtype)
     written = 0
     for index in missing:

@@ -95,8 +95,9 @@ def predict(
     - ``input`` a directory or glob of images -> ``output`` a directory of label maps with the same names.
     - ``input`` a zarr array, OME-Zarr group (level 0) or TIFF -> ``output`` a zarr array of labels (uint8, uint16
       past 256 classes) chunked like the input (or ``chunk``); ``probabilities`` another zarr array path for the
-      (K, H, W) float16 class probabilities. A task computes about ``block`` pixels per side (whole chunks) in
-      one pass and writes each chunk.
+      (K, *spatial) float16 class probabilities. The array has the model's spatial axes, (H, W) for a 2-D model,
+      (D, H, W) for a 3-D one, (L) for a 1-D one, and optionally a channel axis; image files are for 2-D models.
+      A task computes about ``block`` pixels per side (whole chunks) in one pass and writes each chunk.
 
     The result equals one pass of the dense net over the whole image, to rounding. ``scheduler`` is the address of
     a running Dask scheduler (``tcp://host:8786``); without it a local cluster of ``workers`` processes runs here.
@@ -122,6 +123,13 @@ def predict(
         with _client(scheduler, workers) as (client, threads):
             return _predict_array(client, threads, loaded, model, source, output, probabilities, chunk, block,
                                   max_memory, device, resume, retries, progress)  # fmt: skip
+    dims = len(loaded.patch_size)
+    if dims != 2:
+        kind = {1: "signal", 3: "volume"}[dims]
+        raise PredictInputError(
+            f"{input} -> {output}: a {dims}-D model labels a chunked {kind}, not image files; give a zarr array, "
+            f"OME-Zarr group or TIFF holding the {kind} as INPUT and OUTPUT ending in .zarr"
+        )
     if probabilities is not None:
         raise PredictInputError(
             "--probabilities is written for zarr outputs only; give OUTPUT ending in .zarr"

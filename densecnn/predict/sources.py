@@ -4,7 +4,8 @@ An :class:`ArraySource` is a small picklable description (path, array key, axes)
 process opens the store once (:func:`open_array`, cached) and reads only the window a task needs, so no process ever
 holds the whole image.
 
-Arrays are (H, W) or (C, H, W) for 2-D models, or any order when ``channel_axis`` says where the channels are; an
+Arrays are (H, W) or (C, H, W) for 2-D models, (D, H, W) or (C, D, H, W) for 3-D models, (L) or (C, L) for 1-D
+ones, or any order when ``channel_axis`` says where the channels are; an
 OME-Zarr group is read at its full-resolution level (the first dataset of its first multiscale), a TIFF (BigTIFF,
 tiled or striped) through tifffile's zarr store, at its first series' level 0.
 """
@@ -59,12 +60,13 @@ class ArraySource:
         return self.shape[self.layout.index("c")] if "c" in self.layout else 1
 
     def read(self, window: tuple[slice, ...]) -> np.ndarray:
-        """The pixels of ``window`` (one slice per spatial axis), channels last: (h, w) or (h, w, C)."""
+        """The pixels of ``window`` (one slice per spatial axis), channels first: (C, *window), C = 1 without a
+        channel axis."""
         spatial = iter(window)
         index = tuple(next(spatial) if a == "s" else slice(None) if a == "c" else 0 for a in self.layout)
         pixels = np.asarray(open_array(self)[index])
         kept = [a for a in self.layout if a != "1"]
-        return np.moveaxis(pixels, kept.index("c"), -1) if "c" in kept else pixels
+        return np.moveaxis(pixels, kept.index("c"), 0) if "c" in kept else pixels[None]
 
 
 _OPEN_LOCK = threading.Lock()
@@ -183,6 +185,9 @@ def _layout_from_names(names: list[str], shape: tuple[int, ...], path: Path, spa
     return layout
 
 
+_AXES = {1: "(L)", 2: "(H, W)", 3: "(D, H, W)"}
+
+
 def _layout(shape: tuple[int, ...], channel_axis: int | None, path, spatial_dims: int) -> str:
     if channel_axis is None and len(shape) == spatial_dims + 1:
         channel_axis = 0
@@ -193,7 +198,8 @@ def _layout(shape: tuple[int, ...], channel_axis: int | None, path, spatial_dims
     if len(shape) - (channel_axis is not None) != spatial_dims:
         raise PredictInputError(
             f"{path}: an array of shape {shape} does not fit a {spatial_dims}-D model (channel axis: "
-            f"{channel_axis}); give (H, W) or (C, H, W), or name the channel axis with --channel-axis"
+            f"{channel_axis}); give {_AXES[spatial_dims]} or (C, {_AXES[spatial_dims][1:]}, or name the channel axis "
+            "with --channel-axis"
         )
     return "".join("c" if axis == channel_axis else "s" for axis in range(len(shape)))
 
@@ -206,10 +212,10 @@ def _tiff_source(path: Path, channel_axis: int | None, spatial_dims: int) -> Arr
             axes = tiff.series[0].axes
     except Exception as exc:  # tifffile raises many types on corrupt files
         raise PredictInputError(f"{path}: cannot read TIFF: {exc}") from None
-    if channel_axis is None:
-        samples = [i for i, a in enumerate(axes) if a in "SC"]
-        channel_axis = samples[0] if samples else None
     node = open_array(ArraySource(str(path), "0", "tiff", (), (), "", ""))
     shape = tuple(node.shape)
+    if channel_axis is None and len(shape) > spatial_dims:  # a (D, H, W) stack may be tagged as samples
+        samples = [i for i, a in enumerate(axes) if a in "SC"]
+        channel_axis = samples[0] if samples else None
     layout = _layout(shape, channel_axis, path, spatial_dims)
     return ArraySource(str(path), "0", "tiff", shape, tuple(node.chunks), str(node.dtype), layout)
