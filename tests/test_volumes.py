@@ -379,3 +379,17 @@ def test_space_to_batch_equals_the_native_dilated_ops_in_3d(layout):
         y = solvers.run("s2b", spec, x)
         assert y.is_contiguous(memory_format=layout)
         assert_equal_to_rounding(y, solvers.run("native", spec, x.contiguous()))
+
+
+@pytest.mark.skipif(not ext.available(), reason="densecnn's kernels are not built")
+def test_immediate_plans_pool_volumes_with_the_kernels(tmp_path, monkeypatch):
+    """Without timing anything, a volume net's pools run on densecnn's kernels (torch's dilated 3-D pooling is
+    several times slower), its convs on torch's."""
+    monkeypatch.setenv("DENSECNN_CACHE_DIR", str(tmp_path))
+    model, patch = densecnn.zoo.create("znni_3d", in_channels=1, num_classes=3)
+    dense = densecnn.convert(model.eval(), patch)
+    x = torch.rand(1, 1, 20, 20, 20)
+    steps = dense.plan(dense.pad(x)).describe()
+    pools = [s for s in steps if s["layers"][0] == "DenseMaxPool"]
+    assert pools and all(s["solver"] in ("ext", "ext_fused") and s["source"] == "predicted" for s in pools)
+    assert all(s["solver"] == "native" for s in steps if s["layers"][0] == "DenseConv")

@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from ..geometry import output_size
-from .solvers import ConvSpec, Spec
+from .solvers import ConvSpec, PoolSpec, Spec
 
 MODEL_FILE = Path(__file__).with_name("cost_model.json")
 FEATURES = ("bias", "log_out_pixels", "log_out_channels", "log_in_channels_per_group", "log_taps")
@@ -168,6 +168,10 @@ def predict(
     predicted. A solver without a fitted model for this op gets None (not chosen), except ``native``, which gets a
     neutral 1.0 so that a net always has a plan. Dtypes not in the file use the float32 models."""
     model, row = shipped(), problem(spec, shape)
+    if isinstance(spec, PoolSpec) and len(spec.kernel) != 2:
+        # Signals and volumes borrow the image pools' fits: a pool's cost follows its output elements, taps and
+        # dilation (the features), whatever the number of axes, and torch's dilated pooling is slower still in 3-D.
+        row["op"] = f"{spec.mode}_pool2d"
     direction, dtype_name = "train" if train else "infer", str(dtype).removeprefix("torch.")
     table: dict[str, dict[str, float | None]] = {}
     for memory_format in ("nchw", "nhwc"):
