@@ -25,17 +25,21 @@ _STOCHASTIC = (nn.modules.batchnorm._BatchNorm, nn.modules.dropout._DropoutNd)
 
 
 def _native_scratch_bytes(layer: nn.Module, in_shape, out_shape, itemsize: int) -> int:
-    """Buffers torch's own ops allocate beyond their input and output, where they are large: a dilated 3-D conv
-    unrolls its input (im2col, one image at a time: C/groups · taps columns per output voxel), and 3-D max pooling
-    computes int64 argmax indices even without autograd."""
-    if not isinstance(layer, WindowLayer) or layer.dims != 3:
+    """Buffers torch's own ops allocate beyond their input and output, where they are large: a conv that runs as
+    im2col + GEMM unrolls its input (one image at a time: C/groups · taps columns per output pixel) — torch's dilated
+    3-D conv always does, and so do 2-D convs on CPUs without AVX2, where oneDNN has no direct kernels — and 3-D max
+    pooling computes int64 argmax indices even without autograd."""
+    if not isinstance(layer, WindowLayer):
         return 0
     spec = layer.spec()
-    voxels = math.prod(out_shape[2:])
+    pixels = math.prod(out_shape[2:])
     if isinstance(spec, ConvSpec):
         dilated = any(d > 1 for d, k in zip(spec.dilation, spec.kernel) if k > 1)
-        return spec.weight.shape[1] * math.prod(spec.kernel) * voxels * itemsize if dilated else 0
-    return 8 * math.prod(out_shape) if spec.mode == "max" else 0
+        unrolled = (layer.dims == 3 and dilated) or (
+            math.prod(spec.kernel) > 1 and torch.backends.cpu.get_cpu_capability() == "DEFAULT"
+        )
+        return spec.weight.shape[1] * math.prod(spec.kernel) * pixels * itemsize if unrolled else 0
+    return 8 * math.prod(out_shape) if layer.dims == 3 and spec.mode == "max" else 0
 
 
 class DenseCNN(nn.Module):
