@@ -111,12 +111,13 @@ def free_port() -> int:
 
 
 class Server:
-    """``densecnn serve`` in a subprocess on a free loopback port."""
+    """``densecnn serve`` in a subprocess on a free loopback port. No start-up warm-up unless ``warm_sizes`` is given:
+    readiness is awaited on one worker, and a warming sibling would answer 503 meanwhile."""
 
     def __init__(self, model_dir: Path, log: Path, *, workers: int = 1, **settings):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        env = {**os.environ, "DENSECNN_TORCH_THREADS": "1"}
+        env = {**os.environ, "DENSECNN_TORCH_THREADS": "1", "DENSECNN_WARM_SIZES": "[]"}
         env.update({f"DENSECNN_{key.upper()}": str(value) for key, value in settings.items()})
         self.log = log
         command = [
