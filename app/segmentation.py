@@ -21,6 +21,8 @@ from densecnn.imageio import (
     array_input,
     class_probabilities,
     image_format,
+    label_dtype,
+    labels_png,
     model_input,
     read_array,
     read_nd,
@@ -60,27 +62,12 @@ class SegmentResult:
         return ", ".join(f"{step};dur={seconds * 1000:.1f}" for step, seconds in self.timings.items())
 
 
-def labels_png(labels: np.ndarray, palette: list[list[int]], num_classes: int) -> bytes:
-    """(H, W) class ids -> a palette PNG (up to 256 classes) or a 16-bit grayscale PNG of the ids."""
-    out = io.BytesIO()
-    if num_classes <= 256:
-        image = Image.fromarray(labels.astype(np.uint8))
-        image.putpalette([v for colour in palette for v in colour])  # mode L -> P
-    else:
-        image = Image.fromarray(labels.astype(np.uint16))  # mode I;16
-    image.save(out, format="PNG", compress_level=3)
-    return out.getvalue()
-
-
-def label_ids(labels: np.ndarray, num_classes: int) -> np.ndarray:
-    """Class ids in the smallest unsigned type that holds them: uint8 up to 256 classes, else uint16."""
-    return labels.astype(np.uint8 if num_classes <= 256 else np.uint16)
-
-
 def labels_tiff(labels: np.ndarray, num_classes: int) -> bytes:
     """(D, H, W) class ids -> a multi-page TIFF (one page per slice, uint8 or uint16 ids, deflate-compressed)."""
     out = io.BytesIO()
-    tifffile.imwrite(out, label_ids(labels, num_classes), photometric="minisblack", compression="zlib")
+    tifffile.imwrite(
+        out, labels.astype(label_dtype(num_classes)), photometric="minisblack", compression="zlib"
+    )
     return out.getvalue()
 
 
@@ -166,7 +153,7 @@ def segment(
     elif output is Output.PNG and overlay:
         body = overlay_png(pixels, labels, loaded.palette)
     elif output is Output.PNG:
-        body = labels_png(labels, loaded.palette, loaded.num_classes)
+        body = labels_png(labels, loaded.palette)
     else:
         body = json.dumps(_document(loaded, labels, pixels if overlay else None)).encode()
     timings["encode"] = time.perf_counter() - start
@@ -186,13 +173,13 @@ def _document(loaded, labels: np.ndarray, overlay_pixels: np.ndarray | None) -> 
     }
     if labels.ndim == 2:  # an image: the fields 2-D clients read
         height, width = labels.shape
-        png = labels_png(labels, loaded.palette, loaded.num_classes)
+        png = labels_png(labels, loaded.palette)
         document |= {"width": width, "height": height, "labels_png_base64": base64.b64encode(png).decode()}
         document["pixel_counts"] = counts
     elif labels.ndim == 3:
         document["labels_tiff_base64"] = base64.b64encode(labels_tiff(labels, loaded.num_classes)).decode()
     else:
-        ids = bytes(npy_view(label_ids(labels, loaded.num_classes)))
+        ids = bytes(npy_view(labels.astype(label_dtype(loaded.num_classes))))
         document["labels_npy_base64"] = base64.b64encode(ids).decode()
     if overlay_pixels is not None:
         document["overlay_png_base64"] = base64.b64encode(

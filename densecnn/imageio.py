@@ -482,3 +482,19 @@ def class_probabilities(scores: torch.Tensor, dense) -> torch.Tensor:
     if isinstance(last, ChannelSoftmax):
         return scores.exp() if last.log else scores
     return scores.softmax(1)
+
+
+def label_dtype(num_classes: int) -> np.dtype:
+    """The smallest unsigned type that holds class ids: uint8 for up to 256 classes, uint16 past that."""
+    return np.dtype(np.uint8 if num_classes <= 256 else np.uint16)
+
+
+def labels_png(labels: np.ndarray, palette: list[list[int]]) -> bytes:
+    """(H, W) class ids -> PNG bytes whose pixel values are the ids: a palette PNG coloured by ``palette`` (one RGB
+    colour per class) up to 256 classes, a 16-bit grayscale PNG past that."""
+    image = Image.fromarray(labels.astype(label_dtype(len(palette))))
+    if image.mode == "L":
+        image.putpalette([v for colour in palette for v in colour])  # mode L -> P
+    out = io.BytesIO()
+    image.save(out, format="PNG", compress_level=3)
+    return out.getvalue()

@@ -23,13 +23,12 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import BlockFailedError, PredictInputError
-from ..imageio import ImageReadError, unit_planes
+from ..imageio import ImageReadError, label_dtype, unit_planes
 from .blocks import BlockJob, bounding_region, halo, predict_block, window_size
 from .files import FileJob, predict_file
 from .sinks import (
     check_label_path,
     create_output,
-    label_dtype,
     labels_file_name,
     write_labels,
     written_chunks,

@@ -16,13 +16,9 @@ import numpy as np
 
 from ..atomic import atomic_write
 from ..errors import PredictInputError
+from ..imageio import label_dtype, labels_png
 
 LABEL_SUFFIXES = (".png", ".tif", ".tiff", ".npy")
-
-
-def label_dtype(num_classes: int) -> np.dtype:
-    """uint8 for up to 256 classes (ids 0..255), uint16 past that."""
-    return np.dtype(np.uint8 if num_classes <= 256 else np.uint16)
 
 
 def create_output(
@@ -142,13 +138,7 @@ def write_labels(path: str | Path, labels: np.ndarray, palette: list[list[int]])
         buffer = io.BytesIO()
         np.save(buffer, labels)
     elif suffix == ".png":
-        from PIL import Image
-
-        image = Image.fromarray(labels)
-        if labels.dtype == np.uint8:
-            image.putpalette([v for colour in palette for v in colour])  # mode L -> P: the ids, coloured
-        buffer = io.BytesIO()
-        image.save(buffer, format="PNG")
+        buffer = io.BytesIO(labels_png(labels, palette))
     else:
         import tifffile
 
