@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "common.h"
+#include "direct_conv.h"
 
 namespace densecnn {
 
@@ -43,5 +44,10 @@ cudaError_t launch_im2col(const ConvGeometry& g, const T* image, int64_t band_st
 template <typename T>
 cudaError_t launch_col2im_add(const ConvGeometry& g, const T* grad_col, int64_t band_start, int64_t rows,
                               T* grad_image, cudaStream_t stream);
+
+// y <- the direct convolution of x (direct_conv.h); bias may be null.
+template <typename T>
+cudaError_t launch_direct_conv(const DirectConvGeometry& g, const T* x, const T* weight, const T* bias, T* y,
+                               cudaStream_t stream);
 
 }  // namespace densecnn

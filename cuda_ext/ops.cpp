@@ -42,6 +42,9 @@ TORCH_LIBRARY(densecnn, m) {
   m.def(
       "conv2d_backward(Tensor grad_output, Tensor input, Tensor weight, int[2] dilation, int groups, "
       "bool[3] output_mask) -> (Tensor, Tensor, Tensor)");
+  // Stride-1 dilated convolution, groups 1, of (N, C, *S) with 1-3 spatial axes, computed directly (no im2col):
+  // for convs with few input channels. Its gradients are torch's convolution backward (densecnn/ops/ext.py).
+  m.def("direct_conv(Tensor input, Tensor weight, Tensor? bias, int[] dilation) -> Tensor");
   // Tests only: run the CUDA kernels' per-element bodies on the CPU (gpu_loops.h). Returns the previous setting.
   m.def("_use_gpu_loops_on_cpu(bool enable) -> bool", &densecnn::use_gpu_loops_on_cpu);
 }

@@ -171,6 +171,15 @@ def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, dil
     return torch.ops.densecnn.conv2d(x, weight, bias, _per_axis("dilation", dilation, 2), groups)
 
 
+def direct_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, dilation) -> torch.Tensor:
+    """Stride-1 dilated convolution (groups 1) computed directly, without an unrolled matrix: for the few input
+    channels of a first layer. x (N, C, *S) with 1-3 spatial axes, weight (K, C, *k) -> (N, K, *S') in NC*, like
+    ``F.conv3d(x, weight, bias, dilation=dilation)`` (conv1d, conv2d). Its gradients are torch's convolution backward.
+    """
+    _require()
+    return torch.ops.densecnn.direct_conv(x, weight, bias, _per_axis("dilation", dilation, _spatial_axes(x)))
+
+
 # ---- shapes and layouts, as the kernels see them ----
 
 
@@ -356,6 +365,30 @@ def _register_conv2d_backward(ops) -> None:
         )
 
 
+def _register_direct_conv(ops) -> None:
+    @torch.library.register_fake("densecnn::direct_conv")
+    def _(input, weight, bias, dilation):
+        shape = _pooled_shape((input.shape[0], weight.shape[0], *input.shape[2:]), weight.shape[2:], dilation)
+        return input.new_empty(shape)
+
+    def setup(ctx, inputs, output):
+        input, weight, bias, ctx.dilation = inputs
+        ctx.has_bias = bias is not None
+        ctx.save_for_backward(input, weight)
+
+    def backward(ctx, grad_y):
+        input, weight = ctx.saved_tensors
+        mask = [ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.has_bias and ctx.needs_input_grad[2]]
+        axes = len(ctx.dilation)
+        grads = torch.ops.aten.convolution_backward(
+            grad_y, input, weight, [weight.shape[0]] if ctx.has_bias else None, [1] * axes, [0] * axes,
+            ctx.dilation, False, [0] * axes, 1, mask,
+        )  # fmt: skip
+        return *(grad if needed else None for grad, needed in zip(grads, mask, strict=True)), None
+
+    torch.library.register_autograd("densecnn::direct_conv", backward, setup_context=setup)
+
+
 if available():
     for _register_op in (
         _register_max_pool,
@@ -364,5 +397,6 @@ if available():
         _register_avg_pool_backward,
         _register_conv2d,
         _register_conv2d_backward,
+        _register_direct_conv,
     ):
         _register_op(torch.ops.densecnn)

@@ -13,6 +13,9 @@ Solvers:
   pooling).
 - ``ext``: densecnn's own kernels (``cuda_ext``, see :mod:`densecnn.ops.ext`), when built; 2-D ops only.
 - ``ext_fused``: the ext pooling kernel fused with the following tanh/ReLU, for a pool step that has one (2-D).
+- ``direct``: densecnn's direct convolution kernel (no unrolled matrix; every input vector loaded is multiplied into
+  a block of output channels held in registers), for convs with at most :data:`DIRECT_MAX_CHANNELS` input channels
+  (the first layer of most nets), signals, images and volumes alike; NC* only, float32/float64.
 - ``fft``: 2-D convs in the frequency domain on overlap-save tiles of the sub-grids, every stage a GEMM
   (:mod:`densecnn.ops.fft_conv`); its cost does not grow with the kernel size.
 
@@ -173,6 +176,17 @@ def _ext_op(spec: Spec, x: torch.Tensor) -> torch.Tensor:
     return _activate(ext.avg_pool(x, spec.kernel, spec.dilation, spec.divisor), spec.activation)
 
 
+def _direct(spec: ConvSpec, x: torch.Tensor) -> torch.Tensor:
+    return ext.direct_conv(x, spec.weight, spec.bias, spec.dilation)
+
+
+DIRECT_MAX_CHANNELS = 4  # the direct kernel's register blocking pays off only for a few input channels
+
+
+def _direct_runs(spec: Spec) -> bool:
+    return isinstance(spec, ConvSpec) and spec.groups == 1 and spec.weight.shape[1] <= DIRECT_MAX_CHANNELS
+
+
 def _ext_fused(spec: PoolSpec, x: torch.Tensor) -> torch.Tensor:
     return ext.pool_activation(x, spec.kernel, spec.dilation, spec.mode, spec.activation, spec.divisor)
 
@@ -221,6 +235,7 @@ SOLVERS: dict[str, Solver] = {
             dtypes=_EXT_POOL_DTYPES,
         ),
         Solver("fft", fft_conv.conv2d, fft_conv.applies),
+        Solver("direct", _direct, _direct_runs, needs_ext=True, dtypes=_EXT_DTYPES),
     )
 }
 

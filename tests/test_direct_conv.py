@@ -1,0 +1,141 @@
+"""The direct convolution for few input channels (solver "direct", cuda_ext/direct_conv*): against a literal loop
+over the window taps, against patch scanning in whole signal, image and volume nets, with gradients (gradcheck and
+the native ops' gradients), the CUDA per-element body on the CPU, and opcheck."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+from torch import nn
+
+import densecnn
+from densecnn.ops import ext, solvers
+from densecnn.ops.solvers import ConvSpec, PoolSpec
+from tests.naive import literal_scan
+from tests.tolerances import assert_close_relative, assert_equal_to_rounding
+
+pytestmark = [
+    pytest.mark.skipif(not ext.available(), reason="densecnn's kernels are not built"),
+    pytest.mark.filterwarnings("ignore::densecnn.PatchSizeWarning"),
+]
+ops = torch.ops.densecnn
+
+
+def _literal_conv(x, weight, bias, dilation):
+    """(N, C, *S) -> (N, K, *S'): an explicit sum over input channels and window taps."""
+    kernel = weight.shape[2:]
+    out = [s - (k - 1) * d for s, k, d in zip(x.shape[2:], kernel, dilation)]
+    y = torch.zeros(x.shape[0], weight.shape[0], *out, dtype=x.dtype)
+    for c in range(x.shape[1]):
+        for tap in itertools.product(*(range(k) for k in kernel)):
+            window = tuple(slice(t * d, t * d + o) for t, d, o in zip(tap, dilation, out))
+            source = x[(slice(None), slice(c, c + 1), *window)]  # (N, 1, *S')
+            y += source * weight[(slice(None), c, *tap)].view(1, -1, *([1] * len(out)))
+    return y + (0 if bias is None else bias.view(1, -1, *([1] * len(out))))
+
+
+# (input shape, weight shape, dilation): 1-3 axes, output rows shorter and longer than a vector, channel counts
+# that do not fill a register block, dilations along one axis only.
+CASES = [
+    ((2, 1, 40), (5, 1, 3), (2,)),
+    ((1, 3, 9, 37), (11, 3, 2, 3), (1, 3)),
+    ((2, 2, 13, 5), (8, 2, 3, 3), (2, 1)),
+    ((1, 1, 7, 9, 21), (16, 1, 3, 3, 3), (1, 1, 1)),
+    ((1, 4, 9, 6, 19), (3, 4, 2, 1, 3), (3, 2, 4)),
+]
+
+
+@pytest.mark.parametrize("loops", ["cpu", "gpu"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("case", CASES)
+def test_direct_conv_matches_a_literal_loop(case, dtype, loops):
+    """Both the vectorised CPU loops and the CUDA kernel's per-element body (run on the CPU)."""
+    shape, weight_shape, dilation = case
+    torch.manual_seed(0)
+    x, w = torch.randn(shape, dtype=torch.float64), torch.randn(weight_shape, dtype=torch.float64)
+    b = torch.randn(weight_shape[0], dtype=torch.float64)
+    previous = ops._use_gpu_loops_on_cpu(loops == "gpu")
+    try:
+        for bias in (b, None):
+            y = ext.direct_conv(x.to(dtype), w.to(dtype), None if bias is None else bias.to(dtype), dilation)
+            expected = _literal_conv(x, w, bias, dilation)
+            assert y.dtype == dtype and y.is_contiguous()
+            assert_close_relative(y.double(), expected, 1e-12 if dtype == torch.float64 else 1e-5, 1.0)
+    finally:
+        ops._use_gpu_loops_on_cpu(previous)
+
+
+def test_direct_conv_takes_channels_last_input_and_returns_nc_layout():
+    x = torch.randn(1, 3, 10, 12, dtype=torch.float64)
+    w = torch.randn(4, 3, 3, 3, dtype=torch.float64)
+    y = ext.direct_conv(x.contiguous(memory_format=torch.channels_last), w, None, (1, 2))
+    assert_equal_to_rounding(y, _literal_conv(x, w, None, (1, 2)))
+    assert solvers.run("direct", ConvSpec(w, None, (1, 2), 1), x.contiguous(memory_format=torch.channels_last)
+                       ).is_contiguous(memory_format=torch.channels_last)  # fmt: skip
+
+
+@pytest.mark.parametrize("case", CASES[:2] + CASES[3:])
+def test_direct_conv_gradients(case):
+    shape, weight_shape, dilation = case
+    torch.manual_seed(1)
+    x = torch.randn(shape, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(weight_shape, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(weight_shape[0], dtype=torch.float64, requires_grad=True)
+    small = (x[..., :9].detach().clone().requires_grad_(), w, b)  # keeps gradcheck quick
+    assert torch.autograd.gradcheck(lambda *a: ext.direct_conv(*a, dilation), small)
+    assert torch.autograd.gradcheck(lambda x_, w_: ext.direct_conv(x_, w_, None, dilation), small[:2])
+
+
+def test_opcheck():
+    x = torch.randn(1, 2, 5, 6, 9, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(3, 2, 2, 2, 3, dtype=torch.float64, requires_grad=True)
+    torch.library.opcheck(ops.direct_conv.default, (x, w, torch.randn(3, dtype=torch.float64), [1, 2, 2]))
+    torch.library.opcheck(ops.direct_conv.default, (x[:, :, 0], w[:, :, 0], None, [2, 1]))
+
+
+def test_direct_applies_to_ungrouped_convs_with_few_input_channels():
+    def conv(c_in, groups=1, axes=3):
+        return ConvSpec(torch.empty(8, c_in // groups, *([3] * axes)), None, (1,) * axes, groups)
+
+    assert solvers.SOLVERS["direct"].applies(conv(1)) and solvers.SOLVERS["direct"].applies(conv(3, axes=2))
+    assert not solvers.SOLVERS["direct"].applies(conv(solvers.DIRECT_MAX_CHANNELS + 1))
+    assert not solvers.SOLVERS["direct"].applies(conv(4, groups=2))
+    assert not solvers.SOLVERS["direct"].applies(PoolSpec("max_pool3d", (2, 2, 2), (1, 1, 1)))
+
+
+def _net(dims: int, in_channels: int) -> tuple[nn.Module, tuple[int, ...]]:
+    """A patch net whose first conv has few input channels and whose later layers pool and convolve."""
+    conv, pool = getattr(nn, f"Conv{dims}d"), getattr(nn, f"MaxPool{dims}d")
+    model = nn.Sequential(
+        conv(in_channels, 5, 3), nn.ReLU(), pool(2), conv(5, 3, 2, dilation=1), nn.Tanh(), conv(3, 2, 2)
+    )
+    return model.double().eval(), (8,) * dims
+
+
+@pytest.mark.parametrize(("dims", "in_channels"), [(1, 1), (2, 3), (3, 1)])
+def test_nets_with_the_direct_first_conv_equal_patch_scanning(dims, in_channels):
+    torch.manual_seed(dims)
+    model, patch = _net(dims, in_channels)
+    size = {1: (23,), 2: (9, 11), 3: (5, 7, 6)}[dims]
+    x = torch.rand(2, in_channels, *size, dtype=torch.float64)
+    dense = densecnn.convert(model, patch, padding_mode="reflect")
+    dense.solver, dense.memory_format = "direct", "nchw"
+    with torch.no_grad():
+        scores = dense(x)
+        used = [step.solver for step in dense.plan(dense.pad(x)).steps]
+    assert used[0] == "direct", used
+    assert_close_relative(scores, literal_scan(model, x, patch, "reflect"), 1e-10, 1.0)
+    # gradients through the whole dense net equal those through the native ops
+    grads = []
+    for forced in ("direct", "native"):
+        dense.solver = forced
+        model.zero_grad()
+        xg = x.clone().requires_grad_()
+        dense(xg).square().sum().backward()
+        grads.append([xg.grad] + [p.grad.clone() for p in model.parameters()])
+    for direct_grad, native_grad in zip(*grads, strict=True):
+        assert_close_relative(direct_grad, native_grad, 1e-10, 1.0)
+    assert math.isfinite(float(scores.sum()))
