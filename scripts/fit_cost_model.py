@@ -15,7 +15,9 @@ multi-threaded op also waits for its slowest thread at each barrier (tens of ms 
 there, which keeps the solvers' ranking.
 
 The grid is random (seeded) over kernel, dilation, channels and map size, plus the layers of the zoo's reference nets
-at a 256² image (what the find step would time for them).
+at a 256² image (what the find step would time for them); for signals and volumes, a random grid of 1-D and 3-D convs
+and pools plus the layers of the zoo's volume nets on small and large volumes (so immediate plans on volumes rank
+the 3-D solvers from 3-D measurements).
 """
 
 from __future__ import annotations
@@ -37,10 +39,12 @@ from densecnn.ops.solvers import ConvSpec, PoolSpec
 
 MAX_MACS = 4e9  # larger convs are left out: too slow to time for what they add to the fit
 REFERENCE_NETS = {"plain_133": 32, "stages_46": 8, "nuclei": 3}  # name: classes
+REFERENCE_VOLUME_NETS = {"znni_3d": 3, "nuclei3d": 3}  # name: classes
+VOLUME_SIDES = (32, 96)  # output sides of the volumes the volume nets' layers are timed on
 
 
 def _spec(row: dict):
-    if row["op"] == "conv2d":
+    if row["op"].startswith("conv"):
         c = row["input"][1]
         weight = torch.randn(row["out_channels"], c // row["groups"], *row["kernel"])
         return ConvSpec(weight, torch.randn(row["out_channels"]), tuple(row["dilation"]), row["groups"])
@@ -75,6 +79,47 @@ def random_grid(count: int, seed: int) -> list[dict]:
         row = costmodel.problem(spec, (1, c_in, side, side))
         if _macs(row) <= MAX_MACS:
             rows.append(row)
+    return rows
+
+
+def random_grid_nd(count: int, seed: int, dims: int) -> list[dict]:
+    """Random conv and pool problems on signals (``dims`` 1) or volumes (3), float32, batch 1."""
+    rng = random.Random(seed)
+    sides = {1: [1024, 4096, 16384, 65536], 3: [16, 24, 32, 48, 64, 80]}[dims]
+    rows = []
+    while len(rows) < count:
+        dilation = rng.choice([1, 2, 4, 8] if dims == 3 else [1, 2, 4, 8, 16])
+        if rng.random() < 0.55:
+            kernel = rng.choice([1, 2, 3, 5] if dims == 3 else [1, 3, 5, 7, 9])
+            c_in, c_out = rng.choice([1, 3, 8, 16, 32, 64]), rng.choice([3, 8, 16, 32, 64])
+            spec = ConvSpec(torch.empty(c_out, c_in, *(kernel,) * dims), None, (dilation,) * dims, 1)
+        else:
+            kernel = rng.choice([2, 2, 3] if dims == 3 else [2, 3, 4, 8])
+            op = f"{rng.choice(['max', 'max', 'avg'])}_pool{dims}d"
+            spec = PoolSpec(
+                op, (kernel,) * dims, (dilation,) * dims, activation=rng.choice([None, "tanh", "relu"])
+            )
+            c_in = rng.choice([4, 8, 16, 32, 64])
+        side = rng.choice(sides) + reach(spec.kernel, spec.dilation)[0]
+        row = costmodel.problem(spec, (1, c_in, *(side,) * dims))
+        if _macs(row) <= MAX_MACS:
+            rows.append(row)
+    return rows
+
+
+def reference_volume_problems(sides=VOLUME_SIDES) -> list[dict]:
+    """The windowed steps of the zoo's volume nets on volumes of each output side, at their real shapes (the
+    immediate plan predicts at the real shape; a 96³ volume's layers are far larger than the find step's)."""
+    rows = []
+    for name, classes in REFERENCE_VOLUME_NETS.items():
+        model, patch = densecnn.zoo.create(name, in_channels=1, num_classes=classes)
+        dense = densecnn.convert(model.eval(), patch)
+        for side in sides:
+            shape = (1, dense.in_channels, *(side + r - 1 for r in dense.receptive_field))
+            for step in plan.group_steps(dense.features):
+                if hasattr(step.layers[0], "spec"):
+                    rows.append(costmodel.problem(step.spec(), shape))
+                shape = plan.next_shape(step, shape)
     return rows
 
 
@@ -147,6 +192,9 @@ def main() -> None:
     )
     parser.add_argument("--count", type=int, default=60, help="random grid problems (default 60)")
     parser.add_argument(
+        "--count-nd", type=int, default=30, help="random 1-D and 3-D problems each (default 30)"
+    )
+    parser.add_argument(
         "--repeats", type=int, default=3, help="timed runs per candidate after a warm-up (min kept)"
     )
     parser.add_argument("--out", default=str(costmodel.MODEL_FILE))
@@ -159,8 +207,15 @@ def main() -> None:
         if args.threads:
             torch.set_num_threads(args.threads)
         torch.manual_seed(0)
-        rows = reference_problems(256) + random_grid(4 if args.quick else args.count, seed=0)
-        problems = measure(rows[:8] if args.quick else rows, print)
+        if args.quick:  # a few of each kind: images, volumes (a small volume net's layers), signals
+            rows = reference_problems(256)[:2] + random_grid(2, seed=0)
+            rows += (
+                reference_volume_problems(sides=(8,))[:2] + random_grid_nd(1, 0, 3) + random_grid_nd(1, 0, 1)
+            )
+        else:
+            rows = reference_problems(256) + random_grid(args.count, seed=0) + reference_volume_problems()
+            rows += random_grid_nd(args.count_nd, 0, 3) + random_grid_nd(args.count_nd, 0, 1)
+        problems = measure(rows, print)
         if args.merge:
             problems = _merged(problems, json.loads(costmodel.MODEL_FILE.read_text())["problems"])
         machine = {

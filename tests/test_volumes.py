@@ -384,7 +384,7 @@ def test_space_to_batch_equals_the_native_dilated_ops_in_3d(layout):
 @pytest.mark.skipif(not ext.available(), reason="densecnn's kernels are not built")
 def test_immediate_plans_pool_volumes_with_the_kernels(tmp_path, monkeypatch):
     """Without timing anything, a volume net's pools run on densecnn's kernels (torch's dilated 3-D pooling is
-    several times slower), its convs on torch's."""
+    several times slower), its convs on solvers predicted too."""
     monkeypatch.setenv("DENSECNN_CACHE_DIR", str(tmp_path))
     model, patch = densecnn.zoo.create("znni_3d", in_channels=1, num_classes=3)
     dense = densecnn.convert(model.eval(), patch)
@@ -392,4 +392,34 @@ def test_immediate_plans_pool_volumes_with_the_kernels(tmp_path, monkeypatch):
     steps = dense.plan(dense.pad(x)).describe()
     pools = [s for s in steps if s["layers"][0] == "DenseMaxPool"]
     assert pools and all(s["solver"] in ("ext", "ext_fused") and s["source"] == "predicted" for s in pools)
-    assert all(s["solver"] == "native" for s in steps if s["layers"][0] == "DenseConv")
+    assert all(s["source"] == "predicted" for s in steps if s["layers"][0] == "DenseConv")
+
+
+def test_cost_model_ranks_volume_ops_from_their_own_measurements(monkeypatch):
+    """With 3-D rows in the cost model, a volume's pool is predicted from them (not from the image pools' fits),
+    and a 3-D conv's candidates are ranked instead of defaulting to native."""
+    from densecnn.ops import costmodel
+    from densecnn.ops.solvers import ConvSpec, PoolSpec
+
+    problems = []
+    for side in (12, 20, 28, 36):
+        for c in (4, 16):
+            pool = PoolSpec("max_pool3d", (2, 2, 2), (2, 2, 2), activation="relu")
+            conv = ConvSpec(torch.empty(16, 1, 3, 3, 3), None, (1, 1, 1), 1)
+            scale = side**3 * c / 1e5  # made-up times: native pools fastest, the direct conv fastest
+            for spec, times in ((pool, {"native": 1.0, "ext": 3.0}), (conv, {"native": 4.0, "direct": 1.0})):
+                row = costmodel.problem(spec, (1, c if spec is pool else 1, side, side, side))
+                ms = {name: t * scale for name, t in times.items()}
+                problems.append({**row, "dtype": "float32", "times_ms": {"infer": {"nchw": ms}}})
+    shipped = costmodel.CostModel.fitted(problems)
+    monkeypatch.setattr(costmodel, "shipped", lambda: shipped)
+    assert shipped.fits("max_pool3d") and not shipped.fits("max_pool1d")
+    for spec, fastest, shape in (
+        (PoolSpec("max_pool3d", (2, 2, 2), (2, 2, 2), activation="relu"), "native", (1, 8, 30, 30, 30)),
+        (ConvSpec(torch.empty(16, 1, 3, 3, 3), None, (1, 1, 1), 1), "direct", (1, 1, 30, 30, 30)),
+    ):
+        table = costmodel.predict(
+            spec, shape, torch.float32, train=False, candidates=["native", "ext", "direct"]
+        )
+        timed = {name: ms for name, ms in table["nchw"].items() if ms is not None}
+        assert min(timed, key=timed.get) == fastest, table

@@ -122,6 +122,10 @@ class CostModel:
         """Fit to measured problems (as ``cost_model.json`` stores them)."""
         return cls(fit(measurement_rows(problems)), problems)
 
+    def fits(self, op: str) -> bool:
+        """Whether any model was fitted for ``op`` ("conv3d", "max_pool1d", ...)."""
+        return any(key.startswith(f"{op}/") for key in self.groups)
+
     def time_ms(self, row: dict, solver: str, memory_format: str, direction: str, dtype: str) -> float | None:
         """Predicted ms of ``solver`` on the problem ``row`` (:func:`problem`); None without a model for it (the
         float32 models stand in for other dtypes)."""
@@ -168,9 +172,10 @@ def predict(
     predicted. A solver without a fitted model for this op gets None (not chosen), except ``native``, which gets a
     neutral 1.0 so that a net always has a plan. Dtypes not in the file use the float32 models."""
     model, row = shipped(), problem(spec, shape)
-    if isinstance(spec, PoolSpec) and len(spec.kernel) != 2:
-        # Signals and volumes borrow the image pools' fits: a pool's cost follows its output elements, taps and
-        # dilation (the features), whatever the number of axes, and torch's dilated pooling is slower still in 3-D.
+    if isinstance(spec, PoolSpec) and len(spec.kernel) != 2 and not model.fits(spec.op):
+        # Without measurements of their own, signals' and volumes' pools borrow the image pools' fits: a pool's
+        # cost follows its output elements, taps and dilation (the features), whatever the number of axes, and
+        # torch's dilated pooling is slower still in 3-D.
         row["op"] = f"{spec.mode}_pool2d"
     direction, dtype_name = "train" if train else "infer", str(dtype).removeprefix("torch.")
     table: dict[str, dict[str, float | None]] = {}
