@@ -315,3 +315,28 @@ def test_training_plans_time_the_first_layer_without_an_input_gradient(monkeypat
     seen.clear()
     dense.plan(torch.zeros(1, channels, 60, 60, dtype=torch.float64, requires_grad=True))
     assert seen == [(True, True)] * 7
+
+
+def test_activations_after_windowed_steps_run_in_place_only_without_autograd():
+    """Inference overwrites a conv's or pool's fresh output with its tanh/ReLU; the caller's input (here fed to a
+    leading ReLU) is never touched, and under autograd nothing runs in place (the gradients stay exact)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.ReLU(), torch.nn.Conv2d(2, 4, 3), torch.nn.ReLU(), torch.nn.MaxPool2d(2), torch.nn.Tanh(),
+        torch.nn.Conv2d(4, 3, 2), torch.nn.ReLU(), torch.nn.Conv2d(3, 2, 1),
+    ).double().eval()  # fmt: skip
+    dense = densecnn.convert(model, 6, padding_mode="reflect")
+    x = torch.randn(1, 2, 9, 8, dtype=torch.float64)
+    padded = dense.pad(x)
+    before = padded.clone()
+    with torch.no_grad():
+        steps = dense.plan(padded).steps
+        scores = plan.run_steps(steps, padded)
+    assert torch.equal(padded, before)
+    reference = densecnn.scan_patches(model, x, 6, padding_mode="reflect")
+    torch.testing.assert_close(scores, reference)
+    xg = x.clone().requires_grad_()
+    dense(xg).sum().backward()
+    xr = x.clone().requires_grad_()
+    densecnn.convert(model, 6, padding_mode="reflect", backend="native")(xr).sum().backward()
+    torch.testing.assert_close(xg.grad, xr.grad)

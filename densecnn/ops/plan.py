@@ -87,11 +87,21 @@ class Plan:
 
 
 def run_steps(steps, x: torch.Tensor, cancel: threading.Event | None = None) -> torch.Tensor:
-    """``x`` through each step in turn; raises :class:`Cancelled` before a step once ``cancel`` is set."""
+    """``x`` through each step in turn; raises :class:`Cancelled` before a step once ``cancel`` is set.
+
+    A tanh/ReLU step after a windowed one overwrites that step's output (which nothing else holds) when autograd
+    does not need it: one memory pass instead of two, and no new buffer.
+    """
+    owned = False  # whether x was made by a windowed step of this run (never the caller's tensor)
     for step in steps:
         if cancel is not None and cancel.is_set():
             raise Cancelled("the computation was cancelled")
-        x = step(x)
+        activation = fused_activation(step.layers[0]) if step.solver is None else None
+        if owned and activation and not (torch.is_grad_enabled() and x.requires_grad):
+            x = solvers.activate_(x, activation)
+        else:
+            x = step(x)
+        owned = owned or step.solver is not None
     return x
 
 

@@ -77,11 +77,18 @@ Spec = ConvSpec | PoolSpec
 
 
 def _activate(y: torch.Tensor, activation: str | None) -> torch.Tensor:
-    if activation == "tanh":
-        return torch.tanh(y)
-    if activation == "relu":
-        return torch.relu(y)
-    return y
+    """``activation`` of a pool's fresh output; in place where autograd does not need it (one memory pass and no
+    new buffer)."""
+    if activation is None:
+        return y
+    if torch.is_grad_enabled() and y.requires_grad:
+        return {"tanh": torch.tanh, "relu": torch.relu}[activation](y)
+    return activate_(y, activation)
+
+
+def activate_(y: torch.Tensor, activation: str) -> torch.Tensor:
+    """``y`` overwritten by ``activation(y)`` ("tanh" or "relu")."""
+    return {"tanh": torch.tanh_, "relu": torch.relu_}[activation](y)
 
 
 # --- native --------------------------------------------------------------------------------------------------------
