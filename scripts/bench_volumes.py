@@ -9,7 +9,9 @@ second.
 - ``native``: the dense net run with torch's dilated 3-D ops (``F.conv3d`` / ``F.max_pool3d`` with dilation), in
   NCDHW and in channels_last_3d; the faster of the two is the baseline.
 - ``fast_scan``: fragments (:func:`densecnn.fast_scan`), every offset of each strided pool stacked in the batch.
-- ``cubes``: cube-by-cube scanning: the patch net on a batch of cubes, timed and scaled to all voxels.
+- ``cubes``: cube-by-cube scanning: the patch net on a batch of cubes, timed and scaled to all voxels, at several
+  batch sizes (small batches lose most to thread barriers on a busy machine) in both layouts; the fastest is the
+  baseline.
 
 All run forward only (no autograd) on one 1-channel volume, interleaved round by round; medians and the median of
 per-round ratios are reported. The conv-only limit is the sum over conv layers of the fastest conv solver on that
@@ -36,7 +38,7 @@ from densecnn.ops.solvers import ConvSpec
 LAYOUTS = {"ncdhw": torch.contiguous_format, "ndhwc": torch.channels_last_3d}
 
 
-def contenders(model, patch, x: torch.Tensor, cube_batch: int) -> dict:
+def contenders(model, patch, x: torch.Tensor, cube_batches: list[int]) -> dict:
     """The four ways (baselines in both layouts), each a callable returning seconds or timed as a call; densecnn
     with its immediate plan (solvers chosen by the shipped cost model) and tuned (``tune=True``: timed by the find
     step on the first call)."""
@@ -47,16 +49,17 @@ def contenders(model, patch, x: torch.Tensor, cube_batch: int) -> dict:
     native = densecnn.convert(model, patch, backend="native")
     padded = native.pad(x)
     voxels = x[0, 0].numel()
-    cubes = torch.rand(cube_batch, x.shape[1], *patch)
     runs = {name: lambda net=net: _no_grad(net, x) for name, net in dense.items()}
     for name, layout in LAYOUTS.items():
         runs[f"native/{name}"] = _layers(native.features, padded.contiguous(memory_format=layout))
     for name, layout in LAYOUTS.items():
         volume = x.contiguous(memory_format=layout)
         runs[f"fast_scan/{name}"] = lambda v=volume: densecnn.fast_scan(model, v, patch)
-    for name, layout in LAYOUTS.items():
-        batch = cubes.contiguous(memory_format=layout)
-        runs[f"cubes/{name}"] = lambda b=batch: elapsed(lambda: _no_grad(model, b)) * voxels / cube_batch
+    for size in cube_batches:
+        cubes = torch.rand(size, x.shape[1], *patch)
+        for name, layout in LAYOUTS.items():
+            batch = cubes.contiguous(memory_format=layout)
+            runs[f"cubes/{name}/{size}"] = lambda b=batch: elapsed(lambda: _no_grad(model, b)) * voxels / len(b)
     return runs, dense
 
 
@@ -109,13 +112,14 @@ def _layer_name(spec, shape) -> str:
     return f"{kind} {'×'.join(map(str, spec.kernel))} d{spec.dilation[0]}{act} on {'×'.join(map(str, shape[1:]))}"
 
 
-def measure(size: int, repeats: int, cube_batch: int, threads: int) -> dict:
-    torch.set_num_threads(threads)
+def measure(size: int, repeats: int, cube_batches: list[int], threads: int | None) -> dict:
+    if threads:
+        torch.set_num_threads(threads)
     torch.manual_seed(0)
     model, patch = densecnn.zoo.create("znni_3d", in_channels=1, num_classes=3)
     model.eval()
     x = torch.rand(1, 1, size, size, size)  # (N, C, D, H, W)
-    runs, dense = contenders(model, patch, x, cube_batch)
+    runs, dense = contenders(model, patch, x, cube_batches)
     samples = interleave(runs, repeats, warm_up=tuple(n for n in runs if not n.startswith("fast_scan")))
     voxels = size**3
     times = {name: median(values) for name, values in samples.items()}
@@ -130,7 +134,7 @@ def measure(size: int, repeats: int, cube_batch: int, threads: int) -> dict:
         "volume": list(x.shape),
         "output_voxels": voxels,
         "repeats": repeats,
-        "cube_batch": cube_batch,
+        "cube_batches": cube_batches,
         "kernels_3d": _kernels_apply(dense["densecnn"]),
         "plans": {name: _solvers_of(net, x) for name, net in dense.items()},
         "times_s": times,
@@ -157,7 +161,8 @@ def markdown(r: dict) -> str:
         f"`scripts/bench_volumes.py`: the zoo's `znni_3d` net (patch {'×'.join(map(str, r['patch']))}, three 3³ "
         f"convs of 16 channels, two 2³ max pools) labels every voxel of one 1-channel {size} volume "
         f"({r['output_voxels']:,} output voxels), forward only, {r['repeats']} interleaved rounds, medians. "
-        f"Cube-by-cube scanning is timed on batches of {r['cube_batch']} cubes and scaled to all voxels. "
+        f"Cube-by-cube scanning is timed on batches of {' and '.join(map(str, r['cube_batches']))} cubes and "
+        "scaled to all voxels. "
         f"Baselines run in NCDHW and channels_last_3d (NDHWC); the faster is compared. "
         f"densecnn's own pooling kernels {'ran' if r['kernels_3d'] else 'were not available'} for these 3-D pools; "
         f"torch {r['environment']['torch']}, {r['environment']['threads']} threads, shared CPU.",
@@ -240,16 +245,16 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", type=int, default=96, help="side of the cubic volume (default 96)")
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--cube-batch", type=int, default=64, help="cubes per timed batch of cube scanning")
     parser.add_argument(
-        "--threads", type=int, default=1, help="torch threads (default 1: steadier on a shared CPU)"
+        "--cube-batches", type=int, nargs="+", default=[64, 1024], help="cubes per timed batch of cube scanning"
     )
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's default)")
     parser.add_argument("--quick", action="store_true", help="a 24³ volume, 2 rounds: checks the script runs")
     parser.add_argument("--out", type=Path, default=Path("docs/benchmarks/volumes"))
     args = parser.parse_args(argv)
     if args.quick:
-        args.size, args.repeats, args.cube_batch = 24, 2, 4
-    result = measure(args.size, args.repeats, args.cube_batch, args.threads)
+        args.size, args.repeats, args.cube_batches = 24, 2, [2, 4]
+    result = measure(args.size, args.repeats, args.cube_batches, args.threads)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
     args.out.with_suffix(".md").write_text(markdown(result))
