@@ -207,7 +207,8 @@ class DenseCNN(nn.Module):
                 sizes.append(math.prod(layer_shape))
             return tiling.tile_peak_bytes(sizes, itemsize, train=train) + scratch
 
-        return tiling.MemoryEstimate(held=n * c * padded * itemsize + result, tile=tile)
+        halo = tuple(r - 1 for r in self.receptive_field)
+        return tiling.MemoryEstimate(held=n * c * padded * itemsize + result, tile=tile, halo=halo)
 
     def run_padded(self, padded: torch.Tensor, *, cancel: threading.Event | None = None) -> torch.Tensor:
         """Run the dense layers on an already padded (N, C, *(S+R-1)) input -> (N, K, *S); ``cancel`` as in

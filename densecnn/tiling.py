@@ -39,10 +39,12 @@ PROGRESS_FROM = 8  # show a progress bar from this many tiles on (on a terminal)
 @dataclass(frozen=True)
 class MemoryEstimate:
     """Bytes a tiled call needs: ``held`` throughout (the padded image and the stitched result), plus ``tile(t)``,
-    the peak of computing one output tile of spatial size ``t``."""
+    the peak of computing one output tile of spatial size ``t``; ``halo``: R−1 per axis, the extra input every tile
+    reads (empty: unknown, tiles are cubes)."""
 
     held: int
     tile: Callable[[Size], int]
+    halo: Size = ()
 
 
 def tile_peak_bytes(sizes: list[int], itemsize: int, *, train: bool) -> int:
@@ -58,8 +60,13 @@ def check_max_memory(max_memory) -> int:
 
 
 def choose_tile(shape, max_memory: int, estimate: MemoryEstimate, *, labels: bool) -> Size:
-    """The output tile (th, tw) with the fewest tiles whose estimate fits ``max_memory`` bytes, for an input of
-    ``shape`` (N, C, *S); tiles are cubes (squares for images) cut to the input's size.
+    """The output tile whose estimate fits ``max_memory`` bytes and that computes the fewest input pixels in all
+    (the output plus every tile's halo, :func:`halo_cost`), for an input of ``shape`` (N, C, *S).
+
+    Two shapes are sized to the largest that fits: a cube (a square for images) and a tile shaped like the halo
+    (each axis in proportion to R−1, then grown axis by axis into what memory is left), which is what minimises
+    the halo for anisotropic patches and volumes: a (9, 65, 65) patch on a 64×2048×2048 stack gets tiles about
+    8× wider than deep. The cheaper one is taken (the cube on a tie, as for square patches).
 
     Raises:
         ValueError: not even a 1×1 tile fits; the message says how much memory is needed.
@@ -67,16 +74,12 @@ def choose_tile(shape, max_memory: int, estimate: MemoryEstimate, *, labels: boo
     size = tuple(shape[2:])
     budget = max_memory - estimate.held
 
-    def fits(side: int) -> bool:
-        return estimate.tile(tuple(min(side, s) for s in size)) <= budget
+    def fits(tile: Size) -> bool:
+        return estimate.tile(tile) <= budget
 
-    if fits(max(size)):
+    if fits(size):
         return size
-    low, high = 0, max(size)  # largest square side that fits, by bisection
-    while low < high:
-        mid = (low + high + 1) // 2
-        low, high = (mid, high) if fits(mid) else (low, mid - 1)
-    if low == 0:
+    if not fits((1,) * len(size)):
         needed = estimate.held + estimate.tile((1,) * len(size))
         what = "labels" if labels else "scores (predict() keeps only labels)"
         raise ValueError(
@@ -84,7 +87,50 @@ def choose_tile(shape, max_memory: int, estimate: MemoryEstimate, *, labels: boo
             f"least {needed:,} bytes ({estimate.held:,} for the padded image and the {what}, the rest for the "
             "smallest tile); raise max_memory or pass a smaller image or batch"
         )
-    return tuple(math.ceil(s / math.ceil(s / min(low, s))) for s in size)  # equal tiles, same count
+    halo = estimate.halo or (0,) * len(size)
+    cube = _largest(fits, lambda side: tuple(min(side, s) for s in size), max(size))
+    candidates = [_equal_tiles(cube, size)]
+    if len(set(halo)) > 1:
+        weights = [max(h, 1) / max(max(halo), 1) for h in halo]
+
+        def shaped(n: int) -> Size:  # n along the axis of the largest halo, the others in proportion
+            return tuple(min(s, max(1, round(n * w))) for s, w in zip(size, weights))
+
+        largest = _largest(fits, shaped, max(math.ceil(s / w) for s, w in zip(size, weights)))
+        candidates.append(_equal_tiles(_grow(fits, largest, size, halo), size))
+    return min(candidates, key=lambda tile: halo_cost(size, tile, halo))  # the cube first: it wins ties
+
+
+def halo_cost(size: Size, tile: Size, halo: Size) -> int:
+    """Input pixels computed to cover ``size`` with tiles of ``tile`` (equal tiles, the last ones shifted back),
+    each reading ``halo`` more along every axis: the output's pixels plus the overhead of tiling."""
+    return math.prod(math.ceil(s / t) * (t + h) for s, t, h in zip(size, tile, halo))
+
+
+def _largest(fits, tile_of, high: int) -> Size:
+    """``tile_of(n)`` for the largest n in [1, high] that fits (``fits`` grows monotonically false in n)."""
+    low = 1
+    while low < high:
+        mid = (low + high + 1) // 2
+        low, high = (mid, high) if fits(tile_of(mid)) else (low, mid - 1)
+    return tile_of(low)
+
+
+def _grow(fits, tile: Size, size: Size, halo: Size) -> Size:
+    """``tile`` grown along each axis in turn (largest halo first) as far as memory allows."""
+    tile = list(tile)
+    for axis in sorted(range(len(tile)), key=lambda a: -halo[a]):
+
+        def along(n: int, axis=axis) -> Size:
+            return tuple(n if a == axis else t for a, t in enumerate(tile))
+
+        tile[axis] = _largest(fits, along, size[axis])[axis] if fits(along(tile[axis])) else tile[axis]
+    return tuple(tile)
+
+
+def _equal_tiles(tile: Size, size: Size) -> Size:
+    """The same number of tiles per axis as ``tile`` gives, made equal in size (never larger than ``tile``)."""
+    return tuple(math.ceil(s / math.ceil(s / min(t, s))) for s, t in zip(size, tile))
 
 
 def tile_starts(length: int, tile: int) -> list[int]:

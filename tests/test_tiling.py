@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -179,3 +180,45 @@ def test_class_labels_are_argmax_with_ties_and_nan():
     scores[0, 1, 0, 0] = float("nan")
     assert torch.equal(tiling.class_labels(scores), scores.argmax(1))
     assert torch.equal(tiling.class_labels(scores.float()), scores.float().argmax(1))
+
+
+def _anisotropic(kernel_d: int, kernel_hw: int):
+    """A volume net with a patch (kernel_d, 2·kernel_hw + 1, 2·kernel_hw + 1): deep in the plane, shallow in D."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Conv3d(1, 3, (kernel_d, kernel_hw, kernel_hw)),
+        torch.nn.MaxPool3d((1, 2, 2)),
+        torch.nn.ReLU(),
+        torch.nn.Conv3d(3, 2, (1, kernel_hw // 2 + 1, kernel_hw // 2 + 1)),
+    ).double()
+    patch = (kernel_d, 2 * kernel_hw + 1, 2 * kernel_hw + 1)
+    return model.eval(), patch, densecnn.convert(model.eval(), patch)
+
+
+def test_tiles_of_an_anisotropic_volume_follow_the_halo_under_the_cap():
+    """A (9, 65, 65) patch on a 64×2048×2048 stack: the tile is shaped like the halo (flat), fits the cap, and
+    computes fewer input voxels in all than the largest cube that fits the same cap."""
+    _, patch, dense = _anisotropic(9, 32)
+    assert dense.receptive_field == patch == (9, 65, 65)
+    shape = (1, 1, 64, 2048, 2048)
+    estimate = dense.memory_estimate(shape, 4, labels=True, train=False)
+    for budget in (50_000_000, 400_000_000, 2_000_000_000):
+        max_memory = estimate.held + budget
+        tile = tiling.choose_tile(shape, max_memory, estimate, labels=True)
+        cube = tiling.choose_tile(shape, max_memory, dataclasses.replace(estimate, halo=()), labels=True)
+        assert estimate.held + estimate.tile(tile) <= max_memory
+        assert tile[1] > tile[0] and tile[2] > tile[0], tile
+        halo = tuple(r - 1 for r in patch)
+        assert tiling.halo_cost(shape[2:], tile, halo) < tiling.halo_cost(shape[2:], cube, halo), (tile, cube)
+
+
+def test_anisotropic_tiles_stitch_to_the_untiled_volume():
+    model, patch, dense = _anisotropic(3, 4)
+    x = torch.rand(1, 1, 7, 26, 23, dtype=torch.float64)
+    estimate = dense.memory_estimate(x.shape, 8, labels=False, train=False)
+    max_memory = estimate.held + estimate.tile((7, 9, 9))
+    tile = tiling.choose_tile(x.shape, max_memory, estimate, labels=False)
+    assert tile != tuple(x.shape[2:]) and estimate.held + estimate.tile(tile) <= max_memory
+    with torch.no_grad():
+        assert_equal_to_rounding(dense(x, max_memory=max_memory), dense(x))
+        assert_labels_equal_except_ties(dense.predict(x, max_memory=max_memory), dense(x))
