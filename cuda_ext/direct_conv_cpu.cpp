@@ -1,6 +1,7 @@
 // CPU direct convolution for few input channels (the first layer of most nets: 1 or 3 channels), where torch's
 // convolutions reach a fraction of the FMA rate their GEMMs reach on wide layers. Each work item is one output row
-// (n, d, h) of a block of kBlock output channels: registers hold kBlock × kLanes outputs, and every input vector
+// (n, d, h) (or a run of kRunCols columns of it) of a block of kBlock output channels: registers hold kBlock × one
+// vector of outputs, and every input vector
 // loaded is multiplied into all kBlock channels (a broadcast weight each), so no im2col buffer is written.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
@@ -24,7 +25,8 @@ namespace {
 #endif
 #define DENSECNN_ALWAYS_INLINE inline __attribute__((always_inline))
 
-constexpr int kBlock = 8;  // output channels per register block
+constexpr int kBlock = 8;           // output channels per register block
+constexpr int64_t kRunCols = 1024;  // columns per work item (long rows, e.g. signals, are split for the threads)
 
 // One 512-bit vector of outputs (GCC vector extensions: two 256-bit registers on AVX2, four 128-bit on baseline).
 template <typename T>
@@ -39,7 +41,6 @@ constexpr int lanes() {
 template <typename T, bool kFull>
 DENSECNN_ALWAYS_INLINE void row_block(const DirectConvGeometry& g, const T* x, const T* packed, const T* bias,
                                       T* y, int64_t n, int64_t k0, int64_t d, int64_t h, int64_t w0, int64_t width) {
-  constexpr int L = lanes<T>();
   Vec<T> acc[kBlock];
 #pragma GCC unroll 8
   for (int k = 0; k < kBlock; ++k) acc[k] = Vec<T>{} + bias[k0 + k];
@@ -72,23 +73,24 @@ DENSECNN_ALWAYS_INLINE void row_block(const DirectConvGeometry& g, const T* x, c
       for (int64_t l = 0; l < width; ++l) out[k * plane + l] = acc[k][l];
     }
   }
-  (void)L;
 }
 
 template <typename T>
 DENSECNN_ALWAYS_INLINE void rows_loop(const DirectConvGeometry& g, const T* x, const T* packed, const T* bias, T* y,
                                       int64_t begin, int64_t end) {
   constexpr int L = lanes<T>();
-  const int64_t blocks = (g.out_channels + kBlock - 1) / kBlock;
-  for (int64_t item = begin; item < end; ++item) {  // item = ((n · D' + d) · H' + h) · blocks + block
-    const int64_t k0 = item % blocks * kBlock, h = item / blocks % g.out_rows;
-    const int64_t d = item / (blocks * g.out_rows) % g.out_depth, n = item / (blocks * g.out_rows * g.out_depth);
+  const int64_t blocks = (g.out_channels + kBlock - 1) / kBlock, runs = (g.out_cols + kRunCols - 1) / kRunCols;
+  for (int64_t item = begin; item < end; ++item) {  // item = (((n · D' + d) · H' + h) · runs + run) · blocks + block
+    const int64_t k0 = item % blocks * kBlock, run = item / blocks % runs, h = item / (blocks * runs) % g.out_rows;
+    const int64_t d = item / (blocks * runs * g.out_rows) % g.out_depth;
+    const int64_t n = item / (blocks * runs * g.out_rows * g.out_depth);
     if (g.out_cols < L) {
       row_block<T, false>(g, x, packed, bias, y, n, k0, d, h, 0, g.out_cols);
       continue;
     }
     // Whole vectors; the last one ends at the row's end, recomputing (identically) some of its neighbour's outputs.
-    for (int64_t w0 = 0; w0 < g.out_cols; w0 += L) {
+    const int64_t stop = std::min(g.out_cols, (run + 1) * kRunCols);
+    for (int64_t w0 = run * kRunCols; w0 < stop; w0 += L) {
       row_block<T, true>(g, x, packed, bias, y, n, k0, d, h, std::min<int64_t>(w0, g.out_cols - L), L);
     }
   }
@@ -128,7 +130,8 @@ at::Tensor direct_conv_cpu(const at::Tensor& input_, const at::Tensor& weight_, 
     if (b.defined()) {
       std::copy(b.const_data_ptr<scalar_t>(), b.const_data_ptr<scalar_t>() + g.out_channels, padded_bias.begin());
     }
-    const int64_t items = g.batch * g.out_depth * g.out_rows * blocks;
+    const int64_t runs = (g.out_cols + kRunCols - 1) / kRunCols;
+    const int64_t items = g.batch * g.out_depth * g.out_rows * runs * blocks;
     at::parallel_for(0, items, 1, [&](int64_t begin, int64_t end) {
       rows(g, x, packed.data(), padded_bias.data(), out_data, begin, end);
     });
