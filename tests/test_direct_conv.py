@@ -46,6 +46,7 @@ CASES = [
     ((2, 2, 13, 5), (8, 2, 3, 3), (2, 1)),
     ((1, 1, 7, 9, 21), (16, 1, 3, 3, 3), (1, 1, 1)),
     ((1, 4, 9, 6, 19), (3, 4, 2, 1, 3), (3, 2, 4)),
+    ((1, 16, 5, 6, 20), (3, 16, 1, 1, 1), (1, 1, 1)),  # a pointwise head: many input channels, one tap
 ]
 
 
@@ -97,13 +98,14 @@ def test_opcheck():
     torch.library.opcheck(ops.direct_conv.default, (x[:, :, 0], w[:, :, 0], None, [2, 1]))
 
 
-def test_direct_applies_to_ungrouped_convs_with_few_input_channels():
-    def conv(c_in, groups=1, axes=3):
-        return ConvSpec(torch.empty(8, c_in // groups, *([3] * axes)), None, (1,) * axes, groups)
+def test_direct_applies_to_ungrouped_convs_with_few_input_channels_or_one_tap():
+    def conv(c_in, groups=1, axes=3, kernel=3):
+        return ConvSpec(torch.empty(8, c_in // groups, *([kernel] * axes)), None, (1,) * axes, groups)
 
     assert solvers.SOLVERS["direct"].applies(conv(1)) and solvers.SOLVERS["direct"].applies(conv(3, axes=2))
     assert not solvers.SOLVERS["direct"].applies(conv(solvers.DIRECT_MAX_CHANNELS + 1))
     assert not solvers.SOLVERS["direct"].applies(conv(4, groups=2))
+    assert solvers.SOLVERS["direct"].applies(conv(64, kernel=1))
     assert not solvers.SOLVERS["direct"].applies(PoolSpec("max_pool3d", (2, 2, 2), (1, 1, 1)))
 
 

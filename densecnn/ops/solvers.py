@@ -15,7 +15,8 @@ Solvers:
 - ``ext_fused``: the ext pooling kernel fused with the following tanh/ReLU, for a pool step that has one (2-D).
 - ``direct``: densecnn's direct convolution kernel (no unrolled matrix; every input vector loaded is multiplied into
   a block of output channels held in registers), for convs with at most :data:`DIRECT_MAX_CHANNELS` input channels
-  (the first layer of most nets), signals, images and volumes alike; NC* only, float32/float64.
+  (the first layer of most nets) and pointwise (1×1) convs (heads, where torch's multi-threaded 1×1×1 conv3d is
+  slow), signals, images and volumes alike; NC* only, float32/float64.
 - ``fft``: 2-D convs in the frequency domain on overlap-save tiles of the sub-grids, every stage a GEMM
   (:mod:`densecnn.ops.fft_conv`); its cost does not grow with the kernel size.
 
@@ -191,7 +192,12 @@ DIRECT_MAX_CHANNELS = 4  # the direct kernel's register blocking pays off only f
 
 
 def _direct_runs(spec: Spec) -> bool:
-    return isinstance(spec, ConvSpec) and spec.groups == 1 and spec.weight.shape[1] <= DIRECT_MAX_CHANNELS
+    """Ungrouped convs with few input channels, or pointwise (1×1) ones: few multiply-adds per output either way."""
+    return (
+        isinstance(spec, ConvSpec)
+        and spec.groups == 1
+        and (spec.weight.shape[1] <= DIRECT_MAX_CHANNELS or math.prod(spec.kernel) == 1)
+    )
 
 
 def _ext_fused(spec: PoolSpec, x: torch.Tensor) -> torch.Tensor:
