@@ -111,12 +111,13 @@ def test_the_volume_benchmark_runs_and_reports_every_way(tmp_path, monkeypatch):
     threads = torch.get_num_threads()
     try:
         bench.main(
-            ["--size", "12", "--repeats", "1", "--cube-batch", "2", "--out", str(tmp_path / "volumes")]
+            ["--size", "12", "--repeats", "1", "--cube-batches", "2", "3", "--out", str(tmp_path / "volumes")]
         )
     finally:
         torch.set_num_threads(threads)
     result = json.loads((tmp_path / "volumes.json").read_text())
-    ways = {f"{way}/{layout}" for way in ("native", "fast_scan", "cubes") for layout in ("ncdhw", "ndhwc")}
+    ways = {f"{way}/{layout}" for way in ("native", "fast_scan") for layout in ("ncdhw", "ndhwc")}
+    ways |= {f"cubes/{layout}/{batch}" for layout in ("ncdhw", "ndhwc") for batch in (2, 3)}
     nets = {"densecnn", "densecnn/tuned"}
     assert set(result["times_s"]) == ways | nets and result["output_voxels"] == 12**3
     assert {net: set(ways) for net, ways in result["speedup"].items()} == {
