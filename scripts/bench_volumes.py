@@ -59,7 +59,9 @@ def contenders(model, patch, x: torch.Tensor, cube_batches: list[int]) -> dict:
         cubes = torch.rand(size, x.shape[1], *patch)
         for name, layout in LAYOUTS.items():
             batch = cubes.contiguous(memory_format=layout)
-            runs[f"cubes/{name}/{size}"] = lambda b=batch: elapsed(lambda: _no_grad(model, b)) * voxels / len(b)
+            runs[f"cubes/{name}/{size}"] = lambda b=batch: (
+                elapsed(lambda: _no_grad(model, b)) * voxels / len(b)
+            )
     return runs, dense
 
 
@@ -246,7 +248,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--size", type=int, default=96, help="side of the cubic volume (default 96)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument(
-        "--cube-batches", type=int, nargs="+", default=[64, 1024], help="cubes per timed batch of cube scanning"
+        "--cube-batches",
+        type=int,
+        nargs="+",
+        default=[64, 1024],
+        help="cubes per timed batch of cube scanning",
     )
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's default)")
     parser.add_argument("--quick", action="store_true", help="a 24³ volume, 2 rounds: checks the script runs")
