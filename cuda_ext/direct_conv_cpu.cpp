@@ -14,6 +14,7 @@
 #include "direct_conv.h"
 #include "direct_conv_args.h"
 #include "gpu_loops.h"
+#include "huge_pages.h"
 
 namespace densecnn {
 namespace {
@@ -110,6 +111,7 @@ at::Tensor direct_conv_cpu(const at::Tensor& input_, const at::Tensor& weight_, 
   const at::Tensor input = input_.contiguous(), weight = weight_.contiguous();
   const DirectConvGeometry g = direct_conv_geometry(input, weight, dilation);
   at::Tensor y = at::empty(direct_conv_output_shape(g, input.dim() - 2), input.options());
+  advise_huge_pages(y);
   const int64_t taps = g.channels * g.kd * g.kh * g.kw;
   const at::Tensor b = bias.has_value() ? bias->contiguous() : at::Tensor();
   AT_DISPATCH_FLOATING_TYPES(input.scalar_type(), "densecnn_direct_conv", [&] {

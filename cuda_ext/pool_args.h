@@ -11,6 +11,7 @@
 #include <c10/util/string_view.h>
 
 #include "common.h"
+#include "huge_pages.h"
 
 namespace densecnn {
 
@@ -30,13 +31,19 @@ inline at::Tensor in_layout(const at::Tensor& x, bool channels_last) {
   return channels_last ? x.movedim(1, -1).contiguous().movedim(-1, 1) : x.contiguous();
 }
 
-// An uninitialised (N, C, ...) tensor of `sizes` in the given layout.
+// An uninitialised (N, C, ...) tensor of `sizes` in the given layout (on the CPU, large ones on huge pages).
 inline at::Tensor empty_in_layout(at::IntArrayRef sizes, const at::TensorOptions& options, bool channels_last) {
-  if (!channels_last) return at::empty(sizes, options);
-  std::vector<int64_t> memory_order{sizes[0]};
-  memory_order.insert(memory_order.end(), sizes.begin() + 2, sizes.end());
-  memory_order.push_back(sizes[1]);
-  return at::empty(memory_order, options).movedim(-1, 1);
+  at::Tensor out;
+  if (!channels_last) {
+    out = at::empty(sizes, options);
+  } else {
+    std::vector<int64_t> memory_order{sizes[0]};
+    memory_order.insert(memory_order.end(), sizes.begin() + 2, sizes.end());
+    memory_order.push_back(sizes[1]);
+    out = at::empty(memory_order, options).movedim(-1, 1);
+  }
+  advise_huge_pages(out);
+  return out;
 }
 
 inline Activation parse_activation(const std::string& name) {

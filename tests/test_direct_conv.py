@@ -142,3 +142,19 @@ def test_nets_with_the_direct_first_conv_equal_patch_scanning(dims, in_channels)
     for direct_grad, native_grad in zip(*grads, strict=True):
         assert_close_relative(direct_grad, native_grad, 1e-10, 1.0)
     assert math.isfinite(float(scores.sum()))
+
+
+def test_large_outputs_on_huge_pages_are_exact():
+    """Outputs of several MB are allocated on huge pages where the system allows (cuda_ext/huge_pages.h): the
+    direct conv and a fused pool still equal literal references there."""
+    torch.manual_seed(2)
+    x = torch.randn(1, 1, 40, 60, 70)
+    w, b = torch.randn(16, 1, 3, 3, 3), torch.randn(16)
+    y = ext.direct_conv(x, w, b, (1, 2, 1))  # (1, 16, 38, 56, 68): 9 MB
+    assert y.nbytes > 8 << 20
+    assert_close_relative(y.double(), _literal_conv(x.double(), w.double(), b.double(), (1, 2, 1)), 1e-5, 1.0)
+    v = torch.randn(1, 16, 40, 60, 70)
+    pooled = ext.pool_activation(v, (2, 2, 2), (1, 2, 2), "max", "relu", None)  # (1, 16, 39, 58, 68): 9 MB
+    assert pooled.nbytes > 8 << 20
+    taps = [v[:, :, a : a + 39, c : c + 58, e : e + 68] for a in (0, 1) for c in (0, 2) for e in (0, 2)]
+    assert_equal_to_rounding(pooled, torch.stack(taps).amax(0).relu())
