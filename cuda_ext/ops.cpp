@@ -42,6 +42,13 @@ TORCH_LIBRARY(densecnn, m) {
   m.def(
       "conv2d_backward(Tensor grad_output, Tensor input, Tensor weight, int[2] dilation, int groups, "
       "bool[3] output_mask) -> (Tensor, Tensor, Tensor)");
+  // Winograd F(m, 3) transforms of a stride-1 dilated 3×3 / 3×3×3 conv (winograd.h), for the tiles
+  // [tile_begin, tile_begin + tile_count) of the problem: the input's tiles as (α^n, tiles, C), α = m + 2 ...
+  m.def("winograd_input(Tensor input, int[] dilation, int m, int tile_begin, int tile_count) -> Tensor");
+  // ... and, from the products (α^n, tiles, K), those tiles' outputs (+ bias) written into output (N, K, ...).
+  m.def(
+      "winograd_output(Tensor(a!) output, Tensor transformed, Tensor? bias, int[] dilation, int m, "
+      "int tile_begin) -> ()");
   // Tests only: run the CUDA kernels' per-element bodies on the CPU (gpu_loops.h). Returns the previous setting.
   m.def("_use_gpu_loops_on_cpu(bool enable) -> bool", &densecnn::use_gpu_loops_on_cpu);
 }

@@ -15,6 +15,8 @@ Solvers:
 - ``ext_fused``: the ext pooling kernel fused with the following tanh/ReLU, for a pool step that has one (2-D).
 - ``fft``: 2-D convs in the frequency domain on overlap-save tiles of the sub-grids, every stage a GEMM
   (:mod:`densecnn.ops.fft_conv`); its cost does not grow with the kernel size.
+- ``winograd``: 3×3 and 3×3×3 convs by Winograd's F(m, 3) on tiles of the sub-grids, read at stride d from the map
+  (:mod:`densecnn.ops.winograd`, C++ transforms + one batched GEMM); 2.25–8× fewer multiplications.
 
 Which solver runs each layer is the plan's choice (:mod:`densecnn.ops.plan`): from the shipped cost model at once
 (:mod:`densecnn.ops.costmodel`), or from timings when asked to tune (:mod:`densecnn.ops.find`).
@@ -30,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from ..geometry import Size, output_size
-from . import ext, fft_conv, native
+from . import ext, fft_conv, native, winograd
 
 
 @dataclass(frozen=True)
@@ -221,6 +223,7 @@ SOLVERS: dict[str, Solver] = {
             dtypes=_EXT_POOL_DTYPES,
         ),
         Solver("fft", fft_conv.conv2d, fft_conv.applies),
+        Solver("winograd", winograd.conv, winograd.applies, needs_ext=True),
     )
 }
 

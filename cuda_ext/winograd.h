@@ -1,0 +1,241 @@
+// Winograd F(m, 3) transforms of stride-1 dilated 3×3 (images) and 3×3×3 (volumes) convolutions, per tile, shared
+// by the CPU loops (winograd_cpu.cpp) and the CUDA kernels (winograd_kernels.cu). No torch includes.
+//
+// Lavin & Gray, "Fast Algorithms for Convolutional Neural Networks": along one axis, m outputs of a 3-tap
+// correlation are Aᵀ[(G g) ⊙ (Bᵀ x)] for an input tile x of α = m + 2 values; along n axes the transforms are
+// applied axis by axis and the α^n products become α^n matrix products over the channels.
+//
+// A d-dilated conv reads, for outputs q·d + r, only the sub-grid r of its input, where it is undilated. So an output
+// tile is m outputs of one sub-grid (map positions (t·m + i)·d + r, i < m) and its input tile the α pixels
+// (t·m + e)·d + r, e < α, read straight from the map at stride d: no space-to-batch copy. Along an axis with output
+// extent O there are T = ⌈⌈O/d⌉/m⌉ tiles per sub-grid, d·T tile positions j = t·d + r (neighbouring positions
+// read neighbouring pixels). Tile p of the whole problem is (n, j_0, ..., j_{n-1}) in row-major order; a chunk of
+// consecutive tiles [tile_begin, tile_begin + tile_count) is transformed at a time so that its data stays in cache.
+//
+// Layouts: the transformed input V is (α^n, tiles, C) and the transformed output M (α^n, tiles, K), channels
+// innermost, so V[ξ] @ U[ξ] with the transformed kernel U (α^n, C, K) is one batched GEMM. The maps (N, C, ...) are
+// addressed through their strides, so NC* and channels-last inputs and outputs need no layout copy.
+#pragma once
+
+#include <cstdint>
+
+#include "common.h"
+
+namespace densecnn {
+
+struct WinogradGeometry {
+  int32_t axes;                 // spatial axes: 2 or 3
+  int64_t channels;             // C (input transform) or K (output transform): the lanes
+  int64_t size[kMaxAxes];       // map extent per axis: the input's (input transform) or the output's (output)
+  int64_t out[kMaxAxes];        // output extent per axis: input - 2·d
+  int64_t dilation[kMaxAxes];
+  int64_t positions[kMaxAxes];  // tile positions per axis: d·T
+  int64_t stride_n, stride_c, stride[kMaxAxes];  // element strides of the (N, C, ...) map
+  int64_t tile_begin, tile_count;
+};
+
+template <int M>
+struct WinogradTile {
+  static constexpr int kAlpha = M + 2;
+};
+
+// One axis of the input transform, Bᵀ x, on `lanes` values per entry: in[e·step + l] -> out[i·step + l].
+// F(2, 3): points 0, ±1, ∞.  F(4, 3): points 0, ±1, ±2, ∞ (Lavin & Gray's matrices).
+template <int M, int L, typename A>
+HOST_DEVICE_INLINE void input_transform_1d(const A* in, A* out, int64_t step) {
+  if constexpr (M == 2) {
+    for (int l = 0; l < L; ++l) {
+      const A d0 = in[l], d1 = in[step + l], d2 = in[2 * step + l], d3 = in[3 * step + l];
+      out[l] = d0 - d2;
+      out[step + l] = d1 + d2;
+      out[2 * step + l] = d2 - d1;
+      out[3 * step + l] = d1 - d3;
+    }
+  } else {
+    static_assert(M == 4, "F(m, 3) is implemented for m = 2 and m = 4");
+    for (int l = 0; l < L; ++l) {
+      const A d0 = in[l], d1 = in[step + l], d2 = in[2 * step + l], d3 = in[3 * step + l];
+      const A d4 = in[4 * step + l], d5 = in[5 * step + l];
+      const A a = d4 - A(4) * d2, b = d3 - A(4) * d1;  // rows 1, 2: d4 - 4·d2 ± (d3 - 4·d1)
+      const A c = d4 - d2, e = A(2) * (d3 - d1);        // rows 3, 4: d4 - d2 ± 2·(d3 - d1)
+      out[l] = A(4) * d0 - A(5) * d2 + d4;
+      out[step + l] = a + b;
+      out[2 * step + l] = a - b;
+      out[3 * step + l] = c + e;
+      out[4 * step + l] = c - e;
+      out[5 * step + l] = A(4) * d1 - A(5) * d3 + d5;
+    }
+  }
+}
+
+// One axis of the output transform, Aᵀ m: in[ξ·step + l] (α entries) -> out[i·step + l] (m entries).
+template <int M, int L, typename A>
+HOST_DEVICE_INLINE void output_transform_1d(const A* in, A* out, int64_t step) {
+  if constexpr (M == 2) {
+    for (int l = 0; l < L; ++l) {
+      const A m0 = in[l], m1 = in[step + l], m2 = in[2 * step + l], m3 = in[3 * step + l];
+      out[l] = m0 + m1 + m2;
+      out[step + l] = m1 - m2 - m3;
+    }
+  } else {
+    for (int l = 0; l < L; ++l) {
+      const A m0 = in[l], m1 = in[step + l], m2 = in[2 * step + l], m3 = in[3 * step + l];
+      const A m4 = in[4 * step + l], m5 = in[5 * step + l];
+      const A s1 = m1 + m2, d1 = m1 - m2, s2 = m3 + m4, d2 = m3 - m4;
+      out[l] = m0 + s1 + s2;
+      out[step + l] = d1 + A(2) * d2;
+      out[2 * step + l] = s1 + A(4) * s2;
+      out[3 * step + l] = d1 + A(8) * d2 + m5;
+    }
+  }
+}
+
+// The 1-D transforms as function objects, for transform_axes.
+template <int M, int L>
+struct InputStep {
+  template <typename A>
+  HOST_DEVICE_INLINE void operator()(const A* in, A* out, int64_t step) const {
+    input_transform_1d<M, L>(in, out, step);
+  }
+};
+template <int M, int L>
+struct OutputStep {
+  template <typename A>
+  HOST_DEVICE_INLINE void operator()(const A* in, A* out, int64_t step) const {
+    output_transform_1d<M, L>(in, out, step);
+  }
+};
+
+// Tile positions of the whole problem: N · Π d·T.
+HOST_DEVICE_INLINE int64_t winograd_tiles(const WinogradGeometry& g, int64_t batch) {
+  int64_t tiles = batch;
+  for (int a = 0; a < g.axes; ++a) tiles *= g.positions[a];
+  return tiles;
+}
+
+// Tile p -> its image n and, per axis, the map coordinate of its first output (t·m·d + r).
+template <int M>
+HOST_DEVICE_INLINE int64_t tile_origin(const WinogradGeometry& g, int64_t p, int64_t* origin) {
+  for (int a = g.axes - 1; a >= 0; --a) {
+    const int64_t j = p % g.positions[a];
+    p /= g.positions[a];
+    origin[a] = (j / g.dilation[a]) * M * g.dilation[a] + j % g.dilation[a];
+  }
+  return p;  // n
+}
+
+// Applies a 1-D transform along every axis of an n-d block of `lanes` vectors, last axis first, ping-ponging
+// between `a` and `b`; `extent_in` entries per axis become `extent_out`. Returns the buffer holding the result.
+template <int AXES, int L, typename A, typename Transform>
+HOST_DEVICE_INLINE A* transform_axes(A* a, A* b, int extent_in, int extent_out, Transform transform) {
+  int extent[3] = {extent_in, extent_in, extent_in};
+  for (int axis = AXES - 1; axis >= 0; --axis) {
+    int64_t outer = 1, inner = L;
+    for (int q = 0; q < axis; ++q) outer *= extent[q];
+    for (int q = axis + 1; q < AXES; ++q) inner *= extent[q];
+    for (int64_t o = 0; o < outer; ++o) {
+      for (int64_t i = 0; i < inner; i += L) {
+        transform(a + o * extent_in * inner + i, b + o * extent_out * inner + i, inner);
+      }
+    }
+    extent[axis] = extent_out;
+    A* swap = a;
+    a = b;
+    b = swap;
+  }
+  return a;
+}
+
+// The input transform of tile `local` (of the chunk) for channels [c0, c0 + lanes), lanes ≤ L: gathers the α^n
+// input pixels (zero beyond the map), applies Bᵀ along every axis, and writes v[(ξ·tile_count + local)·C + c].
+// `buffer` holds 2·α^n·L values of A.
+template <int M, int AXES, int L, typename T, typename A>
+HOST_DEVICE_INLINE void winograd_input_tile(const WinogradGeometry& g, const T* x, T* v, int64_t local, int64_t c0,
+                                            int lanes, A* buffer) {
+  constexpr int kAlpha = WinogradTile<M>::kAlpha;
+  constexpr int kPoints = AXES == 2 ? kAlpha * kAlpha : kAlpha * kAlpha * kAlpha;
+  int64_t origin[3] = {0, 0, 0};
+  const int64_t n = tile_origin<M>(g, g.tile_begin + local, origin);
+  A* a = buffer;
+  for (int point = 0; point < kPoints; ++point) {
+    int64_t offset = n * g.stride_n + c0 * g.stride_c;
+    bool inside = true;
+    int rest = point;
+    for (int axis = AXES - 1; axis >= 0; --axis) {
+      const int64_t coordinate = origin[axis] + (rest % kAlpha) * g.dilation[axis];
+      rest /= kAlpha;
+      inside = inside && coordinate < g.size[axis];
+      offset += coordinate * g.stride[axis];
+    }
+    A* dst = a + point * L;
+    if (inside && lanes == L) {
+      for (int l = 0; l < L; ++l) dst[l] = widen<A>(x[offset + l * g.stride_c]);
+    } else {
+      for (int l = 0; l < L; ++l) dst[l] = inside && l < lanes ? widen<A>(x[offset + l * g.stride_c]) : A(0);
+    }
+  }
+  const A* result = transform_axes<AXES, L>(a, buffer + kPoints * L, kAlpha, kAlpha, InputStep<M, L>{});
+  const int64_t plane = g.tile_count * g.channels;
+  T* base = v + local * g.channels + c0;
+  for (int point = 0; point < kPoints; ++point) {
+    for (int l = 0; l < lanes; ++l) base[point * plane + l] = narrow<T>(result[point * L + l]);
+  }
+}
+
+// The output transform of tile `local` for output channels [k0, k0 + lanes): reads m[(ξ·tile_count + local)·K + k],
+// applies Aᵀ along every axis, adds the bias and writes the m^n outputs that fall inside the output map y.
+template <int M, int AXES, int L, typename T, typename A>
+HOST_DEVICE_INLINE void winograd_output_tile(const WinogradGeometry& g, const T* m, const T* bias, T* y,
+                                             int64_t local, int64_t k0, int lanes, A* buffer) {
+  constexpr int kAlpha = WinogradTile<M>::kAlpha;
+  constexpr int kPoints = AXES == 2 ? kAlpha * kAlpha : kAlpha * kAlpha * kAlpha;
+  constexpr int kOutputs = AXES == 2 ? M * M : M * M * M;
+  const int64_t plane = g.tile_count * g.channels;
+  const T* base = m + local * g.channels + k0;
+  A* a = buffer;
+  for (int point = 0; point < kPoints; ++point) {
+    for (int l = 0; l < L; ++l) a[point * L + l] = l < lanes ? widen<A>(base[point * plane + l]) : A(0);
+  }
+  const A* result = transform_axes<AXES, L>(a, buffer + kPoints * L, kAlpha, M, OutputStep<M, L>{});
+  int64_t origin[3] = {0, 0, 0};
+  const int64_t n = tile_origin<M>(g, g.tile_begin + local, origin);
+  for (int point = 0; point < kOutputs; ++point) {
+    int64_t offset = n * g.stride_n + k0 * g.stride_c;
+    bool inside = true;
+    int rest = point;
+    for (int axis = AXES - 1; axis >= 0; --axis) {
+      const int64_t coordinate = origin[axis] + (rest % M) * g.dilation[axis];
+      rest /= M;
+      inside = inside && coordinate < g.out[axis];
+      offset += coordinate * g.stride[axis];
+    }
+    if (!inside) continue;
+    for (int l = 0; l < lanes; ++l) {
+      const A b = bias == nullptr ? A(0) : widen<A>(bias[k0 + l]);
+      y[offset + l * g.stride_c] = narrow<T>(result[point * L + l] + b);
+    }
+  }
+}
+
+// Scratch values of A one tile's transform needs: two n-d blocks of α^n lane vectors.
+template <int M, int AXES, int L>
+HOST_DEVICE_INLINE constexpr int winograd_buffer_size() {
+  return 2 * L * (AXES == 2 ? (M + 2) * (M + 2) : (M + 2) * (M + 2) * (M + 2));
+}
+
+// The per-element bodies of the CUDA kernels (one (tile, channel) pair per thread, L = 1), also run by the CPU
+// when the tests switch it to the GPU's loops.
+template <int M, int AXES, typename T>
+HOST_DEVICE_INLINE void winograd_input_at(const WinogradGeometry& g, const T* x, T* v, int64_t index) {
+  Acc<T> buffer[winograd_buffer_size<M, AXES, 1>()];
+  winograd_input_tile<M, AXES, 1>(g, x, v, index / g.channels, index % g.channels, 1, buffer);
+}
+
+template <int M, int AXES, typename T>
+HOST_DEVICE_INLINE void winograd_output_at(const WinogradGeometry& g, const T* m, const T* bias, T* y,
+                                           int64_t index) {
+  Acc<T> buffer[winograd_buffer_size<M, AXES, 1>()];
+  winograd_output_tile<M, AXES, 1>(g, m, bias, y, index / g.channels, index % g.channels, 1, buffer);
+}
+
+}  // namespace densecnn

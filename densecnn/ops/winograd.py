@@ -1,0 +1,205 @@
+"""The ``winograd`` solver: stride-1 dilated 3×3 (images) and 3×3×3 (volumes) convolutions by Winograd's F(m, 3).
+
+Along one axis, m consecutive outputs of a 3-tap correlation are ``Aᵀ[(G g) ⊙ (Bᵀ x)]`` for an input tile x of
+α = m + 2 values (Lavin & Gray, "Fast Algorithms for Convolutional Neural Networks"); applied along every axis, an
+m×m (m×m×m) output tile costs α² (α³) products per channel pair instead of 9·m² (27·m³): 2.25× fewer for F(2, 3)
+in 2-D, 4× for F(4, 3) in 2-D, 3.4× / 8× in 3-D. A d-dilated conv is undilated on each of its d-sub-grids, so a
+tile is m outputs of one sub-grid (outputs d apart in the map) and its input is read at stride d, straight from the
+map: no space-to-batch copy.
+
+Pipeline, per chunk of tiles small enough to stay in cache:
+
+1. ``densecnn::winograd_input`` (C++, ``cuda_ext/winograd.h``): gathers each tile and applies Bᵀ along every axis,
+   written as V (α^n, tiles, C);
+2. one batched GEMM, ``V[ξ] @ U[ξ]`` for the α^n points ξ, against the transformed kernel U = G g Gᵀ (α^n, C, K),
+   computed in float64 once per weight version and cached (inference);
+3. ``densecnn::winograd_output`` (C++): Aᵀ along every axis, plus the bias, written into the (N, K, ...) output in
+   the input's memory format.
+
+The tile size m is chosen per number of axes (:func:`tile_size`) by measured speed and float32 rounding error.
+Gradients (training) are those of the direct conv, computed by torch's convolution backward: exact, and measured
+no slower than transforming the adjoints here. bfloat16/float16 inputs are computed in float32 and rounded back.
+
+>>> from densecnn.ops.solvers import ConvSpec
+>>> spec = ConvSpec(torch.randn(8, 4, 3, 3), torch.randn(8), (4, 4), 1)
+>>> conv(spec, torch.randn(1, 4, 40, 40)).shape  # == F.conv2d(x, w, b, dilation=4) to rounding
+torch.Size([1, 8, 32, 32])
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import OrderedDict
+
+import torch
+
+from ..geometry import output_size
+from . import ext
+
+COMPUTE_DTYPES = (torch.float32, torch.float64)
+TILE_SIZES = {2: 4, 3: 2}  # m of F(m, 3) per number of spatial axes (docs/performance.md, "Winograd")
+CHUNK_BYTES = 4 << 20  # transformed input + products of one chunk of tiles: about the machine's L2
+CACHE_SIZE = 32  # transformed kernels kept (inference), least recently used dropped first
+
+# G of F(m, 3) (α × 3): the kernel transform; rows are the interpolation points 0, ±1, (±2,) ∞.
+_KERNEL_TRANSFORMS = {
+    2: [[1, 0, 0], [1 / 2, 1 / 2, 1 / 2], [1 / 2, -1 / 2, 1 / 2], [0, 0, 1]],
+    4: [
+        [1 / 4, 0, 0],
+        [-1 / 6, -1 / 6, -1 / 6],
+        [-1 / 6, 1 / 6, -1 / 6],
+        [1 / 24, 1 / 12, 1 / 6],
+        [1 / 24, -1 / 12, 1 / 6],
+        [0, 0, 1],
+    ],
+}
+
+
+def applies(spec) -> bool:
+    """Ungrouped 3×3 and 3×3×3 convs, at any dilation, when densecnn's kernels are built."""
+    axes = len(spec.kernel)
+    return (
+        spec.op in ("conv2d", "conv3d")
+        and spec.groups == 1
+        and spec.kernel == (3,) * axes
+        and ext.available()
+    )
+
+
+def tile_size(axes: int) -> int:
+    """m of F(m, 3) for ``axes`` spatial axes."""
+    return TILE_SIZES[axes]
+
+
+def conv(spec, x: torch.Tensor, m: int | None = None) -> torch.Tensor:
+    """Stride-1 dilated ``spec`` (a 3×3 or 3×3×3 :class:`~densecnn.ops.solvers.ConvSpec`) on x (N, C, *S) ->
+    (N, K, *(S - 2·d)), in x's memory format and dtype; ``m`` overrides the tile size (2 or 4)."""
+    if x.dtype not in COMPUTE_DTYPES:
+        return conv(spec, x.float(), m).to(x.dtype)
+    weight = spec.weight.to(x.dtype)
+    bias = None if spec.bias is None else spec.bias.to(x.dtype)
+    axes = x.dim() - 2
+    out = output_size(tuple(x.shape[2:]), spec.kernel, spec.dilation)
+    if min(out) < 1:
+        raise ValueError(
+            f"a {'x'.join(map(str, x.shape[2:]))} input is smaller than the 3-tap kernel at dilation "
+            f"{spec.dilation} reaches; pad it (DenseCNN does) or use a smaller dilation"
+        )
+    return _WinogradConv.apply(x, weight, bias, tuple(spec.dilation), m or tile_size(axes))
+
+
+class _WinogradConv(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, dilation, m):
+        ctx.save_for_backward(x, weight)
+        ctx.dilation, ctx.has_bias = dilation, bias is not None
+        return forward(x, weight, bias, dilation, m)
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        x, weight = ctx.saved_tensors
+        needs = ctx.needs_input_grad
+        axes = x.dim() - 2
+        grad_x, grad_w, grad_b = torch.ops.aten.convolution_backward(
+            grad_y.contiguous(memory_format=_layout(x)),
+            x,
+            weight,
+            [weight.shape[0]] if ctx.has_bias else None,
+            [1] * axes,
+            [0] * axes,
+            list(ctx.dilation),
+            False,
+            [0] * axes,
+            1,
+            [needs[0], needs[1], ctx.has_bias and needs[2]],
+        )
+        return grad_x, grad_w, grad_b if ctx.has_bias else None, None, None
+
+
+def forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, dilation, m: int) -> torch.Tensor:
+    """The Winograd pipeline on x (N, C, *S), weight (K, C, 3, ...) -> (N, K, *O), no autograd."""
+    n, c, *size = x.shape
+    k, axes = weight.shape[0], len(size)
+    out = [s - 2 * d for s, d in zip(size, dilation)]
+    y = torch.empty((n, *out, k) if _layout(x) != torch.contiguous_format else (n, k, *out), dtype=x.dtype)
+    y = y.movedim(-1, 1) if _layout(x) != torch.contiguous_format else y
+    u = transformed_kernel(weight, m)  # (α^n, C, K)
+    tiles = n * math.prod(positions(o, d, m) for o, d in zip(out, dilation))
+    points = (m + 2) ** axes
+    chunk = max(1, CHUNK_BYTES // (points * (c + k) * x.element_size()))
+    dilation = list(dilation)
+    for begin in range(0, tiles, chunk):
+        count = min(chunk, tiles - begin)
+        v = torch.ops.densecnn.winograd_input(x, dilation, m, begin, count)  # (α^n, count, C)
+        products = torch.bmm(v, u)  # (α^n, count, K)
+        torch.ops.densecnn.winograd_output(y, products, bias, dilation, m, begin)
+    return y
+
+
+def positions(out: int, dilation: int, m: int) -> int:
+    """Tile positions along an axis of ``out`` outputs: ``dilation`` sub-grids of ⌈⌈out/d⌉/m⌉ tiles each."""
+    per_subgrid = -(-out // dilation)
+    return dilation * -(-per_subgrid // m)
+
+
+def _layout(x: torch.Tensor) -> torch.memory_format:
+    layout = {4: torch.channels_last, 5: torch.channels_last_3d}[x.dim()]
+    channels_last = not x.is_contiguous() and x.is_contiguous(memory_format=layout)
+    return layout if channels_last else torch.contiguous_format
+
+
+# --- the transformed kernel ----------------------------------------------------------------------------------------
+
+_kernels: OrderedDict[tuple, tuple] = OrderedDict()
+_kernels_lock = threading.Lock()
+
+
+def transformed_kernel(weight: torch.Tensor, m: int) -> torch.Tensor:
+    """U = G g Gᵀ along every axis, (α^n, C, K), computed in float64 and cast to the weight's dtype.
+
+    Cached per weight version (the entry holds the weight, so its memory cannot be reused by another tensor while
+    the entry lives); inference tensors, which have no version counter, are transformed on every call.
+    """
+    try:
+        key = (weight.data_ptr(), weight._version, tuple(weight.shape), weight.stride(), weight.device, m)
+        key += (weight.dtype,)
+    except RuntimeError:  # inference tensors have no version counter
+        return _transform_kernel(weight, m)
+    with _kernels_lock:  # served models run in several threads
+        if key in _kernels:
+            _kernels.move_to_end(key)
+            return _kernels[key][1]
+    u = _transform_kernel(weight, m)
+    with _kernels_lock:
+        _kernels[key] = (weight, u)
+        if len(_kernels) > CACHE_SIZE:
+            _kernels.popitem(last=False)
+    return u
+
+
+def _transform_kernel(weight: torch.Tensor, m: int) -> torch.Tensor:
+    g = torch.tensor(_KERNEL_TRANSFORMS[m], dtype=torch.float64, device=weight.device)  # (α, 3)
+    w = weight.detach().double()  # (K, C, 3, ...)
+    if w.dim() == 4:
+        u = torch.einsum("ia,jb,kcab->ijck", g, g, w)  # (α, α, C, K)
+    else:
+        u = torch.einsum("ia,jb,lz,kcabz->ijlck", g, g, g, w)  # (α, α, α, C, K)
+    return u.reshape(-1, *u.shape[-2:]).to(weight.dtype).contiguous()
+
+
+# --- fake (shape) kernels of the C++ ops ---------------------------------------------------------------------------
+
+
+def _register_fakes() -> None:
+    @torch.library.register_fake("densecnn::winograd_input")
+    def _(input, dilation, m, tile_begin, tile_count):
+        return input.new_empty(((m + 2) ** (input.dim() - 2), tile_count, input.shape[1]))
+
+    @torch.library.register_fake("densecnn::winograd_output")
+    def _(output, transformed, bias, dilation, m, tile_begin):
+        return None
+
+
+if ext.available():
+    _register_fakes()
