@@ -49,6 +49,9 @@ TORCH_LIBRARY(densecnn, m) {
   m.def(
       "winograd_output(Tensor(a!) output, Tensor transformed, Tensor? bias, int[] dilation, int m, "
       "int tile_begin) -> ()");
+  // The whole conv: input transform, V[ξ] @ kernel[ξ] against the transformed kernel (α^n, C, K), output transform
+  // (+ bias), chunk by chunk -> (N, K, ...) in the input's memory format.
+  m.def("winograd_conv(Tensor input, Tensor kernel, Tensor? bias, int[] dilation, int m) -> Tensor");
   // Tests only: run the CUDA kernels' per-element bodies on the CPU (gpu_loops.h). Returns the previous setting.
   m.def("_use_gpu_loops_on_cpu(bool enable) -> bool", &densecnn::use_gpu_loops_on_cpu);
 }

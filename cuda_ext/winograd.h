@@ -21,6 +21,17 @@
 
 #include "common.h"
 
+// The CPU loops are compiled once per ISA (target_clones in winograd_cpu.cpp); everything they call must be
+// inlined into each clone to be compiled for its ISA, so on the host these functions are always inlined.
+// The lane loops read and write distinct buffers: WINOGRAD_IVDEP tells GCC so, which lets it vectorise them.
+#if defined(__CUDACC__)
+#define WINOGRAD_INLINE __host__ __device__ __forceinline__
+#define WINOGRAD_IVDEP
+#else
+#define WINOGRAD_INLINE inline __attribute__((always_inline))
+#define WINOGRAD_IVDEP _Pragma("GCC ivdep")
+#endif
+
 namespace densecnn {
 
 struct WinogradGeometry {
@@ -42,8 +53,9 @@ struct WinogradTile {
 // One axis of the input transform, Bᵀ x, on `lanes` values per entry: in[e·step + l] -> out[i·step + l].
 // F(2, 3): points 0, ±1, ∞.  F(4, 3): points 0, ±1, ±2, ∞ (Lavin & Gray's matrices).
 template <int M, int L, typename A>
-HOST_DEVICE_INLINE void input_transform_1d(const A* in, A* out, int64_t step) {
+WINOGRAD_INLINE void input_transform_1d(const A* __restrict__ in, A* __restrict__ out, int64_t step) {
   if constexpr (M == 2) {
+    WINOGRAD_IVDEP
     for (int l = 0; l < L; ++l) {
       const A d0 = in[l], d1 = in[step + l], d2 = in[2 * step + l], d3 = in[3 * step + l];
       out[l] = d0 - d2;
@@ -53,6 +65,7 @@ HOST_DEVICE_INLINE void input_transform_1d(const A* in, A* out, int64_t step) {
     }
   } else {
     static_assert(M == 4, "F(m, 3) is implemented for m = 2 and m = 4");
+    WINOGRAD_IVDEP
     for (int l = 0; l < L; ++l) {
       const A d0 = in[l], d1 = in[step + l], d2 = in[2 * step + l], d3 = in[3 * step + l];
       const A d4 = in[4 * step + l], d5 = in[5 * step + l];
@@ -70,14 +83,16 @@ HOST_DEVICE_INLINE void input_transform_1d(const A* in, A* out, int64_t step) {
 
 // One axis of the output transform, Aᵀ m: in[ξ·step + l] (α entries) -> out[i·step + l] (m entries).
 template <int M, int L, typename A>
-HOST_DEVICE_INLINE void output_transform_1d(const A* in, A* out, int64_t step) {
+WINOGRAD_INLINE void output_transform_1d(const A* __restrict__ in, A* __restrict__ out, int64_t step) {
   if constexpr (M == 2) {
+    WINOGRAD_IVDEP
     for (int l = 0; l < L; ++l) {
       const A m0 = in[l], m1 = in[step + l], m2 = in[2 * step + l], m3 = in[3 * step + l];
       out[l] = m0 + m1 + m2;
       out[step + l] = m1 - m2 - m3;
     }
   } else {
+    WINOGRAD_IVDEP
     for (int l = 0; l < L; ++l) {
       const A m0 = in[l], m1 = in[step + l], m2 = in[2 * step + l], m3 = in[3 * step + l];
       const A m4 = in[4 * step + l], m5 = in[5 * step + l];
@@ -94,20 +109,20 @@ HOST_DEVICE_INLINE void output_transform_1d(const A* in, A* out, int64_t step) {
 template <int M, int L>
 struct InputStep {
   template <typename A>
-  HOST_DEVICE_INLINE void operator()(const A* in, A* out, int64_t step) const {
+  WINOGRAD_INLINE void operator()(const A* in, A* out, int64_t step) const {
     input_transform_1d<M, L>(in, out, step);
   }
 };
 template <int M, int L>
 struct OutputStep {
   template <typename A>
-  HOST_DEVICE_INLINE void operator()(const A* in, A* out, int64_t step) const {
+  WINOGRAD_INLINE void operator()(const A* in, A* out, int64_t step) const {
     output_transform_1d<M, L>(in, out, step);
   }
 };
 
 // Tile positions of the whole problem: N · Π d·T.
-HOST_DEVICE_INLINE int64_t winograd_tiles(const WinogradGeometry& g, int64_t batch) {
+WINOGRAD_INLINE int64_t winograd_tiles(const WinogradGeometry& g, int64_t batch) {
   int64_t tiles = batch;
   for (int a = 0; a < g.axes; ++a) tiles *= g.positions[a];
   return tiles;
@@ -115,7 +130,7 @@ HOST_DEVICE_INLINE int64_t winograd_tiles(const WinogradGeometry& g, int64_t bat
 
 // Tile p -> its image n and, per axis, the map coordinate of its first output (t·m·d + r).
 template <int M>
-HOST_DEVICE_INLINE int64_t tile_origin(const WinogradGeometry& g, int64_t p, int64_t* origin) {
+WINOGRAD_INLINE int64_t tile_origin(const WinogradGeometry& g, int64_t p, int64_t* origin) {
   for (int a = g.axes - 1; a >= 0; --a) {
     const int64_t j = p % g.positions[a];
     p /= g.positions[a];
@@ -127,7 +142,7 @@ HOST_DEVICE_INLINE int64_t tile_origin(const WinogradGeometry& g, int64_t p, int
 // Applies a 1-D transform along every axis of an n-d block of `lanes` vectors, last axis first, ping-ponging
 // between `a` and `b`; `extent_in` entries per axis become `extent_out`. Returns the buffer holding the result.
 template <int AXES, int L, typename A, typename Transform>
-HOST_DEVICE_INLINE A* transform_axes(A* a, A* b, int extent_in, int extent_out, Transform transform) {
+WINOGRAD_INLINE A* transform_axes(A* a, A* b, int extent_in, int extent_out, Transform transform) {
   int extent[3] = {extent_in, extent_in, extent_in};
   for (int axis = AXES - 1; axis >= 0; --axis) {
     int64_t outer = 1, inner = L;
@@ -146,96 +161,168 @@ HOST_DEVICE_INLINE A* transform_axes(A* a, A* b, int extent_in, int extent_out, 
   return a;
 }
 
+// Per axis, the map offset of each of the tile's `extent` points (first at `origin`, then every d) and whether it
+// lies inside the map (extent `limit`).
+template <int EXTENT>
+struct AxisPoints {
+  int64_t offset[EXTENT];
+  bool inside[EXTENT];
+};
+
+template <int EXTENT>
+WINOGRAD_INLINE AxisPoints<EXTENT> axis_points(int64_t origin, int64_t dilation, int64_t limit, int64_t stride) {
+  AxisPoints<EXTENT> points;
+  for (int e = 0; e < EXTENT; ++e) {
+    const int64_t coordinate = origin + e * dilation;
+    points.offset[e] = coordinate * stride;
+    points.inside[e] = coordinate < limit;
+  }
+  return points;
+}
+
+// Calls visit(point, offset, inside) for the EXTENT^AXES points of a tile in row-major order.
+template <int EXTENT, int AXES, typename Visit>
+WINOGRAD_INLINE void for_each_point(const WinogradGeometry& g, const int64_t* origin, const int64_t* limit,
+                                       int64_t base, Visit& visit) {
+  const AxisPoints<EXTENT> p0 = axis_points<EXTENT>(origin[0], g.dilation[0], limit[0], g.stride[0]);
+  const AxisPoints<EXTENT> p1 = axis_points<EXTENT>(origin[1], g.dilation[1], limit[1], g.stride[1]);
+  if constexpr (AXES == 2) {
+    for (int e0 = 0; e0 < EXTENT; ++e0) {
+      for (int e1 = 0; e1 < EXTENT; ++e1) {
+        visit(e0 * EXTENT + e1, base + p0.offset[e0] + p1.offset[e1], p0.inside[e0] && p1.inside[e1]);
+      }
+    }
+  } else {
+    const AxisPoints<EXTENT> p2 = axis_points<EXTENT>(origin[2], g.dilation[2], limit[2], g.stride[2]);
+    for (int e0 = 0; e0 < EXTENT; ++e0) {
+      for (int e1 = 0; e1 < EXTENT; ++e1) {
+        const int64_t offset = base + p0.offset[e0] + p1.offset[e1];
+        const bool inside = p0.inside[e0] && p1.inside[e1];
+        for (int e2 = 0; e2 < EXTENT; ++e2) {
+          visit((e0 * EXTENT + e1) * EXTENT + e2, offset + p2.offset[e2], inside && p2.inside[e2]);
+        }
+      }
+    }
+  }
+}
+
+// Gathers the α^n input pixels of a tile, `lanes` channels each (zero beyond the map and for lanes ≥ `lanes`);
+// kUnitLanes: the channels are adjacent in memory (channels-last), so each point is one contiguous load.
+template <int L, bool kUnitLanes, typename T, typename A>
+struct GatherInput {
+  const T* x;
+  int64_t lane_stride;
+  int lanes;
+  A* dst;
+  WINOGRAD_INLINE void operator()(int point, int64_t offset, bool inside) {
+    A* out = dst + point * L;
+    if (inside && lanes == L) {
+      WINOGRAD_IVDEP
+      for (int l = 0; l < L; ++l) out[l] = widen<A>(x[offset + (kUnitLanes ? l : l * lane_stride)]);
+    } else if (inside) {
+      for (int l = 0; l < L; ++l) {
+        out[l] = l < lanes ? widen<A>(x[offset + (kUnitLanes ? l : l * lane_stride)]) : A(0);
+      }
+    } else {
+      for (int l = 0; l < L; ++l) out[l] = A(0);
+    }
+  }
+};
+
+// Writes a tile's m^n outputs (+ bias) that fall inside the output map.
+template <int L, bool kUnitLanes, typename T, typename A>
+struct ScatterOutput {
+  T* y;
+  int64_t lane_stride;
+  int lanes;
+  const A* src;
+  const A* bias;
+  WINOGRAD_INLINE void operator()(int point, int64_t offset, bool inside) {
+    if (!inside) return;
+    const A* values = src + point * L;
+    if (lanes == L) {
+      WINOGRAD_IVDEP
+      for (int l = 0; l < L; ++l) y[offset + (kUnitLanes ? l : l * lane_stride)] = narrow<T>(values[l] + bias[l]);
+    } else {
+      for (int l = 0; l < lanes; ++l) y[offset + (kUnitLanes ? l : l * lane_stride)] = narrow<T>(values[l] + bias[l]);
+    }
+  }
+};
+
 // The input transform of tile `local` (of the chunk) for channels [c0, c0 + lanes), lanes ≤ L: gathers the α^n
 // input pixels (zero beyond the map), applies Bᵀ along every axis, and writes v[(ξ·tile_count + local)·C + c].
 // `buffer` holds 2·α^n·L values of A.
-template <int M, int AXES, int L, typename T, typename A>
-HOST_DEVICE_INLINE void winograd_input_tile(const WinogradGeometry& g, const T* x, T* v, int64_t local, int64_t c0,
+template <int M, int AXES, int L, bool kUnitLanes, typename T, typename A>
+WINOGRAD_INLINE void winograd_input_tile(const WinogradGeometry& g, const T* x, T* v, int64_t local, int64_t c0,
                                             int lanes, A* buffer) {
   constexpr int kAlpha = WinogradTile<M>::kAlpha;
   constexpr int kPoints = AXES == 2 ? kAlpha * kAlpha : kAlpha * kAlpha * kAlpha;
   int64_t origin[3] = {0, 0, 0};
   const int64_t n = tile_origin<M>(g, g.tile_begin + local, origin);
-  A* a = buffer;
-  for (int point = 0; point < kPoints; ++point) {
-    int64_t offset = n * g.stride_n + c0 * g.stride_c;
-    bool inside = true;
-    int rest = point;
-    for (int axis = AXES - 1; axis >= 0; --axis) {
-      const int64_t coordinate = origin[axis] + (rest % kAlpha) * g.dilation[axis];
-      rest /= kAlpha;
-      inside = inside && coordinate < g.size[axis];
-      offset += coordinate * g.stride[axis];
-    }
-    A* dst = a + point * L;
-    if (inside && lanes == L) {
-      for (int l = 0; l < L; ++l) dst[l] = widen<A>(x[offset + l * g.stride_c]);
-    } else {
-      for (int l = 0; l < L; ++l) dst[l] = inside && l < lanes ? widen<A>(x[offset + l * g.stride_c]) : A(0);
-    }
-  }
-  const A* result = transform_axes<AXES, L>(a, buffer + kPoints * L, kAlpha, kAlpha, InputStep<M, L>{});
+  GatherInput<L, kUnitLanes, T, A> gather{x, g.stride_c, lanes, buffer};
+  for_each_point<kAlpha, AXES>(g, origin, g.size, n * g.stride_n + c0 * g.stride_c, gather);
+  const A* result = transform_axes<AXES, L>(buffer, buffer + kPoints * L, kAlpha, kAlpha, InputStep<M, L>{});
   const int64_t plane = g.tile_count * g.channels;
   T* base = v + local * g.channels + c0;
-  for (int point = 0; point < kPoints; ++point) {
-    for (int l = 0; l < lanes; ++l) base[point * plane + l] = narrow<T>(result[point * L + l]);
+  if (lanes == L) {
+    for (int point = 0; point < kPoints; ++point) {
+      WINOGRAD_IVDEP
+      for (int l = 0; l < L; ++l) base[point * plane + l] = narrow<T>(result[point * L + l]);
+    }
+  } else {
+    for (int point = 0; point < kPoints; ++point) {
+      for (int l = 0; l < lanes; ++l) base[point * plane + l] = narrow<T>(result[point * L + l]);
+    }
   }
 }
 
 // The output transform of tile `local` for output channels [k0, k0 + lanes): reads m[(ξ·tile_count + local)·K + k],
 // applies Aᵀ along every axis, adds the bias and writes the m^n outputs that fall inside the output map y.
-template <int M, int AXES, int L, typename T, typename A>
-HOST_DEVICE_INLINE void winograd_output_tile(const WinogradGeometry& g, const T* m, const T* bias, T* y,
+template <int M, int AXES, int L, bool kUnitLanes, typename T, typename A>
+WINOGRAD_INLINE void winograd_output_tile(const WinogradGeometry& g, const T* m, const T* bias, T* y,
                                              int64_t local, int64_t k0, int lanes, A* buffer) {
   constexpr int kAlpha = WinogradTile<M>::kAlpha;
   constexpr int kPoints = AXES == 2 ? kAlpha * kAlpha : kAlpha * kAlpha * kAlpha;
-  constexpr int kOutputs = AXES == 2 ? M * M : M * M * M;
   const int64_t plane = g.tile_count * g.channels;
   const T* base = m + local * g.channels + k0;
-  A* a = buffer;
-  for (int point = 0; point < kPoints; ++point) {
-    for (int l = 0; l < L; ++l) a[point * L + l] = l < lanes ? widen<A>(base[point * plane + l]) : A(0);
+  if (lanes == L) {
+    for (int point = 0; point < kPoints; ++point) {
+      WINOGRAD_IVDEP
+      for (int l = 0; l < L; ++l) buffer[point * L + l] = widen<A>(base[point * plane + l]);
+    }
+  } else {
+    for (int point = 0; point < kPoints; ++point) {
+      for (int l = 0; l < L; ++l) buffer[point * L + l] = l < lanes ? widen<A>(base[point * plane + l]) : A(0);
+    }
   }
-  const A* result = transform_axes<AXES, L>(a, buffer + kPoints * L, kAlpha, M, OutputStep<M, L>{});
+  const A* result = transform_axes<AXES, L>(buffer, buffer + kPoints * L, kAlpha, M, OutputStep<M, L>{});
+  A lane_bias[L];
+  for (int l = 0; l < L; ++l) lane_bias[l] = bias != nullptr && l < lanes ? widen<A>(bias[k0 + l]) : A(0);
   int64_t origin[3] = {0, 0, 0};
   const int64_t n = tile_origin<M>(g, g.tile_begin + local, origin);
-  for (int point = 0; point < kOutputs; ++point) {
-    int64_t offset = n * g.stride_n + k0 * g.stride_c;
-    bool inside = true;
-    int rest = point;
-    for (int axis = AXES - 1; axis >= 0; --axis) {
-      const int64_t coordinate = origin[axis] + (rest % M) * g.dilation[axis];
-      rest /= M;
-      inside = inside && coordinate < g.out[axis];
-      offset += coordinate * g.stride[axis];
-    }
-    if (!inside) continue;
-    for (int l = 0; l < lanes; ++l) {
-      const A b = bias == nullptr ? A(0) : widen<A>(bias[k0 + l]);
-      y[offset + l * g.stride_c] = narrow<T>(result[point * L + l] + b);
-    }
-  }
+  ScatterOutput<L, kUnitLanes, T, A> scatter{y, g.stride_c, lanes, result, lane_bias};
+  for_each_point<M, AXES>(g, origin, g.out, n * g.stride_n + k0 * g.stride_c, scatter);
 }
 
 // Scratch values of A one tile's transform needs: two n-d blocks of α^n lane vectors.
 template <int M, int AXES, int L>
-HOST_DEVICE_INLINE constexpr int winograd_buffer_size() {
+WINOGRAD_INLINE constexpr int winograd_buffer_size() {
   return 2 * L * (AXES == 2 ? (M + 2) * (M + 2) : (M + 2) * (M + 2) * (M + 2));
 }
 
 // The per-element bodies of the CUDA kernels (one (tile, channel) pair per thread, L = 1), also run by the CPU
 // when the tests switch it to the GPU's loops.
 template <int M, int AXES, typename T>
-HOST_DEVICE_INLINE void winograd_input_at(const WinogradGeometry& g, const T* x, T* v, int64_t index) {
+WINOGRAD_INLINE void winograd_input_at(const WinogradGeometry& g, const T* x, T* v, int64_t index) {
   Acc<T> buffer[winograd_buffer_size<M, AXES, 1>()];
-  winograd_input_tile<M, AXES, 1>(g, x, v, index / g.channels, index % g.channels, 1, buffer);
+  winograd_input_tile<M, AXES, 1, false>(g, x, v, index / g.channels, index % g.channels, 1, buffer);
 }
 
 template <int M, int AXES, typename T>
-HOST_DEVICE_INLINE void winograd_output_at(const WinogradGeometry& g, const T* m, const T* bias, T* y,
+WINOGRAD_INLINE void winograd_output_at(const WinogradGeometry& g, const T* m, const T* bias, T* y,
                                            int64_t index) {
   Acc<T> buffer[winograd_buffer_size<M, AXES, 1>()];
-  winograd_output_tile<M, AXES, 1>(g, m, bias, y, index / g.channels, index % g.channels, 1, buffer);
+  winograd_output_tile<M, AXES, 1, false>(g, m, bias, y, index / g.channels, index % g.channels, 1, buffer);
 }
 
 }  // namespace densecnn

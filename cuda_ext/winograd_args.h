@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 
 #include <utility>
+#include <vector>
 
 #include <c10/util/Optional.h>
 

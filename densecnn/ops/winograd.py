@@ -28,7 +28,6 @@ torch.Size([1, 8, 32, 32])
 
 from __future__ import annotations
 
-import math
 import threading
 from collections import OrderedDict
 
@@ -39,7 +38,6 @@ from . import ext
 
 COMPUTE_DTYPES = (torch.float32, torch.float64)
 TILE_SIZES = {2: 4, 3: 2}  # m of F(m, 3) per number of spatial axes (docs/performance.md, "Winograd")
-CHUNK_BYTES = 4 << 20  # transformed input + products of one chunk of tiles: about the machine's L2
 CACHE_SIZE = 32  # transformed kernels kept (inference), least recently used dropped first
 
 # G of F(m, 3) (α × 3): the kernel transform; rows are the interpolation points 0, ±1, (±2,) ∞.
@@ -119,22 +117,9 @@ class _WinogradConv(torch.autograd.Function):
 
 def forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, dilation, m: int) -> torch.Tensor:
     """The Winograd pipeline on x (N, C, *S), weight (K, C, 3, ...) -> (N, K, *O), no autograd."""
-    n, c, *size = x.shape
-    k, axes = weight.shape[0], len(size)
-    out = [s - 2 * d for s, d in zip(size, dilation)]
-    y = torch.empty((n, *out, k) if _layout(x) != torch.contiguous_format else (n, k, *out), dtype=x.dtype)
-    y = y.movedim(-1, 1) if _layout(x) != torch.contiguous_format else y
     u = transformed_kernel(weight, m)  # (α^n, C, K)
-    tiles = n * math.prod(positions(o, d, m) for o, d in zip(out, dilation))
-    points = (m + 2) ** axes
-    chunk = max(1, CHUNK_BYTES // (points * (c + k) * x.element_size()))
-    dilation = list(dilation)
-    for begin in range(0, tiles, chunk):
-        count = min(chunk, tiles - begin)
-        v = torch.ops.densecnn.winograd_input(x, dilation, m, begin, count)  # (α^n, count, C)
-        products = torch.bmm(v, u)  # (α^n, count, K)
-        torch.ops.densecnn.winograd_output(y, products, bias, dilation, m, begin)
-    return y
+    bias = None if bias is None else bias.detach().contiguous()
+    return torch.ops.densecnn.winograd_conv(x.detach(), u, bias, list(dilation), m)
 
 
 def positions(out: int, dilation: int, m: int) -> int:
@@ -199,6 +184,11 @@ def _register_fakes() -> None:
     @torch.library.register_fake("densecnn::winograd_output")
     def _(output, transformed, bias, dilation, m, tile_begin):
         return None
+
+    @torch.library.register_fake("densecnn::winograd_conv")
+    def _(input, kernel, bias, dilation, m):
+        shape = (input.shape[0], kernel.shape[-1], *(s - 2 * d for s, d in zip(input.shape[2:], dilation)))
+        return ext._empty(input, shape, ext._is_channels_last(input))
 
 
 if ext.available():
