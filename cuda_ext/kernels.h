@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "common.h"
+#include "winograd.h"
 
 namespace densecnn {
 
@@ -43,5 +44,14 @@ cudaError_t launch_im2col(const ConvGeometry& g, const T* image, int64_t band_st
 template <typename T>
 cudaError_t launch_col2im_add(const ConvGeometry& g, const T* grad_col, int64_t band_start, int64_t rows,
                               T* grad_image, cudaStream_t stream);
+
+// Winograd F(m, 3) transforms (winograd.h) of the chunk of tiles g.tile_begin.. : v (α^n, tiles, C) from the map x,
+// and the outputs (+ bias, may be null) of the products (α^n, tiles, K) into the map y. T is float or double.
+template <typename T>
+cudaError_t launch_winograd_input(const WinogradGeometry& g, int m, const T* x, T* v, cudaStream_t stream);
+
+template <typename T>
+cudaError_t launch_winograd_output(const WinogradGeometry& g, int m, const T* products, const T* bias, T* y,
+                                   cudaStream_t stream);
 
 }  // namespace densecnn
