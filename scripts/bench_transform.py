@@ -32,7 +32,10 @@ import densecnn
 from densecnn.ops import ext_available, plan, solvers
 
 FORMATS = {"nchw": torch.contiguous_format, "nhwc": torch.channels_last}
-VOLUME_FORMATS = {"nchw": torch.contiguous_format, "nhwc": torch.channels_last_3d}  # NCDHW and channels_last_3d
+VOLUME_FORMATS = {
+    "nchw": torch.contiguous_format,
+    "nhwc": torch.channels_last_3d,
+}  # NCDHW and channels_last_3d
 NETS = {"plain_133": 32, "stages_46": 8}  # classes
 
 
@@ -240,7 +243,9 @@ def winograd_net(name: str, shape: tuple, repeats: int) -> dict:
             inputs = {fmt: x.contiguous(memory_format=memory) for fmt, memory in formats.items()}
             names = [n for n in solvers.candidates(spec, ext_available=ext_available()) if n != "fft"]
             candidates = {
-                f"{n}@{fmt}": functools.partial(solvers.run, n, spec, inputs[fmt]) for n in names for fmt in formats
+                f"{n}@{fmt}": functools.partial(solvers.run, n, spec, inputs[fmt])
+                for n in names
+                for fmt in formats
             }
             rows.append({"spec": spec, "shape": list(x.shape), "ms": interleaved(candidates, repeats)})
         x = out
@@ -345,7 +350,10 @@ def main() -> None:
     dtype = getattr(torch, args.dtype)
     results = []
     if args.winograd:
-        for name, shape in (("plain_133", (1, 3, args.size, args.size)), ("znni_3d", (1, 1, *(args.volume,) * 3))):
+        for name, shape in (
+            ("plain_133", (1, 3, args.size, args.size)),
+            ("znni_3d", (1, 1, *(args.volume,) * 3)),
+        ):
             results.append(winograd_net(name, shape, args.repeats))
             report_winograd(results[-1])
         args.nets = []

@@ -35,7 +35,9 @@ def _taps(x: torch.Tensor, spec: ConvSpec) -> torch.Tensor:
     out = [s - (k - 1) * d for s, k, d in zip(x.shape[2:], spec.kernel, spec.dilation)]
     y = torch.zeros(x.shape[0], spec.weight.shape[0], *out, dtype=x.dtype)
     for tap in itertools.product(*(range(k) for k in spec.kernel)):
-        window = x[(slice(None), slice(None), *(slice(t * d, t * d + o) for t, d, o in zip(tap, spec.dilation, out)))]
+        window = x[
+            (slice(None), slice(None), *(slice(t * d, t * d + o) for t, d, o in zip(tap, spec.dilation, out)))
+        ]
         y += torch.einsum("nc...,kc->nk...", window, spec.weight[(slice(None), slice(None), *tap)])
     return y if spec.bias is None else y + spec.bias.view(1, -1, *[1] * len(out))
 
@@ -70,7 +72,9 @@ def test_winograd_equals_the_tap_sum_float64(problem):
     spec, x, m = problem
     y = winograd.conv(spec, x, m)
     assert_close_relative(y, _taps(x, spec), 1e-10, floor=1.0)
-    assert y.is_contiguous(memory_format=LAYOUTS[x.dim() - 2] if _is_channels_last(x) else torch.contiguous_format)
+    assert y.is_contiguous(
+        memory_format=LAYOUTS[x.dim() - 2] if _is_channels_last(x) else torch.contiguous_format
+    )
 
 
 @settings(max_examples=60, deadline=None)
@@ -82,7 +86,9 @@ def test_winograd_equals_the_tap_sum_float32(problem):
     assert_close_relative(solvers.run("winograd", spec, x).double(), expected, 1e-5, floor=1.0)
 
 
-@pytest.mark.parametrize(("axes", "channels", "bound"), [(2, 50, 1e-5), (2, 128, 1e-5), (3, 16, 1e-6), (3, 64, 1e-6)])
+@pytest.mark.parametrize(
+    ("axes", "channels", "bound"), [(2, 50, 1e-5), (2, 128, 1e-5), (3, 16, 1e-6), (3, 64, 1e-6)]
+)
 def test_default_tile_size_keeps_float32_error_within_the_bound(axes, channels, bound):
     """All-positive inputs (as after a ReLU) are the hard case: the transforms subtract large equal values. The
     error is measured relative to the layer's largest output, a stricter scale than max(|score|, 1)."""
@@ -229,11 +235,16 @@ def _op_samples():
         out = [s - 2 * d for s, d in zip(x.shape[2:], dilation)]
         tiles = math.prod(winograd.positions(o, d, 2) for o, d in zip(out, dilation))
         u = winograd.transformed_kernel(torch.randn(3, 5, *(3,) * axes, generator=generator), 2)
-        y = torch.zeros(1, 3, *out).contiguous(memory_format=LAYOUTS[axes] if channels_last else torch.contiguous_format)
+        y = torch.zeros(1, 3, *out).contiguous(
+            memory_format=LAYOUTS[axes] if channels_last else torch.contiguous_format
+        )
         v = torch.randn(4**axes, tiles - 1, 3, generator=generator)
         samples += [
             (torch.ops.densecnn.winograd_input.default, (x, dilation, 2, 1, tiles - 1)),
-            (torch.ops.densecnn.winograd_output.default, (y, v, torch.randn(3, generator=generator), dilation, 2, 1)),
+            (
+                torch.ops.densecnn.winograd_output.default,
+                (y, v, torch.randn(3, generator=generator), dilation, 2, 1),
+            ),
             (torch.ops.densecnn.winograd_conv.default, (x, u, None, dilation, 2)),
         ]
     return samples
