@@ -51,7 +51,7 @@ struct WinogradTile {
 };
 
 // One axis of the input transform, Bᵀ x, on `lanes` values per entry: in[e·step + l] -> out[i·step + l].
-// F(2, 3): points 0, ±1, ∞.  F(4, 3): points 0, ±1, ±2, ∞ (Lavin & Gray's matrices).
+// F(2, 3): points 0, ±1, ∞.  F(3, 3): points 0, ±1, 1/2, ∞.  F(4, 3): points 0, ±1, ±2, ∞ (Lavin & Gray's).
 template <int M, int L, typename A>
 WINOGRAD_INLINE void input_transform_1d(const A* __restrict__ in, A* __restrict__ out, int64_t step) {
   if constexpr (M == 2) {
@@ -63,8 +63,19 @@ WINOGRAD_INLINE void input_transform_1d(const A* __restrict__ in, A* __restrict_
       out[2 * step + l] = d2 - d1;
       out[3 * step + l] = d1 - d3;
     }
+  } else if constexpr (M == 3) {
+    WINOGRAD_IVDEP
+    for (int l = 0; l < L; ++l) {
+      const A d0 = in[l], d1 = in[step + l], d2 = in[2 * step + l], d3 = in[3 * step + l], d4 = in[4 * step + l];
+      const A h1 = A(0.5) * d1, h2 = A(0.5) * d2;
+      out[l] = A(0.5) * d0 - d1 - h2 + d3;
+      out[step + l] = h2 - h1 + d3;
+      out[2 * step + l] = h1 - A(1.5) * d2 + d3;
+      out[3 * step + l] = d3 - d1;
+      out[4 * step + l] = h1 - d2 - A(0.5) * d3 + d4;
+    }
   } else {
-    static_assert(M == 4, "F(m, 3) is implemented for m = 2 and m = 4");
+    static_assert(M == 4, "F(m, 3) is implemented for m = 2, 3 and 4");
     WINOGRAD_IVDEP
     for (int l = 0; l < L; ++l) {
       const A d0 = in[l], d1 = in[step + l], d2 = in[2 * step + l], d3 = in[3 * step + l];
@@ -90,6 +101,14 @@ WINOGRAD_INLINE void output_transform_1d(const A* __restrict__ in, A* __restrict
       const A m0 = in[l], m1 = in[step + l], m2 = in[2 * step + l], m3 = in[3 * step + l];
       out[l] = m0 + m1 + m2;
       out[step + l] = m1 - m2 - m3;
+    }
+  } else if constexpr (M == 3) {
+    WINOGRAD_IVDEP
+    for (int l = 0; l < L; ++l) {
+      const A m0 = in[l], m1 = in[step + l], m2 = in[2 * step + l], m3 = in[3 * step + l], m4 = in[4 * step + l];
+      out[l] = m0 + m1 + m2 + m3;
+      out[step + l] = m1 - m2 + A(0.5) * m3;
+      out[2 * step + l] = m1 + m2 + A(0.25) * m3 + m4;
     }
   } else {
     WINOGRAD_IVDEP

@@ -24,7 +24,7 @@ inline void check_winograd_call(const char* op, const at::Tensor& map, at::IntAr
   TORCH_CHECK(static_cast<int64_t>(dilation.size()) == map.dim() - 2, "densecnn.", op, ": dilation ", dilation,
               " needs one entry per spatial axis of ", map.sizes());
   for (const int64_t d : dilation) TORCH_CHECK(d >= 1, "densecnn.", op, ": dilation must be positive, got ", dilation);
-  TORCH_CHECK(m == 2 || m == 4, "densecnn.", op, ": tile size m must be 2 or 4 (F(2, 3) or F(4, 3)), got ", m);
+  TORCH_CHECK(m >= 2 && m <= 4, "densecnn.", op, ": tile size m must be 2, 3 or 4 (F(m, 3)), got ", m);
   TORCH_CHECK(map.scalar_type() == at::kFloat || map.scalar_type() == at::kDouble, "densecnn.", op,
               ": dtype must be float32 or float64, got ", map.scalar_type(), "; convert with .float()");
 }
@@ -98,6 +98,8 @@ void dispatch_winograd(int64_t m, int64_t axes, Body&& body) {
   using I4 = std::integral_constant<int, 4>;
   if (m == 2 && axes == 2) return body(I2{}, I2{});
   if (m == 2 && axes == 3) return body(I2{}, I3{});
+  if (m == 3 && axes == 2) return body(I3{}, I2{});
+  if (m == 3 && axes == 3) return body(I3{}, I3{});
   if (m == 4 && axes == 2) return body(I4{}, I2{});
   return body(I4{}, I3{});
 }

@@ -37,6 +37,8 @@ template <typename T>
 cudaError_t launch_winograd_input(const WinogradGeometry& g, int m, const T* x, T* v, cudaStream_t stream) {
   if (m == 2 && g.axes == 2) launch_input<2, 2>(g, x, v, stream);
   if (m == 2 && g.axes == 3) launch_input<2, 3>(g, x, v, stream);
+  if (m == 3 && g.axes == 2) launch_input<3, 2>(g, x, v, stream);
+  if (m == 3 && g.axes == 3) launch_input<3, 3>(g, x, v, stream);
   if (m == 4 && g.axes == 2) launch_input<4, 2>(g, x, v, stream);
   if (m == 4 && g.axes == 3) launch_input<4, 3>(g, x, v, stream);
   return cudaGetLastError();
@@ -47,6 +49,8 @@ cudaError_t launch_winograd_output(const WinogradGeometry& g, int m, const T* pr
                                    cudaStream_t stream) {
   if (m == 2 && g.axes == 2) launch_output<2, 2>(g, products, bias, y, stream);
   if (m == 2 && g.axes == 3) launch_output<2, 3>(g, products, bias, y, stream);
+  if (m == 3 && g.axes == 2) launch_output<3, 2>(g, products, bias, y, stream);
+  if (m == 3 && g.axes == 3) launch_output<3, 3>(g, products, bias, y, stream);
   if (m == 4 && g.axes == 2) launch_output<4, 2>(g, products, bias, y, stream);
   if (m == 4 && g.axes == 3) launch_output<4, 3>(g, products, bias, y, stream);
   return cudaGetLastError();

@@ -37,15 +37,16 @@ from ..geometry import output_size
 from . import ext
 
 COMPUTE_DTYPES = (torch.float32, torch.float64)
-# F(4, 3)'s float32 error grows with the channels summed and with the number of axes: measured on one layer with
-# all-positive inputs (relative to the layer's largest output), 5.6e-6 at 50 and 6.7e-6 at 128 channels in 2-D but
-# 1.2e-5-2.2e-5 in 3-D, against 2e-7-6e-7 for F(2, 3) (docs/performance.md, "Winograd").
-MAX_F4_CHANNELS = 128  # images with more input channels use F(2, 3)
+# The float32 error of F(m, 3) grows with m, with the channels summed and with the number of axes: measured on one
+# layer with all-positive inputs, relative to the layer's largest output (docs/performance.md, "Winograd").
+WIDE = 128  # input channels beyond which a smaller tile is used
 CACHE_SIZE = 32  # transformed kernels kept (inference), least recently used dropped first
 
-# G of F(m, 3) (α × 3): the kernel transform; rows are the interpolation points 0, ±1, (±2,) ∞.
+# G of F(m, 3) (α × 3): the kernel transform; rows are the interpolation points 0, ±1, ∞ and, for m = 3, 1/2,
+# for m = 4, ±2.
 _KERNEL_TRANSFORMS = {
     2: [[1, 0, 0], [1 / 2, 1 / 2, 1 / 2], [1 / 2, -1 / 2, 1 / 2], [0, 0, 1]],
+    3: [[2, 0, 0], [1, 1, 1], [-1 / 3, 1 / 3, -1 / 3], [-8 / 3, -4 / 3, -2 / 3], [0, 0, 1]],
     4: [
         [1 / 4, 0, 0],
         [-1 / 6, -1 / 6, -1 / 6],
@@ -69,14 +70,14 @@ def applies(spec) -> bool:
 
 
 def tile_size(axes: int, channels: int) -> int:
-    """m of F(m, 3) for ``axes`` spatial axes and ``channels`` input channels: F(4, 3) for images of at most
-    :data:`MAX_F4_CHANNELS` channels, F(2, 3) otherwise (volumes: F(4, 3) misses the float32 bound)."""
-    return 4 if axes == 2 and channels <= MAX_F4_CHANNELS else 2
+    """m of F(m, 3) for ``axes`` spatial axes and ``channels`` input channels: F(4, 3) for images and F(3, 3) for
+    volumes, one smaller beyond :data:`WIDE` channels (F(4, 3) misses the float32 bound in 3-D)."""
+    return (4 if axes == 2 else 3) - (channels > WIDE)
 
 
 def conv(spec, x: torch.Tensor, m: int | None = None) -> torch.Tensor:
     """Stride-1 dilated ``spec`` (a 3×3 or 3×3×3 :class:`~densecnn.ops.solvers.ConvSpec`) on x (N, C, *S) ->
-    (N, K, *(S - 2·d)), in x's memory format and dtype; ``m`` overrides the tile size (2 or 4)."""
+    (N, K, *(S - 2·d)), in x's memory format and dtype; ``m`` overrides the tile size (2, 3 or 4)."""
     if x.dtype not in COMPUTE_DTYPES:
         return conv(spec, x.float(), m).to(x.dtype)
     weight = spec.weight.to(x.dtype)
