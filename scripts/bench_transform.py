@@ -265,6 +265,9 @@ def winograd_net(name: str, shape: tuple, repeats: int) -> dict:
         "with_winograd": plan_options(rows, formats, lambda s: True),
         "without_winograd": plan_options(rows, formats, lambda s: s != "winograd"),
     }
+    if padded.dim() == 5:  # densecnn runs volumes in NCDHW: the best plans there too
+        plans["with_winograd_ncdhw"] = plan_options(rows, ["nchw"], lambda s: True)
+        plans["without_winograd_ncdhw"] = plan_options(rows, ["nchw"], lambda s: s != "winograd")
     end_to_end = interleaved(
         {key: functools.partial(volume_runner(steps, formats[fmt], names), padded)
          for key, (fmt, names, _) in plans.items()},
@@ -276,7 +279,12 @@ def winograd_net(name: str, shape: tuple, repeats: int) -> dict:
         "layers": layers,
         "plans": {key: {"format": fmt, "solvers": names} for key, (fmt, names, _) in plans.items()},
         "end_to_end_ms": end_to_end,
-        "speedup": end_to_end["without_winograd"] / end_to_end["with_winograd"],
+        "speedup": {
+            key.replace("with_winograd", "winograd"): end_to_end[key.replace("with_", "without_")]
+            / end_to_end[key]
+            for key in end_to_end
+            if key.startswith("with_")
+        },
     }
 
 
@@ -310,8 +318,8 @@ def report_winograd(result: dict) -> None:
         print(f"conv {layer['conv']:32s} best native {layer['best_native_ms']:.1f} ms, winograd {wino} ms: "
               f"{layer['speedup']:.2f}x")  # fmt: skip
     print("plans:", result["plans"])
-    print("end to end (ms):", {k: round(v, 1) for k, v in result["end_to_end_ms"].items()},
-          f"with winograd {result['speedup']:.2f}x without")  # fmt: skip
+    print("end to end (ms):", {k: round(v, 1) for k, v in result["end_to_end_ms"].items()})
+    print("with / without winograd:", {k: f"{v:.2f}x" for k, v in result["speedup"].items()})
 
 
 def report(result: dict) -> None:
