@@ -59,14 +59,8 @@ _KERNEL_TRANSFORMS = {
 
 
 def applies(spec) -> bool:
-    """Ungrouped 3×3 and 3×3×3 convs, at any dilation, when densecnn's kernels are built."""
-    axes = len(spec.kernel)
-    return (
-        spec.op in ("conv2d", "conv3d")
-        and spec.groups == 1
-        and spec.kernel == (3,) * axes
-        and ext.available()
-    )
+    """Ungrouped 3×3 and 3×3×3 convs, at any dilation (the solver also needs densecnn's kernels built)."""
+    return spec.op in ("conv2d", "conv3d") and spec.groups == 1 and spec.kernel == (3,) * len(spec.kernel)
 
 
 def tile_size(axes: int, channels: int) -> int:
