@@ -11,6 +11,7 @@
 
 #include "common.h"
 #include "direct_conv.h"
+#include "winograd.h"
 
 namespace densecnn {
 
@@ -49,5 +50,13 @@ cudaError_t launch_col2im_add(const ConvGeometry& g, const T* grad_col, int64_t 
 template <typename T>
 cudaError_t launch_direct_conv(const DirectConvGeometry& g, const T* x, const T* weight, const T* bias, T* y,
                                cudaStream_t stream);
+// Winograd F(m, 3) transforms (winograd.h) of the chunk of tiles g.tile_begin.. : v (α^n, tiles, C) from the map x,
+// and the outputs (+ bias, may be null) of the products (α^n, tiles, K) into the map y. T is float or double.
+template <typename T>
+cudaError_t launch_winograd_input(const WinogradGeometry& g, int m, const T* x, T* v, cudaStream_t stream);
+
+template <typename T>
+cudaError_t launch_winograd_output(const WinogradGeometry& g, int m, const T* products, const T* bias, T* y,
+                                   cudaStream_t stream);
 
 }  // namespace densecnn

@@ -44,7 +44,7 @@ VOLUME_SIDES = (32, 96)  # output sides of the volumes the volume nets' layers a
 
 
 def _spec(row: dict):
-    if row["op"].startswith("conv"):
+    if row["op"].startswith("conv"):  # conv1d, conv2d, conv3d
         c = row["input"][1]
         weight = torch.randn(row["out_channels"], c // row["groups"], *row["kernel"])
         return ConvSpec(weight, torch.randn(row["out_channels"]), tuple(row["dilation"]), row["groups"])
