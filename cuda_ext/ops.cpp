@@ -42,6 +42,11 @@ TORCH_LIBRARY(densecnn, m) {
   m.def(
       "conv2d_backward(Tensor grad_output, Tensor input, Tensor weight, int[2] dilation, int groups, "
       "bool[3] output_mask) -> (Tensor, Tensor, Tensor)");
+  // Stride-1 dilated convolution in the frequency domain on overlap-save tiles of the sub-grids (fft_driver.h):
+  // `spectrum` is the kernel's conj(DFT) on the th×tw tile, complex (th·(tw/2+1), C, K); valid = tile - kernel + 1.
+  m.def(
+      "fft_conv2d(Tensor input, Tensor spectrum, Tensor? bias, int[2] tile, int[2] valid, int[2] dilation) "
+      "-> Tensor");
   // Tests only: run the CUDA kernels' per-element bodies on the CPU (gpu_loops.h). Returns the previous setting.
   m.def("_use_gpu_loops_on_cpu(bool enable) -> bool", &densecnn::use_gpu_loops_on_cpu);
 }
