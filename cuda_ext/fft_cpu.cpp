@@ -26,50 +26,57 @@ namespace {
 #define DENSECNN_FFT_MULTIVERSION
 #endif
 
+// A vector of channel lanes (GCC/Clang vector extension): 512 bits, i.e. one AVX-512 register, two AVX2 registers
+// or four SSE registers, whichever clone runs. Aligned like its elements (buffers need no over-aligned allocation;
+// loads and stores are the unaligned kind).
+typedef float FloatLanes __attribute__((vector_size(64), aligned(alignof(float))));
+typedef double DoubleLanes __attribute__((vector_size(64), aligned(alignof(double))));
 template <typename T>
-constexpr int kLanes = 64 / sizeof(T);  // channels per work item: one 512-bit vector
+struct LanesOf;
+template <>
+struct LanesOf<float> {
+  using type = FloatLanes;
+};
+template <>
+struct LanesOf<double> {
+  using type = DoubleLanes;
+};
+template <typename T>
+using Lanes = typename LanesOf<T>::type;
+template <typename T>
+constexpr int kLanes = sizeof(Lanes<T>) / sizeof(T);  // channels per work item
 
-// out[r·out_stride + v] = Σ_j m[r·inner + j] · in[j·V + v] for r < rows, v < V: a small matrix applied to vectors of
-// V lanes, four rows at a time to keep independent sums in flight.
-template <typename T, int V>
-inline __attribute__((always_inline)) void apply_matrix(const T* m, int64_t rows, int64_t inner, const T* in,
-                                                        T* out, int64_t out_stride) {
+// out[r·out_stride] = Σ_j m[r·inner + j] · in[j] for r < rows: a small matrix applied to vectors of channel lanes,
+// eight rows at a time to keep independent sums in flight.
+template <typename T>
+inline __attribute__((always_inline)) void apply_matrix(const T* m, int64_t rows, int64_t inner, const Lanes<T>* in,
+                                                        Lanes<T>* out, int64_t out_stride) {
+  constexpr int kRows = 8;
   int64_t r = 0;
-  for (; r + 4 <= rows; r += 4) {
-    T acc0[V] = {}, acc1[V] = {}, acc2[V] = {}, acc3[V] = {};
-    const T *m0 = m + r * inner, *m1 = m0 + inner, *m2 = m1 + inner, *m3 = m2 + inner;
+  for (; r + kRows <= rows; r += kRows) {
+    Lanes<T> acc[kRows] = {};
     for (int64_t j = 0; j < inner; ++j) {
-      const T* src = in + j * V;
-      for (int v = 0; v < V; ++v) {
-        acc0[v] += m0[j] * src[v];
-        acc1[v] += m1[j] * src[v];
-        acc2[v] += m2[j] * src[v];
-        acc3[v] += m3[j] * src[v];
-      }
+      const Lanes<T> x = in[j];
+#pragma GCC unroll 8
+      for (int i = 0; i < kRows; ++i) acc[i] += m[(r + i) * inner + j] * x;
     }
-    for (int v = 0; v < V; ++v) {
-      out[r * out_stride + v] = acc0[v];
-      out[(r + 1) * out_stride + v] = acc1[v];
-      out[(r + 2) * out_stride + v] = acc2[v];
-      out[(r + 3) * out_stride + v] = acc3[v];
-    }
+#pragma GCC unroll 8
+    for (int i = 0; i < kRows; ++i) out[(r + i) * out_stride] = acc[i];
   }
   for (; r < rows; ++r) {
-    T acc[V] = {};
-    for (int64_t j = 0; j < inner; ++j) {
-      for (int v = 0; v < V; ++v) acc[v] += m[r * inner + j] * in[j * V + v];
-    }
-    for (int v = 0; v < V; ++v) out[r * out_stride + v] = acc[v];
+    Lanes<T> acc = {};
+    for (int64_t j = 0; j < inner; ++j) acc += m[r * inner + j] * in[j];
+    out[r * out_stride] = acc;
   }
 }
 
-DENSECNN_FFT_MULTIVERSION void apply(const float* m, int64_t rows, int64_t inner, const float* in, float* out,
-                                     int64_t out_stride) {
-  apply_matrix<float, kLanes<float>>(m, rows, inner, in, out, out_stride);
+DENSECNN_FFT_MULTIVERSION void apply(const float* m, int64_t rows, int64_t inner, const FloatLanes* in,
+                                     FloatLanes* out, int64_t out_stride) {
+  apply_matrix<float>(m, rows, inner, in, out, out_stride);
 }
-DENSECNN_FFT_MULTIVERSION void apply(const double* m, int64_t rows, int64_t inner, const double* in, double* out,
-                                     int64_t out_stride) {
-  apply_matrix<double, kLanes<double>>(m, rows, inner, in, out, out_stride);
+DENSECNN_FFT_MULTIVERSION void apply(const double* m, int64_t rows, int64_t inner, const DoubleLanes* in,
+                                     DoubleLanes* out, int64_t out_stride) {
+  apply_matrix<double>(m, rows, inner, in, out, out_stride);
 }
 
 // The DFT matrices of one tile size, computed in double and rounded to T.
@@ -132,33 +139,33 @@ void forward_tiles(const FftGeometry& g, const T* x, int64_t first, int64_t coun
   const DftMatrices<T> dft(g);
   const int64_t th = g.th, tw = g.tw, f_count = g.freqs, blocks = (g.channels + V - 1) / V;
   at::parallel_for(0, count * blocks, 1, [&](int64_t begin, int64_t end) {
-    std::vector<T> row(tw * V), stage(f_count * 2 * th * V), column(2 * th * V);
+    std::vector<Lanes<T>> row(tw), stage(f_count * 2 * th), column(2 * th);
     for (int64_t item = begin; item < end; ++item) {
       const int64_t t = item / blocks, c0 = item % blocks * V, lanes = std::min<int64_t>(V, g.channels - c0);
       int64_t n, row0, col0;
       tile_origin(g, first + t, n, row0, col0);
       const T* image = x + n * g.x_stride[0] + c0 * g.x_stride[1];
       for (int64_t a = 0; a < th; ++a) {  // real DFT of each row: stage[f][re|im][a][lane]
-        std::fill(row.begin(), row.end(), T(0));
+        std::fill(row.begin(), row.end(), Lanes<T>{});
         const int64_t r = row0 + a * g.dh;
         if (r < g.rows) {
           for (int64_t b = 0; b < tw; ++b) {
             const int64_t c = col0 + b * g.dw;
             if (c >= g.cols) break;
             const T* src = image + r * g.x_stride[2] + c * g.x_stride[3];
-            for (int64_t v = 0; v < lanes; ++v) row[b * V + v] = src[v * g.x_stride[1]];
+            for (int64_t v = 0; v < lanes; ++v) row[b][v] = src[v * g.x_stride[1]];
           }
         }
-        apply(dft.row_cos.data(), f_count, tw, row.data(), stage.data() + a * V, 2 * th * V);
-        apply(dft.row_msin.data(), f_count, tw, row.data(), stage.data() + (th + a) * V, 2 * th * V);
+        apply(dft.row_cos.data(), f_count, tw, row.data(), stage.data() + a, 2 * th);
+        apply(dft.row_msin.data(), f_count, tw, row.data(), stage.data() + th + a, 2 * th);
       }
       for (int64_t f = 0; f < f_count; ++f) {  // complex DFT of each column, written as (P, count, C) pairs
-        apply(dft.col.data(), 2 * th, 2 * th, stage.data() + f * 2 * th * V, column.data(), V);
+        apply(dft.col.data(), 2 * th, 2 * th, stage.data() + f * 2 * th, column.data(), 1);
         for (int64_t u = 0; u < th; ++u) {
           T* dst = spectrum + 2 * (((u * f_count + f) * count + t) * g.channels + c0);
           for (int64_t v = 0; v < lanes; ++v) {
-            dst[2 * v] = column[u * V + v];
-            dst[2 * v + 1] = column[(th + u) * V + v];
+            dst[2 * v] = column[u][v];
+            dst[2 * v + 1] = column[th + u][v];
           }
         }
       }
@@ -174,7 +181,7 @@ void inverse_tiles(const FftGeometry& g, const T* product, const T* bias, int64_
   const DftMatrices<T> dft(g);
   const int64_t th = g.th, f_count = g.freqs, blocks = (g.out_channels + V - 1) / V;
   at::parallel_for(0, count * blocks, 1, [&](int64_t begin, int64_t end) {
-    std::vector<T> stage(f_count * 2 * th * V, T(0)), rows(g.sh * 2 * f_count * V), out(g.sw * V);
+    std::vector<Lanes<T>> stage(f_count * 2 * th, Lanes<T>{}), rows(g.sh * 2 * f_count), out(g.sw);
     for (int64_t item = begin; item < end; ++item) {
       const int64_t t = item / blocks, k0 = item % blocks * V, lanes = std::min<int64_t>(V, g.out_channels - k0);
       int64_t n, row0, col0;
@@ -182,29 +189,29 @@ void inverse_tiles(const FftGeometry& g, const T* product, const T* bias, int64_
       for (int64_t p = 0; p < th * f_count; ++p) {  // stage[f][re|im][u][lane]
         const int64_t u = p / f_count, f = p % f_count;
         const T* src = product + 2 * ((p * count + t) * g.out_channels + k0);
-        T* re = stage.data() + (f * 2 * th + u) * V;
-        T* im = re + th * V;
+        Lanes<T>& re = stage[f * 2 * th + u];
+        Lanes<T>& im = stage[f * 2 * th + th + u];
         for (int64_t v = 0; v < lanes; ++v) {
           re[v] = src[2 * v];
           im[v] = src[2 * v + 1];
         }
       }
       for (int64_t f = 0; f < f_count; ++f) {  // inverse DFT along h, valid rows: rows[a][re|im][f][lane]
-        const T* column = stage.data() + f * 2 * th * V;
-        apply(dft.inv_col_re.data(), g.sh, 2 * th, column, rows.data() + f * V, 2 * f_count * V);
-        apply(dft.inv_col_im.data(), g.sh, 2 * th, column, rows.data() + (f_count + f) * V, 2 * f_count * V);
+        const Lanes<T>* column = stage.data() + f * 2 * th;
+        apply(dft.inv_col_re.data(), g.sh, 2 * th, column, rows.data() + f, 2 * f_count);
+        apply(dft.inv_col_im.data(), g.sh, 2 * th, column, rows.data() + f_count + f, 2 * f_count);
       }
       T* image = y + n * g.y_stride[0] + k0 * g.y_stride[1];
       for (int64_t a = 0; a < g.sh; ++a) {  // real inverse DFT along w, valid columns, into the output
         const int64_t r = row0 + a * g.dh;
         if (r >= g.out_rows) break;
-        apply(dft.inv_row.data(), g.sw, 2 * f_count, rows.data() + a * 2 * f_count * V, out.data(), V);
+        apply(dft.inv_row.data(), g.sw, 2 * f_count, rows.data() + a * 2 * f_count, out.data(), 1);
         for (int64_t b = 0; b < g.sw; ++b) {
           const int64_t c = col0 + b * g.dw;
           if (c >= g.out_cols) break;
           T* dst = image + r * g.y_stride[2] + c * g.y_stride[3];
           for (int64_t v = 0; v < lanes; ++v) {
-            dst[v * g.y_stride[1]] = out[b * V + v] + (bias == nullptr ? T(0) : bias[k0 + v]);
+            dst[v * g.y_stride[1]] = out[b][v] + (bias == nullptr ? T(0) : bias[k0 + v]);
           }
         }
       }
