@@ -13,8 +13,9 @@ Solvers:
   pooling).
 - ``ext``: densecnn's own kernels (``cuda_ext``, see :mod:`densecnn.ops.ext`), when built; 2-D ops only.
 - ``ext_fused``: the ext pooling kernel fused with the following tanh/ReLU, for a pool step that has one (2-D).
-- ``fft``: 2-D convs in the frequency domain on overlap-save tiles of the sub-grids, every stage a GEMM
-  (:mod:`densecnn.ops.fft_conv`); its cost does not grow with the kernel size.
+- ``fft``: 2-D convs in the frequency domain on overlap-save tiles of the sub-grids, transforms in densecnn's
+  kernels and the channel mixing as batched complex GEMMs (:mod:`densecnn.ops.fft_conv`); its cost does not grow
+  with the kernel size. Needs the kernels, like ``ext``.
 
 Which solver runs each layer is the plan's choice (:mod:`densecnn.ops.plan`): from the shipped cost model at once
 (:mod:`densecnn.ops.costmodel`), or from timings when asked to tune (:mod:`densecnn.ops.find`).
@@ -220,7 +221,7 @@ SOLVERS: dict[str, Solver] = {
             needs_ext=True,
             dtypes=_EXT_POOL_DTYPES,
         ),
-        Solver("fft", fft_conv.conv2d, fft_conv.applies),
+        Solver("fft", fft_conv.conv2d, fft_conv.applies, needs_ext=True),
     )
 }
 
