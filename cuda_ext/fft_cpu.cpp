@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "fft_driver.h"
@@ -46,17 +47,17 @@ using Lanes = typename LanesOf<T>::type;
 template <typename T>
 constexpr int kLanes = sizeof(Lanes<T>) / sizeof(T);  // channels per work item
 
-// out[r·out_stride] = Σ_j m[r·inner + j] · in[j] for r < rows: a small matrix applied to vectors of channel lanes,
-// eight rows at a time to keep independent sums in flight.
+// out[r·out_stride] = Σ_j m[r·inner + j] · in[j·in_stride] for r < rows: a small matrix applied to vectors of
+// channel lanes, eight rows at a time to keep independent sums in flight.
 template <typename T>
 inline __attribute__((always_inline)) void apply_matrix(const T* m, int64_t rows, int64_t inner, const Lanes<T>* in,
-                                                        Lanes<T>* out, int64_t out_stride) {
+                                                        int64_t in_stride, Lanes<T>* out, int64_t out_stride) {
   constexpr int kRows = 8;
   int64_t r = 0;
   for (; r + kRows <= rows; r += kRows) {
     Lanes<T> acc[kRows] = {};
     for (int64_t j = 0; j < inner; ++j) {
-      const Lanes<T> x = in[j];
+      const Lanes<T> x = in[j * in_stride];
 #pragma GCC unroll 8
       for (int i = 0; i < kRows; ++i) acc[i] += m[(r + i) * inner + j] * x;
     }
@@ -65,32 +66,93 @@ inline __attribute__((always_inline)) void apply_matrix(const T* m, int64_t rows
   }
   for (; r < rows; ++r) {
     Lanes<T> acc = {};
-    for (int64_t j = 0; j < inner; ++j) acc += m[r * inner + j] * in[j];
+    for (int64_t j = 0; j < inner; ++j) acc += m[r * inner + j] * in[j * in_stride];
     out[r * out_stride] = acc;
   }
 }
 
-DENSECNN_FFT_MULTIVERSION void apply(const float* m, int64_t rows, int64_t inner, const FloatLanes* in,
-                                     FloatLanes* out, int64_t out_stride) {
-  apply_matrix<float>(m, rows, inner, in, out, out_stride);
+// The real (2n × 2n) matrix of the length-n complex DFT with exponent sign σ: input (re_0..re_{n-1}, im_0..), output
+// the same; e^{σ·2πi jk/n} = c + iσs turns (a + ib) into (ac - σbs) + i(σas + bc).
+template <typename T>
+std::vector<T> complex_dft_matrix(int64_t n, int sign) {
+  std::vector<T> m(4 * n * n);
+  const double pi = std::acos(-1.0);
+  for (int64_t k = 0; k < n; ++k) {
+    for (int64_t j = 0; j < n; ++j) {
+      const double angle = 2 * pi * static_cast<double>(j * k % n) / n;
+      const double c = std::cos(angle), s = sign * std::sin(angle);
+      m[k * 2 * n + j] = static_cast<T>(c);
+      m[k * 2 * n + n + j] = static_cast<T>(-s);
+      m[(n + k) * 2 * n + j] = static_cast<T>(s);
+      m[(n + k) * 2 * n + n + j] = static_cast<T>(c);
+    }
+  }
+  return m;
 }
-DENSECNN_FFT_MULTIVERSION void apply(const double* m, int64_t rows, int64_t inner, const DoubleLanes* in,
-                                     DoubleLanes* out, int64_t out_stride) {
-  apply_matrix<double>(m, rows, inner, in, out, out_stride);
-}
+
+// A length-n complex DFT on vectors of channel lanes, by one level of Cooley-Tukey: n = n1·n2 with n1 the largest
+// factor <= sqrt(n); n2 DFTs of length n1 on the stride-n2 samples, twiddles, n1 DFTs of length n2, each a small
+// matrix. 4n(n1 + n2) multiply-adds per vector instead of 4n² (a prime n keeps the plain matrix).
+template <typename T>
+struct ComplexDft {
+  int64_t n, n1, n2;
+  std::vector<T> m1, m2, twiddle_re, twiddle_im;
+
+  ComplexDft(int64_t length, int sign) : n(length), n1(1), n2(length) {
+    for (int64_t d = 2; d * d <= n; ++d) {
+      if (n % d == 0) n1 = d;
+    }
+    n2 = n / n1;
+    m1 = complex_dft_matrix<T>(n1, sign);
+    m2 = complex_dft_matrix<T>(n2, sign);
+    twiddle_re.resize(n);
+    twiddle_im.resize(n);
+    const double pi = std::acos(-1.0);
+    for (int64_t k1 = 0; k1 < n1; ++k1) {
+      for (int64_t j2 = 0; j2 < n2; ++j2) {
+        const double angle = 2 * pi * static_cast<double>(j2 * k1 % n) / n;
+        twiddle_re[k1 * n2 + j2] = static_cast<T>(std::cos(angle));
+        twiddle_im[k1 * n2 + j2] = static_cast<T>(sign * std::sin(angle));
+      }
+    }
+  }
+
+  // out (re block of n, im block of n) = DFT(in) (same layout); `scratch` holds 2n vectors.
+  inline __attribute__((always_inline)) void run(const Lanes<T>* in, Lanes<T>* out, Lanes<T>* scratch) const {
+    if (n1 == 1) return apply_matrix<T>(m2.data(), 2 * n, 2 * n, in, 1, out, 1);
+    // scratch[k1][re|im][j2] = Σ_j1 in[n2·j1 + j2] · w_n1^(j1·k1), times the twiddle w_n^(j2·k1)
+    for (int64_t j2 = 0; j2 < n2; ++j2) {
+      apply_matrix<T>(m1.data(), n1, 2 * n1, in + j2, n2, scratch + j2, 2 * n2);
+      apply_matrix<T>(m1.data() + 2 * n1 * n1, n1, 2 * n1, in + j2, n2, scratch + n2 + j2, 2 * n2);
+    }
+    for (int64_t k1 = 1; k1 < n1; ++k1) {
+      Lanes<T>* re = scratch + k1 * 2 * n2;
+      Lanes<T>* im = re + n2;
+      for (int64_t j2 = 1; j2 < n2; ++j2) {
+        const T c = twiddle_re[k1 * n2 + j2], sn = twiddle_im[k1 * n2 + j2];
+        const Lanes<T> a = re[j2], b = im[j2];
+        re[j2] = a * c - b * sn;
+        im[j2] = a * sn + b * c;
+      }
+    }
+    // out[k1 + n1·k2] = Σ_j2 scratch[k1][j2] · w_n2^(j2·k2)
+    for (int64_t k1 = 0; k1 < n1; ++k1) {
+      apply_matrix<T>(m2.data(), n2, 2 * n2, scratch + k1 * 2 * n2, 1, out + k1, n1);
+      apply_matrix<T>(m2.data() + 2 * n2 * n2, n2, 2 * n2, scratch + k1 * 2 * n2, 1, out + n + k1, n1);
+    }
+  }
+};
 
 // The DFT matrices of one tile size, computed in double and rounded to T.
 template <typename T>
 struct DftMatrices {
   std::vector<T> row_cos, row_msin;  // (F, tw): forward real DFT along w, real and imaginary parts
-  std::vector<T> col;                // (2th, 2th): forward complex DFT along h on (re rows, im rows)
-  std::vector<T> inv_col_re, inv_col_im;  // (sh, 2th): the valid rows of the inverse DFT along h
+  ComplexDft<T> col, inv_col;        // the complex DFTs along h, forward and inverse
   std::vector<T> inv_row;                 // (sw, 2F): the valid columns of the real inverse DFT along w, scaled
 
-  explicit DftMatrices(const FftGeometry& g) {
-    const int64_t th = g.th, tw = g.tw, f_count = g.freqs;
+  explicit DftMatrices(const FftGeometry& g) : col(g.th, -1), inv_col(g.th, 1) {
+    const int64_t tw = g.tw, f_count = g.freqs, th = g.th;
     const double pi = std::acos(-1.0);
-    auto angle_h = [&](int64_t m) { return 2 * pi * static_cast<double>(m % th) / th; };
     auto angle_w = [&](int64_t m) { return 2 * pi * static_cast<double>(m % tw) / tw; };
     row_cos.resize(f_count * tw);
     row_msin.resize(f_count * tw);
@@ -98,27 +160,6 @@ struct DftMatrices {
       for (int64_t b = 0; b < tw; ++b) {
         row_cos[f * tw + b] = static_cast<T>(std::cos(angle_w(f * b)));
         row_msin[f * tw + b] = static_cast<T>(-std::sin(angle_w(f * b)));
-      }
-    }
-    col.resize(4 * th * th);
-    for (int64_t u = 0; u < th; ++u) {
-      for (int64_t a = 0; a < th; ++a) {
-        const double c = std::cos(angle_h(u * a)), s = std::sin(angle_h(u * a));
-        col[u * 2 * th + a] = static_cast<T>(c);  // re_u += cos·re_a + sin·im_a
-        col[u * 2 * th + th + a] = static_cast<T>(s);
-        col[(th + u) * 2 * th + a] = static_cast<T>(-s);  // im_u += -sin·re_a + cos·im_a
-        col[(th + u) * 2 * th + th + a] = static_cast<T>(c);
-      }
-    }
-    inv_col_re.resize(g.sh * 2 * th);
-    inv_col_im.resize(g.sh * 2 * th);
-    for (int64_t a = 0; a < g.sh; ++a) {
-      for (int64_t u = 0; u < th; ++u) {
-        const double c = std::cos(angle_h(u * a)), s = std::sin(angle_h(u * a));
-        inv_col_re[a * 2 * th + u] = static_cast<T>(c);  // re_a += cos·re_u - sin·im_u
-        inv_col_re[a * 2 * th + th + u] = static_cast<T>(-s);
-        inv_col_im[a * 2 * th + u] = static_cast<T>(s);  // im_a += sin·re_u + cos·im_u
-        inv_col_im[a * 2 * th + th + u] = static_cast<T>(c);
       }
     }
     inv_row.resize(g.sw * 2 * f_count);
@@ -132,89 +173,196 @@ struct DftMatrices {
   }
 };
 
+// Per-thread buffers of the transforms, in vectors of channel lanes (held as scalars: a std::vector of the vector
+// type would drop its alignment attribute).
+template <typename T>
+struct TileBuffers {
+  std::vector<T> storage;
+  Lanes<T>*row, *stage, *rows, *column, *scratch;
+  explicit TileBuffers(const FftGeometry& g) {
+    const int64_t sizes[5] = {std::max<int64_t>(g.tw, g.sw), g.freqs * 2 * g.th, g.sh * 2 * g.freqs, 2 * g.th,
+                              2 * g.th};
+    storage.assign((sizes[0] + sizes[1] + sizes[2] + sizes[3] + sizes[4]) * kLanes<T>, T(0));
+    Lanes<T>* next = reinterpret_cast<Lanes<T>*>(storage.data());
+    Lanes<T>** slots[5] = {&row, &stage, &rows, &column, &scratch};
+    for (int i = 0; i < 5; ++i) {
+      *slots[i] = next;
+      next += sizes[i];
+    }
+  }
+};
+
+// Work item (tile t of the group, channels [c0, c0 + kLanes)) of the forward transform: spectrum (P, count, C, 2).
+template <typename T>
+inline __attribute__((always_inline)) void forward_item_impl(const FftGeometry& g, const DftMatrices<T>& dft,
+                                                             const T* x, int64_t first, int64_t count, T* spectrum,
+                                                             int64_t t, int64_t c0, TileBuffers<T>& buf) {
+  constexpr int V = kLanes<T>;
+  const int64_t th = g.th, tw = g.tw, f_count = g.freqs, lanes = std::min<int64_t>(V, g.channels - c0);
+  const bool whole = lanes == V && g.x_stride[1] == 1;  // channels_last with a full block: one vector load
+  int64_t n, row0, col0;
+  tile_origin(g, first + t, n, row0, col0);
+  const T* image = x + n * g.x_stride[0] + c0 * g.x_stride[1];
+  Lanes<T>* row = buf.row;
+  Lanes<T>* stage = buf.stage;
+  // The tile's pixels lie dw pixels apart, too far for the hardware prefetcher: each row asks for the next one's.
+  auto prefetch_row = [&](int64_t a) {
+    const int64_t r = row0 + a * g.dh;
+    if (a >= th || r >= g.rows) return;
+    for (int64_t b = 0; b < tw && col0 + b * g.dw < g.cols; ++b) {
+      __builtin_prefetch(image + r * g.x_stride[2] + (col0 + b * g.dw) * g.x_stride[3]);
+    }
+  };
+  prefetch_row(0);
+  for (int64_t a = 0; a < th; ++a) {  // real DFT of each row: stage[f][re|im][a]
+    prefetch_row(a + 1);
+    std::fill(row, row + tw, Lanes<T>{});
+    const int64_t r = row0 + a * g.dh;
+    if (r < g.rows) {
+      for (int64_t b = 0; b < tw; ++b) {
+        const int64_t c = col0 + b * g.dw;
+        if (c >= g.cols) break;
+        const T* src = image + r * g.x_stride[2] + c * g.x_stride[3];
+        if (whole) {
+          std::memcpy(&row[b], src, sizeof(Lanes<T>));
+        } else {
+          for (int64_t v = 0; v < lanes; ++v) row[b][v] = src[v * g.x_stride[1]];
+        }
+      }
+    }
+    apply_matrix<T>(dft.row_cos.data(), f_count, tw, row, 1, stage + a, 2 * th);
+    apply_matrix<T>(dft.row_msin.data(), f_count, tw, row, 1, stage + th + a, 2 * th);
+  }
+  for (int64_t f = 0; f < f_count; ++f) {  // complex DFT of each column, written as (P, count, C) pairs
+    dft.col.run(stage + f * 2 * th, buf.column, buf.scratch);
+    for (int64_t u = 0; u < th; ++u) {
+      T* dst = spectrum + 2 * (((u * f_count + f) * count + t) * g.channels + c0);
+      const Lanes<T> re = buf.column[u], im = buf.column[th + u];
+      if (lanes == V) {
+        T pairs[2 * V];
+        for (int v = 0; v < V; ++v) {
+          pairs[2 * v] = re[v];
+          pairs[2 * v + 1] = im[v];
+        }
+        std::memcpy(dst, pairs, sizeof(pairs));
+      } else {
+        for (int64_t v = 0; v < lanes; ++v) {
+          dst[2 * v] = re[v];
+          dst[2 * v + 1] = im[v];
+        }
+      }
+    }
+  }
+}
+
+// Work item (tile t of the group, output channels [k0, k0 + kLanes)) of the inverse transform: the valid part of
+// the tile, plus the bias, into y.
+template <typename T>
+inline __attribute__((always_inline)) void inverse_item_impl(const FftGeometry& g, const DftMatrices<T>& dft,
+                                                             const T* product, const T* bias, int64_t first,
+                                                             int64_t count, T* y, int64_t t, int64_t k0,
+                                                             TileBuffers<T>& buf) {
+  constexpr int V = kLanes<T>;
+  const int64_t th = g.th, f_count = g.freqs, lanes = std::min<int64_t>(V, g.out_channels - k0);
+  int64_t n, row0, col0;
+  tile_origin(g, first + t, n, row0, col0);
+  Lanes<T>* stage = buf.stage;
+  Lanes<T>* rows = buf.rows;
+  for (int64_t p = 0; p < th * f_count; ++p) {  // stage[f][re|im][u]
+    const int64_t u = p / f_count, f = p % f_count;
+    const T* src = product + 2 * ((p * count + t) * g.out_channels + k0);
+    Lanes<T>& re = stage[f * 2 * th + u];
+    Lanes<T>& im = stage[f * 2 * th + th + u];
+    if (lanes == V) {
+      T pairs[2 * V];
+      std::memcpy(pairs, src, sizeof(pairs));
+      for (int v = 0; v < V; ++v) {
+        re[v] = pairs[2 * v];
+        im[v] = pairs[2 * v + 1];
+      }
+    } else {
+      for (int64_t v = 0; v < lanes; ++v) {
+        re[v] = src[2 * v];
+        im[v] = src[2 * v + 1];
+      }
+    }
+  }
+  for (int64_t f = 0; f < f_count; ++f) {  // inverse DFT along h, valid rows: rows[a][re|im][f]
+    dft.inv_col.run(stage + f * 2 * th, buf.column, buf.scratch);
+    for (int64_t a = 0; a < g.sh; ++a) {
+      rows[a * 2 * f_count + f] = buf.column[a];
+      rows[a * 2 * f_count + f_count + f] = buf.column[th + a];
+    }
+  }
+  Lanes<T> offset = {};
+  for (int64_t v = 0; v < lanes && bias != nullptr; ++v) offset[v] = bias[k0 + v];
+  const bool whole = lanes == V && g.y_stride[1] == 1;
+  T* image = y + n * g.y_stride[0] + k0 * g.y_stride[1];
+  Lanes<T>* out = buf.row;
+  auto prefetch_row = [&](int64_t a) {  // for writing, as in the forward transform
+    const int64_t r = row0 + a * g.dh;
+    if (a >= g.sh || r >= g.out_rows) return;
+    for (int64_t b = 0; b < g.sw && col0 + b * g.dw < g.out_cols; ++b) {
+      __builtin_prefetch(image + r * g.y_stride[2] + (col0 + b * g.dw) * g.y_stride[3], 1);
+    }
+  };
+  prefetch_row(0);
+  for (int64_t a = 0; a < g.sh; ++a) {  // real inverse DFT along w, valid columns, into the output
+    prefetch_row(a + 1);
+    const int64_t r = row0 + a * g.dh;
+    if (r >= g.out_rows) break;
+    apply_matrix<T>(dft.inv_row.data(), g.sw, 2 * f_count, rows + a * 2 * f_count, 1, out, 1);
+    for (int64_t b = 0; b < g.sw; ++b) {
+      const int64_t c = col0 + b * g.dw;
+      if (c >= g.out_cols) break;
+      T* dst = image + r * g.y_stride[2] + c * g.y_stride[3];
+      const Lanes<T> value = out[b] + offset;
+      if (whole) {
+        std::memcpy(dst, &value, sizeof(value));
+      } else {
+        for (int64_t v = 0; v < lanes; ++v) dst[v * g.y_stride[1]] = value[v];
+      }
+    }
+  }
+}
+
+// The work items compiled for each ISA (everything they call is inlined into the clone).
+#define DENSECNN_FFT_ITEMS(T)                                                                                     \
+  DENSECNN_FFT_MULTIVERSION void forward_item(const FftGeometry& g, const DftMatrices<T>& dft, const T* x,        \
+                                              int64_t first, int64_t count, T* spectrum, int64_t t, int64_t c0,   \
+                                              TileBuffers<T>& buf) {                                              \
+    forward_item_impl<T>(g, dft, x, first, count, spectrum, t, c0, buf);                                          \
+  }                                                                                                               \
+  DENSECNN_FFT_MULTIVERSION void inverse_item(const FftGeometry& g, const DftMatrices<T>& dft, const T* product,  \
+                                              const T* bias, int64_t first, int64_t count, T* y, int64_t t,       \
+                                              int64_t k0, TileBuffers<T>& buf) {                                  \
+    inverse_item_impl<T>(g, dft, product, bias, first, count, y, t, k0, buf);                                     \
+  }
+DENSECNN_FFT_ITEMS(float)
+DENSECNN_FFT_ITEMS(double)
+
 // Forward transform of tiles [first, first + count), all channels, into spectrum (P, count, C, 2).
 template <typename T>
 void forward_tiles(const FftGeometry& g, const T* x, int64_t first, int64_t count, T* spectrum) {
-  constexpr int V = kLanes<T>;
   const DftMatrices<T> dft(g);
-  const int64_t th = g.th, tw = g.tw, f_count = g.freqs, blocks = (g.channels + V - 1) / V;
+  const int64_t blocks = (g.channels + kLanes<T> - 1) / kLanes<T>;
   at::parallel_for(0, count * blocks, 1, [&](int64_t begin, int64_t end) {
-    std::vector<Lanes<T>> row(tw), stage(f_count * 2 * th), column(2 * th);
+    TileBuffers<T> buf(g);
     for (int64_t item = begin; item < end; ++item) {
-      const int64_t t = item / blocks, c0 = item % blocks * V, lanes = std::min<int64_t>(V, g.channels - c0);
-      int64_t n, row0, col0;
-      tile_origin(g, first + t, n, row0, col0);
-      const T* image = x + n * g.x_stride[0] + c0 * g.x_stride[1];
-      for (int64_t a = 0; a < th; ++a) {  // real DFT of each row: stage[f][re|im][a][lane]
-        std::fill(row.begin(), row.end(), Lanes<T>{});
-        const int64_t r = row0 + a * g.dh;
-        if (r < g.rows) {
-          for (int64_t b = 0; b < tw; ++b) {
-            const int64_t c = col0 + b * g.dw;
-            if (c >= g.cols) break;
-            const T* src = image + r * g.x_stride[2] + c * g.x_stride[3];
-            for (int64_t v = 0; v < lanes; ++v) row[b][v] = src[v * g.x_stride[1]];
-          }
-        }
-        apply(dft.row_cos.data(), f_count, tw, row.data(), stage.data() + a, 2 * th);
-        apply(dft.row_msin.data(), f_count, tw, row.data(), stage.data() + th + a, 2 * th);
-      }
-      for (int64_t f = 0; f < f_count; ++f) {  // complex DFT of each column, written as (P, count, C) pairs
-        apply(dft.col.data(), 2 * th, 2 * th, stage.data() + f * 2 * th, column.data(), 1);
-        for (int64_t u = 0; u < th; ++u) {
-          T* dst = spectrum + 2 * (((u * f_count + f) * count + t) * g.channels + c0);
-          for (int64_t v = 0; v < lanes; ++v) {
-            dst[2 * v] = column[u][v];
-            dst[2 * v + 1] = column[th + u][v];
-          }
-        }
-      }
+      forward_item(g, dft, x, first, count, spectrum, item / blocks, item % blocks * kLanes<T>, buf);
     }
   });
 }
 
-// Inverse transform of the product spectrum (P, count, K, 2) of tiles [first, first + count): their valid parts,
-// plus the bias, into y.
+// Inverse transform of the product spectrum (P, count, K, 2) of tiles [first, first + count).
 template <typename T>
 void inverse_tiles(const FftGeometry& g, const T* product, const T* bias, int64_t first, int64_t count, T* y) {
-  constexpr int V = kLanes<T>;
   const DftMatrices<T> dft(g);
-  const int64_t th = g.th, f_count = g.freqs, blocks = (g.out_channels + V - 1) / V;
+  const int64_t blocks = (g.out_channels + kLanes<T> - 1) / kLanes<T>;
   at::parallel_for(0, count * blocks, 1, [&](int64_t begin, int64_t end) {
-    std::vector<Lanes<T>> stage(f_count * 2 * th, Lanes<T>{}), rows(g.sh * 2 * f_count), out(g.sw);
+    TileBuffers<T> buf(g);
     for (int64_t item = begin; item < end; ++item) {
-      const int64_t t = item / blocks, k0 = item % blocks * V, lanes = std::min<int64_t>(V, g.out_channels - k0);
-      int64_t n, row0, col0;
-      tile_origin(g, first + t, n, row0, col0);
-      for (int64_t p = 0; p < th * f_count; ++p) {  // stage[f][re|im][u][lane]
-        const int64_t u = p / f_count, f = p % f_count;
-        const T* src = product + 2 * ((p * count + t) * g.out_channels + k0);
-        Lanes<T>& re = stage[f * 2 * th + u];
-        Lanes<T>& im = stage[f * 2 * th + th + u];
-        for (int64_t v = 0; v < lanes; ++v) {
-          re[v] = src[2 * v];
-          im[v] = src[2 * v + 1];
-        }
-      }
-      for (int64_t f = 0; f < f_count; ++f) {  // inverse DFT along h, valid rows: rows[a][re|im][f][lane]
-        const Lanes<T>* column = stage.data() + f * 2 * th;
-        apply(dft.inv_col_re.data(), g.sh, 2 * th, column, rows.data() + f, 2 * f_count);
-        apply(dft.inv_col_im.data(), g.sh, 2 * th, column, rows.data() + f_count + f, 2 * f_count);
-      }
-      T* image = y + n * g.y_stride[0] + k0 * g.y_stride[1];
-      for (int64_t a = 0; a < g.sh; ++a) {  // real inverse DFT along w, valid columns, into the output
-        const int64_t r = row0 + a * g.dh;
-        if (r >= g.out_rows) break;
-        apply(dft.inv_row.data(), g.sw, 2 * f_count, rows.data() + a * 2 * f_count, out.data(), 1);
-        for (int64_t b = 0; b < g.sw; ++b) {
-          const int64_t c = col0 + b * g.dw;
-          if (c >= g.out_cols) break;
-          T* dst = image + r * g.y_stride[2] + c * g.y_stride[3];
-          for (int64_t v = 0; v < lanes; ++v) {
-            dst[v * g.y_stride[1]] = out[b][v] + (bias == nullptr ? T(0) : bias[k0 + v]);
-          }
-        }
-      }
+      inverse_item(g, dft, product, bias, first, count, y, item / blocks, item % blocks * kLanes<T>, buf);
     }
   });
 }
