@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "common.h"
+#include "fft_elements.h"
 
 namespace densecnn {
 
@@ -43,5 +44,17 @@ cudaError_t launch_im2col(const ConvGeometry& g, const T* image, int64_t band_st
 template <typename T>
 cudaError_t launch_col2im_add(const ConvGeometry& g, const T* grad_col, int64_t band_start, int64_t rows,
                               T* grad_image, cudaStream_t stream);
+
+// The frequency-domain convolution's tile transforms (fft_elements.h), for tiles [first, first + count): forward
+// from x into the spectrum (P, count, C) of (re, im) pairs through `rows` (2·fft_forward_rows_size values); inverse
+// from the product spectrum (P, count, K) through `cols` (2·fft_inverse_cols_size values) into y, plus the bias.
+// `twiddles` is the table of twiddles_of (fft_elements.h), on the device.
+template <typename T>
+cudaError_t launch_fft_forward(const FftGeometry& g, const T* x, int64_t first, int64_t count, const T* twiddles,
+                               T* rows, T* spectrum, cudaStream_t stream);
+
+template <typename T>
+cudaError_t launch_fft_inverse(const FftGeometry& g, const T* product, const T* bias, int64_t first, int64_t count,
+                               const T* twiddles, T* cols, T* y, cudaStream_t stream);
 
 }  // namespace densecnn

@@ -44,10 +44,11 @@ LANES = 16  # channels the transforms process at once (one AVX-512 vector of flo
 CACHE_SIZE = 32  # kernel spectra kept (inference), least recently used dropped first
 COMPUTE_DTYPES = (torch.float32, torch.float64)
 # Relative cost of one multiply-add in each stage and of one value moved through memory, in the tile-size model
-# (fitted to timings of the reference nets' layers: the transforms' small matrices run slower than the GEMM).
+# (set from timings of the reference nets' layers over tile sizes: the complex GEMM's short contractions run below
+# the transforms' rate).
 TRANSFORM_WEIGHT = 1.0
-PRODUCT_WEIGHT = 1.0
-MEMORY_WEIGHT = 4.0
+PRODUCT_WEIGHT = 1.5
+MEMORY_WEIGHT = 8.0
 
 
 def built() -> bool:
@@ -145,11 +146,19 @@ def _cost(tile: Pair, sub_out: Pair, kernel: Pair, c: int, k: int, grids: int) -
     tiles = grids * -(-sub_out[0] // sh) * -(-sub_out[1] // sw)
     f = tw // 2 + 1
     lanes_in, lanes_out = (LANES * -(-channels // LANES) for channels in (c, k))  # channels padded to whole vectors
-    forward = lanes_in * (th * 2 * f * tw + f * 4 * th * th)
-    inverse = lanes_out * (f * 4 * sh * th + sh * sw * 2 * f)
+    forward = lanes_in * (th * 2 * f * tw + f * _complex_dft_cost(th))
+    inverse = lanes_out * (f * _complex_dft_cost(th) + sh * sw * 2 * f)
     products = 4 * th * f * c * k
-    floats = 2 * th * f * (c + 2 * k)  # the spectra written and read
+    floats = 2 * th * f * (c + k) + th * tw * c + sh * sw * k  # the spectra, the tile read, its outputs written
     return tiles * (TRANSFORM_WEIGHT * (forward + inverse) + PRODUCT_WEIGHT * products + MEMORY_WEIGHT * floats)
+
+
+@functools.lru_cache(maxsize=256)
+def _complex_dft_cost(n: int) -> int:
+    """Multiply-adds of the kernels' length-n complex DFT of one vector: one level of Cooley-Tukey, n = n1·n2 with
+    n1 the largest factor <= sqrt(n), as (2n1)² and (2n2)² matrices plus twiddles; a prime n is one (2n)² matrix."""
+    n1 = max(d for d in range(1, int(n**0.5) + 1) if n % d == 0)
+    return 4 * n * n if n1 == 1 else 4 * n * (n1 + n // n1) + 4 * n
 
 
 # --- the kernel's spectrum -----------------------------------------------------------------------------------------
