@@ -47,28 +47,57 @@ using Lanes = typename LanesOf<T>::type;
 template <typename T>
 constexpr int kLanes = sizeof(Lanes<T>) / sizeof(T);  // channels per work item
 
-// out[r·out_stride] = Σ_j m[r·inner + j] · in[j·in_stride] for r < rows: a small matrix applied to vectors of
-// channel lanes, eight rows at a time to keep independent sums in flight.
+// Where a small matrix reads its input vectors and writes its output vectors: input j is in_a[j·in_stride] for
+// j < in_split, else in_b[(j - in_split)·in_stride]; output row r goes to out_a[r·out_stride] for r < out_split,
+// else out_b[(r - out_split)·out_stride] (the real and imaginary halves of a complex vector may lie apart).
+template <typename T>
+struct Operands {
+  const Lanes<T>* in_a;
+  const Lanes<T>* in_b;
+  int64_t in_split, in_stride;
+  Lanes<T>* out_a;
+  Lanes<T>* out_b;
+  int64_t out_split, out_stride;
+};
+
+// Rows [r, r + K) of out = m · in (m is rows × inner), K independent sums in flight.
+template <typename T, int K>
+inline __attribute__((always_inline)) void apply_rows(const T* m, int64_t r, int64_t inner, const Operands<T>& o) {
+  Lanes<T> acc[K] = {};
+  for (int64_t j = 0; j < o.in_split; ++j) {
+    const Lanes<T> x = o.in_a[j * o.in_stride];
+#pragma GCC unroll 8
+    for (int i = 0; i < K; ++i) acc[i] += m[(r + i) * inner + j] * x;
+  }
+  for (int64_t j = o.in_split; j < inner; ++j) {
+    const Lanes<T> x = o.in_b[(j - o.in_split) * o.in_stride];
+#pragma GCC unroll 8
+    for (int i = 0; i < K; ++i) acc[i] += m[(r + i) * inner + j] * x;
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < K; ++i) {
+    const int64_t row = r + i;
+    Lanes<T>* dst = row < o.out_split ? o.out_a + row * o.out_stride : o.out_b + (row - o.out_split) * o.out_stride;
+    *dst = acc[i];
+  }
+}
+
+// out = m · in for a (rows × inner) matrix m on vectors of channel lanes: blocks of 8 rows, then 4, 2, 1.
+template <typename T>
+inline __attribute__((always_inline)) void apply_matrix(const T* m, int64_t rows, int64_t inner,
+                                                        const Operands<T>& o) {
+  int64_t r = 0;
+  for (; r + 8 <= rows; r += 8) apply_rows<T, 8>(m, r, inner, o);
+  if (r + 4 <= rows) apply_rows<T, 4>(m, r, inner, o), r += 4;
+  if (r + 2 <= rows) apply_rows<T, 2>(m, r, inner, o), r += 2;
+  if (r < rows) apply_rows<T, 1>(m, r, inner, o);
+}
+
+// The common case: contiguous input, output rows out_stride apart.
 template <typename T>
 inline __attribute__((always_inline)) void apply_matrix(const T* m, int64_t rows, int64_t inner, const Lanes<T>* in,
-                                                        int64_t in_stride, Lanes<T>* out, int64_t out_stride) {
-  constexpr int kRows = 8;
-  int64_t r = 0;
-  for (; r + kRows <= rows; r += kRows) {
-    Lanes<T> acc[kRows] = {};
-    for (int64_t j = 0; j < inner; ++j) {
-      const Lanes<T> x = in[j * in_stride];
-#pragma GCC unroll 8
-      for (int i = 0; i < kRows; ++i) acc[i] += m[(r + i) * inner + j] * x;
-    }
-#pragma GCC unroll 8
-    for (int i = 0; i < kRows; ++i) out[(r + i) * out_stride] = acc[i];
-  }
-  for (; r < rows; ++r) {
-    Lanes<T> acc = {};
-    for (int64_t j = 0; j < inner; ++j) acc += m[r * inner + j] * in[j * in_stride];
-    out[r * out_stride] = acc;
-  }
+                                                        Lanes<T>* out, int64_t out_stride) {
+  apply_matrix<T>(m, rows, inner, Operands<T>{in, in, inner, 1, out, out, rows, out_stride});
 }
 
 // The real (2n × 2n) matrix of the length-n complex DFT with exponent sign σ: input (re_0..re_{n-1}, im_0..), output
@@ -119,26 +148,25 @@ struct ComplexDft {
 
   // out (re block of n, im block of n) = DFT(in) (same layout); `scratch` holds 2n vectors.
   inline __attribute__((always_inline)) void run(const Lanes<T>* in, Lanes<T>* out, Lanes<T>* scratch) const {
-    if (n1 == 1) return apply_matrix<T>(m2.data(), 2 * n, 2 * n, in, 1, out, 1);
-    // scratch[k1][re|im][j2] = Σ_j1 in[n2·j1 + j2] · w_n1^(j1·k1), times the twiddle w_n^(j2·k1)
+    if (n1 == 1) return apply_matrix<T>(m2.data(), 2 * n, 2 * n, Operands<T>{in, in + n, n, 1, out, out + n, n, 1});
+    // scratch[re|im][k1][j2] = Σ_j1 in[n2·j1 + j2] · w_n1^(j1·k1), times the twiddle w_n^(j2·k1)
+    Lanes<T>* re = scratch;
+    Lanes<T>* im = scratch + n;
     for (int64_t j2 = 0; j2 < n2; ++j2) {
-      apply_matrix<T>(m1.data(), n1, 2 * n1, in + j2, n2, scratch + j2, 2 * n2);
-      apply_matrix<T>(m1.data() + 2 * n1 * n1, n1, 2 * n1, in + j2, n2, scratch + n2 + j2, 2 * n2);
+      apply_matrix<T>(m1.data(), 2 * n1, 2 * n1, Operands<T>{in + j2, in + n + j2, n1, n2, re + j2, im + j2, n1, n2});
     }
     for (int64_t k1 = 1; k1 < n1; ++k1) {
-      Lanes<T>* re = scratch + k1 * 2 * n2;
-      Lanes<T>* im = re + n2;
       for (int64_t j2 = 1; j2 < n2; ++j2) {
         const T c = twiddle_re[k1 * n2 + j2], sn = twiddle_im[k1 * n2 + j2];
-        const Lanes<T> a = re[j2], b = im[j2];
-        re[j2] = a * c - b * sn;
-        im[j2] = a * sn + b * c;
+        const Lanes<T> a = re[k1 * n2 + j2], b = im[k1 * n2 + j2];
+        re[k1 * n2 + j2] = a * c - b * sn;
+        im[k1 * n2 + j2] = a * sn + b * c;
       }
     }
     // out[k1 + n1·k2] = Σ_j2 scratch[k1][j2] · w_n2^(j2·k2)
     for (int64_t k1 = 0; k1 < n1; ++k1) {
-      apply_matrix<T>(m2.data(), n2, 2 * n2, scratch + k1 * 2 * n2, 1, out + k1, n1);
-      apply_matrix<T>(m2.data() + 2 * n2 * n2, n2, 2 * n2, scratch + k1 * 2 * n2, 1, out + n + k1, n1);
+      apply_matrix<T>(m2.data(), 2 * n2, 2 * n2,
+                      Operands<T>{re + k1 * n2, im + k1 * n2, n2, 1, out + k1, out + n + k1, n2, n1});
     }
   }
 };
@@ -146,7 +174,7 @@ struct ComplexDft {
 // The DFT matrices of one tile size, computed in double and rounded to T.
 template <typename T>
 struct DftMatrices {
-  std::vector<T> row_cos, row_msin;  // (F, tw): forward real DFT along w, real and imaginary parts
+  std::vector<T> row;                // (2F, tw): forward real DFT along w, real parts then imaginary parts
   ComplexDft<T> col, inv_col;        // the complex DFTs along h, forward and inverse
   std::vector<T> inv_row;                 // (sw, 2F): the valid columns of the real inverse DFT along w, scaled
 
@@ -154,12 +182,11 @@ struct DftMatrices {
     const int64_t tw = g.tw, f_count = g.freqs, th = g.th;
     const double pi = std::acos(-1.0);
     auto angle_w = [&](int64_t m) { return 2 * pi * static_cast<double>(m % tw) / tw; };
-    row_cos.resize(f_count * tw);
-    row_msin.resize(f_count * tw);
+    row.resize(2 * f_count * tw);
     for (int64_t f = 0; f < f_count; ++f) {
       for (int64_t b = 0; b < tw; ++b) {
-        row_cos[f * tw + b] = static_cast<T>(std::cos(angle_w(f * b)));
-        row_msin[f * tw + b] = static_cast<T>(-std::sin(angle_w(f * b)));
+        row[f * tw + b] = static_cast<T>(std::cos(angle_w(f * b)));
+        row[(f_count + f) * tw + b] = static_cast<T>(-std::sin(angle_w(f * b)));
       }
     }
     inv_row.resize(g.sw * 2 * f_count);
@@ -230,8 +257,7 @@ inline __attribute__((always_inline)) void forward_item_impl(const FftGeometry& 
         }
       }
     }
-    apply_matrix<T>(dft.row_cos.data(), f_count, tw, row, 1, stage + a, 2 * th);
-    apply_matrix<T>(dft.row_msin.data(), f_count, tw, row, 1, stage + th + a, 2 * th);
+    apply_matrix<T>(dft.row.data(), 2 * f_count, tw, Operands<T>{row, row, tw, 1, stage + a, stage + th + a, f_count, 2 * th});
   }
   for (int64_t f = 0; f < f_count; ++f) {  // complex DFT of each column, written as (P, count, C) pairs
     dft.col.run(stage + f * 2 * th, buf.column, buf.scratch);
@@ -311,7 +337,7 @@ inline __attribute__((always_inline)) void inverse_item_impl(const FftGeometry& 
     prefetch_row(a + 1);
     const int64_t r = row0 + a * g.dh;
     if (r >= g.out_rows) break;
-    apply_matrix<T>(dft.inv_row.data(), g.sw, 2 * f_count, rows + a * 2 * f_count, 1, out, 1);
+    apply_matrix<T>(dft.inv_row.data(), g.sw, 2 * f_count, rows + a * 2 * f_count, out, 1);
     for (int64_t b = 0; b < g.sw; ++b) {
       const int64_t c = col0 + b * g.dw;
       if (c >= g.out_cols) break;

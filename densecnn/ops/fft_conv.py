@@ -46,9 +46,9 @@ COMPUTE_DTYPES = (torch.float32, torch.float64)
 # Relative cost of one multiply-add in each stage and of one value moved through memory, in the tile-size model
 # (set from timings of the reference nets' layers over tile sizes: the complex GEMM's short contractions run below
 # the transforms' rate).
-TRANSFORM_WEIGHT = 1.0
-PRODUCT_WEIGHT = 1.5
-MEMORY_WEIGHT = 8.0
+TRANSFORM_WEIGHT = 0.3
+PRODUCT_WEIGHT = 1.0
+MEMORY_WEIGHT = 16.0
 
 
 def built() -> bool:
