@@ -17,7 +17,9 @@ from tests.tolerances import assert_close_relative
 
 FORMATS = {"nchw": torch.contiguous_format, "nhwc": torch.channels_last}
 
-pytestmark = pytest.mark.skipif(not fft_conv.built(), reason="densecnn's kernels (with fft_conv2d) are not built")
+pytestmark = pytest.mark.skipif(
+    not fft_conv.built(), reason="densecnn's kernels (with fft_conv2d) are not built"
+)
 
 
 @pytest.fixture(autouse=True)
@@ -173,7 +175,9 @@ def test_fft_conv2d_op_passes_opcheck(memory_format):
     x = torch.randn(2, 3, 17, 14, generator=generator).contiguous(memory_format=FORMATS[memory_format])
     weight = torch.randn(5, 3, 3, 4, generator=generator)
     spectrum = fft_conv.kernel_spectrum(weight, (8, 9), torch.float32)
-    torch.library.opcheck(torch.ops.densecnn.fft_conv2d, (x, spectrum, torch.randn(5), [8, 9], [6, 6], [2, 3]))
+    torch.library.opcheck(
+        torch.ops.densecnn.fft_conv2d, (x, spectrum, torch.randn(5), [8, 9], [6, 6], [2, 3])
+    )
 
 
 def test_training_steps_follow_the_weights():

@@ -58,7 +58,13 @@ def built() -> bool:
 
 def applies(spec) -> bool:
     """The solver runs ungrouped 2-D convs with a kernel larger than 1×1 (a 1×1 conv has nothing to transform)."""
-    return spec.op == "conv2d" and len(spec.kernel) == 2 and spec.groups == 1 and spec.kernel != (1, 1) and built()
+    return (
+        spec.op == "conv2d"
+        and len(spec.kernel) == 2
+        and spec.groups == 1
+        and spec.kernel != (1, 1)
+        and built()
+    )
 
 
 def conv2d(spec, x: torch.Tensor) -> torch.Tensor:
@@ -86,7 +92,9 @@ def conv2d(spec, x: torch.Tensor) -> torch.Tensor:
     return _FrequencyDomainConv.apply(x, weight, bias, dilation, not training)
 
 
-def _run(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, dilation: Pair, cached: bool = True):
+def _run(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, dilation: Pair, cached: bool = True
+):
     """The op on x (N, C, H, W) and weight (K, C, kh, kw), with the tile the cost model picks; ``cached``: take
     the kernel's spectrum from the cache (a model's weight), else compute it (a weight made for one call)."""
     n, c, h, w = x.shape
@@ -145,12 +153,14 @@ def _cost(tile: Pair, sub_out: Pair, kernel: Pair, c: int, k: int, grids: int) -
     (th, tw), (sh, sw) = tile, (tile[0] - kernel[0] + 1, tile[1] - kernel[1] + 1)
     tiles = grids * -(-sub_out[0] // sh) * -(-sub_out[1] // sw)
     f = tw // 2 + 1
-    lanes_in, lanes_out = (LANES * -(-channels // LANES) for channels in (c, k))  # channels padded to whole vectors
+    # channels padded to whole vectors of lanes
+    lanes_in, lanes_out = (LANES * -(-channels // LANES) for channels in (c, k))
     forward = lanes_in * (th * 2 * f * tw + f * _complex_dft_cost(th))
     inverse = lanes_out * (f * _complex_dft_cost(th) + sh * sw * 2 * f)
     products = 4 * th * f * c * k
-    floats = 2 * th * f * (c + k) + th * tw * c + sh * sw * k  # the spectra, the tile read, its outputs written
-    return tiles * (TRANSFORM_WEIGHT * (forward + inverse) + PRODUCT_WEIGHT * products + MEMORY_WEIGHT * floats)
+    floats = 2 * th * f * (c + k) + th * tw * c + sh * sw * k  # the spectra, the tile read, its outputs
+    transforms = TRANSFORM_WEIGHT * (forward + inverse)
+    return tiles * (transforms + PRODUCT_WEIGHT * products + MEMORY_WEIGHT * floats)
 
 
 @functools.lru_cache(maxsize=256)
@@ -201,7 +211,11 @@ def _register_fake() -> None:
     @torch.library.register_fake("densecnn::fft_conv2d")
     def _(input, spectrum, bias, tile, valid, dilation):
         kernel = tuple(t - s + 1 for t, s in zip(tile, valid))
-        shape = (input.shape[0], spectrum.shape[2], *output_size(tuple(input.shape[2:]), kernel, tuple(dilation)))
+        shape = (
+            input.shape[0],
+            spectrum.shape[2],
+            *output_size(tuple(input.shape[2:]), kernel, tuple(dilation)),
+        )
         return ext._empty(input, shape, ext._is_channels_last(input))
 
 
