@@ -260,6 +260,11 @@ inline __attribute__((always_inline)) void forward_item_impl(const FftGeometry& 
     apply_matrix<T>(dft.row.data(), 2 * f_count, tw, Operands<T>{row, row, tw, 1, stage + a, stage + th + a, f_count, 2 * th});
   }
   for (int64_t f = 0; f < f_count; ++f) {  // complex DFT of each column, written as (P, count, C) pairs
+    for (int64_t u = 0; f + 1 < f_count && u < th; ++u) {  // the next column's destinations, scattered like these
+      T* next = spectrum + 2 * (((u * f_count + f + 1) * count + t) * g.channels + c0);
+      __builtin_prefetch(next, 1);
+      __builtin_prefetch(next + 2 * lanes - 1, 1);
+    }
     dft.col.run(stage + f * 2 * th, buf.column, buf.scratch);
     for (int64_t u = 0; u < th; ++u) {
       T* dst = spectrum + 2 * (((u * f_count + f) * count + t) * g.channels + c0);
@@ -294,9 +299,15 @@ inline __attribute__((always_inline)) void inverse_item_impl(const FftGeometry& 
   tile_origin(g, first + t, n, row0, col0);
   Lanes<T>* stage = buf.stage;
   Lanes<T>* rows = buf.rows;
+  constexpr int64_t kAhead = 16;  // frequencies lie count·K values apart: ask for the data that far ahead
   for (int64_t p = 0; p < th * f_count; ++p) {  // stage[f][re|im][u]
     const int64_t u = p / f_count, f = p % f_count;
     const T* src = product + 2 * ((p * count + t) * g.out_channels + k0);
+    if (p + kAhead < th * f_count) {
+      const T* next = src + 2 * kAhead * count * g.out_channels;
+      __builtin_prefetch(next);
+      __builtin_prefetch(next + 2 * lanes - 1);
+    }
     Lanes<T>& re = stage[f * 2 * th + u];
     Lanes<T>& im = stage[f * 2 * th + th + u];
     if (lanes == V) {
