@@ -219,7 +219,8 @@ struct TileBuffers {
   }
 };
 
-// Work item (tile t of the group, channels [c0, c0 + kLanes)) of the forward transform: spectrum (P, count, C, 2).
+// Work item (tile t of the group, channels [c0, c0 + kLanes)) of the forward transform: spectrum (count, P, C, 2),
+// each tile's spectrum in one block (the GEMM reads it per frequency with a row stride of P·C).
 template <typename T>
 inline __attribute__((always_inline)) void forward_item_impl(const FftGeometry& g, const DftMatrices<T>& dft,
                                                              const T* x, int64_t first, int64_t count, T* spectrum,
@@ -232,17 +233,21 @@ inline __attribute__((always_inline)) void forward_item_impl(const FftGeometry& 
   const T* image = x + n * g.x_stride[0] + c0 * g.x_stride[1];
   Lanes<T>* row = buf.row;
   Lanes<T>* stage = buf.stage;
-  // The tile's pixels lie dw pixels apart, too far for the hardware prefetcher: each row asks for the next one's.
+  // The tile's pixels lie dw pixels apart, too far for the hardware prefetcher: each row asks for the one two rows
+  // on (its pixel's lanes; in channels_last, the first block asks for all channels of the pixel).
+  const int64_t span = whole && c0 == 0 ? g.channels : lanes;
   auto prefetch_row = [&](int64_t a) {
     const int64_t r = row0 + a * g.dh;
     if (a >= th || r >= g.rows) return;
     for (int64_t b = 0; b < tw && col0 + b * g.dw < g.cols; ++b) {
-      __builtin_prefetch(image + r * g.x_stride[2] + (col0 + b * g.dw) * g.x_stride[3]);
+      const T* pixel = image + r * g.x_stride[2] + (col0 + b * g.dw) * g.x_stride[3];
+      for (int64_t v = 0; v < span; v += 64 / sizeof(T)) __builtin_prefetch(pixel + v * g.x_stride[1]);
     }
   };
   prefetch_row(0);
+  prefetch_row(1);
   for (int64_t a = 0; a < th; ++a) {  // real DFT of each row: stage[f][re|im][a]
-    prefetch_row(a + 1);
+    prefetch_row(a + 2);
     std::fill(row, row + tw, Lanes<T>{});
     const int64_t r = row0 + a * g.dh;
     if (r < g.rows) {
@@ -259,15 +264,10 @@ inline __attribute__((always_inline)) void forward_item_impl(const FftGeometry& 
     }
     apply_matrix<T>(dft.row.data(), 2 * f_count, tw, Operands<T>{row, row, tw, 1, stage + a, stage + th + a, f_count, 2 * th});
   }
-  for (int64_t f = 0; f < f_count; ++f) {  // complex DFT of each column, written as (P, count, C) pairs
-    for (int64_t u = 0; f + 1 < f_count && u < th; ++u) {  // the next column's destinations, scattered like these
-      T* next = spectrum + 2 * (((u * f_count + f + 1) * count + t) * g.channels + c0);
-      __builtin_prefetch(next, 1);
-      __builtin_prefetch(next + 2 * lanes - 1, 1);
-    }
+  for (int64_t f = 0; f < f_count; ++f) {  // complex DFT of each column, written as (count, P, C) pairs
     dft.col.run(stage + f * 2 * th, buf.column, buf.scratch);
     for (int64_t u = 0; u < th; ++u) {
-      T* dst = spectrum + 2 * (((u * f_count + f) * count + t) * g.channels + c0);
+      T* dst = spectrum + 2 * ((t * th * f_count + u * f_count + f) * g.channels + c0);
       const Lanes<T> re = buf.column[u], im = buf.column[th + u];
       if (lanes == V) {
         T pairs[2 * V];
@@ -378,7 +378,7 @@ inline __attribute__((always_inline)) void inverse_item_impl(const FftGeometry& 
 DENSECNN_FFT_ITEMS(float)
 DENSECNN_FFT_ITEMS(double)
 
-// Forward transform of tiles [first, first + count), all channels, into spectrum (P, count, C, 2).
+// Forward transform of tiles [first, first + count), all channels, into spectrum (count, P, C, 2).
 template <typename T>
 void forward_tiles(const FftGeometry& g, const T* x, int64_t first, int64_t count, T* spectrum) {
   const DftMatrices<T> dft(g);

@@ -103,10 +103,10 @@ at::Tensor fft_conv2d_tiles(const at::Tensor& input, const at::Tensor& spectrum,
   at::Tensor product = at::empty({points * group * g.out_channels}, spectrum.options());
   for (int64_t first = 0; first < g.tiles; first += group) {
     const int64_t count = std::min(group, g.tiles - first);
-    at::Tensor xs = x_spectrum.narrow(0, 0, points * count * g.channels * 2).view({points, count, g.channels, 2});
+    at::Tensor xs = x_spectrum.narrow(0, 0, points * count * g.channels * 2).view({count, points, g.channels, 2});
     Transforms::forward(input, g, first, count, twiddles, xs);
     at::Tensor ys = product.narrow(0, 0, points * count * g.out_channels).view({points, count, g.out_channels});
-    at::bmm_out(ys, at::view_as_complex(xs), weights);  // (P, count, C) @ (P, C, K)
+    at::bmm_out(ys, at::view_as_complex(xs).transpose(0, 1), weights);  // (P, count, C) @ (P, C, K)
     Transforms::inverse(at::view_as_real(ys), b, g, first, count, twiddles, y);
   }
   return y;

@@ -9,8 +9,8 @@
 // image), and its first sh×sw outputs of the circular correlation are the outputs at the same places. Tiles are
 // numbered (n, r, s, ti, tj), last fastest, and handled in groups of consecutive tiles.
 //
-// The spectra are complex, stored as (re, im) pairs: spectrum[(p·tiles + t)·channels + c] for the frequency
-// p = u·F + f (u < th along h; f < F = tw/2 + 1 along w, the real DFT's half spectrum).
+// The spectra are complex, stored as (re, im) pairs: the input's (tiles, P, C), the product's (P, tiles, K), for the
+// frequency p = u·F + f (u < th along h; f < F = tw/2 + 1 along w, the real DFT's half spectrum).
 //   forward:  X[u, f] = Σ_a Σ_b x[a, b] · e^{-2πi (u·a/th + f·b/tw)}
 //   inverse:  y[a, b] = 1/(th·tw) · Σ_f c_f · Re(Σ_u Y[u, f] · e^{+2πi (u·a/th + f·b/tw)}) + bias
 // with c_f = 1 for f = 0 and the Nyquist frequency, 2 otherwise (the missing half of the spectrum is conjugate).
@@ -86,8 +86,8 @@ HOST_DEVICE_INLINE void fft_forward_rows_at(const FftGeometry& g, const T* x, in
   rows[2 * e + 1] = im;
 }
 
-// Forward pass 2, element e = (u, f, t, c) of the group's spectrum (P, count, C):
-// spectrum[e] = Σ_a rows[t, c, a, f] · e^{-2πi u·a/th}.
+// Forward pass 2, element e = (u, f, t, c): the group's spectrum, stored (count, P, C) so that each tile's spectrum
+// is one block, at [t, p = u·F + f, c] = Σ_a rows[t, c, a, f] · e^{-2πi u·a/th}.
 template <typename T>
 HOST_DEVICE_INLINE void fft_forward_cols_at(const FftGeometry& g, const T* rows, int64_t count, Twiddles<T> w,
                                             T* spectrum, int64_t e) {
@@ -101,8 +101,9 @@ HOST_DEVICE_INLINE void fft_forward_cols_at(const FftGeometry& g, const T* rows,
     re += sr * w.cos_h[m] + si * w.sin_h[m];
     im += si * w.cos_h[m] - sr * w.sin_h[m];
   }
-  spectrum[2 * e] = re;
-  spectrum[2 * e + 1] = im;
+  const int64_t at = (t * fft_points(g) + p) * g.channels + c;
+  spectrum[2 * at] = re;
+  spectrum[2 * at + 1] = im;
 }
 
 // Inverse pass 1, element e = (t, k, a, f) for the valid rows a < sh: cols[e] = Σ_u Y[u, f, t, k] · e^{+2πi u·a/th},
