@@ -11,8 +11,8 @@ The work runs in densecnn's kernels (``torch.ops.densecnn.fft_conv2d``, ``cuda_e
 tiles at a time while the group's data is in cache:
 
 1. the forward transform reads each tile straight from the input (any memory format; no gather copy), applies the
-   real DFT along w and the complex DFT along h as small matrices to vectors of 16 channels (AVX-512 lanes), and
-   writes the spectrum in the GEMM's layout ``(Th·F, tiles, C)``, F = Tw//2 + 1;
+   real DFT along w and the complex DFT along h (one level of Cooley-Tukey) as small matrices to vectors of 16
+   channels (AVX-512 lanes), and writes each tile's spectrum as one block of ``(tiles, Th·F, C)``, F = Tw//2 + 1;
 2. the channel mixing is one batched complex GEMM ``(tiles, C) @ (C, K)`` per frequency (MKL's on CPU);
 3. the inverse transform computes only the S valid rows and columns of each tile and writes them, plus the bias,
    straight into the (N, K, H', W') output.
