@@ -169,6 +169,22 @@ def test_the_cuda_per_element_bodies_equal_the_tap_sum(problem):
     assert_close_relative(y, _taps(x, spec), 1e-10, floor=1.0)
 
 
+@pytest.mark.parametrize("gpu_loops", [False, True])
+def test_tiles_in_several_groups_equal_the_tap_sum(gpu_loops):
+    """Enough tiles for the op to run them in several groups (a group holds at least 32 tiles), the last one partial
+    and reaching past the image."""
+    generator = torch.Generator().manual_seed(8)
+    x = torch.randn(1, 3, 215, 243, dtype=torch.float64, generator=generator)
+    spec = ConvSpec(torch.randn(64, 3, 3, 3, dtype=torch.float64, generator=generator), None, (1, 1), 1)
+    spectrum = fft_conv.kernel_spectrum(spec.weight, (32, 32), torch.float64)
+    previous = torch.ops.densecnn._use_gpu_loops_on_cpu(gpu_loops)
+    try:
+        y = torch.ops.densecnn.fft_conv2d(x, spectrum, None, [32, 32], [30, 30], [1, 1])  # 8 x 9 tiles
+    finally:
+        torch.ops.densecnn._use_gpu_loops_on_cpu(previous)
+    assert_close_relative(y, _taps(x, spec), 1e-10, floor=1.0)
+
+
 @pytest.mark.parametrize("memory_format", list(FORMATS))
 def test_fft_conv2d_op_passes_opcheck(memory_format):
     generator = torch.Generator().manual_seed(6)
