@@ -11,6 +11,7 @@
 
 #include "common.h"
 #include "fft_elements.h"
+#include "winograd.h"
 
 namespace densecnn {
 
@@ -56,5 +57,14 @@ cudaError_t launch_fft_forward(const FftGeometry& g, const T* x, int64_t first, 
 template <typename T>
 cudaError_t launch_fft_inverse(const FftGeometry& g, const T* product, const T* bias, int64_t first, int64_t count,
                                const T* twiddles, T* cols, T* y, cudaStream_t stream);
+
+// Winograd F(m, 3) transforms (winograd.h) of the chunk of tiles g.tile_begin.. : v (α^n, tiles, C) from the map x,
+// and the outputs (+ bias, may be null) of the products (α^n, tiles, K) into the map y. T is float or double.
+template <typename T>
+cudaError_t launch_winograd_input(const WinogradGeometry& g, int m, const T* x, T* v, cudaStream_t stream);
+
+template <typename T>
+cudaError_t launch_winograd_output(const WinogradGeometry& g, int m, const T* products, const T* bias, T* y,
+                                   cudaStream_t stream);
 
 }  // namespace densecnn

@@ -47,6 +47,16 @@ TORCH_LIBRARY(densecnn, m) {
   m.def(
       "fft_conv2d(Tensor input, Tensor spectrum, Tensor? bias, int[2] tile, int[2] valid, int[2] dilation) "
       "-> Tensor");
+  // Winograd F(m, 3) transforms of a stride-1 dilated 3×3 / 3×3×3 conv (winograd.h), for the tiles
+  // [tile_begin, tile_begin + tile_count) of the problem: the input's tiles as (α^n, tiles, C), α = m + 2 ...
+  m.def("winograd_input(Tensor input, int[] dilation, int m, int tile_begin, int tile_count) -> Tensor");
+  // ... and, from the products (α^n, tiles, K), those tiles' outputs (+ bias) written into output (N, K, ...).
+  m.def(
+      "winograd_output(Tensor(a!) output, Tensor transformed, Tensor? bias, int[] dilation, int m, "
+      "int tile_begin) -> ()");
+  // The whole conv: input transform, V[ξ] @ kernel[ξ] against the transformed kernel (α^n, C, K), output transform
+  // (+ bias), chunk by chunk -> (N, K, ...) in the input's memory format.
+  m.def("winograd_conv(Tensor input, Tensor kernel, Tensor? bias, int[] dilation, int m) -> Tensor");
   // Tests only: run the CUDA kernels' per-element bodies on the CPU (gpu_loops.h). Returns the previous setting.
   m.def("_use_gpu_loops_on_cpu(bool enable) -> bool", &densecnn::use_gpu_loops_on_cpu);
 }

@@ -1,4 +1,5 @@
-"""Per-layer and end-to-end timings of the solvers on the reference nets, transform-domain (``fft``) included.
+"""Per-layer and end-to-end timings of the solvers on the reference nets, transform-domain (``fft``, ``winograd``)
+included.
 
 For every windowed step of the converted net (a conv, or a pool with the tanh/ReLU after it), each applicable solver
 runs on an input of that step's shape in both memory formats; candidates are interleaved and the median is kept.
@@ -7,6 +8,11 @@ to the least) runs interleaved with the best native conversion (torch's dilated 
 channels_last) and with densecnn's own plan.
 
     PYTHONPATH=. python scripts/bench_transform.py --size 512 --repeats 7 [--dtype bfloat16] [--json out.json]
+    PYTHONPATH=. python scripts/bench_transform.py --winograd --size 512 --volume 96 --repeats 7
+
+``--winograd``: the 3×3 and 3×3×3 convs of plain_133 (at --size²) and znni_3d (at --volume³), winograd against the
+best native direct conv (the faster of NC* and channels-last), and both nets end to end with the best plan with and
+without winograd (each step's fastest solver in the format whose steps add up to the least).
 """
 
 from __future__ import annotations
@@ -26,6 +32,10 @@ import densecnn
 from densecnn.ops import ext_available, plan, solvers
 
 FORMATS = {"nchw": torch.contiguous_format, "nhwc": torch.channels_last}
+VOLUME_FORMATS = {
+    "nchw": torch.contiguous_format,
+    "nhwc": torch.channels_last_3d,
+}  # NCDHW and channels_last_3d
 NETS = {"plain_133": 32, "stages_46": 8}  # classes
 
 
@@ -217,6 +227,101 @@ def kernel_sweep(size: int, kernels: list[int], repeats: int) -> list[dict]:
     return rows
 
 
+def winograd_net(name: str, shape: tuple, repeats: int) -> dict:
+    """Per 3-tap conv of ``name`` on an input of ``shape`` (N, C, *S): winograd vs the best native direct conv; and
+    end to end, the best plan from the step table with and without winograd (interleaved)."""
+    torch.manual_seed(0)
+    model, patch = densecnn.zoo.create(name, in_channels=shape[1], num_classes=3)
+    dense = densecnn.convert(model.eval(), patch)
+    padded = dense.pad(torch.rand(shape))
+    formats = FORMATS if padded.dim() == 4 else VOLUME_FORMATS
+    steps, rows, x = steps_of(dense), [], padded
+    for layers, spec in steps:
+        with torch.no_grad():
+            out = solvers.run("native", spec, x) if spec is not None else layers[0](x)
+        if spec is not None:
+            inputs = {fmt: x.contiguous(memory_format=memory) for fmt, memory in formats.items()}
+            names = [n for n in solvers.candidates(spec, ext_available=ext_available()) if n != "fft"]
+            candidates = {
+                f"{n}@{fmt}": functools.partial(solvers.run, n, spec, inputs[fmt])
+                for n in names
+                for fmt in formats
+            }
+            rows.append({"spec": spec, "shape": list(x.shape), "ms": interleaved(candidates, repeats)})
+        x = out
+    layers = []
+    for row in rows:
+        ms, spec = row["ms"], row["spec"]
+        if "winograd@nchw" not in ms:
+            continue
+        native = min(ms["native@nchw"], ms["native@nhwc"])
+        wino = {fmt: ms[f"winograd@{fmt}"] for fmt in formats}
+        layers.append({
+            "conv": f"{'x'.join(map(str, spec.kernel))} d{spec.dilation[0]} {spec.weight.shape[1]}->"
+                    f"{spec.weight.shape[0]} on {'x'.join(map(str, row['shape'][2:]))}",
+            "best_native_ms": native, "winograd_ms": wino, "speedup": native / min(wino.values()),
+        })  # fmt: skip
+    plans = {
+        "with_winograd": plan_options(rows, formats, lambda s: True),
+        "without_winograd": plan_options(rows, formats, lambda s: s != "winograd"),
+    }
+    if padded.dim() == 5:  # densecnn runs volumes in NCDHW: the best plans there too
+        plans["with_winograd_ncdhw"] = plan_options(rows, ["nchw"], lambda s: True)
+        plans["without_winograd_ncdhw"] = plan_options(rows, ["nchw"], lambda s: s != "winograd")
+    end_to_end = interleaved(
+        {key: functools.partial(volume_runner(steps, formats[fmt], names), padded)
+         for key, (fmt, names, _) in plans.items()},
+        repeats,
+    )  # fmt: skip
+    return {
+        "net": name,
+        "shape": list(shape),
+        "layers": layers,
+        "plans": {key: {"format": fmt, "solvers": names} for key, (fmt, names, _) in plans.items()},
+        "end_to_end_ms": end_to_end,
+        "speedup": {
+            key.replace("with_winograd", "winograd"): end_to_end[key.replace("with_", "without_")]
+            / end_to_end[key]
+            for key in end_to_end
+            if key.startswith("with_")
+        },
+    }
+
+
+def plan_options(rows, formats, allow) -> tuple[str, list[str], float]:
+    """:func:`plan_from_table` over ``formats``."""
+    options = []
+    for fmt in formats:
+        chosen = [best(row["ms"], fmt, allow) for row in rows]
+        options.append((fmt, [name for name, _ in chosen], sum(ms for _, ms in chosen)))
+    return min(options, key=lambda option: option[2])
+
+
+def volume_runner(steps, memory_format, names: list[str]):
+    """:func:`runner` for any number of axes: the padded input in ``memory_format``, each step by its solver."""
+    names = iter(names)
+    plan = [(layers, spec, next(names) if spec is not None else None) for layers, spec in steps]
+
+    def run(padded):
+        x = padded.contiguous(memory_format=memory_format)
+        for layers, spec, name in plan:
+            x = solvers.run(name, spec, x) if spec is not None else layers[0](x)
+        return x.contiguous()
+
+    return run
+
+
+def report_winograd(result: dict) -> None:
+    print(f"\n## winograd: {result['net']} on {result['shape']}")
+    for layer in result["layers"]:
+        wino = ", ".join(f"{fmt} {ms:.1f}" for fmt, ms in layer["winograd_ms"].items())
+        print(f"conv {layer['conv']:32s} best native {layer['best_native_ms']:.1f} ms, winograd {wino} ms: "
+              f"{layer['speedup']:.2f}x")  # fmt: skip
+    print("plans:", result["plans"])
+    print("end to end (ms):", {k: round(v, 1) for k, v in result["end_to_end_ms"].items()})
+    print("with / without winograd:", {k: f"{v:.2f}x" for k, v in result["speedup"].items()})
+
+
 def report(result: dict) -> None:
     print(f"\n## {result['net']} at {result['size']}² ({result['dtype']})")
     for layer in result["layers"]:
@@ -246,10 +351,20 @@ def main() -> None:
         "--kernels", type=int, nargs="*", default=[], help="also sweep the last conv's kernel size"
     )
     parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--winograd", action="store_true", help="the winograd section only (see above)")
+    parser.add_argument("--volume", type=int, default=96, help="znni_3d volume side for --winograd")
     args = parser.parse_args()
     os.environ.setdefault("DENSECNN_CACHE_DIR", tempfile.mkdtemp(prefix="densecnn-bench-"))
     dtype = getattr(torch, args.dtype)
     results = []
+    if args.winograd:
+        for name, shape in (
+            ("plain_133", (1, 3, args.size, args.size)),
+            ("znni_3d", (1, 1, *(args.volume,) * 3)),
+        ):
+            results.append(winograd_net(name, shape, args.repeats))
+            report_winograd(results[-1])
+        args.nets = []
     if dtype == torch.bfloat16:
         gemm = gemm_throughput(args.repeats)
         print("matrix product GFLOP/s:", {k: round(v, 1) for k, v in gemm.items()})

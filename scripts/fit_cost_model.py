@@ -40,7 +40,7 @@ REFERENCE_NETS = {"plain_133": 32, "stages_46": 8, "nuclei": 3}  # name: classes
 
 
 def _spec(row: dict):
-    if row["op"] == "conv2d":
+    if row["op"].startswith("conv"):  # conv1d, conv2d, conv3d
         c = row["input"][1]
         weight = torch.randn(row["out_channels"], c // row["groups"], *row["kernel"])
         return ConvSpec(weight, torch.randn(row["out_channels"]), tuple(row["dilation"]), row["groups"])

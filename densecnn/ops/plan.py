@@ -217,6 +217,8 @@ def _best(table, fmt: str, allowed: set[str], forced: str | None) -> tuple[str |
     timed = {name: ms for name, ms in table[fmt].items() if name in allowed and ms is not None}
     if forced in timed:
         return forced, timed[forced]
+    if forced in table[fmt]:  # a forced solver the cost model has no fit for yet still runs
+        return forced, 0.0
     if not timed:
         raise RuntimeError(
             f"no solver can run this layer with solvers {sorted(allowed)}; times: {table[fmt]}"

@@ -1,0 +1,200 @@
+// CPU loops of the Winograd transform ops (winograd.h): parallel over the chunk's tiles, each tile's transform run
+// on blocks of kLanes channels at once so that every step of the per-tile body is a loop over kLanes contiguous
+// values, which the compiler vectorises (AVX-512, AVX2 or baseline, picked at load time).
+#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+
+#include "common.h"
+#include "gpu_loops.h"
+#include "pool_args.h"
+#include "winograd.h"
+#include "winograd_args.h"
+
+namespace densecnn {
+namespace {
+
+template <int N>
+using Int = std::integral_constant<int, N>;
+
+constexpr int kLanes = 16;                // channels per vectorised block at most: one AVX-512 float vector
+constexpr int64_t kChunkBytes = 1 << 20;  // one thread's chunk of transformed input + products: within its L2
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define DENSECNN_WINOGRAD_MULTIVERSION __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define DENSECNN_WINOGRAD_MULTIVERSION
+#endif
+
+// One tile's transform for channels [c0, c0 + L); channels-last maps (unit channel stride) take the
+// contiguous-load path.
+template <int M, int AXES, int L, typename T, typename A>
+WINOGRAD_INLINE void input_block(const WinogradGeometry& g, const T* x, T* v, int64_t tile, int64_t c0, A* buffer) {
+  if (g.stride_c == 1) {
+    winograd_input_tile<M, AXES, L, true>(g, x, v, tile, c0, L, buffer);
+  } else {
+    winograd_input_tile<M, AXES, L, false>(g, x, v, tile, c0, L, buffer);
+  }
+}
+
+template <int M, int AXES, int L, typename T, typename A>
+WINOGRAD_INLINE void output_block(const WinogradGeometry& g, const T* m, const T* bias, T* y, int64_t tile,
+                                  int64_t k0, A* buffer) {
+  if (g.stride_c == 1) {
+    winograd_output_tile<M, AXES, L, true>(g, m, bias, y, tile, k0, L, buffer);
+  } else {
+    winograd_output_tile<M, AXES, L, false>(g, m, bias, y, tile, k0, L, buffer);
+  }
+}
+
+// The tiles [begin, end) of the chunk, the channels in whole blocks of 16, 8, 4 and 1 lanes (no masked tail).
+template <int M, int AXES, typename T>
+WINOGRAD_INLINE void input_tiles_loop(const WinogradGeometry& g, const T* x, T* v, int64_t begin, int64_t end) {
+  alignas(64) Acc<T> buffer[winograd_buffer_size<M, AXES, kLanes>()];
+  for (int64_t tile = begin; tile < end; ++tile) {
+    int64_t c = 0;
+    for (; c + 16 <= g.channels; c += 16) input_block<M, AXES, 16>(g, x, v, tile, c, buffer);
+    for (; c + 8 <= g.channels; c += 8) input_block<M, AXES, 8>(g, x, v, tile, c, buffer);
+    for (; c + 4 <= g.channels; c += 4) input_block<M, AXES, 4>(g, x, v, tile, c, buffer);
+    for (; c < g.channels; ++c) input_block<M, AXES, 1>(g, x, v, tile, c, buffer);
+  }
+}
+
+template <int M, int AXES, typename T>
+WINOGRAD_INLINE void output_tiles_loop(const WinogradGeometry& g, const T* m, const T* bias, T* y, int64_t begin,
+                                       int64_t end) {
+  alignas(64) Acc<T> buffer[winograd_buffer_size<M, AXES, kLanes>()];
+  for (int64_t tile = begin; tile < end; ++tile) {
+    int64_t k = 0;
+    for (; k + 16 <= g.channels; k += 16) output_block<M, AXES, 16>(g, m, bias, y, tile, k, buffer);
+    for (; k + 8 <= g.channels; k += 8) output_block<M, AXES, 8>(g, m, bias, y, tile, k, buffer);
+    for (; k + 4 <= g.channels; k += 4) output_block<M, AXES, 4>(g, m, bias, y, tile, k, buffer);
+    for (; k < g.channels; ++k) output_block<M, AXES, 1>(g, m, bias, y, tile, k, buffer);
+  }
+}
+
+#define DENSECNN_WINOGRAD_LOOPS(M, AXES, T)                                                                     \
+  DENSECNN_WINOGRAD_MULTIVERSION void input_tiles(Int<M>, Int<AXES>, const WinogradGeometry& g, const T* x,    \
+                                                  T* v, int64_t begin, int64_t end) {                          \
+    input_tiles_loop<M, AXES>(g, x, v, begin, end);                                                            \
+  }                                                                                                            \
+  DENSECNN_WINOGRAD_MULTIVERSION void output_tiles(Int<M>, Int<AXES>, const WinogradGeometry& g, const T* m,   \
+                                                   const T* bias, T* y, int64_t begin, int64_t end) {          \
+    output_tiles_loop<M, AXES>(g, m, bias, y, begin, end);                                                     \
+  }
+DENSECNN_WINOGRAD_LOOPS(2, 2, float)
+DENSECNN_WINOGRAD_LOOPS(2, 3, float)
+DENSECNN_WINOGRAD_LOOPS(3, 2, float)
+DENSECNN_WINOGRAD_LOOPS(3, 3, float)
+DENSECNN_WINOGRAD_LOOPS(4, 2, float)
+DENSECNN_WINOGRAD_LOOPS(4, 3, float)
+DENSECNN_WINOGRAD_LOOPS(2, 2, double)
+DENSECNN_WINOGRAD_LOOPS(2, 3, double)
+DENSECNN_WINOGRAD_LOOPS(3, 2, double)
+DENSECNN_WINOGRAD_LOOPS(3, 3, double)
+DENSECNN_WINOGRAD_LOOPS(4, 2, double)
+DENSECNN_WINOGRAD_LOOPS(4, 3, double)
+
+at::Tensor winograd_input_cpu(const at::Tensor& input, at::IntArrayRef dilation, int64_t m, int64_t tile_begin,
+                              int64_t tile_count) {
+  const WinogradGeometry g = winograd_input_geometry(input, dilation, m, tile_begin, tile_count);
+  const int64_t points = g.axes == 2 ? (m + 2) * (m + 2) : (m + 2) * (m + 2) * (m + 2);
+  at::Tensor v = at::empty({points, tile_count, g.channels}, input.options());
+  if (v.numel() == 0) return v;
+  AT_DISPATCH_FLOATING_TYPES(input.scalar_type(), "densecnn_winograd_input", [&] {
+    const scalar_t* x = input.const_data_ptr<scalar_t>();
+    scalar_t* out = v.mutable_data_ptr<scalar_t>();
+    dispatch_winograd(m, g.axes, [&](auto m_tag, auto axes_tag) {
+      constexpr int M = decltype(m_tag)::value, AXES = decltype(axes_tag)::value;
+      if (gpu_loops_on_cpu()) {
+        for_each_element(tile_count * g.channels, [&](int64_t i) { winograd_input_at<M, AXES>(g, x, out, i); });
+        return;
+      }
+      at::parallel_for(0, tile_count, 8, [&](int64_t begin, int64_t end) {
+        input_tiles(m_tag, axes_tag, g, x, out, begin, end);
+      });
+    });
+  });
+  return v;
+}
+
+void winograd_output_cpu(at::Tensor& output, const at::Tensor& transformed, const c10::optional<at::Tensor>& bias,
+                         at::IntArrayRef dilation, int64_t m, int64_t tile_begin) {
+  const WinogradGeometry g = winograd_output_geometry(output, transformed, bias, dilation, m, tile_begin);
+  if (g.tile_count == 0 || output.numel() == 0) return;
+  AT_DISPATCH_FLOATING_TYPES(output.scalar_type(), "densecnn_winograd_output", [&] {
+    const scalar_t* src = transformed.const_data_ptr<scalar_t>();
+    const scalar_t* b = bias.has_value() ? bias->const_data_ptr<scalar_t>() : nullptr;
+    scalar_t* y = output.mutable_data_ptr<scalar_t>();
+    dispatch_winograd(m, g.axes, [&](auto m_tag, auto axes_tag) {
+      constexpr int M = decltype(m_tag)::value, AXES = decltype(axes_tag)::value;
+      if (gpu_loops_on_cpu()) {
+        for_each_element(g.tile_count * g.channels,
+                         [&](int64_t i) { winograd_output_at<M, AXES>(g, src, b, y, i); });
+        return;
+      }
+      at::parallel_for(0, g.tile_count, 8, [&](int64_t begin, int64_t end) {
+        output_tiles(m_tag, axes_tag, g, src, b, y, begin, end);
+      });
+    });
+  });
+}
+
+// The whole convolution, each thread running the pipeline on its own chunks of tiles: input transform into V,
+// V[ξ] @ U[ξ] (single-threaded inside the parallel region), output transform. The chunk's V and products live in
+// buffers of the thread that stay in its L2, and the threads meet at one barrier per conv instead of three per chunk.
+at::Tensor winograd_conv_cpu(const at::Tensor& input, const at::Tensor& kernel, const c10::optional<at::Tensor>& bias,
+                             at::IntArrayRef dilation, int64_t m) {
+  WinogradGeometry in = winograd_input_geometry(input, dilation, m, 0, 0);
+  const int64_t k = kernel.size(-1);
+  const int64_t points = in.axes == 2 ? (m + 2) * (m + 2) : (m + 2) * (m + 2) * (m + 2);
+  TORCH_CHECK(kernel.dim() == 3 && kernel.size(0) == points && kernel.size(1) == in.channels &&
+                  kernel.is_contiguous() && kernel.scalar_type() == input.scalar_type(),
+              "densecnn.winograd_conv: kernel must be the contiguous transformed kernel (", points, ", ", in.channels,
+              ", K) of the input's dtype, got ", kernel.sizes());
+  std::vector<int64_t> out_sizes{input.size(0), k};
+  for (int a = 0; a < in.axes; ++a) out_sizes.push_back(in.out[a]);
+  at::Tensor y = empty_in_layout(out_sizes, input.options(), is_channels_last(input));
+  const at::Tensor transformed = at::empty({points, 0, k}, input.options());
+  WinogradGeometry out = winograd_output_geometry(y, transformed, bias, dilation, m, 0);
+  const int64_t tiles = winograd_tiles(in, input.size(0));
+  if (y.numel() == 0 || tiles == 0) return y;
+  const int64_t chunk = std::max<int64_t>(1, kChunkBytes / (points * (in.channels + k) * input.element_size()));
+  const int64_t chunks = (tiles + chunk - 1) / chunk;
+  AT_DISPATCH_FLOATING_TYPES(input.scalar_type(), "densecnn_winograd_conv", [&] {
+    const scalar_t* x = input.const_data_ptr<scalar_t>();
+    const scalar_t* b = bias.has_value() ? bias->const_data_ptr<scalar_t>() : nullptr;
+    scalar_t* y_data = y.mutable_data_ptr<scalar_t>();
+    dispatch_winograd(m, in.axes, [&](auto m_tag, auto axes_tag) {
+      at::parallel_for(0, chunks, 1, [&](int64_t first, int64_t last) {
+        at::Tensor v = at::empty({points * chunk * in.channels}, input.options());
+        at::Tensor products = at::empty({points * chunk * k}, input.options());
+        for (int64_t c = first; c < last; ++c) {
+          WinogradGeometry gi = in, go = out;
+          gi.tile_begin = go.tile_begin = c * chunk;
+          gi.tile_count = go.tile_count = std::min(chunk, tiles - c * chunk);
+          at::Tensor v_chunk = v.narrow(0, 0, points * gi.tile_count * in.channels)
+                                   .view({points, gi.tile_count, in.channels});  // (α^n, tiles, C)
+          at::Tensor p_chunk = products.narrow(0, 0, points * gi.tile_count * k).view({points, gi.tile_count, k});
+          input_tiles(m_tag, axes_tag, gi, x, v_chunk.mutable_data_ptr<scalar_t>(), 0, gi.tile_count);
+          at::bmm_out(p_chunk, v_chunk, kernel);  // (α^n, tiles, K)
+          output_tiles(m_tag, axes_tag, go, p_chunk.const_data_ptr<scalar_t>(), b, y_data, 0, go.tile_count);
+        }
+      });
+    });
+  });
+  return y;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(densecnn, CPU, m) {
+  m.impl("winograd_input", &winograd_input_cpu);
+  m.impl("winograd_output", &winograd_output_cpu);
+  m.impl("winograd_conv", &winograd_conv_cpu);
+}
+
+}  // namespace densecnn

@@ -1,0 +1,67 @@
+// CUDA kernels of the Winograd transforms (winograd.h): grid-stride loops over (tile, channel) pairs, one thread
+// per pair running the per-element bodies the CPU tests run too (winograd_input_at / winograd_output_at).
+#include <cuda_runtime.h>
+
+#include "common.h"
+#include "kernels.h"
+#include "launch.cuh"
+#include "winograd.h"
+
+namespace densecnn {
+namespace {
+
+template <int M, int AXES, typename T>
+__global__ void winograd_input_kernel(WinogradGeometry g, const T* x, T* v) {
+  DENSECNN_GRID_STRIDE_LOOP(index, g.tile_count * g.channels) { winograd_input_at<M, AXES>(g, x, v, index); }
+}
+
+template <int M, int AXES, typename T>
+__global__ void winograd_output_kernel(WinogradGeometry g, const T* m, const T* bias, T* y) {
+  DENSECNN_GRID_STRIDE_LOOP(index, g.tile_count * g.channels) { winograd_output_at<M, AXES>(g, m, bias, y, index); }
+}
+
+template <int M, int AXES, typename T>
+void launch_input(const WinogradGeometry& g, const T* x, T* v, cudaStream_t stream) {
+  winograd_input_kernel<M, AXES, T><<<blocks_for(g.tile_count * g.channels), kThreadsPerBlock, 0, stream>>>(g, x, v);
+}
+
+template <int M, int AXES, typename T>
+void launch_output(const WinogradGeometry& g, const T* m, const T* bias, T* y, cudaStream_t stream) {
+  winograd_output_kernel<M, AXES, T>
+      <<<blocks_for(g.tile_count * g.channels), kThreadsPerBlock, 0, stream>>>(g, m, bias, y);
+}
+
+}  // namespace
+
+template <typename T>
+cudaError_t launch_winograd_input(const WinogradGeometry& g, int m, const T* x, T* v, cudaStream_t stream) {
+  if (m == 2 && g.axes == 2) launch_input<2, 2>(g, x, v, stream);
+  if (m == 2 && g.axes == 3) launch_input<2, 3>(g, x, v, stream);
+  if (m == 3 && g.axes == 2) launch_input<3, 2>(g, x, v, stream);
+  if (m == 3 && g.axes == 3) launch_input<3, 3>(g, x, v, stream);
+  if (m == 4 && g.axes == 2) launch_input<4, 2>(g, x, v, stream);
+  if (m == 4 && g.axes == 3) launch_input<4, 3>(g, x, v, stream);
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t launch_winograd_output(const WinogradGeometry& g, int m, const T* products, const T* bias, T* y,
+                                   cudaStream_t stream) {
+  if (m == 2 && g.axes == 2) launch_output<2, 2>(g, products, bias, y, stream);
+  if (m == 2 && g.axes == 3) launch_output<2, 3>(g, products, bias, y, stream);
+  if (m == 3 && g.axes == 2) launch_output<3, 2>(g, products, bias, y, stream);
+  if (m == 3 && g.axes == 3) launch_output<3, 3>(g, products, bias, y, stream);
+  if (m == 4 && g.axes == 2) launch_output<4, 2>(g, products, bias, y, stream);
+  if (m == 4 && g.axes == 3) launch_output<4, 3>(g, products, bias, y, stream);
+  return cudaGetLastError();
+}
+
+#define DENSECNN_INSTANTIATE_WINOGRAD(T)                                                                       \
+  template cudaError_t launch_winograd_input<T>(const WinogradGeometry&, int, const T*, T*, cudaStream_t);    \
+  template cudaError_t launch_winograd_output<T>(const WinogradGeometry&, int, const T*, const T*, T*,        \
+                                                 cudaStream_t);
+
+DENSECNN_INSTANTIATE_WINOGRAD(float)
+DENSECNN_INSTANTIATE_WINOGRAD(double)
+
+}  // namespace densecnn

@@ -1,0 +1,193 @@
+"""The ``winograd`` solver: stride-1 dilated 3×3 (images) and 3×3×3 (volumes) convolutions by Winograd's F(m, 3).
+
+Along one axis, m consecutive outputs of a 3-tap correlation are ``Aᵀ[(G g) ⊙ (Bᵀ x)]`` for an input tile x of
+α = m + 2 values (Lavin & Gray, "Fast Algorithms for Convolutional Neural Networks"); applied along every axis, an
+m×m (m×m×m) output tile costs α² (α³) products per channel pair instead of 9·m² (27·m³): 2.25× fewer for F(2, 3)
+in 2-D, 4× for F(4, 3) in 2-D, 3.4× / 8× in 3-D. A d-dilated conv is undilated on each of its d-sub-grids, so a
+tile is m outputs of one sub-grid (outputs d apart in the map) and its input is read at stride d, straight from the
+map: no space-to-batch copy.
+
+Pipeline, per chunk of tiles small enough to stay in cache:
+
+1. ``densecnn::winograd_input`` (C++, ``cuda_ext/winograd.h``): gathers each tile and applies Bᵀ along every axis,
+   written as V (α^n, tiles, C);
+2. one batched GEMM, ``V[ξ] @ U[ξ]`` for the α^n points ξ, against the transformed kernel U = G g Gᵀ (α^n, C, K),
+   computed in float64 once per weight version and cached (inference);
+3. ``densecnn::winograd_output`` (C++): Aᵀ along every axis, plus the bias, written into the (N, K, ...) output in
+   the input's memory format.
+
+The tile size m is chosen per number of axes and channels (:func:`tile_size`) by measured float32 rounding error and
+speed. Gradients (training) are those of the direct conv, computed by torch's convolution backward: exact, and the
+input gradient as a Winograd conv of the padded output gradient was measured no faster. bfloat16/float16 inputs are computed in float32 and rounded back.
+
+>>> from densecnn.ops.solvers import ConvSpec
+>>> spec = ConvSpec(torch.randn(8, 4, 3, 3), torch.randn(8), (4, 4), 1)
+>>> conv(spec, torch.randn(1, 4, 40, 40)).shape  # == F.conv2d(x, w, b, dilation=4) to rounding
+torch.Size([1, 8, 32, 32])
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+
+import torch
+
+from ..geometry import output_size
+from . import ext
+
+COMPUTE_DTYPES = (torch.float32, torch.float64)
+# The float32 error of F(m, 3) grows with m, with the channels summed and with the number of axes: measured on one
+# layer with all-positive inputs, relative to the layer's largest output (docs/performance.md, "Winograd").
+WIDE = 128  # input channels beyond which a smaller tile is used
+CACHE_SIZE = 32  # transformed kernels kept (inference), least recently used dropped first
+
+# G of F(m, 3) (α × 3): the kernel transform; rows are the interpolation points 0, ±1, ∞ and, for m = 3, 1/2,
+# for m = 4, ±2.
+_KERNEL_TRANSFORMS = {
+    2: [[1, 0, 0], [1 / 2, 1 / 2, 1 / 2], [1 / 2, -1 / 2, 1 / 2], [0, 0, 1]],
+    3: [[2, 0, 0], [1, 1, 1], [-1 / 3, 1 / 3, -1 / 3], [-8 / 3, -4 / 3, -2 / 3], [0, 0, 1]],
+    4: [
+        [1 / 4, 0, 0],
+        [-1 / 6, -1 / 6, -1 / 6],
+        [-1 / 6, 1 / 6, -1 / 6],
+        [1 / 24, 1 / 12, 1 / 6],
+        [1 / 24, -1 / 12, 1 / 6],
+        [0, 0, 1],
+    ],
+}
+
+
+def applies(spec) -> bool:
+    """Ungrouped 3×3 and 3×3×3 convs, at any dilation (the solver also needs densecnn's kernels built)."""
+    return spec.op in ("conv2d", "conv3d") and spec.groups == 1 and spec.kernel == (3,) * len(spec.kernel)
+
+
+def tile_size(axes: int, channels: int) -> int:
+    """m of F(m, 3) for ``axes`` spatial axes and ``channels`` input channels: F(4, 3) for images and F(3, 3) for
+    volumes, one smaller beyond :data:`WIDE` channels (F(4, 3) misses the float32 bound in 3-D)."""
+    return (4 if axes == 2 else 3) - (channels > WIDE)
+
+
+def conv(spec, x: torch.Tensor, m: int | None = None) -> torch.Tensor:
+    """Stride-1 dilated ``spec`` (a 3×3 or 3×3×3 :class:`~densecnn.ops.solvers.ConvSpec`) on x (N, C, *S) ->
+    (N, K, *(S - 2·d)), in x's memory format and dtype; ``m`` overrides the tile size (2, 3 or 4)."""
+    if x.dtype not in COMPUTE_DTYPES:
+        return conv(spec, x.float(), m).to(x.dtype)
+    weight = spec.weight.to(x.dtype)
+    bias = None if spec.bias is None else spec.bias.to(x.dtype)
+    axes = x.dim() - 2
+    out = output_size(tuple(x.shape[2:]), spec.kernel, spec.dilation)
+    if min(out) < 1:
+        raise ValueError(
+            f"a {'x'.join(map(str, x.shape[2:]))} input is smaller than the 3-tap kernel at dilation "
+            f"{spec.dilation} reaches; pad it (DenseCNN does) or use a smaller dilation"
+        )
+    m = m or tile_size(axes, x.shape[1])
+    u = transformed_kernel(weight, m)  # here, where the grad mode is the caller's (the cache depends on it)
+    return _WinogradConv.apply(x, weight, bias, u, tuple(spec.dilation), m)
+
+
+class _WinogradConv(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, u, dilation, m):
+        ctx.save_for_backward(x, weight)
+        ctx.dilation, ctx.has_bias = dilation, bias is not None
+        bias = None if bias is None else bias.contiguous()
+        return torch.ops.densecnn.winograd_conv(x, u, bias, list(dilation), m)
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        x, weight = ctx.saved_tensors
+        needs = ctx.needs_input_grad
+        axes = x.dim() - 2
+        grad_x, grad_w, grad_b = torch.ops.aten.convolution_backward(
+            grad_y.contiguous(memory_format=_layout(x)),
+            x,
+            weight,
+            [weight.shape[0]] if ctx.has_bias else None,
+            [1] * axes,
+            [0] * axes,
+            list(ctx.dilation),
+            False,
+            [0] * axes,
+            1,
+            [needs[0], needs[1], ctx.has_bias and needs[2]],
+        )
+        return grad_x, grad_w, grad_b if ctx.has_bias else None, None, None, None
+
+
+def positions(out: int, dilation: int, m: int) -> int:
+    """Tile positions along an axis of ``out`` outputs: ``dilation`` sub-grids of ⌈⌈out/d⌉/m⌉ tiles each."""
+    per_subgrid = -(-out // dilation)
+    return dilation * -(-per_subgrid // m)
+
+
+def _layout(x: torch.Tensor) -> torch.memory_format:
+    layout = {4: torch.channels_last, 5: torch.channels_last_3d}[x.dim()]
+    channels_last = not x.is_contiguous() and x.is_contiguous(memory_format=layout)
+    return layout if channels_last else torch.contiguous_format
+
+
+# --- the transformed kernel ----------------------------------------------------------------------------------------
+
+_kernels: OrderedDict[tuple, tuple] = OrderedDict()
+_kernels_lock = threading.Lock()
+
+
+def transformed_kernel(weight: torch.Tensor, m: int) -> torch.Tensor:
+    """U = G g Gᵀ along every axis, (α^n, C, K), computed in float64 and cast to the weight's dtype.
+
+    Cached per weight version when no gradient is wanted (the entry holds the weight, so its memory cannot be
+    reused by another tensor while the entry lives); computed afresh in training, whose weights change every step,
+    and for inference tensors, which have no version counter.
+    """
+    if torch.is_grad_enabled() and weight.requires_grad:
+        return _transform_kernel(weight, m)
+    try:
+        key = (weight.data_ptr(), weight._version, tuple(weight.shape), weight.stride(), weight.device, m)
+        key += (weight.dtype,)
+    except RuntimeError:  # inference tensors have no version counter
+        return _transform_kernel(weight, m)
+    with _kernels_lock:  # served models run in several threads
+        if key in _kernels:
+            _kernels.move_to_end(key)
+            return _kernels[key][1]
+    u = _transform_kernel(weight, m)
+    with _kernels_lock:
+        _kernels[key] = (weight, u)
+        if len(_kernels) > CACHE_SIZE:
+            _kernels.popitem(last=False)
+    return u
+
+
+def _transform_kernel(weight: torch.Tensor, m: int) -> torch.Tensor:
+    g = torch.tensor(_KERNEL_TRANSFORMS[m], dtype=torch.float64, device=weight.device)  # (α, 3)
+    w = weight.detach().double()  # (K, C, 3, ...)
+    if w.dim() == 4:
+        u = torch.einsum("ia,jb,kcab->ijck", g, g, w)  # (α, α, C, K)
+    else:
+        u = torch.einsum("ia,jb,lz,kcabz->ijlck", g, g, g, w)  # (α, α, α, C, K)
+    return u.reshape(-1, *u.shape[-2:]).to(weight.dtype).contiguous()
+
+
+# --- fake (shape) kernels of the C++ ops ---------------------------------------------------------------------------
+
+
+def _register_fakes() -> None:
+    @torch.library.register_fake("densecnn::winograd_input")
+    def _(input, dilation, m, tile_begin, tile_count):
+        return input.new_empty(((m + 2) ** (input.dim() - 2), tile_count, input.shape[1]))
+
+    @torch.library.register_fake("densecnn::winograd_output")
+    def _(output, transformed, bias, dilation, m, tile_begin):
+        return None
+
+    @torch.library.register_fake("densecnn::winograd_conv")
+    def _(input, kernel, bias, dilation, m):
+        shape = (input.shape[0], kernel.shape[-1], *(s - 2 * d for s, d in zip(input.shape[2:], dilation)))
+        return ext._empty(input, shape, ext._is_channels_last(input))
+
+
+if ext.available():
+    _register_fakes()

@@ -1,0 +1,303 @@
+"""The ``winograd`` solver: exact to rounding against independent references (a tap-by-tap sum, patch and window
+scanning), differentiable, its C++ transforms pass opcheck and run the CUDA kernels' per-element bodies."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import densecnn
+from densecnn.ops import ext, solvers, winograd
+from densecnn.ops.solvers import ConvSpec
+from tests import test_equivalence, test_volumes
+from tests.naive import literal_scan
+from tests.tolerances import assert_close_relative
+
+pytestmark = pytest.mark.skipif(not ext.available(), reason="densecnn's kernels are not built")
+
+LAYOUTS = {2: torch.channels_last, 3: torch.channels_last_3d}
+
+
+@pytest.fixture(autouse=True)
+def solver_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("DENSECNN_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("DENSECNN_SOLVER", raising=False)
+    monkeypatch.delenv("DENSECNN_MEMORY_FORMAT", raising=False)
+
+
+def _taps(x: torch.Tensor, spec: ConvSpec) -> torch.Tensor:
+    """Independent reference: every output an explicit sum over the dilated window's taps, any number of axes."""
+    out = [s - (k - 1) * d for s, k, d in zip(x.shape[2:], spec.kernel, spec.dilation)]
+    y = torch.zeros(x.shape[0], spec.weight.shape[0], *out, dtype=x.dtype)
+    for tap in itertools.product(*(range(k) for k in spec.kernel)):
+        window = x[
+            (slice(None), slice(None), *(slice(t * d, t * d + o) for t, d, o in zip(tap, spec.dilation, out)))
+        ]
+        y += torch.einsum("nc...,kc->nk...", window, spec.weight[(slice(None), slice(None), *tap)])
+    return y if spec.bias is None else y + spec.bias.view(1, -1, *[1] * len(out))
+
+
+@st.composite
+def conv_problems(draw, dtype=torch.float64):
+    """(spec, x, m): a random 3-tap conv in 2 or 3 axes, dilations 1-8, maps from one output (smaller than a tile)
+    to a few tiles per sub-grid (not multiples of m), 1-20 channels (every lane block size), either memory format."""
+    seed = draw(st.integers(0, 2**31 - 1), label="seed")
+    generator = torch.Generator().manual_seed(seed)
+    axes = draw(st.sampled_from([2, 3]), label="axes")
+    m = draw(st.sampled_from([2, 3, 4]), label="m")
+    dilation = tuple(draw(st.integers(1, 8)) for _ in range(axes))
+    most = 22 if axes == 2 else 9
+    channels, classes, batch = draw(st.integers(1, 20)), draw(st.integers(1, 20)), draw(st.integers(1, 2))
+    size = [2 * d + draw(st.integers(1, most)) for d in dilation]
+    weight = torch.randn(classes, channels, *(3,) * axes, generator=generator, dtype=dtype)
+    bias = torch.randn(classes, generator=generator, dtype=dtype) if draw(st.booleans()) else None
+    x = torch.randn(batch, channels, *size, generator=generator, dtype=dtype)
+    if draw(st.booleans(), label="channels last"):
+        x = x.contiguous(memory_format=LAYOUTS[axes])
+    return ConvSpec(weight, bias, dilation, 1), x, m
+
+
+def _is_channels_last(x: torch.Tensor) -> bool:
+    return not x.is_contiguous() and x.is_contiguous(memory_format=LAYOUTS[x.dim() - 2])
+
+
+@settings(max_examples=150, deadline=None)
+@given(problem=conv_problems())
+def test_winograd_equals_the_tap_sum_float64(problem):
+    spec, x, m = problem
+    y = winograd.conv(spec, x, m)
+    assert_close_relative(y, _taps(x, spec), 1e-10, floor=1.0)
+    assert y.is_contiguous(
+        memory_format=LAYOUTS[x.dim() - 2] if _is_channels_last(x) else torch.contiguous_format
+    )
+
+
+@settings(max_examples=60, deadline=None)
+@given(problem=conv_problems(dtype=torch.float32))
+def test_winograd_equals_the_tap_sum_float32(problem):
+    spec, x, _ = problem
+    bias = None if spec.bias is None else spec.bias.double()
+    expected = _taps(x.double(), ConvSpec(spec.weight.double(), bias, spec.dilation, 1))
+    assert_close_relative(solvers.run("winograd", spec, x).double(), expected, 1e-5, floor=1.0)
+
+
+@pytest.mark.parametrize(
+    ("axes", "channels", "bound"), [(2, 50, 1e-5), (2, 128, 1e-5), (3, 16, 1e-5), (3, 64, 1e-5)]
+)
+def test_default_tile_size_keeps_float32_error_within_the_bound(axes, channels, bound):
+    """All-positive inputs (as after a ReLU) are the hard case: the transforms subtract large equal values. The
+    error is measured relative to the layer's largest output, a stricter scale than max(|score|, 1)."""
+    generator = torch.Generator().manual_seed(7)
+    weight = torch.randn(channels, channels, *(3,) * axes, generator=generator)
+    x = torch.rand(1, channels, *(36 if axes == 2 else 20,) * axes, generator=generator)
+    spec = ConvSpec(weight, None, (2,) * axes, 1)
+    expected = _taps(x.double(), ConvSpec(weight.double(), None, spec.dilation, 1))
+    error = (winograd.conv(spec, x).double() - expected).abs().max() / expected.abs().max()
+    assert error <= bound
+
+
+def _gpu_loops(enable: bool) -> bool:
+    return torch.ops.densecnn._use_gpu_loops_on_cpu(enable)
+
+
+@pytest.mark.parametrize("axes", [2, 3])
+@pytest.mark.parametrize("m", [2, 3, 4])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_transform_ops_compose_to_the_conv_on_cpu_and_gpu_loops(axes, m, channels_last):
+    """winograd_input, a batched GEMM and winograd_output, in two chunks of tiles, equal the tap sum, both with the
+    CPU's vectorised loops and with the CUDA kernels' per-element bodies."""
+    generator = torch.Generator().manual_seed(axes * 10 + m)
+    dilation = [3, 2, 1][:axes]
+    x = torch.randn(2, 21, *[13, 11, 9][:axes], dtype=torch.float64, generator=generator)
+    x = x.contiguous(memory_format=LAYOUTS[axes]) if channels_last else x
+    weight = torch.randn(5, 21, *(3,) * axes, dtype=torch.float64, generator=generator)
+    bias = torch.randn(5, dtype=torch.float64, generator=generator)
+    expected = _taps(x, ConvSpec(weight, bias, tuple(dilation), 1))
+    out = [s - 2 * d for s, d in zip(x.shape[2:], dilation)]
+    tiles = x.shape[0] * math.prod(winograd.positions(o, d, m) for o, d in zip(out, dilation))
+    u = winograd.transformed_kernel(weight, m)
+    for gpu_loops in (False, True):
+        previous = _gpu_loops(gpu_loops)
+        try:
+            y = torch.full_like(expected, float("nan"))
+            for begin, count in ((0, tiles // 2), (tiles // 2, tiles - tiles // 2)):
+                v = torch.ops.densecnn.winograd_input(x, dilation, m, begin, count)
+                torch.ops.densecnn.winograd_output(y, torch.bmm(v, u), bias, dilation, m, begin)
+        finally:
+            _gpu_loops(previous)
+        assert_close_relative(y, expected, 1e-10, floor=1.0)
+
+
+def _check_net(model, patch, x, mode, rel, reference):
+    dense = densecnn.convert(model, patch, padding_mode=mode)
+    dense.solver = "winograd"
+    with torch.no_grad():
+        y = dense(x)
+    assert_close_relative(y, reference(model, x, patch, mode), rel, floor=1.0)
+
+
+def _scan_patches(model, x, patch, mode):
+    return densecnn.scan_patches(model, x, patch, padding_mode=mode)
+
+
+def _image_net_check(net, data, dtype, rel):
+    model, patch = net
+    model = model.to(dtype)
+    n = data.draw(st.integers(1, 2), label="batch")
+    size = [data.draw(st.integers(1, p + 6), label="side") for p in patch]
+    mode = data.draw(st.sampled_from(["zeros", "reflect", "replicate"]), label="padding_mode")
+    x = torch.randn(n, model.in_channels, *size, dtype=dtype, generator=torch.Generator().manual_seed(n))
+    _check_net(model, patch, x, mode, rel, _scan_patches)
+
+
+@settings(max_examples=40, deadline=None)
+@given(net=test_equivalence.patch_nets().filter(test_equivalence._valid), data=st.data())
+def test_image_nets_through_winograd_equal_patch_scanning(net, data):
+    _image_net_check(net, data, torch.float64, 1e-10)
+
+
+@settings(max_examples=30, deadline=None)
+@given(net=test_equivalence.patch_nets().filter(test_equivalence._valid), data=st.data())
+def test_image_nets_through_winograd_equal_patch_scanning_float32(net, data):
+    _image_net_check(net, data, torch.float32, 1e-5)
+
+
+@settings(max_examples=25, deadline=None)
+@given(net=test_volumes.patch_nets(3).filter(test_volumes._valid), data=st.data())
+def test_volume_nets_through_winograd_equal_window_scanning(net, data):
+    model, patch = net
+    dtype = data.draw(st.sampled_from([torch.float64, torch.float32]), label="dtype")
+    model = model.to(dtype)
+    x = test_volumes._input(data, model, patch, dtype, test_volumes.MAX_SIDE[3])
+    mode = data.draw(st.sampled_from(["zeros", "reflect", "replicate"]), label="padding_mode")
+    _check_net(model, patch, x, mode, 1e-10 if dtype == torch.float64 else 1e-5, literal_scan)
+
+
+def test_the_zoo_nets_through_winograd_equal_native_float64():
+    for name, shape in (("plain_133", (1, 3, 40, 40)), ("znni_3d", (1, 1, 12, 12, 12))):
+        model, patch = densecnn.zoo.create(name, in_channels=shape[1], num_classes=3)
+        model = model.double().eval()
+        x = torch.rand(shape, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+        dense = densecnn.convert(model, patch)
+        dense.solver = "winograd"
+        with torch.no_grad():
+            y = dense(x)
+        assert any(step.solver == "winograd" for step in next(iter(dense._plans.values())).steps)
+        with torch.no_grad():
+            assert_close_relative(y, densecnn.convert(model, patch, backend="native")(x), 1e-10, floor=1.0)
+
+
+@pytest.mark.parametrize("axes", [2, 3])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_winograd_gradients_equal_native_gradients(axes, channels_last):
+    generator = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 3, *[17, 15, 11][:axes], dtype=torch.float64, generator=generator)
+    x = x.contiguous(memory_format=LAYOUTS[axes]) if channels_last else x
+    weight = torch.randn(4, 3, *(3,) * axes, dtype=torch.float64, generator=generator)
+    bias = torch.randn(4, dtype=torch.float64, generator=generator)
+    dilation = (3, 2, 1)[:axes]
+    out = [s - 2 * d for s, d in zip(x.shape[2:], dilation)]
+    upstream = torch.randn(2, 4, *out, dtype=torch.float64, generator=generator)
+    grads = {}
+    for solver in ("native", "winograd"):
+        leaves = [t.clone().requires_grad_() for t in (x, weight, bias)]
+        y = solvers.run(solver, ConvSpec(leaves[1], leaves[2], dilation, 1), leaves[0])
+        (y * upstream).sum().backward()
+        grads[solver] = [leaf.grad for leaf in leaves]
+    for native, wino in zip(grads["native"], grads["winograd"]):
+        assert_close_relative(wino, native, 1e-10, floor=1.0)
+
+
+@pytest.mark.parametrize("axes", [2, 3])
+def test_winograd_passes_gradcheck(axes):
+    generator = torch.Generator().manual_seed(4)
+    x = torch.randn(1, 2, *[9, 8, 7][:axes], dtype=torch.float64, generator=generator, requires_grad=True)
+    weight = torch.randn(3, 2, *(3,) * axes, dtype=torch.float64, generator=generator, requires_grad=True)
+    bias = torch.randn(3, dtype=torch.float64, generator=generator, requires_grad=True)
+    dilation = (2, 1, 2)[:axes]
+    assert torch.autograd.gradcheck(
+        lambda *t: winograd.conv(ConvSpec(t[1], t[2], dilation, 1), t[0]), (x, weight, bias)
+    )
+
+
+def _op_samples():
+    generator = torch.Generator().manual_seed(5)
+    samples = []
+    for axes, channels_last in itertools.product((2, 3), (False, True)):
+        x = torch.randn(1, 5, *[10, 9, 8][:axes], generator=generator)
+        x = x.contiguous(memory_format=LAYOUTS[axes]) if channels_last else x
+        dilation = [2, 1, 2][:axes]
+        out = [s - 2 * d for s, d in zip(x.shape[2:], dilation)]
+        tiles = math.prod(winograd.positions(o, d, 2) for o, d in zip(out, dilation))
+        u = winograd.transformed_kernel(torch.randn(3, 5, *(3,) * axes, generator=generator), 2)
+        y = torch.zeros(1, 3, *out).contiguous(
+            memory_format=LAYOUTS[axes] if channels_last else torch.contiguous_format
+        )
+        v = torch.randn(4**axes, tiles - 1, 3, generator=generator)
+        samples += [
+            (torch.ops.densecnn.winograd_input.default, (x, dilation, 2, 1, tiles - 1)),
+            (
+                torch.ops.densecnn.winograd_output.default,
+                (y, v, torch.randn(3, generator=generator), dilation, 2, 1),
+            ),
+            (torch.ops.densecnn.winograd_conv.default, (x, u, None, dilation, 2)),
+        ]
+    return samples
+
+
+@pytest.mark.parametrize("index", range(len(_op_samples())))
+def test_opcheck(index):
+    op, args = _op_samples()[index]
+    torch.library.opcheck(op, args)
+
+
+def test_transformed_kernel_is_reused_until_the_weight_changes():
+    weight = torch.randn(4, 3, 3, 3)
+    x = torch.randn(1, 3, 30, 30)
+    spec = ConvSpec(weight, None, (2, 2), 1)
+    first = winograd.transformed_kernel(weight, 4)
+    assert winograd.transformed_kernel(weight, 4) is first
+    with torch.no_grad():
+        weight.mul_(-2.0)  # an optimiser step: in place, bumps the version
+    assert winograd.transformed_kernel(weight, 4) is not first
+    assert_close_relative(winograd.conv(spec, x), _taps(x, spec), 1e-5, floor=1.0)
+
+
+def test_bfloat16_input_is_computed_in_float32_and_rounded_back():
+    generator = torch.Generator().manual_seed(6)
+    x = torch.randn(1, 4, 40, 40, generator=generator)
+    spec = ConvSpec(torch.randn(3, 4, 3, 3, generator=generator), None, (4, 4), 1)
+    y = solvers.run("winograd", spec, x.bfloat16())
+    assert y.dtype == torch.bfloat16
+    expected = _taps(x.bfloat16().double(), ConvSpec(spec.weight.bfloat16().double(), None, (4, 4), 1))
+    assert_close_relative(y.double(), expected, 2e-2, floor=1.0)
+
+
+def test_winograd_applies_to_ungrouped_three_tap_convs_in_two_and_three_axes():
+    assert winograd.applies(ConvSpec(torch.zeros(4, 2, 3, 3), None, (8, 8), 1))
+    assert winograd.applies(ConvSpec(torch.zeros(4, 2, 3, 3, 3), None, (2, 4, 4), 1))
+    assert not winograd.applies(ConvSpec(torch.zeros(4, 1, 3, 3), None, (1, 1), 2))  # grouped
+    assert not winograd.applies(ConvSpec(torch.zeros(4, 2, 5, 5), None, (1, 1), 1))
+    assert not winograd.applies(ConvSpec(torch.zeros(4, 2, 3), None, (1,), 1))  # signals
+    assert not winograd.applies(solvers.PoolSpec("max_pool2d", (3, 3), (1, 1)))
+
+
+def test_the_environment_forces_winograd(monkeypatch):
+    monkeypatch.setenv("DENSECNN_SOLVER", "winograd")
+    model, patch = densecnn.zoo.create("plain_133", in_channels=3, num_classes=3)
+    dense = densecnn.convert(model.eval(), patch)
+    with torch.no_grad():
+        dense(torch.rand(1, 3, 20, 20))
+    solvers_used = [step.solver for step in next(iter(dense._plans.values())).steps]
+    assert solvers_used.count("winograd") == 1  # the one 3×3 conv; the others run natively
+
+
+def test_an_input_smaller_than_the_kernel_reach_is_a_clear_error():
+    spec = ConvSpec(torch.zeros(2, 1, 3, 3), None, (4, 4), 1)
+    with pytest.raises(ValueError, match="smaller than the 3-tap kernel"):
+        winograd.conv(spec, torch.zeros(1, 1, 8, 20))
