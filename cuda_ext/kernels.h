@@ -11,6 +11,7 @@
 
 #include "common.h"
 #include "direct_conv.h"
+#include "fft_elements.h"
 #include "winograd.h"
 
 namespace densecnn {
@@ -50,6 +51,19 @@ cudaError_t launch_col2im_add(const ConvGeometry& g, const T* grad_col, int64_t 
 template <typename T>
 cudaError_t launch_direct_conv(const DirectConvGeometry& g, const T* x, const T* weight, const T* bias, T* y,
                                cudaStream_t stream);
+
+// The frequency-domain convolution's tile transforms (fft_elements.h), for tiles [first, first + count): forward
+// from x into the spectrum (P, count, C) of (re, im) pairs through `rows` (2·fft_forward_rows_size values); inverse
+// from the product spectrum (P, count, K) through `cols` (2·fft_inverse_cols_size values) into y, plus the bias.
+// `twiddles` is the table of twiddles_of (fft_elements.h), on the device.
+template <typename T>
+cudaError_t launch_fft_forward(const FftGeometry& g, const T* x, int64_t first, int64_t count, const T* twiddles,
+                               T* rows, T* spectrum, cudaStream_t stream);
+
+template <typename T>
+cudaError_t launch_fft_inverse(const FftGeometry& g, const T* product, const T* bias, int64_t first, int64_t count,
+                               const T* twiddles, T* cols, T* y, cudaStream_t stream);
+
 // Winograd F(m, 3) transforms (winograd.h) of the chunk of tiles g.tile_begin.. : v (α^n, tiles, C) from the map x,
 // and the outputs (+ bias, may be null) of the products (α^n, tiles, K) into the map y. T is float or double.
 template <typename T>

@@ -45,6 +45,11 @@ TORCH_LIBRARY(densecnn, m) {
   // Stride-1 dilated convolution, groups 1, of (N, C, *S) with 1-3 spatial axes, computed directly (no im2col):
   // for convs with few input channels. Its gradients are torch's convolution backward (densecnn/ops/ext.py).
   m.def("direct_conv(Tensor input, Tensor weight, Tensor? bias, int[] dilation) -> Tensor");
+  // Stride-1 dilated convolution in the frequency domain on overlap-save tiles of the sub-grids (fft_driver.h):
+  // `spectrum` is the kernel's conj(DFT) on the th×tw tile, complex (th·(tw/2+1), C, K); valid = tile - kernel + 1.
+  m.def(
+      "fft_conv2d(Tensor input, Tensor spectrum, Tensor? bias, int[2] tile, int[2] valid, int[2] dilation) "
+      "-> Tensor");
   // Winograd F(m, 3) transforms of a stride-1 dilated 3×3 / 3×3×3 conv (winograd.h), for the tiles
   // [tile_begin, tile_begin + tile_count) of the problem: the input's tiles as (α^n, tiles, C), α = m + 2 ...
   m.def("winograd_input(Tensor input, int[] dilation, int m, int tile_begin, int tile_count) -> Tensor");

@@ -132,14 +132,17 @@ def bench_net(name: str, size: int, dtype: torch.dtype, repeats: int) -> dict:
     padded = dense.pad(x)
     steps = steps_of(dense)
     rows = step_table(steps, padded, repeats)
-    native = densecnn.convert(copy.deepcopy(model).to(dtype), patch, backend="native")
+    natives = {
+        fmt: densecnn.convert(copy.deepcopy(model).to(dtype), patch, backend="native") for fmt in FORMATS
+    }
+    for fmt, native in natives.items():
+        native.memory_format = fmt  # torch's dilated ops, every layer in this layout
     plans = {
         "with_fft": plan_from_table(rows, lambda s: True),
         "without_fft": plan_from_table(rows, lambda s: s != "fft"),
     }
     candidates = {
-        "native_nchw": lambda: native(x),
-        "native_nhwc": lambda: native(x.contiguous(memory_format=torch.channels_last)),
+        **{f"native_{fmt}": functools.partial(native, x) for fmt, native in natives.items()},
         "densecnn": lambda: dense(x),
         **{
             f"plan_{key}": functools.partial(runner(steps, fmt, names), padded)

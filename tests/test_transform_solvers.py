@@ -1,5 +1,6 @@
-"""The transform-domain solver ``fft``: exact to rounding against independent references, differentiable, and its
-kernel-spectrum cache follows the weights."""
+"""The transform-domain solver ``fft``: exact to rounding against independent references (its vectorised CPU loops
+and the CUDA kernels' per-element bodies run on the CPU), differentiable, and its kernel-spectrum cache follows the
+weights."""
 
 from __future__ import annotations
 
@@ -9,12 +10,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import densecnn
-from densecnn.ops import fft_conv, solvers
+from densecnn.ops import ext, fft_conv, solvers
 from densecnn.ops.solvers import ConvSpec
 from tests.test_equivalence import _valid, patch_nets
 from tests.tolerances import assert_close_relative
 
 FORMATS = {"nchw": torch.contiguous_format, "nhwc": torch.channels_last}
+
+pytestmark = pytest.mark.skipif(
+    not fft_conv.built(), reason="densecnn's kernels (with fft_conv2d) are not built"
+)
 
 
 @pytest.fixture(autouse=True)
@@ -141,19 +146,73 @@ def test_kernel_spectrum_is_reused_until_the_weight_changes():
     x = torch.randn(1, 3, 30, 30)
     spec = ConvSpec(weight, None, (2, 2), 1)
     with torch.no_grad():
-        first = fft_conv.kernel_spectrum(weight, (12, 12), False, torch.float32)
-        assert fft_conv.kernel_spectrum(weight, (12, 12), False, torch.float32) is first
+        first = fft_conv.kernel_spectrum(weight, (12, 12), torch.float32)
+        assert first.shape == (12 * 7, 3, 4) and first.dtype == torch.complex64
+        assert fft_conv.kernel_spectrum(weight, (12, 12), torch.float32) is first
         weight.mul_(-2.0)  # an optimiser step: in place, bumps the version
-        assert fft_conv.kernel_spectrum(weight, (12, 12), False, torch.float32) is not first
+        assert fft_conv.kernel_spectrum(weight, (12, 12), torch.float32) is not first
         assert_close_relative(fft_conv.conv2d(spec, x), _taps(x, spec), 1e-5, floor=1.0)
 
 
-def test_training_recomputes_the_spectrum_with_gradient():
-    weight = torch.randn(4, 3, 5, 5, requires_grad=True)
-    re, im = fft_conv.kernel_spectrum(weight, (9, 9), True, torch.float32)
-    assert re.requires_grad and im.requires_grad
-    (re.sum() + im.sum()).backward()
-    assert weight.grad is not None and weight.grad.abs().sum() > 0
+@settings(max_examples=40, deadline=None)
+@given(problem=conv_problems())
+def test_the_cuda_per_element_bodies_equal_the_tap_sum(problem):
+    """The CUDA kernels' per-element bodies (run on the CPU by the test switch) compute the same conv."""
+    spec, x = problem
+    if not fft_conv.applies(spec):
+        return
+    previous = torch.ops.densecnn._use_gpu_loops_on_cpu(True)
+    try:
+        y = solvers.run("fft", spec, x)
+    finally:
+        torch.ops.densecnn._use_gpu_loops_on_cpu(previous)
+    assert_close_relative(y, _taps(x, spec), 1e-10, floor=1.0)
+
+
+@pytest.mark.parametrize("gpu_loops", [False, True])
+def test_tiles_in_several_groups_equal_the_tap_sum(gpu_loops):
+    """Enough tiles for the op to run them in several groups (a group holds at least 32 tiles), the last one partial
+    and reaching past the image."""
+    generator = torch.Generator().manual_seed(8)
+    x = torch.randn(1, 3, 215, 243, dtype=torch.float64, generator=generator)
+    spec = ConvSpec(torch.randn(64, 3, 3, 3, dtype=torch.float64, generator=generator), None, (1, 1), 1)
+    spectrum = fft_conv.kernel_spectrum(spec.weight, (32, 32), torch.float64)
+    previous = torch.ops.densecnn._use_gpu_loops_on_cpu(gpu_loops)
+    try:
+        y = torch.ops.densecnn.fft_conv2d(x, spectrum, None, [32, 32], [30, 30], [1, 1])  # 8 x 9 tiles
+    finally:
+        torch.ops.densecnn._use_gpu_loops_on_cpu(previous)
+    assert_close_relative(y, _taps(x, spec), 1e-10, floor=1.0)
+
+
+@pytest.mark.parametrize("memory_format", list(FORMATS))
+def test_fft_conv2d_op_passes_opcheck(memory_format):
+    generator = torch.Generator().manual_seed(6)
+    x = torch.randn(2, 3, 17, 14, generator=generator).contiguous(memory_format=FORMATS[memory_format])
+    weight = torch.randn(5, 3, 3, 4, generator=generator)
+    spectrum = fft_conv.kernel_spectrum(weight, (8, 9), torch.float32)
+    torch.library.opcheck(
+        torch.ops.densecnn.fft_conv2d, (x, spectrum, torch.randn(5), [8, 9], [6, 6], [2, 3])
+    )
+
+
+def test_training_steps_follow_the_weights():
+    """Each optimiser step changes the weight in place; the next forward uses the new spectrum, and the gradients
+    through the frequency domain equal the direct conv's at every step (float64)."""
+    generator = torch.Generator().manual_seed(7)
+    x = torch.randn(1, 3, 30, 26, dtype=torch.float64, generator=generator)
+    weight = torch.randn(4, 3, 5, 5, dtype=torch.float64, generator=generator, requires_grad=True)
+    optimiser = torch.optim.SGD([weight], lr=0.1)
+    for _ in range(3):
+        optimiser.zero_grad()
+        y = solvers.run("fft", ConvSpec(weight, None, (2, 3), 1), x)
+        expected = _taps(x, ConvSpec(weight.detach(), None, (2, 3), 1))
+        assert_close_relative(y.detach(), expected, 1e-10, floor=1.0)
+        (y * y).sum().backward()
+        reference = weight.detach().clone().requires_grad_()
+        (torch.nn.functional.conv2d(x, reference, dilation=(2, 3)) ** 2).sum().backward()
+        assert_close_relative(weight.grad, reference.grad, 1e-10, floor=1.0)
+        optimiser.step()
 
 
 def test_bfloat16_input_is_computed_in_float32_and_rounded_back():
@@ -164,6 +223,12 @@ def test_bfloat16_input_is_computed_in_float32_and_rounded_back():
     assert y.dtype == torch.bfloat16
     expected = _taps(x.bfloat16().double(), ConvSpec(spec.weight.bfloat16().double(), None, (4, 4), 1))
     assert_close_relative(y.double(), expected, 2e-2, floor=1.0)
+
+
+def test_fft_is_a_candidate_only_with_the_kernels():
+    spec = ConvSpec(torch.zeros(4, 2, 5, 5), None, (2, 2), 1)
+    assert "fft" in solvers.candidates(spec, ext_available=ext.available())
+    assert "fft" not in solvers.candidates(spec, ext_available=False)
 
 
 def test_fft_applies_to_ungrouped_convs_larger_than_one_pixel():

@@ -1,4 +1,4 @@
-"""The ``fft`` solver: a stride-1 dilated convolution computed in the frequency domain, with every stage a GEMM.
+"""The ``fft`` solver: a stride-1 dilated convolution computed in the frequency domain, on overlap-save tiles.
 
 A d-dilated conv only ever reads one of the d×d interleaved sub-grids of its input (space-to-batch), where it is an
 undilated conv. Each sub-grid is cut into overlapping tiles of Th×Tw pixels (overlap-save: neighbouring tiles share
@@ -7,23 +7,19 @@ k-1 rows or columns). On a tile, the cross-correlation with a kh×kw kernel is t
 wrap around and are never read. The cost of the products no longer depends on the kernel size (Mathieu, Henaff &
 LeCun, "Fast Training of Convolutional Networks through FFTs"; Zlateski, Lee & Seung, "ZNNi").
 
-Every stage is a large matrix product, because that is what a CPU does fast:
+The work runs in densecnn's kernels (``torch.ops.densecnn.fft_conv2d``, ``cuda_ext/fft_*.{h,cpp,cu}``), one group of
+tiles at a time while the group's data is in cache:
 
-1. gather the tiles into ``(Th, Tw, tiles·C)``: channels innermost for a channels_last input, tiles innermost for
-   NCHW, so the gather reads the input along its contiguous axis;
-2. real DFT along w: one ``(2F, Tw)`` matrix per tile row (F = Tw//2 + 1 frequencies, real and imaginary parts);
-3. complex DFT along h: one real ``(2Th, 2Th)`` matrix acting on (row, real/imaginary) pairs;
-4. per frequency, the channel mixing ``(tiles, C) @ (C, K)`` in complex arithmetic: four real batched GEMMs with the
-   Th·F frequencies as the batch;
-5. inverse DFT along h, only the Sh valid rows; 6. inverse real DFT along w, only the Sw valid columns;
-7. scatter the valid part of every tile back into the (N, K, H', W') output.
+1. the forward transform reads each tile straight from the input (any memory format; no gather copy), applies the
+   real DFT along w and the complex DFT along h (one level of Cooley-Tukey) as small matrices to vectors of 16
+   channels (AVX-512 lanes), and writes each tile's spectrum as one block of ``(tiles, Th·F, C)``, F = Tw//2 + 1;
+2. the channel mixing is one batched complex GEMM ``(tiles, C) @ (C, K)`` per frequency (MKL's on CPU);
+3. the inverse transform computes only the S valid rows and columns of each tile and writes them, plus the bias,
+   straight into the (N, K, H', W') output.
 
-The transforms are matrices rather than ``torch.fft`` calls: batched small FFTs ran at a few GFLOP/s here, while a
-length-T DFT as a T×T matrix product costs O(T) per point but runs at GEMM speed, and needs no size with small prime
-factors, so T is free to fit the sub-grids (:func:`tile_sizes` picks it from a count of multiply-adds and memory
-traffic). The kernel's spectrum is computed once per weight version and reused while the weight does not change
-(inference); in training it is recomputed, differentiably, on every call. Every stage is a differentiable torch op,
-so the backward pass is autograd's: the adjoint transforms, again as GEMMs.
+The kernel's spectrum is computed once per weight version (``torch.fft`` in float64) and reused while the weight
+does not change. Backward: the input gradient is the same frequency-domain conv of the zero-padded output gradient
+with the flipped, transposed kernel; the weight and bias gradients are torch's.
 
 Exact to rounding: the DFT matrices are built in float64; the result differs from direct convolution by summation
 order only (about 1e-7 relative in float32). bfloat16 and float16 inputs are computed in float32 and rounded back.
@@ -37,22 +33,38 @@ from collections import OrderedDict
 
 import torch
 import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
 
 from ..geometry import output_size
+from . import ext
 
 Pair = tuple[int, int]
-MAX_TILE = 64  # largest tile side considered; past it the O(T) transforms cost more than the products save
-MEMORY_WEIGHT = 8.0  # multiply-adds one float written and read back costs, in the tile-size cost model
-SHORT_CONTRACTION = (
-    128  # a GEMM whose contraction is this long runs at half the speed of a long one (measured)
-)
+MAX_TILE = 64  # largest tile side considered: the transforms cost O(T) per point
+LANES = 16  # channels the transforms process at once (one AVX-512 vector of float32)
 CACHE_SIZE = 32  # kernel spectra kept (inference), least recently used dropped first
 COMPUTE_DTYPES = (torch.float32, torch.float64)
+# Relative cost of one multiply-add in each stage and of one value moved through memory, in the tile-size model
+# (set from timings of the reference nets' layers over tile sizes: the complex GEMM's short contractions run below
+# the transforms' rate).
+TRANSFORM_WEIGHT = 0.3
+PRODUCT_WEIGHT = 1.0
+MEMORY_WEIGHT = 16.0
+
+
+def built() -> bool:
+    """Whether densecnn's kernels are loaded with the ``fft_conv2d`` op (a build older than the op has none)."""
+    return ext.available() and hasattr(torch.ops.densecnn, "fft_conv2d")
 
 
 def applies(spec) -> bool:
     """The solver runs ungrouped 2-D convs with a kernel larger than 1×1 (a 1×1 conv has nothing to transform)."""
-    return spec.op == "conv2d" and len(spec.kernel) == 2 and spec.groups == 1 and spec.kernel != (1, 1)
+    return (
+        spec.op == "conv2d"
+        and len(spec.kernel) == 2
+        and spec.groups == 1
+        and spec.kernel != (1, 1)
+        and built()
+    )
 
 
 def conv2d(spec, x: torch.Tensor) -> torch.Tensor:
@@ -69,40 +81,63 @@ def conv2d(spec, x: torch.Tensor) -> torch.Tensor:
         return conv2d(spec, x.float()).to(x.dtype)
     weight = spec.weight.to(x.dtype)  # (K, C, kh, kw)
     bias = None if spec.bias is None else spec.bias.to(x.dtype)
-    n, c, h, w = x.shape
-    k = weight.shape[0]
-    kernel, dilation = spec.kernel, spec.dilation
-    out = output_size((h, w), kernel, dilation)
-    if min(out) < 1:
+    h, w = x.shape[2:]
+    kernel, dilation = spec.kernel, tuple(spec.dilation)
+    if min(output_size((h, w), kernel, dilation)) < 1:
         raise ValueError(
             f"a {h}x{w} input is smaller than the {kernel[0]}x{kernel[1]} kernel at dilation {dilation} reaches; "
             "pad it (DenseCNN does) or use a smaller kernel"
         )
-    sub_out = tuple(-(-o // d) for o, d in zip(out, dilation))  # output rows/cols per sub-grid
-    tile = tile_sizes(sub_out, kernel, c, k, n * dilation[0] * dilation[1])
-    valid = tuple(t - kk + 1 for t, kk in zip(tile, kernel))
-    counts = tuple(-(-so // s) for so, s in zip(sub_out, valid))  # tiles per sub-grid, per axis
-    channels_inner = _is_channels_last(x)
+    training = torch.is_grad_enabled() and weight.requires_grad
+    return _FrequencyDomainConv.apply(x, weight, bias, dilation, not training)
 
-    tiles = _gather(x, tile, valid, counts, dilation, kernel, channels_inner)  # (Th, Tw, tiles·C)
-    re, im = _forward_dft(tiles, tile, c, channels_inner)  # each (Th·F, tiles, C) or (Th·F, C, tiles)
-    w_re, w_im = kernel_spectrum(weight, tile, channels_inner, x.dtype)  # each (Th·F, C, K) or (Th·F, K, C)
-    if channels_inner:
-        y_re = torch.bmm(re, w_re).baddbmm_(im, w_im, alpha=-1)  # (Th·F, tiles, K)
-        y_im = torch.bmm(re, w_im).baddbmm_(im, w_re)
-    else:
-        y_re = torch.bmm(w_re, re).baddbmm_(w_im, im, alpha=-1)  # (Th·F, K, tiles)
-        y_im = torch.bmm(w_im, re).baddbmm_(w_re, im)
-    if bias is not None:  # a constant is the zero frequency alone: bias · Th·Tw there, once per tile
-        dc = bias * (tile[0] * tile[1])
-        y_re[0] += dc if channels_inner else dc[:, None]
-    y = _inverse_dft(y_re, y_im, tile, valid)  # (Sh, Sw, tiles·K) or (Sh, Sw, K·tiles)
-    return _scatter(y, n, k, valid, counts, dilation, out, channels_inner)
+
+def _run(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, dilation: Pair, cached: bool = True
+):
+    """The op on x (N, C, H, W) and weight (K, C, kh, kw), with the tile the cost model picks; ``cached``: take
+    the kernel's spectrum from the cache (a model's weight), else compute it (a weight made for one call)."""
+    n, c, h, w = x.shape
+    kernel = tuple(weight.shape[2:])
+    out = output_size((h, w), kernel, dilation)
+    sub_out = tuple(-(-o // d) for o, d in zip(out, dilation))  # output rows/cols per sub-grid
+    tile = tile_sizes(sub_out, kernel, c, weight.shape[0], n * dilation[0] * dilation[1])
+    valid = tuple(t - kk + 1 for t, kk in zip(tile, kernel))
+    spectrum = kernel_spectrum(weight, tile, x.dtype) if cached else _spectrum(weight, tile, x.dtype)
+    return torch.ops.densecnn.fft_conv2d(x, spectrum, bias, list(tile), list(valid), list(dilation))
+
+
+class _FrequencyDomainConv(torch.autograd.Function):
+    """The op with its gradients: the input's through the op again (a full correlation with the flipped kernel is
+    a valid one of the zero-padded gradient), the weight's and bias's from torch's convolution backward."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, dilation, cached):
+        ctx.save_for_backward(x, weight)
+        ctx.dilation, ctx.has_bias = dilation, bias is not None
+        return _run(x, weight.detach(), None if bias is None else bias.detach(), dilation, cached)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_y):
+        x, weight = ctx.saved_tensors
+        (kh, kw), (dh, dw) = weight.shape[2:], ctx.dilation
+        grad_x = grad_w = grad_b = None
+        if ctx.needs_input_grad[0]:
+            padded = F.pad(grad_y, ((kw - 1) * dw, (kw - 1) * dw, (kh - 1) * dh, (kh - 1) * dh))
+            grad_x = _run(padded, weight.flip(2, 3).transpose(0, 1), None, ctx.dilation, cached=False)
+        if ctx.needs_input_grad[1] or (ctx.has_bias and ctx.needs_input_grad[2]):
+            mask = [False, ctx.needs_input_grad[1], ctx.has_bias and ctx.needs_input_grad[2]]
+            _, grad_w, grad_b = torch.ops.aten.convolution_backward(
+                grad_y, x, weight, [weight.shape[0]] if ctx.has_bias else None,
+                [1, 1], [0, 0], list(ctx.dilation), False, [0, 0], 1, mask,
+            )  # fmt: skip
+        return grad_x, grad_w, grad_b, None, None
 
 
 @functools.lru_cache(maxsize=1024)
 def tile_sizes(sub_out: Pair, kernel: Pair, c: int, k: int, grids: int) -> Pair:
-    """(Th, Tw): the tile sides with the fewest multiply-adds plus weighted memory traffic.
+    """(Th, Tw): the tile sides with the least modelled cost (transforms, products and memory traffic).
 
     ``sub_out`` is the output size of one sub-grid, ``grids`` the number of sub-grids (N·dh·dw), ``c``/``k`` the
     input/output channels.
@@ -118,82 +153,22 @@ def _cost(tile: Pair, sub_out: Pair, kernel: Pair, c: int, k: int, grids: int) -
     (th, tw), (sh, sw) = tile, (tile[0] - kernel[0] + 1, tile[1] - kernel[1] + 1)
     tiles = grids * -(-sub_out[0] // sh) * -(-sub_out[1] // sw)
     f = tw // 2 + 1
-    multiply_adds = (  # each GEMM's multiply-adds over its efficiency, which falls with a short contraction
-        c * th * 2 * f * tw / _efficiency(tw)  # forward DFT along w
-        + c * 4 * th * th * f / _efficiency(2 * th)  # forward DFT along h
-        + 4 * th * f * c * k / _efficiency(c)  # complex channel mixing
-        + k * 4 * sh * th * f / _efficiency(th)  # inverse DFT along h
-        + k * 2 * f * sh * sw / _efficiency(2 * f)  # inverse DFT along w
-    )
-    floats = c * (th * tw + 4 * th * f) + k * (4 * th * f + 2 * sh * f + 2 * sh * sw)
-    return tiles * (multiply_adds + MEMORY_WEIGHT * floats)
+    # channels padded to whole vectors of lanes
+    lanes_in, lanes_out = (LANES * -(-channels // LANES) for channels in (c, k))
+    forward = lanes_in * (th * 2 * f * tw + f * _complex_dft_cost(th))
+    inverse = lanes_out * (f * _complex_dft_cost(th) + sh * sw * 2 * f)
+    products = 4 * th * f * c * k
+    floats = 2 * th * f * (c + k) + th * tw * c + sh * sw * k  # the spectra, the tile read, its outputs
+    transforms = TRANSFORM_WEIGHT * (forward + inverse)
+    return tiles * (transforms + PRODUCT_WEIGHT * products + MEMORY_WEIGHT * floats)
 
 
-def _efficiency(contraction: int) -> float:
-    return contraction / (contraction + SHORT_CONTRACTION)
-
-
-# --- stages --------------------------------------------------------------------------------------------------------
-
-
-def _is_channels_last(x: torch.Tensor) -> bool:
-    return not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last)
-
-
-def _gather(x, tile: Pair, valid: Pair, counts: Pair, dilation: Pair, kernel: Pair, channels_inner: bool):
-    """(N, C, H, W) -> (Th, Tw, tiles·C) [channels inner] or (Th, Tw, C·tiles); tiles ordered (N, dh, th, tw, dw).
-
-    Tile (th, tw) of sub-grid (r, s) starts at sub-grid pixel (th·Sh, tw·Sw); the image is zero-padded at the
-    bottom/right to a whole number of tiles (padded pixels only feed outputs that are cropped).
-    """
-    n, c, h, w = x.shape
-    rows, cols = (
-        (m * s + kk - 1) for m, s, kk in zip(counts, valid, kernel)
-    )  # sub-grid pixels the tiles cover
-    dh, dw = dilation
-    if (rows * dh, cols * dw) != (h, w):
-        x = F.pad(x, (0, cols * dw - w, 0, rows * dh - h))
-    grids = x.reshape(n, c, rows, dh, cols, dw)  # (N, C, Q, dh, P, dw)
-    windows = grids.unfold(2, tile[0], valid[0]).unfold(
-        4, tile[1], valid[1]
-    )  # (N, C, th, dh, tw, dw, Th, Tw)
-    order = (6, 7, 0, 3, 2, 4, 5, 1) if channels_inner else (6, 7, 1, 0, 3, 2, 4, 5)
-    return windows.permute(order).reshape(tile[0], tile[1], -1)
-
-
-def _forward_dft(tiles: torch.Tensor, tile: Pair, channels: int, channels_inner: bool):
-    """(Th, Tw, M) real -> real and imaginary parts of the 2-D DFT, each (Th·F, tiles, C) or (Th·F, C, tiles)."""
-    th, tw = tile
-    f = tw // 2 + 1
-    rfft_w = _rfft_matrix(tw, tiles.dtype, tiles.device)
-    fft_h = _fft_matrix(th, tiles.dtype, tiles.device)
-    along_w = torch.matmul(rfft_w, tiles)  # (Th, 2F, M): rows (re/im, frequency)
-    spectrum = fft_h @ along_w.reshape(2 * th, -1)  # (2Th, F·M): rows (re/im, frequency along h)
-    split = (2, th * f, -1, channels) if channels_inner else (2, th * f, channels, -1)
-    spectrum = spectrum.reshape(split)
-    return spectrum[0], spectrum[1]
-
-
-def _inverse_dft(y_re, y_im, tile: Pair, valid: Pair) -> torch.Tensor:
-    """Real and imaginary (Th·F, ...) spectra -> (Sh, Sw, M) real: the valid rows and columns of every tile."""
-    th, tw = tile
-    sh, sw = valid
-    f = tw // 2 + 1
-    ifft_re, ifft_im = _ifft_matrices(th, sh, y_re.dtype, y_re.device)
-    along_h = torch.mm(ifft_re, y_re.reshape(th, -1)).addmm_(ifft_im, y_im.reshape(th, -1))  # (2Sh, F·M)
-    irfft_w = _irfft_matrix(tw, sw, y_re.dtype, y_re.device)
-    return torch.matmul(irfft_w, along_h.reshape(sh, 2 * f, -1))  # (Sh, Sw, M)
-
-
-def _scatter(y, n: int, k: int, valid: Pair, counts: Pair, dilation: Pair, out: Pair, channels_inner: bool):
-    """(Sh, Sw, tiles·K) or (Sh, Sw, K·tiles) -> (N, K, H', W') in the input's memory format."""
-    (sh, sw), (th, tw), (dh, dw) = valid, counts, dilation
-    rows, cols = th * sh * dh, tw * sw * dw
-    if channels_inner:
-        y = y.reshape(sh, sw, n, dh, th, tw, dw, k).permute(2, 4, 0, 3, 5, 1, 6, 7).reshape(n, rows, cols, k)
-        return y[:, : out[0], : out[1]].permute(0, 3, 1, 2)
-    y = y.reshape(sh, sw, k, n, dh, th, tw, dw).permute(3, 2, 5, 0, 4, 6, 1, 7).reshape(n, k, rows, cols)
-    return y[:, :, : out[0], : out[1]]
+@functools.lru_cache(maxsize=256)
+def _complex_dft_cost(n: int) -> int:
+    """Multiply-adds of the kernels' length-n complex DFT of one vector: one level of Cooley-Tukey, n = n1·n2 with
+    n1 the largest factor <= sqrt(n), as (2n1)² and (2n2)² matrices plus twiddles; a prime n is one (2n)² matrix."""
+    n1 = max(d for d in range(1, int(n**0.5) + 1) if n % d == 0)
+    return 4 * n * n if n1 == 1 else 4 * n * (n1 + n // n1) + 4 * n
 
 
 # --- the kernel's spectrum -----------------------------------------------------------------------------------------
@@ -202,33 +177,22 @@ _spectra: OrderedDict[tuple, tuple] = OrderedDict()
 _spectra_lock = threading.Lock()
 
 
-def kernel_spectrum(weight: torch.Tensor, tile: Pair, channels_inner: bool, dtype):
-    """conj(DFT) of the kernel zero-padded to the tile: real and imaginary parts, each (Th·F, C, K) or (Th·F, K, C).
+def kernel_spectrum(weight: torch.Tensor, tile: Pair, dtype) -> torch.Tensor:
+    """conj(DFT) of the kernel zero-padded to the tile, complex (Th·F, C, K), F = Tw//2 + 1.
 
     Cached per weight version when no gradient is wanted (the cached entry holds the weight, so its memory cannot be
-    reused by another tensor while the entry lives); computed afresh, differentiably, in training.
+    reused by another tensor while the entry lives); in training it is computed on every call.
     """
-    if torch.is_grad_enabled() and weight.requires_grad:
-        return _spectrum(weight, tile, channels_inner, dtype)
     try:
         version = weight._version
     except RuntimeError:  # inference tensors have no version counter
-        return _spectrum(weight, tile, channels_inner, dtype)
-    key = (
-        weight.data_ptr(),
-        version,
-        tuple(weight.shape),
-        weight.stride(),
-        weight.device,
-        tile,
-        channels_inner,
-        dtype,
-    )
+        return _spectrum(weight, tile, dtype)
+    key = (weight.data_ptr(), version, tuple(weight.shape), weight.stride(), weight.device, tile, dtype)
     with _spectra_lock:  # served models run in several threads
         if key in _spectra:
             _spectra.move_to_end(key)
             return _spectra[key][1]
-    spectrum = _spectrum(weight, tile, channels_inner, dtype)
+    spectrum = _spectrum(weight, tile, dtype)
     with _spectra_lock:
         _spectra[key] = (weight, spectrum)
         if len(_spectra) > CACHE_SIZE:
@@ -236,48 +200,24 @@ def kernel_spectrum(weight: torch.Tensor, tile: Pair, channels_inner: bool, dtyp
     return spectrum
 
 
-def _spectrum(weight: torch.Tensor, tile: Pair, channels_inner: bool, dtype):
-    spectrum = torch.fft.rfft2(weight.double(), s=tile).conj()  # (K, C, Th, F)
-    spectrum = spectrum.permute(2, 3, 1, 0) if channels_inner else spectrum.permute(2, 3, 0, 1)
-    spectrum = spectrum.reshape(tile[0] * spectrum.shape[1], *spectrum.shape[2:])
-    return spectrum.real.to(dtype).contiguous(), spectrum.imag.to(dtype).contiguous()
+def _spectrum(weight: torch.Tensor, tile: Pair, dtype) -> torch.Tensor:
+    with torch.no_grad():
+        spectrum = torch.fft.rfft2(weight.double(), s=tile).conj()  # (K, C, Th, F)
+        spectrum = spectrum.permute(2, 3, 1, 0).reshape(-1, weight.shape[1], weight.shape[0])  # (Th·F, C, K)
+        return spectrum.to(torch.complex64 if dtype == torch.float32 else torch.complex128).contiguous()
 
 
-# --- DFT matrices (built in float64, cached per size, dtype and device) -------------------------------------------
+def _register_fake() -> None:
+    @torch.library.register_fake("densecnn::fft_conv2d")
+    def _(input, spectrum, bias, tile, valid, dilation):
+        kernel = tuple(t - s + 1 for t, s in zip(tile, valid))
+        shape = (
+            input.shape[0],
+            spectrum.shape[2],
+            *output_size(tuple(input.shape[2:]), kernel, tuple(dilation)),
+        )
+        return ext._empty(input, shape, ext._is_channels_last(input))
 
 
-@functools.lru_cache(maxsize=256)
-def _rfft_matrix(size: int, dtype, device) -> torch.Tensor:
-    """(2F, T): ``m @ x`` stacks the real and imaginary parts of ``torch.fft.rfft(x)``."""
-    spectrum = torch.fft.rfft(torch.eye(size, dtype=torch.float64), dim=0)  # (F, T): column j = rfft(e_j)
-    return torch.cat([spectrum.real, spectrum.imag]).to(dtype=dtype, device=device)
-
-
-@functools.lru_cache(maxsize=256)
-def _fft_matrix(size: int, dtype, device) -> torch.Tensor:
-    """(2T, 2T) real matrix of the complex DFT: columns (row, re/im) in, rows (re/im, frequency) out."""
-    dft = torch.fft.fft(torch.eye(size, dtype=torch.float64), dim=0)  # (T, T): dft @ z = fft(z)
-    m = torch.empty(2 * size, 2 * size, dtype=torch.float64)
-    m[:size, 0::2], m[:size, 1::2] = dft.real, -dft.imag
-    m[size:, 0::2], m[size:, 1::2] = dft.imag, dft.real
-    return m.to(dtype=dtype, device=device)
-
-
-@functools.lru_cache(maxsize=256)
-def _ifft_matrices(size: int, rows: int, dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """The first ``rows`` outputs of the inverse complex DFT, as the (2·rows, T) matrices applied to the real and
-    to the imaginary part; output rows (row, re/im)."""
-    inverse = torch.fft.ifft(torch.eye(size, dtype=torch.float64), dim=0)[:rows]  # (rows, T)
-    on_re = torch.stack([inverse.real, inverse.imag], 1).reshape(2 * rows, size)
-    on_im = torch.stack([-inverse.imag, inverse.real], 1).reshape(2 * rows, size)
-    return on_re.to(dtype=dtype, device=device), on_im.to(dtype=dtype, device=device)
-
-
-@functools.lru_cache(maxsize=256)
-def _irfft_matrix(size: int, columns: int, dtype, device) -> torch.Tensor:
-    """(columns, 2F): the first ``columns`` outputs of ``torch.fft.irfft(re + i·im, n=T)`` from stacked (re, im)."""
-    f = size // 2 + 1
-    basis = torch.eye(f, dtype=torch.complex128)
-    on_re = torch.fft.irfft(basis, n=size, dim=0)[:columns]  # (columns, F)
-    on_im = torch.fft.irfft(1j * basis, n=size, dim=0)[:columns]
-    return torch.cat([on_re, on_im], 1).to(dtype=dtype, device=device)
+if built():
+    _register_fake()

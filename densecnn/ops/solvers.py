@@ -13,12 +13,10 @@ Solvers:
   pooling).
 - ``ext``: densecnn's own kernels (``cuda_ext``, see :mod:`densecnn.ops.ext`), when built; 2-D ops only.
 - ``ext_fused``: the ext pooling kernel fused with the following tanh/ReLU, for a pool step that has one (2-D).
-- ``direct``: densecnn's direct convolution kernel (no unrolled matrix; every input vector loaded is multiplied into
-  a block of output channels held in registers), for convs with at most :data:`DIRECT_MAX_CHANNELS` input channels
-  (the first layer of most nets) and pointwise (1×1) convs (heads, where torch's multi-threaded 1×1×1 conv3d is
-  slow), signals, images and volumes alike; NC* only, float32/float64.
-- ``fft``: 2-D convs in the frequency domain on overlap-save tiles of the sub-grids, every stage a GEMM
-  (:mod:`densecnn.ops.fft_conv`); its cost does not grow with the kernel size.
+- ``fft``: 2-D convs in the frequency domain on overlap-save tiles of the sub-grids, transforms in densecnn's
+  kernels and the channel mixing as batched complex GEMMs (:mod:`densecnn.ops.fft_conv`); its cost does not grow
+  with the kernel size. Needs the kernels, like ``ext``.
+        Solver("direct", _direct, _direct_runs, needs_ext=True, dtypes=_EXT_DTYPES),
 - ``winograd``: 3×3 and 3×3×3 convs by Winograd's F(m, 3) on tiles of the sub-grids, read at stride d from the map
   (:mod:`densecnn.ops.winograd`, C++ transforms + one batched GEMM); 2.25–8× fewer multiplications.
 
@@ -249,7 +247,7 @@ SOLVERS: dict[str, Solver] = {
             needs_ext=True,
             dtypes=_EXT_POOL_DTYPES,
         ),
-        Solver("fft", fft_conv.conv2d, fft_conv.applies),
+        Solver("fft", fft_conv.conv2d, fft_conv.applies, needs_ext=True),
         Solver("direct", _direct, _direct_runs, needs_ext=True, dtypes=_EXT_DTYPES),
         Solver("winograd", winograd.conv, winograd.applies, needs_ext=True),
     )

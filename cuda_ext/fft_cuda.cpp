@@ -1,0 +1,51 @@
+// CUDA registration of the frequency-domain convolution: fft_driver.h with the tile transforms of fft_kernels.cu;
+// the channel mixing goes to cuBLAS through at::bmm.
+#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include "fft_driver.h"
+#include "kernels.h"
+
+namespace densecnn {
+namespace {
+
+struct CudaTransforms {
+  static void forward(const at::Tensor& x, const FftGeometry& g, int64_t first, int64_t count,
+                      const at::Tensor& twiddles, at::Tensor& spectrum) {
+    AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "densecnn_fft_forward_cuda", [&] {
+      at::Tensor rows = at::empty({2 * fft_forward_rows_size(g, count)}, x.options());
+      C10_CUDA_CHECK(launch_fft_forward<scalar_t>(g, x.const_data_ptr<scalar_t>(), first, count,
+                                                  twiddles.const_data_ptr<scalar_t>(), rows.mutable_data_ptr<scalar_t>(),
+                                                  spectrum.mutable_data_ptr<scalar_t>(),
+                                                  at::cuda::getCurrentCUDAStream()));
+    });
+  }
+
+  static void inverse(const at::Tensor& product, const c10::optional<at::Tensor>& bias, const FftGeometry& g,
+                      int64_t first, int64_t count, const at::Tensor& twiddles, at::Tensor& y) {
+    AT_DISPATCH_FLOATING_TYPES(y.scalar_type(), "densecnn_fft_inverse_cuda", [&] {
+      at::Tensor cols = at::empty({2 * fft_inverse_cols_size(g, count)}, y.options());
+      C10_CUDA_CHECK(launch_fft_inverse<scalar_t>(
+          g, product.const_data_ptr<scalar_t>(), bias.has_value() ? bias->const_data_ptr<scalar_t>() : nullptr,
+          first, count, twiddles.const_data_ptr<scalar_t>(), cols.mutable_data_ptr<scalar_t>(),
+          y.mutable_data_ptr<scalar_t>(), at::cuda::getCurrentCUDAStream()));
+    });
+  }
+};
+
+at::Tensor fft_conv2d_cuda(const at::Tensor& input, const at::Tensor& spectrum,
+                           const c10::optional<at::Tensor>& bias, at::IntArrayRef tile, at::IntArrayRef valid,
+                           at::IntArrayRef dilation) {
+  const c10::cuda::CUDAGuard guard(input.device());
+  return fft_conv2d_tiles<CudaTransforms>(input, spectrum, bias, tile, valid, dilation);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(densecnn, CUDA, m) { m.impl("fft_conv2d", &fft_conv2d_cuda); }
+
+}  // namespace densecnn

@@ -1,0 +1,115 @@
+// The frequency-domain convolution (fft_elements.h), written once for every backend: `Transforms` supplies the
+// backend's tile transforms (CpuTransforms in fft_cpu.cpp, CudaTransforms in fft_cuda.cpp); the channel mixing is
+// one batched complex GEMM per group of tiles (at::bmm: MKL on CPU, cuBLAS on CUDA), the frequencies as the batch.
+//
+// Tiles go through in groups sized so that a group's spectra stay near kGroupBytes: the buffers are allocated once
+// and reused, and the forward transform, the GEMM and the inverse of a group run while its data is in cache.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "fft_elements.h"
+#include "pool_args.h"
+
+namespace densecnn {
+
+constexpr int64_t kGroupBytes = 6 << 20;
+constexpr int64_t kMinGroupTiles = 32;
+
+inline FftGeometry fft_geometry(const at::Tensor& x, const at::Tensor& spectrum, at::IntArrayRef tile,
+                                at::IntArrayRef valid, at::IntArrayRef dilation) {
+  TORCH_CHECK(x.dim() == 4, "densecnn.fft_conv2d: expected a 4-D (N, C, H, W) input, got shape ", x.sizes());
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble,
+              "densecnn.fft_conv2d: dtype must be float32 or float64, got ", x.scalar_type());
+  TORCH_CHECK(tile.size() == 2 && valid.size() == 2 && dilation.size() == 2,
+              "densecnn.fft_conv2d: tile, valid and dilation take two ints (h, w)");
+  FftGeometry g;
+  g.batch = x.size(0);
+  g.channels = x.size(1);
+  g.rows = x.size(2);
+  g.cols = x.size(3);
+  g.th = static_cast<int32_t>(tile[0]);
+  g.tw = static_cast<int32_t>(tile[1]);
+  g.sh = static_cast<int32_t>(valid[0]);
+  g.sw = static_cast<int32_t>(valid[1]);
+  g.dh = static_cast<int32_t>(dilation[0]);
+  g.dw = static_cast<int32_t>(dilation[1]);
+  TORCH_CHECK(g.dh >= 1 && g.dw >= 1 && g.sh >= 1 && g.sw >= 1 && g.sh <= g.th && g.sw <= g.tw,
+              "densecnn.fft_conv2d: need 1 <= valid <= tile and dilation >= 1, got tile ", tile, ", valid ", valid,
+              ", dilation ", dilation);
+  g.freqs = g.tw / 2 + 1;
+  const int64_t kh = g.th - g.sh + 1, kw = g.tw - g.sw + 1;  // the kernel the tiles were cut for
+  g.out_rows = g.rows - (kh - 1) * g.dh;
+  g.out_cols = g.cols - (kw - 1) * g.dw;
+  TORCH_CHECK(g.out_rows >= 1 && g.out_cols >= 1, "densecnn.fft_conv2d: a ", kh, "x", kw,
+              " kernel with dilation ", dilation, " does not fit in the ", g.rows, "x", g.cols, " input");
+  TORCH_CHECK(spectrum.dim() == 3 && spectrum.size(0) == fft_points(g) && spectrum.size(1) == g.channels &&
+                  spectrum.is_complex() && spectrum.device() == x.device() &&
+                  at::toRealValueType(spectrum.scalar_type()) == x.scalar_type(),
+              "densecnn.fft_conv2d: the kernel spectrum must be complex (th·(tw/2+1), C, K) = (", fft_points(g), ", ",
+              g.channels, ", K) of the input's dtype and device, got ", spectrum.sizes(), " ", spectrum.scalar_type());
+  g.out_channels = spectrum.size(2);
+  const int64_t sub_rows = (g.out_rows + g.dh - 1) / g.dh, sub_cols = (g.out_cols + g.dw - 1) / g.dw;
+  g.tiles_h = (sub_rows + g.sh - 1) / g.sh;
+  g.tiles_w = (sub_cols + g.sw - 1) / g.sw;
+  g.tiles = g.batch * g.dh * g.dw * g.tiles_h * g.tiles_w;
+  for (int d = 0; d < 4; ++d) g.x_stride[d] = x.stride(d);
+  return g;
+}
+
+// [cos_h | sin_h | cos_w | sin_w] of g's tile, computed in double and rounded to `like`'s dtype, on its device.
+inline at::Tensor fft_twiddle_table(const FftGeometry& g, const at::Tensor& like) {
+  at::Tensor table = at::empty({twiddle_table_size(g)}, like.options().dtype(at::kDouble).device(at::kCPU));
+  double* out = table.mutable_data_ptr<double>();
+  const double pi = std::acos(-1.0);
+  for (int32_t m = 0; m < g.th; ++m) {
+    out[m] = std::cos(2 * pi * m / g.th);
+    out[g.th + m] = std::sin(2 * pi * m / g.th);
+  }
+  for (int32_t m = 0; m < g.tw; ++m) {
+    out[2 * g.th + m] = std::cos(2 * pi * m / g.tw);
+    out[2 * g.th + g.tw + m] = std::sin(2 * pi * m / g.tw);
+  }
+  return table.to(like.options());
+}
+
+inline int64_t fft_group_tiles(const FftGeometry& g, int64_t element_size) {
+  const int64_t per_tile = fft_points(g) * std::max(g.channels, g.out_channels) * 2 * element_size;
+  return std::min(g.tiles, std::max(kMinGroupTiles, kGroupBytes / std::max<int64_t>(per_tile, 1)));
+}
+
+template <class Transforms>
+at::Tensor fft_conv2d_tiles(const at::Tensor& input, const at::Tensor& spectrum, const c10::optional<at::Tensor>& bias,
+                            at::IntArrayRef tile, at::IntArrayRef valid, at::IntArrayRef dilation) {
+  FftGeometry g = fft_geometry(input, spectrum, tile, valid, dilation);
+  if (bias.has_value()) {
+    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == g.out_channels && bias->scalar_type() == input.scalar_type(),
+                "densecnn.fft_conv2d: bias must have shape (", g.out_channels, ",) and the input's dtype, got ",
+                bias->sizes(), " ", bias->scalar_type());
+  }
+  const auto layout = is_channels_last(input) ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
+  at::Tensor y = at::empty({g.batch, g.out_channels, g.out_rows, g.out_cols}, input.options().memory_format(layout));
+  if (y.numel() == 0) return y;
+  for (int d = 0; d < 4; ++d) g.y_stride[d] = y.stride(d);
+  const at::Tensor twiddles = fft_twiddle_table(g, input);
+  const at::Tensor weights = spectrum.contiguous();
+  const c10::optional<at::Tensor> b = bias.has_value() ? c10::optional<at::Tensor>(bias->contiguous()) : bias;
+  const int64_t group = fft_group_tiles(g, input.element_size());
+  const int64_t points = fft_points(g);
+  at::Tensor x_spectrum = at::empty({points * group * g.channels * 2}, input.options());
+  at::Tensor product = at::empty({points * group * g.out_channels}, spectrum.options());
+  for (int64_t first = 0; first < g.tiles; first += group) {
+    const int64_t count = std::min(group, g.tiles - first);
+    at::Tensor xs = x_spectrum.narrow(0, 0, points * count * g.channels * 2).view({count, points, g.channels, 2});
+    Transforms::forward(input, g, first, count, twiddles, xs);
+    at::Tensor ys = product.narrow(0, 0, points * count * g.out_channels).view({points, count, g.out_channels});
+    at::bmm_out(ys, at::view_as_complex(xs).transpose(0, 1), weights);  // (P, count, C) @ (P, C, K)
+    Transforms::inverse(at::view_as_real(ys), b, g, first, count, twiddles, y);
+  }
+  return y;
+}
+
+}  // namespace densecnn
