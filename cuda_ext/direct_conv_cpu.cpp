@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "cpu_isa.h"
 #include "direct_conv.h"
 #include "direct_conv_args.h"
 #include "gpu_loops.h"
@@ -18,13 +19,6 @@
 
 namespace densecnn {
 namespace {
-
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define DENSECNN_MULTIVERSION __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define DENSECNN_MULTIVERSION
-#endif
-#define DENSECNN_ALWAYS_INLINE inline __attribute__((always_inline))
 
 constexpr int kBlock = 8;           // output channels per register block
 constexpr int64_t kRunCols = 1024;  // columns per work item (long rows, e.g. signals, are split for the threads)

@@ -13,19 +13,13 @@
 #include <cstring>
 #include <vector>
 
+#include "cpu_isa.h"
 #include "fft_driver.h"
 #include "fft_elements.h"
 #include "gpu_loops.h"
 
 namespace densecnn {
 namespace {
-
-// As in pool_cpu.cpp: the hot loop is compiled for AVX-512, AVX2 and the x86-64 baseline, picked at load time.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define DENSECNN_FFT_MULTIVERSION __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define DENSECNN_FFT_MULTIVERSION
-#endif
 
 // A vector of channel lanes (GCC/Clang vector extension): 512 bits, i.e. one AVX-512 register, two AVX2 registers
 // or four SSE registers, whichever clone runs. Aligned like its elements (buffers need no over-aligned allocation;
@@ -62,7 +56,7 @@ struct Operands {
 
 // Rows [r, r + K) of out = m · in (m is rows × inner), K independent sums in flight.
 template <typename T, int K>
-inline __attribute__((always_inline)) void apply_rows(const T* m, int64_t r, int64_t inner, const Operands<T>& o) {
+DENSECNN_ALWAYS_INLINE void apply_rows(const T* m, int64_t r, int64_t inner, const Operands<T>& o) {
   Lanes<T> acc[K] = {};
   for (int64_t j = 0; j < o.in_split; ++j) {
     const Lanes<T> x = o.in_a[j * o.in_stride];
@@ -84,7 +78,7 @@ inline __attribute__((always_inline)) void apply_rows(const T* m, int64_t r, int
 
 // out = m · in for a (rows × inner) matrix m on vectors of channel lanes: blocks of 8 rows, then 4, 2, 1.
 template <typename T>
-inline __attribute__((always_inline)) void apply_matrix(const T* m, int64_t rows, int64_t inner,
+DENSECNN_ALWAYS_INLINE void apply_matrix(const T* m, int64_t rows, int64_t inner,
                                                         const Operands<T>& o) {
   int64_t r = 0;
   for (; r + 8 <= rows; r += 8) apply_rows<T, 8>(m, r, inner, o);
@@ -95,7 +89,7 @@ inline __attribute__((always_inline)) void apply_matrix(const T* m, int64_t rows
 
 // The common case: contiguous input, output rows out_stride apart.
 template <typename T>
-inline __attribute__((always_inline)) void apply_matrix(const T* m, int64_t rows, int64_t inner, const Lanes<T>* in,
+DENSECNN_ALWAYS_INLINE void apply_matrix(const T* m, int64_t rows, int64_t inner, const Lanes<T>* in,
                                                         Lanes<T>* out, int64_t out_stride) {
   apply_matrix<T>(m, rows, inner, Operands<T>{in, in, inner, 1, out, out, rows, out_stride});
 }
@@ -147,7 +141,7 @@ struct ComplexDft {
   }
 
   // out (re block of n, im block of n) = DFT(in) (same layout); `scratch` holds 2n vectors.
-  inline __attribute__((always_inline)) void run(const Lanes<T>* in, Lanes<T>* out, Lanes<T>* scratch) const {
+  DENSECNN_ALWAYS_INLINE void run(const Lanes<T>* in, Lanes<T>* out, Lanes<T>* scratch) const {
     if (n1 == 1) return apply_matrix<T>(m2.data(), 2 * n, 2 * n, Operands<T>{in, in + n, n, 1, out, out + n, n, 1});
     // scratch[re|im][k1][j2] = Σ_j1 in[n2·j1 + j2] · w_n1^(j1·k1), times the twiddle w_n^(j2·k1)
     Lanes<T>* re = scratch;
@@ -222,7 +216,7 @@ struct TileBuffers {
 // Work item (tile t of the group, channels [c0, c0 + kLanes)) of the forward transform: spectrum (count, P, C, 2),
 // each tile's spectrum in one block (the GEMM reads it per frequency with a row stride of P·C).
 template <typename T>
-inline __attribute__((always_inline)) void forward_item_impl(const FftGeometry& g, const DftMatrices<T>& dft,
+DENSECNN_ALWAYS_INLINE void forward_item_impl(const FftGeometry& g, const DftMatrices<T>& dft,
                                                              const T* x, int64_t first, int64_t count, T* spectrum,
                                                              int64_t t, int64_t c0, TileBuffers<T>& buf) {
   constexpr int V = kLanes<T>;
@@ -289,7 +283,7 @@ inline __attribute__((always_inline)) void forward_item_impl(const FftGeometry& 
 // Work item (tile t of the group, output channels [k0, k0 + kLanes)) of the inverse transform: the valid part of
 // the tile, plus the bias, into y.
 template <typename T>
-inline __attribute__((always_inline)) void inverse_item_impl(const FftGeometry& g, const DftMatrices<T>& dft,
+DENSECNN_ALWAYS_INLINE void inverse_item_impl(const FftGeometry& g, const DftMatrices<T>& dft,
                                                              const T* product, const T* bias, int64_t first,
                                                              int64_t count, T* y, int64_t t, int64_t k0,
                                                              TileBuffers<T>& buf) {
@@ -365,14 +359,14 @@ inline __attribute__((always_inline)) void inverse_item_impl(const FftGeometry& 
 
 // The work items compiled for each ISA (everything they call is inlined into the clone).
 #define DENSECNN_FFT_ITEMS(T)                                                                                     \
-  DENSECNN_FFT_MULTIVERSION void forward_item(const FftGeometry& g, const DftMatrices<T>& dft, const T* x,        \
-                                              int64_t first, int64_t count, T* spectrum, int64_t t, int64_t c0,   \
-                                              TileBuffers<T>& buf) {                                              \
+  DENSECNN_MULTIVERSION void forward_item(const FftGeometry& g, const DftMatrices<T>& dft, const T* x,            \
+                                          int64_t first, int64_t count, T* spectrum, int64_t t, int64_t c0,       \
+                                          TileBuffers<T>& buf) {                                                  \
     forward_item_impl<T>(g, dft, x, first, count, spectrum, t, c0, buf);                                          \
   }                                                                                                               \
-  DENSECNN_FFT_MULTIVERSION void inverse_item(const FftGeometry& g, const DftMatrices<T>& dft, const T* product,  \
-                                              const T* bias, int64_t first, int64_t count, T* y, int64_t t,       \
-                                              int64_t k0, TileBuffers<T>& buf) {                                  \
+  DENSECNN_MULTIVERSION void inverse_item(const FftGeometry& g, const DftMatrices<T>& dft, const T* product,      \
+                                          const T* bias, int64_t first, int64_t count, T* y, int64_t t,           \
+                                          int64_t k0, TileBuffers<T>& buf) {                                      \
     inverse_item_impl<T>(g, dft, product, bias, first, count, y, t, k0, buf);                                     \
   }
 DENSECNN_FFT_ITEMS(float)

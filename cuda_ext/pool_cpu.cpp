@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "common.h"
+#include "cpu_isa.h"
 #include "elements.h"
 #include "gpu_loops.h"
 #include "pool_args.h"
@@ -34,16 +35,6 @@ namespace {
 constexpr int64_t kChunk = 2048;       // output elements of a row handled by one box (and one backward work item)
 constexpr int64_t kBandElems = 32768;  // target size of a box's buffer (values), to stay in L2
 constexpr int64_t kShortRow = 256;     // rows shorter than this (in elements) are pooled in runs of whole rows
-
-// The inner loops below are compiled for several ISAs — AVX-512, AVX2 and the x86-64 baseline — and the best one
-// the CPU supports is picked when the library loads (GCC function multiversioning, `target_clones`). The build
-// therefore needs no -march flag and the same wheel runs on any x86-64 CPU.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define DENSECNN_MULTIVERSION __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define DENSECNN_MULTIVERSION
-#endif
-#define DENSECNN_ALWAYS_INLINE inline __attribute__((always_inline))
 
 // One doubling step: o[j] = max(a[j], a[j + shift]) for j < m, the right operand's tap offset by `tap_shift`.
 // `o` may equal `a` (j only reads positions >= j, so the in-place loop is dependence-free).

@@ -9,6 +9,7 @@
 #include <algorithm>
 
 #include "common.h"
+#include "cpu_isa.h"
 #include "gpu_loops.h"
 #include "pool_args.h"
 #include "winograd.h"
@@ -22,12 +23,6 @@ using Int = std::integral_constant<int, N>;
 
 constexpr int kLanes = 16;                // channels per vectorised block at most: one AVX-512 float vector
 constexpr int64_t kChunkBytes = 1 << 20;  // one thread's chunk of transformed input + products: within its L2
-
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define DENSECNN_WINOGRAD_MULTIVERSION __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define DENSECNN_WINOGRAD_MULTIVERSION
-#endif
 
 // One tile's transform for channels [c0, c0 + L); channels-last maps (unit channel stride) take the
 // contiguous-load path.
@@ -76,13 +71,13 @@ WINOGRAD_INLINE void output_tiles_loop(const WinogradGeometry& g, const T* m, co
   }
 }
 
-#define DENSECNN_WINOGRAD_LOOPS(M, AXES, T)                                                                     \
-  DENSECNN_WINOGRAD_MULTIVERSION void input_tiles(Int<M>, Int<AXES>, const WinogradGeometry& g, const T* x,    \
-                                                  T* v, int64_t begin, int64_t end) {                          \
+#define DENSECNN_WINOGRAD_LOOPS(M, AXES, T)                                                                    \
+  DENSECNN_MULTIVERSION void input_tiles(Int<M>, Int<AXES>, const WinogradGeometry& g, const T* x,             \
+                                         T* v, int64_t begin, int64_t end) {                                   \
     input_tiles_loop<M, AXES>(g, x, v, begin, end);                                                            \
   }                                                                                                            \
-  DENSECNN_WINOGRAD_MULTIVERSION void output_tiles(Int<M>, Int<AXES>, const WinogradGeometry& g, const T* m,   \
-                                                   const T* bias, T* y, int64_t begin, int64_t end) {          \
+  DENSECNN_MULTIVERSION void output_tiles(Int<M>, Int<AXES>, const WinogradGeometry& g, const T* m,            \
+                                          const T* bias, T* y, int64_t begin, int64_t end) {                   \
     output_tiles_loop<M, AXES>(g, m, bias, y, begin, end);                                                     \
   }
 DENSECNN_WINOGRAD_LOOPS(2, 2, float)

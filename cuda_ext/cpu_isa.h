@@ -1,0 +1,16 @@
+// CPU loops compiled once per instruction set.
+//
+// A function marked DENSECNN_MULTIVERSION is compiled for AVX-512, AVX2 and the x86-64 baseline, and the best one
+// the CPU supports is picked when the library loads (GCC function multiversioning, `target_clones`). The build
+// therefore needs no -march flag and the same wheel runs on any x86-64 CPU. Everything such a function calls must
+// be inlined into it (DENSECNN_ALWAYS_INLINE), or it runs the baseline code.
+//
+// Included by the CPU translation units only (never by CUDA code).
+#pragma once
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define DENSECNN_MULTIVERSION __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define DENSECNN_MULTIVERSION
+#endif
+#define DENSECNN_ALWAYS_INLINE inline __attribute__((always_inline))
