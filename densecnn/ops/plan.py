@@ -36,7 +36,7 @@ from ..layers import output_shape
 from ..rules.registry import fused_activation
 from . import costmodel, solvers
 from .backends import Backend, allowed_solvers, ext_available
-from .find import MEMORY_FORMATS, cached, find, memory_formats
+from .find import MEMORY_FORMATS, cached, find, memory_formats, timing_shape
 from .solvers import SOLVERS, PoolSpec
 
 Shape = tuple[int, ...]  # (N, C, *spatial)
@@ -217,7 +217,11 @@ def _times(spec, names, shape, dtype, device, forced, fmt_forced, *, train, tune
     times = cached(spec, shape, dtype, device, train=train, ext=ext, input_grad=input_grad)
     if times is not None:
         return "tuned", times
-    return "predicted", costmodel.predict(spec, shape, dtype, train=train, candidates=names)
+    # Predicted at the shape the find step times (and the cost model was measured at), so that immediate and tuned
+    # plans rank the candidates on the same problem.
+    return "predicted", costmodel.predict(
+        spec, timing_shape(spec, shape), dtype, train=train, candidates=names
+    )
 
 
 def _best(table, fmt: str, allowed: set[str], forced: str | None) -> tuple[str | None, float]:
