@@ -16,7 +16,8 @@ Solvers:
 - ``fft``: 2-D convs in the frequency domain on overlap-save tiles of the sub-grids, transforms in densecnn's
   kernels and the channel mixing as batched complex GEMMs (:mod:`densecnn.ops.fft_conv`); its cost does not grow
   with the kernel size. Needs the kernels, like ``ext``.
-        Solver("direct", _direct, _direct_runs, needs_ext=True, dtypes=_EXT_DTYPES),
+- ``direct``: direct convolution in densecnn's kernels, register-blocked over output channels, for convs with few
+  input channels (first layers) or a 1×1 kernel (heads), in 1-D, 2-D and 3-D.
 - ``winograd``: 3×3 and 3×3×3 convs by Winograd's F(m, 3) on tiles of the sub-grids, read at stride d from the map
   (:mod:`densecnn.ops.winograd`, C++ transforms + one batched GEMM); 2.25–8× fewer multiplications.
 
