@@ -27,6 +27,7 @@ import numbers
 import torch
 
 from ..geometry import output_size, reach
+from . import native
 
 ACTIVATIONS = ("none", "relu", "tanh")
 POOL_MODES = ("max", "avg")
@@ -378,13 +379,10 @@ def _register_direct_conv(ops) -> None:
 
     def backward(ctx, grad_y):
         input, weight = ctx.saved_tensors
-        mask = [ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.has_bias and ctx.needs_input_grad[2]]
-        axes = len(ctx.dilation)
-        grads = torch.ops.aten.convolution_backward(
-            grad_y, input, weight, [weight.shape[0]] if ctx.has_bias else None, [1] * axes, [0] * axes,
-            ctx.dilation, False, [0] * axes, 1, mask,
-        )  # fmt: skip
-        return *(grad if needed else None for grad, needed in zip(grads, mask, strict=True)), None
+        needs = ctx.needs_input_grad
+        return *native.conv_backward(
+            grad_y, input, weight, ctx.dilation, (needs[0], needs[1], ctx.has_bias and needs[2])
+        ), None
 
     torch.library.register_autograd("densecnn::direct_conv", backward, setup_context=setup)
 

@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 from ..geometry import output_size
-from . import ext
+from . import ext, native
 
 Pair = tuple[int, int]
 MAX_TILE = 64  # largest tile side considered: the transforms cost O(T) per point
@@ -128,11 +128,8 @@ class _FrequencyDomainConv(torch.autograd.Function):
             padded = F.pad(grad_y, ((kw - 1) * dw, (kw - 1) * dw, (kh - 1) * dh, (kh - 1) * dh))
             grad_x = _run(padded, weight.flip(2, 3).transpose(0, 1), None, ctx.dilation, cached=False)
         if ctx.needs_input_grad[1] or (ctx.has_bias and ctx.needs_input_grad[2]):
-            mask = [False, ctx.needs_input_grad[1], ctx.has_bias and ctx.needs_input_grad[2]]
-            _, grad_w, grad_b = torch.ops.aten.convolution_backward(
-                grad_y, x, weight, [weight.shape[0]] if ctx.has_bias else None,
-                [1, 1], [0, 0], list(ctx.dilation), False, [0, 0], 1, mask,
-            )  # fmt: skip
+            needs = (False, ctx.needs_input_grad[1], ctx.has_bias and ctx.needs_input_grad[2])
+            _, grad_w, grad_b = native.conv_backward(grad_y, x, weight, ctx.dilation, needs)
         return grad_x, grad_w, grad_b, None, None
 
 

@@ -23,6 +23,23 @@ def conv(x, weight, bias, dilation: Size, groups: int = 1) -> torch.Tensor:
     return _functional("conv", x)(x, weight, bias, stride=1, dilation=dilation, groups=groups)
 
 
+def conv_backward(
+    grad_y: torch.Tensor,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    dilation: Size,
+    needs: tuple[bool, bool, bool],
+) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    """Gradients of :func:`conv` (groups 1) with respect to x, weight and bias, by torch's convolution backward;
+    each is None unless ``needs`` asks for it (ask for the bias's only when the conv has one)."""
+    axes = x.dim() - 2
+    grads = torch.ops.aten.convolution_backward(
+        grad_y, x, weight, [weight.shape[0]] if needs[2] else None, [1] * axes, [0] * axes, list(dilation),
+        False, [0] * axes, 1, list(needs),
+    )  # fmt: skip
+    return tuple(grad if need else None for grad, need in zip(grads, needs, strict=True))
+
+
 def max_pool(x, kernel: Size, dilation: Size) -> torch.Tensor:
     """Stride-1 dilated max pooling. (N, C, *S) -> (N, C, *S')."""
     return _functional("max_pool", x)(x, kernel, stride=1, dilation=dilation)

@@ -34,7 +34,7 @@ from collections import OrderedDict
 import torch
 
 from ..geometry import output_size
-from . import ext
+from . import ext, native
 
 COMPUTE_DTYPES = (torch.float32, torch.float64)
 # The float32 error of F(m, 3) grows with m, with the channels summed and with the number of axes: measured on one
@@ -100,21 +100,14 @@ class _WinogradConv(torch.autograd.Function):
     def backward(ctx, grad_y):
         x, weight = ctx.saved_tensors
         needs = ctx.needs_input_grad
-        axes = x.dim() - 2
-        grad_x, grad_w, grad_b = torch.ops.aten.convolution_backward(
+        grad_x, grad_w, grad_b = native.conv_backward(
             grad_y.contiguous(memory_format=_layout(x)),
             x,
             weight,
-            [weight.shape[0]] if ctx.has_bias else None,
-            [1] * axes,
-            [0] * axes,
-            list(ctx.dilation),
-            False,
-            [0] * axes,
-            1,
-            [needs[0], needs[1], ctx.has_bias and needs[2]],
+            ctx.dilation,
+            (needs[0], needs[1], ctx.has_bias and needs[2]),
         )
-        return grad_x, grad_w, grad_b if ctx.has_bias else None, None, None, None
+        return grad_x, grad_w, grad_b, None, None, None
 
 
 def positions(out: int, dilation: int, m: int) -> int:
