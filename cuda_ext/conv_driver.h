@@ -75,7 +75,7 @@ at::Tensor conv2d_im2col(const at::Tensor& input, const at::Tensor& weight, cons
     TORCH_CHECK(bias->dim() == 1 && bias->size(0) == k, "densecnn.conv2d: bias must have shape (", k,
                 ",), got ", bias->sizes());
   }
-  at::Tensor y = at::empty({x.size(0), k, g.out_rows, g.out_cols}, x.options());
+  at::Tensor y = empty_output({x.size(0), k, g.out_rows, g.out_cols}, x.options());
   if (y.numel() == 0) return y.contiguous(layout);
   const at::Tensor w = weight.reshape({groups, k_group, taps});  // (G, K/G, C/G·kh·kw)
   const int64_t band = band_rows_for(g, x.element_size());

@@ -15,13 +15,21 @@ struct DirectConvGeometry {
   int64_t out_depth, out_rows, out_cols;  // output spatial size
   int32_t kd, kh, kw;                     // kernel
   int32_t dd, dh, dw;                     // dilation
+  bool channels_last;                     // output laid out (N, D', H', W', K) in memory, else (N, K, D', H', W')
 };
+
+// Memory offset of output element (n, k, d, h, w).
+HOST_DEVICE_INLINE int64_t direct_conv_offset(const DirectConvGeometry& g, int64_t n, int64_t k, int64_t d, int64_t h,
+                                              int64_t w) {
+  if (g.channels_last) return (((n * g.out_depth + d) * g.out_rows + h) * g.out_cols + w) * g.out_channels + k;
+  return (((n * g.out_channels + k) * g.out_depth + d) * g.out_rows + h) * g.out_cols + w;
+}
 
 HOST_DEVICE_INLINE int64_t direct_conv_size(const DirectConvGeometry& g) {
   return g.batch * g.out_channels * g.out_depth * g.out_rows * g.out_cols;
 }
 
-// Output element e = (n, k, d, h, w) of the (N, K, D', H', W') output: bias[k] + the sum over channels and taps of
+// Output element e = (n, k, d, h, w) (row-major index) of the (N, K, D', H', W') output: bias[k] + the sum over channels and taps of
 // weight (K, C, kd, kh, kw) times the input at (n, c, d + a·dd, h + b·dh, w + t·dw). bias may be null.
 template <typename T>
 HOST_DEVICE_INLINE void direct_conv_at(const DirectConvGeometry& g, const T* x, const T* weight, const T* bias, T* y,
@@ -39,7 +47,7 @@ HOST_DEVICE_INLINE void direct_conv_at(const DirectConvGeometry& g, const T* x, 
       }
     }
   }
-  y[e] = sum;
+  y[direct_conv_offset(g, n, k, d, h, w)] = sum;
 }
 
 }  // namespace densecnn

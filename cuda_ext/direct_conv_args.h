@@ -6,9 +6,11 @@
 #include <vector>
 
 #include "direct_conv.h"
+#include "pool_args.h"
 
 namespace densecnn {
 
+// The output takes the input's layout (`is_channels_last`); the kernels read the input as NC*.
 inline DirectConvGeometry direct_conv_geometry(const at::Tensor& input, const at::Tensor& weight, at::IntArrayRef dilation) {
   const int64_t axes = input.dim() - 2;
   TORCH_CHECK(axes >= 1 && axes <= 3, "densecnn::direct_conv: input must be (N, C, *S) with 1-3 spatial axes");
@@ -28,7 +30,8 @@ inline DirectConvGeometry direct_conv_geometry(const at::Tensor& input, const at
   }
   return {input.size(0), input.size(1), weight.size(0), size[0], size[1], size[2], out[0], out[1], out[2],
           static_cast<int32_t>(kernel[0]), static_cast<int32_t>(kernel[1]), static_cast<int32_t>(kernel[2]),
-          static_cast<int32_t>(dil[0]), static_cast<int32_t>(dil[1]), static_cast<int32_t>(dil[2])};
+          static_cast<int32_t>(dil[0]), static_cast<int32_t>(dil[1]), static_cast<int32_t>(dil[2]),
+          is_channels_last(input)};
 }
 
 // (N, K, *S') with the input's number of spatial axes.

@@ -15,7 +15,7 @@
 #include "direct_conv.h"
 #include "direct_conv_args.h"
 #include "gpu_loops.h"
-#include "huge_pages.h"
+#include "pool_args.h"
 
 namespace densecnn {
 namespace {
@@ -58,9 +58,15 @@ DENSECNN_ALWAYS_INLINE void row_block(const DirectConvGeometry& g, const T* x, c
       }
     }
   }
-  const int64_t plane = g.out_depth * g.out_rows * g.out_cols;
   const int64_t channels = std::min<int64_t>(kBlock, g.out_channels - k0);
-  T* out = y + ((n * g.out_channels + k0) * g.out_depth + d) * g.out_rows * g.out_cols + h * g.out_cols + w0;
+  T* out = y + direct_conv_offset(g, n, k0, d, h, w0);
+  if (g.channels_last) {  // (.., W', K): each output pixel's block of channels is contiguous
+    for (int64_t l = 0; l < width; ++l) {
+      for (int64_t k = 0; k < channels; ++k) out[l * g.out_channels + k] = acc[k][l];
+    }
+    return;
+  }
+  const int64_t plane = g.out_depth * g.out_rows * g.out_cols;
   for (int64_t k = 0; k < channels; ++k) {
     if (kFull) {
       __builtin_memcpy(out + k * plane, &acc[k], sizeof(acc[k]));
@@ -103,9 +109,8 @@ DENSECNN_MULTIVERSION void rows(const DirectConvGeometry& g, const double* x, co
 at::Tensor direct_conv_cpu(const at::Tensor& input_, const at::Tensor& weight_, const c10::optional<at::Tensor>& bias,
                            at::IntArrayRef dilation) {
   const at::Tensor input = input_.contiguous(), weight = weight_.contiguous();
-  const DirectConvGeometry g = direct_conv_geometry(input, weight, dilation);
-  at::Tensor y = at::empty(direct_conv_output_shape(g, input.dim() - 2), input.options());
-  advise_huge_pages(y);
+  const DirectConvGeometry g = direct_conv_geometry(input_, weight, dilation);  // read as NC*, written in its layout
+  at::Tensor y = empty_in_layout(direct_conv_output_shape(g, input.dim() - 2), input.options(), g.channels_last);
   const int64_t taps = g.channels * g.kd * g.kh * g.kw;
   const at::Tensor b = bias.has_value() ? bias->contiguous() : at::Tensor();
   AT_DISPATCH_FLOATING_TYPES(input.scalar_type(), "densecnn_direct_conv", [&] {

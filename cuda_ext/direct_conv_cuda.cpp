@@ -17,8 +17,8 @@ at::Tensor direct_conv_cuda(const at::Tensor& input_, const at::Tensor& weight_,
   const c10::cuda::CUDAGuard guard(input_.device());
   const at::Tensor input = input_.contiguous(), weight = weight_.contiguous();
   const at::Tensor b = bias.has_value() ? bias->contiguous() : at::Tensor();
-  const DirectConvGeometry g = direct_conv_geometry(input, weight, dilation);
-  at::Tensor y = at::empty(direct_conv_output_shape(g, input.dim() - 2), input.options());
+  const DirectConvGeometry g = direct_conv_geometry(input_, weight, dilation);  // read as NC*, written in its layout
+  at::Tensor y = empty_in_layout(direct_conv_output_shape(g, input.dim() - 2), input.options(), g.channels_last);
   AT_DISPATCH_FLOATING_TYPES(input.scalar_type(), "densecnn_direct_conv_cuda", [&] {
     C10_CUDA_CHECK(launch_direct_conv<scalar_t>(g, input.const_data_ptr<scalar_t>(),
                                                 weight.const_data_ptr<scalar_t>(),

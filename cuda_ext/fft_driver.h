@@ -90,8 +90,8 @@ at::Tensor fft_conv2d_tiles(const at::Tensor& input, const at::Tensor& spectrum,
                 "densecnn.fft_conv2d: bias must have shape (", g.out_channels, ",) and the input's dtype, got ",
                 bias->sizes(), " ", bias->scalar_type());
   }
-  const auto layout = is_channels_last(input) ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
-  at::Tensor y = at::empty({g.batch, g.out_channels, g.out_rows, g.out_cols}, input.options().memory_format(layout));
+  at::Tensor y = empty_in_layout({g.batch, g.out_channels, g.out_rows, g.out_cols}, input.options(),
+                                 is_channels_last(input));
   if (y.numel() == 0) return y;
   for (int d = 0; d < 4; ++d) g.y_stride[d] = y.stride(d);
   const at::Tensor twiddles = fft_twiddle_table(g, input);

@@ -11,19 +11,20 @@
 #include <c10/util/string_view.h>
 
 #include "common.h"
-#include "huge_pages.h"
+#include "output_buffers.h"
 
 namespace densecnn {
 
 // Kernels run on the input's own layout: channels-last when its channel stride is 1 (then the kernels vectorise
-// over W·C), contiguous otherwise. Channels-last is (N, ..., C) in memory whatever the number of spatial axes:
+// over W·C), contiguous otherwise. A one-channel tensor is both; its channel stride says which it was made as
+// (`x.to(memory_format=torch.channels_last)` gives stride 1), so that a channels-last net's outputs stay channels-last. Channels-last is (N, ..., C) in memory whatever the number of spatial axes:
 // torch's channels_last (4-D) and channels_last_3d (5-D), and the (N, L, C) of a transposed signal.
 // Must agree with `_is_channels_last` in densecnn/ops/ext.py (the fake kernels).
 inline bool is_channels_last(const at::Tensor& x) {
   if (x.dim() < 3) return false;
   int64_t spatial = 1;
   for (int64_t d = 2; d < x.dim(); ++d) spatial *= x.size(d);
-  return x.size(1) > 1 && spatial > 1 && x.stride(1) == 1;
+  return spatial > 1 && x.stride(1) == 1;
 }
 
 // x with its elements laid out compactly in the given layout (no copy when they already are).
@@ -31,19 +32,14 @@ inline at::Tensor in_layout(const at::Tensor& x, bool channels_last) {
   return channels_last ? x.movedim(1, -1).contiguous().movedim(-1, 1) : x.contiguous();
 }
 
-// An uninitialised (N, C, ...) tensor of `sizes` in the given layout (on the CPU, large ones on huge pages).
+// An uninitialised (N, C, ...) tensor of `sizes` in the given layout (on the CPU, large ones reused across calls:
+// output_buffers.h).
 inline at::Tensor empty_in_layout(at::IntArrayRef sizes, const at::TensorOptions& options, bool channels_last) {
-  at::Tensor out;
-  if (!channels_last) {
-    out = at::empty(sizes, options);
-  } else {
-    std::vector<int64_t> memory_order{sizes[0]};
-    memory_order.insert(memory_order.end(), sizes.begin() + 2, sizes.end());
-    memory_order.push_back(sizes[1]);
-    out = at::empty(memory_order, options).movedim(-1, 1);
-  }
-  advise_huge_pages(out);
-  return out;
+  if (!channels_last) return empty_output(sizes, options);
+  std::vector<int64_t> memory_order{sizes[0]};
+  memory_order.insert(memory_order.end(), sizes.begin() + 2, sizes.end());
+  memory_order.push_back(sizes[1]);
+  return empty_output(memory_order, options).movedim(-1, 1);
 }
 
 inline Activation parse_activation(const std::string& name) {

@@ -18,6 +18,8 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
 
 #include "common.h"
 
@@ -235,6 +237,12 @@ struct GatherInput {
   A* dst;
   WINOGRAD_INLINE void operator()(int point, int64_t offset, bool inside) {
     A* out = dst + point * L;
+    if constexpr (kUnitLanes && std::is_same_v<T, A>) {
+      if (inside && lanes == L) {  // one vector copy (a per-lane loop compiles to pieces that stall the transform)
+        memcpy(out, x + offset, L * sizeof(A));
+        return;
+      }
+    }
     if (inside && lanes == L) {
       WINOGRAD_IVDEP
       for (int l = 0; l < L; ++l) out[l] = widen<A>(x[offset + (kUnitLanes ? l : l * lane_stride)]);

@@ -8,6 +8,7 @@ solver:
     python scripts/fit_cost_model.py --refit         # refit the shipped measurements only (after changing features)
     python scripts/fit_cost_model.py --merge         # time the grid again and keep each candidate's faster time
     python scripts/fit_cost_model.py --quick         # a handful of problems: checks the pipeline, not for shipping
+    python scripts/fit_cost_model.py --only volumes  # time the 3-D grid only, keep the shipped images and signals
 
 On a busy machine a run's times carry the other load's spikes (they only ever add time); ``--merge`` with the
 shipped file keeps, per problem and candidate, the minimum of both runs. When other processes hold the cores, every
@@ -182,6 +183,22 @@ def _merged(problems: list[dict], shipped: list[dict]) -> list[dict]:
     return problems
 
 
+KINDS = {"signals": 1, "images": 2, "volumes": 3}  # kind of problem: spatial axes
+
+
+def _grid(kind: str, args) -> list[dict]:
+    """The problems of one kind the full run times."""
+    if kind == "images":
+        return reference_problems(256) + random_grid(args.count, seed=0)
+    if kind == "volumes":
+        return reference_volume_problems() + random_grid_nd(args.count_nd, 0, 3)
+    return random_grid_nd(args.count_nd, 0, 1)
+
+
+def _kind(problem: dict) -> str:
+    return next(kind for kind, axes in KINDS.items() if axes == len(problem["input"]) - 2)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--refit", action="store_true", help="refit the shipped measurements, time nothing")
@@ -196,6 +213,11 @@ def main() -> None:
     )
     parser.add_argument(
         "--repeats", type=int, default=3, help="timed runs per candidate after a warm-up (min kept)"
+    )
+    parser.add_argument(
+        "--only",
+        choices=sorted(KINDS),
+        help="time only this kind of problem and keep the shipped measurements of the others",
     )
     parser.add_argument("--out", default=str(costmodel.MODEL_FILE))
     args = parser.parse_args()
@@ -213,11 +235,13 @@ def main() -> None:
                 reference_volume_problems(sides=(8,))[:2] + random_grid_nd(1, 0, 3) + random_grid_nd(1, 0, 1)
             )
         else:
-            rows = reference_problems(256) + random_grid(args.count, seed=0) + reference_volume_problems()
-            rows += random_grid_nd(args.count_nd, 0, 3) + random_grid_nd(args.count_nd, 0, 1)
+            rows = [row for kind in ([args.only] if args.only else KINDS) for row in _grid(kind, args)]
         problems = measure(rows, print)
+        shipped = json.loads(costmodel.MODEL_FILE.read_text())["problems"]
         if args.merge:
-            problems = _merged(problems, json.loads(costmodel.MODEL_FILE.read_text())["problems"])
+            problems = _merged(problems, shipped)
+        if args.only:
+            problems = [p for p in shipped if _kind(p) != args.only] + problems
         machine = {
             "cpu": platform.processor() or platform.machine(),
             "threads": torch.get_num_threads(),

@@ -70,13 +70,28 @@ def test_direct_conv_matches_a_literal_loop(case, dtype, loops):
         ops._use_gpu_loops_on_cpu(previous)
 
 
-def test_direct_conv_takes_channels_last_input_and_returns_nc_layout():
-    x = torch.randn(1, 3, 10, 12, dtype=torch.float64)
-    w = torch.randn(4, 3, 3, 3, dtype=torch.float64)
-    y = ext.direct_conv(x.contiguous(memory_format=torch.channels_last), w, None, (1, 2))
-    assert_equal_to_rounding(y, _literal_conv(x, w, None, (1, 2)))
-    assert solvers.run("direct", ConvSpec(w, None, (1, 2), 1), x.contiguous(memory_format=torch.channels_last)
-                       ).is_contiguous(memory_format=torch.channels_last)  # fmt: skip
+@pytest.mark.parametrize("loops", ["cpu", "gpu"])
+@pytest.mark.parametrize("channels", [1, 3])
+def test_direct_conv_writes_channels_last_inputs_channels_last(channels, loops):
+    """The output takes the input's layout: channels-last for a channel stride of 1, which a one-channel input has
+    once made channels-last with ``.to(memory_format=...)`` (as a channels-last plan makes its input)."""
+    torch.manual_seed(3)
+    for shape, layout in (
+        ((2, channels, 10, 21), torch.channels_last),
+        ((1, channels, 6, 7, 19), torch.channels_last_3d),
+    ):
+        x = torch.randn(shape, dtype=torch.float64)
+        w = torch.randn(12, channels, *([3] * (len(shape) - 2)), dtype=torch.float64)
+        b = torch.randn(12, dtype=torch.float64)
+        dilation = (2,) + (1,) * (len(shape) - 3)
+        previous = ops._use_gpu_loops_on_cpu(loops == "gpu")
+        try:
+            y = ext.direct_conv(x.to(memory_format=layout), w, b, dilation)
+        finally:
+            ops._use_gpu_loops_on_cpu(previous)
+        assert y.stride(1) == 1 and y.is_contiguous(memory_format=layout)
+        assert_equal_to_rounding(y, _literal_conv(x, w, b, dilation))
+        assert ext.direct_conv(x, w, b, dilation).is_contiguous()  # NC* in, NC* out
 
 
 @pytest.mark.parametrize("case", CASES[:1] + CASES[2:3] + CASES[4:])
@@ -145,7 +160,7 @@ def test_nets_with_the_direct_first_conv_equal_patch_scanning(dims, in_channels)
 
 
 def test_large_outputs_on_huge_pages_are_exact():
-    """Outputs of several MB are allocated on huge pages where the system allows (cuda_ext/huge_pages.h): the
+    """Outputs of several MB are allocated on huge pages where the system allows (cuda_ext/output_buffers.h): the
     direct conv and a fused pool still equal literal references there."""
     torch.manual_seed(2)
     x = torch.randn(1, 1, 40, 60, 70)

@@ -13,7 +13,7 @@ import torch
 import densecnn
 from densecnn import ops
 from densecnn.errors import ExtensionUnavailableWarning
-from densecnn.ops import backends, costmodel, ext, find, plan, solvers
+from densecnn.ops import backends, costmodel, ext, find, layout, plan, solvers
 from densecnn.ops.solvers import ConvSpec, PoolSpec
 
 EXT_SOLVERS = [name for name, s in solvers.SOLVERS.items() if s.needs_ext]
@@ -150,7 +150,7 @@ def test_find_picks_a_candidate_caches_it_and_reuses_it(solver_cache, monkeypatc
         with torch.no_grad():
             torch.testing.assert_close(dense(x), first)
             chosen = dense.plan(dense.pad(x))
-        assert chosen.memory_format in find.MEMORY_FORMATS
+        assert chosen.memory_format in layout.NAMES
         windowed = [step for step in chosen.steps if hasattr(step.layers[0], "spec")]
         assert all(step.solver in solvers.SOLVERS and step.source == "tuned" for step in windowed)
 

@@ -17,7 +17,7 @@ from torch import nn
 
 import densecnn
 from densecnn import tiling
-from densecnn.ops import ext
+from densecnn.ops import ext, layout
 from densecnn.padding import dense_padding, pad_image
 from tests.naive import literal_scan
 from tests.tolerances import assert_close_relative, assert_equal_to_rounding, assert_labels_equal_except_ties
@@ -323,15 +323,47 @@ def test_pad_image_matches_numpy_pad_in_three_axes(mode):
     assert dense_padding((9, 65, 65), (9, 65, 65)) == ((4, 32, 32), (4, 32, 32))
 
 
-def test_channels_last_is_for_images_only(monkeypatch, tmp_path):
+@pytest.mark.parametrize("solver", [None, "native"])
+def test_volumes_run_channels_last_and_signals_ncl(solver, monkeypatch, tmp_path):
+    """A forced "nhwc" runs a volume net in channels_last_3d (every windowed step's output, the first one's from a
+    single-channel input too) and equals patch scanning; signals have no channels-last format and run NCL."""
     monkeypatch.setenv("DENSECNN_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("DENSECNN_MEMORY_FORMAT", "nhwc")
-    model, patch = _volume_net()
-    dense = densecnn.convert(model, patch)
-    x = torch.randn(1, 2, 6, 18, 17, dtype=torch.float64)
-    with torch.no_grad():
-        assert_equal_to_rounding(dense(x), densecnn.scan_patches(model, x, patch))
-    assert {row["format"] for row in dense.plan(dense.pad(x)).describe()} == {"nchw"}
+    for model, patch, x in (
+        (*_volume_net(), torch.randn(1, 2, 6, 18, 17, dtype=torch.float64)),
+        (*_one_channel_volume_net(), torch.randn(1, 1, 7, 9, 10, dtype=torch.float64)),
+        (*_signal_net(), torch.randn(1, 1, 40, dtype=torch.float64)),
+    ):
+        dense = densecnn.convert(model, patch)
+        dense.solver = solver
+        with torch.no_grad():
+            assert_equal_to_rounding(dense(x), densecnn.scan_patches(model, x, patch))
+        plan = dense.plan(dense.pad(x))
+        if x.dim() == 5:
+            assert plan.memory_format == "nhwc"
+            with torch.no_grad():
+                outputs = [step(y, torch.channels_last_3d) for step, y in _step_inputs(plan, dense.pad(x))]
+            assert outputs and all(y.stride(1) == 1 for y in outputs)
+        else:
+            assert plan.memory_format == "nchw"
+
+
+def _one_channel_volume_net():
+    torch.manual_seed(1)
+    model = nn.Sequential(nn.Conv3d(1, 4, 3), nn.ReLU(), nn.MaxPool3d(2), nn.Conv3d(4, 2, (1, 2, 2)))
+    return model.double().eval(), (5, 6, 6)
+
+
+def _step_inputs(plan, x):
+    """(windowed step, its input) for each windowed step of ``plan`` run on x."""
+    pairs = []
+    y = layout.to_format(x, plan.memory_format)
+    for step in plan.steps:
+        if step.solver is not None:
+            pairs.append((step, y))
+        with torch.no_grad():
+            y = step(y, layout.memory_format(plan.memory_format, y.dim()))
+    return pairs
 
 
 def test_a_volume_model_file_round_trips_and_exports_to_onnx(tmp_path, capsys):

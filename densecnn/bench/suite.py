@@ -13,7 +13,8 @@ import torch
 import densecnn
 from densecnn.losses import masked_cross_entropy
 from densecnn.ops import ext_available, solvers
-from densecnn.ops.find import MEMORY_FORMATS, find
+from densecnn.ops.find import find
+from densecnn.ops.layout import to_format
 from densecnn.ops.plan import group_steps, next_shape
 from densecnn.ops.solvers import ConvSpec, PoolSpec
 
@@ -244,7 +245,7 @@ def conv_limit(name: str, config: Config) -> dict:
         if hasattr(step.layers[0], "spec"):
             spec = step.spec()
             for fmt in LAYOUTS:
-                x = torch.randn(shape).contiguous(memory_format=MEMORY_FORMATS[fmt])
+                x = to_format(torch.randn(shape), fmt)
                 for solver in solvers.candidates(spec, ext_available=ext, dtype=x.dtype):
                     contenders[f"{i}:{solver}/{fmt}"] = _no_grad_solver(solver, spec, x)
         shape = next_shape(step, shape)
@@ -317,13 +318,13 @@ def max_pool(kernel: int, dilation: int, config: Config) -> dict:
             ((fmt, s) for fmt, table in times.items() for s, ms in table.items() if ms is not None),
             key=lambda fs: times[fs[0]][fs[1]],
         )
-    xs = {d: x.contiguous(memory_format=MEMORY_FORMATS[chosen[d][0]]) for d in chosen}
+    xs = {d: to_format(x, chosen[d][0]) for d in chosen}
     contenders = {
         "densecnn_forward": lambda: solvers.run(chosen["forward"][1], spec, xs["forward"]),
         "densecnn_backward": _backward(lambda v: solvers.run(chosen["backward"][1], spec, v), xs["backward"]),
     }
     for fmt in LAYOUTS:
-        layout = x.contiguous(memory_format=MEMORY_FORMATS[fmt])
+        layout = to_format(x, fmt)
         contenders[f"native_forward/{fmt}"] = lambda v=layout: native_max_pool(v, kernel, dilation)
         contenders[f"native_backward/{fmt}"] = _backward(
             lambda v: native_max_pool(v, kernel, dilation), layout

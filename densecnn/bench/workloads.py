@@ -19,8 +19,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import densecnn
-from densecnn.ops.find import MEMORY_FORMATS
-from densecnn.ops.plan import group_steps
+from densecnn.ops.layout import memory_format, to_format
+from densecnn.ops.plan import Step, group_steps
 
 from .timing import elapsed
 
@@ -94,20 +94,20 @@ class Workload:
         return step
 
     def fast_scan(self, layout: str = "nchw") -> Callable:
-        x = self.x.contiguous(memory_format=MEMORY_FORMATS[layout])
+        x = to_format(self.x, layout)
         return lambda: densecnn.fast_scan(self.model, x, self.patch)
 
     def patch_forward(self, batch: int, layout: str = "nchw") -> Callable:
         """Seconds for all pixels, scaled from one batch of ``batch`` patches in ``layout``."""
         patches = torch.rand(batch, self.x.shape[1], self.patch, self.patch)
-        patches = patches.contiguous(memory_format=MEMORY_FORMATS[layout])
+        patches = to_format(patches, layout)
         return lambda: elapsed(lambda: _no_grad(self.model, patches)) * self.pixels / batch
 
     def patch_train(self, batch: int, count: int | None = None, layout: str = "nchw") -> Callable:
         """Seconds for a forward+backward over ``count`` patches (default all pixels), scaled from one batch."""
         batch = min(batch, count or batch)
         patches = torch.rand(batch, self.x.shape[1], self.patch, self.patch)
-        patches = patches.contiguous(memory_format=MEMORY_FORMATS[layout])
+        patches = to_format(patches, layout)
 
         def step():
             self.model.zero_grad(set_to_none=True)
@@ -126,11 +126,11 @@ class Workload:
         """
         if which == "densecnn":
             plan = self.plan(train)
-            steps, fmt = list(plan.steps), MEMORY_FORMATS[plan.memory_format]
+            steps, fmt = list(plan.steps), plan.memory_format
         else:
             layer_groups = [step.layers for step in group_steps(self.dense.features)]
             steps = [_sequence(layers) for layers in layer_groups]
-            fmt = MEMORY_FORMATS[which.split("/")[1]]
+            fmt = which.split("/")[1]
         params = list(self.model.parameters())
 
         def run():
@@ -158,10 +158,10 @@ class Workload:
         return run
 
 
-def _call(step, x: torch.Tensor, fmt, *, first: bool, last: bool) -> torch.Tensor:
+def _call(step, x: torch.Tensor, fmt: str, *, first: bool, last: bool) -> torch.Tensor:
     if first:
-        x = x.contiguous(memory_format=fmt)
-    y = step(x)
+        x = to_format(x, fmt)
+    y = step(x, memory_format(fmt, x.dim())) if isinstance(step, Step) else step(x)
     return y.contiguous() if last else y
 
 

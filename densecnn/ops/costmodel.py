@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 
 from ..geometry import output_size
+from . import layout
 from .solvers import ConvSpec, PoolSpec, Spec
 
 MODEL_FILE = Path(__file__).with_name("cost_model.json")
@@ -179,9 +180,9 @@ def predict(
         row["op"] = f"{spec.mode}_pool2d"
     direction, dtype_name = "train" if train else "infer", str(dtype).removeprefix("torch.")
     table: dict[str, dict[str, float | None]] = {}
-    for memory_format in ("nchw", "nhwc"):
-        table[memory_format] = {}
-        for solver in candidates:
-            ms = model.time_ms(row, solver, memory_format, direction, dtype_name)
-            table[memory_format][solver] = ms if ms is not None or solver != "native" else 1.0
+    for memory_format in layout.names_for(len(shape)):
+        times = {s: model.time_ms(row, s, memory_format, direction, dtype_name) for s in candidates}
+        if memory_format != "nchw" and all(ms is None for ms in times.values()):
+            continue  # nothing measured in this format for this op: not a choice
+        table[memory_format] = {s: 1.0 if ms is None and s == "native" else ms for s, ms in times.items()}
     return table

@@ -186,7 +186,7 @@ def direct_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 
 def _is_channels_last(x: torch.Tensor) -> bool:
     """Whether the kernels run (and return) channels-last; mirrors ``is_channels_last`` in cuda_ext/pool_args.h."""
-    return x.size(1) > 1 and math.prod(x.shape[2:]) > 1 and x.stride(1) == 1
+    return math.prod(x.shape[2:]) > 1 and x.stride(1) == 1
 
 
 def _empty(like: torch.Tensor, shape, channels_last: bool, dtype=None) -> torch.Tensor:
@@ -370,7 +370,7 @@ def _register_direct_conv(ops) -> None:
     @torch.library.register_fake("densecnn::direct_conv")
     def _(input, weight, bias, dilation):
         shape = _pooled_shape((input.shape[0], weight.shape[0], *input.shape[2:]), weight.shape[2:], dilation)
-        return input.new_empty(shape)
+        return _empty(input, shape, _is_channels_last(input))
 
     def setup(ctx, inputs, output):
         input, weight, bias, ctx.dilation = inputs

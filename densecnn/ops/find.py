@@ -27,11 +27,10 @@ import torch
 
 from ..atomic import atomic_write
 from ..geometry import reach
-from . import solvers
+from . import layout, solvers
 from .backends import ext_build
 from .solvers import ConvSpec, PoolSpec, Spec
 
-MEMORY_FORMATS = {"nchw": torch.contiguous_format, "nhwc": torch.channels_last}  # "nhwc": images only
 MAX_SIDE = 256  # timing inputs are at most this many pixels per side beyond the op's reach
 REPEATS = (
     3  # timed runs per candidate after one warm-up (fewer once they add up to BUDGET_MS); the minimum is kept
@@ -49,8 +48,8 @@ def cache_dir() -> Path:
 
 
 def memory_formats(shape) -> list[str]:
-    """The memory formats a net may run in on (N, C, *S) inputs of ``shape``: channels-last for images only."""
-    return list(MEMORY_FORMATS) if len(shape) == 4 else ["nchw"]
+    """The memory formats a net may run in on (N, C, *S) inputs of ``shape``: channels-last for images and volumes."""
+    return layout.names_for(len(shape))
 
 
 def timing_shape(spec: Spec, shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -174,12 +173,13 @@ def _time_candidates(
 ) -> dict:
     generator = torch.Generator(device="cpu").manual_seed(0)
     x = torch.randn(list(shape), generator=generator, dtype=dtype).to(device)
-    x = x.contiguous(memory_format=MEMORY_FORMATS[fmt]).requires_grad_(train and input_grad)
+    memory_format = layout.memory_format(fmt, x.dim())
+    x = layout.to_format(x, fmt).requires_grad_(train and input_grad)
     spec = _synthetic(spec, generator, dtype, device, train)
     times: dict[str, float | None] = {}
     for name in solvers.candidates(spec, ext_available=ext, dtype=dtype):
         best = None if every else min((t for t in times.values() if t), default=None)
-        times[name] = _time_one(name, spec, x, train=train, best=best)
+        times[name] = _time_one(name, spec, x, memory_format, train=train, best=best)
     return times
 
 
@@ -198,10 +198,12 @@ def _synthetic(spec: Spec, generator, dtype, device, train: bool) -> Spec:
     return ConvSpec(like(spec.weight), like(spec.bias), spec.dilation, spec.groups)
 
 
-def _time_one(name: str, spec: Spec, x: torch.Tensor, *, train: bool, best: float | None) -> float | None:
+def _time_one(
+    name: str, spec: Spec, x: torch.Tensor, memory_format, *, train: bool, best: float | None
+) -> float | None:
     def step():
         with torch.set_grad_enabled(train):
-            y = solvers.run(name, spec, x)
+            y = solvers.run(name, spec, x, memory_format)
             if y.requires_grad:
                 y.backward(torch.ones_like(y))
 

@@ -36,7 +36,9 @@ from ..layers import output_shape
 from ..rules.registry import fused_activation
 from . import costmodel, solvers
 from .backends import Backend, allowed_solvers, ext_available
-from .find import MEMORY_FORMATS, cached, find, memory_formats, timing_shape
+from .find import cached, find, memory_formats, timing_shape
+from .layout import NAMES, to_format
+from .layout import memory_format as torch_memory_format
 from .solvers import SOLVERS, PoolSpec
 
 Shape = tuple[int, ...]  # (N, C, *spatial)
@@ -56,10 +58,10 @@ class Step:
         spec = self.layers[0].spec()
         return dataclasses.replace(spec, activation=self.activation) if self.activation else spec
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, memory_format: torch.memory_format | None = None) -> torch.Tensor:
         if self.solver is None:
             return self.layers[0](x)
-        return solvers.run(self.solver, self.spec(), x)
+        return solvers.run(self.solver, self.spec(), x, memory_format)
 
 
 @dataclass
@@ -68,8 +70,8 @@ class Plan:
     steps: list[Step]
 
     def __call__(self, x: torch.Tensor, *, cancel: threading.Event | None = None) -> torch.Tensor:
-        x = x.contiguous(memory_format=MEMORY_FORMATS[self.memory_format])
-        return run_steps(self.steps, x, cancel).contiguous()
+        layout = torch_memory_format(self.memory_format, x.dim())
+        return run_steps(self.steps, to_format(x, self.memory_format), cancel, layout).contiguous()
 
     def describe(self) -> list[dict]:
         """One row per step: its layers, solver, memory format, where the choice came from ("tuned" timings, the
@@ -86,8 +88,14 @@ class Plan:
         ]
 
 
-def run_steps(steps, x: torch.Tensor, cancel: threading.Event | None = None) -> torch.Tensor:
-    """``x`` through each step in turn; raises :class:`Cancelled` before a step once ``cancel`` is set.
+def run_steps(
+    steps,
+    x: torch.Tensor,
+    cancel: threading.Event | None = None,
+    memory_format: torch.memory_format | None = None,
+) -> torch.Tensor:
+    """``x`` through each step in turn, the windowed steps' outputs in ``memory_format`` (default: their input's);
+    raises :class:`Cancelled` before a step once ``cancel`` is set.
 
     A tanh/ReLU step after a windowed one overwrites that step's output (which nothing else holds) when autograd
     does not need it: one memory pass instead of two, and no new buffer.
@@ -100,7 +108,7 @@ def run_steps(steps, x: torch.Tensor, cancel: threading.Event | None = None) -> 
         if owned and activation and not (torch.is_grad_enabled() and x.requires_grad):
             x = solvers.activate_(x, activation)
         else:
-            x = step(x)
+            x = step(x, memory_format)
         owned = owned or step.solver is not None
     return x
 
@@ -147,9 +155,9 @@ def forced_solver(attribute: str | None) -> str | None:
 
 def forced_memory_format(attribute: str | None) -> str | None:
     fmt = attribute or os.environ.get("DENSECNN_MEMORY_FORMAT") or None
-    if fmt is not None and fmt not in MEMORY_FORMATS:
+    if fmt is not None and fmt not in NAMES:
         raise ValueError(
-            f"memory format {fmt!r} is unknown; use one of {', '.join(MEMORY_FORMATS)} (DENSECNN_MEMORY_FORMAT)"
+            f"memory format {fmt!r} is unknown; use one of {', '.join(NAMES)} (DENSECNN_MEMORY_FORMAT)"
         )
     return fmt
 
@@ -168,8 +176,8 @@ def make_plan(
     tune: bool = False,
 ) -> Plan:
     """The fastest plan for running ``features`` on a (N, C, *S) input of ``shape``: per-layer times predicted
-    (immediate mode, or cached timings) or, with ``tune``, timed by :func:`find`. Signals and volumes run in NC*
-    (a forced "nhwc" applies to images only).
+    (immediate mode, or cached timings) or, with ``tune``, timed by :func:`find`. Images and volumes run in NC* or
+    channels-last, whichever is faster; signals in NC* (a forced "nhwc" is ignored for them).
 
     ``train``: plan for forward + backward; ``input_grad``: whether the input itself needs a gradient.
     """
@@ -177,7 +185,7 @@ def make_plan(
     if backend is Backend.NATIVE and fmt_forced is None:
         fmt_forced = "nchw"  # torch's dilated ops as they come: nothing to choose, nothing to time
     if fmt_forced not in (None, *memory_formats(shape)):
-        fmt_forced = "nchw"  # channels-last is for images only
+        fmt_forced = "nchw"  # signals have no channels-last format
     allowed = allowed_solvers(backend, forced)
     ext = ext_available()
     steps = group_steps(features)
@@ -199,7 +207,9 @@ def make_plan(
                 input_grad=needs_grad,
             )
         shape = next_shape(step, shape)
-    formats = [fmt_forced] if fmt_forced else memory_formats(shape)
+    # A format is a choice when every step has times in it (the cost model may have measured only NC* for an op).
+    timed = [f for f in memory_formats(shape) if all(step.times is None or f in step.times for step in steps)]
+    formats = [fmt_forced] if fmt_forced else timed or ["nchw"]
     best = {fmt: [_best(step.times, fmt, allowed, forced) for step in steps] for fmt in formats}
     chosen = min(formats, key=lambda fmt: sum(ms for _, ms in best[fmt]))
     for step, (name, _) in zip(steps, best[chosen]):
@@ -228,14 +238,13 @@ def _best(table, fmt: str, allowed: set[str], forced: str | None) -> tuple[str |
     """(solver, ms) for one step: the forced solver when it applies, else the fastest allowed one."""
     if table is None:
         return None, 0.0
-    timed = {name: ms for name, ms in table[fmt].items() if name in allowed and ms is not None}
+    times = table.get(fmt, table.get("nchw", {}))  # a forced format without times of its own ranks by NC*
+    timed = {name: ms for name, ms in times.items() if name in allowed and ms is not None}
     if forced in timed:
         return forced, timed[forced]
-    if forced in table[fmt]:  # a forced solver the cost model has no fit for yet still runs
+    if forced in times:  # a forced solver the cost model has no fit for yet still runs
         return forced, 0.0
     if not timed:
-        raise RuntimeError(
-            f"no solver can run this layer with solvers {sorted(allowed)}; times: {table[fmt]}"
-        )
+        raise RuntimeError(f"no solver can run this layer with solvers {sorted(allowed)}; times: {times}")
     name = min(timed, key=timed.get)
     return name, timed[name]

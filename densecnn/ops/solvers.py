@@ -36,6 +36,7 @@ import torch.nn.functional as F
 
 from ..geometry import Size, output_size
 from . import ext, fft_conv, native, winograd
+from .layout import is_channels_last, layout_of
 
 
 @dataclass(frozen=True)
@@ -107,12 +108,6 @@ def _native(spec: Spec, x: torch.Tensor) -> torch.Tensor:
 # --- space-to-batch ------------------------------------------------------------------------------------------------
 
 
-def _is_channels_last(x: torch.Tensor) -> bool:
-    """Whether ``x`` is channels-last (``channels_last`` for 2-D, ``channels_last_3d`` for 3-D) and not NC*."""
-    layout = {4: torch.channels_last, 5: torch.channels_last_3d}.get(x.dim())
-    return layout is not None and not x.is_contiguous() and x.is_contiguous(memory_format=layout)
-
-
 def to_subgrids(x: torch.Tensor, dilation: Size) -> torch.Tensor:
     """(N, C, *S) -> (N·prod(d), C, *⌈S/d⌉): along each axis, pixel q·d + r goes to q of sub-grid r.
 
@@ -129,7 +124,7 @@ def to_subgrids(x: torch.Tensor, dilation: Size) -> torch.Tensor:
     split = [v for g, d in zip(sub, dilation) for v in (g, d)]  # (S0, d0, S1, d1, ...)
     grid_axes = [1 + 2 * a for a in range(dims)]  # the S_a axes after the batch axis
     phase_axes = [2 + 2 * a for a in range(dims)]  # the d_a axes
-    if _is_channels_last(x):
+    if is_channels_last(x):
         last = x.movedim(1, -1).reshape(n, *split, c)  # (N, S0, d0, ..., C)
         moved = last.permute(0, *phase_axes, *grid_axes, 1 + 2 * dims)
         return moved.reshape(n * math.prod(dilation), *sub, c).movedim(-1, 1)
@@ -143,7 +138,7 @@ def from_subgrids(y: torch.Tensor, n: int, dilation: Size, size: Size) -> torch.
     _, k, *out = y.shape
     dims = len(out)
     interleaved = [v for o, d in zip(out, dilation) for v in (o, d)]  # (o0, d0, o1, d1, ...)
-    if _is_channels_last(y):
+    if is_channels_last(y):
         last = y.movedim(1, -1).reshape(n, *dilation, *out, k)  # (N, d0, d1, ..., o0, o1, ..., K)
         order = [i for a in range(dims) for i in (1 + dims + a, 1 + a)]
         full = last.permute(0, *order, 1 + 2 * dims).reshape(n, *interleaved, k)
@@ -264,8 +259,12 @@ def candidates(spec: Spec, *, ext_available: bool, dtype: torch.dtype | None = N
     ]
 
 
-def run(name: str, spec: Spec, x: torch.Tensor) -> torch.Tensor:
-    """Run ``spec`` on ``x`` (N, C, *S) with solver ``name``; the output keeps ``x``'s memory format.
+def run(
+    name: str, spec: Spec, x: torch.Tensor, memory_format: torch.memory_format | None = None
+) -> torch.Tensor:
+    """Run ``spec`` on ``x`` (N, C, *S) with solver ``name``; the output is in ``memory_format``, by default x's.
+    (A one-channel input is both NC* and channels-last: a channels-last plan names its format so that the first
+    layer's output is channels-last too.)
 
     The input's dtype is the compute dtype: conv parameters are cast to it (differentiably), so a bfloat16 image
     runs the whole net in bfloat16.
@@ -274,5 +273,4 @@ def run(name: str, spec: Spec, x: torch.Tensor) -> torch.Tensor:
         bias = None if spec.bias is None else spec.bias.to(x.dtype)
         spec = ConvSpec(spec.weight.to(x.dtype), bias, spec.dilation, spec.groups)
     y = SOLVERS[name].run(spec, x)
-    layout = {4: torch.channels_last, 5: torch.channels_last_3d}[x.dim()] if _is_channels_last(x) else None
-    return y.contiguous(memory_format=layout or torch.contiguous_format)
+    return y.contiguous(memory_format=memory_format or layout_of(x))

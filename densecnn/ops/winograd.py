@@ -35,6 +35,7 @@ import torch
 
 from ..geometry import output_size
 from . import ext, native
+from .layout import layout_of
 
 COMPUTE_DTYPES = (torch.float32, torch.float64)
 # The float32 error of F(m, 3) grows with m, with the channels summed and with the number of axes: measured on one
@@ -101,7 +102,7 @@ class _WinogradConv(torch.autograd.Function):
         x, weight = ctx.saved_tensors
         needs = ctx.needs_input_grad
         grad_x, grad_w, grad_b = native.conv_backward(
-            grad_y.contiguous(memory_format=_layout(x)),
+            grad_y.contiguous(memory_format=layout_of(x)),
             x,
             weight,
             ctx.dilation,
@@ -114,12 +115,6 @@ def positions(out: int, dilation: int, m: int) -> int:
     """Tile positions along an axis of ``out`` outputs: ``dilation`` sub-grids of ⌈⌈out/d⌉/m⌉ tiles each."""
     per_subgrid = -(-out // dilation)
     return dilation * -(-per_subgrid // m)
-
-
-def _layout(x: torch.Tensor) -> torch.memory_format:
-    layout = {4: torch.channels_last, 5: torch.channels_last_3d}[x.dim()]
-    channels_last = not x.is_contiguous() and x.is_contiguous(memory_format=layout)
-    return layout if channels_last else torch.contiguous_format
 
 
 # --- the transformed kernel ----------------------------------------------------------------------------------------

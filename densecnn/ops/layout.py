@@ -1,0 +1,49 @@
+"""Memory formats by name: ``"nchw"`` (NC*, contiguous) and ``"nhwc"`` (channels-last: ``torch.channels_last`` for
+images, ``torch.channels_last_3d`` for volumes; signals have no channels-last format in torch and run NC*).
+
+>>> memory_format("nhwc", 5)
+torch.channels_last_3d
+>>> layout_of(torch.empty(1, 8, 4, 4, 4).contiguous(memory_format=torch.channels_last_3d))
+torch.channels_last_3d
+"""
+
+from __future__ import annotations
+
+import torch
+
+NAMES = ("nchw", "nhwc")
+_CHANNELS_LAST = {
+    4: torch.channels_last,
+    5: torch.channels_last_3d,
+}  # tensor rank: torch's channels-last format
+
+
+def names_for(dims: int) -> list[str]:
+    """The memory formats a (N, C, *S) tensor of ``dims`` dimensions can take: both for images and volumes."""
+    return list(NAMES) if dims in _CHANNELS_LAST else ["nchw"]
+
+
+def memory_format(name: str, dims: int) -> torch.memory_format:
+    """torch's memory format for ``name`` on a tensor of ``dims`` dimensions ("nhwc" on a signal is NC*)."""
+    return _CHANNELS_LAST.get(dims, torch.contiguous_format) if name == "nhwc" else torch.contiguous_format
+
+
+def to_format(x: torch.Tensor, name: str) -> torch.Tensor:
+    """x laid out in the memory format ``name``. A one-channel tensor is laid out alike in both; in "nhwc" it is
+    re-strided as channels-last (channel stride 1), which is how densecnn's kernels tell that their outputs should
+    be channels-last too."""
+    fmt = memory_format(name, x.dim())
+    if fmt is torch.contiguous_format or x.shape[1] != 1:
+        return x.contiguous(memory_format=fmt)
+    return x.to(memory_format=fmt)
+
+
+def is_channels_last(x: torch.Tensor) -> bool:
+    """Whether ``x`` is channels-last (and not also NC*, as tensors with one channel or one pixel are)."""
+    layout = _CHANNELS_LAST.get(x.dim())
+    return layout is not None and not x.is_contiguous() and x.is_contiguous(memory_format=layout)
+
+
+def layout_of(x: torch.Tensor) -> torch.memory_format:
+    """x's memory format: channels-last or contiguous (NC*)."""
+    return _CHANNELS_LAST[x.dim()] if is_channels_last(x) else torch.contiguous_format

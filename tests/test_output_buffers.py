@@ -1,0 +1,83 @@
+"""Output buffers of densecnn's CPU kernels are reused across calls (cuda_ext/output_buffers.h): a buffer is handed
+out again only once nothing refers to it, so outputs a caller keeps are never overwritten."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+import densecnn
+from densecnn.ops import ext
+from tests.tolerances import assert_equal_to_rounding
+
+pytestmark = pytest.mark.skipif(not ext.available(), reason="densecnn's kernels are not built")
+
+
+def _pool(x):
+    return ext.pool_activation(x, (2, 2), (2, 2), "max", "relu", None)
+
+
+def _reference(x):
+    return (
+        torch.stack([x[..., a : a + x.shape[2] - 2, b : b + x.shape[3] - 2] for a in (0, 2) for b in (0, 2)])
+        .amax(0)
+        .relu()
+    )
+
+
+def test_a_dropped_output_buffer_is_reused_and_a_kept_one_is_not():
+    x1, x2, x3 = (torch.randn(1, 16, 130, 130) for _ in range(3))  # outputs of 1 MB: large enough to be kept
+    y1 = _pool(x1)
+    address = y1.data_ptr()
+    y2 = _pool(x2)
+    assert y2.data_ptr() != address  # y1 is still held
+    assert_equal_to_rounding(y1, _reference(x1))
+    del y1
+    y3 = _pool(x3)
+    assert y3.data_ptr() == address  # y1's buffer, free again
+    assert_equal_to_rounding(y2, _reference(x2))
+    assert_equal_to_rounding(y3, _reference(x3))
+
+
+def test_views_and_autograd_keep_their_buffers():
+    x = torch.randn(1, 16, 130, 130, requires_grad=True)
+    y = _pool(x)
+    crop = y[:, :, 1:, 1:]  # a view holds the buffer
+    address = y.data_ptr()
+    del y
+    assert _pool(torch.randn(1, 16, 130, 130)).data_ptr() != address
+    expected = _reference(x.detach())[:, :, 1:, 1:]
+    assert_equal_to_rounding(crop.detach(), expected)
+    crop.sum().backward()  # what autograd saved for the backward pass was not overwritten either
+    x_ref = x.detach().clone().requires_grad_()
+    _reference(x_ref)[:, :, 1:, 1:].sum().backward()
+    assert torch.equal(x.grad, x_ref.grad)
+
+
+def test_consecutive_dense_forwards_return_independent_scores():
+    model, patch = densecnn.zoo.create("tiny", in_channels=3, num_classes=4)
+    dense = densecnn.convert(model.eval(), patch)
+    images = [torch.rand(1, 3, 150, 140) for _ in range(3)]
+    with torch.no_grad():
+        scores = [dense(x) for x in images]  # each held while the next runs
+        for x, s in zip(images, scores, strict=True):
+            assert_equal_to_rounding(s, dense(x))
+
+
+def test_threads_get_distinct_buffers():
+    inputs = [torch.randn(1, 16, 130, 130) for _ in range(4)]
+    results: dict[int, torch.Tensor] = {}
+
+    def work(i):
+        for _ in range(5):
+            results[i] = _pool(inputs[i])
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i, x in enumerate(inputs):
+        assert_equal_to_rounding(results[i], _reference(x))
