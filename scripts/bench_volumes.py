@@ -31,7 +31,7 @@ import torch
 
 import densecnn
 from densecnn.bench.timing import elapsed, interleave, median, ratio
-from densecnn.ops import ext_available, solvers
+from densecnn.ops import ext_available, layout, solvers
 from densecnn.ops.plan import group_steps, next_shape
 from densecnn.ops.solvers import ConvSpec
 
@@ -66,19 +66,21 @@ def contenders(model, patch, x: torch.Tensor, cube_batches: list[int]) -> dict:
 
 
 def layer_races(dense, x: torch.Tensor, repeats: int) -> dict:
-    """Every candidate solver of every windowed layer on its real input, interleaved with the whole forward of
-    ``dense``:
-    the conv-only limit (the sum over conv layers of the fastest conv solver) and where the rest of the time goes."""
+    """Every candidate solver of every windowed layer on its real input shape in both memory formats, interleaved
+    with the whole forward of ``dense``: the conv-only limit (the sum over conv layers of the fastest conv solver,
+    either format) and where the rest of the time goes."""
     padded = dense.pad(x)
     with torch.no_grad():
         plan = dense.plan(padded)
     shape, runs, names = tuple(padded.shape), {"densecnn": lambda: _no_grad(dense, x)}, {}
     for i, step in enumerate(group_steps(dense.features)):
         if hasattr(step.layers[0], "spec"):
-            spec, inp = step.spec(), torch.randn(shape)  # (1, C, D, H, W)
+            spec = step.spec()
             names[i] = _layer_name(spec, shape)
-            for solver in solvers.candidates(spec, ext_available=ext_available(), dtype=inp.dtype):
-                runs[f"{i}:{solver}"] = _solver(solver, spec, inp)
+            for fmt in layout.NAMES:
+                inp = layout.to_format(torch.randn(shape), fmt)  # (1, C, D, H, W)
+                for solver in solvers.candidates(spec, ext_available=ext_available(), dtype=inp.dtype):
+                    runs[f"{i}:{solver}/{fmt}"] = _solver(solver, spec, inp, layout.memory_format(fmt, 5))
         shape = next_shape(step, shape)
     samples = interleave(runs, repeats)
     layers: dict[int, dict[str, float]] = {}
@@ -93,7 +95,7 @@ def layer_races(dense, x: torch.Tensor, repeats: int) -> dict:
             "times_s": times,
             "best": min(times, key=times.get),
             "best_s": min(times.values()),
-            "plan_choice": plan.steps[i].solver,
+            "plan_choice": f"{plan.steps[i].solver}/{plan.memory_format}",
         }
         for i, times in layers.items()
     ]
@@ -185,12 +187,14 @@ def markdown(r: dict) -> str:
         lines.append(f"| {name} | {t:.3g} s | {r['voxels_per_s'][name]:,.0f} | {' | '.join(cells)} |")
     races = r["layer_races"]
     for net, plan in r["plans"].items():
-        lines += ["", f"`{net}` plan (solver per step): {', '.join(str(solver) for solver in plan)}."]
+        steps = ", ".join(str(solver) for solver in plan["solvers"])
+        lines += ["", f"`{net}` plan ({plan['format']}; solver per step): {steps}."]
     lines += [
         "",
-        "Every solver of every windowed layer on its real input (dense, stride 1, dilated), interleaved with "
+        "Every solver of every windowed layer on its real input shape (dense, stride 1, dilated), in NCDHW (`nchw`) "
+        "and channels_last_3d (`nhwc`), interleaved with "
         f"densecnn/tuned's whole forward ({races['densecnn_forward_s']:.3g} s in these rounds). Conv-only limit (the "
-        f"fastest solver per conv layer, summed): {races['conv_limit_s']:.3g} s; densecnn/tuned's forward is "
+        f"fastest solver per conv layer in either format, summed): {races['conv_limit_s']:.3g} s; densecnn/tuned's forward is "
         f"{races['vs_conv_limit']:.2f}× that.",
         "",
         "| layer (input C×D×H×W) | tuned plan | fastest | times |",
@@ -203,10 +207,11 @@ def markdown(r: dict) -> str:
     return "\n".join(lines)
 
 
-def _solvers_of(net, x: torch.Tensor) -> list[str | None]:
-    """The solver of each step of ``net``'s plan for ``x`` (None: a layer run as itself)."""
+def _solvers_of(net, x: torch.Tensor) -> dict:
+    """The memory format of ``net``'s plan for ``x`` and the solver of each step (None: a layer run as itself)."""
     with torch.no_grad():
-        return [step.solver for step in net.plan(net.pad(x)).steps]
+        plan = net.plan(net.pad(x))
+    return {"format": plan.memory_format, "solvers": [step.solver for step in plan.steps]}
 
 
 def _kernels_apply(dense) -> bool:
@@ -230,10 +235,10 @@ def _layers(features, x: torch.Tensor):
     return run
 
 
-def _solver(name: str, spec, x: torch.Tensor):
+def _solver(name: str, spec, x: torch.Tensor, memory_format: torch.memory_format):
     def run():
         with torch.no_grad():
-            solvers.run(name, spec, x)
+            solvers.run(name, spec, x, memory_format)
 
     return run
 

@@ -258,6 +258,17 @@ def test_cost_model_predicts_every_fitted_candidate_in_both_formats():
     assert larger["nchw"]["native"] > table["nchw"]["native"]  # more pixels cost more
 
 
+def test_timing_shapes_are_bucketed_per_number_of_axes():
+    """Images are timed at most 256 px beyond the reach per side, volumes 96³, signals as many points as an image."""
+    conv = {dims: ConvSpec(torch.empty(4, 4, *(3,) * dims), None, (2,) * dims, 1) for dims in (1, 2, 3)}
+    assert find.timing_shape(conv[2], (1, 4, 1000, 100)) == (1, 4, 260, 128)
+    assert find.timing_shape(conv[3], (1, 4, 300, 113, 40)) == (1, 4, 100, 100, 64)
+    assert find.timing_shape(conv[1], (1, 4, 10**6)) == (1, 4, 256**2 + 4)
+    # volumes and images have a channels-last format to choose, signals none
+    assert find.memory_formats((1, 4, 8, 8, 8)) == find.memory_formats((1, 4, 8, 8)) == ["nchw", "nhwc"]
+    assert find.memory_formats((1, 4, 8)) == ["nchw"]
+
+
 def test_cost_model_fit_recovers_a_known_law():
     """Times made up from a known log-linear law (independent of any solver) are fitted back to it."""
     true_beta = [-3.0, 1.0, 0.8, 0.5, 1.1, 0.2, 0.3]
