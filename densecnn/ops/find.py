@@ -51,11 +51,6 @@ def cache_dir() -> Path:
     return Path(base) / "densecnn"
 
 
-def memory_formats(shape) -> list[str]:
-    """The memory formats a net may run in on (N, C, *S) inputs of ``shape``: channels-last for images and volumes."""
-    return layout.names_for(len(shape))
-
-
 def timing_shape(spec: Spec, shape: tuple[int, ...]) -> tuple[int, ...]:
     """The bucketed (1, C, *S) the candidates are timed on, for an input of ``shape`` (as many pixels at most as a
     MAX_SIDE² image for signals, :data:`MAX_VOLUME_SIDE` per side for volumes)."""
@@ -159,7 +154,7 @@ def time_candidates(
         fmt: _time_candidates(
             spec, shape, fmt, dtype, device, train=train, ext=ext, input_grad=input_grad, every=every
         )
-        for fmt in memory_formats(shape)
+        for fmt in layout.names_for(len(shape))
     }
 
 

@@ -36,8 +36,8 @@ from ..layers import output_shape
 from ..rules.registry import fused_activation
 from . import costmodel, solvers
 from .backends import Backend, allowed_solvers, ext_available
-from .find import cached, find, memory_formats, timing_shape
-from .layout import NAMES, to_format
+from .find import cached, find, timing_shape
+from .layout import NAMES, names_for, to_format
 from .layout import memory_format as torch_memory_format
 from .solvers import SOLVERS, PoolSpec
 
@@ -184,7 +184,7 @@ def make_plan(
     forced, fmt_forced = forced_solver(solver), forced_memory_format(memory_format)
     if backend is Backend.NATIVE and fmt_forced is None:
         fmt_forced = "nchw"  # torch's dilated ops as they come: nothing to choose, nothing to time
-    if fmt_forced not in (None, *memory_formats(shape)):
+    if fmt_forced not in (None, *names_for(len(shape))):
         fmt_forced = "nchw"  # signals have no channels-last format
     allowed = allowed_solvers(backend, forced)
     ext = ext_available()
@@ -208,7 +208,7 @@ def make_plan(
             )
         shape = next_shape(step, shape)
     # A format is a choice when every step has times in it (the cost model may have measured only NC* for an op).
-    timed = [f for f in memory_formats(shape) if all(step.times is None or f in step.times for step in steps)]
+    timed = [f for f in names_for(len(shape)) if all(step.times is None or f in step.times for step in steps)]
     formats = [fmt_forced] if fmt_forced else timed or ["nchw"]
     best = {fmt: [_best(step.times, fmt, allowed, forced) for step in steps] for fmt in formats}
     chosen = min(formats, key=lambda fmt: sum(ms for _, ms in best[fmt]))
