@@ -31,7 +31,9 @@ import torch
 
 import densecnn
 from densecnn.bench.timing import elapsed, interleave, median, ratio
-from densecnn.ops import ext_available, layout, solvers
+from densecnn.ops import ext_available, solvers
+from densecnn.ops.layout import NAMES as FORMAT_NAMES
+from densecnn.ops.layout import memory_format, to_format
 from densecnn.ops.plan import group_steps, next_shape
 from densecnn.ops.solvers import ConvSpec
 
@@ -77,10 +79,10 @@ def layer_races(dense, x: torch.Tensor, repeats: int) -> dict:
         if hasattr(step.layers[0], "spec"):
             spec = step.spec()
             names[i] = _layer_name(spec, shape)
-            for fmt in layout.NAMES:
-                inp = layout.to_format(torch.randn(shape), fmt)  # (1, C, D, H, W)
+            for fmt in FORMAT_NAMES:
+                inp = to_format(torch.randn(shape), fmt)  # (1, C, D, H, W)
                 for solver in solvers.candidates(spec, ext_available=ext_available(), dtype=inp.dtype):
-                    runs[f"{i}:{solver}/{fmt}"] = _solver(solver, spec, inp, layout.memory_format(fmt, 5))
+                    runs[f"{i}:{solver}/{fmt}"] = _solver(solver, spec, inp, memory_format(fmt, 5))
         shape = next_shape(step, shape)
     samples = interleave(runs, repeats)
     layers: dict[int, dict[str, float]] = {}
