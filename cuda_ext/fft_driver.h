@@ -99,8 +99,8 @@ at::Tensor fft_conv2d_tiles(const at::Tensor& input, const at::Tensor& spectrum,
   const c10::optional<at::Tensor> b = bias.has_value() ? c10::optional<at::Tensor>(bias->contiguous()) : bias;
   const int64_t group = fft_group_tiles(g, input.element_size());
   const int64_t points = fft_points(g);
-  at::Tensor x_spectrum = at::empty({points * group * g.channels * 2}, input.options());
-  at::Tensor product = at::empty({points * group * g.out_channels}, spectrum.options());
+  at::Tensor x_spectrum = empty_output({points * group * g.channels * 2}, input.options());  // reused workspaces
+  at::Tensor product = empty_output({points * group * g.out_channels}, spectrum.options());
   for (int64_t first = 0; first < g.tiles; first += group) {
     const int64_t count = std::min(group, g.tiles - first);
     at::Tensor xs = x_spectrum.narrow(0, 0, points * count * g.channels * 2).view({count, points, g.channels, 2});

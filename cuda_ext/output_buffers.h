@@ -6,8 +6,9 @@
 // every training step), so:
 //
 // - **Reuse.** The kernels keep each large output buffer they allocate (at least kMinCachedBytes) and hand it out
-//   again, for an output of the same size in bytes, once nothing else refers to it: its storage's use count is back
-//   to one, the cache's own reference. Outputs a caller keeps (a returned score map, a tensor autograd saved) are
+//   again, for an output of the same size or up to half as large, once nothing else refers to it: its storage's use
+//   count is back to one, the cache's own reference. The smallest such buffer is taken, so a net's layers, whose
+//   maps shrink slowly, mostly alternate between two buffers, also within the first call. Outputs a caller keeps (a returned score map, a tensor autograd saved) are
 //   never reused while kept. At most DENSECNN_OUTPUT_CACHE_MB (default 1024; 0 turns reuse off) of buffers are
 //   kept; beyond that the least recently used free ones are released.
 // - **Huge pages**, opt-in with DENSECNN_HUGE_PAGES=1: a fresh buffer is advised to be backed by 2 MiB pages where
@@ -66,11 +67,17 @@ class OutputCache {
     const int64_t bytes = c10::multiply_integers(sizes) * int64_t(options.dtype().itemsize());
     if (!options.device().is_cpu() || bytes < kMinCachedBytes || limit_ == 0) return fresh(sizes, options);
     std::lock_guard<std::mutex> lock(mutex_);
+    auto best = buffers_.end();  // the smallest free buffer that fits, up to twice the size asked for
     for (auto it = buffers_.begin(); it != buffers_.end(); ++it) {
-      if (it->use_count() == 1 && static_cast<int64_t>(it->nbytes()) == bytes) {
-        buffers_.splice(buffers_.end(), buffers_, it);  // most recently used last
-        return at::empty({0}, options).set_(buffers_.back(), 0, sizes, c10::contiguous_strides(sizes));
+      const int64_t size = static_cast<int64_t>(it->nbytes());
+      if (it->use_count() == 1 && size >= bytes && size <= 2 * bytes &&
+          (best == buffers_.end() || size < static_cast<int64_t>(best->nbytes()))) {
+        best = it;
       }
+    }
+    if (best != buffers_.end()) {
+      buffers_.splice(buffers_.end(), buffers_, best);  // most recently used last
+      return at::empty({0}, options).set_(buffers_.back(), 0, sizes, c10::contiguous_strides(sizes));
     }
     at::Tensor out = fresh(sizes, options);
     buffers_.push_back(out.storage());

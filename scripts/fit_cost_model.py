@@ -16,7 +16,7 @@ multi-threaded op also waits for its slowest thread at each barrier (tens of ms 
 there, which keeps the solvers' ranking.
 
 The grid is random (seeded) over kernel, dilation, channels and map size, plus the layers of the zoo's reference nets
-at a 256² image (what the find step would time for them); for signals and volumes, a random grid of 1-D and 3-D convs
+at 256² and 512² images (what the find step would time for them); for signals and volumes, a random grid of 1-D and 3-D convs
 and pools plus the layers of the zoo's volume nets on small and large volumes (so immediate plans on volumes rank
 the 3-D solvers from 3-D measurements).
 """
@@ -189,7 +189,11 @@ KINDS = {"signals": 1, "images": 2, "volumes": 3}  # kind of problem: spatial ax
 def _grid(kind: str, args) -> list[dict]:
     """The problems of one kind the full run times."""
     if kind == "images":
-        return reference_problems(256) + random_grid(args.count, seed=0)
+        rows = reference_problems(256) + random_grid(args.count, seed=0)
+        return rows + [
+            row for row in reference_problems(512) if row not in rows
+        ]  # a strongly dilated layer's
+        # timing shape grows with the image (find.MIN_SUBGRID_SIDE)
     if kind == "volumes":
         return reference_volume_problems() + random_grid_nd(args.count_nd, 0, 3)
     return random_grid_nd(args.count_nd, 0, 1)

@@ -28,6 +28,13 @@ def test_quick_bench_writes_results_tables_and_plots(tmp_path, monkeypatch):
         "masked_counts"
     ]
     assert all(row["overhead"] > 0 for row in results["conv_limit"])
+    for row in results[
+        "conv_limit"
+    ]:  # the direct-convolution limit: torch's conv per layer, the faster format
+        convs = [layer for layer in row["layers"] if "Pool" not in layer["layer"]]  # convs and FC-made convs
+        natives = [min(t for c, t in layer["times_s"].items() if c.startswith("native/")) for layer in convs]
+        assert convs and row["native_conv_sum_s"] == pytest.approx(sum(natives))
+        assert row["vs_native_conv_sum"] == row["densecnn_forward_s"] / row["native_conv_sum_s"]
     race = results["conv_limit"][0]["layers"]
     assert all(
         row["winner_s"] <= min(row["times_s"].values()) for row in race

@@ -41,6 +41,26 @@ def test_a_dropped_output_buffer_is_reused_and_a_kept_one_is_not():
     assert_equal_to_rounding(y3, _reference(x3))
 
 
+def test_a_smaller_output_takes_the_smallest_free_buffer_that_fits():
+    """A free buffer serves outputs down to half its size, the smallest fitting one first: a net's slowly shrinking
+    maps mostly alternate between two buffers, even within the first call."""
+    large, medium = (
+        _pool(torch.randn(1, 16, 202, 202)),
+        _pool(torch.randn(1, 16, 162, 162)),
+    )  # 2.56 MB, 1.64 MB
+    addresses = {"large": large.data_ptr(), "medium": medium.data_ptr()}
+    del large, medium
+    x = torch.randn(1, 16, 150, 150)  # output 1.40 MB: both buffers fit it, the medium one is smaller
+    y = _pool(x)
+    assert y.data_ptr() == addresses["medium"]
+    assert_equal_to_rounding(y, _reference(x))
+    x_small = torch.randn(1, 16, 100, 162)  # output 1.00 MB: the large buffer is more than twice that
+    y_small = _pool(x_small)
+    assert y_small.data_ptr() not in addresses.values()
+    assert_equal_to_rounding(y_small, _reference(x_small))
+    assert_equal_to_rounding(y, _reference(x))
+
+
 def test_views_and_autograd_keep_their_buffers():
     x = torch.randn(1, 16, 130, 130, requires_grad=True)
     y = _pool(x)

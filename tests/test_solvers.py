@@ -262,6 +262,10 @@ def test_timing_shapes_are_bucketed_per_number_of_axes():
     """Images are timed at most 256 px beyond the reach per side, volumes 96³, signals as many points as an image."""
     conv = {dims: ConvSpec(torch.empty(4, 4, *(3,) * dims), None, (2,) * dims, 1) for dims in (1, 2, 3)}
     assert find.timing_shape(conv[2], (1, 4, 1000, 100)) == (1, 4, 260, 128)
+    wide = ConvSpec(
+        torch.empty(4, 4, 7, 7), None, (16, 16), 1
+    )  # 32 outputs per sub-grid: 512 beyond the reach
+    assert find.timing_shape(wide, (1, 4, 2000, 608)) == (1, 4, 608, 608)
     assert find.timing_shape(conv[3], (1, 4, 300, 113, 40)) == (1, 4, 100, 100, 64)
     assert find.timing_shape(conv[1], (1, 4, 10**6)) == (1, 4, 256**2 + 4)
     # volumes and images have a channels-last format to choose, signals none

@@ -234,8 +234,9 @@ def _masked_step(work: Workload, labels, mask):
 
 def conv_limit(name: str, config: Config) -> dict:
     """Every candidate solver of every layer, on the real shapes, in both memory formats: which won and by how much,
-    and densecnn's overhead over the conv-only limit (its forward / Σ over conv layers of the best conv time in the
-    format the net runs in), interleaved with the whole forward. Inference (no autograd).
+    densecnn's overhead over the conv-only limit (its forward / Σ over conv layers of the best conv time in the
+    format the net runs in), and its forward over the direct-convolution limit (Σ over conv layers of torch's conv in
+    the faster format), interleaved with the whole forward. Inference (no autograd).
     """
     work = Workload.zoo(name, config.size)
     shape, contenders = tuple(work.padded.shape), {"densecnn": work.forward("densecnn")}
@@ -261,6 +262,9 @@ def conv_limit(name: str, config: Config) -> dict:
     ]
     convs = [row for i, row in zip(races, layers) if isinstance(steps[i].spec(), ConvSpec)]
     limit = sum(row["best_in_plan_format_s"] for row in convs)
+    native_convs = sum(
+        row["times_s"][row["best_native"]] for row in convs
+    )  # torch's direct conv, either format
     forward = median(samples["densecnn"])
     return {
         "model": name,
@@ -269,8 +273,10 @@ def conv_limit(name: str, config: Config) -> dict:
         "layers": layers,
         "convs": [{"layer": r["layer"], "best": r["best_in_plan_format"]} for r in convs],
         "conv_limit_s": limit,
+        "native_conv_sum_s": native_convs,
         "densecnn_forward_s": forward,
         "overhead": forward / limit,
+        "vs_native_conv_sum": forward / native_convs,
     }
 
 

@@ -104,10 +104,16 @@ class CostModel:
 
     def __init__(self, models: dict[str, list[float]], problems: list[dict]):
         rows: dict[str, list[tuple[list[float], float]]] = {}
-        for row in measurement_rows(problems):
-            if row["ms"]:
-                key = group(row["op"], row["solver"], row["format"], row["direction"], row["dtype"])
-                rows.setdefault(key, []).append((features(row), math.log(row["ms"])))
+        for p in (
+            problems
+        ):  # features once per problem (it has dozens of measurements): a first call waits on this
+            x = features(p)
+            for direction, table in p["times_ms"].items():
+                for fmt, times in table.items():
+                    for solver, ms in times.items():
+                        if ms:
+                            key = group(p["op"], solver, fmt, direction, p["dtype"])
+                            rows.setdefault(key, []).append((x, math.log(ms)))
         every = torch.tensor([f for r in rows.values() for f, _ in r] or [[0.0] * len(FEATURES)])
         spread = every.double().std(0) if len(every) > 1 else torch.zeros(len(FEATURES), dtype=torch.float64)
         self.scale = torch.where(spread > 1e-9, 1 / spread.clamp(min=1e-9), torch.zeros(()))  # bias: 0

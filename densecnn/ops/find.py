@@ -36,6 +36,10 @@ MAX_SIDE = 256  # timing inputs are at most this many pixels per side beyond the
 # layer's partial tiles (Winograd's, space-to-batch's) weighed far more than on a real volume and ranked its solvers
 # wrongly; the shipped cost model has measurements at 96³.
 MAX_VOLUME_SIDE = 96
+# A strongly dilated image layer is timed with at least this many outputs per sub-grid and axis (up to its real
+# size): plain_133's 7×7 dilation-16 conv at 256 + 96 px has 16 per sub-grid, where the overlap-save tiles of `fft`
+# waste so much that it tied torch's conv in training, while on the real 512² image it is 1.2× faster per step.
+MIN_SUBGRID_SIDE = 32
 REPEATS = (
     3  # timed runs per candidate after one warm-up (fewer once they add up to BUDGET_MS); the minimum is kept
 )
@@ -52,11 +56,16 @@ def cache_dir() -> Path:
 
 
 def timing_shape(spec: Spec, shape: tuple[int, ...]) -> tuple[int, ...]:
-    """The bucketed (1, C, *S) the candidates are timed on, for an input of ``shape`` (as many pixels at most as a
-    MAX_SIDE² image for signals, :data:`MAX_VOLUME_SIDE` per side for volumes)."""
+    """The bucketed (1, C, *S) the candidates are timed on, for an input of ``shape``: per side the next power of two,
+    at most MAX_SIDE beyond the reach for images (or :data:`MIN_SUBGRID_SIDE` outputs per sub-grid, if more),
+    :data:`MAX_VOLUME_SIDE` for volumes, MAX_SIDE² for signals."""
     reaches = reach(spec.kernel, spec.dilation)
-    max_side = {1: MAX_SIDE**2, 2: MAX_SIDE, 3: MAX_VOLUME_SIDE}[len(shape) - 2]
-    sides = [min(2 ** math.ceil(math.log2(side)), max_side + r) for side, r in zip(shape[2:], reaches)]
+    dims = len(shape) - 2
+    max_side = {1: MAX_SIDE**2, 2: MAX_SIDE, 3: MAX_VOLUME_SIDE}[dims]
+    caps = [
+        max(max_side, MIN_SUBGRID_SIDE * d if dims == 2 else 0) + r for r, d in zip(reaches, spec.dilation)
+    ]
+    sides = [min(2 ** math.ceil(math.log2(side)), cap) for side, cap in zip(shape[2:], caps)]
     return (1, shape[1], *(max(side, r + 1) for side, r in zip(sides, reaches)))
 
 
