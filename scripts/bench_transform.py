@@ -30,12 +30,9 @@ import torch
 
 import densecnn
 from densecnn.ops import ext_available, plan, solvers
+from densecnn.ops.layout import NAMES as FORMATS
+from densecnn.ops.layout import memory_format, to_format
 
-FORMATS = {"nchw": torch.contiguous_format, "nhwc": torch.channels_last}
-VOLUME_FORMATS = {
-    "nchw": torch.contiguous_format,
-    "nhwc": torch.channels_last_3d,
-}  # NCDHW and channels_last_3d
 NETS = {"plain_133": 32, "stages_46": 8}  # classes
 
 
@@ -77,9 +74,9 @@ def step_table(steps, padded: torch.Tensor, repeats: int) -> list[dict]:
         with torch.no_grad():  # the next step's input, computed in x's dtype
             out = solvers.run("native", spec, x) if spec is not None else layers[0](x)
         if spec is not None:
-            inputs = {fmt: x.contiguous(memory_format=memory) for fmt, memory in FORMATS.items()}
+            inputs = {fmt: to_format(x, fmt) for fmt in FORMATS}
             candidates = {
-                f"{name}@{fmt}": functools.partial(solvers.run, name, spec, inputs[fmt])
+                f"{name}@{fmt}": functools.partial(_run, name, spec, inputs[fmt], fmt)
                 for name in solvers.candidates(spec, ext_available=ext_available())
                 for fmt in FORMATS
             }
@@ -111,16 +108,22 @@ def plan_from_table(rows, allow) -> tuple[str, list[str], float]:
 
 
 def runner(steps, fmt: str, names: list[str]):
+    """The padded input in ``fmt``, each step by its solver (any number of axes)."""
     names = iter(names)
     plan = [(layers, spec, next(names) if spec is not None else None) for layers, spec in steps]
 
     def run(padded):
-        x = padded.contiguous(memory_format=FORMATS[fmt])
+        x = to_format(padded, fmt)
         for layers, spec, name in plan:
-            x = solvers.run(name, spec, x) if spec is not None else layers[0](x)
+            x = _run(name, spec, x, fmt) if spec is not None else layers[0](x)
         return x.contiguous()
 
     return run
+
+
+def _run(name: str, spec, x: torch.Tensor, fmt: str) -> torch.Tensor:
+    """One step by solver ``name``, its output in ``fmt`` (a one-channel input is both formats)."""
+    return solvers.run(name, spec, x, memory_format(fmt, x.dim()))
 
 
 def bench_net(name: str, size: int, dtype: torch.dtype, repeats: int) -> dict:
@@ -212,10 +215,10 @@ def kernel_sweep(size: int, kernels: list[int], repeats: int) -> list[dict]:
     for k in kernels:
         spec = solvers.ConvSpec(torch.randn(32, 50, k, k) / (50 * k * k) ** 0.5, torch.randn(32), (16, 16), 1)
         x = torch.randn(1, 50, size + (k - 1) * 16, size + (k - 1) * 16)
-        inputs = {fmt: x.contiguous(memory_format=memory) for fmt, memory in FORMATS.items()}
+        inputs = {fmt: to_format(x, fmt) for fmt in FORMATS}
         ms = interleaved(
             {
-                f"{name}@{fmt}": functools.partial(solvers.run, name, spec, inputs[fmt])
+                f"{name}@{fmt}": functools.partial(_run, name, spec, inputs[fmt], fmt)
                 for name in ("native", "s2b", "fft")
                 for fmt in FORMATS
             },  # fmt: skip
@@ -237,18 +240,17 @@ def winograd_net(name: str, shape: tuple, repeats: int) -> dict:
     model, patch = densecnn.zoo.create(name, in_channels=shape[1], num_classes=3)
     dense = densecnn.convert(model.eval(), patch)
     padded = dense.pad(torch.rand(shape))
-    formats = FORMATS if padded.dim() == 4 else VOLUME_FORMATS
     steps, rows, x = steps_of(dense), [], padded
     for layers, spec in steps:
         with torch.no_grad():
             out = solvers.run("native", spec, x) if spec is not None else layers[0](x)
         if spec is not None:
-            inputs = {fmt: x.contiguous(memory_format=memory) for fmt, memory in formats.items()}
+            inputs = {fmt: to_format(x, fmt) for fmt in FORMATS}
             names = [n for n in solvers.candidates(spec, ext_available=ext_available()) if n != "fft"]
             candidates = {
-                f"{n}@{fmt}": functools.partial(solvers.run, n, spec, inputs[fmt])
+                f"{n}@{fmt}": functools.partial(_run, n, spec, inputs[fmt], fmt)
                 for n in names
-                for fmt in formats
+                for fmt in FORMATS
             }
             rows.append({"spec": spec, "shape": list(x.shape), "ms": interleaved(candidates, repeats)})
         x = out
@@ -258,21 +260,18 @@ def winograd_net(name: str, shape: tuple, repeats: int) -> dict:
         if "winograd@nchw" not in ms:
             continue
         native = min(ms["native@nchw"], ms["native@nhwc"])
-        wino = {fmt: ms[f"winograd@{fmt}"] for fmt in formats}
+        wino = {fmt: ms[f"winograd@{fmt}"] for fmt in FORMATS}
         layers.append({
             "conv": f"{'x'.join(map(str, spec.kernel))} d{spec.dilation[0]} {spec.weight.shape[1]}->"
                     f"{spec.weight.shape[0]} on {'x'.join(map(str, row['shape'][2:]))}",
             "best_native_ms": native, "winograd_ms": wino, "speedup": native / min(wino.values()),
         })  # fmt: skip
     plans = {
-        "with_winograd": plan_options(rows, formats, lambda s: True),
-        "without_winograd": plan_options(rows, formats, lambda s: s != "winograd"),
+        "with_winograd": plan_from_table(rows, lambda s: True),
+        "without_winograd": plan_from_table(rows, lambda s: s != "winograd"),
     }
-    if padded.dim() == 5:  # densecnn runs volumes in NCDHW: the best plans there too
-        plans["with_winograd_ncdhw"] = plan_options(rows, ["nchw"], lambda s: True)
-        plans["without_winograd_ncdhw"] = plan_options(rows, ["nchw"], lambda s: s != "winograd")
     end_to_end = interleaved(
-        {key: functools.partial(volume_runner(steps, formats[fmt], names), padded)
+        {key: functools.partial(runner(steps, fmt, names), padded)
          for key, (fmt, names, _) in plans.items()},
         repeats,
     )  # fmt: skip
@@ -289,29 +288,6 @@ def winograd_net(name: str, shape: tuple, repeats: int) -> dict:
             if key.startswith("with_")
         },
     }
-
-
-def plan_options(rows, formats, allow) -> tuple[str, list[str], float]:
-    """:func:`plan_from_table` over ``formats``."""
-    options = []
-    for fmt in formats:
-        chosen = [best(row["ms"], fmt, allow) for row in rows]
-        options.append((fmt, [name for name, _ in chosen], sum(ms for _, ms in chosen)))
-    return min(options, key=lambda option: option[2])
-
-
-def volume_runner(steps, memory_format, names: list[str]):
-    """:func:`runner` for any number of axes: the padded input in ``memory_format``, each step by its solver."""
-    names = iter(names)
-    plan = [(layers, spec, next(names) if spec is not None else None) for layers, spec in steps]
-
-    def run(padded):
-        x = padded.contiguous(memory_format=memory_format)
-        for layers, spec, name in plan:
-            x = solvers.run(name, spec, x) if spec is not None else layers[0](x)
-        return x.contiguous()
-
-    return run
 
 
 def report_winograd(result: dict) -> None:
