@@ -5,6 +5,7 @@
 #include <torch/library.h>
 
 #include "gpu_loops.h"
+#include "output_buffers.h"
 
 namespace densecnn {
 
@@ -16,6 +17,8 @@ std::atomic<bool>& gpu_loops_on_cpu() {
 namespace {
 
 bool use_gpu_loops_on_cpu(bool enable) { return gpu_loops_on_cpu().exchange(enable); }
+
+int64_t release_output_buffers() { return OutputCache::instance().release(); }
 
 }  // namespace
 }  // namespace densecnn
@@ -60,6 +63,8 @@ TORCH_LIBRARY(densecnn, m) {
   // The whole conv: input transform, V[ξ] @ kernel[ξ] against the transformed kernel (α^n, C, K), output transform
   // (+ bias), chunk by chunk -> (N, K, ...) in the input's memory format.
   m.def("winograd_conv(Tensor input, Tensor kernel, Tensor? bias, int[] dilation, int m) -> Tensor");
+  // Frees the cached output buffers nothing refers to (output_buffers.h); returns the bytes released.
+  m.def("release_output_buffers() -> int", &densecnn::release_output_buffers);
   // Tests only: run the CUDA kernels' per-element bodies on the CPU (gpu_loops.h). Returns the previous setting.
   m.def("_use_gpu_loops_on_cpu(bool enable) -> bool", &densecnn::use_gpu_loops_on_cpu);
 }

@@ -5,12 +5,15 @@
 // the arithmetic that fills it. Dense nets run the same shapes call after call (every forward of a served model,
 // every training step), so:
 //
-// - **Reuse.** The kernels keep each large output buffer they allocate (at least kMinCachedBytes) and hand it out
-//   again, for an output of the same size or up to half as large, once nothing else refers to it: its storage's use
-//   count is back to one, the cache's own reference. The smallest such buffer is taken, so a net's layers, whose
-//   maps shrink slowly, mostly alternate between two buffers, also within the first call. Outputs a caller keeps (a returned score map, a tensor autograd saved) are
-//   never reused while kept. At most DENSECNN_OUTPUT_CACHE_MB (default 1024; 0 turns reuse off) of buffers are
-//   kept; beyond that the least recently used free ones are released.
+// - **Reuse.** The kernels' large outputs and workspaces (at least kMinCachedBytes) live on blocks of this cache:
+//   when torch frees such a tensor's storage (nothing refers to it any more), its deleter returns the block here
+//   instead of to the system, and the next output of the same size or down to half of it takes it. The smallest
+//   such block is taken, so a net's layers, whose maps shrink slowly, mostly alternate between two blocks, also
+//   within the first call. Outputs a caller keeps (a returned score map, a view of it, a tensor autograd saved) are
+//   never reused while kept. The cache's blocks, free or in use, take at most DENSECNN_OUTPUT_CACHE_MB (default
+//   1024; 0 turns reuse off) when a block is handed out, the least recently used free ones released first;
+//   `torch.ops.densecnn.release_output_buffers()` (`densecnn.ops.ext.release_output_buffers`) releases all free
+//   ones at once.
 // - **Huge pages**, opt-in with DENSECNN_HUGE_PAGES=1: a fresh buffer is advised to be backed by 2 MiB pages where
 //   the system allows it (transparent_hugepage "madvise" or "always"), making its first-touch faults 512× fewer.
 //   Off by default: with the usual defrag setting ("madvise") those faults compact memory synchronously, which made
@@ -18,6 +21,8 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <c10/core/CPUAllocator.h>
+#include <c10/core/impl/alloc_cpu.h>
 #include <c10/util/accumulate.h>
 #include <c10/util/strides.h>
 
@@ -44,75 +49,127 @@ inline bool huge_pages_enabled() {
   return enabled;
 }
 
-// Call right after allocating `fresh`, before anything writes to it. A no-op unless enabled, for small tensors,
-// elsewhere than Linux, and when the advice is refused.
-inline void advise_huge_pages(const at::Tensor& fresh) {
+// Call right after allocating `bytes` at `data`, before anything writes to it. A no-op unless enabled, for small
+// buffers, elsewhere than Linux, and when the advice is refused.
+inline void advise_huge_pages(void* data, int64_t bytes) {
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
   if (!huge_pages_enabled()) return;
   constexpr uintptr_t kHuge = uintptr_t(1) << 21;
-  const uintptr_t begin = reinterpret_cast<uintptr_t>(fresh.data_ptr());
-  const uintptr_t end = begin + fresh.nbytes();
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(data);
+  const uintptr_t end = begin + static_cast<uintptr_t>(bytes);
   const uintptr_t first = (begin + kHuge - 1) & ~(kHuge - 1), last = end & ~(kHuge - 1);
-  if (fresh.is_cpu() && last >= first + 2 * kHuge) madvise(reinterpret_cast<void*>(first), last - first, MADV_HUGEPAGE);
+  if (last >= first + 2 * kHuge) madvise(reinterpret_cast<void*>(first), last - first, MADV_HUGEPAGE);
 #else
-  (void)fresh;
+  (void)data;
+  (void)bytes;
 #endif
 }
 
 class OutputCache {
  public:
-  // A contiguous tensor of `sizes`: a free cached buffer of the same byte size if there is one, else a fresh one
-  // (kept for later calls when large enough and the limit allows).
+  // A contiguous tensor of `sizes`: on a free cached block of the same byte size or up to twice it if there is one,
+  // else on a fresh block, which returns to the cache when the tensor's storage is freed.
   at::Tensor empty(at::IntArrayRef sizes, const at::TensorOptions& options) {
     const int64_t bytes = c10::multiply_integers(sizes) * int64_t(options.dtype().itemsize());
-    if (!options.device().is_cpu() || bytes < kMinCachedBytes || limit_ == 0) return fresh(sizes, options);
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto best = buffers_.end();  // the smallest free buffer that fits, up to twice the size asked for
-    for (auto it = buffers_.begin(); it != buffers_.end(); ++it) {
-      const int64_t size = static_cast<int64_t>(it->nbytes());
-      if (it->use_count() == 1 && size >= bytes && size <= 2 * bytes &&
-          (best == buffers_.end() || size < static_cast<int64_t>(best->nbytes()))) {
-        best = it;
-      }
+    if (!options.device().is_cpu()) return at::empty(sizes, options);
+    if (bytes < kMinCachedBytes || limit_ == 0) {
+      at::Tensor out = at::empty(sizes, options);
+      advise_huge_pages(out.data_ptr(), bytes);
+      return out;
     }
-    if (best != buffers_.end()) {
-      buffers_.splice(buffers_.end(), buffers_, best);  // most recently used last
-      return at::empty({0}, options).set_(buffers_.back(), 0, sizes, c10::contiguous_strides(sizes));
-    }
-    at::Tensor out = fresh(sizes, options);
-    buffers_.push_back(out.storage());
-    held_ += bytes;
-    for (auto it = buffers_.begin(); held_ > limit_ && it != buffers_.end();) {  // oldest free ones first
-      if (it->use_count() == 1) {
-        held_ -= static_cast<int64_t>(it->nbytes());
-        it = buffers_.erase(it);
-      } else {
-        ++it;
-      }
-    }
-    return out;
+    Block block = take(bytes);
+    at::DataPtr data(block.ptr, new Returning{block}, &Returning::give_back, at::Device(at::kCPU));
+    // Resizable through the CPU allocator, as torch's own storages are (the old block then comes back here).
+    at::Storage storage(at::Storage::use_byte_size_t(), static_cast<size_t>(block.bytes), std::move(data),
+                        c10::GetCPUAllocator(), /*resizable=*/true);
+    return at::empty({0}, options).set_(std::move(storage), 0, sizes, c10::contiguous_strides(sizes));
   }
 
+  // Frees every free block; returns their bytes.
+  int64_t release() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    int64_t released = 0;
+    for (const Block& block : free_) {
+      c10::free_cpu(block.ptr);
+      released += block.bytes;
+    }
+    free_.clear();
+    held_ -= released;
+    return released;
+  }
+
+  // Never destroyed: storages still alive at exit return their blocks to it.
   static OutputCache& instance() {
-    static OutputCache cache;
-    return cache;
+    static OutputCache* cache = new OutputCache();
+    return *cache;
   }
 
  private:
+  struct Block {
+    void* ptr;
+    int64_t bytes;
+  };
+  struct Returning {  // the deleter's context: which block a storage holds
+    Block block;
+    static void give_back(void* context) {
+      auto* returning = static_cast<Returning*>(context);
+      instance().put(returning->block);
+      delete returning;
+    }
+  };
+
   OutputCache() {
     const char* value = std::getenv("DENSECNN_OUTPUT_CACHE_MB");
     limit_ = (value != nullptr ? std::atoll(value) : 1024) << 20;
   }
 
-  static at::Tensor fresh(at::IntArrayRef sizes, const at::TensorOptions& options) {
-    at::Tensor out = at::empty(sizes, options);
-    advise_huge_pages(out);
-    return out;
+  // The smallest free block of `bytes` up to twice that, else a fresh one (after freeing the least recently used
+  // free blocks while the cache holds more than its limit).
+  Block take(int64_t bytes) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto best = free_.end();
+      for (auto it = free_.begin(); it != free_.end(); ++it) {
+        if (it->bytes >= bytes && it->bytes <= 2 * bytes && (best == free_.end() || it->bytes < best->bytes)) best = it;
+      }
+      if (best != free_.end()) {
+        const Block block = *best;
+        free_.erase(best);
+        return block;
+      }
+      held_ += bytes;
+      while (held_ > limit_ && !free_.empty()) {
+        c10::free_cpu(free_.front().ptr);
+        held_ -= free_.front().bytes;
+        free_.pop_front();
+      }
+    }
+    void* ptr = nullptr;
+    try {
+      ptr = c10::alloc_cpu(static_cast<size_t>(bytes));
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      held_ -= bytes;
+      throw;
+    }
+    advise_huge_pages(ptr, bytes);
+    return {ptr, bytes};
+  }
+
+  void put(const Block& block) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (held_ > limit_) {  // over the limit while it was in use: not kept
+      c10::free_cpu(block.ptr);
+      held_ -= block.bytes;
+      return;
+    }
+    free_.push_back(block);  // most recently used last
   }
 
   std::mutex mutex_;
-  std::list<c10::Storage> buffers_;  // least recently used first
-  int64_t held_ = 0, limit_ = 0;
+  std::list<Block> free_;  // free blocks, least recently used first
+  int64_t held_ = 0;       // bytes of the cache's blocks, free or in use
+  int64_t limit_ = 0;
 };
 
 // An uninitialised output tensor of `sizes`, contiguous (see OutputCache).

@@ -47,7 +47,7 @@ WINOGRAD_INLINE void output_block(const WinogradGeometry& g, const T* m, const T
 
 // Asks for the cache lines of a tile's α^n input pixels (all their channels when channels-last, the first
 // channel's line otherwise). A tile's pixels lie d apart along every axis, in α^(n-1) rows: too many streams for the
-// hardware prefetcher, and without this the gather waits on the last-level cache for most of the transform's time.
+// hardware prefetcher to follow.
 template <typename T>
 struct PrefetchInput {
   const T* x;

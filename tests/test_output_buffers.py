@@ -15,6 +15,12 @@ from tests.tolerances import assert_equal_to_rounding
 pytestmark = pytest.mark.skipif(not ext.available(), reason="densecnn's kernels are not built")
 
 
+@pytest.fixture(autouse=True)
+def no_free_buffers():
+    """Each test starts with no free cached buffers (earlier tests in the process leave some)."""
+    ext.release_output_buffers()
+
+
 def _pool(x):
     return ext.pool_activation(x, (2, 2), (2, 2), "max", "relu", None)
 
@@ -101,3 +107,15 @@ def test_threads_get_distinct_buffers():
         t.join()
     for i, x in enumerate(inputs):
         assert_equal_to_rounding(results[i], _reference(x))
+
+
+def test_release_frees_the_buffers_nothing_refers_to():
+    kept, dropped = _pool(torch.randn(1, 16, 130, 130)), _pool(torch.randn(1, 16, 140, 140))
+    before = kept.clone()
+    size = dropped.untyped_storage().nbytes()  # a fresh block, exactly its size
+    del dropped
+    assert ext.release_output_buffers() == size  # the kept one stays cached, in use
+    assert ext.release_output_buffers() == 0
+    assert torch.equal(kept, before)
+    del kept
+    assert ext.release_output_buffers() >= 1 << 20

@@ -50,6 +50,17 @@ def load_error() -> str | None:
     return _LOAD_ERROR
 
 
+def release_output_buffers() -> int:
+    """Free the output buffers densecnn's CPU kernels keep for reuse that nothing refers to any more (as
+    ``torch.cuda.empty_cache`` does for CUDA memory); returns the bytes released. Later calls allocate afresh.
+
+    >>> release_output_buffers() >= 0
+    True
+    """
+    _require()
+    return torch.ops.densecnn.release_output_buffers()
+
+
 def _require() -> None:
     if _LOAD_ERROR is not None:
         raise RuntimeError(
