@@ -103,10 +103,10 @@ class CostModel:
     """Fitted models plus the measurements behind them; :meth:`time_ms` predicts one candidate's time."""
 
     def __init__(self, models: dict[str, list[float]], problems: list[dict]):
+        # A first call waits on this: features once per problem (each has dozens of measurements), and each group's
+        # tensors only when a prediction needs them.
         rows: dict[str, list[tuple[list[float], float]]] = {}
-        for p in (
-            problems
-        ):  # features once per problem (it has dozens of measurements): a first call waits on this
+        for p in problems:
             x = features(p)
             for direction, table in p["times_ms"].items():
                 for fmt, times in table.items():
@@ -117,12 +117,18 @@ class CostModel:
         every = torch.tensor([f for r in rows.values() for f, _ in r] or [[0.0] * len(FEATURES)])
         spread = every.double().std(0) if len(every) > 1 else torch.zeros(len(FEATURES), dtype=torch.float64)
         self.scale = torch.where(spread > 1e-9, 1 / spread.clamp(min=1e-9), torch.zeros(()))  # bias: 0
-        self.groups = {}
-        for key, beta in models.items():
-            beta = torch.tensor(beta, dtype=torch.float64)
-            x = torch.tensor([f for f, _ in rows.get(key, [])], dtype=torch.float64).view(-1, len(FEATURES))
-            y = torch.tensor([t for _, t in rows.get(key, [])], dtype=torch.float64)
-            self.groups[key] = _Group(beta, x * self.scale, y - x @ beta)
+        self._models, self._rows, self._groups = models, rows, {}
+
+    def _group(self, key: str) -> _Group | None:
+        if key not in self._models:
+            return None
+        if key not in self._groups:
+            beta = torch.tensor(self._models[key], dtype=torch.float64)
+            rows = self._rows.get(key, [])
+            x = torch.tensor([f for f, _ in rows], dtype=torch.float64).view(-1, len(FEATURES))
+            y = torch.tensor([t for _, t in rows], dtype=torch.float64)
+            self._groups[key] = _Group(beta, x * self.scale, y - x @ beta)
+        return self._groups[key]
 
     @classmethod
     def fitted(cls, problems: list[dict]) -> CostModel:
@@ -131,13 +137,13 @@ class CostModel:
 
     def fits(self, op: str) -> bool:
         """Whether any model was fitted for ``op`` ("conv3d", "max_pool1d", ...)."""
-        return any(key.startswith(f"{op}/") for key in self.groups)
+        return any(key.startswith(f"{op}/") for key in self._models)
 
     def time_ms(self, row: dict, solver: str, memory_format: str, direction: str, dtype: str) -> float | None:
         """Predicted ms of ``solver`` on the problem ``row`` (:func:`problem`); None without a model for it (the
         float32 models stand in for other dtypes)."""
-        g = self.groups.get(group(row["op"], solver, memory_format, direction, dtype))
-        g = g or self.groups.get(group(row["op"], solver, memory_format, direction, "float32"))
+        g = self._group(group(row["op"], solver, memory_format, direction, dtype))
+        g = g or self._group(group(row["op"], solver, memory_format, direction, "float32"))
         if g is None:
             return None
         x = torch.tensor(features(row), dtype=torch.float64)

@@ -135,30 +135,31 @@ class _FrequencyDomainConv(torch.autograd.Function):
 
 @functools.lru_cache(maxsize=1024)
 def tile_sizes(sub_out: Pair, kernel: Pair, c: int, k: int, grids: int) -> Pair:
-    """(Th, Tw): the tile sides with the least modelled cost (transforms, products and memory traffic).
+    """(Th, Tw): the tile sides with the least modelled cost (transforms, products and memory traffic), over every
+    pair of sides at once (a first call waits on this search).
 
     ``sub_out`` is the output size of one sub-grid, ``grids`` the number of sub-grids (N·dh·dw), ``c``/``k`` the
     input/output channels.
     """
-    options = [range(kk + 1, max(kk + 1, min(MAX_TILE, so + kk - 1)) + 1) for so, kk in zip(sub_out, kernel)]
-    return min(
-        ((th, tw) for th in options[0] for tw in options[1]),
-        key=lambda t: _cost(t, sub_out, kernel, c, k, grids),
-    )
-
-
-def _cost(tile: Pair, sub_out: Pair, kernel: Pair, c: int, k: int, grids: int) -> float:
-    (th, tw), (sh, sw) = tile, (tile[0] - kernel[0] + 1, tile[1] - kernel[1] + 1)
-    tiles = grids * -(-sub_out[0] // sh) * -(-sub_out[1] // sw)
-    f = tw // 2 + 1
+    sides = [
+        torch.arange(kk + 1, max(kk + 1, min(MAX_TILE, so + kk - 1)) + 1) for so, kk in zip(sub_out, kernel)
+    ]
+    th, tw = (side.double() for side in torch.meshgrid(*sides, indexing="ij"))  # (Th options, Tw options)
+    dft_h = torch.tensor([_complex_dft_cost(n) for n in sides[0].tolist()], dtype=torch.float64)[:, None]
+    sh, sw = th - kernel[0] + 1, tw - kernel[1] + 1
+    tiles = grids * torch.ceil(sub_out[0] / sh) * torch.ceil(sub_out[1] / sw)
+    f = torch.floor(tw / 2) + 1
     # channels padded to whole vectors of lanes
     lanes_in, lanes_out = (LANES * -(-channels // LANES) for channels in (c, k))
-    forward = lanes_in * (th * 2 * f * tw + f * _complex_dft_cost(th))
-    inverse = lanes_out * (f * _complex_dft_cost(th) + sh * sw * 2 * f)
+    forward = lanes_in * (th * 2 * f * tw + f * dft_h)
+    inverse = lanes_out * (f * dft_h + sh * sw * 2 * f)
     products = 4 * th * f * c * k
     floats = 2 * th * f * (c + k) + th * tw * c + sh * sw * k  # the spectra, the tile read, its outputs
-    transforms = TRANSFORM_WEIGHT * (forward + inverse)
-    return tiles * (transforms + PRODUCT_WEIGHT * products + MEMORY_WEIGHT * floats)
+    cost = tiles * (
+        TRANSFORM_WEIGHT * (forward + inverse) + PRODUCT_WEIGHT * products + MEMORY_WEIGHT * floats
+    )
+    best = int(cost.argmin())  # the first of equal costs, in (Th, Tw) order
+    return int(th.flatten()[best]), int(tw.flatten()[best])
 
 
 @functools.lru_cache(maxsize=256)
