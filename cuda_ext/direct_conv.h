@@ -29,8 +29,9 @@ HOST_DEVICE_INLINE int64_t direct_conv_size(const DirectConvGeometry& g) {
   return g.batch * g.out_channels * g.out_depth * g.out_rows * g.out_cols;
 }
 
-// Output element e = (n, k, d, h, w) (row-major index) of the (N, K, D', H', W') output: bias[k] + the sum over channels and taps of
-// weight (K, C, kd, kh, kw) times the input at (n, c, d + a·dd, h + b·dh, w + t·dw). bias may be null.
+// Output element e = (n, k, d, h, w) (row-major index) of the (N, K, D', H', W') output: bias[k] + the sum over
+// channels and taps of weight (K, C, kd, kh, kw) times the input at (n, c, d + a·dd, h + b·dh, w + t·dw), written at
+// direct_conv_offset. bias may be null.
 template <typename T>
 HOST_DEVICE_INLINE void direct_conv_at(const DirectConvGeometry& g, const T* x, const T* weight, const T* bias, T* y,
                                        int64_t e) {

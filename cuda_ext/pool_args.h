@@ -17,8 +17,9 @@ namespace densecnn {
 
 // Kernels run on the input's own layout: channels-last when its channel stride is 1 (then the kernels vectorise
 // over W·C), contiguous otherwise. A one-channel tensor is both; its channel stride says which it was made as
-// (`x.to(memory_format=torch.channels_last)` gives stride 1), so that a channels-last net's outputs stay channels-last. Channels-last is (N, ..., C) in memory whatever the number of spatial axes:
-// torch's channels_last (4-D) and channels_last_3d (5-D), and the (N, L, C) of a transposed signal.
+// (`x.to(memory_format=torch.channels_last)` gives stride 1), so that a channels-last net's outputs stay
+// channels-last. Channels-last is (N, ..., C) in memory whatever the number of spatial axes: torch's channels_last
+// (4-D) and channels_last_3d (5-D), and the (N, L, C) of a transposed signal.
 // Must agree with `_is_channels_last` in densecnn/ops/ext.py (the fake kernels).
 inline bool is_channels_last(const at::Tensor& x) {
   if (x.dim() < 3) return false;

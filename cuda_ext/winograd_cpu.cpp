@@ -188,7 +188,8 @@ at::Tensor winograd_conv_cpu(const at::Tensor& input, const at::Tensor& kernel, 
     scalar_t* y_data = y.mutable_data_ptr<scalar_t>();
     dispatch_winograd(m, in.axes, [&](auto m_tag, auto axes_tag) {
       at::parallel_for(0, chunks, 1, [&](int64_t first, int64_t last) {
-        at::Tensor v = empty_output({points * chunk * in.channels}, input.options());  // reused workspaces
+        // Chunks are sized to stay under 1 MB, so these come from the cache only for layers too wide for that.
+        at::Tensor v = empty_output({points * chunk * in.channels}, input.options());
         at::Tensor products = empty_output({points * chunk * k}, input.options());
         for (int64_t c = first; c < last; ++c) {
           WinogradGeometry gi = in, go = out;

@@ -190,10 +190,8 @@ def _grid(kind: str, args) -> list[dict]:
     """The problems of one kind the full run times."""
     if kind == "images":
         rows = reference_problems(256) + random_grid(args.count, seed=0)
-        return rows + [
-            row for row in reference_problems(512) if row not in rows
-        ]  # a strongly dilated layer's
-        # timing shape grows with the image (find.MIN_SUBGRID_SIDE)
+        # a strongly dilated layer's timing shape grows with the image (find.MIN_SUBGRID_SIDE)
+        return rows + [row for row in reference_problems(512) if row not in rows]
     if kind == "volumes":
         return reference_volume_problems() + random_grid_nd(args.count_nd, 0, 3)
     return random_grid_nd(args.count_nd, 0, 1)
