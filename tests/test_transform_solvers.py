@@ -148,6 +148,7 @@ def test_kernel_spectrum_is_reused_until_the_weight_changes():
     with torch.no_grad():
         first = fft_conv.kernel_spectrum(weight, (12, 12), torch.float32)
         assert first.shape == (12 * 7, 3, 4) and first.dtype == torch.complex64
+        assert not first.is_conj()  # a conjugate view would be resolved (copied) by every call's GEMM
         assert fft_conv.kernel_spectrum(weight, (12, 12), torch.float32) is first
         weight.mul_(-2.0)  # an optimiser step: in place, bumps the version
         assert fft_conv.kernel_spectrum(weight, (12, 12), torch.float32) is not first

@@ -29,6 +29,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from ..geometry import output_size
@@ -83,28 +84,29 @@ def fit(measurements: list[dict]) -> dict[str, list[float]]:
             by_group.setdefault(key, []).append(row)
     models = {}
     for key, rows in sorted(by_group.items()):
-        x = torch.tensor([features(r) for r in rows], dtype=torch.float64)  # (rows, features)
-        y = torch.tensor([math.log(r["ms"]) for r in rows], dtype=torch.float64)  # (rows,)
-        ridge = RIDGE * torch.eye(x.shape[1], dtype=torch.float64)
+        x = np.array([features(r) for r in rows])  # (rows, features)
+        y = np.log([r["ms"] for r in rows])  # (rows,)
+        ridge = RIDGE * np.eye(x.shape[1])
         ridge[0, 0] = 0.0  # the intercept is not shrunk
-        beta = torch.linalg.solve(x.T @ x + ridge, x.T @ y)
-        models[key] = [round(b, 6) for b in beta.tolist()]
+        beta = np.linalg.solve(x.T @ x + ridge, x.T @ y)
+        models[key] = [round(float(b), 6) for b in beta]
     return models
 
 
 @dataclass(frozen=True)
 class _Group:
-    beta: torch.Tensor  # (features,)
-    points: torch.Tensor  # (problems, features): the measured problems' features, scaled
-    residuals: torch.Tensor  # (problems,): log(measured ms) - the fit's log prediction
+    beta: np.ndarray  # (features,)
+    points: np.ndarray  # (problems, features): the measured problems' features, scaled
+    residuals: np.ndarray  # (problems,): log(measured ms) - the fit's log prediction
 
 
 class CostModel:
     """Fitted models plus the measurements behind them; :meth:`time_ms` predicts one candidate's time."""
 
     def __init__(self, models: dict[str, list[float]], problems: list[dict]):
-        # A first call waits on this: features once per problem (each has dozens of measurements), and each group's
-        # tensors only when a prediction needs them.
+        # A first call waits on this: features once per problem (each has dozens of measurements), each group's
+        # arrays only when a prediction needs them, and numpy rather than torch for these small arrays (a torch op
+        # costs microseconds of dispatch each).
         rows: dict[str, list[tuple[list[float], float]]] = {}
         for p in problems:
             x = features(p)
@@ -114,19 +116,19 @@ class CostModel:
                         if ms:
                             key = group(p["op"], solver, fmt, direction, p["dtype"])
                             rows.setdefault(key, []).append((x, math.log(ms)))
-        every = torch.tensor([f for r in rows.values() for f, _ in r] or [[0.0] * len(FEATURES)])
-        spread = every.double().std(0) if len(every) > 1 else torch.zeros(len(FEATURES), dtype=torch.float64)
-        self.scale = torch.where(spread > 1e-9, 1 / spread.clamp(min=1e-9), torch.zeros(()))  # bias: 0
+        every = np.array([f for r in rows.values() for f, _ in r] or [[0.0] * len(FEATURES)])
+        spread = every.std(0, ddof=1) if len(every) > 1 else np.zeros(len(FEATURES))
+        self.scale = np.where(spread > 1e-9, 1 / np.maximum(spread, 1e-9), 0.0)  # bias: 0
         self._models, self._rows, self._groups = models, rows, {}
 
     def _group(self, key: str) -> _Group | None:
         if key not in self._models:
             return None
         if key not in self._groups:
-            beta = torch.tensor(self._models[key], dtype=torch.float64)
+            beta = np.array(self._models[key])
             rows = self._rows.get(key, [])
-            x = torch.tensor([f for f, _ in rows], dtype=torch.float64).view(-1, len(FEATURES))
-            y = torch.tensor([t for _, t in rows], dtype=torch.float64)
+            x = np.array([f for f, _ in rows]).reshape(-1, len(FEATURES))
+            y = np.array([t for _, t in rows])
             self._groups[key] = _Group(beta, x * self.scale, y - x @ beta)
         return self._groups[key]
 
@@ -146,13 +148,13 @@ class CostModel:
         g = g or self._group(group(row["op"], solver, memory_format, direction, "float32"))
         if g is None:
             return None
-        x = torch.tensor(features(row), dtype=torch.float64)
+        x = np.array(features(row))
         log_ms = float(g.beta @ x)
         if len(g.residuals):
-            distances = ((g.points - x * self.scale) ** 2).sum(1).sqrt()  # (problems,)
-            near = distances.topk(min(NEIGHBOURS, len(distances)), largest=False)
-            weights = torch.exp(-((near.values / BANDWIDTH) ** 2))
-            log_ms += float((weights * g.residuals[near.indices]).sum() / (weights.sum() + math.exp(-1.0)))
+            distances = np.sqrt(((g.points - x * self.scale) ** 2).sum(1))  # (problems,)
+            near = np.argsort(distances, kind="stable")[:NEIGHBOURS]
+            weights = np.exp(-((distances[near] / BANDWIDTH) ** 2))
+            log_ms += float((weights * g.residuals[near]).sum() / (weights.sum() + math.exp(-1.0)))
         return math.exp(log_ms)
 
 

@@ -201,17 +201,21 @@ def kernel_spectrum(weight: torch.Tensor, tile: Pair, dtype) -> torch.Tensor:
 
 def _spectrum(weight: torch.Tensor, tile: Pair, dtype) -> torch.Tensor:
     """The kernel's spectrum as two small DFT matrices applied to its kh×kw taps (the zero padding to the tile is
-    never materialised): 8× faster than ``torch.fft.rfft2`` of the padded kernels, which made the first call slow."""
-    kernel_h, kernel_w = weight.shape[2:]
+    never materialised), one matrix product each, the second writing the (Th·F, C, K) layout directly.
+
+    The weight is real, so conj(DFT(w)) is the DFT with conjugate matrices: no conjugate view is left for the GEMM
+    to resolve (a copy of the whole spectrum on every call).
+    """
+    k, c, kernel_h, kernel_w = weight.shape
     tile_h, tile_w = tile
+    freqs = tile_w // 2 + 1
     complex_dtype = torch.complex64 if dtype == torch.float32 else torch.complex128
     with torch.no_grad():
-        dft_h = _dft_matrix(tile_h, tile_h, kernel_h, weight.device).to(complex_dtype)  # (Th, kh)
-        dft_w = _dft_matrix(tile_w // 2 + 1, tile_w, kernel_w, weight.device).to(complex_dtype)  # (F, kw)
-        spectrum = torch.einsum(
-            "ti,fj,kcij->tfck", dft_h, dft_w, weight.to(complex_dtype)
-        ).conj()  # (Th, F, C, K)
-        return spectrum.reshape(-1, weight.shape[1], weight.shape[0]).contiguous()  # (Th·F, C, K)
+        dft_h = _dft_matrix(tile_h, tile_h, kernel_h, weight.device).conj().to(complex_dtype)  # (Th, kh)
+        dft_w = _dft_matrix(freqs, tile_w, kernel_w, weight.device).conj().to(complex_dtype)  # (F, kw)
+        along_w = weight.to(complex_dtype) @ dft_w.T  # (K, C, kh, F)
+        along_w = along_w.permute(2, 3, 1, 0).reshape(kernel_h, freqs * c * k)  # (kh, F·C·K)
+        return (dft_h @ along_w).view(tile_h * freqs, c, k)  # (Th·F, C, K)
 
 
 def _dft_matrix(frequencies: int, length: int, taps: int, device) -> torch.Tensor:
