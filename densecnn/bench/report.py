@@ -41,6 +41,7 @@ def _header(results: dict) -> list[str]:
         "# densecnn benchmarks",
         "",
         f"torch {env['torch']}, densecnn {env['densecnn']}, {env['threads']} threads, {env['cpu']}, "
+        f"{env.get('allocator', 'system malloc')}, "
         f"compiled kernels {'built' if env['ext_available'] else 'NOT built'}; mode {results['mode']}, "
         f"median of {results['repeats']} interleaved rounds; speedups are medians of per-round ratios. "
         "Baselines (native dilated ops, fast scanning, patch-by-patch) run in NCHW and channels_last; each figure "

@@ -7,6 +7,7 @@ channels_last, and densecnn is compared with the faster of the two (named in the
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -374,7 +375,20 @@ def environment() -> dict:
         "threads": torch.get_num_threads(),
         "cpu": platform.processor() or platform.machine(),
         "ext_available": ext_available(),
+        "allocator": allocator(),
     }
+
+
+def allocator() -> str:
+    """The malloc serving torch's CPU tensors in this process: a preloaded tcmalloc, jemalloc or mimalloc (they reuse
+    freed memory, so torch's ops pay fewer page faults; docs/performance.md), else the C library's."""
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return "unknown"
+    return next(
+        (name for name in ("tcmalloc", "jemalloc", "mimalloc") if f"lib{name}" in maps), "system malloc"
+    )
 
 
 def bfloat16(name: str, config: Config) -> dict:
