@@ -48,7 +48,7 @@ RUN useradd --create-home --uid 10001 densecnn
 USER densecnn
 
 # the package is installed into the venv, so point the service at the shipped models explicitly; tcmalloc makes
-# warm requests ~10% faster (docs/performance.md, "Memory allocator")
+# warm requests 13-19% faster (docs/performance.md, "Memory allocator")
 ENV DENSECNN_MODEL_DIR=/srv/densecnn/models \
     LD_PRELOAD=/usr/local/lib/libtcmalloc_minimal.so.4
 EXPOSE 8000

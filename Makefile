@@ -34,7 +34,7 @@ lint: venv
 	$(PY) -m ruff format --check densecnn app tests scripts
 
 # torch's own tensors from tcmalloc's reused memory where Debian's libtcmalloc-minimal4 is installed: warm forwards
-# ~10% and training steps 5-13% faster (docs/performance.md, "Memory allocator").
+# 13-19% and training steps 4-14% faster (docs/performance.md, "Memory allocator").
 TCMALLOC := $(firstword $(wildcard /usr/lib/*/libtcmalloc_minimal.so.4 /usr/lib/libtcmalloc_minimal.so.4))
 
 serve: venv
