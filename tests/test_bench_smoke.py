@@ -3,10 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -70,19 +66,3 @@ def test_bench_runs_only_the_items_asked_for(tmp_path, monkeypatch):
     assert "max_pool" in results and "per_layer" not in results
     assert "## d-sparse max pooling" in (out / "results.md").read_text()
     assert main(["bench", "--quick", "--only", "fastest", "--out", str(out)]) == 2
-
-
-TCMALLOC = sorted(Path("/usr/lib").glob("*/libtcmalloc_minimal.so.4"))
-
-
-@pytest.mark.parametrize(
-    "preload", [None, *TCMALLOC[:1]], ids=lambda p: "system" if p is None else "tcmalloc"
-)
-def test_the_environment_names_the_allocator_serving_torch(preload):
-    """Results say which malloc served torch's tensors: a preloaded tcmalloc changes torch's ops' times."""
-    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
-    if preload is not None:
-        env["LD_PRELOAD"] = str(preload)
-    code = "from densecnn.bench.suite import allocator; print(allocator())"
-    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert result.stdout.strip() == ("system malloc" if preload is None else "tcmalloc")

@@ -7,13 +7,12 @@ channels_last, and densecnn is compared with the faster of the two (named in the
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
 import densecnn
 from densecnn.losses import masked_cross_entropy
-from densecnn.ops import ext_available, solvers
+from densecnn.ops import allocator, ext_available, solvers
 from densecnn.ops.find import find
 from densecnn.ops.layout import to_format
 from densecnn.ops.plan import group_steps, next_shape
@@ -375,20 +374,8 @@ def environment() -> dict:
         "threads": torch.get_num_threads(),
         "cpu": platform.processor() or platform.machine(),
         "ext_available": ext_available(),
-        "allocator": allocator(),
+        "allocator": allocator.name(),  # a caching malloc speeds up torch's ops too
     }
-
-
-def allocator() -> str:
-    """The malloc serving torch's CPU tensors in this process: a preloaded tcmalloc, jemalloc or mimalloc (they reuse
-    freed memory, so torch's ops pay fewer page faults; docs/performance.md), else the C library's."""
-    try:
-        maps = Path("/proc/self/maps").read_text()
-    except OSError:
-        return "unknown"
-    return next(
-        (name for name in ("tcmalloc", "jemalloc", "mimalloc") if f"lib{name}" in maps), "system malloc"
-    )
 
 
 def bfloat16(name: str, config: Config) -> dict:

@@ -24,6 +24,7 @@ Forcing (for experiments and benchmarks), strongest first:
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import threading
 from dataclasses import dataclass
@@ -32,9 +33,10 @@ import torch
 from torch import nn
 
 from ..errors import Cancelled
+from ..geometry import output_size
 from ..layers import output_shape
 from ..rules.registry import fused_activation
-from . import costmodel, solvers
+from . import allocator, costmodel, solvers
 from .backends import Backend, allowed_solvers, ext_available
 from .find import cached, find, timing_shape
 from .layout import NAMES, names_for, to_format
@@ -75,7 +77,8 @@ class Plan:
 
     def describe(self) -> list[dict]:
         """One row per step: its layers, solver, memory format, where the choice came from ("tuned" timings, the
-        cost model's "predicted" times, "forced"), and the step's times per candidate in that format (ms)."""
+        cost model's "predicted" times, "forced"), and the step's times per candidate in that format (ms, at the
+        bucketed timing shape, with torch's fresh buffers charged: :mod:`densecnn.ops.allocator`)."""
         return [
             {
                 "layers": [type(m).__name__ for m in step.layers],
@@ -218,20 +221,41 @@ def make_plan(
 
 
 def _times(spec, names, shape, dtype, device, forced, fmt_forced, *, train, tune, input_grad):
-    """(source, {memory_format: {solver: ms}}) for one step."""
+    """(source, {memory_format: {solver: ms}}) for one step, with the page faults of torch's buffers that the bucketed
+    shape does not show (:mod:`densecnn.ops.allocator`)."""
     if fmt_forced and names and (forced or len(names) == 1):  # nothing to choose: no timing, no prediction
         return "forced", {fmt_forced: {forced if forced in names else names[0]: 0.0}}
     ext = ext_available()
     if tune:
-        return "tuned", find(spec, shape, dtype, device, train=train, ext=ext, input_grad=input_grad)
-    times = cached(spec, shape, dtype, device, train=train, ext=ext, input_grad=input_grad)
-    if times is not None:
-        return "tuned", times
-    # Predicted at the shape the find step times (and the cost model was measured at), so that immediate and tuned
-    # plans rank the candidates on the same problem.
-    return "predicted", costmodel.predict(
-        spec, timing_shape(spec, shape), dtype, train=train, candidates=names
-    )
+        source, times = "tuned", find(spec, shape, dtype, device, train=train, ext=ext, input_grad=input_grad)
+    else:
+        source, times = (
+            "tuned",
+            cached(spec, shape, dtype, device, train=train, ext=ext, input_grad=input_grad),
+        )
+    if times is None:
+        # Predicted at the shape the find step times (and the cost model was measured at), so that immediate and
+        # tuned plans rank the candidates on the same problem.
+        source = "predicted"
+        times = costmodel.predict(spec, timing_shape(spec, shape), dtype, train=train, candidates=names)
+    if torch.device(device).type != "cpu":
+        return source, times
+    real, timed = (_output_bytes(spec, s, dtype) for s in (shape, timing_shape(spec, shape)))
+    return source, {
+        fmt: {
+            name: None
+            if ms is None
+            else ms + allocator.fresh_buffers_ms(name, real_bytes=real, timed_bytes=timed, train=train)
+            for name, ms in table.items()
+        }
+        for fmt, table in times.items()
+    }
+
+
+def _output_bytes(spec, shape: Shape, dtype: torch.dtype) -> int:
+    channels = spec.weight.shape[0] if isinstance(spec, solvers.ConvSpec) else shape[1]
+    spatial = output_size(tuple(shape[2:]), spec.kernel, spec.dilation)
+    return shape[0] * channels * math.prod(spatial) * dtype.itemsize
 
 
 def _best(table, fmt: str, allowed: set[str], forced: str | None) -> tuple[str | None, float]:
