@@ -11,10 +11,11 @@
 //   instead of to the system, and the next output of the same size or down to half of it takes it. The smallest
 //   such block is taken, so a net's layers, whose maps shrink slowly, mostly alternate between two blocks, also
 //   within the first call. Outputs a caller keeps (a returned score map, a view of it, a tensor autograd saved) are
-//   never reused while kept. The cache's blocks, free or in use, take at most DENSECNN_OUTPUT_CACHE_MB (default
-//   1024; 0 turns reuse off) when a block is handed out, the least recently used free ones released first;
-//   `torch.ops.densecnn.release_output_buffers()` (`densecnn.ops.ext.release_output_buffers`) releases all free
-//   ones at once.
+//   never reused while kept. The free blocks take at most DENSECNN_OUTPUT_CACHE_MB (default 1024; 0 turns reuse
+//   off), the least recently used released first; blocks in use do not count, since the program needs that memory
+//   anyway (counting them made a training step's saved activations push every returned block out, so the next
+//   step mapped them all afresh). `torch.ops.densecnn.release_output_buffers()`
+//   (`densecnn.ops.ext.release_output_buffers`) releases all free ones at once.
 // - **Pre-faulting.** A fresh large buffer (the first call's, or any with reuse off) has its pages mapped before the
 //   kernel writes it, by MADV_POPULATE_WRITE (Linux 5.14 and later) over page-aligned chunks on torch's intra-op
 //   threads: one call per chunk instead of a trap per page, 0.18 against 0.26 ms per MB with two threads here.
@@ -121,13 +122,10 @@ class OutputCache {
   // Frees every free block; returns their bytes.
   int64_t release() {
     std::lock_guard<std::mutex> lock(mutex_);
-    int64_t released = 0;
-    for (const Block& block : free_) {
-      c10::free_cpu(block.ptr);
-      released += block.bytes;
-    }
+    const int64_t released = free_bytes_;
+    for (const Block& block : free_) c10::free_cpu(block.ptr);
     free_.clear();
-    held_ -= released;
+    free_bytes_ = 0;
     return released;
   }
 
@@ -156,8 +154,7 @@ class OutputCache {
     limit_ = (value != nullptr ? std::atoll(value) : 1024) << 20;
   }
 
-  // The smallest free block of `bytes` up to twice that, else a fresh one (after freeing the least recently used
-  // free blocks while the cache holds more than its limit).
+  // The smallest free block of `bytes` up to twice that, else a fresh one.
   Block take(int64_t bytes) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -168,42 +165,33 @@ class OutputCache {
       if (best != free_.end()) {
         const Block block = *best;
         free_.erase(best);
+        free_bytes_ -= block.bytes;
         return block;
       }
-      held_ += bytes;
-      while (held_ > limit_ && !free_.empty()) {
-        c10::free_cpu(free_.front().ptr);
-        held_ -= free_.front().bytes;
-        free_.pop_front();
-      }
     }
-    void* ptr = nullptr;
-    try {
-      ptr = c10::alloc_cpu(static_cast<size_t>(bytes));
-    } catch (...) {
-      std::lock_guard<std::mutex> lock(mutex_);
-      held_ -= bytes;
-      throw;
-    }
+    void* ptr = c10::alloc_cpu(static_cast<size_t>(bytes));
     advise_huge_pages(ptr, bytes);
     prefault(ptr, bytes);
     return {ptr, bytes};
   }
 
+  // Keeps a block its storage no longer needs, then releases the least recently used free blocks (possibly this
+  // one) while the free blocks take more than the limit.
   void put(const Block& block) {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (held_ > limit_) {  // over the limit while it was in use: not kept
-      c10::free_cpu(block.ptr);
-      held_ -= block.bytes;
-      return;
-    }
     free_.push_back(block);  // most recently used last
+    free_bytes_ += block.bytes;
+    while (free_bytes_ > limit_) {
+      c10::free_cpu(free_.front().ptr);
+      free_bytes_ -= free_.front().bytes;
+      free_.pop_front();
+    }
   }
 
   std::mutex mutex_;
   std::list<Block> free_;  // free blocks, least recently used first
-  int64_t held_ = 0;       // bytes of the cache's blocks, free or in use
-  int64_t limit_ = 0;
+  int64_t free_bytes_ = 0;
+  int64_t limit_ = 0;  // of free_bytes_
 };
 
 // An uninitialised output tensor of `sizes`, contiguous (see OutputCache).

@@ -3,6 +3,9 @@ out again only once nothing refers to it, so outputs a caller keeps are never ov
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -119,3 +122,25 @@ def test_release_frees_the_buffers_nothing_refers_to():
     assert torch.equal(kept, before)
     del kept
     assert ext.release_output_buffers() >= 1 << 20
+
+
+def test_only_free_buffers_count_against_the_cache_limit():
+    """Blocks in use (a training step's saved activations) do not push returned blocks out of the cache; the free
+    ones beyond DENSECNN_OUTPUT_CACHE_MB are released, least recently used first."""
+    code = """
+import torch
+from densecnn.ops import ext
+pool = lambda x: ext.pool_activation(x, (2, 2), (2, 2), "max", "relu", None)
+kept = [pool(torch.randn(1, 16, 130, 130)) for _ in range(3)]  # 1 MB each, 3 MB in use: over the 2 MB limit
+address = kept[0].data_ptr()
+del kept[0]
+again = pool(torch.randn(1, 16, 130, 130))
+print(again.data_ptr() == address)
+del kept, again
+print(ext.release_output_buffers())
+"""
+    env = {**os.environ, "DENSECNN_OUTPUT_CACHE_MB": "2"}
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    reused, released = result.stdout.split()
+    assert reused == "True"
+    assert int(released) == 2 << 20  # of the three free blocks, the two most recently used stayed
