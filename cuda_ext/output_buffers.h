@@ -13,8 +13,8 @@
 //   within the first call. Outputs a caller keeps (a returned score map, a view of it, a tensor autograd saved) are
 //   never reused while kept. The free blocks take at most DENSECNN_OUTPUT_CACHE_MB (default 1024; 0 turns reuse
 //   off), the least recently used released first; blocks in use do not count, since the program needs that memory
-//   anyway (counting them made a training step's saved activations push every returned block out, so the next
-//   step mapped them all afresh). `torch.ops.densecnn.release_output_buffers()`
+//   anyway (counting them made a process whose live outputs passed the limit release every block it got back, and
+//   map it afresh on the next call). `torch.ops.densecnn.release_output_buffers()`
 //   (`densecnn.ops.ext.release_output_buffers`) releases all free ones at once.
 // - **Pre-faulting.** A fresh large buffer (the first call's, or any with reuse off) has its pages mapped before the
 //   kernel writes it, by MADV_POPULATE_WRITE (Linux 5.14 and later) over page-aligned chunks on torch's intra-op
@@ -33,9 +33,9 @@
 #include <c10/util/strides.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cstdint>
 #include <cstdlib>
-#include <cerrno>
 #include <cstring>
 #include <list>
 #include <mutex>

@@ -226,13 +226,8 @@ def _times(spec, names, shape, dtype, device, forced, fmt_forced, *, train, tune
     if fmt_forced and names and (forced or len(names) == 1):  # nothing to choose: no timing, no prediction
         return "forced", {fmt_forced: {forced if forced in names else names[0]: 0.0}}
     ext = ext_available()
-    if tune:
-        source, times = "tuned", find(spec, shape, dtype, device, train=train, ext=ext, input_grad=input_grad)
-    else:
-        source, times = (
-            "tuned",
-            cached(spec, shape, dtype, device, train=train, ext=ext, input_grad=input_grad),
-        )
+    timings = find if tune else cached  # cached: None unless an earlier tuning timed this problem
+    source, times = "tuned", timings(spec, shape, dtype, device, train=train, ext=ext, input_grad=input_grad)
     if times is None:
         # Predicted at the shape the find step times (and the cost model was measured at), so that immediate and
         # tuned plans rank the candidates on the same problem.
@@ -253,6 +248,7 @@ def _times(spec, names, shape, dtype, device, forced, fmt_forced, *, train, tune
 
 
 def _output_bytes(spec, shape: Shape, dtype: torch.dtype) -> int:
+    """Bytes of the step's output for an input of ``shape``."""
     channels = spec.weight.shape[0] if isinstance(spec, solvers.ConvSpec) else shape[1]
     spatial = output_size(tuple(shape[2:]), spec.kernel, spec.dilation)
     return shape[0] * channels * math.prod(spatial) * dtype.itemsize
