@@ -98,6 +98,12 @@ inline void prefault(void* data, int64_t bytes) {
 #endif
 }
 
+// Prepares a fresh large buffer before anything writes to it: huge-page advice, then its pages mapped.
+inline void prepare_fresh(void* data, int64_t bytes) {
+  advise_huge_pages(data, bytes);
+  prefault(data, bytes);
+}
+
 class OutputCache {
  public:
   // A contiguous tensor of `sizes`: on a free cached block of the same byte size or up to twice it if there is one,
@@ -107,8 +113,7 @@ class OutputCache {
     if (!options.device().is_cpu()) return at::empty(sizes, options);
     if (bytes < kMinCachedBytes || limit_ == 0) {
       at::Tensor out = at::empty(sizes, options);
-      advise_huge_pages(out.data_ptr(), bytes);
-      prefault(out.data_ptr(), bytes);
+      prepare_fresh(out.data_ptr(), bytes);
       return out;
     }
     Block block = take(bytes);
@@ -170,8 +175,7 @@ class OutputCache {
       }
     }
     void* ptr = c10::alloc_cpu(static_cast<size_t>(bytes));
-    advise_huge_pages(ptr, bytes);
-    prefault(ptr, bytes);
+    prepare_fresh(ptr, bytes);
     return {ptr, bytes};
   }
 

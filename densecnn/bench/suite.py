@@ -262,9 +262,8 @@ def conv_limit(name: str, config: Config) -> dict:
     ]
     convs = [row for i, row in zip(races, layers) if isinstance(steps[i].spec(), ConvSpec)]
     limit = sum(row["best_in_plan_format_s"] for row in convs)
-    native_convs = sum(
-        row["times_s"][row["best_native"]] for row in convs
-    )  # torch's direct conv, either format
+    # torch's direct conv, in either format
+    native_convs = sum(row["times_s"][row["best_native"]] for row in convs)
     forward = median(samples["densecnn"])
     return {
         "model": name,

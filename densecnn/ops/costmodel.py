@@ -110,12 +110,10 @@ class CostModel:
         rows: dict[str, list[tuple[list[float], float]]] = {}
         for p in problems:
             x = features(p)
-            for direction, table in p["times_ms"].items():
-                for fmt, times in table.items():
-                    for solver, ms in times.items():
-                        if ms:
-                            key = group(p["op"], solver, fmt, direction, p["dtype"])
-                            rows.setdefault(key, []).append((x, math.log(ms)))
+            for direction, fmt, solver, ms in _measurements(p):
+                if ms:
+                    key = group(p["op"], solver, fmt, direction, p["dtype"])
+                    rows.setdefault(key, []).append((x, math.log(ms)))
         every = np.array([f for r in rows.values() for f, _ in r] or [[0.0] * len(FEATURES)])
         spread = every.std(0, ddof=1) if len(every) > 1 else np.zeros(len(FEATURES))
         self.scale = np.where(spread > 1e-9, 1 / np.maximum(spread, 1e-9), 0.0)  # bias: 0
@@ -173,11 +171,17 @@ def measurement_rows(problems: list[dict]) -> list[dict]:
     rows = []
     for p in problems:
         base = {k: v for k, v in p.items() if k != "times_ms"}
-        for direction, table in p["times_ms"].items():
-            for fmt, times in table.items():
-                for solver, ms in times.items():
-                    rows.append({**base, "direction": direction, "format": fmt, "solver": solver, "ms": ms})
+        for direction, fmt, solver, ms in _measurements(p):
+            rows.append({**base, "direction": direction, "format": fmt, "solver": solver, "ms": ms})
     return rows
+
+
+def _measurements(problem: dict):
+    """(direction, memory format, solver, ms) for each time of one problem (``ms`` None for a failed run)."""
+    for direction, table in problem["times_ms"].items():
+        for fmt, times in table.items():
+            for solver, ms in times.items():
+                yield direction, fmt, solver, ms
 
 
 def predict(

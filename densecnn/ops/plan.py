@@ -225,17 +225,17 @@ def _times(spec, names, shape, dtype, device, forced, fmt_forced, *, train, tune
     shape does not show (:mod:`densecnn.ops.allocator`)."""
     if fmt_forced and names and (forced or len(names) == 1):  # nothing to choose: no timing, no prediction
         return "forced", {fmt_forced: {forced if forced in names else names[0]: 0.0}}
-    ext = ext_available()
+    ext, timed_shape = ext_available(), timing_shape(spec, shape)
     timings = find if tune else cached  # cached: None unless an earlier tuning timed this problem
     source, times = "tuned", timings(spec, shape, dtype, device, train=train, ext=ext, input_grad=input_grad)
     if times is None:
         # Predicted at the shape the find step times (and the cost model was measured at), so that immediate and
         # tuned plans rank the candidates on the same problem.
         source = "predicted"
-        times = costmodel.predict(spec, timing_shape(spec, shape), dtype, train=train, candidates=names)
+        times = costmodel.predict(spec, timed_shape, dtype, train=train, candidates=names)
     if torch.device(device).type != "cpu":
         return source, times
-    real, timed = (_output_bytes(spec, s, dtype) for s in (shape, timing_shape(spec, shape)))
+    real, timed = (_output_bytes(spec, s, dtype) for s in (shape, timed_shape))
     return source, {
         fmt: {
             name: None
