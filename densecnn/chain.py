@@ -6,7 +6,8 @@ single chain where each op consumes the previous one's output. Functional ops (`
 (:mod:`densecnn.rules.registry`); ops that only read the input's shape (``x.size(0)``, ``x.shape[0]``) are skipped.
 A functional op that takes ``training=`` (``F.dropout(x, p, training=self.training)``) becomes a module in the model's
 mode at conversion, which then follows the dense net's own ``.train()``/``.eval()``. Modules with a conversion rule are
-leaves.
+leaves; a module used twice (``act = nn.ReLU(); nn.Sequential(conv1, act, conv2, act)``) is a layer at each use.
+Hooks are honoured or refused as :mod:`densecnn.hooks` says.
 """
 
 from __future__ import annotations
@@ -18,37 +19,61 @@ import torch.fx
 from torch import nn
 
 from .errors import ConversionError
-from .rules import aliases, find_rule
+from .hooks import check_global_hooks, check_modules
+from .rules import aliases, find_record, module_type, unconvertible_subclass
+from .rules.registry import overrides
 
 Chain = list[tuple[str, nn.Module]]
 
 
 class _RuleLeafTracer(torch.fx.Tracer):
-    """Stops at every module densecnn has a rule for, so custom rules apply to their layer as a whole."""
+    """Stops at every layer (a module densecnn has a rule for, or refuses by name), so rules apply to it whole."""
 
     def is_leaf_module(self, module: nn.Module, qualname: str) -> bool:
-        return find_rule(type(module)) is not None or super().is_leaf_module(module, qualname)
+        return _is_layer(module) or super().is_leaf_module(module, qualname)
 
 
-def extract_chain(model: nn.Module, prefix: str = "") -> Chain:
-    """The model's layers in order, as ``(dotted_path, module)`` pairs.
+def extract_chain(model: nn.Module) -> Chain:
+    """The layers in the order the model runs them, as ``(dotted_path, module)`` pairs; a module used twice is listed
+    at each use.
 
-    >>> extract_chain(nn.Sequential(nn.Conv2d(1, 2, 3), nn.Sequential(nn.ReLU())))
-    [('0', Conv2d(1, 2, kernel_size=(3, 3), stride=(1, 1))), ('1.0', ReLU())]
+    >>> relu = nn.ReLU()
+    >>> extract_chain(nn.Sequential(nn.Conv2d(1, 2, 3), relu, nn.Sequential(nn.Conv2d(2, 2, 1), relu)))
+    [('0', Conv2d(1, 2, kernel_size=(3, 3), stride=(1, 1))), ('1', ReLU()), ('2.0', Conv2d(2, 2, kernel_size=(1, 1), stride=(1, 1))), ('2.1', ReLU())]
+
+    Raises:
+        ConversionError: the model or one of its modules has a hook or a ``forward`` replaced on the instance, a
+            global module hook is registered (:mod:`densecnn.hooks`), or the model is not a chain of layers.
     """
-    if find_rule(type(model)) is not None or _is_torch_layer(model):
+    check_global_hooks()
+    check_modules(model.named_modules())
+    return _layers(model, "")
+
+
+def _layers(model: nn.Module, prefix: str) -> Chain:
+    if _is_layer(model):
         return [(prefix or type(model).__name__, model)]
-    if isinstance(model, nn.Sequential):
+    if isinstance(model, nn.Sequential) and not overrides(type(model), nn.Sequential):
         chain: Chain = []
-        for name, child in model.named_children():
-            chain += extract_chain(child, f"{prefix}.{name}" if prefix else name)
+        for (
+            name,
+            child,
+        ) in model._modules.items():  # every use: named_children() yields a repeated module once
+            if child is not None:
+                chain += _layers(child, f"{prefix}.{name}" if prefix else name)
         return chain
-    return _trace_chain(model, prefix)
+    return _trace_chain(model, prefix)  # a custom forward (an nn.Sequential subclass's too)
 
 
-def _is_torch_layer(module: nn.Module) -> bool:
-    """A torch.nn layer (not a container): a leaf whose lack of a rule is reported as such, not traced into."""
-    return type(module).__module__.startswith("torch.nn.modules") and not isinstance(module, nn.Sequential)
+def _is_layer(module: nn.Module) -> bool:
+    """A leaf of the chain: a layer with a rule, a subclass refused by name, or a torch.nn layer (not a container)
+    whose lack of a rule is reported as such, not traced into."""
+    layer_type = module_type(module)
+    return (
+        find_record(layer_type) is not None
+        or unconvertible_subclass(layer_type) is not None
+        or (layer_type.__module__.startswith("torch.nn.modules") and not isinstance(module, nn.Sequential))
+    )
 
 
 def _trace_chain(model: nn.Module, prefix: str) -> Chain:

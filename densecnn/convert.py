@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Sequence
 
@@ -14,10 +15,14 @@ from .geometry import Size, ntuple
 from .ops import check_backend
 from .padding import check_padding_mode
 from .patch_sizes import describe_nearest, smallest_equivalent
-from .rules import ConversionContext, LayerRecord, find_record, is_stochastic
+from .rules import ConversionContext, is_stochastic, module_type, record_for, unconvertible_subclass
 from .rules.registry import spatial_dims
+from .verify import ConvertedLayer, verify_conversion
 
 _AXES = {1: "(length,)", 2: "(height, width)", 3: "(depth, height, width)"}
+
+
+MAX_PATCH_PIXELS = 2**26  # per patch (8192² for images): no patch classifier is trained on more
 
 
 def as_patch_size(patch_size, dims: int = 2) -> Size:
@@ -26,15 +31,32 @@ def as_patch_size(patch_size, dims: int = 2) -> Size:
 
     >>> as_patch_size(9, 3), as_patch_size((9, 65, 65), 3)
     ((9, 9, 9), (9, 65, 65))
+
+    Raises:
+        PatchSizeError: a string, a non-integer, a wrong number of entries, an entry below 1, or a patch of more
+            than :data:`MAX_PATCH_PIXELS` pixels.
     """
+    if isinstance(patch_size, (str, bytes)):
+        text = patch_size.decode("ascii", "replace") if isinstance(patch_size, bytes) else patch_size
+        number = f" ({int(text)})" if text.strip().isdigit() else ""
+        raise PatchSizeError(
+            f"patch_size must be an int or a tuple of ints, got the string {patch_size!r}: pass the number "
+            f"itself{number}"
+        )
     try:
         size = ntuple(patch_size, dims, "patch_size")
     except (TypeError, ValueError):
         size = ()
     if len(size) != dims or min(size) < 1:
-        raise ValueError(
+        raise PatchSizeError(
             f"patch_size must be a positive int or a tuple {_AXES[dims]} of them for a net with {dims} spatial "
             f"axis/axes, got {patch_size!r}"
+        )
+    if math.prod(size) > MAX_PATCH_PIXELS:
+        raise PatchSizeError(
+            f"patch_size {'x'.join(map(str, size))} is {math.prod(size):,} pixels per patch, more than densecnn "
+            f"accepts ({MAX_PATCH_PIXELS:,}): no patch classifier is trained on patches this large; pass the "
+            "patch size the model was trained with"
         )
     return size
 
@@ -59,13 +81,23 @@ def spatial_dims_of(chain: Chain, patch_size) -> int:
         )
     if found:
         return next(iter(found))
-    if isinstance(patch_size, Sequence) and len(patch_size) in _AXES:
+    if (
+        isinstance(patch_size, Sequence)
+        and not isinstance(patch_size, (str, bytes))
+        and len(patch_size) in _AXES
+    ):
         return len(patch_size)
     return 2
 
 
 def convert(
-    model: nn.Module, patch_size, *, padding_mode: str = "zeros", backend: str = "auto", tune: bool = False
+    model: nn.Module,
+    patch_size,
+    *,
+    padding_mode: str = "zeros",
+    backend: str = "auto",
+    tune: bool = False,
+    verify: bool = True,
 ) -> DenseCNN:
     """Convert a patch classifier into a DenseCNN that labels every pixel of a whole image in one pass.
 
@@ -83,9 +115,14 @@ def convert(
             (torch's dilated ops, NCHW) or "ext" (densecnn's own kernels).
         tune: time the candidate solvers of each layer on the first call for a new input shape (cached on disk)
             instead of choosing at once from the shipped cost model; see docs/performance.md.
+        verify: run the dense net and the model on a few patches of a small random input and raise unless they
+            agree to rounding (:mod:`densecnn.verify`; it costs a few percent of one 512² forward). Turn it off only
+            where the same model was verified already.
 
     Raises:
-        ConversionError: a layer cannot be converted exactly; the message names it and says what to do.
+        ConversionError: a layer cannot be converted exactly (the message names it and says what to do), or the
+            verification pass found the dense net and the model disagreeing (the message names the first layer
+            whose outputs differ).
         PatchSizeError: the patch size does not bring the net to one output, or has a number of entries other than
             the layers' spatial axes; the message names the nearest sizes that do (computed in closed form from the layers, instantly whatever the size).
 
@@ -105,7 +142,11 @@ def convert(
     check_backend(backend)
     chain = extract_chain(model)
     dims = spatial_dims_of(chain, patch_size)
-    if isinstance(patch_size, Sequence) and len(patch_size) != dims:
+    if (
+        not isinstance(patch_size, (str, bytes))
+        and isinstance(patch_size, Sequence)
+        and len(patch_size) != dims
+    ):
         raise PatchSizeError(
             f"patch_size {tuple(patch_size)} has {len(patch_size)} entries, but the model's layers have {dims} "
             f"spatial axis/axes: give an int or {_AXES[dims]}"
@@ -125,22 +166,26 @@ def convert(
             stacklevel=2,
         )
     dense = DenseCNN(
-        [layer for layer, _ in converted],
+        [layer.dense for layer in converted if layer.dense is not None],
         patch_size=patch,
         in_channels=ctx.in_channels,
         num_classes=ctx.channels,
         padding_mode=padding_mode,
         backend=backend,
         tune=tune,
+        patch_modules=tuple(model.named_modules()),
     )
-    dense.onnx_exports = tuple(record.export for _, record in converted)  # read by densecnn.onnx_export
+    dense.onnx_exports = tuple(layer.record.export for layer in converted if layer.dense is not None)
+    if verify:
+        verify_conversion(model, dense, converted)
     return dense
 
 
 def _convert_chain(
     chain: Chain, patch: Size, *, strict: bool = True
-) -> tuple[list[tuple[nn.Module, LayerRecord]], ConversionContext]:
-    """The dense layers, each with the record of the layer it came from, and the context after the last layer.
+) -> tuple[list[ConvertedLayer], ConversionContext]:
+    """Each layer of the chain with its dense layer (None: dropped) and the patch net's map after it, and the
+    context after the last layer.
 
     ``strict=False`` goes on past a patch size that does not fit, to record every layer's size steps.
     """
@@ -150,16 +195,13 @@ def _convert_chain(
     converted = []
     for index, (path, module) in enumerate(chain):
         ctx.path, ctx.module, ctx.is_last = path, module, index == len(chain) - 1
-        record = find_record(type(module))
+        record = record_for(module)
         if record is None:
-            raise ctx.error(
-                "has no conversion rule",
-                "use a supported layer, or register a rule for it with @densecnn.register_rule "
-                "(only if it can be made exactly equivalent)",
-            )
+            raise _no_rule(ctx, module)
         dense_layer = record.rule(module, ctx)
-        if dense_layer is not None:
-            converted.append((dense_layer, record))
+        converted.append(
+            ConvertedLayer(path, module, record, dense_layer, ctx.size, ctx.dilation, ctx.flat_map)
+        )
     if not ctx.is_point() and strict:
         raise PatchSizeError(
             f"this patch size leaves a {'x'.join(map(str, ctx.size))} output map, not one score vector per patch"
@@ -167,6 +209,23 @@ def _convert_chain(
     if ctx.channels is None:
         raise ConversionError("the model has no layer that fixes its number of classes (no Conv or Linear)")
     return converted, ctx
+
+
+def _no_rule(ctx: ConversionContext, module: nn.Module) -> ConversionError:
+    subclass = unconvertible_subclass(module_type(module))
+    if subclass is None:
+        return ctx.error(
+            "has no conversion rule",
+            "use a supported layer, or register a rule for it with @densecnn.register_rule "
+            "(only if it can be made exactly equivalent)",
+        )
+    base, names = subclass
+    return ctx.error(
+        f"subclasses {base.__name__} but redefines {', '.join(names)}, so {base.__name__}'s rule may not "
+        "reproduce what it computes",
+        f"register a rule for {type(module).__name__} with @densecnn.register_rule (only if it can be made exactly "
+        f"equivalent), or write its computation as layers densecnn converts",
+    )
 
 
 def _nearest_valid_sizes(chain: Chain, patch: Size) -> str:

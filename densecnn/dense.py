@@ -14,6 +14,7 @@ from torch import nn
 from . import tiling
 from .errors import DenseEquivalenceWarning
 from .geometry import Size, reach
+from .hooks import check_modules
 from .layers import WindowLayer, output_shape
 from .ops.backends import Backend, check_backend, ext_available
 from .ops.plan import Plan, find_requested, make_plan
@@ -54,7 +55,8 @@ class DenseCNN(nn.Module):
     (:mod:`densecnn.ops.plan`) at once, from the shipped cost model; with ``tune`` (or ``DENSECNN_FIND=1``) it
     times the candidates instead and caches the times on disk (:mod:`densecnn.ops.find`), which later plans reuse.
     ``backend`` restricts the candidates: "native" runs torch's dilated ops in NCHW, "ext" densecnn's kernels only.
-    ``max_memory`` (bytes) splits the work into exact tiles (:mod:`densecnn.tiling`).
+    ``max_memory`` (bytes) splits the work into exact tiles (:mod:`densecnn.tiling`). A call raises
+    :class:`~densecnn.ConversionError` if a hook was added to the patch model since conversion (:mod:`densecnn.hooks`).
 
     Attributes:
         patch_size: (Ph, Pw) the patch model was trained on; (Pd, Ph, Pw) for volumes, (Pl,) for signals.
@@ -79,9 +81,13 @@ class DenseCNN(nn.Module):
         padding_mode: str,
         backend: str = "auto",
         tune: bool = False,
+        patch_modules: tuple[tuple[str, nn.Module], ...] = (),
     ):
         super().__init__()
         self.features = nn.Sequential(*layers)
+        # the patch model's modules by path, checked for hooks on every call: a hook added after conversion would
+        # change the patch model but not this net (a plain tuple: not submodules of the dense net)
+        self._patch_modules = patch_modules
         self.patch_size = patch_size
         self.in_channels = in_channels
         self.num_classes = num_classes
@@ -135,6 +141,7 @@ class DenseCNN(nn.Module):
         """
         self._check_input(x)
         self._warn_if_stochastic()
+        check_modules(self._patch_modules)
         if max_memory is not None:
             return self._run_tiled(x, max_memory, labels=False, cancel=cancel)
         return self.run_padded(self.pad(x), cancel=cancel)
@@ -154,6 +161,7 @@ class DenseCNN(nn.Module):
             return tiling.class_labels(self.forward(x, cancel=cancel))
         self._check_input(x)
         self._warn_if_stochastic()
+        check_modules(self._patch_modules)
         return self._run_tiled(x, max_memory, labels=True, cancel=cancel)
 
     def warm(

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .geometry import Size, output_size
+from .hooks import recompute_weights
 from .ops import solvers
 from .ops.solvers import ConvSpec, PoolSpec
 
@@ -81,12 +82,14 @@ class DenseConv(WindowLayer):
 
     def strided(self, x: torch.Tensor) -> torch.Tensor:
         conv = self.source
+        recompute_weights(conv)
         return functional("conv", self.dims)(
             x, conv.weight, conv.bias, conv.stride, 0, conv.dilation, conv.groups
         )
 
     def spec(self) -> ConvSpec:
         conv = self.source
+        recompute_weights(conv)  # weight_norm, prune: the weight as the conv's own forward would compute it
         return ConvSpec(conv.weight, conv.bias, self.dilation, conv.groups)
 
     def extra_repr(self) -> str:
@@ -109,6 +112,7 @@ class DenseLinear(WindowLayer):
 
     @property
     def weight(self) -> torch.Tensor:  # (K, C, *m), a view of the Linear's (K, C·prod(m)) weight
+        recompute_weights(self.source)  # weight_norm, prune: as the Linear's own forward would compute it
         return self.source.weight.view(self.source.out_features, *self.map_shape)
 
     def strided(self, x: torch.Tensor) -> torch.Tensor:

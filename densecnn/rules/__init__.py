@@ -7,13 +7,15 @@ from .registry import (
     LayerRecord,
     aliases,
     find_record,
-    find_rule,
     fused_activation,
     is_stochastic,
+    module_type,
+    record_for,
     records,
     register_rule,
     saved_record,
     saved_types,
+    unconvertible_subclass,
 )
 
 __all__ = [
@@ -22,11 +24,13 @@ __all__ = [
     "LayerRecord",
     "aliases",
     "find_record",
-    "find_rule",
     "fused_activation",
     "is_stochastic",
+    "module_type",
+    "record_for",
     "records",
     "register_rule",
     "saved_record",
     "saved_types",
+    "unconvertible_subclass",
 ]

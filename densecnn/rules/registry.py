@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from torch import nn
+from torch.nn.utils import parametrize
 
 from ..errors import ConversionError, PatchSizeError
 from ..geometry import ntuple, reach
@@ -87,6 +88,9 @@ class LayerRecord:
 
 
 _RECORDS: dict[type, LayerRecord] = {}
+RESERVED_NAMES = frozenset(
+    {"Reuse"}
+)  # layer entries of model.json that are not layer types (see densecnn.spec)
 _SAVED_NAMES: dict[str, type] = {}  # name in model.json -> layer type, for the types that have args
 
 
@@ -110,8 +114,9 @@ def register_rule(
     that act on each value alone). Used as a decorator, the decorated ``rule(module, ctx) -> dense module | None``
     converts them: it returns the dense layer to run in place of ``module`` (``None`` to drop it) and updates
     ``ctx``: ``ctx.slide(...)`` for windowed ops, ``ctx.channels`` when the channel count changes. A later
-    registration of the same type replaces the earlier one; a subclass without its own record converts with its
-    nearest registered base class's rule.
+    registration of the same type replaces the earlier one. A subclass without its own record converts with its
+    nearest registered base class's rule only if it computes what the base computes: one that redefines
+    ``forward`` (or any other method of the base) or adds a property is refused until it has a rule of its own.
 
     Args:
         args: constructor arguments (attributes of the layer) to write to ``model.json``, so that
@@ -138,6 +143,11 @@ def register_rule(
     record_aliases = tuple(a if isinstance(a, Alias) else Alias(a) for a in aliases)
 
     def record(layer_type: type, rule: Rule) -> None:
+        if layer_type.__name__ in RESERVED_NAMES:
+            raise ConversionError(
+                f"cannot register {_qualified(layer_type)}: its name {layer_type.__name__!r} is reserved in model "
+                "files. Rename the class"
+            )
         if saved is not None:
             owner = _SAVED_NAMES.get(layer_type.__name__)
             if owner is not None and _qualified(owner) != _qualified(layer_type):
@@ -166,16 +176,69 @@ def _qualified(layer_type: type) -> str:
 
 
 def find_record(layer_type: type) -> LayerRecord | None:
-    """The record of ``layer_type`` or of its nearest registered base class."""
-    for base in layer_type.__mro__:
-        if base in _RECORDS:
-            return _RECORDS[base]
-    return None
+    """The record of ``layer_type``, or of its nearest registered base class if ``layer_type`` computes what that
+    base computes (it overrides none of the base's methods and adds no property: :func:`overrides`)."""
+    base = _registered_base(layer_type)
+    if base is None or overrides(layer_type, base):
+        return None
+    return _RECORDS[base]
 
 
-def find_rule(layer_type: type) -> Rule | None:
-    record = find_record(layer_type)
-    return record.rule if record else None
+def _registered_base(layer_type: type) -> type | None:
+    return next((base for base in layer_type.__mro__ if base in _RECORDS), None)
+
+
+# What a subclass may define without changing what its base's forward computes.
+_INERT_NAMES = frozenset(
+    {
+        "__init__", "__module__", "__qualname__", "__doc__", "__annotations__", "__dict__", "__weakref__",
+        "__firstlineno__", "__static_attributes__", "__orig_bases__", "__parameters__", "__slots__",
+        "__classcell__", "__annotate_func__", "__annotations_cache__", "__constants__", "_version", "extra_repr",
+        "reset_parameters",
+    }
+)  # fmt: skip
+
+
+def overrides(layer_type: type, base: type) -> list[str]:
+    """The names ``layer_type`` (a subclass of ``base``) defines that may change what ``base``'s forward computes:
+    every method or attribute of ``base`` it redefines (``forward``, ``_conv_forward``, ``__call__``, ...) and every
+    property it adds (a ``weight`` property shadows the parameter). New plain methods change nothing and pass.
+
+    >>> class WSConv2d(nn.Conv2d):
+    ...     def forward(self, x): ...
+    >>> overrides(WSConv2d, nn.Conv2d)
+    ['forward']
+    """
+    names = []
+    for cls in layer_type.__mro__:
+        if cls is base:
+            break
+        for name, value in vars(cls).items():
+            if name not in _INERT_NAMES and (hasattr(base, name) or isinstance(value, property)):
+                names.append(name)
+    return names
+
+
+def unconvertible_subclass(layer_type: type) -> tuple[type, list[str]] | None:
+    """(registered base, overridden names) for a subclass whose base's rule may not reproduce it, else None."""
+    base = _registered_base(layer_type)
+    if base is None or base is layer_type:
+        return None
+    names = overrides(layer_type, base)
+    return (base, names) if names else None
+
+
+def module_type(module: nn.Module) -> type:
+    """The class whose record converts ``module``: its own, or, for a module ``torch.nn.utils.parametrize`` has
+    reparametrised (its class swapped for a generated subclass whose tensors are properties computed on every
+    read), the class it had before."""
+    cls = type(module)
+    return cls.__bases__[0] if parametrize.is_parametrized(module) else cls
+
+
+def record_for(module: nn.Module) -> LayerRecord | None:
+    """The record that converts ``module`` (:func:`find_record` of :func:`module_type`), or None."""
+    return find_record(module_type(module))
 
 
 def records() -> list[LayerRecord]:
@@ -202,13 +265,13 @@ def fused_activation(module: nn.Module | None) -> str | None:
 
 def spatial_dims(module: nn.Module) -> int | None:
     """The number of spatial axes ``module``'s type implies (``Conv3d``: 3), None if it takes any."""
-    record = find_record(type(module))
+    record = record_for(module)
     return record.dims if record else None
 
 
 def is_stochastic(module: nn.Module) -> bool:
     """Whether ``module``'s training-mode output depends on randomness or on the batch."""
-    record = find_record(type(module))
+    record = record_for(module)
     return record is not None and record.stochastic
 
 

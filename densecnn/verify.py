@@ -1,0 +1,253 @@
+"""The verification pass: after conversion, the dense net and the patch model must agree on a few patches of a small
+random input, or the conversion raises naming the first layer whose outputs differ.
+
+The rules make each layer exact, and the chain reader refuses what it cannot read; this pass catches what nobody
+thought of (an idiom that changes what a model computes without showing in its layers). It costs one dense pass
+over a map a few pixels larger than the receptive field and one patch-model pass over a few patches, in the model's
+dtype and on its device, with the model and the dense net in eval mode (their modes are restored after).
+
+On a mismatch it compares layer by layer, as one debugs a converted engine against its source: first the layers as
+densecnn read them against the model's own calls (an operation the chain reader did not see), then each dense layer,
+run with torch's own ops, against its patch layer at the positions it stands for (a rule that is not exact), then the
+planned kernels against torch's ops.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from .errors import ConversionError
+from .rules import LayerRecord
+
+# max |dense - patch model| <= TOLERANCE · max(max |patch model|, 1): the rounding bound of the equivalence guarantee
+TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 5e-2}
+OUTPUTS_PER_AXIS = {1: 8, 2: 3, 3: 2}  # 8, 9 and 8 patches for signals, images and volumes
+_SEED = 0  # a private generator: the pass never draws from the caller's random stream
+
+
+@dataclass(frozen=True)
+class ConvertedLayer:
+    """One layer of the patch model's chain, what it became, and the patch net's map after it.
+
+    Attributes:
+        path, module: the layer as the chain reader found it.
+        record: the layer record whose rule converted it.
+        dense: the dense layer it became (None: dropped, as a Flatten or Identity).
+        size: the patch net's map size after the layer, one entry per spatial axis (ones once it is a point).
+        dilation: the spacing, in input pixels, of that map's positions in the dense net.
+        flat_map: (C, *size) once the patch tensor is flattened, else None.
+    """
+
+    path: str
+    module: nn.Module
+    record: LayerRecord
+    dense: nn.Module | None
+    size: tuple[int, ...]
+    dilation: tuple[int, ...]
+    flat_map: tuple[int | None, ...] | None
+
+
+def verify_conversion(model: nn.Module, dense: nn.Module, layers: list[ConvertedLayer]) -> None:
+    """Raise :class:`ConversionError` unless ``dense`` reproduces ``model`` on a few random patches; ``layers`` are
+    the chain's layers as :func:`densecnn.convert` converted them (it calls this unless ``verify=False``).
+
+    >>> model = nn.Sequential(nn.Conv2d(1, 2, 3), nn.ReLU())
+    >>> model[1].register_forward_hook(lambda module, inputs, output: output + 1)  # refused by the chain reader...
+    >>> densecnn.register_rule(ShiftedReLU)   # ...but a pointwise rule registered for a layer that is not pointwise
+    >>> densecnn.convert(nn.Sequential(nn.Conv2d(1, 2, 3), ShiftedReLU(), ...), 9)
+    Traceback (most recent call last):
+    ConversionError: verification failed: ... The first layer whose output differs is '1' (ShiftedReLU, ...)
+    """
+    weight = next((p for p in model.parameters() if p.is_floating_point()), None)
+    dtype = weight.dtype if weight is not None else torch.get_default_dtype()
+    device = weight.device if weight is not None else torch.device("cpu")
+    if device.type == "meta" or dtype not in TOLERANCE:
+        return  # shapes only (a model file being checked), or a dtype with no stated bound
+    with torch.no_grad(), _eval_mode(model, dense):
+        check = _Check(model, dense, layers, dtype, device)
+        error = check.error(check.dense_scores(), check.expected)
+        if error is not None:
+            raise ConversionError(check.diagnose(error))
+
+
+@contextlib.contextmanager
+def _eval_mode(*nets: nn.Module):
+    """Every module of ``nets`` in eval mode inside the block, each back in its own mode after."""
+    modes = {module: module.training for net in nets for module in net.modules()}
+    try:
+        for module in modes:
+            module.training = False
+        yield
+    finally:
+        for module, training in modes.items():
+            module.training = training
+
+
+class _Check:
+    """The random input, its patches and the model's scores for them; the comparisons made on a mismatch."""
+
+    def __init__(self, model, dense, layers, dtype: torch.dtype, device: torch.device):
+        self.model, self.dense, self.layers, self.dtype = model, dense, layers, dtype
+        self.outputs = (OUTPUTS_PER_AXIS[dense.dims],) * dense.dims
+        channels = dense.in_channels or 1
+        generator = torch.Generator().manual_seed(_SEED)
+        # (1, C, *(s + P - 1)): every patch whole; the dense net reads the first s + R - 1 samples per axis
+        size = tuple(s + p - 1 for s, p in zip(self.outputs, dense.patch_size))
+        self.image = torch.randn((1, channels, *size), generator=generator, dtype=torch.float64)
+        self.image = self.image.to(dtype=dtype, device=device)
+        self.padded = self.image[
+            (..., *(slice(0, s + r - 1) for s, r in zip(self.outputs, dense.receptive_field)))
+        ]
+        windows = self.image[0]
+        for axis, p in enumerate(dense.patch_size, start=1):
+            windows = windows.unfold(axis, p, 1)  # (C, *s, *P)
+        self.patches = windows.movedim(0, dense.dims).reshape(-1, channels, *dense.patch_size)  # (B, C, *P)
+        try:
+            scores = model(self.patches)
+        except (RuntimeError, TypeError, ValueError) as exc:
+            raise ConversionError(
+                f"verification could not run the model on a batch of {len(self.patches)} patches of size "
+                f"{'x'.join(map(str, dense.patch_size))} ({str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}). "
+                "Pass verify=False only if the model cannot take a batch of patches"
+            ) from None
+        if not isinstance(scores, torch.Tensor) or scores.shape[0] != len(self.patches):
+            raise ConversionError(
+                f"the model maps a batch of {len(self.patches)} patches to "
+                f"{tuple(scores.shape) if isinstance(scores, torch.Tensor) else type(scores).__name__}, not one score "
+                "vector per patch; its forward must return a (B, K) tensor"
+            )
+        self.expected = scores.reshape(len(self.patches), -1)  # (B, K)
+
+    def dense_scores(self) -> torch.Tensor:
+        """The planned dense net's scores at the patches' pixels, (B, K)."""
+        return _per_pixel(self.dense.run_padded(self.padded))
+
+    def error(self, actual: torch.Tensor, expected: torch.Tensor) -> float | None:
+        """The relative error if it exceeds the rounding bound (or the shapes differ), else None."""
+        if actual.shape != expected.shape:
+            return math.inf
+        if actual.numel() == 0:
+            return None
+        both_nan = actual.isnan() & expected.isnan()
+        difference = torch.where(both_nan, 0, (actual - expected).abs()).max().item()
+        scale = max(expected.abs().nan_to_num(0).max().item(), 1.0)
+        error = difference / scale
+        return None if error <= TOLERANCE[self.dtype] else (math.inf if math.isnan(error) else error)
+
+    def diagnose(self, total: float) -> str:
+        summary = (
+            f"verification failed: the dense net and the model disagree on random patches (relative error "
+            f"{total:.3g}, bound {TOLERANCE[self.dtype]:g})"
+        )
+        chain_outputs = self._run_chain()
+        mismatch = self.error(chain_outputs[-1].reshape(len(self.patches), -1), self.expected)
+        if mismatch is not None:
+            return f"{summary}. {self._locate_in_model(chain_outputs)}"
+        return f"{summary}. {self._locate_in_dense(chain_outputs)}"
+
+    def _run_chain(self) -> list[torch.Tensor]:
+        """The patches through the layers as densecnn read them, one output per layer."""
+        outputs, x = [], self.patches
+        for layer in self.layers:
+            x = layer.module(x)
+            outputs.append(x)
+        return outputs
+
+    def _locate_in_model(self, chain_outputs: list[torch.Tensor]) -> str:
+        """Where the model's own calls of its layers first differ from the chain read."""
+        calls: dict[nn.Module, list[torch.Tensor]] = {}
+
+        def record(module, inputs, output):
+            calls.setdefault(module, []).append(output)
+
+        modules = {layer.module for layer in self.layers}
+        handles = [module.register_forward_hook(record) for module in modules]
+        try:
+            self.model(self.patches)
+        finally:
+            for handle in handles:
+                handle.remove()
+        uses: dict[nn.Module, int] = {}
+        submodules = set(self.model.modules())
+        for layer, output in zip(self.layers, chain_outputs):
+            if layer.module not in submodules:
+                continue  # a functional op's stand-in: the model never calls it as a module
+            use = uses.get(layer.module, 0)
+            uses[layer.module] = use + 1
+            called = calls.get(layer.module, [])
+            if use >= len(called):
+                return (
+                    f"The model's forward calls layer {layer.path!r} ({type(layer.module).__name__}) fewer times "
+                    "than densecnn read it. Write the model as an nn.Sequential of the layers it runs"
+                )
+            if self.error(called[use], output) is not None:
+                return (
+                    f"The first layer whose output differs is {layer.path!r} ({type(layer.module).__name__}): the "
+                    "model's forward computes something there that densecnn does not see (an operation between "
+                    "layers, a module called other than as read). Write the model as an nn.Sequential of layers "
+                    "densecnn converts, or register a rule for the layer that does it"
+                )
+        return (
+            "The layers as densecnn read them agree with the model's calls of them, but the model's output differs: "
+            "its forward changes the last layer's output. Write the model as an nn.Sequential of layers densecnn "
+            "converts"
+        )
+
+    def _locate_in_dense(self, chain_outputs: list[torch.Tensor]) -> str:
+        """The first dense layer, run with torch's ops, whose map differs from its patch layer's."""
+        x = self.padded
+        for layer, expected in zip(self.layers, chain_outputs):
+            if layer.dense is None:
+                continue
+            x = layer.dense(x)
+            channels = expected.numel() // (len(self.patches) * math.prod(layer.size))
+            expected = expected.reshape(len(self.patches), channels, *layer.size)  # (B, C, *size)
+            actual, expected = self._at_patch_positions(x, expected, layer.dilation)
+            error = self.error(actual, expected)
+            if error is not None:
+                return (
+                    f"The first layer whose output differs is {layer.path!r} ({type(layer.module).__name__}, "
+                    f"relative error {error:.3g}): its conversion rule ({layer.record.name}) is not exact for this "
+                    "layer. If you registered that rule, correct it or remove it; otherwise report this as a "
+                    "densecnn bug"
+                )
+        return (
+            "Every dense layer agrees with its patch layer when run with torch's own ops, but the planned kernels do "
+            "not: please report this as a densecnn bug; backend='native' avoids densecnn's kernels meanwhile"
+        )
+
+    def _at_patch_positions(
+        self, dense_map: torch.Tensor, patch_maps: torch.Tensor, dilation: tuple[int, ...]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(1, C, *M) dense map and (B, C, *size) patch maps -> the same positions of both, (B, C, *n) each.
+
+        Position j of the map of the patch whose pixel is p lies at p + j·dilation in the dense map; positions that
+        the net never reads past (a pool floors them away) lie beyond the dense map and are left out.
+        """
+        counts = [
+            min(n, (m - s) // d + 1 if m >= s else 0)
+            for n, m, s, d in zip(patch_maps.shape[2:], dense_map.shape[2:], self.outputs, dilation)
+        ]
+        pixels = torch.cartesian_prod(*(torch.arange(s) for s in self.outputs)).view(-1, len(self.outputs))
+        dense_at = [
+            dense_map[
+                (
+                    0,
+                    slice(None),
+                    *(slice(p, p + (n - 1) * d + 1, d) for p, n, d in zip(pixel.tolist(), counts, dilation)),
+                )
+            ]
+            for pixel in pixels
+        ]
+        patch_at = patch_maps[(slice(None), slice(None), *(slice(0, n) for n in counts))]
+        return torch.stack(dense_at), patch_at
+
+
+def _per_pixel(scores: torch.Tensor) -> torch.Tensor:
+    """(1, K, *s) -> (B, K), pixels in the row-major order of the patches."""
+    return scores[0].flatten(1).T
