@@ -33,8 +33,7 @@ def as_patch_size(patch_size, dims: int = 2) -> Size:
     ((9, 9, 9), (9, 65, 65))
 
     Raises:
-        PatchSizeError: a string, a non-integer, a wrong number of entries, an entry below 1, or a patch of more
-            than :data:`MAX_PATCH_PIXELS` pixels.
+        PatchSizeError: a string, a non-integer, a wrong number of entries or an entry below 1.
     """
     if isinstance(patch_size, (str, bytes)):
         text = patch_size.decode("ascii", "replace") if isinstance(patch_size, bytes) else patch_size
@@ -51,12 +50,6 @@ def as_patch_size(patch_size, dims: int = 2) -> Size:
         raise PatchSizeError(
             f"patch_size must be a positive int or a tuple {_AXES[dims]} of them for a net with {dims} spatial "
             f"axis/axes, got {patch_size!r}"
-        )
-    if math.prod(size) > MAX_PATCH_PIXELS:
-        raise PatchSizeError(
-            f"patch_size {'x'.join(map(str, size))} is {math.prod(size):,} pixels per patch, more than densecnn "
-            f"accepts ({MAX_PATCH_PIXELS:,}): no patch classifier is trained on patches this large; pass the "
-            "patch size the model was trained with"
         )
     return size
 
@@ -156,6 +149,11 @@ def convert(
         converted, ctx = _convert_chain(chain, patch)
     except PatchSizeError as exc:
         raise PatchSizeError(f"{exc}. {_nearest_valid_sizes(chain, patch)}") from None
+    if math.prod(patch) > MAX_PATCH_PIXELS:  # the layers take it (a global pool), but no net is trained on it
+        raise PatchSizeError(
+            f"patch_size {'x'.join(map(str, patch))} is {math.prod(patch):,} pixels per patch, more than densecnn "
+            f"accepts ({MAX_PATCH_PIXELS:,}); pass the patch size the model was trained with"
+        )
     _warn_if_not_smallest(ctx, patch)
     if any(module.training and is_stochastic(module) for _, module in chain):
         warnings.warn(

@@ -29,6 +29,7 @@ from .modelformat import (
     json_path,
     parse_config,
 )
+from .spec import saved_state
 
 # the float dtypes a model's weights may be saved in (all of a model's float tensors share one)
 FLOAT_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
@@ -48,6 +49,29 @@ _MAX_HEADER_BYTES = 100 * 2**20  # the limit the safetensors library itself enfo
 
 
 # ---- weights.safetensors, from its header only
+_MAGIC = {  # what other weight files start with
+    b"PK\x03\x04": "a zip archive (torch.save's format, a pickle inside)",
+    b"\x89HDF": "an HDF5 file (Keras' format)",
+    b"\x93NUMPY": "a NumPy .npy array",
+}
+_NOT_SAFETENSORS_FIX = (
+    "densecnn never loads pickles: load the checkpoint into your model in trusted code (torch.load) and write "
+    "the model directory with densecnn.save"
+)
+
+
+def _other_format(start: bytes) -> str | None:
+    """What a weights file is if its first bytes are not a safetensors header (8-byte length, then "{")."""
+    for magic, what in _MAGIC.items():
+        if start.startswith(magic):
+            return what
+    if start[:1] == b"\x80" and start[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05"):
+        return "a Python pickle (torch.save's legacy format)"
+    if len(start) == 9 and start[8:9] != b"{":
+        return "its first bytes are not a safetensors header"
+    return None
+
+
 class TensorInfo(NamedTuple):
     """A tensor as the weights file's header describes it."""
 
@@ -76,9 +100,16 @@ def read_weights_header(path: Path) -> dict[str, TensorInfo]:
     try:
         size = path.stat().st_size
         with path.open("rb") as file:
-            length = int.from_bytes(file.read(8), "little")
+            start = file.read(9)
+            not_safetensors = _other_format(start)
+            if not_safetensors:
+                raise file_error(
+                    path, None, f"not a safetensors file: {not_safetensors}", _NOT_SAFETENSORS_FIX
+                )
+            length = int.from_bytes(start[:8], "little")
             if size < 8 or length > size - 8:
                 raise file_error(path, None, f"truncated: {size} bytes, too short for its header", fix)
+            file.seek(8)
             if length > _MAX_HEADER_BYTES:
                 raise file_error(
                     path, None, f"a header of {length} bytes is larger than safetensors allows", fix
@@ -164,13 +195,14 @@ def _read_text(config_path: Path) -> str:
 
 def check_conversion(model: nn.Sequential, config, *, where: Path) -> None:
     """The meta layers must convert at ``patch_size`` (the conversion walks sizes and channels from the layers'
-    arguments, without tensors) and map ``in_channels`` to ``num_classes``."""
+    arguments, without tensors; the verification pass runs once the weights are read) and map ``in_channels`` to
+    ``num_classes``."""
     patch = "x".join(map(str, config.patch_size))
     try:
         with warnings.catch_warnings():
             # warnings about the model are for dense(), which converts it again
             warnings.simplefilter("ignore")
-            dense = convert(model, config.patch_size, padding_mode=config.padding_mode)
+            dense = convert(model, config.patch_size, padding_mode=config.padding_mode, verify=False)
     except PatchSizeError as exc:
         raise file_error(
             where, "patch_size", f"{patch} does not fit the layers ({exc})", "set it to the size the model was trained with"
@@ -195,7 +227,7 @@ def check_conversion(model: nn.Sequential, config, *, where: Path) -> None:
 def check_weights(model: nn.Sequential, tensors: dict[str, TensorInfo], *, where: Path) -> None:
     """Every tensor the layers hold must be in ``tensors`` (a weights file's header) with its shape, and nothing
     else; float tensors share one of :data:`FLOAT_DTYPES`, the others keep their dtype (e.g. int64 counters)."""
-    expected = {name: TensorInfo(t.dtype, tuple(t.shape)) for name, t in model.state_dict().items()}
+    expected = {name: TensorInfo(t.dtype, tuple(t.shape)) for name, t in saved_state(model).items()}
     fix = f"{CONFIG_FILE} and {WEIGHTS_FILE} must come from the same densecnn.save: save the model again"
     totals = (
         f"the layers need {sum(i.numel for i in expected.values()):,} values in all, "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import colorsys
 import json
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from .atomic import atomic_write
 from .chain import extract_chain
 from .convert import convert
 from .dense import DenseCNN
+from .errors import ConversionError
 from .modelcheck import TensorInfo, check_directory, check_weights
 from .modelformat import (
     CONFIG_FILE,
@@ -27,7 +29,7 @@ from .modelformat import (
     parse_config,
 )
 from .padding import check_padding_mode
-from .spec import to_spec
+from .spec import full_state, saved_state, to_spec
 
 
 def default_palette(num_classes: int) -> list[list[int]]:
@@ -61,8 +63,11 @@ class LoadedModel:
     extra: dict = field(default_factory=dict)
 
     def dense(self, *, backend: str = "auto") -> DenseCNN:
-        """The dense net of this model (sharing its parameters), with the saved padding mode."""
-        return convert(self.model, self.patch_size, padding_mode=self.padding_mode, backend=backend)
+        """The dense net of this model (sharing its parameters), with the saved padding mode (verified once, by
+        :func:`load`)."""
+        return convert(
+            self.model, self.patch_size, padding_mode=self.padding_mode, backend=backend, verify=False
+        )
 
     @property
     def dtype(self) -> torch.dtype:
@@ -106,7 +111,7 @@ def save(
     dense = convert(model, patch_size, padding_mode=padding_mode)  # validates that the model converts exactly
     patch = dense.patch_size
     num_classes, in_channels = dense.num_classes, dense.in_channels
-    state = nn.Sequential(*[module for _, module in extract_chain(model)]).state_dict()
+    state = saved_state(nn.Sequential(*[module for _, module in extract_chain(model)]))
     class_names = list(class_names) if class_names is not None else [f"class_{k}" for k in range(num_classes)]
     palette = [list(map(int, c)) for c in palette] if palette is not None else default_palette(num_classes)
     config = {
@@ -142,6 +147,28 @@ def save(
     return out
 
 
+_VERIFIED: set[tuple] = (
+    set()
+)  # (directory, its files' identities) whose dense net passed the verification pass
+
+
+def _verify_once(directory: Path, model: nn.Sequential, config) -> None:
+    files = [directory / CONFIG_FILE, directory / WEIGHTS_FILE]
+    key = (directory.resolve(), *((f.stat().st_ino, f.stat().st_size, f.stat().st_mtime_ns) for f in files))
+    if key in _VERIFIED:
+        return
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the model's warnings are for dense(), which converts it again
+            convert(model, config.patch_size, padding_mode=config.padding_mode)
+    except ConversionError as exc:
+        raise file_error(
+            directory, None, f"its dense net does not reproduce its patch model ({exc})",
+            "report this, with the directory, as a densecnn bug",
+        ) from None  # fmt: skip
+    _VERIFIED.add(key)
+
+
 def load(path) -> LoadedModel:
     """Read a model directory written by :func:`save` (no pickle is ever loaded), keeping the saved dtype.
 
@@ -149,6 +176,9 @@ def load(path) -> LoadedModel:
     ranges, layer types and arguments, lengths of class names, palette and normalisation), the layers against
     each other and the patch size (on the meta device), and every tensor's name, shape and dtype against the
     weights file's header. Only then are the weights read, straight into the layers.
+
+    Once per directory and process (again if a file changes), the dense net is checked against the patch model on
+    random patches (:mod:`densecnn.verify`).
 
     Raises:
         ModelFileError: naming the file, the key (such as ``layers[3].kernel_size``), the problem and the fix.
@@ -167,7 +197,9 @@ def load(path) -> LoadedModel:
             f"cannot be read ({exc})",
             "write the model again with densecnn.save",
         ) from None
-    model.load_state_dict(state, assign=True)  # the file's tensors become the parameters: no copy, no cast
+    # the file's tensors become the parameters (no copy, no cast); a reused layer shares its first use's
+    model.load_state_dict(full_state(model, state), assign=True)
+    _verify_once(directory, model, config)
     return LoadedModel(
         model=model,
         patch_size=config.patch_size,

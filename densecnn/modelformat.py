@@ -197,9 +197,17 @@ PositiveInt = Annotated[int, Field(ge=1)]
 ColourValue = Annotated[int, Field(ge=0, le=255)]
 
 
+class ReuseLayer(BaseModel):
+    """``{"type": "Reuse", "layer": i}``: the layer at index ``i`` used again (the same module and weights)."""
+
+    model_config = _STRICT
+    type: Literal[spec.REUSE]
+    layer: Annotated[int, Field(ge=0)]
+
+
 @functools.lru_cache(maxsize=4)
 def _config_model(vocabulary: tuple[tuple[str, type[nn.Module], tuple[str, ...]], ...]) -> type[BaseModel]:
-    layers = tuple(_layer_model(name, layer, args) for name, layer, args in vocabulary)
+    layers = (*(_layer_model(name, layer, args) for name, layer, args in vocabulary), ReuseLayer)
     layer_entry = Annotated[Union[layers], Field(discriminator="type")]  # noqa: UP007 (a runtime tuple of types)
     return create_model(
         "ModelFile",
@@ -318,7 +326,7 @@ def _translate(exc: ValidationError, where: str | Path, vocabulary: dict) -> Mod
     layer_name = loc[2] if in_layer else None
     if kind == "union_tag_invalid":
         problem = f"unknown layer type {_short(error['input'].get('type'))}"
-        fix = f"use one of {', '.join(sorted(vocabulary))}"
+        fix = f"use one of {', '.join(sorted(vocabulary))}, or {spec.REUSE} for an earlier layer used again"
         key += ".type"
     elif kind == "union_tag_not_found":
         problem, fix, key = "missing key", 'give every layer a "type"', key + ".type"
@@ -331,7 +339,7 @@ def _translate(exc: ValidationError, where: str | Path, vocabulary: dict) -> Mod
     elif kind == "missing":
         problem, fix = "missing key", f"add it (the format is described in {FORMAT_DOCS})"
     elif kind == "extra_forbidden" and in_layer:
-        known = ", ".join(vocabulary[layer_name][1]) or "none"
+        known = ", ".join(vocabulary[layer_name][1] if layer_name in vocabulary else ("layer",)) or "none"
         problem, fix = f"unknown argument of {layer_name}", f"remove it ({layer_name} takes: {known})"
     elif kind == "extra_forbidden":
         problem, fix = "unknown key", 'remove it (free-form metadata goes under "extra")'
@@ -345,11 +353,16 @@ def _translate(exc: ValidationError, where: str | Path, vocabulary: dict) -> Mod
 
 def build_on_meta(config, *, where: Path) -> nn.Sequential:
     """The layers ``config`` describes, on the meta device: shapes without memory, nothing initialised."""
-    layers = []
+    layers: list[nn.Module] = []
     with torch.device("meta"):
         for index, entry in enumerate(config.layers):
+            if entry.type == spec.REUSE and entry.layer >= index:
+                raise file_error(
+                    where, f"layers[{index}].layer", f"{entry.layer} is not the index of an earlier layer",
+                    f"give the index of the layer used again (0 to {index - 1})" if index else "remove the entry",
+                )  # fmt: skip
             try:
-                layers.append(spec.from_spec([entry.model_dump(exclude_unset=True)])[0])
+                layers.append(spec.build_layer(entry.model_dump(exclude_unset=True), layers))
             except (ModelFileError, TypeError, ValueError, RuntimeError, OverflowError) as exc:
                 reason = first_line(
                     exc.__context__ if isinstance(exc, ModelFileError) and exc.__context__ else exc

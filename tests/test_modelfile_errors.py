@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 
+import numpy
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
@@ -166,7 +167,11 @@ WEIGHT_CASES = {
     "truncated data": (_cut(-10), r"tensor '\d+\.\w+'", "truncated or corrupt"),
     "empty file": (_cut(0), None, "truncated"),
     "a pickle": (lambda p: (p / "weights.safetensors").write_bytes(b"\x80\x04\x95pickle" + bytes(64)), None,
-                 "header of .* bytes is larger|truncated"),
+                 "not a safetensors file: a Python pickle"),
+    "torch.save zip": (lambda p: torch.save({"w": torch.zeros(3)}, p / "weights.safetensors"), None,
+                       "not a safetensors file: a zip archive"),
+    "numpy array": (lambda p: numpy.save(p / "weights.npy", numpy.zeros(3)) or (p / "weights.npy").rename(
+                    p / "weights.safetensors"), None, "not a safetensors file: a NumPy"),
     "header not JSON": (lambda p: (p / "weights.safetensors").write_bytes((8).to_bytes(8, "little") + b"nonsense"),
                         None, "not a safetensors file"),
     "missing file": (lambda p: (p / "weights.safetensors").unlink(), None, "missing; put the model's weights"),

@@ -352,12 +352,21 @@ _SOFTMAX_ALIASES = {
 
 
 def softmax(module: nn.Module, ctx: ConversionContext):
-    # dim=None: torch takes dim 1 for the (B, K) and (B, K, 1, 1) outputs of a patch classifier
-    channel_dims = (None, 1, -1) if ctx.flat else (None, 1, -(ctx.dims + 1))
-    if module.dim not in channel_dims:
+    dim = module.dim
+    if dim is None:  # torch's implicit dim: 0 for 0-, 1- and 3-D tensors, else 1
+        ndim = 2 if ctx.flat else ctx.dims + 2  # the patch tensor: (B, F) or (B, C, *size)
+        if ndim == 3:
+            raise ctx.error(
+                f"without dim, torch applies {type(module).__name__} over dim 0 of the patch net's (B, C, l) "
+                "tensor: across the batch of patches, which no dense net reproduces",
+                "pass dim=1 (over classes)",
+            )
+        dim = 1
+    channel_dims = (1, -1) if ctx.flat else (1, -(ctx.dims + 1))
+    if dim not in channel_dims:
         raise ctx.error(
             f"dim={module.dim} is not the class axis of the patch output",
-            f"use dim={channel_dims[1]} (softmax over classes)",
+            f"use dim={channel_dims[0]} (softmax over classes)",
         )
     ctx.require_map("Softmax over classes")
     return ChannelSoftmax(log=isinstance(module, nn.LogSoftmax))

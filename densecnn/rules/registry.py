@@ -88,9 +88,8 @@ class LayerRecord:
 
 
 _RECORDS: dict[type, LayerRecord] = {}
-RESERVED_NAMES = frozenset(
-    {"Reuse"}
-)  # layer entries of model.json that are not layer types (see densecnn.spec)
+REUSE = "Reuse"  # the model.json entry of a layer used again (densecnn.spec): no layer type may take its name
+RESERVED_NAMES = frozenset({REUSE})
 _SAVED_NAMES: dict[str, type] = {}  # name in model.json -> layer type, for the types that have args
 
 
