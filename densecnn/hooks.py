@@ -8,7 +8,8 @@ either reproduced exactly or refused:
   ``torch.nn.utils.prune``, ``torch.nn.utils.spectral_norm``) only recompute a weight from other parameters; the dense
   layers run them before they read the weight (:func:`recompute_weights`), as the layer's own forward would;
 - refused: any other forward or backward hook on the model or on any of its modules, a ``forward`` replaced on an
-  instance (``layer.forward = ...``), and global module hooks (``register_module_forward_hook`` and kin).
+  instance (``layer.forward = ...``), a class that redefines ``__call__``, and global module hooks
+  (``register_module_forward_hook`` and kin).
 
 ``torch.nn.utils.parametrize`` needs none of this: its weights are properties, recomputed on every read.
 
@@ -61,6 +62,11 @@ def module_problem(module: nn.Module) -> str | None:
     """Why ``module``'s own hooks or instance attributes keep the dense net from reproducing it, else None."""
     if "forward" in vars(module):
         return "has its forward replaced on the instance (layer.forward = ...), which densecnn cannot read"
+    cls = type(module)
+    if cls.__call__ is not nn.Module.__call__ or cls._call_impl is not nn.Module._call_impl:
+        return (
+            "redefines __call__, so calling it may do more than its forward, which is all densecnn can read"
+        )
     for attribute, what in _MODULE_HOOKS:
         for hook in getattr(module, attribute, {}).values():
             if attribute == "_forward_pre_hooks" and isinstance(hook, WEIGHT_HOOKS):
