@@ -7,6 +7,7 @@ import warnings
 from collections.abc import Sequence
 
 from torch import nn
+from torch.nn.modules.lazy import LazyModuleMixin
 
 from .chain import Chain, extract_chain
 from .dense import DenseCNN
@@ -210,6 +211,11 @@ def _convert_chain(
 
 
 def _no_rule(ctx: ConversionContext, module: nn.Module) -> ConversionError:
+    if isinstance(module, LazyModuleMixin) and module.has_uninitialized_params():
+        return ctx.error(
+            "is a lazy layer whose parameters do not exist yet",
+            "run the model once on a patch (model(torch.zeros(1, C, *patch_size))) before converting it",
+        )
     subclass = unconvertible_subclass(module_type(module))
     if subclass is None:
         return ctx.error(

@@ -26,6 +26,7 @@ from collections.abc import Iterable
 
 import torch.nn.modules.module as module_globals
 from torch import nn
+from torch.nn.modules.lazy import LazyModuleMixin
 from torch.nn.utils.prune import BasePruningMethod
 from torch.nn.utils.spectral_norm import SpectralNorm
 from torch.nn.utils.weight_norm import WeightNorm
@@ -69,10 +70,16 @@ def module_problem(module: nn.Module) -> str | None:
         )
     for attribute, what in _MODULE_HOOKS:
         for hook in getattr(module, attribute, {}).values():
-            if attribute == "_forward_pre_hooks" and isinstance(hook, WEIGHT_HOOKS):
+            if attribute == "_forward_pre_hooks" and (isinstance(hook, WEIGHT_HOOKS) or _is_lazy_setup(hook)):
                 continue
             return f"has a {what} ({_name(hook)}), which changes what it computes in a way a dense net cannot see"
     return None
+
+
+def _is_lazy_setup(hook) -> bool:
+    """A lazy module's own pre-hook, which creates its parameters on the first call (the rules refuse a lazy module
+    that has not had that call)."""
+    return getattr(hook, "__func__", None) is LazyModuleMixin._infer_parameters
 
 
 def check_modules(modules: Iterable[tuple[str, nn.Module]]) -> None:

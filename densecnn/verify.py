@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from .errors import ConversionError
+from .ops.plan import make_plan
 from .rules import LayerRecord
 
 # max |dense - patch model| <= TOLERANCE · max(max |patch model|, 1): the rounding bound of the equivalence guarantee
@@ -124,8 +125,14 @@ class _Check:
         self.expected = scores.reshape(len(self.patches), -1)  # (B, K)
 
     def dense_scores(self) -> torch.Tensor:
-        """The planned dense net's scores at the patches' pixels, (B, K)."""
-        return _per_pixel(self.dense.run_padded(self.padded))
+        """The dense net's scores at the patches' pixels, (B, K), by the solvers a call would choose (predicted, never
+        timed, and the plan not kept: the pass leaves no trace in the net or the tuning cache)."""
+        dense = self.dense
+        plan = make_plan(
+            dense.features, tuple(self.padded.shape), self.dtype, self.padded.device, backend=dense.backend,
+            train=False, solver=dense.solver, memory_format=dense.memory_format,
+        )  # fmt: skip
+        return _per_pixel(plan(self.padded))
 
     def error(self, actual: torch.Tensor, expected: torch.Tensor) -> float | None:
         """The relative error if it exceeds the rounding bound (or the shapes differ), else None."""

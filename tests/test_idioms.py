@@ -628,3 +628,15 @@ def test_any_model_with_any_idiom_converts_exactly_or_is_refused(order, mutation
         return
     with torch.no_grad():
         assert_close_relative(dense(x), densecnn.scan_patches(model, x, patch), REL)
+
+
+def test_a_lazy_layer_not_yet_run_is_refused_and_converts_once_it_has_run():
+    model = nn.Sequential(nn.Conv2d(1, 3, 3), nn.Flatten(), nn.LazyLinear(2))
+    refused(model, 5, r"'2' \(LazyLinear\): is a lazy layer whose parameters do not exist yet. Run the model once")
+    model(torch.zeros(1, 1, 5, 5, dtype=torch.float64))
+    exact(model, 5)
+
+
+def test_the_pass_leaves_no_plan_in_the_dense_net():
+    dense = densecnn.convert(_net().eval(), 5)
+    assert dense._plans == {}
