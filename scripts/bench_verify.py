@@ -61,7 +61,9 @@ def main() -> None:
     parser.add_argument("--nets", nargs="*", default=list(NETS))
     args = parser.parse_args()
     warnings.simplefilter("ignore")
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.rounds} interleaved rounds, medians")
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.rounds} interleaved rounds, medians"
+    )
     print("| net | forward input | verification / one warm forward | verification / conversion without it |")
     print("|---|---|---|---|")
     for name in args.nets:

@@ -632,7 +632,9 @@ def test_any_model_with_any_idiom_converts_exactly_or_is_refused(order, mutation
 
 def test_a_lazy_layer_not_yet_run_is_refused_and_converts_once_it_has_run():
     model = nn.Sequential(nn.Conv2d(1, 3, 3), nn.Flatten(), nn.LazyLinear(2))
-    refused(model, 5, r"'2' \(LazyLinear\): is a lazy layer whose parameters do not exist yet. Run the model once")
+    refused(
+        model, 5, r"'2' \(LazyLinear\): is a lazy layer whose parameters do not exist yet. Run the model once"
+    )
     model(torch.zeros(1, 1, 5, 5, dtype=torch.float64))
     exact(model, 5)
 
