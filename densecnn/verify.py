@@ -27,7 +27,7 @@ from .rules import LayerRecord
 
 # max |dense - patch model| <= TOLERANCE · max(max |patch model|, 1): the rounding bound of the equivalence guarantee
 TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 5e-2}
-OUTPUTS_PER_AXIS = {1: 4, 2: 2, 3: 2}  # 4, 4 and 8 patches (two per axis: a transposed map shows) 
+OUTPUTS_PER_AXIS = {1: 4, 2: 2, 3: 2}  # 4, 4 and 8 patches (two per axis: a transposed map shows)
 _SEED = 0  # a private generator: the pass never draws from the caller's random stream
 
 
@@ -57,12 +57,10 @@ def verify_conversion(model: nn.Module, dense: nn.Module, layers: list[Converted
     """Raise :class:`ConversionError` unless ``dense`` reproduces ``model`` on a few random patches; ``layers`` are
     the chain's layers as :func:`densecnn.convert` converted them (it calls this unless ``verify=False``).
 
-    >>> model = nn.Sequential(nn.Conv2d(1, 2, 3), nn.ReLU())
-    >>> model[1].register_forward_hook(lambda module, inputs, output: output + 1)  # refused by the chain reader...
-    >>> densecnn.register_rule(ShiftedReLU)   # ...but a pointwise rule registered for a layer that is not pointwise
-    >>> densecnn.convert(nn.Sequential(nn.Conv2d(1, 2, 3), ShiftedReLU(), ...), 9)
+    >>> densecnn.register_rule(SpatialCentring)  # as pointwise, wrongly: it subtracts each channel's spatial mean
+    >>> densecnn.convert(nn.Sequential(nn.Conv2d(1, 2, 3), SpatialCentring(), nn.Conv2d(2, 2, 3)), 5)
     Traceback (most recent call last):
-    ConversionError: verification failed: ... The first layer whose output differs is '1' (ShiftedReLU, ...)
+    ConversionError: verification failed: ... The first layer whose output differs is '1' (SpatialCentring, ...
     """
     weight = next((p for p in model.parameters() if p.is_floating_point()), None)
     dtype = weight.dtype if weight is not None else torch.get_default_dtype()
@@ -111,10 +109,11 @@ class _Check:
         try:
             scores = model(self.patches)
         except (RuntimeError, TypeError, ValueError) as exc:
+            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             raise ConversionError(
                 f"verification could not run the model on a batch of {len(self.patches)} patches of size "
-                f"{'x'.join(map(str, dense.patch_size))} ({str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}). "
-                "Pass verify=False only if the model cannot take a batch of patches"
+                f"{'x'.join(map(str, dense.patch_size))} ({reason}). Pass verify=False only if the model cannot "
+                "take a batch of patches"
             ) from None
         if not isinstance(scores, torch.Tensor) or scores.shape[0] != len(self.patches):
             raise ConversionError(
