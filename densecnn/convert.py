@@ -174,7 +174,6 @@ def convert(
         tune=tune,
         patch_modules=tuple(model.named_modules()),
     )
-    dense.onnx_exports = tuple(layer.record.export for layer in converted if layer.dense is not None)
     if verify:
         verify_conversion(model, dense, converted)
     return dense

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -23,7 +24,7 @@ from torch import nn
 
 from .dense import DenseCNN
 from .errors import OnnxExportError
-from .layers import WindowLayer, functional
+from .layers import DenseAvgPool, DenseConv, DenseLinear, DenseMaxPool, WindowLayer, functional
 from .padding import dense_padding, source_index
 
 OPSET = 17  # dilated MaxPool needs >= 10
@@ -138,20 +139,47 @@ def export_threshold(layer: nn.Threshold, channels: int) -> nn.Module:
     return _Threshold(layer.threshold, layer.value)
 
 
+# dense layer type -> (dense layer, channels entering it) -> an ONNX-friendly module; a layer of another type is
+# written as it is (torch.onnx traces its forward: activations, per-pixel BatchNorm, channel softmax)
+Export = Callable[[nn.Module, int], nn.Module]
+_EXPORTS: dict[type, Export] = {
+    DenseConv: export_conv,
+    DenseLinear: export_conv,
+    DenseMaxPool: export_max_pool,
+    DenseAvgPool: export_avg_pool,
+    nn.InstanceNorm1d: export_running_norm,
+    nn.InstanceNorm2d: export_running_norm,
+    nn.InstanceNorm3d: export_running_norm,
+    nn.Threshold: export_threshold,
+}
+
+
+def register_export(layer_type: type) -> Callable[[Export], Export]:
+    """Register how a dense layer type of your own (what your conversion rule returns) is written to ONNX: the
+    decorated ``export(layer, channels) -> nn.Module`` returns a module of ONNX-friendly ops computing the same. A
+    windowed layer (a :class:`~densecnn.layers.WindowLayer`) needs one; other layers are exported as they are.
+
+    >>> @densecnn.onnx_export.register_export(DenseMedianPool)
+    ... def _(layer, channels):
+    ...     return MedianPoolForOnnx(layer.kernel, layer.dilation)
+    """
+
+    def decorator(export: Export) -> Export:
+        _EXPORTS[layer_type] = export
+        return export
+
+    return decorator
+
+
 def exportable(dense: DenseCNN) -> nn.Sequential:
     """The dense net rebuilt from ONNX-friendly modules (padding first); same outputs as ``dense.forward``.
 
-    Each dense layer is written as its layer type's record says (:class:`densecnn.rules.LayerRecord`, ``export``);
-    layers without an export function (activations, per-pixel BatchNorm, channel softmax) are written as they are.
+    Each dense layer is written by the export registered for its type (:func:`register_export`); layers without
+    one (activations, per-pixel BatchNorm, channel softmax) are written as they are.
     """
     if dense.in_channels is None:
         raise OnnxExportError(
             "the dense net does not know its input channels; convert a model that starts with Conv2d"
-        )
-    exports = getattr(dense, "onnx_exports", None)
-    if exports is None or len(exports) != len(dense.features):
-        raise OnnxExportError(
-            "this DenseCNN was not made by densecnn.convert(); convert the patch model to export it"
         )
     # the dense ops consume receptive_field - 1 pixels per axis; pad exactly as DenseCNN.pad does
     before, after = dense_padding(dense.patch_size, dense.receptive_field)
@@ -160,13 +188,14 @@ def exportable(dense: DenseCNN) -> nn.Sequential:
     else:
         modules = [_IndexPad(before, after, dense.padding_mode)]
     channels = dense.in_channels
-    for index, (layer, export) in enumerate(zip(dense.features, exports)):
+    for index, layer in enumerate(dense.features):
+        export = _EXPORTS.get(type(layer))
         if export is not None:
             modules.append(export(layer, channels))
         elif isinstance(layer, WindowLayer):
             raise OnnxExportError(
-                f"layer {index} ({type(layer).__name__}) is a windowed layer whose rule names no ONNX export; "
-                "register its layer type with densecnn.register_rule(..., export=...)"
+                f"layer {index} ({type(layer).__name__}) is a windowed layer with no ONNX export; register one "
+                "with @densecnn.onnx_export.register_export"
             )
         else:
             modules.append(layer)

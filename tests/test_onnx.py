@@ -117,3 +117,35 @@ def test_every_built_in_layer_type_exports(tmp_path, layer_type, where, make, ex
     (scores,) = _session(export_onnx(dense, tmp_path / "layer.onnx")).run(None, {"image": x.numpy()})
     expected_scores = densecnn.scan_patches(net, x, PATCH).numpy()  # independent of the dense net
     np.testing.assert_allclose(scores, expected_scores, rtol=0, atol=1e-4)
+
+
+class _DenseMean(densecnn.layers.DenseAvgPool):
+    """A user's own dense op (here built on densecnn's average pool)."""
+
+
+class _Mean(torch.nn.Module):
+    """The mean of each pixel and its right neighbour."""
+
+    def forward(self, x):
+        return torch.nn.functional.avg_pool2d(x, (1, 2), 1)
+
+
+@densecnn.register_rule(_Mean)
+def _mean_rule(module, ctx):
+    input_dilation = ctx.dilation
+    ctx.slide((1, 2), (1, 1))
+    return _DenseMean((1, 2), (1, 1), input_dilation)
+
+
+def test_a_users_windowed_dense_op_exports_once_its_export_is_registered(tmp_path):
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(1, 2, 3), torch.nn.MaxPool2d(2), _Mean(), torch.nn.Conv2d(2, 2, 2)
+    )
+    dense = densecnn.convert(model.eval(), (6, 8), backend="native")
+    with pytest.raises(densecnn.OnnxExportError, match=r"layer 2 \(_DenseMean\) .* register_export"):
+        export_onnx(dense, tmp_path / "a.onnx")
+    densecnn.onnx_export.register_export(_DenseMean)(densecnn.onnx_export.export_avg_pool)
+    x = torch.rand(1, 1, 9, 8)
+    (scores,) = _session(export_onnx(dense, tmp_path / "b.onnx")).run(None, {"image": x.numpy()})
+    expected = densecnn.scan_patches(model, x, (6, 8)).numpy()  # independent of the export
+    np.testing.assert_allclose(scores, expected, rtol=0, atol=1e-5)

@@ -1,5 +1,5 @@
-"""The built-in layer records: one small conversion rule per layer type, with its spec arguments, fx aliases, ONNX
-export and fusion name.
+"""The built-in layer records: one small conversion rule per layer type, with its spec arguments, fx aliases and
+fusion name.
 
 A layer converts only if the dense net reproduces it exactly. Layers whose eval-mode output depends on the batch or on
 randomness, or that normalise over the whole map (so a patch's output depends on the patch's own statistics), are
@@ -23,7 +23,6 @@ from ..layers import (
     DenseLinear,
     DenseMaxPool,
 )
-from ..onnx_export import export_avg_pool, export_conv, export_max_pool, export_running_norm, export_threshold
 from .registry import Alias, ConversionContext, register_rule
 
 _POOL = ("kernel_size", "stride", "padding", "ceil_mode")
@@ -71,7 +70,6 @@ for _dims, _layer in _by_dims("Conv").items():
             "groups",
             "bias",
         ),
-        export=export_conv,
         dims=_dims,
     )(conv)
 
@@ -112,9 +110,7 @@ for _dims, _layer in _by_dims("MaxPool").items():
         _functions("max_pool")[_dims],
         ("kernel_size", "stride", "padding", "dilation", "ceil_mode", "return_indices"),
     )
-    register_rule(_layer, args=(*_POOL, "dilation"), aliases=[_alias], export=export_max_pool, dims=_dims)(
-        max_pool
-    )
+    register_rule(_layer, args=(*_POOL, "dilation"), aliases=[_alias], dims=_dims)(max_pool)
 
 
 def avg_pool(pool: nn.modules.pooling._AvgPoolNd, ctx: ConversionContext):
@@ -131,7 +127,6 @@ for _dims, _layer in _by_dims("AvgPool").items():
         args=(*_POOL, "count_include_pad", *_divisor),
         aliases=[Alias(_functions("avg_pool")[_dims], ("kernel_size", "stride", "padding", "ceil_mode",
                                                         "count_include_pad", *_divisor))],
-        export=export_avg_pool,
         dims=_dims,
     )(avg_pool)  # fmt: skip
 
@@ -156,14 +151,12 @@ for _dims in _DIMS:
         _by_dims("AdaptiveAvgPool")[_dims],
         args=("output_size",),
         aliases=[Alias(_functions("adaptive_avg_pool")[_dims], ("output_size",))],
-        export=export_avg_pool,
         dims=_dims,
     )(adaptive_avg_pool)
     register_rule(
         _by_dims("AdaptiveMaxPool")[_dims],
         args=("output_size",),
         aliases=[Alias(_functions("adaptive_max_pool")[_dims], ("output_size", "return_indices"))],
-        export=export_max_pool,
         dims=_dims,
     )(adaptive_max_pool)
 
@@ -211,7 +204,7 @@ def flatten(module: nn.Flatten, ctx: ConversionContext):
     return None
 
 
-@register_rule(nn.Linear, args=("in_features", "out_features", "bias"), export=export_conv)
+@register_rule(nn.Linear, args=("in_features", "out_features", "bias"))
 def linear(module: nn.Linear, ctx: ConversionContext):
     if not ctx.flat:
         raise ctx.error(
@@ -256,7 +249,6 @@ for _layer, (_args, _aliases) in _POINTWISE.items():
         args=_args,
         aliases=_aliases,
         fused_activation=_FUSED.get(_layer),
-        export=export_threshold if _layer is nn.Threshold else None,
     )
 
 # Random in training mode, the identity in eval mode: the module follows the dense net's own .train()/.eval().
@@ -404,7 +396,6 @@ for _dims, _layer in _by_dims("InstanceNorm").items():
     register_rule(
         _layer,
         args=_BATCH_NORM,
-        export=export_running_norm,
         stochastic=True,
         dims=_dims if _dims > 1 else None,
     )(instance_norm)

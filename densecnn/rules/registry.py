@@ -1,10 +1,11 @@
-"""One record per layer type: how it converts, how it is saved, its fx aliases, how it exports, what may absorb it.
+"""One record per layer type: how it converts, how it is saved, its fx aliases, what may absorb it.
 
 Every module of densecnn that needs to know about a layer type reads its :class:`LayerRecord`:
 the converter (``rule``), :mod:`densecnn.chain` (``aliases``: ``F.relu`` or ``x.flatten(1)`` in a traced model),
-:mod:`densecnn.spec` (``args``: the constructor arguments written to ``model.json``), :mod:`densecnn.onnx_export`
-(``export``) and the solver plan (``fused_activation``). :func:`register_rule` writes a record, for the built-in
-layers (:mod:`densecnn.rules.builtin`) and for a user's own.
+:mod:`densecnn.spec` (``args``: the constructor arguments written to ``model.json``) and the solver plan
+(``fused_activation``). :func:`register_rule` writes a record, for the built-in layers (:mod:`densecnn.rules.builtin`)
+and for a user's own. How a dense layer is written to ONNX is the exporter's own table
+(:func:`densecnn.onnx_export.register_export`).
 """
 
 from __future__ import annotations
@@ -23,8 +24,6 @@ from ..patch_sizes import Adaptive, Features, Step, Window
 
 Size = tuple[int, ...]  # one entry per spatial axis
 Rule = Callable[[nn.Module, "ConversionContext"], "nn.Module | None"]
-# (dense layer, channels entering it) -> an ONNX-friendly module
-Export = Callable[[nn.Module, int], nn.Module]
 
 
 @dataclass(frozen=True)
@@ -63,8 +62,6 @@ class LayerRecord:
         args: the constructor arguments that describe a layer, each readable as an attribute of it, written to
             ``model.json``; None: the layer cannot be saved.
         aliases: its functional/method forms in fx traces.
-        export: builds the ONNX-friendly module for the dense layer the rule returned; None: the dense layer is
-            exported as it is (torch.onnx traces its forward).
         fused_activation: the name under which a pool step may absorb this layer into its kernel ("relu", "tanh").
         stochastic: in training mode its output depends on randomness or on the batch (Dropout, BatchNorm), so the
             dense net matches patch scanning only in eval mode.
@@ -76,7 +73,6 @@ class LayerRecord:
     rule: Rule
     args: tuple[str, ...] | None = None
     aliases: tuple[Alias, ...] = ()
-    export: Export | None = None
     fused_activation: str | None = None
     stochastic: bool = False
     dims: int | None = None
@@ -102,12 +98,11 @@ def register_rule(
     *layer_types: type,
     args: Sequence[str] | None = None,
     aliases: Sequence[Alias | Callable | str] = (),
-    export: Export | None = None,
     fused_activation: str | None = None,
     stochastic: bool = False,
     dims: int | None = None,
 ) -> Callable[[Rule], Rule]:
-    """Register layer types with densecnn: how they convert, and optionally how they are saved, traced and exported.
+    """Register layer types with densecnn: how they convert, and optionally how they are saved and traced.
 
     Called on its own, it registers pointwise layers (they run unchanged on the dense map: right only for layers
     that act on each value alone). Used as a decorator, the decorated ``rule(module, ctx) -> dense module | None``
@@ -123,7 +118,6 @@ def register_rule(
             is registered (loading never imports code named by a file).
         aliases: functional or tensor-method forms of the layer for ``torch.fx`` traces (:class:`Alias`, or a bare
             function or method name taking no arguments after the input).
-        export: how the dense layer is written to ONNX; by default it is exported as it is.
         fused_activation: "relu" or "tanh" if a pool kernel may apply this layer itself.
         stochastic: its training-mode output depends on randomness or on the batch.
         dims: the number of spatial axes the type implies (1 for signals, 2 for images, 3 for volumes), if any.
@@ -156,7 +150,7 @@ def register_rule(
                 )
             _SAVED_NAMES[layer_type.__name__] = layer_type
         _RECORDS[layer_type] = LayerRecord(
-            layer_type, rule, saved, record_aliases, export, fused_activation, stochastic, dims
+            layer_type, rule, saved, record_aliases, fused_activation, stochastic, dims
         )
 
     for layer_type in layer_types:
