@@ -6,7 +6,7 @@
 >>> scores = dense(torch.rand(1, 3, 256, 256))   # (1, 32, 256, 256): model(patch) at every pixel
 """
 
-from . import masks, spec, zoo
+from . import masks, zoo
 from .convert import convert
 from .dense import DenseCNN
 from .errors import (
@@ -59,6 +59,5 @@ __all__ = [
     "register_rule",
     "save",
     "scan_patches",
-    "spec",
     "zoo",
 ]

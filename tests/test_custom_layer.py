@@ -11,8 +11,8 @@ import torch
 from torch import nn
 
 import densecnn
+from densecnn.modelfile.spec import from_spec, layer_types, to_spec
 from densecnn.rules import fused_activation
-from densecnn.spec import from_spec, layer_types, to_spec
 from tests.tolerances import assert_close_relative
 
 

@@ -11,8 +11,8 @@ from safetensors.torch import load_file
 from torch import nn
 
 import densecnn
-from densecnn.modelformat import _layer_model, parse_config
-from densecnn.spec import from_spec, layer_types, to_spec
+from densecnn.modelfile.format import _layer_model, parse_config
+from densecnn.modelfile.spec import from_spec, layer_types, to_spec
 from tests.tolerances import assert_close_relative
 
 SHIPPED = Path(__file__).resolve().parent.parent / "models" / "nuclei"

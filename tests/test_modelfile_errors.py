@@ -206,7 +206,7 @@ def _forge_header(path):
     """Replace the weights with a file whose header claims exactly the tensors model.json needs, but no data."""
     config = json.loads((path / "model.json").read_text())
     with torch.device("meta"):
-        state = densecnn.spec.from_spec(config["layers"]).state_dict()
+        state = densecnn.modelfile.spec.from_spec(config["layers"]).state_dict()
     header, offset = {}, 0
     for name, tensor in state.items():
         size = tensor.numel() * 4

@@ -142,7 +142,10 @@ def test_a_users_windowed_dense_op_exports_once_its_export_is_registered(tmp_pat
         torch.nn.Conv2d(1, 2, 3), torch.nn.MaxPool2d(2), _Mean(), torch.nn.Conv2d(2, 2, 2)
     )
     dense = densecnn.convert(model.eval(), (6, 8), backend="native")
-    with pytest.raises(densecnn.OnnxExportError, match=r"layer 2 \(_DenseMean\) is a windowed layer with no ONNX export.*register_export"):
+    with pytest.raises(
+        densecnn.OnnxExportError,
+        match=r"layer 2 \(_DenseMean\) is a windowed layer with no ONNX export.*register_export",
+    ):
         export_onnx(dense, tmp_path / "a.onnx")
     densecnn.onnx_export.register_export(_DenseMean)(densecnn.onnx_export.export_avg_pool)
     x = torch.rand(1, 1, 9, 8)

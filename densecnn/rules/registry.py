@@ -2,7 +2,7 @@
 
 Every module of densecnn that needs to know about a layer type reads its :class:`LayerRecord`:
 the converter (``rule``), :mod:`densecnn.chain` (``aliases``: ``F.relu`` or ``x.flatten(1)`` in a traced model),
-:mod:`densecnn.spec` (``args``: the constructor arguments written to ``model.json``) and the solver plan
+:mod:`densecnn.modelfile.spec` (``args``: the constructor arguments written to ``model.json``) and the solver plan
 (``fused_activation``). :func:`register_rule` writes a record, for the built-in layers (:mod:`densecnn.rules.builtin`)
 and for a user's own. How a dense layer is written to ONNX is the exporter's own table
 (:func:`densecnn.onnx_export.register_export`).
@@ -84,7 +84,7 @@ class LayerRecord:
 
 
 _RECORDS: dict[type, LayerRecord] = {}
-REUSE = "Reuse"  # the model.json entry of a layer used again (densecnn.spec): no layer type may take its name
+REUSE = "Reuse"  # the model.json entry of a layer used again (densecnn.modelfile.spec): no layer type may take its name
 RESERVED_NAMES = frozenset({REUSE})
 _SAVED_NAMES: dict[str, type] = {}  # name in model.json -> layer type, for the types that have args
 

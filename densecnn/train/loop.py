@@ -19,9 +19,9 @@ from .data import TrainingData
 from .distributed import Distributed, setup, teardown
 from .metrics import MetricsLog
 from .model import start_model
-from .modelcard import save_trained_model
 from .optim import build_optimizer
 from .plots import plot_metrics
+from .record import save_trained_model
 from .step import Step
 from .validation import validate
 

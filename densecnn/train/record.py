@@ -12,6 +12,7 @@ from .. import masks
 from ..dense import DenseCNN
 from ..losses import IGNORE_INDEX
 from ..modelfile import LoadedModel, save
+from ..modelfile.card import write_model_card
 from .checkpoint import Progress
 from .config import TrainConfig
 from .data import TrainingData
@@ -125,90 +126,3 @@ def _count(items: list, noun: str) -> str:
 
 def _round(values: list[float]) -> list[float]:
     return [float(f"{v:.4g}") for v in values]
-
-
-def _fmt(value) -> str:
-    return "n/a" if value is None else f"{value:.4f}"
-
-
-def write_model_card(
-    path: str | Path,
-    *,
-    title: str,
-    config: dict,
-    command: str,
-    model_summary: dict,
-    data_summary: dict,
-    training_summary: dict,
-    val_scores: dict | None,
-    class_names: list[str],
-) -> Path:
-    """Write the card to ``path`` (a README.md) and return it. ``command`` is the full command of the run (every
-    option written, defaults included); a run started from Python gets the equivalent ``densecnn train`` command."""
-    lines = [f"# {title}", "", "A densecnn patch classifier: it labels the centre pixel of a patch; "]
-    lines[-1] += "`densecnn` runs it on whole images in one exact dense pass."
-    lines += ["", "## Model", ""]
-    lines += [f"- {key}: {value}" for key, value in model_summary.items()]
-    lines += ["", "## Data", ""]
-    lines += [f"- {key}: {value}" for key, value in data_summary.items()]
-    lines += [
-        "",
-        "## Training command",
-        "",
-        "Every option is written, defaults included, so the command reproduces this run whatever later versions",
-        "change."
-        if config.get("command")
-        else "change. The run was started from Python; this is its equivalent command.",
-        "",
-        "```",
-        command,
-        "```",
-        "",
-    ]
-    lines += ["## Training", ""]
-    lines += [f"- {key}: {value}" for key, value in training_summary.items()]
-    lines += ["", "## Validation metrics", ""]
-    if val_scores is None:
-        lines += ["No validation set was given (`--val`): there are no held-out metrics for this model.", ""]
-    else:
-        lines += [
-            f"Whole-image dense prediction on `{config.get('val')}`, every labelled pixel counted.",
-            "",
-            "| class | IoU |",
-            "|---|---|",
-        ]
-        lines += [
-            f"| {name} | {_fmt(iou)} |" for name, iou in zip(class_names, val_scores["iou"], strict=True)
-        ]
-        lines += [
-            f"| **mean IoU** | {_fmt(val_scores['mean_iou'])} |",
-            f"| **foreground IoU** (classes 1..K-1 vs class 0) | {_fmt(val_scores['foreground_iou'])} |",
-            f"| pixel accuracy | {_fmt(val_scores['pixel_accuracy'])} |",
-            "",
-        ]
-    lines += [
-        "## Limitations",
-        "",
-        "- Trained only on the data above; expect lower accuracy on other instruments, stains, magnifications or "
-        "intensity ranges. Validate on your own images before relying on it.",
-        f"- Each pixel's label depends only on its {model_summary.get('patch size', 'patch')} patch: structures "
-        "larger than the patch are judged from partial context.",
-        "- Input is normalised with the stored per-channel mean/std of the training images (values scaled to "
-        "[0, 1] by their bit depth); images with a very different intensity distribution need fine-tuning.",
-        "- Pixels near the image border see padded context (the stored padding mode).",
-        "",
-        "## Use",
-        "",
-        "```python",
-        "import densecnn, torch",
-        "from densecnn.imageio import read_image",
-        "",
-        'loaded = densecnn.load("PATH/TO/THIS/DIRECTORY")',
-        'image = torch.from_numpy(read_image("image.png", loaded.in_channels))[None]  # (1, C, H, W) in [0, 1]',
-        "labels = loaded.dense().predict(loaded.normalize(image))  # (1, H, W) class ids",
-        "```",
-        "",
-    ]
-    path = Path(path)
-    path.write_text("\n".join(lines))
-    return path

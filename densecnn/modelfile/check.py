@@ -18,9 +18,9 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from torch import nn
 
-from .convert import convert
-from .errors import PatchSizeError
-from .modelformat import (
+from ..convert import convert
+from ..errors import PatchSizeError
+from .format import (
     CONFIG_FILE,
     WEIGHTS_FILE,
     build_on_meta,

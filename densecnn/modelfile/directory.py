@@ -13,13 +13,14 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from .atomic import atomic_write
-from .chain import extract_chain
-from .convert import convert
-from .dense import DenseCNN
-from .errors import ConversionError
-from .modelcheck import TensorInfo, check_directory, check_weights
-from .modelformat import (
+from ..atomic import atomic_write
+from ..chain import extract_chain
+from ..convert import convert
+from ..dense import DenseCNN
+from ..errors import ConversionError
+from ..padding import check_padding_mode
+from .check import TensorInfo, check_directory, check_weights
+from .format import (
     CONFIG_FILE,
     FORMAT,
     FORMAT_VERSION,
@@ -28,7 +29,6 @@ from .modelformat import (
     file_error,
     parse_config,
 )
-from .padding import check_padding_mode
 from .spec import full_state, saved_state, to_spec
 
 

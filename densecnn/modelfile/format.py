@@ -36,9 +36,9 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 from torch import nn
 
+from ..errors import ModelFileError
+from ..padding import PADDING_MODES
 from . import spec
-from .errors import ModelFileError
-from .padding import PADDING_MODES
 
 FORMAT = "densecnn-model"
 FORMAT_VERSION = 1

@@ -25,10 +25,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from .chain import extract_chain
-from .errors import ModelFileError
-from .rules import LayerRecord, saved_record, saved_types
-from .rules.registry import REUSE
+from ..chain import extract_chain
+from ..errors import ModelFileError
+from ..rules import LayerRecord, saved_record, saved_types
+from ..rules.registry import REUSE
 
 
 def layer_types() -> dict[str, tuple[type[nn.Module], tuple[str, ...]]]:
