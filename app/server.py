@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import os
+import functools
 
 from uvicorn.config import LOGGING_CONFIG
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -21,14 +21,16 @@ from .settings import Settings
 WORKER_HEALTHCHECK_SECONDS = 60
 
 
+@functools.cache
+def header_timeout() -> float:
+    """The header deadline, from the settings of this worker's process: uvicorn builds the protocol itself, from its
+    import path, in every worker, so the setting comes the way all settings do, from the environment (read once, on
+    the first connection; validated by Settings when `densecnn serve` starts)."""
+    return Settings().header_timeout
+
+
 class HeaderDeadlineProtocol(H11Protocol):
     """uvicorn's h11 protocol, plus: a request's headers must arrive within the header timeout."""
-
-    # uvicorn builds the protocol itself, in every worker: the setting comes the way all settings do, from the
-    # environment (validated by Settings when `densecnn serve` starts)
-    header_timeout = float(
-        os.environ.get("DENSECNN_HEADER_TIMEOUT", Settings.model_fields["header_timeout"].default)
-    )
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -49,13 +51,13 @@ class HeaderDeadlineProtocol(H11Protocol):
             self._header_deadline.cancel()
         waiting_after = self.cycle  # a new request replaces the cycle once its headers are complete
         self._header_deadline = self.loop.call_later(
-            self.header_timeout, self._header_deadline_passed, waiting_after
+            header_timeout(), self._header_deadline_passed, waiting_after
         )
 
     def _header_deadline_passed(self, waiting_after) -> None:
         still_waiting = self.cycle is waiting_after and (self.cycle is None or self.cycle.response_complete)
         if still_waiting and not self.transport.is_closing():
-            self.logger.info("closing a connection whose request headers took over %g s", self.header_timeout)
+            self.logger.info("closing a connection whose request headers took over %g s", header_timeout())
             self.transport.close()
 
 
