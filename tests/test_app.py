@@ -18,13 +18,13 @@ import numpy as np
 import pytest
 import tifffile
 import torch
+from densecnn_app import Settings, create_app
+from densecnn_app.segmentation import SegmentResult
 from fastapi.testclient import TestClient
 from PIL import Image
 from pydantic import ValidationError
 
 import densecnn
-from app import Settings, create_app
-from app.segmentation import SegmentResult
 from tests.app_support import (
     CLASS_NAMES,
     assert_library_labels,
@@ -615,16 +615,16 @@ def test_oversized_chunked_body_is_413(client):
 
 
 def test_readiness_is_503_while_loading(model_root, monkeypatch):
-    import app.main
+    import densecnn_app.main
 
     release = threading.Event()
-    real_load = app.main.load_models
+    real_load = densecnn_app.main.load_models
 
     def slow_load(root, **kwargs):
         release.wait(10)
         return real_load(root, **kwargs)
 
-    monkeypatch.setattr(app.main, "load_models", slow_load)
+    monkeypatch.setattr(densecnn_app.main, "load_models", slow_load)
     with TestClient(make_app(model_root)) as client:
         assert client.get("/healthz").status_code == 200
         response = client.get("/readyz")
@@ -666,10 +666,10 @@ def blocking_segment(started: threading.Event, release: threading.Event):
 
 
 def test_full_queue_is_503_with_retry_after_at_once(model_root, monkeypatch):
-    import app.routers.segment
+    import densecnn_app.routers.segment
 
     started, release = threading.Event(), threading.Event()
-    monkeypatch.setattr(app.routers.segment, "segment", blocking_segment(started, release))
+    monkeypatch.setattr(densecnn_app.routers.segment, "segment", blocking_segment(started, release))
     with TestClient(make_app(model_root, max_concurrent_inferences=1, queue_size=0, retry_after=3)) as client:
         wait_ready(client.get)
         first = []
@@ -690,10 +690,10 @@ def test_full_queue_is_503_with_retry_after_at_once(model_root, monkeypatch):
 
 
 def test_slow_inference_times_out_with_503(model_root, monkeypatch):
-    import app.routers.segment
+    import densecnn_app.routers.segment
 
     started, release = threading.Event(), threading.Event()
-    monkeypatch.setattr(app.routers.segment, "segment", blocking_segment(started, release))
+    monkeypatch.setattr(densecnn_app.routers.segment, "segment", blocking_segment(started, release))
     with TestClient(make_app(model_root, request_timeout=0.2)) as client:
         wait_ready(client.get)
         response = post_raw(client, PNG)
@@ -744,13 +744,13 @@ def test_client_leaving_mid_upload_is_counted_as_499_with_one_log_line(client, c
 
 
 def test_queued_job_of_a_client_that_left_never_starts(model_root, monkeypatch):
-    import app.routers.segment
+    import densecnn_app.routers.segment
 
     started, release = threading.Event(), threading.Event()
     calls = []
     blocking = blocking_segment(started, release)
     monkeypatch.setattr(
-        app.routers.segment, "segment", lambda *a, **k: (calls.append(1), blocking(*a, **k))[1]
+        densecnn_app.routers.segment, "segment", lambda *a, **k: (calls.append(1), blocking(*a, **k))[1]
     )
     with TestClient(make_app(model_root, max_concurrent_inferences=1, queue_size=2)) as client:
         wait_ready(client.get)
@@ -773,7 +773,8 @@ def test_queued_job_of_a_client_that_left_never_starts(model_root, monkeypatch):
 
 
 def test_running_job_past_the_deadline_gives_its_slot_back(model_root, monkeypatch):
-    import app.routers.segment
+    import densecnn_app.routers.segment
+
     from densecnn.errors import Cancelled
 
     stopped = threading.Event()
@@ -783,7 +784,7 @@ def test_running_job_past_the_deadline_gives_its_slot_back(model_root, monkeypat
         stopped.set()
         raise Cancelled("stopped")
 
-    monkeypatch.setattr(app.routers.segment, "segment", cancellable_segment)
+    monkeypatch.setattr(densecnn_app.routers.segment, "segment", cancellable_segment)
     with TestClient(make_app(model_root, request_timeout=0.3, queue_size=0)) as client:
         wait_ready(client.get)
         assert_error(post_raw(client, PNG), 503, "timeout")
@@ -833,7 +834,7 @@ def test_sigterm_marks_the_service_draining_then_calls_the_servers_handler():
     import os
     import signal
 
-    from app.state import ServiceState, drain_on_signals
+    from densecnn_app.state import ServiceState, drain_on_signals
 
     state, calls = ServiceState(), []
     original = signal.signal(signal.SIGTERM, lambda sig, frame: calls.append(sig))  # stands in for uvicorn's

@@ -12,10 +12,10 @@ import io
 import numpy as np
 import pytest
 import tifffile
+from densecnn_app import Settings, create_app
 from fastapi.testclient import TestClient
 
 import densecnn
-from app import Settings, create_app
 from tests.app_support import blobs, encode, save_brightness_model, wait_ready
 from tests.test_app_volumes import volume_model
 

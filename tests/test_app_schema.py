@@ -4,10 +4,10 @@ answer matches what the spec declares for it (status code, content type, JSON bo
 from __future__ import annotations
 
 import pytest
+from densecnn_app import Settings, create_app
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 
-from app import Settings, create_app
 from tests.app_support import save_brightness_model, wait_ready
 
 schemathesis = pytest.importorskip("schemathesis")

@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 import tifffile
 import torch
+from densecnn_app import Settings, create_app
 from fastapi.testclient import TestClient
 from torch import nn
 
 import densecnn
-from app import Settings, create_app
 from densecnn.imageio import array_input, read_nd
 from tests.app_support import blobs, encode, save_brightness_model, wait_ready
 from tests.tolerances import assert_close_relative, assert_labels_equal_except_ties

@@ -291,7 +291,7 @@ def test_cli_info_on_a_broken_directory_has_no_traceback(broken):
 
 
 def test_server_skips_a_broken_model_with_one_log_line(base, broken, tmp_path, caplog):
-    registry = pytest.importorskip("app.registry")
+    registry = pytest.importorskip("densecnn_app.registry")
     root = tmp_path / "models"
     root.mkdir()
     shutil.copytree(base, root / "good")

@@ -290,7 +290,7 @@ def smooth_jpeg(side: int) -> bytes:
 def test_one_request_stays_within_the_documented_memory_bound(model_root, tmp_path, accept, query):
     """A 1000x1000 RGB image at limits scaled down from the defaults, on a fresh server: its peak resident memory
     over idle stays under Settings.request_memory_bound (docs/service.md measures the defaults at 4000x4000)."""
-    from app.settings import Settings
+    from densecnn_app.settings import Settings
 
     limits = dict(max_upload_bytes=2_000_000, max_image_pixels=1_000_000, max_decode_bytes=4 << 20,
                   max_inference_memory=64 << 20)  # fmt: skip
@@ -314,7 +314,8 @@ def test_one_request_stays_within_the_documented_memory_bound(model_root, tmp_pa
 def test_one_volume_request_stays_within_the_documented_memory_bound(model_root, tmp_path, accept):
     """A 100x100x100 volume at the limits of the image test, on a fresh server: its peak resident memory over idle
     stays under Settings.request_memory_bound(dims=3)."""
-    from app.settings import Settings
+    from densecnn_app.settings import Settings
+
     from tests.test_app_volumes import volume_model
 
     root = tmp_path / "models"

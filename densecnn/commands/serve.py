@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import os
 import signal
 
@@ -24,11 +22,9 @@ def add_parser(subparsers) -> None:
 
 def run(args) -> int:
     import uvicorn
-
-    service = service_package()
-    model_dirs = importlib.import_module(f"{service}.registry").model_dirs
-    uvicorn_options = importlib.import_module(f"{service}.server").uvicorn_options
-    Settings = importlib.import_module(f"{service}.settings").Settings
+    from densecnn_app.registry import model_dirs
+    from densecnn_app.server import uvicorn_options
+    from densecnn_app.settings import Settings
 
     if args.workers < 1:
         raise ValueError(f"--workers must be at least 1, got {args.workers}")
@@ -46,7 +42,7 @@ def run(args) -> int:
     # clean shutdown exit 0 instead of dying by the signal (143)
     signal.signal(signal.SIGTERM, lambda signum, frame: None)
     uvicorn.run(
-        f"{service}.main:create_app",
+        "densecnn_app.main:create_app",
         factory=True,
         host=args.host,
         port=args.port,
@@ -54,9 +50,3 @@ def run(args) -> int:
         **uvicorn_options(settings),
     )
     return 0
-
-
-def service_package() -> str:
-    """The web service's import name: ``densecnn_app`` where densecnn is installed (pip, make, the Docker image),
-    ``app`` in a repository checkout used without installing (its app/ directory on the path)."""
-    return "densecnn_app" if importlib.util.find_spec("densecnn_app") else "app"
