@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from . import tiling
-from .errors import DenseEquivalenceWarning
+from .errors import DenseEquivalenceWarning, InvalidInputError, InvalidTypeError
 from .geometry import Size, reach
 from .hooks import check_modules
 from .layers import WindowLayer, output_shape
@@ -261,22 +261,22 @@ class DenseCNN(nn.Module):
                 fix = f"add the batch axis with x[None] (a single {what[:-1]})"
             elif isinstance(x, torch.Tensor):
                 fix = f"this model has {self.dims} spatial axis/axes (patch size {self.patch_size})"
-            raise ValueError(f"expected {what} as an {layout} tensor, got {shape}; {fix}")
+            raise InvalidInputError(f"expected {what} as an {layout} tensor, got {shape}; {fix}")
         if not x.is_floating_point():
-            raise TypeError(f"expected a floating-point tensor, got {x.dtype}; convert with x.float()")
+            raise InvalidTypeError(f"expected a floating-point tensor, got {x.dtype}; convert with x.float()")
         weight = next(self.parameters(), None)
         if self.backend is Backend.NATIVE and weight is not None and x.dtype != weight.dtype:
-            raise TypeError(
+            raise InvalidTypeError(
                 f"backend='native' computes in the model's dtype ({weight.dtype}), the images are {x.dtype}; "
                 f"convert them with x.to({weight.dtype}) or use backend='auto', which computes in the images' dtype"
             )
         if self.in_channels is not None and x.shape[1] != self.in_channels:
-            raise ValueError(
+            raise InvalidInputError(
                 f"the model takes {self.in_channels} input channels, the images have {x.shape[1]}"
             )
         if min(x.shape[2:]) < 1:
             what = _INPUTS[self.dims][0]
-            raise ValueError(
+            raise InvalidInputError(
                 f"{what} must have at least 1 pixel per axis, got {'x'.join(map(str, x.shape[2:]))}"
             )
 

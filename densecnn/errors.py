@@ -1,7 +1,25 @@
-"""Exceptions and warnings raised by densecnn."""
+"""Exceptions and warnings raised by densecnn.
+
+Every error densecnn raises on purpose derives from :class:`DenseCNNError` (and, for code written before it, from the
+built-in type it refines: ``ValueError``, ``TypeError`` or ``RuntimeError``), so one ``except DenseCNNError`` handles
+them all: the CLI prints them as one line, the service answers them with its JSON error body.
+"""
 
 
-class ConversionError(ValueError):
+class DenseCNNError(Exception):
+    """Base of every error densecnn raises: its message names the problem and the fix."""
+
+
+class InvalidInputError(DenseCNNError, ValueError):
+    """An argument or input densecnn cannot use (a tensor of the wrong shape, an unknown name, a memory cap too
+    small); the message names it and what to give instead."""
+
+
+class InvalidTypeError(DenseCNNError, TypeError):
+    """An argument or input of the wrong type or dtype (an integer image, float labels); the message says which."""
+
+
+class ConversionError(DenseCNNError, ValueError):
     """A patch model (or one of its layers) cannot be converted to an exactly equivalent dense net.
 
     The message names the layer's dotted path and type, says why, and says what to do.
@@ -13,11 +31,11 @@ class PatchSizeError(ConversionError):
     that do."""
 
 
-class ModelFileError(ValueError):
+class ModelFileError(DenseCNNError, ValueError):
     """A model directory is missing, malformed, or was written by an incompatible version."""
 
 
-class OnnxExportError(ValueError):
+class OnnxExportError(DenseCNNError, ValueError):
     """A dense net holds a layer the ONNX exporter does not know how to write."""
 
 
@@ -30,11 +48,11 @@ class PatchSizeWarning(UserWarning):
     never read (pooling floors them away), so the size was most likely not the one the model was trained with."""
 
 
-class DatasetError(ValueError):
+class DatasetError(DenseCNNError, ValueError):
     """A training dataset directory or one of its files is unusable; the message names the file and the fix."""
 
 
-class TrainingError(ValueError):
+class TrainingError(DenseCNNError, ValueError):
     """A training run cannot start or continue: an invalid option, a run directory in the wrong state, or a damaged
     checkpoint. The message names the option (``--batch``) or the file, and the fix."""
 
@@ -43,7 +61,7 @@ class ExtensionUnavailableWarning(RuntimeWarning):
     """densecnn's compiled kernels are not built or failed to load; torch-only solvers are used instead."""
 
 
-class ImageReadError(ValueError):
+class ImageReadError(DenseCNNError, ValueError):
     """An image could not be decoded, or is not a 2-D image; the message says which and why."""
 
 
@@ -60,13 +78,13 @@ class ImageDimensionsError(ImageReadError):
     model, ...); the message names what was received and what the model takes."""
 
 
-class Cancelled(RuntimeError):
+class Cancelled(DenseCNNError, RuntimeError):
     """A computation was stopped between two steps because its ``cancel`` event was set."""
 
 
-class PredictInputError(ValueError):
+class PredictInputError(DenseCNNError, ValueError):
     """``densecnn predict`` was given an input or output it cannot use; the message says which and what to give."""
 
 
-class BlockFailedError(RuntimeError):
+class BlockFailedError(DenseCNNError, RuntimeError):
     """A block of a chunked prediction kept failing after its retries; the message names its coordinates."""

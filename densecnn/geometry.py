@@ -14,6 +14,8 @@ from __future__ import annotations
 import numbers
 from collections.abc import Sequence
 
+from .errors import InvalidInputError, InvalidTypeError
+
 Size = tuple[int, ...]
 
 
@@ -30,11 +32,11 @@ def ntuple(value: int | Sequence[int], n: int, name: str = "value") -> Size:
         isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in value
     ):
         if len(value) != n:
-            raise ValueError(
+            raise InvalidInputError(
                 f"{name} needs {n} entries (one per spatial axis), got {len(value)}: {tuple(value)}"
             )
         return tuple(int(v) for v in value)
-    raise TypeError(f"{name} must be an int or a sequence of {n} ints, got {value!r}")
+    raise InvalidTypeError(f"{name} must be an int or a sequence of {n} ints, got {value!r}")
 
 
 def reach(kernel: Size, dilation: Size) -> Size:

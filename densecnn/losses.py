@@ -16,6 +16,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .errors import InvalidInputError, InvalidTypeError
+
 IGNORE_INDEX = 255  # the label of pixels that are never counted: the dataset convention, declared once
 
 SPATIAL_AXES = {
@@ -106,7 +108,7 @@ def pixel_cross_entropy(
 def _check(scores, labels, mask, ignore_index, class_weights) -> torch.Tensor:
     """Validate the arguments; return the labels as int64."""
     if not 3 <= scores.dim() <= 5:
-        raise ValueError(
+        raise InvalidInputError(
             "scores must be (N, K, L), (N, K, H, W) or (N, K, D, H, W) (1 to 3 spatial axes), "
             f"got shape {tuple(scores.shape)}"
         )
@@ -114,23 +116,25 @@ def _check(scores, labels, mask, ignore_index, class_weights) -> torch.Tensor:
     expected = (scores.shape[0], *scores.shape[2:])  # (N, *spatial)
     axes = "(N, " + ", ".join(SPATIAL_AXES[scores.dim() - 2]) + ")"
     if tuple(labels.shape) != expected:
-        raise ValueError(f"labels must be {axes} = {expected} to match the scores, got {tuple(labels.shape)}")
+        raise InvalidInputError(
+            f"labels must be {axes} = {expected} to match the scores, got {tuple(labels.shape)}"
+        )
     if labels.is_floating_point() or labels.dtype == torch.bool:
-        raise TypeError(f"labels must be an integer tensor of class ids, got {labels.dtype}")
+        raise InvalidTypeError(f"labels must be an integer tensor of class ids, got {labels.dtype}")
     if mask is not None:
         if tuple(mask.shape) != expected:
-            raise ValueError(f"mask must be {axes} = {expected}, got {tuple(mask.shape)}")
+            raise InvalidInputError(f"mask must be {axes} = {expected}, got {tuple(mask.shape)}")
         if mask.dtype != torch.bool:
-            raise TypeError(f"mask must be a bool tensor, got {mask.dtype}; use mask.bool()")
+            raise InvalidTypeError(f"mask must be a bool tensor, got {mask.dtype}; use mask.bool()")
     if class_weights is not None and tuple(class_weights.shape) != (k,):
-        raise ValueError(
+        raise InvalidInputError(
             f"class_weights must have one weight per class, shape ({k},), got {tuple(class_weights.shape)}"
         )
     labels = labels.long()
     bad = (labels != ignore_index) & ((labels < 0) | (labels >= k))
     if bad.any():
         value = labels[bad][0].item()
-        raise ValueError(
+        raise InvalidInputError(
             f"label {value} is out of range for {k} classes "
             f"(valid: 0..{k - 1}, or {ignore_index} to ignore a pixel)"
         )

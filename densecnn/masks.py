@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .errors import InvalidInputError
 from .losses import IGNORE_INDEX
 
 
@@ -53,7 +54,7 @@ class MaskStrategy:
     ) -> torch.Tensor:
         """(N, *spatial) labels (and, for ``hard``, their per-pixel loss, same shape) -> (N, *spatial) bool mask."""
         if not 2 <= labels.dim() <= 4:
-            raise ValueError(
+            raise InvalidInputError(
                 f"labels must be (N, L), (N, H, W) or (N, D, H, W), got shape {tuple(labels.shape)}"
             )
         eligible = labels != ignore_index  # (N, *spatial)
@@ -68,7 +69,7 @@ class MaskStrategy:
                 mask |= _top_k(keys, labels == value, self.k)
             return mask
         if pixel_loss is None or tuple(pixel_loss.shape) != tuple(labels.shape):
-            raise ValueError(
+            raise InvalidInputError(
                 "hard(k) needs pixel_loss, the per-pixel loss of the forward pass just done, shaped like the labels"
             )
         n_random = round(self.k * self.mix)
@@ -99,7 +100,9 @@ def balanced(k: int) -> MaskStrategy:
 def hard(k: int, mix: float = 0.5) -> MaskStrategy:
     """Select ``k`` pixels per image: ``round(k·mix)`` at random, the others with the largest current loss."""
     if not 0.0 <= mix <= 1.0:
-        raise ValueError(f"hard(k, mix): mix is the share of random pixels and must be in [0, 1], got {mix}")
+        raise InvalidInputError(
+            f"hard(k, mix): mix is the share of random pixels and must be in [0, 1], got {mix}"
+        )
     return MaskStrategy("hard", _check_k(k), float(mix))
 
 
@@ -126,14 +129,16 @@ def parse(spec: str) -> MaskStrategy:
     parts = str(spec).strip().lower().split(":")
     kind, args = parts[0], parts[1:]
     if kind not in KINDS:
-        raise ValueError(f"unknown mask strategy {spec!r}; use {SPEC_SYNTAX}")
+        raise InvalidInputError(f"unknown mask strategy {spec!r}; use {SPEC_SYNTAX}")
     build, required, optional = KINDS[kind]
     if not len(required) <= len(args) <= len(required) + len(optional):
-        raise ValueError(f"mask strategy {spec!r} has the wrong number of arguments; use {SPEC_SYNTAX}")
+        raise InvalidInputError(
+            f"mask strategy {spec!r} has the wrong number of arguments; use {SPEC_SYNTAX}"
+        )
     try:
         values = [int(args[0])] + [float(a) for a in args[1:]] if args else []
     except ValueError:
-        raise ValueError(
+        raise InvalidInputError(
             f"mask strategy {spec!r}: K must be an integer and MIX a number; use {SPEC_SYNTAX}"
         ) from None
     return build(*values)
@@ -141,7 +146,7 @@ def parse(spec: str) -> MaskStrategy:
 
 def _check_k(k: int) -> int:
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ValueError(f"k (pixels per image) must be a positive integer, got {k!r}")
+        raise InvalidInputError(f"k (pixels per image) must be a positive integer, got {k!r}")
     return k
 
 

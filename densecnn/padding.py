@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .errors import InvalidInputError
 from .geometry import Size
 
 PADDING_MODES = ("zeros", "reflect", "replicate")
@@ -23,7 +24,7 @@ PADDING_MODES = ("zeros", "reflect", "replicate")
 
 def check_padding_mode(padding_mode: str) -> str:
     if padding_mode not in PADDING_MODES:
-        raise ValueError(
+        raise InvalidInputError(
             f"padding_mode={padding_mode!r} is not supported; use one of {', '.join(PADDING_MODES)}"
         )
     return padding_mode

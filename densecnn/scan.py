@@ -13,6 +13,7 @@ from torch import nn
 
 from .chain import extract_chain
 from .convert import as_patch_size, convert, spatial_dims_of
+from .errors import InvalidInputError
 from .layers import WindowLayer
 from .padding import check_padding_mode, pad_for_patches
 
@@ -33,7 +34,7 @@ def scan_patches(
     patch = as_patch_size(patch_size, x.dim() - 2)
     check_padding_mode(padding_mode)
     if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        raise InvalidInputError(f"batch_size must be >= 1, got {batch_size}")
     n, _, *size = x.shape
     windows = pad_for_patches(x, patch, padding_mode)
     for axis, p in enumerate(patch, start=2):

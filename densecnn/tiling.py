@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 from tqdm.auto import tqdm
 
+from .errors import InvalidInputError
 from .geometry import Size
 
 
@@ -55,7 +56,7 @@ def tile_peak_bytes(sizes: list[int], itemsize: int, *, train: bool) -> int:
 
 def check_max_memory(max_memory) -> int:
     if isinstance(max_memory, bool) or not isinstance(max_memory, int) or max_memory <= 0:
-        raise ValueError(f"max_memory must be a positive number of bytes (int), got {max_memory!r}")
+        raise InvalidInputError(f"max_memory must be a positive number of bytes (int), got {max_memory!r}")
     return max_memory
 
 
@@ -82,7 +83,7 @@ def choose_tile(shape, max_memory: int, estimate: MemoryEstimate, *, labels: boo
     if not fits((1,) * len(size)):
         needed = estimate.held + estimate.tile((1,) * len(size))
         what = "labels" if labels else "scores (predict() keeps only labels)"
-        raise ValueError(
+        raise InvalidInputError(
             f"max_memory={max_memory:,} bytes is too small for a {'x'.join(map(str, shape))} input: it needs at "
             f"least {needed:,} bytes ({estimate.held:,} for the padded image and the {what}, the rest for the "
             "smallest tile); raise max_memory or pass a smaller image or batch"

@@ -14,6 +14,8 @@ import fnmatch
 
 from torch import nn
 
+from .errors import InvalidInputError
+
 
 def plain_133(in_channels: int = 3, num_classes: int = 32) -> tuple[nn.Sequential, int]:
     """The Plain CNN of Li, Zhao & Wang (2014), patch 133: 133 -> 128 -> 16 -> 14 -> 7 -> 1."""
@@ -160,4 +162,4 @@ def create(name: str, *, in_channels: int, num_classes: int) -> tuple[nn.Sequent
 
 def _check_name(name: str) -> None:
     if name not in _MODELS:
-        raise ValueError(f"Unknown model {name!r}; the zoo has {', '.join(list_models())}")
+        raise InvalidInputError(f"Unknown model {name!r}; the zoo has {', '.join(list_models())}")

@@ -11,6 +11,7 @@ import json
 import time
 from pathlib import Path
 
+from ..errors import InvalidInputError
 from . import firstcall, memory, report, suite
 from .suite import Config
 
@@ -38,7 +39,7 @@ def run(out: Path, *, quick: bool = False, only: list[str] | None = None, log=pr
     """
     unknown = set(only or ()) - set(ITEMS)
     if unknown:
-        raise ValueError(f"unknown benchmark items {sorted(unknown)}; choose from {', '.join(ITEMS)}")
+        raise InvalidInputError(f"unknown benchmark items {sorted(unknown)}; choose from {', '.join(ITEMS)}")
     config = Config.quick() if quick else Config()
     out.mkdir(parents=True, exist_ok=True)
     results: dict = {

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import signal
 
+from ..errors import InvalidInputError
+
 
 def add_parser(subparsers) -> None:
     parser = subparsers.add_parser(
@@ -27,7 +29,7 @@ def run(args) -> int:
     from densecnn_app.settings import Settings
 
     if args.workers < 1:
-        raise ValueError(f"--workers must be at least 1, got {args.workers}")
+        raise InvalidInputError(f"--workers must be at least 1, got {args.workers}")
     if args.model_dir:
         os.environ["DENSECNN_MODEL_DIR"] = args.model_dir  # workers build their Settings from the environment
     if args.workers > 1 and "DENSECNN_TORCH_THREADS" not in os.environ:

@@ -3,6 +3,8 @@ runs use them instead of the cost model's predictions) and show the chosen plan.
 
 from __future__ import annotations
 
+from ..errors import InvalidInputError
+
 
 def add_parser(subparsers) -> None:
     parser = subparsers.add_parser(
@@ -39,12 +41,14 @@ def run(args) -> int:
 
     size = tuple(args.size)
     if min(size) < 1 or args.batch < 1:
-        raise ValueError(f"--size and --batch must be positive, got size {_text(size)}, batch {args.batch}")
+        raise InvalidInputError(
+            f"--size and --batch must be positive, got size {_text(size)}, batch {args.batch}"
+        )
     loaded = load(args.model)
     dense = loaded.dense()
     if len(size) != dense.dims:
         axes = {1: "L", 2: "H W", 3: "D H W"}[dense.dims]
-        raise ValueError(
+        raise InvalidInputError(
             f"--size {' '.join(map(str, size))}: this model has {dense.dims} spatial axis/axes (patch size "
             f"{_text(dense.patch_size)}); pass --size {axes}"
         )

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..errors import InvalidInputError
 from ..geometry import Size, ntuple
 from ..padding import pad_image
 
@@ -54,7 +55,7 @@ class CropSampler:
         self.patch_size, self.crop, self.flip = tuple(patch_size), ntuple(crop, dims, "crop"), flip
         self.rot90 = rot90 and dims >= 2
         if self.rot90 and self.crop[-2] != self.crop[-1]:
-            raise ValueError(
+            raise InvalidInputError(
                 f"crop {self.crop}: quarter turns need equal H and W crop sizes; make them equal or turn rot90 off"
             )
         self.margin = context_margin(self.patch_size)
