@@ -205,12 +205,15 @@ def _client(scheduler: str | None, workers: int) -> Iterator[tuple[object, int |
         return
     if workers < 1:
         raise PredictInputError(f"workers must be at least 1, got {workers}")
+    # Dask's scheduler and workers always serve HTTP (health, metrics; the dashboard when bokeh is installed), on
+    # every interface unless told otherwise: a local cluster listens on loopback only, on free ports
+    loopback = {"dashboard_address": "127.0.0.1:0", "worker_dashboard_address": "127.0.0.1:0"}
     if workers == 1:  # one worker thread in this process, with this process's torch threads
-        cluster = LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None)
+        cluster = LocalCluster(n_workers=1, threads_per_worker=1, processes=False, **loopback)
         threads = None
     else:  # Dask starts worker processes with one OpenMP thread: share the cores out
         cluster = LocalCluster(
-            n_workers=workers, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None
+            n_workers=workers, threads_per_worker=1, processes=True, host="127.0.0.1", **loopback
         )
         threads = max(1, (os.cpu_count() or 1) // workers)
     with cluster, Client(cluster) as client:
