@@ -16,6 +16,8 @@ from .errors import DenseEquivalenceWarning, InvalidInputError, InvalidTypeError
 from .geometry import Size, reach
 from .hooks import check_modules
 from .layers import WindowLayer, output_shape
+from .losses import IGNORE_INDEX
+from .masked import masked_terms
 from .ops.backends import Backend, check_backend, ext_available
 from .ops.plan import Plan, find_requested, make_plan
 from .ops.solvers import ConvSpec
@@ -163,6 +165,38 @@ class DenseCNN(nn.Module):
         self._warn_if_stochastic()
         check_modules(self._patch_modules)
         return self._run_tiled(x, max_memory, labels=True, cancel=cancel)
+
+    def masked_loss(
+        self,
+        x: torch.Tensor,
+        labels: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        *,
+        class_weights: torch.Tensor | None = None,
+        ignore_index: int = IGNORE_INDEX,
+        method: str = "auto",
+    ) -> torch.Tensor:
+        """The mean cross-entropy over the pixels ``mask`` selects (labels not ``ignore_index``): its gradient is the
+        patch minibatch's of those pixels, computed the cheapest way (:mod:`densecnn.masked`): the whole dense pass,
+        the dense pass over the selected pixels' region, or their patch minibatch. ``method`` forces one.
+
+        (N, C, *S) images, (N, *S) labels and bool mask (None: every pixel) -> a scalar (float32, or float64 for
+        float64 images); 0 with a zero gradient when no pixel counts.
+
+        >>> dense.masked_loss(images, labels, densecnn.masks.random(64)(labels, generator=g)).backward()
+        """
+        self._check_input(x)
+        check_modules(self._patch_modules)
+        terms = masked_terms(
+            self,
+            self.pad(x),
+            labels,
+            mask,
+            class_weights=class_weights,
+            ignore_index=ignore_index,
+            method=method,
+        )
+        return terms.loss_sum / terms.weight_sum.clamp(min=torch.finfo(terms.weight_sum.dtype).tiny)
 
     def warm(
         self, shape, *, dtype: torch.dtype = torch.float32, max_memory: int | None = None, train: bool = False

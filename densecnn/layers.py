@@ -38,6 +38,7 @@ class WindowLayer(nn.Module):
         kernel: taps of the window, one entry per spatial axis ((kh, kw) for images, (kd, kh, kw) for volumes).
         stride: stride of the patch net's op, per axis.
         dilation: tap spacing of the dense op, in input pixels, per axis (1 along an axis of one tap).
+        source_dilation: tap spacing of the patch net's op on its own input (what :meth:`strided` runs).
     """
 
     def __init__(self, kernel: Size, stride: Size, dilation: Size):
@@ -46,6 +47,9 @@ class WindowLayer(nn.Module):
         # A one-tap axis has no spacing: dilation 1 there, since torch's dilated kernels are far slower than its
         # plain ones (a 1x1 conv after a pool would otherwise take the dilated path).
         self.dilation = tuple(1 if k == 1 else d for k, d in zip(self.kernel, dilation, strict=True))
+        self.source_dilation = (1,) * len(
+            self.kernel
+        )  # the patch op's own tap spacing (a dilated conv's, pool's)
 
     @property
     def dims(self) -> int:
@@ -79,6 +83,7 @@ class DenseConv(WindowLayer):
     def __init__(self, conv: nn.modules.conv._ConvNd, input_dilation: Size):
         super().__init__(conv.kernel_size, conv.stride, _mul(input_dilation, conv.dilation))
         self.source = conv
+        self.source_dilation = tuple(conv.dilation)
 
     def strided(self, x: torch.Tensor) -> torch.Tensor:
         conv = self.source

@@ -17,11 +17,12 @@ from .. import masks
 from ..dense import DenseCNN
 from ..errors import TrainingError
 from ..losses import IGNORE_INDEX, masked_cross_entropy_terms, pixel_cross_entropy
+from ..masked import masked_terms
 from .crops import sample_generator
 
 # the training methods, name -> what a step computes: the one list, read by the CLI and the model card
 METHODS = {
-    "dense": "whole crops through the dense net",
+    "dense": "whole crops through the dense net, the selected pixels' loss by its cheapest pass",
     "patches": "the classical patch minibatch (the baseline)",
 }
 
@@ -33,11 +34,15 @@ class Scorer(nn.Module):
         super().__init__()
         self.model, self.dense = model, dense
 
-    def forward(self, x: torch.Tensor, method: str) -> torch.Tensor:
-        # dense: (B, C, *(c+R-1)) context crops -> (B, K, *c); patches: (M, C, *P) -> (M, K, 1, ..., 1)
-        # run_padded: the dense layers on an already padded input, with the solvers the find step chose
+    def forward(self, x: torch.Tensor, method: str, labels=None, mask=None, class_weights=None):
+        # dense: (B, C, *(c+R-1)) context crops -> (B, K, *c); patches: (M, C, *P) -> (M, K, 1, ..., 1);
+        # masked: the context crops' masked loss terms, by the cheapest of a dense, region or patch pass
+        # run_padded: the dense layers on an already padded input, with the solvers the plan chose
         if method == "dense":
             return self.dense.run_padded(x)
+        if method == "masked":
+            terms = masked_terms(self.dense, x, labels, mask, class_weights=class_weights)
+            return terms.loss_sum, terms.weight_sum, terms.scores, terms.targets, terms.mask
         return self.model(x).reshape(len(x), -1, *(1,) * (x.dim() - 2))
 
 
@@ -83,21 +88,42 @@ class Step:
             labels.append(crop.labels)
         images = torch.stack(images).to(self.dist.device)  # (B, C, *(c+P-1)): one entry per spatial axis
         labels = torch.stack(labels).to(self.dist.device)  # (B, *c)
-        if self.config.method == "dense":
-            scores, targets, mask = self._dense_scores(images, labels, generators)
-        else:
+        if self.config.method == "patches":
             scores, targets, mask = self._patch_scores(images, labels, generators)
-        return self._descend(scores, targets, mask)
+            return self._descend(*self._terms(scores, targets, mask), scores, targets, mask)
+        if self.strategy.needs_loss:  # the selection ranks every pixel's loss: the whole dense pass it is
+            scores, targets, mask = self._dense_scores(images, labels, generators)
+            return self._descend(*self._terms(scores, targets, mask), scores, targets, mask)
+        return self._descend(*self._masked(images, labels, self._select(labels, generators, None)))
+
+    def _context(self, images: torch.Tensor) -> torch.Tensor:
+        """(B, C, *(c+P-1)) crops -> (B, C, *(c+R-1)): the pixels' patches reach past what the outputs depend on when
+        R < P"""
+        needed = tuple(
+            slice(0, c + r - 1) for c, r in zip(self.data.crop, self.dense.receptive_field, strict=True)
+        )
+        return images[(slice(None), slice(None), *needed)]
+
+    def _masked(self, images, labels, mask):
+        """The selected pixels' loss terms by the cheapest pass (:mod:`densecnn.masked`): a sparse mask costs what
+        its patch minibatch costs, a dense one a dense pass. The solvers and the patch pass compute in bfloat16
+        under ``--bf16``, the weights and the loss in float32."""
+        context = self._context(images)
+        with torch.autocast(self.dist.device.type, dtype=torch.bfloat16, enabled=self.config.bf16):
+            return self.net(
+                context.bfloat16() if self.config.bf16 else context,
+                "masked",
+                labels,
+                mask,
+                self.class_weights,
+            )
 
     def _dense_scores(self, images, labels, generators):
-        receptive, crop = self.dense.receptive_field, self.data.crop
-        # the pixels' patches reach past what the outputs depend on when R < P: keep the first c+R-1 per axis
-        needed = tuple(slice(0, c + r - 1) for c, r in zip(crop, receptive, strict=True))
-        context = images[(slice(None), slice(None), *needed)]  # (B, C, *(c+R-1))
+        context = self._context(images)  # (B, C, *(c+R-1))
         # the dense solvers compute in the input's dtype, casting the float32 weights on the fly (what autocast
         # does for torch's ops; densecnn's own kernels are not autocast-aware), gradients land in float32
         scores = self.net(context.bfloat16() if self.config.bf16 else context, "dense")  # (B, K, *c)
-        pixel_loss = pixel_cross_entropy(scores, labels) if self.strategy.needs_loss else None
+        pixel_loss = pixel_cross_entropy(scores, labels)
         return scores, labels, self._select(labels, generators, pixel_loss)  # mask (B, *c)
 
     def _patch_scores(self, images, labels, generators):
@@ -115,6 +141,9 @@ class Step:
         )  # (M, 1, ..., 1): every patch counts
         return scores, targets, None
 
+    def _terms(self, scores, targets, mask):
+        return masked_cross_entropy_terms(scores, targets, mask, class_weights=self.class_weights)
+
     def _select(self, labels, generators, pixel_loss) -> torch.Tensor:
         return torch.cat(
             [
@@ -127,10 +156,7 @@ class Step:
             ]
         )
 
-    def _descend(self, scores, targets, mask) -> dict:
-        loss_sum, weight_sum = masked_cross_entropy_terms(
-            scores, targets, mask, class_weights=self.class_weights
-        )
+    def _descend(self, loss_sum, weight_sum, scores, targets, mask) -> dict:
         counted = targets != IGNORE_INDEX if mask is None else mask & (targets != IGNORE_INDEX)
         correct = ((scores.detach().argmax(1) == targets) & counted).sum()
         totals = self.dist.sum(

@@ -1,0 +1,106 @@
+"""dense.masked_loss: every method (the dense pass, the region pass, the patch pass, and the automatic choice) gives
+the loss and the gradients of the patch minibatch of the selected pixels, run through the patch model itself."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import densecnn
+from densecnn import masked
+from tests.tolerances import assert_close_relative
+
+CONV = {1: nn.Conv1d, 2: nn.Conv2d, 3: nn.Conv3d}
+POOL = {1: nn.MaxPool1d, 2: nn.MaxPool2d, 3: nn.AvgPool3d}
+SIZE = {1: (23,), 2: (13, 11), 3: (6, 7, 5)}
+
+
+def _net(dims: int) -> tuple[nn.Module, int]:
+    torch.manual_seed(dims)
+    model = nn.Sequential(
+        CONV[dims](2, 4, 3), nn.Tanh(), POOL[dims](2), CONV[dims](4, 4, 2), nn.ReLU(), nn.Flatten(),
+        nn.Linear(4 * 2**dims, 3),
+    )  # fmt: skip
+    return model.double().eval(), 8
+
+
+def _patch_minibatch_loss(model, x, labels, chosen, patch, class_weights=None):
+    """The reference: patches cut at the chosen pixels (zero padding, ⌊(P-1)/2⌋ before), through the model."""
+    before = (patch - 1) // 2
+    padded = F.pad(x, [before, patch - 1 - before] * (x.dim() - 2))
+    index = chosen.nonzero().tolist()
+    patches = torch.stack([padded[(i[0], slice(None), *(slice(p, p + patch) for p in i[1:]))] for i in index])
+    targets = torch.stack([labels[tuple(i)] for i in index])
+    return F.cross_entropy(model(patches).flatten(1), targets, weight=class_weights)
+
+
+def _grads(model, loss):
+    model.zero_grad(set_to_none=True)
+    loss.backward()
+    return [p.grad.clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("dims", [1, 2, 3])
+@pytest.mark.parametrize("method", ["dense", "region", "patches", "auto"])
+@pytest.mark.parametrize("selection", ["few", "many", "all"])
+def test_every_method_gives_the_patch_minibatch_loss_and_gradients(dims, method, selection):
+    model, patch = _net(dims)
+    dense = densecnn.convert(model, patch)
+    generator = torch.Generator().manual_seed(7)
+    x = torch.randn(2, 2, *SIZE[dims], dtype=torch.float64, generator=generator)
+    labels = torch.randint(0, 3, (2, *SIZE[dims]), generator=generator)
+    labels.view(-1)[::5] = 255  # ignored pixels never count
+    share = {"few": 0.02, "many": 0.5, "all": 1.0}[selection]
+    mask = torch.rand(labels.shape, generator=generator) < share
+    mask.view(-1)[3] = True
+    labels.view(-1)[3] = 1  # at least one pixel counts
+    weights = torch.tensor([1.0, 2.0, 0.5], dtype=torch.float64)
+    got = dense.masked_loss(x, labels, mask, method=method, class_weights=weights)
+    got_grads = _grads(model, got)
+    want = _patch_minibatch_loss(model, x, labels, masked.selected(labels, mask), patch, weights)
+    want_grads = _grads(model, want)
+    assert_close_relative(got.detach(), want.detach(), 1e-10, 1.0)
+    for a, b in zip(got_grads, want_grads, strict=True):
+        assert_close_relative(a, b, 1e-9, 1.0)
+
+
+def test_no_counted_pixel_gives_a_zero_loss_and_zero_gradients():
+    model, patch = _net(2)
+    dense = densecnn.convert(model, patch)
+    x = torch.randn(1, 2, 9, 9, dtype=torch.float64)
+    labels = torch.full((1, 9, 9), 255)
+    for method in ("dense", "region", "patches", "auto"):
+        loss = dense.masked_loss(x, labels, method=method)
+        grads = _grads(model, loss)
+        assert loss.item() == 0.0 and all((g == 0).all() for g in grads)
+
+
+def test_auto_takes_the_patches_or_region_for_a_few_pixels_and_the_dense_pass_for_all():
+    model, patch = densecnn.zoo.create("plain_133", in_channels=3, num_classes=4)
+    dense = densecnn.convert(model.eval(), patch)
+    padded_shape = (1, 3, 256 + 132, 256 + 132)
+    labels = torch.zeros(1, 256, 256, dtype=torch.long)
+    one = torch.zeros(1, 256, 256, dtype=torch.bool)
+    one[0, 100, 100] = True
+    few = masked.costs(dense, padded_shape, one)
+    assert min(few, key=few.__getitem__) != "dense"
+    every = masked.costs(dense, padded_shape, masked.selected(labels, None))
+    assert min(every, key=every.__getitem__) == "dense"
+    two = one.clone()
+    two[0, 200, 30] = True
+    assert masked.costs(dense, padded_shape, two)["patches"] == 2 * few["patches"]  # one patch pass per pixel
+    assert masked.costs(dense, padded_shape, two)["region"] > few["region"]  # a larger box
+
+
+def test_masked_loss_refuses_an_unknown_method_and_mismatched_labels():
+    model, patch = _net(2)
+    dense = densecnn.convert(model, patch)
+    x = torch.randn(1, 2, 9, 9, dtype=torch.float64)
+    with pytest.raises(
+        densecnn.InvalidInputError, match="method must be 'auto' or one of dense, region, patches"
+    ):
+        dense.masked_loss(x, torch.zeros(1, 9, 9, dtype=torch.long), method="fastest")
+    with pytest.raises(densecnn.InvalidInputError, match=r"labels must be \(N, \*S\) = \(1, 9, 9\)"):
+        dense.masked_loss(x, torch.zeros(1, 9, 8, dtype=torch.long))
