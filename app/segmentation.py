@@ -12,17 +12,17 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
-import tifffile
 import torch
 from PIL import Image
 
 from densecnn.errors import ImageTooLargeError
-from densecnn.imageio import (
+from densecnn.io import (
     array_input,
     class_probabilities,
     image_format,
     label_dtype,
     labels_png,
+    labels_tiff,
     model_input,
     read_array,
     read_nd,
@@ -60,15 +60,6 @@ class SegmentResult:
     def server_timing(self) -> str:
         """The ``Server-Timing`` header value, milliseconds per step."""
         return ", ".join(f"{step};dur={seconds * 1000:.1f}" for step, seconds in self.timings.items())
-
-
-def labels_tiff(labels: np.ndarray, num_classes: int) -> bytes:
-    """(D, H, W) class ids -> a multi-page TIFF (one page per slice, uint8 or uint16 ids, deflate-compressed)."""
-    out = io.BytesIO()
-    tifffile.imwrite(
-        out, labels.astype(label_dtype(num_classes)), photometric="minisblack", compression="zlib"
-    )
-    return out.getvalue()
 
 
 def overlay_png(pixels: np.ndarray, labels: np.ndarray, palette: list[list[int]]) -> bytes:

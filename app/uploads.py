@@ -12,7 +12,7 @@ import asyncio
 from starlette.datastructures import UploadFile
 from starlette.requests import Request
 
-from densecnn.imageio import ACCEPTED, image_format
+from densecnn.io import ACCEPTED, image_format
 
 from .errors import ApiError
 

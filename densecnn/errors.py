@@ -62,7 +62,8 @@ class ExtensionUnavailableWarning(RuntimeWarning):
 
 
 class ImageReadError(DenseCNNError, ValueError):
-    """An image could not be decoded, or is not a 2-D image; the message says which and why."""
+    """An image or array file could not be read, or does not have the axes asked for (densecnn.io raises it and its
+    subclasses); the message names the file, what is wrong and what to give instead."""
 
 
 class ImageTooLargeError(ImageReadError):

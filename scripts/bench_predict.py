@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import densecnn  # noqa: E402
-from densecnn.imageio import model_input  # noqa: E402
+from densecnn.io import model_input  # noqa: E402
 from densecnn.predict import predict  # noqa: E402
 from tests.predict_support import NUCLEI_MODEL, tiled_nuclei  # noqa: E402
 

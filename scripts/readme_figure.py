@@ -19,7 +19,7 @@ import torch  # noqa: E402
 from PIL import Image  # noqa: E402
 
 import densecnn  # noqa: E402
-from densecnn.imageio import read_image  # noqa: E402
+from densecnn.io import read_image  # noqa: E402
 
 
 def whole_image(data: Path, kind: str, channels: int | None = None) -> np.ndarray:

@@ -17,7 +17,7 @@ import torch
 from PIL import Image
 
 import densecnn
-from densecnn.imageio import read_image
+from densecnn.io import read_image
 from tests.tolerances import assert_labels_equal_except_ties
 
 REPO = Path(__file__).resolve().parent.parent

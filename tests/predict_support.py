@@ -10,7 +10,7 @@ from PIL import Image
 from torch import nn
 
 import densecnn
-from densecnn.imageio import class_probabilities, model_input
+from densecnn.io import class_probabilities, model_input
 
 ROOT = Path(__file__).resolve().parent.parent
 NUCLEI_MODEL = ROOT / "models" / "nuclei"

@@ -375,7 +375,7 @@ def test_tiff_orientation_tag_is_applied(client, orientation):
 
 def test_every_orientation_reads_as_pillow_displays_it():
     """TIFF Orientation 1-8 is read as Pillow's exif_transpose shows the same EXIF orientation."""
-    from densecnn.imageio import read_array
+    from densecnn.io import read_array
 
     for orientation in range(1, 9):
         exif = Image.Exif()
@@ -515,7 +515,7 @@ def test_decompression_bomb_through_samples_per_pixel_is_413_fast(model_root):
 
 
 def test_read_header_describes_an_image_without_decoding_it():
-    from densecnn.imageio import read_header
+    from densecnn.io import read_header
 
     started = time.perf_counter()
     header = read_header(sample_bomb_tiff())

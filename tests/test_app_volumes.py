@@ -18,7 +18,7 @@ from fastapi.testclient import TestClient
 from torch import nn
 
 import densecnn
-from densecnn.imageio import array_input, read_nd
+from densecnn.io import array_input, read_nd
 from tests.app_support import blobs, encode, save_brightness_model, wait_ready
 from tests.tolerances import assert_close_relative, assert_labels_equal_except_ties
 

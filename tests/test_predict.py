@@ -16,7 +16,7 @@ from torch import nn
 
 import densecnn
 from densecnn.errors import BlockFailedError, PredictInputError
-from densecnn.imageio import array_input, model_input
+from densecnn.io import array_input, model_input
 from densecnn.predict import predict
 from densecnn.predict import run as predict_run
 from densecnn.predict.blocks import halo, predict_block, tight_window, window, window_size

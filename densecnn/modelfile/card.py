@@ -80,7 +80,7 @@ def write_model_card(
         "",
         "```python",
         "import densecnn, torch",
-        "from densecnn.imageio import read_image",
+        "from densecnn.io import read_image",
         "",
         'loaded = densecnn.load("PATH/TO/THIS/DIRECTORY")',
         'image = torch.from_numpy(read_image("image.png", loaded.in_channels))[None]  # (1, C, H, W) in [0, 1]',

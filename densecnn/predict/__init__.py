@@ -2,10 +2,11 @@
 
 Needs the ``dist`` extra (``pip install 'densecnn[dist]'``: dask, distributed, zarr). Layout:
 
-- :mod:`~densecnn.predict.sources`: what is read (image files, zarr / OME-Zarr / TIFF arrays, lazily).
 - :mod:`~densecnn.predict.blocks`: one output chunk from its input window with the halo of the receptive field.
 - :mod:`~densecnn.predict.files`: one image of an image set.
-- :mod:`~densecnn.predict.sinks`: zarr outputs written chunk by chunk (atomic, resumable) and label files.
+- :mod:`~densecnn.predict.sinks`: zarr outputs written chunk by chunk (atomic, resumable).
+
+Inputs are read and label files written by :mod:`densecnn.io` (lazily for arrays: only each task's window).
 - :mod:`~densecnn.predict.worker`: the model, loaded once per worker process.
 - :mod:`~densecnn.predict.run`: the driver (cluster, tasks in flight, retries, summary).
 

@@ -21,10 +21,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ..imageio import array_input, class_probabilities
+from ..io import LazyArray, array_input, class_probabilities
 from ..tiling import class_labels
 from .sinks import chunk_written, open_output
-from .sources import ArraySource
 from .worker import TaskResult, worker_model
 
 
@@ -94,7 +93,7 @@ class BlockJob:
     device: str
     threads: int | None
     max_memory: int | None
-    source: ArraySource
+    source: LazyArray
     labels: str
     probabilities: str | None
     chunks: tuple[int, ...]

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import torch
 
-from ..imageio import ImageReadError, model_input, read_array
-from .sinks import write_labels
+from ..errors import ImageReadError
+from ..io import model_input, read_array, write_labels
 from .worker import TaskResult, worker_model
 
 

@@ -22,20 +22,15 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import BlockFailedError, PredictInputError
-from ..imageio import ImageReadError, label_dtype, unit_planes
+from ..errors import BlockFailedError, ImageReadError, PredictInputError
+from ..io import LazyArray, image_files, is_zarr, label_dtype, open_array, unit_planes, write_labels
+from ..io.formats import IMAGE_SUFFIXES, TIFF_SUFFIXES
+from ..io.labels import check_label_path, labels_file_name
 from .blocks import BlockJob, bounding_region, halo, predict_block, window_size
 from .files import FileJob, predict_file
-from .sinks import (
-    check_label_path,
-    create_output,
-    labels_file_name,
-    write_labels,
-    written_chunks,
-)
-from .sources import ArraySource, image_files, is_zarr, open_source
+from .sinks import create_output, written_chunks
 
-DEFAULT_TIFF_CHUNK = 1024  # output chunk for TIFF inputs (their strips can span the whole width)
+DEFAULT_TIFF_CHUNK = 1024  # output chunk for TIFF and .npy inputs (not chunked like zarr arrays)
 DEFAULT_BLOCK = 1024  # pixels per side a task computes at once (whole chunks; fewer if memory is short)
 WORKER_BASELINE = 512 * 2**20  # a worker process with torch, Dask and a model loaded, before any task
 TASK_SHARE = 0.5  # of what is left under a worker slot's memory limit, given to a task; the rest is headroom
@@ -92,7 +87,7 @@ def predict(
 
     - ``input`` an image file -> ``output`` a label map (.png with the model's palette, .tif or .npy).
     - ``input`` a directory or glob of images -> ``output`` a directory of label maps with the same names.
-    - ``input`` a zarr array, OME-Zarr group (level 0) or TIFF -> ``output`` a zarr array of labels (uint8, uint16
+    - ``input`` a zarr array, OME-Zarr group (level 0), TIFF or .npy -> ``output`` a zarr array of labels (uint8, uint16
       past 256 classes) chunked like the input (or ``chunk``); ``probabilities`` another zarr array path for the
       (K, *spatial) float16 class probabilities. The array has the model's spatial axes, (H, W) for a 2-D model,
       (D, H, W) for a 3-D one, (L) for a 1-D one, and optionally a channel axis; image files are for 2-D models.
@@ -117,7 +112,8 @@ def predict(
     model = str(Path(model).resolve())
     input, output = Path(input), Path(output)
     if output.suffix == ".zarr" or is_zarr(output):
-        source = _chunked_source(input, channel_axis, len(loaded.patch_size))
+        with _input_errors():
+            source = _chunked_source(input, channel_axis, len(loaded.patch_size))
         _check_channels(source.channels, loaded.in_channels, source.path)
         with _client(scheduler, workers) as (client, threads):
             return _predict_array(client, threads, loaded, model, source, output, probabilities, chunk, block,
@@ -138,13 +134,24 @@ def predict(
             f"{input} is a zarr array: its labels go to a zarr array; give OUTPUT ending in .zarr"
         )
     if input.is_dir() or any(ch in str(input) for ch in "*?["):
-        images = image_files(input)
+        with _input_errors():
+            images = image_files(input)
         with _client(scheduler, workers) as (client, threads):
             return _predict_images(client, threads, model, images, output, max_memory, device, resume, retries,
                                    progress)  # fmt: skip
     if not input.is_file():
         raise PredictInputError(f"{input}: no such file, directory or zarr array")
-    return _predict_one_image(loaded, input, output, max_memory, device)
+    with _input_errors():
+        return _predict_one_image(loaded, input, output, max_memory, device)
+
+
+@contextlib.contextmanager
+def _input_errors() -> Iterator[None]:
+    """densecnn.io's errors (an input it cannot read, an output it cannot write) as PredictInputError."""
+    try:
+        yield
+    except ImageReadError as exc:
+        raise PredictInputError(str(exc)) from None
 
 
 def _require_dist() -> None:
@@ -157,13 +164,13 @@ def _require_dist() -> None:
         ) from None
 
 
-def _chunked_source(input: Path, channel_axis: int | None, spatial_dims: int) -> ArraySource:
-    if input.is_file() and input.suffix.lower() not in (".tif", ".tiff"):
+def _chunked_source(input: Path, channel_axis: int | None, spatial_dims: int) -> LazyArray:
+    if input.is_file() and input.suffix.lower() in set(IMAGE_SUFFIXES) - set(TIFF_SUFFIXES):
         raise PredictInputError(
             f"{input}: a {input.suffix} image is decoded whole; write its labels to a .png/.tif/.npy file, or give "
             "a zarr array or TIFF for chunked output"
         )
-    return open_source(input, channel_axis=channel_axis, spatial_dims=spatial_dims)
+    return open_array(input, channel_axis=channel_axis, spatial_dims=spatial_dims)
 
 
 def _check_channels(have: int, want: int, where: str) -> None:
@@ -179,7 +186,7 @@ def _check_channels(have: int, want: int, where: str) -> None:
 def _predict_one_image(loaded, input: Path, output: Path, max_memory: int | None, device: str) -> Summary:
     import torch
 
-    from ..imageio import model_input, read_array
+    from ..io import model_input, read_array
 
     check_label_path(output)
     started = time.perf_counter()
@@ -244,7 +251,7 @@ def _task_memory(client, max_memory: int | None) -> int:
     return budget
 
 
-def _chunks(source: ArraySource, chunk) -> tuple[int, ...]:
+def _chunks(source: LazyArray, chunk) -> tuple[int, ...]:
     from ..geometry import ntuple
 
     dims = len(source.spatial_shape)
@@ -253,13 +260,13 @@ def _chunks(source: ArraySource, chunk) -> tuple[int, ...]:
         if min(chunks) < 1:
             raise PredictInputError(f"chunk must be positive, got {chunks}")
         return chunks
-    if source.kind == "tiff":
+    if source.kind != "zarr":  # a TIFF's strips can span the whole width, a .npy is one chunk
         return tuple(min(DEFAULT_TIFF_CHUNK, n) for n in source.spatial_shape)
     return source.spatial_chunks
 
 
 def _predict_array(
-    client, threads, loaded, model: str, source: ArraySource, output: Path, probabilities, chunk, block,
+    client, threads, loaded, model: str, source: LazyArray, output: Path, probabilities, chunk, block,
     max_memory, device, resume, retries, progress,
 ) -> Summary:  # fmt: skip
     dense = loaded.dense()

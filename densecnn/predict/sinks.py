@@ -1,4 +1,5 @@
-"""Where ``densecnn predict`` writes: zarr arrays chunk by chunk, and label files for single images.
+"""Where ``densecnn predict`` writes chunked outputs: zarr arrays, chunk by chunk (label files for single images are
+written by :func:`densecnn.io.write_labels`).
 
 A zarr output is created once by the driver, with its description in the attributes; each task then writes whole
 chunks, and each chunk write is one store write, atomic (zarr's local store writes a temporary file and renames it;
@@ -8,17 +9,12 @@ what resume checks: the array is created with ``write_empty_chunks`` so that a c
 
 from __future__ import annotations
 
-import io
 import itertools
 from pathlib import Path
 
 import numpy as np
 
-from ..atomic import atomic_write
 from ..errors import PredictInputError
-from ..imageio import label_dtype, labels_png
-
-LABEL_SUFFIXES = (".png", ".tif", ".tiff", ".npy")
 
 
 def create_output(
@@ -110,38 +106,3 @@ def written_chunks(array, spatial_dims: int) -> set[tuple[int, ...]]:
         if all(i == 0 for i in index[:lead])
     }
     return {wanted[k] for k in sync(keys()) if k in wanted}
-
-
-def check_label_path(path: str | Path) -> Path:
-    path = Path(path)
-    if path.suffix.lower() not in LABEL_SUFFIXES:
-        raise PredictInputError(
-            f"{path}: a label map is written as {', '.join(LABEL_SUFFIXES)}, or as a zarr array (.zarr)"
-        )
-    return path
-
-
-def labels_file_name(image: Path) -> str:
-    """The label map's file name for an image: the same name, PNG for lossy or unusual formats."""
-    return image.name if image.suffix.lower() in LABEL_SUFFIXES else image.stem + ".png"
-
-
-def write_labels(path: str | Path, labels: np.ndarray, palette: list[list[int]]) -> None:
-    """Write (H, W) class ids atomically: a palette PNG (ids are the pixel values), a TIFF, or .npy by extension.
-
-    >>> write_labels("cells.labels.png", labels, loaded.palette)
-    """
-    path = check_label_path(path)
-    suffix = path.suffix.lower()
-    labels = labels.astype(label_dtype(len(palette)))
-    if suffix == ".npy":
-        buffer = io.BytesIO()
-        np.save(buffer, labels)
-    elif suffix == ".png":
-        buffer = io.BytesIO(labels_png(labels, palette))
-    else:
-        import tifffile
-
-        buffer = io.BytesIO()
-        tifffile.imwrite(buffer, labels, compression="zlib")
-    atomic_write(path, lambda tmp: tmp.write_bytes(buffer.getvalue()))

@@ -8,8 +8,8 @@ Layout::
     DIR/classes.json (or DIR/../classes.json) optional: {"names": [...], "palette": [[r, g, b], ...]}
 
 For a model of volumes the files are TIFF stacks, .npy or .zarr arrays ((D, H, W), or (C, D, H, W) for images;
-see :mod:`densecnn.train.arrays`), for a model of signals .npy arrays ((L,) or (C, L)); labels and masks have the
-image's spatial shape.
+read by :func:`densecnn.io.open_array`), for a model of signals .npy arrays ((L,) or (C, L)); labels and masks have
+the image's spatial shape.
 
 Every problem raises :class:`DatasetError` naming the file and the fix.
 """
@@ -22,13 +22,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import DatasetError
-from ..imageio import ImageReadError, read_array, read_image, scale_to_unit
+from ..errors import DatasetError, ImageReadError
+from ..io import open_array, read_array, read_header, read_image, scale_to_unit
+from ..io.formats import ARRAY_SUFFIXES, IMAGE_SUFFIXES, LABEL_IMAGE_SUFFIXES, TIFF_SUFFIXES
 from ..losses import IGNORE_INDEX
-from .arrays import SUFFIXES, read_nd, tiff_slices
-
-IMAGE_SUFFIXES = (".png", ".tif", ".tiff", ".jpg", ".jpeg", ".bmp")
-LABEL_SUFFIXES = (".png", ".tif", ".tiff")
 
 
 @dataclass
@@ -66,8 +63,7 @@ def infer_channels(directory: str | Path, spatial_dims: int = 2) -> int:
     first array's channel axis (1 without one)."""
     first = image_files(directory, spatial_dims)[0]
     if spatial_dims != 2:
-        array = read_nd(first, spatial_dims)
-        return array.shape[0] if array.ndim > spatial_dims else 1
+        return _open_nd(first, spatial_dims).channels
     try:
         array = read_array(first)
     except ImageReadError as exc:
@@ -111,28 +107,27 @@ def read_dataset(
 
 
 def _image_suffixes(spatial_dims: int) -> tuple[str, ...]:
-    return IMAGE_SUFFIXES if spatial_dims == 2 else SUFFIXES[spatial_dims]
+    return IMAGE_SUFFIXES if spatial_dims == 2 else ARRAY_SUFFIXES[spatial_dims]
 
 
 def _label_suffixes(spatial_dims: int) -> tuple[str, ...]:
-    return LABEL_SUFFIXES if spatial_dims == 2 else SUFFIXES[spatial_dims]
+    return LABEL_IMAGE_SUFFIXES if spatial_dims == 2 else ARRAY_SUFFIXES[spatial_dims]
 
 
 def _read_image(path: Path, channels: int, spatial_dims: int) -> np.ndarray:
     """An image file as float32 (C, *spatial) in [0, 1] with ``channels`` channels."""
     if spatial_dims == 2:
-        if path.suffix.lower() in (".tif", ".tiff") and tiff_slices(path) > 1:
-            raise DatasetError(
-                f"{path}: a stack of {tiff_slices(path)} slices, and the model reads 2-D images; "
-                "train a model of volumes on it, or save the slices as separate images"
-            )
         try:
+            planes = read_header(path).planes if path.suffix.lower() in TIFF_SUFFIXES else 1
+            if planes > 1:
+                raise DatasetError(
+                    f"{path}: a stack of {planes} slices, and the model reads 2-D images; "
+                    "train a model of volumes on it, or save the slices as separate images"
+                )
             return read_image(path, channels)  # (C, H, W)
         except ImageReadError as exc:
             raise DatasetError(f"{exc}; fix or remove the file") from None
-    array = read_nd(path, spatial_dims)
-    if array.ndim == spatial_dims:
-        array = array[None]  # (1, *spatial)
+    array = _read_nd(path, spatial_dims)  # (C, *spatial)
     if array.shape[0] != channels:
         if array.shape[0] != 1:  # a signal's or volume's channels are not colours: only gray is converted
             raise DatasetError(
@@ -141,6 +136,23 @@ def _read_image(path: Path, channels: int, spatial_dims: int) -> np.ndarray:
             )
         array = np.repeat(array, channels, axis=0)
     return np.ascontiguousarray(scale_to_unit(array))
+
+
+def _open_nd(path: Path, spatial_dims: int):
+    """The signal or volume file ``path``, opened lazily (:class:`densecnn.io.LazyArray`)."""
+    try:
+        return open_array(path, spatial_dims=spatial_dims)
+    except ImageReadError as exc:
+        raise DatasetError(f"{exc}; fix or remove the file") from None
+
+
+def _read_nd(path: Path, spatial_dims: int) -> np.ndarray:
+    """The signal or volume file ``path``, channels first: (C, *spatial) in the file's dtype."""
+    array = _open_nd(path, spatial_dims)
+    try:
+        return array.read()
+    except Exception as exc:  # a chunk or page that cannot be decoded
+        raise DatasetError(f"{path}: cannot read it as an array ({exc}); fix or remove the file") from None
 
 
 def _companion(folder: Path, stem: str, suffixes: tuple[str, ...]) -> Path | None:
@@ -185,8 +197,8 @@ def _read_class_map(
             array = array[:, :, 0]
         hint = "colour labels are not read; save the ids as an 8-bit grayscale PNG"
     else:
-        array = read_nd(path, spatial_dims)
-        if array.ndim > spatial_dims and array.shape[0] == 1:
+        array = _read_nd(path, spatial_dims)  # (C, *spatial)
+        if array.shape[0] == 1:
             array = array[0]
         hint = "save the class ids as one array of the image's spatial shape, without a channel axis"
     if array.ndim != spatial_dims:

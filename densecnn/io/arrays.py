@@ -1,0 +1,303 @@
+"""Arrays on disk opened lazily: zarr arrays, OME-Zarr groups, TIFF files and .npy files, one :class:`LazyArray` each.
+
+:func:`open_array` reads only the metadata and returns a small picklable description; :meth:`LazyArray.read` reads
+a window (or the whole array) channel first, as displayed. Each process opens a store once (cached), so
+``densecnn predict`` ships the description to every task and each task reads only the window it needs; training
+reads whole arrays through the same call.
+
+- zarr arrays (v2 or v3); an OME-Zarr group is read at its full-resolution level, the first dataset of its first
+  multiscale (v0.4 or v0.5 metadata), whose axis names say which axes are spatial and which holds the channels.
+- TIFF files (BigTIFF, tiled or striped, multi-page stacks, ImageJ hyperstacks) through tifffile's zarr interface,
+  at the first series' level 0, the Orientation tag applied (windows are mapped to the stored pixels first).
+- .npy files, memory-mapped (never unpickled).
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import ImageReadError
+from .formats import NPY_KINDS, TIFF_SUFFIXES, is_zarr
+from .orientation import oriented, stored_window, transposes
+
+SPATIAL_NAMES = ("z", "y", "x")  # the last n name the axes of an n-D model
+_AXES = {1: "(L)", 2: "(H, W)", 3: "(D, H, W)"}
+_MICROMETRES = {"micrometer": 1.0, "micron": 1.0, "um": 1.0, "\u00b5m": 1.0, "nanometer": 1e-3, "nm": 1e-3,
+                "millimeter": 1e3, "mm": 1e3, "centimeter": 1e4, "cm": 1e4, "inch": 25400.0}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class LazyArray:
+    """An array on disk: where it is, what each stored axis holds, its pixel size; reads windows of it.
+
+    Attributes:
+        path: the zarr directory, TIFF file or .npy file.
+        kind: "zarr", "tiff" or "npy".
+        key: the array inside a zarr group ("" for an array at ``path``); the pyramid level of a TIFF.
+        shape, chunks, dtype: of the stored array.
+        layout: one letter per stored axis: "s" spatial, "c" channels, "1" a length-1 axis that is dropped
+            (the t and z of a 2-D image in a 5-D OME-Zarr).
+        orientation: the TIFF Orientation tag (1-8; 1 as stored), applied to the last two spatial axes.
+        pixel_size: micrometres per pixel along each spatial axis as displayed, or None where the file does not
+            say it for every axis.
+
+    >>> volume = open_array("stack.ome.zarr", spatial_dims=3)
+    >>> volume.axes, volume.spatial_shape, volume.pixel_size
+    ('czyx', (12, 512, 512), (2.0, 0.5, 0.5))
+    >>> volume.read((slice(0, 4), slice(0, 64), slice(0, 64))).shape     # (C, *window)
+    (1, 4, 64, 64)
+    """
+
+    path: str
+    kind: str
+    key: str
+    shape: tuple[int, ...]
+    chunks: tuple[int, ...]
+    dtype: str
+    layout: str
+    orientation: int = 1
+    pixel_size: tuple[float, ...] | None = None
+
+    @property
+    def axes(self) -> str:
+        """The axes :meth:`read` returns: "c" then the spatial axes' names ("cyx" for an image, "czyx" a volume)."""
+        return "c" + "".join(SPATIAL_NAMES[-self.layout.count("s") :])
+
+    @property
+    def spatial_shape(self) -> tuple[int, ...]:
+        """The spatial shape as displayed (rows and columns swapped for orientations 5-8)."""
+        return self._displayed(tuple(n for n, a in zip(self.shape, self.layout) if a == "s"))
+
+    @property
+    def spatial_chunks(self) -> tuple[int, ...]:
+        return self._displayed(tuple(n for n, a in zip(self.chunks, self.layout) if a == "s"))
+
+    @property
+    def channels(self) -> int:
+        return self.shape[self.layout.index("c")] if "c" in self.layout else 1
+
+    def _displayed(self, spatial: tuple[int, ...]) -> tuple[int, ...]:
+        if len(spatial) >= 2 and transposes(self.orientation):
+            return (*spatial[:-2], spatial[-1], spatial[-2])
+        return spatial
+
+    def read(self, window: tuple[slice, ...] | None = None) -> np.ndarray:
+        """The pixels of ``window`` (one ``slice(start, stop)`` per spatial axis as displayed; None: all of them),
+        channels first: (C, *window), C = 1 without a channel axis; in the stored dtype."""
+        whole = window is None
+        if whole:
+            window = tuple(slice(0, n) for n in self.spatial_shape)
+        spatial = iter(stored_window(window, self.spatial_shape, self.orientation))
+        index = tuple(next(spatial) if a == "s" else slice(None) if a == "c" else 0 for a in self.layout)
+        if whole and self.kind == "tiff":  # tifffile alone: reading a whole TIFF needs no zarr
+            import tifffile
+
+            pixels = tifffile.imread(self.path, level=int(self.key or 0))[index]
+        else:
+            pixels = np.asarray(_open(self)[index])
+        kept = [a for a in self.layout if a != "1"]
+        pixels = np.moveaxis(pixels, kept.index("c"), 0) if "c" in kept else pixels[None]
+        if pixels.ndim >= 3:  # (C, ..., H, W): rows and columns are the last two axes
+            pixels = oriented(pixels, self.orientation, rows=pixels.ndim - 2)
+        return pixels
+
+
+_OPEN_LOCK = threading.Lock()
+
+
+@functools.lru_cache(maxsize=8)
+def _open_cached(array: LazyArray):
+    if array.kind == "npy":
+        return np.load(array.path, mmap_mode="r", allow_pickle=False)
+    zarr = _zarr(array.path)
+    if array.kind == "tiff":
+        import tifffile
+
+        return zarr.open(tifffile.imread(array.path, aszarr=True, level=int(array.key or 0)), mode="r")
+    return zarr.open_array(array.path, path=array.key or None, mode="r")
+
+
+def _open(array: LazyArray):
+    """The stored array of ``array`` (zarr array or memory map), opened once per process."""
+    with _OPEN_LOCK:
+        return _open_cached(array)
+
+
+def _zarr(path):
+    try:
+        import zarr
+    except ImportError:
+        raise ImageReadError(
+            f"{path}: reading zarr arrays needs the zarr package: pip install zarr (or 'densecnn[dist]')"
+        ) from None
+    return zarr
+
+
+def open_array(path: str | Path, *, spatial_dims: int, channel_axis: int | None = None) -> LazyArray:
+    """Describe the array at ``path`` (zarr array, OME-Zarr group, TIFF or .npy) for a model of ``spatial_dims``
+    axes; nothing but metadata is read.
+
+    Without ``channel_axis``: OME-Zarr axis names say which axis it is; a TIFF's samples (S) or ImageJ channels
+    (C) axis is it; otherwise an array with ``spatial_dims + 1`` axes has channels first.
+
+    >>> open_array("slide.ome.zarr", spatial_dims=2).spatial_shape
+    (100000, 100000)
+
+    Raises:
+        ImageReadError: the path is not a readable array, or its axes do not fit the model (the message says
+            what to give instead).
+    """
+    path = Path(path)
+    try:
+        if path.is_file() and path.suffix.lower() in TIFF_SUFFIXES:
+            return _tiff_array(path, channel_axis, spatial_dims)
+        if path.is_file() and path.suffix.lower() == ".npy":
+            return _npy_array(path, channel_axis, spatial_dims)
+        if is_zarr(path):
+            return _zarr_array(path, channel_axis, spatial_dims)
+    except ImageReadError:
+        raise
+    except Exception as exc:  # numpy, tifffile and zarr raise many types on corrupt files
+        raise ImageReadError(f"{path}: cannot read it as an array ({exc})") from None
+    raise ImageReadError(
+        f"{path}: not a zarr array or group, a TIFF nor a .npy file; give the array in one of these"
+    )
+
+
+def _checked(array: LazyArray) -> LazyArray:
+    if np.dtype(array.dtype).kind not in NPY_KINDS:
+        raise ImageReadError(f"{array.path}: holds {array.dtype} values; save numbers (integers or floats)")
+    return array
+
+
+def _npy_array(path: Path, channel_axis: int | None, spatial_dims: int) -> LazyArray:
+    stored = np.load(path, mmap_mode="r", allow_pickle=False)
+    shape = tuple(stored.shape)
+    layout = _layout(shape, channel_axis, path, spatial_dims)
+    return _checked(LazyArray(str(path), "npy", "", shape, shape, str(stored.dtype), layout))
+
+
+def _zarr_array(path: Path, channel_axis: int | None, spatial_dims: int) -> LazyArray:
+    zarr = _zarr(path)
+    node = zarr.open(str(path), mode="r")
+    key, names, scale, units = "", None, None, None
+    if isinstance(node, zarr.Group):
+        key, names, scale, units = _full_resolution(node, path)
+        node = node[key]
+    shape = tuple(node.shape)
+    if names is not None and channel_axis is None:
+        layout = _layout_from_names(names, shape, path, spatial_dims)
+    else:
+        layout = _layout(shape, channel_axis, path, spatial_dims)
+    pixel_size = None
+    if scale is not None and units is not None and len(scale) == len(layout):
+        spatial = [(s, u) for s, u, a in zip(scale, units, layout) if a == "s"]
+        if all(u in _MICROMETRES for _, u in spatial):
+            pixel_size = tuple(float(s) * _MICROMETRES[u] for s, u in spatial)
+    array = LazyArray(
+        str(path), "zarr", key, shape, tuple(node.chunks), str(node.dtype), layout, 1, pixel_size
+    )
+    return _checked(array)
+
+
+def _full_resolution(group, path: Path):
+    """An OME-Zarr group's level 0 (v0.4 or v0.5 metadata): its key, axis names, scale and units per axis."""
+    attrs = dict(group.attrs)
+    multiscales = attrs.get("multiscales") or attrs.get("ome", {}).get("multiscales")
+    if not multiscales:
+        arrays = sorted(name for name, _ in group.arrays())
+        raise ImageReadError(
+            f"{path} is a zarr group without OME-Zarr multiscales metadata; give the array itself, "
+            f"e.g. {path / arrays[0]}"
+            if arrays
+            else f"{path} is an empty zarr group"
+        )
+    first = multiscales[0]
+    axes = first.get("axes")
+    names = [a["name"] if isinstance(a, dict) else a for a in axes] if axes else None
+    units = [a.get("unit") if isinstance(a, dict) else None for a in axes] if axes else None
+    level = first["datasets"][0]
+    scales = [t["scale"] for t in level.get("coordinateTransformations", []) if t.get("type") == "scale"]
+    return level["path"], names, (scales[0] if scales else None), units
+
+
+def _layout_from_names(names: list[str], shape: tuple[int, ...], path: Path, spatial_dims: int) -> str:
+    """OME-Zarr axis names (t, c, z, y, x) -> layout; the last ``spatial_dims`` space axes are spatial."""
+    spatial = SPATIAL_NAMES[-spatial_dims:]
+    layout = ""
+    for name, n in zip(names, shape, strict=True):
+        if name in spatial:
+            layout += "s"
+        elif name == "c":
+            layout += "c"
+        elif n == 1:
+            layout += "1"
+        else:
+            raise ImageReadError(
+                f"{path}: OME-Zarr axes {names} with shape {shape}: a {spatial_dims}-D model reads "
+                f"{'/'.join(spatial)} (and c); axis {name!r} has {n} positions: extract one into its own array"
+            )
+    return layout
+
+
+def _layout(shape: tuple[int, ...], channel_axis: int | None, path, spatial_dims: int) -> str:
+    """The layout of an array whose axes are named by position: ``channel_axis`` (if any), the rest spatial."""
+    if channel_axis is None and len(shape) == spatial_dims + 1:
+        channel_axis = 0
+    if channel_axis is not None:
+        if not -len(shape) <= channel_axis < len(shape):
+            raise ImageReadError(f"{path}: channel axis {channel_axis} is out of range for shape {shape}")
+        channel_axis %= len(shape)
+    if len(shape) - (channel_axis is not None) != spatial_dims:
+        axes = _AXES[spatial_dims]
+        named = (
+            f" with channel axis {channel_axis}" if len(shape) != spatial_dims + 1 and channel_axis else ""
+        )
+        raise ImageReadError(
+            f"{path}: shape {shape} is not {axes} or (C, {axes[1:]}{named}, so it does not fit a {spatial_dims}-D "
+            f"model; save it as {axes} or (C, {axes[1:]} (channels first), or name its channel axis "
+            "(densecnn predict's --channel-axis)"
+        )
+    return "".join("c" if axis == channel_axis else "s" for axis in range(len(shape)))
+
+
+def _tiff_array(path: Path, channel_axis: int | None, spatial_dims: int) -> LazyArray:
+    import tifffile
+
+    with tifffile.TiffFile(path) as tiff:
+        series, page = tiff.series[0], tiff.pages[0]
+        axes, shape, dtype = series.axes, tuple(series.shape), str(series.dtype)
+        orientation = page.tags.valueof(274, 1)
+        chunks = tuple(page.chunks) if len(page.chunks) == len(page.shape) else tuple(page.shape)
+        chunks = (1,) * (len(shape) - len(chunks)) + chunks if len(chunks) <= len(shape) else shape
+        resolution = _tiff_pixel_size(tiff, page)
+    if channel_axis is None and len(shape) > spatial_dims:  # a (D, H, W) stack may be tagged as samples
+        samples = [i for i, a in enumerate(axes) if a in "SC"]
+        channel_axis = samples[0] if samples else None
+    layout = _layout(shape, channel_axis, path, spatial_dims)
+    pixel_size = None
+    if resolution is not None:
+        z, y, x = resolution
+        rows, columns = (x, y) if transposes(orientation) else (y, x)
+        pixel_size = {1: (columns,), 2: (rows, columns), 3: (z, rows, columns)}[spatial_dims]
+        pixel_size = None if any(s is None for s in pixel_size) else pixel_size
+    array = LazyArray(str(path), "tiff", "0", shape, chunks, dtype, layout, orientation, pixel_size)
+    return _checked(array)
+
+
+def _tiff_pixel_size(tiff, page) -> tuple[float | None, float, float] | None:
+    """(z, y, x) micrometres per pixel from the resolution tags and ImageJ's unit and spacing, or None."""
+    imagej = tiff.imagej_metadata or {}
+    unit = {2: "inch", 3: "cm"}.get(page.tags.valueof(296, 2), imagej.get("unit"))
+    factor = _MICROMETRES.get(unit)
+    resolutions = [page.tags.valueof(tag) for tag in (283, 282)]  # YResolution, XResolution: pixels per unit
+    if factor is None or any(r is None or r[0] == 0 for r in resolutions):
+        return None
+    y, x = (factor * r[1] / r[0] for r in resolutions)
+    spacing = imagej.get("spacing")
+    return (factor * float(spacing) if spacing is not None else None), y, x

@@ -1,0 +1,189 @@
+"""Decoding image files eagerly, judged from their header first: the way uploads and whole image files are read.
+
+PNG/JPEG/BMP/GIF go through Pillow, TIFF (uncompressed, LZW, deflate, JPEG, packbits, ...; 8/16/32-bit, float)
+through tifffile + imagecodecs. Both orientations are applied, EXIF (JPEG, PNG) and the TIFF Orientation tag, so
+pixels come out as the image is displayed. :func:`read_header` judges an image from its header alone;
+``max_pixels`` and ``max_bytes`` refuse it there, before a byte is decoded. Arrays of other axes (volumes,
+signals, .npy files) are decoded by :mod:`densecnn.io.decode_nd`.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import tifffile
+from PIL import Image, ImageOps
+
+from ..errors import ImageReadError, ImageStackError, ImageTooLargeError
+from .formats import image_format
+from .orientation import oriented
+from .pixels import unit_planes
+
+# Pillow modes read as they are -> (samples, bytes per sample); bilevel is read as gray, any other mode (palette,
+# CMYK, ...) as RGB(A).
+_PILLOW_KEPT = {"L": (1, 1), "LA": (2, 1), "RGB": (3, 1), "RGBA": (4, 1), "I": (1, 4), "F": (1, 4)}
+_PILLOW_KEPT |= {"I;16": (1, 2), "I;16B": (1, 2), "I;16L": (1, 2)}
+_TIFF_PLANE_AXES = set(
+    "YXS"
+)  # axes of one 2-D image; any other axis (Z, T, C as pages, Q, I, ...) stacks planes
+_PILLOW_BOMB = re.compile(r"\((\d+) pixels\)")
+
+
+@dataclass(frozen=True)
+class ImageHeader:
+    """What an image file holds, read from its header without decoding its pixels.
+
+    ``samples`` and ``bytes_per_sample`` describe the array the decoder produces (a palette image decodes to RGB),
+    ``planes`` how many 2-D planes the file's first image series stacks (pages of a TIFF stack, slices of a volume).
+    """
+
+    format: str
+    width: int
+    height: int
+    samples: int
+    bytes_per_sample: int
+    planes: int = 1
+    layout: str = ""  # the stack's axes and shape, e.g. "axes ZYX, shape 12x512x512"
+
+    @property
+    def pixels(self) -> int:
+        return self.width * self.height
+
+    @property
+    def plane_bytes(self) -> int:
+        """Bytes of one decoded plane: width × height × samples × bytes per sample."""
+        return self.pixels * self.samples * self.bytes_per_sample
+
+    @property
+    def decoded_bytes(self) -> int:
+        """Bytes the whole decoded image holds: one plane's bytes × planes."""
+        return self.plane_bytes * self.planes
+
+    def check(self, name: str, *, max_pixels: int | None = None, max_bytes: int | None = None) -> None:
+        """Raise ImageStackError for a stack, ImageTooLargeError past a limit; both say what was received."""
+        if self.planes > 1:
+            raise ImageStackError(
+                f"{name}: received a stack of {self.planes} slices ({self.layout}); the model takes one 2-D image "
+                "(height x width, with 1-4 samples per pixel): send a single slice"
+            )
+        if max_pixels is not None and self.pixels > max_pixels:
+            raise ImageTooLargeError(
+                f"{name}: {self.width}x{self.height} = {self.pixels:,} pixels is more than the limit of {max_pixels:,} "
+                "pixels; downscale or crop the image"
+            )
+        if max_bytes is not None and self.decoded_bytes > max_bytes:
+            raise ImageTooLargeError(
+                f"{name}: decoding this {self.format.upper()} ({self.width}x{self.height} pixels x {self.samples} "
+                f"samples x {self.bytes_per_sample} bytes) would take {self.decoded_bytes:,} bytes, more than the "
+                f"limit of {max_bytes:,} bytes; send fewer samples per pixel, fewer bits, or a smaller image"
+            )
+
+
+def tiff_header(tiff: tifffile.TiffFile) -> ImageHeader:
+    """The header of an open TIFF: its first page and the planes its first series stacks."""
+    page, series = tiff.pages[0], tiff.series[0]
+    planes = math.prod(size for axis, size in zip(series.axes, series.shape) if axis not in _TIFF_PLANE_AXES)
+    layout = f"axes {series.axes}, shape {'x'.join(map(str, series.shape))}"
+    height, width = page.imagelength, page.imagewidth
+    samples = math.prod(page.shape) // max(1, height * width * max(1, page.imagedepth))
+    return ImageHeader(
+        "tiff", width, height, samples, page.dtype.itemsize, max(planes, page.imagedepth), layout
+    )
+
+
+def _pillow_header(image: Image.Image, fmt: str) -> ImageHeader:
+    if image.mode == "1":
+        samples, size = 1, 1
+    elif image.mode in _PILLOW_KEPT:
+        samples, size = _PILLOW_KEPT[image.mode]
+    else:
+        samples, size = (4 if "A" in image.mode or "transparency" in image.info else 3), 1
+    return ImageHeader(fmt, image.width, image.height, samples, size)
+
+
+def source_name(source) -> str:
+    """How messages name a source: its path, or "<upload>" for bytes."""
+    return "<upload>" if isinstance(source, bytes) else str(source)
+
+
+def read_header(source: str | Path | bytes) -> ImageHeader:
+    """The :class:`ImageHeader` of an image file or its bytes; nothing is decoded.
+
+    >>> header = read_header(Path("cells.tif").read_bytes())
+    >>> header.width, header.height, header.samples, header.decoded_bytes
+    (640, 480, 3, 921600)
+    """
+    data = source if isinstance(source, bytes) else Path(source).read_bytes()
+    return _read(data, source_name(source), decode=False)
+
+
+def read_array(
+    source: str | Path | bytes, *, max_pixels: int | None = None, max_bytes: int | None = None
+) -> np.ndarray:
+    """The pixel array of an image file or its bytes, as displayed: (H, W) or (H, W, C), in the file's dtype.
+
+    Raises, from the header and before decoding: ImageStackError for a stack of planes (a multi-page or volumetric
+    TIFF), ImageTooLargeError for more than ``max_pixels`` pixels or ``max_bytes`` decoded bytes (width × height ×
+    samples × planes × bytes per sample). ImageReadError for anything that cannot be decoded.
+    """
+    data = source if isinstance(source, bytes) else Path(source).read_bytes()
+    return _read(data, source_name(source), decode=True, max_pixels=max_pixels, max_bytes=max_bytes)
+
+
+def _read(data: bytes, name: str, *, decode: bool, **limits):
+    if image_format(data) == "npy":
+        raise ImageReadError(f"{name}: a .npy array is not an image file; read it with densecnn.io.read_nd")
+    if image_format(data) == "tiff":
+        try:
+            with tifffile.TiffFile(io.BytesIO(data)) as tiff:
+                header = tiff_header(tiff)
+                if not decode:
+                    return header
+                header.check(name, **limits)
+                page = tiff.pages[0]
+                array = page.asarray(maxworkers=1)  # one decoding thread: memory is the array's
+                if page.axes.startswith("S"):  # planar configuration "separate": samples first
+                    array = np.moveaxis(array, 0, -1)
+                return oriented(array, page.tags.valueof(274, 1))
+        except ImageReadError:
+            raise
+        except Exception as exc:  # tifffile raises many types on corrupt files
+            raise ImageReadError(f"{name}: cannot read TIFF: {exc}") from None
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            header = _pillow_header(image, (image.format or "image").lower())
+            if not decode:
+                return header
+            header.check(name, **limits)
+            image = ImageOps.exif_transpose(image)
+            if image.mode == "1":
+                image = image.convert("L")
+            elif image.mode not in _PILLOW_KEPT:
+                image = image.convert("RGBA" if header.samples == 4 else "RGB")
+            return np.asarray(image)
+    except ImageReadError:
+        raise
+    except Image.DecompressionBombError as exc:  # Pillow's own guard (89 M pixels and up): quote ours
+        found = _PILLOW_BOMB.search(str(exc))
+        size = f"{int(found.group(1)):,} pixels" if found else "its size"
+        limit = limits.get("max_pixels")
+        limit_text = f"the limit of {limit:,} pixels" if limit else "what can be decoded safely"
+        raise ImageTooLargeError(
+            f"{name}: {size} is more than {limit_text}; downscale or crop the image"
+        ) from None
+    except (OSError, SyntaxError, ValueError, EOFError) as exc:
+        raise ImageReadError(f"{name}: not a readable image ({exc})") from None
+
+
+def read_image(source: str | Path | bytes, channels: int) -> np.ndarray:
+    """An image file (path or bytes) as a float32 (C, H, W) array in [0, 1] with ``channels`` channels.
+
+    >>> read_image("cells.png", channels=1).shape
+    (1, 512, 512)
+    """
+    return unit_planes(read_array(source), channels)
