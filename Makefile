@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
 
-.PHONY: venv test lint serve bench cuda-check browser clean
+.PHONY: venv test lint serve bench cuda-check gpu-check browser clean
 
 venv: $(STAMP)
 
@@ -45,6 +45,11 @@ bench: venv
 
 cuda-check:
 	bash scripts/cuda_check.sh
+
+# On a machine with a GPU and a CUDA build of torch (not the venv: it holds the CPU wheel): build the extension with
+# CUDA in place, run the tests with the CUDA cases and the CUDA benchmark; results in gpu-check/ (docs/cuda.md).
+gpu-check:
+	PYTHON=$(PYTHON) bash scripts/gpu_check.sh
 
 clean:
 	rm -rf $(VENV) build *.egg-info
