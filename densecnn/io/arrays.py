@@ -94,17 +94,22 @@ class LazyArray:
             window = tuple(slice(0, n) for n in self.spatial_shape)
         spatial = iter(stored_window(window, self.spatial_shape, self.orientation))
         index = tuple(next(spatial) if a == "s" else slice(None) if a == "c" else 0 for a in self.layout)
-        if whole and self.kind == "tiff":  # tifffile alone: reading a whole TIFF needs no zarr
-            import tifffile
-
-            pixels = tifffile.imread(self.path, level=int(self.key or 0))[index]
-        else:
-            pixels = np.asarray(_open(self)[index])
+        # a whole file is read at once: no store kept open, no zarr needed for a TIFF
+        stored = _read_file(self) if whole and self.kind != "zarr" else _open(self)
+        pixels = np.asarray(stored[index])
         kept = [a for a in self.layout if a != "1"]
         pixels = np.moveaxis(pixels, kept.index("c"), 0) if "c" in kept else pixels[None]
         if pixels.ndim >= 3:  # (C, ..., H, W): rows and columns are the last two axes
             pixels = oriented(pixels, self.orientation, rows=pixels.ndim - 2)
         return pixels
+
+
+def _read_file(array: LazyArray) -> np.ndarray:
+    if array.kind == "npy":
+        return np.load(array.path, allow_pickle=False)
+    import tifffile
+
+    return tifffile.imread(array.path, level=int(array.key or 0))
 
 
 _OPEN_LOCK = threading.Lock()
