@@ -28,9 +28,8 @@ from .pixels import unit_planes
 # CMYK, ...) as RGB(A).
 _PILLOW_KEPT = {"L": (1, 1), "LA": (2, 1), "RGB": (3, 1), "RGBA": (4, 1), "I": (1, 4), "F": (1, 4)}
 _PILLOW_KEPT |= {"I;16": (1, 2), "I;16B": (1, 2), "I;16L": (1, 2)}
-_TIFF_PLANE_AXES = set(
-    "YXS"
-)  # axes of one 2-D image; any other axis (Z, T, C as pages, Q, I, ...) stacks planes
+# The axes of one 2-D image; any other axis (Z, T, C as pages, Q, I, ...) stacks planes.
+_TIFF_PLANE_AXES = set("YXS")
 _PILLOW_BOMB = re.compile(r"\((\d+) pixels\)")
 
 
