@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from .errors import InvalidInputError
-from .layers import DenseAvgPool, DenseConv, DenseLinear, DenseMaxPool, WindowLayer, output_shape
+from .layers import DenseAvgPool, DenseConv, DenseLinear, DenseMaxPool, WindowLayer
 from .losses import IGNORE_INDEX, masked_cross_entropy_terms
 
 METHODS = ("dense", "region", "patches")
@@ -121,7 +121,7 @@ def _box(chosen: torch.Tensor) -> tuple[tuple[int, int], ...] | None:
         return None
     ranges = []
     for axis in range(1, chosen.dim()):
-        hit = chosen.any(dim=tuple(a for a in range(chosen.dim()) if a != axis)).nonzero()
+        hit = chosen.amax(dim=tuple(a for a in range(chosen.dim()) if a != axis)).nonzero()  # (n, 1)
         ranges.append((int(hit[0]), int(hit[-1]) + 1))
     return tuple(ranges)
 
@@ -158,22 +158,39 @@ def patch_scores(dense, patches: torch.Tensor) -> torch.Tensor:
 # ---- multiply-add counts
 
 
+def _conv_weight_shape(layer: nn.Module) -> tuple[int, ...] | None:
+    """(K, C/groups, *taps) of a dense conv or Linear head (from the source layer: no weight recomputed), else None."""
+    if isinstance(layer, DenseConv):
+        return tuple(layer.source.weight.shape)
+    if isinstance(layer, DenseLinear):
+        return (layer.source.out_features, *layer.map_shape)
+    return None
+
+
 def _per_output(layer: nn.Module, channels: int) -> float:
     """Multiply-adds (pooling taps at :data:`POOL_MAC_COST`) one output position of ``layer`` costs."""
-    if isinstance(layer, (DenseConv, DenseLinear)):
-        spec = layer.spec()
-        return math.prod(spec.weight.shape)  # K · C/groups · taps
+    weight = _conv_weight_shape(layer)
+    if weight is not None:
+        return math.prod(weight)  # K · C/groups · taps
     if isinstance(layer, (DenseMaxPool, DenseAvgPool)):
         return POOL_MAC_COST * channels * math.prod(layer.kernel)
     return 0.0  # pointwise: memory-bound, small next to the windows
 
 
+def _out_channels(layer: nn.Module, channels: int) -> int:
+    weight = _conv_weight_shape(layer)
+    return weight[0] if weight is not None else channels
+
+
 def _dense_macs(dense, shape: tuple[int, ...]) -> float:
+    """Multiply-adds of the dense pass on a padded input of ``shape``."""
+    n, channels, *size = shape
     total = 0.0
     for layer in dense.features:
-        out = output_shape(layer, shape)
-        total += out[0] * math.prod(out[2:]) * _per_output(layer, shape[1])
-        shape = out
+        if isinstance(layer, WindowLayer):
+            size = [s - (k - 1) * d for s, k, d in zip(size, layer.kernel, layer.dilation)]
+            total += n * math.prod(size) * _per_output(layer, channels)
+            channels = _out_channels(layer, channels)
     return total
 
 
@@ -185,7 +202,5 @@ def _patch_macs(dense, channels: int) -> float:
             extent = tuple((k - 1) * d + 1 for k, d in zip(layer.kernel, layer.source_dilation))
             size = tuple((n - e) // s + 1 for n, e, s in zip(size, extent, layer.stride))
             total += math.prod(size) * _per_output(layer, channels)
-            channels = (
-                layer.spec().weight.shape[0] if isinstance(layer, (DenseConv, DenseLinear)) else channels
-            )
+            channels = _out_channels(layer, channels)
     return total
