@@ -1,10 +1,13 @@
-"""How uvicorn runs the app: its limits for slow and idle clients, and a header deadline it lacks.
+"""How uvicorn runs the app: its limits for slow and idle clients, and the connection limits and header deadline it
+lacks.
 
-uvicorn closes idle keep-alive connections (``timeout_keep_alive``) and caps connections (``limit_concurrency``) and
-header size (``h11_max_incomplete_event_size``), but waits forever for the headers of a request that trickle in one
-byte at a time (slowloris). :class:`HeaderDeadlineProtocol` closes a connection whose request headers have not all
-arrived ``header_timeout`` seconds after it opened, or after its previous answer. The body has its own deadline in
-the app (``upload_timeout``, 408), and an inference its own (``request_timeout``, 503).
+uvicorn closes idle keep-alive connections (``timeout_keep_alive``) and caps header size
+(``h11_max_incomplete_event_size``), but waits forever for the headers of a request that trickle in one byte at a
+time (slowloris), and its own connection cap answers in plain text and lets one client take every connection.
+:class:`ServiceProtocol` closes a connection whose request headers have not all arrived ``header_timeout`` seconds
+after it opened, or after its previous answer, and refuses a connection past ``max_connections`` in all, or past
+``max_connections_per_client`` from one address, with the service's JSON 503 and ``Retry-After``. The body has its
+own deadline in the app (``upload_timeout``, 408), and an inference its own (``request_timeout``, 503).
 """
 
 from __future__ import annotations
@@ -12,6 +15,9 @@ from __future__ import annotations
 import asyncio
 import copy
 import functools
+import json
+from collections import Counter
+from typing import ClassVar
 
 from uvicorn.config import LOGGING_CONFIG
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -22,20 +28,57 @@ WORKER_HEALTHCHECK_SECONDS = 60
 
 
 @functools.cache
+def worker_settings() -> Settings:
+    """The settings of this worker's process: uvicorn builds the protocol itself, from its import path, in every
+    worker, so they come the way all settings do, from the environment (read once, on the first connection;
+    validated by Settings when `densecnn serve` starts)."""
+    return Settings()
+
+
 def header_timeout() -> float:
-    """The header deadline, from the settings of this worker's process: uvicorn builds the protocol itself, from its
-    import path, in every worker, so the setting comes the way all settings do, from the environment (read once, on
-    the first connection; validated by Settings when `densecnn serve` starts)."""
-    return Settings().header_timeout
+    return worker_settings().header_timeout
 
 
-class HeaderDeadlineProtocol(H11Protocol):
-    """uvicorn's h11 protocol, plus: a request's headers must arrive within the header timeout."""
+def _refusal(settings: Settings, message: str) -> bytes:
+    """A whole HTTP 503 answer in the service's error shape, sent before the request is read."""
+    body = json.dumps({"error": {"code": "overloaded", "message": message}}).encode()
+    head = (
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
+        f"retry-after: {settings.retry_after}\r\ncontent-length: {len(body)}\r\nconnection: close\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+class ServiceProtocol(H11Protocol):
+    """uvicorn's h11 protocol, plus: a request's headers must arrive within the header timeout, and connections are
+    capped in all and per client address (in this worker)."""
+
+    open_by_client: ClassVar[Counter[str]] = Counter()  # this worker's open connections per client address
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._header_deadline: asyncio.TimerHandle | None = None
+        self._client_host: str | None = None
+        settings = worker_settings()
+        host = str((transport.get_extra_info("peername") or ("unknown",))[0])
+        if len(self.connections) > settings.max_connections:
+            self._refuse(settings, f"the server has {settings.max_connections} connections open; retry later")
+            return
+        if self.open_by_client[host] >= settings.max_connections_per_client:
+            self._refuse(
+                settings,
+                f"{settings.max_connections_per_client} connections from your address are open already; close "
+                "some (or reuse one: keep-alive) and retry",
+            )
+            return
+        self._client_host = host
+        self.open_by_client[host] += 1
         self._start_header_deadline()
+
+    def _refuse(self, settings: Settings, message: str) -> None:
+        self.logger.info("refusing a connection: %s", message)
+        self.transport.write(_refusal(settings, message))
+        self.transport.close()
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
@@ -44,6 +87,10 @@ class HeaderDeadlineProtocol(H11Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if self._header_deadline is not None:
             self._header_deadline.cancel()
+        if self._client_host is not None:
+            self.open_by_client[self._client_host] -= 1
+            if not self.open_by_client[self._client_host]:
+                del self.open_by_client[self._client_host]
         super().connection_lost(exc)
 
     def _start_header_deadline(self) -> None:
@@ -68,10 +115,9 @@ def uvicorn_options(settings: Settings) -> dict:
     )  # the service's own lines (models loaded, clients gone) as uvicorn's
     log_config["loggers"]["densecnn.app"] = {"handlers": ["default"], "level": "INFO", "propagate": False}
     return {
-        "http": f"{HeaderDeadlineProtocol.__module__}:{HeaderDeadlineProtocol.__qualname__}",
+        "http": f"{ServiceProtocol.__module__}:{ServiceProtocol.__qualname__}",
         "log_config": log_config,
         "timeout_keep_alive": settings.keep_alive_timeout,
-        "limit_concurrency": settings.max_connections,
         "h11_max_incomplete_event_size": settings.max_header_bytes,
         "timeout_graceful_shutdown": int(settings.request_timeout) + 5,  # in-flight requests finish first
         # with --workers, the supervisor restarts a worker that does not answer its ping within this time; importing

@@ -184,6 +184,17 @@ def test_metrics_count_routes_statuses_and_inference(client):
     assert 'densecnn_http_request_duration_seconds_count{route="/v1/models/{name}/segment"}' in text
 
 
+def test_metrics_report_the_process_memory(client):
+    lines = [line for line in client.get("/metrics").text.splitlines() if line.startswith("process_resident")]
+    assert lines and float(lines[0].split()[-1]) > 50 * 2**20  # torch and a model: well above 50 MiB
+
+
+@pytest.mark.parametrize("path", ["/healthz", "/readyz"])
+def test_health_probes_answer_head(client, path):
+    response = client.head(path)
+    assert response.status_code == 200 and response.content == b""
+
+
 # --- the segment endpoint: formats ---
 
 
