@@ -269,6 +269,7 @@ def test_more_than_256_classes_give_a_16_bit_png(client, model_root):
         ("application/json;q=0.5, application/x-npy", "application/x-npy"),
         ("text/html, application/json", "application/json"),
         ("image/png;q=0, application/*", "application/json"),
+        ("application/npy", "application/x-npy"),  # the name uploads take too
     ],
 )
 def test_accept_negotiation(client, accept, media_type):
