@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import io
+import re
 import resource
 import struct
 import threading
@@ -924,3 +925,14 @@ def test_a_warm_up_that_cannot_fit_is_logged_and_the_service_starts(model_root, 
         wait_ready(client.get)
         assert client.get("/readyz").status_code == 200
     assert "cannot warm model" in caplog.text
+
+
+@pytest.mark.parametrize("page", ["/docs", "/redoc"])
+def test_the_api_docs_load_their_assets_from_the_service_not_a_cdn(client, page):
+    html = client.get(page).text
+    scripts = re.findall(r'src="([^"]+\.js)"', html)
+    assert scripts and all(src.startswith("/") for src in scripts), scripts  # no https://cdn...
+    assert "cdn." not in html and "googleapis" not in html
+    for src in scripts:
+        response = client.get(src)
+        assert response.status_code == 200 and len(response.content) > 100_000

@@ -149,3 +149,12 @@ def test_the_label_map_downloads_and_a_new_model_clears_what_the_last_one_showed
     page.wait_for_selector("#error:not([hidden])")
     page.select_option("#model", "cells")
     assert page.is_hidden("#error") and page.is_hidden("#result")  # nothing stale stays on the page
+
+
+def test_the_api_docs_render_without_the_internet(served, page):
+    server, _ = (
+        served  # this machine reaches no CDN: the page renders from the service's own assets or not at all
+    )
+    page.goto(server.url + "/docs")
+    page.wait_for_selector(".opblock")  # Swagger UI drew the operations
+    assert "/v1/models/{name}/segment" in page.inner_text("body")
