@@ -1,12 +1,13 @@
 """How uvicorn runs the app: its limits for slow and idle clients, and the connection limits and header deadline it
 lacks.
 
-uvicorn closes idle keep-alive connections (``timeout_keep_alive``) and caps header size
-(``h11_max_incomplete_event_size``), but waits forever for the headers of a request that trickle in one byte at a
-time (slowloris), and its own connection cap answers in plain text and lets one client take every connection.
-:class:`ServiceProtocol` closes a connection whose request headers have not all arrived ``header_timeout`` seconds
-after it opened, or after its previous answer, and refuses a connection past ``max_connections`` in all, or past
-``max_connections_per_client`` from one address, with the service's JSON 503 and ``Retry-After``. The body has its
+uvicorn closes idle keep-alive connections (``timeout_keep_alive``), but waits forever for the headers of a request
+that trickle in one byte at a time (slowloris), caps header size only for headers still incomplete after a read
+(``h11_max_incomplete_event_size``), and its own connection cap answers in plain text and lets one client take every
+connection. :class:`ServiceProtocol` closes a connection whose request headers have not all arrived
+``header_timeout`` seconds after it opened, or after its previous answer; answers headers past ``max_header_bytes``
+with 431; and refuses a connection past ``max_connections`` in all, or past ``max_connections_per_client`` from one
+address, with 503 and ``Retry-After`` — all in the service's JSON error shape. The body has its
 own deadline in the app (``upload_timeout``, 408), and an inference its own (``request_timeout``, 503).
 """
 
@@ -25,6 +26,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from .settings import Settings
 
 WORKER_HEALTHCHECK_SECONDS = 60
+LINGER_SECONDS = 1.0  # a refused connection is read and dropped this long before it is closed
 
 
 @functools.cache
@@ -39,12 +41,17 @@ def header_timeout() -> float:
     return worker_settings().header_timeout
 
 
-def _refusal(settings: Settings, message: str) -> bytes:
-    """A whole HTTP 503 answer in the service's error shape, sent before the request is read."""
-    body = json.dumps({"error": {"code": "overloaded", "message": message}}).encode()
+_STATUS_LINES = {431: "431 Request Header Fields Too Large", 503: "503 Service Unavailable"}
+
+
+def _refusal(status: int, code: str, message: str, retry_after: int | None = None) -> bytes:
+    """A whole HTTP answer in the service's error shape, sent by the protocol itself (before or instead of the
+    request reaching the app), after which the connection is closed."""
+    body = json.dumps({"error": {"code": code, "message": message}}).encode()
+    retry = f"retry-after: {retry_after}\r\n" if retry_after is not None else ""
     head = (
-        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
-        f"retry-after: {settings.retry_after}\r\ncontent-length: {len(body)}\r\nconnection: close\r\n\r\n"
+        f"HTTP/1.1 {_STATUS_LINES[status]}\r\ncontent-type: application/json\r\n{retry}"
+        f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"
     )
     return head.encode() + body
 
@@ -59,26 +66,56 @@ class ServiceProtocol(H11Protocol):
         super().connection_made(transport)
         self._header_deadline: asyncio.TimerHandle | None = None
         self._client_host: str | None = None
+        self._refused = False
         settings = worker_settings()
         host = str((transport.get_extra_info("peername") or ("unknown",))[0])
+        self._header_bytes, self._header_tail = (
+            0,
+            b"",
+        )  # the request headers read so far, and their last 3 bytes
         if len(self.connections) > settings.max_connections:
-            self._refuse(settings, f"the server has {settings.max_connections} connections open; retry later")
+            message = f"the server has {settings.max_connections} connections open; retry later"
+            self._refuse(_refusal(503, "overloaded", message, settings.retry_after), message)
             return
         if self.open_by_client[host] >= settings.max_connections_per_client:
-            self._refuse(
-                settings,
+            message = (
                 f"{settings.max_connections_per_client} connections from your address are open already; close "
-                "some (or reuse one: keep-alive) and retry",
+                "some (or reuse one: keep-alive) and retry"
             )
+            self._refuse(_refusal(503, "overloaded", message, settings.retry_after), message)
             return
         self._client_host = host
         self.open_by_client[host] += 1
         self._start_header_deadline()
 
-    def _refuse(self, settings: Settings, message: str) -> None:
-        self.logger.info("refusing a connection: %s", message)
-        self.transport.write(_refusal(settings, message))
-        self.transport.close()
+    def data_received(self, data: bytes) -> None:
+        """Count a request's line and headers as they arrive: past ``max_header_bytes`` the answer is 431, however
+        the bytes are split into reads (h11's own limit holds only for headers still incomplete after a read)."""
+        if self._refused:
+            return  # answered already: what still comes is dropped
+        if self.cycle is None or self.cycle.response_complete:  # awaiting a request's headers
+            limit = worker_settings().max_header_bytes
+            seen = self._header_tail + data
+            end = seen.find(b"\r\n\r\n")
+            header_bytes = self._header_bytes + (len(data) if end < 0 else end + 4 - len(self._header_tail))
+            if header_bytes > limit:
+                message = (
+                    f"the request line and headers exceed {limit:,} bytes (max_header_bytes); send fewer"
+                )
+                self._refuse(_refusal(431, "headers_too_large", message), message)
+                return
+            self._header_bytes, self._header_tail = (header_bytes, seen[-3:]) if end < 0 else (0, b"")
+        super().data_received(data)
+
+    def _refuse(self, answer: bytes, why: str) -> None:
+        """Answer and close gracefully: send the answer and a FIN, read and drop what the client still sends for a
+        moment (a close with unread input would reset the connection, and the client could lose the answer)."""
+        self.logger.info("refusing a connection: %s", why)
+        self._refused = True
+        self.transport.write(answer)
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        self.loop.call_later(LINGER_SECONDS, self.transport.close)
 
     def on_response_complete(self) -> None:
         super().on_response_complete()

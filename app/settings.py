@@ -83,7 +83,7 @@ class Settings(BaseSettings):
     max_header_bytes: int = Field(
         32 * 1024,
         gt=0,
-        description="bytes of a request's line and headers; beyond: uvicorn answers 400 (plain text)",
+        description="bytes of a request's line and headers; beyond: 431 (JSON) and closed",
     )
 
     def request_memory_bound(self, in_channels: int = 3, dims: int = 2, probability_classes: int = 0) -> int:

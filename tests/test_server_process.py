@@ -400,3 +400,17 @@ def test_one_client_cannot_take_every_connection(limited_server):
             sock.close()
     time.sleep(0.2)
     assert healthz_from(limited_server, "127.0.0.2").startswith(b"HTTP/1.1 200")  # its slots are back
+
+
+@pytest.mark.parametrize("header_bytes", [120_000, 1_000_000])
+def test_headers_past_max_header_bytes_are_431_however_they_arrive(strict_server, header_bytes):
+    request = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * header_bytes + b"\r\n\r\n"
+    with raw_connection(strict_server) as sock:
+        try:
+            sock.sendall(request)  # one write: h11 parses complete headers past its own limit
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # refused before the client finished sending: the answer is still there to read
+        head, _, body = read_until_closed(sock, 5).partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 431"), head[:80]
+    assert json.loads(body)["error"]["code"] == "headers_too_large"
+    assert httpx.get(f"{strict_server.url}/healthz").status_code == 200
