@@ -936,3 +936,15 @@ def test_the_api_docs_load_their_assets_from_the_service_not_a_cdn(client, page)
     for src in scripts:
         response = client.get(src)
         assert response.status_code == 200 and len(response.content) > 100_000
+
+
+@pytest.mark.parametrize(
+    "bad", [np.nan, np.inf, -np.inf, 1e308], ids=["nan", "inf", "-inf", "beyond-float32"]
+)
+def test_non_finite_inputs_are_refused_naming_count_and_position(client, bad):
+    image = np.full((20, 30), 0.5)
+    image[3, 7] = image[11, 2] = bad
+    buffer = io.BytesIO()
+    np.save(buffer, image)
+    error = assert_error(post_raw(client, buffer.getvalue(), "application/x-npy"), 400, "non_finite_input")
+    assert "2 pixels holding NaN or infinite values" in error["message"] and "(3, 7)" in error["message"]
