@@ -59,20 +59,13 @@ def selected(
 def costs(dense, padded_shape: tuple[int, ...], chosen: torch.Tensor) -> dict[str, float]:
     """The estimated cost of each method, in patch-pass multiply-adds, for a padded input of ``padded_shape`` and the
     (N, *S) bool ``chosen`` pixels."""
-    n, c, *padded = padded_shape
-    receptive = dense.receptive_field
-    count = int(chosen.sum())
+    n, c, *_ = padded_shape
     box = _box(chosen)
-    dense_macs = _dense_macs(dense, (n, c, *padded))
-    region_macs = (
-        0.0
-        if box is None
-        else _dense_macs(dense, (n, c, *(b1 - b0 + r - 1 for (b0, b1), r in zip(box, receptive))))
-    )
+    region = () if box is None else tuple(b1 - b0 + r - 1 for (b0, b1), r in zip(box, dense.receptive_field))
     return {
-        "dense": DENSE_MAC_COST * dense_macs,
-        "region": DENSE_MAC_COST * region_macs,
-        "patches": count * _patch_macs(dense, c),
+        "dense": DENSE_MAC_COST * _dense_macs(dense, padded_shape),
+        "region": 0.0 if box is None else DENSE_MAC_COST * _dense_macs(dense, (n, c, *region)),
+        "patches": int(chosen.sum()) * _patch_macs(dense, c),
     }
 
 
