@@ -9,6 +9,7 @@ from contextlib import asynccontextmanager
 import torch
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
+from fastapi_offline import FastAPIOffline
 
 import densecnn
 
@@ -76,7 +77,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             await loading
             await asyncio.to_thread(service.pool.shutdown)
 
-    app = FastAPI(
+    app = FastAPIOffline(  # /docs and /redoc from packaged assets: they work offline, no CDN
         title="densecnn",
         version=densecnn.__version__,
         summary="Full-resolution label maps from patch-trained CNNs, exactly as patch-by-patch scanning gives them.",

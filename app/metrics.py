@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import time
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 
 class Metrics:
     def __init__(self):
         self.registry = CollectorRegistry()
+        ProcessCollector(registry=self.registry)  # process_resident_memory_bytes and kin: watch the RSS
         self.requests = Counter(
             "densecnn_http_requests", "HTTP requests by route and status", ["route", "method", "status"],
             registry=self.registry,

@@ -28,6 +28,8 @@ class View(str, Enum):
 
 
 ECHO_LIMIT = 200  # characters of the Accept header quoted back in a 406
+# other names clients give a format (uploads take .npy under either name): answered as the format itself
+ALIASES = {"application/npy": Output.NPY}
 
 
 def _preferences(accept: str) -> list[str]:
@@ -56,7 +58,9 @@ def choose_output(accept: str | None, view: View | None, dims: int = 2) -> Outpu
     ranges = {"*/*": offered[0], "application/*": Output.JSON}
     ranges["image/*"] = next((o for o in offered if o.value.startswith("image/")), None)
     for media in _preferences(accept or "*/*"):
-        output = ranges.get(media) or next((o for o in Output if o.value == media), None)
+        output = (
+            ranges.get(media) or ALIASES.get(media) or next((o for o in Output if o.value == media), None)
+        )
         if output in offered:
             return output
     names = ", ".join(o.value for o in offered)

@@ -29,6 +29,7 @@ from densecnn.io import (
     unit_planes,
 )
 
+from .errors import ApiError
 from .negotiation import Output
 from .registry import ServedModel
 
@@ -86,6 +87,20 @@ def npy_view(array: np.ndarray) -> memoryview:
     return out.getbuffer()
 
 
+def _require_finite(x: torch.Tensor) -> None:
+    """Refuse a model input (1, C, *spatial) holding NaN or infinite values (a float image's own, or values beyond
+    float32's range): no label map computed from them means anything."""
+    bad = (~torch.isfinite(x)).any(dim=1)[0]  # (*spatial): pixels with a non-finite value in any channel
+    if bad.any():
+        first = tuple(bad.nonzero()[0].tolist())
+        raise ApiError(
+            400,
+            "non_finite_input",
+            f"the image has {int(bad.sum()):,} pixels holding NaN or infinite values (beyond float32's range counts "
+            f"too), the first at position {first}; send finite values",
+        )
+
+
 def segment(
     served: ServedModel,
     data: bytes,
@@ -113,6 +128,7 @@ def segment(
         x = array_input(array, loaded)  # (1, C, *spatial)
         pixels = np.moveaxis(array, 0, -1) if dims == 2 else None  # (H, W, C) for an overlay
         del array
+    _require_finite(x)
     shape = tuple(x.shape[2:])
     timings["decode"] = time.perf_counter() - start
 

@@ -72,12 +72,18 @@ class Settings(BaseSettings):
     )
     keep_alive_timeout: int = Field(5, gt=0, description="seconds an idle keep-alive connection stays open")
     max_connections: int = Field(
-        100, gt=0, description="open connections per worker; beyond: uvicorn answers 503 (plain text)"
+        100, gt=0, description="open connections per worker; beyond: 503 (JSON, Retry-After) and closed"
+    )
+    max_connections_per_client: int = Field(
+        16,
+        gt=0,
+        description="open connections per worker from one client address, so that one client cannot take them "
+        "all; beyond: 503 (JSON, Retry-After) and closed",
     )
     max_header_bytes: int = Field(
         32 * 1024,
         gt=0,
-        description="bytes of a request's line and headers; beyond: uvicorn answers 400 (plain text)",
+        description="bytes of a request's line and headers; beyond: 431 (JSON) and closed",
     )
 
     def request_memory_bound(self, in_channels: int = 3, dims: int = 2, probability_classes: int = 0) -> int:

@@ -55,10 +55,8 @@ def _layers(model: nn.Module, prefix: str) -> Chain:
         return [(prefix or type(model).__name__, model)]
     if isinstance(model, nn.Sequential) and not overrides(type(model), nn.Sequential):
         chain: Chain = []
-        for (
-            name,
-            child,
-        ) in model._modules.items():  # every use: named_children() yields a repeated module once
+        # every use, from the ordered dict itself: named_children() yields a repeated module once
+        for name, child in model._modules.items():
             if child is not None:
                 chain += _layers(child, f"{prefix}.{name}" if prefix else name)
         return chain

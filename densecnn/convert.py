@@ -55,6 +55,11 @@ def as_patch_size(patch_size, dims: int = 2) -> Size:
     return size
 
 
+def _is_sequence(patch_size) -> bool:
+    """A tuple or list of sizes (a string is refused as a string by :func:`as_patch_size`, not read as digits)."""
+    return isinstance(patch_size, Sequence) and not isinstance(patch_size, (str, bytes))
+
+
 def spatial_dims_of(chain: Chain, patch_size) -> int:
     """The number of spatial axes of a patch net: fixed by its layers (``Conv3d``: 3), else by a tuple
     ``patch_size``'s length, else 2 (an MLP on raw image patches).
@@ -75,11 +80,7 @@ def spatial_dims_of(chain: Chain, patch_size) -> int:
         )
     if found:
         return next(iter(found))
-    if (
-        isinstance(patch_size, Sequence)
-        and not isinstance(patch_size, (str, bytes))
-        and len(patch_size) in _AXES
-    ):
+    if _is_sequence(patch_size) and len(patch_size) in _AXES:
         return len(patch_size)
     return 2
 
@@ -110,8 +111,8 @@ def convert(
         tune: time the candidate solvers of each layer on the first call for a new input shape (cached on disk)
             instead of choosing at once from the shipped cost model; see docs/performance.md.
         verify: run the dense net and the model on a few patches of a small random input and raise unless they
-            agree to rounding (:mod:`densecnn.verify`; it costs a few percent of one 512² forward). Turn it off only
-            where the same model was verified already.
+            agree to rounding (:mod:`densecnn.verify`; on the reference nets it costs 2-11% of one warm 512²
+            forward). Turn it off only where the same model was verified already.
 
     Raises:
         ConversionError: a layer cannot be converted exactly (the message names it and says what to do), or the
@@ -136,11 +137,7 @@ def convert(
     check_backend(backend)
     chain = extract_chain(model)
     dims = spatial_dims_of(chain, patch_size)
-    if (
-        not isinstance(patch_size, (str, bytes))
-        and isinstance(patch_size, Sequence)
-        and len(patch_size) != dims
-    ):
+    if _is_sequence(patch_size) and len(patch_size) != dims:
         raise PatchSizeError(
             f"patch_size {tuple(patch_size)} has {len(patch_size)} entries, but the model's layers have {dims} "
             f"spatial axis/axes: give an int or {_AXES[dims]}"

@@ -24,12 +24,12 @@ import torch
 from torch import nn
 
 from .errors import InvalidInputError
-from .layers import DenseAvgPool, DenseConv, DenseLinear, DenseMaxPool, WindowLayer, output_shape
+from .layers import DenseAvgPool, DenseConv, DenseLinear, DenseMaxPool, WindowLayer
 from .losses import IGNORE_INDEX, masked_cross_entropy_terms
 
 METHODS = ("dense", "region", "patches")
 # a multiply-add of the dense pass, in multiply-adds of the patch pass (its solvers' speed on whole maps; the patch
-# pass pays for many small strided ops): fitted by scripts/bench_masked.py on this project's reference nets
+# pass pays for many small strided ops): scripts/bench_masked.py fits 0.14 to 0.90 on the reference nets
 DENSE_MAC_COST = 0.5
 POOL_MAC_COST = 0.25  # a pooling tap (a max or an add of one channel) against a multiply-add of a conv
 
@@ -59,20 +59,13 @@ def selected(
 def costs(dense, padded_shape: tuple[int, ...], chosen: torch.Tensor) -> dict[str, float]:
     """The estimated cost of each method, in patch-pass multiply-adds, for a padded input of ``padded_shape`` and the
     (N, *S) bool ``chosen`` pixels."""
-    n, c, *padded = padded_shape
-    receptive = dense.receptive_field
-    count = int(chosen.sum())
+    n, c, *_ = padded_shape
     box = _box(chosen)
-    dense_macs = _dense_macs(dense, (n, c, *padded))
-    region_macs = (
-        0.0
-        if box is None
-        else _dense_macs(dense, (n, c, *(b1 - b0 + r - 1 for (b0, b1), r in zip(box, receptive))))
-    )
+    region = () if box is None else tuple(b1 - b0 + r - 1 for (b0, b1), r in zip(box, dense.receptive_field))
     return {
-        "dense": DENSE_MAC_COST * dense_macs,
-        "region": DENSE_MAC_COST * region_macs,
-        "patches": count * _patch_macs(dense, c),
+        "dense": DENSE_MAC_COST * _dense_macs(dense, padded_shape),
+        "region": 0.0 if box is None else DENSE_MAC_COST * _dense_macs(dense, (n, c, *region)),
+        "patches": int(chosen.sum()) * _patch_macs(dense, c),
     }
 
 
@@ -121,7 +114,7 @@ def _box(chosen: torch.Tensor) -> tuple[tuple[int, int], ...] | None:
         return None
     ranges = []
     for axis in range(1, chosen.dim()):
-        hit = chosen.any(dim=tuple(a for a in range(chosen.dim()) if a != axis)).nonzero()
+        hit = chosen.amax(dim=tuple(a for a in range(chosen.dim()) if a != axis)).nonzero()  # (n, 1)
         ranges.append((int(hit[0]), int(hit[-1]) + 1))
     return tuple(ranges)
 
@@ -158,22 +151,39 @@ def patch_scores(dense, patches: torch.Tensor) -> torch.Tensor:
 # ---- multiply-add counts
 
 
+def _conv_weight_shape(layer: nn.Module) -> tuple[int, ...] | None:
+    """(K, C/groups, *taps) of a dense conv or Linear head (from the source layer: no weight recomputed), else None."""
+    if isinstance(layer, DenseConv):
+        return tuple(layer.source.weight.shape)
+    if isinstance(layer, DenseLinear):
+        return (layer.source.out_features, *layer.map_shape)
+    return None
+
+
 def _per_output(layer: nn.Module, channels: int) -> float:
     """Multiply-adds (pooling taps at :data:`POOL_MAC_COST`) one output position of ``layer`` costs."""
-    if isinstance(layer, (DenseConv, DenseLinear)):
-        spec = layer.spec()
-        return math.prod(spec.weight.shape)  # K · C/groups · taps
+    weight = _conv_weight_shape(layer)
+    if weight is not None:
+        return math.prod(weight)  # K · C/groups · taps
     if isinstance(layer, (DenseMaxPool, DenseAvgPool)):
         return POOL_MAC_COST * channels * math.prod(layer.kernel)
     return 0.0  # pointwise: memory-bound, small next to the windows
 
 
+def _out_channels(layer: nn.Module, channels: int) -> int:
+    weight = _conv_weight_shape(layer)
+    return weight[0] if weight is not None else channels
+
+
 def _dense_macs(dense, shape: tuple[int, ...]) -> float:
+    """Multiply-adds of the dense pass on a padded input of ``shape``."""
+    n, channels, *size = shape
     total = 0.0
     for layer in dense.features:
-        out = output_shape(layer, shape)
-        total += out[0] * math.prod(out[2:]) * _per_output(layer, shape[1])
-        shape = out
+        if isinstance(layer, WindowLayer):
+            size = [s - (k - 1) * d for s, k, d in zip(size, layer.kernel, layer.dilation)]
+            total += n * math.prod(size) * _per_output(layer, channels)
+            channels = _out_channels(layer, channels)
     return total
 
 
@@ -185,7 +195,5 @@ def _patch_macs(dense, channels: int) -> float:
             extent = tuple((k - 1) * d + 1 for k, d in zip(layer.kernel, layer.source_dilation))
             size = tuple((n - e) // s + 1 for n, e, s in zip(size, extent, layer.stride))
             total += math.prod(size) * _per_output(layer, channels)
-            channels = (
-                layer.spec().weight.shape[0] if isinstance(layer, (DenseConv, DenseLinear)) else channels
-            )
+            channels = _out_channels(layer, channels)
     return total

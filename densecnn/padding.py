@@ -77,10 +77,15 @@ def pad_image(x: torch.Tensor, before: Size, after: Size, padding_mode: str) -> 
         widths = [w for b, a in zip(reversed(before), reversed(after), strict=True) for w in (b, max(a, 0))]
         padded = F.pad(x, widths)
         return padded[(..., *(slice(0, b + s + a) for b, s, a in zip(before, spatial, after, strict=True)))]
-    for axis, (b, s, a) in enumerate(zip(before, spatial, after, strict=True), start=2):
-        index = source_index(torch.arange(-b, s + a, device=x.device), s, padding_mode)
-        x = x.index_select(axis, index)
-    return x
+    # one gather over every axis at once: the padded array is the only copy (a gather per axis made one per axis,
+    # which on a thin image is as large as the result: twice the memory the callers' estimates count)
+    sources = [
+        source_index(torch.arange(-b, s + a, device=x.device), s, padding_mode).view(
+            [-1 if other == axis else 1 for other in range(len(spatial))]
+        )
+        for axis, (b, s, a) in enumerate(zip(before, spatial, after, strict=True))
+    ]  # one (1, ..., n_axis, ..., 1) index per axis, broadcast against the others
+    return x[(slice(None), slice(None), *sources)]
 
 
 def pad_for_patches(x: torch.Tensor, patch_size: Size, padding_mode: str) -> torch.Tensor:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import io
+import re
 import resource
 import struct
 import threading
@@ -184,6 +185,17 @@ def test_metrics_count_routes_statuses_and_inference(client):
     assert 'densecnn_http_request_duration_seconds_count{route="/v1/models/{name}/segment"}' in text
 
 
+def test_metrics_report_the_process_memory(client):
+    lines = [line for line in client.get("/metrics").text.splitlines() if line.startswith("process_resident")]
+    assert lines and float(lines[0].split()[-1]) > 50 * 2**20  # torch and a model: well above 50 MiB
+
+
+@pytest.mark.parametrize("path", ["/healthz", "/readyz"])
+def test_health_probes_answer_head(client, path):
+    response = client.head(path)
+    assert response.status_code == 200 and response.content == b""
+
+
 # --- the segment endpoint: formats ---
 
 
@@ -258,6 +270,7 @@ def test_more_than_256_classes_give_a_16_bit_png(client, model_root):
         ("application/json;q=0.5, application/x-npy", "application/x-npy"),
         ("text/html, application/json", "application/json"),
         ("image/png;q=0, application/*", "application/json"),
+        ("application/npy", "application/x-npy"),  # the name uploads take too
     ],
 )
 def test_accept_negotiation(client, accept, media_type):
@@ -912,3 +925,26 @@ def test_a_warm_up_that_cannot_fit_is_logged_and_the_service_starts(model_root, 
         wait_ready(client.get)
         assert client.get("/readyz").status_code == 200
     assert "cannot warm model" in caplog.text
+
+
+@pytest.mark.parametrize("page", ["/docs", "/redoc"])
+def test_the_api_docs_load_their_assets_from_the_service_not_a_cdn(client, page):
+    html = client.get(page).text
+    scripts = re.findall(r'src="([^"]+\.js)"', html)
+    assert scripts and all(src.startswith("/") for src in scripts), scripts  # no https://cdn...
+    assert "cdn." not in html and "googleapis" not in html
+    for src in scripts:
+        response = client.get(src)
+        assert response.status_code == 200 and len(response.content) > 100_000
+
+
+@pytest.mark.parametrize(
+    "bad", [np.nan, np.inf, -np.inf, 1e308], ids=["nan", "inf", "-inf", "beyond-float32"]
+)
+def test_non_finite_inputs_are_refused_naming_count_and_position(client, bad):
+    image = np.full((20, 30), 0.5)
+    image[3, 7] = image[11, 2] = bad
+    buffer = io.BytesIO()
+    np.save(buffer, image)
+    error = assert_error(post_raw(client, buffer.getvalue(), "application/x-npy"), 400, "non_finite_input")
+    assert "2 pixels holding NaN or infinite values" in error["message"] and "(3, 7)" in error["message"]

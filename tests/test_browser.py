@@ -127,3 +127,34 @@ def test_a_volume_model_is_described_and_sent_to_the_api(served, page, tmp_path)
     page.set_input_files("#file", str(path))
     page.wait_for_selector("#error:not([hidden])")
     assert "multi-page TIFF or .npy) to the API" in page.inner_text("#error")
+
+
+def test_the_label_map_downloads_and_a_new_model_clears_what_the_last_one_showed(served, page, tmp_path):
+    server, root = served
+    path = tmp_path / "cells.png"
+    path.write_bytes(encode(blobs(50, 70, seed=2)))
+    page.goto(server.url + "/")
+    page.wait_for_selector("#model:not([disabled])")
+    page.select_option("#model", "cells")
+    page.set_input_files("#file", str(path))
+    page.wait_for_selector("#result:not([hidden])")
+    with page.expect_download() as download:
+        page.click("#download")
+    assert download.value.suggested_filename == "cells-labels.png"
+    labels = np.asarray(Image.open(download.value.path()))
+    assert_library_labels(labels, root / "cells", path.read_bytes())  # the map itself, not a picture of it
+
+    page.select_option("#model", "stack")  # a volume model: the upload is refused with an error
+    page.set_input_files("#file", str(path))
+    page.wait_for_selector("#error:not([hidden])")
+    page.select_option("#model", "cells")
+    assert page.is_hidden("#error") and page.is_hidden("#result")  # nothing stale stays on the page
+
+
+def test_the_api_docs_render_without_the_internet(served, page):
+    server, _ = (
+        served  # this machine reaches no CDN: the page renders from the service's own assets or not at all
+    )
+    page.goto(server.url + "/docs")
+    page.wait_for_selector(".opblock")  # Swagger UI drew the operations
+    assert "/v1/models/{name}/segment" in page.inner_text("body")

@@ -1,5 +1,9 @@
 """The reference scanners themselves, checked against a literal one-patch-at-a-time loop."""
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -62,3 +66,31 @@ def test_scan_patches_rejects_bad_arguments():
         densecnn.scan_patches(model, x, patch, padding_mode="circular")
     with pytest.raises(ValueError, match="batch_size"):
         densecnn.scan_patches(model, x, patch, batch_size=0)
+
+
+PAD_PEAK_SCRIPT = """
+import sys, torch
+from densecnn.padding import pad_image
+
+def status(field):  # kB -> bytes; VmHWM: this process's peak since the reset below
+    line = next(line for line in open("/proc/self/status") if line.startswith(field + ":"))
+    return int(line.split()[1]) * 1024
+
+x = torch.rand(1, 1, 1, 1_000_000)  # a thin image: padding makes it 40 times larger
+open("/proc/self/clear_refs", "w").write("5")
+before = status("VmRSS")
+padded = pad_image(x, (20, 20), (19, 19), sys.argv[1])
+print((status("VmHWM") - before) / padded.nbytes)
+"""
+
+
+@pytest.mark.skipif(
+    not Path("/proc/self/clear_refs").exists(), reason="needs Linux /proc to measure peak RSS"
+)
+@pytest.mark.parametrize("mode", ["reflect", "replicate", "zeros"])
+def test_padding_makes_one_copy(mode):
+    """The memory estimates count one padded copy: on a thin image a per-axis pad would hold two at once."""
+    result = subprocess.run(
+        [sys.executable, "-c", PAD_PEAK_SCRIPT, mode], capture_output=True, text=True, check=True
+    )
+    assert float(result.stdout.strip().splitlines()[-1]) < 1.3

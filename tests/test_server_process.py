@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import io
 import json
 import signal
@@ -347,3 +348,70 @@ def test_one_volume_request_stays_within_the_documented_memory_bound(model_root,
         assert peak <= bound
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def limited_server(model_root, tmp_path_factory):
+    """A server that holds 5 connections, 3 per client address."""
+    log = tmp_path_factory.mktemp("limited") / "server.log"
+    server = Server(model_root, log, backend="native", max_connections=5, max_connections_per_client=3)
+    yield server
+    server.stop()
+
+
+def connect_from(server: Server, address: str) -> socket.socket:
+    """A connection to the server from another loopback address (127.0.0.0/8 is all this machine's)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind((address, 0))
+    sock.settimeout(10)
+    sock.connect(("127.0.0.1", server.port))
+    return sock
+
+
+def refused_as_overloaded(sock: socket.socket) -> bool:
+    head, _, body = read_until_closed(sock, 5).partition(b"\r\n\r\n")
+    return (
+        head.startswith(b"HTTP/1.1 503")
+        and b"retry-after: " in head.lower()
+        and json.loads(body)["error"]["code"] == "overloaded"
+    )
+
+
+def healthz_from(server: Server, address: str) -> bytes:
+    with connect_from(server, address) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        return read_until_closed(sock, 5)
+
+
+def test_one_client_cannot_take_every_connection(limited_server):
+    idle = [connect_from(limited_server, "127.0.0.2") for _ in range(3)]  # half-open: no request ever sent
+    try:
+        time.sleep(0.2)
+        with connect_from(limited_server, "127.0.0.2") as fourth:
+            assert refused_as_overloaded(fourth)  # JSON, with Retry-After: not uvicorn's plain text
+        assert healthz_from(limited_server, "127.0.0.3").startswith(b"HTTP/1.1 200")  # others are served
+        more = [connect_from(limited_server, "127.0.0.4") for _ in range(2)]  # 5 open in all
+        time.sleep(0.2)
+        with connect_from(limited_server, "127.0.0.5") as sixth:
+            assert refused_as_overloaded(sixth)
+        for sock in more:
+            sock.close()
+    finally:
+        for sock in idle:
+            sock.close()
+    time.sleep(0.2)
+    assert healthz_from(limited_server, "127.0.0.2").startswith(b"HTTP/1.1 200")  # its slots are back
+
+
+@pytest.mark.parametrize("header_bytes", [120_000, 1_000_000])
+def test_headers_past_max_header_bytes_are_431_however_they_arrive(strict_server, header_bytes):
+    request = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * header_bytes + b"\r\n\r\n"
+    with raw_connection(strict_server) as sock:
+        # one write: h11 parses complete headers past its own limit; refused before the client finished sending,
+        # the answer is still there to read
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            sock.sendall(request)
+        head, _, body = read_until_closed(sock, 5).partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 431"), head[:80]
+    assert json.loads(body)["error"]["code"] == "headers_too_large"
+    assert httpx.get(f"{strict_server.url}/healthz").status_code == 200

@@ -11,13 +11,16 @@ from ..schemas import Health, Readiness
 router = APIRouter(tags=["health"])
 
 
-@router.get("/healthz", response_model=Health, summary="Liveness: the process answers")
+@router.api_route(
+    "/healthz", methods=["GET", "HEAD"], response_model=Health, summary="Liveness: the process answers"
+)
 async def healthz() -> Health:
     return Health(status="ok")
 
 
-@router.get(
+@router.api_route(
     "/readyz",
+    methods=["GET", "HEAD"],
     response_model=Readiness,
     summary="Readiness: 200 once the models are loaded; 503 while loading or draining",
     responses={503: {"model": ErrorBody, "description": "loading, draining, or no model could be loaded"}},

@@ -132,6 +132,9 @@ async function segment(file) {
   input.onerror = () => { input.hidden = true; $("input-note").hidden = false; };
   input.src = URL.createObjectURL(file);
   $("overlay-image").src = `data:image/png;base64,${result.overlay_png_base64}`;
+  const download = $("download");
+  download.href = `data:image/png;base64,${result.labels_png_base64}`;
+  download.download = `${file.name.replace(/\.[^.]*$/, "")}-labels.png`;
   renderLegend(result);
   $("result").hidden = false;
   const steps = Object.entries(timing).map(([k, v]) => `${k} ${v.toFixed(0)} ms`).join(", ");
@@ -155,6 +158,10 @@ function setUpDrop() {
   });
   drop.addEventListener("keydown", (event) => { if (event.key === "Enter") $("file").click(); });
   $("model").addEventListener("change", () => {
+    // what was shown belongs to the previous model: its error, its result
+    clearError();
+    $("result").hidden = true;
+    $("status").textContent = "";
     $("model-info").textContent = describeModel(models[$("model").value]);
   });
 }
