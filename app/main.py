@@ -39,7 +39,7 @@ async def _load_models(service: ServiceState, settings: Settings) -> None:
         )
         default = settings.default_model
         service.default_model = default if default in service.models else next(iter(service.models))
-    except ValueError as exc:  # ModelFileError and friends
+    except densecnn.DenseCNNError as exc:  # a model directory refused (ModelFileError), no model at all, ...
         service.load_error = str(exc)
         logger.error("%s", exc)
     finally:

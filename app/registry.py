@@ -6,7 +6,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from densecnn import DenseCNN, LoadedModel, ModelFileError, load
+from densecnn import DenseCNN, DenseCNNError, LoadedModel, ModelFileError, load
 from densecnn.modelfile import CONFIG_FILE
 
 logger = logging.getLogger("densecnn.app")
@@ -40,7 +40,7 @@ def load_models(
         try:
             loaded = load(directory)
             models[directory.name] = ServedModel(directory.name, loaded, loaded.dense(backend=backend))
-        except (ModelFileError, ValueError) as exc:
+        except DenseCNNError as exc:
             failures.append(f"{directory.name}: {exc}")
             logger.error("cannot load model %s: %s", directory, exc)
     for served in models.values():
@@ -50,7 +50,9 @@ def load_models(
             try:
                 served.dense.warm((1, served.loaded.in_channels, *size), max_memory=max_memory)
                 logger.info("warmed model %s for size %s", served.name, "x".join(map(str, size)))
-            except ValueError as exc:  # e.g. the size does not fit max_memory: requests of it get 413 anyway
+            except (
+                DenseCNNError
+            ) as exc:  # e.g. the size does not fit max_memory: requests of it get 413 anyway
                 logger.warning("cannot warm model %s for size %s: %s", served.name, size, exc)
     if not models:
         why = "; ".join(failures) or f"no subdirectory of {root} holds a {CONFIG_FILE}"

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from densecnn.errors import ImageTooLargeError
+from densecnn.errors import DenseCNNError, ImageTooLargeError
 from densecnn.io import (
     array_input,
     class_probabilities,
@@ -144,7 +144,7 @@ def segment(
                 labels = served.dense.predict(x, max_memory=limits.max_memory, cancel=cancel)
                 labels = labels[0].numpy()  # (*spatial)
                 del x
-        except ValueError as exc:  # the input is valid by now: only the memory budget can refuse it
+        except DenseCNNError as exc:  # the input is valid by now: only the memory budget can refuse it
             raise ImageTooLargeError(
                 f"an input of shape {'x'.join(map(str, shape))} needs more memory than this server allows per "
                 f"inference (max_inference_memory): {exc}. Send a smaller input, or ask for labels instead of "

@@ -115,7 +115,7 @@ def run(args: argparse.Namespace, launcher: str | None = None) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m densecnn.train``: parse, train, and print user errors in one line."""
-    from ..errors import ModelFileError
+    from ..errors import DenseCNNError
 
     parser = argparse.ArgumentParser(
         prog="python -m densecnn.train",
@@ -129,6 +129,6 @@ def main(argv: list[str] | None = None) -> int:
     launcher = f"torchrun --nproc-per-node {world} -m densecnn.train" if world else "python -m densecnn.train"
     try:
         return run(args, launcher)
-    except (ModelFileError, ValueError, FileNotFoundError) as exc:
+    except (DenseCNNError, FileNotFoundError) as exc:
         print(f"densecnn train: error: {exc}", file=sys.stderr)
         return 2
