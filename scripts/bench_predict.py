@@ -5,8 +5,8 @@
 
 The image is the nuclei test image tiled to SIZE x SIZE (real content), stored as a zarr array in CHUNK x CHUNK
 chunks. Each round runs, in turn: the shipped model's dense net over the whole image in this process
-(``dense.predict``), ``predict(..., workers=1)`` (one worker in this process, torch using every core), and
-``predict(..., workers=2)`` (two worker processes, one core each), every output written to a fresh zarr array.
+(``dense.predict``), ``label(..., BlockwiseOptions(workers=1))`` (one worker in this process, torch using every core), and
+``label(..., BlockwiseOptions(workers=2))`` (two worker processes, one core each), every output written to a fresh zarr array.
 A warm-up round first fills the solver cache (each worker finds its solvers once per window shape).
 
 Reported: output pixels per second (medians over rounds), each as a ratio to the in-memory pass, the seconds per
@@ -36,8 +36,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import densecnn  # noqa: E402
+from densecnn.blockwise import BlockwiseOptions, label  # noqa: E402
 from densecnn.io import model_input  # noqa: E402
-from densecnn.predict import predict  # noqa: E402
 from tests.predict_support import NUCLEI_MODEL, tiled_nuclei  # noqa: E402
 
 SLIDE = 100_000  # pixels per side of the extrapolated slide
@@ -54,7 +54,7 @@ def in_memory(pixels: np.ndarray) -> float:
 
 def chunked(image: Path, out: Path, workers: int, chunk: int) -> float:
     shutil.rmtree(out, ignore_errors=True)
-    summary = predict(NUCLEI_MODEL, image, out, workers=workers, block=chunk, progress=False)
+    summary = label(NUCLEI_MODEL, image, out, BlockwiseOptions(workers=workers, block=chunk, progress=False))
     assert summary.computed == summary.total, summary
     return summary.seconds
 

@@ -15,8 +15,8 @@ import pytest
 import tifffile
 from PIL import Image
 
+from densecnn.blockwise.run import _chunked_source
 from densecnn.io import open_array, read_array, read_nd, scale_to_unit
-from densecnn.predict.run import _chunked_source
 from densecnn.train.dataset import read_dataset
 
 zarr = pytest.importorskip("zarr")

@@ -15,11 +15,11 @@ from PIL import Image
 from torch import nn
 
 import densecnn
+from densecnn.blockwise import BlockwiseOptions, label
+from densecnn.blockwise import run as blockwise_run
+from densecnn.blockwise.blocks import halo, label_block, tight_window, window, window_size
 from densecnn.errors import BlockFailedError, PredictInputError
 from densecnn.io import array_input, model_input
-from densecnn.predict import predict
-from densecnn.predict import run as predict_run
-from densecnn.predict.blocks import halo, predict_block, tight_window, window, window_size
 from tests.naive import literal_scan
 from tests.predict_support import (
     nuclei_pixels,
@@ -86,10 +86,7 @@ def test_chunked_prediction_equals_patch_scanning(tmp_path, case, chunk, block):
     stored_pixels = np.moveaxis(pixels, -1, 0) if stored == "first" else pixels
     zarr.create_array(store=str(tmp_path / "in.zarr"), data=stored_pixels, chunks=stored_pixels.shape[:1] + (13, 10)
                       if stored == "first" else (13, 10) + stored_pixels.shape[2:])  # fmt: skip
-    summary = predict(
-        model_dir, tmp_path / "in.zarr", tmp_path / "labels.zarr", probabilities=tmp_path / "p.zarr",
-        chunk=chunk, block=block, channel_axis=-1 if stored == "last" else None, progress=False,
-    )  # fmt: skip
+    summary = label(model_dir, tmp_path / "in.zarr", tmp_path / "labels.zarr", BlockwiseOptions(probabilities=tmp_path / "p.zarr", chunk=chunk, block=block, channel_axis=-1 if stored == "last" else None, progress=False))  # fmt: skip
     loaded = densecnn.load(model_dir)
     reference = literal_scan(
         loaded.model, model_input(pixels, loaded), (patch, patch), padding_mode
@@ -139,7 +136,7 @@ def test_ome_zarr_group_is_read_at_level_0_with_singleton_axes_dropped(tmp_path)
     }
     group.create_array("0", data=pixels[None, None, None], chunks=(1, 1, 1, 32, 32))
     group.create_array("1", data=pixels[None, None, None, ::2, ::2], chunks=(1, 1, 1, 32, 32))
-    predict(model_dir, tmp_path / "image.ome.zarr", tmp_path / "labels.zarr", progress=False)
+    label(model_dir, tmp_path / "image.ome.zarr", tmp_path / "labels.zarr", BlockwiseOptions(progress=False))
     labels = torch.from_numpy(zarr.open_array(str(tmp_path / "labels.zarr"))[:].astype(np.int64))
     assert zarr.open_array(str(tmp_path / "labels.zarr")).chunks == (32, 32)  # the input's chunking
     assert_labels_equal_except_ties(labels[None], whole_image_scores(model_dir, pixels)[None])
@@ -152,7 +149,12 @@ def test_tiled_rgb_tiff_is_read_lazily_and_labelled_like_the_whole_image(tmp_pat
         [tiled_nuclei(300, 280), tiled_nuclei(300, 280)[::-1], tiled_nuclei(300, 280)[:, ::-1]], -1
     )
     tifffile.imwrite(tmp_path / "slide.tif", pixels, tile=(128, 128), photometric="rgb", bigtiff=True)
-    summary = predict(model_dir, tmp_path / "slide.tif", tmp_path / "labels.zarr", chunk=128, progress=False)
+    summary = label(
+        model_dir,
+        tmp_path / "slide.tif",
+        tmp_path / "labels.zarr",
+        BlockwiseOptions(chunk=128, progress=False),
+    )
     labels = torch.from_numpy(zarr.open_array(str(tmp_path / "labels.zarr"))[:].astype(np.int64))
     assert summary.total == 9
     assert_labels_equal_except_ties(labels[None], whole_image_scores(model_dir, pixels)[None])
@@ -164,7 +166,7 @@ def test_image_file_gives_a_label_file(tmp_path, suffix):
     model_dir = save_model(model, tmp_path / "model", patch, "reflect", 1)
     pixels = nuclei_pixels()[:60, :50]
     Image.fromarray(pixels).save(tmp_path / "cells.png")
-    predict(model_dir, tmp_path / "cells.png", tmp_path / f"labels{suffix}", progress=False)
+    label(model_dir, tmp_path / "cells.png", tmp_path / f"labels{suffix}", BlockwiseOptions(progress=False))
     path = tmp_path / f"labels{suffix}"
     labels = (
         np.load(path) if suffix == ".npy" else tifffile.imread(path) if suffix == ".tif" else Image.open(path)
@@ -179,14 +181,23 @@ def test_resume_skips_written_chunks_and_refuses_another_prediction(tmp_path):
     model, patch = _tiny(1)
     model_dir = save_model(model, tmp_path / "model", patch, "zeros", 1)
     zarr.create_array(store=str(tmp_path / "in.zarr"), data=tiled_nuclei(40, 40), chunks=(10, 10))
-    first = predict(model_dir, tmp_path / "in.zarr", tmp_path / "out.zarr", block=10, progress=False)
-    again = predict(model_dir, tmp_path / "in.zarr", tmp_path / "out.zarr", block=10, progress=False)
+    first = label(
+        model_dir, tmp_path / "in.zarr", tmp_path / "out.zarr", BlockwiseOptions(block=10, progress=False)
+    )
+    again = label(
+        model_dir, tmp_path / "in.zarr", tmp_path / "out.zarr", BlockwiseOptions(block=10, progress=False)
+    )
     assert (first.computed, first.skipped) == (16, 0)
     assert (again.computed, again.skipped) == (0, 16)
     with pytest.raises(PredictInputError, match="holds another prediction.*chunks"):
-        predict(model_dir, tmp_path / "in.zarr", tmp_path / "out.zarr", chunk=20, progress=False)
-    over = predict(
-        model_dir, tmp_path / "in.zarr", tmp_path / "out.zarr", chunk=20, resume=False, progress=False
+        label(
+            model_dir, tmp_path / "in.zarr", tmp_path / "out.zarr", BlockwiseOptions(chunk=20, progress=False)
+        )
+    over = label(
+        model_dir,
+        tmp_path / "in.zarr",
+        tmp_path / "out.zarr",
+        BlockwiseOptions(chunk=20, resume=False, progress=False),
     )
     assert over.computed == 4
 
@@ -199,20 +210,27 @@ def _fails_the_first_time(job, chunks):
     _attempts.append(chunks)
     if len(_attempts) == 1:
         raise OSError("transient read error")
-    return predict_block(job, chunks)
+    return label_block(job, chunks)
 
 
 def test_a_failing_block_is_retried_and_one_that_keeps_failing_stops_the_run_naming_it(tmp_path, monkeypatch):
     model, patch = _tiny(1)
     model_dir = save_model(model, tmp_path / "model", patch, "zeros", 1)
     source = zarr.create_array(store=str(tmp_path / "in.zarr"), data=tiled_nuclei(40, 30), chunks=(10, 10))
-    monkeypatch.setattr(predict_run, "predict_block", _fails_the_first_time)
-    summary = predict(model_dir, tmp_path / "in.zarr", tmp_path / "flaky.zarr", block=10, progress=False)
+    monkeypatch.setattr(blockwise_run, "label_block", _fails_the_first_time)
+    summary = label(
+        model_dir, tmp_path / "in.zarr", tmp_path / "flaky.zarr", BlockwiseOptions(block=10, progress=False)
+    )
     assert (summary.computed, summary.retries) == (12, 1)
     monkeypatch.undo()
     (tmp_path / "in.zarr" / source.metadata.encode_chunk_key((3, 2))).write_bytes(b"not a zstd frame")
     with pytest.raises(BlockFailedError) as failure:
-        predict(model_dir, tmp_path / "in.zarr", tmp_path / "broken.zarr", block=10, progress=False)
+        label(
+            model_dir,
+            tmp_path / "in.zarr",
+            tmp_path / "broken.zarr",
+            BlockwiseOptions(block=10, progress=False),
+        )
     match = re.fullmatch(
         r"the block of chunks \[\((\d), (\d)\)\] \(rows (\d+)\.\.(\d+), columns (\d+)\.\.(\d+)\) failed 3 times: .+",
         str(failure.value),
@@ -234,15 +252,15 @@ def test_inputs_and_outputs_that_do_not_fit_get_clear_errors(tmp_path):
         store=str(tmp_path / "rgb.zarr"), data=np.zeros((20, 20, 5), np.uint8), chunks=(10, 10, 5)
     )
     with pytest.raises(PredictInputError, match="decoded whole"):
-        predict(model_dir, tmp_path / "cells.png", tmp_path / "out.zarr")
+        label(model_dir, tmp_path / "cells.png", tmp_path / "out.zarr")
     with pytest.raises(PredictInputError, match="zarr array: its labels go to a zarr array"):
-        predict(model_dir, tmp_path / "rgb.zarr", tmp_path / "out.png")
+        label(model_dir, tmp_path / "rgb.zarr", tmp_path / "out.png")
     with pytest.raises(PredictInputError, match="--channel-axis"):
-        predict(model_dir, tmp_path / "rgb.zarr", tmp_path / "out.zarr")
+        label(model_dir, tmp_path / "rgb.zarr", tmp_path / "out.zarr")
     with pytest.raises(PredictInputError, match="label map is written as"):
-        predict(model_dir, tmp_path / "cells.png", tmp_path / "out.jpg")
+        label(model_dir, tmp_path / "cells.png", tmp_path / "out.jpg")
     with pytest.raises(PredictInputError, match="no image files"):
-        predict(model_dir, tmp_path / "*.bmp", tmp_path / "out")
+        label(model_dir, tmp_path / "*.bmp", tmp_path / "out")
 
 
 def _volume(channels):
@@ -273,8 +291,8 @@ def test_chunked_volume_prediction_equals_patch_scanning_and_resumes(tmp_path, p
     stored = voxels[0] if channels == 1 else voxels
     zarr.create_array(store=str(tmp_path / "in.zarr"), data=stored, chunks=stored.shape[:-3] + (7, 13, 10))
     run = dict(chunk=(5, 8, 9), block=(5, 16, 9), probabilities=tmp_path / "p.zarr", progress=False)
-    summary = predict(model_dir, tmp_path / "in.zarr", tmp_path / "labels.zarr", **run)
-    again = predict(model_dir, tmp_path / "in.zarr", tmp_path / "labels.zarr", **run)
+    summary = label(model_dir, tmp_path / "in.zarr", tmp_path / "labels.zarr", BlockwiseOptions(**run))
+    again = label(model_dir, tmp_path / "in.zarr", tmp_path / "labels.zarr", BlockwiseOptions(**run))
     loaded = densecnn.load(model_dir)
     reference = literal_scan(
         loaded.model, array_input(voxels, loaded), patch, padding_mode
@@ -295,10 +313,10 @@ def test_a_volume_model_given_image_files_names_what_to_pass(tmp_path):
     model_dir = save_model(model, tmp_path / "model", patch, "zeros", 1)
     Image.fromarray(nuclei_pixels()[:40, :40]).save(tmp_path / "cells.png")
     with pytest.raises(PredictInputError, match="3-D model labels a chunked volume.*zarr array"):
-        predict(model_dir, tmp_path / "cells.png", tmp_path / "cells-labels.png")
+        label(model_dir, tmp_path / "cells.png", tmp_path / "cells-labels.png")
     with pytest.raises(PredictInputError, match=r"does not fit a 3-D model.*\(D, H, W\) or \(C, D, H, W\)"):
         zarr.create_array(store=str(tmp_path / "plane.zarr"), data=nuclei_pixels()[:40, :40], chunks=(20, 20))
-        predict(model_dir, tmp_path / "plane.zarr", tmp_path / "labels.zarr")
+        label(model_dir, tmp_path / "plane.zarr", tmp_path / "labels.zarr")
 
 
 def test_chunked_signal_prediction_equals_patch_scanning(tmp_path):
@@ -310,8 +328,11 @@ def test_chunked_signal_prediction_equals_patch_scanning(tmp_path):
     model_dir = save_model(model, tmp_path / "model", (25,), "replicate", 2)
     signal = tiled_nuclei(2, 300)  # (C, L)
     zarr.create_array(store=str(tmp_path / "in.zarr"), data=signal, chunks=(2, 70))
-    summary = predict(
-        model_dir, tmp_path / "in.zarr", tmp_path / "labels.zarr", chunk=11, block=33, progress=False
+    summary = label(
+        model_dir,
+        tmp_path / "in.zarr",
+        tmp_path / "labels.zarr",
+        BlockwiseOptions(chunk=11, block=33, progress=False),
     )
     loaded = densecnn.load(model_dir)
     reference = literal_scan(loaded.model, array_input(signal, loaded), (25,), "replicate")  # (1, K, L)
@@ -335,7 +356,7 @@ def test_ome_zarr_and_tiff_volumes_are_read_by_their_spatial_axes(tmp_path, stor
         names = ["t", "c", "z", "y", "x"]
         group.attrs["multiscales"] = [{"axes": [{"name": n} for n in names], "datasets": [{"path": "0"}]}]
         group.create_array("0", data=voxels[None], chunks=(1, 1, 3, 9, 9))
-    predict(model_dir, source, tmp_path / "labels.zarr", chunk=(3, 9, 9), progress=False)
+    label(model_dir, source, tmp_path / "labels.zarr", BlockwiseOptions(chunk=(3, 9, 9), progress=False))
     loaded = densecnn.load(model_dir)
     reference = literal_scan(loaded.model, array_input(voxels, loaded), patch, "zeros")  # (1, K, D, H, W)
     labels = torch.from_numpy(zarr.open_array(str(tmp_path / "labels.zarr"))[:].astype(np.int64))

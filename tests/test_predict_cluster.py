@@ -20,7 +20,7 @@ import torch
 from PIL import Image
 from torch import nn
 
-from densecnn.predict import predict
+from densecnn.blockwise import BlockwiseOptions, label
 from tests.predict_support import (
     NUCLEI_MODEL,
     ROOT,
@@ -63,8 +63,7 @@ def test_shipped_model_on_two_workers_equals_one_in_memory_pass(tmp_path, cluste
     address, _ = cluster
     pixels = tiled_nuclei(2000, 1500)
     zarr.create_array(store=str(tmp_path / "nuclei.zarr"), data=pixels, chunks=(250, 200))
-    summary = predict(NUCLEI_MODEL, tmp_path / "nuclei.zarr", tmp_path / "labels.zarr", scheduler=address, block=500,
-                      progress=False)  # fmt: skip
+    summary = label(NUCLEI_MODEL, tmp_path / "nuclei.zarr", tmp_path / "labels.zarr", BlockwiseOptions(scheduler=address, block=500, progress=False))  # fmt: skip
     assert (summary.workers, summary.computed, summary.total, summary.retries) == (2, 64, 64, 0)
     assert summary.pixels == 2000 * 1500
     labels = _labels(tmp_path / "labels.zarr")
@@ -80,7 +79,9 @@ def test_directory_of_images_streams_label_maps_and_reports_a_corrupt_file(tmp_p
     Image.fromarray(crops["a.png"]).save(images / "a.png")
     tifffile.imwrite(images / "b.tif", crops["b.tif"])
     (images / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n not really")
-    summary = predict(NUCLEI_MODEL, images, tmp_path / "labels", scheduler=address, progress=False)
+    summary = label(
+        NUCLEI_MODEL, images, tmp_path / "labels", BlockwiseOptions(scheduler=address, progress=False)
+    )
     assert (summary.total, summary.computed) == (3, 2)
     assert [name for name, _ in summary.failures] == [str(images / "broken.png")]
     assert "not a readable image" in summary.failures[0][1]
@@ -89,7 +90,9 @@ def test_directory_of_images_streams_label_maps_and_reports_a_corrupt_file(tmp_p
         labels = np.asarray(Image.open(out)) if name.endswith(".png") else tifffile.imread(out)
         reference = whole_image_scores(NUCLEI_MODEL, pixels)
         assert_labels_equal_except_ties(torch.from_numpy(labels.astype(np.int64))[None], reference[None])
-    again = predict(NUCLEI_MODEL, images, tmp_path / "labels", scheduler=address, progress=False)
+    again = label(
+        NUCLEI_MODEL, images, tmp_path / "labels", BlockwiseOptions(scheduler=address, progress=False)
+    )
     assert (again.computed, again.skipped, len(again.failures)) == (0, 2, 1)
 
 
@@ -114,7 +117,9 @@ def test_a_killed_run_resumes_computing_only_the_missing_chunks(tmp_path, cluste
     process.wait()
     written = _chunk_files(out)
     assert 12 <= written < 128, f"the run was not killed mid-way ({written} of 128 chunks written)"
-    summary = predict(NUCLEI_MODEL, tmp_path / "in.zarr", out, scheduler=address, block=64, progress=False)
+    summary = label(
+        NUCLEI_MODEL, tmp_path / "in.zarr", out, BlockwiseOptions(scheduler=address, block=64, progress=False)
+    )
     assert (summary.computed, summary.skipped) == (128 - written, written)
     assert_labels_equal_except_ties(_labels(out)[None], whole_image_scores(NUCLEI_MODEL, pixels)[None])
 
@@ -143,8 +148,11 @@ def test_a_20000_square_image_keeps_each_worker_under_its_memory_limit(tmp_path,
     content = tiled_nuclei(2000, 2000)
     for row, column in [(0, 0), (4, 7), (9, 9)]:
         image[2000 * row : 2000 * (row + 1), 2000 * column : 2000 * (column + 1)] = content
-    summary = predict(
-        model_dir, tmp_path / "big.zarr", tmp_path / "labels.zarr", scheduler=address, progress=False
+    summary = label(
+        model_dir,
+        tmp_path / "big.zarr",
+        tmp_path / "labels.zarr",
+        BlockwiseOptions(scheduler=address, progress=False),
     )
     assert (summary.computed, summary.retries) == (100, 0)
     peaks = client.run(_peak_rss)

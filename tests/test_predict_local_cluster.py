@@ -8,7 +8,7 @@ import pytest
 pytest.importorskip("distributed")
 psutil = pytest.importorskip("psutil")
 
-from densecnn.predict.run import _client  # noqa: E402
+from densecnn.blockwise.run import _client  # noqa: E402
 
 
 def _listening_sockets() -> set[tuple[str, int]]:

@@ -85,26 +85,24 @@ def add_parser(subparsers) -> None:
 def run(args) -> int:
     import sys
 
+    from ..blockwise import BlockwiseOptions, label
     from ..errors import BlockFailedError
-    from ..predict import predict
 
+    options = BlockwiseOptions(
+        probabilities=args.probabilities,
+        scheduler=args.scheduler,
+        workers=args.workers,
+        chunk=args.chunk,
+        block=args.block,
+        max_memory=args.max_memory,
+        device=args.model_device,
+        channel_axis=args.channel_axis,
+        resume=not args.overwrite,
+        retries=args.retries,
+        progress=not args.no_progress,
+    )
     try:
-        summary = predict(
-            args.model,
-            args.input,
-            args.output,
-            probabilities=args.probabilities,
-            scheduler=args.scheduler,
-            workers=args.workers,
-            chunk=args.chunk,
-            block=args.block,
-            max_memory=args.max_memory,
-            device=args.model_device,
-            channel_axis=args.channel_axis,
-            resume=not args.overwrite,
-            retries=args.retries,
-            progress=not args.no_progress,
-        )
+        summary = label(args.model, args.input, args.output, options)
     except BlockFailedError as exc:
         print(f"densecnn predict: error: {exc}", file=sys.stderr)
         return 1

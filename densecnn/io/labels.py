@@ -2,7 +2,7 @@
 in the smallest integer type) and class probabilities.
 
 The service encodes its answers with these, ``densecnn predict`` writes its label files with them
-(:func:`write_labels`, atomically); chunked zarr outputs are written by :mod:`densecnn.predict.sinks`.
+(:func:`write_labels`, atomically); chunked zarr outputs are written by :mod:`densecnn.blockwise.sinks`.
 """
 
 from __future__ import annotations

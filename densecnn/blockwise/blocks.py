@@ -74,7 +74,7 @@ def _size(span: tuple[int, int]) -> int:
     return span[1] - span[0]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class BlockJob:
     """Everything a block task needs, small and picklable (the model travels as its directory, never as weights).
 
@@ -121,7 +121,7 @@ def bounding_region(regions: list[tuple[slice, ...]]) -> tuple[slice, ...]:
     return tuple(slice(min(r.start for r in axis), max(r.stop for r in axis)) for axis in zip(*regions))
 
 
-def predict_block(job: BlockJob, chunks: tuple[tuple[int, ...], ...]) -> TaskResult:
+def label_block(job: BlockJob, chunks: tuple[tuple[int, ...], ...]) -> TaskResult:
     """Compute the output ``chunks`` (one task block) in one window and write those not yet written.
 
     Runs inside a Dask task; the result counts the chunks and pixels written.

@@ -1,7 +1,7 @@
 """The driver of ``densecnn predict``: decide what the input is, start or join a Dask cluster, run the tasks, sum up.
 
 Work goes to Dask's distributed scheduler as futures: one task per output chunk for a chunked array
-(:mod:`densecnn.predict.blocks`), one per image for an image set (:mod:`densecnn.predict.files`). Without a
+(:mod:`densecnn.blockwise.blocks`), one per image for an image set (:mod:`densecnn.blockwise.files`). Without a
 scheduler address a local cluster is started in this process (one worker thread; torch's own threads use the
 cores) or, with ``workers > 1``, as that many worker processes sharing the cores out. The driver keeps only a window of tasks in flight, resubmits a
 failed task up to ``retries`` times (counting them for the summary), and stops at a block that keeps failing,
@@ -26,8 +26,8 @@ from ..errors import BlockFailedError, ImageReadError, PredictInputError
 from ..io import LazyArray, image_files, is_zarr, label_dtype, open_array, unit_planes, write_labels
 from ..io.formats import IMAGE_SUFFIXES, TIFF_SUFFIXES
 from ..io.labels import check_label_path, labels_file_name
-from .blocks import BlockJob, bounding_region, halo, predict_block, window_size
-from .files import FileJob, predict_file
+from .blocks import BlockJob, bounding_region, halo, label_block, window_size
+from .files import FileJob, label_file
 from .sinks import create_output, written_chunks
 
 DEFAULT_TIFF_CHUNK = 1024  # output chunk for TIFF and .npy inputs (not chunked like zarr arrays)
@@ -66,39 +66,55 @@ class Summary:
         return "\n".join(lines)
 
 
-def predict(
-    model: str | Path,
-    input: str | Path,
-    output: str | Path,
-    *,
-    probabilities: str | Path | None = None,
-    scheduler: str | None = None,
-    workers: int = 1,
-    chunk: int | tuple[int, ...] | None = None,
-    block: int | tuple[int, ...] = DEFAULT_BLOCK,
-    max_memory: int | None = None,
-    device: str = "cpu",
-    channel_axis: int | None = None,
-    resume: bool = True,
-    retries: int = 2,
-    progress: bool = True,
+@dataclass(frozen=True)
+class BlockwiseOptions:
+    """How :func:`label` runs (the options of ``densecnn predict``).
+
+    Attributes:
+        probabilities: a zarr array path for the (K, *spatial) float16 class probabilities (zarr outputs only).
+        scheduler: the address of a running Dask scheduler (``tcp://host:8786``); None: a local cluster.
+        workers: worker processes of the local cluster (1: one worker thread in this process).
+        chunk: the output chunk per spatial axis (default: the input's chunks; 1024 for TIFF inputs).
+        block: about how many pixels per side a task computes at once (whole chunks).
+        max_memory: bytes a task may use (default: a share of its worker's memory limit).
+        device: where the model runs ("cpu", "cuda").
+        channel_axis: the input's channel axis, when it has one its layout does not name.
+        resume: skip chunks and images already written (False: start over).
+        retries: how often a failing task is resubmitted.
+        progress: show a progress bar on a terminal.
+    """
+
+    probabilities: str | Path | None = None
+    scheduler: str | None = None
+    workers: int = 1
+    chunk: int | tuple[int, ...] | None = None
+    block: int | tuple[int, ...] = DEFAULT_BLOCK
+    max_memory: int | None = None
+    device: str = "cpu"
+    channel_axis: int | None = None
+    resume: bool = True
+    retries: int = 2
+    progress: bool = True
+
+
+def label(
+    model: str | Path, input: str | Path, output: str | Path, options: BlockwiseOptions = BlockwiseOptions()
 ) -> Summary:
     """Label an image file, a set of images, or a chunked array too large for memory, with a saved model.
 
     - ``input`` an image file -> ``output`` a label map (.png with the model's palette, .tif or .npy).
     - ``input`` a directory or glob of images -> ``output`` a directory of label maps with the same names.
     - ``input`` a zarr array, OME-Zarr group (level 0), TIFF or .npy -> ``output`` a zarr array of labels (uint8, uint16
-      past 256 classes) chunked like the input (or ``chunk``); ``probabilities`` another zarr array path for the
-      (K, *spatial) float16 class probabilities. The array has the model's spatial axes, (H, W) for a 2-D model,
-      (D, H, W) for a 3-D one, (L) for a 1-D one, and optionally a channel axis; image files are for 2-D models.
-      A task computes about ``block`` pixels per side (whole chunks) in one pass and writes each chunk.
+      past 256 classes) chunked like the input (or ``options.chunk``), and optionally the class probabilities. The
+      array has the model's spatial axes, (H, W) for a 2-D model, (D, H, W) for a 3-D one, (L) for a 1-D one, and
+      optionally a channel axis; image files are for 2-D models. A task computes about ``options.block`` pixels per
+      side (whole chunks) in one pass and writes each chunk.
 
-    The result equals one pass of the dense net over the whole image, to rounding. ``scheduler`` is the address of
-    a running Dask scheduler (``tcp://host:8786``); without it a local cluster of ``workers`` processes runs here.
-    ``max_memory`` caps each task's bytes (default: a share of its worker's memory limit); ``resume`` skips chunks
-    and images already written; a failing task is retried ``retries`` times.
+    The result equals one pass of the dense net over the whole image, to rounding. ``options`` (:class:`BlockwiseOptions`)
+    say where it runs (a scheduler's cluster, or a local one), with how much memory per task, and how it resumes and
+    retries.
 
-    >>> summary = predict("models/nuclei", "slide.ome.zarr", "slide-labels.zarr", workers=2)
+    >>> summary = label("models/nuclei", "slide.ome.zarr", "slide-labels.zarr", BlockwiseOptions(workers=2))
     >>> print(summary.pixels_per_second)
 
     Raises:
@@ -113,11 +129,10 @@ def predict(
     input, output = Path(input), Path(output)
     if output.suffix == ".zarr" or is_zarr(output):
         with _input_errors():
-            source = _chunked_source(input, channel_axis, len(loaded.patch_size))
+            source = _chunked_source(input, options.channel_axis, len(loaded.patch_size))
         _check_channels(source.channels, loaded.in_channels, source.path)
-        with _client(scheduler, workers) as (client, threads):
-            return _predict_array(client, threads, loaded, model, source, output, probabilities, chunk, block,
-                                  max_memory, device, resume, retries, progress)  # fmt: skip
+        with _client(options.scheduler, options.workers) as (client, threads):
+            return _label_array(client, threads, loaded, model, source, output, options)
     dims = len(loaded.patch_size)
     if dims != 2:
         kind = {1: "signal", 3: "volume"}[dims]
@@ -125,7 +140,7 @@ def predict(
             f"{input} -> {output}: a {dims}-D model labels a chunked {kind}, not image files; give a zarr array, "
             f"OME-Zarr group or TIFF holding the {kind} as INPUT and OUTPUT ending in .zarr"
         )
-    if probabilities is not None:
+    if options.probabilities is not None:
         raise PredictInputError(
             "--probabilities is written for zarr outputs only; give OUTPUT ending in .zarr"
         )
@@ -136,13 +151,12 @@ def predict(
     if input.is_dir() or any(ch in str(input) for ch in "*?["):
         with _input_errors():
             images = image_files(input)
-        with _client(scheduler, workers) as (client, threads):
-            return _predict_images(client, threads, model, images, output, max_memory, device, resume, retries,
-                                   progress)  # fmt: skip
+        with _client(options.scheduler, options.workers) as (client, threads):
+            return _label_images(client, threads, model, images, output, options)
     if not input.is_file():
         raise PredictInputError(f"{input}: no such file, directory or zarr array")
     with _input_errors():
-        return _predict_one_image(loaded, input, output, max_memory, device)
+        return _label_one_image(loaded, input, output, options)
 
 
 @contextlib.contextmanager
@@ -183,17 +197,17 @@ def _check_channels(have: int, want: int, where: str) -> None:
         ) from None
 
 
-def _predict_one_image(loaded, input: Path, output: Path, max_memory: int | None, device: str) -> Summary:
+def _label_one_image(loaded, input: Path, output: Path, options: BlockwiseOptions) -> Summary:
     import torch
 
     from ..io import model_input, read_array
 
     check_label_path(output)
     started = time.perf_counter()
-    dense = loaded.dense().to(device).eval()
-    x = model_input(read_array(input), loaded).to(device)  # (1, C, H, W)
+    dense = loaded.dense().to(options.device).eval()
+    x = model_input(read_array(input), loaded).to(options.device)  # (1, C, H, W)
     with torch.no_grad():
-        labels = dense.predict(x, max_memory=max_memory)[0].cpu().numpy()  # (H, W)
+        labels = dense.predict(x, max_memory=options.max_memory)[0].cpu().numpy()  # (H, W)
     output.parent.mkdir(parents=True, exist_ok=True)
     write_labels(output, labels, loaded.palette)
     return Summary("images", total=1, computed=1, pixels=labels.size, seconds=time.perf_counter() - started)
@@ -265,19 +279,18 @@ def _chunks(source: LazyArray, chunk) -> tuple[int, ...]:
     return source.spatial_chunks
 
 
-def _predict_array(
-    client, threads, loaded, model: str, source: LazyArray, output: Path, probabilities, chunk, block,
-    max_memory, device, resume, retries, progress,
-) -> Summary:  # fmt: skip
+def _label_array(
+    client, threads, loaded, model: str, source: LazyArray, output: Path, options: BlockwiseOptions
+) -> Summary:
     dense = loaded.dense()
-    shape = source.spatial_shape
-    chunks = _chunks(source, chunk)
+    shape, probabilities = source.spatial_shape, options.probabilities
+    chunks = _chunks(source, options.chunk)
     margins = halo(dense.patch_size, dense.receptive_field)
-    budget = _task_memory(client, max_memory)
+    budget = _task_memory(client, options.max_memory)
     bytes_per_pixel = (
         source.channels * (np.dtype(source.dtype).itemsize + 8) + 8
     )  # read, float copies, labels
-    group = _group(chunks, shape, margins, block, bytes_per_pixel, budget)
+    group = _group(chunks, shape, margins, options.block, bytes_per_pixel, budget)
     windows = tuple(
         window_size(c * g, n, *m) for c, g, n, m in zip(chunks, group, shape, margins, strict=True)
     )
@@ -290,16 +303,18 @@ def _predict_array(
     description = {"model": model, "input": str(Path(source.path).resolve()), "array": source.key,
                    "classes": list(loaded.class_names)}  # fmt: skip
     labels = create_output(output, shape=shape, chunks=chunks, dtype=label_dtype(loaded.num_classes),
-                           attributes={**description, "content": "labels"}, resume=resume)  # fmt: skip
+                           attributes={**description, "content": "labels"}, resume=options.resume)  # fmt: skip
     done = written_chunks(labels, len(shape))
     if probabilities is not None:
         scores = create_output(probabilities, shape=(loaded.num_classes, *shape), chunks=(loaded.num_classes, *chunks),
                                dtype=np.float16, attributes={**description, "content": "probabilities"},
-                               resume=resume)  # fmt: skip
+                               resume=options.resume)  # fmt: skip
         done &= written_chunks(scores, len(shape))
-    job = BlockJob(model, device, threads, budget - held, source, str(output),
-                   str(probabilities) if probabilities is not None else None, chunks, group, margins,
-                   windows)  # fmt: skip
+    job = BlockJob(
+        model=model, device=options.device, threads=threads, max_memory=budget - held, source=source,
+        labels=str(output), probabilities=None if probabilities is None else str(probabilities), chunks=chunks,
+        group=group, halo=margins, windows=windows,
+    )  # fmt: skip
     grid = job.chunk_grid()
     blocks: dict[tuple[int, ...], list[tuple[int, ...]]] = {}
     for index in grid:
@@ -316,9 +331,8 @@ def _predict_array(
             f"the block of chunks {list(item[0])} ({where}) failed {attempts} times: {exc}"
         )
 
-    _run(
-        client, predict_block, job, [(tuple(b),) for b in blocks.values()], summary, retries, progress, failed
-    )
+    items = [(tuple(b),) for b in blocks.values()]
+    _run(client, label_block, job, items, summary, options.retries, options.progress, failed)
     return summary
 
 
@@ -344,8 +358,8 @@ def _axis_names(n: int) -> tuple[str, ...]:
     return ("planes", "rows", "columns")[-n:]
 
 
-def _predict_images(
-    client, threads, model, images: list[Path], output: Path, max_memory, device, resume, retries, progress
+def _label_images(
+    client, threads, model, images: list[Path], output: Path, options: BlockwiseOptions
 ) -> Summary:
     targets = [output / labels_file_name(image) for image in images]
     clashes = {t for t in targets if targets.count(t) > 1}
@@ -355,17 +369,17 @@ def _predict_images(
             "give images with distinct names"
         )
     output.mkdir(parents=True, exist_ok=True)
-    if not resume:
+    if not options.resume:
         for target in targets:
             target.unlink(missing_ok=True)
     todo = [(str(i), str(t)) for i, t in zip(images, targets) if not t.exists()]
-    job = FileJob(model, device, threads, _task_memory(client, max_memory))
+    job = FileJob(model, options.device, threads, _task_memory(client, options.max_memory))
     summary = Summary("images", total=len(images), workers=_workers(client))
 
     def failed(item, exc, attempts):
         summary.failures.append((item[0], f"failed {attempts} times: {exc}"))
 
-    _run(client, predict_file, job, todo, summary, retries, progress, failed)
+    _run(client, label_file, job, todo, summary, options.retries, options.progress, failed)
     return summary
 
 

@@ -26,7 +26,7 @@ class FileJob:
     max_memory: int | None
 
 
-def predict_file(job: FileJob, image: str, output: str) -> TaskResult:
+def label_file(job: FileJob, image: str, output: str) -> TaskResult:
     """Write the label map of ``image`` to ``output`` (skipped if it exists); runs inside a Dask task."""
     started = time.perf_counter()
     if Path(output).exists():
