@@ -113,33 +113,31 @@ KINDS = {
     "balanced": (balanced, ("K",), ()),
     "hard": (hard, ("K",), ("MIX",)),
 }
-SPEC_SYNTAX = " | ".join(
+SYNTAX = " | ".join(
     kind + "".join(f":{a}" for a in required) + "".join(f"[:{a}]" for a in optional)
     for kind, (_, required, optional) in KINDS.items()
 )
-SPEC_SYNTAX += "  (K pixels per image, MIX in [0, 1] the random share)"
+SYNTAX += "  (K pixels per image, MIX in [0, 1] the random share)"
 
 
-def parse(spec: str) -> MaskStrategy:
+def parse(text: str) -> MaskStrategy:
     """A strategy from the CLI syntax ``all | random:K | balanced:K | hard:K[:MIX]``.
 
     >>> densecnn.masks.parse("hard:128:0.25")
     MaskStrategy(kind='hard', k=128, mix=0.25)
     """
-    parts = str(spec).strip().lower().split(":")
+    parts = str(text).strip().lower().split(":")
     kind, args = parts[0], parts[1:]
     if kind not in KINDS:
-        raise InvalidInputError(f"unknown mask strategy {spec!r}; use {SPEC_SYNTAX}")
+        raise InvalidInputError(f"unknown mask strategy {text!r}; use {SYNTAX}")
     build, required, optional = KINDS[kind]
     if not len(required) <= len(args) <= len(required) + len(optional):
-        raise InvalidInputError(
-            f"mask strategy {spec!r} has the wrong number of arguments; use {SPEC_SYNTAX}"
-        )
+        raise InvalidInputError(f"mask strategy {text!r} has the wrong number of arguments; use {SYNTAX}")
     try:
         values = [int(args[0])] + [float(a) for a in args[1:]] if args else []
     except ValueError:
         raise InvalidInputError(
-            f"mask strategy {spec!r}: K must be an integer and MIX a number; use {SPEC_SYNTAX}"
+            f"mask strategy {text!r}: K must be an integer and MIX a number; use {SYNTAX}"
         ) from None
     return build(*values)
 

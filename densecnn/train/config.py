@@ -73,7 +73,7 @@ class TrainConfig:
     rot90: bool = option(
         True, help="random quarter turns of each crop (in the (H, W) plane of a volume)", group=SCHEDULE
     )
-    mask: str = option("all", help=f"pixels whose errors count: {masks.SPEC_SYNTAX}", group=SCHEDULE)
+    mask: str = option("all", help=f"pixels whose errors count: {masks.SYNTAX}", group=SCHEDULE)
     method: str = option(
         "dense",
         help="; ".join(f"{name}: {what}" for name, what in METHODS.items()),
@@ -117,16 +117,16 @@ class TrainConfig:
 
     def check(self) -> TrainConfig:
         """Validate every field; raise :class:`~densecnn.errors.TrainingError` naming the option and the fix."""
-        for spec in fields(self):
-            value, least = getattr(self, spec.name), spec.metadata["at_least"]
+        for field_ in fields(self):
+            value, least = getattr(self, field_.name), field_.metadata["at_least"]
             values = value if isinstance(value, list) else [value]
             if least is not None and value is not None and any(v < least for v in values):
                 meaning = " (0: every epoch)" if least == 0 else ""
-                raise TrainingError(f"{flag(spec.name)} must be >= {least}{meaning}, got {value}")
-            allowed = spec.metadata["choices"]
+                raise TrainingError(f"{flag(field_.name)} must be >= {least}{meaning}, got {value}")
+            allowed = field_.metadata["choices"]
             if allowed is not None and value not in allowed:
                 raise TrainingError(
-                    f"{flag(spec.name)} {value!r} is not supported; use one of {', '.join(allowed)}"
+                    f"{flag(field_.name)} {value!r} is not supported; use one of {', '.join(allowed)}"
                 )
         if self.lr <= 0:
             raise TrainingError(f"--lr must be > 0, got {self.lr}")
@@ -162,19 +162,19 @@ class TrainConfig:
         'densecnn train --model tiny --data d --out r --classes 3 --epochs 10 ... --bf16 ... --device auto'
         """
         words = shlex.split(launcher)
-        for spec in fields(self):
-            value = getattr(self, spec.name)
-            if not spec.metadata["cli"] or spec.name in NOT_IN_COMMAND or value is None:
+        for field_ in fields(self):
+            value = getattr(self, field_.name)
+            if not field_.metadata["cli"] or field_.name in NOT_IN_COMMAND or value is None:
                 continue
             if isinstance(value, bool):
-                words.append(flag(spec.name) if value else "--no-" + flag(spec.name)[2:])
+                words.append(flag(field_.name) if value else "--no-" + flag(field_.name)[2:])
             elif isinstance(value, list):
                 words += [
-                    flag(spec.name),
+                    flag(field_.name),
                     ",".join(str(v) if isinstance(v, int) else repr(float(v)) for v in value),
                 ]
             else:
-                words += [flag(spec.name), str(value)]
+                words += [flag(field_.name), str(value)]
         return shlex.join(words)
 
     def launcher(self) -> str:
@@ -198,9 +198,9 @@ def flag(name: str) -> str:
 
 def _attribute_docs() -> str:
     lines = ["", "", "    Attributes:"]
-    for spec in fields(TrainConfig):
-        default = "" if spec.default in (MISSING, None) else f" Default: {spec.default!r}."
-        lines.append(f"        {spec.name}: {spec.metadata['help']}.{default}")
+    for field_ in fields(TrainConfig):
+        default = "" if field_.default in (MISSING, None) else f" Default: {field_.default!r}."
+        lines.append(f"        {field_.name}: {field_.metadata['help']}.{default}")
     return "\n".join(lines) + "\n"
 
 
