@@ -37,6 +37,7 @@ sys.path.insert(0, str(ROOT))
 
 import densecnn  # noqa: E402
 from densecnn.imageio import model_input  # noqa: E402
+from densecnn.ops.config import get_config, set_config  # noqa: E402
 from densecnn.predict import predict  # noqa: E402
 from tests.predict_support import NUCLEI_MODEL, tiled_nuclei  # noqa: E402
 
@@ -66,7 +67,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks")
     args = parser.parse_args()
-    os.environ.setdefault("DENSECNN_CACHE_DIR", tempfile.mkdtemp(prefix="densecnn-cache-"))
+    if "DENSECNN_CACHE_DIR" not in os.environ:  # a private, empty solver cache unless one was chosen
+        cache = tempfile.mkdtemp(prefix="densecnn-cache-")
+        os.environ["DENSECNN_CACHE_DIR"] = (
+            cache  # for worker processes, which read it when they import densecnn
+        )
+        set_config(get_config().replace(cache_dir=cache))  # for this one, which has read it already
 
     work = Path(tempfile.mkdtemp(prefix="bench-predict-"))
     pixels = tiled_nuclei(args.size, args.size)
