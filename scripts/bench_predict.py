@@ -69,10 +69,8 @@ def main() -> None:
     args = parser.parse_args()
     if "DENSECNN_CACHE_DIR" not in os.environ:  # a private, empty solver cache unless one was chosen
         cache = tempfile.mkdtemp(prefix="densecnn-cache-")
-        os.environ["DENSECNN_CACHE_DIR"] = (
-            cache  # for worker processes, which read it when they import densecnn
-        )
-        set_config(get_config().replace(cache_dir=cache))  # for this one, which has read it already
+        os.environ["DENSECNN_CACHE_DIR"] = cache  # worker processes read it when they import densecnn
+        set_config(get_config().replace(cache_dir=cache))  # this one has read the environment already
 
     work = Path(tempfile.mkdtemp(prefix="bench-predict-"))
     pixels = tiled_nuclei(args.size, args.size)
