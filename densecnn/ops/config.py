@@ -2,8 +2,8 @@
 in code, and passed down to the plans, the find step and densecnn's kernels.
 
 Every setting, its environment variable, default and effect is in the table of docs/performance.md ("Settings").
-A net's own ``solver``, ``memory_format`` and ``tune`` attributes (and its ``backend``) take precedence over the
-process's config for that net.
+A net's own ``solver``, ``memory_format`` and ``tune`` attributes take precedence over the process's config for that
+net (its ``backend`` is a setting of the net only).
 
 >>> get_config().output_cache_mb  # 1024 unless DENSECNN_OUTPUT_CACHE_MB says otherwise
 1024
@@ -50,14 +50,15 @@ class OpsConfig:
         solver: None (each layer's fastest) or a solver name forced on every layer that it can run.
         memory_format: None (the faster for the whole net) or "nchw" / "nhwc" forced.
         tune: time the candidate solvers of every new problem (the find step) instead of predicting their times.
-        cache_dir: where the find step's timings are cached (in ``cache_dir / "solvers"``).
+        cache_dir: where the find step's timings are cached (in ``cache_dir / "solvers"``); from the environment
+            ``$DENSECNN_CACHE_DIR``, else ``$XDG_CACHE_HOME/densecnn``, else ``~/.cache/densecnn``.
         output_cache_mb: megabytes of free output buffers densecnn's CPU kernels keep for reuse (0: no reuse).
         huge_pages: advise fresh output buffers to be backed by 2 MiB pages.
 
     >>> OpsConfig(solver="fastest")
     Traceback (most recent call last):
     ...
-    ValueError: solver 'fastest' is unknown; use one of native, s2b, ext, ext_fused, direct, winograd, fft, or None (OpsConfig.solver)
+    ValueError: solver 'fastest' is unknown; use one of native, s2b, ext, ext_fused, fft, direct, winograd, or None (OpsConfig.solver)
     """
 
     solver: str | None = None
