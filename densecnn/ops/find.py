@@ -113,15 +113,7 @@ def store_times(key: dict, times: dict, cache_dir: Path) -> None:
 
 
 def find(
-    spec: Spec,
-    shape,
-    dtype: torch.dtype,
-    device,
-    *,
-    train: bool,
-    ext: bool,
-    cache_dir: Path,
-    input_grad: bool = True,
+    spec: Spec, shape, dtype: torch.dtype, device, *, train: bool, ext: bool, cache_dir: Path, input_grad=True
 ) -> dict[str, dict[str, float | None]]:
     """``{memory_format: {solver: ms}}`` for ``spec`` on inputs of ``shape``, from the cache under ``cache_dir`` or
     timed now (and cached there).
@@ -141,15 +133,7 @@ def find(
 
 
 def cached(
-    spec: Spec,
-    shape,
-    dtype: torch.dtype,
-    device,
-    *,
-    train: bool,
-    ext: bool,
-    cache_dir: Path,
-    input_grad: bool = True,
+    spec: Spec, shape, dtype: torch.dtype, device, *, train: bool, ext: bool, cache_dir: Path, input_grad=True
 ) -> dict[str, dict[str, float | None]] | None:
     """The table :func:`find` would return if it is already cached (by ``densecnn tune`` or an earlier find), else
     None; never times anything."""
