@@ -20,6 +20,12 @@ bool use_gpu_loops_on_cpu(bool enable) { return gpu_loops_on_cpu().exchange(enab
 
 int64_t release_output_buffers() { return OutputCache::instance().release(); }
 
+void set_output_buffers(int64_t max_free_bytes, bool huge_pages) {
+  TORCH_CHECK(max_free_bytes >= 0, "set_output_buffers: max_free_bytes must be 0 or more, got ", max_free_bytes);
+  huge_pages_enabled().store(huge_pages, std::memory_order_relaxed);
+  OutputCache::instance().set_limit(max_free_bytes);
+}
+
 }  // namespace
 }  // namespace densecnn
 
@@ -65,6 +71,10 @@ TORCH_LIBRARY(densecnn, m) {
   m.def("winograd_conv(Tensor input, Tensor kernel, Tensor? bias, int[] dilation, int m) -> Tensor");
   // Frees the cached output buffers nothing refers to (output_buffers.h); returns the bytes released.
   m.def("release_output_buffers() -> int", &densecnn::release_output_buffers);
+  // The output buffers' settings (output_buffers.h): at most max_free_bytes of free buffers kept for reuse (0: none),
+  // fresh ones advised onto huge pages or not. The library reads no environment: densecnn.ops.config calls this
+  // when the library loads and whenever the config changes.
+  m.def("set_output_buffers(int max_free_bytes, bool huge_pages) -> ()", &densecnn::set_output_buffers);
   // Tests only: run the CUDA kernels' per-element bodies on the CPU (gpu_loops.h). Returns the previous setting.
   m.def("_use_gpu_loops_on_cpu(bool enable) -> bool", &densecnn::use_gpu_loops_on_cpu);
 }

@@ -11,15 +11,17 @@
 //   instead of to the system, and the next output of the same size or down to half of it takes it. The smallest
 //   such block is taken, so a net's layers, whose maps shrink slowly, mostly alternate between two blocks, also
 //   within the first call. Outputs a caller keeps (a returned score map, a view of it, a tensor autograd saved) are
-//   never reused while kept. The free blocks take at most DENSECNN_OUTPUT_CACHE_MB (default 1024; 0 turns reuse
-//   off), the least recently used released first; blocks in use do not count, since the program needs that memory
+//   never reused while kept. The free blocks take at most a limit set from Python (densecnn.ops.config's
+//   output_cache_mb, DENSECNN_OUTPUT_CACHE_MB: default 1024 MB; 0 turns reuse off), the least recently used
+//   released first; blocks in use do not count, since the program needs that memory
 //   anyway (counting them made a process whose live outputs passed the limit release every block it got back, and
 //   map it afresh on the next call). `torch.ops.densecnn.release_output_buffers()`
 //   (`densecnn.ops.ext.release_output_buffers`) releases all free ones at once.
 // - **Pre-faulting.** A fresh large buffer (the first call's, or any with reuse off) has its pages mapped before the
 //   kernel writes it, by MADV_POPULATE_WRITE (Linux 5.14 and later) over page-aligned chunks on torch's intra-op
 //   threads: one call per chunk instead of a trap per page, 0.18 against 0.26 ms per MB with two threads here.
-// - **Huge pages**, opt-in with DENSECNN_HUGE_PAGES=1: a fresh buffer is advised to be backed by 2 MiB pages where
+// - **Huge pages**, opt-in (the config's huge_pages, DENSECNN_HUGE_PAGES=1): a fresh buffer is advised to be backed
+//   by 2 MiB pages where
 //   the system allows it (transparent_hugepage "madvise" or "always"), making its first-touch faults 512× fewer.
 //   Off by default: in a virtual machine a process's fresh huge pages are often not yet backed by the host, and
 //   their first touch then cost 3-4 ms per MB here, which made a first forward ~2× slower than the next.
@@ -35,8 +37,6 @@
 #include <atomic>
 #include <cerrno>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 #include <list>
 #include <mutex>
 
@@ -49,12 +49,10 @@ namespace densecnn {
 
 constexpr int64_t kMinCachedBytes = int64_t(1) << 20;  // smaller buffers come from malloc's heap, already mapped
 
-// Whether DENSECNN_HUGE_PAGES=1 was set when the library first needed to know.
-inline bool huge_pages_enabled() {
-  static const bool enabled = [] {
-    const char* value = std::getenv("DENSECNN_HUGE_PAGES");
-    return value != nullptr && std::strcmp(value, "1") == 0;
-  }();
+// Whether fresh buffers are advised onto huge pages: set from Python with the output cache's limit
+// (set_output_buffers in ops.cpp, called by densecnn.ops.config when the library loads and the config changes).
+inline std::atomic<bool>& huge_pages_enabled() {
+  static std::atomic<bool> enabled{false};
   return enabled;
 }
 
@@ -62,7 +60,7 @@ inline bool huge_pages_enabled() {
 // buffers, elsewhere than Linux, and when the advice is refused.
 inline void advise_huge_pages(void* data, int64_t bytes) {
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
-  if (!huge_pages_enabled()) return;
+  if (!huge_pages_enabled().load(std::memory_order_relaxed)) return;
   constexpr uintptr_t kHuge = uintptr_t(1) << 21;
   const uintptr_t begin = reinterpret_cast<uintptr_t>(data);
   const uintptr_t end = begin + static_cast<uintptr_t>(bytes);
@@ -134,6 +132,13 @@ class OutputCache {
     return released;
   }
 
+  // At most `bytes` of free blocks from now on (0: no reuse); the least recently used beyond it are freed now.
+  void set_limit(int64_t bytes) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    limit_ = bytes;
+    trim();
+  }
+
   // Never destroyed: storages still alive at exit return their blocks to it.
   static OutputCache& instance() {
     static OutputCache* cache = new OutputCache();
@@ -154,10 +159,7 @@ class OutputCache {
     }
   };
 
-  OutputCache() {
-    const char* value = std::getenv("DENSECNN_OUTPUT_CACHE_MB");
-    limit_ = (value != nullptr ? std::atoll(value) : 1024) << 20;
-  }
+  OutputCache() = default;
 
   // The smallest free block of `bytes` up to twice that, else a fresh one.
   Block take(int64_t bytes) {
@@ -185,6 +187,11 @@ class OutputCache {
     std::lock_guard<std::mutex> lock(mutex_);
     free_.push_back(block);  // most recently used last
     free_bytes_ += block.bytes;
+    trim();
+  }
+
+  // Releases the least recently used free blocks while they take more than the limit; called under mutex_.
+  void trim() {
     while (free_bytes_ > limit_) {
       c10::free_cpu(free_.front().ptr);
       free_bytes_ -= free_.front().bytes;
@@ -195,7 +202,7 @@ class OutputCache {
   std::mutex mutex_;
   std::list<Block> free_;  // free blocks, least recently used first
   int64_t free_bytes_ = 0;
-  int64_t limit_ = 0;  // of free_bytes_
+  int64_t limit_ = 0;  // of free_bytes_; set from Python when the library loads (set_output_buffers)
 };
 
 // An uninitialised output tensor of `sizes`, contiguous (see OutputCache).

@@ -7,6 +7,7 @@
 """
 
 from . import masks, zoo
+from ._version import __version__ as __version__
 from .convert import convert
 from .dense import DenseCNN
 from .errors import (
@@ -33,8 +34,6 @@ from .losses import masked_cross_entropy
 from .modelfile import LoadedModel, load, save
 from .rules import register_rule
 from .scan import fast_scan, scan_patches
-
-__version__ = "0.1.0"
 
 __all__ = [
     "BlockFailedError",

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 import threading
 import warnings
 
@@ -19,9 +18,11 @@ from .layers import WindowLayer, output_shape
 from .losses import IGNORE_INDEX
 from .masked import masked_terms
 from .ops.backends import Backend, check_backend, ext_available
-from .ops.plan import Plan, find_requested, make_plan
+from .ops.config import OpsConfig, get_config
+from .ops.plan import Plan, Step, group_steps, make_plan
 from .ops.solvers import ConvSpec
 from .padding import dense_padding, pad_image
+from .rules.registry import fused_activation
 
 _INPUTS = {1: ("signals", "(N, C, L)"), 2: ("images", "(N, C, H, W)"), 3: ("volumes", "(N, C, D, H, W)")}
 _STOCHASTIC = (nn.modules.batchnorm._BatchNorm, nn.modules.dropout._DropoutNd)
@@ -54,8 +55,9 @@ class DenseCNN(nn.Module):
     (N, C, D, H, W) volumes to (N, K, D, H, W), padded by the same rule along every axis.
 
     The first call for an input shape picks a solver per layer and one memory format for the whole net
-    (:mod:`densecnn.ops.plan`) at once, from the shipped cost model; with ``tune`` (or ``DENSECNN_FIND=1``) it
-    times the candidates instead and caches the times on disk (:mod:`densecnn.ops.find`), which later plans reuse.
+    (:mod:`densecnn.ops.plan`) at once, from the shipped cost model; with ``tune`` (or the config's, e.g.
+    ``DENSECNN_FIND=1``) it times the candidates instead and caches the times on disk (:mod:`densecnn.ops.find`),
+    which later plans reuse.
     ``backend`` restricts the candidates: "native" runs torch's dilated ops in NCHW, "ext" densecnn's kernels only.
     ``max_memory`` (bytes) splits the work into exact tiles (:mod:`densecnn.tiling`). A call raises
     :class:`~densecnn.ConversionError` if a hook was added to the patch model since conversion (:mod:`densecnn.hooks`).
@@ -68,9 +70,10 @@ class DenseCNN(nn.Module):
         in_channels, num_classes: input channels C and output classes K.
         padding_mode: "zeros", "reflect" or "replicate".
         backend: the :class:`~densecnn.ops.Backend` whose solvers the plans may use.
-        tune: time the candidate solvers of every new problem instead of predicting their times.
-        solver, memory_format: None (chosen by the plan) or a solver name / "nchw" / "nhwc" to force for every layer
-            (also settable by the environment variables DENSECNN_SOLVER and DENSECNN_MEMORY_FORMAT).
+        tune: time the candidate solvers of every new problem instead of predicting their times (also when the
+            process's :class:`~densecnn.ops.OpsConfig` says so).
+        solver, memory_format: None (the process's config decides: :func:`densecnn.ops.get_config`, e.g.
+            DENSECNN_SOLVER) or a solver name / "nchw" / "nhwc" to force for every layer of this net.
     """
 
     def __init__(
@@ -262,29 +265,53 @@ class DenseCNN(nn.Module):
             x.requires_grad or any(p.requires_grad for p in self.parameters())
         )
 
-    def plan(self, padded: torch.Tensor) -> Plan:
-        """The solver plan for this input (made once per shape, dtype, device, direction and forcing)."""
+    def ops_config(self) -> OpsConfig:
+        """The config this net's plans use: the process's (:func:`densecnn.ops.get_config`) with the net's
+        ``solver``, ``memory_format`` and ``tune`` on top.
+
+        >>> dense.solver = "native"
+        >>> dense.ops_config().solver
+        'native'
+        """
+        config = get_config()
+        if not (self.solver or self.memory_format or self.tune):
+            return config
+        return config.replace(
+            solver=self.solver or config.solver,
+            memory_format=self.memory_format or config.memory_format,
+            tune=self.tune or config.tune,
+        )
+
+    def steps(self) -> list[Step]:
+        """The net's layers grouped as a plan runs them (:func:`densecnn.ops.plan.group_steps`), no solver chosen:
+        each windowed layer, with the tanh/ReLU that follows a pool."""
+        return group_steps(self.features, [fused_activation(layer) for layer in self.features])
+
+    def plan(self, padded: torch.Tensor, *, keep: bool = True) -> Plan:
+        """The solver plan for this input (made once per shape, dtype, device, direction and config, and kept);
+        ``keep=False``: a plan made for this call only, predicted, never timed (the net and the tuning cache are left
+        as they were)."""
         train = self._trains(padded)
-        tune = find_requested(self.tune)
+        config = self.ops_config() if keep else self.ops_config().replace(tune=False)
         key = (
-            tuple(padded.shape), padded.dtype, padded.device, train, padded.requires_grad, self.backend, tune,
-            self.solver, self.memory_format,
-            os.environ.get("DENSECNN_SOLVER"), os.environ.get("DENSECNN_MEMORY_FORMAT"), ext_available(),
+            tuple(padded.shape), padded.dtype, padded.device, train, padded.requires_grad, self.backend, config,
+            ext_available(),
         )  # fmt: skip
-        if key not in self._plans:
-            self._plans[key] = make_plan(
-                self.features,
-                tuple(padded.shape),
-                padded.dtype,
-                padded.device,
-                backend=self.backend,
-                train=train,
-                solver=self.solver,
-                memory_format=self.memory_format,
-                input_grad=padded.requires_grad,
-                tune=tune,
-            )
-        return self._plans[key]
+        if keep and key in self._plans:
+            return self._plans[key]
+        plan = make_plan(
+            self.steps(),
+            tuple(padded.shape),
+            padded.dtype,
+            padded.device,
+            backend=self.backend,
+            train=train,
+            config=config,
+            input_grad=padded.requires_grad,
+        )
+        if keep:
+            self._plans[key] = plan
+        return plan
 
     def _check_input(self, x: torch.Tensor) -> None:
         if not isinstance(x, torch.Tensor) or x.dim() != self.dims + 2:

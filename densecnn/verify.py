@@ -22,7 +22,6 @@ import torch
 from torch import nn
 
 from .errors import ConversionError
-from .ops.plan import make_plan
 from .rules import LayerRecord
 
 # max |dense - patch model| <= TOLERANCE · max(max |patch model|, 1): the rounding bound of the equivalence guarantee
@@ -126,12 +125,7 @@ class _Check:
     def dense_scores(self) -> torch.Tensor:
         """The dense net's scores at the patches' pixels, (B, K), by the solvers a call would choose (predicted, never
         timed, and the plan not kept: the pass leaves no trace in the net or the tuning cache)."""
-        dense = self.dense
-        plan = make_plan(
-            dense.features, tuple(self.padded.shape), self.dtype, self.padded.device, backend=dense.backend,
-            train=False, solver=dense.solver, memory_format=dense.memory_format,
-        )  # fmt: skip
-        return _per_pixel(plan(self.padded))
+        return _per_pixel(self.dense.plan(self.padded, keep=False)(self.padded))
 
     def error(self, actual: torch.Tensor, expected: torch.Tensor) -> float | None:
         """The relative error if it exceeds the rounding bound (or the shapes differ), else None."""

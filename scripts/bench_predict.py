@@ -38,6 +38,7 @@ sys.path.insert(0, str(ROOT))
 import densecnn  # noqa: E402
 from densecnn.blockwise import BlockwiseOptions, label  # noqa: E402
 from densecnn.io import model_input  # noqa: E402
+from densecnn.ops.config import get_config, set_config  # noqa: E402
 from tests.predict_support import NUCLEI_MODEL, tiled_nuclei  # noqa: E402
 
 SLIDE = 100_000  # pixels per side of the extrapolated slide
@@ -66,7 +67,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "benchmarks")
     args = parser.parse_args()
-    os.environ.setdefault("DENSECNN_CACHE_DIR", tempfile.mkdtemp(prefix="densecnn-cache-"))
+    if "DENSECNN_CACHE_DIR" not in os.environ:  # a private, empty solver cache unless one was chosen
+        cache = tempfile.mkdtemp(prefix="densecnn-cache-")
+        os.environ["DENSECNN_CACHE_DIR"] = cache  # worker processes read it when they import densecnn
+        set_config(get_config().replace(cache_dir=cache))  # this one has read the environment already
 
     work = Path(tempfile.mkdtemp(prefix="bench-predict-"))
     pixels = tiled_nuclei(args.size, args.size)

@@ -29,7 +29,8 @@ import time
 import torch
 
 import densecnn
-from densecnn.ops import ext_available, plan, solvers
+from densecnn.ops import ext_available, solvers
+from densecnn.ops.config import get_config, set_config
 from densecnn.ops.layout import NAMES as FORMATS
 from densecnn.ops.layout import memory_format, to_format
 
@@ -38,10 +39,7 @@ NETS = {"plain_133": 32, "stages_46": 8}  # classes
 
 def steps_of(dense) -> list[tuple]:
     """(layers, spec or None) per step of the net, grouped as the planner groups them (a pool absorbs its tanh/ReLU)."""
-    return [
-        (step.layers, step.spec() if hasattr(step.layers[0], "spec") else None)
-        for step in plan.group_steps(dense.features)
-    ]
+    return [(step.layers, step.spec() if hasattr(step.layers[0], "spec") else None) for step in dense.steps()]
 
 
 def interleaved(candidates: dict, repeats: int) -> dict[str, float]:
@@ -333,7 +331,8 @@ def main() -> None:
     parser.add_argument("--winograd", action="store_true", help="the winograd section only (see above)")
     parser.add_argument("--volume", type=int, default=96, help="znni_3d volume side for --winograd")
     args = parser.parse_args()
-    os.environ.setdefault("DENSECNN_CACHE_DIR", tempfile.mkdtemp(prefix="densecnn-bench-"))
+    if "DENSECNN_CACHE_DIR" not in os.environ:  # a private, empty solver cache unless one was chosen
+        set_config(get_config().replace(cache_dir=tempfile.mkdtemp(prefix="densecnn-bench-")))
     dtype = getattr(torch, args.dtype)
     results = []
     if args.winograd:

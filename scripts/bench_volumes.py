@@ -34,7 +34,7 @@ from densecnn.bench.timing import elapsed, interleave, median, ratio
 from densecnn.ops import ext_available, solvers
 from densecnn.ops.layout import NAMES as FORMAT_NAMES
 from densecnn.ops.layout import memory_format, to_format
-from densecnn.ops.plan import group_steps, next_shape
+from densecnn.ops.plan import next_shape
 from densecnn.ops.solvers import ConvSpec
 
 LAYOUTS = {"ncdhw": torch.contiguous_format, "ndhwc": torch.channels_last_3d}
@@ -75,7 +75,7 @@ def layer_races(dense, x: torch.Tensor, repeats: int) -> dict:
     with torch.no_grad():
         plan = dense.plan(padded)
     shape, runs, names = tuple(padded.shape), {"densecnn": lambda: _no_grad(dense, x)}, {}
-    for i, step in enumerate(group_steps(dense.features)):
+    for i, step in enumerate(dense.steps()):
         if hasattr(step.layers[0], "spec"):
             spec = step.spec()
             names[i] = _layer_name(spec, shape)
@@ -218,7 +218,7 @@ def _solvers_of(net, x: torch.Tensor) -> dict:
 
 def _kernels_apply(dense) -> bool:
     """Whether a densecnn kernel (solver "ext*") is a candidate for any layer of ``dense`` here."""
-    steps = [s for s in group_steps(dense.features) if hasattr(s.layers[0], "spec")]
+    steps = [s for s in dense.steps() if hasattr(s.layers[0], "spec")]
     return any(
         name.startswith("ext")
         for s in steps

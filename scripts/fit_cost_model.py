@@ -117,7 +117,7 @@ def reference_volume_problems(sides=VOLUME_SIDES) -> list[dict]:
         dense = densecnn.convert(model.eval(), patch)
         for side in sides:
             shape = (1, dense.in_channels, *(side + r - 1 for r in dense.receptive_field))
-            for step in plan.group_steps(dense.features):
+            for step in dense.steps():
                 if hasattr(step.layers[0], "spec"):
                     rows.append(costmodel.problem(step.spec(), shape))
                 shape = plan.next_shape(step, shape)
@@ -138,7 +138,7 @@ def reference_problems(size: int) -> list[dict]:
             size + dense.receptive_field[0] - 1,
             size + dense.receptive_field[1] - 1,
         )
-        for step in plan.group_steps(dense.features):
+        for step in dense.steps():
             if hasattr(step.layers[0], "spec"):
                 spec = step.spec()
                 rows.append(costmodel.problem(spec, find.timing_shape(spec, shape)))

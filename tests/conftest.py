@@ -1,9 +1,12 @@
-"""Shared test configuration: hypothesis profiles (CI runs derandomized, so failures reproduce)."""
+"""Shared test configuration: hypothesis profiles (CI runs derandomized, so failures reproduce), the ops settings."""
 
 import os
 
+import pytest
 import torch
 from hypothesis import HealthCheck, settings
+
+from densecnn.ops.config import get_config, set_config
 
 settings.register_profile(
     "default", deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
@@ -16,3 +19,12 @@ settings.register_profile(
 )
 settings.load_profile("ci" if os.environ.get("CI") else "default")
 torch.set_num_threads(1)  # tests run 2 in parallel on 2 cores
+
+
+@pytest.fixture
+def ops_config():
+    """Change the ops settings for one test: ``ops_config(solver="native", cache_dir=tmp_path)``; the config in effect
+    before the test is back after it (densecnn reads the environment only once, at import)."""
+    previous = get_config()
+    yield lambda **changes: set_config(get_config().replace(**changes))
+    set_config(previous)

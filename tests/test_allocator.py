@@ -45,15 +45,17 @@ def test_only_torch_buffers_above_the_mmap_threshold_cost_page_faults(monkeypatc
 
 
 @pytest.mark.parametrize("malloc", ["system malloc", "tcmalloc"])
-def test_plans_charge_native_solvers_for_fresh_buffers_of_large_maps(monkeypatch, tmp_path, malloc):
+def test_plans_charge_native_solvers_for_fresh_buffers_of_large_maps(
+    monkeypatch, ops_config, tmp_path, malloc
+):
     """Timed at the bucketed shape, native ties the others; on a map whose outputs pass 32 MB its fresh buffers make
     it lose under the system malloc, and not under a caching one."""
 
-    def fake_find(spec, shape, dtype, device, *, train, ext, input_grad):
+    def fake_find(spec, shape, dtype, device, *, train, ext, cache_dir, input_grad):
         table = {name: 10.0 for name in solvers.candidates(spec, ext_available=ext)}
         return {"nchw": {name: ms if name == "native" else ms + 0.5 for name, ms in table.items()}}
 
-    monkeypatch.setenv("DENSECNN_CACHE_DIR", str(tmp_path))
+    ops_config(cache_dir=tmp_path)
     monkeypatch.setattr(plan, "find", fake_find)
     monkeypatch.setattr(allocator, "name", lambda: malloc)
     torch.manual_seed(0)

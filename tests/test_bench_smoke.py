@@ -10,8 +10,8 @@ from densecnn.cli import main
 
 
 @pytest.mark.slow
-def test_quick_bench_writes_results_tables_and_plots(tmp_path, monkeypatch):
-    monkeypatch.setenv("DENSECNN_CACHE_DIR", str(tmp_path / "cache"))
+def test_quick_bench_writes_results_tables_and_plots(tmp_path, ops_config):
+    ops_config(cache_dir=tmp_path / "cache")
     out = tmp_path / "bench"
     assert main(["bench", "--quick", "--out", str(out)]) == 0
     results = json.loads((out / "results.json").read_text())
@@ -58,8 +58,8 @@ def test_quick_bench_writes_results_tables_and_plots(tmp_path, monkeypatch):
     assert len(results["plots"]) == len(results["per_layer"]) + 3
 
 
-def test_bench_runs_only_the_items_asked_for(tmp_path, monkeypatch):
-    monkeypatch.setenv("DENSECNN_CACHE_DIR", str(tmp_path / "cache"))
+def test_bench_runs_only_the_items_asked_for(tmp_path, ops_config):
+    ops_config(cache_dir=tmp_path / "cache")
     out = tmp_path / "bench"
     assert main(["bench", "--quick", "--only", "max_pool", "--out", str(out)]) == 0
     results = json.loads((out / "results.json").read_text())

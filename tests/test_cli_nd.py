@@ -17,8 +17,8 @@ def test_info_names_the_axes_of_volume_and_signal_models(tmp_path, capsys):
     assert "patch size: 25 (L)" in capsys.readouterr().out
 
 
-def test_tune_takes_one_size_per_axis(tmp_path, capsys, monkeypatch):
-    monkeypatch.setenv("DENSECNN_CACHE_DIR", str(tmp_path / "cache"))
+def test_tune_takes_one_size_per_axis(tmp_path, capsys, ops_config):
+    ops_config(cache_dir=tmp_path / "cache")
     densecnn.save(volume_model()[0], tmp_path / "stack", patch_size=volume_model()[1])
     assert main(["tune", str(tmp_path / "stack"), "--size", "6", "20", "18", "--max-memory", "2000000"]) == 0
     out = capsys.readouterr().out

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -49,3 +51,69 @@ def test_no_extra_is_imported(code):
     loaded = imported_after(code)
     assert "densecnn" in loaded and "torch" in loaded  # the probe sees what the code imported
     assert not loaded & set(EXTRAS), f"imported {sorted(loaded & set(EXTRAS))}"
+
+
+# What densecnn.ops may import of densecnn: itself, the compiled kernels (`import densecnn._C`), and the leaf modules
+# below everything (each imports nothing of densecnn, checked below). `from densecnn import X` (or `from .. import X`)
+# reads X from the package root, above ops, and is refused.
+OPS_MAY_IMPORT = ("densecnn.ops", "densecnn._C", "densecnn._version", "densecnn.atomic", "densecnn.errors",
+                  "densecnn.geometry")  # fmt: skip
+PACKAGE = Path(__file__).resolve().parent.parent / "densecnn"
+
+
+def _imported_modules(source: str, package: str) -> list[tuple[int, str]]:
+    """(line, module) for every import statement of ``source``, a module of ``package``; relative ones resolved."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            if node.level:
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                module = ".".join(parts + ([node.module] if node.module else []))
+            found.append((node.lineno, module))
+    return found
+
+
+def _outside(source: str, package: str, allowed: tuple[str, ...]) -> list[tuple[int, str]]:
+    """The imports of ``source`` that are neither the standard library, torch, numpy nor under ``allowed``."""
+    return [
+        (line, module)
+        for line, module in _imported_modules(source, package)
+        if module.split(".")[0] not in sys.stdlib_module_names | {"torch", "numpy", "__future__"}
+        and not any(module == a or module.startswith(a + ".") for a in allowed)
+    ]
+
+
+def test_ops_is_the_bottom_layer():
+    """densecnn.ops imports nothing of densecnn above it: the plan gets the layers and activation names from its
+    caller, the version comes from its leaf module, the kernels load as densecnn._C itself."""
+    sources = sorted((PACKAGE / "ops").glob("*.py"))
+    upward = {
+        f"ops/{path.name}:{line} imports {module}"
+        for path in sources
+        for line, module in _outside(path.read_text(), "densecnn.ops", OPS_MAY_IMPORT)
+    }
+    assert len(sources) > 10 and upward == set()
+    for leaf in OPS_MAY_IMPORT[2:]:  # the leaves import nothing of densecnn
+        path = PACKAGE / f"{leaf.removeprefix('densecnn.')}.py"
+        assert _outside(path.read_text(), "densecnn", ()) == [], f"{leaf} is no longer a leaf"
+
+
+def test_the_layering_check_catches_imports_that_run_back_up():
+    source = """
+from __future__ import annotations
+import os, torch
+from .. import __version__
+from densecnn import _C
+from ..layers import output_shape
+from ..rules.registry import fused_activation
+from ..geometry import reach
+from . import ext
+from .find import find
+import densecnn._C
+"""
+    assert _outside(source, "densecnn.ops", OPS_MAY_IMPORT) == [
+        (4, "densecnn"), (5, "densecnn"), (6, "densecnn.layers"), (7, "densecnn.rules.registry"),
+    ]  # fmt: skip

@@ -40,10 +40,9 @@ pytestmark = [
 
 
 @pytest.fixture(autouse=True)
-def _no_solver_timing(monkeypatch):
+def _no_solver_timing(ops_config):
     """Every dense net runs the native solver in NCHW: no timing of candidates on each new model and shape."""
-    monkeypatch.setenv("DENSECNN_SOLVER", "native")
-    monkeypatch.setenv("DENSECNN_MEMORY_FORMAT", "nchw")
+    ops_config(solver="native", memory_format="nchw")
 
 
 def _tiny(channels):

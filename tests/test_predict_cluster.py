@@ -21,6 +21,7 @@ from PIL import Image
 from torch import nn
 
 from densecnn.blockwise import BlockwiseOptions, label
+from densecnn.ops.config import use_config
 from tests.predict_support import (
     NUCLEI_MODEL,
     ROOT,
@@ -36,7 +37,8 @@ distributed = pytest.importorskip("distributed")
 zarr = pytest.importorskip("zarr")
 
 WORKER_MEMORY = 2**30
-# the native solver in NCHW everywhere: no timing of solver candidates in each worker (the workers inherit it)
+# the native solver in NCHW everywhere: no timing of solver candidates in each worker (the workers inherit the
+# environment, this process the config)
 FIXED_SOLVER = {"DENSECNN_SOLVER": "native", "DENSECNN_MEMORY_FORMAT": "nchw"}
 
 
@@ -45,7 +47,7 @@ def cluster():
     saved = {key: os.environ.get(key) for key in FIXED_SOLVER}
     os.environ.update(FIXED_SOLVER)
     try:
-        with distributed.LocalCluster(
+        with use_config(solver="native", memory_format="nchw"), distributed.LocalCluster(
             n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None,
             memory_limit=WORKER_MEMORY,
         ) as local, distributed.Client(local) as client:  # fmt: skip

@@ -21,11 +21,9 @@ ALL_SOLVERS = list(solvers.SOLVERS)
 
 
 @pytest.fixture(autouse=True)
-def solver_cache(tmp_path, monkeypatch):
+def solver_cache(tmp_path, ops_config):
     """A private solver cache and no forcing or tuning from the environment."""
-    monkeypatch.setenv("DENSECNN_CACHE_DIR", str(tmp_path / "cache"))
-    for name in ("DENSECNN_SOLVER", "DENSECNN_MEMORY_FORMAT", "DENSECNN_FIND"):
-        monkeypatch.delenv(name, raising=False)
+    ops_config(cache_dir=tmp_path / "cache", solver=None, memory_format=None, tune=False)
     return tmp_path / "cache"
 
 
@@ -56,7 +54,7 @@ def test_every_solver_matches_patch_scanning(name, solver, memory_format):
     _skip_without_ext(solver)
     model, patch, x, reference = _scanned(name)
     dense = densecnn.convert(model, patch, padding_mode="reflect")
-    specs = [step.spec() for step in plan.group_steps(dense.features) if hasattr(step.layers[0], "spec")]
+    specs = [step.spec() for step in dense.steps() if hasattr(step.layers[0], "spec")]
     if not any(solvers.SOLVERS[solver].applies(spec) for spec in specs):
         pytest.skip(f"{name} has no layer {solver} runs (winograd: no 3x3 conv)")
     dense.solver, dense.memory_format = solver, memory_format
@@ -155,15 +153,15 @@ def test_find_picks_a_candidate_caches_it_and_reuses_it(solver_cache, monkeypatc
         assert all(step.solver in solvers.SOLVERS and step.source == "tuned" for step in windowed)
 
 
-def test_the_fastest_timed_solver_and_format_win(monkeypatch):
-    def fake_find(spec, shape, dtype, device, *, train, ext, input_grad):
+def test_the_fastest_timed_solver_and_format_win(monkeypatch, ops_config):
+    def fake_find(spec, shape, dtype, device, *, train, ext, cache_dir, input_grad):
         table = {name: 10.0 for name in solvers.candidates(spec, ext_available=ext)}
         if "s2b" in table:
             table["s2b"] = 1.0
         return {"nchw": table, "nhwc": {name: ms * 2 for name, ms in table.items()}}
 
     monkeypatch.setattr(plan, "find", fake_find)
-    monkeypatch.setenv("DENSECNN_FIND", "1")
+    ops_config(tune=True)
     model, patch, channels = _net("stages_46")
     dense = densecnn.convert(model, patch)
     chosen = dense.plan(torch.zeros(1, channels, 60, 60, dtype=torch.float64))
@@ -173,9 +171,9 @@ def test_the_fastest_timed_solver_and_format_win(monkeypatch):
     assert chosen.steps[0].solver == "native"  # undilated first conv: only native (and ext) apply
 
 
-def test_solver_and_memory_format_forced_by_environment(monkeypatch):
-    monkeypatch.setenv("DENSECNN_SOLVER", "s2b")
-    monkeypatch.setenv("DENSECNN_MEMORY_FORMAT", "nhwc")
+def test_solver_and_memory_format_forced_by_environment(monkeypatch, ops_config):
+    forced = ops.OpsConfig.from_environ({"DENSECNN_SOLVER": "s2b", "DENSECNN_MEMORY_FORMAT": "nhwc"})
+    ops_config(solver=forced.solver, memory_format=forced.memory_format)
     monkeypatch.setattr(plan, "find", None)  # forcing both needs no timing and no prediction
     monkeypatch.setattr(costmodel, "predict", None)
     model, patch, channels = _net("stages_46")
@@ -185,7 +183,9 @@ def test_solver_and_memory_format_forced_by_environment(monkeypatch):
     assert chosen.memory_format == "nhwc"
     # the undilated first conv and pool cannot use space-to-batch
     assert [s.solver for s in chosen.steps if hasattr(s.layers[0], "spec")] == ["native"] * 2 + ["s2b"] * 5
-    monkeypatch.setenv("DENSECNN_SOLVER", "fastest")
+    with pytest.raises(ValueError, match="solver 'fastest' is unknown"):
+        ops.OpsConfig.from_environ({"DENSECNN_SOLVER": "fastest"})
+    dense.solver = "fastest"
     with pytest.raises(ValueError, match="solver 'fastest' is unknown"):
         dense(x)
 
@@ -321,7 +321,7 @@ def test_training_plans_time_the_first_layer_without_an_input_gradient(monkeypat
     """The image needs no gradient, so the first layer's training problem is timed (and must run) without one."""
     seen = []
 
-    def fake_find(spec, shape, dtype, device, *, train, ext, input_grad):
+    def fake_find(spec, shape, dtype, device, *, train, ext, cache_dir, input_grad):
         seen.append((train, input_grad))
         return {"nchw": {"native": 1.0}, "nhwc": {"native": 2.0}}
 

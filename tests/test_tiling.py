@@ -18,11 +18,9 @@ from tests.tolerances import assert_equal_to_rounding, assert_labels_equal_excep
 
 
 @pytest.fixture(autouse=True)
-def fixed_solver(tmp_path, monkeypatch):
+def fixed_solver(tmp_path, ops_config):
     """Native NCHW everywhere: one solver, so tiled and untiled runs differ only by torch's shape-dependent rounding."""
-    monkeypatch.setenv("DENSECNN_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setenv("DENSECNN_SOLVER", "native")
-    monkeypatch.setenv("DENSECNN_MEMORY_FORMAT", "nchw")
+    ops_config(cache_dir=tmp_path / "cache", solver="native", memory_format="nchw")
 
 
 def _dense(name="tiny", padding_mode="zeros", **kwargs):
@@ -160,9 +158,9 @@ def test_peak_memory_follows_the_cap():
     assert untiled > 2 * capped, f"untiled {untiled:,} vs capped {capped:,}"
 
 
-def test_bfloat16_inference_through_tiles(monkeypatch):
+def test_bfloat16_inference_through_tiles(ops_config):
     """A bfloat16 image runs the net in bfloat16 (conv weights cast on the fly); labels mostly agree with float32."""
-    monkeypatch.delenv("DENSECNN_MEMORY_FORMAT")
+    ops_config(memory_format=None)
     torch.manual_seed(0)
     model, patch = densecnn.zoo.create("stages_46", in_channels=1, num_classes=3)
     dense = densecnn.convert(model.eval(), patch)

@@ -23,10 +23,8 @@ pytestmark = pytest.mark.skipif(
 
 
 @pytest.fixture(autouse=True)
-def solver_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("DENSECNN_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.delenv("DENSECNN_SOLVER", raising=False)
-    monkeypatch.delenv("DENSECNN_MEMORY_FORMAT", raising=False)
+def solver_cache(tmp_path, ops_config):
+    ops_config(cache_dir=tmp_path / "cache", solver=None, memory_format=None)
 
 
 def _taps(x: torch.Tensor, spec: ConvSpec) -> torch.Tensor:

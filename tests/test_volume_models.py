@@ -104,9 +104,9 @@ def test_the_figure_cuts_the_three_planes_through_the_centre():
     np.testing.assert_array_equal(planes["YZ (x = 3)"], volume[:, :, 3])
 
 
-def test_the_volume_benchmark_runs_and_reports_every_way(tmp_path, monkeypatch):
+def test_the_volume_benchmark_runs_and_reports_every_way(tmp_path, ops_config):
     """A 12³ smoke run (timings are not checked): every way in both layouts, the races and the written tables."""
-    monkeypatch.setenv("DENSECNN_CACHE_DIR", str(tmp_path / "cache"))
+    ops_config(cache_dir=tmp_path / "cache")
     bench = script("bench_volumes")
     threads = torch.get_num_threads()
     try:

@@ -225,8 +225,8 @@ def _tiny_budget(dense, x, labels, train):
 
 @pytest.mark.parametrize("net", [_volume_net, _signal_net])
 @pytest.mark.parametrize("mode", MODES)
-def test_tiled_equals_untiled_forward_predict_and_gradients(net, mode, monkeypatch, tmp_path):
-    monkeypatch.setenv("DENSECNN_CACHE_DIR", str(tmp_path))
+def test_tiled_equals_untiled_forward_predict_and_gradients(net, mode, ops_config, tmp_path):
+    ops_config(cache_dir=tmp_path)
     model, patch = net()
     dense = densecnn.convert(model, patch, padding_mode=mode)
     size = (8, 12, 10) if dense.dims == 3 else (301,)
@@ -324,11 +324,10 @@ def test_pad_image_matches_numpy_pad_in_three_axes(mode):
 
 
 @pytest.mark.parametrize("solver", [None, "native"])
-def test_volumes_run_channels_last_and_signals_ncl(solver, monkeypatch, tmp_path):
+def test_volumes_run_channels_last_and_signals_ncl(solver, ops_config, tmp_path):
     """A forced "nhwc" runs a volume net in channels_last_3d (every windowed step's output, the first one's from a
     single-channel input too) and equals patch scanning; signals have no channels-last format and run NCL."""
-    monkeypatch.setenv("DENSECNN_CACHE_DIR", str(tmp_path))
-    monkeypatch.setenv("DENSECNN_MEMORY_FORMAT", "nhwc")
+    ops_config(cache_dir=tmp_path, memory_format="nhwc")
     for model, patch, x in (
         (*_volume_net(), torch.randn(1, 2, 6, 18, 17, dtype=torch.float64)),
         (*_one_channel_volume_net(), torch.randn(1, 1, 7, 9, 10, dtype=torch.float64)),
@@ -414,10 +413,10 @@ def test_space_to_batch_equals_the_native_dilated_ops_in_3d(layout):
 
 
 @pytest.mark.skipif(not ext.available(), reason="densecnn's kernels are not built")
-def test_immediate_plans_pool_volumes_with_the_kernels(tmp_path, monkeypatch):
+def test_immediate_plans_pool_volumes_with_the_kernels(tmp_path, ops_config):
     """Without timing anything, a volume net's pools run on densecnn's kernels (torch's dilated 3-D pooling is
     several times slower), its convs on solvers predicted too."""
-    monkeypatch.setenv("DENSECNN_CACHE_DIR", str(tmp_path))
+    ops_config(cache_dir=tmp_path)
     model, patch = densecnn.zoo.create("znni_3d", in_channels=1, num_classes=3)
     dense = densecnn.convert(model.eval(), patch)
     x = torch.rand(1, 1, 20, 20, 20)

@@ -24,10 +24,8 @@ LAYOUTS = {2: torch.channels_last, 3: torch.channels_last_3d}
 
 
 @pytest.fixture(autouse=True)
-def solver_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("DENSECNN_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.delenv("DENSECNN_SOLVER", raising=False)
-    monkeypatch.delenv("DENSECNN_MEMORY_FORMAT", raising=False)
+def solver_cache(tmp_path, ops_config):
+    ops_config(cache_dir=tmp_path / "cache", solver=None, memory_format=None)
 
 
 def _taps(x: torch.Tensor, spec: ConvSpec) -> torch.Tensor:
@@ -287,8 +285,8 @@ def test_winograd_applies_to_ungrouped_three_tap_convs_in_two_and_three_axes():
     assert not winograd.applies(solvers.PoolSpec("max_pool2d", (3, 3), (1, 1)))
 
 
-def test_the_environment_forces_winograd(monkeypatch):
-    monkeypatch.setenv("DENSECNN_SOLVER", "winograd")
+def test_the_config_forces_winograd(ops_config):
+    ops_config(solver="winograd")
     model, patch = densecnn.zoo.create("plain_133", in_channels=3, num_classes=3)
     dense = densecnn.convert(model.eval(), patch)
     with torch.no_grad():

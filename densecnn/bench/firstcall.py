@@ -15,6 +15,7 @@ import time
 import torch
 
 import densecnn
+from densecnn.ops.config import use_config
 
 from .timing import interleave, median, ratio
 from .workloads import Workload
@@ -80,16 +81,8 @@ def cold_start(name: str, size: int, runs: int, calls: int = 4) -> dict:
 
 @contextlib.contextmanager
 def _empty_cache():
-    previous = os.environ.get("DENSECNN_CACHE_DIR")
-    with tempfile.TemporaryDirectory(prefix="densecnn-cache-") as cache:
-        os.environ["DENSECNN_CACHE_DIR"] = cache
-        try:
-            yield
-        finally:
-            if previous is None:
-                del os.environ["DENSECNN_CACHE_DIR"]
-            else:
-                os.environ["DENSECNN_CACHE_DIR"] = previous
+    with tempfile.TemporaryDirectory(prefix="densecnn-cache-") as cache, use_config(cache_dir=cache):
+        yield
 
 
 def immediate_vs_tuned(name: str, size: int, repeats: int) -> dict:

@@ -13,9 +13,10 @@ import torch
 import densecnn
 from densecnn.losses import masked_cross_entropy
 from densecnn.ops import allocator, ext_available, solvers
+from densecnn.ops.config import get_config
 from densecnn.ops.find import find
 from densecnn.ops.layout import to_format
-from densecnn.ops.plan import group_steps, next_shape
+from densecnn.ops.plan import next_shape
 from densecnn.ops.solvers import ConvSpec, PoolSpec
 
 from .timing import elapsed, fastest, interleave, median, ratio
@@ -241,7 +242,7 @@ def conv_limit(name: str, config: Config) -> dict:
     work = Workload.zoo(name, config.size)
     shape, contenders = tuple(work.padded.shape), {"densecnn": work.forward("densecnn")}
     plan = work.plan(False)
-    ext, steps = ext_available(), group_steps(work.dense.features)
+    ext, steps = ext_available(), work.dense.steps()
     for i, step in enumerate(steps):
         if hasattr(step.layers[0], "spec"):
             spec = step.spec()
@@ -315,10 +316,10 @@ def max_pool(kernel: int, dilation: int, config: Config) -> dict:
     of NCHW and channels_last, forward and backward."""
     x = pool_input(config.pool_channels, config.pool_size)
     spec = PoolSpec("max_pool2d", (kernel, kernel), (dilation, dilation))
-    ext = ext_available()
+    ext, cache_dir = ext_available(), get_config().cache_dir
     chosen = {}
     for direction, train in (("forward", False), ("backward", True)):
-        times = find(spec, tuple(x.shape), x.dtype, x.device, train=train, ext=ext)
+        times = find(spec, tuple(x.shape), x.dtype, x.device, train=train, ext=ext, cache_dir=cache_dir)
         chosen[direction] = min(
             ((fmt, s) for fmt, table in times.items() for s, ms in table.items() if ms is not None),
             key=lambda fs: times[fs[0]][fs[1]],

@@ -20,7 +20,7 @@ from torch import nn
 
 import densecnn
 from densecnn.ops.layout import memory_format, to_format
-from densecnn.ops.plan import Step, group_steps
+from densecnn.ops.plan import Step
 
 from .timing import elapsed
 
@@ -74,7 +74,7 @@ class Workload:
             return self.dense.plan(self.padded)
 
     def step_names(self) -> list[str]:
-        return [" + ".join(_layer_name(m) for m in step.layers) for step in group_steps(self.dense.features)]
+        return [" + ".join(_layer_name(m) for m in step.layers) for step in self.dense.steps()]
 
     # --- whole-net timings (seconds) -------------------------------------------------------------------------------
 
@@ -128,7 +128,7 @@ class Workload:
             plan = self.plan(train)
             steps, fmt = list(plan.steps), plan.memory_format
         else:
-            layer_groups = [step.layers for step in group_steps(self.dense.features)]
+            layer_groups = [step.layers for step in self.dense.steps()]
             steps = [_sequence(layers) for layers in layer_groups]
             fmt = which.split("/")[1]
         params = list(self.model.parameters())

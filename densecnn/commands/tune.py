@@ -36,7 +36,6 @@ def run(args) -> int:
     import torch
 
     from ..modelfile import load
-    from ..ops.find import cache_dir
     from ..tiling import choose_tile
 
     size = tuple(args.size)
@@ -72,7 +71,7 @@ def run(args) -> int:
             times = ", ".join(f"{name} {ms:.2f}" for name, ms in row["times_ms"].items() if ms is not None)
             source = f" ({row['source']}: {times} ms)" if row["source"] else ""
             print(f"  {' + '.join(row['layers']):<32} {row['solver']:<10}{source}")
-    print(f"solver timings cached in {cache_dir() / 'solvers'}")
+    print(f"solver timings cached in {dense.ops_config().cache_dir / 'solvers'}")
     return 0
 
 

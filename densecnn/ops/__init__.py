@@ -7,11 +7,26 @@
 - :mod:`~densecnn.ops.costmodel`: the plan's immediate choice, predicted from measurements shipped with the package;
 - :mod:`~densecnn.ops.find`: timing the candidates when asked to tune, cached on disk;
 - :mod:`~densecnn.ops.backends`: which solvers a net may use (``Backend``) and whether the kernels are built;
+- :mod:`~densecnn.ops.config`: the settings (``OpsConfig``), read once from the environment, overridable in code;
 - :mod:`~densecnn.ops.native`, :mod:`~densecnn.ops.ext`: the torch and compiled-kernel implementations.
+
+This package is the bottom layer: it imports nothing of densecnn above it (only ``densecnn._C`` and the leaf
+modules ``geometry``, ``errors``, ``atomic`` and ``_version``, which import nothing of densecnn); what a plan needs
+from the converter (the layers, the activations a pool may absorb) its caller hands it.
 """
 
 from __future__ import annotations
 
 from .backends import BACKENDS, Backend, check_backend, ext_available
+from .config import OpsConfig, get_config, set_config, use_config
 
-__all__ = ["BACKENDS", "Backend", "check_backend", "ext_available"]
+__all__ = [
+    "BACKENDS",
+    "Backend",
+    "OpsConfig",
+    "check_backend",
+    "ext_available",
+    "get_config",
+    "set_config",
+    "use_config",
+]

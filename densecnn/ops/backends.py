@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import enum
 import warnings
-from pathlib import Path
 
 from ..errors import ExtensionUnavailableWarning
 from . import ext
@@ -56,12 +55,11 @@ def ext_build() -> str | None:
     if not ext_available():
         return None
     try:
-        from densecnn import _C
-
-        stat = Path(_C.__file__).stat()
-    except (ImportError, OSError, TypeError):
+        library = ext.library_file()
+        stat = library.stat()
+    except (OSError, TypeError):
         return "unknown"
-    return f"{Path(_C.__file__).name}:{stat.st_size}:{int(stat.st_mtime)}"
+    return f"{library.name}:{stat.st_size}:{int(stat.st_mtime)}"
 
 
 def require_ext() -> None:

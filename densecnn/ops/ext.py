@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from pathlib import Path
 
 import torch
 
@@ -33,7 +34,7 @@ ACTIVATIONS = ("none", "relu", "tanh")
 POOL_MODES = ("max", "avg")
 
 try:
-    from densecnn import _C  # noqa: F401  (loading the library registers torch.ops.densecnn.*)
+    import densecnn._C  # loading the library registers torch.ops.densecnn.*
 
     _LOAD_ERROR: str | None = None
 except (ImportError, OSError) as error:  # not built, or built against another torch
@@ -50,6 +51,11 @@ def load_error() -> str | None:
     return _LOAD_ERROR
 
 
+def library_file() -> Path | None:
+    """The compiled library's file (None when it is not loaded)."""
+    return Path(densecnn._C.__file__) if _LOAD_ERROR is None else None
+
+
 def release_output_buffers() -> int:
     """Free the output buffers densecnn's CPU kernels keep for reuse that nothing refers to any more (as
     ``torch.cuda.empty_cache`` does for CUDA memory); returns the bytes released. Later calls allocate afresh.
@@ -59,6 +65,15 @@ def release_output_buffers() -> int:
     """
     _require()
     return torch.ops.densecnn.release_output_buffers()
+
+
+def set_output_buffers(*, max_free_bytes: int, huge_pages: bool) -> None:
+    """Set the CPU kernels' output buffers: at most ``max_free_bytes`` of free buffers kept for reuse (0: none; the
+    least recently used beyond it are released now), and whether fresh ones are advised onto 2 MiB pages.
+    :mod:`densecnn.ops.config` calls it with the config's ``output_cache_mb`` and ``huge_pages``.
+    """
+    _require()
+    torch.ops.densecnn.set_output_buffers(max_free_bytes, huge_pages)
 
 
 def _require() -> None:

@@ -3,15 +3,13 @@
 For one op (a :class:`~densecnn.ops.solvers.ConvSpec` or ``PoolSpec``), input shape, dtype, device and direction
 (inference, or training = forward + backward), :func:`find` runs each applicable solver in both memory formats on
 random data of that shape and returns ``{memory_format: {solver: milliseconds}}``. The table is stored as one JSON
-file per problem under :func:`cache_dir`, keyed by (op, shapes, dtype, device, threads, torch and densecnn versions,
-which build of the kernels is loaded, if any), and reused by every later process.
+file per problem under ``cache_dir / "solvers"`` (the config's ``cache_dir``, :mod:`densecnn.ops.config`), keyed by
+(op, shapes, dtype, device, threads, torch and densecnn versions, which build of the kernels is loaded, if any), and
+reused by every later process.
 
 Spatial sizes are bucketed (next power of two, at most :data:`MAX_SIDE` plus the op's reach) so a new image size
 reuses its bucket's timings instead of timing again; the ranking of solvers depends on channels, kernel and dilation
 far more than on the exact size.
-
-Environment:
-- ``DENSECNN_CACHE_DIR``: where the tables live (default ``$XDG_CACHE_HOME/densecnn`` or ``~/.cache/densecnn``).
 """
 
 from __future__ import annotations
@@ -19,12 +17,12 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import time
 from pathlib import Path
 
 import torch
 
+from .._version import __version__
 from ..atomic import atomic_write
 from ..geometry import reach
 from . import layout, solvers
@@ -45,14 +43,6 @@ REPEATS = (
 )
 BUDGET_MS = 300.0
 GIVE_UP = 2.0  # a candidate whose warm-up is this many times slower than the best so far is not timed further
-
-
-def cache_dir() -> Path:
-    """Where solver timings are cached: ``$DENSECNN_CACHE_DIR``, else ``$XDG_CACHE_HOME/densecnn``, else ~/.cache."""
-    if os.environ.get("DENSECNN_CACHE_DIR"):
-        return Path(os.environ["DENSECNN_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "densecnn"
 
 
 def timing_shape(spec: Spec, shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -80,8 +70,6 @@ def problem_key(
     input_grad: bool = True,
 ) -> dict:
     """Everything a solver's speed depends on, as a JSON-able dict."""
-    from .. import __version__
-
     key = {"op": spec.op, "input": list(timing_shape(spec, shape)), "kernel": list(spec.kernel)}
     key["dilation"] = list(spec.dilation)
     if isinstance(spec, ConvSpec):
@@ -100,22 +88,22 @@ def problem_key(
     return key
 
 
-def _cache_file(key: dict) -> Path:
+def _cache_file(key: dict, cache_dir: Path) -> Path:
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]
-    return cache_dir() / "solvers" / f"{digest}.json"
+    return cache_dir / "solvers" / f"{digest}.json"
 
 
-def load_times(key: dict) -> dict[str, dict[str, float | None]] | None:
-    """The cached table for ``key``, or None (missing, unreadable or for another key)."""
+def load_times(key: dict, cache_dir: Path) -> dict[str, dict[str, float | None]] | None:
+    """The table cached under ``cache_dir`` for ``key``, or None (missing, unreadable or for another key)."""
     try:
-        entry = json.loads(_cache_file(key).read_text())
+        entry = json.loads(_cache_file(key, cache_dir).read_text())
     except (OSError, ValueError):
         return None
     return entry.get("times_ms") if entry.get("key") == key else None
 
 
-def store_times(key: dict, times: dict) -> None:
-    path = _cache_file(key)
+def store_times(key: dict, times: dict, cache_dir: Path) -> None:
+    path = _cache_file(key, cache_dir)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         text = json.dumps({"key": key, "times_ms": times}, indent=1, sort_keys=True)
@@ -125,30 +113,32 @@ def store_times(key: dict, times: dict) -> None:
 
 
 def find(
-    spec: Spec, shape, dtype: torch.dtype, device, *, train: bool, ext: bool, input_grad: bool = True
+    spec: Spec, shape, dtype: torch.dtype, device, *, train: bool, ext: bool, cache_dir: Path, input_grad=True
 ) -> dict[str, dict[str, float | None]]:
-    """``{memory_format: {solver: ms}}`` for ``spec`` on inputs of ``shape``, from the cache or timed now.
+    """``{memory_format: {solver: ms}}`` for ``spec`` on inputs of ``shape``, from the cache under ``cache_dir`` or
+    timed now (and cached there).
 
     ``input_grad``: in training, whether the input needs a gradient (not for the first layer's image), which both
     changes the work and must be supported. A solver that fails on this problem (e.g. an unsupported dtype) is
     recorded as None and never chosen.
     """
     key = problem_key(spec, shape, dtype, device, train=train, ext=ext, input_grad=input_grad)
-    times = load_times(key)
+    times = load_times(key, cache_dir)
     if times is None:
         times = time_candidates(
             spec, key["input"], dtype, device, train=train, ext=ext, input_grad=input_grad
         )
-        store_times(key, times)
+        store_times(key, times, cache_dir)
     return times
 
 
 def cached(
-    spec: Spec, shape, dtype: torch.dtype, device, *, train: bool, ext: bool, input_grad: bool = True
+    spec: Spec, shape, dtype: torch.dtype, device, *, train: bool, ext: bool, cache_dir: Path, input_grad=True
 ) -> dict[str, dict[str, float | None]] | None:
     """The table :func:`find` would return if it is already cached (by ``densecnn tune`` or an earlier find), else
     None; never times anything."""
-    return load_times(problem_key(spec, shape, dtype, device, train=train, ext=ext, input_grad=input_grad))
+    key = problem_key(spec, shape, dtype, device, train=train, ext=ext, input_grad=input_grad)
+    return load_times(key, cache_dir)
 
 
 def time_candidates(

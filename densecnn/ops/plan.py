@@ -9,24 +9,26 @@ Where the per-layer times come from:
 - immediate mode (the default): the find step's cached timings of the layer if there are any (from ``densecnn
   tune`` or an earlier tuned run), else the shipped cost model's predictions (:mod:`densecnn.ops.costmodel`):
   no candidate is timed, so the first call is as fast as the next;
-- tuning (``tune=True``, ``DENSECNN_FIND=1``, ``densecnn tune``): every candidate is timed once per problem and the
-  times cached on disk (:mod:`densecnn.ops.find`), which later immediate-mode plans reuse.
+- tuning (the config's ``tune``: ``tune=True`` on the net, ``DENSECNN_FIND=1``, ``densecnn tune``): every candidate is
+  timed once per problem and the times cached on disk (:mod:`densecnn.ops.find`), which later immediate-mode plans
+  reuse.
 
 The backend restricts the candidates (:func:`densecnn.ops.backends.allowed_solvers`); ``native`` runs torch's ops
-in NCHW and so has nothing to choose.
+in NCHW and so has nothing to choose. The config's ``solver`` and ``memory_format`` force a solver (on the layers it
+can run; the others use ``native``) and a memory format (:mod:`densecnn.ops.config`).
 
-Forcing (for experiments and benchmarks), strongest first:
-- ``DenseCNN.solver`` / ``DenseCNN.memory_format`` attributes;
-- environment ``DENSECNN_SOLVER`` (``native``, ``s2b``, ``ext``, ``ext_fused``; layers the solver cannot run use
-  ``native``) and ``DENSECNN_MEMORY_FORMAT`` (``nchw`` or ``nhwc``).
+The plan knows nothing of the converter: its caller hands it the net's layers and, for each, the activation name a
+pool step may absorb (:func:`group_steps`). A windowed layer is one with ``spec()`` (its
+:class:`~densecnn.ops.solvers.ConvSpec` or ``PoolSpec``) and ``output_shape(shape)``; every other layer keeps the
+shape.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -34,14 +36,13 @@ from torch import nn
 
 from ..errors import Cancelled
 from ..geometry import output_size
-from ..layers import output_shape
-from ..rules.registry import fused_activation
 from . import allocator, costmodel, solvers
 from .backends import Backend, allowed_solvers, ext_available
+from .config import OpsConfig
 from .find import cached, find, timing_shape
-from .layout import NAMES, names_for, to_format
 from .layout import memory_format as torch_memory_format
-from .solvers import SOLVERS, PoolSpec
+from .layout import names_for, to_format
+from .solvers import PoolSpec
 
 Shape = tuple[int, ...]  # (N, C, *spatial)
 
@@ -51,7 +52,8 @@ class Step:
     """One or two consecutive layers run as a unit; ``solver`` is None for a layer run as itself."""
 
     layers: tuple[nn.Module, ...]
-    activation: str | None = None
+    activation: str | None = None  # the tanh/ReLU a pool step absorbs
+    pointwise: str | None = None  # the activation a pointwise step's layer is, which may run in place
     solver: str | None = None
     source: str | None = None  # "tuned", "predicted" or "forced": where the times behind the choice came from
     times: dict | None = None  # {memory_format: {solver: ms}} the choice was made on
@@ -107,7 +109,7 @@ def run_steps(
     for step in steps:
         if cancel is not None and cancel.is_set():
             raise Cancelled("the computation was cancelled")
-        activation = fused_activation(step.layers[0]) if step.solver is None else None
+        activation = step.pointwise if step.solver is None else None
         if owned and activation and not (torch.is_grad_enabled() and x.requires_grad):
             x = solvers.activate_(x, activation)
         else:
@@ -116,19 +118,25 @@ def run_steps(
     return x
 
 
-def group_steps(features: nn.Sequential) -> list[Step]:
-    """Steps of the net: each windowed layer (absorbing a following tanh/ReLU after a pool), each other layer alone."""
-    layers, steps, i = list(features), [], 0
+def group_steps(layers: Sequence[nn.Module], activations: Sequence[str | None]) -> list[Step]:
+    """Steps of the net: each windowed layer (absorbing a following tanh/ReLU after a pool), each other layer alone.
+
+    ``activations``: for each layer, the name of the activation it is under which a pool step may absorb it
+    ("tanh", "relu"), else None; the caller knows (for a dense net, its layer records).
+    """
+    layers, activations = list(layers), list(activations)
+    if len(layers) != len(activations):
+        raise ValueError(f"{len(layers)} layers but {len(activations)} activation names; pass one per layer")
+    steps, i = [], 0
     while i < len(layers):
         layer = layers[i]
         if not hasattr(layer, "spec"):
-            steps.append(Step((layer,)))
+            steps.append(Step((layer,), pointwise=activations[i]))
             i += 1
             continue
-        follower = layers[i + 1] if i + 1 < len(layers) else None
-        activation = fused_activation(follower)
-        if isinstance(layer.spec(), PoolSpec) and activation:
-            steps.append(Step((layer, follower), activation))
+        follower = activations[i + 1] if i + 1 < len(layers) else None
+        if isinstance(layer.spec(), PoolSpec) and follower:
+            steps.append(Step((layer, layers[i + 1]), follower))
             i += 2
         else:
             steps.append(Step((layer,)))
@@ -137,61 +145,37 @@ def group_steps(features: nn.Sequential) -> list[Step]:
 
 
 def next_shape(step: Step, shape: Shape) -> Shape:
+    """The (N, C', *S') the step outputs for an input of ``shape`` (windowed layers change it, the others keep it)."""
     for layer in step.layers:
-        shape = output_shape(layer, shape)
+        shape = layer.output_shape(shape) if hasattr(layer, "spec") else shape
     return shape
 
 
-def find_requested(attribute: bool) -> bool:
-    """Whether plans time their candidates: ``tune=True`` on the net, or ``DENSECNN_FIND=1`` in the environment."""
-    return attribute or os.environ.get("DENSECNN_FIND", "") not in ("", "0")
-
-
-def forced_solver(attribute: str | None) -> str | None:
-    name = attribute or os.environ.get("DENSECNN_SOLVER") or None
-    if name is not None and name not in SOLVERS:
-        raise ValueError(
-            f"solver {name!r} is unknown; use one of {', '.join(SOLVERS)} (DENSECNN_SOLVER or .solver)"
-        )
-    return name
-
-
-def forced_memory_format(attribute: str | None) -> str | None:
-    fmt = attribute or os.environ.get("DENSECNN_MEMORY_FORMAT") or None
-    if fmt is not None and fmt not in NAMES:
-        raise ValueError(
-            f"memory format {fmt!r} is unknown; use one of {', '.join(NAMES)} (DENSECNN_MEMORY_FORMAT)"
-        )
-    return fmt
-
-
 def make_plan(
-    features: nn.Sequential,
+    steps: list[Step],
     shape: Shape,
     dtype: torch.dtype,
     device,
     *,
     backend: Backend,
     train: bool,
-    solver: str | None = None,
-    memory_format: str | None = None,
+    config: OpsConfig,
     input_grad: bool = False,
-    tune: bool = False,
 ) -> Plan:
-    """The fastest plan for running ``features`` on a (N, C, *S) input of ``shape``: per-layer times predicted
-    (immediate mode, or cached timings) or, with ``tune``, timed by :func:`find`. Images and volumes run in NC* or
-    channels-last, whichever is faster; signals in NC* (a forced "nhwc" is ignored for them).
+    """The fastest plan for running ``steps`` (fresh from :func:`group_steps`; the plan keeps and fills them) on a
+    (N, C, *S) input of ``shape``: per-layer times predicted (immediate mode, or cached timings) or, with the
+    config's ``tune``, timed by :func:`find`. Images and volumes run in NC* or channels-last, whichever is faster;
+    signals in NC* (a forced "nhwc" is ignored for them). The config's ``solver`` and ``memory_format`` force them.
 
     ``train``: plan for forward + backward; ``input_grad``: whether the input itself needs a gradient.
     """
-    forced, fmt_forced = forced_solver(solver), forced_memory_format(memory_format)
+    forced, fmt_forced = config.solver, config.memory_format
     if backend is Backend.NATIVE and fmt_forced is None:
         fmt_forced = "nchw"  # torch's dilated ops as they come: nothing to choose, nothing to time
     if fmt_forced not in (None, *names_for(len(shape))):
         fmt_forced = "nchw"  # signals have no channels-last format
     allowed = allowed_solvers(backend, forced)
     ext = ext_available()
-    steps = group_steps(features)
     for index, step in enumerate(steps):
         if hasattr(step.layers[0], "spec"):
             spec = step.spec()
@@ -206,7 +190,7 @@ def make_plan(
                 forced,
                 fmt_forced,
                 train=train,
-                tune=tune,
+                config=config,
                 input_grad=needs_grad,
             )
         shape = next_shape(step, shape)
@@ -220,14 +204,17 @@ def make_plan(
     return Plan(chosen, steps)
 
 
-def _times(spec, names, shape, dtype, device, forced, fmt_forced, *, train, tune, input_grad):
+def _times(spec, names, shape, dtype, device, forced, fmt_forced, *, train, config, input_grad):
     """(source, {memory_format: {solver: ms}}) for one step, with the page faults of torch's buffers that the bucketed
     shape does not show (:mod:`densecnn.ops.allocator`)."""
     if fmt_forced and names and (forced or len(names) == 1):  # nothing to choose: no timing, no prediction
         return "forced", {fmt_forced: {forced if forced in names else names[0]: 0.0}}
     ext, timed_shape = ext_available(), timing_shape(spec, shape)
-    timings = find if tune else cached  # cached: None unless an earlier tuning timed this problem
-    source, times = "tuned", timings(spec, shape, dtype, device, train=train, ext=ext, input_grad=input_grad)
+    timings = find if config.tune else cached  # cached: None unless an earlier tuning timed this problem
+    source = "tuned"
+    times = timings(
+        spec, shape, dtype, device, train=train, ext=ext, cache_dir=config.cache_dir, input_grad=input_grad
+    )
     if times is None:
         # Predicted at the shape the find step times (and the cost model was measured at), so that immediate and
         # tuned plans rank the candidates on the same problem.

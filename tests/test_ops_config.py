@@ -1,0 +1,195 @@
+"""The ops settings: one OpsConfig, read from the environment once (at import), overridable in code (the process's
+config, then a net's own attributes), invalid values refused naming the variable, and the kernels' output buffers
+following it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import densecnn
+from densecnn.ops import OpsConfig, ext, get_config, plan, use_config
+from densecnn.ops.config import ENVIRONMENT
+from densecnn.ops.solvers import SOLVERS
+
+
+def _solvers_used(dense, x) -> set[str]:
+    with torch.no_grad():
+        return {step.solver for step in dense.plan(dense.pad(x)).steps if step.solver}
+
+
+def _tiny():
+    torch.manual_seed(0)
+    model, patch = densecnn.zoo.create("tiny", in_channels=1, num_classes=3)
+    return densecnn.convert(model.eval(), patch), torch.rand(1, 1, 10, 10)
+
+
+def _run(code: str, **environment: str) -> subprocess.CompletedProcess:
+    env = {key: value for key, value in os.environ.items() if key not in ENVIRONMENT.values()}
+    return subprocess.run(
+        [sys.executable, "-c", code], env={**env, **environment}, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_every_setting_has_its_environment_variable_and_default():
+    config = OpsConfig.from_environ({"XDG_CACHE_HOME": "/tmp/xdg"})
+    assert config == OpsConfig(cache_dir=Path("/tmp/xdg/densecnn"))
+    assert (config.solver, config.memory_format, config.tune) == (None, None, False)
+    assert (config.output_cache_mb, config.huge_pages) == (1024, False)
+    environment = {
+        "DENSECNN_SOLVER": "s2b",
+        "DENSECNN_MEMORY_FORMAT": "nhwc",
+        "DENSECNN_FIND": "1",
+        "DENSECNN_CACHE_DIR": "/tmp/solver-cache",
+        "DENSECNN_OUTPUT_CACHE_MB": "0",
+        "DENSECNN_HUGE_PAGES": "1",
+        "XDG_CACHE_HOME": "/tmp/xdg",
+    }
+    assert OpsConfig.from_environ(environment) == OpsConfig(
+        solver="s2b", memory_format="nhwc", tune=True, cache_dir=Path("/tmp/solver-cache"), output_cache_mb=0,
+        huge_pages=True,
+    )  # fmt: skip
+    assert set(ENVIRONMENT) == {field for field in OpsConfig.__dataclass_fields__}
+    empty = dict.fromkeys(ENVIRONMENT.values(), "")  # empty means unset
+    assert OpsConfig.from_environ({**empty, "XDG_CACHE_HOME": "/tmp/xdg"}) == config
+
+
+def test_the_environment_is_read_once_at_import(monkeypatch):
+    code = """
+import os, torch, densecnn
+from densecnn.ops import OpsConfig, get_config
+config = get_config()
+os.environ["DENSECNN_SOLVER"] = "native"                  # too late: read once, at import
+OpsConfig.from_environ = None                              # and never again
+model, patch = densecnn.zoo.create("tiny", in_channels=1, num_classes=3)
+dense = densecnn.convert(model.eval(), patch)
+with torch.no_grad():
+    plan = dense.plan(dense.pad(torch.rand(1, 1, 10, 10)))
+assert get_config() is config and config.solver == "s2b", config
+print(sorted({step.solver for step in plan.steps if step.solver}))
+"""
+    result = _run(code, DENSECNN_SOLVER="s2b", DENSECNN_MEMORY_FORMAT="nchw")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split("\n")[-2] == "['native', 's2b']"  # s2b wherever it applies, native elsewhere
+
+
+def test_code_overrides_the_environment_and_a_net_overrides_the_process():
+    code = """
+import torch, densecnn
+from densecnn.ops import get_config, set_config, use_config
+model, patch = densecnn.zoo.create("tiny", in_channels=1, num_classes=3)
+dense = densecnn.convert(model.eval(), patch)
+x = torch.rand(1, 1, 10, 10)
+def used():
+    with torch.no_grad():
+        return sorted({step.solver for step in dense.plan(dense.pad(x)).steps if step.solver})
+print(used())                                              # the environment's s2b
+with use_config(solver="native"):
+    print(used())                                          # the code's, for the block
+print(used())                                              # the environment's again
+set_config(get_config().replace(solver="native"))
+dense.solver = "s2b"
+print(used())                                              # the net's own, over the process's
+"""
+    result = _run(code, DENSECNN_SOLVER="s2b", DENSECNN_MEMORY_FORMAT="nchw")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split("\n")[:4] == [
+        "['native', 's2b']",
+        "['native']",
+        "['native', 's2b']",
+        "['native', 's2b']",
+    ]
+
+
+def test_a_net_plans_anew_when_the_config_changes(ops_config, tmp_path):
+    ops_config(cache_dir=tmp_path, solver=None, memory_format="nchw")
+    dense, x = _tiny()
+    assert _solvers_used(dense, x) != {"native"}
+    with use_config(solver="native"):
+        assert _solvers_used(dense, x) == {"native"}
+    assert _solvers_used(dense, x) != {"native"}
+    dense.tune = True  # the net's tune, or the process's, times the candidates into the config's cache
+    _solvers_used(dense, x)
+    assert dense.ops_config().tune and list((tmp_path / "solvers").glob("*.json"))
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "allowed"),
+    [
+        ("DENSECNN_SOLVER", "fastest", f"one of {', '.join(SOLVERS)}, or leave it unset"),
+        ("DENSECNN_MEMORY_FORMAT", "nwhc", "one of nchw, nhwc, or leave it unset"),
+        ("DENSECNN_FIND", "yes", "1 or 0"),
+        ("DENSECNN_HUGE_PAGES", "2", "1 or 0"),
+        ("DENSECNN_OUTPUT_CACHE_MB", "1GB", "a whole number of megabytes, 0 or more"),
+        ("DENSECNN_OUTPUT_CACHE_MB", "-1", "a whole number of megabytes, 0 or more"),
+    ],
+)
+def test_an_invalid_environment_value_is_refused_naming_the_variable(variable, value, allowed):
+    with pytest.raises(ValueError) as error:
+        OpsConfig.from_environ({variable: value})
+    assert f"{value!r}" in str(error.value) and f"; use {allowed}" in str(error.value)
+    assert str(error.value).endswith(f"({variable})")
+
+
+def test_an_invalid_environment_value_stops_the_import_with_the_fix():
+    result = _run("import densecnn", DENSECNN_SOLVER="fastest")
+    assert result.returncode != 0
+    assert "ValueError: solver 'fastest' is unknown; use one of native" in result.stderr
+    assert "(DENSECNN_SOLVER)" in result.stderr
+
+
+def test_an_invalid_value_in_code_is_refused_naming_the_setting():
+    with pytest.raises(ValueError, match=r"output cache size -5 is invalid.*\(OpsConfig.output_cache_mb\)"):
+        OpsConfig(output_cache_mb=-5)
+    with pytest.raises(ValueError, match=r"memory format 'NCHW' is unknown; use one of nchw, nhwc"):
+        get_config().replace(memory_format="NCHW")
+    with pytest.raises(ValueError, match=r"tune 1 is not a flag; use True or False"):
+        OpsConfig(tune=1)
+    with pytest.raises(TypeError, match="expected an OpsConfig"):
+        densecnn.ops.set_config({"solver": "native"})
+    dense, x = _tiny()
+    dense.solver = "fastest"
+    with pytest.raises(ValueError, match="solver 'fastest' is unknown"):
+        dense(x)
+
+
+def test_the_plan_is_handed_the_config_and_the_activations():
+    dense, x = _tiny()
+    padded = dense.pad(x)
+    steps = dense.steps()
+    assert [s.activation for s in steps if len(s.layers) == 2]  # tiny's pools absorb their activation
+    config = OpsConfig(solver="native", memory_format="nchw")
+    made = plan.make_plan(steps, tuple(padded.shape), padded.dtype, padded.device, backend=dense.backend,
+                          train=False, config=config)  # fmt: skip
+    assert {step.solver for step in made.steps if step.solver} == {"native"}
+    torch.testing.assert_close(made(padded), dense(x))
+    with pytest.raises(ValueError, match="2 layers but 1 activation names"):
+        plan.group_steps(list(dense.features)[:2], [None])
+
+
+@pytest.mark.skipif(not ext.available(), reason="densecnn's kernels are not built")
+def test_the_kernels_output_cache_follows_the_config():
+    def pool():
+        return ext.pool_activation(
+            torch.randn(1, 16, 130, 130), (2, 2), (2, 2), "max", "relu", None
+        )  # 1 MB out
+
+    ext.release_output_buffers()
+    with use_config(output_cache_mb=0):
+        out = pool()
+        del out
+        assert ext.release_output_buffers() == 0  # no reuse: the buffer went back to the system
+    with use_config(output_cache_mb=64):
+        out = pool()
+        size = out.untyped_storage().nbytes()
+        del out
+        assert ext.release_output_buffers() == size  # kept for reuse, then released here
+        out = pool()
+        del out  # free and cached ...
+        with use_config(output_cache_mb=0):  # ... until the limit drops, which releases it at once
+            assert ext.release_output_buffers() == 0
