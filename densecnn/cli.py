@@ -30,12 +30,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Parse ``argv`` and run the chosen subcommand; errors a user can fix print one line, not a traceback."""
-    from .errors import ConversionError, ModelFileError
+    from .errors import DenseCNNError
 
     args = build_parser().parse_args(argv)
     try:
         return args.run(args) or 0
-    except (ConversionError, ModelFileError, ValueError, FileNotFoundError) as exc:
+    except (DenseCNNError, FileNotFoundError) as exc:
         print(f"densecnn {args.command}: error: {exc}", file=sys.stderr)
         return 2
 

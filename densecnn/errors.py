@@ -57,6 +57,10 @@ class TrainingError(DenseCNNError, ValueError):
     checkpoint. The message names the option (``--batch``) or the file, and the fix."""
 
 
+class ExtensionUnavailableError(DenseCNNError, RuntimeError):
+    """densecnn's compiled kernels were asked for (``backend="ext"``) but are not built or failed to load."""
+
+
 class ExtensionUnavailableWarning(RuntimeWarning):
     """densecnn's compiled kernels are not built or failed to load; torch-only solvers are used instead."""
 

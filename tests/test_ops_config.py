@@ -139,7 +139,7 @@ def test_an_invalid_environment_value_is_refused_naming_the_variable(variable, v
 def test_an_invalid_environment_value_stops_the_import_with_the_fix():
     result = _run("import densecnn", DENSECNN_SOLVER="fastest")
     assert result.returncode != 0
-    assert "ValueError: solver 'fastest' is unknown; use one of native" in result.stderr
+    assert "InvalidInputError: solver 'fastest' is unknown; use one of native" in result.stderr
     assert "(DENSECNN_SOLVER)" in result.stderr
 
 

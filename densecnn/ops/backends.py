@@ -14,7 +14,7 @@ from __future__ import annotations
 import enum
 import warnings
 
-from ..errors import ExtensionUnavailableWarning
+from ..errors import ExtensionUnavailableError, ExtensionUnavailableWarning, InvalidInputError
 from . import ext
 from .solvers import SOLVERS
 
@@ -42,7 +42,7 @@ def check_backend(backend: str) -> Backend:
         return Backend(backend)
     except ValueError:
         names = ", ".join(b.value for b in Backend)
-        raise ValueError(f"backend={backend!r} is not supported; use one of {names}") from None
+        raise InvalidInputError(f"backend={backend!r} is not supported; use one of {names}") from None
 
 
 def ext_available() -> bool:
@@ -65,7 +65,7 @@ def ext_build() -> str | None:
 def require_ext() -> None:
     """Raise a clear error when densecnn's kernels are asked for but not built."""
     if not ext_available():
-        raise RuntimeError(
+        raise ExtensionUnavailableError(
             f"backend='ext' needs densecnn's compiled kernels, which are not available "
             f"({ext.load_error() or 'unknown reason'}). Build them with `pip install --no-build-isolation -e .` "
             "in the project, or use backend='auto' or 'native'"

@@ -21,6 +21,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..errors import InvalidInputError, InvalidTypeError
 from . import ext
 from .layout import NAMES
 from .solvers import SOLVERS
@@ -128,7 +129,9 @@ def _check(name: str, value, source: str, written: str | None = None) -> None:
     else:
         return
     shown = repr(value if written is None else written)
-    raise ValueError(f"{_NOUNS.get(name, name.replace('_', ' '))} {shown} {what}; use {allowed} ({source})")
+    raise InvalidInputError(
+        f"{_NOUNS.get(name, name.replace('_', ' '))} {shown} {what}; use {allowed} ({source})"
+    )
 
 
 def get_config() -> OpsConfig:
@@ -150,7 +153,7 @@ def set_config(config: OpsConfig) -> OpsConfig:
     """
     global _current
     if not isinstance(config, OpsConfig):
-        raise TypeError(
+        raise InvalidTypeError(
             f"expected an OpsConfig, got {type(config).__name__}; build one with get_config().replace(...)"
         )
     previous, _current = _current, config
