@@ -62,6 +62,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             torch.set_num_threads(settings.torch_threads)
 
         limit_threads()
+        # the caches that grow with every new image size, bounded by the service's settings
+        densecnn.ops.set_config(
+            densecnn.ops.get_config().replace(
+                output_cache_mb=settings.output_cache_mb, plan_cache_size=settings.plan_cache_size
+            )
+        )
         service.loading, service.draining, service.load_error = True, False, None
         service.pool = InferencePool(
             settings.max_concurrent_inferences, settings.queue_size, thread_setup=limit_threads

@@ -63,6 +63,17 @@ class Settings(BaseSettings):
     )
     retry_after: int = Field(1, ge=0, description="seconds in the Retry-After header of 503 answers")
     torch_threads: int = Field(default_factory=lambda: os.cpu_count() or 1, gt=0, description="per worker")
+    # --- what stays in memory between requests ---
+    output_cache_mb: int = Field(
+        256,
+        ge=0,
+        description="megabytes of free output buffers densecnn's kernels keep for reuse per worker (0: none)",
+    )
+    plan_cache_size: int = Field(
+        16,
+        ge=1,
+        description="solver plans each model keeps per worker, one per image size seen; least recent dropped",
+    )
     # --- slow and idle clients (the last four are uvicorn's, applied by `densecnn serve`) ---
     upload_timeout: float = Field(
         30.0, gt=0, description="seconds the request body may take to arrive; beyond: 408"

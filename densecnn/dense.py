@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import functools
 import math
 import threading
@@ -105,7 +106,9 @@ class DenseCNN(nn.Module):
         self.tune = tune
         self.solver: str | None = None
         self.memory_format: str | None = None
-        self._plans: dict[tuple, Plan] = {}
+        self._plans: collections.OrderedDict[tuple, Plan] = (
+            collections.OrderedDict()
+        )  # least recently used first
 
     @property
     def dims(self) -> int:
@@ -298,6 +301,7 @@ class DenseCNN(nn.Module):
             ext_available(),
         )  # fmt: skip
         if keep and key in self._plans:
+            self._plans.move_to_end(key)  # least recently used first: the first to go
             return self._plans[key]
         plan = make_plan(
             self.steps(),
@@ -311,6 +315,8 @@ class DenseCNN(nn.Module):
         )
         if keep:
             self._plans[key] = plan
+            while len(self._plans) > config.plan_cache_size:
+                self._plans.popitem(last=False)
         return plan
 
     def _check_input(self, x: torch.Tensor) -> None:

@@ -948,3 +948,19 @@ def test_non_finite_inputs_are_refused_naming_count_and_position(client, bad):
     np.save(buffer, image)
     error = assert_error(post_raw(client, buffer.getvalue(), "application/x-npy"), 400, "non_finite_input")
     assert "2 pixels holding NaN or infinite values" in error["message"] and "(3, 7)" in error["message"]
+
+
+def test_the_service_bounds_the_caches_that_grow_with_new_sizes(model_root):
+    settings = Settings(model_dir=model_root, output_cache_mb=0, plan_cache_size=3, warm_sizes=[])
+    before = densecnn.ops.get_config()
+    try:
+        with TestClient(create_app(settings)) as client:
+            wait_ready(client.get)
+            config = densecnn.ops.get_config()
+            assert (config.output_cache_mb, config.plan_cache_size) == (0, 3)
+            for width in range(20, 26):  # six sizes: the model keeps three plans
+                post_raw(client, encode(blobs(20, width)))
+            served = client.app.state.service.models["cells"]
+            assert len(served.dense._plans) == 3
+    finally:
+        densecnn.ops.set_config(before)

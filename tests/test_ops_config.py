@@ -193,3 +193,18 @@ def test_the_kernels_output_cache_follows_the_config():
         del out  # free and cached ...
         with use_config(output_cache_mb=0):  # ... until the limit drops, which releases it at once
             assert ext.release_output_buffers() == 0
+
+
+def test_a_net_keeps_at_most_plan_cache_size_plans_least_recently_used_first():
+    dense, _ = _tiny()
+    padded = [
+        size + dense.receptive_field[-1] - 1 for size in range(13)
+    ]  # the padded width of each image size
+    with use_config(plan_cache_size=2), torch.no_grad():
+        for size in (9, 10, 11, 10, 12):  # 10 is used again before 12 comes: 11 is then the least recent
+            dense(torch.rand(1, 1, size, size))
+    assert [key[0][-1] for key in dense._plans] == [padded[10], padded[12]]
+    with pytest.raises(
+        ValueError, match=r"plan cache size 0 is invalid; use a whole number of plans, 1 or more"
+    ):
+        OpsConfig(plan_cache_size=0)

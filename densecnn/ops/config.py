@@ -34,9 +34,15 @@ ENVIRONMENT = {
     "cache_dir": "DENSECNN_CACHE_DIR",
     "output_cache_mb": "DENSECNN_OUTPUT_CACHE_MB",
     "huge_pages": "DENSECNN_HUGE_PAGES",
+    "plan_cache_size": "DENSECNN_PLAN_CACHE_SIZE",
 }
 _FLAGS = {"0": False, "1": True}
-_NOUNS = {"output_cache_mb": "output cache size", "cache_dir": "cache directory", "huge_pages": "huge pages"}
+_NOUNS = {
+    "output_cache_mb": "output cache size",
+    "cache_dir": "cache directory",
+    "huge_pages": "huge pages",
+    "plan_cache_size": "plan cache size",
+}
 
 
 def _default_cache_dir(environ: Mapping[str, str]) -> Path:
@@ -55,6 +61,8 @@ class OpsConfig:
             ``$DENSECNN_CACHE_DIR``, else ``$XDG_CACHE_HOME/densecnn``, else ``~/.cache/densecnn``.
         output_cache_mb: megabytes of free output buffers densecnn's CPU kernels keep for reuse (0: no reuse).
         huge_pages: advise fresh output buffers to be backed by 2 MiB pages.
+        plan_cache_size: solver plans a dense net keeps, one per input shape (and dtype, direction, config): past it,
+            the least recently used is dropped, so a process that sees many sizes holds bounded memory.
 
     >>> OpsConfig(solver="fastest")
     Traceback (most recent call last):
@@ -68,6 +76,7 @@ class OpsConfig:
     cache_dir: Path = field(default_factory=lambda: _default_cache_dir({}))
     output_cache_mb: int = 1024
     huge_pages: bool = False
+    plan_cache_size: int = 64
 
     def __post_init__(self):
         if isinstance(self.cache_dir, str) and self.cache_dir:
@@ -102,7 +111,7 @@ def _parse(name: str, raw: str):
     as it is, so that :func:`_check` names it)."""
     if name in ("tune", "huge_pages"):
         return _FLAGS.get(raw, raw)
-    if name == "output_cache_mb":
+    if name in ("output_cache_mb", "plan_cache_size"):
         return int(raw) if raw.strip().lstrip("-").isdigit() else raw
     if name == "cache_dir":
         return Path(raw)
@@ -126,6 +135,10 @@ def _check(name: str, value, source: str, written: str | None = None) -> None:
         isinstance(value, int) and not isinstance(value, bool) and value >= 0
     ):
         what, allowed = "is invalid", "a whole number of megabytes, 0 or more (0 turns reuse off)"
+    elif name == "plan_cache_size" and not (
+        isinstance(value, int) and not isinstance(value, bool) and value >= 1
+    ):
+        what, allowed = "is invalid", "a whole number of plans, 1 or more"
     else:
         return
     shown = repr(value if written is None else written)
