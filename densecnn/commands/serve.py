@@ -27,6 +27,7 @@ def run(args) -> int:
     from densecnn_app.registry import model_dirs
     from densecnn_app.server import uvicorn_options
     from densecnn_app.settings import Settings
+    from pydantic import ValidationError
 
     if args.workers < 1:
         raise InvalidInputError(f"--workers must be at least 1, got {args.workers}")
@@ -34,7 +35,14 @@ def run(args) -> int:
         os.environ["DENSECNN_MODEL_DIR"] = args.model_dir  # workers build their Settings from the environment
     if args.workers > 1 and "DENSECNN_TORCH_THREADS" not in os.environ:
         os.environ["DENSECNN_TORCH_THREADS"] = str(max(1, (os.cpu_count() or 1) // args.workers))
-    settings = Settings()  # fails here, with the reason, on bad settings
+    try:
+        settings = Settings()  # fails here, with the reason, on bad settings
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(map(str, error['loc']))}: {error['msg'].removeprefix('Value error, ')}"
+            for error in exc.errors()
+        )
+        raise InvalidInputError(f"invalid service settings: {problems}") from None
     if not model_dirs(settings.model_dir):
         raise FileNotFoundError(
             f"no models in {settings.model_dir} (no subdirectory holds a model.json); "
