@@ -6,6 +6,8 @@ The cluster tests (worker processes, the shipped model, resume after a kill, mem
 from __future__ import annotations
 
 import re
+import socket
+import time
 
 import numpy as np
 import pytest
@@ -18,6 +20,7 @@ import densecnn
 from densecnn.blockwise import BlockwiseOptions, label
 from densecnn.blockwise import run as blockwise_run
 from densecnn.blockwise.blocks import halo, label_block, tight_window, window, window_size
+from densecnn.cli import main as cli_main
 from densecnn.errors import BlockFailedError, PredictInputError
 from densecnn.io import array_input, model_input
 from tests.naive import literal_scan
@@ -361,3 +364,47 @@ def test_ome_zarr_and_tiff_volumes_are_read_by_their_spatial_axes(tmp_path, stor
     labels = torch.from_numpy(zarr.open_array(str(tmp_path / "labels.zarr"))[:].astype(np.int64))
     assert labels.shape == (4, 20, 18)
     assert_labels_equal_except_ties(labels[None], reference)
+
+
+def test_resume_refuses_a_model_retrained_in_place(tmp_path):
+    model, patch = _tiny(1)
+    model_dir = save_model(model, tmp_path / "model", patch, "zeros", 1)
+    zarr.create_array(store=str(tmp_path / "in.zarr"), data=tiled_nuclei(20, 20), chunks=(10, 10))
+    label(model_dir, tmp_path / "in.zarr", tmp_path / "out.zarr", BlockwiseOptions(block=10, progress=False))
+    with torch.no_grad():
+        next(model.parameters()).add_(
+            0.5
+        )  # new weights, the same directory: half the chunks would mix two models
+    densecnn.save(model, model_dir, patch_size=patch)
+    with pytest.raises(PredictInputError, match="holds another prediction.*weights"):
+        label(
+            model_dir, tmp_path / "in.zarr", tmp_path / "out.zarr", BlockwiseOptions(block=10, progress=False)
+        )
+
+
+def test_an_unreachable_scheduler_is_one_clear_error_within_seconds(tmp_path):
+    model, patch = _tiny(1)
+    model_dir = save_model(model, tmp_path / "model", patch, "zeros", 1)
+    zarr.create_array(store=str(tmp_path / "in.zarr"), data=tiled_nuclei(20, 20), chunks=(10, 10))
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        address = f"tcp://127.0.0.1:{unused.getsockname()[1]}"  # nothing listens there
+    started = time.perf_counter()
+    with pytest.raises(
+        PredictInputError, match=r"cannot reach the Dask scheduler at tcp://127\.0\.0\.1:\d+ within"
+    ):
+        label(model_dir, tmp_path / "in.zarr", tmp_path / "out.zarr", BlockwiseOptions(scheduler=address))
+    assert time.perf_counter() - started < 25  # Dask's default waits 30 s
+
+
+def test_ctrl_c_says_how_to_resume(monkeypatch, capsys, tmp_path):
+    import densecnn.blockwise
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(densecnn.blockwise, "label", interrupted)
+    assert (
+        cli_main(["predict", "models/nuclei", str(tmp_path / "in.zarr"), str(tmp_path / "out.zarr")]) == 130
+    )
+    assert "run the same command again to resume" in capsys.readouterr().err

@@ -11,6 +11,7 @@ naming its coordinates; an image that cannot be read is listed in the summary an
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import itertools
 import math
 import os
@@ -26,6 +27,7 @@ from ..errors import BlockFailedError, ImageReadError, PredictInputError
 from ..io import LazyArray, image_files, is_zarr, label_dtype, open_array, unit_planes, write_labels
 from ..io.formats import IMAGE_SUFFIXES, TIFF_SUFFIXES
 from ..io.labels import check_label_path, labels_file_name
+from ..modelfile.format import WEIGHTS_FILE
 from .blocks import BlockJob, bounding_region, halo, label_block, window_size
 from .files import FileJob, label_file
 from .sinks import create_output, written_chunks
@@ -33,6 +35,7 @@ from .sinks import create_output, written_chunks
 DEFAULT_TIFF_CHUNK = 1024  # output chunk for TIFF and .npy inputs (not chunked like zarr arrays)
 DEFAULT_BLOCK = 1024  # pixels per side a task computes at once (whole chunks; fewer if memory is short)
 WORKER_BASELINE = 512 * 2**20  # a worker process with torch, Dask and a model loaded, before any task
+CONNECT_SECONDS = 10  # to reach a scheduler (Dask's own default waits 30 s, then prints a long traceback)
 TASK_SHARE = 0.5  # of what is left under a worker slot's memory limit, given to a task; the rest is headroom
 
 
@@ -219,7 +222,14 @@ def _client(scheduler: str | None, workers: int) -> Iterator[tuple[object, int |
     from distributed import Client, LocalCluster
 
     if scheduler is not None:
-        with Client(scheduler) as client:
+        try:
+            client = Client(scheduler, timeout=CONNECT_SECONDS)
+        except (OSError, TimeoutError) as exc:
+            raise PredictInputError(
+                f"cannot reach the Dask scheduler at {scheduler} within {CONNECT_SECONDS} s ({exc}); check the "
+                "address and that the scheduler runs, or leave --scheduler out to run on this machine"
+            ) from None
+        with client:
             if "dashboard" in client.scheduler_info().get("services", {}):
                 print(f"densecnn predict: Dask dashboard at {client.dashboard_link}", file=sys.stderr)
             yield client, None  # the cluster's workers keep their own thread settings
@@ -265,6 +275,15 @@ def _task_memory(client, max_memory: int | None) -> int:
     return budget
 
 
+def weights_digest(model_dir: Path) -> str:
+    """The SHA-256 of a model directory's weights file: what a resumed output must have been computed with."""
+    digest = hashlib.sha256()
+    with (model_dir / WEIGHTS_FILE).open("rb") as weights:
+        for block in iter(lambda: weights.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def _chunks(source: LazyArray, chunk) -> tuple[int, ...]:
     from ..geometry import ntuple
 
@@ -300,8 +319,9 @@ def _label_array(
             f"a task's window of {'x'.join(map(str, windows))} pixels needs about {held:,} bytes for its input and "
             f"labels, more than the {budget:,} bytes a task may use; choose a smaller --chunk or raise --max-memory"
         )
-    description = {"model": model, "input": str(Path(source.path).resolve()), "array": source.key,
-                   "classes": list(loaded.class_names)}  # fmt: skip
+    # what the output was computed from: resuming with other weights (a model retrained in place) is refused
+    description = {"model": model, "weights": weights_digest(Path(model)), "input": str(Path(source.path).resolve()),
+                   "array": source.key, "classes": list(loaded.class_names)}  # fmt: skip
     labels = create_output(output, shape=shape, chunks=chunks, dtype=label_dtype(loaded.num_classes),
                            attributes={**description, "content": "labels"}, resume=options.resume)  # fmt: skip
     done = written_chunks(labels, len(shape))

@@ -106,5 +106,11 @@ def run(args) -> int:
     except BlockFailedError as exc:
         print(f"densecnn predict: error: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print(
+            "densecnn predict: interrupted; what was written is kept: run the same command again to resume",
+            file=sys.stderr,
+        )
+        return 130
     print(summary)
     return 1 if summary.failures else 0
