@@ -88,7 +88,18 @@ def test_chunked_prediction_equals_patch_scanning(tmp_path, case, chunk, block):
     stored_pixels = np.moveaxis(pixels, -1, 0) if stored == "first" else pixels
     zarr.create_array(store=str(tmp_path / "in.zarr"), data=stored_pixels, chunks=stored_pixels.shape[:1] + (13, 10)
                       if stored == "first" else (13, 10) + stored_pixels.shape[2:])  # fmt: skip
-    summary = label(model_dir, tmp_path / "in.zarr", tmp_path / "labels.zarr", BlockwiseOptions(probabilities=tmp_path / "p.zarr", chunk=chunk, block=block, channel_axis=-1 if stored == "last" else None, progress=False))  # fmt: skip
+    summary = label(
+        model_dir,
+        tmp_path / "in.zarr",
+        tmp_path / "labels.zarr",
+        BlockwiseOptions(
+            probabilities=tmp_path / "p.zarr",
+            chunk=chunk,
+            block=block,
+            channel_axis=-1 if stored == "last" else None,
+            progress=False,
+        ),
+    )
     loaded = densecnn.load(model_dir)
     reference = literal_scan(
         loaded.model, model_input(pixels, loaded), (patch, patch), padding_mode

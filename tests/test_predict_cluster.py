@@ -65,7 +65,12 @@ def test_shipped_model_on_two_workers_equals_one_in_memory_pass(tmp_path, cluste
     address, _ = cluster
     pixels = tiled_nuclei(2000, 1500)
     zarr.create_array(store=str(tmp_path / "nuclei.zarr"), data=pixels, chunks=(250, 200))
-    summary = label(NUCLEI_MODEL, tmp_path / "nuclei.zarr", tmp_path / "labels.zarr", BlockwiseOptions(scheduler=address, block=500, progress=False))  # fmt: skip
+    summary = label(
+        NUCLEI_MODEL,
+        tmp_path / "nuclei.zarr",
+        tmp_path / "labels.zarr",
+        BlockwiseOptions(scheduler=address, block=500, progress=False),
+    )
     assert (summary.workers, summary.computed, summary.total, summary.retries) == (2, 64, 64, 0)
     assert summary.pixels == 2000 * 1500
     labels = _labels(tmp_path / "labels.zarr")
@@ -175,3 +180,19 @@ def test_a_20000_square_image_keeps_each_worker_under_its_memory_limit(tmp_path,
             labels[2000 * row : 2000 * (row + 1), 2000 * column : 2000 * (column + 1)].astype(np.int64)
         )
         assert_labels_equal_except_ties(got[None], reference[None])
+
+
+def test_a_client_of_ones_own_is_used_and_left_open(tmp_path, cluster):
+    _, client = cluster
+    pixels = tiled_nuclei(300, 260)
+    zarr.create_array(store=str(tmp_path / "in.zarr"), data=pixels, chunks=(150, 130))
+    summary = label(
+        NUCLEI_MODEL,
+        tmp_path / "in.zarr",
+        tmp_path / "out.zarr",
+        BlockwiseOptions(client=client, progress=False),
+    )
+    assert (summary.workers, summary.computed) == (2, 4)  # the fixture's two workers did it
+    assert client.status == "running"
+    labels = _labels(tmp_path / "out.zarr")
+    assert_labels_equal_except_ties(labels[None], whole_image_scores(NUCLEI_MODEL, pixels)[None])

@@ -75,6 +75,7 @@ class BlockwiseOptions:
 
     Attributes:
         probabilities: a zarr array path for the (K, *spatial) float16 class probabilities (zarr outputs only).
+        client: a ``distributed.Client`` of your own to run on (it stays open); None: one is made from ``scheduler``.
         scheduler: the address of a running Dask scheduler (``tcp://host:8786``); None: a local cluster.
         workers: worker processes of the local cluster (1: one worker thread in this process).
         chunk: the output chunk per spatial axis (default: the input's chunks; 1024 for TIFF inputs).
@@ -88,6 +89,7 @@ class BlockwiseOptions:
     """
 
     probabilities: str | Path | None = None
+    client: object | None = None
     scheduler: str | None = None
     workers: int = 1
     chunk: int | tuple[int, ...] | None = None
@@ -134,7 +136,7 @@ def label(
         with _input_errors():
             source = _chunked_source(input, options.channel_axis, len(loaded.patch_size))
         _check_channels(source.channels, loaded.in_channels, source.path)
-        with _client(options.scheduler, options.workers) as (client, threads):
+        with _client(options) as (client, threads):
             return _label_array(client, threads, loaded, model, source, output, options)
     dims = len(loaded.patch_size)
     if dims != 2:
@@ -154,7 +156,7 @@ def label(
     if input.is_dir() or any(ch in str(input) for ch in "*?["):
         with _input_errors():
             images = image_files(input)
-        with _client(options.scheduler, options.workers) as (client, threads):
+        with _client(options) as (client, threads):
             return _label_images(client, threads, model, images, output, options)
     if not input.is_file():
         raise PredictInputError(f"{input}: no such file, directory or zarr array")
@@ -217,10 +219,15 @@ def _label_one_image(loaded, input: Path, output: Path, options: BlockwiseOption
 
 
 @contextlib.contextmanager
-def _client(scheduler: str | None, workers: int) -> Iterator[tuple[object, int | None]]:
-    """A distributed Client for ``scheduler``, or for a local cluster; and the torch threads per task to set."""
+def _client(options: BlockwiseOptions) -> Iterator[tuple[object, int | None]]:
+    """The caller's distributed Client, or one for the scheduler, or for a local cluster; and the torch threads per
+    task to set."""
     from distributed import Client, LocalCluster
 
+    scheduler, workers = options.scheduler, options.workers
+    if options.client is not None:
+        yield options.client, None  # the caller's: left open, its workers keep their own thread settings
+        return
     if scheduler is not None:
         try:
             client = Client(scheduler, timeout=CONNECT_SECONDS)
