@@ -84,8 +84,8 @@ def image(rounds: int, backward: bool) -> list[dict]:
     rows = []
     for k, d in ((8, 1), (2, 2)):
         pools = {
-            "ext": (x, lambda t, k=k, d=d: ext.max_pool2d(t, k, d)),
-            "ext_channels_last": (x_cl, lambda t, k=k, d=d: ext.max_pool2d(t, k, d)),
+            "ext": (x, lambda t, k=k, d=d: ext.max_pool(t, k, d)),
+            "ext_channels_last": (x_cl, lambda t, k=k, d=d: ext.max_pool(t, k, d)),
             "native": (x, lambda t, k=k, d=d: F.max_pool2d(t, k, 1, 0, d)),
             "native_channels_last": (x_cl, lambda t, k=k, d=d: F.max_pool2d(t, k, 1, 0, d)),
         }

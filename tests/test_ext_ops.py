@@ -403,9 +403,9 @@ POOL_SHAPES = {1: (2, 3, 14), 2: (1, 2, 8, 9), 3: (1, 2, 6, 5, 5)}
 @pytest.mark.parametrize(
     ("axes", "fn"),
     [
-        (2, lambda x: ext.max_pool2d(x, (3, 2), (2, 3))),
-        (2, lambda x: ext.avg_pool2d(x, (2, 3), (3, 1), divisor=4)),
-        (2, lambda x: ext.pool2d_activation(x, (2, 2), (2, 2), "max", "tanh")),
+        (2, lambda x: ext.max_pool(x, (3, 2), (2, 3))),
+        (2, lambda x: ext.avg_pool(x, (2, 3), (3, 1), divisor=4)),
+        (2, lambda x: ext.pool_activation(x, (2, 2), (2, 2), "max", "tanh")),
         (1, lambda x: ext.pool_activation(x, 3, 2, "max", "relu")),
         (1, lambda x: ext.pool_activation(x, 4, 3, "avg", "tanh")),
         (3, lambda x: ext.max_pool(x, (2, 3, 2), (2, 1, 2))),
@@ -495,7 +495,6 @@ def test_empty_batches(shape, fn):
 @pytest.mark.parametrize(
     ("call", "message"),
     [
-        (lambda: ext.max_pool2d(torch.randn(3, 8, 8), (2, 2), (1, 1)), "expected a 4-D"),
         (lambda: ext.max_pool(torch.randn(8, 8), 2, 1), "expected a 3-D"),
         (lambda: ext.max_pool(torch.randn(1, 1, 4, 8), (3, 3), (2, 2)), "spans 5x5 pixels"),
         (lambda: ext.max_pool(torch.randn(1, 1, 4, 8, 9), 3, 2), "spans 5x5x5 pixels"),

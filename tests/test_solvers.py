@@ -175,7 +175,7 @@ def test_solver_and_memory_format_forced_by_environment(monkeypatch, ops_config)
     forced = ops.OpsConfig.from_environ({"DENSECNN_SOLVER": "s2b", "DENSECNN_MEMORY_FORMAT": "nhwc"})
     ops_config(solver=forced.solver, memory_format=forced.memory_format)
     monkeypatch.setattr(plan, "find", None)  # forcing both needs no timing and no prediction
-    monkeypatch.setattr(costmodel, "predict", None)
+    monkeypatch.setattr(costmodel, "estimate", None)
     model, patch, channels = _net("stages_46")
     dense = densecnn.convert(model, patch)
     x = torch.rand(1, channels, 8, 8, dtype=torch.float64)
@@ -209,7 +209,7 @@ def test_missing_extension_warns_once_and_falls_back(monkeypatch):
 
 def test_native_backend_runs_torch_ops_in_nchw_without_choosing(monkeypatch):
     monkeypatch.setattr(plan, "find", None)
-    monkeypatch.setattr(costmodel, "predict", None)
+    monkeypatch.setattr(costmodel, "estimate", None)
     model, patch, channels = _net("tiny")
     x = torch.rand(1, channels, 7, 9, dtype=torch.float64)
     dense = densecnn.convert(model, patch, backend="native")
@@ -251,10 +251,10 @@ def test_immediate_mode_times_nothing_and_is_deterministic(monkeypatch, solver_c
 def test_cost_model_predicts_every_fitted_candidate_in_both_formats():
     spec = PoolSpec("max_pool2d", (2, 2), (8, 8), activation="tanh")
     names = solvers.candidates(spec, ext_available=ops.ext_available())
-    table = costmodel.predict(spec, (1, 50, 300, 300), torch.float32, train=False, candidates=names)
+    table = costmodel.estimate(spec, (1, 50, 300, 300), torch.float32, train=False, candidates=names)
     assert set(table) == {"nchw", "nhwc"}
     assert all(ms is not None and ms > 0 for fmt in table.values() for ms in fmt.values())
-    larger = costmodel.predict(spec, (1, 50, 600, 600), torch.float32, train=False, candidates=names)
+    larger = costmodel.estimate(spec, (1, 50, 600, 600), torch.float32, train=False, candidates=names)
     assert larger["nchw"]["native"] > table["nchw"]["native"]  # more pixels cost more
 
 

@@ -450,7 +450,7 @@ def test_cost_model_ranks_volume_ops_from_their_own_measurements(monkeypatch):
         (PoolSpec("max_pool3d", (2, 2, 2), (2, 2, 2), activation="relu"), "native", (1, 8, 30, 30, 30)),
         (ConvSpec(torch.empty(16, 1, 3, 3, 3), None, (1, 1, 1), 1), "direct", (1, 1, 30, 30, 30)),
     ):
-        table = costmodel.predict(
+        table = costmodel.estimate(
             spec, shape, torch.float32, train=False, candidates=["native", "ext", "direct"]
         )
         timed = {name: ms for name, ms in table["nchw"].items() if ms is not None}

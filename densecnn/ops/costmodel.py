@@ -184,7 +184,7 @@ def _measurements(problem: dict):
                 yield direction, fmt, solver, ms
 
 
-def predict(
+def estimate(
     spec: Spec, shape, dtype: torch.dtype, *, train: bool, candidates: list[str]
 ) -> dict[str, dict[str, float | None]]:
     """``{memory_format: {solver: predicted ms}}`` for ``spec`` on an input of ``shape`` — the find step's table,

@@ -16,7 +16,7 @@ Example:
     >>> from densecnn.ops import ext
     >>> if ext.available():
     ...     y = ext.max_pool(torch.randn(1, 8, 20, 20, 20), (2, 2, 2), (4, 4, 4))  # (1, 8, 16, 16, 16)
-    ...     y = ext.max_pool2d(torch.randn(1, 64, 40, 40), (2, 2), (2, 2))  # (1, 64, 38, 38)
+    ...     y = ext.max_pool(torch.randn(1, 64, 40, 40), (2, 2), (2, 2))  # (1, 64, 38, 38)
 """
 
 from __future__ import annotations
@@ -160,33 +160,6 @@ def pool_activation(
             raise ValueError(f"divisor must be a positive int or None, got {divisor!r}")
         return torch.ops.densecnn.avg_pool(x, kernel, dilation, divisor or math.prod(kernel), activation)
     raise ValueError(f"mode={mode!r} is not supported; use one of {', '.join(POOL_MODES)}")
-
-
-def _require_image(x: torch.Tensor) -> None:
-    if x.dim() != 4:
-        raise ValueError(
-            f"expected a 4-D (N, C, H, W) input, got shape {tuple(x.shape)}; use max_pool/avg_pool"
-        )
-
-
-def max_pool2d(x: torch.Tensor, kernel, dilation) -> torch.Tensor:
-    """:func:`max_pool` of an (N, C, H, W) image."""
-    _require_image(x)
-    return max_pool(x, kernel, dilation)
-
-
-def avg_pool2d(x: torch.Tensor, kernel, dilation, divisor: int | None = None) -> torch.Tensor:
-    """:func:`avg_pool` of an (N, C, H, W) image."""
-    _require_image(x)
-    return avg_pool(x, kernel, dilation, divisor)
-
-
-def pool2d_activation(
-    x: torch.Tensor, kernel, dilation, mode: str, activation: str, divisor: int | None = None
-) -> torch.Tensor:
-    """:func:`pool_activation` of an (N, C, H, W) image."""
-    _require_image(x)
-    return pool_activation(x, kernel, dilation, mode, activation, divisor)
 
 
 def conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, dilation, groups: int = 1):

@@ -219,7 +219,7 @@ def _times(spec, names, shape, dtype, device, forced, fmt_forced, *, train, conf
         # Predicted at the shape the find step times (and the cost model was measured at), so that immediate and
         # tuned plans rank the candidates on the same problem.
         source = "predicted"
-        times = costmodel.predict(spec, timed_shape, dtype, train=train, candidates=names)
+        times = costmodel.estimate(spec, timed_shape, dtype, train=train, candidates=names)
     if torch.device(device).type != "cpu":
         return source, times
     real, timed = (_output_bytes(spec, s, dtype) for s in (shape, timed_shape))
