@@ -964,3 +964,28 @@ def test_the_service_bounds_the_caches_that_grow_with_new_sizes(model_root):
             assert len(served.dense._plans) == 3
     finally:
         densecnn.ops.set_config(before)
+
+
+def _tile_bomb(shape=(16, 16), tile=(4096, 4112)) -> bytes:
+    """A tiny image stored in one huge zlib tile: a few KB on the wire, the whole tile on decoding."""
+    buffer = io.BytesIO()
+    tifffile.imwrite(
+        buffer, np.zeros(shape, np.uint8), tile=tile, compression="zlib", photometric="minisblack"
+    )
+    return buffer.getvalue()
+
+
+def test_a_tiff_tile_far_larger_than_its_image_is_refused_before_decoding(client):
+    bomb = _tile_bomb()
+    assert len(bomb) < 100_000
+    error = assert_error(post_raw(client, bomb, "image/tiff"), 413, "image_too_large")
+    assert "4096x4112 tiles of 16,842,752 decoded bytes" in error["message"]
+
+
+def test_a_tiff_stack_with_a_tile_bomb_is_refused_too():
+    from densecnn.errors import ImageTooLargeError
+    from densecnn.io import read_nd
+
+    bomb = _tile_bomb(shape=(5, 16, 16), tile=(4096, 4112))  # five pages, each one huge tile
+    with pytest.raises(ImageTooLargeError, match="page 0 is stored in 4096x4112 tiles"):
+        read_nd(bomb, 3, max_pixels=10**6, max_bytes=64 * 2**20)

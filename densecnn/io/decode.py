@@ -95,6 +95,34 @@ def tiff_header(tiff: tifffile.TiffFile) -> ImageHeader:
     )
 
 
+TILE_EXCESS = 16  # a tile may decode to this many times its page's own bytes (small images in standard tiles)
+TILE_EXCESS_FLOOR = 16 * 2**20  # ... and always to this many bytes
+
+
+def check_tiff_tiles(tiff: tifffile.TiffFile, name: str, max_bytes: int | None) -> None:
+    """Refuse a TIFF with a tile that would decode to more than ``max_bytes``, or to far more than its page: the
+    decoder allocates a whole tile whatever the image's size, so a 16x16 image in one 32768² zlib tile (33 KB on the
+    wire) would cost 1 GiB. (A strip holds rows of the image itself, which the page's own bound covers.)
+
+    Raises:
+        ImageTooLargeError: naming the tile, its decoded bytes and the limit.
+    """
+    if max_bytes is None:
+        return
+    for index, page in enumerate(tiff.pages):
+        if not page.is_tiled:
+            continue
+        tile = (max(1, page.tiledepth), page.tilelength, page.tilewidth)
+        tile_bytes = math.prod(tile) * max(1, page.samplesperpixel) * page.dtype.itemsize
+        page_bytes = math.prod(page.shape) * page.dtype.itemsize
+        if tile_bytes > max_bytes or tile_bytes > max(TILE_EXCESS * page_bytes, TILE_EXCESS_FLOOR):
+            raise ImageTooLargeError(
+                f"{name}: page {index} is stored in {'x'.join(map(str, tile[1:] if tile[0] == 1 else tile))} tiles "
+                f"of {tile_bytes:,} decoded bytes each, for an image of {page_bytes:,} bytes (the limit is "
+                f"{max_bytes:,} bytes); write the TIFF with tiles no larger than the image (e.g. 256x256) or in strips"
+            )
+
+
 def _pillow_header(image: Image.Image, fmt: str) -> ImageHeader:
     if image.mode == "1":
         samples, size = 1, 1
@@ -144,6 +172,7 @@ def _read(data: bytes, name: str, *, decode: bool, **limits):
                 if not decode:
                     return header
                 header.check(name, **limits)
+                check_tiff_tiles(tiff, name, limits.get("max_bytes"))
                 page = tiff.pages[0]
                 array = page.asarray(maxworkers=1)  # one decoding thread: memory is the array's
                 if page.axes.startswith("S"):  # planar configuration "separate": samples first

@@ -15,7 +15,7 @@ import numpy as np
 import tifffile
 
 from ..errors import ImageDimensionsError, ImageReadError, ImageTooLargeError
-from .decode import read_array, source_name, tiff_header
+from .decode import check_tiff_tiles, read_array, source_name, tiff_header
 from .formats import NPY_KINDS, image_format
 from .orientation import oriented
 
@@ -104,6 +104,7 @@ def _tiff_stack(data: bytes, name: str, **limits) -> np.ndarray:
             if channels == ["C"]:
                 shape = (shape[0], shape[1] // shape[0], *shape[2:])  # ImageJ channels are counted as planes
             _check_nd(name, shape, 3, header.decoded_bytes, **limits)
+            check_tiff_tiles(tiff, name, limits.get("max_bytes"))
             array = series.asarray(maxworkers=1)
             orientation = tiff.pages[0].tags.valueof(274, 1)
     except ImageReadError:
