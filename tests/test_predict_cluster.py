@@ -61,21 +61,24 @@ def _labels(path) -> torch.Tensor:
     return torch.from_numpy(zarr.open_array(str(path))[:].astype(np.int64))
 
 
+def _label_nuclei(tmp_path, height: int, width: int, chunks, options: BlockwiseOptions):
+    """The shipped model on the nuclei image tiled to height x width in a zarr array of ``chunks``: the summary,
+    after checking the labels against one in-memory pass."""
+    pixels = tiled_nuclei(height, width)
+    zarr.create_array(store=str(tmp_path / "in.zarr"), data=pixels, chunks=chunks)
+    summary = label(NUCLEI_MODEL, tmp_path / "in.zarr", tmp_path / "labels.zarr", options)
+    assert zarr.open_array(str(tmp_path / "labels.zarr")).chunks == chunks
+    labels = _labels(tmp_path / "labels.zarr")
+    assert_labels_equal_except_ties(labels[None], whole_image_scores(NUCLEI_MODEL, pixels)[None])
+    return summary
+
+
 def test_shipped_model_on_two_workers_equals_one_in_memory_pass(tmp_path, cluster):
     address, _ = cluster
-    pixels = tiled_nuclei(2000, 1500)
-    zarr.create_array(store=str(tmp_path / "nuclei.zarr"), data=pixels, chunks=(250, 200))
-    summary = label(
-        NUCLEI_MODEL,
-        tmp_path / "nuclei.zarr",
-        tmp_path / "labels.zarr",
-        BlockwiseOptions(scheduler=address, block=500, progress=False),
-    )
+    options = BlockwiseOptions(scheduler=address, block=500, progress=False)
+    summary = _label_nuclei(tmp_path, 2000, 1500, (250, 200), options)
     assert (summary.workers, summary.computed, summary.total, summary.retries) == (2, 64, 64, 0)
     assert summary.pixels == 2000 * 1500
-    labels = _labels(tmp_path / "labels.zarr")
-    assert zarr.open_array(str(tmp_path / "labels.zarr")).chunks == (250, 200)
-    assert_labels_equal_except_ties(labels[None], whole_image_scores(NUCLEI_MODEL, pixels)[None])
 
 
 def test_directory_of_images_streams_label_maps_and_reports_a_corrupt_file(tmp_path, cluster):
@@ -184,15 +187,6 @@ def test_a_20000_square_image_keeps_each_worker_under_its_memory_limit(tmp_path,
 
 def test_a_client_of_ones_own_is_used_and_left_open(tmp_path, cluster):
     _, client = cluster
-    pixels = tiled_nuclei(300, 260)
-    zarr.create_array(store=str(tmp_path / "in.zarr"), data=pixels, chunks=(150, 130))
-    summary = label(
-        NUCLEI_MODEL,
-        tmp_path / "in.zarr",
-        tmp_path / "out.zarr",
-        BlockwiseOptions(client=client, progress=False),
-    )
+    summary = _label_nuclei(tmp_path, 300, 260, (150, 130), BlockwiseOptions(client=client, progress=False))
     assert (summary.workers, summary.computed) == (2, 4)  # the fixture's two workers did it
     assert client.status == "running"
-    labels = _labels(tmp_path / "out.zarr")
-    assert_labels_equal_except_ties(labels[None], whole_image_scores(NUCLEI_MODEL, pixels)[None])
