@@ -116,6 +116,12 @@ def test_sigterm_drains_in_flight_requests(model_root, tmp_path):
 
 def test_two_worker_processes_serve_and_stop_cleanly(model_root, tmp_path):
     server = Server(model_root, tmp_path / "server.log", workers=2, backend="native")
+    # Server waits for one worker; the other may still be loading (and verifying) its models and answer 503
+    # not_ready meanwhile: wait until new connections, which either worker may take, keep finding one ready
+    deadline, ready_in_a_row = time.monotonic() + 60, 0
+    while ready_in_a_row < 20:
+        assert time.monotonic() < deadline, "the second worker never became ready"
+        ready_in_a_row = ready_in_a_row + 1 if httpx.get(f"{server.url}/readyz").status_code == 200 else 0
     answers = [httpx.post(f"{server.url}/v1/models/cells/segment", content=encode(blobs(40, 40)),
                           headers={"content-type": "image/png"}, timeout=60) for _ in range(4)]  # fmt: skip
     assert [a.status_code for a in answers] == [200] * 4
