@@ -431,9 +431,10 @@ struct CpuTransforms {
   }
 };
 
-at::Tensor fft_conv2d_cpu(const at::Tensor& input, const at::Tensor& spectrum, const c10::optional<at::Tensor>& bias,
-                          at::IntArrayRef tile, at::IntArrayRef valid, at::IntArrayRef dilation) {
-  return fft_conv2d_tiles<CpuTransforms>(input, spectrum, bias, tile, valid, dilation);
+at::Tensor fft_conv2d_cpu(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& spectrum,
+                          const c10::optional<at::Tensor>& bias, at::IntArrayRef tile, at::IntArrayRef valid,
+                          at::IntArrayRef dilation) {
+  return fft_conv2d_tiles<CpuTransforms>(input, weight, spectrum, bias, tile, valid, dilation);
 }
 
 }  // namespace

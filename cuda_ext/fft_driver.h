@@ -82,9 +82,11 @@ inline int64_t fft_group_tiles(const FftGeometry& g, int64_t element_size) {
 }
 
 template <class Transforms>
-at::Tensor fft_conv2d_tiles(const at::Tensor& input, const at::Tensor& spectrum, const c10::optional<at::Tensor>& bias,
-                            at::IntArrayRef tile, at::IntArrayRef valid, at::IntArrayRef dilation) {
+at::Tensor fft_conv2d_tiles(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& spectrum,
+                            const c10::optional<at::Tensor>& bias, at::IntArrayRef tile, at::IntArrayRef valid,
+                            at::IntArrayRef dilation) {
   FftGeometry g = fft_geometry(input, spectrum, tile, valid, dilation);
+  check_conv_weight("fft_conv2d", weight, input, g.out_channels, {g.th - g.sh + 1, g.tw - g.sw + 1});
   if (bias.has_value()) {
     TORCH_CHECK(bias->dim() == 1 && bias->size(0) == g.out_channels && bias->scalar_type() == input.scalar_type(),
                 "densecnn.fft_conv2d: bias must have shape (", g.out_channels, ",) and the input's dtype, got ",

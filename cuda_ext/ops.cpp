@@ -56,19 +56,16 @@ TORCH_LIBRARY(densecnn, m) {
   m.def("direct_conv(Tensor input, Tensor weight, Tensor? bias, int[] dilation) -> Tensor");
   // Stride-1 dilated convolution in the frequency domain on overlap-save tiles of the sub-grids (fft_driver.h):
   // `spectrum` is the kernel's conj(DFT) on the th×tw tile, complex (th·(tw/2+1), C, K); valid = tile - kernel + 1.
+  // `weight` (K, C, kh, kw) is the weight the spectrum was made from: the kernels read only the spectrum, the
+  // gradients are taken for the weight (densecnn/ops/registrations.py).
   m.def(
-      "fft_conv2d(Tensor input, Tensor spectrum, Tensor? bias, int[2] tile, int[2] valid, int[2] dilation) "
-      "-> Tensor");
-  // Winograd F(m, 3) transforms of a stride-1 dilated 3×3 / 3×3×3 conv (winograd.h), for the tiles
-  // [tile_begin, tile_begin + tile_count) of the problem: the input's tiles as (α^n, tiles, C), α = m + 2 ...
-  m.def("winograd_input(Tensor input, int[] dilation, int m, int tile_begin, int tile_count) -> Tensor");
-  // ... and, from the products (α^n, tiles, K), those tiles' outputs (+ bias) written into output (N, K, ...).
-  m.def(
-      "winograd_output(Tensor(a!) output, Tensor transformed, Tensor? bias, int[] dilation, int m, "
-      "int tile_begin) -> ()");
-  // The whole conv: input transform, V[ξ] @ kernel[ξ] against the transformed kernel (α^n, C, K), output transform
-  // (+ bias), chunk by chunk -> (N, K, ...) in the input's memory format.
-  m.def("winograd_conv(Tensor input, Tensor kernel, Tensor? bias, int[] dilation, int m) -> Tensor");
+      "fft_conv2d(Tensor input, Tensor weight, Tensor spectrum, Tensor? bias, int[2] tile, int[2] valid, "
+      "int[2] dilation) -> Tensor");
+  // Stride-1 dilated 3×3 / 3×3×3 convolution by Winograd's F(m, 3) (winograd.h), chunk by chunk of tiles: input
+  // transform, V[ξ] @ kernel[ξ] against the transformed kernel (α^n, C, K), α = m + 2, output transform (+ bias)
+  // -> (N, K, ...) in the input's memory format. `weight` (K, C, 3, ...) is the weight the kernel was transformed
+  // from, taken for the gradients as fft_conv2d's.
+  m.def("winograd_conv(Tensor input, Tensor weight, Tensor kernel, Tensor? bias, int[] dilation, int m) -> Tensor");
   // Frees the cached output buffers nothing refers to (output_buffers.h); returns the bytes released.
   m.def("release_output_buffers() -> int", &densecnn::release_output_buffers);
   // The output buffers' settings (output_buffers.h): at most max_free_bytes of free buffers kept for reuse (0: none),

@@ -20,7 +20,7 @@ namespace densecnn {
 // (`x.to(memory_format=torch.channels_last)` gives stride 1), so that a channels-last net's outputs stay
 // channels-last. Channels-last is (N, ..., C) in memory whatever the number of spatial axes: torch's channels_last
 // (4-D) and channels_last_3d (5-D), and the (N, L, C) of a transposed signal.
-// Must agree with `_is_channels_last` in densecnn/ops/ext.py (the fake kernels).
+// Must agree with `_is_channels_last` in densecnn/ops/registrations.py (the fake kernels).
 inline bool is_channels_last(const at::Tensor& x) {
   if (x.dim() < 3) return false;
   int64_t spatial = 1;
@@ -61,6 +61,20 @@ inline std::string join_sizes(at::IntArrayRef sizes) {
   std::string text;
   for (size_t i = 0; i < sizes.size(); ++i) text += (i ? "x" : "") + std::to_string(sizes[i]);
   return text;
+}
+
+// The weight (K, C, *kernel) that a conv computing with a transform of it (Winograd's U, the FFT's spectrum) takes
+// alongside the transform: the op's gradients are taken for it (densecnn/ops/registrations.py), so it must be the
+// weight the transform was made from, as far as shapes can tell.
+inline void check_conv_weight(const char* op, const at::Tensor& weight, const at::Tensor& input, int64_t out_channels,
+                              at::IntArrayRef kernel) {
+  std::vector<int64_t> expected{out_channels, input.size(1)};
+  expected.insert(expected.end(), kernel.begin(), kernel.end());
+  TORCH_CHECK(weight.sizes() == at::IntArrayRef(expected) && weight.scalar_type() == input.scalar_type() &&
+                  weight.device() == input.device(),
+              "densecnn.", op, ": weight must be the ", at::IntArrayRef(expected),
+              " weight the transformed kernel was made from, in the input's dtype and on its device; got ",
+              weight.sizes(), " ", weight.scalar_type(), " on ", weight.device());
 }
 
 // Checks a pooling call on an input of `sizes` (N, C, spatial...) and returns its geometry in the given layout.

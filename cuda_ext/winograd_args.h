@@ -49,43 +49,43 @@ inline WinogradGeometry winograd_geometry(const at::Tensor& map, at::IntArrayRef
   return g;
 }
 
-// winograd_input: the input x (N, C, *S) and its output extent S - 2·d; checks the chunk lies in the tile grid.
+// The input transform: the input x (N, C, *S) and its output extent S - 2·d; checks the chunk lies in the tile grid.
 inline WinogradGeometry winograd_input_geometry(const at::Tensor& x, at::IntArrayRef dilation, int64_t m,
                                                 int64_t tile_begin, int64_t tile_count) {
-  check_winograd_call("winograd_input", x, dilation, m);
+  check_winograd_call("winograd_conv", x, dilation, m);
   std::vector<int64_t> out;
   for (int64_t a = 0; a < x.dim() - 2; ++a) {
     out.push_back(x.size(a + 2) - 2 * dilation[a]);
-    TORCH_CHECK(out.back() >= 1, "densecnn.winograd_input: a 3-tap kernel at dilation ", dilation, " spans ",
+    TORCH_CHECK(out.back() >= 1, "densecnn.winograd_conv: a 3-tap kernel at dilation ", dilation, " spans ",
                 2 * dilation[a] + 1, " pixels along axis ", a, " but the input has only ", x.size(a + 2));
   }
   const WinogradGeometry g = winograd_geometry(x, out, dilation, m, tile_begin, tile_count);
   TORCH_CHECK(tile_begin >= 0 && tile_count >= 0 && tile_begin + tile_count <= winograd_tiles(g, x.size(0)),
-              "densecnn.winograd_input: tiles [", tile_begin, ", ", tile_begin + tile_count, ") outside the ",
+              "densecnn.winograd_conv: tiles [", tile_begin, ", ", tile_begin + tile_count, ") outside the ",
               winograd_tiles(g, x.size(0)), " tiles of the problem");
   return g;
 }
 
-// winograd_output: the output y (N, K, *O) the transformed chunk (α^n, tiles, K) is written into.
+// The output transform: the output y (N, K, *O) the transformed chunk (α^n, tiles, K) is written into.
 inline WinogradGeometry winograd_output_geometry(const at::Tensor& y, const at::Tensor& transformed,
                                                  const c10::optional<at::Tensor>& bias, at::IntArrayRef dilation,
                                                  int64_t m, int64_t tile_begin) {
-  check_winograd_call("winograd_output", y, dilation, m);
+  check_winograd_call("winograd_conv", y, dilation, m);
   const int64_t points = y.dim() == 4 ? (m + 2) * (m + 2) : (m + 2) * (m + 2) * (m + 2);
   TORCH_CHECK(transformed.dim() == 3 && transformed.size(0) == points && transformed.size(2) == y.size(1) &&
                   transformed.is_contiguous() && transformed.scalar_type() == y.scalar_type() &&
                   transformed.device() == y.device(),
-              "densecnn.winograd_output: transformed must be a contiguous (", points, ", tiles, ", y.size(1),
+              "densecnn.winograd_conv: transformed must be a contiguous (", points, ", tiles, ", y.size(1),
               ") tensor of the output's dtype and device, got ", transformed.sizes());
   if (bias.has_value()) {
     TORCH_CHECK(bias->dim() == 1 && bias->size(0) == y.size(1) && bias->is_contiguous() &&
                     bias->scalar_type() == y.scalar_type(),
-                "densecnn.winograd_output: bias must be a contiguous (", y.size(1), ",) tensor of the output's dtype");
+                "densecnn.winograd_conv: bias must be a contiguous (", y.size(1), ",) tensor of the output's dtype");
   }
   const std::vector<int64_t> out(y.sizes().begin() + 2, y.sizes().end());
   const WinogradGeometry g = winograd_geometry(y, out, dilation, m, tile_begin, transformed.size(1));
   TORCH_CHECK(tile_begin >= 0 && tile_begin + g.tile_count <= winograd_tiles(g, y.size(0)),
-              "densecnn.winograd_output: tiles [", tile_begin, ", ", tile_begin + g.tile_count, ") outside the ",
+              "densecnn.winograd_conv: tiles [", tile_begin, ", ", tile_begin + g.tile_count, ") outside the ",
               winograd_tiles(g, y.size(0)), " tiles of the problem");
   return g;
 }

@@ -1,4 +1,4 @@
-// CPU loops of the Winograd transform ops (winograd.h): parallel over the chunk's tiles, each tile's transform run
+// CPU loops of the Winograd conv op (winograd.h): parallel over chunks of tiles, each tile's transform run
 // on blocks of kLanes channels at once so that every step of the per-tile body is a loop over kLanes contiguous
 // values, which the compiler vectorises (AVX-512, AVX2 or baseline, picked at load time).
 #include <ATen/ATen.h>
@@ -116,56 +116,14 @@ DENSECNN_WINOGRAD_LOOPS(3, 3, double)
 DENSECNN_WINOGRAD_LOOPS(4, 2, double)
 DENSECNN_WINOGRAD_LOOPS(4, 3, double)
 
-at::Tensor winograd_input_cpu(const at::Tensor& input, at::IntArrayRef dilation, int64_t m, int64_t tile_begin,
-                              int64_t tile_count) {
-  const WinogradGeometry g = winograd_input_geometry(input, dilation, m, tile_begin, tile_count);
-  const int64_t points = g.axes == 2 ? (m + 2) * (m + 2) : (m + 2) * (m + 2) * (m + 2);
-  at::Tensor v = at::empty({points, tile_count, g.channels}, input.options());
-  if (v.numel() == 0) return v;
-  AT_DISPATCH_FLOATING_TYPES(input.scalar_type(), "densecnn_winograd_input", [&] {
-    const scalar_t* x = input.const_data_ptr<scalar_t>();
-    scalar_t* out = v.mutable_data_ptr<scalar_t>();
-    dispatch_winograd(m, g.axes, [&](auto m_tag, auto axes_tag) {
-      constexpr int M = decltype(m_tag)::value, AXES = decltype(axes_tag)::value;
-      if (gpu_loops_on_cpu()) {
-        for_each_element(tile_count * g.channels, [&](int64_t i) { winograd_input_at<M, AXES>(g, x, out, i); });
-        return;
-      }
-      at::parallel_for(0, tile_count, 8, [&](int64_t begin, int64_t end) {
-        input_tiles(m_tag, axes_tag, g, x, out, begin, end);
-      });
-    });
-  });
-  return v;
-}
-
-void winograd_output_cpu(at::Tensor& output, const at::Tensor& transformed, const c10::optional<at::Tensor>& bias,
-                         at::IntArrayRef dilation, int64_t m, int64_t tile_begin) {
-  const WinogradGeometry g = winograd_output_geometry(output, transformed, bias, dilation, m, tile_begin);
-  if (g.tile_count == 0 || output.numel() == 0) return;
-  AT_DISPATCH_FLOATING_TYPES(output.scalar_type(), "densecnn_winograd_output", [&] {
-    const scalar_t* src = transformed.const_data_ptr<scalar_t>();
-    const scalar_t* b = bias.has_value() ? bias->const_data_ptr<scalar_t>() : nullptr;
-    scalar_t* y = output.mutable_data_ptr<scalar_t>();
-    dispatch_winograd(m, g.axes, [&](auto m_tag, auto axes_tag) {
-      constexpr int M = decltype(m_tag)::value, AXES = decltype(axes_tag)::value;
-      if (gpu_loops_on_cpu()) {
-        for_each_element(g.tile_count * g.channels,
-                         [&](int64_t i) { winograd_output_at<M, AXES>(g, src, b, y, i); });
-        return;
-      }
-      at::parallel_for(0, g.tile_count, 8, [&](int64_t begin, int64_t end) {
-        output_tiles(m_tag, axes_tag, g, src, b, y, begin, end);
-      });
-    });
-  });
-}
-
 // The whole convolution, each thread running the pipeline on its own chunks of tiles: input transform into V,
 // V[ξ] @ U[ξ] (single-threaded inside the parallel region), output transform. The chunk's V and products live in
 // buffers of the thread that stay in its L2, and the threads meet at one barrier per conv instead of three per chunk.
-at::Tensor winograd_conv_cpu(const at::Tensor& input, const at::Tensor& kernel, const c10::optional<at::Tensor>& bias,
-                             at::IntArrayRef dilation, int64_t m) {
+//
+// With the CUDA kernels' per-element bodies on (tests), the two transforms run those bodies, one (tile, channel)
+// pair per element, as the GPU does.
+at::Tensor winograd_conv_cpu(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& kernel,
+                             const c10::optional<at::Tensor>& bias, at::IntArrayRef dilation, int64_t m) {
   WinogradGeometry in = winograd_input_geometry(input, dilation, m, 0, 0);
   const int64_t k = kernel.size(-1);
   const int64_t points = in.axes == 2 ? (m + 2) * (m + 2) : (m + 2) * (m + 2) * (m + 2);
@@ -173,6 +131,7 @@ at::Tensor winograd_conv_cpu(const at::Tensor& input, const at::Tensor& kernel, 
                   kernel.is_contiguous() && kernel.scalar_type() == input.scalar_type(),
               "densecnn.winograd_conv: kernel must be the contiguous transformed kernel (", points, ", ", in.channels,
               ", K) of the input's dtype, got ", kernel.sizes());
+  check_conv_weight("winograd_conv", weight, input, k, std::vector<int64_t>(in.axes, 3));
   std::vector<int64_t> out_sizes{input.size(0), k};
   for (int a = 0; a < in.axes; ++a) out_sizes.push_back(in.out[a]);
   at::Tensor y = empty_in_layout(out_sizes, input.options(), is_channels_last(input));
@@ -182,11 +141,13 @@ at::Tensor winograd_conv_cpu(const at::Tensor& input, const at::Tensor& kernel, 
   if (y.numel() == 0 || tiles == 0) return y;
   const int64_t chunk = std::max<int64_t>(1, kChunkBytes / (points * (in.channels + k) * input.element_size()));
   const int64_t chunks = (tiles + chunk - 1) / chunk;
+  const bool gpu_loops = gpu_loops_on_cpu();
   AT_DISPATCH_FLOATING_TYPES(input.scalar_type(), "densecnn_winograd_conv", [&] {
     const scalar_t* x = input.const_data_ptr<scalar_t>();
     const scalar_t* b = bias.has_value() ? bias->const_data_ptr<scalar_t>() : nullptr;
     scalar_t* y_data = y.mutable_data_ptr<scalar_t>();
     dispatch_winograd(m, in.axes, [&](auto m_tag, auto axes_tag) {
+      constexpr int M = decltype(m_tag)::value, AXES = decltype(axes_tag)::value;
       at::parallel_for(0, chunks, 1, [&](int64_t first, int64_t last) {
         // Chunks are sized to stay under 1 MB, so these come from the cache only for layers too wide for that.
         at::Tensor v = empty_output({points * chunk * in.channels}, input.options());
@@ -198,9 +159,21 @@ at::Tensor winograd_conv_cpu(const at::Tensor& input, const at::Tensor& kernel, 
           at::Tensor v_chunk = v.narrow(0, 0, points * gi.tile_count * in.channels)
                                    .view({points, gi.tile_count, in.channels});  // (α^n, tiles, C)
           at::Tensor p_chunk = products.narrow(0, 0, points * gi.tile_count * k).view({points, gi.tile_count, k});
-          input_tiles(m_tag, axes_tag, gi, x, v_chunk.mutable_data_ptr<scalar_t>(), 0, gi.tile_count);
+          scalar_t* v_data = v_chunk.mutable_data_ptr<scalar_t>();
+          const scalar_t* p_data = p_chunk.const_data_ptr<scalar_t>();
+          if (gpu_loops) {
+            for_each_element(gi.tile_count * in.channels,
+                             [&](int64_t i) { winograd_input_at<M, AXES>(gi, x, v_data, i); });
+          } else {
+            input_tiles(m_tag, axes_tag, gi, x, v_data, 0, gi.tile_count);
+          }
           at::bmm_out(p_chunk, v_chunk, kernel);  // (α^n, tiles, K)
-          output_tiles(m_tag, axes_tag, go, p_chunk.const_data_ptr<scalar_t>(), b, y_data, 0, go.tile_count);
+          if (gpu_loops) {
+            for_each_element(go.tile_count * k,
+                             [&](int64_t i) { winograd_output_at<M, AXES>(go, p_data, b, y_data, i); });
+          } else {
+            output_tiles(m_tag, axes_tag, go, p_data, b, y_data, 0, go.tile_count);
+          }
         }
       });
     });
@@ -211,8 +184,6 @@ at::Tensor winograd_conv_cpu(const at::Tensor& input, const at::Tensor& kernel, 
 }  // namespace
 
 TORCH_LIBRARY_IMPL(densecnn, CPU, m) {
-  m.impl("winograd_input", &winograd_input_cpu);
-  m.impl("winograd_output", &winograd_output_cpu);
   m.impl("winograd_conv", &winograd_conv_cpu);
 }
 

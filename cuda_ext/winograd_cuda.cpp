@@ -49,8 +49,8 @@ void winograd_output_cuda(at::Tensor& output, const at::Tensor& transformed, con
 }
 
 // The whole conv, chunk by chunk: the two transform kernels around one batched GEMM per chunk.
-at::Tensor winograd_conv_cuda(const at::Tensor& input, const at::Tensor& kernel, const c10::optional<at::Tensor>& bias,
-                              at::IntArrayRef dilation, int64_t m) {
+at::Tensor winograd_conv_cuda(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& kernel,
+                              const c10::optional<at::Tensor>& bias, at::IntArrayRef dilation, int64_t m) {
   const c10::cuda::CUDAGuard guard(input.device());
   const WinogradGeometry in = winograd_input_geometry(input, dilation, m, 0, 0);
   const int64_t points = points_of(in.axes, m), k = kernel.size(-1);
@@ -58,6 +58,7 @@ at::Tensor winograd_conv_cuda(const at::Tensor& input, const at::Tensor& kernel,
                   kernel.is_contiguous() && kernel.scalar_type() == input.scalar_type(),
               "densecnn.winograd_conv: kernel must be the contiguous transformed kernel (", points, ", ", in.channels,
               ", K) of the input's dtype, got ", kernel.sizes());
+  check_conv_weight("winograd_conv", weight, input, k, std::vector<int64_t>(in.axes, 3));
   std::vector<int64_t> out_sizes{input.size(0), k};
   for (int a = 0; a < in.axes; ++a) out_sizes.push_back(in.out[a]);
   at::Tensor y = empty_in_layout(out_sizes, input.options(), is_channels_last(input));
@@ -74,8 +75,6 @@ at::Tensor winograd_conv_cuda(const at::Tensor& input, const at::Tensor& kernel,
 }  // namespace
 
 TORCH_LIBRARY_IMPL(densecnn, CUDA, m) {
-  m.impl("winograd_input", &winograd_input_cuda);
-  m.impl("winograd_output", &winograd_output_cuda);
   m.impl("winograd_conv", &winograd_conv_cuda);
 }
 

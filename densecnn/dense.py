@@ -21,7 +21,7 @@ from .masked import masked_terms
 from .ops.backends import Backend, check_backend, ext_available
 from .ops.config import OpsConfig, get_config
 from .ops.plan import Plan, Step, group_steps, make_plan
-from .ops.solvers import ConvSpec
+from .ops.solvers import ConvOp
 from .padding import dense_padding, pad_image
 from .rules.registry import fused_activation
 
@@ -36,15 +36,15 @@ def _native_scratch_bytes(layer: nn.Module, in_shape, out_shape, itemsize: int) 
     pooling computes int64 argmax indices even without autograd."""
     if not isinstance(layer, WindowLayer):
         return 0
-    spec = layer.spec()
+    op = layer.dense_op()
     pixels = math.prod(out_shape[2:])
-    if isinstance(spec, ConvSpec):
-        dilated = any(d > 1 for d, k in zip(spec.dilation, spec.kernel) if k > 1)
+    if isinstance(op, ConvOp):
+        dilated = any(d > 1 for d, k in zip(op.dilation, op.kernel) if k > 1)
         unrolled = (layer.dims == 3 and dilated) or (
-            math.prod(spec.kernel) > 1 and torch.backends.cpu.get_cpu_capability() == "DEFAULT"
+            math.prod(op.kernel) > 1 and torch.backends.cpu.get_cpu_capability() == "DEFAULT"
         )
-        return spec.weight.shape[1] * math.prod(spec.kernel) * pixels * itemsize if unrolled else 0
-    return 8 * math.prod(out_shape) if layer.dims == 3 and spec.mode == "max" else 0
+        return op.weight.shape[1] * math.prod(op.kernel) * pixels * itemsize if unrolled else 0
+    return 8 * math.prod(out_shape) if layer.dims == 3 and op.mode == "max" else 0
 
 
 class DenseCNN(nn.Module):

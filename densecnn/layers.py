@@ -14,7 +14,7 @@ from torch import nn
 from .geometry import Size, output_size
 from .hooks import recompute_weights
 from .ops import solvers
-from .ops.solvers import ConvSpec, PoolSpec
+from .ops.solvers import ConvOp, PoolOp
 
 Shape = tuple[int, ...]  # (N, C, *spatial)
 
@@ -57,18 +57,18 @@ class WindowLayer(nn.Module):
         return len(self.kernel)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (N, C, *S) -> (N, C', *S')
-        return solvers.run("native", self.spec(), x)
+        return solvers.run("native", self.dense_op(), x)
 
     def output_shape(self, shape: Shape) -> Shape:
         """The (N, C', *S') this layer outputs for an input of ``shape``."""
-        spec = self.spec()
-        channels = spec.weight.shape[0] if isinstance(spec, ConvSpec) else shape[1]
+        op = self.dense_op()
+        channels = op.weight.shape[0] if isinstance(op, ConvOp) else shape[1]
         return (shape[0], channels, *output_size(tuple(shape[2:]), self.kernel, self.dilation))
 
     def strided(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
-    def spec(self) -> ConvSpec | PoolSpec:
+    def dense_op(self) -> ConvOp | PoolOp:
         """The dense op this layer runs, for the solvers (:mod:`densecnn.ops.solvers`); parameters are not copied."""
         raise NotImplementedError
 
@@ -92,10 +92,10 @@ class DenseConv(WindowLayer):
             x, conv.weight, conv.bias, conv.stride, 0, conv.dilation, conv.groups
         )
 
-    def spec(self) -> ConvSpec:
+    def dense_op(self) -> ConvOp:
         conv = self.source
         recompute_weights(conv)  # weight_norm, prune: the weight as the conv's own forward would compute it
-        return ConvSpec(conv.weight, conv.bias, self.dilation, conv.groups)
+        return ConvOp(conv.weight, conv.bias, self.dilation, conv.groups)
 
     def extra_repr(self) -> str:
         conv = self.source
@@ -123,8 +123,8 @@ class DenseLinear(WindowLayer):
     def strided(self, x: torch.Tensor) -> torch.Tensor:
         return functional("conv", self.dims)(x, self.weight, self.source.bias)
 
-    def spec(self) -> ConvSpec:
-        return ConvSpec(self.weight, self.source.bias, self.dilation, 1)
+    def dense_op(self) -> ConvOp:
+        return ConvOp(self.weight, self.source.bias, self.dilation, 1)
 
     def extra_repr(self) -> str:
         return f"{self.map_shape[0]}, {self.source.out_features}, {super().extra_repr()} (from Linear)"
@@ -140,8 +140,8 @@ class DenseMaxPool(WindowLayer):
     def strided(self, x: torch.Tensor) -> torch.Tensor:
         return functional("max_pool", self.dims)(x, self.kernel, self.stride, 0, self.source_dilation)
 
-    def spec(self) -> PoolSpec:
-        return PoolSpec(f"max_pool{self.dims}d", self.kernel, self.dilation)
+    def dense_op(self) -> PoolOp:
+        return PoolOp(f"max_pool{self.dims}d", self.kernel, self.dilation)
 
 
 class DenseAvgPool(WindowLayer):
@@ -159,8 +159,8 @@ class DenseAvgPool(WindowLayer):
             x, self.kernel, self.stride, 0, divisor_override=self.divisor
         )
 
-    def spec(self) -> PoolSpec:
-        return PoolSpec(f"avg_pool{self.dims}d", self.kernel, self.dilation, self.divisor)
+    def dense_op(self) -> PoolOp:
+        return PoolOp(f"avg_pool{self.dims}d", self.kernel, self.dilation, self.divisor)
 
     def extra_repr(self) -> str:
         divisor = f", divisor={self.divisor}" if self.divisor else ""

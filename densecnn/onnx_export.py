@@ -85,24 +85,22 @@ class _DilatedMaxPool(nn.Module):
 
 def export_conv(layer: WindowLayer, channels: int) -> nn.Module:
     """A dense conv or Linear head: a dilated ``Conv``."""
-    spec = layer.spec()
-    return _DilatedConv(spec.weight, spec.bias, spec.dilation, spec.groups)
+    op = layer.dense_op()
+    return _DilatedConv(op.weight, op.bias, op.dilation, op.groups)
 
 
 def export_max_pool(layer: WindowLayer, channels: int) -> nn.Module:
     """A dense max pool: a ``MaxPool`` with ``dilations``."""
-    spec = layer.spec()
-    return _DilatedMaxPool(spec.kernel, spec.dilation)
+    op = layer.dense_op()
+    return _DilatedMaxPool(op.kernel, op.dilation)
 
 
 def export_avg_pool(layer: WindowLayer, channels: int) -> nn.Module:
     """A dense average pool: a depthwise dilated ``Conv`` with constant weights (ONNX's AveragePool has no
     dilations before opset 19)."""
-    spec = layer.spec()
-    weight = torch.full(
-        (channels, 1, *spec.kernel), 1.0 / (spec.divisor or math.prod(spec.kernel))
-    )  # (C, 1, *k)
-    return _DilatedConv(weight, None, spec.dilation, channels)
+    op = layer.dense_op()
+    weight = torch.full((channels, 1, *op.kernel), 1.0 / (op.divisor or math.prod(op.kernel)))  # (C, 1, *k)
+    return _DilatedConv(weight, None, op.dilation, channels)
 
 
 class _RunningNorm(nn.Module):
@@ -199,8 +197,8 @@ def exportable(dense: DenseCNN) -> nn.Sequential:
             )
         else:
             modules.append(layer)
-        spec = layer.spec() if isinstance(layer, WindowLayer) else None
-        channels = spec.weight.shape[0] if spec is not None and hasattr(spec, "weight") else channels
+        op = layer.dense_op() if isinstance(layer, WindowLayer) else None
+        channels = op.weight.shape[0] if op is not None and hasattr(op, "weight") else channels
     return nn.Sequential(*modules).eval()
 
 

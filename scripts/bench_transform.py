@@ -38,8 +38,11 @@ NETS = {"plain_133": 32, "stages_46": 8}  # classes
 
 
 def steps_of(dense) -> list[tuple]:
-    """(layers, spec or None) per step of the net, grouped as the planner groups them (a pool absorbs its tanh/ReLU)."""
-    return [(step.layers, step.spec() if hasattr(step.layers[0], "spec") else None) for step in dense.steps()]
+    """(layers, op or None) per step of the net, grouped as the planner groups them (a pool absorbs its tanh/ReLU)."""
+    return [
+        (step.layers, step.dense_op() if hasattr(step.layers[0], "dense_op") else None)
+        for step in dense.steps()
+    ]
 
 
 def interleaved(candidates: dict, repeats: int) -> dict[str, float]:
@@ -68,26 +71,28 @@ def _runs(fn) -> bool:
 def step_table(steps, padded: torch.Tensor, repeats: int) -> list[dict]:
     """Per windowed step: its description and {f"{solver}@{format}": ms}."""
     rows, x = [], padded
-    for layers, spec in steps:
+    for layers, op in steps:
         with torch.no_grad():  # the next step's input, computed in x's dtype
-            out = solvers.run("native", spec, x) if spec is not None else layers[0](x)
-        if spec is not None:
+            out = solvers.run("native", op, x) if op is not None else layers[0](x)
+        if op is not None:
             inputs = {fmt: to_format(x, fmt) for fmt in FORMATS}
             candidates = {
-                f"{name}@{fmt}": functools.partial(_run, name, spec, inputs[fmt], fmt)
-                for name in solvers.candidates(spec, ext_available=ext_available())
+                f"{name}@{fmt}": functools.partial(_run, name, op, inputs[fmt], fmt)
+                for name in solvers.candidates(op, ext_available=ext_available())
                 for fmt in FORMATS
             }
-            rows.append({"step": describe(spec, x), "spec": spec, "ms": interleaved(candidates, repeats)})
+            rows.append({"step": describe(op, x), "op": op, "ms": interleaved(candidates, repeats)})
         x = out
     return rows
 
 
-def describe(spec, x) -> str:
-    kind = "conv" if isinstance(spec, solvers.ConvSpec) else spec.op.split("_")[0]
-    channels = f" {x.shape[1]}->{spec.weight.shape[0]}" if kind == "conv" else ""
-    act = f"+{spec.activation}" if getattr(spec, "activation", None) else ""
-    return f"{kind}{act} {spec.kernel[0]}x{spec.kernel[1]} d{spec.dilation[0]}{channels} on {x.shape[2]}x{x.shape[3]}"
+def describe(op, x) -> str:
+    kind = "conv" if isinstance(op, solvers.ConvOp) else op.name.split("_")[0]
+    channels = f" {x.shape[1]}->{op.weight.shape[0]}" if kind == "conv" else ""
+    act = f"+{op.activation}" if getattr(op, "activation", None) else ""
+    return (
+        f"{kind}{act} {op.kernel[0]}x{op.kernel[1]} d{op.dilation[0]}{channels} on {x.shape[2]}x{x.shape[3]}"
+    )
 
 
 def best(ms: dict, fmt: str, allow) -> tuple[str, float]:
@@ -108,20 +113,20 @@ def plan_from_table(rows, allow) -> tuple[str, list[str], float]:
 def runner(steps, fmt: str, names: list[str]):
     """The padded input in ``fmt``, each step by its solver (any number of axes)."""
     names = iter(names)
-    plan = [(layers, spec, next(names) if spec is not None else None) for layers, spec in steps]
+    plan = [(layers, op, next(names) if op is not None else None) for layers, op in steps]
 
     def run(padded):
         x = to_format(padded, fmt)
-        for layers, spec, name in plan:
-            x = _run(name, spec, x, fmt) if spec is not None else layers[0](x)
+        for layers, op, name in plan:
+            x = _run(name, op, x, fmt) if op is not None else layers[0](x)
         return x.contiguous()
 
     return run
 
 
-def _run(name: str, spec, x: torch.Tensor, fmt: str) -> torch.Tensor:
+def _run(name: str, op, x: torch.Tensor, fmt: str) -> torch.Tensor:
     """One step by solver ``name``, its output in ``fmt`` (a one-channel input is both formats)."""
-    return solvers.run(name, spec, x, memory_format(fmt, x.dim()))
+    return solvers.run(name, op, x, memory_format(fmt, x.dim()))
 
 
 def bench_net(name: str, size: int, dtype: torch.dtype, repeats: int) -> dict:
@@ -166,7 +171,7 @@ def bench_net(name: str, size: int, dtype: torch.dtype, repeats: int) -> dict:
         direct = {k: t for k, t in ms.items() if not k.startswith("fft")}
         best_direct = min(direct, key=direct.get)
         layer = {"step": row["step"], "ms": ms, "winner": winner, "best_direct": best_direct}
-        if isinstance(row["spec"], solvers.ConvSpec):
+        if isinstance(row["op"], solvers.ConvOp):
             layer["best_native"] = min(ms[f"native@{f}"] for f in FORMATS)
         if any(k.startswith("fft") for k in ms):
             fft = min(t for k, t in ms.items() if k.startswith("fft"))
@@ -211,12 +216,12 @@ def kernel_sweep(size: int, kernels: list[int], repeats: int) -> list[dict]:
     solver vs fft, whose cost does not grow with k."""
     rows = []
     for k in kernels:
-        spec = solvers.ConvSpec(torch.randn(32, 50, k, k) / (50 * k * k) ** 0.5, torch.randn(32), (16, 16), 1)
+        op = solvers.ConvOp(torch.randn(32, 50, k, k) / (50 * k * k) ** 0.5, torch.randn(32), (16, 16), 1)
         x = torch.randn(1, 50, size + (k - 1) * 16, size + (k - 1) * 16)
         inputs = {fmt: to_format(x, fmt) for fmt in FORMATS}
         ms = interleaved(
             {
-                f"{name}@{fmt}": functools.partial(_run, name, spec, inputs[fmt], fmt)
+                f"{name}@{fmt}": functools.partial(_run, name, op, inputs[fmt], fmt)
                 for name in ("native", "s2b", "fft")
                 for fmt in FORMATS
             },  # fmt: skip
@@ -239,29 +244,29 @@ def winograd_net(name: str, shape: tuple, repeats: int) -> dict:
     dense = densecnn.convert(model.eval(), patch)
     padded = dense.pad(torch.rand(shape))
     steps, rows, x = steps_of(dense), [], padded
-    for layers, spec in steps:
+    for layers, op in steps:
         with torch.no_grad():
-            out = solvers.run("native", spec, x) if spec is not None else layers[0](x)
-        if spec is not None:
+            out = solvers.run("native", op, x) if op is not None else layers[0](x)
+        if op is not None:
             inputs = {fmt: to_format(x, fmt) for fmt in FORMATS}
-            names = [n for n in solvers.candidates(spec, ext_available=ext_available()) if n != "fft"]
+            names = [n for n in solvers.candidates(op, ext_available=ext_available()) if n != "fft"]
             candidates = {
-                f"{n}@{fmt}": functools.partial(_run, n, spec, inputs[fmt], fmt)
+                f"{n}@{fmt}": functools.partial(_run, n, op, inputs[fmt], fmt)
                 for n in names
                 for fmt in FORMATS
             }
-            rows.append({"spec": spec, "shape": list(x.shape), "ms": interleaved(candidates, repeats)})
+            rows.append({"op": op, "shape": list(x.shape), "ms": interleaved(candidates, repeats)})
         x = out
     layers = []
     for row in rows:
-        ms, spec = row["ms"], row["spec"]
+        ms, op = row["ms"], row["op"]
         if "winograd@nchw" not in ms:
             continue
         native = min(ms["native@nchw"], ms["native@nhwc"])
         wino = {fmt: ms[f"winograd@{fmt}"] for fmt in FORMATS}
         layers.append({
-            "conv": f"{'x'.join(map(str, spec.kernel))} d{spec.dilation[0]} {spec.weight.shape[1]}->"
-                    f"{spec.weight.shape[0]} on {'x'.join(map(str, row['shape'][2:]))}",
+            "conv": f"{'x'.join(map(str, op.kernel))} d{op.dilation[0]} {op.weight.shape[1]}->"
+                    f"{op.weight.shape[0]} on {'x'.join(map(str, row['shape'][2:]))}",
             "best_native_ms": native, "winograd_ms": wino, "speedup": native / min(wino.values()),
         })  # fmt: skip
     plans = {

@@ -35,7 +35,7 @@ from densecnn.ops import ext_available, solvers
 from densecnn.ops.layout import NAMES as FORMAT_NAMES
 from densecnn.ops.layout import memory_format, to_format
 from densecnn.ops.plan import next_shape
-from densecnn.ops.solvers import ConvSpec
+from densecnn.ops.solvers import ConvOp
 
 LAYOUTS = {"ncdhw": torch.contiguous_format, "ndhwc": torch.channels_last_3d}
 
@@ -76,13 +76,13 @@ def layer_races(dense, x: torch.Tensor, repeats: int) -> dict:
         plan = dense.plan(padded)
     shape, runs, names = tuple(padded.shape), {"densecnn": lambda: _no_grad(dense, x)}, {}
     for i, step in enumerate(dense.steps()):
-        if hasattr(step.layers[0], "spec"):
-            spec = step.spec()
-            names[i] = _layer_name(spec, shape)
+        if hasattr(step.layers[0], "dense_op"):
+            op = step.dense_op()
+            names[i] = _layer_name(op, shape)
             for fmt in FORMAT_NAMES:
                 inp = to_format(torch.randn(shape), fmt)  # (1, C, D, H, W)
-                for solver in solvers.candidates(spec, ext_available=ext_available(), dtype=inp.dtype):
-                    runs[f"{i}:{solver}/{fmt}"] = _solver(solver, spec, inp, memory_format(fmt, 5))
+                for solver in solvers.candidates(op, ext_available=ext_available(), dtype=inp.dtype):
+                    runs[f"{i}:{solver}/{fmt}"] = _solver(solver, op, inp, memory_format(fmt, 5))
         shape = next_shape(step, shape)
     samples = interleave(runs, repeats)
     layers: dict[int, dict[str, float]] = {}
@@ -112,10 +112,10 @@ def layer_races(dense, x: torch.Tensor, repeats: int) -> dict:
     }
 
 
-def _layer_name(spec, shape) -> str:
-    kind = "conv" if isinstance(spec, ConvSpec) else spec.op
-    act = f" + {spec.activation}" if getattr(spec, "activation", None) else ""
-    return f"{kind} {'×'.join(map(str, spec.kernel))} d{spec.dilation[0]}{act} on {'×'.join(map(str, shape[1:]))}"
+def _layer_name(op, shape) -> str:
+    kind = "conv" if isinstance(op, ConvOp) else op.name
+    act = f" + {op.activation}" if getattr(op, "activation", None) else ""
+    return f"{kind} {'×'.join(map(str, op.kernel))} d{op.dilation[0]}{act} on {'×'.join(map(str, shape[1:]))}"
 
 
 def measure(size: int, repeats: int, cube_batches: list[int], threads: int | None) -> dict:
@@ -218,11 +218,11 @@ def _solvers_of(net, x: torch.Tensor) -> dict:
 
 def _kernels_apply(dense) -> bool:
     """Whether a densecnn kernel (solver "ext*") is a candidate for any layer of ``dense`` here."""
-    steps = [s for s in dense.steps() if hasattr(s.layers[0], "spec")]
+    steps = [s for s in dense.steps() if hasattr(s.layers[0], "dense_op")]
     return any(
         name.startswith("ext")
         for s in steps
-        for name in solvers.candidates(s.spec(), ext_available=ext_available())
+        for name in solvers.candidates(s.dense_op(), ext_available=ext_available())
     )
 
 
@@ -237,10 +237,10 @@ def _layers(features, x: torch.Tensor):
     return run
 
 
-def _solver(name: str, spec, x: torch.Tensor, memory_format: torch.memory_format):
+def _solver(name: str, op, x: torch.Tensor, memory_format: torch.memory_format):
     def run():
         with torch.no_grad():
-            solvers.run(name, spec, x, memory_format)
+            solvers.run(name, op, x, memory_format)
 
     return run
 

@@ -36,7 +36,7 @@ import densecnn
 from densecnn.geometry import output_size, reach
 from densecnn.ops import costmodel, find, plan
 from densecnn.ops.backends import ext_available
-from densecnn.ops.solvers import ConvSpec, PoolSpec
+from densecnn.ops.solvers import ConvOp, PoolOp
 
 MAX_MACS = 4e9  # larger convs are left out: too slow to time for what they add to the fit
 REFERENCE_NETS = {"plain_133": 32, "stages_46": 8, "nuclei": 3}  # name: classes
@@ -48,8 +48,8 @@ def _spec(row: dict):
     if row["op"].startswith("conv"):  # conv1d, conv2d, conv3d
         c = row["input"][1]
         weight = torch.randn(row["out_channels"], c // row["groups"], *row["kernel"])
-        return ConvSpec(weight, torch.randn(row["out_channels"]), tuple(row["dilation"]), row["groups"])
-    return PoolSpec(row["op"], tuple(row["kernel"]), tuple(row["dilation"]), activation=row["activation"])
+        return ConvOp(weight, torch.randn(row["out_channels"]), tuple(row["dilation"]), row["groups"])
+    return PoolOp(row["op"], tuple(row["kernel"]), tuple(row["dilation"]), activation=row["activation"])
 
 
 def _macs(row: dict) -> float:
@@ -68,16 +68,16 @@ def random_grid(count: int, seed: int) -> list[dict]:
         side = rng.choice([48, 96, 160, 256]) + reach((kernel,), (dilation,))[0]
         if rng.random() < 0.55:
             c_in, c_out = rng.choice([1, 3, 8, 16, 32, 50, 64, 128]), rng.choice([3, 8, 16, 32, 50, 64, 128])
-            spec = ConvSpec(torch.empty(c_out, c_in, kernel, kernel), None, (dilation, dilation), 1)
+            op = ConvOp(torch.empty(c_out, c_in, kernel, kernel), None, (dilation, dilation), 1)
         else:
             op = rng.choice(["max_pool2d", "max_pool2d", "max_pool2d", "avg_pool2d"])
             kernel = rng.choice([2, 2, 3, 4, 8])
             side = rng.choice([48, 96, 160, 256]) + reach((kernel,), (dilation,))[0]
             c_in = rng.choice([4, 8, 16, 32, 50, 64, 128])
-            spec = PoolSpec(
+            op = PoolOp(
                 op, (kernel, kernel), (dilation, dilation), activation=rng.choice([None, "tanh", "relu"])
             )
-        row = costmodel.problem(spec, (1, c_in, side, side))
+        row = costmodel.problem(op, (1, c_in, side, side))
         if _macs(row) <= MAX_MACS:
             rows.append(row)
     return rows
@@ -93,16 +93,16 @@ def random_grid_nd(count: int, seed: int, dims: int) -> list[dict]:
         if rng.random() < 0.55:
             kernel = rng.choice([1, 2, 3, 5] if dims == 3 else [1, 3, 5, 7, 9])
             c_in, c_out = rng.choice([1, 3, 8, 16, 32, 64]), rng.choice([3, 8, 16, 32, 64])
-            spec = ConvSpec(torch.empty(c_out, c_in, *(kernel,) * dims), None, (dilation,) * dims, 1)
+            op = ConvOp(torch.empty(c_out, c_in, *(kernel,) * dims), None, (dilation,) * dims, 1)
         else:
             kernel = rng.choice([2, 2, 3] if dims == 3 else [2, 3, 4, 8])
             op = f"{rng.choice(['max', 'max', 'avg'])}_pool{dims}d"
-            spec = PoolSpec(
+            op = PoolOp(
                 op, (kernel,) * dims, (dilation,) * dims, activation=rng.choice([None, "tanh", "relu"])
             )
             c_in = rng.choice([4, 8, 16, 32, 64])
-        side = rng.choice(sides) + reach(spec.kernel, spec.dilation)[0]
-        row = costmodel.problem(spec, (1, c_in, *(side,) * dims))
+        side = rng.choice(sides) + reach(op.kernel, op.dilation)[0]
+        row = costmodel.problem(op, (1, c_in, *(side,) * dims))
         if _macs(row) <= MAX_MACS:
             rows.append(row)
     return rows
@@ -118,8 +118,8 @@ def reference_volume_problems(sides=VOLUME_SIDES) -> list[dict]:
         for side in sides:
             shape = (1, dense.in_channels, *(side + r - 1 for r in dense.receptive_field))
             for step in dense.steps():
-                if hasattr(step.layers[0], "spec"):
-                    rows.append(costmodel.problem(step.spec(), shape))
+                if hasattr(step.layers[0], "dense_op"):
+                    rows.append(costmodel.problem(step.dense_op(), shape))
                 shape = plan.next_shape(step, shape)
     return rows
 
@@ -139,9 +139,9 @@ def reference_problems(size: int) -> list[dict]:
             size + dense.receptive_field[1] - 1,
         )
         for step in dense.steps():
-            if hasattr(step.layers[0], "spec"):
-                spec = step.spec()
-                rows.append(costmodel.problem(spec, find.timing_shape(spec, shape)))
+            if hasattr(step.layers[0], "dense_op"):
+                op = step.dense_op()
+                rows.append(costmodel.problem(op, find.timing_shape(op, shape)))
             shape = plan.next_shape(step, shape)
     return rows
 
@@ -150,10 +150,10 @@ def measure(rows: list[dict], log) -> list[dict]:
     ext = ext_available()
     measured = []
     for i, row in enumerate(rows):
-        spec, start = _spec(row), time.perf_counter()
+        op, start = _spec(row), time.perf_counter()
         times = {
             direction: find.time_candidates(
-                spec, row["input"], torch.float32, "cpu", train=train, ext=ext, input_grad=train, every=True
+                op, row["input"], torch.float32, "cpu", train=train, ext=ext, input_grad=train, every=True
             )
             for direction, train in (("infer", False), ("train", True))
         }

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 import densecnn
 from densecnn.ops import ext, solvers
-from densecnn.ops.solvers import ConvSpec, PoolSpec
+from densecnn.ops.solvers import ConvOp, PoolOp
 from tests.test_ext_ops import op_samples
 
 CUDA_KERNELS = (
@@ -31,21 +31,21 @@ def _weights(out_channels, in_channels, kernel, seed):
     return weight, torch.randn(out_channels, dtype=torch.float64, generator=generator)
 
 
-# (name, spec builder, input shape): convs and pools of 1, 2 and 3 axes, each solver's home ground among them
+# (name, op builder, input shape): convs and pools of 1, 2 and 3 axes, each solver's home ground among them
 CASES = [
-    ("conv2d_3x3_d2", lambda: ConvSpec(*_weights(6, 5, (3, 3), 0), (2, 2), 1), (2, 5, 23, 21)),
-    ("conv2d_3x3_d1", lambda: ConvSpec(*_weights(6, 8, (3, 3), 1), (1, 1), 1), (1, 8, 19, 20)),
-    ("conv2d_few_channels", lambda: ConvSpec(*_weights(8, 2, (4, 5), 2), (2, 3), 1), (2, 2, 25, 24)),
-    ("conv2d_large_kernel", lambda: ConvSpec(*_weights(4, 6, (11, 11), 3), (2, 2), 1), (1, 6, 40, 41)),
-    ("conv2d_groups", lambda: ConvSpec(*_weights(6, 2, (3, 2), 4), (3, 1), 3), (1, 6, 17, 15)),
-    ("conv2d_1x1", lambda: ConvSpec(*_weights(5, 7, (1, 1), 5), (4, 4), 1), (1, 7, 9, 10)),
-    ("conv1d", lambda: ConvSpec(*_weights(4, 3, (5,), 6), (3,), 1), (2, 3, 40)),
-    ("conv3d_3x3x3", lambda: ConvSpec(*_weights(4, 5, (3, 3, 3), 7), (2, 2, 2), 1), (1, 5, 11, 12, 10)),
-    ("max_pool2d", lambda: PoolSpec("max_pool2d", (2, 3), (3, 2)), (2, 4, 17, 18)),
-    ("max_pool2d_tanh", lambda: PoolSpec("max_pool2d", (2, 2), (4, 4), activation="tanh"), (1, 5, 20, 21)),
-    ("avg_pool2d_relu", lambda: PoolSpec("avg_pool2d", (3, 2), (2, 2), activation="relu"), (1, 3, 16, 15)),
-    ("max_pool1d", lambda: PoolSpec("max_pool1d", (3,), (5,)), (2, 3, 40)),
-    ("avg_pool3d", lambda: PoolSpec("avg_pool3d", (2, 2, 2), (2, 1, 3)), (1, 2, 9, 8, 10)),
+    ("conv2d_3x3_d2", lambda: ConvOp(*_weights(6, 5, (3, 3), 0), (2, 2), 1), (2, 5, 23, 21)),
+    ("conv2d_3x3_d1", lambda: ConvOp(*_weights(6, 8, (3, 3), 1), (1, 1), 1), (1, 8, 19, 20)),
+    ("conv2d_few_channels", lambda: ConvOp(*_weights(8, 2, (4, 5), 2), (2, 3), 1), (2, 2, 25, 24)),
+    ("conv2d_large_kernel", lambda: ConvOp(*_weights(4, 6, (11, 11), 3), (2, 2), 1), (1, 6, 40, 41)),
+    ("conv2d_groups", lambda: ConvOp(*_weights(6, 2, (3, 2), 4), (3, 1), 3), (1, 6, 17, 15)),
+    ("conv2d_1x1", lambda: ConvOp(*_weights(5, 7, (1, 1), 5), (4, 4), 1), (1, 7, 9, 10)),
+    ("conv1d", lambda: ConvOp(*_weights(4, 3, (5,), 6), (3,), 1), (2, 3, 40)),
+    ("conv3d_3x3x3", lambda: ConvOp(*_weights(4, 5, (3, 3, 3), 7), (2, 2, 2), 1), (1, 5, 11, 12, 10)),
+    ("max_pool2d", lambda: PoolOp("max_pool2d", (2, 3), (3, 2)), (2, 4, 17, 18)),
+    ("max_pool2d_tanh", lambda: PoolOp("max_pool2d", (2, 2), (4, 4), activation="tanh"), (1, 5, 20, 21)),
+    ("avg_pool2d_relu", lambda: PoolOp("avg_pool2d", (3, 2), (2, 2), activation="relu"), (1, 3, 16, 15)),
+    ("max_pool1d", lambda: PoolOp("max_pool1d", (3,), (5,)), (2, 3, 40)),
+    ("avg_pool3d", lambda: PoolOp("avg_pool3d", (2, 2, 2), (2, 1, 3)), (1, 2, 9, 8, 10)),
 ]
 SOLVER_CASES = [
     pytest.param(case, shape, name, id=f"{label}-{name}")
@@ -54,10 +54,10 @@ SOLVER_CASES = [
 ]
 
 
-def _on(spec, device):
-    if isinstance(spec, ConvSpec):
-        return ConvSpec(spec.weight.to(device), spec.bias.to(device), spec.dilation, spec.groups)
-    return spec
+def _on(op, device):
+    if isinstance(op, ConvOp):
+        return ConvOp(op.weight.to(device), op.bias.to(device), op.dilation, op.groups)
+    return op
 
 
 def _input(shape, seed=8):
@@ -72,11 +72,11 @@ def test_the_cases_exercise_every_solver():
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize(("case", "shape", "name"), SOLVER_CASES)
 def test_every_solver_on_cuda_equals_the_cpu_reference(case, shape, name, dtype):
-    spec, x = case(), _input(shape)
+    op, x = case(), _input(shape)
     if not solvers.SOLVERS[name].supports(dtype):
         pytest.skip(f"{name} does not run {dtype}")  # not a CUDA skip: the solver has no such kernel anywhere
-    expected = solvers.run("native", spec, x)  # torch's CPU op in float64
-    y = solvers.run(name, _on(spec, "cuda"), x.to("cuda", dtype))
+    expected = solvers.run("native", op, x)  # torch's CPU op in float64
+    y = solvers.run(name, _on(op, "cuda"), x.to("cuda", dtype))
     tolerance = {torch.float64: 1e-10, torch.float32: 1e-4}[dtype]
     scale = max(expected.abs().max().item(), 1.0)
     assert (y.double().cpu() - expected).abs().max().item() <= tolerance * scale
@@ -85,19 +85,19 @@ def test_every_solver_on_cuda_equals_the_cpu_reference(case, shape, name, dtype)
 @needs_cuda
 @pytest.mark.parametrize(("case", "shape", "name"), SOLVER_CASES)
 def test_every_solver_on_cuda_has_exact_gradients(case, shape, name):
-    spec = _on(case(), "cuda")
-    reach = [(k - 1) * d + 3 for k, d in zip(spec.kernel, spec.dilation, strict=True)]  # 3 outputs per axis
+    op = _on(case(), "cuda")
+    reach = [(k - 1) * d + 3 for k, d in zip(op.kernel, op.dilation, strict=True)]  # 3 outputs per axis
     small = (1, shape[1], *(min(n, r) for n, r in zip(shape[2:], reach, strict=True)))
     x = _input(small).cuda().requires_grad_()
-    if isinstance(spec, ConvSpec):
-        weight, bias = spec.weight.clone().requires_grad_(), spec.bias.clone().requires_grad_()
+    if isinstance(op, ConvOp):
+        weight, bias = op.weight.clone().requires_grad_(), op.bias.clone().requires_grad_()
 
         def conv(x, weight, bias):
-            return solvers.run(name, ConvSpec(weight, bias, spec.dilation, spec.groups), x)
+            return solvers.run(name, ConvOp(weight, bias, op.dilation, op.groups), x)
 
         assert torch.autograd.gradcheck(conv, (x, weight, bias), eps=1e-6, atol=1e-6, fast_mode=True)
     else:
-        run = lambda x: solvers.run(name, spec, x)  # noqa: E731
+        run = lambda x: solvers.run(name, op, x)  # noqa: E731
         assert torch.autograd.gradcheck(run, (x,), eps=1e-6, atol=1e-6, fast_mode=True)
 
 

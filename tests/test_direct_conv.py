@@ -13,7 +13,7 @@ from torch import nn
 
 import densecnn
 from densecnn.ops import ext, solvers
-from densecnn.ops.solvers import ConvSpec, PoolSpec
+from densecnn.ops.solvers import ConvOp, PoolOp
 from tests.naive import literal_scan
 from tests.tolerances import assert_close_relative, assert_equal_to_rounding
 
@@ -115,13 +115,13 @@ def test_opcheck():
 
 def test_direct_applies_to_ungrouped_convs_with_few_input_channels_or_one_tap():
     def conv(c_in, groups=1, axes=3, kernel=3):
-        return ConvSpec(torch.empty(8, c_in // groups, *([kernel] * axes)), None, (1,) * axes, groups)
+        return ConvOp(torch.empty(8, c_in // groups, *([kernel] * axes)), None, (1,) * axes, groups)
 
     assert solvers.SOLVERS["direct"].applies(conv(1)) and solvers.SOLVERS["direct"].applies(conv(3, axes=2))
     assert not solvers.SOLVERS["direct"].applies(conv(solvers.DIRECT_MAX_CHANNELS + 1))
     assert not solvers.SOLVERS["direct"].applies(conv(4, groups=2))
     assert solvers.SOLVERS["direct"].applies(conv(64, kernel=1))
-    assert not solvers.SOLVERS["direct"].applies(PoolSpec("max_pool3d", (2, 2, 2), (1, 1, 1)))
+    assert not solvers.SOLVERS["direct"].applies(PoolOp("max_pool3d", (2, 2, 2), (1, 1, 1)))
 
 
 def _net(dims: int, in_channels: int) -> tuple[nn.Module, tuple[int, ...]]:

@@ -14,7 +14,7 @@ import densecnn
 from densecnn import ops
 from densecnn.errors import ExtensionUnavailableWarning
 from densecnn.ops import backends, costmodel, ext, find, layout, plan, solvers
-from densecnn.ops.solvers import ConvSpec, PoolSpec
+from densecnn.ops.solvers import ConvOp, PoolOp
 
 EXT_SOLVERS = [name for name, s in solvers.SOLVERS.items() if s.needs_ext]
 ALL_SOLVERS = list(solvers.SOLVERS)
@@ -54,8 +54,8 @@ def test_every_solver_matches_patch_scanning(name, solver, memory_format):
     _skip_without_ext(solver)
     model, patch, x, reference = _scanned(name)
     dense = densecnn.convert(model, patch, padding_mode="reflect")
-    specs = [step.spec() for step in dense.steps() if hasattr(step.layers[0], "spec")]
-    if not any(solvers.SOLVERS[solver].applies(spec) for spec in specs):
+    dense_ops = [step.dense_op() for step in dense.steps() if hasattr(step.layers[0], "dense_op")]
+    if not any(solvers.SOLVERS[solver].applies(op) for op in dense_ops):
         pytest.skip(f"{name} has no layer {solver} runs (winograd: no 3x3 conv)")
     dense.solver, dense.memory_format = solver, memory_format
     with torch.no_grad():
@@ -65,48 +65,48 @@ def test_every_solver_matches_patch_scanning(name, solver, memory_format):
     assert solver in used, f"{solver} ran no layer of {name}: {used}"
 
 
-def _random_specs():
+def _random_ops():
     torch.manual_seed(1)
     weight = torch.randn(6, 4, 3, 2, dtype=torch.float64)
-    yield ConvSpec(weight, torch.randn(6, dtype=torch.float64), (3, 2), 1)
-    yield ConvSpec(torch.randn(4, 2, 2, 3, dtype=torch.float64), None, (2, 5), 2)  # grouped, no bias
-    yield PoolSpec("max_pool2d", (3, 2), (2, 3))
-    yield PoolSpec("max_pool2d", (2, 2), (4, 4), activation="tanh")
-    yield PoolSpec("avg_pool2d", (2, 3), (3, 1), divisor=5, activation="relu")
-    yield PoolSpec("avg_pool2d", (3, 3), (1, 1))
+    yield ConvOp(weight, torch.randn(6, dtype=torch.float64), (3, 2), 1)
+    yield ConvOp(torch.randn(4, 2, 2, 3, dtype=torch.float64), None, (2, 5), 2)  # grouped, no bias
+    yield PoolOp("max_pool2d", (3, 2), (2, 3))
+    yield PoolOp("max_pool2d", (2, 2), (4, 4), activation="tanh")
+    yield PoolOp("avg_pool2d", (2, 3), (3, 1), divisor=5, activation="relu")
+    yield PoolOp("avg_pool2d", (3, 3), (1, 1))
 
 
-def _literal(spec, x):
+def _literal(op, x):
     """Independent reference: every output is an explicit loop over the dilated window taps."""
-    kh, kw = spec.kernel
-    dh, dw = spec.dilation
+    kh, kw = op.kernel
+    dh, dw = op.dilation
     ho, wo = x.shape[2] - (kh - 1) * dh, x.shape[3] - (kw - 1) * dw
     taps = [x[:, :, a * dh : a * dh + ho, b * dw : b * dw + wo] for a in range(kh) for b in range(kw)]
-    if isinstance(spec, ConvSpec):
-        groups, (k, cg) = spec.groups, spec.weight.shape[:2]
+    if isinstance(op, ConvOp):
+        groups, (k, cg) = op.groups, op.weight.shape[:2]
         out = torch.zeros(x.shape[0], k, ho, wo, dtype=x.dtype)
         for o in range(k):
             g = o // (k // groups)
             for t, tap in enumerate(taps):
-                w = spec.weight[o, :, t // kw, t % kw].view(1, cg, 1, 1)
+                w = op.weight[o, :, t // kw, t % kw].view(1, cg, 1, 1)
                 out[:, o] += (tap[:, g * cg : (g + 1) * cg] * w).sum(1)
-        return out + (spec.bias.view(1, -1, 1, 1) if spec.bias is not None else 0)
+        return out + (op.bias.view(1, -1, 1, 1) if op.bias is not None else 0)
     stacked = torch.stack(taps)
-    y = stacked.amax(0) if spec.op == "max_pool2d" else stacked.sum(0) / (spec.divisor or kh * kw)
-    return {"tanh": torch.tanh, "relu": torch.relu, None: lambda v: v}[spec.activation](y)
+    y = stacked.amax(0) if op.name == "max_pool2d" else stacked.sum(0) / (op.divisor or kh * kw)
+    return {"tanh": torch.tanh, "relu": torch.relu, None: lambda v: v}[op.activation](y)
 
 
 @pytest.mark.parametrize("memory_format", [torch.contiguous_format, torch.channels_last])
 @pytest.mark.parametrize("solver", ALL_SOLVERS)
 def test_solver_ops_match_literal_loops_and_keep_the_memory_format(solver, memory_format):
     _skip_without_ext(solver)
-    for spec in _random_specs():
-        if solver not in solvers.candidates(spec, ext_available=True):
+    for op in _random_ops():
+        if solver not in solvers.candidates(op, ext_available=True):
             continue
-        channels = spec.weight.shape[1] * spec.groups if isinstance(spec, ConvSpec) else 4
+        channels = op.weight.shape[1] * op.groups if isinstance(op, ConvOp) else 4
         x = torch.randn(2, channels, 13, 17, dtype=torch.float64).contiguous(memory_format=memory_format)
-        y = solvers.run(solver, spec, x)
-        torch.testing.assert_close(y, _literal(spec, x), msg=f"{solver} on {spec}")
+        y = solvers.run(solver, op, x)
+        torch.testing.assert_close(y, _literal(op, x), msg=f"{solver} on {op}")
         assert y.is_contiguous(memory_format=memory_format)
 
 
@@ -149,13 +149,13 @@ def test_find_picks_a_candidate_caches_it_and_reuses_it(solver_cache, monkeypatc
             torch.testing.assert_close(dense(x), first)
             chosen = dense.plan(dense.pad(x))
         assert chosen.memory_format in layout.NAMES
-        windowed = [step for step in chosen.steps if hasattr(step.layers[0], "spec")]
+        windowed = [step for step in chosen.steps if hasattr(step.layers[0], "dense_op")]
         assert all(step.solver in solvers.SOLVERS and step.source == "tuned" for step in windowed)
 
 
 def test_the_fastest_timed_solver_and_format_win(monkeypatch, ops_config):
-    def fake_find(spec, shape, dtype, device, *, train, ext, cache_dir, input_grad):
-        table = {name: 10.0 for name in solvers.candidates(spec, ext_available=ext)}
+    def fake_find(op, shape, dtype, device, *, train, ext, cache_dir, input_grad):
+        table = {name: 10.0 for name in solvers.candidates(op, ext_available=ext)}
         if "s2b" in table:
             table["s2b"] = 1.0
         return {"nchw": table, "nhwc": {name: ms * 2 for name, ms in table.items()}}
@@ -182,7 +182,7 @@ def test_solver_and_memory_format_forced_by_environment(monkeypatch, ops_config)
     chosen = dense.plan(dense.pad(x))
     assert chosen.memory_format == "nhwc"
     # the undilated first conv and pool cannot use space-to-batch
-    assert [s.solver for s in chosen.steps if hasattr(s.layers[0], "spec")] == ["native"] * 2 + ["s2b"] * 5
+    assert [s.solver for s in chosen.steps if hasattr(s.layers[0], "dense_op")] == ["native"] * 2 + ["s2b"] * 5
     with pytest.raises(ValueError, match="solver 'fastest' is unknown"):
         ops.OpsConfig.from_environ({"DENSECNN_SOLVER": "fastest"})
     dense.solver = "fastest"
@@ -216,7 +216,7 @@ def test_native_backend_runs_torch_ops_in_nchw_without_choosing(monkeypatch):
     torch.testing.assert_close(dense(x), densecnn.scan_patches(model, x, patch))
     chosen = dense.plan(dense.pad(x))
     assert chosen.memory_format == "nchw"
-    assert {step.solver for step in chosen.steps if hasattr(step.layers[0], "spec")} == {"native"}
+    assert {step.solver for step in chosen.steps if hasattr(step.layers[0], "dense_op")} == {"native"}
 
 
 def test_backend_is_one_vocabulary():
@@ -242,29 +242,27 @@ def test_immediate_mode_times_nothing_and_is_deterministic(monkeypatch, solver_c
             torch.testing.assert_close(dense(x), densecnn.scan_patches(model, x, patch))
             plans.append(dense.plan(dense.pad(x)))
     assert not solver_cache.exists()  # nothing timed, nothing cached
-    windowed = [step for step in plans[0].steps if hasattr(step.layers[0], "spec")]
+    windowed = [step for step in plans[0].steps if hasattr(step.layers[0], "dense_op")]
     assert {step.source for step in windowed} == {"predicted"}
     assert [s.solver for s in plans[0].steps] == [s.solver for s in plans[1].steps]
     assert plans[0].memory_format == plans[1].memory_format
 
 
 def test_cost_model_predicts_every_fitted_candidate_in_both_formats():
-    spec = PoolSpec("max_pool2d", (2, 2), (8, 8), activation="tanh")
-    names = solvers.candidates(spec, ext_available=ops.ext_available())
-    table = costmodel.estimate(spec, (1, 50, 300, 300), torch.float32, train=False, candidates=names)
+    op = PoolOp("max_pool2d", (2, 2), (8, 8), activation="tanh")
+    names = solvers.candidates(op, ext_available=ops.ext_available())
+    table = costmodel.estimate(op, (1, 50, 300, 300), torch.float32, train=False, candidates=names)
     assert set(table) == {"nchw", "nhwc"}
     assert all(ms is not None and ms > 0 for fmt in table.values() for ms in fmt.values())
-    larger = costmodel.estimate(spec, (1, 50, 600, 600), torch.float32, train=False, candidates=names)
+    larger = costmodel.estimate(op, (1, 50, 600, 600), torch.float32, train=False, candidates=names)
     assert larger["nchw"]["native"] > table["nchw"]["native"]  # more pixels cost more
 
 
 def test_timing_shapes_are_bucketed_per_number_of_axes():
     """Images are timed at most 256 px beyond the reach per side, volumes 96³, signals as many points as an image."""
-    conv = {dims: ConvSpec(torch.empty(4, 4, *(3,) * dims), None, (2,) * dims, 1) for dims in (1, 2, 3)}
+    conv = {dims: ConvOp(torch.empty(4, 4, *(3,) * dims), None, (2,) * dims, 1) for dims in (1, 2, 3)}
     assert find.timing_shape(conv[2], (1, 4, 1000, 100)) == (1, 4, 260, 128)
-    wide = ConvSpec(
-        torch.empty(4, 4, 7, 7), None, (16, 16), 1
-    )  # 32 outputs per sub-grid: 512 beyond the reach
+    wide = ConvOp(torch.empty(4, 4, 7, 7), None, (16, 16), 1)  # 32 outputs per sub-grid: 512 beyond the reach
     assert find.timing_shape(wide, (1, 4, 2000, 608)) == (1, 4, 608, 608)
     assert find.timing_shape(conv[3], (1, 4, 300, 113, 40)) == (1, 4, 100, 100, 64)
     assert find.timing_shape(conv[1], (1, 4, 10**6)) == (1, 4, 256**2 + 4)
@@ -281,8 +279,8 @@ def test_cost_model_fit_recovers_a_known_law():
         for c_out in (4, 16):
             for k, d in ((1, 1), (3, 2), (5, 4), (7, 8)):
                 for side in (40, 90):
-                    spec = ConvSpec(torch.empty(c_out, c_in, k, k), None, (d, d), 1)
-                    row = costmodel.problem(spec, (1, c_in, side + (k - 1) * d, side))
+                    op = ConvOp(torch.empty(c_out, c_in, k, k), None, (d, d), 1)
+                    row = costmodel.problem(op, (1, c_in, side + (k - 1) * d, side))
                     row["activation"] = "tanh" if side == 40 else None
                     ms = torch.tensor(costmodel.features(row)).double() @ torch.tensor(true_beta).double()
                     rows.append({**row, "solver": "native", "format": "nchw", "direction": "infer"})
@@ -321,7 +319,7 @@ def test_training_plans_time_the_first_layer_without_an_input_gradient(monkeypat
     """The image needs no gradient, so the first layer's training problem is timed (and must run) without one."""
     seen = []
 
-    def fake_find(spec, shape, dtype, device, *, train, ext, cache_dir, input_grad):
+    def fake_find(op, shape, dtype, device, *, train, ext, cache_dir, input_grad):
         seen.append((train, input_grad))
         return {"nchw": {"native": 1.0}, "nhwc": {"native": 2.0}}
 

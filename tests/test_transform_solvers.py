@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 import densecnn
 from densecnn.ops import ext, fft_conv, solvers
-from densecnn.ops.solvers import ConvSpec
+from densecnn.ops.solvers import ConvOp
 from tests.test_equivalence import _valid, patch_nets
 from tests.tolerances import assert_close_relative
 
@@ -27,21 +27,21 @@ def solver_cache(tmp_path, ops_config):
     ops_config(cache_dir=tmp_path / "cache", solver=None, memory_format=None)
 
 
-def _taps(x: torch.Tensor, spec: ConvSpec) -> torch.Tensor:
+def _taps(x: torch.Tensor, op: ConvOp) -> torch.Tensor:
     """Independent reference: every output is an explicit sum over the dilated window's taps."""
-    (kh, kw), (dh, dw) = spec.kernel, spec.dilation
+    (kh, kw), (dh, dw) = op.kernel, op.dilation
     ho, wo = x.shape[2] - (kh - 1) * dh, x.shape[3] - (kw - 1) * dw
-    out = torch.zeros(x.shape[0], spec.weight.shape[0], ho, wo, dtype=x.dtype)
+    out = torch.zeros(x.shape[0], op.weight.shape[0], ho, wo, dtype=x.dtype)
     for a in range(kh):
         for b in range(kw):
             tap = x[:, :, a * dh : a * dh + ho, b * dw : b * dw + wo]  # (N, C, ho, wo)
-            out += torch.einsum("nchw,kc->nkhw", tap, spec.weight[:, :, a, b])
-    return out if spec.bias is None else out + spec.bias.view(1, -1, 1, 1)
+            out += torch.einsum("nchw,kc->nkhw", tap, op.weight[:, :, a, b])
+    return out if op.bias is None else out + op.bias.view(1, -1, 1, 1)
 
 
 @st.composite
 def conv_problems(draw, dtype=torch.float64):
-    """(spec, x): a random ungrouped conv, dilation and image size (possibly smaller than one tile)."""
+    """(op, x): a random ungrouped conv, dilation and image size (possibly smaller than one tile)."""
     seed = draw(st.integers(0, 2**31 - 1), label="seed")
     generator = torch.Generator().manual_seed(seed)
     kernel = (draw(st.integers(1, 8)), draw(st.integers(1, 8)))
@@ -52,18 +52,18 @@ def conv_problems(draw, dtype=torch.float64):
     bias = torch.randn(classes, generator=generator, dtype=dtype) if draw(st.booleans()) else None
     x = torch.randn(batch, channels, *size, generator=generator, dtype=dtype)
     x = x.contiguous(memory_format=FORMATS[draw(st.sampled_from(list(FORMATS)))])
-    return ConvSpec(weight, bias, dilation, 1), x
+    return ConvOp(weight, bias, dilation, 1), x
 
 
 @settings(max_examples=150, deadline=None)
 @given(problem=conv_problems())
 def test_fft_conv_equals_the_tap_sum_float64(problem):
-    spec, x = problem
-    if not fft_conv.applies(spec):
-        assert spec.kernel == (1, 1)
+    op, x = problem
+    if not fft_conv.applies(op):
+        assert op.kernel == (1, 1)
         return
-    y = solvers.run("fft", spec, x)
-    assert_close_relative(y, _taps(x, spec), 1e-10, floor=1.0)
+    y = solvers.run("fft", op, x)
+    assert_close_relative(y, _taps(x, op), 1e-10, floor=1.0)
     channels_last = not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last)
     assert y.is_contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
 
@@ -71,12 +71,12 @@ def test_fft_conv_equals_the_tap_sum_float64(problem):
 @settings(max_examples=60, deadline=None)
 @given(problem=conv_problems(dtype=torch.float32))
 def test_fft_conv_equals_the_tap_sum_float32(problem):
-    spec, x = problem
-    if fft_conv.applies(spec):
-        expected = _taps(x.double(), ConvSpec(spec.weight.double(), None, spec.dilation, 1))
-        if spec.bias is not None:
-            expected += spec.bias.double().view(1, -1, 1, 1)
-        assert_close_relative(solvers.run("fft", spec, x).double(), expected, 1e-5, floor=1.0)
+    op, x = problem
+    if fft_conv.applies(op):
+        expected = _taps(x.double(), ConvOp(op.weight.double(), None, op.dilation, 1))
+        if op.bias is not None:
+            expected += op.bias.double().view(1, -1, 1, 1)
+        assert_close_relative(solvers.run("fft", op, x).double(), expected, 1e-5, floor=1.0)
 
 
 def _check_net(net, data, dtype, rel):
@@ -122,27 +122,31 @@ def test_fft_gradients_equal_native_gradients(memory_format):
     grads = {}
     for solver in ("native", "fft"):
         leaves = [t.clone().requires_grad_() for t in (x, weight, bias)]
-        y = solvers.run(solver, ConvSpec(leaves[1], leaves[2], (3, 2), 1), leaves[0])
+        y = solvers.run(solver, ConvOp(leaves[1], leaves[2], (3, 2), 1), leaves[0])
         (y * upstream).sum().backward()
         grads[solver] = [leaf.grad for leaf in leaves]
     for native, fft in zip(grads["native"], grads["fft"]):
         assert_close_relative(fft, native, 1e-10, floor=1.0)
 
 
-def test_fft_conv_passes_gradcheck():
+def test_fft_conv_passes_gradcheck_and_gradgradcheck():
+    """First and second derivatives (the input gradient is the op again, itself differentiable)."""
     generator = torch.Generator().manual_seed(4)
     x = torch.randn(1, 2, 9, 8, dtype=torch.float64, generator=generator, requires_grad=True)
     weight = torch.randn(3, 2, 3, 2, dtype=torch.float64, generator=generator, requires_grad=True)
     bias = torch.randn(3, dtype=torch.float64, generator=generator, requires_grad=True)
-    assert torch.autograd.gradcheck(
-        lambda *t: fft_conv.conv2d(ConvSpec(t[1], t[2], (2, 3), 1), t[0]), (x, weight, bias)
-    )
+
+    def conv(*t):
+        return fft_conv.conv2d(ConvOp(t[1], t[2], (2, 3), 1), t[0])
+
+    assert torch.autograd.gradcheck(conv, (x, weight, bias))
+    assert torch.autograd.gradgradcheck(conv, (x, weight, bias))
 
 
 def test_kernel_spectrum_is_reused_until_the_weight_changes():
     weight = torch.randn(4, 3, 5, 5)
     x = torch.randn(1, 3, 30, 30)
-    spec = ConvSpec(weight, None, (2, 2), 1)
+    op = ConvOp(weight, None, (2, 2), 1)
     with torch.no_grad():
         first = fft_conv.kernel_spectrum(weight, (12, 12), torch.float32)
         assert first.shape == (12 * 7, 3, 4) and first.dtype == torch.complex64
@@ -150,22 +154,22 @@ def test_kernel_spectrum_is_reused_until_the_weight_changes():
         assert fft_conv.kernel_spectrum(weight, (12, 12), torch.float32) is first
         weight.mul_(-2.0)  # an optimiser step: in place, bumps the version
         assert fft_conv.kernel_spectrum(weight, (12, 12), torch.float32) is not first
-        assert_close_relative(fft_conv.conv2d(spec, x), _taps(x, spec), 1e-5, floor=1.0)
+        assert_close_relative(fft_conv.conv2d(op, x), _taps(x, op), 1e-5, floor=1.0)
 
 
 @settings(max_examples=40, deadline=None)
 @given(problem=conv_problems())
 def test_the_cuda_per_element_bodies_equal_the_tap_sum(problem):
     """The CUDA kernels' per-element bodies (run on the CPU by the test switch) compute the same conv."""
-    spec, x = problem
-    if not fft_conv.applies(spec):
+    op, x = problem
+    if not fft_conv.applies(op):
         return
     previous = torch.ops.densecnn._use_gpu_loops_on_cpu(True)
     try:
-        y = solvers.run("fft", spec, x)
+        y = solvers.run("fft", op, x)
     finally:
         torch.ops.densecnn._use_gpu_loops_on_cpu(previous)
-    assert_close_relative(y, _taps(x, spec), 1e-10, floor=1.0)
+    assert_close_relative(y, _taps(x, op), 1e-10, floor=1.0)
 
 
 @pytest.mark.parametrize("gpu_loops", [False, True])
@@ -174,14 +178,16 @@ def test_tiles_in_several_groups_equal_the_tap_sum(gpu_loops):
     and reaching past the image."""
     generator = torch.Generator().manual_seed(8)
     x = torch.randn(1, 3, 215, 243, dtype=torch.float64, generator=generator)
-    spec = ConvSpec(torch.randn(64, 3, 3, 3, dtype=torch.float64, generator=generator), None, (1, 1), 1)
-    spectrum = fft_conv.kernel_spectrum(spec.weight, (32, 32), torch.float64)
+    op = ConvOp(torch.randn(64, 3, 3, 3, dtype=torch.float64, generator=generator), None, (1, 1), 1)
+    spectrum = fft_conv.kernel_spectrum(op.weight, (32, 32), torch.float64)
     previous = torch.ops.densecnn._use_gpu_loops_on_cpu(gpu_loops)
     try:
-        y = torch.ops.densecnn.fft_conv2d(x, spectrum, None, [32, 32], [30, 30], [1, 1])  # 8 x 9 tiles
+        y = torch.ops.densecnn.fft_conv2d(
+            x, op.weight, spectrum, None, [32, 32], [30, 30], [1, 1]
+        )  # 8 x 9 tiles
     finally:
         torch.ops.densecnn._use_gpu_loops_on_cpu(previous)
-    assert_close_relative(y, _taps(x, spec), 1e-10, floor=1.0)
+    assert_close_relative(y, _taps(x, op), 1e-10, floor=1.0)
 
 
 @pytest.mark.parametrize("memory_format", list(FORMATS))
@@ -190,9 +196,21 @@ def test_fft_conv2d_op_passes_opcheck(memory_format):
     x = torch.randn(2, 3, 17, 14, generator=generator).contiguous(memory_format=FORMATS[memory_format])
     weight = torch.randn(5, 3, 3, 4, generator=generator)
     spectrum = fft_conv.kernel_spectrum(weight, (8, 9), torch.float32)
-    torch.library.opcheck(
-        torch.ops.densecnn.fft_conv2d, (x, spectrum, torch.randn(5), [8, 9], [6, 6], [2, 3])
-    )
+    bias = torch.randn(5, generator=generator)
+    for grad in (False, True):  # the fake kernel alone, then with the autograd formula
+        args = [t.detach().requires_grad_(grad) for t in (x, weight)]
+        torch.library.opcheck(
+            torch.ops.densecnn.fft_conv2d,
+            (*args, spectrum, bias.requires_grad_(grad), [8, 9], [6, 6], [2, 3]),
+        )
+
+
+def test_fft_conv2d_refuses_a_weight_its_spectrum_was_not_made_from():
+    x = torch.randn(1, 3, 17, 14)
+    weight = torch.randn(5, 3, 3, 4)
+    spectrum = fft_conv.kernel_spectrum(weight, (8, 9), torch.float32)
+    with pytest.raises(RuntimeError, match=r"weight must be the \[5, 3, 3, 4\] weight"):
+        torch.ops.densecnn.fft_conv2d(x, weight[:, :2], spectrum, None, [8, 9], [6, 6], [1, 1])
 
 
 def test_training_steps_follow_the_weights():
@@ -204,8 +222,8 @@ def test_training_steps_follow_the_weights():
     optimiser = torch.optim.SGD([weight], lr=0.1)
     for _ in range(3):
         optimiser.zero_grad()
-        y = solvers.run("fft", ConvSpec(weight, None, (2, 3), 1), x)
-        expected = _taps(x, ConvSpec(weight.detach(), None, (2, 3), 1))
+        y = solvers.run("fft", ConvOp(weight, None, (2, 3), 1), x)
+        expected = _taps(x, ConvOp(weight.detach(), None, (2, 3), 1))
         assert_close_relative(y.detach(), expected, 1e-10, floor=1.0)
         (y * y).sum().backward()
         reference = weight.detach().clone().requires_grad_()
@@ -217,25 +235,25 @@ def test_training_steps_follow_the_weights():
 def test_bfloat16_input_is_computed_in_float32_and_rounded_back():
     generator = torch.Generator().manual_seed(5)
     x = torch.randn(1, 4, 40, 40, generator=generator)
-    spec = ConvSpec(torch.randn(3, 4, 7, 7, generator=generator), None, (4, 4), 1)
-    y = solvers.run("fft", spec, x.bfloat16())
+    op = ConvOp(torch.randn(3, 4, 7, 7, generator=generator), None, (4, 4), 1)
+    y = solvers.run("fft", op, x.bfloat16())
     assert y.dtype == torch.bfloat16
-    expected = _taps(x.bfloat16().double(), ConvSpec(spec.weight.bfloat16().double(), None, (4, 4), 1))
+    expected = _taps(x.bfloat16().double(), ConvOp(op.weight.bfloat16().double(), None, (4, 4), 1))
     assert_close_relative(y.double(), expected, 2e-2, floor=1.0)
 
 
 def test_fft_is_a_candidate_only_with_the_kernels():
-    spec = ConvSpec(torch.zeros(4, 2, 5, 5), None, (2, 2), 1)
-    assert "fft" in solvers.candidates(spec, ext_available=ext.available())
-    assert "fft" not in solvers.candidates(spec, ext_available=False)
+    op = ConvOp(torch.zeros(4, 2, 5, 5), None, (2, 2), 1)
+    assert "fft" in solvers.candidates(op, ext_available=ext.available())
+    assert "fft" not in solvers.candidates(op, ext_available=False)
 
 
 def test_fft_applies_to_ungrouped_convs_larger_than_one_pixel():
     weight = torch.zeros(4, 2, 3, 3)
-    assert fft_conv.applies(ConvSpec(weight, None, (2, 2), 1))
-    assert not fft_conv.applies(ConvSpec(weight, None, (2, 2), 2))  # grouped
-    assert not fft_conv.applies(ConvSpec(torch.zeros(4, 2, 1, 1), None, (1, 1), 1))
-    assert not fft_conv.applies(solvers.PoolSpec("max_pool2d", (2, 2), (1, 1)))
+    assert fft_conv.applies(ConvOp(weight, None, (2, 2), 1))
+    assert not fft_conv.applies(ConvOp(weight, None, (2, 2), 2))  # grouped
+    assert not fft_conv.applies(ConvOp(torch.zeros(4, 2, 1, 1), None, (1, 1), 1))
+    assert not fft_conv.applies(solvers.PoolOp("max_pool2d", (2, 2), (1, 1)))
 
 
 @pytest.mark.parametrize(
@@ -249,6 +267,6 @@ def test_tile_sizes_cover_each_sub_grid_with_valid_tiles(sub_out, kernel):
 
 
 def test_an_input_smaller_than_the_kernel_reach_is_a_clear_error():
-    spec = ConvSpec(torch.zeros(2, 1, 3, 3), None, (4, 4), 1)
+    op = ConvOp(torch.zeros(2, 1, 3, 3), None, (4, 4), 1)
     with pytest.raises(ValueError, match="smaller than the 3x3 kernel at dilation"):
-        fft_conv.conv2d(spec, torch.zeros(1, 1, 8, 20))
+        fft_conv.conv2d(op, torch.zeros(1, 1, 8, 20))

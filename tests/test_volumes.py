@@ -305,8 +305,8 @@ def test_parameters_are_shared_and_the_dense_layers_are_views():
     assert {p.data_ptr() for p in dense.parameters()} == {p.data_ptr() for p in model.parameters()}
     linear = dense.features[-1]
     assert (
-        linear.spec().weight.shape == (3, 4, 2, 2, 2)
-        and linear.spec().weight.data_ptr() == model[-1].weight.data_ptr()
+        linear.dense_op().weight.shape == (3, 4, 2, 2, 2)
+        and linear.dense_op().weight.data_ptr() == model[-1].weight.data_ptr()
     )
 
 
@@ -395,21 +395,21 @@ def test_a_volume_model_file_round_trips_and_exports_to_onnx(tmp_path, capsys):
 @pytest.mark.parametrize("layout", [torch.contiguous_format, torch.channels_last_3d])
 def test_space_to_batch_equals_the_native_dilated_ops_in_3d(layout):
     from densecnn.ops import solvers
-    from densecnn.ops.solvers import ConvSpec, PoolSpec
+    from densecnn.ops.solvers import ConvOp, PoolOp
 
     torch.manual_seed(0)
     x = torch.randn(2, 4, 9, 11, 10, dtype=torch.float64).contiguous(memory_format=layout)
-    specs = [
-        ConvSpec(
+    dense_ops = [
+        ConvOp(
             torch.randn(6, 2, 2, 3, 2, dtype=torch.float64), torch.randn(6, dtype=torch.float64), (2, 1, 3), 2
         ),
-        PoolSpec("max_pool3d", (2, 2, 3), (3, 2, 1), activation="tanh"),
-        PoolSpec("avg_pool3d", (2, 1, 2), (2, 4, 2), divisor=3),
+        PoolOp("max_pool3d", (2, 2, 3), (3, 2, 1), activation="tanh"),
+        PoolOp("avg_pool3d", (2, 1, 2), (2, 4, 2), divisor=3),
     ]
-    for spec in specs:
-        y = solvers.run("s2b", spec, x)
+    for op in dense_ops:
+        y = solvers.run("s2b", op, x)
         assert y.is_contiguous(memory_format=layout)
-        assert_equal_to_rounding(y, solvers.run("native", spec, x.contiguous()))
+        assert_equal_to_rounding(y, solvers.run("native", op, x.contiguous()))
 
 
 @pytest.mark.skipif(not ext.available(), reason="densecnn's kernels are not built")
@@ -431,27 +431,27 @@ def test_cost_model_ranks_volume_ops_from_their_own_measurements(monkeypatch):
     """With 3-D rows in the cost model, a volume's pool is predicted from them (not from the image pools' fits),
     and a 3-D conv's candidates are ranked instead of defaulting to native."""
     from densecnn.ops import costmodel
-    from densecnn.ops.solvers import ConvSpec, PoolSpec
+    from densecnn.ops.solvers import ConvOp, PoolOp
 
     problems = []
     for side in (12, 20, 28, 36):
         for c in (4, 16):
-            pool = PoolSpec("max_pool3d", (2, 2, 2), (2, 2, 2), activation="relu")
-            conv = ConvSpec(torch.empty(16, 1, 3, 3, 3), None, (1, 1, 1), 1)
+            pool = PoolOp("max_pool3d", (2, 2, 2), (2, 2, 2), activation="relu")
+            conv = ConvOp(torch.empty(16, 1, 3, 3, 3), None, (1, 1, 1), 1)
             scale = side**3 * c / 1e5  # made-up times: native pools fastest, the direct conv fastest
-            for spec, times in ((pool, {"native": 1.0, "ext": 3.0}), (conv, {"native": 4.0, "direct": 1.0})):
-                row = costmodel.problem(spec, (1, c if spec is pool else 1, side, side, side))
+            for op, times in ((pool, {"native": 1.0, "ext": 3.0}), (conv, {"native": 4.0, "direct": 1.0})):
+                row = costmodel.problem(op, (1, c if op is pool else 1, side, side, side))
                 ms = {name: t * scale for name, t in times.items()}
                 problems.append({**row, "dtype": "float32", "times_ms": {"infer": {"nchw": ms}}})
     shipped = costmodel.CostModel.fitted(problems)
     monkeypatch.setattr(costmodel, "shipped", lambda: shipped)
     assert shipped.fits("max_pool3d") and not shipped.fits("max_pool1d")
-    for spec, fastest, shape in (
-        (PoolSpec("max_pool3d", (2, 2, 2), (2, 2, 2), activation="relu"), "native", (1, 8, 30, 30, 30)),
-        (ConvSpec(torch.empty(16, 1, 3, 3, 3), None, (1, 1, 1), 1), "direct", (1, 1, 30, 30, 30)),
+    for op, fastest, shape in (
+        (PoolOp("max_pool3d", (2, 2, 2), (2, 2, 2), activation="relu"), "native", (1, 8, 30, 30, 30)),
+        (ConvOp(torch.empty(16, 1, 3, 3, 3), None, (1, 1, 1), 1), "direct", (1, 1, 30, 30, 30)),
     ):
         table = costmodel.estimate(
-            spec, shape, torch.float32, train=False, candidates=["native", "ext", "direct"]
+            op, shape, torch.float32, train=False, candidates=["native", "ext", "direct"]
         )
         timed = {name: ms for name, ms in table["nchw"].items() if ms is not None}
         assert min(timed, key=timed.get) == fastest, table

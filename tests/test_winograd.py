@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 import densecnn
 from densecnn.ops import ext, solvers, winograd
-from densecnn.ops.solvers import ConvSpec
+from densecnn.ops.solvers import ConvOp
 from tests import test_equivalence, test_volumes
 from tests.naive import literal_scan
 from tests.tolerances import assert_close_relative
@@ -28,21 +28,21 @@ def solver_cache(tmp_path, ops_config):
     ops_config(cache_dir=tmp_path / "cache", solver=None, memory_format=None)
 
 
-def _taps(x: torch.Tensor, spec: ConvSpec) -> torch.Tensor:
+def _taps(x: torch.Tensor, op: ConvOp) -> torch.Tensor:
     """Independent reference: every output an explicit sum over the dilated window's taps, any number of axes."""
-    out = [s - (k - 1) * d for s, k, d in zip(x.shape[2:], spec.kernel, spec.dilation)]
-    y = torch.zeros(x.shape[0], spec.weight.shape[0], *out, dtype=x.dtype)
-    for tap in itertools.product(*(range(k) for k in spec.kernel)):
+    out = [s - (k - 1) * d for s, k, d in zip(x.shape[2:], op.kernel, op.dilation)]
+    y = torch.zeros(x.shape[0], op.weight.shape[0], *out, dtype=x.dtype)
+    for tap in itertools.product(*(range(k) for k in op.kernel)):
         window = x[
-            (slice(None), slice(None), *(slice(t * d, t * d + o) for t, d, o in zip(tap, spec.dilation, out)))
+            (slice(None), slice(None), *(slice(t * d, t * d + o) for t, d, o in zip(tap, op.dilation, out)))
         ]
-        y += torch.einsum("nc...,kc->nk...", window, spec.weight[(slice(None), slice(None), *tap)])
-    return y if spec.bias is None else y + spec.bias.view(1, -1, *[1] * len(out))
+        y += torch.einsum("nc...,kc->nk...", window, op.weight[(slice(None), slice(None), *tap)])
+    return y if op.bias is None else y + op.bias.view(1, -1, *[1] * len(out))
 
 
 @st.composite
 def conv_problems(draw, dtype=torch.float64):
-    """(spec, x, m): a random 3-tap conv in 2 or 3 axes, dilations 1-8, maps from one output (smaller than a tile)
+    """(op, x, m): a random 3-tap conv in 2 or 3 axes, dilations 1-8, maps from one output (smaller than a tile)
     to a few tiles per sub-grid (not multiples of m), 1-20 channels (every lane block size), either memory format."""
     seed = draw(st.integers(0, 2**31 - 1), label="seed")
     generator = torch.Generator().manual_seed(seed)
@@ -57,7 +57,7 @@ def conv_problems(draw, dtype=torch.float64):
     x = torch.randn(batch, channels, *size, generator=generator, dtype=dtype)
     if draw(st.booleans(), label="channels last"):
         x = x.contiguous(memory_format=LAYOUTS[axes])
-    return ConvSpec(weight, bias, dilation, 1), x, m
+    return ConvOp(weight, bias, dilation, 1), x, m
 
 
 def _is_channels_last(x: torch.Tensor) -> bool:
@@ -67,9 +67,9 @@ def _is_channels_last(x: torch.Tensor) -> bool:
 @settings(max_examples=150, deadline=None)
 @given(problem=conv_problems())
 def test_winograd_equals_the_tap_sum_float64(problem):
-    spec, x, m = problem
-    y = winograd.conv(spec, x, m)
-    assert_close_relative(y, _taps(x, spec), 1e-10, floor=1.0)
+    op, x, m = problem
+    y = winograd.conv(op, x, m)
+    assert_close_relative(y, _taps(x, op), 1e-10, floor=1.0)
     assert y.is_contiguous(
         memory_format=LAYOUTS[x.dim() - 2] if _is_channels_last(x) else torch.contiguous_format
     )
@@ -78,10 +78,10 @@ def test_winograd_equals_the_tap_sum_float64(problem):
 @settings(max_examples=60, deadline=None)
 @given(problem=conv_problems(dtype=torch.float32))
 def test_winograd_equals_the_tap_sum_float32(problem):
-    spec, x, _ = problem
-    bias = None if spec.bias is None else spec.bias.double()
-    expected = _taps(x.double(), ConvSpec(spec.weight.double(), bias, spec.dilation, 1))
-    assert_close_relative(solvers.run("winograd", spec, x).double(), expected, 1e-5, floor=1.0)
+    op, x, _ = problem
+    bias = None if op.bias is None else op.bias.double()
+    expected = _taps(x.double(), ConvOp(op.weight.double(), bias, op.dilation, 1))
+    assert_close_relative(solvers.run("winograd", op, x).double(), expected, 1e-5, floor=1.0)
 
 
 @pytest.mark.parametrize(
@@ -93,9 +93,9 @@ def test_default_tile_size_keeps_float32_error_within_the_bound(axes, channels, 
     generator = torch.Generator().manual_seed(7)
     weight = torch.randn(channels, channels, *(3,) * axes, generator=generator)
     x = torch.rand(1, channels, *(36 if axes == 2 else 20,) * axes, generator=generator)
-    spec = ConvSpec(weight, None, (2,) * axes, 1)
-    expected = _taps(x.double(), ConvSpec(weight.double(), None, spec.dilation, 1))
-    error = (winograd.conv(spec, x).double() - expected).abs().max() / expected.abs().max()
+    op = ConvOp(weight, None, (2,) * axes, 1)
+    expected = _taps(x.double(), ConvOp(weight.double(), None, op.dilation, 1))
+    error = (winograd.conv(op, x).double() - expected).abs().max() / expected.abs().max()
     assert error <= bound
 
 
@@ -106,29 +106,38 @@ def _gpu_loops(enable: bool) -> bool:
 @pytest.mark.parametrize("axes", [2, 3])
 @pytest.mark.parametrize("m", [2, 3, 4])
 @pytest.mark.parametrize("channels_last", [False, True])
-def test_transform_ops_compose_to_the_conv_on_cpu_and_gpu_loops(axes, m, channels_last):
-    """winograd_input, a batched GEMM and winograd_output, in two chunks of tiles, equal the tap sum, both with the
-    CPU's vectorised loops and with the CUDA kernels' per-element bodies."""
+def test_chunks_of_tiles_equal_the_tap_sum_on_cpu_and_gpu_loops(axes, m, channels_last):
+    """Enough tiles for several chunks (each at most 1 MB of transformed input and products), the last one partial:
+    the conv equals the tap sum both with the CPU's vectorised loops and with the CUDA kernels' per-element bodies."""
     generator = torch.Generator().manual_seed(axes * 10 + m)
     dilation = [3, 2, 1][:axes]
-    x = torch.randn(2, 21, *[13, 11, 9][:axes], dtype=torch.float64, generator=generator)
+    x = torch.randn(
+        2, 21, *((61, 59) if axes == 2 else (19, 17, 15)), dtype=torch.float64, generator=generator
+    )
     x = x.contiguous(memory_format=LAYOUTS[axes]) if channels_last else x
-    weight = torch.randn(5, 21, *(3,) * axes, dtype=torch.float64, generator=generator)
-    bias = torch.randn(5, dtype=torch.float64, generator=generator)
-    expected = _taps(x, ConvSpec(weight, bias, tuple(dilation), 1))
+    weight = torch.randn(40, 21, *(3,) * axes, dtype=torch.float64, generator=generator)
+    bias = torch.randn(40, dtype=torch.float64, generator=generator)
+    expected = _taps(x, ConvOp(weight, bias, tuple(dilation), 1))
     out = [s - 2 * d for s, d in zip(x.shape[2:], dilation)]
     tiles = x.shape[0] * math.prod(winograd.positions(o, d, m) for o, d in zip(out, dilation))
+    chunk_bytes = (m + 2) ** axes * (21 + 40) * x.element_size() * tiles
+    assert chunk_bytes > 2 * 2**20  # at least three chunks
     u = winograd.transformed_kernel(weight, m)
     for gpu_loops in (False, True):
         previous = _gpu_loops(gpu_loops)
         try:
-            y = torch.full_like(expected, float("nan"))
-            for begin, count in ((0, tiles // 2), (tiles // 2, tiles - tiles // 2)):
-                v = torch.ops.densecnn.winograd_input(x, dilation, m, begin, count)
-                torch.ops.densecnn.winograd_output(y, torch.bmm(v, u), bias, dilation, m, begin)
+            y = torch.ops.densecnn.winograd_conv(x, weight, u, bias, dilation, m)
         finally:
             _gpu_loops(previous)
         assert_close_relative(y, expected, 1e-10, floor=1.0)
+
+
+def test_winograd_conv_refuses_a_weight_its_kernel_was_not_transformed_from():
+    x = torch.randn(1, 4, 12, 12)
+    weight = torch.randn(6, 4, 3, 3)
+    u = winograd.transformed_kernel(weight, 2)
+    with pytest.raises(RuntimeError, match=r"weight must be the \[6, 4, 3, 3\] weight"):
+        torch.ops.densecnn.winograd_conv(x, weight[:5], u, None, [1, 1], 2)
 
 
 def _check_net(model, patch, x, mode, rel, reference):
@@ -204,7 +213,7 @@ def test_winograd_gradients_equal_native_gradients(axes, channels_last):
     grads = {}
     for solver in ("native", "winograd"):
         leaves = [t.clone().requires_grad_() for t in (x, weight, bias)]
-        y = solvers.run(solver, ConvSpec(leaves[1], leaves[2], dilation, 1), leaves[0])
+        y = solvers.run(solver, ConvOp(leaves[1], leaves[2], dilation, 1), leaves[0])
         (y * upstream).sum().backward()
         grads[solver] = [leaf.grad for leaf in leaves]
     for native, wino in zip(grads["native"], grads["winograd"]):
@@ -219,7 +228,7 @@ def test_winograd_passes_gradcheck(axes):
     bias = torch.randn(3, dtype=torch.float64, generator=generator, requires_grad=True)
     dilation = (2, 1, 2)[:axes]
     assert torch.autograd.gradcheck(
-        lambda *t: winograd.conv(ConvSpec(t[1], t[2], dilation, 1), t[0]), (x, weight, bias)
+        lambda *t: winograd.conv(ConvOp(t[1], t[2], dilation, 1), t[0]), (x, weight, bias)
     )
 
 
@@ -230,21 +239,11 @@ def _op_samples():
         x = torch.randn(1, 5, *[10, 9, 8][:axes], generator=generator)
         x = x.contiguous(memory_format=LAYOUTS[axes]) if channels_last else x
         dilation = [2, 1, 2][:axes]
-        out = [s - 2 * d for s, d in zip(x.shape[2:], dilation)]
-        tiles = math.prod(winograd.positions(o, d, 2) for o, d in zip(out, dilation))
-        u = winograd.transformed_kernel(torch.randn(3, 5, *(3,) * axes, generator=generator), 2)
-        y = torch.zeros(1, 3, *out).contiguous(
-            memory_format=LAYOUTS[axes] if channels_last else torch.contiguous_format
-        )
-        v = torch.randn(4**axes, tiles - 1, 3, generator=generator)
-        samples += [
-            (torch.ops.densecnn.winograd_input.default, (x, dilation, 2, 1, tiles - 1)),
-            (
-                torch.ops.densecnn.winograd_output.default,
-                (y, v, torch.randn(3, generator=generator), dilation, 2, 1),
-            ),
-            (torch.ops.densecnn.winograd_conv.default, (x, u, None, dilation, 2)),
-        ]
+        weight = torch.randn(3, 5, *(3,) * axes, generator=generator)
+        u = winograd.transformed_kernel(weight, 2)
+        samples.append((torch.ops.densecnn.winograd_conv.default, (x, weight, u, None, dilation, 2)))
+        grads = [t.detach().requires_grad_() for t in (x, weight)]
+        samples.append((torch.ops.densecnn.winograd_conv.default, (*grads, u, torch.randn(3), dilation, 2)))
     return samples
 
 
@@ -257,32 +256,32 @@ def test_opcheck(index):
 def test_transformed_kernel_is_reused_until_the_weight_changes():
     weight = torch.randn(4, 3, 3, 3)
     x = torch.randn(1, 3, 30, 30)
-    spec = ConvSpec(weight, None, (2, 2), 1)
+    op = ConvOp(weight, None, (2, 2), 1)
     first = winograd.transformed_kernel(weight, 4)
     assert winograd.transformed_kernel(weight, 4) is first
     with torch.no_grad():
         weight.mul_(-2.0)  # an optimiser step: in place, bumps the version
     assert winograd.transformed_kernel(weight, 4) is not first
-    assert_close_relative(winograd.conv(spec, x), _taps(x, spec), 1e-5, floor=1.0)
+    assert_close_relative(winograd.conv(op, x), _taps(x, op), 1e-5, floor=1.0)
 
 
 def test_bfloat16_input_is_computed_in_float32_and_rounded_back():
     generator = torch.Generator().manual_seed(6)
     x = torch.randn(1, 4, 40, 40, generator=generator)
-    spec = ConvSpec(torch.randn(3, 4, 3, 3, generator=generator), None, (4, 4), 1)
-    y = solvers.run("winograd", spec, x.bfloat16())
+    op = ConvOp(torch.randn(3, 4, 3, 3, generator=generator), None, (4, 4), 1)
+    y = solvers.run("winograd", op, x.bfloat16())
     assert y.dtype == torch.bfloat16
-    expected = _taps(x.bfloat16().double(), ConvSpec(spec.weight.bfloat16().double(), None, (4, 4), 1))
+    expected = _taps(x.bfloat16().double(), ConvOp(op.weight.bfloat16().double(), None, (4, 4), 1))
     assert_close_relative(y.double(), expected, 2e-2, floor=1.0)
 
 
 def test_winograd_applies_to_ungrouped_three_tap_convs_in_two_and_three_axes():
-    assert winograd.applies(ConvSpec(torch.zeros(4, 2, 3, 3), None, (8, 8), 1))
-    assert winograd.applies(ConvSpec(torch.zeros(4, 2, 3, 3, 3), None, (2, 4, 4), 1))
-    assert not winograd.applies(ConvSpec(torch.zeros(4, 1, 3, 3), None, (1, 1), 2))  # grouped
-    assert not winograd.applies(ConvSpec(torch.zeros(4, 2, 5, 5), None, (1, 1), 1))
-    assert not winograd.applies(ConvSpec(torch.zeros(4, 2, 3), None, (1,), 1))  # signals
-    assert not winograd.applies(solvers.PoolSpec("max_pool2d", (3, 3), (1, 1)))
+    assert winograd.applies(ConvOp(torch.zeros(4, 2, 3, 3), None, (8, 8), 1))
+    assert winograd.applies(ConvOp(torch.zeros(4, 2, 3, 3, 3), None, (2, 4, 4), 1))
+    assert not winograd.applies(ConvOp(torch.zeros(4, 1, 3, 3), None, (1, 1), 2))  # grouped
+    assert not winograd.applies(ConvOp(torch.zeros(4, 2, 5, 5), None, (1, 1), 1))
+    assert not winograd.applies(ConvOp(torch.zeros(4, 2, 3), None, (1,), 1))  # signals
+    assert not winograd.applies(solvers.PoolOp("max_pool2d", (3, 3), (1, 1)))
 
 
 def test_the_config_forces_winograd(ops_config):
@@ -296,6 +295,6 @@ def test_the_config_forces_winograd(ops_config):
 
 
 def test_an_input_smaller_than_the_kernel_reach_is_a_clear_error():
-    spec = ConvSpec(torch.zeros(2, 1, 3, 3), None, (4, 4), 1)
+    op = ConvOp(torch.zeros(2, 1, 3, 3), None, (4, 4), 1)
     with pytest.raises(ValueError, match="smaller than the 3-tap kernel"):
-        winograd.conv(spec, torch.zeros(1, 1, 8, 20))
+        winograd.conv(op, torch.zeros(1, 1, 8, 20))

@@ -17,7 +17,7 @@ from densecnn.ops.config import get_config
 from densecnn.ops.find import find
 from densecnn.ops.layout import to_format
 from densecnn.ops.plan import next_shape
-from densecnn.ops.solvers import ConvSpec, PoolSpec
+from densecnn.ops.solvers import ConvOp, PoolOp
 
 from .timing import elapsed, fastest, interleave, median, ratio
 from .workloads import LAYOUTS, Workload, native_max_pool, plain_family, pool_input
@@ -244,12 +244,12 @@ def conv_limit(name: str, config: Config) -> dict:
     plan = work.plan(False)
     ext, steps = ext_available(), work.dense.steps()
     for i, step in enumerate(steps):
-        if hasattr(step.layers[0], "spec"):
-            spec = step.spec()
+        if hasattr(step.layers[0], "dense_op"):
+            op = step.dense_op()
             for fmt in LAYOUTS:
                 x = to_format(torch.randn(shape), fmt)
-                for solver in solvers.candidates(spec, ext_available=ext, dtype=x.dtype):
-                    contenders[f"{i}:{solver}/{fmt}"] = _no_grad_solver(solver, spec, x)
+                for solver in solvers.candidates(op, ext_available=ext, dtype=x.dtype):
+                    contenders[f"{i}:{solver}/{fmt}"] = _no_grad_solver(solver, op, x)
         shape = next_shape(step, shape)
     samples = interleave(contenders, config.repeats)
     races: dict[int, dict[str, float]] = {}
@@ -261,7 +261,7 @@ def conv_limit(name: str, config: Config) -> dict:
     layers = [
         _race_row(names[i], times, plan.steps[i].solver, plan.memory_format) for i, times in races.items()
     ]
-    convs = [row for i, row in zip(races, layers) if isinstance(steps[i].spec(), ConvSpec)]
+    convs = [row for i, row in zip(races, layers) if isinstance(steps[i].dense_op(), ConvOp)]
     limit = sum(row["best_in_plan_format_s"] for row in convs)
     # torch's direct conv, in either format
     native_convs = sum(row["times_s"][row["best_native"]] for row in convs)
@@ -303,10 +303,10 @@ def _race_row(layer: str, times: dict[str, float], chosen: str, fmt: str) -> dic
     }
 
 
-def _no_grad_solver(solver, spec, x):
+def _no_grad_solver(solver, op, x):
     def run():
         with torch.no_grad():
-            solvers.run(solver, spec, x)
+            solvers.run(solver, op, x)
 
     return run
 
@@ -315,19 +315,19 @@ def max_pool(kernel: int, dilation: int, config: Config) -> dict:
     """d-sparse max pooling: densecnn's fastest timed solver vs ``F.max_pool2d(dilation=d, stride=1)`` in the faster
     of NCHW and channels_last, forward and backward."""
     x = pool_input(config.pool_channels, config.pool_size)
-    spec = PoolSpec("max_pool2d", (kernel, kernel), (dilation, dilation))
+    op = PoolOp("max_pool2d", (kernel, kernel), (dilation, dilation))
     ext, cache_dir = ext_available(), get_config().cache_dir
     chosen = {}
     for direction, train in (("forward", False), ("backward", True)):
-        times = find(spec, tuple(x.shape), x.dtype, x.device, train=train, ext=ext, cache_dir=cache_dir)
+        times = find(op, tuple(x.shape), x.dtype, x.device, train=train, ext=ext, cache_dir=cache_dir)
         chosen[direction] = min(
             ((fmt, s) for fmt, table in times.items() for s, ms in table.items() if ms is not None),
             key=lambda fs: times[fs[0]][fs[1]],
         )
     xs = {d: to_format(x, chosen[d][0]) for d in chosen}
     contenders = {
-        "densecnn_forward": lambda: solvers.run(chosen["forward"][1], spec, xs["forward"]),
-        "densecnn_backward": _backward(lambda v: solvers.run(chosen["backward"][1], spec, v), xs["backward"]),
+        "densecnn_forward": lambda: solvers.run(chosen["forward"][1], op, xs["forward"]),
+        "densecnn_backward": _backward(lambda v: solvers.run(chosen["backward"][1], op, v), xs["backward"]),
     }
     for fmt in LAYOUTS:
         layout = to_format(x, fmt)

@@ -8,7 +8,9 @@
 - :mod:`~densecnn.ops.find`: timing the candidates when asked to tune, cached on disk;
 - :mod:`~densecnn.ops.backends`: which solvers a net may use (``Backend``) and whether the kernels are built;
 - :mod:`~densecnn.ops.config`: the settings (``OpsConfig``), read once from the environment, overridable in code;
-- :mod:`~densecnn.ops.native`, :mod:`~densecnn.ops.ext`: the torch and compiled-kernel implementations.
+- :mod:`~densecnn.ops.native`, :mod:`~densecnn.ops.ext`: the torch and compiled-kernel implementations;
+- :mod:`~densecnn.ops.registrations`: the compiled ops' fake kernels and autograd formulas (imported here, so that
+  importing any part of this package registers them).
 
 This package is the bottom layer: it imports nothing of densecnn above it (only ``densecnn._C`` and the leaf
 modules ``geometry``, ``errors``, ``atomic`` and ``_version``, which import nothing of densecnn); what a plan needs
@@ -17,6 +19,7 @@ from the converter (the layers, the activations a pool may absorb) its caller ha
 
 from __future__ import annotations
 
+from . import registrations  # noqa: F401  (registers the ops' fake kernels and gradients)
 from .backends import BACKENDS, Backend, check_backend, ext_available
 from .config import OpsConfig, get_config, set_config, use_config
 

@@ -14,9 +14,9 @@ predictions, so the first call on a new machine or image size runs at once; the 
 (:mod:`densecnn.ops.find`, ``densecnn tune``) replaces them by real timings when asked. The absolute numbers are the
 shipping machine's; the plan uses them to compare candidates and memory formats.
 
->>> from densecnn.ops.solvers import PoolSpec
->>> table = predict(PoolSpec("max_pool2d", (2, 2), (8, 8)), (1, 50, 300, 300), torch.float32, train=False,
-...                 candidates=["native", "s2b"])
+>>> from densecnn.ops.solvers import PoolOp
+>>> table = estimate(PoolOp("max_pool2d", (2, 2), (8, 8)), (1, 50, 300, 300), torch.float32, train=False,
+...                  candidates=["native", "s2b"])
 >>> sorted(table)
 ['nchw', 'nhwc']
 """
@@ -34,7 +34,7 @@ import torch
 
 from ..geometry import output_size
 from . import layout
-from .solvers import ConvSpec, PoolSpec, Spec
+from .solvers import ConvOp, DenseOp, PoolOp
 
 MODEL_FILE = Path(__file__).with_name("cost_model.json")
 FEATURES = ("bias", "log_out_pixels", "log_out_channels", "log_in_channels_per_group", "log_taps")
@@ -44,13 +44,13 @@ NEIGHBOURS = 4  # measured problems whose residuals correct a prediction
 BANDWIDTH = 0.5  # closeness scale of the correction, in standard deviations of each feature
 
 
-def problem(spec: Spec, shape) -> dict:
+def problem(op: DenseOp, shape) -> dict:
     """The op and its (N, C, H, W) input as the JSON row the cost model is fitted on."""
-    row = {"op": spec.op, "input": list(shape), "kernel": list(spec.kernel), "dilation": list(spec.dilation)}
-    if isinstance(spec, ConvSpec):
-        row.update(out_channels=spec.weight.shape[0], groups=spec.groups, activation=None)
+    row = {"op": op.name, "input": list(shape), "kernel": list(op.kernel), "dilation": list(op.dilation)}
+    if isinstance(op, ConvOp):
+        row.update(out_channels=op.weight.shape[0], groups=op.groups, activation=None)
     else:
-        row.update(out_channels=shape[1], groups=shape[1], activation=spec.activation)
+        row.update(out_channels=shape[1], groups=shape[1], activation=op.activation)
     return row
 
 
@@ -69,14 +69,14 @@ def features(row: dict) -> list[float]:
     ]
 
 
-def group(op: str, solver: str, memory_format: str, direction: str, dtype: str) -> str:
+def group(op_name: str, solver: str, memory_format: str, direction: str, dtype: str) -> str:
     """The name of one fitted model: ``op/solver/format/direction/dtype``."""
-    return f"{op}/{solver}/{memory_format}/{direction}/{dtype}"
+    return f"{op_name}/{solver}/{memory_format}/{direction}/{dtype}"
 
 
 def fit(measurements: list[dict]) -> dict[str, list[float]]:
     """Per group, the coefficients of the log-linear fit to measurement rows
-    ``{**problem(spec, shape), "solver", "format", "direction", "dtype", "ms"}`` (failed runs have ``ms`` None)."""
+    ``{**problem(op, shape), "solver", "format", "direction", "dtype", "ms"}`` (failed runs have ``ms`` None)."""
     by_group: dict[str, list[dict]] = {}
     for row in measurements:
         if row["ms"]:
@@ -135,9 +135,9 @@ class CostModel:
         """Fit to measured problems (as ``cost_model.json`` stores them)."""
         return cls(fit(measurement_rows(problems)), problems)
 
-    def fits(self, op: str) -> bool:
-        """Whether any model was fitted for ``op`` ("conv3d", "max_pool1d", ...)."""
-        return any(key.startswith(f"{op}/") for key in self._models)
+    def fits(self, op_name: str) -> bool:
+        """Whether any model was fitted for the op ``op_name`` ("conv3d", "max_pool1d", ...)."""
+        return any(key.startswith(f"{op_name}/") for key in self._models)
 
     def time_ms(self, row: dict, solver: str, memory_format: str, direction: str, dtype: str) -> float | None:
         """Predicted ms of ``solver`` on the problem ``row`` (:func:`problem`); None without a model for it (the
@@ -185,17 +185,17 @@ def _measurements(problem: dict):
 
 
 def estimate(
-    spec: Spec, shape, dtype: torch.dtype, *, train: bool, candidates: list[str]
+    op: DenseOp, shape, dtype: torch.dtype, *, train: bool, candidates: list[str]
 ) -> dict[str, dict[str, float | None]]:
-    """``{memory_format: {solver: predicted ms}}`` for ``spec`` on an input of ``shape`` — the find step's table,
+    """``{memory_format: {solver: predicted ms}}`` for ``op`` on an input of ``shape`` — the find step's table,
     predicted. A solver without a fitted model for this op gets None (not chosen), except ``native``, which gets a
     neutral 1.0 so that a net always has a plan. Dtypes not in the file use the float32 models."""
-    model, row = shipped(), problem(spec, shape)
-    if isinstance(spec, PoolSpec) and len(spec.kernel) != 2 and not model.fits(spec.op):
+    model, row = shipped(), problem(op, shape)
+    if isinstance(op, PoolOp) and len(op.kernel) != 2 and not model.fits(op.name):
         # Without measurements of their own, signals' and volumes' pools borrow the image pools' fits: a pool's
         # cost follows its output elements, taps and dilation (the features), whatever the number of axes, and
         # torch's dilated pooling is slower still in 3-D.
-        row["op"] = f"{spec.mode}_pool2d"
+        row["op"] = f"{op.mode}_pool2d"
     direction, dtype_name = "train" if train else "infer", str(dtype).removeprefix("torch.")
     table: dict[str, dict[str, float | None]] = {}
     for memory_format in layout.names_for(len(shape)):

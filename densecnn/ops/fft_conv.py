@@ -32,12 +32,12 @@ import math
 import threading
 from collections import OrderedDict
 
+import numpy as np
 import torch
 import torch.nn.functional as F
-from torch.autograd.function import once_differentiable
 
 from ..geometry import output_size
-from . import ext, native
+from . import ext
 
 Pair = tuple[int, int]
 MAX_TILE = 64  # largest tile side considered: the transforms cost O(T) per point
@@ -57,83 +57,61 @@ def built() -> bool:
     return ext.available() and hasattr(torch.ops.densecnn, "fft_conv2d")
 
 
-def applies(spec) -> bool:
+def applies(op) -> bool:
     """The solver runs ungrouped 2-D convs with a kernel larger than 1×1 (a 1×1 conv has nothing to transform)."""
-    return (
-        spec.op == "conv2d"
-        and len(spec.kernel) == 2
-        and spec.groups == 1
-        and spec.kernel != (1, 1)
-        and built()
-    )
+    return op.name == "conv2d" and len(op.kernel) == 2 and op.groups == 1 and op.kernel != (1, 1) and built()
 
 
-def conv2d(spec, x: torch.Tensor) -> torch.Tensor:
-    """Stride-1 dilated ``spec`` (a :class:`~densecnn.ops.solvers.ConvSpec`) on x (N, C, H, W) -> (N, K, H', W').
+def conv2d(op, x: torch.Tensor) -> torch.Tensor:
+    """Stride-1 dilated ``op`` (a :class:`~densecnn.ops.solvers.ConvOp`) on x (N, C, H, W) -> (N, K, H', W').
 
     The output has x's memory format and dtype.
 
-    >>> spec = ConvSpec(torch.randn(8, 3, 7, 7), None, (4, 4), 1)
-    >>> y = conv2d(spec, torch.randn(1, 3, 64, 64))  # == F.conv2d(x, spec.weight, dilation=4) to rounding
+    >>> op = ConvOp(torch.randn(8, 3, 7, 7), None, (4, 4), 1)
+    >>> y = conv2d(op, torch.randn(1, 3, 64, 64))  # == F.conv2d(x, op.weight, dilation=4) to rounding
     >>> y.shape
     torch.Size([1, 8, 40, 40])
     """
     if x.dtype not in COMPUTE_DTYPES:
-        return conv2d(spec, x.float()).to(x.dtype)
-    weight = spec.weight.to(x.dtype)  # (K, C, kh, kw)
-    bias = None if spec.bias is None else spec.bias.to(x.dtype)
+        return conv2d(op, x.float()).to(x.dtype)
+    weight = op.weight.to(x.dtype)  # (K, C, kh, kw)
+    bias = None if op.bias is None else op.bias.to(x.dtype)
     h, w = x.shape[2:]
-    kernel, dilation = spec.kernel, tuple(spec.dilation)
+    kernel, dilation = op.kernel, tuple(op.dilation)
     if min(output_size((h, w), kernel, dilation)) < 1:
         raise ValueError(
             f"a {h}x{w} input is smaller than the {kernel[0]}x{kernel[1]} kernel at dilation {dilation} reaches; "
             "pad it (DenseCNN does) or use a smaller kernel"
         )
     training = torch.is_grad_enabled() and weight.requires_grad
-    return _FrequencyDomainConv.apply(x, weight, bias, dilation, not training)
+    return _run(x, weight, bias, dilation, cached=not training)
 
 
-def _run(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, dilation: Pair, cached: bool = True
-):
+def input_gradient(grad_y: torch.Tensor, weight: torch.Tensor, dilation: Pair) -> torch.Tensor:
+    """The input's gradient (N, C, H, W) from the output's (N, K, H', W'): the same frequency-domain conv of the
+    zero-padded output gradient with the flipped, transposed kernel (a full correlation with the flipped kernel is a
+    valid one of the zero-padded gradient)."""
+    (kh, kw), (dh, dw) = weight.shape[2:], dilation
+    padded = F.pad(grad_y, ((kw - 1) * dw, (kw - 1) * dw, (kh - 1) * dh, (kh - 1) * dh))
+    return _run(padded, weight.flip(2, 3).transpose(0, 1), None, dilation, cached=False)
+
+
+def _run(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, dilation: Pair, cached: bool):
     """The op on x (N, C, H, W) and weight (K, C, kh, kw), with the tile the cost model picks; ``cached``: take
-    the kernel's spectrum from the cache (a model's weight), else compute it (a weight made for one call)."""
-    n, c, h, w = x.shape
-    kernel = tuple(weight.shape[2:])
+    the kernel's spectrum from the cache (a model's weight at inference), else compute it (training, whose weights
+    change every step, and the flipped weight of the input gradient)."""
+    # Plain ints (a symbolic shape under torch.compile is specialised): the tile is chosen per concrete shape.
+    n, c, h, w = (int(s) for s in x.shape)
+    kernel = tuple(int(s) for s in weight.shape[2:])
+    dilation = tuple(int(d) for d in dilation)
     out = output_size((h, w), kernel, dilation)
     sub_out = tuple(-(-o // d) for o, d in zip(out, dilation))  # output rows/cols per sub-grid
-    tile = tile_sizes(sub_out, kernel, c, weight.shape[0], n * dilation[0] * dilation[1])
+    tile = tile_sizes(sub_out, kernel, c, int(weight.shape[0]), n * dilation[0] * dilation[1])
     valid = tuple(t - kk + 1 for t, kk in zip(tile, kernel))
     spectrum = kernel_spectrum(weight, tile, x.dtype) if cached else _spectrum(weight, tile, x.dtype)
-    return torch.ops.densecnn.fft_conv2d(x, spectrum, bias, list(tile), list(valid), list(dilation))
+    return torch.ops.densecnn.fft_conv2d(x, weight, spectrum, bias, list(tile), list(valid), list(dilation))
 
 
-class _FrequencyDomainConv(torch.autograd.Function):
-    """The op with its gradients: the input's through the op again (a full correlation with the flipped kernel is
-    a valid one of the zero-padded gradient), the weight's and bias's from torch's convolution backward."""
-
-    @staticmethod
-    def forward(ctx, x, weight, bias, dilation, cached):
-        ctx.save_for_backward(x, weight)
-        ctx.dilation, ctx.has_bias = dilation, bias is not None
-        return _run(x, weight.detach(), None if bias is None else bias.detach(), dilation, cached)
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad_y):
-        x, weight = ctx.saved_tensors
-        (kh, kw), (dh, dw) = weight.shape[2:], ctx.dilation
-        grad_x = grad_w = grad_b = None
-        if ctx.needs_input_grad[0]:
-            padded = F.pad(grad_y, ((kw - 1) * dw, (kw - 1) * dw, (kh - 1) * dh, (kh - 1) * dh))
-            grad_x = _run(padded, weight.flip(2, 3).transpose(0, 1), None, ctx.dilation, cached=False)
-        if ctx.needs_input_grad[1] or (ctx.has_bias and ctx.needs_input_grad[2]):
-            needs = (False, ctx.needs_input_grad[1], ctx.has_bias and ctx.needs_input_grad[2])
-            _, grad_w, grad_b = native.conv_backward(grad_y, x, weight, ctx.dilation, needs)
-        return grad_x, grad_w, grad_b, None, None
-
-
-@functools.lru_cache(maxsize=1024)
 def tile_sizes(sub_out: Pair, kernel: Pair, c: int, k: int, grids: int) -> Pair:
     """(Th, Tw): the tile sides with the least modelled cost (transforms, products and memory traffic), over every
     pair of sides at once (a first call waits on this search).
@@ -142,13 +120,15 @@ def tile_sizes(sub_out: Pair, kernel: Pair, c: int, k: int, grids: int) -> Pair:
     input/output channels.
     """
     sides = [
-        torch.arange(kk + 1, max(kk + 1, min(MAX_TILE, so + kk - 1)) + 1) for so, kk in zip(sub_out, kernel)
+        np.arange(kk + 1, max(kk + 1, min(MAX_TILE, so + kk - 1)) + 1) for so, kk in zip(sub_out, kernel)
     ]
-    th, tw = (side.double() for side in torch.meshgrid(*sides, indexing="ij"))  # (Th options, Tw options)
-    dft_h = torch.tensor([_complex_dft_cost(n) for n in sides[0].tolist()], dtype=torch.float64)[:, None]
+    # numpy, not torch: a plain computation on ints, never traced (the backward runs this under torch.compile too)
+    th, tw = np.meshgrid(*sides, indexing="ij")  # (Th options, Tw options)
+    th, tw = th.astype(np.float64), tw.astype(np.float64)
+    dft_h = np.array([_complex_dft_cost(int(n)) for n in sides[0]], dtype=np.float64)[:, None]
     sh, sw = th - kernel[0] + 1, tw - kernel[1] + 1
-    tiles = grids * torch.ceil(sub_out[0] / sh) * torch.ceil(sub_out[1] / sw)
-    f = torch.floor(tw / 2) + 1
+    tiles = grids * np.ceil(sub_out[0] / sh) * np.ceil(sub_out[1] / sw)
+    f = np.floor(tw / 2) + 1
     # channels padded to whole vectors of lanes
     lanes_in, lanes_out = (LANES * -(-channels // LANES) for channels in (c, k))
     forward = lanes_in * (th * 2 * f * tw + f * dft_h)
@@ -223,19 +203,3 @@ def _dft_matrix(frequencies: int, length: int, taps: int, device) -> torch.Tenso
     u = torch.arange(frequencies, dtype=torch.float64, device=device)
     j = torch.arange(taps, dtype=torch.float64, device=device)
     return torch.exp(-2j * math.pi * torch.outer(u, j) / length)
-
-
-def _register_fake() -> None:
-    @torch.library.register_fake("densecnn::fft_conv2d")
-    def _(input, spectrum, bias, tile, valid, dilation):
-        kernel = tuple(t - s + 1 for t, s in zip(tile, valid))
-        shape = (
-            input.shape[0],
-            spectrum.shape[2],
-            *output_size(tuple(input.shape[2:]), kernel, tuple(dilation)),
-        )
-        return ext._empty(input, shape, ext._is_channels_last(input))
-
-
-if built():
-    _register_fake()

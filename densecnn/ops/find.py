@@ -1,6 +1,6 @@
 """The find step (as in MIOpen): time every candidate solver of a dense op once, cache the times on disk.
 
-For one op (a :class:`~densecnn.ops.solvers.ConvSpec` or ``PoolSpec``), input shape, dtype, device and direction
+For one op (a :class:`~densecnn.ops.solvers.ConvOp` or ``PoolOp``), input shape, dtype, device and direction
 (inference, or training = forward + backward), :func:`find` runs each applicable solver in both memory formats on
 random data of that shape and returns ``{memory_format: {solver: milliseconds}}``. The table is stored as one JSON
 file per problem under ``cache_dir / "solvers"`` (the config's ``cache_dir``, :mod:`densecnn.ops.config`), keyed by
@@ -27,7 +27,7 @@ from ..atomic import atomic_write
 from ..geometry import reach
 from . import layout, solvers
 from .backends import ext_build
-from .solvers import ConvSpec, PoolSpec, Spec
+from .solvers import ConvOp, DenseOp, PoolOp
 
 MAX_SIDE = 256  # timing inputs are at most this many pixels per side beyond the op's reach
 # Volumes are timed at up to 96³ voxels beyond the reach: at 40³ (an image's 256² pixels) or 64³, a dilated
@@ -45,22 +45,20 @@ BUDGET_MS = 300.0
 GIVE_UP = 2.0  # a candidate whose warm-up is this many times slower than the best so far is not timed further
 
 
-def timing_shape(spec: Spec, shape: tuple[int, ...]) -> tuple[int, ...]:
+def timing_shape(op: DenseOp, shape: tuple[int, ...]) -> tuple[int, ...]:
     """The bucketed (1, C, *S) the candidates are timed on, for an input of ``shape``: per side the next power of two,
     at most MAX_SIDE beyond the reach for images (or :data:`MIN_SUBGRID_SIDE` outputs per sub-grid, if more),
     :data:`MAX_VOLUME_SIDE` for volumes, MAX_SIDE² for signals."""
-    reaches = reach(spec.kernel, spec.dilation)
+    reaches = reach(op.kernel, op.dilation)
     dims = len(shape) - 2
     max_side = {1: MAX_SIDE**2, 2: MAX_SIDE, 3: MAX_VOLUME_SIDE}[dims]
-    caps = [
-        max(max_side, MIN_SUBGRID_SIDE * d if dims == 2 else 0) + r for r, d in zip(reaches, spec.dilation)
-    ]
+    caps = [max(max_side, MIN_SUBGRID_SIDE * d if dims == 2 else 0) + r for r, d in zip(reaches, op.dilation)]
     sides = [min(2 ** math.ceil(math.log2(side)), cap) for side, cap in zip(shape[2:], caps)]
     return (1, shape[1], *(max(side, r + 1) for side, r in zip(sides, reaches)))
 
 
 def problem_key(
-    spec: Spec,
+    op: DenseOp,
     shape,
     dtype: torch.dtype,
     device: torch.device,
@@ -70,12 +68,12 @@ def problem_key(
     input_grad: bool = True,
 ) -> dict:
     """Everything a solver's speed depends on, as a JSON-able dict."""
-    key = {"op": spec.op, "input": list(timing_shape(spec, shape)), "kernel": list(spec.kernel)}
-    key["dilation"] = list(spec.dilation)
-    if isinstance(spec, ConvSpec):
-        key.update(weight=list(spec.weight.shape), bias=spec.bias is not None, groups=spec.groups)
+    key = {"op": op.name, "input": list(timing_shape(op, shape)), "kernel": list(op.kernel)}
+    key["dilation"] = list(op.dilation)
+    if isinstance(op, ConvOp):
+        key.update(weight=list(op.weight.shape), bias=op.bias is not None, groups=op.groups)
     else:
-        key.update(divisor=spec.divisor, activation=spec.activation)
+        key.update(divisor=op.divisor, activation=op.activation)
     key.update(
         dtype=str(dtype).removeprefix("torch."),
         device=torch.device(device).type,
@@ -113,36 +111,50 @@ def store_times(key: dict, times: dict, cache_dir: Path) -> None:
 
 
 def find(
-    spec: Spec, shape, dtype: torch.dtype, device, *, train: bool, ext: bool, cache_dir: Path, input_grad=True
+    op: DenseOp,
+    shape,
+    dtype: torch.dtype,
+    device,
+    *,
+    train: bool,
+    ext: bool,
+    cache_dir: Path,
+    input_grad=True,
 ) -> dict[str, dict[str, float | None]]:
-    """``{memory_format: {solver: ms}}`` for ``spec`` on inputs of ``shape``, from the cache under ``cache_dir`` or
+    """``{memory_format: {solver: ms}}`` for ``op`` on inputs of ``shape``, from the cache under ``cache_dir`` or
     timed now (and cached there).
 
     ``input_grad``: in training, whether the input needs a gradient (not for the first layer's image), which both
     changes the work and must be supported. A solver that fails on this problem (e.g. an unsupported dtype) is
     recorded as None and never chosen.
     """
-    key = problem_key(spec, shape, dtype, device, train=train, ext=ext, input_grad=input_grad)
+    key = problem_key(op, shape, dtype, device, train=train, ext=ext, input_grad=input_grad)
     times = load_times(key, cache_dir)
     if times is None:
-        times = time_candidates(
-            spec, key["input"], dtype, device, train=train, ext=ext, input_grad=input_grad
-        )
+        times = time_candidates(op, key["input"], dtype, device, train=train, ext=ext, input_grad=input_grad)
         store_times(key, times, cache_dir)
     return times
 
 
 def cached(
-    spec: Spec, shape, dtype: torch.dtype, device, *, train: bool, ext: bool, cache_dir: Path, input_grad=True
+    op: DenseOp,
+    shape,
+    dtype: torch.dtype,
+    device,
+    *,
+    train: bool,
+    ext: bool,
+    cache_dir: Path,
+    input_grad=True,
 ) -> dict[str, dict[str, float | None]] | None:
     """The table :func:`find` would return if it is already cached (by ``densecnn tune`` or an earlier find), else
     None; never times anything."""
-    key = problem_key(spec, shape, dtype, device, train=train, ext=ext, input_grad=input_grad)
+    key = problem_key(op, shape, dtype, device, train=train, ext=ext, input_grad=input_grad)
     return load_times(key, cache_dir)
 
 
 def time_candidates(
-    spec: Spec, shape, dtype, device, *, train: bool, ext: bool, input_grad: bool, every: bool = False
+    op: DenseOp, shape, dtype, device, *, train: bool, ext: bool, input_grad: bool, every: bool = False
 ) -> dict[str, dict[str, float | None]]:
     """``{memory_format: {solver: ms}}``: every candidate timed now on random data of exactly ``shape``.
 
@@ -151,14 +163,14 @@ def time_candidates(
     """
     return {
         fmt: _time_candidates(
-            spec, shape, fmt, dtype, device, train=train, ext=ext, input_grad=input_grad, every=every
+            op, shape, fmt, dtype, device, train=train, ext=ext, input_grad=input_grad, every=every
         )
         for fmt in layout.names_for(len(shape))
     }
 
 
 def _time_candidates(
-    spec: Spec,
+    op: DenseOp,
     shape,
     fmt: str,
     dtype,
@@ -173,18 +185,18 @@ def _time_candidates(
     x = torch.randn(list(shape), generator=generator, dtype=dtype).to(device)
     memory_format = layout.memory_format(fmt, x.dim())
     x = layout.to_format(x, fmt).requires_grad_(train and input_grad)
-    spec = _synthetic(spec, generator, dtype, device, train)
+    op = _synthetic(op, generator, dtype, device, train)
     times: dict[str, float | None] = {}
-    for name in solvers.candidates(spec, ext_available=ext, dtype=dtype):
+    for name in solvers.candidates(op, ext_available=ext, dtype=dtype):
         best = None if every else min((t for t in times.values() if t), default=None)
-        times[name] = _time_one(name, spec, x, memory_format, train=train, best=best)
+        times[name] = _time_one(name, op, x, memory_format, train=train, best=best)
     return times
 
 
-def _synthetic(spec: Spec, generator, dtype, device, train: bool) -> Spec:
+def _synthetic(op: DenseOp, generator, dtype, device, train: bool) -> DenseOp:
     """The same op with random parameters: timing never touches the model's own tensors."""
-    if isinstance(spec, PoolSpec):
-        return spec
+    if isinstance(op, PoolOp):
+        return op
 
     def like(t):
         return (
@@ -193,15 +205,15 @@ def _synthetic(spec: Spec, generator, dtype, device, train: bool) -> Spec:
             else torch.randn(t.shape, generator=generator, dtype=dtype).to(device).requires_grad_(train)
         )
 
-    return ConvSpec(like(spec.weight), like(spec.bias), spec.dilation, spec.groups)
+    return ConvOp(like(op.weight), like(op.bias), op.dilation, op.groups)
 
 
 def _time_one(
-    name: str, spec: Spec, x: torch.Tensor, memory_format, *, train: bool, best: float | None
+    name: str, op: DenseOp, x: torch.Tensor, memory_format, *, train: bool, best: float | None
 ) -> float | None:
     def step():
         with torch.set_grad_enabled(train):
-            y = solvers.run(name, spec, x, memory_format)
+            y = solvers.run(name, op, x, memory_format)
             if y.requires_grad:
                 y.backward(torch.ones_like(y))
 

@@ -18,8 +18,8 @@ in NCHW and so has nothing to choose. The config's ``solver`` and ``memory_forma
 can run; the others use ``native``) and a memory format (:mod:`densecnn.ops.config`).
 
 The plan knows nothing of the converter: its caller hands it the net's layers and, for each, the activation name a
-pool step may absorb (:func:`group_steps`). A windowed layer is one with ``spec()`` (its
-:class:`~densecnn.ops.solvers.ConvSpec` or ``PoolSpec``) and ``output_shape(shape)``; every other layer keeps the
+pool step may absorb (:func:`group_steps`). A windowed layer is one with ``dense_op()`` (its
+:class:`~densecnn.ops.solvers.ConvOp` or ``PoolOp``) and ``output_shape(shape)``; every other layer keeps the
 shape.
 """
 
@@ -42,7 +42,7 @@ from .config import OpsConfig
 from .find import cached, find, timing_shape
 from .layout import memory_format as torch_memory_format
 from .layout import names_for, to_format
-from .solvers import PoolSpec
+from .solvers import PoolOp
 
 Shape = tuple[int, ...]  # (N, C, *spatial)
 
@@ -58,14 +58,14 @@ class Step:
     source: str | None = None  # "tuned", "predicted" or "forced": where the times behind the choice came from
     times: dict | None = None  # {memory_format: {solver: ms}} the choice was made on
 
-    def spec(self):
-        spec = self.layers[0].spec()
-        return dataclasses.replace(spec, activation=self.activation) if self.activation else spec
+    def dense_op(self):
+        op = self.layers[0].dense_op()
+        return dataclasses.replace(op, activation=self.activation) if self.activation else op
 
     def __call__(self, x: torch.Tensor, memory_format: torch.memory_format | None = None) -> torch.Tensor:
         if self.solver is None:
             return self.layers[0](x)
-        return solvers.run(self.solver, self.spec(), x, memory_format)
+        return solvers.run(self.solver, self.dense_op(), x, memory_format)
 
 
 @dataclass
@@ -130,12 +130,12 @@ def group_steps(layers: Sequence[nn.Module], activations: Sequence[str | None]) 
     steps, i = [], 0
     while i < len(layers):
         layer = layers[i]
-        if not hasattr(layer, "spec"):
+        if not hasattr(layer, "dense_op"):
             steps.append(Step((layer,), pointwise=activations[i]))
             i += 1
             continue
         follower = activations[i + 1] if i + 1 < len(layers) else None
-        if isinstance(layer.spec(), PoolSpec) and follower:
+        if isinstance(layer.dense_op(), PoolOp) and follower:
             steps.append(Step((layer, layers[i + 1]), follower))
             i += 2
         else:
@@ -147,7 +147,7 @@ def group_steps(layers: Sequence[nn.Module], activations: Sequence[str | None]) 
 def next_shape(step: Step, shape: Shape) -> Shape:
     """The (N, C', *S') the step outputs for an input of ``shape`` (windowed layers change it, the others keep it)."""
     for layer in step.layers:
-        shape = layer.output_shape(shape) if hasattr(layer, "spec") else shape
+        shape = layer.output_shape(shape) if hasattr(layer, "dense_op") else shape
     return shape
 
 
@@ -177,12 +177,12 @@ def make_plan(
     allowed = allowed_solvers(backend, forced)
     ext = ext_available()
     for index, step in enumerate(steps):
-        if hasattr(step.layers[0], "spec"):
-            spec = step.spec()
-            names = [n for n in solvers.candidates(spec, ext_available=ext, dtype=dtype) if n in allowed]
+        if hasattr(step.layers[0], "dense_op"):
+            op = step.dense_op()
+            names = [n for n in solvers.candidates(op, ext_available=ext, dtype=dtype) if n in allowed]
             needs_grad = input_grad or index > 0  # every later layer's input comes from parameters
             step.source, step.times = _times(
-                spec,
+                op,
                 names,
                 shape,
                 dtype,
@@ -204,25 +204,25 @@ def make_plan(
     return Plan(chosen, steps)
 
 
-def _times(spec, names, shape, dtype, device, forced, fmt_forced, *, train, config, input_grad):
+def _times(op, names, shape, dtype, device, forced, fmt_forced, *, train, config, input_grad):
     """(source, {memory_format: {solver: ms}}) for one step, with the page faults of torch's buffers that the bucketed
     shape does not show (:mod:`densecnn.ops.allocator`)."""
     if fmt_forced and names and (forced or len(names) == 1):  # nothing to choose: no timing, no prediction
         return "forced", {fmt_forced: {forced if forced in names else names[0]: 0.0}}
-    ext, timed_shape = ext_available(), timing_shape(spec, shape)
+    ext, timed_shape = ext_available(), timing_shape(op, shape)
     timings = find if config.tune else cached  # cached: None unless an earlier tuning timed this problem
     source = "tuned"
     times = timings(
-        spec, shape, dtype, device, train=train, ext=ext, cache_dir=config.cache_dir, input_grad=input_grad
+        op, shape, dtype, device, train=train, ext=ext, cache_dir=config.cache_dir, input_grad=input_grad
     )
     if times is None:
         # Predicted at the shape the find step times (and the cost model was measured at), so that immediate and
         # tuned plans rank the candidates on the same problem.
         source = "predicted"
-        times = costmodel.estimate(spec, timed_shape, dtype, train=train, candidates=names)
+        times = costmodel.estimate(op, timed_shape, dtype, train=train, candidates=names)
     if torch.device(device).type != "cpu":
         return source, times
-    real, timed = (_output_bytes(spec, s, dtype) for s in (shape, timed_shape))
+    real, timed = (_output_bytes(op, s, dtype) for s in (shape, timed_shape))
     return source, {
         fmt: {
             name: None
@@ -234,10 +234,10 @@ def _times(spec, names, shape, dtype, device, forced, fmt_forced, *, train, conf
     }
 
 
-def _output_bytes(spec, shape: Shape, dtype: torch.dtype) -> int:
+def _output_bytes(op, shape: Shape, dtype: torch.dtype) -> int:
     """Bytes of the step's output for an input of ``shape``."""
-    channels = spec.weight.shape[0] if isinstance(spec, solvers.ConvSpec) else shape[1]
-    spatial = output_size(tuple(shape[2:]), spec.kernel, spec.dilation)
+    channels = op.weight.shape[0] if isinstance(op, solvers.ConvOp) else shape[1]
+    spatial = output_size(tuple(shape[2:]), op.kernel, op.dilation)
     return shape[0] * channels * math.prod(spatial) * dtype.itemsize
 
 

@@ -1,6 +1,6 @@
 """Candidate solvers for each dense op: different exact ways to compute the same stride-1 dilated conv or pool.
 
-A solver is a function ``(spec, x) -> y`` registered under a name for the ops it implements; ``applies(name, spec)``
+A solver is a function ``(op, x) -> y`` registered under a name for the ops it implements; ``applies(name, op)``
 says whether it can run a given layer. The find step (:mod:`densecnn.ops.find`) times the applicable ones and keeps
 the fastest. Every solver is exact (equal to the native dilated op up to float summation order) and differentiable.
 
@@ -40,7 +40,7 @@ from .layout import is_channels_last, layout_of
 
 
 @dataclass(frozen=True)
-class ConvSpec:
+class ConvOp:
     """A stride-1 dilated conv: weight (K, C/groups, *k) with one kernel entry per spatial axis, optional bias (K,)."""
 
     weight: torch.Tensor
@@ -55,16 +55,16 @@ class ConvSpec:
         return tuple(self.weight.shape[2:])
 
     @property
-    def op(self) -> str:
+    def name(self) -> str:
         """torch's name of the op: "conv1d", "conv2d" or "conv3d"."""
         return f"conv{len(self.kernel)}d"
 
 
 @dataclass(frozen=True)
-class PoolSpec:
+class PoolOp:
     """A stride-1 dilated max or average pool, optionally followed by a pointwise ``activation`` ("tanh", "relu")."""
 
-    op: str  # torch's name of the op: "max_pool2d" or "avg_pool2d" ("max_pool3d", "avg_pool1d", ...)
+    name: str  # torch's name of the op: "max_pool2d" or "avg_pool2d" ("max_pool3d", "avg_pool1d", ...)
     kernel: Size
     dilation: Size
     divisor: int | None = None
@@ -73,10 +73,10 @@ class PoolSpec:
     @property
     def mode(self) -> str:
         """ "max" or "avg"."""
-        return self.op[:3]
+        return self.name[:3]
 
 
-Spec = ConvSpec | PoolSpec
+DenseOp = ConvOp | PoolOp
 
 
 def _activate(y: torch.Tensor, activation: str | None) -> torch.Tensor:
@@ -97,12 +97,12 @@ def activate_(y: torch.Tensor, activation: str) -> torch.Tensor:
 # --- native --------------------------------------------------------------------------------------------------------
 
 
-def _native(spec: Spec, x: torch.Tensor) -> torch.Tensor:
-    if isinstance(spec, ConvSpec):
-        return native.conv(x, spec.weight, spec.bias, spec.dilation, spec.groups)
-    if spec.mode == "max":
-        return _activate(native.max_pool(x, spec.kernel, spec.dilation), spec.activation)
-    return _activate(native.avg_pool(x, spec.kernel, spec.dilation, spec.divisor), spec.activation)
+def _native(op: DenseOp, x: torch.Tensor) -> torch.Tensor:
+    if isinstance(op, ConvOp):
+        return native.conv(x, op.weight, op.bias, op.dilation, op.groups)
+    if op.mode == "max":
+        return _activate(native.max_pool(x, op.kernel, op.dilation), op.activation)
+    return _activate(native.avg_pool(x, op.kernel, op.dilation, op.divisor), op.activation)
 
 
 # --- space-to-batch ------------------------------------------------------------------------------------------------
@@ -150,54 +150,54 @@ def from_subgrids(y: torch.Tensor, n: int, dilation: Size, size: Size) -> torch.
     return full[(slice(None), slice(None), *(slice(0, s) for s in size))]
 
 
-def _space_to_batch(spec: Spec, x: torch.Tensor) -> torch.Tensor:
-    size = output_size(tuple(x.shape[2:]), spec.kernel, spec.dilation)
-    dilated = any(d != 1 for d in spec.dilation)
-    subgrids = to_subgrids(x, spec.dilation) if dilated else x
-    ones = (1,) * len(spec.kernel)
-    if isinstance(spec, ConvSpec):
-        y = native.conv(subgrids, spec.weight, spec.bias, ones, spec.groups)
-    elif spec.mode == "max":
-        y = native.max_pool(subgrids, spec.kernel, ones)
-    elif len(spec.kernel) == 1:  # F.avg_pool1d has no divisor_override
-        y = native.avg_pool(subgrids, spec.kernel, ones, spec.divisor)
+def _space_to_batch(op: DenseOp, x: torch.Tensor) -> torch.Tensor:
+    size = output_size(tuple(x.shape[2:]), op.kernel, op.dilation)
+    dilated = any(d != 1 for d in op.dilation)
+    subgrids = to_subgrids(x, op.dilation) if dilated else x
+    ones = (1,) * len(op.kernel)
+    if isinstance(op, ConvOp):
+        y = native.conv(subgrids, op.weight, op.bias, ones, op.groups)
+    elif op.mode == "max":
+        y = native.max_pool(subgrids, op.kernel, ones)
+    elif len(op.kernel) == 1:  # F.avg_pool1d has no divisor_override
+        y = native.avg_pool(subgrids, op.kernel, ones, op.divisor)
     else:
-        pool = getattr(F, spec.op)
-        y = pool(subgrids, spec.kernel, 1, divisor_override=spec.divisor)
+        pool = getattr(F, op.name)
+        y = pool(subgrids, op.kernel, 1, divisor_override=op.divisor)
     if dilated:
-        y = from_subgrids(y, x.shape[0], spec.dilation, size)
-    return _activate(y, spec.activation)
+        y = from_subgrids(y, x.shape[0], op.dilation, size)
+    return _activate(y, op.activation)
 
 
 # --- densecnn's kernels --------------------------------------------------------------------------------------------
 
 
-def _ext_op(spec: Spec, x: torch.Tensor) -> torch.Tensor:
-    if isinstance(spec, ConvSpec):
-        return ext.conv2d(x, spec.weight, spec.bias, spec.dilation, spec.groups)
-    if spec.mode == "max":
-        return _activate(ext.max_pool(x, spec.kernel, spec.dilation), spec.activation)
-    return _activate(ext.avg_pool(x, spec.kernel, spec.dilation, spec.divisor), spec.activation)
+def _ext_op(op: DenseOp, x: torch.Tensor) -> torch.Tensor:
+    if isinstance(op, ConvOp):
+        return ext.conv2d(x, op.weight, op.bias, op.dilation, op.groups)
+    if op.mode == "max":
+        return _activate(ext.max_pool(x, op.kernel, op.dilation), op.activation)
+    return _activate(ext.avg_pool(x, op.kernel, op.dilation, op.divisor), op.activation)
 
 
-def _direct(spec: ConvSpec, x: torch.Tensor) -> torch.Tensor:
-    return ext.direct_conv(x, spec.weight, spec.bias, spec.dilation)
+def _direct(op: ConvOp, x: torch.Tensor) -> torch.Tensor:
+    return ext.direct_conv(x, op.weight, op.bias, op.dilation)
 
 
 DIRECT_MAX_CHANNELS = 4  # the direct kernel's register blocking pays off only for a few input channels
 
 
-def _direct_runs(spec: Spec) -> bool:
+def _direct_runs(op: DenseOp) -> bool:
     """Ungrouped convs with few input channels, or pointwise (1×1) ones: few multiply-adds per output either way."""
     return (
-        isinstance(spec, ConvSpec)
-        and spec.groups == 1
-        and (spec.weight.shape[1] <= DIRECT_MAX_CHANNELS or math.prod(spec.kernel) == 1)
+        isinstance(op, ConvOp)
+        and op.groups == 1
+        and (op.weight.shape[1] <= DIRECT_MAX_CHANNELS or math.prod(op.kernel) == 1)
     )
 
 
-def _ext_fused(spec: PoolSpec, x: torch.Tensor) -> torch.Tensor:
-    return ext.pool_activation(x, spec.kernel, spec.dilation, spec.mode, spec.activation, spec.divisor)
+def _ext_fused(op: PoolOp, x: torch.Tensor) -> torch.Tensor:
+    return ext.pool_activation(x, op.kernel, op.dilation, op.mode, op.activation, op.divisor)
 
 
 # --- registry ------------------------------------------------------------------------------------------------------
@@ -205,11 +205,11 @@ def _ext_fused(spec: PoolSpec, x: torch.Tensor) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class Solver:
-    """A named way to run dense ops: ``run(spec, x)`` where ``applies(spec)``, for inputs of ``dtypes`` (None: any)."""
+    """A named way to run dense ops: ``run(op, x)`` where ``applies(op)``, for inputs of ``dtypes`` (None: any)."""
 
     name: str
-    run: Callable[[Spec, torch.Tensor], torch.Tensor]
-    applies: Callable[[Spec], bool]
+    run: Callable[[DenseOp, torch.Tensor], torch.Tensor]
+    applies: Callable[[DenseOp], bool]
     needs_ext: bool = False
     dtypes: frozenset[torch.dtype] | None = None
 
@@ -221,25 +221,25 @@ _EXT_DTYPES = frozenset({torch.float32, torch.float64})  # the ext conv's; its p
 _EXT_POOL_DTYPES = _EXT_DTYPES | {torch.bfloat16, torch.float16}
 
 
-def _dilated(spec: Spec) -> bool:
-    return any(d != 1 for d in spec.dilation) and any(k != 1 for k in spec.kernel)
+def _dilated(op: DenseOp) -> bool:
+    return any(d != 1 for d in op.dilation) and any(k != 1 for k in op.kernel)
 
 
-def _ext_runs(spec: Spec) -> bool:
+def _ext_runs(op: DenseOp) -> bool:
     """densecnn's kernels pool along any number of axes; their convolution is 2-D only."""
-    return isinstance(spec, PoolSpec) or len(spec.kernel) == 2
+    return isinstance(op, PoolOp) or len(op.kernel) == 2
 
 
 SOLVERS: dict[str, Solver] = {
     solver.name: solver
     for solver in (
-        Solver("native", _native, lambda spec: True),
-        Solver("s2b", _space_to_batch, lambda spec: _dilated(spec) or spec.op.startswith("avg_pool")),
+        Solver("native", _native, lambda op: True),
+        Solver("s2b", _space_to_batch, lambda op: _dilated(op) or op.name.startswith("avg_pool")),
         Solver("ext", _ext_op, _ext_runs, needs_ext=True, dtypes=_EXT_DTYPES),
         Solver(
             "ext_fused",
             _ext_fused,
-            lambda spec: isinstance(spec, PoolSpec) and spec.activation is not None,
+            lambda op: isinstance(op, PoolOp) and op.activation is not None,
             needs_ext=True,
             dtypes=_EXT_POOL_DTYPES,
         ),
@@ -250,27 +250,27 @@ SOLVERS: dict[str, Solver] = {
 }
 
 
-def candidates(spec: Spec, *, ext_available: bool, dtype: torch.dtype | None = None) -> list[str]:
-    """Names of the solvers that can run ``spec`` here (on inputs of ``dtype``, if given), ``native`` first."""
+def candidates(op: DenseOp, *, ext_available: bool, dtype: torch.dtype | None = None) -> list[str]:
+    """Names of the solvers that can run ``op`` here (on inputs of ``dtype``, if given), ``native`` first."""
     return [
         s.name
         for s in SOLVERS.values()
-        if s.applies(spec) and (ext_available or not s.needs_ext) and (dtype is None or s.supports(dtype))
+        if s.applies(op) and (ext_available or not s.needs_ext) and (dtype is None or s.supports(dtype))
     ]
 
 
 def run(
-    name: str, spec: Spec, x: torch.Tensor, memory_format: torch.memory_format | None = None
+    name: str, op: DenseOp, x: torch.Tensor, memory_format: torch.memory_format | None = None
 ) -> torch.Tensor:
-    """Run ``spec`` on ``x`` (N, C, *S) with solver ``name``; the output is in ``memory_format``, by default x's.
+    """Run ``op`` on ``x`` (N, C, *S) with solver ``name``; the output is in ``memory_format``, by default x's.
     (A one-channel input is both NC* and channels-last: a channels-last plan names its format so that the first
     layer's output is channels-last too.)
 
     The input's dtype is the compute dtype: conv parameters are cast to it (differentiably), so a bfloat16 image
     runs the whole net in bfloat16.
     """
-    if isinstance(spec, ConvSpec) and spec.weight.dtype != x.dtype:
-        bias = None if spec.bias is None else spec.bias.to(x.dtype)
-        spec = ConvSpec(spec.weight.to(x.dtype), bias, spec.dilation, spec.groups)
-    y = SOLVERS[name].run(spec, x)
+    if isinstance(op, ConvOp) and op.weight.dtype != x.dtype:
+        bias = None if op.bias is None else op.bias.to(x.dtype)
+        op = ConvOp(op.weight.to(x.dtype), bias, op.dilation, op.groups)
+    y = SOLVERS[name].run(op, x)
     return y.contiguous(memory_format=memory_format or layout_of(x))

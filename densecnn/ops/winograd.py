@@ -7,22 +7,22 @@ in 2-D, 4× for F(4, 3) in 2-D, 3.4× / 8× in 3-D. A d-dilated conv is undilate
 tile is m outputs of one sub-grid (outputs d apart in the map) and its input is read at stride d, straight from the
 map: no space-to-batch copy.
 
-Pipeline, per chunk of tiles small enough to stay in cache:
+The op ``densecnn::winograd_conv`` (C++, ``cuda_ext/winograd.h``) runs, per chunk of tiles small enough to stay in
+cache:
 
-1. ``densecnn::winograd_input`` (C++, ``cuda_ext/winograd.h``): gathers each tile and applies Bᵀ along every axis,
-   written as V (α^n, tiles, C);
+1. the input transform: gathers each tile and applies Bᵀ along every axis, written as V (α^n, tiles, C);
 2. one batched GEMM, ``V[ξ] @ U[ξ]`` for the α^n points ξ, against the transformed kernel U = G g Gᵀ (α^n, C, K),
-   computed in float64 once per weight version and cached (inference);
-3. ``densecnn::winograd_output`` (C++): Aᵀ along every axis, plus the bias, written into the (N, K, ...) output in
-   the input's memory format.
+   computed here in float64 once per weight version and cached (inference);
+3. the output transform: Aᵀ along every axis, plus the bias, written into the (N, K, ...) output in the input's
+   memory format.
 
 The tile size m is chosen per number of axes and channels (:func:`tile_size`) by measured float32 rounding error and
 speed. Gradients (training) are those of the direct conv, computed by torch's convolution backward: exact, and the
 input gradient as a Winograd conv of the padded output gradient was measured no faster. bfloat16/float16 inputs are computed in float32 and rounded back.
 
->>> from densecnn.ops.solvers import ConvSpec
->>> spec = ConvSpec(torch.randn(8, 4, 3, 3), torch.randn(8), (4, 4), 1)
->>> conv(spec, torch.randn(1, 4, 40, 40)).shape  # == F.conv2d(x, w, b, dilation=4) to rounding
+>>> from densecnn.ops.solvers import ConvOp
+>>> op = ConvOp(torch.randn(8, 4, 3, 3), torch.randn(8), (4, 4), 1)
+>>> conv(op, torch.randn(1, 4, 40, 40)).shape  # == F.conv2d(x, w, b, dilation=4) to rounding
 torch.Size([1, 8, 32, 32])
 """
 
@@ -34,8 +34,6 @@ from collections import OrderedDict
 import torch
 
 from ..geometry import output_size
-from . import ext, native
-from .layout import layout_of
 
 COMPUTE_DTYPES = (torch.float32, torch.float64)
 # The float32 error of F(m, 3) grows with m, with the channels summed and with the number of axes: measured on one
@@ -59,9 +57,9 @@ _KERNEL_TRANSFORMS = {
 }
 
 
-def applies(spec) -> bool:
+def applies(op) -> bool:
     """Ungrouped 3×3 and 3×3×3 convs, at any dilation (the solver also needs densecnn's kernels built)."""
-    return spec.op in ("conv2d", "conv3d") and spec.groups == 1 and spec.kernel == (3,) * len(spec.kernel)
+    return op.name in ("conv2d", "conv3d") and op.groups == 1 and op.kernel == (3,) * len(op.kernel)
 
 
 def tile_size(axes: int, channels: int) -> int:
@@ -70,45 +68,24 @@ def tile_size(axes: int, channels: int) -> int:
     return (4 if axes == 2 else 3) - (channels > WIDE)
 
 
-def conv(spec, x: torch.Tensor, m: int | None = None) -> torch.Tensor:
-    """Stride-1 dilated ``spec`` (a 3×3 or 3×3×3 :class:`~densecnn.ops.solvers.ConvSpec`) on x (N, C, *S) ->
+def conv(op, x: torch.Tensor, m: int | None = None) -> torch.Tensor:
+    """Stride-1 dilated ``op`` (a 3×3 or 3×3×3 :class:`~densecnn.ops.solvers.ConvOp`) on x (N, C, *S) ->
     (N, K, *(S - 2·d)), in x's memory format and dtype; ``m`` overrides the tile size (2, 3 or 4)."""
     if x.dtype not in COMPUTE_DTYPES:
-        return conv(spec, x.float(), m).to(x.dtype)
-    weight = spec.weight.to(x.dtype)
-    bias = None if spec.bias is None else spec.bias.to(x.dtype)
+        return conv(op, x.float(), m).to(x.dtype)
+    weight = op.weight.to(x.dtype)
+    bias = None if op.bias is None else op.bias.to(x.dtype)
     axes = x.dim() - 2
-    out = output_size(tuple(x.shape[2:]), spec.kernel, spec.dilation)
+    out = output_size(tuple(x.shape[2:]), op.kernel, op.dilation)
     if min(out) < 1:
         raise ValueError(
             f"a {'x'.join(map(str, x.shape[2:]))} input is smaller than the 3-tap kernel at dilation "
-            f"{spec.dilation} reaches; pad it (DenseCNN does) or use a smaller dilation"
+            f"{op.dilation} reaches; pad it (DenseCNN does) or use a smaller dilation"
         )
     m = m or tile_size(axes, x.shape[1])
     u = transformed_kernel(weight, m)  # here, where the grad mode is the caller's (the cache depends on it)
-    return _WinogradConv.apply(x, weight, bias, u, tuple(spec.dilation), m)
-
-
-class _WinogradConv(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, weight, bias, u, dilation, m):
-        ctx.save_for_backward(x, weight)
-        ctx.dilation, ctx.has_bias = dilation, bias is not None
-        bias = None if bias is None else bias.contiguous()
-        return torch.ops.densecnn.winograd_conv(x, u, bias, list(dilation), m)
-
-    @staticmethod
-    def backward(ctx, grad_y):
-        x, weight = ctx.saved_tensors
-        needs = ctx.needs_input_grad
-        grad_x, grad_w, grad_b = native.conv_backward(
-            grad_y.contiguous(memory_format=layout_of(x)),
-            x,
-            weight,
-            ctx.dilation,
-            (needs[0], needs[1], ctx.has_bias and needs[2]),
-        )
-        return grad_x, grad_w, grad_b, None, None, None
+    bias = None if bias is None else bias.contiguous()
+    return torch.ops.densecnn.winograd_conv(x, weight, u, bias, list(op.dilation), m)
 
 
 def positions(out: int, dilation: int, m: int) -> int:
@@ -157,25 +134,3 @@ def _transform_kernel(weight: torch.Tensor, m: int) -> torch.Tensor:
     else:
         u = torch.einsum("ia,jb,lz,kcabz->ijlck", g, g, g, w)  # (α, α, α, C, K)
     return u.reshape(-1, *u.shape[-2:]).to(weight.dtype).contiguous()
-
-
-# --- fake (shape) kernels of the C++ ops ---------------------------------------------------------------------------
-
-
-def _register_fakes() -> None:
-    @torch.library.register_fake("densecnn::winograd_input")
-    def _(input, dilation, m, tile_begin, tile_count):
-        return input.new_empty(((m + 2) ** (input.dim() - 2), tile_count, input.shape[1]))
-
-    @torch.library.register_fake("densecnn::winograd_output")
-    def _(output, transformed, bias, dilation, m, tile_begin):
-        return None
-
-    @torch.library.register_fake("densecnn::winograd_conv")
-    def _(input, kernel, bias, dilation, m):
-        shape = (input.shape[0], kernel.shape[-1], *(s - 2 * d for s, d in zip(input.shape[2:], dilation)))
-        return ext._empty(input, shape, ext._is_channels_last(input))
-
-
-if ext.available():
-    _register_fakes()
