@@ -182,7 +182,9 @@ def test_solver_and_memory_format_forced_by_environment(monkeypatch, ops_config)
     chosen = dense.plan(dense.pad(x))
     assert chosen.memory_format == "nhwc"
     # the undilated first conv and pool cannot use space-to-batch
-    assert [s.solver for s in chosen.steps if hasattr(s.layers[0], "dense_op")] == ["native"] * 2 + ["s2b"] * 5
+    assert [s.solver for s in chosen.steps if hasattr(s.layers[0], "dense_op")] == ["native"] * 2 + [
+        "s2b"
+    ] * 5
     with pytest.raises(ValueError, match="solver 'fastest' is unknown"):
         ops.OpsConfig.from_environ({"DENSECNN_SOLVER": "fastest"})
     dense.solver = "fastest"
