@@ -15,7 +15,14 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from densecnn.errors import ImageDimensionsError, ImageReadError, ImageStackError, ImageTooLargeError
+from densecnn.errors import (
+    ImageDimensionsError,
+    ImageReadError,
+    ImageStackError,
+    ImageTooLargeError,
+    IntensityError,
+    NonFiniteInputError,
+)
 
 logger = logging.getLogger("densecnn.app")
 
@@ -111,6 +118,14 @@ def install_error_handlers(app: FastAPI, *, retry_after: int) -> None:
     @app.exception_handler(ImageDimensionsError)
     async def wrong_dimensions(request: Request, exc: ImageDimensionsError):
         return error_response(422, "wrong_dimensions", str(exc))
+
+    @app.exception_handler(IntensityError)
+    async def intensity_out_of_range(request: Request, exc: IntensityError):
+        return error_response(400, "intensity_out_of_range", str(exc))
+
+    @app.exception_handler(NonFiniteInputError)
+    async def non_finite_input(request: Request, exc: NonFiniteInputError):
+        return error_response(400, "non_finite_input", str(exc))
 
     @app.exception_handler(ImageReadError)
     async def unreadable_image(request: Request, exc: ImageReadError):

@@ -20,6 +20,7 @@ from densecnn.io import (
     array_input,
     class_probabilities,
     image_format,
+    image_scaling,
     label_dtype,
     labels_png,
     labels_tiff,
@@ -28,8 +29,8 @@ from densecnn.io import (
     read_nd,
     unit_planes,
 )
+from densecnn.io.intensity import Intensity
 
-from .errors import ApiError
 from .negotiation import Output
 from .registry import ServedModel
 
@@ -87,20 +88,6 @@ def npy_view(array: np.ndarray) -> memoryview:
     return out.getbuffer()
 
 
-def _require_finite(x: torch.Tensor) -> None:
-    """Refuse a model input (1, C, *spatial) holding NaN or infinite values (a float image's own, or values beyond
-    float32's range): no label map computed from them means anything."""
-    bad = (~torch.isfinite(x)).any(dim=1)[0]  # (*spatial): pixels with a non-finite value in any channel
-    if bad.any():
-        first = tuple(bad.nonzero()[0].tolist())
-        raise ApiError(
-            400,
-            "non_finite_input",
-            f"the image has {int(bad.sum()):,} pixels holding NaN or infinite values (beyond float32's range counts "
-            f"too), the first at position {first}; send finite values",
-        )
-
-
 def segment(
     served: ServedModel,
     data: bytes,
@@ -108,12 +95,14 @@ def segment(
     *,
     overlay: bool,
     limits: RequestLimits,
+    intensity: Intensity | None = None,
     cancel: threading.Event | None = None,
 ) -> SegmentResult:
     """Label every pixel of the image in ``data`` and encode the answer as ``output`` asks.
 
-    The image is refused from its header if it is over ``limits``; once ``cancel`` is set the dense net stops at
-    its next layer or tile (:class:`densecnn.errors.Cancelled`).
+    The image is refused from its header if it is over ``limits``, and if its values do not fit how the model's
+    inputs are scaled (``intensity``, by default the model's own) or are not finite; once ``cancel`` is set the
+    dense net stops at its next layer or tile (:class:`densecnn.errors.Cancelled`).
     """
     loaded = served.loaded
     dims = served.dense.dims
@@ -122,13 +111,13 @@ def segment(
     limits_kw = dict(max_pixels=limits.max_pixels, max_bytes=limits.max_decode_bytes)
     if dims == 2 and image_format(data) != "npy":
         pixels = read_array(data, **limits_kw)  # (H, W[, S]) as displayed
-        x = model_input(pixels, loaded)  # (1, C, H, W)
+        x = model_input(pixels, loaded, image_scaling(pixels, loaded, intensity=intensity))  # (1, C, H, W)
     else:
         array = read_nd(data, dims, **limits_kw)  # (C, *spatial), channel first
-        x = array_input(array, loaded)  # (1, C, *spatial)
+        scaling = image_scaling(array, loaded, tuple(range(1, array.ndim)), intensity=intensity)
+        x = array_input(array, loaded, scaling)  # (1, C, *spatial)
         pixels = np.moveaxis(array, 0, -1) if dims == 2 else None  # (H, W, C) for an overlay
         del array
-    _require_finite(x)
     shape = tuple(x.shape[2:])
     timings["decode"] = time.perf_counter() - start
 

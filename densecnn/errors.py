@@ -15,6 +15,16 @@ class InvalidInputError(DenseCNNError, ValueError):
     small); the message names it and what to give instead."""
 
 
+class IntensityError(InvalidInputError):
+    """An image's values do not fit how the model declares its inputs are scaled (16-bit data using a sliver of its
+    range, floats outside [0, 1], a flat image under percentile scaling); the message gives the numbers and the
+    ``--intensity`` that fixes it."""
+
+
+class NonFiniteInputError(InvalidInputError):
+    """An image holds NaN or infinite values; the message counts them and names the first position."""
+
+
 class InvalidTypeError(DenseCNNError, TypeError):
     """An argument or input of the wrong type or dtype (an integer image, float labels); the message says which."""
 

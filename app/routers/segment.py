@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import threading
 from functools import partial
+from typing import Annotated
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Query, Request, Response
+
+from densecnn.io import Intensity
 
 from ..dependencies import MetricsDep, ModelDep, PoolDep, SettingsDep
 from ..errors import ClientGone, ErrorBody, InferenceTimeout
@@ -77,7 +80,8 @@ def _error(description: str) -> dict:
                 "application/x-npy": BINARY,
             },
         },
-        400: _error("the image is corrupt or truncated, or the multipart body is cut off or has no field `image`"),
+        400: _error("the image is corrupt or truncated, the multipart body is cut off or has no field `image`, its "
+                    "values do not fit the intensity scaling (intensity_out_of_range) or are not finite"),
         404: _error("no such model"),
         406: _error("no response format in Accept is offered"),
         408: _error("the request body did not arrive within the upload timeout"),
@@ -95,8 +99,19 @@ async def segment_image(
     settings: SettingsDep,
     metrics: MetricsDep,
     view: View | None = None,
+    intensity: Annotated[
+        str | None,
+        Query(
+            description="how the image's values are scaled to [0, 1], overriding the model's declaration: "
+            "dtype (integers by their dtype's range, floats as they are), range:LOW,HIGH or percentiles:LOW,HIGH",
+            examples=["range:0,4095", "percentiles:1,99.8"],
+        ),
+    ] = None,
 ) -> Response:
     output = choose_output(request.headers.get("accept"), view, served.dense.dims)
+    scaling = (
+        None if intensity is None else Intensity.parse(intensity)
+    )  # 400 intensity_out_of_range if unreadable
     with pool.admit() as place:  # 503 at once when full, before the body is read
         data = await read_upload(request, timeout=settings.upload_timeout)
         limits = RequestLimits(
@@ -104,8 +119,9 @@ async def segment_image(
         )
         cancel = threading.Event()
         job = partial(
-            segment, served, data, output, overlay=view is View.overlay, limits=limits, cancel=cancel
-        )
+            segment, served, data, output, overlay=view is View.overlay, limits=limits, intensity=scaling,
+            cancel=cancel,
+        )  # fmt: skip
         try:
             result = await pool.run(place, job, cancel=cancel, timeout=settings.request_timeout,
                                     client_gone=partial(client_disconnected, request))  # fmt: skip

@@ -9,6 +9,7 @@ gives the same array whichever path reads it (orientation applied, channels firs
 - :mod:`~densecnn.io.decode`: image files decoded whole, judged from their header against size limits first.
 - :mod:`~densecnn.io.decode_nd`: uploads for models of any number of axes (TIFF stacks, .npy), channel first.
 - :mod:`~densecnn.io.orientation`: the TIFF/EXIF Orientation tag, for whole arrays and windows.
+- :mod:`~densecnn.io.intensity`: how raw values are scaled to [0, 1] (declared by the model, checked per image).
 - :mod:`~densecnn.io.pixels`: decoded pixels -> a model's input (scaling, channels, normalisation).
 - :mod:`~densecnn.io.labels`: label maps -> PNG, TIFF and .npy files; class probabilities.
 
@@ -25,17 +26,21 @@ from .arrays import LazyArray, open_array
 from .decode import ImageHeader, read_array, read_header, read_image
 from .decode_nd import read_nd
 from .formats import ACCEPTED, image_files, image_format, is_zarr
+from .intensity import Intensity, Scaling
 from .labels import class_probabilities, label_dtype, labels_png, labels_tiff, write_labels
-from .pixels import array_input, model_input, scale_to_unit, unit_planes
+from .pixels import array_input, image_scaling, model_input, scale_to_unit, unit_planes
 
 __all__ = [
     "ACCEPTED",
     "ImageHeader",
+    "Intensity",
     "LazyArray",
+    "Scaling",
     "array_input",
     "class_probabilities",
     "image_files",
     "image_format",
+    "image_scaling",
     "is_zarr",
     "label_dtype",
     "labels_png",

@@ -1,4 +1,5 @@
-"""Decoded pixels -> what a model takes: scaled to [0, 1], converted to the model's channels, normalised.
+"""Decoded pixels -> what a model takes: scaled to [0, 1] as the model declares (:mod:`~densecnn.io.intensity`),
+converted to the model's channels, normalised, checked finite.
 
 :func:`model_input` (images as decoded, (H, W[, C])) and :func:`array_input` (channel-first arrays of any axes)
 are the one way the service, ``densecnn predict`` and the scripts turn pixels into model input.
@@ -10,6 +11,7 @@ import numpy as np
 import torch
 
 from ..errors import ImageReadError
+from .intensity import Intensity, Scaling, require_finite, sample_windows
 
 _NORMALIZE_ROWS = 256  # the normalisation runs on bands of rows, so its temporaries stay small
 
@@ -23,10 +25,14 @@ def scale_to_unit(array: np.ndarray) -> np.ndarray:
     return array.astype(np.float32)
 
 
-def unit_planes(image: np.ndarray, channels: int) -> np.ndarray:
-    """Decoded pixels (H, W) or (H, W, C), any dtype -> (``channels``, H, W) float32 in [0, 1].
+def dtype_scaling(dtype: np.dtype) -> Scaling:
+    """Integers by their dtype's range, floats (and booleans) as they are."""
+    return Scaling(0.0, float(np.iinfo(dtype).max)) if np.issubdtype(dtype, np.integer) else Scaling(0.0, 1.0)
 
-    Integers are scaled by their dtype's range, floats kept. As many samples as the model's channels are taken as
+
+def unit_planes(image: np.ndarray, channels: int, scaling: Scaling | None = None) -> np.ndarray:
+    """Decoded pixels (H, W) or (H, W, C), any dtype -> (``channels``, H, W) float32, by ``scaling`` (by default
+    :func:`dtype_scaling`: integers by their dtype's range, floats kept). As many samples as the model's channels are taken as
     they are; otherwise alpha is dropped, gray is replicated to RGB and RGB turned to gray by luminance
     (0.299 R + 0.587 G + 0.114 B).
 
@@ -39,13 +45,11 @@ def unit_planes(image: np.ndarray, channels: int) -> np.ndarray:
     height, width, have = image.shape
     out = np.empty((channels, height, width), np.float32)  # (C, H, W)
     colour = have if have == channels else have - 1 if have in (2, 4) else have  # alpha dropped unless taken
-    maximum = np.iinfo(image.dtype).max if np.issubdtype(image.dtype, np.integer) else None
+    scaling = scaling or dtype_scaling(image.dtype)
 
     def plane(k: int, into: np.ndarray) -> np.ndarray:
         into[...] = image[:, :, k]  # cast to float32
-        if maximum is not None:
-            into /= np.float32(maximum)
-        return into
+        return scaling.apply_(into)
 
     if colour == channels or colour == 1:
         for c in range(channels):
@@ -60,38 +64,64 @@ def unit_planes(image: np.ndarray, channels: int) -> np.ndarray:
     return out
 
 
-def model_input(image: np.ndarray, model) -> torch.Tensor:
+def image_scaling(
+    image: np.ndarray, model, spatial_axes: tuple[int, ...] = (0, 1), *, intensity: Intensity | None = None
+) -> Scaling:
+    """How ``image``'s values are scaled to [0, 1]: ``intensity`` (by default the model's declared
+    ``model.intensity``) resolved from the image's sample windows (:func:`~densecnn.io.intensity.sample_windows`
+    over ``spatial_axes``); refuses values it cannot be right for (:class:`~densecnn.errors.IntensityError`)."""
+    channel_axes = [a for a in range(image.ndim) if a not in spatial_axes]
+    require_finite(image, channel_axis=channel_axes[0] if channel_axes else None)
+    shape = tuple(image.shape[a] for a in spatial_axes)
+    parts = []
+    for window in sample_windows(shape):
+        index = [slice(None)] * image.ndim
+        for axis, span in zip(spatial_axes, window):
+            index[axis] = span
+        parts.append(np.asarray(image[tuple(index)]).ravel())
+    sample = np.concatenate(parts)
+    return (intensity or model.intensity).scaling(sample, floats_in_unit_range=len(spatial_axes) > 1)
+
+
+def model_input(image: np.ndarray, model, scaling: Scaling | None = None) -> torch.Tensor:
     """Decoded pixels (H, W) or (H, W, C), any dtype -> the (1, C, H, W) float32 input of a saved model.
 
-    Integer pixels are scaled to [0, 1] by their dtype's range, the channels converted to the model's (gray <-> RGB,
-    alpha dropped), then the model's normalisation applied. ``model`` is a :class:`densecnn.LoadedModel`.
-    Besides the result, it holds one float plane and one band of rows at a time.
+    Pixels are scaled to [0, 1] as the model declares (``scaling``, by default :func:`image_scaling` of this image),
+    the channels converted to the model's (gray <-> RGB, alpha dropped), then the model's normalisation applied, and
+    the result checked finite. ``model`` is a :class:`densecnn.LoadedModel`. Besides the result, it holds one float
+    plane and one band of rows at a time.
 
     >>> loaded = densecnn.load("models/nuclei")
     >>> model_input(read_array("cells.png"), loaded).shape
     torch.Size([1, 1, 512, 512])
     """
-    x = torch.from_numpy(unit_planes(image, model.in_channels))[None]  # (1, C, H, W)
+    scaling = scaling or image_scaling(image, model)
+    x = torch.from_numpy(unit_planes(image, model.in_channels, scaling))[None]  # (1, C, H, W)
     for row in range(0, x.shape[2], _NORMALIZE_ROWS):
         band = x[:, :, row : row + _NORMALIZE_ROWS]
         band.copy_(model.normalize(band))
+    require_finite(x[0], channel_axis=0)  # NaN/Inf in the image, or values beyond float32's range
     return x
 
 
-def array_input(array: np.ndarray, model) -> torch.Tensor:
+def array_input(array: np.ndarray, model, scaling: Scaling | None = None) -> torch.Tensor:
     """A channel-first (C, *spatial) array, any dtype -> the (1, C', *spatial) float input of a saved model.
 
     Scaled and converted to the model's channels as :func:`model_input` does for images (one code path: the
-    spatial axes are laid out as rows of an image), then normalised. ``model`` is a :class:`densecnn.LoadedModel`.
+    spatial axes are laid out as rows of an image), then normalised and checked finite. ``scaling``: by default
+    :func:`image_scaling` of this array (a block of a larger image passes the whole image's). ``model`` is a
+    :class:`densecnn.LoadedModel`.
 
     >>> loaded = densecnn.load("models/nuclei3d")
     >>> array_input(read_nd(Path("stack.tif").read_bytes(), 3), loaded).shape
     torch.Size([1, 1, 12, 64, 64])
     """
     spatial = array.shape[1:]
+    scaling = scaling or image_scaling(array, model, tuple(range(1, array.ndim)))
     rows = np.moveaxis(array, 0, -1).reshape(-1, spatial[-1], array.shape[0])  # (rows, last axis, C)
-    x = torch.from_numpy(unit_planes(rows, model.in_channels))[None]  # (1, C', rows, last axis)
+    x = torch.from_numpy(unit_planes(rows, model.in_channels, scaling))[None]  # (1, C', rows, last axis)
     for row in range(0, x.shape[2], _NORMALIZE_ROWS):
         band = x[:, :, row : row + _NORMALIZE_ROWS]
         band.copy_(model.normalize(band))
+    require_finite(x[0], channel_axis=0)
     return x.view(1, model.in_channels, *spatial)  # (1, C', *spatial)

@@ -18,6 +18,7 @@ from ..chain import extract_chain
 from ..convert import convert
 from ..dense import DenseCNN
 from ..errors import ConversionError
+from ..io.intensity import Intensity
 from ..padding import check_padding_mode
 from .check import TensorInfo, check_directory, check_weights
 from .format import (
@@ -48,6 +49,8 @@ class LoadedModel:
     Attributes:
         model: the patch classifier (an ``nn.Sequential``, in eval mode).
         patch_size, in_channels, num_classes, class_names, palette, normalization, padding_mode: as saved.
+        intensity: how raw pixel values are scaled to [0, 1] before the normalisation (:mod:`densecnn.io.intensity`;
+            the default, for files that declare none: by the dtype's range).
         path: the directory it was read from.
     """
 
@@ -61,6 +64,7 @@ class LoadedModel:
     padding_mode: str
     path: Path | None = None
     extra: dict = field(default_factory=dict)
+    intensity: Intensity = field(default_factory=Intensity)
 
     def dense(self, *, backend: str = "auto") -> DenseCNN:
         """The dense net of this model (sharing its parameters), with the saved padding mode (verified once, by
@@ -96,12 +100,14 @@ def save(
     normalization: dict[str, list[float]] | None = None,
     padding_mode: str = "zeros",
     extra: dict | None = None,
+    intensity: Intensity | None = None,
 ) -> Path:
     """Write ``model`` to the directory ``path`` as ``model.json`` + ``weights.safetensors``.
 
     The model must convert at ``patch_size`` (checked before anything is written). ``normalization`` is
-    ``{"mean": [...], "std": [...]}`` per input channel, applied to images scaled to [0, 1]. ``extra`` is free-form
-    JSON metadata kept in ``model.json``.
+    ``{"mean": [...], "std": [...]}`` per input channel, applied to images scaled to [0, 1]; ``intensity`` says how
+    raw pixel values are scaled to [0, 1] (:class:`~densecnn.io.intensity.Intensity`; by default by their dtype's
+    range, and then the key is left out). ``extra`` is free-form JSON metadata kept in ``model.json``.
 
     >>> model, patch = densecnn.zoo.tiny(in_channels=1, num_classes=3)
     >>> densecnn.save(model, "models/tiny", patch_size=patch, class_names=["bg", "cell", "edge"])
@@ -123,6 +129,7 @@ def save(
         "class_names": class_names,
         "palette": palette,
         "normalization": normalization,
+        **({"intensity": intensity.to_json()} if intensity is not None and intensity != Intensity() else {}),
         "padding_mode": padding_mode,
         "layers": to_spec(model),
         "extra": extra or {},
@@ -211,4 +218,5 @@ def load(path) -> LoadedModel:
         padding_mode=config.padding_mode,
         path=directory,
         extra=config.extra,
+        intensity=Intensity.from_json(config.intensity.model_dump() if config.intensity else None),
     )

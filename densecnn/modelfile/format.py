@@ -36,7 +36,9 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 from torch import nn
 
-from ..errors import ModelFileError
+from ..errors import IntensityError, ModelFileError
+from ..io.intensity import MODES as INTENSITY_MODES
+from ..io.intensity import Intensity
 from ..padding import PADDING_MODES
 from . import spec
 
@@ -185,6 +187,15 @@ def _layer_model(name: str, layer: type[nn.Module], args: tuple[str, ...]) -> ty
 
 
 # ---- the whole model.json
+class IntensitySpec(BaseModel):
+    """How raw pixel values are scaled to [0, 1] before the normalisation (:mod:`densecnn.io.intensity`)."""
+
+    model_config = _STRICT
+    mode: Literal[INTENSITY_MODES]
+    low: float | None = None
+    high: float | None = None
+
+
 class Normalization(BaseModel):
     """Per input channel, applied to images scaled to [0, 1]: ``(x - mean) / std``."""
 
@@ -223,6 +234,7 @@ def _config_model(vocabulary: tuple[tuple[str, type[nn.Module], tuple[str, ...]]
         class_names=(list[str], ...),
         palette=(list[tuple[ColourValue, ColourValue, ColourValue]], ...),
         normalization=(Normalization | None, None),
+        intensity=(IntensitySpec | None, None),
         padding_mode=(Literal[PADDING_MODES], ...),
         layers=(Annotated[list[layer_entry], Field(min_length=1)], ...),
         extra=(dict[str, Any], {}),
@@ -280,6 +292,13 @@ def _check_lengths(config: BaseModel, where: str | Path) -> None:
         raise file_error(
             where, "palette", f"{len(config.palette)} colours for num_classes={k}", f"give {k} [r, g, b] colours"
         )  # fmt: skip
+    if config.intensity is not None:
+        try:
+            Intensity.from_json(config.intensity.model_dump())
+        except IntensityError as exc:
+            raise file_error(
+                where, "intensity", str(exc), 'see "Intensities" in docs/model-files.md'
+            ) from None
     if config.normalization is not None:
         for key in ("mean", "std"):
             values = getattr(config.normalization, key)
