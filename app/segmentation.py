@@ -111,10 +111,10 @@ def segment(
     limits_kw = dict(max_pixels=limits.max_pixels, max_bytes=limits.max_decode_bytes)
     if dims == 2 and image_format(data) != "npy":
         pixels = read_array(data, **limits_kw)  # (H, W[, S]) as displayed
-        x = model_input(pixels, loaded, image_scaling(pixels, loaded, intensity=intensity))  # (1, C, H, W)
+        x = model_input(pixels, loaded, image_scaling(pixels, intensity or loaded.intensity))  # (1, C, H, W)
     else:
         array = read_nd(data, dims, **limits_kw)  # (C, *spatial), channel first
-        scaling = image_scaling(array, loaded, tuple(range(1, array.ndim)), intensity=intensity)
+        scaling = image_scaling(array, intensity or loaded.intensity, tuple(range(1, array.ndim)))
         x = array_input(array, loaded, scaling)  # (1, C, *spatial)
         pixels = np.moveaxis(array, 0, -1) if dims == 2 else None  # (H, W, C) for an overlay
         del array

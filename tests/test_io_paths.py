@@ -16,7 +16,7 @@ import tifffile
 from PIL import Image
 
 from densecnn.blockwise.run import _chunked_source
-from densecnn.io import open_array, read_array, read_nd, scale_to_unit
+from densecnn.io import open_array, read_array, read_nd
 from densecnn.train.dataset import read_dataset
 
 zarr = pytest.importorskip("zarr")
@@ -78,7 +78,7 @@ def test_a_volume_file_is_the_same_array_on_every_path(tmp_path, name):
     np.testing.assert_array_equal(predicted.read(window), VOLUME[(slice(None), *window)])
 
     (sample,) = read_dataset(tmp_path, channels=2, num_classes=1, spatial_dims=3)  # training's reader
-    np.testing.assert_array_equal(sample.image, scale_to_unit(VOLUME))
+    np.testing.assert_array_equal(sample.image, VOLUME.astype(np.float32) / 255)
 
     if path.is_file():  # the service's decoding of the same bytes as an upload
         np.testing.assert_array_equal(
@@ -95,7 +95,7 @@ def test_a_png_is_the_same_image_on_every_path(tmp_path):
     (sample,) = read_dataset(tmp_path, channels=3, num_classes=1)
     np.testing.assert_array_equal(served, IMAGE)
     np.testing.assert_array_equal(predicted, IMAGE.transpose(1, 2, 0))
-    np.testing.assert_array_equal(sample.image, scale_to_unit(IMAGE))
+    np.testing.assert_array_equal(sample.image, IMAGE.astype(np.float32) / 255)
 
 
 def test_a_2d_tiff_under_every_orientation_is_read_as_displayed_whole_and_by_windows(tmp_path):

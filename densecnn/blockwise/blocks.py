@@ -21,7 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..io import LazyArray, array_input, class_probabilities
+from ..io import LazyArray, Scaling, array_input, class_probabilities
+from ..io.intensity import require_finite
 from ..tiling import class_labels
 from .sinks import chunk_written, open_output
 from .worker import TaskResult, worker_model
@@ -87,6 +88,7 @@ class BlockJob:
         source: the input array; labels, probabilities: output zarr paths (probabilities optional).
         chunks: the output chunk per spatial axis; group: chunks per task per axis; halo: (before, after) per axis;
             windows: the input window length per axis.
+        scaling: the whole image's intensity scaling, applied to every block.
     """
 
     model: str
@@ -100,6 +102,7 @@ class BlockJob:
     group: tuple[int, ...]
     halo: tuple[tuple[int, int], ...]
     windows: tuple[int, ...]
+    scaling: Scaling
 
     def chunk_grid(self) -> list[tuple[int, ...]]:
         """The index of every output chunk, row-major."""
@@ -146,7 +149,8 @@ def label_block(job: BlockJob, chunks: tuple[tuple[int, ...], ...]) -> TaskResul
     ]
     loaded, dense = worker_model(job.model, job.device, job.threads)
     pixels = job.source.read(tuple(slice(*span) for span in spans))  # (C, *window)
-    x = array_input(pixels, loaded).to(job.device)  # (1, C', *window)
+    require_finite(pixels, channel_axis=0, origin=tuple(first for first, _ in spans))
+    x = array_input(pixels, loaded, job.scaling).to(job.device)  # (1, C', *window)
     with torch.no_grad():
         if probabilities_out is None:
             labels = dense.predict(x, max_memory=job.max_memory)[0]  # (*window)

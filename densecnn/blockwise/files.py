@@ -11,19 +11,21 @@ from pathlib import Path
 
 import torch
 
-from ..errors import ImageReadError
-from ..io import model_input, read_array, write_labels
+from ..errors import ImageReadError, IntensityError, NonFiniteInputError
+from ..io import Intensity, image_scaling, model_input, read_array, write_labels
 from .worker import TaskResult, worker_model
 
 
 @dataclass(frozen=True)
 class FileJob:
-    """What every image task shares: the model directory, device, torch threads and the per-task memory cap."""
+    """What every image task shares: the model directory, device, torch threads, the per-task memory cap and the
+    intensity scaling asked for (None: the model's own; each image is scaled on its own)."""
 
     model: str
     device: str
     threads: int | None
     max_memory: int | None
+    intensity: Intensity | None = None
 
 
 def label_file(job: FileJob, image: str, output: str) -> TaskResult:
@@ -33,10 +35,13 @@ def label_file(job: FileJob, image: str, output: str) -> TaskResult:
         return TaskResult(image, 0, 0, 0.0)
     loaded, dense = worker_model(job.model, job.device, job.threads)
     try:
-        x = model_input(read_array(image), loaded).to(job.device)  # (1, C, H, W)
-    except ImageReadError as exc:
+        pixels = read_array(image)
+        x = model_input(
+            pixels, loaded, image_scaling(pixels, job.intensity or loaded.intensity)
+        )  # (1, C, H, W)
+    except (ImageReadError, IntensityError, NonFiniteInputError) as exc:
         return TaskResult(image, 0, 0, time.perf_counter() - started, str(exc))
     with torch.no_grad():
-        labels = dense.predict(x, max_memory=job.max_memory)[0].cpu().numpy()  # (H, W)
+        labels = dense.predict(x.to(job.device), max_memory=job.max_memory)[0].cpu().numpy()  # (H, W)
     write_labels(output, labels, loaded.palette)
     return TaskResult(image, 1, labels.size, time.perf_counter() - started)

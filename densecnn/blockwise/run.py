@@ -23,8 +23,18 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import BlockFailedError, ImageReadError, PredictInputError
-from ..io import LazyArray, image_files, is_zarr, label_dtype, open_array, unit_planes, write_labels
+from ..errors import BlockFailedError, DenseCNNError, ImageReadError, PredictInputError
+from ..io import (
+    Intensity,
+    LazyArray,
+    array_scaling,
+    image_files,
+    is_zarr,
+    label_dtype,
+    open_array,
+    unit_planes,
+    write_labels,
+)
 from ..io.formats import IMAGE_SUFFIXES, TIFF_SUFFIXES
 from ..io.labels import check_label_path, labels_file_name
 from ..modelfile.format import WEIGHTS_FILE
@@ -83,6 +93,8 @@ class BlockwiseOptions:
         max_memory: bytes a task may use (default: a share of its worker's memory limit).
         device: where the model runs ("cpu", "cuda").
         channel_axis: the input's channel axis, when it has one its layout does not name.
+        intensity: how the input's values are scaled to [0, 1] (:class:`densecnn.io.Intensity`); None: as the
+            model declares. One scaling serves a whole array (percentiles from a sample of it), each image its own.
         resume: skip chunks and images already written (False: start over).
         retries: how often a failing task is resubmitted.
         progress: show a progress bar on a terminal.
@@ -97,6 +109,7 @@ class BlockwiseOptions:
     max_memory: int | None = None
     device: str = "cpu"
     channel_axis: int | None = None
+    intensity: Intensity | None = None
     resume: bool = True
     retries: int = 2
     progress: bool = True
@@ -205,12 +218,16 @@ def _check_channels(have: int, want: int, where: str) -> None:
 def _label_one_image(loaded, input: Path, output: Path, options: BlockwiseOptions) -> Summary:
     import torch
 
-    from ..io import model_input, read_array
+    from ..io import image_scaling, model_input, read_array
 
     check_label_path(output)
     started = time.perf_counter()
     dense = loaded.dense().to(options.device).eval()
-    x = model_input(read_array(input), loaded).to(options.device)  # (1, C, H, W)
+    pixels = read_array(input)
+    x = model_input(
+        pixels, loaded, image_scaling(pixels, options.intensity or loaded.intensity)
+    )  # (1, C, H, W)
+    x = x.to(options.device)
     with torch.no_grad():
         labels = dense.predict(x, max_memory=options.max_memory)[0].cpu().numpy()  # (H, W)
     output.parent.mkdir(parents=True, exist_ok=True)
@@ -326,9 +343,20 @@ def _label_array(
             f"a task's window of {'x'.join(map(str, windows))} pixels needs about {held:,} bytes for its input and "
             f"labels, more than the {budget:,} bytes a task may use; choose a smaller --chunk or raise --max-memory"
         )
-    # what the output was computed from: resuming with other weights (a model retrained in place) is refused
+    try:
+        scaling = array_scaling(source, options.intensity or loaded.intensity)
+    except (OSError, RuntimeError, ValueError) as exc:
+        if isinstance(exc, DenseCNNError):  # the values do not fit the intensity scaling: its own message
+            raise
+        raise PredictInputError(
+            f"{source.path}: reading a sample of the image (to scale its intensities) failed: {exc}; "
+            "check the file is complete and readable"
+        ) from None
+    # what the output was computed from: resuming with other weights (a model retrained in place) or another
+    # intensity scaling is refused
     description = {"model": model, "weights": weights_digest(Path(model)), "input": str(Path(source.path).resolve()),
-                   "array": source.key, "classes": list(loaded.class_names)}  # fmt: skip
+                   "array": source.key, "classes": list(loaded.class_names),
+                   "intensity": [scaling.low, scaling.high]}  # fmt: skip
     labels = create_output(output, shape=shape, chunks=chunks, dtype=label_dtype(loaded.num_classes),
                            attributes={**description, "content": "labels"}, resume=options.resume)  # fmt: skip
     done = written_chunks(labels, len(shape))
@@ -340,7 +368,7 @@ def _label_array(
     job = BlockJob(
         model=model, device=options.device, threads=threads, max_memory=budget - held, source=source,
         labels=str(output), probabilities=None if probabilities is None else str(probabilities), chunks=chunks,
-        group=group, halo=margins, windows=windows,
+        group=group, halo=margins, windows=windows, scaling=scaling,
     )  # fmt: skip
     grid = job.chunk_grid()
     blocks: dict[tuple[int, ...], list[tuple[int, ...]]] = {}
@@ -400,7 +428,7 @@ def _label_images(
         for target in targets:
             target.unlink(missing_ok=True)
     todo = [(str(i), str(t)) for i, t in zip(images, targets) if not t.exists()]
-    job = FileJob(model, options.device, threads, _task_memory(client, options.max_memory))
+    job = FileJob(model, options.device, threads, _task_memory(client, options.max_memory), options.intensity)
     summary = Summary("images", total=len(images), workers=_workers(client))
 
     def failed(item, exc, attempts):

@@ -38,6 +38,16 @@ def _bytes(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected bytes such as 2000000000 or 2GiB, got {text!r}") from None
 
 
+def _intensity(text: str):
+    from ..errors import IntensityError
+    from ..io import Intensity
+
+    try:
+        return Intensity.parse(text)
+    except IntensityError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def add_parser(subparsers) -> None:
     parser = subparsers.add_parser(
         "predict",
@@ -76,6 +86,13 @@ def add_parser(subparsers) -> None:
     parser.add_argument(
         "--channel-axis", type=int, help="the input array's channel axis when it is not first"
     )
+    parser.add_argument(
+        "--intensity",
+        type=_intensity,
+        metavar="MODE",
+        help="how input values are scaled to [0, 1], overriding the model's declaration: dtype (integers by their "
+        "dtype's range, floats as they are), range:LOW,HIGH or percentiles:LOW,HIGH (e.g. percentiles:1,99.8)",
+    )
     parser.add_argument("--retries", type=int, default=2, help="resubmissions of a failing task (default 2)")
     parser.add_argument("--overwrite", action="store_true", help="start over instead of resuming")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -97,6 +114,7 @@ def run(args) -> int:
         max_memory=args.max_memory,
         device=args.model_device,
         channel_axis=args.channel_axis,
+        intensity=args.intensity,
         resume=not args.overwrite,
         retries=args.retries,
         progress=not args.no_progress,

@@ -28,7 +28,7 @@ from .decode_nd import read_nd
 from .formats import ACCEPTED, image_files, image_format, is_zarr
 from .intensity import Intensity, Scaling
 from .labels import class_probabilities, label_dtype, labels_png, labels_tiff, write_labels
-from .pixels import array_input, image_scaling, model_input, scale_to_unit, unit_planes
+from .pixels import array_input, array_scaling, image_scaling, model_input, unit_planes
 
 __all__ = [
     "ACCEPTED",
@@ -37,6 +37,7 @@ __all__ = [
     "LazyArray",
     "Scaling",
     "array_input",
+    "array_scaling",
     "class_probabilities",
     "image_files",
     "image_format",
@@ -51,7 +52,6 @@ __all__ = [
     "read_header",
     "read_image",
     "read_nd",
-    "scale_to_unit",
     "unit_planes",
     "write_labels",
 ]

@@ -170,7 +170,10 @@ def _dtype_scaling(sample: np.ndarray, floats_in_unit_range: bool) -> Scaling:
 
 
 def require_finite(
-    values: np.ndarray | torch.Tensor, *, channel_axis: int | None = None, origin: tuple[int, ...] | None = None
+    values: np.ndarray | torch.Tensor,
+    *,
+    channel_axis: int | None = None,
+    origin: tuple[int, ...] | None = None,
 ) -> None:
     """Refuse ``values`` holding NaN or infinite entries (in float64 arrays, also values beyond float32's range,
     which the model's input cannot hold), naming how many pixels and the first one's position: in the spatial axes
@@ -202,7 +205,7 @@ def require_finite(
     )
 
 
-def sample_windows(spatial_shape: tuple[int, ...], pixels: int = SAMPLE_PIXELS) -> list[tuple[slice, ...]]:
+def sample_windows(spatial_shape: tuple[int, ...], pixels: int | None = None) -> list[tuple[slice, ...]]:
     """The windows an image's intensity sample is read from: the whole image when it has at most ``pixels``
     pixels, otherwise windows of :data:`SAMPLE_WINDOW` per side (shorter axes whole) on an even grid over it, about
     ``pixels`` in all.
@@ -212,6 +215,7 @@ def sample_windows(spatial_shape: tuple[int, ...], pixels: int = SAMPLE_PIXELS) 
     >>> len(sample_windows((20000, 20000)))
     64
     """
+    pixels = pixels or SAMPLE_PIXELS
     if math.prod(spatial_shape) <= pixels:
         return [tuple(slice(0, n) for n in spatial_shape)]
     sides = [min(n, SAMPLE_WINDOW) for n in spatial_shape]

@@ -16,15 +16,6 @@ from .intensity import Intensity, Scaling, require_finite, sample_windows
 _NORMALIZE_ROWS = 256  # the normalisation runs on bands of rows, so its temporaries stay small
 
 
-def scale_to_unit(array: np.ndarray) -> np.ndarray:
-    """Integer arrays to float32 in [0, 1] by their dtype's range; float arrays kept as they are (as float32)."""
-    if array.dtype == np.bool_:
-        return array.astype(np.float32)
-    if np.issubdtype(array.dtype, np.integer):
-        return array.astype(np.float32) / np.iinfo(array.dtype).max
-    return array.astype(np.float32)
-
-
 def dtype_scaling(dtype: np.dtype) -> Scaling:
     """Integers by their dtype's range, floats (and booleans) as they are."""
     return Scaling(0.0, float(np.iinfo(dtype).max)) if np.issubdtype(dtype, np.integer) else Scaling(0.0, 1.0)
@@ -64,12 +55,11 @@ def unit_planes(image: np.ndarray, channels: int, scaling: Scaling | None = None
     return out
 
 
-def image_scaling(
-    image: np.ndarray, model, spatial_axes: tuple[int, ...] = (0, 1), *, intensity: Intensity | None = None
-) -> Scaling:
-    """How ``image``'s values are scaled to [0, 1]: ``intensity`` (by default the model's declared
-    ``model.intensity``) resolved from the image's sample windows (:func:`~densecnn.io.intensity.sample_windows`
-    over ``spatial_axes``); refuses values it cannot be right for (:class:`~densecnn.errors.IntensityError`)."""
+def image_scaling(image: np.ndarray, intensity: Intensity, spatial_axes: tuple[int, ...] = (0, 1)) -> Scaling:
+    """How ``image``'s values are scaled to [0, 1]: ``intensity`` (a model's declared ``model.intensity``, or one
+    asked for) resolved from the image's sample windows (:func:`~densecnn.io.intensity.sample_windows` over
+    ``spatial_axes``). Refuses values it cannot be right for (:class:`~densecnn.errors.IntensityError`) and, first,
+    NaN or infinite ones (:class:`~densecnn.errors.NonFiniteInputError`, with the first one's position)."""
     channel_axes = [a for a in range(image.ndim) if a not in spatial_axes]
     require_finite(image, channel_axis=channel_axes[0] if channel_axes else None)
     shape = tuple(image.shape[a] for a in spatial_axes)
@@ -79,8 +69,15 @@ def image_scaling(
         for axis, span in zip(spatial_axes, window):
             index[axis] = span
         parts.append(np.asarray(image[tuple(index)]).ravel())
-    sample = np.concatenate(parts)
-    return (intensity or model.intensity).scaling(sample, floats_in_unit_range=len(spatial_axes) > 1)
+    return intensity.scaling(np.concatenate(parts), floats_in_unit_range=len(spatial_axes) > 1)
+
+
+def array_scaling(source, intensity: Intensity) -> Scaling:
+    """:func:`image_scaling` of a :class:`~densecnn.io.LazyArray` too large to read whole: the same sample
+    windows, each read on its own, so a block-wise run scales every block as one pass over the image would."""
+    spatial = source.spatial_shape
+    sample = np.concatenate([np.asarray(source.read(window)).ravel() for window in sample_windows(spatial)])
+    return intensity.scaling(sample, floats_in_unit_range=len(spatial) > 1)
 
 
 def model_input(image: np.ndarray, model, scaling: Scaling | None = None) -> torch.Tensor:
@@ -95,7 +92,7 @@ def model_input(image: np.ndarray, model, scaling: Scaling | None = None) -> tor
     >>> model_input(read_array("cells.png"), loaded).shape
     torch.Size([1, 1, 512, 512])
     """
-    scaling = scaling or image_scaling(image, model)
+    scaling = scaling or image_scaling(image, model.intensity)
     x = torch.from_numpy(unit_planes(image, model.in_channels, scaling))[None]  # (1, C, H, W)
     for row in range(0, x.shape[2], _NORMALIZE_ROWS):
         band = x[:, :, row : row + _NORMALIZE_ROWS]
@@ -117,7 +114,7 @@ def array_input(array: np.ndarray, model, scaling: Scaling | None = None) -> tor
     torch.Size([1, 1, 12, 64, 64])
     """
     spatial = array.shape[1:]
-    scaling = scaling or image_scaling(array, model, tuple(range(1, array.ndim)))
+    scaling = scaling or image_scaling(array, model.intensity, tuple(range(1, array.ndim)))
     rows = np.moveaxis(array, 0, -1).reshape(-1, spatial[-1], array.shape[0])  # (rows, last axis, C)
     x = torch.from_numpy(unit_planes(rows, model.in_channels, scaling))[None]  # (1, C', rows, last axis)
     for row in range(0, x.shape[2], _NORMALIZE_ROWS):

@@ -96,6 +96,12 @@ class TrainConfig:
     padding_mode: str = option(
         "reflect", help="image padding of a fresh model", group=DATA, choices=PADDING_MODES
     )
+    intensity: str | None = option(
+        None,
+        help="how image values are scaled to [0, 1]: dtype, range:LOW,HIGH or percentiles:LOW,HIGH (default: the "
+        "fine-tuned model's declaration, dtype for a fresh one); recorded in the trained model",
+        group=DATA,
+    )
     class_weights: list[float] | None = option(
         None, help="per-class loss weights, comma-separated (default: all 1)", group=OPTIMISER
     )

@@ -37,6 +37,7 @@ class TrainingData:
             "channels": model.in_channels,
             "num_classes": model.num_classes,
             "spatial_dims": self.spatial_dims,
+            "intensity": model.intensity,
         }
         self.train = read_dataset(config.data, **read)
         self.val: list[Sample] = read_dataset(config.val, **read) if config.val else []

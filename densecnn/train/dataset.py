@@ -22,8 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import DatasetError, ImageReadError
-from ..io import open_array, read_array, read_header, read_image, scale_to_unit
+from ..errors import DatasetError, ImageReadError, IntensityError, NonFiniteInputError
+from ..io import Intensity, image_scaling, open_array, read_array, read_header, unit_planes
 from ..io.formats import ARRAY_SUFFIXES, IMAGE_SUFFIXES, LABEL_IMAGE_SUFFIXES, TIFF_SUFFIXES
 from ..losses import IGNORE_INDEX
 
@@ -84,11 +84,18 @@ def read_class_info(directory: str | Path) -> ClassInfo:
 
 
 def read_dataset(
-    directory: str | Path, *, channels: int, num_classes: int, spatial_dims: int = 2
+    directory: str | Path,
+    *,
+    channels: int,
+    num_classes: int,
+    spatial_dims: int = 2,
+    intensity: Intensity | None = None,
 ) -> list[Sample]:
     """Every image of ``directory`` with its labels (masked pixels set to 255), checked against the model.
 
-    ``spatial_dims`` is the model's: 2 for images, 1 for signals, 3 for volumes (its ``len(patch_size)``).
+    ``spatial_dims`` is the model's: 2 for images, 1 for signals, 3 for volumes (its ``len(patch_size)``); each
+    image is scaled to [0, 1] by ``intensity`` (the model's declaration; None: by its dtype's range), as ``densecnn predict`` and the service
+    scale it.
 
     >>> [s.image.shape for s in read_dataset("data/nuclei3d/train", channels=1, num_classes=3, spatial_dims=3)]
     [(1, 31, 61, 40)]
@@ -96,7 +103,7 @@ def read_dataset(
     directory = Path(directory)
     samples = []
     for image_path in image_files(directory, spatial_dims):
-        image = _read_image(image_path, channels, spatial_dims)  # (C, *spatial)
+        image = _read_image(image_path, channels, spatial_dims, intensity or Intensity())  # (C, *spatial)
         labels = _read_labels(directory, image_path, image.shape[1:], num_classes, spatial_dims)
         mask_path = _companion(directory / "masks", image_path.stem, _label_suffixes(spatial_dims))
         if mask_path is not None:
@@ -114,28 +121,34 @@ def _label_suffixes(spatial_dims: int) -> tuple[str, ...]:
     return LABEL_IMAGE_SUFFIXES if spatial_dims == 2 else ARRAY_SUFFIXES[spatial_dims]
 
 
-def _read_image(path: Path, channels: int, spatial_dims: int) -> np.ndarray:
-    """An image file as float32 (C, *spatial) in [0, 1] with ``channels`` channels."""
-    if spatial_dims == 2:
-        try:
+def _read_image(path: Path, channels: int, spatial_dims: int, intensity: Intensity) -> np.ndarray:
+    """An image file as float32 (C, *spatial) scaled by ``intensity``, with ``channels`` channels."""
+    try:
+        if spatial_dims == 2:
             planes = read_header(path).planes if path.suffix.lower() in TIFF_SUFFIXES else 1
             if planes > 1:
                 raise DatasetError(
                     f"{path}: a stack of {planes} slices, and the model reads 2-D images; "
                     "train a model of volumes on it, or save the slices as separate images"
                 )
-            return read_image(path, channels)  # (C, H, W)
-        except ImageReadError as exc:
-            raise DatasetError(f"{exc}; fix or remove the file") from None
-    array = _read_nd(path, spatial_dims)  # (C, *spatial)
-    if array.shape[0] != channels:
-        if array.shape[0] != 1:  # a signal's or volume's channels are not colours: only gray is converted
-            raise DatasetError(
-                f"{path}: {array.shape[0]} channels (the first axis), the model takes {channels}; "
-                "give the arrays the model's channels"
-            )
-        array = np.repeat(array, channels, axis=0)
-    return np.ascontiguousarray(scale_to_unit(array))
+            pixels = read_array(path)  # (H, W[, C])
+            return unit_planes(pixels, channels, image_scaling(pixels, intensity))  # (C, H, W)
+        array = _read_nd(path, spatial_dims)  # (C, *spatial)
+        if array.shape[0] != channels:
+            if array.shape[0] != 1:  # a signal's or volume's channels are not colours: only gray is converted
+                raise DatasetError(
+                    f"{path}: {array.shape[0]} channels (the first axis), the model takes {channels}; "
+                    "give the arrays the model's channels"
+                )
+            array = np.repeat(array, channels, axis=0)
+        scaling = image_scaling(array, intensity, tuple(range(1, array.ndim)))
+        return scaling.apply_(np.array(array, dtype=np.float32, order="C"))
+    except (ImageReadError, IntensityError, NonFiniteInputError) as exc:
+        raise DatasetError(
+            f"{path}: {exc}; fix or remove the file"
+            if str(path) not in str(exc)
+            else f"{exc}; fix or remove the file"
+        ) from None
 
 
 def _open_nd(path: Path, spatial_dims: int):

@@ -7,7 +7,8 @@ from pathlib import Path
 import torch
 
 from .. import zoo
-from ..errors import TrainingError
+from ..errors import IntensityError, TrainingError
+from ..io import Intensity
 from ..modelfile import CONFIG_FILE, LoadedModel, default_palette, load
 from .config import TrainConfig
 from .dataset import infer_channels, read_class_info
@@ -16,9 +17,11 @@ from .dataset import infer_channels, read_class_info
 def start_model(config: TrainConfig) -> LoadedModel:
     """The patch model of ``config.model`` with its metadata, on the CPU.
 
-    A model directory keeps its classes, palette, normalisation and padding mode. A zoo name gets ``--classes``
-    (or the names in the data's classes.json), ``--channels`` (or the first image's), ``--padding-mode``, weights
-    initialised from ``--seed`` (the same on every process), and normalisation None: the training images give it.
+    A model directory keeps its classes, palette, normalisation and padding mode (and its intensity scaling unless
+    ``--intensity`` says otherwise). A zoo name gets ``--classes`` (or the names in the data's classes.json),
+    ``--channels`` (or the first image's), ``--padding-mode``, ``--intensity`` (default: by the dtype's range),
+    weights initialised from ``--seed`` (the same on every process), and normalisation None: the training images
+    give it.
 
     >>> start_model(TrainConfig(model="tiny", classes=3, data="data/toy/train", out="runs/toy")).patch_size
     (12, 12)
@@ -30,6 +33,8 @@ def start_model(config: TrainConfig) -> LoadedModel:
                 f"--classes {config.classes}: {config.model} predicts {loaded.num_classes} classes; "
                 "fine-tuning keeps the model's classes"
             )
+        if config.intensity is not None:
+            loaded.intensity = _intensity(config.intensity)
         return loaded
     info = read_class_info(config.data)
     classes = config.classes or (len(info.names) if info.names else None)
@@ -52,7 +57,15 @@ def start_model(config: TrainConfig) -> LoadedModel:
         palette=info.palette if palette_fits else default_palette(classes),
         normalization=None,
         padding_mode=config.padding_mode,
+        intensity=_intensity(config.intensity or "dtype"),
     )
+
+
+def _intensity(text: str) -> Intensity:
+    try:
+        return Intensity.parse(text)
+    except IntensityError as exc:
+        raise TrainingError(f"--intensity {text}: {exc}") from None
 
 
 def _zoo_call(function, name: str, **kwargs):

@@ -51,6 +51,7 @@ def save_trained_model(
         normalization=model.normalization,
         padding_mode=model.padding_mode,
         extra={"training": training},
+        intensity=model.intensity,
     )
     model.model.to(device)
     summaries = _summaries(config, model, dense, data, progress, processes)
@@ -58,9 +59,10 @@ def save_trained_model(
         model_dir / "README.md",
         title=f"densecnn model: {', '.join(model.class_names)}",
         config=config.to_dict(),
-        # the classes and channels the run derived (from classes.json, the images) written out as well
+        # the classes, channels and intensity scaling the run derived (from classes.json, the images, the model)
+        # written out as well
         command=dataclasses.replace(
-            config, classes=model.num_classes, channels=model.in_channels
+            config, classes=model.num_classes, channels=model.in_channels, intensity=str(model.intensity)
         ).command_line(config.launcher()),
         **summaries,
         val_scores=val_scores,
