@@ -19,11 +19,13 @@ import math
 import time
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from ..io import LazyArray, Scaling, array_input, class_probabilities
 from ..io.intensity import require_finite
 from ..tiling import class_labels
+from .foreground import BACKGROUND, Foreground
 from .sinks import chunk_written, open_output
 from .worker import TaskResult, worker_model
 
@@ -89,6 +91,7 @@ class BlockJob:
         chunks: the output chunk per spatial axis; group: chunks per task per axis; halo: (before, after) per axis;
             windows: the input window length per axis.
         scaling: the whole image's intensity scaling, applied to every block.
+        foreground: where the foreground is (None: everywhere); chunks without any are labelled background.
     """
 
     model: str
@@ -103,6 +106,7 @@ class BlockJob:
     halo: tuple[tuple[int, int], ...]
     windows: tuple[int, ...]
     scaling: Scaling
+    foreground: Foreground | None = None
 
     def chunk_grid(self) -> list[tuple[int, ...]]:
         """The index of every output chunk, row-major."""
@@ -125,7 +129,8 @@ def bounding_region(regions: list[tuple[slice, ...]]) -> tuple[slice, ...]:
 
 
 def label_block(job: BlockJob, chunks: tuple[tuple[int, ...], ...]) -> TaskResult:
-    """Compute the output ``chunks`` (one task block) in one window and write those not yet written.
+    """Compute the output ``chunks`` (one task block) in one window and write those not yet written; chunks
+    holding no foreground (``job.foreground``) get the background label without a forward pass.
 
     Runs inside a Dask task; the result counts the chunks and pixels written.
     """
@@ -140,16 +145,50 @@ def label_block(job: BlockJob, chunks: tuple[tuple[int, ...], ...]) -> TaskResul
     ]
     if not missing:
         return TaskResult(chunks, 0, 0, time.perf_counter() - started)
-    region = bounding_region([job.chunk_region(index) for index in missing])
+    mask = job.foreground is not None and job.foreground.mask is not None
+    background = (
+        [i for i in missing if not job.foreground.mask_holds_foreground(job.chunk_region(i))] if mask else []
+    )
+    compute = [i for i in missing if i not in background]
+    written = 0
+    if compute:
+        written += _compute(job, compute, labels_out, probabilities_out, background)
+    for index in background:
+        written += _write_background(job, index, labels_out, probabilities_out)
+    return TaskResult(
+        chunks, len(missing), written, time.perf_counter() - started, background=len(background)
+    )
+
+
+def _compute(job: BlockJob, compute: list, labels_out, probabilities_out, background: list) -> int:
+    """Label the chunks ``compute`` in one window (those its pixels show to be background are moved to
+    ``background`` instead); returns the pixels written."""
+    region = bounding_region([job.chunk_region(index) for index in compute])
     spans = [
         window(r.start, r.stop, n, before, after, size)
         for r, n, (before, after), size in zip(
             region, job.source.spatial_shape, job.halo, job.windows, strict=True
         )
     ]
-    loaded, dense = worker_model(job.model, job.device, job.threads)
     pixels = job.source.read(tuple(slice(*span) for span in spans))  # (C, *window)
     require_finite(pixels, channel_axis=0, origin=tuple(first for first, _ in spans))
+
+    def inside(index) -> tuple[slice, ...]:  # the chunk within the window
+        chunk = job.chunk_region(index)
+        return tuple(
+            slice(c.start - first, c.stop - first) for c, (first, _) in zip(chunk, spans, strict=True)
+        )
+
+    if job.foreground is not None and job.foreground.threshold is not None:
+        background += [
+            i
+            for i in compute
+            if not job.foreground.pixels_hold_foreground(pixels[(slice(None), *inside(i))], job.scaling)
+        ]
+        compute = [i for i in compute if i not in background]
+        if not compute:
+            return 0
+    loaded, dense = worker_model(job.model, job.device, job.threads)
     x = array_input(pixels, loaded, job.scaling).to(job.device)  # (1, C', *window)
     with torch.no_grad():
         if probabilities_out is None:
@@ -162,13 +201,22 @@ def label_block(job: BlockJob, chunks: tuple[tuple[int, ...], ...]) -> TaskResul
             )  # (K, *window)
     labels = labels.cpu().numpy().astype(labels_out.dtype)
     written = 0
-    for index in missing:
+    for index in compute:
         chunk = job.chunk_region(index)
-        inside = tuple(
-            slice(c.start - first, c.stop - first) for c, (first, _) in zip(chunk, spans, strict=True)
-        )
         if probabilities_out is not None:
-            probabilities_out[(slice(None), *chunk)] = probabilities[(slice(None), *inside)]
-        labels_out[chunk] = labels[inside]  # written last: a chunk with labels is complete
+            probabilities_out[(slice(None), *chunk)] = probabilities[(slice(None), *inside(index))]
+        labels_out[chunk] = labels[inside(index)]  # written last: a chunk with labels is complete
         written += math.prod(c.stop - c.start for c in chunk)
-    return TaskResult(chunks, len(missing), written, time.perf_counter() - started)
+    return written
+
+
+def _write_background(job: BlockJob, index, labels_out, probabilities_out) -> int:
+    """The chunk ``index`` as background: class :data:`~densecnn.blockwise.foreground.BACKGROUND`, probability 1."""
+    chunk = job.chunk_region(index)
+    shape = tuple(c.stop - c.start for c in chunk)
+    if probabilities_out is not None:
+        one_hot = np.zeros((probabilities_out.shape[0], *shape), np.float16)
+        one_hot[BACKGROUND] = 1
+        probabilities_out[(slice(None), *chunk)] = one_hot
+    labels_out[chunk] = np.full(shape, BACKGROUND, labels_out.dtype)
+    return math.prod(shape)

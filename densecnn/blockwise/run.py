@@ -40,6 +40,7 @@ from ..io.labels import check_label_path, labels_file_name
 from ..modelfile.format import WEIGHTS_FILE
 from .blocks import BlockJob, bounding_region, halo, label_block, window_size
 from .files import FileJob, label_file
+from .foreground import foreground
 from .sinks import create_output, written_chunks
 
 DEFAULT_TIFF_CHUNK = 1024  # output chunk for TIFF and .npy inputs (not chunked like zarr arrays)
@@ -56,6 +57,7 @@ class Summary:
     what: str  # "chunks" or "images"
     total: int = 0
     computed: int = 0
+    background: int = 0  # of the computed: chunks labelled background without a forward pass
     skipped: int = 0
     retries: int = 0
     pixels: int = 0
@@ -70,8 +72,9 @@ class Summary:
 
     def __str__(self) -> str:
         lines = [
-            f"{self.computed} of {self.total} {self.what} computed, {self.skipped} already written, "
-            f"{self.retries} retries, {len(self.failures)} failed",
+            f"{self.computed} of {self.total} {self.what} computed"
+            + (f" ({self.background} of them background, without a forward pass)" if self.background else "")
+            + f", {self.skipped} already written, {self.retries} retries, {len(self.failures)} failed",
             f"{self.pixels:,} pixels in {self.seconds:.1f} s: {self.pixels_per_second:,.0f} pixels/s "
             f"on {self.workers} worker{'s' * (self.workers != 1)}",
         ]
@@ -93,6 +96,8 @@ class BlockwiseOptions:
         max_memory: bytes a task may use (default: a share of its worker's memory limit).
         device: where the model runs ("cpu", "cuda").
         channel_axis: the input's channel axis, when it has one its layout does not name.
+        foreground: "auto", "bright", "dark" or a mask's path: output chunks holding no foreground are labelled
+            background (class 0) without a forward pass (arrays only; :mod:`densecnn.blockwise.foreground`).
         intensity: how the input's values are scaled to [0, 1] (:class:`densecnn.io.Intensity`); None: as the
             model declares. One scaling serves a whole array (percentiles from a sample of it), each image its own.
         resume: skip chunks and images already written (False: start over).
@@ -109,6 +114,7 @@ class BlockwiseOptions:
     max_memory: int | None = None
     device: str = "cpu"
     channel_axis: int | None = None
+    foreground: str | None = None
     intensity: Intensity | None = None
     resume: bool = True
     retries: int = 2
@@ -158,10 +164,9 @@ def label(
             f"{input} -> {output}: a {dims}-D model labels a chunked {kind}, not image files; give a zarr array, "
             f"OME-Zarr group or TIFF holding the {kind} as INPUT and OUTPUT ending in .zarr"
         )
-    if options.probabilities is not None:
-        raise PredictInputError(
-            "--probabilities is written for zarr outputs only; give OUTPUT ending in .zarr"
-        )
+    if options.probabilities is not None or options.foreground is not None:
+        flag = "--probabilities" if options.probabilities is not None else "--foreground"
+        raise PredictInputError(f"{flag} is for zarr outputs only; give OUTPUT ending in .zarr")
     if is_zarr(input):
         raise PredictInputError(
             f"{input} is a zarr array: its labels go to a zarr array; give OUTPUT ending in .zarr"
@@ -352,11 +357,13 @@ def _label_array(
             f"{source.path}: reading a sample of the image (to scale its intensities) failed: {exc}; "
             "check the file is complete and readable"
         ) from None
-    # what the output was computed from: resuming with other weights (a model retrained in place) or another
-    # intensity scaling is refused
+    with _input_errors():
+        where = foreground(options.foreground, source, scaling) if options.foreground else None
+    # what the output was computed from: resuming with other weights (a model retrained in place), another
+    # intensity scaling or another foreground is refused
     description = {"model": model, "weights": weights_digest(Path(model)), "input": str(Path(source.path).resolve()),
                    "array": source.key, "classes": list(loaded.class_names),
-                   "intensity": [scaling.low, scaling.high]}  # fmt: skip
+                   "intensity": [scaling.low, scaling.high], "foreground": options.foreground}  # fmt: skip
     labels = create_output(output, shape=shape, chunks=chunks, dtype=label_dtype(loaded.num_classes),
                            attributes={**description, "content": "labels"}, resume=options.resume)  # fmt: skip
     done = written_chunks(labels, len(shape))
@@ -368,7 +375,7 @@ def _label_array(
     job = BlockJob(
         model=model, device=options.device, threads=threads, max_memory=budget - held, source=source,
         labels=str(output), probabilities=None if probabilities is None else str(probabilities), chunks=chunks,
-        group=group, halo=margins, windows=windows, scaling=scaling,
+        group=group, halo=margins, windows=windows, scaling=scaling, foreground=where,
     )  # fmt: skip
     grid = job.chunk_grid()
     blocks: dict[tuple[int, ...], list[tuple[int, ...]]] = {}
@@ -480,6 +487,7 @@ def _run(
                 if result.error is not None:
                     summary.failures.append((result.item, result.error))
                 summary.computed += result.outputs
+                summary.background += result.background
                 summary.pixels += result.pixels
             bar.update()
             following = next(pending, None)

@@ -39,10 +39,12 @@ def worker_model(path: str, device: str = "cpu", threads: int | None = None):
 
 @dataclass(frozen=True)
 class TaskResult:
-    """What a task returns: the chunks or image it did, how many outputs and pixels it wrote (0: already there)."""
+    """What a task returns: the chunks or image it did, how many outputs and pixels it wrote (0: already there),
+    and how many of the outputs were background chunks, written without a forward pass."""
 
     item: object
     outputs: int
     pixels: int
     seconds: float
     error: str | None = None  # an image that could not be read
+    background: int = 0

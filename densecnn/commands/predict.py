@@ -87,6 +87,13 @@ def add_parser(subparsers) -> None:
         "--channel-axis", type=int, help="the input array's channel axis when it is not first"
     )
     parser.add_argument(
+        "--foreground",
+        metavar="auto|bright|dark|MASK",
+        help="label output chunks holding no foreground as background (class 0) without computing them: auto "
+        "(Otsu's threshold; dark foreground for RGB, bright otherwise), bright, dark, or a mask image/array "
+        "(nonzero = foreground, any resolution); zarr outputs only",
+    )
+    parser.add_argument(
         "--intensity",
         type=_intensity,
         metavar="MODE",
@@ -114,6 +121,7 @@ def run(args) -> int:
         max_memory=args.max_memory,
         device=args.model_device,
         channel_axis=args.channel_axis,
+        foreground=args.foreground,
         intensity=args.intensity,
         resume=not args.overwrite,
         retries=args.retries,

@@ -158,6 +158,8 @@ def open_array(path: str | Path, *, spatial_dims: int, channel_axis: int | None 
             what to give instead).
     """
     path = Path(path)
+    if not path.exists():
+        raise ImageReadError(f"{path}: no such file or directory")
     try:
         if path.is_file() and path.suffix.lower() in TIFF_SUFFIXES:
             return _tiff_array(path, channel_axis, spatial_dims)
