@@ -35,7 +35,7 @@ from ..io import (
     unit_planes,
     write_labels,
 )
-from ..io.formats import IMAGE_SUFFIXES, TIFF_SUFFIXES
+from ..io.formats import IMAGE_SUFFIXES, SLIDE_SUFFIXES, TIFF_SUFFIXES
 from ..io.labels import check_label_path, labels_file_name
 from ..modelfile.format import WEIGHTS_FILE
 from .blocks import BlockJob, bounding_region, halo, label_block, window_size
@@ -167,9 +167,10 @@ def label(
     if options.probabilities is not None or options.foreground is not None:
         flag = "--probabilities" if options.probabilities is not None else "--foreground"
         raise PredictInputError(f"{flag} is for zarr outputs only; give OUTPUT ending in .zarr")
-    if is_zarr(input):
+    if is_zarr(input) or input.suffix.lower() in SLIDE_SUFFIXES:
+        kind = "a zarr array" if is_zarr(input) else "a whole-slide image"
         raise PredictInputError(
-            f"{input} is a zarr array: its labels go to a zarr array; give OUTPUT ending in .zarr"
+            f"{input} is {kind}: its labels go to a zarr array; give OUTPUT ending in .zarr"
         )
     if input.is_dir() or any(ch in str(input) for ch in "*?["):
         with _input_errors():

@@ -9,6 +9,8 @@ reads whole arrays through the same call.
   multiscale (v0.4 or v0.5 metadata), whose axis names say which axes are spatial and which holds the channels.
 - TIFF files (BigTIFF, tiled or striped, multi-page stacks, ImageJ hyperstacks) through tifffile's zarr interface,
   at the first series' level 0, the Orientation tag applied (windows are mapped to the stored pixels first).
+- whole-slide images (Aperio SVS, Hamamatsu NDPI, Leica SCN, Ventana BIF) through tiffslide's zarr interface, at
+  level 0, with the slide's microns per pixel (the ``slides`` extra).
 - .npy files, memory-mapped (never unpickled).
 """
 
@@ -22,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ImageReadError
-from .formats import NPY_KINDS, TIFF_SUFFIXES, is_zarr
+from .formats import NPY_KINDS, SLIDE_SUFFIXES, TIFF_SUFFIXES, is_zarr
 from .orientation import oriented, stored_window, transposes
 
 SPATIAL_NAMES = ("z", "y", "x")  # the last n name the axes of an n-D model
@@ -36,9 +38,9 @@ class LazyArray:
     """An array on disk: where it is, what each stored axis holds, its pixel size; reads windows of it.
 
     Attributes:
-        path: the zarr directory, TIFF file or .npy file.
-        kind: "zarr", "tiff" or "npy".
-        key: the array inside a zarr group ("" for an array at ``path``); the pyramid level of a TIFF.
+        path: the zarr directory, TIFF file, whole-slide file or .npy file.
+        kind: "zarr", "tiff", "slide" or "npy".
+        key: the array inside a zarr group ("" for an array at ``path``); the pyramid level of a TIFF or slide.
         shape, chunks, dtype: of the stored array.
         layout: one letter per stored axis: "s" spatial, "c" channels, "1" a length-1 axis that is dropped
             (the t and z of a 2-D image in a 5-D OME-Zarr).
@@ -95,7 +97,7 @@ class LazyArray:
         spatial = iter(stored_window(window, self.spatial_shape, self.orientation))
         index = tuple(next(spatial) if a == "s" else slice(None) if a == "c" else 0 for a in self.layout)
         # a whole file is read at once: no store kept open, no zarr needed for a TIFF
-        stored = _read_file(self) if whole and self.kind != "zarr" else _open(self)
+        stored = _read_file(self) if whole and self.kind in ("tiff", "npy") else _open(self)
         pixels = np.asarray(stored[index])
         kept = [a for a in self.layout if a != "1"]
         pixels = np.moveaxis(pixels, kept.index("c"), 0) if "c" in kept else pixels[None]
@@ -120,11 +122,24 @@ def _open_cached(array: LazyArray):
     if array.kind == "npy":
         return np.load(array.path, mmap_mode="r", allow_pickle=False)
     zarr = _zarr(array.path)
+    if array.kind == "slide":
+        return _slide(array.path).zarr_group[array.key]
     if array.kind == "tiff":
         import tifffile
 
         return zarr.open(tifffile.imread(array.path, aszarr=True, level=int(array.key or 0)), mode="r")
     return zarr.open_array(array.path, path=array.key or None, mode="r")
+
+
+@functools.lru_cache(maxsize=8)
+def _slide(path: str):
+    try:
+        import tiffslide
+    except ImportError:
+        raise ImageReadError(
+            f"{path}: whole-slide images are read with tiffslide: pip install 'densecnn[slides]'"
+        ) from None
+    return tiffslide.TiffSlide(path)
 
 
 def _open(array: LazyArray):
@@ -165,6 +180,8 @@ def open_array(path: str | Path, *, spatial_dims: int, channel_axis: int | None 
             return _tiff_array(path, channel_axis, spatial_dims)
         if path.is_file() and path.suffix.lower() == ".npy":
             return _npy_array(path, channel_axis, spatial_dims)
+        if path.is_file() and path.suffix.lower() in SLIDE_SUFFIXES:
+            return _slide_array(path, spatial_dims)
         if is_zarr(path):
             return _zarr_array(path, channel_axis, spatial_dims)
     except ImageReadError:
@@ -172,7 +189,8 @@ def open_array(path: str | Path, *, spatial_dims: int, channel_axis: int | None 
     except Exception as exc:  # numpy, tifffile and zarr raise many types on corrupt files
         raise ImageReadError(f"{path}: cannot read it as an array ({exc})") from None
     raise ImageReadError(
-        f"{path}: not a zarr array or group, a TIFF nor a .npy file; give the array in one of these"
+        f"{path}: not a zarr array or group, a TIFF, a whole-slide image ({', '.join(SLIDE_SUFFIXES)}) nor a .npy "
+        "file; give the array in one of these"
     )
 
 
@@ -294,6 +312,18 @@ def _tiff_array(path: Path, channel_axis: int | None, spatial_dims: int) -> Lazy
         pixel_size = {1: (columns,), 2: (rows, columns), 3: (z, rows, columns)}[spatial_dims]
         pixel_size = None if any(s is None for s in pixel_size) else pixel_size
     array = LazyArray(str(path), "tiff", "0", shape, chunks, dtype, layout, orientation, pixel_size)
+    return _checked(array)
+
+
+def _slide_array(path: Path, spatial_dims: int) -> LazyArray:
+    if spatial_dims != 2:
+        raise ImageReadError(f"{path}: a whole-slide image is 2-D, the model reads {_AXES[spatial_dims]}")
+    slide = _slide(str(path))
+    level = slide.zarr_group["0"]  # (H, W, S): level 0, samples last
+    mpp = [slide.properties.get(f"tiffslide.mpp-{axis}") for axis in "yx"]
+    pixel_size = None if None in mpp else tuple(float(m) for m in mpp)
+    shape, chunks = tuple(level.shape), tuple(level.chunks)
+    array = LazyArray(str(path), "slide", "0", shape, chunks, str(level.dtype), "ssc", 1, pixel_size)
     return _checked(array)
 
 
