@@ -63,7 +63,9 @@ def test_otsu_splits_two_populations():
 def test_auto_labels_chunks_without_foreground_as_background_and_computes_the_rest(model_dir, tmp_path):
     image = _slide()
     zarr.create_array(store=str(tmp_path / "in.zarr"), data=image, chunks=(CHUNK, CHUNK))
-    options = BlockwiseOptions(foreground="auto", block=32, progress=False, probabilities=tmp_path / "p.zarr")
+    options = BlockwiseOptions(
+        foreground="auto", chunk=CHUNK, block=32, progress=False, probabilities=tmp_path / "p.zarr"
+    )
     summary = label(model_dir, tmp_path / "in.zarr", tmp_path / "out.zarr", options)
     labels = zarr.open_array(str(tmp_path / "out.zarr"))[:]
     probabilities = zarr.open_array(str(tmp_path / "p.zarr"))[:]
@@ -100,7 +102,7 @@ def test_a_low_resolution_mask_says_where_to_compute(model_dir, tmp_path):
         model_dir,
         tmp_path / "in.zarr",
         tmp_path / "out.zarr",
-        BlockwiseOptions(foreground=str(tmp_path / "mask.npy"), progress=False),
+        BlockwiseOptions(foreground=str(tmp_path / "mask.npy"), chunk=CHUNK, progress=False),
     )
     labels = zarr.open_array(str(tmp_path / "out.zarr"))[:]
     covered = np.kron(mask, np.ones((8, 8), np.uint8)).astype(bool)  # the mask at the image's resolution

@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 import socket
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -147,11 +148,24 @@ def test_ome_zarr_group_is_read_at_level_0_with_singleton_axes_dropped(tmp_path)
         "version": "0.5",
         "multiscales": [{"axes": axes, "datasets": [{"path": "0"}, {"path": "1"}]}],
     }
-    group.create_array("0", data=pixels[None, None, None], chunks=(1, 1, 1, 32, 32))
-    group.create_array("1", data=pixels[None, None, None, ::2, ::2], chunks=(1, 1, 1, 32, 32))
+    group.create_array("0", data=pixels[None, None, None], chunks=(1, 1, 1, 16, 24))
+    group.create_array("1", data=pixels[None, None, None, ::2, ::2], chunks=(1, 1, 1, 16, 24))
     label(model_dir, tmp_path / "image.ome.zarr", tmp_path / "labels.zarr", BlockwiseOptions(progress=False))
     labels = torch.from_numpy(zarr.open_array(str(tmp_path / "labels.zarr"))[:].astype(np.int64))
-    assert zarr.open_array(str(tmp_path / "labels.zarr")).chunks == (32, 32)  # the input's chunking
+    # the input's chunking grown to multiples of it of at least 64 per side: 16 x 4, and 24 x 3 cut to the 60 columns
+    assert zarr.open_array(str(tmp_path / "labels.zarr")).chunks == (64, 60)
+    assert_labels_equal_except_ties(labels[None], whole_image_scores(model_dir, pixels)[None])
+
+
+def test_tiny_input_chunks_give_output_chunks_of_a_sane_size(tmp_path):
+    """A 1x1-chunked input would otherwise give one output file and one task per pixel."""
+    model, patch = _odd(1)
+    model_dir = save_model(model, tmp_path / "model", patch, "zeros", 1)
+    pixels = tiled_nuclei(150, 90)
+    zarr.create_array(store=str(tmp_path / "in.zarr"), data=pixels, chunks=(1, 1))
+    summary = label(model_dir, tmp_path / "in.zarr", tmp_path / "out.zarr", BlockwiseOptions(progress=False))
+    assert zarr.open_array(str(tmp_path / "out.zarr")).chunks == (64, 64) and summary.total == 3 * 2
+    labels = torch.from_numpy(zarr.open_array(str(tmp_path / "out.zarr"))[:].astype(np.int64))
     assert_labels_equal_except_ties(labels[None], whole_image_scores(model_dir, pixels)[None])
 
 
@@ -195,10 +209,16 @@ def test_resume_skips_written_chunks_and_refuses_another_prediction(tmp_path):
     model_dir = save_model(model, tmp_path / "model", patch, "zeros", 1)
     zarr.create_array(store=str(tmp_path / "in.zarr"), data=tiled_nuclei(40, 40), chunks=(10, 10))
     first = label(
-        model_dir, tmp_path / "in.zarr", tmp_path / "out.zarr", BlockwiseOptions(block=10, progress=False)
+        model_dir,
+        tmp_path / "in.zarr",
+        tmp_path / "out.zarr",
+        BlockwiseOptions(chunk=10, block=10, progress=False),
     )
     again = label(
-        model_dir, tmp_path / "in.zarr", tmp_path / "out.zarr", BlockwiseOptions(block=10, progress=False)
+        model_dir,
+        tmp_path / "in.zarr",
+        tmp_path / "out.zarr",
+        BlockwiseOptions(chunk=10, block=10, progress=False),
     )
     assert (first.computed, first.skipped) == (16, 0)
     assert (again.computed, again.skipped) == (0, 16)
@@ -232,7 +252,10 @@ def test_a_failing_block_is_retried_and_one_that_keeps_failing_stops_the_run_nam
     source = zarr.create_array(store=str(tmp_path / "in.zarr"), data=tiled_nuclei(40, 30), chunks=(10, 10))
     monkeypatch.setattr(blockwise_run, "label_block", _fails_the_first_time)
     summary = label(
-        model_dir, tmp_path / "in.zarr", tmp_path / "flaky.zarr", BlockwiseOptions(block=10, progress=False)
+        model_dir,
+        tmp_path / "in.zarr",
+        tmp_path / "flaky.zarr",
+        BlockwiseOptions(chunk=10, block=10, progress=False),
     )
     assert (summary.computed, summary.retries) == (12, 1)
     monkeypatch.setattr(blockwise_run, "label_block", _fails_on_the_last_chunk)
@@ -241,7 +264,7 @@ def test_a_failing_block_is_retried_and_one_that_keeps_failing_stops_the_run_nam
             model_dir,
             tmp_path / "in.zarr",
             tmp_path / "broken.zarr",
-            BlockwiseOptions(block=10, progress=False),
+            BlockwiseOptions(chunk=10, block=10, progress=False),
         )
     assert re.fullmatch(
         r"the block of chunks \[\(3, 2\)\] \(rows 30\.\.39, columns 20\.\.29\) failed 3 times: "
@@ -387,7 +410,12 @@ def test_resume_refuses_a_model_retrained_in_place(tmp_path):
     model, patch = _tiny(1)
     model_dir = save_model(model, tmp_path / "model", patch, "zeros", 1)
     zarr.create_array(store=str(tmp_path / "in.zarr"), data=tiled_nuclei(20, 20), chunks=(10, 10))
-    label(model_dir, tmp_path / "in.zarr", tmp_path / "out.zarr", BlockwiseOptions(block=10, progress=False))
+    label(
+        model_dir,
+        tmp_path / "in.zarr",
+        tmp_path / "out.zarr",
+        BlockwiseOptions(chunk=10, block=10, progress=False),
+    )
     with torch.no_grad():
         next(model.parameters()).add_(
             0.5
@@ -395,7 +423,10 @@ def test_resume_refuses_a_model_retrained_in_place(tmp_path):
     densecnn.save(model, model_dir, patch_size=patch)
     with pytest.raises(PredictInputError, match="holds another prediction.*weights"):
         label(
-            model_dir, tmp_path / "in.zarr", tmp_path / "out.zarr", BlockwiseOptions(block=10, progress=False)
+            model_dir,
+            tmp_path / "in.zarr",
+            tmp_path / "out.zarr",
+            BlockwiseOptions(chunk=10, block=10, progress=False),
         )
 
 
@@ -425,3 +456,26 @@ def test_ctrl_c_says_how_to_resume(monkeypatch, capsys, tmp_path):
         cli_main(["predict", "models/nuclei", str(tmp_path / "in.zarr"), str(tmp_path / "out.zarr")]) == 130
     )
     assert "run the same command again to resume" in capsys.readouterr().err
+
+
+def test_every_chunk_is_flushed_to_the_disk_before_it_counts(tmp_path, monkeypatch):
+    import os
+
+    model, patch = _odd(1)
+    model_dir = save_model(model, tmp_path / "model", patch, "zeros", 1)
+    zarr.create_array(store=str(tmp_path / "in.zarr"), data=tiled_nuclei(40, 30), chunks=(20, 15))
+    flushed = []
+    real_fsync = os.fsync
+
+    def fsync(descriptor):
+        flushed.append(os.readlink(f"/proc/self/fd/{descriptor}"))
+        real_fsync(descriptor)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    options = BlockwiseOptions(chunk=(20, 15), probabilities=tmp_path / "p.zarr", progress=False)
+    label(model_dir, tmp_path / "in.zarr", tmp_path / "out.zarr", options)
+    out = zarr.open_array(str(tmp_path / "out.zarr"))
+    for index in [(i, j) for i in range(2) for j in range(2)]:
+        chunk_file = str(tmp_path / "out.zarr" / out.metadata.encode_chunk_key(index))
+        assert chunk_file in flushed and str(Path(chunk_file).parent) in flushed
+    assert sum("p.zarr" in path for path in flushed) == 2 * 4

@@ -26,7 +26,7 @@ from ..io import LazyArray, Scaling, array_input, class_probabilities
 from ..io.intensity import require_finite
 from ..tiling import class_labels
 from .foreground import BACKGROUND, Foreground
-from .sinks import chunk_written, open_output
+from .sinks import chunk_written, open_output, persist_chunk
 from .worker import TaskResult, worker_model
 
 
@@ -205,7 +205,9 @@ def _compute(job: BlockJob, compute: list, labels_out, probabilities_out, backgr
         chunk = job.chunk_region(index)
         if probabilities_out is not None:
             probabilities_out[(slice(None), *chunk)] = probabilities[(slice(None), *inside(index))]
+            persist_chunk(probabilities_out, index)
         labels_out[chunk] = labels[inside(index)]  # written last: a chunk with labels is complete
+        persist_chunk(labels_out, index)
         written += math.prod(c.stop - c.start for c in chunk)
     return written
 
@@ -218,5 +220,7 @@ def _write_background(job: BlockJob, index, labels_out, probabilities_out) -> in
         one_hot = np.zeros((probabilities_out.shape[0], *shape), np.float16)
         one_hot[BACKGROUND] = 1
         probabilities_out[(slice(None), *chunk)] = one_hot
+        persist_chunk(probabilities_out, index)
     labels_out[chunk] = np.full(shape, BACKGROUND, labels_out.dtype)
+    persist_chunk(labels_out, index)
     return math.prod(shape)

@@ -44,6 +44,7 @@ from .foreground import foreground
 from .sinks import create_output, written_chunks
 
 DEFAULT_TIFF_CHUNK = 1024  # output chunk for TIFF and .npy inputs (not chunked like zarr arrays)
+MIN_CHUNK = {1: 4096, 2: 64, 3: 16}  # an output chunk's least side by default, per number of spatial axes
 DEFAULT_BLOCK = 1024  # pixels per side a task computes at once (whole chunks; fewer if memory is short)
 WORKER_BASELINE = 512 * 2**20  # a worker process with torch, Dask and a model loaded, before any task
 CONNECT_SECONDS = 10  # to reach a scheduler (Dask's own default waits 30 s, then prints a long traceback)
@@ -91,7 +92,8 @@ class BlockwiseOptions:
         client: a ``distributed.Client`` of your own to run on (it stays open); None: one is made from ``scheduler``.
         scheduler: the address of a running Dask scheduler (``tcp://host:8786``); None: a local cluster.
         workers: worker processes of the local cluster (1: one worker thread in this process).
-        chunk: the output chunk per spatial axis (default: the input's chunks; 1024 for TIFF inputs).
+        chunk: the output chunk per spatial axis (default: the input's chunks, grown to a multiple of them of at
+            least 64 per side for images, 16 for volumes, 4096 for signals; 1024 for TIFF and slide inputs).
         block: about how many pixels per side a task computes at once (whole chunks).
         max_memory: bytes a task may use (default: a share of its worker's memory limit).
         device: where the model runs ("cpu", "cuda").
@@ -315,6 +317,9 @@ def weights_digest(model_dir: Path) -> str:
 
 
 def _chunks(source: LazyArray, chunk) -> tuple[int, ...]:
+    """The output chunk: ``chunk`` if given; else the input's, grown along each axis to a multiple of it of at
+    least :data:`MIN_CHUNK` (tiny input chunks would make as many tiny files and tasks: 40,001 for a 1x1-chunked
+    200x200 image); TIFF and .npy inputs get :data:`DEFAULT_TIFF_CHUNK`."""
     from ..geometry import ntuple
 
     dims = len(source.spatial_shape)
@@ -325,7 +330,8 @@ def _chunks(source: LazyArray, chunk) -> tuple[int, ...]:
         return chunks
     if source.kind != "zarr":  # a TIFF's strips can span the whole width, a .npy is one chunk
         return tuple(min(DEFAULT_TIFF_CHUNK, n) for n in source.spatial_shape)
-    return source.spatial_chunks
+    least = MIN_CHUNK[dims]
+    return tuple(min(n, c * -(-least // c)) for c, n in zip(source.spatial_chunks, source.spatial_shape))
 
 
 def _label_array(

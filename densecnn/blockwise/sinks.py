@@ -3,13 +3,15 @@ written by :func:`densecnn.io.write_labels`).
 
 A zarr output is created once by the driver, with its description in the attributes; each task then writes whole
 chunks, and each chunk write is one store write, atomic (zarr's local store writes a temporary file and renames it;
-object stores replace objects whole), so a chunk is either absent or complete. A chunk's presence in the store is
+object stores replace objects whole), so a chunk is either absent or complete, and flushed to the disk
+(:func:`persist_chunk`) before the task reports it. A chunk's presence in the store is
 what resume checks: the array is created with ``write_empty_chunks`` so that a chunk of background is stored too.
 """
 
 from __future__ import annotations
 
 import itertools
+import os
 from pathlib import Path
 
 import numpy as np
@@ -89,6 +91,23 @@ def chunk_written(array, index: tuple[int, ...]) -> bool:
 
     index = (0,) * (array.ndim - len(index)) + tuple(index)
     return sync(array.store.exists(_chunk_key(array, index)))
+
+
+def persist_chunk(array, index: tuple[int, ...]) -> None:
+    """Flush the chunk at grid ``index`` to the disk (fsync of its file and directory) when the store is a local
+    directory, so a chunk counted as written survives a power cut, not only a killed process (object stores
+    acknowledge a write once it is durable)."""
+    root = getattr(array.store, "root", None)
+    if root is None:
+        return
+    index = (0,) * (array.ndim - len(index)) + tuple(index)
+    path = Path(root) / _chunk_key(array, index)
+    for target in (path, path.parent):
+        descriptor = os.open(target, os.O_RDONLY)
+        try:
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
 
 
 def written_chunks(array, spatial_dims: int) -> set[tuple[int, ...]]:
