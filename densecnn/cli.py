@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import sys
 
 # subcommand modules, in the order `densecnn --help` lists them
@@ -32,6 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     """Parse ``argv`` and run the chosen subcommand; errors a user can fix print one line, not a traceback."""
     from .errors import DenseCNNError
 
+    # a corrupt TIFF is reported once, as densecnn's own error naming the file, not also as tifffile's log line
+    logging.getLogger("tifffile").setLevel(logging.ERROR)
     args = build_parser().parse_args(argv)
     try:
         return args.run(args) or 0

@@ -479,3 +479,49 @@ def test_every_chunk_is_flushed_to_the_disk_before_it_counts(tmp_path, monkeypat
         chunk_file = str(tmp_path / "out.zarr" / out.metadata.encode_chunk_key(index))
         assert chunk_file in flushed and str(Path(chunk_file).parent) in flushed
     assert sum("p.zarr" in path for path in flushed) == 2 * 4
+
+
+def test_an_image_set_names_each_broken_file_once_and_says_what_is_wrong(tmp_path, capsys):
+    model, patch = _odd(1)
+    model_dir = save_model(model, tmp_path / "model", patch, "zeros", 1)
+    images = tmp_path / "images"
+    images.mkdir()
+    Image.fromarray(nuclei_pixels()[:40, :50]).save(images / "good.png")
+    (images / "empty.tif").write_bytes(b"II*\x00" + b"\x00" * 4)  # a header and no page
+    assert cli_main(["predict", str(model_dir), str(images), str(tmp_path / "out"), "--no-progress"]) == 1
+    out, err = capsys.readouterr()
+    failed = [line for line in out.splitlines() if line.startswith("failed:")]
+    assert failed == [
+        f"failed: {images / 'empty.tif'}: cannot read TIFF: it holds no image (no readable page: the file is empty "
+        "or cut off)"
+    ]
+    assert "contains no pages" not in err  # tifffile's own log line is not printed too
+
+
+def test_storage_errors_are_one_line_and_not_retried(tmp_path, monkeypatch, capsys):
+    import errno
+
+    model, patch = _odd(1)
+    model_dir = save_model(model, tmp_path / "model", patch, "zeros", 1)
+    zarr.create_array(store=str(tmp_path / "in.zarr"), data=tiled_nuclei(40, 30), chunks=(20, 15))
+    (tmp_path / "a-file").write_text("in the way")
+    argv = ["predict", str(model_dir), str(tmp_path / "in.zarr"), str(tmp_path / "a-file" / "out.zarr")]
+    assert cli_main([*argv, "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert (
+        err.count("\n") == 1 and "a-file/out.zarr: cannot be written (Not a directory); choose another" in err
+    )
+
+    attempts = []
+
+    def disk_full(job, chunks):
+        attempts.append(chunks)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(blockwise_run, "label_block", disk_full)
+    with pytest.raises(BlockFailedError, match=r"out\.zarr: cannot be written \(No space left on device\); free "
+                       r"space on its disk or choose another output, then run again to resume"):  # fmt: skip
+        label(
+            model_dir, tmp_path / "in.zarr", tmp_path / "out.zarr", BlockwiseOptions(chunk=20, progress=False)
+        )
+    assert len(attempts) == len(set(attempts))  # no block was retried: a full disk stays full

@@ -41,7 +41,7 @@ from ..modelfile.format import WEIGHTS_FILE
 from .blocks import BlockJob, bounding_region, halo, label_block, window_size
 from .files import FileJob, label_file
 from .foreground import foreground
-from .sinks import create_output, written_chunks
+from .sinks import STORAGE_ERRORS, create_output, storage_problem, written_chunks
 
 DEFAULT_TIFF_CHUNK = 1024  # output chunk for TIFF and .npy inputs (not chunked like zarr arrays)
 MIN_CHUNK = {1: 4096, 2: 64, 3: 16}  # an output chunk's least side by default, per number of spatial axes
@@ -79,7 +79,9 @@ class Summary:
             f"{self.pixels:,} pixels in {self.seconds:.1f} s: {self.pixels_per_second:,.0f} pixels/s "
             f"on {self.workers} worker{'s' * (self.workers != 1)}",
         ]
-        lines += [f"failed: {what}: {why}" for what, why in self.failures]
+        lines += [
+            f"failed: {why if why.startswith(str(what)) else f'{what}: {why}'}" for what, why in self.failures
+        ]
         return "\n".join(lines)
 
 
@@ -238,8 +240,11 @@ def _label_one_image(loaded, input: Path, output: Path, options: BlockwiseOption
     x = x.to(options.device)
     with torch.no_grad():
         labels = dense.predict(x, max_memory=options.max_memory)[0].cpu().numpy()  # (H, W)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    write_labels(output, labels, loaded.palette)
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        write_labels(output, labels, loaded.palette)
+    except OSError as exc:
+        raise PredictInputError(f"{output}: {storage_problem(exc)}") from None
     return Summary("images", total=1, computed=1, pixels=labels.size, seconds=time.perf_counter() - started)
 
 
@@ -396,6 +401,8 @@ def _label_array(
         where = ", ".join(
             f"{axis} {r.start}..{r.stop - 1}" for axis, r in zip(_axis_names(len(region)), region)
         )
+        if isinstance(exc, OSError) and exc.errno in STORAGE_ERRORS:
+            raise BlockFailedError(f"{output}: {storage_problem(exc)}")
         raise BlockFailedError(
             f"the block of chunks {list(item[0])} ({where}) failed {attempts} times: {exc}"
         )
@@ -437,7 +444,10 @@ def _label_images(
             f"images would write the same label map ({', '.join(sorted(t.name for t in clashes))}); "
             "give images with distinct names"
         )
-    output.mkdir(parents=True, exist_ok=True)
+    try:
+        output.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise PredictInputError(f"{output}: {storage_problem(exc)}") from None
     if not options.resume:
         for target in targets:
             target.unlink(missing_ok=True)
@@ -446,6 +456,8 @@ def _label_images(
     summary = Summary("images", total=len(images), workers=_workers(client))
 
     def failed(item, exc, attempts):
+        if isinstance(exc, OSError) and exc.errno in STORAGE_ERRORS:  # every other image would fail alike
+            raise BlockFailedError(f"{output}: {storage_problem(exc)}")
         summary.failures.append((item[0], f"failed {attempts} times: {exc}"))
 
     _run(client, label_file, job, todo, summary, options.retries, options.progress, failed)
@@ -484,7 +496,8 @@ def _run(
             item, attempt = attempts.pop(future)
             if future.status == "error":
                 exc = future.exception()
-                if attempt <= retries:
+                storage = isinstance(exc, OSError) and exc.errno in STORAGE_ERRORS  # retrying cannot fix it
+                if attempt <= retries and not storage:
                     summary.retries += 1
                     queue.add(submit(item, attempt + 1))
                     continue

@@ -10,6 +10,7 @@ what resume checks: the array is created with ``write_empty_chunks`` so that a c
 
 from __future__ import annotations
 
+import errno
 import itertools
 import os
 from pathlib import Path
@@ -51,16 +52,41 @@ def create_output(
                 "remove it, choose another output, or pass --overwrite"
             )
         return existing
-    return zarr.create_array(
-        store=str(path),
-        shape=shape,
-        chunks=chunks,
-        dtype=dtype,
-        fill_value=0,
-        config={"write_empty_chunks": True},
-        attributes={"densecnn": attributes},
-        overwrite=True,
-    )
+    try:
+        return zarr.create_array(
+            store=str(path),
+            shape=shape,
+            chunks=chunks,
+            dtype=dtype,
+            fill_value=0,
+            config={"write_empty_chunks": True},
+            attributes={"densecnn": attributes},
+            overwrite=True,
+        )
+    except OSError as exc:  # read-only, no permission, a file in the way, disk full
+        raise PredictInputError(f"{path}: {storage_problem(exc)}") from None
+
+
+STORAGE_ERRORS = {
+    errno.ENOSPC,
+    errno.EDQUOT,
+    errno.EACCES,
+    errno.EPERM,
+    errno.EROFS,
+    errno.ENOTDIR,
+    errno.EEXIST,
+}
+
+
+def storage_problem(exc: OSError) -> str:
+    """What a failed write means and what to do, in one line; for the errors retrying cannot fix
+    (:data:`STORAGE_ERRORS`) and any other."""
+    what = exc.strerror or str(exc)
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return f"cannot be written ({what}); free space on its disk or choose another output, then run again to resume"
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return f"cannot be written ({what}); choose a writable location"
+    return f"cannot be written ({what}); choose another output"
 
 
 def _differences(found: dict, wanted: dict, existing, attributes: dict) -> str:

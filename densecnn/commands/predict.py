@@ -107,7 +107,12 @@ def add_parser(subparsers) -> None:
 
 
 def run(args) -> int:
+    import os
     import sys
+
+    # a failing task is reported once, in the summary or the error; not also as Dask's log of every attempt, with
+    # tracebacks, from each worker process (which reads this when it starts)
+    os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "error")
 
     from ..blockwise import BlockwiseOptions, label
     from ..errors import BlockFailedError

@@ -85,6 +85,8 @@ class ImageHeader:
 
 def tiff_header(tiff: tifffile.TiffFile) -> ImageHeader:
     """The header of an open TIFF: its first page and the planes its first series stacks."""
+    if len(tiff.pages) == 0 or not tiff.series:
+        raise ValueError("it holds no image (no readable page: the file is empty or cut off)")
     page, series = tiff.pages[0], tiff.series[0]
     planes = math.prod(size for axis, size in zip(series.axes, series.shape) if axis not in _TIFF_PLANE_AXES)
     layout = f"axes {series.axes}, shape {'x'.join(map(str, series.shape))}"
