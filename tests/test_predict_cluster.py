@@ -134,6 +134,23 @@ def test_a_killed_run_resumes_computing_only_the_missing_chunks(tmp_path, cluste
     assert_labels_equal_except_ties(_labels(out)[None], whole_image_scores(NUCLEI_MODEL, pixels)[None])
 
 
+def test_a_task_rerun_after_a_lost_worker_is_reported(tmp_path, cluster, monkeypatch):
+    from densecnn.blockwise import run as blockwise_run
+    from tests.predict_support import dies_the_first_time
+
+    address, _ = cluster
+    pixels = tiled_nuclei(128, 64)
+    zarr.create_array(store=str(tmp_path / "in.zarr"), data=pixels, chunks=(64, 64))
+    monkeypatch.setattr(blockwise_run, "label_block", dies_the_first_time)
+    options = BlockwiseOptions(scheduler=address, block=64, progress=False)
+    summary = label(NUCLEI_MODEL, tmp_path / "in.zarr", tmp_path / "out.zarr", options)
+    assert (summary.computed, summary.retries, summary.reruns) == (2, 0, 1), summary
+    assert "1 re-run after a lost worker" in str(summary)
+    assert_labels_equal_except_ties(
+        _labels(tmp_path / "out.zarr")[None], whole_image_scores(NUCLEI_MODEL, pixels)[None]
+    )
+
+
 def _peak_rss() -> int:
     """This process's peak resident memory since it started (VmHWM: unlike ru_maxrss, not carried over from the
     process that forked it)."""

@@ -58,6 +58,7 @@ class Summary:
     what: str  # "chunks" or "images"
     total: int = 0
     computed: int = 0
+    reruns: int = 0  # tasks Dask ran again by itself, having lost the worker running them
     background: int = 0  # of the computed: chunks labelled background without a forward pass
     skipped: int = 0
     retries: int = 0
@@ -75,7 +76,9 @@ class Summary:
         lines = [
             f"{self.computed} of {self.total} {self.what} computed"
             + (f" ({self.background} of them background, without a forward pass)" if self.background else "")
-            + f", {self.skipped} already written, {self.retries} retries, {len(self.failures)} failed",
+            + f", {self.skipped} already written, {self.retries} retries"
+            + (f", {self.reruns} re-run after a lost worker" if self.reruns else "")
+            + f", {len(self.failures)} failed",
             f"{self.pixels:,} pixels in {self.seconds:.1f} s: {self.pixels_per_second:,.0f} pixels/s "
             f"on {self.workers} worker{'s' * (self.workers != 1)}",
         ]
@@ -468,6 +471,12 @@ def _workers(client) -> int:
     return len(client.scheduler_info()["workers"])
 
 
+def _reruns(dask_scheduler, keys: list) -> int:
+    """Runs on the scheduler: how many times the tasks ``keys`` were running on a worker that was lost (Dask then
+    runs them again by itself; ``TaskState.suspicious`` counts it)."""
+    return sum(dask_scheduler.tasks[key].suspicious for key in keys if key in dask_scheduler.tasks)
+
+
 def _run(
     client, task: Callable, job, items: list[tuple], summary: Summary, retries: int, progress: bool,
     failed: Callable,
@@ -480,6 +489,8 @@ def _run(
     slots = sum(info.get("nthreads", 1) for info in client.scheduler_info()["workers"].values())
     pending = iter(items)
     attempts: dict[object, tuple[tuple, int]] = {}
+
+    finished = []  # kept until the end, so that the scheduler still knows them when asked about re-runs
 
     def submit(item: tuple, attempt: int) -> object:
         future = client.submit(task, job, *item, pure=False)
@@ -494,6 +505,7 @@ def _run(
     try:
         for future in queue:
             item, attempt = attempts.pop(future)
+            finished.append(future)
             if future.status == "error":
                 exc = future.exception()
                 storage = isinstance(exc, OSError) and exc.errno in STORAGE_ERRORS  # retrying cannot fix it
@@ -517,4 +529,9 @@ def _run(
         bar.close()
         client.cancel(list(attempts))
         summary.seconds = time.perf_counter() - started
+        with contextlib.suppress(
+            Exception
+        ):  # a scheduler that runs no functions sent to it: nothing to count
+            summary.reruns = client.run_on_scheduler(_reruns, keys=[f.key for f in finished])
+        del finished
         summary.skipped = summary.total - summary.computed - len(summary.failures)
