@@ -180,7 +180,7 @@ def markdown(result: dict, args) -> str:
         "| workers | hours |",
         "|---:|---:|",
     ]
-    lines += [f"| {n} | {hours:.1f} |" for n, hours in result["extrapolated_hours_100k_slide"].items()]
+    lines += [f"| {n} | {hours:.2f} |" for n, hours in result["extrapolated_hours_100k_slide"].items()]
     return "\n".join(lines) + "\n"
 
 
