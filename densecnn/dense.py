@@ -22,7 +22,7 @@ from .ops.backends import Backend, check_backend, ext_available
 from .ops.config import OpsConfig, get_config
 from .ops.plan import Plan, Step, group_steps, make_plan
 from .ops.solvers import ConvOp
-from .padding import dense_padding, pad_image
+from .padding import dense_padding, pad_image, padded_window
 from .rules.registry import fused_activation
 
 _INPUTS = {1: ("signals", "(N, C, L)"), 2: ("images", "(N, C, H, W)"), 3: ("volumes", "(N, C, D, H, W)")}
@@ -236,13 +236,14 @@ class DenseCNN(nn.Module):
         run = functools.partial(
             self.run_padded, cancel=cancel
         )  # checks ``cancel`` before each layer of each tile
-        return tiling.run_tiled(run, self.pad(x), tile, self.receptive_field, labels=labels)
+        before, _ = dense_padding(self.patch_size, self.receptive_field)
+        window_of = functools.partial(padded_window, x, before, padding_mode=self.padding_mode)
+        return tiling.run_tiled(run, window_of, tuple(x.shape[2:]), tile, self.receptive_field, labels=labels)
 
     def memory_estimate(self, shape, itemsize: int, *, labels: bool, train: bool) -> tiling.MemoryEstimate:
         """Bytes a tiled call on (N, C, H, W) images of ``shape`` holds, and needs per output tile (from the layer
         shapes; see :mod:`densecnn.tiling`). ``labels``: only labels are kept; ``train``: under autograd."""
         n, c, *size = shape
-        padded = math.prod(s + r - 1 for s, r in zip(size, self.receptive_field))
         result = n * math.prod(size) * (8 if labels else self.num_classes * itemsize)
 
         def tile(tile_size: Size) -> int:
@@ -256,7 +257,7 @@ class DenseCNN(nn.Module):
             return tiling.tile_peak_bytes(sizes, itemsize, train=train) + scratch
 
         halo = tuple(r - 1 for r in self.receptive_field)
-        return tiling.MemoryEstimate(held=n * c * padded * itemsize + result, tile=tile, halo=halo)
+        return tiling.MemoryEstimate(held=result, tile=tile, halo=halo)
 
     def run_padded(self, padded: torch.Tensor, *, cancel: threading.Event | None = None) -> torch.Tensor:
         """Run the dense layers on an already padded (N, C, *(S+R-1)) input -> (N, K, *S); ``cancel`` as in

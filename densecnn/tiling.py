@@ -39,8 +39,8 @@ PROGRESS_FROM = 8  # show a progress bar from this many tiles on (on a terminal)
 
 @dataclass(frozen=True)
 class MemoryEstimate:
-    """Bytes a tiled call needs: ``held`` throughout (the padded image and the stitched result), plus ``tile(t)``,
-    the peak of computing one output tile of spatial size ``t``; ``halo``: R−1 per axis, the extra input every tile
+    """Bytes a tiled call needs: ``held`` throughout (the stitched result), plus ``tile(t)``, the peak of computing
+    one output tile of spatial size ``t`` (its padded input included); ``halo``: R−1 per axis, the extra input every tile
     reads (empty: unknown, tiles are cubes)."""
 
     held: int
@@ -85,8 +85,8 @@ def choose_tile(shape, max_memory: int, estimate: MemoryEstimate, *, labels: boo
         what = "labels" if labels else "scores (predict() keeps only labels)"
         raise InvalidInputError(
             f"max_memory={max_memory:,} bytes is too small for a {'x'.join(map(str, shape))} input: it needs at "
-            f"least {needed:,} bytes ({estimate.held:,} for the padded image and the {what}, the rest for the "
-            "smallest tile); raise max_memory or pass a smaller image or batch"
+            f"least {needed:,} bytes ({estimate.held:,} for the {what}, the rest for the smallest tile and its "
+            "padded input); raise max_memory or pass a smaller image or batch"
         )
     halo = estimate.halo or (0,) * len(size)
     cube = _largest(fits, lambda side: tuple(min(side, s) for s in size), max(size))
@@ -141,32 +141,34 @@ def tile_starts(length: int, tile: int) -> list[int]:
 
 def run_tiled(
     run_padded: Callable[[torch.Tensor], torch.Tensor],
-    padded: torch.Tensor,
+    window_of: Callable[[tuple[tuple[int, int], ...]], torch.Tensor],
+    size: Size,
     tile: Size,
     receptive_field: Size,
     *,
     labels: bool,
 ) -> torch.Tensor:
-    """(N, C, *(S+R-1)) padded inputs -> (N, K, *S) scores, or (N, *S) int64 labels if ``labels``,
-    computed tile by tile with ``run_padded`` ((N, C, th+Rh-1, tw+Rw-1) -> (N, K, th, tw)).
+    """(N, K, *S) scores of an input of spatial ``size`` S, or (N, *S) int64 labels if ``labels``, computed tile by
+    tile with ``run_padded`` ((N, C, th+Rh-1, tw+Rw-1) -> (N, K, th, tw)). ``window_of(spans)`` gives a tile's
+    padded input: the window ``[start, stop)`` per axis of the padded input (N, C, *(S+R-1)), which is never made
+    whole (:func:`densecnn.padding.padded_window`).
     """
-    size = tuple(s - r + 1 for s, r in zip(padded.shape[2:], receptive_field, strict=True))
     starts = list(itertools.product(*(tile_starts(s, t) for s, t in zip(size, tile))))
     progress = tqdm(
         starts, desc="densecnn tiles", unit="tile", disable=None if len(starts) >= PROGRESS_FROM else True
     )
     out = None
     for start in progress:
-        window = tuple(slice(s, s + t + r - 1) for s, t, r in zip(start, tile, receptive_field))
-        scores = run_padded(padded[(slice(None), slice(None), *window)])  # (N, K, th, tw)
+        spans = tuple((s, s + t + r - 1) for s, t, r in zip(start, tile, receptive_field))
+        scores = run_padded(window_of(spans))  # (N, K, th, tw)
         target = tuple(slice(s, s + t) for s, t in zip(start, tile))
         if labels:
             if out is None:
-                out = torch.empty((padded.shape[0], *size), dtype=torch.int64, device=padded.device)
+                out = torch.empty((scores.shape[0], *size), dtype=torch.int64, device=scores.device)
             out[(slice(None), *target)] = class_labels(scores)
         else:
             if out is None:
-                out = scores.new_empty((padded.shape[0], scores.shape[1], *size))
+                out = scores.new_empty((scores.shape[0], scores.shape[1], *size))
             out[(slice(None), slice(None), *target)] = scores
         del scores
     return out

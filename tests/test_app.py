@@ -589,7 +589,9 @@ def test_tiff_over_the_pixel_limit_is_413(model_root):
 
 
 def test_tiles_under_the_memory_budget_and_refuses_what_cannot_fit(model_root):
-    with TestClient(make_app(model_root, max_inference_memory=70_000)) as small:  # 6x6 tiles for 40x52 labels
+    # labels (16,640 bytes held) tile in what is left of 32,000; probabilities (24,960 held) leave too little for
+    # the smallest tile (9,984 bytes with its padded input)
+    with TestClient(make_app(model_root, max_inference_memory=32_000)) as small:
         wait_ready(small.get)
         tiled = post_raw(small, PNG)
         assert tiled.status_code == 200

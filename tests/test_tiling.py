@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import subprocess
 import sys
 import textwrap
@@ -11,9 +12,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import densecnn
 from densecnn import tiling
+from densecnn.padding import pad_image, padded_window
 from tests.tolerances import assert_equal_to_rounding, assert_labels_equal_except_ties
 
 
@@ -220,3 +224,37 @@ def test_anisotropic_tiles_stitch_to_the_untiled_volume():
     with torch.no_grad():
         assert_equal_to_rounding(dense(x, max_memory=max_memory), dense(x))
         assert_labels_equal_except_ties(dense.predict(x, max_memory=max_memory), dense(x))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    mode=st.sampled_from(["zeros", "reflect", "replicate"]),
+    shape=st.lists(st.integers(1, 7), min_size=1, max_size=3),
+    data=st.data(),
+)
+def test_a_padded_window_is_the_window_of_the_padded_image(mode, shape, data):
+    """A tile's padded input is made from the image alone, and equals slicing the whole padded image."""
+    x = torch.arange(2 * math.prod(shape), dtype=torch.float32).view(1, 2, *shape)
+    before = tuple(data.draw(st.integers(0, 5)) for _ in shape)
+    after = tuple(data.draw(st.integers(0, 5)) for _ in shape)
+    padded = pad_image(x, before, after, mode)
+    window = []
+    for n in padded.shape[2:]:
+        start = data.draw(st.integers(0, n - 1))
+        window.append((start, data.draw(st.integers(start + 1, n))))
+    expected = padded[(slice(None), slice(None), *(slice(a, b) for a, b in window))]
+    assert torch.equal(padded_window(x, before, tuple(window), mode), expected)
+
+
+def test_a_thin_image_is_tiled_without_a_padded_copy_of_it(monkeypatch):
+    """1 x 20,000 pixels padded by R-1 = 11 rows would be 12 times the image; the tiles read their windows."""
+    model, patch = densecnn.zoo.tiny(in_channels=1, num_classes=3)
+    dense = densecnn.convert(model.eval(), patch, padding_mode="reflect")
+    x = torch.rand(1, 1, 1, 20_000)
+    estimate = dense.memory_estimate(x.shape, 4, labels=True, train=False)
+    assert estimate.held == 20_000 * 8  # the labels: no padded image
+    with torch.no_grad():
+        whole = dense(x)  # one untiled pass: the reference
+        monkeypatch.setattr(densecnn.dense.DenseCNN, "pad", lambda self, x: pytest.fail("padded whole"))
+        labels = dense.predict(x, max_memory=estimate.held + estimate.tile((1, 2_000)))
+    assert_labels_equal_except_ties(labels, whole)
