@@ -206,7 +206,9 @@ def _compute(job: BlockJob, compute: list, labels_out, probabilities_out, backgr
         if probabilities_out is not None:
             probabilities_out[(slice(None), *chunk)] = probabilities[(slice(None), *inside(index))]
             persist_chunk(probabilities_out, index)
-        labels_out[chunk] = labels[inside(index)]  # written last: a chunk with labels is complete
+        labels_out[_at(labels_out, chunk)] = labels[
+            inside(index)
+        ]  # written last: a chunk with labels is complete
         persist_chunk(labels_out, index)
         written += math.prod(c.stop - c.start for c in chunk)
     return written
@@ -221,6 +223,11 @@ def _write_background(job: BlockJob, index, labels_out, probabilities_out) -> in
         one_hot[BACKGROUND] = 1
         probabilities_out[(slice(None), *chunk)] = one_hot
         persist_chunk(probabilities_out, index)
-    labels_out[chunk] = np.full(shape, BACKGROUND, labels_out.dtype)
+    labels_out[_at(labels_out, chunk)] = np.full(shape, BACKGROUND, labels_out.dtype)
     persist_chunk(labels_out, index)
     return math.prod(shape)
+
+
+def _at(array, region: tuple[slice, ...]) -> tuple:
+    """``region`` of a spatial output whose leading axes have length 1 (an OME-Zarr label image's t, c, z)."""
+    return (*(0,) * (array.ndim - len(region)), *region)

@@ -41,6 +41,15 @@ from ..modelfile.format import WEIGHTS_FILE
 from .blocks import BlockJob, bounding_region, halo, label_block, window_size
 from .files import FileJob, label_file
 from .foreground import foreground
+from .ngff import (
+    NgffTarget,
+    PyramidJob,
+    create_levels,
+    downsample_chunk,
+    labels_target,
+    standalone_target,
+    write_metadata,
+)
 from .sinks import STORAGE_ERRORS, create_output, storage_problem, written_chunks
 
 DEFAULT_TIFF_CHUNK = 1024  # output chunk for TIFF and .npy inputs (not chunked like zarr arrays)
@@ -93,7 +102,10 @@ class BlockwiseOptions:
     """How :func:`label` runs (the options of ``densecnn predict``).
 
     Attributes:
-        probabilities: a zarr array path for the (K, *spatial) float16 class probabilities (zarr outputs only).
+        probabilities: a zarr array path for the (K, *spatial) float16 class probabilities (zarr outputs only); a
+            path ending in ``.ome.zarr`` gets a multiscale OME-Zarr image.
+        labels_into: write the labels into the input OME-Zarr image's ``labels/<labels_into>`` group (then the
+            output path may be None).
         client: a ``distributed.Client`` of your own to run on (it stays open); None: one is made from ``scheduler``.
         scheduler: the address of a running Dask scheduler (``tcp://host:8786``); None: a local cluster.
         workers: worker processes of the local cluster (1: one worker thread in this process).
@@ -113,6 +125,7 @@ class BlockwiseOptions:
     """
 
     probabilities: str | Path | None = None
+    labels_into: str | None = None
     client: object | None = None
     scheduler: str | None = None
     workers: int = 1
@@ -129,14 +142,19 @@ class BlockwiseOptions:
 
 
 def label(
-    model: str | Path, input: str | Path, output: str | Path, options: BlockwiseOptions = BlockwiseOptions()
+    model: str | Path,
+    input: str | Path,
+    output: str | Path | None,
+    options: BlockwiseOptions = BlockwiseOptions(),
 ) -> Summary:
     """Label an image file, a set of images, or a chunked array too large for memory, with a saved model.
 
     - ``input`` an image file -> ``output`` a label map (.png with the model's palette, .tif or .npy).
     - ``input`` a directory or glob of images -> ``output`` a directory of label maps with the same names.
-    - ``input`` a zarr array, OME-Zarr group (level 0), TIFF or .npy -> ``output`` a zarr array of labels (uint8, uint16
-      past 256 classes) chunked like the input (or ``options.chunk``), and optionally the class probabilities. The
+    - ``input`` a zarr array, OME-Zarr group (level 0), TIFF, whole-slide image or .npy -> ``output`` a zarr array of
+      labels (uint8, uint16 past 256 classes) chunked like the input (or ``options.chunk``), and optionally the class
+      probabilities; ``output`` ending in ``.ome.zarr``, or ``options.labels_into``, a multiscale OME-Zarr label
+      image (:mod:`densecnn.blockwise.ngff`). The
       array has the model's spatial axes, (H, W) for a 2-D model, (D, H, W) for a 3-D one, (L) for a 1-D one, and
       optionally a channel axis; image files are for 2-D models. A task computes about ``options.block`` pixels per
       side (whole chunks) in one pass and writes each chunk.
@@ -157,13 +175,27 @@ def label(
     _require_dist()
     loaded = load(model)
     model = str(Path(model).resolve())
-    input, output = Path(input), Path(output)
-    if output.suffix == ".zarr" or is_zarr(output):
+    input = Path(input)
+    if output is None and options.labels_into is None:
+        raise PredictInputError(
+            "give an OUTPUT, or --labels-into NAME to write into the input OME-Zarr image"
+        )
+    if options.labels_into is not None and output is not None:
+        raise PredictInputError(
+            f"--labels-into writes into {input}/labels/{options.labels_into}: give no OUTPUT"
+        )
+    output = None if output is None else Path(output)
+    if output is None or output.suffix == ".zarr" or is_zarr(output):
         with _input_errors():
             source = _chunked_source(input, options.channel_axis, len(loaded.patch_size))
         _check_channels(source.channels, loaded.in_channels, source.path)
+        target = None
+        if options.labels_into is not None:
+            target = labels_target(input, options.labels_into, source)
+        elif str(output).endswith(".ome.zarr"):
+            target = standalone_target(output, source)
         with _client(options) as (client, threads):
-            return _label_array(client, threads, loaded, model, source, output, options)
+            return _label_array(client, threads, loaded, model, source, output, options, target)
     dims = len(loaded.patch_size)
     if dims != 2:
         kind = {1: "signal", 3: "volume"}[dims]
@@ -343,8 +375,9 @@ def _chunks(source: LazyArray, chunk) -> tuple[int, ...]:
 
 
 def _label_array(
-    client, threads, loaded, model: str, source: LazyArray, output: Path, options: BlockwiseOptions
-) -> Summary:
+    client, threads, loaded, model: str, source: LazyArray, output: Path | None, options: BlockwiseOptions,
+    target: NgffTarget | None,
+) -> Summary:  # fmt: skip
     dense = loaded.dense()
     shape, probabilities = source.spatial_shape, options.probabilities
     chunks = _chunks(source, options.chunk)
@@ -379,13 +412,29 @@ def _label_array(
     description = {"model": model, "weights": weights_digest(Path(model)), "input": str(Path(source.path).resolve()),
                    "array": source.key, "classes": list(loaded.class_names),
                    "intensity": [scaling.low, scaling.high], "foreground": options.foreground}  # fmt: skip
-    labels = create_output(output, shape=shape, chunks=chunks, dtype=label_dtype(loaded.num_classes),
-                           attributes={**description, "content": "labels"}, resume=options.resume)  # fmt: skip
+    pyramids = []  # (target, levels, mean) of the multiscale outputs, whose further levels follow level 0
+    if target is None:
+        labels = create_output(output, shape=shape, chunks=chunks, dtype=label_dtype(loaded.num_classes),
+                               attributes={**description, "content": "labels"}, resume=options.resume)  # fmt: skip
+    else:
+        levels = create_levels(target, shape, chunks, label_dtype(loaded.num_classes),
+                               {**description, "content": "labels"}, resume=options.resume)  # fmt: skip
+        labels, output = levels[0], Path(target.level(0))
+        write_metadata(target, len(levels), palette=loaded.palette, class_names=loaded.class_names)
+        pyramids.append((target, levels, False))
     done = written_chunks(labels, len(shape))
     if probabilities is not None:
-        scores = create_output(probabilities, shape=(loaded.num_classes, *shape), chunks=(loaded.num_classes, *chunks),
-                               dtype=np.float16, attributes={**description, "content": "probabilities"},
-                               resume=options.resume)  # fmt: skip
+        attributes = {**description, "content": "probabilities"}
+        if str(probabilities).endswith(".ome.zarr"):
+            image = standalone_target(Path(probabilities), source, channels=loaded.num_classes)
+            levels = create_levels(image, shape, chunks, np.float16, attributes, resume=options.resume)
+            write_metadata(image, len(levels))
+            scores, probabilities = levels[0], Path(image.level(0))
+            pyramids.append((image, levels, True))
+        else:
+            scores = create_output(probabilities, shape=(loaded.num_classes, *shape),
+                                   chunks=(loaded.num_classes, *chunks), dtype=np.float16, attributes=attributes,
+                                   resume=options.resume)  # fmt: skip
         done &= written_chunks(scores, len(shape))
     job = BlockJob(
         model=model, device=options.device, threads=threads, max_memory=budget - held, source=source,
@@ -412,7 +461,27 @@ def _label_array(
 
     items = [(tuple(b),) for b in blocks.values()]
     _run(client, label_block, job, items, summary, options.retries, options.progress, failed)
+    for pyramid, levels, mean in pyramids:
+        _build_pyramid(client, pyramid, levels, shape, chunks, mean, options)
     return summary
+
+
+def _build_pyramid(client, target: NgffTarget, levels: list, shape, chunks, mean: bool, options) -> None:
+    """Levels 1.. of a multiscale output, each chunk from the level before (resumable like level 0)."""
+    for k, (level, level_shape) in enumerate(zip(levels, target.level_shapes(shape, chunks)), start=0):
+        if k == 0:
+            continue
+        job = PyramidJob(previous=target.level(k - 1), level=target.level(k), chunks=chunks, shape=level_shape,
+                         mean=mean)  # fmt: skip
+        done = written_chunks(level, len(shape))
+        items = [(index,) for index in job.chunk_grid() if index not in done]
+
+        def failed(item, exc, attempts, k=k):
+            raise BlockFailedError(
+                f"{target.root}: level {k}'s chunk {item[0]} failed {attempts} times: {exc}"
+            )
+
+        _run(client, downsample_chunk, job, items, Summary("chunks"), options.retries, False, failed)
 
 
 def _group(chunks, shape, margins, block, bytes_per_pixel: int, budget: int) -> tuple[int, ...]:

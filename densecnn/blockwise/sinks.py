@@ -28,8 +28,10 @@ def create_output(
     dtype,
     attributes: dict,
     resume: bool,
+    zarr_format: int = 3,
 ):
-    """Create the zarr array ``path``, or with ``resume`` reopen one written for the same ``attributes``.
+    """Create the zarr array ``path`` (zarr v3, or v2 with "/"-separated chunk keys as NGFF 0.4 wants), or with
+    ``resume`` reopen one written for the same ``attributes``.
 
     Raises:
         PredictInputError: ``path`` exists and describes another prediction (other model, input, shape or chunks).
@@ -62,6 +64,8 @@ def create_output(
             config={"write_empty_chunks": True},
             attributes={"densecnn": attributes},
             overwrite=True,
+            zarr_format=zarr_format,
+            **({"chunk_key_encoding": {"name": "v2", "separator": "/"}} if zarr_format == 2 else {}),
         )
     except OSError as exc:  # read-only, no permission, a file in the way, disk full
         raise PredictInputError(f"{path}: {storage_problem(exc)}") from None

@@ -8,14 +8,19 @@ EPILOG = """\
 inputs and outputs:
   IMAGE.png|.jpg|.tif     -> OUTPUT.png (palette: pixel values are class ids), .tif or .npy
   DIR or 'GLOB'           -> OUTPUT directory of label maps with the same names (.png for JPEG/BMP)
-  ARRAY.zarr, OME-Zarr group (level 0), or a (Big)TIFF read lazily; (D, H, W) volumes for 3-D models
+  ARRAY.zarr, OME-Zarr group (level 0), (Big)TIFF or whole slide (.svs, .ndpi, .scn, .bif) read lazily;
+  (D, H, W) volumes for 3-D models
                           -> OUTPUT.zarr: labels (uint8; uint16 past 256 classes), chunked like the input
+                          -> OUTPUT.ome.zarr: a multiscale OME-Zarr label image (colours, class names)
+  IMAGE.ome.zarr --labels-into NAME
+                          -> IMAGE.ome.zarr/labels/NAME: the labels inside the image, as viewers expect
 
 examples:
   densecnn predict models/nuclei cells.png cells-labels.png
   densecnn predict models/nuclei fields/ fields-labels/ --workers 2
-  densecnn predict models/nuclei slide.ome.zarr labels.zarr --probabilities probs.zarr
+  densecnn predict models/nuclei slide.ome.zarr --labels-into nuclei --probabilities probs.ome.zarr
   densecnn predict models/nuclei slide.tif labels.zarr --scheduler tcp://scheduler:8786 --chunk 2048
+  densecnn predict models/he tissue.svs tissue-labels.ome.zarr --foreground auto
 
 A re-run with the same arguments skips chunks and images already written (--overwrite starts over).
 """
@@ -59,13 +64,23 @@ def add_parser(subparsers) -> None:
     )
     parser.add_argument("model", help="model directory (model.json + weights.safetensors)")
     parser.add_argument(
-        "input", help="image file, directory or glob of images, zarr array / OME-Zarr group, TIFF"
+        "input",
+        help="image file, directory or glob of images, zarr array / OME-Zarr group, TIFF, whole-slide image",
     )
-    parser.add_argument("output", help="label file, output directory, or .zarr array")
+    parser.add_argument(
+        "output",
+        nargs="?",
+        help="label file, output directory, .zarr array or .ome.zarr label image (none with --labels-into)",
+    )
+    parser.add_argument(
+        "--labels-into",
+        metavar="NAME",
+        help="write the labels into the input OME-Zarr image's labels/NAME group (a multiscale label image)",
+    )
     parser.add_argument(
         "--probabilities",
         metavar="PATH.zarr",
-        help="also write (K, H, W) or (K, D, H, W) float16 probabilities",
+        help="also write (K, H, W) or (K, D, H, W) float16 probabilities (a multiscale image if PATH ends .ome.zarr)",
     )
     parser.add_argument(
         "--scheduler", metavar="ADDRESS", help="a running Dask scheduler, e.g. tcp://host:8786"
@@ -119,6 +134,7 @@ def run(args) -> int:
 
     options = BlockwiseOptions(
         probabilities=args.probabilities,
+        labels_into=args.labels_into,
         scheduler=args.scheduler,
         workers=args.workers,
         chunk=args.chunk,

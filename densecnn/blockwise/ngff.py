@@ -1,0 +1,226 @@
+"""OME-Zarr (NGFF 0.4 and 0.5) outputs of ``densecnn predict``: the labels as a multiscale label image that
+napari-ome-zarr, QuPath, webKnossos and neuroglancer open as labels, with the model's colours and class names.
+
+- ``--labels-into NAME``: into the input OME-Zarr image's own ``labels/NAME`` group, in the image's zarr format
+  (v2 for NGFF 0.4, v3 for 0.5), with the image's axes (its non-spatial ones of length 1) and coordinate
+  transformations, and ``image-label`` metadata pointing back at the image (``source``).
+- an OUTPUT ending in ``.ome.zarr``: a standalone OME-Zarr label image (NGFF 0.5), with the input's pixel size.
+- ``--probabilities P.ome.zarr``: the class probabilities as a multiscale float16 image (axes ``c`` + spatial).
+
+Level 0 is written block by block as a plain output is; each further level halves every spatial axis (nearest
+for labels, the mean of each 2×2 (2×2×2) block for probabilities) and is written chunk by chunk from the level
+before, resumably, within the same small memory. The metadata is written with ome-zarr-py.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import PredictInputError
+from ..io import LazyArray
+from ..io.arrays import SPATIAL_NAMES
+from .sinks import chunk_written, create_output, open_output, persist_chunk
+from .worker import TaskResult
+
+MAX_LEVELS = 8  # pyramid levels at most, level 0 included
+
+
+@dataclass(frozen=True)
+class NgffTarget:
+    """Where and how a multiscale output is written.
+
+    Attributes:
+        root: the multiscale group's path (its levels are the arrays ``root/0``, ``root/1``, ...).
+        zarr_format: 2 (NGFF 0.4) or 3 (NGFF 0.5).
+        axes: the NGFF axes of every level; the spatial ones last.
+        lead: the sizes of the leading, non-spatial axes (1 for a label image's, K for probabilities' ``c``).
+        scale: level 0's scale per axis (spatial: the pixel size, where known).
+        labels_of: for ``--labels-into``: the image group whose ``labels/`` holds the output.
+    """
+
+    root: str
+    zarr_format: int
+    axes: tuple[dict, ...]
+    lead: tuple[int, ...]
+    scale: tuple[float, ...]
+    labels_of: str | None = None
+
+    def level(self, k: int) -> str:
+        return f"{self.root}/{k}"
+
+    def level_shapes(self, shape: tuple[int, ...], chunks: tuple[int, ...]) -> list[tuple[int, ...]]:
+        """The spatial shape of each level: halved until every side fits one chunk (at most :data:`MAX_LEVELS`)."""
+        shapes = [tuple(shape)]
+        while len(shapes) < MAX_LEVELS and any(n > c for n, c in zip(shapes[-1], chunks, strict=True)):
+            shapes.append(tuple(math.ceil(n / 2) for n in shapes[-1]))
+        return shapes
+
+
+def labels_target(input: Path, name: str, source: LazyArray) -> NgffTarget:
+    """The ``labels/NAME`` group of the OME-Zarr image ``input``, in its format and with its axes."""
+    import zarr
+
+    if "/" in name or name in ("", ".", ".."):
+        raise PredictInputError(f"--labels-into {name!r}: give a plain name for the label image, e.g. cells")
+    try:
+        image = zarr.open_group(str(input), mode="r")
+    except Exception:  # not a group
+        image = None
+    multiscales = _multiscales(image) if image is not None else None
+    if not multiscales:
+        raise PredictInputError(
+            f"--labels-into needs an OME-Zarr image as INPUT (a group with multiscales metadata); {input} is not one: "
+            "write the labels to OUTPUT.ome.zarr instead"
+        )
+    first = multiscales[0]
+    axes = tuple(a if isinstance(a, dict) else {"name": a} for a in first["axes"])
+    scales = [
+        t["scale"]
+        for t in first["datasets"][0].get("coordinateTransformations", [])
+        if t.get("type") == "scale"
+    ]
+    scale = tuple(float(s) for s in scales[0]) if scales else (1.0,) * len(axes)
+    spatial = len(source.spatial_shape)
+    lead = (1,) * (len(axes) - spatial)
+    return NgffTarget(
+        str(input / "labels" / name), image.metadata.zarr_format, axes, lead, scale, labels_of=str(input)
+    )
+
+
+def standalone_target(output: Path, source: LazyArray, *, channels: int | None = None) -> NgffTarget:
+    """A standalone OME-Zarr (NGFF 0.5) at ``output``: spatial axes (``c`` first for ``channels``), the input's
+    pixel size in micrometres where it is known."""
+    spatial = len(source.spatial_shape)
+    names = SPATIAL_NAMES[-spatial:]
+    unit = {"unit": "micrometer"} if source.pixel_size is not None else {}
+    axes = tuple({"name": n, "type": "space", **unit} for n in names)
+    scale = tuple(source.pixel_size) if source.pixel_size is not None else (1.0,) * spatial
+    if channels is not None:
+        axes, scale = ({"name": "c", "type": "channel"}, *axes), (1.0, *scale)
+    return NgffTarget(str(output), 3, axes, () if channels is None else (channels,), scale)
+
+
+def _multiscales(group) -> list | None:
+    attrs = dict(group.attrs)
+    return attrs.get("multiscales") or attrs.get("ome", {}).get("multiscales")
+
+
+def create_levels(target: NgffTarget, shape, chunks, dtype, attributes: dict, *, resume: bool) -> list:
+    """Create (or, resuming, reopen) every level's array; the first is returned first."""
+    import zarr
+
+    zarr.open_group(target.root, mode="a", zarr_format=target.zarr_format)
+    lead_chunks = target.lead  # a whole leading axis per chunk (1, or all K classes)
+    return [
+        create_output(
+            target.level(k),
+            shape=(*target.lead, *level_shape),
+            chunks=(*lead_chunks, *chunks),
+            dtype=dtype,
+            attributes={**attributes, "level": k},
+            resume=resume,
+            zarr_format=target.zarr_format,
+        )
+        for k, level_shape in enumerate(target.level_shapes(shape, chunks))
+    ]
+
+
+def write_metadata(target: NgffTarget, levels: int, *, palette=None, class_names=None) -> None:
+    """The multiscales metadata (and, for labels, ``image-label``: colours, class names, source) of ``target``."""
+    import zarr
+    from ome_zarr import format as ngff_format
+    from ome_zarr import writer
+
+    fmt = ngff_format.FormatV05() if target.zarr_format == 3 else ngff_format.FormatV04()
+    spatial = len(target.axes) - len(target.lead)
+    datasets = [
+        {
+            "path": str(k),
+            "coordinateTransformations": [
+                {
+                    "type": "scale",
+                    "scale": [*target.scale[:-spatial], *(s * 2**k for s in target.scale[-spatial:])],
+                }
+            ],
+        }
+        for k in range(levels)
+    ]
+    root = zarr.open_group(target.root, mode="a", zarr_format=target.zarr_format)
+    name = Path(target.root).name.removesuffix(".ome.zarr")
+    writer.write_multiscales_metadata(root, datasets, fmt=fmt, axes=[dict(a) for a in target.axes], name=name)
+    if palette is None:
+        return
+    colors = [{"label-value": k, "rgba": [*map(int, rgb), 255]} for k, rgb in enumerate(palette)]
+    properties = [{"label-value": k, "class": name} for k, name in enumerate(class_names)]
+    if target.labels_of is None:
+        writer.add_metadata(
+            root,
+            {"image-label": {"colors": colors, "properties": properties, "version": fmt.version}},
+            fmt=fmt,
+        )
+        return
+    labels = zarr.open_group(f"{target.labels_of}/labels", mode="a", zarr_format=target.zarr_format)
+    listed = dict(labels.attrs).get("labels") or dict(labels.attrs).get("ome", {}).get("labels") or []
+    if name in listed:  # resuming: listed already
+        writer.add_metadata(root, {"image-label": {"colors": colors, "properties": properties,
+                                                   "source": {"image": "../../"}, "version": fmt.version}}, fmt=fmt)  # fmt: skip
+        return
+    writer.write_label_metadata(labels, name, colors=colors, properties=properties, fmt=fmt,
+                                source={"image": "../../"})  # fmt: skip
+
+
+@dataclass(frozen=True, kw_only=True)
+class PyramidJob:
+    """One level of a pyramid, made from the level before: where they are, the chunking, how to downsample."""
+
+    previous: str
+    level: str
+    chunks: tuple[int, ...]
+    shape: tuple[int, ...]  # the level's spatial shape
+    mean: bool  # probabilities: the mean of each 2x2(x2) block; labels: its first pixel (nearest)
+
+    def chunk_grid(self) -> list[tuple[int, ...]]:
+        counts = [math.ceil(n / c) for n, c in zip(self.shape, self.chunks, strict=True)]
+        grid = [()]
+        for n in counts:
+            grid = [(*g, i) for g in grid for i in range(n)]
+        return grid
+
+
+def downsample_chunk(job: PyramidJob, index: tuple[int, ...]) -> TaskResult:
+    """Write the chunk ``index`` of ``job.level`` from the 2x larger region of the level before (a Dask task)."""
+    started = time.perf_counter()
+    out = open_output(job.level)
+    if chunk_written(out, index):
+        return TaskResult(index, 0, 0, time.perf_counter() - started)
+    previous = open_output(job.previous)
+    region = tuple(
+        slice(i * c, min((i + 1) * c, n)) for i, c, n in zip(index, job.chunks, job.shape, strict=True)
+    )
+    lead = out.ndim - len(region)
+    source = tuple(
+        slice(2 * r.start, min(2 * r.stop, n)) for r, n in zip(region, previous.shape[lead:], strict=True)
+    )
+    values = previous[(*(slice(None),) * lead, *source)]  # (*lead, *2·region)
+    if job.mean:
+        values = _block_mean(values.astype(np.float32), len(region)).astype(out.dtype)
+    else:
+        values = values[(..., *(slice(None, None, 2),) * len(region))]
+    out[(*(slice(None),) * lead, *region)] = values
+    persist_chunk(out, index)
+    return TaskResult(index, 1, math.prod(r.stop - r.start for r in region), time.perf_counter() - started)
+
+
+def _block_mean(values: np.ndarray, axes: int) -> np.ndarray:
+    """The mean of each 2-pixel block along each of the last ``axes`` axes (a last odd pixel: itself)."""
+    for axis in range(values.ndim - axes, values.ndim):
+        n = values.shape[axis]
+        even = np.take(values, range(0, n - n % 2), axis=axis)
+        pairs = even.reshape(*even.shape[:axis], n // 2, 2, *even.shape[axis + 1 :]).mean(axis=axis + 1)
+        values = np.concatenate([pairs, np.take(values, [n - 1], axis=axis)], axis=axis) if n % 2 else pairs
+    return values

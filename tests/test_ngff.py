@@ -1,0 +1,157 @@
+"""OME-Zarr outputs: labels written into the input image's own ``labels/`` group (NGFF 0.4 and 0.5) or as a
+standalone OME-Zarr read back as a coloured multiscale label image with class names by ome-zarr-py's reader; the
+levels equal the full level downsampled; level 0 equals one in-memory pass."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import densecnn
+from densecnn.errors import PredictInputError
+from tests.predict_support import save_model, tiled_nuclei, whole_image_scores
+from tests.tolerances import assert_labels_equal_except_ties
+
+zarr = pytest.importorskip("zarr")
+pytest.importorskip("distributed")
+ome_zarr = pytest.importorskip("ome_zarr")
+
+from ome_zarr.io import parse_url  # noqa: E402
+from ome_zarr.reader import Label, Multiscales, Reader  # noqa: E402
+
+from densecnn.blockwise import BlockwiseOptions, label  # noqa: E402
+
+PIXEL_SIZE = 0.5
+
+
+def write_image(path, pixels: np.ndarray, zarr_format: int) -> None:
+    """An OME-Zarr image (NGFF 0.4 in zarr v2 or 0.5 in v3) of (H, W) pixels as tczyx, 0.5 um per pixel, 2 levels."""
+    from ome_zarr import format as ngff_format
+    from ome_zarr.writer import write_multiscales_metadata
+
+    fmt = ngff_format.FormatV04() if zarr_format == 2 else ngff_format.FormatV05()
+    group = zarr.open_group(str(path), mode="w", zarr_format=zarr_format)
+    levels = [pixels, pixels[::2, ::2]]
+    encoding = {"chunk_key_encoding": {"name": "v2", "separator": "/"}} if zarr_format == 2 else {}
+    for k, level in enumerate(levels):
+        group.create_array(str(k), data=level[None, None, None], chunks=(1, 1, 1, 32, 32), **encoding)
+    axes = [{"name": "t", "type": "time"}, {"name": "c", "type": "channel"}] + [
+        {"name": n, "type": "space", "unit": "micrometer"} for n in "zyx"
+    ]
+    datasets = [
+        {
+            "path": str(k),
+            "coordinateTransformations": [
+                {"type": "scale", "scale": [1, 1, 1, PIXEL_SIZE * 2**k, PIXEL_SIZE * 2**k]}
+            ],
+        }
+        for k in range(len(levels))
+    ]
+    write_multiscales_metadata(group, datasets, fmt=fmt, axes=axes)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    model, patch = densecnn.zoo.tiny(in_channels=1, num_classes=3)
+    root = tmp_path_factory.mktemp("ngff")
+    save_model(model, root / "model", patch, "reflect", 1)
+    path = root / "model"
+    loaded = densecnn.load(path)
+    densecnn.save(loaded.model, path, patch_size=loaded.patch_size, class_names=["background", "nucleus", "edge"],
+                  palette=[[0, 0, 0], [255, 0, 0], [0, 255, 0]], normalization=loaded.normalization,
+                  padding_mode="reflect")  # fmt: skip
+    return path
+
+
+def _read_labels(image_path):
+    """The label image nodes of an OME-Zarr image, as ome-zarr-py's reader (napari-ome-zarr's) sees them."""
+    nodes = list(Reader(parse_url(str(image_path)))())
+    return [node for node in nodes if node.load(Label)]
+
+
+@pytest.mark.parametrize("zarr_format", [2, 3], ids=["ngff-0.4", "ngff-0.5"])
+def test_labels_into_the_images_own_labels_group_read_back_as_a_coloured_label_image(
+    model_dir, tmp_path, zarr_format
+):
+    pixels = tiled_nuclei(150, 130)
+    image = tmp_path / "image.ome.zarr"
+    write_image(image, pixels, zarr_format)
+    options = BlockwiseOptions(labels_into="cells", chunk=32, block=64, progress=False)
+    summary = label(model_dir, image, None, options)
+    assert summary.computed == summary.total == 5 * 5
+
+    (node,) = _read_labels(image)
+    assert "labels/cells" in str(node.zarr) and node.metadata["name"] == "cells"
+    assert node.metadata["color"][1] == [1.0, 0.0, 0.0, 1.0]  # the model's palette, as RGBA in [0, 1]
+    assert node.metadata["properties"][2]["class"] == "edge"
+    assert (
+        node.load(Multiscales) is not None and len(node.data) == 4
+    )  # 150 -> 75 -> 38 -> 19: each side fits 32
+
+    group = zarr.open_group(str(image / "labels" / "cells"), mode="r")
+    assert group.metadata.zarr_format == zarr_format
+    attrs = dict(group.attrs) if zarr_format == 2 else group.attrs["ome"]
+    assert attrs["image-label"]["source"] == {"image": "../../"}
+    multiscale = attrs["multiscales"][0]
+    assert [a["name"] for a in multiscale["axes"]] == ["t", "c", "z", "y", "x"]
+    assert multiscale["datasets"][2]["coordinateTransformations"][0]["scale"] == [1, 1, 1, 2.0, 2.0]
+
+    levels = [np.asarray(level)[0, 0, 0] for level in node.data]
+    labels = torch.from_numpy(levels[0].astype(np.int64))
+    assert_labels_equal_except_ties(labels[None], whole_image_scores(model_dir, pixels)[None])
+    for k in range(1, len(levels)):
+        np.testing.assert_array_equal(levels[k], levels[k - 1][::2, ::2])  # nearest: every other pixel
+
+    again = label(model_dir, image, None, options)  # resumes: nothing left to compute
+    assert again.computed == 0 and len(_read_labels(image)) == 1
+
+
+def test_a_standalone_ome_zarr_and_multiscale_probabilities(model_dir, tmp_path):
+    pixels = tiled_nuclei(100, 70)
+    zarr.create_array(store=str(tmp_path / "in.zarr"), data=pixels, chunks=(32, 32))
+    options = BlockwiseOptions(chunk=32, probabilities=tmp_path / "p.ome.zarr", progress=False)
+    label(model_dir, tmp_path / "in.zarr", tmp_path / "out.ome.zarr", options)
+    (node,) = _read_labels(tmp_path / "out.ome.zarr")
+    assert node.metadata["properties"][1]["class"] == "nucleus"
+    group = zarr.open_group(str(tmp_path / "p.ome.zarr"), mode="r")
+    probabilities = [group[str(k)][:] for k in range(len(list(group.array_keys())))]
+    assert probabilities[0].dtype == np.float16 and probabilities[0].shape == (3, 100, 70)
+    coarse = probabilities[0].astype(np.float32).reshape(3, 50, 2, 35, 2).mean(axis=(2, 4))
+    np.testing.assert_allclose(
+        probabilities[1].astype(np.float32), coarse, atol=1e-3
+    )  # mean of each 2x2 block
+    nodes = list(Reader(parse_url(str(tmp_path / "p.ome.zarr")))())
+    assert nodes[0].load(Multiscales) is not None
+
+
+def test_labels_into_needs_an_ome_zarr_image_and_a_plain_name(model_dir, tmp_path):
+    zarr.create_array(store=str(tmp_path / "in.zarr"), data=tiled_nuclei(40, 40), chunks=(32, 32))
+    with pytest.raises(PredictInputError, match="--labels-into needs an OME-Zarr image as INPUT"):
+        label(model_dir, tmp_path / "in.zarr", None, BlockwiseOptions(labels_into="cells", progress=False))
+    write_image(tmp_path / "image.ome.zarr", tiled_nuclei(40, 40), 3)
+    with pytest.raises(PredictInputError, match="give a plain name"):
+        label(
+            model_dir, tmp_path / "image.ome.zarr", None, BlockwiseOptions(labels_into="../x", progress=False)
+        )
+    with pytest.raises(PredictInputError, match="give an OUTPUT, or --labels-into"):
+        label(model_dir, tmp_path / "image.ome.zarr", None, BlockwiseOptions(progress=False))
+
+
+def test_the_command_writes_labels_into_the_image(model_dir, tmp_path, capsys):
+    from densecnn.cli import main
+
+    write_image(tmp_path / "image.ome.zarr", tiled_nuclei(60, 50), 3)
+    argv = [
+        "predict",
+        str(model_dir),
+        str(tmp_path / "image.ome.zarr"),
+        "--labels-into",
+        "nuclei",
+        "--no-progress",
+    ]
+    assert main(argv) == 0
+    (node,) = _read_labels(tmp_path / "image.ome.zarr")
+    assert node.metadata["name"] == "nuclei"
+    assert main([*argv[:3], str(tmp_path / "x.zarr"), *argv[3:]]) == 2
+    assert "give no OUTPUT" in capsys.readouterr().err
