@@ -155,3 +155,39 @@ def test_the_command_writes_labels_into_the_image(model_dir, tmp_path, capsys):
     assert node.metadata["name"] == "nuclei"
     assert main([*argv[:3], str(tmp_path / "x.zarr"), *argv[3:]]) == 2
     assert "give no OUTPUT" in capsys.readouterr().err
+
+
+def test_the_level_is_chosen_by_index_or_by_the_models_pixel_size(model_dir, tmp_path):
+    pixels = tiled_nuclei(128, 96)
+    write_image(tmp_path / "image.ome.zarr", pixels, 3)  # levels at 0.5 and 1.0 um per pixel
+    label(
+        model_dir,
+        tmp_path / "image.ome.zarr",
+        tmp_path / "l1.zarr",
+        BlockwiseOptions(level=1, progress=False),
+    )
+    assert zarr.open_array(str(tmp_path / "l1.zarr")).shape == (64, 48)
+
+    loaded = densecnn.load(model_dir)
+    coarse = tmp_path / "coarse-model"
+    densecnn.save(loaded.model, coarse, patch_size=loaded.patch_size, normalization=loaded.normalization,
+                  padding_mode="reflect", pixel_size=(1.05, 1.05))  # fmt: skip
+    assert densecnn.load(coarse).pixel_size == (1.05, 1.05)
+    label(coarse, tmp_path / "image.ome.zarr", None, BlockwiseOptions(labels_into="coarse", progress=False))
+    (node,) = _read_labels(tmp_path / "image.ome.zarr")
+    assert np.asarray(node.data[0]).shape == (1, 1, 1, 64, 48)  # level 1: 1.0 um, within 20% of 1.05
+    multiscale = zarr.open_group(str(tmp_path / "image.ome.zarr" / "labels" / "coarse")).attrs["ome"][
+        "multiscales"
+    ]
+    assert multiscale[0]["datasets"][0]["coordinateTransformations"][0]["scale"] == [1, 1, 1, 1.0, 1.0]
+
+    fine = tmp_path / "fine-model"
+    densecnn.save(loaded.model, fine, patch_size=loaded.patch_size, pixel_size=(0.2, 0.2))
+    with pytest.raises(
+        PredictInputError, match=r"no level has the model's pixel size \(0\.2x0\.2 um.*0: 0\.5x0\.5"
+    ):
+        label(fine, tmp_path / "image.ome.zarr", tmp_path / "f.zarr", BlockwiseOptions(progress=False))
+    with pytest.raises(PredictInputError, match="has levels 0..1, not 2"):
+        label(
+            fine, tmp_path / "image.ome.zarr", tmp_path / "f.zarr", BlockwiseOptions(level=2, progress=False)
+        )

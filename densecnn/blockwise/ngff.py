@@ -61,8 +61,9 @@ class NgffTarget:
         return shapes
 
 
-def labels_target(input: Path, name: str, source: LazyArray) -> NgffTarget:
-    """The ``labels/NAME`` group of the OME-Zarr image ``input``, in its format and with its axes."""
+def labels_target(input: Path, name: str, source: LazyArray, level: int = 0) -> NgffTarget:
+    """The ``labels/NAME`` group of the OME-Zarr image ``input``, in its format, with its axes and the scale of the
+    ``level`` the labels are computed at."""
     import zarr
 
     if "/" in name or name in ("", ".", ".."):
@@ -79,11 +80,8 @@ def labels_target(input: Path, name: str, source: LazyArray) -> NgffTarget:
         )
     first = multiscales[0]
     axes = tuple(a if isinstance(a, dict) else {"name": a} for a in first["axes"])
-    scales = [
-        t["scale"]
-        for t in first["datasets"][0].get("coordinateTransformations", [])
-        if t.get("type") == "scale"
-    ]
+    transforms = first["datasets"][level].get("coordinateTransformations", [])
+    scales = [t["scale"] for t in transforms if t.get("type") == "scale"]
     scale = tuple(float(s) for s in scales[0]) if scales else (1.0,) * len(axes)
     spatial = len(source.spatial_shape)
     lead = (1,) * (len(axes) - spatial)

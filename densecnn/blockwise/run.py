@@ -35,6 +35,7 @@ from ..io import (
     unit_planes,
     write_labels,
 )
+from ..io.arrays import ome_levels
 from ..io.formats import IMAGE_SUFFIXES, SLIDE_SUFFIXES, TIFF_SUFFIXES
 from ..io.labels import check_label_path, labels_file_name
 from ..modelfile.format import WEIGHTS_FILE
@@ -104,6 +105,8 @@ class BlockwiseOptions:
     Attributes:
         probabilities: a zarr array path for the (K, *spatial) float16 class probabilities (zarr outputs only); a
             path ending in ``.ome.zarr`` gets a multiscale OME-Zarr image.
+        level: the OME-Zarr input's resolution level (None: the one at the model's pixel size, if the model records
+            one, else level 0).
         labels_into: write the labels into the input OME-Zarr image's ``labels/<labels_into>`` group (then the
             output path may be None).
         client: a ``distributed.Client`` of your own to run on (it stays open); None: one is made from ``scheduler``.
@@ -126,6 +129,7 @@ class BlockwiseOptions:
 
     probabilities: str | Path | None = None
     labels_into: str | None = None
+    level: int | None = None
     client: object | None = None
     scheduler: str | None = None
     workers: int = 1
@@ -187,11 +191,12 @@ def label(
     output = None if output is None else Path(output)
     if output is None or output.suffix == ".zarr" or is_zarr(output):
         with _input_errors():
-            source = _chunked_source(input, options.channel_axis, len(loaded.patch_size))
+            level = options.level if options.level is not None else _matching_level(input, loaded)
+            source = _chunked_source(input, options.channel_axis, len(loaded.patch_size), level)
         _check_channels(source.channels, loaded.in_channels, source.path)
         target = None
         if options.labels_into is not None:
-            target = labels_target(input, options.labels_into, source)
+            target = labels_target(input, options.labels_into, source, level)
         elif str(output).endswith(".ome.zarr"):
             target = standalone_target(output, source)
         with _client(options) as (client, threads):
@@ -241,13 +246,36 @@ def _require_dist() -> None:
         ) from None
 
 
-def _chunked_source(input: Path, channel_axis: int | None, spatial_dims: int) -> LazyArray:
+PIXEL_SIZE_TOLERANCE = 0.2  # a level within 20% of the model's pixel size along every axis matches it
+
+
+def _matching_level(input: Path, loaded) -> int:
+    """The level of an OME-Zarr ``input`` at the model's pixel size (the closest within 20%); 0 when the model
+    records none or the input has no levels."""
+    levels = ome_levels(input, spatial_dims=len(loaded.patch_size))
+    if loaded.pixel_size is None or not levels:
+        return 0
+    wanted = np.array(loaded.pixel_size)
+    errors = [np.abs(np.log(np.array(p) / wanted)).max() if p is not None else np.inf for p in levels]
+    best = int(np.argmin(errors))
+    if errors[best] > np.log1p(PIXEL_SIZE_TOLERANCE):
+        sizes = ", ".join(
+            f"{k}: {'x'.join(f'{v:g}' for v in p) if p else 'unknown'}" for k, p in enumerate(levels)
+        )
+        raise PredictInputError(
+            f"{input}: no level has the model's pixel size ({'x'.join(f'{v:g}' for v in wanted)} um; the levels "
+            f"have {sizes} um); choose one with --level N (the labels are then at that level's resolution)"
+        )
+    return best
+
+
+def _chunked_source(input: Path, channel_axis: int | None, spatial_dims: int, level: int = 0) -> LazyArray:
     if input.is_file() and input.suffix.lower() in set(IMAGE_SUFFIXES) - set(TIFF_SUFFIXES):
         raise PredictInputError(
             f"{input}: a {input.suffix} image is decoded whole; write its labels to a .png/.tif/.npy file, or give "
             "a zarr array or TIFF for chunked output"
         )
-    return open_array(input, channel_axis=channel_axis, spatial_dims=spatial_dims)
+    return open_array(input, channel_axis=channel_axis, spatial_dims=spatial_dims, level=level)
 
 
 def _check_channels(have: int, want: int, where: str) -> None:

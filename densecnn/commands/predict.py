@@ -73,6 +73,11 @@ def add_parser(subparsers) -> None:
         help="label file, output directory, .zarr array or .ome.zarr label image (none with --labels-into)",
     )
     parser.add_argument(
+        "--level",
+        type=int,
+        help="the OME-Zarr input's resolution level (default: the one at the model's pixel size, else 0)",
+    )
+    parser.add_argument(
         "--labels-into",
         metavar="NAME",
         help="write the labels into the input OME-Zarr image's labels/NAME group (a multiscale label image)",
@@ -135,6 +140,7 @@ def run(args) -> int:
     options = BlockwiseOptions(
         probabilities=args.probabilities,
         labels_into=args.labels_into,
+        level=args.level,
         scheduler=args.scheduler,
         workers=args.workers,
         chunk=args.chunk,

@@ -158,9 +158,12 @@ def _zarr(path):
     return zarr
 
 
-def open_array(path: str | Path, *, spatial_dims: int, channel_axis: int | None = None) -> LazyArray:
-    """Describe the array at ``path`` (zarr array, OME-Zarr group, TIFF or .npy) for a model of ``spatial_dims``
-    axes; nothing but metadata is read.
+def open_array(
+    path: str | Path, *, spatial_dims: int, channel_axis: int | None = None, level: int = 0
+) -> LazyArray:
+    """Describe the array at ``path`` (zarr array, OME-Zarr group, TIFF, whole-slide image or .npy) for a model of
+    ``spatial_dims`` axes; nothing but metadata is read. ``level``: an OME-Zarr image's resolution level (its
+    ``level``-th dataset; 0, the full resolution, by default; :func:`ome_levels` lists them).
 
     Without ``channel_axis``: OME-Zarr axis names say which axis it is; a TIFF's samples (S) or ImageJ channels
     (C) axis is it; otherwise an array with ``spatial_dims + 1`` axes has channels first.
@@ -183,7 +186,7 @@ def open_array(path: str | Path, *, spatial_dims: int, channel_axis: int | None 
         if path.is_file() and path.suffix.lower() in SLIDE_SUFFIXES:
             return _slide_array(path, spatial_dims)
         if is_zarr(path):
-            return _zarr_array(path, channel_axis, spatial_dims)
+            return _zarr_array(path, channel_axis, spatial_dims, level)
     except ImageReadError:
         raise
     except Exception as exc:  # numpy, tifffile and zarr raise many types on corrupt files
@@ -207,13 +210,17 @@ def _npy_array(path: Path, channel_axis: int | None, spatial_dims: int) -> LazyA
     return _checked(LazyArray(str(path), "npy", "", shape, shape, str(stored.dtype), layout))
 
 
-def _zarr_array(path: Path, channel_axis: int | None, spatial_dims: int) -> LazyArray:
+def _zarr_array(path: Path, channel_axis: int | None, spatial_dims: int, level: int = 0) -> LazyArray:
     zarr = _zarr(path)
     node = zarr.open(str(path), mode="r")
     key, names, scale, units = "", None, None, None
     if isinstance(node, zarr.Group):
-        key, names, scale, units = _full_resolution(node, path)
+        key, names, scale, units = _level(node, path, level)
         node = node[key]
+    elif level:
+        raise ImageReadError(
+            f"{path} is a zarr array, not an OME-Zarr image with levels: leave out the level"
+        )
     shape = tuple(node.shape)
     if names is not None and channel_axis is None:
         layout = _layout_from_names(names, shape, path, spatial_dims)
@@ -230,10 +237,9 @@ def _zarr_array(path: Path, channel_axis: int | None, spatial_dims: int) -> Lazy
     return _checked(array)
 
 
-def _full_resolution(group, path: Path):
-    """An OME-Zarr group's level 0 (v0.4 or v0.5 metadata): its key, axis names, scale and units per axis."""
-    attrs = dict(group.attrs)
-    multiscales = attrs.get("multiscales") or attrs.get("ome", {}).get("multiscales")
+def _level(group, path: Path, level: int = 0):
+    """An OME-Zarr group's ``level`` (v0.4 or v0.5 metadata): its key, axis names, scale and units per axis."""
+    multiscales = _multiscales(group)
     if not multiscales:
         arrays = sorted(name for name, _ in group.arrays())
         raise ImageReadError(
@@ -243,12 +249,40 @@ def _full_resolution(group, path: Path):
             else f"{path} is an empty zarr group"
         )
     first = multiscales[0]
+    datasets = first["datasets"]
+    if not 0 <= level < len(datasets):
+        raise ImageReadError(f"{path} has levels 0..{len(datasets) - 1}, not {level}: choose one of them")
     axes = first.get("axes")
     names = [a["name"] if isinstance(a, dict) else a for a in axes] if axes else None
     units = [a.get("unit") if isinstance(a, dict) else None for a in axes] if axes else None
-    level = first["datasets"][0]
-    scales = [t["scale"] for t in level.get("coordinateTransformations", []) if t.get("type") == "scale"]
-    return level["path"], names, (scales[0] if scales else None), units
+    chosen = datasets[level]
+    scales = [t["scale"] for t in chosen.get("coordinateTransformations", []) if t.get("type") == "scale"]
+    return chosen["path"], names, (scales[0] if scales else None), units
+
+
+def _multiscales(group) -> list | None:
+    attrs = dict(group.attrs)
+    return attrs.get("multiscales") or attrs.get("ome", {}).get("multiscales")
+
+
+def ome_levels(path: str | Path, *, spatial_dims: int) -> list[tuple[float, ...] | None]:
+    """The pixel size (micrometres per spatial axis, or None where unknown) of each level of the OME-Zarr image
+    at ``path``; ``[]`` for anything else.
+
+    >>> ome_levels("slide.ome.zarr", spatial_dims=2)
+    [(0.25, 0.25), (0.5, 0.5), (1.0, 1.0)]
+    """
+    path = Path(path)
+    if not is_zarr(path):
+        return []
+    zarr = _zarr(path)
+    group = zarr.open(str(path), mode="r")
+    if not isinstance(group, zarr.Group) or not _multiscales(group):
+        return []
+    return [
+        _zarr_array(path, None, spatial_dims, level).pixel_size
+        for level in range(len(_multiscales(group)[0]["datasets"]))
+    ]
 
 
 def _layout_from_names(names: list[str], shape: tuple[int, ...], path: Path, spatial_dims: int) -> str:

@@ -51,6 +51,8 @@ class LoadedModel:
         patch_size, in_channels, num_classes, class_names, palette, normalization, padding_mode: as saved.
         intensity: how raw pixel values are scaled to [0, 1] before the normalisation (:mod:`densecnn.io.intensity`;
             the default, for files that declare none: by the dtype's range).
+        pixel_size: micrometres per pixel along each axis of the images it was trained on, or None (``densecnn
+            predict`` then reads an OME-Zarr image at the level of that pixel size).
         path: the directory it was read from.
     """
 
@@ -65,6 +67,7 @@ class LoadedModel:
     path: Path | None = None
     extra: dict = field(default_factory=dict)
     intensity: Intensity = field(default_factory=Intensity)
+    pixel_size: tuple[float, ...] | None = None
 
     def dense(self, *, backend: str = "auto") -> DenseCNN:
         """The dense net of this model (sharing its parameters), with the saved padding mode (verified once, by
@@ -101,13 +104,15 @@ def save(
     padding_mode: str = "zeros",
     extra: dict | None = None,
     intensity: Intensity | None = None,
+    pixel_size=None,
 ) -> Path:
     """Write ``model`` to the directory ``path`` as ``model.json`` + ``weights.safetensors``.
 
     The model must convert at ``patch_size`` (checked before anything is written). ``normalization`` is
     ``{"mean": [...], "std": [...]}`` per input channel, applied to images scaled to [0, 1]; ``intensity`` says how
     raw pixel values are scaled to [0, 1] (:class:`~densecnn.io.intensity.Intensity`; by default by their dtype's
-    range, and then the key is left out). ``extra`` is free-form JSON metadata kept in ``model.json``.
+    range, and then the key is left out); ``pixel_size`` the micrometres per pixel of the training images, one per
+    axis (optional). ``extra`` is free-form JSON metadata kept in ``model.json``.
 
     >>> model, patch = densecnn.zoo.tiny(in_channels=1, num_classes=3)
     >>> densecnn.save(model, "models/tiny", patch_size=patch, class_names=["bg", "cell", "edge"])
@@ -130,6 +135,7 @@ def save(
         "palette": palette,
         "normalization": normalization,
         **({"intensity": intensity.to_json()} if intensity is not None and intensity != Intensity() else {}),
+        **({"pixel_size": [float(s) for s in pixel_size]} if pixel_size is not None else {}),
         "padding_mode": padding_mode,
         "layers": to_spec(model),
         "extra": extra or {},
@@ -219,4 +225,5 @@ def load(path) -> LoadedModel:
         path=directory,
         extra=config.extra,
         intensity=Intensity.from_json(config.intensity.model_dump() if config.intensity else None),
+        pixel_size=None if config.pixel_size is None else tuple(config.pixel_size),
     )

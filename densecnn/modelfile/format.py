@@ -235,6 +235,7 @@ def _config_model(vocabulary: tuple[tuple[str, type[nn.Module], tuple[str, ...]]
         palette=(list[tuple[ColourValue, ColourValue, ColourValue]], ...),
         normalization=(Normalization | None, None),
         intensity=(IntensitySpec | None, None),
+        pixel_size=(list[Annotated[float, Field(gt=0, allow_inf_nan=False)]] | None, None),
         padding_mode=(Literal[PADDING_MODES], ...),
         layers=(Annotated[list[layer_entry], Field(min_length=1)], ...),
         extra=(dict[str, Any], {}),
@@ -291,6 +292,11 @@ def _check_lengths(config: BaseModel, where: str | Path) -> None:
     if len(config.palette) != k:
         raise file_error(
             where, "palette", f"{len(config.palette)} colours for num_classes={k}", f"give {k} [r, g, b] colours"
+        )  # fmt: skip
+    if config.pixel_size is not None and len(config.pixel_size) != len(config.patch_size):
+        raise file_error(
+            where, "pixel_size", f"{len(config.pixel_size)} values for a {len(config.patch_size)}-D patch",
+            "give micrometres per pixel along each axis of the patch",
         )  # fmt: skip
     if config.intensity is not None:
         try:
