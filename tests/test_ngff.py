@@ -105,6 +105,18 @@ def test_labels_into_the_images_own_labels_group_read_back_as_a_coloured_label_i
 
     again = label(model_dir, image, None, options)  # resumes: nothing left to compute
     assert again.computed == 0 and len(_read_labels(image)) == 1
+    for k, index in (
+        (0, (0, 0, 0, 2, 3)),
+        (1, (0, 0, 0, 1, 0)),
+    ):  # a killed run: chunks of two levels missing
+        level = zarr.open_array(str(image / "labels" / "cells" / str(k)))
+        key = level.metadata.encode_chunk_key(index)
+        (image / "labels" / "cells" / str(k) / key).unlink()
+    resumed = label(model_dir, image, None, options)
+    assert resumed.computed == 1
+    np.testing.assert_array_equal(
+        [np.asarray(level)[0, 0, 0] for level in _read_labels(image)[0].data][1], levels[1]
+    )
 
 
 def test_a_standalone_ome_zarr_and_multiscale_probabilities(model_dir, tmp_path):
