@@ -95,10 +95,11 @@ def segment(
     *,
     overlay: bool,
     limits: RequestLimits,
+    name: str = "the upload",
     intensity: Intensity | None = None,
     cancel: threading.Event | None = None,
 ) -> SegmentResult:
-    """Label every pixel of the image in ``data`` and encode the answer as ``output`` asks.
+    """Label every pixel of the image in ``data`` (``name`` in messages) and encode the answer as ``output`` asks.
 
     The image is refused from its header if it is over ``limits``, and if its values do not fit how the model's
     inputs are scaled (``intensity``, by default the model's own) or are not finite; once ``cancel`` is set the
@@ -108,7 +109,7 @@ def segment(
     dims = served.dense.dims
     timings = {}
     start = time.perf_counter()
-    limits_kw = dict(max_pixels=limits.max_pixels, max_bytes=limits.max_decode_bytes)
+    limits_kw = dict(max_pixels=limits.max_pixels, max_bytes=limits.max_decode_bytes, name=name)
     if dims == 2 and image_format(data) != "npy":
         pixels = read_array(data, **limits_kw)  # (H, W[, S]) as displayed
         x = model_input(pixels, loaded, image_scaling(pixels, intensity or loaded.intensity))  # (1, C, H, W)

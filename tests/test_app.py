@@ -453,6 +453,33 @@ def test_cut_off_multipart_body_is_400_saying_so(client):
     assert_next_request_succeeds(client)
 
 
+def test_a_multipart_body_with_another_boundary_is_named_as_such_not_as_cut_off(client):
+    body = multipart("AAA", PNG)  # the body divided by AAA, the header declaring BBB
+    error = assert_error(
+        post_raw(client, body, "multipart/form-data; boundary=BBB"), 400, "multipart_boundary_mismatch"
+    )
+    assert "'BBB'" in error["message"] and "disagree" in error["message"]
+    assert_next_request_succeeds(client)
+
+
+def test_messages_name_the_uploaded_file(client):
+    broken = ("../../etc/scan.png", b"\x89PNG\r\n\x1a\n" + b"\x00" * 40, "image/png")
+    error = assert_error(
+        client.post("/v1/models/cells/segment", files={"image": broken}), 400, "invalid_image"
+    )
+    assert error["message"].startswith("scan.png: not a readable image")
+    error = assert_error(post_raw(client, b"\x89PNG\r\n\x1a\n" + b"\x00" * 40), 400, "invalid_image")
+    assert error["message"].startswith("the upload: not a readable image")
+
+
+def test_a_lossless_webp_is_labelled_like_the_png(client):
+    buffer = io.BytesIO()
+    Image.fromarray(IMAGE).save(buffer, format="WEBP", lossless=True)
+    response = post_raw(client, buffer.getvalue(), "image/webp")
+    assert response.status_code == 200, response.text
+    np.testing.assert_array_equal(png_labels(response.content), png_labels(post_raw(client, PNG).content))
+
+
 def test_missing_field_and_empty_body_are_400(client):
     wrong_field = client.post("/v1/models/cells/segment", files={"file": ("b.png", PNG, "image/png")})
     assert_error(wrong_field, 400, "missing_image")

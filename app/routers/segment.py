@@ -113,14 +113,14 @@ async def segment_image(
         None if intensity is None else Intensity.parse(intensity)
     )  # 400 intensity_out_of_range if unreadable
     with pool.admit() as place:  # 503 at once when full, before the body is read
-        data = await read_upload(request, timeout=settings.upload_timeout)
+        upload = await read_upload(request, timeout=settings.upload_timeout)
         limits = RequestLimits(
             settings.max_image_pixels, settings.max_decode_bytes, settings.max_inference_memory
         )
         cancel = threading.Event()
         job = partial(
-            segment, served, data, output, overlay=view is View.overlay, limits=limits, intensity=scaling,
-            cancel=cancel,
+            segment, served, upload.data, output, name=upload.name, overlay=view is View.overlay, limits=limits,
+            intensity=scaling, cancel=cancel,
         )  # fmt: skip
         try:
             result = await pool.run(place, job, cancel=cancel, timeout=settings.request_timeout,

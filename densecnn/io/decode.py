@@ -135,9 +135,9 @@ def _pillow_header(image: Image.Image, fmt: str) -> ImageHeader:
     return ImageHeader(fmt, image.width, image.height, samples, size)
 
 
-def source_name(source) -> str:
-    """How messages name a source: its path, or "<upload>" for bytes."""
-    return "<upload>" if isinstance(source, bytes) else str(source)
+def source_name(source, name: str | None = None) -> str:
+    """How messages name a source: ``name`` if given (an upload's file name), its path, or "the upload" for bytes."""
+    return name or ("the upload" if isinstance(source, bytes) else str(source))
 
 
 def read_header(source: str | Path | bytes) -> ImageHeader:
@@ -152,16 +152,21 @@ def read_header(source: str | Path | bytes) -> ImageHeader:
 
 
 def read_array(
-    source: str | Path | bytes, *, max_pixels: int | None = None, max_bytes: int | None = None
+    source: str | Path | bytes,
+    *,
+    max_pixels: int | None = None,
+    max_bytes: int | None = None,
+    name: str | None = None,
 ) -> np.ndarray:
     """The pixel array of an image file or its bytes, as displayed: (H, W) or (H, W, C), in the file's dtype.
 
     Raises, from the header and before decoding: ImageStackError for a stack of planes (a multi-page or volumetric
     TIFF), ImageTooLargeError for more than ``max_pixels`` pixels or ``max_bytes`` decoded bytes (width × height ×
-    samples × planes × bytes per sample). ImageReadError for anything that cannot be decoded.
+    samples × planes × bytes per sample). ImageReadError for anything that cannot be decoded. Messages name the
+    file by ``name`` (an upload's file name) or its path.
     """
     data = source if isinstance(source, bytes) else Path(source).read_bytes()
-    return _read(data, source_name(source), decode=True, max_pixels=max_pixels, max_bytes=max_bytes)
+    return _read(data, source_name(source, name), decode=True, max_pixels=max_pixels, max_bytes=max_bytes)
 
 
 def _read(data: bytes, name: str, *, decode: bool, **limits):

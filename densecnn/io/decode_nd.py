@@ -127,7 +127,12 @@ def _tiff_stack(data: bytes, name: str, **limits) -> np.ndarray:
 
 
 def read_nd(
-    source: str | Path | bytes, dims: int, *, max_pixels: int | None = None, max_bytes: int | None = None
+    source: str | Path | bytes,
+    dims: int,
+    *,
+    max_pixels: int | None = None,
+    max_bytes: int | None = None,
+    name: str | None = None,
 ) -> np.ndarray:
     """An upload for a model of ``dims`` spatial axes, channel first: (C, L), (C, H, W) or (C, D, H, W), file dtype.
 
@@ -135,18 +140,19 @@ def read_nd(
     each) or .npy arrays (D, H, W) / (C, D, H, W); signals (``dims=1``) .npy arrays (L,) / (C, L); images
     (``dims=2``) any image file (as :func:`read_array`) or .npy arrays (H, W) / (C, H, W). Raises, from the header
     and before decoding: ImageDimensionsError when the upload has other axes than the model takes (naming both),
-    ImageTooLargeError past ``max_pixels`` pixels/voxels/samples or ``max_bytes`` decoded bytes.
+    ImageTooLargeError past ``max_pixels`` pixels/voxels/samples or ``max_bytes`` decoded bytes. Messages name the
+    file by ``name`` (an upload's file name) or its path.
 
     >>> read_nd(Path("stack.tif").read_bytes(), 3).shape
     (1, 12, 64, 64)
     """
     data = source if isinstance(source, bytes) else Path(source).read_bytes()
-    name, fmt = source_name(source), image_format(data)
+    name, fmt = source_name(source, name), image_format(data)
     limits = dict(max_pixels=max_pixels, max_bytes=max_bytes)
     if fmt == "npy":
         return _npy_array(data, name, dims, **limits)
     if dims == 2:
-        pixels = read_array(data, **limits)  # (H, W[, S])
+        pixels = read_array(data, **limits, name=name)  # (H, W[, S])
         return pixels[None] if pixels.ndim == 2 else np.moveaxis(pixels, -1, 0)
     if dims == 3 and fmt == "tiff":
         return _tiff_stack(data, name, **limits)

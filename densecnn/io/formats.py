@@ -20,10 +20,10 @@ SIGNATURES = {
     "gif": (b"GIF87a", b"GIF89a"),
     "npy": (b"\x93NUMPY",),
 }
-ACCEPTED = "PNG, JPEG or TIFF (also BMP, GIF), or a .npy array"  # what an upload may be
+ACCEPTED = "PNG, JPEG or TIFF (also WebP, BMP, GIF), or a .npy array"  # what an upload may be
 NPY_KINDS = "biuf"  # bool, signed and unsigned integers, floats: the dtypes read as pixel values
 
-IMAGE_SUFFIXES = (".png", ".tif", ".tiff", ".jpg", ".jpeg", ".bmp")  # 2-D image files, decoded whole
+IMAGE_SUFFIXES = (".png", ".tif", ".tiff", ".jpg", ".jpeg", ".webp", ".bmp")  # 2-D image files, decoded whole
 TIFF_SUFFIXES = (".tif", ".tiff")
 SLIDE_SUFFIXES = (".svs", ".ndpi", ".scn", ".bif")  # whole-slide images (TIFF-based), read through tiffslide
 LABEL_IMAGE_SUFFIXES = (".png", ".tif", ".tiff")  # lossless images: label maps read for training
@@ -32,11 +32,14 @@ ARRAY_SUFFIXES = {1: (".npy",), 3: (".tif", ".tiff", ".npy", ".zarr")}  # signal
 
 
 def image_format(data: bytes) -> str | None:
-    """The format whose signature ``data`` starts with ("png", "jpeg", "tiff", "bmp", "gif", "npy"), or None.
+    """The format whose signature ``data`` starts with ("png", "jpeg", "tiff", "bmp", "gif", "npy", "webp"), or
+    None.
 
     >>> image_format(b"\\x89PNG\\r\\n\\x1a\\n...")
     'png'
     """
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":  # a RIFF container holding a WebP image
+        return "webp"
     return next((fmt for fmt, magics in SIGNATURES.items() if data.startswith(magics)), None)
 
 
