@@ -97,6 +97,17 @@ _HTTP_CODES = {
 _RETRY = {503}  # statuses that carry Retry-After
 
 
+# densecnn's errors about an input, as the status and code they are answered with
+INPUT_ERRORS = {
+    ImageTooLargeError: (413, "image_too_large"),
+    ImageStackError: (422, "image_is_a_stack"),
+    ImageDimensionsError: (422, "wrong_dimensions"),
+    IntensityError: (400, "intensity_out_of_range"),
+    NonFiniteInputError: (400, "non_finite_input"),
+    ImageReadError: (400, "invalid_image"),
+}
+
+
 def install_error_handlers(app: FastAPI, *, retry_after: int) -> None:
     """Map every exception the service raises (and FastAPI's own 404/405/422) to the one error shape."""
 
@@ -107,29 +118,12 @@ def install_error_handlers(app: FastAPI, *, retry_after: int) -> None:
             headers.setdefault("Retry-After", str(retry_after))
         return error_response(exc.status, exc.code, exc.message, headers)
 
-    @app.exception_handler(ImageTooLargeError)
-    async def image_too_large(request: Request, exc: ImageTooLargeError):
-        return error_response(413, "image_too_large", str(exc))
+    for error_type, (status, code) in INPUT_ERRORS.items():
 
-    @app.exception_handler(ImageStackError)
-    async def image_stack(request: Request, exc: ImageStackError):
-        return error_response(422, "image_is_a_stack", str(exc))
+        async def input_error(request: Request, exc: Exception, status=status, code=code):
+            return error_response(status, code, str(exc))
 
-    @app.exception_handler(ImageDimensionsError)
-    async def wrong_dimensions(request: Request, exc: ImageDimensionsError):
-        return error_response(422, "wrong_dimensions", str(exc))
-
-    @app.exception_handler(IntensityError)
-    async def intensity_out_of_range(request: Request, exc: IntensityError):
-        return error_response(400, "intensity_out_of_range", str(exc))
-
-    @app.exception_handler(NonFiniteInputError)
-    async def non_finite_input(request: Request, exc: NonFiniteInputError):
-        return error_response(400, "non_finite_input", str(exc))
-
-    @app.exception_handler(ImageReadError)
-    async def unreadable_image(request: Request, exc: ImageReadError):
-        return error_response(400, "invalid_image", str(exc))
+        app.add_exception_handler(error_type, input_error)  # the most specific type's handler answers
 
     @app.exception_handler(ClientDisconnect)
     @app.exception_handler(ClientGone)
