@@ -120,9 +120,10 @@ def find(
     ext: bool,
     cache_dir: Path,
     input_grad=True,
-) -> dict[str, dict[str, float | None]]:
+    time_missing: bool = True,
+) -> dict[str, dict[str, float | None]] | None:
     """``{memory_format: {solver: ms}}`` for ``op`` on inputs of ``shape``, from the cache under ``cache_dir`` or
-    timed now (and cached there).
+    timed now (and cached there); with ``time_missing`` False, None when not cached (nothing is timed).
 
     ``input_grad``: in training, whether the input needs a gradient (not for the first layer's image), which both
     changes the work and must be supported. A solver that fails on this problem (e.g. an unsupported dtype) is
@@ -130,27 +131,10 @@ def find(
     """
     key = problem_key(op, shape, dtype, device, train=train, ext=ext, input_grad=input_grad)
     times = load_times(key, cache_dir)
-    if times is None:
+    if times is None and time_missing:
         times = time_candidates(op, key["input"], dtype, device, train=train, ext=ext, input_grad=input_grad)
         store_times(key, times, cache_dir)
     return times
-
-
-def cached(
-    op: DenseOp,
-    shape,
-    dtype: torch.dtype,
-    device,
-    *,
-    train: bool,
-    ext: bool,
-    cache_dir: Path,
-    input_grad=True,
-) -> dict[str, dict[str, float | None]] | None:
-    """The table :func:`find` would return if it is already cached (by ``densecnn tune`` or an earlier find), else
-    None; never times anything."""
-    key = problem_key(op, shape, dtype, device, train=train, ext=ext, input_grad=input_grad)
-    return load_times(key, cache_dir)
 
 
 def time_candidates(

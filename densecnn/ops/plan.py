@@ -39,7 +39,7 @@ from ..geometry import output_size
 from . import allocator, costmodel, solvers
 from .backends import Backend, allowed_solvers, ext_available
 from .config import OpsConfig
-from .find import cached, find, timing_shape
+from .find import find, timing_shape
 from .layout import memory_format as torch_memory_format
 from .layout import names_for, to_format
 from .solvers import PoolOp
@@ -210,11 +210,11 @@ def _times(op, names, shape, dtype, device, forced, fmt_forced, *, train, config
     if fmt_forced and names and (forced or len(names) == 1):  # nothing to choose: no timing, no prediction
         return "forced", {fmt_forced: {forced if forced in names else names[0]: 0.0}}
     ext, timed_shape = ext_available(), timing_shape(op, shape)
-    timings = find if config.tune else cached  # cached: None unless an earlier tuning timed this problem
     source = "tuned"
-    times = timings(
-        op, shape, dtype, device, train=train, ext=ext, cache_dir=config.cache_dir, input_grad=input_grad
-    )
+    times = find(  # not tuning: None unless an earlier tuning timed this problem
+        op, shape, dtype, device, train=train, ext=ext, cache_dir=config.cache_dir, input_grad=input_grad,
+        time_missing=config.tune,
+    )  # fmt: skip
     if times is None:
         # Predicted at the shape the find step times (and the cost model was measured at), so that immediate and
         # tuned plans rank the candidates on the same problem.
