@@ -36,8 +36,9 @@ from ..io import (
     write_labels,
 )
 from ..io.arrays import ome_levels
-from ..io.formats import IMAGE_SUFFIXES, SLIDE_SUFFIXES, TIFF_SUFFIXES
+from ..io.formats import IMAGE_SUFFIXES, TIFF_SUFFIXES
 from ..io.labels import check_label_path, labels_file_name
+from ..io.slides import SLIDE_SUFFIXES
 from ..modelfile.format import WEIGHTS_FILE
 from .blocks import BlockJob, bounding_region, halo, label_block, window_size
 from .files import FileJob, label_file

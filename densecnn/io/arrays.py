@@ -9,8 +9,9 @@ reads whole arrays through the same call.
   multiscale (v0.4 or v0.5 metadata), whose axis names say which axes are spatial and which holds the channels.
 - TIFF files (BigTIFF, tiled or striped, multi-page stacks, ImageJ hyperstacks) through tifffile's zarr interface,
   at the first series' level 0, the Orientation tag applied (windows are mapped to the stored pixels first).
-- whole-slide images (Aperio SVS, Hamamatsu NDPI, Leica SCN, Ventana BIF) through tiffslide's zarr interface, at
-  level 0, with the slide's microns per pixel (the ``slides`` extra).
+- whole-slide images (Aperio SVS, Hamamatsu NDPI and VMS/VMU, Leica SCN, Ventana BIF, MIRAX MRXS, Sakura SVSLIDE)
+  through tiffslide or OpenSlide (:mod:`densecnn.io.slides`), at level 0, with the slide's microns per pixel (the
+  ``slides`` extra).
 - .npy files, memory-mapped (never unpickled).
 """
 
@@ -24,8 +25,9 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ImageReadError
-from .formats import NPY_KINDS, SLIDE_SUFFIXES, TIFF_SUFFIXES, is_zarr
+from .formats import NPY_KINDS, TIFF_SUFFIXES, is_zarr
 from .orientation import oriented, stored_window, transposes
+from .slides import SLIDE_SUFFIXES, open_level
 
 SPATIAL_NAMES = ("z", "y", "x")  # the last n name the axes of an n-D model
 _AXES = {1: "(L)", 2: "(H, W)", 3: "(D, H, W)"}
@@ -123,23 +125,12 @@ def _open_cached(array: LazyArray):
         return np.load(array.path, mmap_mode="r", allow_pickle=False)
     zarr = _zarr(array.path)
     if array.kind == "slide":
-        return _slide(array.path).zarr_group[array.key]
+        return open_level(array.path)[0]
     if array.kind == "tiff":
         import tifffile
 
         return zarr.open(tifffile.imread(array.path, aszarr=True, level=int(array.key or 0)), mode="r")
     return zarr.open_array(array.path, path=array.key or None, mode="r")
-
-
-@functools.lru_cache(maxsize=8)
-def _slide(path: str):
-    try:
-        import tiffslide
-    except ImportError:
-        raise ImageReadError(
-            f"{path}: whole-slide images are read with tiffslide: pip install 'densecnn[slides]'"
-        ) from None
-    return tiffslide.TiffSlide(path)
 
 
 def _open(array: LazyArray):
@@ -352,10 +343,7 @@ def _tiff_array(path: Path, channel_axis: int | None, spatial_dims: int) -> Lazy
 def _slide_array(path: Path, spatial_dims: int) -> LazyArray:
     if spatial_dims != 2:
         raise ImageReadError(f"{path}: a whole-slide image is 2-D, the model reads {_AXES[spatial_dims]}")
-    slide = _slide(str(path))
-    level = slide.zarr_group["0"]  # (H, W, S): level 0, samples last
-    mpp = [slide.properties.get(f"tiffslide.mpp-{axis}") for axis in "yx"]
-    pixel_size = None if None in mpp else tuple(float(m) for m in mpp)
+    level, pixel_size = open_level(path)  # (H, W, S): level 0, samples last
     shape, chunks = tuple(level.shape), tuple(level.chunks)
     array = LazyArray(str(path), "slide", "0", shape, chunks, str(level.dtype), "ssc", 1, pixel_size)
     return _checked(array)

@@ -25,7 +25,6 @@ NPY_KINDS = "biuf"  # bool, signed and unsigned integers, floats: the dtypes rea
 
 IMAGE_SUFFIXES = (".png", ".tif", ".tiff", ".jpg", ".jpeg", ".webp", ".bmp")  # 2-D image files, decoded whole
 TIFF_SUFFIXES = (".tif", ".tiff")
-SLIDE_SUFFIXES = (".svs", ".ndpi", ".scn", ".bif")  # whole-slide images (TIFF-based), read through tiffslide
 LABEL_IMAGE_SUFFIXES = (".png", ".tif", ".tiff")  # lossless images: label maps read for training
 LABEL_SUFFIXES = (*LABEL_IMAGE_SUFFIXES, ".npy")  # label maps written (densecnn predict)
 ARRAY_SUFFIXES = {1: (".npy",), 3: (".tif", ".tiff", ".npy", ".zarr")}  # signals and volumes, by spatial axes
