@@ -79,7 +79,7 @@ def test_formats_only_openslide_reads_go_through_it(slide, tmp_path):
 class _UnscannedSlide:
     """OpenSlide's answer for a region outside the scanned areas: transparent black, premultiplied."""
 
-    level_dimensions, level_downsamples = [(8, 6)], [1.0]
+    level_dimensions = [(8, 6)]
     properties = {"openslide.background-color": "F0E0D0"}
 
     def read_region(self, location, level, size):

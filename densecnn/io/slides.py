@@ -28,14 +28,14 @@ _INSTALL = "pip install 'densecnn[slides]'"
 
 
 class OpenSlideLevel:
-    """An OpenSlide level as a read-only (H, W, 3) uint8 array: regions OpenSlide leaves transparent (outside the
-    scanned areas) take the slide's background colour, as slide viewers show them."""
+    """Level 0 of an OpenSlide slide as a read-only (H, W, 3) uint8 array: regions OpenSlide leaves transparent
+    (outside the scanned areas) take the slide's background colour, as slide viewers show them."""
 
-    def __init__(self, slide, level: int = 0):
-        self.slide, self.level = slide, level
-        width, height = slide.level_dimensions[level]
+    def __init__(self, slide):
+        self.slide = slide
+        width, height = slide.level_dimensions[0]
         self.shape, self.dtype = (height, width, 3), np.dtype(np.uint8)
-        tile = [slide.properties.get(f"openslide.level[{level}].tile-{side}") for side in ("height", "width")]
+        tile = [slide.properties.get(f"openslide.level[0].tile-{side}") for side in ("height", "width")]
         self.chunks = (*(int(t) if t else 512 for t in tile), 3)
         colour = slide.properties.get("openslide.background-color") or "FFFFFF"
         self.background = np.array([int(colour[i : i + 2], 16) for i in (0, 2, 4)], np.float32)  # (3,)
