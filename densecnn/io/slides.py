@@ -43,10 +43,7 @@ class OpenSlideLevel:
     def __getitem__(self, index) -> np.ndarray:
         rows, columns, *samples = index if isinstance(index, tuple) else (index,)
         (y0, y1, _), (x0, x1, _) = rows.indices(self.shape[0]), columns.indices(self.shape[1])
-        scale = round(self.slide.level_downsamples[self.level])
-        region = self.slide.read_region(
-            (x0 * scale, y0 * scale), self.level, (max(x1 - x0, 0), max(y1 - y0, 0))
-        )
+        region = self.slide.read_region((x0, y0), 0, (max(x1 - x0, 0), max(y1 - y0, 0)))
         rgba = np.asarray(region, np.float32)  # (h, w, 4), colours premultiplied by alpha
         alpha = rgba[..., 3:] / 255
         rgb = np.rint(rgba[..., :3] + (1 - alpha) * self.background).astype(np.uint8)  # (h, w, 3)
