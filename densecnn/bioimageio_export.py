@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
+import tifffile
 import torch
 
 from ._version import __version__
@@ -93,12 +94,18 @@ def preprocessing(loaded: LoadedModel, dtype: np.dtype) -> list[dict]:
             )
         # over all channels of one image together, as densecnn takes them; eps far below any float32 rounding
         axes = ["channel", *SPATIAL_AXES[len(loaded.patch_size)]]
-        kwargs = {"axes": axes, "min_percentile": intensity.low, "max_percentile": intensity.high, "eps": 1e-12}
+        kwargs = {
+            "axes": axes,
+            "min_percentile": intensity.low,
+            "max_percentile": intensity.high,
+            "eps": 1e-12,
+        }
         steps.append({"id": "scale_range", "kwargs": kwargs})
     else:
         low, high = _range(loaded, dtype)
         if (low, high) != (0.0, 1.0):
-            steps.append({"id": "scale_linear", "kwargs": {"gain": 1 / (high - low), "offset": -low / (high - low)}})
+            offset = -low / (high - low) if low else 0.0
+            steps.append({"id": "scale_linear", "kwargs": {"gain": 1 / (high - low), "offset": offset}})
     if loaded.normalization:
         mean, std = loaded.normalization["mean"], loaded.normalization["std"]
         if min(std) <= 0:
@@ -110,7 +117,9 @@ def preprocessing(loaded: LoadedModel, dtype: np.dtype) -> list[dict]:
         if channels == 1:
             steps.append({"id": "scale_linear", "kwargs": {"gain": gain[0], "offset": offset[0]}})
         else:
-            steps.append({"id": "scale_linear", "kwargs": {"axis": "channel", "gain": gain, "offset": offset}})
+            steps.append(
+                {"id": "scale_linear", "kwargs": {"axis": "channel", "gain": gain, "offset": offset}}
+            )
     steps.append({"id": "ensure_dtype", "kwargs": {"dtype": "float32"}})
     return steps
 
@@ -225,9 +234,36 @@ def _readme(loaded: LoadedModel, dense: DenseCNN, name: str, dtype: np.dtype, st
             f"TorchScript (traced) and ONNX (opset {OPSET}) of the same dense net: stride-1 dilated convolutions "
             "and poolings, the image padding included.",
             "",
-            *(["## Model card", "", "The densecnn model card: `model_card.md`.", ""] if card and card.is_file() else []),
+            *_validation(loaded),
+            *(
+                ["## Model card", "", "The densecnn model card: `model_card.md`.", ""]
+                if card and card.is_file()
+                else []
+            ),
         ]
     )
+
+
+def _validation(loaded: LoadedModel) -> list[str]:
+    """The README's "Validation" section: the held-out metrics the training run recorded, where it did."""
+    lines = [
+        "## Validation",
+        "",
+        "The test output is densecnn's dense scores for the test input; both weights reproduce it (bioimageio.core's "
+        "`test_model`). To validate the model on your data, compare the argmax of the scores with labelled images "
+        "(per-class IoU).",
+        "",
+    ]
+    val = loaded.extra.get("training", {}).get("val") if isinstance(loaded.extra, dict) else None
+    if not isinstance(val, dict) or "iou" not in val:
+        return [*lines, "No held-out metrics were recorded for this model.", ""]
+    table = ["| class | IoU |", "|---|---|"]
+    table += [f"| {c} | {iou:.4f} |" for c, iou in zip(loaded.class_names, val["iou"]) if iou is not None]
+    if val.get("mean_iou") is not None:
+        table.append(f"| **mean IoU** | {val['mean_iou']:.4f} |")
+    where = loaded.extra["training"].get("config", {}).get("val")
+    held_out = f" on `{where}`" if where else ""
+    return [*lines, f"Recorded when it was trained: whole-image dense prediction{held_out}.", "", *table, ""]
 
 
 def export_bioimageio(
@@ -238,14 +274,17 @@ def export_bioimageio(
     name: str | None = None,
     description: str | None = None,
     authors: list[str] | None = None,
+    maintainers: list[str] | None = None,
     license: str = DEFAULT_LICENSE,
 ) -> Path:
     """Write ``model`` (a model directory or a :class:`~densecnn.LoadedModel`) as a bioimage.io model package,
     a .zip at ``path``. ``image``: the raw test image (a file path, or an array channel first) whose dense scores
     become the package's test output. ``name`` defaults to the model directory's name; ``authors`` to the
-    model's ``extra["authors"]``, else "densecnn contributors"; ``license`` is an SPDX id.
+    model's ``extra["authors"]``, else "densecnn contributors"; ``maintainers``: GitHub user names (bioimage.io
+    wants one to accept an upload: without, its validator warns); ``license`` is an SPDX id.
 
-    >>> export_bioimageio("models/nuclei", "nuclei.zip", image="tests/images/nuclei.png", authors=["Ada"])
+    >>> export_bioimageio("models/nuclei", "nuclei.zip", image="tests/images/nuclei.png", authors=["Ada"],
+    ...                   maintainers=["ada-lovelace"])
     PosixPath('nuclei.zip')
 
     Raises:
@@ -278,6 +317,9 @@ def export_bioimageio(
         tmp = Path(tmp)
         np.save(tmp / "test_input.npy", raw[None])
         np.save(tmp / "test_output.npy", scores)
+        # for people: the same tensors, in a format imageio reads
+        tifffile.imwrite(tmp / "sample_input.tif", raw, photometric="minisblack")
+        tifffile.imwrite(tmp / "sample_output.tif", scores[0], photometric="minisblack")
         with warnings.catch_warnings(), torch.no_grad():
             warnings.simplefilter("ignore")  # TorchScript's deprecation notice; the format bioimage.io reads
             traced = torch.jit.trace(exportable(dense), x)
@@ -291,7 +333,7 @@ def export_bioimageio(
             attachments.append({"source": tmp / "model_card.md"})
         if dense.dims >= 2:
             _cover(raw, scores, loaded.palette).save(tmp / "cover.png")
-            covers.append(tmp / "cover.png")
+            covers.append(v0_5.FileDescr(source=tmp / "cover.png"))
 
         halos, sizes = halo(dense), min_size(dense)
         input_axes = [
@@ -312,9 +354,10 @@ def export_bioimageio(
             name=name,
             description=description or f"densecnn pixel classifier: {', '.join(loaded.class_names)}",
             authors=[v0_5.Author(name=a) for a in authors],
+            maintainers=[_maintainer(v0_5, m) for m in maintainers or []],
             cite=[v0_5.CiteEntry(text=CITATION[0], url=CITATION[1])],
             license=license,
-            documentation=tmp / "README.md",
+            documentation=v0_5.FileDescr(source=tmp / "README.md"),
             covers=covers,
             attachments=attachments,
             tags=["densecnn", "pixel-classification", "semantic-segmentation", f"{dense.dims}d"],
@@ -324,6 +367,7 @@ def export_bioimageio(
                     axes=input_axes,
                     data=v0_5.IntervalOrRatioDataDescr(type=str(raw.dtype)),
                     test_tensor=v0_5.FileDescr(source=tmp / "test_input.npy"),
+                    sample_tensor=v0_5.FileDescr(source=tmp / "sample_input.tif"),
                     preprocessing=steps,
                     **({"pad": pad} if pad else {}),
                 )
@@ -334,13 +378,16 @@ def export_bioimageio(
                     axes=output_axes,
                     description="per-pixel class scores (logits)",
                     test_tensor=v0_5.FileDescr(source=tmp / "test_output.npy"),
+                    sample_tensor=v0_5.FileDescr(source=tmp / "sample_output.tif"),
                 )
             ],
             weights=v0_5.WeightsDescr(
                 torchscript=v0_5.TorchscriptWeightsDescr(
                     source=tmp / "weights.pt", pytorch_version=torch.__version__.split("+")[0]
                 ),
-                onnx=v0_5.OnnxWeightsDescr(source=tmp / "weights.onnx", opset_version=OPSET, parent="torchscript"),
+                onnx=v0_5.OnnxWeightsDescr(
+                    source=tmp / "weights.onnx", opset_version=OPSET, parent="torchscript"
+                ),
             ),
             config={
                 "densecnn": {
@@ -354,6 +401,19 @@ def export_bioimageio(
             },
         )
         return Path(save_bioimageio_package(descr, output_path=Path(path)))
+
+
+def _maintainer(v0_5, github_user: str):
+    """A maintainer; the spec's validator looks the user up on GitHub."""
+    import httpx
+
+    try:
+        return v0_5.Maintainer(github_user=github_user)
+    except httpx.TransportError as exc:
+        raise BioimageioExportError(
+            f"bioimage.io's validator could not look up the GitHub user {github_user!r} ({exc}); export on a machine "
+            "that reaches api.github.com, or without maintainers"
+        ) from None
 
 
 def _output_axis(v0_5, axis: str, size_halo: int):

@@ -71,14 +71,29 @@ def _check_weights_reproduce(package: Path, tmp_path: Path) -> float:
     return worst
 
 
-def _passed(package: Path) -> None:
-    descr = spec.load_description(package)
-    assert descr.validation_summary.status == "passed", descr.validation_summary.display() or descr
+MAINTAINER = "densecnn-maintainer"
+
+
+@pytest.fixture(autouse=True)
+def _known_maintainer():
+    """The spec's validator looks maintainers up on GitHub unless it knows them: it knows this one (no network)."""
+    from bioimageio.spec._internal.constants import KNOWN_GITHUB_USERS
+
+    KNOWN_GITHUB_USERS.add(MAINTAINER)
+    yield
+    KNOWN_GITHUB_USERS.discard(MAINTAINER)
+
+
+def _valid(package: Path) -> None:
+    """The spec's validator: "valid-format" (its best without running the weights: bioimageio.core's test_model
+    runs them, below), with neither errors nor warnings."""
+    summary = spec.load_description(package).validation_summary
+    assert summary.status == "valid-format" and not summary.warnings, summary.format()
 
 
 def test_nuclei_package_passes_the_spec_validator_and_reproduces_its_test_tensors(tmp_path):
-    package = export_bioimageio(NUCLEI, tmp_path / "nuclei.zip", image=IMAGE)
-    _passed(package)
+    package = export_bioimageio(NUCLEI, tmp_path / "nuclei.zip", image=IMAGE, maintainers=[MAINTAINER])
+    _valid(package)
     rdf = _rdf(package)
     assert rdf["format_version"].startswith("0.5.")
     (inp,), (out,) = rdf["inputs"], rdf["outputs"]
@@ -94,7 +109,9 @@ def test_nuclei_package_passes_the_spec_validator_and_reproduces_its_test_tensor
     assert raw.dtype == np.uint8 and raw.shape == (1, 1, 512, 512)
     with torch.no_grad():
         dense = loaded.dense()(densecnn.io.array_input(raw[0], loaded)).numpy()
-    np.testing.assert_array_equal(_array(package, "test_output.npy"), dense)
+    np.testing.assert_allclose(
+        _array(package, "test_output.npy"), dense, rtol=0, atol=RELATIVE * np.abs(dense).max()
+    )
     _check_weights_reproduce(package, tmp_path)
     with zipfile.ZipFile(package) as archive:
         assert {"README.md", "cover.png", "model_card.md"} <= set(archive.namelist())
@@ -103,11 +120,13 @@ def test_nuclei_package_passes_the_spec_validator_and_reproduces_its_test_tensor
 def test_tiles_cropped_by_the_halo_join_into_the_whole_output(tmp_path):
     """What a consumer tiling by the halo does: pad the raw image's border as declared, preprocess, run
     overlapping tiles, crop each by the halo."""
-    package = export_bioimageio(NUCLEI, tmp_path / "nuclei.zip", image=IMAGE)
+    package = export_bioimageio(NUCLEI, tmp_path / "nuclei.zip", image=IMAGE, maintainers=[MAINTAINER])
     rdf = _rdf(package)
     h = rdf["outputs"][0]["axes"][2]["halo"]
     raw = _array(package, "test_input.npy")[..., :200, :150]  # (1, 1, 200, 150)
-    x = _preprocess(np.pad(raw, ((0, 0), (0, 0), (h, h), (h, h)), mode="reflect"), rdf["inputs"][0]["preprocessing"])
+    x = _preprocess(
+        np.pad(raw, ((0, 0), (0, 0), (h, h), (h, h)), mode="reflect"), rdf["inputs"][0]["preprocessing"]
+    )
     session = ort.InferenceSession(
         _extract(package, rdf["weights"]["onnx"]["source"]), providers=["CPUExecutionProvider"]
     )
@@ -133,7 +152,7 @@ def test_bioimageio_core_reproduces_the_test_tensors(tmp_path):
     core = pytest.importorskip(
         "bioimageio.core", reason="bioimageio.core is not installed: pip install 'densecnn[bioimageio]'"
     )
-    package = export_bioimageio(NUCLEI, tmp_path / "nuclei.zip", image=IMAGE)
+    package = export_bioimageio(NUCLEI, tmp_path / "nuclei.zip", image=IMAGE, maintainers=[MAINTAINER])
     summary = core.test_model(package)
     assert summary.status == "passed", summary.display() or summary
 
@@ -141,7 +160,9 @@ def test_bioimageio_core_reproduces_the_test_tensors(tmp_path):
 def _saved(tmp_path, *, channels=1, **kwargs) -> Path:
     torch.manual_seed(0)
     model, patch = densecnn.zoo.tiny(in_channels=channels, num_classes=3)
-    return densecnn.save(model.eval(), tmp_path / "tiny", patch_size=patch, class_names=["bg", "cell body", "edge"], **kwargs)
+    return densecnn.save(
+        model.eval(), tmp_path / "tiny", patch_size=patch, class_names=["bg", "cell body", "edge"], **kwargs
+    )
 
 
 @pytest.mark.parametrize(
@@ -152,14 +173,22 @@ def _saved(tmp_path, *, channels=1, **kwargs) -> Path:
         (Intensity(), "float32", None, "zeros"),
     ],
 )
-def test_intensity_and_normalisation_become_preprocessing(tmp_path, intensity, dtype, normalization, padding_mode):
+def test_intensity_and_normalisation_become_preprocessing(
+    tmp_path, intensity, dtype, normalization, padding_mode
+):
     directory = _saved(
         tmp_path, channels=2, intensity=intensity, normalization=normalization, padding_mode=padding_mode
     )
     rng = np.random.default_rng(0)
     raw = rng.uniform(0, 1, (2, 33, 30)) if dtype == "float32" else rng.integers(0, 4096, (2, 33, 30))
-    package = export_bioimageio(directory, tmp_path / "tiny.zip", image=raw.astype(dtype), authors=["A. Author"])
-    _passed(package)
+    package = export_bioimageio(
+        directory,
+        tmp_path / "tiny.zip",
+        image=raw.astype(dtype),
+        authors=["A. Author"],
+        maintainers=[MAINTAINER],
+    )
+    _valid(package)
     rdf = _rdf(package)
     assert rdf["outputs"][0]["axes"][1]["channel_names"] == ["bg", "cell_body", "edge"]
     assert rdf["authors"] == [{"name": "A. Author"}]
@@ -187,8 +216,8 @@ def test_intensity_and_normalisation_become_preprocessing(tmp_path, intensity, d
 
 def test_volume_package(tmp_path):
     raw = np.random.default_rng(1).integers(0, 256, (1, 12, 44, 46)).astype(np.uint8)
-    package = export_bioimageio(NUCLEI3D, tmp_path / "nuclei3d.zip", image=raw)
-    _passed(package)
+    package = export_bioimageio(NUCLEI3D, tmp_path / "nuclei3d.zip", image=raw, maintainers=[MAINTAINER])
+    _valid(package)
     rdf = _rdf(package)
     assert [a["id"] for a in rdf["inputs"][0]["axes"]] == ["batch", "channel", "z", "y", "x"]
     assert [a["halo"] for a in rdf["outputs"][0]["axes"][2:]] == list(halo(densecnn.load(NUCLEI3D).dense()))
@@ -214,7 +243,22 @@ def test_a_missing_extra_is_named(tmp_path, monkeypatch):
 
 def test_export_bioimageio_command(tmp_path, capsys):
     out = tmp_path / "nuclei.zip"
-    assert main(["export-bioimageio", str(NUCLEI), str(out), "--image", str(IMAGE), "--author", "Ada"]) == 0
+    assert (
+        main(
+            [
+                "export-bioimageio",
+                str(NUCLEI),
+                str(out),
+                "--image",
+                str(IMAGE),
+                "--author",
+                "Ada",
+                "--maintainer",
+                MAINTAINER,
+            ]
+        )
+        == 0
+    )
     assert f"wrote {out}" in capsys.readouterr().out
     assert _rdf(out)["authors"] == [{"name": "Ada"}]
     assert main(["export-bioimageio", str(NUCLEI), str(out), "--image", str(tmp_path / "none.png")]) == 2

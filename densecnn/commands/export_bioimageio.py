@@ -29,6 +29,13 @@ def add_parser(subparsers) -> None:
         metavar="NAME",
         help="an author (repeat for several; default: model.json's extra.authors, else 'densecnn contributors')",
     )
+    parser.add_argument(
+        "--maintainer",
+        action="append",
+        dest="maintainers",
+        metavar="GITHUB_USER",
+        help="a maintainer's GitHub user name (repeat for several; bioimage.io wants one to accept an upload)",
+    )
     parser.add_argument("--license", default="MIT", help="the weights' licence, an SPDX id (default: MIT)")
     parser.set_defaults(run=run)
 
@@ -43,7 +50,14 @@ def run(args) -> int:
         name=args.name,
         description=args.description,
         authors=args.authors,
+        maintainers=args.maintainers,
         license=args.license,
     )
-    print(f"wrote {path}")
+    from bioimageio.spec import load_description  # installed: the export needs it too
+
+    summary = load_description(path).validation_summary  # the spec's own validator, on the written package
+    print(f"wrote {path}; bioimage.io validation: {summary.status}")
+    for warning in summary.warnings:
+        where = ".".join(map(str, warning.loc))
+        print(f"  warning: {where + ': ' if where else ''}{warning.msg}")
     return 0
