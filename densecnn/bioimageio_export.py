@@ -292,6 +292,7 @@ def export_bioimageio(
             as preprocessing, or the test image does not fit the model.
     """
     try:
+        import pydantic
         from bioimageio.spec import save_bioimageio_package
         from bioimageio.spec.model import v0_5
     except ImportError:
@@ -304,11 +305,13 @@ def export_bioimageio(
         )
     dense = loaded.dense(backend="native")
     raw = test_image(image, loaded, min_size(dense))
+    steps = preprocessing(loaded, raw.dtype)
     x = array_input(raw, loaded)  # (1, C, *spatial): scaled and normalised as densecnn does
     with torch.no_grad():
         scores = dense(x).numpy()  # (1, K, *spatial) float32
-    steps = preprocessing(loaded, raw.dtype)
-    name = name or (loaded.path.name if loaded.path is not None else "densecnn model")
+    name = (
+        name or re.sub(r"[^A-Za-z0-9_+\- ()]", "-", f"densecnn {loaded.path.name if loaded.path else 'model'}")[:64]
+    )
     extra = loaded.extra or {}
     authors = authors or extra.get("authors") or [DEFAULT_AUTHOR]
     spatial = SPATIAL_AXES[dense.dims]
@@ -350,56 +353,59 @@ def export_bioimageio(
             *(_output_axis(v0_5, a, h) for a, h in zip(spatial, halos)),
         ]
         pad = padding(loaded, raw.dtype)
-        descr = v0_5.ModelDescr(
-            name=name,
-            description=description or f"densecnn pixel classifier: {', '.join(loaded.class_names)}",
-            authors=[v0_5.Author(name=a) for a in authors],
-            maintainers=[_maintainer(v0_5, m) for m in maintainers or []],
-            cite=[v0_5.CiteEntry(text=CITATION[0], url=CITATION[1])],
-            license=license,
-            documentation=v0_5.FileDescr(source=tmp / "README.md"),
-            covers=covers,
-            attachments=attachments,
-            tags=["densecnn", "pixel-classification", "semantic-segmentation", f"{dense.dims}d"],
-            inputs=[
-                v0_5.InputTensorDescr(
-                    id=INPUT,
-                    axes=input_axes,
-                    data=v0_5.IntervalOrRatioDataDescr(type=str(raw.dtype)),
-                    test_tensor=v0_5.FileDescr(source=tmp / "test_input.npy"),
-                    sample_tensor=v0_5.FileDescr(source=tmp / "sample_input.tif"),
-                    preprocessing=steps,
-                    **({"pad": pad} if pad else {}),
-                )
-            ],
-            outputs=[
-                v0_5.OutputTensorDescr(
-                    id=OUTPUT,
-                    axes=output_axes,
-                    description="per-pixel class scores (logits)",
-                    test_tensor=v0_5.FileDescr(source=tmp / "test_output.npy"),
-                    sample_tensor=v0_5.FileDescr(source=tmp / "sample_output.tif"),
-                )
-            ],
-            weights=v0_5.WeightsDescr(
-                torchscript=v0_5.TorchscriptWeightsDescr(
-                    source=tmp / "weights.pt", pytorch_version=torch.__version__.split("+")[0]
+        try:
+            descr = v0_5.ModelDescr(
+                name=name,
+                description=description or f"densecnn pixel classifier: {', '.join(loaded.class_names)}",
+                authors=[v0_5.Author(name=a) for a in authors],
+                maintainers=[_maintainer(v0_5, m) for m in maintainers or []],
+                cite=[v0_5.CiteEntry(text=CITATION[0], url=CITATION[1])],
+                license=license,
+                documentation=v0_5.FileDescr(source=tmp / "README.md"),
+                covers=covers,
+                attachments=attachments,
+                tags=["densecnn", "pixel-classification", "semantic-segmentation", f"{dense.dims}d"],
+                inputs=[
+                    v0_5.InputTensorDescr(
+                        id=INPUT,
+                        axes=input_axes,
+                        data=v0_5.IntervalOrRatioDataDescr(type=str(raw.dtype)),
+                        test_tensor=v0_5.FileDescr(source=tmp / "test_input.npy"),
+                        sample_tensor=v0_5.FileDescr(source=tmp / "sample_input.tif"),
+                        preprocessing=steps,
+                        **({"pad": pad} if pad else {}),
+                    )
+                ],
+                outputs=[
+                    v0_5.OutputTensorDescr(
+                        id=OUTPUT,
+                        axes=output_axes,
+                        description="per-pixel class scores (logits)",
+                        test_tensor=v0_5.FileDescr(source=tmp / "test_output.npy"),
+                        sample_tensor=v0_5.FileDescr(source=tmp / "sample_output.tif"),
+                    )
+                ],
+                weights=v0_5.WeightsDescr(
+                    torchscript=v0_5.TorchscriptWeightsDescr(
+                        source=tmp / "weights.pt", pytorch_version=torch.__version__.split("+")[0]
+                    ),
+                    onnx=v0_5.OnnxWeightsDescr(
+                        source=tmp / "weights.onnx", opset_version=OPSET, parent="torchscript"
+                    ),
                 ),
-                onnx=v0_5.OnnxWeightsDescr(
-                    source=tmp / "weights.onnx", opset_version=OPSET, parent="torchscript"
-                ),
-            ),
-            config={
-                "densecnn": {
-                    "version": __version__,
-                    "patch_size": list(dense.patch_size),
-                    "receptive_field": list(dense.receptive_field),
-                    "padding_mode": dense.padding_mode,
-                    "intensity": loaded.intensity.to_json(),
-                    "normalization": loaded.normalization,
-                }
-            },
-        )
+                config={
+                    "densecnn": {
+                        "version": __version__,
+                        "patch_size": list(dense.patch_size),
+                        "receptive_field": list(dense.receptive_field),
+                        "padding_mode": dense.padding_mode,
+                        "intensity": loaded.intensity.to_json(),
+                        "normalization": loaded.normalization,
+                    }
+                },
+            )
+        except pydantic.ValidationError as exc:
+            raise BioimageioExportError(f"bioimage.io's spec refuses the description: {exc}") from None
         return Path(save_bioimageio_package(descr, output_path=Path(path)))
 
 
