@@ -310,7 +310,10 @@ def export_bioimageio(
     with torch.no_grad():
         scores = dense(x).numpy()  # (1, K, *spatial) float32
     name = (
-        name or re.sub(r"[^A-Za-z0-9_+\- ()]", "-", f"densecnn {loaded.path.name if loaded.path else 'model'}")[:64]
+        name
+        or re.sub(r"[^A-Za-z0-9_+\- ()]", "-", f"densecnn {loaded.path.name if loaded.path else 'model'}")[
+            :64
+        ]
     )
     extra = loaded.extra or {}
     authors = authors or extra.get("authors") or [DEFAULT_AUTHOR]
@@ -325,7 +328,8 @@ def export_bioimageio(
         tifffile.imwrite(tmp / "sample_output.tif", scores[0], photometric="minisblack")
         with warnings.catch_warnings(), torch.no_grad():
             warnings.simplefilter("ignore")  # TorchScript's deprecation notice; the format bioimage.io reads
-            traced = torch.jit.trace(exportable(dense), x)
+            # traced on a corner of the smallest input: the padding reads the input's size, so any size runs
+            traced = torch.jit.trace(exportable(dense), x[(..., *(slice(0, m) for m in min_size(dense)))])
         traced.save(str(tmp / "weights.pt"))
         export_onnx(dense, tmp / "weights.onnx")
         (tmp / "README.md").write_text(_readme(loaded, dense, name, raw.dtype, steps))

@@ -88,7 +88,7 @@ def _check_weights_reproduce(package: Path, tmp_path: Path) -> None:
 MAINTAINER = "densecnn-maintainer"
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture(scope="module", autouse=True)
 def _known_maintainer():
     """The spec's validator looks maintainers up on GitHub unless it knows them: it knows this one (no network)."""
     from bioimageio.spec._internal.constants import KNOWN_GITHUB_USERS
@@ -98,6 +98,13 @@ def _known_maintainer():
     KNOWN_GITHUB_USERS.discard(MAINTAINER)
 
 
+@pytest.fixture(scope="module")
+def nuclei_package(tmp_path_factory) -> Path:
+    """The shipped nuclei model with the shipped example image, exported once for this module."""
+    out = tmp_path_factory.mktemp("bioimageio") / "nuclei.zip"
+    return export_bioimageio(NUCLEI, out, image=IMAGE, maintainers=[MAINTAINER])
+
+
 def _valid(package: Path) -> None:
     """The spec's validator: "valid-format" (its best without running the weights: bioimageio.core's test_model
     runs them, below), with neither errors nor warnings."""
@@ -105,8 +112,8 @@ def _valid(package: Path) -> None:
     assert summary.status == "valid-format" and not summary.warnings, summary.format()
 
 
-def test_nuclei_package_passes_the_spec_validator_and_reproduces_its_test_tensors(tmp_path):
-    package = export_bioimageio(NUCLEI, tmp_path / "nuclei.zip", image=IMAGE, maintainers=[MAINTAINER])
+def test_nuclei_package_passes_the_spec_validator_and_reproduces_its_test_tensors(nuclei_package, tmp_path):
+    package = nuclei_package
     _valid(package)
     rdf = _rdf(package)
     assert rdf["format_version"].startswith("0.5.")
@@ -132,10 +139,10 @@ def test_nuclei_package_passes_the_spec_validator_and_reproduces_its_test_tensor
 
 
 @pytest.mark.parametrize("weights", ["torchscript", "onnx"])
-def test_tiles_cropped_by_the_halo_join_into_the_whole_output(tmp_path, weights):
+def test_tiles_cropped_by_the_halo_join_into_the_whole_output(nuclei_package, tmp_path, weights):
     """What a consumer tiling by the halo does: pad the raw image's border as declared, preprocess, run
     overlapping tiles (other sizes than the test input's), crop each by the halo."""
-    package = export_bioimageio(NUCLEI, tmp_path / "nuclei.zip", image=IMAGE, maintainers=[MAINTAINER])
+    package = nuclei_package
     rdf = _rdf(package)
     h = rdf["outputs"][0]["axes"][2]["halo"]
     raw = _array(package, "test_input.npy")[..., :200, :150]  # (1, 1, 200, 150)
@@ -153,13 +160,25 @@ def test_tiles_cropped_by_the_halo_join_into_the_whole_output(tmp_path, weights)
     np.testing.assert_allclose(whole, expected, rtol=0, atol=RELATIVE * np.abs(expected).max())
 
 
-def test_bioimageio_core_reproduces_the_test_tensors(tmp_path):
+@pytest.mark.parametrize("model", ["nuclei", "percentiles"])
+def test_bioimageio_core_reproduces_the_test_tensors(nuclei_package, tmp_path, model):
     core = pytest.importorskip(
         "bioimageio.core", reason="bioimageio.core is not installed: pip install 'densecnn[bioimageio]'"
     )
-    package = export_bioimageio(NUCLEI, tmp_path / "nuclei.zip", image=IMAGE, maintainers=[MAINTAINER])
+    package = nuclei_package
+    if (
+        model == "percentiles"
+    ):  # per-image percentiles: core computes them itself, then the normalisation along the channels
+        directory = _saved(
+            tmp_path,
+            channels=2,
+            intensity=Intensity("percentiles", 1, 99.8),
+            normalization={"mean": [0.5, 0.4], "std": [0.25, 0.2]},
+        )
+        raw = np.random.default_rng(2).integers(0, 4096, (2, 70, 60)).astype(np.uint16)
+        package = export_bioimageio(directory, tmp_path / "p.zip", image=raw, maintainers=[MAINTAINER])
     summary = core.test_model(package)
-    assert summary.status == "passed", summary.display() or summary
+    assert summary.status == "passed", summary.format()
 
 
 def _saved(tmp_path, *, channels=1, **kwargs) -> Path:
