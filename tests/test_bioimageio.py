@@ -181,6 +181,21 @@ def test_bioimageio_core_reproduces_the_test_tensors(nuclei_package, tmp_path, m
     assert summary.status == "passed", summary.format()
 
 
+def test_bioimageio_core_predicts_blockwise_exactly(nuclei_package):
+    """core's own tiling (blocks of 41 + 60 pixels, the halo padded as declared) gives densecnn's whole-image
+    scores, border included."""
+    core = pytest.importorskip(
+        "bioimageio.core", reason="bioimageio.core is not installed: pip install 'densecnn[bioimageio]'"
+    )
+    raw = np.ascontiguousarray(_array(nuclei_package, "test_input.npy")[..., :200, :150])
+    loaded = densecnn.load(NUCLEI)
+    with torch.no_grad():
+        expected = loaded.dense()(densecnn.io.array_input(raw[0], loaded)).numpy()
+    sample = core.predict(model=nuclei_package, inputs={"image": raw}, blocksize_parameter=60)
+    scores = sample.members["scores"].data.values
+    np.testing.assert_allclose(scores, expected, rtol=0, atol=RELATIVE * np.abs(expected).max())
+
+
 def _saved(tmp_path, *, channels=1, **kwargs) -> Path:
     torch.manual_seed(0)
     model, patch = densecnn.zoo.tiny(in_channels=channels, num_classes=3)
