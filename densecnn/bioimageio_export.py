@@ -409,7 +409,8 @@ def export_bioimageio(
                 },
             )
         except pydantic.ValidationError as exc:
-            raise BioimageioExportError(f"bioimage.io's spec refuses the description: {exc}") from None
+            problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+            raise BioimageioExportError(f"bioimage.io's spec refuses the description: {problems}") from None
         return Path(save_bioimageio_package(descr, output_path=Path(path)))
 
 

@@ -272,6 +272,13 @@ def test_refusals_name_the_problem(tmp_path):
         export_bioimageio(directory, tmp_path / "c.zip", image=np.zeros((3, 40, 40), np.uint8))
     with pytest.raises(BioimageioExportError, match="minimum input"):
         export_bioimageio(directory, tmp_path / "s.zip", image=np.zeros((1, 5, 40), np.uint8))
+    image = np.arange(1600, dtype=np.uint8).reshape(1, 40, 40)
+    with pytest.raises(BioimageioExportError, match="spec refuses the description.*name"):
+        export_bioimageio(directory, tmp_path / "n.zip", image=image, name="abc")  # 5 characters at least
+    model, patch = densecnn.zoo.tiny(in_channels=1, num_classes=3)
+    directory = densecnn.save(model.double().eval(), tmp_path / "f64", patch_size=patch)
+    with pytest.raises(BioimageioExportError, match="float64"):
+        export_bioimageio(directory, tmp_path / "d.zip", image=image)
 
 
 def test_a_missing_extra_is_named(tmp_path, monkeypatch):
