@@ -89,8 +89,8 @@ def preprocessing(loaded: LoadedModel, dtype: np.dtype) -> list[dict]:
         if intensity.high <= 1:
             raise BioimageioExportError(
                 f"the model scales inputs by percentiles {intensity.low:g}..{intensity.high:g}, but bioimage.io's "
-                "scale_range takes an upper percentile above 1; save the model with --intensity percentiles:LOW,HIGH "
-                "and HIGH > 1"
+                "scale_range takes upper percentiles above 1 only (so that fractions are not mistaken for "
+                "percentiles): this scaling cannot be written as bioimage.io preprocessing"
             )
         # over all channels of one image together, as densecnn takes them; eps far below any float32 rounding
         axes = ["channel", *SPATIAL_AXES[len(loaded.patch_size)]]
@@ -148,7 +148,7 @@ def padding(loaded: LoadedModel, dtype: np.dtype) -> dict | None:
     return {"mode": "constant", "value": low + means.pop() * (high - low)} if len(means) == 1 else None
 
 
-def test_image(image, loaded: LoadedModel, smallest: tuple[int, ...]) -> np.ndarray:
+def read_test_image(image, loaded: LoadedModel, smallest: tuple[int, ...]) -> np.ndarray:
     """The raw test image as (C, *spatial), channel first, in its own dtype: a path to an image, TIFF stack or
     .npy file, or an array already channel first (a single channel's may leave the channel axis out). Refused
     unless it has the model's channels and at least ``smallest`` pixels per axis."""
@@ -178,8 +178,8 @@ def identifier(text: str) -> str:
     >>> identifier("nucleus boundary")
     'nucleus_boundary'
     """
-    name = re.sub(r"\W+", "_", text.strip()).strip("_")
-    return name if name[:1].isalpha() else f"c_{name}"
+    name = re.sub(r"[^A-Za-z0-9_]+", "_", text.strip()).strip("_")
+    return name if re.match(r"[A-Za-z]", name) else f"c_{name}"
 
 
 def _cover(raw: np.ndarray, scores: np.ndarray, palette: list[list[int]]) -> PIL.Image.Image:
@@ -254,14 +254,16 @@ def _validation(loaded: LoadedModel) -> list[str]:
         "(per-class IoU).",
         "",
     ]
-    val = loaded.extra.get("training", {}).get("val") if isinstance(loaded.extra, dict) else None
-    if not isinstance(val, dict) or "iou" not in val:
+    training = loaded.extra.get("training") if isinstance(loaded.extra, dict) else None
+    val = training.get("val") if isinstance(training, dict) else None  # as densecnn train records it
+    if not isinstance(val, dict) or not isinstance(val.get("iou"), list):
         return [*lines, "No held-out metrics were recorded for this model.", ""]
     table = ["| class | IoU |", "|---|---|"]
     table += [f"| {c} | {iou:.4f} |" for c, iou in zip(loaded.class_names, val["iou"]) if iou is not None]
     if val.get("mean_iou") is not None:
         table.append(f"| **mean IoU** | {val['mean_iou']:.4f} |")
-    where = loaded.extra["training"].get("config", {}).get("val")
+    config = training.get("config")
+    where = config.get("val") if isinstance(config, dict) else None
     held_out = f" on `{where}`" if where else ""
     return [*lines, f"Recorded when it was trained: whole-image dense prediction{held_out}.", "", *table, ""]
 
@@ -304,7 +306,7 @@ def export_bioimageio(
             "(model.float()) and export that"
         )
     dense = loaded.dense(backend="native")
-    raw = test_image(image, loaded, min_size(dense))
+    raw = read_test_image(image, loaded, min_size(dense))
     steps = preprocessing(loaded, raw.dtype)
     x = array_input(raw, loaded)  # (1, C, *spatial): scaled and normalised as densecnn does
     with torch.no_grad():

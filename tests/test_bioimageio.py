@@ -265,7 +265,7 @@ def test_volume_package(tmp_path):
 
 def test_refusals_name_the_problem(tmp_path):
     directory = _saved(tmp_path, intensity=Intensity("percentiles", 0, 0.5))
-    with pytest.raises(BioimageioExportError, match="upper percentile above 1"):
+    with pytest.raises(BioimageioExportError, match="upper percentiles above 1"):
         export_bioimageio(directory, tmp_path / "p.zip", image=np.zeros((1, 40, 40), np.uint8))
     directory = _saved(tmp_path)
     with pytest.raises(BioimageioExportError, match="1 channel"):
