@@ -8,6 +8,7 @@
 
 from . import masks, zoo
 from ._version import __version__ as __version__
+from .bioimageio_export import BioimageioExportError, export_bioimageio
 from .convert import convert
 from .dense import DenseCNN
 from .errors import (
@@ -37,6 +38,7 @@ from .rules import register_rule
 from .scan import fast_scan, scan_patches
 
 __all__ = [
+    "BioimageioExportError",
     "BlockFailedError",
     "Cancelled",
     "ConversionError",
@@ -59,6 +61,7 @@ __all__ = [
     "PredictInputError",
     "TrainingError",
     "convert",
+    "export_bioimageio",
     "fast_scan",
     "load",
     "masked_cross_entropy",

@@ -16,6 +16,7 @@ COMMANDS = [
     "densecnn.commands.bench",
     "densecnn.commands.serve",
     "densecnn.commands.export_onnx",
+    "densecnn.commands.export_bioimageio",
 ]
 
 

@@ -20,6 +20,9 @@ EXTRAS = (
     "zarr",
     "onnx",
     "onnxruntime",
+    "bioimageio",
+    "tiffslide",
+    "openslide",
 )
 
 CONVERT = """

@@ -1,0 +1,437 @@
+"""Export a saved model as a bioimage.io model package (spec 0.5): its dense net as TorchScript and ONNX, the
+model's input scaling as preprocessing, the receptive field as the output's halo, test tensors, a cover and a README.
+
+What the package holds (``docs/bioimageio.md`` has the details):
+
+- input ``image`` (batch, channel, [z,] y, x) in the test image's dtype, every spatial axis any size from
+  ``max(patch, 2 * halo + 1)`` in steps of 1; output ``scores`` (batch, channel, [z,] y, x) float32 of the same
+  size: the dense net's per-pixel class scores (logits, before softmax), one channel per class name;
+- preprocessing: the model's intensity (``dtype`` or ``range``: ``scale_linear``; ``percentiles``:
+  ``scale_range``), then its normalisation ``(x - mean) / std`` as a ``scale_linear`` per channel;
+- a halo on each output spatial axis: the farthest pixel the net reads from its centre, so tiles cropped by it
+  join into exactly the whole-image output; ``pad`` names the net's own padding mode, so a consumer that pads the
+  image's border pads it as the net does.
+
+>>> densecnn.export_bioimageio("models/nuclei", "nuclei.zip", image="tests/images/nuclei.png")
+PosixPath('nuclei.zip')
+"""
+
+from __future__ import annotations
+
+import re
+import tempfile
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+import tifffile
+import torch
+
+from ._version import __version__
+from .dense import DenseCNN
+from .errors import DenseCNNError
+from .io.decode_nd import read_nd
+from .io.pixels import array_input
+from .modelfile import LoadedModel, load
+from .onnx_export import OPSET, export_onnx, exportable
+from .padding import dense_padding
+
+if TYPE_CHECKING:
+    import PIL.Image
+
+INSTALL = "pip install 'densecnn[bioimageio]'"
+INPUT, OUTPUT = "image", "scores"  # the tensor ids, the ONNX graph's names too
+SPATIAL_AXES = {1: ("x",), 2: ("y", "x"), 3: ("z", "y", "x")}
+CITATION = (
+    "Li, Zhao & Wang (2014), Highly efficient forward and backward propagation of convolutional neural networks "
+    "for pixelwise classification",
+    "https://arxiv.org/abs/1412.4526",
+)
+DEFAULT_AUTHOR = "densecnn contributors"
+DEFAULT_LICENSE = "MIT"
+
+
+class BioimageioExportError(DenseCNNError, ValueError):
+    """A model cannot be written as a bioimage.io package that computes what densecnn computes (an input scaling
+    the spec cannot express, a test image that does not fit the model); the message names the problem and fix."""
+
+
+def halo(dense: DenseCNN) -> tuple[int, ...]:
+    """Per spatial axis, the farthest pixel (before or after) an output pixel reads: what a tile loses at each side.
+
+    >>> halo(densecnn.load("models/nuclei").dense())   # a 40x40 patch reads 19 pixels before, 20 after
+    (20, 20)
+    """
+    before, after = dense_padding(dense.patch_size, dense.receptive_field)
+    return tuple(max(b, a) for b, a in zip(before, after))
+
+
+def min_size(dense: DenseCNN) -> tuple[int, ...]:
+    """The smallest input per spatial axis: the patch size, and more than two halos (the spec keeps at least one
+    pixel after cropping both)."""
+    return tuple(max(p, 2 * h + 1) for p, h in zip(dense.patch_size, halo(dense)))
+
+
+def preprocessing(loaded: LoadedModel, dtype: np.dtype) -> list[dict]:
+    """The model's input scaling as bioimage.io preprocessing steps (plain dicts in the spec's YAML form), for
+    inputs of ``dtype``: raw values to [0, 1] as the model's intensity declares, then ``(x - mean) / std``.
+
+    The normalisation is a ``scale_linear`` (gain 1/std, offset -mean/std), not ``fixed_zero_mean_unit_variance``:
+    bioimageio.core divides that one by ``std + 1e-6``, which densecnn does not.
+
+    >>> preprocessing(densecnn.load("models/nuclei"), np.dtype("uint8"))[1]
+    {'id': 'scale_linear', 'kwargs': {'gain': 0.00392156862745098, 'offset': 0.0}}
+    """
+    intensity, channels = loaded.intensity, loaded.in_channels
+    steps = [{"id": "ensure_dtype", "kwargs": {"dtype": "float32"}}]
+    if intensity.mode == "percentiles":
+        if intensity.high <= 1:
+            raise BioimageioExportError(
+                f"the model scales inputs by percentiles {intensity.low:g}..{intensity.high:g}, but bioimage.io's "
+                "scale_range takes upper percentiles above 1 only (so that fractions are not mistaken for "
+                "percentiles): this scaling cannot be written as bioimage.io preprocessing"
+            )
+        # over all channels of one image together, as densecnn takes them; eps far below any float32 rounding
+        axes = ["channel", *SPATIAL_AXES[len(loaded.patch_size)]]
+        kwargs = {
+            "axes": axes,
+            "min_percentile": intensity.low,
+            "max_percentile": intensity.high,
+            "eps": 1e-12,
+        }
+        steps.append({"id": "scale_range", "kwargs": kwargs})
+    else:
+        low, high = _range(loaded, dtype)
+        if (low, high) != (0.0, 1.0):
+            offset = -low / (high - low) if low else 0.0
+            steps.append({"id": "scale_linear", "kwargs": {"gain": 1 / (high - low), "offset": offset}})
+    if loaded.normalization:
+        mean, std = loaded.normalization["mean"], loaded.normalization["std"]
+        if min(std) <= 0:
+            raise BioimageioExportError(
+                f"the model's normalisation divides by std {std}; a std of 0 or below cannot be exported: save the "
+                "model with the training images' positive per-channel std"
+            )
+        gain, offset = [1 / s for s in std], [-m / s for m, s in zip(mean, std)]
+        if channels == 1:
+            steps.append({"id": "scale_linear", "kwargs": {"gain": gain[0], "offset": offset[0]}})
+        else:
+            steps.append(
+                {"id": "scale_linear", "kwargs": {"axis": "channel", "gain": gain, "offset": offset}}
+            )
+    steps.append({"id": "ensure_dtype", "kwargs": {"dtype": "float32"}})
+    return steps
+
+
+def _range(loaded: LoadedModel, dtype: np.dtype) -> tuple[float, float]:
+    """The raw values that become 0 and 1 under a fixed intensity: the declared range, or the dtype's."""
+    intensity = loaded.intensity
+    if intensity.mode == "range":
+        return float(intensity.low), float(intensity.high)
+    return (0.0, float(np.iinfo(dtype).max)) if np.issubdtype(dtype, np.integer) else (0.0, 1.0)
+
+
+def padding(loaded: LoadedModel, dtype: np.dtype) -> dict | None:
+    """How a consumer pads the raw image's border so the net sees what it pads itself: ``reflect`` and ``edge``
+    (replicate) as they are; zeros as the raw value that preprocessing maps to 0 in every channel, where there is
+    one (a fixed intensity and equal channel means); otherwise None (the spec's default, symmetric: pixels within
+    a halo of the image's border may then differ from densecnn's)."""
+    if loaded.padding_mode == "reflect":
+        return {"mode": "reflect"}
+    if loaded.padding_mode == "replicate":
+        return {"mode": "edge"}
+    if loaded.intensity.mode == "percentiles":
+        return None
+    low, high = _range(loaded, dtype)
+    means = set(loaded.normalization["mean"]) if loaded.normalization else {0.0}
+    return {"mode": "constant", "value": low + means.pop() * (high - low)} if len(means) == 1 else None
+
+
+def read_test_image(image, loaded: LoadedModel, smallest: tuple[int, ...]) -> np.ndarray:
+    """The raw test image as (C, *spatial), channel first, in its own dtype: a path to an image, TIFF stack or
+    .npy file, or an array already channel first (a single channel's may leave the channel axis out). Refused
+    unless it has the model's channels and at least ``smallest`` pixels per axis."""
+    dims = len(loaded.patch_size)
+    if isinstance(image, np.ndarray):
+        array = image if image.ndim == dims + 1 else image[None]
+    else:
+        array = read_nd(image, dims)
+    if array.ndim != dims + 1 or array.shape[0] != loaded.in_channels:
+        raise BioimageioExportError(
+            f"the test image has shape {array.shape}, but the model takes {loaded.in_channels} channel(s) and "
+            f"{dims} spatial axes: give an image of {loaded.in_channels} channel(s), channel first"
+        )
+    if any(s < m for s, m in zip(array.shape[1:], smallest)):
+        raise BioimageioExportError(
+            f"the test image's spatial shape {array.shape[1:]} is below the package's minimum input {smallest}; "
+            "give a larger test image"
+        )
+    if array.dtype.kind not in "uif":
+        raise BioimageioExportError(f"the test image holds {array.dtype} values; give integers or floats")
+    return np.ascontiguousarray(array)
+
+
+def identifier(text: str) -> str:
+    """``text`` as a bioimage.io identifier (a letter first, then letters, digits and underscores).
+
+    >>> identifier("nucleus boundary")
+    'nucleus_boundary'
+    """
+    name = re.sub(r"[^A-Za-z0-9_]+", "_", text.strip()).strip("_")
+    return name if re.match(r"[A-Za-z]", name) else f"c_{name}"
+
+
+def _cover(raw: np.ndarray, scores: np.ndarray, palette: list[list[int]]) -> PIL.Image.Image:
+    """The test image (its middle plane for a volume) beside its label map in the model's colours."""
+    from PIL import Image
+
+    middle = tuple(s // 2 for s in raw.shape[1:-2])  # leading spatial axes of a volume: their middle plane
+    plane = raw[(slice(None), *middle)].astype(np.float64)  # (C, H, W)
+    plane = plane[:3] if plane.shape[0] >= 3 else plane[:1].repeat(3, 0)
+    low, high = np.percentile(plane, (0.5, 99.5))
+    grey = np.clip((plane - low) / max(high - low, 1e-12) * 255, 0, 255).astype(np.uint8).transpose(1, 2, 0)
+    labels = scores[0].argmax(0)[middle]  # (H, W)
+    colours = np.asarray(palette, np.uint8)[labels]
+    return Image.fromarray(np.concatenate([grey, colours], axis=1))
+
+
+def _readme(loaded: LoadedModel, dense: DenseCNN, name: str, dtype: np.dtype, steps: list[dict]) -> str:
+    axes = ", ".join(SPATIAL_AXES[dense.dims])
+    classes = ", ".join(f"{k} {c}" for k, c in enumerate(loaded.class_names))
+    size = "x".join(map(str, dense.patch_size))
+    preprocessing_lines = [f"  - `{s['id']}` {s['kwargs']}" for s in steps]
+    card = loaded.path / "README.md" if loaded.path is not None else None
+    return "\n".join(
+        [
+            f"# {name}",
+            "",
+            f"A densecnn patch classifier ({size} patches: each patch's centre pixel gets a class) exported by "
+            f"densecnn {__version__} as its exact dense net: one pass labels every pixel with the scores "
+            "patch-by-patch scanning gives (Li, Zhao & Wang, 2014).",
+            "",
+            "## Input",
+            "",
+            f"`{INPUT}` (batch, channel, {axes}), {dtype}, {loaded.in_channels} channel(s), each spatial axis any size "
+            f"from {min_size(dense)}. Preprocessing (densecnn's intensity `{loaded.intensity}`, then the "
+            "normalisation of the training images):",
+            "",
+            *preprocessing_lines,
+            "",
+            f"The net pads the image itself ({dense.padding_mode} padding), so the output has the input's size.",
+            "",
+            "## Output",
+            "",
+            f"`{OUTPUT}` (batch, channel, {axes}) float32, the input's size: one score per class ({classes}). These "
+            "are logits: the argmax is the label, a softmax over the channels gives class probabilities.",
+            "",
+            f"Halo {halo(dense)} ({axes}): an output pixel reads the input at most that far away. Predict tiles "
+            "overlapping by twice the halo and crop the halo from each tile: the tiles join into the whole-image "
+            "output exactly.",
+            "",
+            "## Weights",
+            "",
+            f"TorchScript (traced) and ONNX (opset {OPSET}) of the same dense net: stride-1 dilated convolutions "
+            "and poolings, the image padding included.",
+            "",
+            *_validation(loaded),
+            *(
+                ["## Model card", "", "The densecnn model card: `model_card.md`.", ""]
+                if card and card.is_file()
+                else []
+            ),
+        ]
+    )
+
+
+def _validation(loaded: LoadedModel) -> list[str]:
+    """The README's "Validation" section: the held-out metrics the training run recorded, where it did."""
+    lines = [
+        "## Validation",
+        "",
+        "The test output is densecnn's dense scores for the test input; both weights reproduce it (bioimageio.core's "
+        "`test_model`). To validate the model on your data, compare the argmax of the scores with labelled images "
+        "(per-class IoU).",
+        "",
+    ]
+    training = loaded.extra.get("training") if isinstance(loaded.extra, dict) else None
+    val = training.get("val") if isinstance(training, dict) else None  # as densecnn train records it
+    if not isinstance(val, dict) or not isinstance(val.get("iou"), list):
+        return [*lines, "No held-out metrics were recorded for this model.", ""]
+    table = ["| class | IoU |", "|---|---|"]
+    table += [f"| {c} | {iou:.4f} |" for c, iou in zip(loaded.class_names, val["iou"]) if iou is not None]
+    if val.get("mean_iou") is not None:
+        table.append(f"| **mean IoU** | {val['mean_iou']:.4f} |")
+    config = training.get("config")
+    where = config.get("val") if isinstance(config, dict) else None
+    held_out = f" on `{where}`" if where else ""
+    return [*lines, f"Recorded when it was trained: whole-image dense prediction{held_out}.", "", *table, ""]
+
+
+def export_bioimageio(
+    model,
+    path,
+    *,
+    image,
+    name: str | None = None,
+    description: str | None = None,
+    authors: list[str] | None = None,
+    maintainers: list[str] | None = None,
+    license: str = DEFAULT_LICENSE,
+) -> Path:
+    """Write ``model`` (a model directory or a :class:`~densecnn.LoadedModel`) as a bioimage.io model package,
+    a .zip at ``path``. ``image``: the raw test image (a file path, or an array channel first) whose dense scores
+    become the package's test output. ``name`` defaults to the model directory's name; ``authors`` to the
+    model's ``extra["authors"]``, else "densecnn contributors"; ``maintainers``: GitHub user names (bioimage.io
+    wants one to accept an upload: without, its validator warns); ``license`` is an SPDX id.
+
+    >>> export_bioimageio("models/nuclei", "nuclei.zip", image="tests/images/nuclei.png", authors=["Ada"],
+    ...                   maintainers=["ada-lovelace"])
+    PosixPath('nuclei.zip')
+
+    Raises:
+        BioimageioExportError: bioimage.io's spec is not installed, the model's input scaling cannot be written
+            as preprocessing, or the test image does not fit the model.
+    """
+    try:
+        import pydantic
+        from bioimageio.spec import save_bioimageio_package
+        from bioimageio.spec.model import v0_5
+    except ImportError:
+        raise BioimageioExportError(f"bioimage.io export needs bioimageio.spec: {INSTALL}") from None
+    loaded = model if isinstance(model, LoadedModel) else load(model)
+    if loaded.dtype != torch.float32:
+        raise BioimageioExportError(
+            f"the model's weights are {loaded.dtype}; bioimage.io consumers run float32: save a float32 copy "
+            "(model.float()) and export that"
+        )
+    dense = loaded.dense(backend="native")
+    raw = read_test_image(image, loaded, min_size(dense))
+    steps = preprocessing(loaded, raw.dtype)
+    x = array_input(raw, loaded)  # (1, C, *spatial): scaled and normalised as densecnn does
+    with torch.no_grad():
+        scores = dense(x).numpy()  # (1, K, *spatial) float32
+    name = (
+        name
+        or re.sub(r"[^A-Za-z0-9_+\- ()]", "-", f"densecnn {loaded.path.name if loaded.path else 'model'}")[
+            :64
+        ]
+    )
+    extra = loaded.extra or {}
+    authors = authors or extra.get("authors") or [DEFAULT_AUTHOR]
+    spatial = SPATIAL_AXES[dense.dims]
+
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        np.save(tmp / "test_input.npy", raw[None])
+        np.save(tmp / "test_output.npy", scores)
+        # for people: the same tensors, in a format imageio reads
+        tifffile.imwrite(tmp / "sample_input.tif", raw, photometric="minisblack")
+        tifffile.imwrite(tmp / "sample_output.tif", scores[0], photometric="minisblack")
+        with warnings.catch_warnings(), torch.no_grad():
+            warnings.simplefilter("ignore")  # TorchScript's deprecation notice; the format bioimage.io reads
+            # traced on a corner of the smallest input: the padding reads the input's size, so any size runs
+            traced = torch.jit.trace(exportable(dense), x[(..., *(slice(0, m) for m in min_size(dense)))])
+        traced.save(str(tmp / "weights.pt"))
+        export_onnx(dense, tmp / "weights.onnx")
+        (tmp / "README.md").write_text(_readme(loaded, dense, name, raw.dtype, steps))
+        attachments, covers = [], []
+        card = loaded.path / "README.md" if loaded.path is not None else None
+        if card is not None and card.is_file():
+            (tmp / "model_card.md").write_text(card.read_text())
+            attachments.append({"source": tmp / "model_card.md"})
+        if dense.dims >= 2:
+            _cover(raw, scores, loaded.palette).save(tmp / "cover.png")
+            covers.append(v0_5.FileDescr(source=tmp / "cover.png"))
+
+        halos, sizes = halo(dense), min_size(dense)
+        input_axes = [
+            v0_5.BatchAxis(),
+            v0_5.ChannelAxis(channel_names=[f"channel{c}" for c in range(loaded.in_channels)]),
+            *(
+                v0_5.SpaceInputAxis(id=a, size=v0_5.ParameterizedSize(min=m, step=1), concatenable=True)
+                for a, m in zip(spatial, sizes)
+            ),
+        ]
+        output_axes = [
+            v0_5.BatchAxis(),
+            v0_5.ChannelAxis(channel_names=[identifier(c) for c in loaded.class_names]),
+            *(_output_axis(v0_5, a, h) for a, h in zip(spatial, halos)),
+        ]
+        pad = padding(loaded, raw.dtype)
+        try:
+            descr = v0_5.ModelDescr(
+                name=name,
+                description=description or f"densecnn pixel classifier: {', '.join(loaded.class_names)}",
+                authors=[v0_5.Author(name=a) for a in authors],
+                maintainers=[_maintainer(v0_5, m) for m in maintainers or []],
+                cite=[v0_5.CiteEntry(text=CITATION[0], url=CITATION[1])],
+                license=license,
+                documentation=v0_5.FileDescr(source=tmp / "README.md"),
+                covers=covers,
+                attachments=attachments,
+                tags=["densecnn", "pixel-classification", "semantic-segmentation", f"{dense.dims}d"],
+                inputs=[
+                    v0_5.InputTensorDescr(
+                        id=INPUT,
+                        axes=input_axes,
+                        data=v0_5.IntervalOrRatioDataDescr(type=str(raw.dtype)),
+                        test_tensor=v0_5.FileDescr(source=tmp / "test_input.npy"),
+                        sample_tensor=v0_5.FileDescr(source=tmp / "sample_input.tif"),
+                        preprocessing=steps,
+                        **({"pad": pad} if pad else {}),
+                    )
+                ],
+                outputs=[
+                    v0_5.OutputTensorDescr(
+                        id=OUTPUT,
+                        axes=output_axes,
+                        description="per-pixel class scores (logits)",
+                        test_tensor=v0_5.FileDescr(source=tmp / "test_output.npy"),
+                        sample_tensor=v0_5.FileDescr(source=tmp / "sample_output.tif"),
+                    )
+                ],
+                weights=v0_5.WeightsDescr(
+                    torchscript=v0_5.TorchscriptWeightsDescr(
+                        source=tmp / "weights.pt", pytorch_version=torch.__version__.split("+")[0]
+                    ),
+                    onnx=v0_5.OnnxWeightsDescr(
+                        source=tmp / "weights.onnx", opset_version=OPSET, parent="torchscript"
+                    ),
+                ),
+                config={
+                    "densecnn": {
+                        "version": __version__,
+                        "patch_size": list(dense.patch_size),
+                        "receptive_field": list(dense.receptive_field),
+                        "padding_mode": dense.padding_mode,
+                        "intensity": loaded.intensity.to_json(),
+                        "normalization": loaded.normalization,
+                    }
+                },
+            )
+        except pydantic.ValidationError as exc:
+            problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+            raise BioimageioExportError(f"bioimage.io's spec refuses the description: {problems}") from None
+        return Path(save_bioimageio_package(descr, output_path=Path(path)))
+
+
+def _maintainer(v0_5, github_user: str):
+    """A maintainer; the spec's validator looks the user up on GitHub."""
+    import httpx
+
+    try:
+        return v0_5.Maintainer(github_user=github_user)
+    except httpx.TransportError as exc:
+        raise BioimageioExportError(
+            f"bioimage.io's validator could not look up the GitHub user {github_user!r} ({exc}); export on a machine "
+            "that reaches api.github.com, or without maintainers"
+        ) from None
+
+
+def _output_axis(v0_5, axis: str, size_halo: int):
+    """An output spatial axis the input's size (a size reference), with the halo where the net reads any."""
+    size = v0_5.SizeReference(tensor_id=INPUT, axis_id=axis)
+    if size_halo:
+        return v0_5.SpaceOutputAxisWithHalo(id=axis, size=size, halo=size_halo)
+    return v0_5.SpaceOutputAxis(id=axis, size=size)

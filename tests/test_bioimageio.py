@@ -1,0 +1,311 @@
+"""bioimage.io export: the package passes the spec's validator, and its weights, run on its test input after its
+own preprocessing, reproduce densecnn's dense scores (bioimageio.core's test_model, and onnxruntime/TorchScript)."""
+
+import sys
+import warnings
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import densecnn
+from densecnn.bioimageio_export import BioimageioExportError, export_bioimageio, halo
+from densecnn.cli import main
+from densecnn.io.intensity import Intensity
+
+spec = pytest.importorskip(
+    "bioimageio.spec", reason="the bioimageio extra is not installed: pip install 'densecnn[bioimageio]'"
+)
+ort = pytest.importorskip("onnxruntime", reason="the onnx extra is not installed")
+ruyaml = pytest.importorskip("ruyaml")  # YAML 1.2, as rdf.yaml is written (bioimageio.spec needs it)
+
+ROOT = Path(__file__).resolve().parent.parent
+NUCLEI, NUCLEI3D = ROOT / "models" / "nuclei", ROOT / "models" / "nuclei3d"
+IMAGE = ROOT / "tests" / "images" / "nuclei.png"
+RELATIVE = 1e-5  # the weights vs densecnn's dense net, relative to the largest score
+
+
+def _rdf(package: Path) -> dict:
+    with zipfile.ZipFile(package) as archive:
+        return ruyaml.YAML(typ="safe", pure=True).load(archive.read("rdf.yaml"))
+
+
+def _array(package: Path, name: str) -> np.ndarray:
+    with zipfile.ZipFile(package) as archive, archive.open(name) as stream:
+        return np.load(stream)
+
+
+def _preprocess(raw: np.ndarray, steps: list[dict]) -> np.ndarray:
+    """The spec's preprocessing steps as the spec defines them, in numpy (independent of densecnn and core)."""
+    x = raw
+    for step in steps:
+        kwargs = step.get("kwargs", {})
+        if step["id"] == "ensure_dtype":
+            x = x.astype(kwargs["dtype"])
+        elif step["id"] == "scale_linear":
+            shape = (1, -1) + (1,) * (x.ndim - 2) if "axis" in kwargs else ()
+            x = x * np.reshape(kwargs["gain"], shape) + np.reshape(kwargs["offset"], shape)
+        elif step["id"] == "scale_range":  # over every non-batch axis: one image's channels together
+            low, high = np.percentile(x[0], (kwargs["min_percentile"], kwargs["max_percentile"]))
+            x = (x - low) / (high - low + kwargs["eps"])
+        else:
+            raise AssertionError(f"unexpected step {step['id']}")
+    return x.astype(np.float32)
+
+
+def _weights(package: Path, tmp_path: Path) -> dict:
+    """Both weights of the package, each as a function (N, C, *spatial) float32 -> scores."""
+    rdf = _rdf(package)
+    with zipfile.ZipFile(package) as archive:
+        archive.extract(rdf["weights"]["torchscript"]["source"], tmp_path)
+        onnx_bytes = archive.read(rdf["weights"]["onnx"]["source"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # torch's notice that TorchScript is deprecated
+        traced = torch.jit.load(str(tmp_path / rdf["weights"]["torchscript"]["source"]))
+    session = ort.InferenceSession(onnx_bytes, providers=["CPUExecutionProvider"])
+
+    def torchscript(x: np.ndarray) -> np.ndarray:
+        with torch.no_grad():
+            return traced(torch.from_numpy(np.ascontiguousarray(x))).numpy()
+
+    def onnx(x: np.ndarray) -> np.ndarray:
+        return session.run(None, {"image": np.ascontiguousarray(x)})[0]
+
+    return {"torchscript": torchscript, "onnx": onnx}
+
+
+def _check_weights_reproduce(package: Path, tmp_path: Path) -> None:
+    """Both weights, on the package's test input after its preprocessing, give its test output."""
+    rdf = _rdf(package)
+    x = _preprocess(_array(package, "test_input.npy"), rdf["inputs"][0]["preprocessing"])
+    expected = _array(package, "test_output.npy")
+    for run in _weights(package, tmp_path).values():
+        np.testing.assert_allclose(run(x), expected, rtol=0, atol=RELATIVE * np.abs(expected).max())
+
+
+MAINTAINER = "densecnn-maintainer"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _known_maintainer():
+    """The spec's validator looks maintainers up on GitHub unless it knows them: it knows this one (no network)."""
+    from bioimageio.spec._internal.constants import KNOWN_GITHUB_USERS
+
+    KNOWN_GITHUB_USERS.add(MAINTAINER)
+    yield
+    KNOWN_GITHUB_USERS.discard(MAINTAINER)
+
+
+@pytest.fixture(scope="module")
+def nuclei_package(tmp_path_factory) -> Path:
+    """The shipped nuclei model with the shipped example image, exported once for this module."""
+    out = tmp_path_factory.mktemp("bioimageio") / "nuclei.zip"
+    return export_bioimageio(NUCLEI, out, image=IMAGE, maintainers=[MAINTAINER])
+
+
+def _valid(package: Path) -> None:
+    """The spec's validator: "valid-format" (its best without running the weights: bioimageio.core's test_model
+    runs them, below), with neither errors nor warnings."""
+    summary = spec.load_description(package).validation_summary
+    assert summary.status == "valid-format" and not summary.warnings, summary.format()
+
+
+def test_nuclei_package_passes_the_spec_validator_and_reproduces_its_test_tensors(nuclei_package, tmp_path):
+    package = nuclei_package
+    _valid(package)
+    rdf = _rdf(package)
+    assert rdf["format_version"].startswith("0.5.")
+    (inp,), (out,) = rdf["inputs"], rdf["outputs"]
+    assert [a["type"] for a in inp["axes"]] == ["batch", "channel", "space", "space"]
+    assert [a["size"]["min"] for a in inp["axes"][2:]] == [41, 41]  # two halos and a pixel; the patch is 40
+    assert [a["halo"] for a in out["axes"][2:]] == [20, 20]
+    assert out["axes"][2]["size"] == {"tensor_id": "image", "axis_id": "y"}
+    assert out["axes"][1]["channel_names"] == ["background", "nucleus", "boundary"]
+    assert inp["pad"] == {"mode": "reflect"}
+    assert {"torchscript", "onnx"} <= set(rdf["weights"])
+    loaded = densecnn.load(NUCLEI)
+    raw = _array(package, "test_input.npy")
+    assert raw.dtype == np.uint8 and raw.shape == (1, 1, 512, 512)
+    with torch.no_grad():
+        dense = loaded.dense()(densecnn.io.array_input(raw[0], loaded)).numpy()
+    np.testing.assert_allclose(
+        _array(package, "test_output.npy"), dense, rtol=0, atol=RELATIVE * np.abs(dense).max()
+    )
+    _check_weights_reproduce(package, tmp_path)
+    with zipfile.ZipFile(package) as archive:
+        assert {"README.md", "cover.png", "model_card.md"} <= set(archive.namelist())
+
+
+@pytest.mark.parametrize("weights", ["torchscript", "onnx"])
+def test_tiles_cropped_by_the_halo_join_into_the_whole_output(nuclei_package, tmp_path, weights):
+    """What a consumer tiling by the halo does: pad the raw image's border as declared, preprocess, run
+    overlapping tiles (other sizes than the test input's), crop each by the halo."""
+    package = nuclei_package
+    rdf = _rdf(package)
+    h = rdf["outputs"][0]["axes"][2]["halo"]
+    raw = _array(package, "test_input.npy")[..., :200, :150]  # (1, 1, 200, 150)
+    padded = np.pad(raw, ((0, 0), (0, 0), (h, h), (h, h)), mode=rdf["inputs"][0]["pad"]["mode"])
+    x = _preprocess(padded, rdf["inputs"][0]["preprocessing"])
+    run = _weights(package, tmp_path)[weights]
+    whole = run(x)[..., h:-h, h:-h]
+    tiles = [run(x[..., start : stop + 2 * h])[..., h:-h, h:-h] for start, stop in [(0, 90), (90, 150)]]
+    np.testing.assert_allclose(np.concatenate(tiles, axis=-1), whole, rtol=0, atol=1e-5)
+    loaded = densecnn.load(
+        NUCLEI
+    )  # and the border pixels are the dense net's own: the declared padding is its
+    with torch.no_grad():
+        expected = loaded.dense()(densecnn.io.array_input(raw[0], loaded)).numpy()
+    np.testing.assert_allclose(whole, expected, rtol=0, atol=RELATIVE * np.abs(expected).max())
+
+
+@pytest.mark.parametrize("model", ["nuclei", "percentiles"])
+def test_bioimageio_core_reproduces_the_test_tensors(nuclei_package, tmp_path, model):
+    core = pytest.importorskip(
+        "bioimageio.core", reason="bioimageio.core is not installed: pip install 'densecnn[bioimageio]'"
+    )
+    package = nuclei_package
+    if (
+        model == "percentiles"
+    ):  # per-image percentiles: core computes them itself, then the normalisation along the channels
+        directory = _saved(
+            tmp_path,
+            channels=2,
+            intensity=Intensity("percentiles", 1, 99.8),
+            normalization={"mean": [0.5, 0.4], "std": [0.25, 0.2]},
+        )
+        raw = np.random.default_rng(2).integers(0, 4096, (2, 70, 60)).astype(np.uint16)
+        package = export_bioimageio(directory, tmp_path / "p.zip", image=raw, maintainers=[MAINTAINER])
+    summary = core.test_model(package)
+    assert summary.status == "passed", summary.format()
+
+
+def test_bioimageio_core_predicts_blockwise_exactly(nuclei_package):
+    """core's own tiling (blocks of 41 + 60 pixels, the halo padded as declared) gives densecnn's whole-image
+    scores, border included."""
+    core = pytest.importorskip(
+        "bioimageio.core", reason="bioimageio.core is not installed: pip install 'densecnn[bioimageio]'"
+    )
+    raw = np.ascontiguousarray(_array(nuclei_package, "test_input.npy")[..., :200, :150])
+    loaded = densecnn.load(NUCLEI)
+    with torch.no_grad():
+        expected = loaded.dense()(densecnn.io.array_input(raw[0], loaded)).numpy()
+    sample = core.predict(model=nuclei_package, inputs={"image": raw}, blocksize_parameter=60)
+    scores = sample.members["scores"].data.values
+    np.testing.assert_allclose(scores, expected, rtol=0, atol=RELATIVE * np.abs(expected).max())
+
+
+def _saved(tmp_path, *, channels=1, **kwargs) -> Path:
+    torch.manual_seed(0)
+    model, patch = densecnn.zoo.tiny(in_channels=channels, num_classes=3)
+    return densecnn.save(
+        model.eval(), tmp_path / "tiny", patch_size=patch, class_names=["bg", "cell body", "edge"], **kwargs
+    )
+
+
+@pytest.mark.parametrize(
+    ("intensity", "dtype", "normalization", "padding_mode"),
+    [
+        (Intensity("range", 0, 4095), "uint16", {"mean": [0.2, 0.3], "std": [0.1, 0.2]}, "zeros"),
+        (Intensity("percentiles", 1, 99.8), "uint16", {"mean": [0.5, 0.5], "std": [0.25, 0.25]}, "replicate"),
+        (Intensity(), "float32", None, "zeros"),
+    ],
+)
+def test_intensity_and_normalisation_become_preprocessing(
+    tmp_path, intensity, dtype, normalization, padding_mode
+):
+    directory = _saved(
+        tmp_path, channels=2, intensity=intensity, normalization=normalization, padding_mode=padding_mode
+    )
+    rng = np.random.default_rng(0)
+    raw = rng.uniform(0, 1, (2, 33, 30)) if dtype == "float32" else rng.integers(0, 4096, (2, 33, 30))
+    package = export_bioimageio(
+        directory,
+        tmp_path / "tiny.zip",
+        image=raw.astype(dtype),
+        authors=["A. Author"],
+        maintainers=[MAINTAINER],
+    )
+    _valid(package)
+    rdf = _rdf(package)
+    assert rdf["outputs"][0]["axes"][1]["channel_names"] == ["bg", "cell_body", "edge"]
+    assert rdf["authors"] == [{"name": "A. Author"}]
+    steps = rdf["inputs"][0]["preprocessing"]
+    assert [s["id"] for s in steps][1:-1] == {
+        "range": ["scale_linear", "scale_linear"],
+        "percentiles": ["scale_range", "scale_linear"],
+        "dtype": [],
+    }[intensity.mode]
+    # the spec's preprocessing of the raw test input is densecnn's own scaling and normalisation
+    loaded = densecnn.load(directory)
+    np.testing.assert_allclose(
+        _preprocess(_array(package, "test_input.npy"), steps),
+        densecnn.io.array_input(raw.astype(dtype), loaded).numpy(),
+        rtol=1e-6,
+        atol=1e-6,
+    )
+    pad = rdf["inputs"][0].get("pad")
+    if padding_mode == "zeros":  # the raw value that preprocessing maps to 0, where every channel shares it
+        assert pad == ({"mode": "constant", "value": 0.0} if normalization is None else None)
+    else:
+        assert pad == {"mode": "edge"}
+    _check_weights_reproduce(package, tmp_path)
+
+
+def test_volume_package(tmp_path):
+    raw = np.random.default_rng(1).integers(0, 256, (1, 12, 44, 46)).astype(np.uint8)
+    package = export_bioimageio(NUCLEI3D, tmp_path / "nuclei3d.zip", image=raw, maintainers=[MAINTAINER])
+    _valid(package)
+    rdf = _rdf(package)
+    assert [a.get("id", a["type"]) for a in rdf["inputs"][0]["axes"]] == ["batch", "channel", "z", "y", "x"]
+    assert [a["halo"] for a in rdf["outputs"][0]["axes"][2:]] == list(halo(densecnn.load(NUCLEI3D).dense()))
+    _check_weights_reproduce(package, tmp_path)
+
+
+def test_refusals_name_the_problem(tmp_path):
+    directory = _saved(tmp_path, intensity=Intensity("percentiles", 0, 0.5))
+    with pytest.raises(BioimageioExportError, match="upper percentiles above 1"):
+        export_bioimageio(directory, tmp_path / "p.zip", image=np.zeros((1, 40, 40), np.uint8))
+    directory = _saved(tmp_path)
+    with pytest.raises(BioimageioExportError, match="1 channel"):
+        export_bioimageio(directory, tmp_path / "c.zip", image=np.zeros((3, 40, 40), np.uint8))
+    with pytest.raises(BioimageioExportError, match="minimum input"):
+        export_bioimageio(directory, tmp_path / "s.zip", image=np.zeros((1, 5, 40), np.uint8))
+    image = np.arange(1600, dtype=np.uint8).reshape(1, 40, 40)
+    with pytest.raises(BioimageioExportError, match="spec refuses the description.*name"):
+        export_bioimageio(directory, tmp_path / "n.zip", image=image, name="abc")  # 5 characters at least
+    model, patch = densecnn.zoo.tiny(in_channels=1, num_classes=3)
+    directory = densecnn.save(model.double().eval(), tmp_path / "f64", patch_size=patch)
+    with pytest.raises(BioimageioExportError, match="float64"):
+        export_bioimageio(directory, tmp_path / "d.zip", image=image)
+
+
+def test_a_missing_extra_is_named(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "bioimageio.spec", None)  # import fails
+    with pytest.raises(BioimageioExportError, match=r"densecnn\[bioimageio\]"):
+        export_bioimageio(_saved(tmp_path), tmp_path / "m.zip", image=np.zeros((1, 40, 40), np.uint8))
+
+
+def test_export_bioimageio_command(tmp_path, capsys):
+    out = tmp_path / "nuclei.zip"
+    assert (
+        main(
+            [
+                "export-bioimageio",
+                str(NUCLEI),
+                str(out),
+                "--image",
+                str(IMAGE),
+                "--author",
+                "Ada",
+                "--maintainer",
+                MAINTAINER,
+            ]
+        )
+        == 0
+    )
+    assert f"wrote {out}" in capsys.readouterr().out
+    assert _rdf(out)["authors"] == [{"name": "Ada"}]
+    assert main(["export-bioimageio", str(NUCLEI), str(out), "--image", str(tmp_path / "none.png")]) == 2
+    assert "none.png" in capsys.readouterr().err
