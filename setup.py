@@ -59,7 +59,7 @@ setup(
     package_data={
         f"{SERVICE_PACKAGE}.static": ["*"],
         "densecnn": ["ops/cost_model.json"],  # + the cost model
-        "densecnn.napari": ["napari.yaml", "data/*.png"],  # + the npe2 manifest and the sample image
+        "densecnn.napari": ["napari.yaml", "nuclei.png"],  # + the npe2 manifest and the sample image
     },
     ext_modules=[_extension()],
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},

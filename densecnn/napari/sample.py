@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-NUCLEI_IMAGE = Path(__file__).resolve().parent / "data" / "nuclei.png"
+NUCLEI_IMAGE = Path(__file__).resolve().parent / "nuclei.png"
 
 
 def nuclei() -> list[tuple[np.ndarray, dict]]:
