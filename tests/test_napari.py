@@ -1,6 +1,7 @@
 """The napari plugin: the manifest validates, the widget labels a layer in a worker thread exactly as
 ``LoadedModel.dense().predict`` labels the same pixels (2-D, RGB, multi-channel stacks, volumes, dask pyramids),
-and Cancel stops it within one tile. Headless (Qt offscreen); skipped where the ``napari`` extra is not installed."""
+and Cancel stops it within one tile. Headless, on Xvfb (pytest-xvfb); skipped where the ``napari`` extra or Xvfb
+is missing."""
 
 from __future__ import annotations
 
@@ -13,8 +14,13 @@ import numpy as np
 import pytest
 import torch
 
-os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")  # before Qt is imported: no display needed
-napari = pytest.importorskip("napari", reason="napari is not installed: pip install -e '.[napari]' (make venv does)")
+napari = pytest.importorskip(
+    "napari", reason="napari is not installed: pip install -e '.[napari]' (make venv does)"
+)
+if not os.environ.get("DISPLAY"):  # Qt's offscreen platform has no OpenGL, which napari's canvas needs
+    pytest.skip(
+        "no X display: install Xvfb (make qt-libs), then pytest-xvfb starts one", allow_module_level=True
+    )
 
 import densecnn  # noqa: E402
 from densecnn.io.pixels import unit_planes  # noqa: E402
@@ -134,21 +140,25 @@ def test_an_rgb_layer_is_read_as_the_model_reads_rgb(viewer_and_widget, qtbot):
     layer = viewer.add_image(rgb, rgb=True, name="rgb")
     _run(widget, qtbot, layer, 16)
     _, scores = _expected(densecnn.load(NUCLEI), rgb[None])
-    assert_labels_equal_except_ties(torch.from_numpy(viewer.layers["rgb nuclei"].data.astype(np.int64))[None], scores)
+    assert_labels_equal_except_ties(
+        torch.from_numpy(viewer.layers["rgb nuclei"].data.astype(np.int64))[None], scores
+    )
 
 
 @pytest.mark.parametrize("padding_mode", ["zeros", "replicate"])
-def test_a_channel_axis_is_found_and_every_plane_is_labelled(viewer_and_widget, qtbot, tmp_path, padding_mode):
+def test_a_channel_axis_is_found_and_every_plane_is_labelled(
+    viewer_and_widget, qtbot, tmp_path, padding_mode
+):
     torch.manual_seed(0)
     model, patch = densecnn.zoo.tiny(in_channels=2, num_classes=3)
     model_dir = densecnn.save(model.eval(), tmp_path / "two", patch_size=patch, padding_mode=padding_mode)
     viewer, widget = viewer_and_widget
-    stack = np.random.default_rng(0).random((3, 2, 41, 37), dtype=np.float32)  # (T, C, H, W)
+    stack = np.random.default_rng(0).random((3, 2, 301, 283), dtype=np.float32)  # (T, C, H, W)
     layer = viewer.add_image(stack, name="stack", scale=(1, 1, 0.5, 0.5))
     widget._model.value = model_dir
-    _run(widget, qtbot, layer, 0.1)
+    _run(widget, qtbot, layer, 1)
     labels = viewer.layers["stack two"]
-    assert labels.data.shape == (3, 41, 37) and tuple(labels.scale) == (1, 0.5, 0.5)
+    assert labels.data.shape == (3, 301, 283) and tuple(labels.scale) == (1, 0.5, 0.5)
     assert widget.last_progress.total > 3
     _, scores = _expected(densecnn.load(model_dir), np.moveaxis(stack, 1, -1))
     assert_labels_equal_except_ties(torch.from_numpy(labels.data.astype(np.int64)), scores)
@@ -177,9 +187,18 @@ def test_a_dask_pyramid_is_read_at_the_level_of_the_models_pixel_size(tmp_path):
         pixel_size=(0.5, 0.5),
     )  # fmt: skip
     gray = nuclei()[0][0]
-    levels = [da.from_array(np.kron(gray, np.ones((2, 2), np.uint8)), chunks=128), da.from_array(gray, chunks=64)]
+    levels = [
+        da.from_array(np.kron(gray, np.ones((2, 2), np.uint8)), chunks=128),
+        da.from_array(gray, chunks=64),
+    ]
     source = LayerSource.of(
-        levels, rgb=False, multiscale=True, scale=(0.25, 0.25), spatial_dims=2, channels=1, pixel_size=(0.5, 0.5)
+        levels,
+        rgb=False,
+        multiscale=True,
+        scale=(0.25, 0.25),
+        spatial_dims=2,
+        channels=1,
+        pixel_size=(0.5, 0.5),
     )
     assert source.level == 1 and source.scale == (0.5, 0.5) and source.labels_shape == (512, 512)
     loaded = densecnn.load(model_dir)
@@ -192,16 +211,24 @@ def test_a_dask_pyramid_is_read_at_the_level_of_the_models_pixel_size(tmp_path):
     assert flat.level == 0  # no level near 0.5 um: the full resolution
 
 
-def test_a_layer_with_too_few_axes_or_a_tiny_cap_is_explained(viewer_and_widget, qtbot):
+def test_a_layer_with_too_few_axes_is_explained_and_adds_nothing(viewer_and_widget, qtbot):
     viewer, widget = viewer_and_widget
     (image,) = viewer.open_sample("densecnn", "nuclei")
     widget._model.value = NUCLEI3D
     _run(widget, qtbot, image, 16)
-    assert "labels 3-D volumes but the layer has 2 axes" in widget._status.value
-    widget._model.value = NUCLEI
-    _run(widget, qtbot, image, 1)
-    assert "max_memory=1,048,576 bytes is too small" in widget._status.value
+    assert "labels 3-D volumes but the layer has 2 axes (512x512)" in widget._status.value
     assert [layer.name for layer in viewer.layers] == ["nuclei"]
+    assert widget._run.enabled
+
+
+def test_a_cap_below_the_labels_and_one_tile_is_explained():
+    source = LayerSource.of(
+        nuclei()[0][0], rgb=False, multiscale=False, scale=(1, 1), spatial_dims=2, channels=1
+    )
+    with pytest.raises(
+        densecnn.InvalidInputError, match="max_memory=300,000 bytes is too small for a 1x1x512x512"
+    ):
+        next(engine.label(densecnn.load(NUCLEI), source, max_memory=300_000))
 
 
 def _drain(steps) -> tuple[list, object]:

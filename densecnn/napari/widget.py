@@ -18,8 +18,17 @@ import time
 from pathlib import Path
 
 import napari
-from magicgui.widgets import CheckBox, ComboBox, Container, FileEdit, Label, ProgressBar, PushButton, SpinBox
-from magicgui.widgets import create_widget
+from magicgui.widgets import (
+    CheckBox,
+    ComboBox,
+    Container,
+    FileEdit,
+    Label,
+    ProgressBar,
+    PushButton,
+    SpinBox,
+    create_widget,
+)
 from napari.qt.threading import GeneratorWorker, create_worker
 from napari.utils.colormaps import DirectLabelColormap
 
@@ -91,12 +100,14 @@ class DenseCNNWidget(Container):
             max_memory=self._max_memory.value * MIB,
             probabilities=self._probabilities.value,
             cancel=self._stop,
+            _ignore_errors=True,  # shown in the status line, not raised again in the main thread
         )
         started = time.perf_counter()
         self.worker.yielded.connect(self._show_progress)
-        self.worker.returned.connect(lambda done: self._add_layers(layer, *done, time.perf_counter() - started))
+        self.worker.returned.connect(
+            lambda done: self._finished_run(layer, done, time.perf_counter() - started)
+        )
         self.worker.errored.connect(self._show_error)
-        self.worker.aborted.connect(self._show_cancelled)
         self.worker.finished.connect(self._finish)
         self._run.enabled, self._cancel.enabled = False, True
         self._status.value = f"labelling {layer.name} with {Path(self._model.value).name} ..."
@@ -114,7 +125,13 @@ class DenseCNNWidget(Container):
         self._progress.max = max(progress.total, 1)
         self._progress.value = progress.done
 
-    def _add_layers(self, image, loaded: LoadedModel, source: LayerSource, result: engine.Result, seconds: float):
+    def _finished_run(self, image, done: tuple | None, seconds: float) -> None:
+        if done is not None:  # None: cancelled
+            self._add_layers(image, *done, seconds)
+
+    def _add_layers(
+        self, image, loaded: LoadedModel, source: LayerSource, result: engine.Result, seconds: float
+    ):
         translate = [t for a, t in enumerate(image.translate) if a != source.channel_axis]
         name = f"{image.name} {loaded.path.name}"
         self._viewer.add_labels(
@@ -141,19 +158,15 @@ class DenseCNNWidget(Container):
         self._status.value = f"labelled {shape} (level {source.level}) in {tiles} tiles, {seconds:.1f} s"
 
     def _show_error(self, exc: Exception) -> None:
-        if isinstance(exc, Cancelled):
-            self._show_cancelled()
-        elif isinstance(exc, DenseCNNError):
+        if isinstance(exc, DenseCNNError):
             self._status.value = str(exc)
         else:
             self._status.value = f"failed: {type(exc).__name__}: {exc}"
 
-    def _show_cancelled(self) -> None:
-        done = self.last_progress.done if self.last_progress else 0
-        total = self.last_progress.total if self.last_progress else 0
-        self._status.value = f"cancelled after {done} of {total} tiles"
-
     def _finish(self) -> None:
+        if self._stop.is_set():
+            progress = self.last_progress or engine.Progress(0, 0)
+            self._status.value = f"cancelled after {progress.done} of {progress.total} tiles"
         self._run.enabled, self._cancel.enabled = True, False
         self.worker = None
 
@@ -164,8 +177,14 @@ def palette_colormap(palette: list[list[int]]) -> DirectLabelColormap:
     return DirectLabelColormap(color_dict={None: [0.0, 0.0, 0.0, 0.0], **colours})
 
 
+class LabellingFailed(DenseCNNError):
+    """The labelling thread failed with a RuntimeError (superqt's workers signal no RuntimeError, so it is passed
+    on as this)."""
+
+
 def _job(model_dir: Path, layer, **options):
-    """The worker's generator: load the model, pick the layer's pixels, label them; returns what the layers need."""
+    """The worker's generator: load the model, pick the layer's pixels, label them; returns what the layers need,
+    or None once cancelled."""
     loaded = load(model_dir)
     source = LayerSource.of(
         layer.data,
@@ -176,5 +195,10 @@ def _job(model_dir: Path, layer, **options):
         channels=loaded.in_channels,
         pixel_size=loaded.pixel_size,
     )
-    result = yield from engine.label(loaded, source, **options)
+    try:
+        result = yield from engine.label(loaded, source, **options)
+    except Cancelled:
+        return None
+    except RuntimeError as exc:  # torch's errors are RuntimeErrors, which superqt drops without any signal
+        raise LabellingFailed(f"labelling failed: {exc}") from exc
     return loaded, source, result
