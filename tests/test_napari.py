@@ -86,7 +86,7 @@ def test_the_sample_opens_and_labels_like_predict_with_the_palette_and_class_nam
     assert image.data.shape == (512, 512)
     _run(widget, qtbot, image, 4096)  # one tile: the very same computation as predict
     loaded = densecnn.load(NUCLEI)
-    labels = viewer.layers["nuclei nuclei"]
+    labels = viewer.layers["nuclei labels (nuclei)"]
     assert isinstance(labels, napari.layers.Labels)
     expected, _ = _expected(loaded, image.data[None, ..., None])
     np.testing.assert_array_equal(labels.data, expected[0].numpy())
@@ -102,10 +102,10 @@ def test_tiles_under_a_small_cap_stitch_to_predict_with_probabilities(viewer_and
     _run(widget, qtbot, image, 24, probabilities=True)
     assert widget.last_progress.total > 4
     loaded = densecnn.load(NUCLEI)
-    labels = viewer.layers["nuclei nuclei"].data
+    labels = viewer.layers["nuclei labels (nuclei)"].data
     _, scores = _expected(loaded, image.data[None, ..., None])
     assert_labels_equal_except_ties(torch.from_numpy(labels.astype(np.int64))[None], scores)
-    nucleus = viewer.layers["nuclei nuclei p(nucleus)"].data
+    nucleus = viewer.layers["nuclei p(nucleus) (nuclei)"].data
     np.testing.assert_allclose(nucleus, torch.softmax(scores.float(), 1)[0, 1].numpy(), atol=1e-5)
 
 
@@ -141,7 +141,7 @@ def test_an_rgb_layer_is_read_as_the_model_reads_rgb(viewer_and_widget, qtbot):
     _run(widget, qtbot, layer, 16)
     _, scores = _expected(densecnn.load(NUCLEI), rgb[None])
     assert_labels_equal_except_ties(
-        torch.from_numpy(viewer.layers["rgb nuclei"].data.astype(np.int64))[None], scores
+        torch.from_numpy(viewer.layers["rgb labels (nuclei)"].data.astype(np.int64))[None], scores
     )
 
 
@@ -157,7 +157,7 @@ def test_a_channel_axis_is_found_and_every_plane_is_labelled(
     layer = viewer.add_image(stack, name="stack", scale=(1, 1, 0.5, 0.5))
     widget._model.value = model_dir
     _run(widget, qtbot, layer, 1)
-    labels = viewer.layers["stack two"]
+    labels = viewer.layers["stack labels (two)"]
     assert labels.data.shape == (3, 301, 283) and tuple(labels.scale) == (1, 0.5, 0.5)
     assert widget.last_progress.total > 3
     _, scores = _expected(densecnn.load(model_dir), np.moveaxis(stack, 1, -1))
@@ -169,11 +169,12 @@ def test_a_volume_model_labels_a_3d_layer(viewer_and_widget, qtbot):
     gray = nuclei()[0][0]
     volume = np.stack([gray[k * 6 : k * 6 + 48, 100:148] for k in range(10)])  # (D, H, W) uint8
     layer = viewer.add_image(volume, name="volume")
-    widget._model.value = NUCLEI3D
+    widget._shipped.value = NUCLEI3D.resolve()  # a shipped model, picked from the list
+    assert Path(widget._model.value) == NUCLEI3D.resolve()
     _run(widget, qtbot, layer, 8)
     assert widget.last_progress.total > 1
     _, scores = _expected(densecnn.load(NUCLEI3D), volume[None, ..., None])
-    labels = viewer.layers["volume nuclei3d"].data
+    labels = viewer.layers["volume labels (nuclei3d)"].data
     assert labels.shape == volume.shape
     assert_labels_equal_except_ties(torch.from_numpy(labels.astype(np.int64))[None], scores)
 

@@ -77,7 +77,7 @@ class DenseCNNWidget(Container):
             ]
         )
         self._shipped.value = shipped[0] if shipped else None
-        self._shipped.changed.connect(lambda path: path is not None and setattr(self._model, "value", path))
+        self._shipped.changed.connect(self._pick_shipped)
         self._run.changed.connect(self.run)
         self._cancel.changed.connect(self.cancel)
         self.worker: GeneratorWorker | None = None
@@ -120,6 +120,10 @@ class DenseCNNWidget(Container):
         if self.worker is not None:
             self.worker.quit()
 
+    def _pick_shipped(self, path: Path | None) -> None:
+        if path is not None:
+            self._model.value = path
+
     def _show_progress(self, progress: engine.Progress) -> None:
         self.last_progress = progress
         self._progress.max = max(progress.total, 1)
@@ -133,10 +137,10 @@ class DenseCNNWidget(Container):
         self, image, loaded: LoadedModel, source: LayerSource, result: engine.Result, seconds: float
     ):
         translate = [t for a, t in enumerate(image.translate) if a != source.channel_axis]
-        name = f"{image.name} {loaded.path.name}"
+        model = loaded.path.name
         self._viewer.add_labels(
             result.labels,
-            name=name,
+            name=f"{image.name} labels ({model})",
             scale=source.scale,
             translate=translate,
             colormap=palette_colormap(loaded.palette),
@@ -146,7 +150,7 @@ class DenseCNNWidget(Container):
             for probabilities, class_name in zip(result.probabilities, loaded.class_names):
                 self._viewer.add_image(
                     probabilities,
-                    name=f"{name} p({class_name})",
+                    name=f"{image.name} p({class_name}) ({model})",
                     scale=source.scale,
                     translate=translate,
                     contrast_limits=(0.0, 1.0),
