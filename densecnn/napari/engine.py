@@ -132,13 +132,14 @@ def _window(
     unit = flat.reshape(loaded.in_channels, *raw.shape[:-1])  # (C, *box) in [0, 1]
     require_finite(unit, channel_axis=0, origin=tuple(s.start for s in box))
     x = loaded.normalize(torch.from_numpy(unit)[None])  # (1, C, *box)
-    dims = len(indices)
-    gather = [(i - s.start).view([-1 if a == axis else 1 for a in range(dims)]) for axis, (i, s) in
-              enumerate(zip(indices, box))]  # fmt: skip
+    gather = [_along(i - s.start, axis, len(box)) for axis, (i, s) in enumerate(zip(indices, box))]
     x = x[(slice(None), slice(None), *gather)]  # (1, C, *window)
     if inside:
-        mask = functools.reduce(
-            torch.logical_and, (m.view([-1 if a == axis else 1 for a in range(dims)]) for axis, m in enumerate(inside))
-        )  # fmt: skip
+        mask = functools.reduce(torch.logical_and, (_along(m, a, len(box)) for a, m in enumerate(inside)))
         x = torch.where(mask, x, torch.zeros((), dtype=x.dtype))
     return x
+
+
+def _along(vector: torch.Tensor, axis: int, dims: int) -> torch.Tensor:
+    """A 1-D tensor viewed along ``axis`` of ``dims`` axes, to broadcast against the others: (1, ..., n, ..., 1)."""
+    return vector.view([-1 if a == axis else 1 for a in range(dims)])
