@@ -212,6 +212,36 @@ def test_a_dask_pyramid_is_read_at_the_level_of_the_models_pixel_size(tmp_path):
     assert flat.level == 0  # no level near 0.5 um: the full resolution
 
 
+class _Synthetic:
+    """A uint8 image of any size that is never held: each read computes its window, and the largest is recorded."""
+
+    def __init__(self, shape: tuple[int, int]):
+        self.shape, self.dtype, self.ndim, self.largest_read = shape, np.dtype(np.uint8), 2, 0
+
+    def __getitem__(self, index: tuple[slice, slice]) -> np.ndarray:
+        rows, cols = (np.arange(n)[i] for n, i in zip(self.shape, index))
+        self.largest_read = max(self.largest_read, rows.size * cols.size)
+        return ((rows[:, None] * 7 + cols[None, :] * 3) % 251).astype(np.uint8)
+
+
+def test_a_layer_is_read_one_window_at_a_time(tmp_path):
+    torch.manual_seed(0)
+    model, patch = densecnn.zoo.tiny(in_channels=1, num_classes=3)
+    loaded = densecnn.load(
+        densecnn.save(model.eval(), tmp_path / "tiny", patch_size=patch, padding_mode="reflect")
+    )
+    image = _Synthetic((2500, 2300))
+    source = LayerSource.of(image, rgb=False, multiscale=False, scale=(1, 1), spatial_dims=2, channels=1)
+    progress, result = _drain(engine.label(loaded, source, max_memory=40 * MIB))
+    assert progress[-1].total > 4 and result.labels.shape == (2500, 2300)
+    assert image.largest_read < 2500 * 2300 / 4  # the intensity sample's windows and the tiles' windows only
+    corner = image[:300, :280]
+    _, scores = _expected(loaded, corner[None, ..., None])  # the corner's labels, away from its cut border
+    assert_labels_equal_except_ties(
+        torch.from_numpy(result.labels[None, :250, :230].astype(np.int64)), scores[..., :250, :230]
+    )
+
+
 def test_a_layer_with_too_few_axes_is_explained_and_adds_nothing(viewer_and_widget, qtbot):
     viewer, widget = viewer_and_widget
     (image,) = viewer.open_sample("densecnn", "nuclei")
