@@ -179,7 +179,9 @@ def test_a_volume_model_labels_a_3d_layer(viewer_and_widget, qtbot):
     assert_labels_equal_except_ties(torch.from_numpy(labels.astype(np.int64))[None], scores)
 
 
-def test_a_dask_pyramid_is_read_at_the_level_of_the_models_pixel_size(tmp_path):
+def _pyramid(tmp_path) -> tuple[Path, list, np.ndarray]:
+    """The nuclei model saved with a pixel size of 0.5 um, and a two-level dask pyramid whose level 1 is the nuclei
+    image: (model directory, levels, the image)."""
     da = pytest.importorskip("dask.array")
     loaded = densecnn.load(NUCLEI)
     model_dir = densecnn.save(
@@ -192,15 +194,14 @@ def test_a_dask_pyramid_is_read_at_the_level_of_the_models_pixel_size(tmp_path):
         da.from_array(np.kron(gray, np.ones((2, 2), np.uint8)), chunks=128),
         da.from_array(gray, chunks=64),
     ]
+    return model_dir, levels, gray
+
+
+def test_a_dask_pyramid_is_read_at_the_level_of_the_models_pixel_size(tmp_path):
+    model_dir, levels, gray = _pyramid(tmp_path)
     source = LayerSource.of(
-        levels,
-        rgb=False,
-        multiscale=True,
-        scale=(0.25, 0.25),
-        spatial_dims=2,
-        channels=1,
-        pixel_size=(0.5, 0.5),
-    )
+        levels, rgb=False, multiscale=True, scale=(0.25, 0.25), spatial_dims=2, channels=1, pixel_size=(0.5, 0.5)
+    )  # fmt: skip
     assert source.level == 1 and source.scale == (0.5, 0.5) and source.labels_shape == (512, 512)
     loaded = densecnn.load(model_dir)
     progress, result = _drain(engine.label(loaded, source, max_memory=20 * MIB))
@@ -210,6 +211,18 @@ def test_a_dask_pyramid_is_read_at_the_level_of_the_models_pixel_size(tmp_path):
     flat = LayerSource.of(levels, rgb=False, multiscale=True, scale=(1, 1), spatial_dims=2, channels=1,
                           pixel_size=(0.5, 0.5))  # fmt: skip
     assert flat.level == 0  # no level near 0.5 um: the full resolution
+
+
+def test_the_widget_labels_a_pyramid_layer_at_the_matching_level(viewer_and_widget, qtbot, tmp_path):
+    model_dir, levels, gray = _pyramid(tmp_path)
+    viewer, widget = viewer_and_widget
+    layer = viewer.add_image(levels, multiscale=True, scale=(0.25, 0.25), name="pyramid")
+    widget._model.value = model_dir
+    _run(widget, qtbot, layer, 20)
+    labels = viewer.layers["pyramid labels (half)"]
+    assert tuple(labels.scale) == (0.5, 0.5) and "(level 1)" in widget._status.value
+    _, scores = _expected(densecnn.load(model_dir), gray[None, ..., None])
+    assert_labels_equal_except_ties(torch.from_numpy(labels.data.astype(np.int64))[None], scores)
 
 
 class _Synthetic:
