@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
 
-.PHONY: venv test lint serve bench cuda-check gpu-check browser clean
+.PHONY: venv test lint serve bench cuda-check gpu-check browser qt-libs clean
 
 venv: $(STAMP)
 
@@ -26,7 +26,19 @@ browser:
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium >/dev/null; }
 
-test: venv browser
+# For the napari tests: Xvfb (an X server in memory; pytest-xvfb starts one per test process) and the system
+# libraries PyQt6's wheel loads on it (Qt's xcb platform, OpenGL with Mesa's software renderer for napari's canvas,
+# fonts). Qt's offscreen platform has no OpenGL, and napari's canvas needs it. Installed only when one is missing.
+QT_LIBS := xvfb libgl1 libegl1 libgl1-mesa-dri libglib2.0-0 libfontconfig1 fonts-dejavu-core libdbus-1-3 \
+	libxkbcommon-x11-0 libx11-xcb1 libxcb-cursor0 libxcb-icccm4 libxcb-image0 libxcb-keysyms1 libxcb-randr0 \
+	libxcb-render-util0 libxcb-shape0 libxcb-xfixes0
+
+qt-libs:
+	@dpkg -s $(QT_LIBS) >/dev/null 2>&1 || { \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $(QT_LIBS) >/dev/null; }
+
+test: venv browser qt-libs
 	$(PY) -m pytest -q -n 2 --dist loadgroup
 
 lint: venv

@@ -56,7 +56,11 @@ SERVICE_PACKAGE = "densecnn_app"
 setup(
     packages=_packages(),
     package_dir={SERVICE_PACKAGE: "app"},
-    package_data={f"{SERVICE_PACKAGE}.static": ["*"], "densecnn": ["ops/cost_model.json"]},  # + the cost model
+    package_data={
+        f"{SERVICE_PACKAGE}.static": ["*"],
+        "densecnn": ["ops/cost_model.json"],  # + the cost model
+        "densecnn.napari": ["napari.yaml", "nuclei.png"],  # + the npe2 manifest and the sample image
+    },
     ext_modules=[_extension()],
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
 )

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -139,6 +139,36 @@ def tile_starts(length: int, tile: int) -> list[int]:
     return [min(i * tile, length - tile) for i in range(math.ceil(length / tile))]
 
 
+def tile_count(size: Size, tile: Size) -> int:
+    """How many tiles of ``tile`` :func:`tiles` cuts an output of ``size`` into."""
+    return math.prod(math.ceil(s / t) for s, t in zip(size, tile))
+
+
+def tiles(
+    run_padded: Callable[[torch.Tensor], torch.Tensor],
+    window_of: Callable[[tuple[tuple[int, int], ...]], torch.Tensor],
+    size: Size,
+    tile: Size,
+    receptive_field: Size,
+    *,
+    labels: bool,
+) -> Iterator[tuple[tuple[slice, ...], torch.Tensor]]:
+    """Each output tile in turn, as (its region in the output's spatial axes, its (N, K, *t) scores or (N, *t)
+    int64 labels if ``labels``), computed as :func:`run_tiled` computes it. Lazy: a consumer that stops asking
+    stops the work within one tile, and may put each tile where it likes (a progress bar, a file) instead of
+    holding the whole output.
+
+    >>> for region, labels in tiles(run, window_of, (300, 200), (150, 200), (40, 40), labels=True):
+    ...     out[(slice(None), *region)] = labels   # two tiles of (N, 150, 200)
+    """
+    for start in itertools.product(*(tile_starts(s, t) for s, t in zip(size, tile))):
+        spans = tuple((s, s + t + r - 1) for s, t, r in zip(start, tile, receptive_field))
+        scores = run_padded(window_of(spans))  # (N, K, th, tw)
+        region = tuple(slice(s, s + t) for s, t in zip(start, tile))
+        yield region, class_labels(scores) if labels else scores
+        del scores
+
+
 def run_tiled(
     run_padded: Callable[[torch.Tensor], torch.Tensor],
     window_of: Callable[[tuple[tuple[int, int], ...]], torch.Tensor],
@@ -151,24 +181,20 @@ def run_tiled(
     """(N, K, *S) scores of an input of spatial ``size`` S, or (N, *S) int64 labels if ``labels``, computed tile by
     tile with ``run_padded`` ((N, C, th+Rh-1, tw+Rw-1) -> (N, K, th, tw)). ``window_of(spans)`` gives a tile's
     padded input: the window ``[start, stop)`` per axis of the padded input (N, C, *(S+R-1)), which is never made
-    whole (:func:`densecnn.padding.padded_window`).
+    whole (:func:`densecnn.padding.padded_window`). The tiles come from :func:`tiles`.
     """
-    starts = list(itertools.product(*(tile_starts(s, t) for s, t in zip(size, tile))))
+    count = tile_count(size, tile)
     progress = tqdm(
-        starts, desc="densecnn tiles", unit="tile", disable=None if len(starts) >= PROGRESS_FROM else True
+        tiles(run_padded, window_of, size, tile, receptive_field, labels=labels),
+        total=count,
+        desc="densecnn tiles",
+        unit="tile",
+        disable=None if count >= PROGRESS_FROM else True,
     )
     out = None
-    for start in progress:
-        spans = tuple((s, s + t + r - 1) for s, t, r in zip(start, tile, receptive_field))
-        scores = run_padded(window_of(spans))  # (N, K, th, tw)
-        target = tuple(slice(s, s + t) for s, t in zip(start, tile))
-        if labels:
-            if out is None:
-                out = torch.empty((scores.shape[0], *size), dtype=torch.int64, device=scores.device)
-            out[(slice(None), *target)] = class_labels(scores)
-        else:
-            if out is None:
-                out = scores.new_empty((scores.shape[0], scores.shape[1], *size))
-            out[(slice(None), slice(None), *target)] = scores
-        del scores
+    for region, result in progress:
+        if out is None:  # (N, *S) labels or (N, K, *S) scores
+            out = result.new_empty((*result.shape[: result.dim() - len(size)], *size))
+        out[(..., *region)] = result
+        del result
     return out

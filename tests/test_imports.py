@@ -23,6 +23,8 @@ EXTRAS = (
     "bioimageio",
     "tiffslide",
     "openslide",
+    "napari",
+    "qtpy",
 )
 
 CONVERT = """

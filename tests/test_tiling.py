@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import subprocess
@@ -17,7 +18,7 @@ from hypothesis import strategies as st
 
 import densecnn
 from densecnn import tiling
-from densecnn.padding import pad_image, padded_window
+from densecnn.padding import dense_padding, pad_image, padded_window
 from tests.tolerances import assert_equal_to_rounding, assert_labels_equal_except_ties
 
 
@@ -258,3 +259,46 @@ def test_a_thin_image_is_tiled_without_a_padded_copy_of_it(monkeypatch):
         monkeypatch.setattr(densecnn.dense.DenseCNN, "pad", lambda self, x: pytest.fail("padded whole"))
         labels = dense.predict(x, max_memory=estimate.held + estimate.tile((1, 2_000)))
     assert_labels_equal_except_ties(labels, whole)
+
+
+def test_tiles_come_one_at_a_time_and_stitch_to_run_tiled():
+    _, _, dense = _dense("tiny", "reflect", in_channels=1, num_classes=3)
+    x = torch.rand(1, 1, 37, 29, dtype=torch.float64)
+    size, tile = (37, 29), (12, 10)
+    before, _ = dense_padding(dense.patch_size, dense.receptive_field)
+    window_of = functools.partial(padded_window, x, before, padding_mode="reflect")
+    calls = []
+
+    def run(padded):
+        calls.append(padded.shape)
+        return dense.run_padded(padded)
+
+    with torch.no_grad():
+        whole = tiling.run_tiled(run, window_of, size, tile, dense.receptive_field, labels=True)
+        assert len(calls) == tiling.tile_count(size, tile) == 4 * 3
+        calls.clear()
+        stream = tiling.tiles(run, window_of, size, tile, dense.receptive_field, labels=True)
+        stitched = torch.full_like(whole, -1)
+        for done, (region, labels) in enumerate(stream, 1):
+            assert len(calls) == done  # lazy: each tile is computed when it is asked for, not before
+            stitched[(slice(None), *region)] = labels
+    torch.testing.assert_close(stitched, whole)
+    torch.testing.assert_close(whole, dense.predict(x))
+
+
+def test_a_consumer_that_stops_stops_the_tiles():
+    _, _, dense = _dense("tiny", "zeros", in_channels=1, num_classes=3)
+    x = torch.rand(1, 1, 30, 30, dtype=torch.float64)
+    before, _ = dense_padding(dense.patch_size, dense.receptive_field)
+    window_of = functools.partial(padded_window, x, before, padding_mode="zeros")
+    calls = []
+
+    def run(padded):
+        calls.append(padded.shape)
+        return dense.run_padded(padded)
+
+    with torch.no_grad():
+        stream = tiling.tiles(run, window_of, (30, 30), (10, 10), dense.receptive_field, labels=False)
+        region, scores = next(stream)
+        stream.close()
+    assert len(calls) == 1 and region == (slice(0, 10), slice(0, 10)) and scores.shape == (1, 3, 10, 10)
