@@ -75,7 +75,9 @@ def get_caller(request: Request) -> Caller:
         raise _unauthorized("invalid_authorization", "the Authorization header must be 'Bearer KEY'")
     owner = keys.owner(secret.strip()) if keys is not None else None
     if owner is None:
-        raise _unauthorized("invalid_key", "the API key is not known to this server; check it, or ask for a new one")
+        raise _unauthorized(
+            "invalid_key", "the API key is not known to this server; check it, or ask for a new one"
+        )
     wait = request.app.state.rate_limiter.wait(owner)
     if wait > 0:
         raise ApiError(429, "rate_limited",

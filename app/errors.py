@@ -155,7 +155,9 @@ def install_error_handlers(app: FastAPI, *, retry_after: int) -> None:
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, exc: Exception):
-        logger.exception("unhandled error on %s %s (request %s)", request.method, request.url.path, _id(request))
+        logger.exception(
+            "unhandled error on %s %s (request %s)", request.method, request.url.path, _id(request)
+        )
         return error_response(
             500, "internal_error", "the server failed on this request; it was logged under its request id",
             request_id=_id(request),

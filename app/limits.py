@@ -49,4 +49,6 @@ class BodySizeLimitMiddleware:
         except BodyTooLarge as exc:  # raised where no exception handler saw it (e.g. while streaming)
             if started:
                 raise
-            await error_response(exc.status, exc.code, exc.message, request_id=request_id(scope))(scope, receive, send)
+            await error_response(exc.status, exc.code, exc.message, request_id=request_id(scope))(
+                scope, receive, send
+            )

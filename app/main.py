@@ -88,12 +88,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             )
         )
         service.loading, service.draining, service.load_error = True, False, None
+
         def gauges(queued: int, running: int) -> None:
             metrics.queue_depth.set(queued)
             metrics.running.set(running)
 
         service.pool = InferencePool(
-            settings.max_concurrent_inferences, settings.queue_size, thread_setup=limit_threads, on_change=gauges
+            settings.max_concurrent_inferences,
+            settings.queue_size,
+            thread_setup=limit_threads,
+            on_change=gauges,
         )
         drain_on_signals(service)
         loading = asyncio.create_task(_load_models(service, settings))

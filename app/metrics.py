@@ -76,7 +76,10 @@ class Metrics:
             buckets=(1e3, 1e4, 1e5, 2.5e5, 1e6, 4e6, 8e6, 16e6, 64e6),
         )  # fmt: skip
         self.jobs_finished = Counter(
-            "densecnn_jobs_finished", "jobs that ended, by their final state", ["state"], registry=self.registry
+            "densecnn_jobs_finished",
+            "jobs that ended, by their final state",
+            ["state"],
+            registry=self.registry,
         )
         self.job_blocks = Counter(
             "densecnn_job_blocks", "output chunks (or images) computed by jobs", registry=self.registry

@@ -99,7 +99,9 @@ class Settings(BaseSettings):
 
     # --- jobs: images of any size, labelled block by block (docs/service.md, "Jobs") ---
     data_dir: Path = Field(
-        default_factory=lambda: Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local/share") / "densecnn",
+        default_factory=lambda: (
+            Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local/share") / "densecnn"
+        ),
         description="where jobs keep their uploads and results, and the job and key database when database_url is "
         "unset (default: ~/.local/share/densecnn)",
     )
@@ -112,12 +114,17 @@ class Settings(BaseSettings):
         [],
         description="directories whose files and zarr stores jobs may read as server-side inputs ([]: uploads only)",
     )
-    max_running_jobs: int = Field(1, gt=0, description="jobs running at once per worker; the others wait queued")
+    max_running_jobs: int = Field(
+        1, gt=0, description="jobs running at once per worker; the others wait queued"
+    )
     job_workers: int = Field(
-        1, gt=0, description="Dask worker processes of a job's local cluster (1: one thread in the server process)"
+        1,
+        gt=0,
+        description="Dask worker processes of a job's local cluster (1: one thread in the server process)",
     )
     job_scheduler: str | None = Field(
-        None, description="a running Dask scheduler (tcp://host:8786) to run jobs on instead of a local cluster"
+        None,
+        description="a running Dask scheduler (tcp://host:8786) to run jobs on instead of a local cluster",
     )
     job_block: int = Field(
         1024, gt=0, description="about how many pixels per side one task of a job computes (whole chunks)"
@@ -154,7 +161,7 @@ class Settings(BaseSettings):
         600, gt=0, description="/v1 requests per key (or client address without keys) per worker; beyond: 429"
     )
     cors_origins: list[str] = Field(
-        [], description="origins whose pages may call the API from a browser (e.g. [\"https://lab.example\"])"
+        [], description='origins whose pages may call the API from a browser (e.g. ["https://lab.example"])'
     )
 
     @property

@@ -44,7 +44,9 @@ def reference_labels(model_dir: Path, pixels: np.ndarray) -> np.ndarray:
         return loaded.dense().predict(model_input(pixels, loaded))[0].numpy()
 
 
-def wait_for(client, location: str, until=lambda job: job["state"] in FINISHED, timeout: float = 120.0, **kwargs):
+def wait_for(
+    client, location: str, until=lambda job: job["state"] in FINISHED, timeout: float = 120.0, **kwargs
+):
     """Poll the job at ``location`` until ``until(job)``; the job."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

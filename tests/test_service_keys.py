@@ -13,13 +13,13 @@ pytest.importorskip("sqlalchemy")
 pytest.importorskip("distributed")
 pytest.importorskip("zarr")
 
+from densecnn_app.jobs.db import make_engine  # noqa: E402
+from densecnn_app.keys import KeyStore, digest  # noqa: E402
+from densecnn_app.main import create_app  # noqa: E402
 from fastapi.testclient import TestClient  # noqa: E402
 
 from densecnn.cli import main as cli  # noqa: E402
 from densecnn.errors import InvalidInputError  # noqa: E402
-from densecnn_app.jobs.db import make_engine  # noqa: E402
-from densecnn_app.keys import KeyStore, digest  # noqa: E402
-from densecnn_app.main import create_app  # noqa: E402
 from tests.jobs_support import job_settings, wait_for, write_zarr  # noqa: E402
 from tests.test_service_jobs import error_of  # noqa: E402
 
@@ -49,7 +49,9 @@ def test_two_keys_cannot_see_each_others_jobs(tmp_path):
         error_of(client.get("/v1/jobs", headers={"Authorization": "Basic abc"}), 401, "invalid_authorization")
         assert client.get("/healthz").status_code == 200  # probes and the page need no key
 
-        response = client.post("/v1/jobs", json={"model": "cells", "input": "blobs.zarr"}, headers=keys["alice"])
+        response = client.post(
+            "/v1/jobs", json={"model": "cells", "input": "blobs.zarr"}, headers=keys["alice"]
+        )
         assert response.status_code == 202, response.text
         location = response.headers["location"]
         job = wait_for(client, location, headers=keys["alice"])
@@ -121,7 +123,9 @@ def test_request_ids_and_cors(tmp_path):
     with TestClient(create_app(settings)) as client:
         ok = client.get("/healthz")
         assert len(ok.headers["x-request-id"]) == 32
-        assert client.get("/healthz", headers={"X-Request-ID": "trace-42"}).headers["x-request-id"] == "trace-42"
+        assert (
+            client.get("/healthz", headers={"X-Request-ID": "trace-42"}).headers["x-request-id"] == "trace-42"
+        )
         odd = client.get("/healthz", headers={"X-Request-ID": "no spaces\tplease"}).headers["x-request-id"]
         assert odd != "no spaces\tplease" and len(odd) == 32
         missing = client.get("/nowhere", headers={"X-Request-ID": "trace-43"})

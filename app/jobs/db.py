@@ -34,7 +34,9 @@ class JobRecord(Base):
     owner: Mapped[str] = mapped_column(String(200), index=True)  # the key's name, or "" without keys
     model: Mapped[str] = mapped_column(String(200))
     input: Mapped[str] = mapped_column(Text)  # the input's path on the server
-    input_name: Mapped[str] = mapped_column(Text)  # as the caller named it: a file name or a path under a root
+    input_name: Mapped[str] = mapped_column(
+        Text
+    )  # as the caller named it: a file name or a path under a root
     uploaded: Mapped[bool] = mapped_column(default=False)  # the input is the job's own (deleted with it)
     intensity: Mapped[str | None] = mapped_column(String(100), default=None)
     level: Mapped[int | None] = mapped_column(Integer, default=None)

@@ -53,7 +53,9 @@ def server_path(name: str, roots: list[Path]) -> JobInput:
                        "instead")  # fmt: skip
     given = Path(name)
     if ".." in given.parts:
-        raise ApiError(400, "path_traversal", f"{name!r} contains '..'; give a path inside a data root without it")
+        raise ApiError(
+            400, "path_traversal", f"{name!r} contains '..'; give a path inside a data root without it"
+        )
     for root in roots:
         base = root.resolve()
         candidate = (base / given).resolve()  # an absolute ``given`` replaces the root; symlinks are followed
@@ -118,6 +120,8 @@ async def _write(chunks, directory: Path, name: str, room: int) -> JobInput:
     if not received:
         raise ApiError(400, "empty_image", f"{name} is empty (0 bytes)")
     if fmt is None:
-        raise ApiError(415, "unsupported_image_type", f"{name} is not an image in a format read here: {ACCEPTED}")
+        raise ApiError(
+            415, "unsupported_image_type", f"{name} is not an image in a format read here: {ACCEPTED}"
+        )
     path = part.rename(directory / f"input{SUFFIXES[fmt]}")
     return JobInput(path, name, uploaded=True)

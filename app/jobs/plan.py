@@ -16,7 +16,7 @@ from .quota import QuotaExceeded
 
 
 def plan(job_input: JobInput, loaded: LoadedModel, settings: Settings, room: int, level: int | None) -> str:
-    """"zarr" or "png": the job's result. Blocking (reads the input's header or metadata).
+    """ "zarr" or "png": the job's result. Blocking (reads the input's header or metadata).
 
     Raises ApiError (413, 422), densecnn's ImageReadError (400), QuotaExceeded (507).
     """

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -25,10 +26,10 @@ def disk_usage(directory: Path) -> int:
     total = 0
     for root, _dirs, files in os.walk(directory):
         for name in files:
-            try:
+            with contextlib.suppress(
+                FileNotFoundError
+            ):  # deleted meanwhile (an expired job, a temporary file)
                 total += os.lstat(os.path.join(root, name)).st_size
-            except FileNotFoundError:  # deleted meanwhile (an expired job, a chunk's temporary file)
-                pass
     return total
 
 

@@ -113,7 +113,7 @@ class JobRunner:
 
         stop = self._held[job.id]
         directory = self.directory(job.id)
-        chunked = job.result != LABELS_PNG  # the router decided: a zarr store, or one label image
+        chunked = job.result == "zarr"  # as planned at submission: a zarr store, or one label image
         output = directory / (LABELS_ZARR if chunked else LABELS_PNG)
         started = time.time()
         self.store.set(job.id, state=State.running.value, started=started, error=None, blocks_done=0,
@@ -152,7 +152,9 @@ class JobRunner:
             self.metrics.jobs_finished.labels(State.failed.value).inc()
         except Exception as exc:  # a bug, or an error of a library; the job says so and the server goes on
             logger.exception("job %s failed", job.id)
-            self.store.finish(job.id, State.failed, error=f"the job failed unexpectedly ({exc}); it was logged")
+            self.store.finish(
+                job.id, State.failed, error=f"the job failed unexpectedly ({exc}); it was logged"
+            )
             self.metrics.jobs_finished.labels(State.failed.value).inc()
 
     def _small_copy(self, job: JobRecord, output: Path) -> dict:

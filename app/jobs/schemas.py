@@ -79,4 +79,3 @@ class Job(BaseModel):
 
 class JobList(BaseModel):
     jobs: list[Job]
-

@@ -113,15 +113,15 @@ class JobStore:
         """Say that ``runner`` still holds ``job_ids``."""
         job_ids = list(job_ids)
         if job_ids:
-            self._held(job_ids, runner, heartbeat=time.time())
+            self._held(job_ids, runner, {"heartbeat": time.time()})
 
     def release(self, job_ids: Iterable[str], runner: str) -> None:
         """Let go of unfinished jobs (the server stops): they go back to the queue, for the next worker to resume."""
         job_ids = list(job_ids)
         if job_ids:
-            self._held(job_ids, runner, runner=None, state=State.queued.value, heartbeat=0.0)
+            self._held(job_ids, runner, {"runner": None, "state": State.queued.value, "heartbeat": 0.0})
 
-    def _held(self, job_ids: list[str], runner: str, **values) -> None:
+    def _held(self, job_ids: list[str], runner: str, values: dict) -> None:
         with Session(self.engine) as session:
             session.execute(
                 update(JobRecord)

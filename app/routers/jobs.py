@@ -80,7 +80,9 @@ def _owned(runner: JobRunner, job_id: str, owner: str) -> JobRecord:
         400: _error("unreadable input, '..' in a path, bad intensity"),
         403: _error("a server-side path outside the data roots, or the server reads none"),
         404: _error("no such model, or nothing at the server-side path"),
-        413: _error("the upload is over max_job_upload_bytes, or an image decoded whole is over the image limits"),
+        413: _error(
+            "the upload is over max_job_upload_bytes, or an image decoded whole is over the image limits"
+        ),
         415: _error("not an image in a format read here"),
         422: _error("invalid options, or an input of other dimensions than the model's"),
         429: _error("the key has max_jobs_per_key jobs queued or running, or is over its request rate"),
@@ -103,7 +105,9 @@ async def create_job(
                        f"you have {settings.max_jobs_per_key} jobs queued or running (max_jobs_per_key); wait for "
                        "one to finish or cancel one (DELETE /v1/jobs/ID)",
                        {"Retry-After": str(max(1, round(settings.job_poll_seconds)))})  # fmt: skip
-    json_body = request.headers.get("content-type", "").partition(";")[0].strip().lower() == "application/json"
+    json_body = (
+        request.headers.get("content-type", "").partition(";")[0].strip().lower() == "application/json"
+    )
     spec = await _json_request(request) if json_body else None
     if spec is not None:
         model, chunk, level, intensity = spec.model, spec.chunk, spec.level, spec.intensity
@@ -146,7 +150,9 @@ async def _json_request(request: Request) -> JobRequest:
     async for chunk in request.stream():
         body += chunk
         if len(body) > MAX_JSON_BYTES:
-            raise ApiError(413, "payload_too_large", f"a JSON job request is at most {MAX_JSON_BYTES:,} bytes")
+            raise ApiError(
+                413, "payload_too_large", f"a JSON job request is at most {MAX_JSON_BYTES:,} bytes"
+            )
     try:
         return JobRequest.model_validate_json(bytes(body))
     except ValidationError as exc:
@@ -214,9 +220,13 @@ def result_tiff(job_id: JobId, caller: CallerDep, runner: RunnerDep) -> Response
     directory = _finished(runner, job_id, caller.owner, "tiff" if "tiff" in job.result else "png")
     if (directory / LABELS_TIFF).is_file():
         return FileResponse(directory / LABELS_TIFF, media_type="image/tiff", filename=f"{job_id}-labels.tif")
-    from densecnn.io import labels_tiff, read_array
+    import numpy as np
+    from PIL import Image
 
-    labels = read_array(directory / LABELS_PNG)
+    from densecnn.io import labels_tiff
+
+    with Image.open(directory / LABELS_PNG) as image:  # its pixel values are the class ids
+        labels = np.asarray(image)
     data = labels_tiff(labels, int(labels.max()) + 1)
     disposition = f'attachment; filename="{job_id}-labels.tif"'
     return Response(data, media_type="image/tiff", headers={"Content-Disposition": disposition})

@@ -493,7 +493,17 @@ def _label_array(
         )
 
     items = [(tuple(b),) for b in blocks.values()]
-    _run(client, label_block, job, items, summary, options.retries, options.progress, failed, options.on_progress)
+    _run(
+        client,
+        label_block,
+        job,
+        items,
+        summary,
+        options.retries,
+        options.progress,
+        failed,
+        options.on_progress,
+    )
     for pyramid, levels, mean in pyramids:
         _build_pyramid(client, pyramid, levels, shape, chunks, mean, options)
     return summary
@@ -565,7 +575,9 @@ def _label_images(
             raise BlockFailedError(f"{output}: {storage_problem(exc)}")
         summary.failures.append((item[0], f"failed {attempts} times: {exc}"))
 
-    _run(client, label_file, job, todo, summary, options.retries, options.progress, failed, options.on_progress)
+    _run(
+        client, label_file, job, todo, summary, options.retries, options.progress, failed, options.on_progress
+    )
     return summary
 
 

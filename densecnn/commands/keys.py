@@ -32,7 +32,9 @@ def run(args) -> int:
     keys = KeyStore(make_engine(settings.database))
     if args.action == "add":
         print(keys.add(args.name))
-        print(f"the key of {args.name!r}: give it to its holder now, it cannot be shown again", file=sys.stderr)
+        print(
+            f"the key of {args.name!r}: give it to its holder now, it cannot be shown again", file=sys.stderr
+        )
     elif args.action == "list":
         for name in keys.names():
             print(name)

@@ -43,7 +43,9 @@ def run(args) -> int:
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="densecnn-metrics-")
     public = not _loopback(args.host)
     if public and "DENSECNN_REQUIRE_KEYS" not in os.environ:
-        os.environ["DENSECNN_REQUIRE_KEYS"] = "true"  # reachable from other machines: keys unless said otherwise
+        os.environ["DENSECNN_REQUIRE_KEYS"] = (
+            "true"  # reachable from other machines: keys unless said otherwise
+        )
     try:
         settings = Settings()  # fails here, with the reason, on bad settings
     except ValidationError as exc:
