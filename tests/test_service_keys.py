@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sqlite3
 
 import pytest
 
@@ -74,8 +75,9 @@ def test_keys_are_stored_hashed_and_made_by_the_cli(tmp_path, monkeypatch, capsy
     assert cli(["keys", "add", "carol"]) == 2  # a second key of that name is refused, saying why
     assert "exists" in capsys.readouterr().err
     assert cli(["keys", "list"]) == 0 and capsys.readouterr().out.split() == ["carol"]
-    database = (settings.data_dir / "jobs.db").read_bytes()
-    assert secret.encode() not in database and digest(secret).encode() in database
+    with sqlite3.connect(settings.data_dir / "jobs.db") as database:
+        rows = database.execute("SELECT * FROM api_keys").fetchall()
+    assert len(rows) == 1 and digest(secret) in rows[0] and not any(secret in str(value) for value in rows[0])
     with TestClient(create_app(job_settings(tmp_path, require_keys=True))) as client:
         assert client.get("/v1/jobs", headers={"Authorization": f"Bearer {secret}"}).status_code == 200
         assert cli(["keys", "remove", "carol"]) == 0
