@@ -147,7 +147,9 @@ class JobRunner:
                 return  # released by stop()
             self.store.finish(job.id, State.cancelled)
             self.metrics.jobs_finished.labels(State.cancelled.value).inc()
-        except DenseCNNError as exc:  # its message names the input as the caller knows it, not where it lies here
+        except (
+            DenseCNNError
+        ) as exc:  # its message names the input as the caller knows it, not where it lies here
             self.store.finish(job.id, State.failed, error=str(exc).replace(job.input, job.input_name))
             self.metrics.jobs_finished.labels(State.failed.value).inc()
         except Exception as exc:  # a bug, or an error of a library; the job says so and the server goes on
