@@ -4,7 +4,7 @@ labels equal `densecnn predict`'s on the same array.
     .venv/bin/python scripts/measure_job.py --side 8000
     .venv/bin/python scripts/measure_job.py --side 20000 --model-dir models --model nuclei --work /big/disk
 
-Writes a SIDE x SIDE RGB uint8 zarr array (chunks of 1024, written chunk by chunk: bounded memory) of blob-like
+Writes a SIDE x SIDE uint8 zarr array (RGB, or gray for a 1-channel model) (chunks of 1024, written chunk by chunk: bounded memory) of blob-like
 texture under --work, starts the server with that directory as its data root, submits the job as JSON, polls it,
 and samples the server's resident memory (its own and its children's, every 0.2 s) until it finishes. Then runs
 `densecnn predict` on the same array and compares the two label stores chunk by chunk. Prints one JSON line. Not a
@@ -29,13 +29,17 @@ import psutil
 import zarr
 from local_server import REPO, running_server
 
+import densecnn
+
 CHUNK = 1024
 
 
-def write_input(path: Path, side: int) -> None:
-    """(3, side, side) uint8 chunk by chunk: dark background, bright discs, noise (seeded per chunk)."""
+def write_input(path: Path, side: int, channels: int) -> None:
+    """(side, side) or (3, side, side) uint8, chunk by chunk: dark background, bright discs, noise (seeded per
+    chunk)."""
+    lead = (3,) if channels == 3 else ()
     array = zarr.create_array(
-        store=str(path), shape=(3, side, side), chunks=(3, CHUNK, CHUNK), dtype=np.uint8
+        store=str(path), shape=(*lead, side, side), chunks=(*lead, CHUNK, CHUNK), dtype=np.uint8
     )
     yy, xx = np.mgrid[:CHUNK, :CHUNK]
     for i in range(0, side, CHUNK):
@@ -46,9 +50,9 @@ def write_input(path: Path, side: int) -> None:
                 cy, cx, r = rng.uniform(0, CHUNK, 2).tolist() + [rng.uniform(10, 60)]
                 tile[(yy - cy) ** 2 + (xx - cx) ** 2 < r * r] = rng.choice([0.45, 0.95])
             tile = np.clip(tile + rng.normal(0, 0.03, tile.shape), 0, 1)
-            rgb = (np.stack([tile, tile * 0.9, tile * 0.8]) * 255).astype(np.uint8)
+            planes = np.stack([tile, tile * 0.9, tile * 0.8]) if lead else tile
             h, w = min(CHUNK, side - i), min(CHUNK, side - j)
-            array[:, i : i + h, j : j + w] = rgb[:, :h, :w]
+            array[..., i : i + h, j : j + w] = (planes * 255).astype(np.uint8)[..., :h, :w]
 
 
 def tree_rss(process: psutil.Process) -> int:
@@ -75,7 +79,7 @@ def main() -> int:
     source = work / "data" / f"input-{args.side}.zarr"
     if not source.exists():
         started = time.perf_counter()
-        write_input(source, args.side)
+        write_input(source, args.side, densecnn.load(args.model_dir / args.model).in_channels)
         print(f"wrote {source} in {time.perf_counter() - started:.0f} s", file=sys.stderr)
     env = {"DENSECNN_DATA_ROOTS": json.dumps([str(work / "data")]), "DENSECNN_DATA_DIR": str(work / "service"),
            "DENSECNN_WARM_SIZES": "[]"}  # fmt: skip
