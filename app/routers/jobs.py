@@ -36,7 +36,7 @@ JOB_BODY = {
     "description": "JSON naming a server-side input (`JobRequest`), or an upload: multipart field `image`, or the raw "
                    "body (then the options are query parameters). Uploads are streamed to disk.",
     "content": {
-        "application/json": {"schema": {"$ref": "#/components/schemas/JobRequest"}},
+        "application/json": {"schema": JobRequest.model_json_schema()},
         "multipart/form-data": {
             "schema": {"type": "object", "properties": {"image": {"type": "string", "format": "binary"}},
                        "required": ["image"]},
