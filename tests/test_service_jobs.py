@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import re
+import time
 
 import numpy as np
 import pytest
@@ -200,3 +201,32 @@ def test_a_failing_job_says_why(tmp_path):
         assert response.status_code == 202, response.text
         job = wait_for(client, response.headers["location"])
         assert job["state"] == "failed" and "channels" in job["error"], job
+
+
+def test_workers_sharing_a_database_see_and_cancel_each_others_jobs(tmp_path):
+    """Two apps on one database, as two worker processes are: either answers for a job the other runs (and does not
+    take it over while its heartbeat is fresh); a cancel reaches the job through the database."""
+    write_zarr(tmp_path / "data" / "big.zarr", 256, 256, chunks=16)
+    settings = job_settings(tmp_path, job_block=16)
+    with TestClient(create_app(settings)) as first, TestClient(create_app(settings)) as second:
+        response = first.post("/v1/jobs", json={"model": "cells", "input": "big.zarr", "chunk": 16})
+        location = response.headers["location"]
+        wait_for(second, location, until=lambda job: job["progress"]["blocks_done"] >= 1)
+        assert second.app.state.jobs.store.get(response.json()["id"]).runner == first.app.state.jobs.name
+        assert second.delete(location).status_code == 202
+        job = wait_for(first, location)
+        assert job["state"] == "cancelled" and job["progress"]["blocks_done"] < 256, job
+
+
+def test_finished_jobs_expire_with_their_files(tmp_path):
+    write_zarr(tmp_path / "data" / "blobs.zarr", 32, 32)
+    settings = job_settings(tmp_path, job_retention=0.5)
+    with TestClient(create_app(settings)) as client:
+        location = client.post("/v1/jobs", json={"model": "cells", "input": "blobs.zarr"}).headers["location"]
+        job_id = wait_for(client, location)["id"]
+        deadline = time.monotonic() + 30
+        while client.get(location).status_code == 200:
+            assert time.monotonic() < deadline, "the job did not expire"
+            time.sleep(0.1)
+        error_of(client.get(location), 404, "unknown_job")
+        assert not (settings.data_dir / "jobs" / job_id).exists()
