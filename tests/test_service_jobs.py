@@ -230,3 +230,25 @@ def test_finished_jobs_expire_with_their_files(tmp_path):
             time.sleep(0.1)
         error_of(client.get(location), 404, "unknown_job")
         assert not (settings.data_dir / "jobs" / job_id).exists()
+
+
+def test_a_job_whose_worker_died_is_taken_over(tmp_path):
+    """A job left running by a worker that stopped without releasing it (killed) is resumed once its heartbeat is
+    three poll periods old."""
+    from densecnn_app.jobs.db import JobRecord, make_engine
+    from densecnn_app.jobs.store import JobStore
+
+    pixels = write_zarr(tmp_path / "data" / "blobs.zarr", 32, 32)
+    settings = job_settings(tmp_path)
+    settings.data_dir.mkdir(parents=True)
+    engine = make_engine(settings.database)
+    JobStore(engine).add(JobRecord(
+        id="d1ed", owner="", model="cells", input=str(tmp_path / "data" / "blobs.zarr"), input_name="blobs.zarr",
+        result="zarr", state="running", runner="gone:1:x", heartbeat=time.time() - 1, created=time.time(),
+    ))  # fmt: skip
+    engine.dispose()
+    with TestClient(create_app(settings)) as client:
+        job = wait_for(client, "/v1/jobs/d1ed")
+        assert job["state"] == "succeeded", job
+        stored = download_zarr(client, "d1ed", tmp_path / "copy.zarr")
+    np.testing.assert_array_equal(stored, reference_labels(settings.model_dir / "cells", pixels))
