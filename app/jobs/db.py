@@ -37,7 +37,6 @@ class JobRecord(Base):
     input_name: Mapped[str] = mapped_column(
         Text
     )  # as the caller named it: a file name or a path under a root
-    uploaded: Mapped[bool] = mapped_column(default=False)  # the input is the job's own (deleted with it)
     intensity: Mapped[str | None] = mapped_column(String(100), default=None)
     level: Mapped[int | None] = mapped_column(Integer, default=None)
     chunk: Mapped[int | None] = mapped_column(Integer, default=None)

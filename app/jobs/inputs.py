@@ -29,11 +29,10 @@ WRITE_BATCH = 1 << 20  # bytes gathered from the request before one write to the
 
 @dataclass(frozen=True)
 class JobInput:
-    """A job's input on the server's disk, the name the caller knows it by, and whether the job owns it."""
+    """A job's input on the server's disk (an upload lies in the job's directory), and the caller's name for it."""
 
     path: Path
     name: str
-    uploaded: bool
 
     @property
     def chunked(self) -> bool:
@@ -66,7 +65,7 @@ def server_path(name: str, roots: list[Path]) -> JobInput:
                 raise ApiError(400, "not_an_input",
                                f"{name!r} is a directory but not a zarr store; give an image file, TIFF, .npy or "
                                "zarr store")  # fmt: skip
-            return JobInput(candidate, name, uploaded=False)
+            return JobInput(candidate, name)
     if not any((root.resolve() / given).resolve().is_relative_to(root.resolve()) for root in roots):
         raise ApiError(403, "path_outside_roots",
                        f"{name!r} leads outside the data roots this server reads (symlinks are followed); give a "
@@ -124,4 +123,4 @@ async def _write(chunks, directory: Path, name: str, room: int) -> JobInput:
             415, "unsupported_image_type", f"{name} is not an image in a format read here: {ACCEPTED}"
         )
     path = part.rename(directory / f"input{SUFFIXES[fmt]}")
-    return JobInput(path, name, uploaded=True)
+    return JobInput(path, name)

@@ -133,7 +133,7 @@ async def create_job(
         result = await asyncio.to_thread(plan, job_input, loaded, settings, room, level)
         record = JobRecord(
             id=job_id, owner=caller.owner, model=model, input=str(job_input.path), input_name=job_input.name,
-            uploaded=job_input.uploaded, intensity=intensity, level=level, chunk=chunk, result=result,
+            intensity=intensity, level=level, chunk=chunk, result=result,
             state=State.queued.value, runner=runner.name, heartbeat=time.time(), created=time.time(),
         )  # fmt: skip
         await asyncio.to_thread(runner.store.add, record)
@@ -194,13 +194,17 @@ def _finished(runner: JobRunner, job_id: str, owner: str, kind: str) -> FilePath
     """The directory of the caller's succeeded job, which has a ``kind`` result; 409 or 404 otherwise."""
     job = _owned(runner, job_id, owner)
     if job.state != State.succeeded.value:
-        raise ApiError(409, "job_not_finished",
-                       f"job {job_id} is {job.state}; results exist once it has succeeded (poll GET /v1/jobs/{job_id})")  # fmt: skip
+        raise ApiError(
+            409, "job_not_finished",
+            f"job {job_id} is {job.state}; results exist once it has succeeded (poll GET /v1/jobs/{job_id})",
+        )  # fmt: skip
     if kind not in job.result.split("+"):
-        raise ApiError(404, "no_such_result",
-                       f"job {job_id}'s labels are too large for one image; read the zarr store at "
-                       f"/v1/jobs/{job_id}/result.zarr/ (e.g. zarr.open_array over HTTP)"
-                       if kind != "zarr" else f"job {job_id} labelled an image file: get /v1/jobs/{job_id}/result.png")  # fmt: skip
+        if kind == "zarr":
+            why = f"job {job_id} labelled an image file: get /v1/jobs/{job_id}/result.png"
+        else:
+            why = (f"job {job_id}'s labels are too large for one image; read the zarr store at "
+                   f"/v1/jobs/{job_id}/result.zarr/ (e.g. zarr.open_array over HTTP)")  # fmt: skip
+        raise ApiError(404, "no_such_result", why)
     return runner.directory(job_id)
 
 

@@ -103,9 +103,10 @@ def _check_keys(settings) -> None:
     finally:
         engine.dispose()
     if not count:
+        database = make_url(settings.database).render_as_string(hide_password=True)
         raise InvalidInputError(
             "API keys are required (the server listens beyond this machine, or DENSECNN_REQUIRE_KEYS=true) but "
-            f"there are none in {make_url(settings.database).render_as_string(hide_password=True)}: create one with `densecnn keys add NAME` (same DENSECNN_* "
+            f"there are none in {database}: create one with `densecnn keys add NAME` (same DENSECNN_* "
             "settings), or listen on 127.0.0.1, or set DENSECNN_REQUIRE_KEYS=false behind a gateway that "
             "authenticates"
         )
