@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -10,7 +12,7 @@ import torch
 
 import densecnn
 from densecnn.io import model_input
-from tests.app_support import blobs, save_brightness_model
+from tests.app_support import blobs, save_brightness_model, wait_ready
 
 FINISHED = {"succeeded", "failed", "cancelled"}
 
@@ -26,6 +28,17 @@ def job_settings(tmp_path: Path, **changes):
     values = dict(model_dir=models, data_dir=tmp_path / "service", data_roots=[tmp_path / "data"], warm_sizes=[],
                   torch_threads=1, job_block=32, job_poll_seconds=0.2, job_task_memory=256 << 20)  # fmt: skip
     return Settings(**{**values, **changes})
+
+
+@contextmanager
+def serving(settings) -> Iterator:
+    """A TestClient of the app for ``settings``, its lifespan run and its models loaded."""
+    from densecnn_app.main import create_app
+    from fastapi.testclient import TestClient
+
+    with TestClient(create_app(settings)) as client:
+        wait_ready(client.get)
+        yield client
 
 
 def write_zarr(path: Path, height: int = 96, width: int = 128, seed: int = 3, chunks: int = 32) -> np.ndarray:

@@ -16,11 +16,9 @@ pytest.importorskip("sqlalchemy")
 pytest.importorskip("distributed")
 zarr = pytest.importorskip("zarr")
 
-from densecnn_app.main import create_app  # noqa: E402
-from fastapi.testclient import TestClient  # noqa: E402
 
 from tests.app_support import blobs, encode  # noqa: E402
-from tests.jobs_support import download_zarr, job_settings, reference_labels, wait_for, write_zarr  # noqa: E402
+from tests.jobs_support import download_zarr, job_settings, reference_labels, serving, wait_for, write_zarr  # noqa: E402
 
 pytestmark = pytest.mark.xdist_group("jobs")  # Dask clusters: one test at a time
 
@@ -37,7 +35,7 @@ def error_of(response, status: int, code: str) -> dict:
 def test_a_server_side_zarr_job_equals_the_in_memory_prediction(tmp_path):
     pixels = write_zarr(tmp_path / "data" / "blobs.zarr", 96, 128)
     settings = job_settings(tmp_path)
-    with TestClient(create_app(settings)) as client:
+    with serving(settings) as client:
         response = client.post("/v1/jobs", json={"model": "cells", "input": "blobs.zarr", "chunk": 32})
         assert response.status_code == 202, response.text
         location = response.headers["location"]
@@ -73,7 +71,7 @@ def test_uploads_are_labelled_tiff_by_blocks_and_png_whole(tmp_path):
     expected = reference_labels(settings.model_dir / "cells", pixels)
     tiff = io.BytesIO()
     tifffile.imwrite(tiff, pixels, tile=(16, 16))
-    with TestClient(create_app(settings)) as client:
+    with serving(settings) as client:
         raw = client.post("/v1/jobs", params={"model": "cells", "chunk": 32}, content=tiff.getvalue(),
                           headers={"content-type": "image/tiff"})  # fmt: skip
         assert raw.status_code == 202, raw.text
@@ -93,13 +91,13 @@ def test_uploads_are_labelled_tiff_by_blocks_and_png_whole(tmp_path):
 def test_a_job_stopped_with_the_server_resumes_at_the_next_start(tmp_path):
     pixels = write_zarr(tmp_path / "data" / "big.zarr", 256, 256, seed=7, chunks=16)
     settings = job_settings(tmp_path, job_block=16)
-    with TestClient(create_app(settings)) as client:
+    with serving(settings) as client:
         location = client.post("/v1/jobs", json={"model": "cells", "input": "big.zarr", "chunk": 16}).headers[
             "location"
         ]
         wait_for(client, location, until=lambda job: job["progress"]["blocks_done"] >= 8)
     # the server stopped mid-job: the job is queued again, with what it wrote kept
-    with TestClient(create_app(settings)) as client:
+    with serving(settings) as client:
         job = wait_for(client, location)
         assert job["state"] == "succeeded", job
         progress = job["progress"]
@@ -116,7 +114,7 @@ def test_cancelling_a_running_job_frees_its_slot(tmp_path):
     write_zarr(tmp_path / "data" / "big.zarr", 256, 256, chunks=16)
     write_zarr(tmp_path / "data" / "small.zarr", 32, 32)
     settings = job_settings(tmp_path, job_block=16, max_jobs_per_key=1)
-    with TestClient(create_app(settings)) as client:
+    with serving(settings) as client:
         location = client.post("/v1/jobs", json={"model": "cells", "input": "big.zarr", "chunk": 16}).headers[
             "location"
         ]
@@ -139,7 +137,7 @@ def test_the_disk_quota_refuses_new_jobs_with_507(tmp_path):
     settings = job_settings(tmp_path, disk_quota_bytes=5_000)
     tiff = io.BytesIO()
     tifffile.imwrite(tiff, blobs(64, 64))  # 12 kB: more than the quota
-    with TestClient(create_app(settings)) as client:
+    with serving(settings) as client:
         too_big = client.post("/v1/jobs", params={"model": "cells"}, content=tiff.getvalue(),
                               headers={"content-type": "image/tiff"})  # fmt: skip
         error_of(too_big, 507, "quota_exceeded")
@@ -156,7 +154,7 @@ def test_bad_job_requests_get_clear_errors_never_500(tmp_path):
     (tmp_path / "data" / "plain").mkdir()
     (tmp_path / "data" / "notes.tif").write_bytes(b"II*\x00 not really a tiff")
     settings = job_settings(tmp_path, max_image_pixels=1000)
-    with TestClient(create_app(settings)) as client:
+    with serving(settings) as client:
         error_of(client.post("/v1/jobs", json={"model": "nope", "input": "blobs.zarr"}), 404, "unknown_model")
         error_of(client.post("/v1/jobs", json={"input": "blobs.zarr"}), 422, "invalid_request")
         error_of(
@@ -186,7 +184,7 @@ def test_bad_job_requests_get_clear_errors_never_500(tmp_path):
         error_of(client.delete("/v1/jobs/0123abcd"), 404, "unknown_job")
         error_of(client.get("/v1/jobs/0123abcd/result.png"), 404, "unknown_job")
         assert list((settings.data_dir / "jobs").iterdir()) == []
-    with TestClient(create_app(job_settings(tmp_path, data_roots=[]))) as client:
+    with serving(job_settings(tmp_path, data_roots=[])) as client:
         error_of(client.post("/v1/jobs", json={"model": "cells", "input": "blobs.zarr"}), 403,
                  "server_paths_disabled")  # fmt: skip
 
@@ -196,7 +194,7 @@ def test_a_failing_job_says_why(tmp_path):
     np.save(
         tmp_path / "data" / "gray.npy", np.zeros((5, 32, 32), np.uint8)
     )  # 5 channels for a 3-channel model
-    with TestClient(create_app(job_settings(tmp_path))) as client:
+    with serving(job_settings(tmp_path)) as client:
         response = client.post("/v1/jobs", json={"model": "cells", "input": "gray.npy"})
         assert response.status_code == 202, response.text
         job = wait_for(client, response.headers["location"])
@@ -208,7 +206,7 @@ def test_workers_sharing_a_database_see_and_cancel_each_others_jobs(tmp_path):
     take it over while its heartbeat is fresh); a cancel reaches the job through the database."""
     write_zarr(tmp_path / "data" / "big.zarr", 256, 256, chunks=16)
     settings = job_settings(tmp_path, job_block=16)
-    with TestClient(create_app(settings)) as first, TestClient(create_app(settings)) as second:
+    with serving(settings) as first, serving(settings) as second:
         response = first.post("/v1/jobs", json={"model": "cells", "input": "big.zarr", "chunk": 16})
         location = response.headers["location"]
         wait_for(second, location, until=lambda job: job["progress"]["blocks_done"] >= 1)
@@ -221,7 +219,7 @@ def test_workers_sharing_a_database_see_and_cancel_each_others_jobs(tmp_path):
 def test_finished_jobs_expire_with_their_files(tmp_path):
     write_zarr(tmp_path / "data" / "blobs.zarr", 32, 32)
     settings = job_settings(tmp_path, job_retention=0.5)
-    with TestClient(create_app(settings)) as client:
+    with serving(settings) as client:
         location = client.post("/v1/jobs", json={"model": "cells", "input": "blobs.zarr"}).headers["location"]
         job_id = wait_for(client, location)["id"]
         deadline = time.monotonic() + 30
@@ -247,7 +245,7 @@ def test_a_job_whose_worker_died_is_taken_over(tmp_path):
         result="zarr", state="running", runner="gone:1:x", heartbeat=time.time() - 1, created=time.time(),
     ))  # fmt: skip
     engine.dispose()
-    with TestClient(create_app(settings)) as client:
+    with serving(settings) as client:
         job = wait_for(client, "/v1/jobs/d1ed")
         assert job["state"] == "succeeded", job
         stored = download_zarr(client, "d1ed", tmp_path / "copy.zarr")

@@ -16,12 +16,10 @@ pytest.importorskip("zarr")
 
 from densecnn_app.jobs.db import make_engine  # noqa: E402
 from densecnn_app.keys import KeyStore, digest  # noqa: E402
-from densecnn_app.main import create_app  # noqa: E402
-from fastapi.testclient import TestClient  # noqa: E402
 
 from densecnn.cli import main as cli  # noqa: E402
 from densecnn.errors import InvalidInputError  # noqa: E402
-from tests.jobs_support import job_settings, wait_for, write_zarr  # noqa: E402
+from tests.jobs_support import job_settings, serving, wait_for, write_zarr  # noqa: E402
 from tests.test_service_jobs import error_of  # noqa: E402
 
 pytestmark = pytest.mark.xdist_group("jobs")
@@ -41,7 +39,7 @@ def test_two_keys_cannot_see_each_others_jobs(tmp_path):
     write_zarr(tmp_path / "data" / "blobs.zarr", 32, 32)
     settings = job_settings(tmp_path, require_keys=True)
     keys = keys_for(settings, "alice", "bob")
-    with TestClient(create_app(settings)) as client:
+    with serving(settings) as client:
         missing = client.get("/v1/jobs")
         error_of(missing, 401, "missing_key")
         assert missing.headers["www-authenticate"].startswith("Bearer")
@@ -78,7 +76,7 @@ def test_keys_are_stored_hashed_and_made_by_the_cli(tmp_path, monkeypatch, capsy
     with sqlite3.connect(settings.data_dir / "jobs.db") as database:
         rows = database.execute("SELECT * FROM api_keys").fetchall()
     assert len(rows) == 1 and digest(secret) in rows[0] and not any(secret in str(value) for value in rows[0])
-    with TestClient(create_app(job_settings(tmp_path, require_keys=True))) as client:
+    with serving(job_settings(tmp_path, require_keys=True)) as client:
         assert client.get("/v1/jobs", headers={"Authorization": f"Bearer {secret}"}).status_code == 200
         assert cli(["keys", "remove", "carol"]) == 0
         error_of(client.get("/v1/jobs", headers={"Authorization": f"Bearer {secret}"}), 401, "invalid_key")
@@ -87,7 +85,7 @@ def test_keys_are_stored_hashed_and_made_by_the_cli(tmp_path, monkeypatch, capsy
 def test_a_key_over_its_request_rate_gets_429_with_retry_after(tmp_path):
     settings = job_settings(tmp_path, requests_per_minute=3)
     keys = keys_for(settings, "dave")
-    with TestClient(create_app(settings)) as client:
+    with serving(settings) as client:
         for _ in range(3):
             assert client.get("/v1/jobs", headers=keys["dave"]).status_code == 200
         refused = client.get("/v1/jobs", headers=keys["dave"])
@@ -103,7 +101,7 @@ def test_server_side_paths_stay_inside_the_data_roots(tmp_path):
     (tmp_path / "data" / "link.zarr").symlink_to(outside / "secret.zarr")
     (tmp_path / "data" / "door").symlink_to(outside)
     settings = job_settings(tmp_path)
-    with TestClient(create_app(settings)) as client:
+    with serving(settings) as client:
 
         def post(path: str):
             return client.post("/v1/jobs", json={"model": "cells", "input": path})
@@ -122,7 +120,7 @@ def test_server_side_paths_stay_inside_the_data_roots(tmp_path):
 
 def test_request_ids_and_cors(tmp_path):
     settings = job_settings(tmp_path, cors_origins=["https://lab.example"])
-    with TestClient(create_app(settings)) as client:
+    with serving(settings) as client:
         ok = client.get("/healthz")
         assert len(ok.headers["x-request-id"]) == 32
         assert (
