@@ -191,6 +191,16 @@ class Settings(BaseSettings):
             bound += self.max_decode_bytes + 2 * self.max_image_pixels
         return bound + 8 * probability_classes * self.max_image_pixels
 
+    @field_validator("data_roots")
+    @classmethod
+    def _data_roots_exist(cls, value: list[Path]) -> list[Path]:
+        missing = [str(root) for root in value if not root.is_dir()]
+        if missing:
+            raise ValueError(
+                f"{', '.join(missing)}: not a directory; DENSECNN_DATA_ROOTS lists directories jobs may read from"
+            )
+        return value
+
     @field_validator("model_dir")
     @classmethod
     def _model_dir_exists(cls, value: Path) -> Path:

@@ -156,3 +156,8 @@ def test_serve_refuses_to_listen_beyond_the_machine_without_keys(tmp_path, monke
     with pytest.raises(InvalidInputError, match="densecnn keys add NAME"):
         serve.run(_serve_args("0.0.0.0", settings.model_dir))
     assert os.environ["DENSECNN_REQUIRE_KEYS"] == "true"
+
+
+def test_a_data_root_that_is_not_a_directory_stops_the_start(tmp_path):
+    with pytest.raises(ValueError, match="not a directory; DENSECNN_DATA_ROOTS"):
+        job_settings(tmp_path, data_roots=[tmp_path / "nowhere"])
