@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import os
 import sqlite3
+import time
 
 import pytest
 
@@ -161,3 +162,35 @@ def test_serve_refuses_to_listen_beyond_the_machine_without_keys(tmp_path, monke
 def test_a_data_root_that_is_not_a_directory_stops_the_start(tmp_path):
     with pytest.raises(ValueError, match="not a directory; DENSECNN_DATA_ROOTS"):
         job_settings(tmp_path, data_roots=[tmp_path / "nowhere"])
+
+
+def test_a_zarr_client_reads_the_labels_over_http_with_its_key(tmp_path):
+    """A real server (`densecnn serve`): zarr opens a job's result store by URL, the key in fsspec's headers."""
+    import json
+
+    import httpx
+    import numpy as np
+    import zarr
+
+    aiohttp = pytest.importorskip("aiohttp")  # fsspec's HTTP file system
+    from tests.app_support import Server
+    from tests.jobs_support import reference_labels
+
+    pixels = write_zarr(tmp_path / "data" / "blobs.zarr", 64, 96)
+    settings = job_settings(tmp_path)
+    key = keys_for(settings, "erin")["erin"]
+    server = Server(settings.model_dir, tmp_path / "server.log", data_dir=settings.data_dir, require_keys="true",
+                    data_roots=json.dumps([str(tmp_path / "data")]))  # fmt: skip
+    try:
+        response = httpx.post(f"{server.url}/v1/jobs", json={"model": "cells", "input": "blobs.zarr", "chunk": 32},
+                              headers=key)  # fmt: skip
+        location = f"{server.url}{response.headers['location']}"
+        while httpx.get(location, headers=key).json()["state"] in ("queued", "running"):
+            time.sleep(0.1)
+        url = f"{location}/result.zarr"
+        with pytest.raises(aiohttp.ClientResponseError, match="401"):  # without the key
+            zarr.open_array(url, mode="r")[...]
+        labels = zarr.open_array(url, mode="r", storage_options={"headers": key})[...]
+    finally:
+        server.stop()
+    np.testing.assert_array_equal(labels, reference_labels(settings.model_dir / "cells", pixels))
