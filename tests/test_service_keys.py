@@ -194,3 +194,14 @@ def test_a_zarr_client_reads_the_labels_over_http_with_its_key(tmp_path):
     finally:
         server.stop()
     np.testing.assert_array_equal(labels, reference_labels(settings.model_dir / "cells", pixels))
+
+
+def test_serve_says_when_its_data_directory_cannot_be_made(tmp_path, monkeypatch):
+    from densecnn.commands import serve
+
+    settings = job_settings(tmp_path)
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("DENSECNN_MODEL_DIR", "unset")  # so that what serve sets is undone after the test
+    monkeypatch.setenv("DENSECNN_DATA_DIR", str(tmp_path / "a-file" / "data"))
+    with pytest.raises(InvalidInputError, match="cannot be created.*set DENSECNN_DATA_DIR to a writable"):
+        serve.run(_serve_args("127.0.0.1", settings.model_dir))

@@ -54,6 +54,13 @@ def run(args) -> int:
             for error in exc.errors()
         )
         raise InvalidInputError(f"invalid service settings: {problems}") from None
+    try:
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InvalidInputError(
+            f"{settings.data_dir}: cannot be created ({exc.strerror}); set DENSECNN_DATA_DIR to a writable directory "
+            "for the jobs and the key database"
+        ) from None
     if settings.require_keys:
         _check_keys(settings)
     elif public:
@@ -96,7 +103,6 @@ def _check_keys(settings) -> None:
     from densecnn_app.keys import KeyStore
     from sqlalchemy import make_url
 
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
     engine = make_engine(settings.database)
     try:
         count = KeyStore(engine).count()
