@@ -177,6 +177,8 @@ def test_bad_job_requests_get_clear_errors_never_500(tmp_path):
             client.post("/v1/jobs", json={"model": "cells", "input": "nothing.zarr"}), 404, "input_not_found"
         )
         error_of(client.post("/v1/jobs", json={"model": "cells", "input": "plain"}), 400, "not_an_input")
+        for name in ("bad\0name", "a" * 300, "b" * 5000):  # a NUL; too long for the file system; too long
+            error_of(client.post("/v1/jobs", json={"model": "cells", "input": name}), 400, "invalid_path")
         error_of(client.post("/v1/jobs", json={"model": "cells", "input": "notes.tif"}), 400, "invalid_image")
         error_of(client.post("/v1/jobs", json={"model": "cells", "input": "blobs.zarr", "intensity": "loud"}), 400,
                  "intensity_out_of_range")  # fmt: skip

@@ -25,6 +25,7 @@ SUFFIXES = {"png": ".png", "jpeg": ".jpg", "tiff": ".tif", "bmp": ".bmp", "gif":
             "webp": ".webp"}  # fmt: skip
 CHUNKED_SUFFIXES = (*TIFF_SUFFIXES, *SLIDE_SUFFIXES, ".npy")  # read block by block, like zarr stores
 WRITE_BATCH = 1 << 20  # bytes gathered from the request before one write to the disk
+MAX_PATH = 4096  # characters of a server-side path
 
 
 @dataclass(frozen=True)
@@ -50,11 +51,21 @@ def server_path(name: str, roots: list[Path]) -> JobInput:
         raise ApiError(403, "server_paths_disabled",
                        "this server reads no server-side paths (its data_roots setting is empty); upload the image "
                        "instead")  # fmt: skip
+    if "\0" in name or len(name) > MAX_PATH:
+        raise ApiError(400, "invalid_path",
+                       f"a server-side path has at most {MAX_PATH} characters and no NUL; check {name[:100]!r}")  # fmt: skip
     given = Path(name)
     if ".." in given.parts:
         raise ApiError(
             400, "path_traversal", f"{name!r} contains '..'; give a path inside a data root without it"
         )
+    try:
+        return _under_roots(name, given, roots)
+    except OSError as exc:  # a path part too long for the file system, a loop of symlinks, no permission
+        raise ApiError(400, "invalid_path", f"{name[:100]!r} cannot be read here ({exc.strerror})") from None
+
+
+def _under_roots(name: str, given: Path, roots: list[Path]) -> JobInput:
     for root in roots:
         base = root.resolve()
         candidate = (base / given).resolve()  # an absolute ``given`` replaces the root; symlinks are followed
