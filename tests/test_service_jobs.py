@@ -55,6 +55,8 @@ def test_a_server_side_zarr_job_equals_the_in_memory_prediction(tmp_path):
         assert [j["id"] for j in client.get("/v1/jobs").json()["jobs"]] == [job["id"]]
         error_of(client.get(f"/v1/jobs/{job['id']}/result.zarr/c/9/9"), 404, "no_such_key")
         error_of(client.get(f"/v1/jobs/{job['id']}/result.zarr/..%2F..%2Fjobs.db"), 400, "path_traversal")
+        for key in ("c/0%000", "x" * 300):
+            error_of(client.get(f"/v1/jobs/{job['id']}/result.zarr/{key}"), 404, "no_such_key")
         metrics = client.get("/metrics").text
         assert (
             'densecnn_jobs{state="succeeded"} 1.0' in metrics and "densecnn_job_blocks_total 12.0" in metrics
