@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 
 from densecnn import LoadedModel
+from densecnn.errors import ImageReadError
 from densecnn.io import label_dtype, open_array, read_header
 
 from ..errors import ApiError
@@ -16,10 +17,18 @@ from .quota import QuotaExceeded
 
 
 def plan(job_input: JobInput, loaded: LoadedModel, settings: Settings, room: int, level: int | None) -> str:
-    """ "zarr" or "png": the job's result. Blocking (reads the input's header or metadata).
+    """The job's result, "zarr" or "png". Blocking (reads the input's header or metadata).
 
-    Raises ApiError (413, 422), densecnn's ImageReadError (400), QuotaExceeded (507).
+    Raises ApiError (413, 422), densecnn's ImageReadError (400; naming the input as the caller did, not where it lies
+    on the server), QuotaExceeded (507).
     """
+    try:
+        return _plan(job_input, loaded, settings, room, level)
+    except ImageReadError as exc:
+        raise type(exc)(str(exc).replace(str(job_input.path), job_input.name)) from None
+
+
+def _plan(job_input: JobInput, loaded: LoadedModel, settings: Settings, room: int, level: int | None) -> str:
     dims = len(loaded.patch_size)
     if job_input.chunked:
         array = open_array(job_input.path, spatial_dims=dims, level=level or 0)
