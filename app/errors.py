@@ -1,6 +1,7 @@
 """Every error of the service, and the one place where errors become HTTP answers.
 
-Every 4xx/5xx the app answers has the body ``{"error": {"code": ..., "message": ...}}``. Protocol errors that uvicorn
+Every 4xx/5xx the app answers has the body ``{"error": {"code": ..., "message": ..., "request_id": ...}}`` (the id
+is also the answer's ``X-Request-ID``). Protocol errors that uvicorn
 answers itself, before the app sees a request (malformed HTTP, headers over the size limit), are plain text.
 """
 
@@ -24,6 +25,8 @@ from densecnn.errors import (
     NonFiniteInputError,
 )
 
+from .requestid import request_id
+
 logger = logging.getLogger("densecnn.app")
 
 CLIENT_CLOSED = 499  # nginx's "client closed request": counted in /metrics, never sent to anyone
@@ -32,6 +35,7 @@ CLIENT_CLOSED = 499  # nginx's "client closed request": counted in /metrics, nev
 class ErrorDetail(BaseModel):
     code: str
     message: str
+    request_id: str | None = None
 
 
 class ErrorBody(BaseModel):
@@ -80,21 +84,22 @@ class ClientGone(Exception):
 
 
 def error_response(
-    status: int, code: str, message: str, headers: dict[str, str] | None = None
+    status: int, code: str, message: str, headers: dict[str, str] | None = None, request_id: str | None = None
 ) -> JSONResponse:
-    body = ErrorBody(error=ErrorDetail(code=code, message=message))
+    body = ErrorBody(error=ErrorDetail(code=code, message=message, request_id=request_id))
     return JSONResponse(body.model_dump(), status_code=status, headers=headers)
 
 
 _HTTP_CODES = {
     400: "bad_request",
+    401: "unauthorized",
     404: "not_found",
     405: "method_not_allowed",
     406: "not_acceptable",
     413: "payload_too_large",
     415: "unsupported_media_type",
 }
-_RETRY = {503}  # statuses that carry Retry-After
+_RETRY = {429, 503}  # statuses that carry Retry-After
 
 
 # densecnn's errors about an input, as the status and code they are answered with
@@ -116,12 +121,12 @@ def install_error_handlers(app: FastAPI, *, retry_after: int) -> None:
         headers = dict(exc.headers)
         if exc.status in _RETRY:
             headers.setdefault("Retry-After", str(retry_after))
-        return error_response(exc.status, exc.code, exc.message, headers)
+        return error_response(exc.status, exc.code, exc.message, headers, _id(request))
 
     for error_type, (status, code) in INPUT_ERRORS.items():
 
         async def input_error(request: Request, exc: Exception, status=status, code=code):
-            return error_response(status, code, str(exc))
+            return error_response(status, code, str(exc), request_id=_id(request))
 
         app.add_exception_handler(error_type, input_error)  # the most specific type's handler answers
 
@@ -138,7 +143,7 @@ def install_error_handlers(app: FastAPI, *, retry_after: int) -> None:
         message = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
         if exc.status_code == 404 and message == "Not Found":
             message = f"no endpoint at {request.url.path}; see /docs for the API"
-        return error_response(exc.status_code, code, message, getattr(exc, "headers", None))
+        return error_response(exc.status_code, code, message, getattr(exc, "headers", None), _id(request))
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, exc: RequestValidationError):
@@ -146,12 +151,21 @@ def install_error_handlers(app: FastAPI, *, retry_after: int) -> None:
             f"{'.'.join(str(p) for p in error.get('loc', ()))}: {error.get('msg', '')}"
             for error in exc.errors()
         )
-        return error_response(422, "invalid_request", problems or "invalid request")
+        return error_response(422, "invalid_request", problems or "invalid request", request_id=_id(request))
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, exc: Exception):
-        logger.exception("unhandled error on %s %s", request.method, request.url.path)
-        return error_response(500, "internal_error", "the server failed on this request; it was logged")
+        logger.exception(
+            "unhandled error on %s %s (request %s)", request.method, request.url.path, _id(request)
+        )
+        return error_response(
+            500, "internal_error", "the server failed on this request; it was logged under its request id",
+            request_id=_id(request),
+        )  # fmt: skip
+
+
+def _id(request: Request) -> str | None:
+    return request_id(request.scope)
 
 
 def _peer(request: Request) -> str:

@@ -33,8 +33,16 @@ class InferencePool:
     ...     result = await pool.run(place, lambda: expensive(data, cancel), cancel=cancel, timeout=60)
     """
 
-    def __init__(self, workers: int, queue_size: int, *, thread_setup: Callable[[], None] | None = None):
-        self.workers, self.queue_size = workers, queue_size
+    def __init__(
+        self,
+        workers: int,
+        queue_size: int,
+        *,
+        thread_setup: Callable[[], None] | None = None,
+        on_change: Callable[[int, int], None] | None = None,
+    ):
+        """``on_change(queued, running)`` is called whenever either changes (the metrics' gauges)."""
+        self.workers, self.queue_size, self._on_change = workers, queue_size, on_change
         self._executor = ThreadPoolExecutor(workers, thread_name_prefix="inference", initializer=thread_setup)
         self._lock = threading.Lock()
         self._admitted = 0  # running + waiting
@@ -61,11 +69,19 @@ class InferencePool:
                     "waiting); retry after the time in the Retry-After header"
                 )
             self._admitted += 1
+        self._changed()
         return Admission(self)
+
+    def _changed(self) -> None:
+        if self._on_change is not None:
+            with self._lock:
+                queued, running = self._admitted - self._running, self._running
+            self._on_change(queued, running)
 
     def _release(self, _future=None) -> None:
         with self._lock:
             self._admitted -= 1
+        self._changed()
 
     def _call(self, job: Callable[[], T], cancel: threading.Event) -> T:
         if cancel.is_set():  # nobody waits for it any more: drop it before it starts
@@ -74,11 +90,13 @@ class InferencePool:
             raise Cancelled("dropped before it started")
         with self._lock:
             self._running += 1
+        self._changed()
         try:
             return job()
         finally:
             with self._lock:
                 self._running -= 1
+            self._changed()
 
     async def run(
         self,

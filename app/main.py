@@ -4,21 +4,30 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from contextlib import asynccontextmanager
 
 import torch
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.staticfiles import StaticFiles
 from fastapi_offline import FastAPIOffline
+from prometheus_client.multiprocess import mark_process_dead
 
 import densecnn
 
+from .auth import RateLimiter, get_caller
 from .errors import install_error_handlers
 from .executor import InferencePool
+from .jobs.db import make_engine
+from .jobs.runner import JobRunner
+from .jobs.store import JobStore
+from .keys import KeyStore
 from .limits import BodySizeLimitMiddleware
-from .metrics import Metrics, MetricsMiddleware
+from .metrics import Metrics, MetricsMiddleware, multiprocess
 from .registry import load_models
-from .routers import health, models, page, segment
+from .requestid import RequestIdMiddleware
+from .routers import health, jobs, models, page, segment
 from .routers import metrics as metrics_router
 from .routers.page import STATIC
 from .settings import Settings
@@ -46,6 +55,16 @@ async def _load_models(service: ServiceState, settings: Settings) -> None:
         service.loading = False
 
 
+async def _maintain_jobs(runner: JobRunner, period: float) -> None:
+    """Every ``period`` seconds: heartbeats, jobs to take over, expired jobs (off the event loop)."""
+    while True:
+        await asyncio.sleep(period)
+        try:
+            await asyncio.to_thread(runner.maintain)
+        except Exception:  # a database hiccup: logged, tried again next period
+            logger.exception("job maintenance failed")
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     """The densecnn service. Models are loaded in the lifespan (never at import), into ``app.state.service``.
 
@@ -69,19 +88,38 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             )
         )
         service.loading, service.draining, service.load_error = True, False, None
+
+        def gauges(queued: int, running: int) -> None:
+            metrics.queue_depth.set(queued)
+            metrics.running.set(running)
+
         service.pool = InferencePool(
-            settings.max_concurrent_inferences, settings.queue_size, thread_setup=limit_threads
+            settings.max_concurrent_inferences,
+            settings.queue_size,
+            thread_setup=limit_threads,
+            on_change=gauges,
         )
-        metrics.queue_depth.set_function(lambda: service.pool.queued)
-        metrics.running.set_function(lambda: service.pool.running)
         drain_on_signals(service)
         loading = asyncio.create_task(_load_models(service, settings))
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        engine = await asyncio.to_thread(make_engine, settings.database)
+        app.state.keys = KeyStore(engine)
+        store = JobStore(engine)
+        app.state.jobs = runner = JobRunner(settings, store, metrics)
+        metrics.watch_jobs(store.count_by_state)
+        await asyncio.to_thread(runner.maintain)  # resumes the jobs a stopped server left
+        maintenance = asyncio.create_task(_maintain_jobs(runner, settings.job_poll_seconds))
         try:
             yield
         finally:
             service.draining = True  # in-flight requests have finished when the server gets here
+            maintenance.cancel()
             await loading
+            await asyncio.to_thread(runner.stop)  # running jobs stop after their blocks in flight, to resume
             await asyncio.to_thread(service.pool.shutdown)
+            engine.dispose()
+            if multiprocess():  # this worker's gauges of work in flight leave the sum
+                mark_process_dead(os.getpid())
 
     app = FastAPIOffline(  # /docs and /redoc from packaged assets: they work offline, no CDN
         title="densecnn",
@@ -90,10 +128,23 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.settings, app.state.service, app.state.metrics = settings, service, metrics
+    app.state.rate_limiter = RateLimiter(settings.requests_per_minute)
     install_error_handlers(app, retry_after=settings.retry_after)
-    app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.max_upload_bytes)
-    app.add_middleware(MetricsMiddleware, metrics=metrics)  # outermost: counts every answer, 413s included
-    for router in (health.router, models.router, segment.router, metrics_router.router, page.router):
+    app.add_middleware(
+        BodySizeLimitMiddleware, max_bytes=settings.max_upload_bytes,
+        paths={"/v1/jobs": settings.max_job_upload_bytes},  # job uploads are streamed to disk
+    )  # fmt: skip
+    if settings.cors_origins:
+        app.add_middleware(
+            CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["GET", "POST", "DELETE"],
+            allow_headers=["Authorization", "Content-Type", "X-Request-ID"],
+            expose_headers=["Location", "Retry-After", "X-Request-ID", "Server-Timing"],
+        )  # fmt: skip
+    app.add_middleware(MetricsMiddleware, metrics=metrics)  # counts every answer, 413s included
+    app.add_middleware(RequestIdMiddleware)  # outermost: every answer carries its id
+    for router in (health.router, metrics_router.router, page.router, jobs.router):
         app.include_router(router)
+    for router in (models.router, segment.router):  # keys and rate limits as for jobs
+        app.include_router(router, dependencies=[Depends(get_caller)])
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     return app

@@ -97,6 +97,78 @@ class Settings(BaseSettings):
         description="bytes of a request's line and headers; beyond: 431 (JSON) and closed",
     )
 
+    # --- jobs: images of any size, labelled block by block (docs/service.md, "Jobs") ---
+    data_dir: Path = Field(
+        default_factory=lambda: (
+            Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local/share") / "densecnn"
+        ),
+        description="where jobs keep their uploads and results, and the job and key database when database_url is "
+        "unset (default: ~/.local/share/densecnn)",
+    )
+    database_url: str | None = Field(
+        None,
+        description="SQLAlchemy URL of the job and key database (e.g. postgresql://user@host/densecnn); default: "
+        "the SQLite file jobs.db in data_dir",
+    )
+    data_roots: list[Path] = Field(
+        [],
+        description="directories whose files and zarr stores jobs may read as server-side inputs ([]: uploads only)",
+    )
+    max_running_jobs: int = Field(
+        1, gt=0, description="jobs running at once per worker; the others wait queued"
+    )
+    job_workers: int = Field(
+        1,
+        gt=0,
+        description="Dask worker processes of a job's local cluster (1: one thread in the server process)",
+    )
+    job_scheduler: str | None = Field(
+        None,
+        description="a running Dask scheduler (tcp://host:8786) to run jobs on instead of a local cluster",
+    )
+    job_block: int = Field(
+        1024, gt=0, description="about how many pixels per side one task of a job computes (whole chunks)"
+    )
+    job_task_memory: int | None = Field(
+        None, gt=0, description="bytes one block task may use (default: a share of the Dask worker's memory)"
+    )
+    max_job_upload_bytes: int = Field(
+        4 << 30, gt=0, description="larger uploads to POST /v1/jobs get 413 (they are streamed to disk)"
+    )
+    disk_quota_bytes: int = Field(
+        20 << 30,
+        gt=0,
+        description="bytes the jobs' uploads and results may take under data_dir; a new job that would pass it "
+        "gets 507",
+    )
+    job_retention: float = Field(
+        7 * 24 * 3600.0, gt=0, description="seconds a finished job and its files are kept; then deleted"
+    )
+    job_poll_seconds: float = Field(
+        5.0,
+        gt=0,
+        description="how often each worker renews its jobs' heartbeats, takes over jobs whose worker stopped "
+        "(no heartbeat for 3 periods) and deletes expired ones",
+    )
+    # --- who may call (docs/service.md, "Security") ---
+    require_keys: bool = Field(
+        False,
+        description="every /v1 request needs Authorization: Bearer KEY (densecnn keys add NAME); `densecnn serve` "
+        "turns it on when it binds to a non-loopback address",
+    )
+    max_jobs_per_key: int = Field(4, gt=0, description="queued and running jobs per key; beyond: 429")
+    requests_per_minute: int = Field(
+        600, gt=0, description="/v1 requests per key (or client address without keys) per worker; beyond: 429"
+    )
+    cors_origins: list[str] = Field(
+        [], description='origins whose pages may call the API from a browser (e.g. ["https://lab.example"])'
+    )
+
+    @property
+    def database(self) -> str:
+        """The database URL in effect."""
+        return self.database_url or f"sqlite:///{(self.data_dir / 'jobs.db').resolve()}"
+
     def request_memory_bound(self, in_channels: int = 3, dims: int = 2, probability_classes: int = 0) -> int:
         """Bytes one request may add to a worker's memory, for a model of ``in_channels`` input channels and
         ``dims`` spatial axes (``max_image_pixels`` counts the voxels of a volume, the samples of a signal).
@@ -118,6 +190,16 @@ class Settings(BaseSettings):
         if dims != 2:
             bound += self.max_decode_bytes + 2 * self.max_image_pixels
         return bound + 8 * probability_classes * self.max_image_pixels
+
+    @field_validator("data_roots")
+    @classmethod
+    def _data_roots_exist(cls, value: list[Path]) -> list[Path]:
+        missing = [str(root) for root in value if not root.is_dir()]
+        if missing:
+            raise ValueError(
+                f"{', '.join(missing)}: not a directory; DENSECNN_DATA_ROOTS lists directories jobs may read from"
+            )
+        return value
 
     @field_validator("model_dir")
     @classmethod

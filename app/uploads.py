@@ -70,7 +70,7 @@ async def _image_bytes(request: Request) -> Upload:
             upload = form.get("image")
             if not isinstance(upload, UploadFile):
                 raise ApiError(400, "missing_image", "the multipart body has no file field named 'image'")
-            return Upload(await upload.read(), _printable(upload.filename) or "the upload")
+            return Upload(await upload.read(), printable_name(upload.filename) or "the upload")
     if content_type.startswith("image/") or content_type in RAW_TYPES:
         return Upload(await request.body())
     raise ApiError(
@@ -81,7 +81,7 @@ async def _image_bytes(request: Request) -> Upload:
     )
 
 
-def _printable(filename: str | None) -> str | None:
+def printable_name(filename: str | None) -> str | None:
     """An upload's file name as messages quote it: its last path part, control characters dropped, at most 100
     characters."""
     if not filename:

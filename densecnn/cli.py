@@ -15,6 +15,7 @@ COMMANDS = [
     "densecnn.commands.predict",
     "densecnn.commands.bench",
     "densecnn.commands.serve",
+    "densecnn.commands.keys",
     "densecnn.commands.export_onnx",
     "densecnn.commands.export_bioimageio",
 ]

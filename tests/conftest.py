@@ -21,6 +21,13 @@ settings.load_profile("ci" if os.environ.get("CI") else "default")
 torch.set_num_threads(1)  # tests run 2 in parallel on 2 cores
 
 
+@pytest.fixture(scope="session", autouse=True)
+def service_data_dir(tmp_path_factory):
+    """The service's jobs, keys and database in a directory of the test session, never the user's (servers started
+    as subprocesses inherit it)."""
+    os.environ["DENSECNN_DATA_DIR"] = str(tmp_path_factory.mktemp("service-data"))
+
+
 @pytest.fixture
 def ops_config():
     """Change the ops settings for one test: ``ops_config(solver="native", cache_dir=tmp_path)``; the config in effect

@@ -87,7 +87,8 @@ def post_raw(client, data: bytes, content_type: str = "image/png", model: str = 
 def assert_error(response, status: int, code: str | None = None) -> dict:
     assert response.status_code == status, response.text
     body = response.json()
-    assert set(body) == {"error"} and set(body["error"]) == {"code", "message"}
+    assert set(body) == {"error"} and set(body["error"]) == {"code", "message", "request_id"}
+    assert body["error"]["request_id"] == response.headers["x-request-id"]
     assert body["error"]["message"]
     if code:
         assert body["error"]["code"] == code

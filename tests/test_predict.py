@@ -22,7 +22,7 @@ from densecnn.blockwise import BlockwiseOptions, label
 from densecnn.blockwise import run as blockwise_run
 from densecnn.blockwise.blocks import halo, label_block, tight_window, window, window_size
 from densecnn.cli import main as cli_main
-from densecnn.errors import BlockFailedError, PredictInputError
+from densecnn.errors import BlockFailedError, Cancelled, PredictInputError
 from densecnn.io import array_input, model_input
 from tests.naive import literal_scan
 from tests.predict_support import (
@@ -525,3 +525,25 @@ def test_storage_errors_are_one_line_and_not_retried(tmp_path, monkeypatch, caps
             model_dir, tmp_path / "in.zarr", tmp_path / "out.zarr", BlockwiseOptions(chunk=20, progress=False)
         )
     assert len(attempts) == len(set(attempts))  # no block was retried: a full disk stays full
+
+
+def test_on_progress_sees_every_task_and_its_exception_stops_the_run_for_a_resume(tmp_path):
+    model, patch = _tiny(1)
+    model_dir = save_model(model, tmp_path / "model", patch, "zeros", 1)
+    zarr.create_array(store=str(tmp_path / "in.zarr"), data=tiled_nuclei(40, 40), chunks=(10, 10))
+    seen = []
+
+    def stop_after_four(summary):
+        seen.append((summary.skipped + summary.computed, summary.total))
+        if summary.computed >= 4:
+            raise Cancelled("enough")
+
+    with pytest.raises(Cancelled):
+        label(model_dir, tmp_path / "in.zarr", tmp_path / "out.zarr",
+              BlockwiseOptions(chunk=10, block=10, progress=False, on_progress=stop_after_four))  # fmt: skip
+    assert seen == [(k, 16) for k in range(5)]  # at the start, then after each task
+    seen.clear()
+    rest = label(model_dir, tmp_path / "in.zarr", tmp_path / "out.zarr",
+                 BlockwiseOptions(chunk=10, block=10, progress=False, on_progress=lambda s: seen.append(s.skipped)))  # fmt: skip
+    # the resume skips what was written: the four reported, and any of the tasks in flight that finished anyway
+    assert rest.skipped >= 4 and rest.computed + rest.skipped == 16 and seen[0] == rest.skipped

@@ -125,6 +125,12 @@ def test_two_worker_processes_serve_and_stop_cleanly(model_root, tmp_path):
     answers = [httpx.post(f"{server.url}/v1/models/cells/segment", content=encode(blobs(40, 40)),
                           headers={"content-type": "image/png"}, timeout=60) for _ in range(4)]  # fmt: skip
     assert [a.status_code for a in answers] == [200] * 4
+    # multiprocess metrics: whichever worker answers /metrics (a new connection each time) counts both workers'
+    for _ in range(6):
+        samples = [line for line in httpx.get(f"{server.url}/metrics").text.splitlines()
+                   if line.startswith("densecnn_http_requests_total{") and 'status="200"' in line
+                   and "/segment" in line]  # fmt: skip
+        assert [float(line.rsplit(" ", 1)[1]) for line in samples] == [4.0], samples
     assert server.stop() == 0
     assert "died" not in (tmp_path / "server.log").read_text()  # no worker was restarted
 

@@ -12,9 +12,9 @@ router = APIRouter(tags=["metrics"])
 
 @router.get(
     "/metrics",
-    summary="Prometheus metrics of this worker process",
+    summary="Prometheus metrics (of all worker processes together when there are several)",
     response_class=Response,
     responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}, "description": "metrics"}},
 )
 async def metrics(metrics: MetricsDep) -> Response:
-    return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    return Response(generate_latest(metrics.scrape_registry()), media_type=CONTENT_TYPE_LATEST)

@@ -35,10 +35,16 @@ function describeModel(info) {
   return info.dims === 2 ? facts : `${facts}. This is ${API_ONLY[info.dims]}.`;
 }
 
+// The API key typed in the jobs panel (kept for this tab), as request headers; none on a server without keys.
+function authHeaders() {
+  const key = sessionStorage.getItem("densecnn-key");
+  return key ? { Authorization: `Bearer ${key}` } : {};
+}
+
 async function loadModels() {
   let response;
   try {
-    response = await fetch("/v1/models");
+    response = await fetch("/v1/models", { headers: authHeaders() });
   } catch (err) {
     showError(`Cannot reach the server: ${err.message}`);
     return;
@@ -110,7 +116,7 @@ async function segment(file) {
   try {
     response = await fetch(`/v1/models/${encodeURIComponent(name)}/segment?view=overlay`, {
       method: "POST",
-      headers: { Accept: "application/json" },
+      headers: { Accept: "application/json", ...authHeaders() },
       body: form,
     });
   } catch (err) {

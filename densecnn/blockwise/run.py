@@ -126,6 +126,9 @@ class BlockwiseOptions:
         resume: skip chunks and images already written (False: start over).
         retries: how often a failing task is resubmitted.
         progress: show a progress bar on a terminal.
+        on_progress: called with the :class:`Summary` so far (``skipped + computed`` of ``total`` chunks or images
+            done) when the tasks start and after each task; an exception it raises (e.g. :class:`Cancelled` when
+            someone asked to stop) ends the run there, cancelling the tasks in flight; what was written is kept.
     """
 
     probabilities: str | Path | None = None
@@ -144,6 +147,7 @@ class BlockwiseOptions:
     resume: bool = True
     retries: int = 2
     progress: bool = True
+    on_progress: Callable[[Summary], None] | None = None
 
 
 def label(
@@ -476,6 +480,7 @@ def _label_array(
         if index not in done:
             blocks.setdefault(job.block_of(index), []).append(index)
     summary = Summary("chunks", total=len(grid), workers=_workers(client))
+    summary.skipped = len(grid) - sum(len(indices) for indices in blocks.values())
 
     def failed(item, exc, attempts):
         region = bounding_region([job.chunk_region(index) for index in item[0]])
@@ -489,7 +494,17 @@ def _label_array(
         )
 
     items = [(tuple(b),) for b in blocks.values()]
-    _run(client, label_block, job, items, summary, options.retries, options.progress, failed)
+    _run(
+        client,
+        label_block,
+        job,
+        items,
+        summary,
+        options.retries,
+        options.progress,
+        failed,
+        options.on_progress,
+    )
     for pyramid, levels, mean in pyramids:
         _build_pyramid(client, pyramid, levels, shape, chunks, mean, options)
     return summary
@@ -554,14 +569,16 @@ def _label_images(
             target.unlink(missing_ok=True)
     todo = [(str(i), str(t)) for i, t in zip(images, targets) if not t.exists()]
     job = FileJob(model, options.device, threads, _task_memory(client, options.max_memory), options.intensity)
-    summary = Summary("images", total=len(images), workers=_workers(client))
+    summary = Summary("images", total=len(images), skipped=len(images) - len(todo), workers=_workers(client))
 
     def failed(item, exc, attempts):
         if isinstance(exc, OSError) and exc.errno in STORAGE_ERRORS:  # every other image would fail alike
             raise BlockFailedError(f"{output}: {storage_problem(exc)}")
         summary.failures.append((item[0], f"failed {attempts} times: {exc}"))
 
-    _run(client, label_file, job, todo, summary, options.retries, options.progress, failed)
+    _run(
+        client, label_file, job, todo, summary, options.retries, options.progress, failed, options.on_progress
+    )
     return summary
 
 
@@ -577,9 +594,10 @@ def _reruns(dask_scheduler, keys: list) -> int:
 
 def _run(
     client, task: Callable, job, items: list[tuple], summary: Summary, retries: int, progress: bool,
-    failed: Callable,
+    failed: Callable, on_progress: Callable[[Summary], None] | None = None,
 ) -> None:  # fmt: skip
-    """Run ``task(job, *item)`` for every item, a window of them in flight; retry, count, report to ``summary``."""
+    """Run ``task(job, *item)`` for every item, a window of them in flight; retry, count, report to ``summary``
+    (and to ``on_progress``, whose exception stops the run)."""
     from distributed import as_completed
     from tqdm.auto import tqdm
 
@@ -601,6 +619,8 @@ def _run(
     )
     queue = as_completed(first, with_results=False)
     try:
+        if on_progress is not None:
+            on_progress(summary)
         for future in queue:
             item, attempt = attempts.pop(future)
             finished.append(future)
@@ -620,6 +640,8 @@ def _run(
                 summary.background += result.background
                 summary.pixels += result.pixels
             bar.update()
+            if on_progress is not None:
+                on_progress(summary)
             following = next(pending, None)
             if following is not None:
                 queue.add(submit(following, 1))

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import signal
+import sys
+import tempfile
 
 from ..errors import InvalidInputError
 
@@ -35,6 +38,14 @@ def run(args) -> int:
         os.environ["DENSECNN_MODEL_DIR"] = args.model_dir  # workers build their Settings from the environment
     if args.workers > 1 and "DENSECNN_TORCH_THREADS" not in os.environ:
         os.environ["DENSECNN_TORCH_THREADS"] = str(max(1, (os.cpu_count() or 1) // args.workers))
+    if args.workers > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        # the workers write their metrics to files there, and /metrics sums them (read before their import)
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="densecnn-metrics-")
+    public = not _loopback(args.host)
+    if public and "DENSECNN_REQUIRE_KEYS" not in os.environ:
+        os.environ["DENSECNN_REQUIRE_KEYS"] = (
+            "true"  # reachable from other machines: keys unless said otherwise
+        )
     try:
         settings = Settings()  # fails here, with the reason, on bad settings
     except ValidationError as exc:
@@ -43,6 +54,21 @@ def run(args) -> int:
             for error in exc.errors()
         )
         raise InvalidInputError(f"invalid service settings: {problems}") from None
+    try:
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InvalidInputError(
+            f"{settings.data_dir}: cannot be created ({exc.strerror}); set DENSECNN_DATA_DIR to a writable directory "
+            "for the jobs and the key database"
+        ) from None
+    if settings.require_keys:
+        _check_keys(settings)
+    elif public:
+        print(
+            f"densecnn serve: warning: listening on {args.host} without API keys (DENSECNN_REQUIRE_KEYS=false): "
+            "anyone who reaches this address may run jobs and read every anonymous job",
+            file=sys.stderr,
+        )
     if not model_dirs(settings.model_dir):
         raise FileNotFoundError(
             f"no models in {settings.model_dir} (no subdirectory holds a model.json); "
@@ -60,3 +86,33 @@ def run(args) -> int:
         **uvicorn_options(settings),
     )
     return 0
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: it may resolve to anything
+        return False
+
+
+def _check_keys(settings) -> None:
+    """Refuse to start with keys required and none created: every request would be refused."""
+    from densecnn_app.jobs.db import make_engine
+    from densecnn_app.keys import KeyStore
+    from sqlalchemy import make_url
+
+    engine = make_engine(settings.database)
+    try:
+        count = KeyStore(engine).count()
+    finally:
+        engine.dispose()
+    if not count:
+        database = make_url(settings.database).render_as_string(hide_password=True)
+        raise InvalidInputError(
+            "API keys are required (the server listens beyond this machine, or DENSECNN_REQUIRE_KEYS=true) but "
+            f"there are none in {database}: create one with `densecnn keys add NAME` (same DENSECNN_* "
+            "settings), or listen on 127.0.0.1, or set DENSECNN_REQUIRE_KEYS=false behind a gateway that "
+            "authenticates"
+        )

@@ -1,0 +1,10 @@
+"""Jobs: images of any size labelled block by block on densecnn's engine (:func:`densecnn.blockwise.label`), in the
+background, recorded in a database so that they survive a restart.
+
+- :mod:`.db`: the tables (jobs, API keys) and the database engine.
+- :mod:`.store`: reading and changing job records (owner-scoped, claims between worker processes).
+- :mod:`.inputs`: where a job's input comes from: an upload streamed to disk, or a path under the data roots.
+- :mod:`.quota`: the disk the jobs' files take.
+- :mod:`.runner`: the bounded executor that runs jobs, reports progress, cancels, resumes and expires them.
+- :mod:`.keys`: API keys, stored hashed.
+"""

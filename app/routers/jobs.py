@@ -1,0 +1,258 @@
+"""Jobs: label an image of any size in the background (an upload streamed to disk, or a server-side input), follow
+its progress, cancel it, download its labels (one image, or the zarr store file by file)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import time
+import uuid
+from pathlib import Path as FilePath
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Path, Query, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, JSONResponse
+from pydantic import ValidationError
+
+from densecnn.io import Intensity
+
+from ..auth import CallerDep
+from ..dependencies import ReadyServiceDep, SettingsDep
+from ..errors import ApiError, ErrorBody
+from ..jobs.db import UNFINISHED, JobRecord, State
+from ..jobs.inputs import save_upload, server_path
+from ..jobs.plan import plan
+from ..jobs.quota import QuotaExceeded, room_left
+from ..jobs.runner import LABELS_PNG, LABELS_TIFF, LABELS_ZARR, JobRunner
+from ..jobs.schemas import Job, JobList, JobRequest
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+
+MAX_JSON_BYTES = 64 * 1024
+BINARY = {"schema": {"type": "string", "format": "binary"}}
+JOB_BODY = {
+    "required": True,
+    "description": "JSON naming a server-side input (`JobRequest`), or an upload: multipart field `image`, or the raw "
+                   "body (then the options are query parameters). Uploads are streamed to disk.",
+    "content": {
+        "application/json": {"schema": JobRequest.model_json_schema()},
+        "multipart/form-data": {
+            "schema": {"type": "object", "properties": {"image": {"type": "string", "format": "binary"}},
+                       "required": ["image"]},
+        },
+        "image/tiff": BINARY,
+        "application/octet-stream": BINARY,
+    },
+}  # fmt: skip
+
+
+def get_runner(request: Request) -> JobRunner:
+    return request.app.state.jobs
+
+
+RunnerDep = Annotated[JobRunner, Depends(get_runner)]
+JobId = Annotated[str, Path(description="the job's id, from its Location", max_length=64)]
+
+
+def _error(description: str) -> dict:
+    return {"model": ErrorBody, "description": description}
+
+
+def _owned(runner: JobRunner, job_id: str, owner: str) -> JobRecord:
+    """The caller's job, or 404 (also for another caller's job: ids are not confirmed to strangers)."""
+    job = runner.store.get(job_id, owner)
+    if job is None:
+        raise ApiError(404, "unknown_job", f"no job {job_id!r} of yours; GET /v1/jobs lists them")
+    return job
+
+
+@router.post(
+    "",
+    status_code=202,
+    response_model=Job,
+    summary="Start a job: label an image of any size block by block, in the background",
+    description="Answers 202 with the job and its `Location`; poll it until its state is `succeeded`, `failed` or "
+    "`cancelled`. Inputs read block by block (zarr, OME-Zarr, (Big)TIFF, whole-slide images, .npy) may be of any "
+    "size; other image files are decoded whole and must fit the image limits.",
+    openapi_extra={"requestBody": JOB_BODY},
+    responses={
+        400: _error("unreadable input, '..' in a path, bad intensity"),
+        403: _error("a server-side path outside the data roots, or the server reads none"),
+        404: _error("no such model, or nothing at the server-side path"),
+        413: _error(
+            "the upload is over max_job_upload_bytes, or an image decoded whole is over the image limits"
+        ),
+        415: _error("not an image in a format read here"),
+        422: _error("invalid options, or an input of other dimensions than the model's"),
+        429: _error("the key has max_jobs_per_key jobs queued or running, or is over its request rate"),
+        507: _error("the jobs' disk quota is used up"),
+    },
+)
+async def create_job(
+    request: Request,
+    caller: CallerDep,
+    service: ReadyServiceDep,
+    settings: SettingsDep,
+    runner: RunnerDep,
+    model: Annotated[str | None, Query(description="model name (uploads)")] = None,
+    chunk: Annotated[int | None, Query(gt=0, description="output chunk side (uploads)")] = None,
+    level: Annotated[int | None, Query(ge=0, description="OME-Zarr level (uploads)")] = None,
+    intensity: Annotated[str | None, Query(description="intensity scaling (uploads)")] = None,
+) -> JSONResponse:
+    if await asyncio.to_thread(runner.store.unfinished, caller.owner) >= settings.max_jobs_per_key:
+        raise ApiError(429, "too_many_jobs",
+                       f"you have {settings.max_jobs_per_key} jobs queued or running (max_jobs_per_key); wait for "
+                       "one to finish or cancel one (DELETE /v1/jobs/ID)",
+                       {"Retry-After": str(max(1, round(settings.job_poll_seconds)))})  # fmt: skip
+    json_body = (
+        request.headers.get("content-type", "").partition(";")[0].strip().lower() == "application/json"
+    )
+    spec = await _json_request(request) if json_body else None
+    if spec is not None:
+        model, chunk, level, intensity = spec.model, spec.chunk, spec.level, spec.intensity
+    if model is None:
+        raise ApiError(422, "missing_model", "name the model: ?model=NAME (see GET /v1/models)")
+    if model not in service.models:
+        raise ApiError(404, "unknown_model", f"no model named {model!r}; models: {', '.join(service.models)}")
+    if intensity is not None:
+        Intensity.parse(intensity)  # 400 intensity_out_of_range when unreadable
+    room = await asyncio.to_thread(room_left, runner.root, settings.disk_quota_bytes)
+    if room <= 0:
+        raise QuotaExceeded(room)
+    job_id = uuid.uuid4().hex
+    directory = runner.directory(job_id)
+    directory.mkdir(parents=True)
+    try:
+        if spec is not None:
+            job_input = await asyncio.to_thread(server_path, spec.input, settings.data_roots)
+        else:
+            job_input = await save_upload(request, directory, room=room)
+            room -= job_input.path.stat().st_size
+        loaded = service.models[model].loaded
+        result = await asyncio.to_thread(plan, job_input, loaded, settings, room, level)
+        record = JobRecord(
+            id=job_id, owner=caller.owner, model=model, input=str(job_input.path), input_name=job_input.name,
+            intensity=intensity, level=level, chunk=chunk, result=result,
+            state=State.queued.value, runner=runner.name, heartbeat=time.time(), created=time.time(),
+        )  # fmt: skip
+        await asyncio.to_thread(runner.store.add, record)
+    except BaseException:
+        await asyncio.to_thread(shutil.rmtree, directory, True)
+        raise
+    runner.submit(job_id)
+    headers = {"Location": f"/v1/jobs/{job_id}"}
+    return JSONResponse(Job.of(record).model_dump(mode="json"), status_code=202, headers=headers)
+
+
+async def _json_request(request: Request) -> JobRequest:
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_JSON_BYTES:
+            raise ApiError(
+                413, "payload_too_large", f"a JSON job request is at most {MAX_JSON_BYTES:,} bytes"
+            )
+    try:
+        return JobRequest.model_validate_json(bytes(body))
+    except ValidationError as exc:
+        raise RequestValidationError(exc.errors()) from None
+
+
+@router.get("", response_model=JobList, summary="Your jobs, newest first (at most 100)")
+def list_jobs(caller: CallerDep, runner: RunnerDep) -> JobList:
+    return JobList(jobs=[Job.of(job) for job in runner.store.list(caller.owner)])
+
+
+@router.get("/{job_id}", response_model=Job, summary="A job: its state, progress and results",
+            responses={404: _error("no such job of yours")})  # fmt: skip
+def get_job(job_id: JobId, caller: CallerDep, runner: RunnerDep) -> Job:
+    return Job.of(_owned(runner, job_id, caller.owner))
+
+
+@router.delete(
+    "/{job_id}",
+    summary="Cancel a queued or running job (202), or delete a finished one and its files (204)",
+    description="A running job stops after its blocks in flight; its state is then `cancelled` and its slot free. "
+    "Delete it afterwards to free its disk.",
+    status_code=202,
+    response_model=Job,
+    responses={204: {"description": "deleted"}, 404: _error("no such job of yours")},
+)
+def delete_job(job_id: JobId, caller: CallerDep, runner: RunnerDep) -> Response:
+    job = _owned(runner, job_id, caller.owner)
+    if job.state in UNFINISHED:
+        runner.store.request_cancel(job_id)
+        runner.cancel(job_id)
+        job = runner.store.get(job_id)
+        return JSONResponse(Job.of(job).model_dump(mode="json"), status_code=202)
+    runner.remove(job_id)
+    return Response(status_code=204)
+
+
+def _finished(runner: JobRunner, job_id: str, owner: str, kind: str) -> FilePath:
+    """The directory of the caller's succeeded job, which has a ``kind`` result; 409 or 404 otherwise."""
+    job = _owned(runner, job_id, owner)
+    if job.state != State.succeeded.value:
+        raise ApiError(
+            409, "job_not_finished",
+            f"job {job_id} is {job.state}; results exist once it has succeeded (poll GET /v1/jobs/{job_id})",
+        )  # fmt: skip
+    if kind not in job.result.split("+"):
+        if kind == "zarr":
+            why = f"job {job_id} labelled an image file: get /v1/jobs/{job_id}/result.png"
+        else:
+            why = (f"job {job_id}'s labels are too large for one image; read the zarr store at "
+                   f"/v1/jobs/{job_id}/result.zarr/ (e.g. zarr.open_array over HTTP)")  # fmt: skip
+        raise ApiError(404, "no_such_result", why)
+    return runner.directory(job_id)
+
+
+@router.get("/{job_id}/result.png", summary="The labels as one palette PNG (results within the image limits)",
+            response_class=FileResponse, responses={200: {"content": {"image/png": BINARY}}, 404: _error("none"),
+                                                    409: _error("not finished")})  # fmt: skip
+def result_png(job_id: JobId, caller: CallerDep, runner: RunnerDep) -> FileResponse:
+    directory = _finished(runner, job_id, caller.owner, "png")
+    return FileResponse(directory / LABELS_PNG, media_type="image/png", filename=f"{job_id}-labels.png")
+
+
+@router.get("/{job_id}/result.tif", summary="The labels as one TIFF of class ids (results within the image limits)",
+            response_class=Response, responses={200: {"content": {"image/tiff": BINARY}}, 404: _error("none"),
+                                                409: _error("not finished")})  # fmt: skip
+def result_tiff(job_id: JobId, caller: CallerDep, runner: RunnerDep) -> Response:
+    job = _owned(runner, job_id, caller.owner)
+    directory = _finished(runner, job_id, caller.owner, "tiff" if "tiff" in job.result else "png")
+    if (directory / LABELS_TIFF).is_file():
+        return FileResponse(directory / LABELS_TIFF, media_type="image/tiff", filename=f"{job_id}-labels.tif")
+    import numpy as np
+    from PIL import Image
+
+    from densecnn.io import labels_tiff
+
+    with Image.open(directory / LABELS_PNG) as image:  # its pixel values are the class ids
+        labels = np.asarray(image)
+    data = labels_tiff(labels, int(labels.max()) + 1)
+    disposition = f'attachment; filename="{job_id}-labels.tif"'
+    return Response(data, media_type="image/tiff", headers={"Content-Disposition": disposition})
+
+
+@router.get(
+    "/{job_id}/result.zarr/{key:path}",
+    summary="A file of the labels' zarr store (zarr.json, chunks), for zarr clients reading over HTTP",
+    response_class=FileResponse,
+    responses={200: {"content": {"application/octet-stream": BINARY}}, 404: _error("no such file"),
+               409: _error("not finished")},
+)  # fmt: skip
+def result_zarr(job_id: JobId, key: str, caller: CallerDep, runner: RunnerDep) -> FileResponse:
+    store = (_finished(runner, job_id, caller.owner, "zarr") / LABELS_ZARR).resolve()
+    if ".." in FilePath(key).parts:
+        raise ApiError(400, "path_traversal", f"{key!r} contains '..'; give a key inside the store")
+    path, found = store / key, False
+    if "\0" not in key:
+        with contextlib.suppress(OSError):  # a name too long for the file system
+            path = path.resolve()
+            found = path.is_relative_to(store) and path.is_file()
+    if not found:
+        raise ApiError(404, "no_such_key", f"the store has no {key[:200]!r}")
+    return FileResponse(path, media_type="application/octet-stream")

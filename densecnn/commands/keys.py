@@ -1,0 +1,44 @@
+"""``densecnn keys add|list|remove``: the service's API keys, in its database (the server's DENSECNN_* settings)."""
+
+from __future__ import annotations
+
+
+def add_parser(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "keys",
+        help="create, list and remove the service's API keys",
+        description="API keys of `densecnn serve`, kept hashed in its database: DENSECNN_DATABASE_URL, else "
+        "jobs.db in DENSECNN_DATA_DIR (set them as for the server). Clients send Authorization: Bearer KEY; a key's "
+        "name owns the jobs made with it.",
+    )
+    actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+    add = actions.add_parser("add", help="create a key and print it (once: only its hash is kept)")
+    add.add_argument("name", help="who holds the key: letters, digits, . _ @ -")
+    actions.add_parser("list", help="the names of the keys")
+    remove = actions.add_parser("remove", help="revoke a key (its jobs stay until they expire)")
+    remove.add_argument("name")
+    parser.set_defaults(run=run)
+
+
+def run(args) -> int:
+    import sys
+
+    from densecnn_app.jobs.db import make_engine
+    from densecnn_app.keys import KeyStore
+    from densecnn_app.settings import Settings
+
+    settings = Settings()
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    keys = KeyStore(make_engine(settings.database))
+    if args.action == "add":
+        print(keys.add(args.name))
+        print(
+            f"the key of {args.name!r}: give it to its holder now, it cannot be shown again", file=sys.stderr
+        )
+    elif args.action == "list":
+        for name in keys.names():
+            print(name)
+    elif not keys.remove(args.name):
+        print(f"densecnn keys: no key named {args.name!r}", file=sys.stderr)
+        return 1
+    return 0
