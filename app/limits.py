@@ -16,14 +16,15 @@ class BodySizeLimitMiddleware:
     """
 
     def __init__(self, app: ASGIApp, max_bytes: int, *, paths: dict[str, int] | None = None):
-        """``paths``: other limits for the bodies sent to some paths (uploads of jobs, streamed to disk)."""
+        """``paths``: other limits for the bodies sent to the paths starting so (uploads of jobs, streamed to disk)."""
         self.app, self.max_bytes, self.paths = app, max_bytes, paths or {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        limit = self.paths.get(scope["path"], self.max_bytes)
+        path = scope["path"]
+        limit = next((n for prefix, n in self.paths.items() if path.startswith(prefix)), self.max_bytes)
         declared = dict(scope["headers"]).get(b"content-length")
         received = 0
         started = False

@@ -27,9 +27,10 @@ from .limits import BodySizeLimitMiddleware
 from .metrics import Metrics, MetricsMiddleware, multiprocess
 from .registry import load_models
 from .requestid import RequestIdMiddleware
-from .routers import health, jobs, models, page, segment
+from .routers import health, jobs, models, page, segment, uploads
 from .routers import metrics as metrics_router
 from .routers.page import STATIC
+from .routers.uploads import TUS_REQUEST_HEADERS, TUS_RESPONSE_HEADERS
 from .settings import Settings
 from .state import ServiceState, drain_on_signals
 
@@ -132,17 +133,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_error_handlers(app, retry_after=settings.retry_after)
     app.add_middleware(
         BodySizeLimitMiddleware, max_bytes=settings.max_upload_bytes,
-        paths={"/v1/jobs": settings.max_job_upload_bytes},  # job uploads are streamed to disk
+        paths={"/v1/jobs": settings.max_job_upload_bytes, "/v1/uploads": settings.max_job_upload_bytes},  # to disk
     )  # fmt: skip
     if settings.cors_origins:
         app.add_middleware(
-            CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["GET", "POST", "DELETE"],
-            allow_headers=["Authorization", "Content-Type", "X-Request-ID"],
-            expose_headers=["Location", "Retry-After", "X-Request-ID", "Server-Timing"],
+            CORSMiddleware, allow_origins=settings.cors_origins,
+            allow_methods=["GET", "HEAD", "POST", "PATCH", "DELETE", "OPTIONS"],
+            allow_headers=["Authorization", "Content-Type", "X-Request-ID", *TUS_REQUEST_HEADERS],
+            expose_headers=["Location", "Retry-After", "X-Request-ID", "Server-Timing", *TUS_RESPONSE_HEADERS],
         )  # fmt: skip
     app.add_middleware(MetricsMiddleware, metrics=metrics)  # counts every answer, 413s included
     app.add_middleware(RequestIdMiddleware)  # outermost: every answer carries its id
-    for router in (health.router, metrics_router.router, page.router, jobs.router):
+    for router in (health.router, metrics_router.router, page.router, jobs.router, uploads.router):
         app.include_router(router)
     for router in (models.router, segment.router):  # keys and rate limits as for jobs
         app.include_router(router, dependencies=[Depends(get_caller)])

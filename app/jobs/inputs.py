@@ -15,7 +15,8 @@ from starlette.datastructures import UploadFile
 from starlette.requests import Request
 
 from densecnn.io import ACCEPTED, image_format, is_zarr
-from densecnn.io.formats import SLIDE_SUFFIXES, TIFF_SUFFIXES
+from densecnn.io.formats import TIFF_SUFFIXES
+from densecnn.io.slides import SLIDE_SUFFIXES
 
 from ..errors import ApiError
 from ..uploads import RAW_TYPES, printable_name

@@ -25,6 +25,7 @@ from densecnn.errors import Cancelled, DenseCNNError
 
 from ..metrics import Metrics
 from ..settings import Settings
+from . import uploads
 from .db import JobRecord, State
 from .store import JobStore
 
@@ -81,6 +82,7 @@ class JobRunner:
                     self.submit(job.id)
         for job in self.store.expired(finished_before=time.time() - self.settings.job_retention):
             self.remove(job.id)
+        uploads.remove_expired(self.root, created_before=time.time() - self.settings.job_retention)
 
     def remove(self, job_id: str) -> None:
         """Delete a finished job's files and record."""

@@ -2,27 +2,38 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .db import JobRecord, State
 
 
 class JobRequest(BaseModel):
-    """A job on a server-side input (an upload takes the same options as query parameters)."""
+    """A job on a server-side input or a finished resumable upload (an upload in the body takes the same options
+    as query parameters)."""
 
     model_config = ConfigDict(extra="forbid")
 
     model: str = Field(description="model name, see GET /v1/models")
-    input: str = Field(
+    input: str | None = Field(
+        None,
         description="a zarr array or OME-Zarr image, (Big)TIFF, whole-slide image, .npy or image file, relative to "
         "one of the server's data roots (or absolute inside one)",
         examples=["slides/tissue.ome.zarr"],
+    )
+    upload: str | None = Field(
+        None, description="the id of a complete resumable upload (POST /v1/uploads); it becomes the job's input"
     )
     chunk: int | None = Field(None, gt=0, description="output chunk side (default: the input's chunks)")
     level: int | None = Field(None, ge=0, description="the OME-Zarr input's resolution level")
     intensity: str | None = Field(
         None, description="dtype, range:LOW,HIGH or percentiles:LOW,HIGH; default: as the model declares"
     )
+
+    @model_validator(mode="after")
+    def one_input(self) -> JobRequest:
+        if (self.input is None) == (self.upload is None):
+            raise ValueError("name the input: either 'input' (a server-side path) or 'upload' (an upload's id)")
+        return self
 
 
 class Progress(BaseModel):

@@ -21,6 +21,7 @@ from densecnn.io import Intensity
 from ..auth import CallerDep
 from ..dependencies import ReadyServiceDep, SettingsDep
 from ..errors import ApiError, ErrorBody
+from ..jobs import uploads
 from ..jobs.db import UNFINISHED, JobRecord, State
 from ..jobs.inputs import save_upload, server_path
 from ..jobs.plan import plan
@@ -125,7 +126,9 @@ async def create_job(
     directory = runner.directory(job_id)
     directory.mkdir(parents=True)
     try:
-        if spec is not None:
+        if spec is not None and spec.upload is not None:
+            job_input = await asyncio.to_thread(uploads.take, runner.root, spec.upload, caller.owner, directory)
+        elif spec is not None:
             job_input = await asyncio.to_thread(server_path, spec.input, settings.data_roots)
         else:
             job_input = await save_upload(request, directory, room=room)
