@@ -21,7 +21,8 @@ class JobRequest(BaseModel):
         examples=["slides/tissue.ome.zarr"],
     )
     upload: str | None = Field(
-        None, description="the id of a complete resumable upload (POST /v1/uploads); it becomes the job's input"
+        None,
+        description="the id of a complete resumable upload (POST /v1/uploads); it becomes the job's input",
     )
     chunk: int | None = Field(None, gt=0, description="output chunk side (default: the input's chunks)")
     level: int | None = Field(None, ge=0, description="the OME-Zarr input's resolution level")
@@ -32,7 +33,9 @@ class JobRequest(BaseModel):
     @model_validator(mode="after")
     def one_input(self) -> JobRequest:
         if (self.input is None) == (self.upload is None):
-            raise ValueError("name the input: either 'input' (a server-side path) or 'upload' (an upload's id)")
+            raise ValueError(
+                "name the input: either 'input' (a server-side path) or 'upload' (an upload's id)"
+            )
         return self
 
 

@@ -60,7 +60,9 @@ def info(jobs_root: Path, upload_id: str, owner: str) -> tuple[UploadInfo, int]:
         except (OSError, ValueError, TypeError):
             described = None
     if described is None or described.owner != owner:
-        raise ApiError(404, "unknown_upload", f"no upload {upload_id!r} of yours; create one with POST /v1/uploads")
+        raise ApiError(
+            404, "unknown_upload", f"no upload {upload_id!r} of yours; create one with POST /v1/uploads"
+        )
     return described, offset
 
 

@@ -127,7 +127,9 @@ async def create_job(
     directory.mkdir(parents=True)
     try:
         if spec is not None and spec.upload is not None:
-            job_input = await asyncio.to_thread(uploads.take, runner.root, spec.upload, caller.owner, directory)
+            job_input = await asyncio.to_thread(
+                uploads.take, runner.root, spec.upload, caller.owner, directory
+            )
         elif spec is not None:
             job_input = await asyncio.to_thread(server_path, spec.input, settings.data_roots)
         else:

@@ -45,7 +45,9 @@ def _require_tus(version: str | None) -> None:
                        {"Tus-Version": TUS_VERSION})  # fmt: skip
 
 
-@router.options("", status_code=204, summary="What the uploads speak: tus version, extensions, the largest upload")
+@router.options(
+    "", status_code=204, summary="What the uploads speak: tus version, extensions, the largest upload"
+)
 def capabilities(settings: SettingsDep) -> Response:
     return Response(status_code=204, headers={
         **TUS, "Tus-Version": TUS_VERSION, "Tus-Extension": "creation,termination",
@@ -116,7 +118,9 @@ async def send_bytes(
     if request.headers.get("content-type", "").partition(";")[0].strip().lower() != OFFSET_TYPE:
         raise ApiError(415, "unsupported_media_type", f"send the bytes as Content-Type: {OFFSET_TYPE}")
     if upload_offset is None or not upload_offset.isdigit():
-        raise ApiError(400, "invalid_upload_offset", "send Upload-Offset: where these bytes start (HEAD gives it)")
+        raise ApiError(
+            400, "invalid_upload_offset", "send Upload-Offset: where these bytes start (HEAD gives it)"
+        )
     described, offset = await asyncio.to_thread(uploads.info, runner.root, upload_id, caller.owner)
     if int(upload_offset) != offset:
         raise uploads.offset_mismatch(upload_id, int(upload_offset), offset)
@@ -139,7 +143,10 @@ async def send_bytes(
 @router.delete("/{upload_id}", status_code=204, summary="Delete an upload (tus termination)",
                responses={404: _error("no such upload of yours")})  # fmt: skip
 def delete_upload(
-    upload_id: UploadId, caller: CallerDep, runner: RunnerDep, tus_resumable: Annotated[str | None, Header()] = None
+    upload_id: UploadId,
+    caller: CallerDep,
+    runner: RunnerDep,
+    tus_resumable: Annotated[str | None, Header()] = None,
 ) -> Response:
     _require_tus(tus_resumable)
     uploads.info(runner.root, upload_id, caller.owner)
