@@ -28,6 +28,17 @@ def service_data_dir(tmp_path_factory):
     os.environ["DENSECNN_DATA_DIR"] = str(tmp_path_factory.mktemp("service-data"))
 
 
+@pytest.fixture(autouse=True)
+def environment_restored():
+    """``densecnn serve`` sets DENSECNN_* variables for its worker processes: each test leaves the environment as it
+    found it, so none of them reaches a later test in the same process."""
+    before = dict(os.environ)
+    yield
+    for name in set(os.environ) - set(before):
+        del os.environ[name]
+    os.environ.update(before)
+
+
 @pytest.fixture
 def ops_config():
     """Change the ops settings for one test: ``ops_config(solver="native", cache_dir=tmp_path)``; the config in effect

@@ -55,9 +55,10 @@ def _run(widget, qtbot, layer, max_memory_mib: float, *, probabilities=False):
     widget._image.value = layer
     widget._max_memory.value = max_memory_mib
     widget._probabilities.value = probabilities
-    worker = widget.run()
-    with qtbot.waitSignal(worker.finished, timeout=120_000):
-        pass
+    assert widget.run() is not None
+    # the widget's state, not the worker's finished signal: a worker that fails at once may emit it before a
+    # signal blocker connects
+    qtbot.waitUntil(lambda: widget.worker is None, timeout=120_000)
     return widget
 
 
@@ -124,8 +125,7 @@ def test_cancel_stops_within_one_tile_and_adds_no_layer(viewer_and_widget, qtbot
             widget._cancel.clicked.emit()
 
     worker.yielded.connect(cancel_after_the_first_tile)
-    with qtbot.waitSignal(worker.finished, timeout=120_000):
-        pass
+    qtbot.waitUntil(lambda: widget.worker is None, timeout=120_000)
     assert widget.last_progress.total > 8
     assert widget.last_progress.done <= 2, seen  # the tile under way when Cancel came, at most
     assert [layer.name for layer in viewer.layers] == ["nuclei"]

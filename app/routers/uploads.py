@@ -103,7 +103,8 @@ def upload_offset(upload_id: UploadId, caller: CallerDep, runner: RunnerDep) -> 
     summary="Send bytes from Upload-Offset on; bytes received before a cut-off are kept",
     openapi_extra={"requestBody": {"required": True, "content": {
         OFFSET_TYPE: {"schema": {"type": "string", "format": "binary"}}}}},
-    responses={404: _error("no such upload of yours"), 409: _error("Upload-Offset is not the bytes held"),
+    responses={400: _error("no valid Upload-Offset"), 404: _error("no such upload of yours"),
+               409: _error("Upload-Offset is not the bytes held"), 412: _error("not tus 1.0.0"),
                413: _error("more bytes than Upload-Length"), 415: _error(f"not {OFFSET_TYPE}")},
 )  # fmt: skip
 async def send_bytes(
@@ -141,7 +142,7 @@ async def send_bytes(
 
 
 @router.delete("/{upload_id}", status_code=204, summary="Delete an upload (tus termination)",
-               responses={404: _error("no such upload of yours")})  # fmt: skip
+               responses={404: _error("no such upload of yours"), 412: _error("not tus 1.0.0")})  # fmt: skip
 def delete_upload(
     upload_id: UploadId,
     caller: CallerDep,
