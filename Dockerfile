@@ -28,14 +28,14 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PATH=/opt/venv/bin:$PATH
 
 # tcmalloc serves torch's tensors from reused memory (preloaded below; Debian/Ubuntu name the package with or
-# without the t64 suffix); python3 + venv only where the base lacks them
+# without the t64 suffix); python3 + venv only where the base cannot make a venv (Debian's python3 alone cannot)
 RUN apt-get update \
  && (apt-get install -y --no-install-recommends libtcmalloc-minimal4 \
      || apt-get install -y --no-install-recommends libtcmalloc-minimal4t64) \
  && ln -s "$(ls /usr/lib/*/libtcmalloc_minimal.so.4 | head -n 1)" /usr/local/lib/libtcmalloc_minimal.so.4 \
- && if ! command -v python3 >/dev/null || ! python3 -m venv --help >/dev/null 2>&1; then \
+ && if ! python3 -m venv /tmp/venv-probe >/dev/null 2>&1; then \
       apt-get install -y --no-install-recommends python3 python3-venv; fi \
- && rm -rf /var/lib/apt/lists/* /var/cache/apt/*
+ && rm -rf /tmp/venv-probe /var/lib/apt/lists/* /var/cache/apt/*
 
 # as `make venv`: torch==2.13.0 first (any other spelling can pull a multi-GB CUDA build from PyPI)
 RUN python3 -m venv /opt/venv \

@@ -1,6 +1,6 @@
 """Compare two label maps (palette PNGs of class ids): exit 0 when equal, else 1 with the differing pixels.
 
-    python scripts/compare_labels.py container.png host.png
+python scripts/compare_labels.py container.png host.png
 """
 
 from __future__ import annotations
