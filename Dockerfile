@@ -1,5 +1,5 @@
 # densecnn service image: the steps of `make venv` + `make serve`, without the test extras, in three stages:
-#   torch    the base + python3 and tcmalloc where it lacks them + a venv holding CPU torch==2.13.0
+#   torch    the base + tcmalloc (+ python3 and venv where it cannot make a venv) + a venv holding torch==2.13.0
 #   build    torch + g++ and Python's headers: builds densecnn's wheel (the C++ extension against that torch)
 #   runtime  torch + the wheel with the service's extra, the shipped models, a non-root user (no compiler)
 #
@@ -9,9 +9,12 @@
 # BASE_IMAGE: any Debian or Ubuntu image, with or without Python (python3, venv and the headers are installed where
 # it lacks them), or an official Python image (3.10 or later). The torch wheel comes from TORCH_INDEX_URL (CPU by
 # default), or, with TORCH_FIND_LINKS, from a directory of wheels mounted into the build (the other packages then
-# come from PyPI). For a CUDA image pick a CUDA base and the torch wheel index of a matching CUDA version, e.g.
+# come from PyPI). For a CUDA image (not built here) pick a CUDA base, the torch wheel index of a matching CUDA
+# version and, for densecnn's CUDA kernels, the variables of docs/cuda.md, e.g.
 #   docker build --build-arg BASE_IMAGE=nvidia/cuda:13.0.0-devel-ubuntu24.04 \
-#                --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu130 -t densecnn:cuda .
+#                --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu130 \
+#                --build-arg FORCE_CUDA=1 --build-arg CUDA_HOME=/usr/local/cuda \
+#                --build-arg TORCH_CUDA_ARCH_LIST="8.0;9.0" -t densecnn:cuda .
 # PIP_CERT names a CA bundle for pip (e.g. a proxy's, mounted into the build); unset, pip trusts its own bundle.
 # Podman, a local wheel directory and the host's CA bundle: docs/service.md, "Container".
 ARG BASE_IMAGE=python:3.11-slim
@@ -45,6 +48,9 @@ RUN python3 -m venv /opt/venv \
 
 FROM torch AS build
 ARG PIP_CERT
+ARG FORCE_CUDA=0
+ARG CUDA_HOME=
+ARG TORCH_CUDA_ARCH_LIST=
 # g++ and Python.h build the extension; the headers come from the base's own Python where it has them (official
 # Python images), else from the distribution's python3-dev
 RUN apt-get update \
