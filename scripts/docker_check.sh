@@ -54,15 +54,17 @@ start=$SECONDS
 engine build --format docker --network host \
   --build-arg BASE_IMAGE="$BASE" "${torch_source[@]}" \
   -v /etc/ssl/certs/ca-certificates.crt:/run/host-ca.crt:ro --build-arg PIP_CERT=/run/host-ca.crt \
-  -t "$IMAGE" . >"$WORK/build.log" 2>&1 || { tail -n 40 "$WORK/build.log" >&2; fail "the image did not build (its log above)"; }
-echo "image $IMAGE: built in $((SECONDS - start)) s, $(($(engine image inspect --format '{{.Size}}' "$IMAGE") / 1000000)) MB"
+  -t "$IMAGE" . >"$WORK/build.log" 2>&1 \
+  || { tail -n 40 "$WORK/build.log" >&2; fail "the image did not build (its log above)"; }
+size=$(engine image inspect --format '{{.Size}}' "$IMAGE")
+echo "image $IMAGE: built in $((SECONDS - start)) s, $((size / 1000000)) MB"
 
 start=$(date +%s.%N)
 engine run -d --name "$CONTAINER" -p 127.0.0.1::8000 "$IMAGE" >/dev/null
 url="http://$(engine port "$CONTAINER" 8000)"
 for _ in $(seq 240); do
   curl -sf "$url/readyz" >/dev/null && break
-  engine container exists "$CONTAINER" && [ "$(engine inspect --format '{{.State.Running}}' "$CONTAINER")" = true ] \
+  [ "$(engine inspect --format '{{.State.Running}}' "$CONTAINER")" = true ] \
     || { engine logs "$CONTAINER" >&2; fail "the container stopped before it was ready (its log above)"; }
   sleep 0.5
 done
@@ -86,6 +88,6 @@ start=$(date +%s.%N)
 engine stop --time 10 "$CONTAINER" >/dev/null
 stopped=$(since "$start")
 code=$(engine inspect --format '{{.State.ExitCode}}' "$CONTAINER")
-[ "$code" = 0 ] || { engine logs "$CONTAINER" >&2; fail "SIGTERM: the server exited with $code after $stopped s, not 0"; }
+[ "$code" = 0 ] || { engine logs "$CONTAINER" >&2; fail "SIGTERM: exit code $code after $stopped s, not 0"; }
 echo "SIGTERM: exit code 0 after $stopped s"
 echo "docker-check: passed"
