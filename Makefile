@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
 
-.PHONY: venv test lint serve bench cuda-check gpu-check browser qt-libs clean
+.PHONY: venv test lint serve bench cuda-check gpu-check docker-check browser qt-libs clean
 
 venv: $(STAMP)
 
@@ -62,6 +62,11 @@ cuda-check:
 # CUDA in place, run the tests with the CUDA cases and the CUDA benchmark; results in gpu-check/ (docs/cuda.md).
 gpu-check:
 	PYTHON=$(PYTHON) bash scripts/gpu_check.sh
+
+# The Dockerfile built with podman on a Debian base made here and run: /readyz, a label map equal to .venv's,
+# a non-root server, a clean SIGTERM, the image's size (docs/service.md, "Container").
+docker-check: venv
+	bash scripts/docker_check.sh
 
 clean:
 	rm -rf $(VENV) build *.egg-info
