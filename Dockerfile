@@ -70,19 +70,26 @@ RUN pip install -q --upgrade pip setuptools wheel ninja \
 
 FROM torch AS runtime
 ARG PIP_CERT
-RUN --mount=type=bind,from=build,source=/dist,target=/dist \
-    pip install -q "$(ls /dist/densecnn-*.whl)[serve]" \
+# COPY, not a bind mount from the build stage: podman caches a RUN with such a mount without looking at what it
+# mounts, so a changed wheel would not be installed; the wheel (a few MB) stays in this layer
+COPY --from=build /dist /tmp/dist
+RUN pip install -q "$(ls /tmp/dist/densecnn-*.whl)[serve]" \
  && python -c "import densecnn._C, densecnn_app"
 COPY models/ /srv/densecnn/models/
-RUN useradd --create-home --uid 10001 densecnn
+RUN useradd --create-home --uid 10001 densecnn \
+ && install -d -o densecnn -g densecnn /var/lib/densecnn
 USER densecnn
 WORKDIR /home/densecnn
 
-# the package is installed into the venv, so point the service at the shipped models explicitly; tcmalloc makes
-# warm requests 13-19% faster (docs/performance.md, "Memory allocator")
+# the package is installed into the venv, so point the service at the shipped models explicitly; jobs, uploads and
+# the API keys' database live in the volume; tcmalloc makes warm requests 13-19% faster (docs/performance.md,
+# "Memory allocator")
 ENV DENSECNN_MODEL_DIR=/srv/densecnn/models \
+    DENSECNN_DATA_DIR=/var/lib/densecnn \
     LD_PRELOAD=/usr/local/lib/libtcmalloc_minimal.so.4
+VOLUME /var/lib/densecnn
 EXPOSE 8000
 HEALTHCHECK --interval=30s --timeout=5s --start-period=60s --retries=3 \
   CMD python -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/healthz', timeout=4)" || exit 1
+# listening beyond the container's loopback, the server needs API keys: `densecnn keys add NAME` in the volume first
 CMD ["densecnn", "serve", "--host", "0.0.0.0", "--port", "8000"]

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # make docker-check: build the Dockerfile with podman on a Debian base made here, run the image, and check it:
 # ready on /readyz, tests/images/nuclei.png labelled through the API exactly as densecnn labels it outside the
-# container (.venv), the server not root, the HEALTHCHECK passing, SIGTERM stopping it cleanly; prints the sizes
+# container (.venv) with an API key made in the data volume (401 without it), the server not root, the HEALTHCHECK passing, SIGTERM stopping it cleanly; prints the sizes
 # and times. The commands are those of README.md's install section.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -9,6 +9,7 @@ cd "$(dirname "$0")/.."
 BASE=localhost/densecnn-base:bookworm
 IMAGE=localhost/densecnn:latest
 CONTAINER=densecnn-check-$$
+VOLUME=densecnn-check-$$
 SUDO=$([ "$(id -u)" = 0 ] || echo sudo)
 WORK=$(mktemp -d)
 
@@ -19,6 +20,7 @@ fail() { echo "docker-check: $*" >&2; exit 1; }
 since() { awk -v start="$1" -v now="$(date +%s.%N)" 'BEGIN { printf "%.1f", now - start }'; }
 cleanup() {
   engine rm -f --time 0 "$CONTAINER" >/dev/null 2>&1 || true
+  engine volume rm -f "$VOLUME" >/dev/null 2>&1 || true
   rm -rf "$WORK"
 }
 trap cleanup EXIT
@@ -59,8 +61,11 @@ engine build --format docker --network host \
 size=$(engine image inspect --format '{{.Size}}' "$IMAGE")
 echo "image $IMAGE: built in $((SECONDS - start)) s, $((size / 1000000)) MB"
 
+# the server listens on the container's every interface, so it needs an API key: made in the data volume first
+key=$(engine run --rm -v "$VOLUME:/var/lib/densecnn" "$IMAGE" densecnn keys add check 2>/dev/null) \
+  || fail "densecnn keys add failed in the container"
 start=$(date +%s.%N)
-engine run -d --name "$CONTAINER" -p 127.0.0.1::8000 "$IMAGE" >/dev/null
+engine run -d --name "$CONTAINER" -p 127.0.0.1::8000 -v "$VOLUME:/var/lib/densecnn" "$IMAGE" >/dev/null
 url="http://$(engine port "$CONTAINER" 8000)"
 for _ in $(seq 240); do
   curl -sf "$url/readyz" >/dev/null && break
@@ -71,8 +76,11 @@ done
 curl -sf "$url/readyz" >/dev/null || { engine logs "$CONTAINER" >&2; fail "$url/readyz not ready after 120 s"; }
 echo "ready in $(since "$start") s at $url"
 
-curl -sf -F image=@tests/images/nuclei.png "$url/v1/models/nuclei/segment" -o "$WORK/container.png" \
-  || fail "POST $url/v1/models/nuclei/segment failed"
+code=$(curl -s -o /dev/null -w '%{http_code}' -F image=@tests/images/nuclei.png "$url/v1/models/nuclei/segment")
+[ "$code" = 401 ] || fail "a request without the key got $code, not 401"
+curl -sf -H "Authorization: Bearer $key" -F image=@tests/images/nuclei.png "$url/v1/models/nuclei/segment" \
+  -o "$WORK/container.png" || fail "POST $url/v1/models/nuclei/segment with the key failed"
+echo "API key required (401 without it) and accepted"
 .venv/bin/densecnn predict models/nuclei tests/images/nuclei.png "$WORK/host.png" --no-progress >/dev/null
 .venv/bin/python scripts/compare_labels.py "$WORK/container.png" "$WORK/host.png" \
   || fail "the container's label map differs from densecnn's outside it"
