@@ -1,14 +1,15 @@
 #!/usr/bin/env python
 """Reproducible training comparisons on the nuclei data (``scripts/fetch_data.py nuclei --out data/nuclei`` first).
 
-    python scripts/compare_training.py time-to-accuracy --out runs/compare
+    python scripts/compare_training.py time-to-accuracy --parallel --plot docs/images/time_to_accuracy.png
     python scripts/compare_training.py masks --out runs/compare
     python scripts/compare_training.py step-cost
     python scripts/compare_training.py inference --model models/nuclei
 
 - ``time-to-accuracy``: dense whole-crop training (``--mask all``) vs the classical patch-minibatch baseline
-  (``--method patches --mask random:K``), same model, optimiser and seed; reports the seconds of training steps
-  (validation excluded) each needs to first reach a validation foreground IoU.
+  (``--method patches --mask random:K``), same model and optimiser, for each of ``--seeds``; reports the seconds of
+  training steps (validation excluded) each needs to first reach a validation foreground IoU, per seed and the
+  median, and plots the IoU against seconds.
 - ``masks``: dense training with ``hard:K`` vs ``random:K`` masks for the same number of steps (and seeds);
   reports the final validation IoUs.
 - ``step-cost``: the time of one dense training step (forward, masked loss, backward) as the number of selected
@@ -22,6 +23,7 @@ model card. Timings share the machine with whatever else runs: read them as rati
 from __future__ import annotations
 
 import argparse
+import math
 import random
 import statistics
 import sys
@@ -71,48 +73,106 @@ def first_reaching(records: list[dict], target: float) -> dict | None:
 
 
 def time_to_accuracy(args) -> str:
+    """Both methods per seed (with ``--parallel`` the two runs of a seed at once, one thread each, so they share
+    the machine's load alike); per target, each seed's seconds and the median over seeds; a plot of the
+    validation foreground IoU against training seconds."""
     schedule = dict(crops_per_image=32, val_every=args.val_every)
-    names = ("dense-all", f"patches-random{args.patches_k}")
-    runs = {
-        names[0]: dict(mask="all", epochs=args.epochs, **schedule),
-        names[1]: dict(
-            method="patches", mask=f"random:{args.patches_k}", epochs=args.patches_epochs, **schedule
+    methods = {
+        "dense": ("dense, `--mask all`", dict(mask="all", epochs=args.epochs, **schedule)),
+        "patches": (
+            f"patches, `--mask random:{args.patches_k}`",
+            dict(method="patches", mask=f"random:{args.patches_k}", epochs=args.patches_epochs, **schedule),
         ),
     }
-    results = run_all(args.out, runs, args.parallel)
-    dense, patches = results[names[0]], results[names[1]]
-    targets = args.targets
+    records = {method: {} for method in methods}  # method -> seed -> validation records
+    for seed in args.seeds:
+        runs = {f"{method}-seed{seed}": dict(options, seed=seed) for method, (_, options) in methods.items()}
+        results = run_all(args.out, runs, args.parallel)
+        for method in methods:
+            records[method][seed] = results[f"{method}-seed{seed}"]
+    if args.plot:
+        plot_time_to_accuracy(records, args.targets, args.plot)
     lines = [
         "### Time to reach a validation foreground IoU: dense whole-crop training vs patch minibatches",
         "",
         f"Same model (`nuclei`), AdamW lr {COMMON['lr']} (cosine over each run), {COMMON['batch']} crops of "
-        f"{COMMON['crop']}² per step, seed 0; dense {args.epochs * 8} steps, patches {args.patches_epochs * 8} steps"
-        f"{', both runs at once, one thread each' if args.parallel else ''}; validation every {args.val_every} "
-        "steps. Cells: training seconds (validation excluded) and step when the foreground IoU first reached the "
-        "target.",
+        f"{COMMON['crop']}² per step; dense {args.epochs * 8} steps, patches {args.patches_epochs * 8} steps; seeds "
+        f"{', '.join(map(str, args.seeds))}{', the two runs of a seed at once, one thread each' if args.parallel else ''}; "
+        f"validation every {args.val_every} steps. Cells: training seconds (validation excluded) when the "
+        "foreground IoU first reached the target, per seed, then the median over seeds.",
         "",
-        "| method | pixels per step | "
-        + " | ".join(f"fg IoU ≥ {t}" for t in targets)
-        + " | best fg IoU (step) |",
-        "|---|---|" + "---|" * len(targets) + "---|",
+        "| method | " + " | ".join(f"fg IoU ≥ {t}" for t in args.targets) + " | best fg IoU per seed |",
+        "|---|" + "---|" * len(args.targets) + "---|",
     ]
-    for label, records, pixels in (
-        ("dense, `--mask all`", dense, f"{COMMON['batch']}×{COMMON['crop']}²"),
-        (
-            f"patches, `--mask random:{args.patches_k}`",
-            patches,
-            f"{COMMON['batch']}×{args.patches_k} patches",
-        ),
-    ):
+    medians = {}
+    for method, (label, _) in methods.items():
         cells = []
-        for target in targets:
-            hit = first_reaching(records, target)
-            cells.append(f"{hit['train_seconds']:.0f} s (step {hit['step']})" if hit else "not reached")
-        best = max(records, key=lambda r: r["foreground_iou"] or 0)
-        lines.append(
-            f"| {label} | {pixels} | {' | '.join(cells)} | {best['foreground_iou']:.3f} ({best['step']}) |"
+        for target in args.targets:
+            seconds = [reached_seconds(records[method][seed], target) for seed in args.seeds]
+            medians[method, target] = statistics.median(seconds)  # inf: not reached
+            per_seed = " / ".join("—" if math.isinf(s) else f"{s:.0f}" for s in seconds)
+            cells.append(f"{per_seed} → **{_seconds(medians[method, target])}**")
+        best = " / ".join(
+            f"{max(r['foreground_iou'] or 0 for r in records[method][seed]):.3f}" for seed in args.seeds
         )
+        lines.append(f"| {label} | {' | '.join(cells)} | {best} |")
+    ratios = [
+        f"≥ {t}: {medians['dense', t] / medians['patches', t]:.2f}×"
+        for t in args.targets
+        if math.isfinite(medians["dense", t]) and math.isfinite(medians["patches", t])
+    ]
+    lines += [
+        "",
+        f"Dense seconds / patch seconds (medians): {', '.join(ratios) or 'no target reached by both'}.",
+    ]
+    equal = []
+    for seed in args.seeds:
+        dense_end = records["dense"][seed][-1]
+        patches_then = [
+            r for r in records["patches"][seed] if r["train_seconds"] <= dense_end["train_seconds"]
+        ]
+        then = f"{patches_then[-1]['foreground_iou']:.3f}" if patches_then else "no validation yet"
+        equal.append(f"seed {seed}: dense {dense_end['foreground_iou']:.3f} at {dense_end['train_seconds']:.0f} s, "
+                     f"patches {then}")  # fmt: skip
+    lines += ["", f"Within the dense run's training seconds: {'; '.join(equal)}."]
     return "\n".join(lines)
+
+
+def reached_seconds(records: list[dict], target: float) -> float:
+    hit = first_reaching(records, target)
+    return hit["train_seconds"] if hit else math.inf
+
+
+def _seconds(value: float) -> str:
+    return "not reached" if math.isinf(value) else f"{value:.0f} s"
+
+
+def plot_time_to_accuracy(
+    records: dict[str, dict[int, list[dict]]], targets: list[float], path: Path
+) -> None:
+    """Validation foreground IoU against training seconds, one line per run, a colour per method."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(7, 4.2), dpi=120)
+    for (method, runs), colour in zip(records.items(), ("tab:blue", "tab:orange")):
+        for index, run_records in enumerate(runs.values()):
+            axes.plot([r["train_seconds"] for r in run_records], [r["foreground_iou"] or 0 for r in run_records],
+                      color=colour, alpha=0.85, linewidth=1.4,
+                      label=f"{method} (seeds {', '.join(map(str, runs))})" if index == 0 else None)  # fmt: skip
+    for target in targets:
+        axes.axhline(target, color="0.8", linewidth=0.8, zorder=0)
+    axes.set_xlabel("training seconds (validation excluded)")
+    axes.set_ylabel("validation foreground IoU")
+    axes.set_ylim(0.4, 0.9)  # the climb and the plateau; the first validations start lower
+    axes.legend(loc="lower right")
+    axes.set_title("nuclei: dense whole-crop training vs patch minibatches")
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path)
+    plt.close(figure)
 
 
 def masks(args) -> str:
@@ -211,6 +271,8 @@ def main(argv: list[str] | None = None) -> int:
     tta.add_argument("--patches-epochs", type=int, default=75, help="epochs of 8 steps, patches run")
     tta.add_argument("--patches-k", type=int, default=64, help="patches per crop for the baseline")
     tta.add_argument("--val-every", type=int, default=20)
+    tta.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    tta.add_argument("--plot", type=Path, help="write the IoU-against-seconds plot here (PNG)")
     mk = sub.add_parser("masks")
     mk.add_argument("--k", type=int, default=256, help="pixels per crop")
     mk.add_argument("--mix", type=float, default=0.5, help="random share of the hard mask")
