@@ -10,6 +10,8 @@
   (``--method patches --mask random:K``), same model and optimiser, for each of ``--seeds``; reports the seconds of
   training steps (validation excluded) each needs to first reach a validation foreground IoU, per seed and the
   median, and plots the IoU against seconds.
+- ``recipe``: dense and patch training recipes (crops per step and crop side, learning rate, mask, patches per
+  crop) for the same steps and seeds: median seconds to each target and final foreground IoU.
 - ``masks``: dense training with ``hard:K`` vs ``random:K`` masks for the same number of steps (and seeds);
   reports the final validation IoUs.
 - ``step-cost``: the time of one dense training step (forward, masked loss, backward) as the number of selected
@@ -175,6 +177,59 @@ def plot_time_to_accuracy(
     plt.close(figure)
 
 
+RECIPES = {  # name -> train options changed from COMMON: crops per step, crop side, learning rate, mask, method
+    "dense 4x128² lr 3e-3": dict(mask="all"),
+    "dense 16x64² lr 3e-3": dict(mask="all", batch=16, crop=64),
+    "dense 16x64² lr 6e-3": dict(mask="all", batch=16, crop=64, lr=6e-3),
+    "dense 4x128² lr 6e-3": dict(mask="all", lr=6e-3),
+    "dense 4x128² random:1024": dict(mask="random:1024"),
+    "patches 4x64 lr 3e-3": dict(method="patches", mask="random:64"),
+    "patches 4x64 lr 6e-3": dict(method="patches", mask="random:64", lr=6e-3),
+    "patches 4x256 lr 3e-3": dict(method="patches", mask="random:256"),
+}
+
+
+def recipe(args) -> str:
+    """Each recipe for the same number of steps and seeds (two runs at a time, one thread each): median seconds to
+    each target and the median final foreground IoU."""
+    names = {(name, seed): f"recipe-{_slug(name)}-seed{seed}" for name in RECIPES for seed in args.seeds}
+    runs = {
+        run_name: dict(  # epochs of 8 steps whatever the crops per step
+            RECIPES[name],
+            crops_per_image=8 * RECIPES[name].get("batch", COMMON["batch"]),
+            seed=seed,
+            val_every=args.val_every,
+            epochs=args.epochs,
+        )  # fmt: skip
+        for (name, seed), run_name in names.items()
+    }
+    items = list(runs.items())
+    results = {}
+    for i in range(
+        0, len(items), 2
+    ):  # in pairs: each shares the machine with one other run, as in the comparison
+        results.update(run_all(args.out, dict(items[i : i + 2]), args.parallel))
+    lines = [
+        f"### Recipes: {args.epochs * 8} steps each, seeds {', '.join(map(str, args.seeds))}, medians over seeds",
+        "",
+        "| recipe | "
+        + " | ".join(f"s to fg IoU ≥ {t}" for t in args.targets)
+        + " | final fg IoU | train s |",
+        "|---|" + "---|" * len(args.targets) + "---|---|",
+    ]
+    for name in RECIPES:
+        records = [results[names[name, seed]] for seed in args.seeds]
+        reach = [_seconds(statistics.median(reached_seconds(r, t) for r in records)) for t in args.targets]
+        final = statistics.median(r[-1]["foreground_iou"] for r in records)
+        seconds = statistics.median(r[-1]["train_seconds"] for r in records)
+        lines.append(f"| {name} | {' | '.join(reach)} | {final:.3f} | {seconds:.0f} |")
+    return "\n".join(lines)
+
+
+def _slug(text: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in text).replace("²", "")
+
+
 def masks(args) -> str:
     runs = {
         f"mask-{mask.replace(':', '-')}-seed{seed}": dict(
@@ -273,6 +328,11 @@ def main(argv: list[str] | None = None) -> int:
     tta.add_argument("--val-every", type=int, default=20)
     tta.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     tta.add_argument("--plot", type=Path, help="write the IoU-against-seconds plot here (PNG)")
+    rc = sub.add_parser("recipe")
+    rc.add_argument("--targets", type=float, nargs="+", default=[0.75, 0.8])
+    rc.add_argument("--epochs", type=int, default=25, help="epochs of 8 steps, every recipe")
+    rc.add_argument("--val-every", type=int, default=20)
+    rc.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     mk = sub.add_parser("masks")
     mk.add_argument("--k", type=int, default=256, help="pixels per crop")
     mk.add_argument("--mix", type=float, default=0.5, help="random share of the hard mask")
@@ -284,9 +344,9 @@ def main(argv: list[str] | None = None) -> int:
     inf.add_argument("--model", default="models/nuclei")
     inf.add_argument("--threads", type=int, default=2)
     inf.add_argument("--rounds", type=int, default=9)
-    for p in (tta, mk):
+    for p in (tta, mk, rc):
         p.add_argument("--parallel", action="store_true", help="train the runs at once, one thread each")
-    for p in (tta, mk, sc, inf):
+    for p in (tta, mk, rc, sc, inf):
         p.add_argument("--out", type=Path, default=Path("runs/compare"))
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore", category=UserWarning)
@@ -294,6 +354,7 @@ def main(argv: list[str] | None = None) -> int:
     commands = {
         "time-to-accuracy": time_to_accuracy,
         "masks": masks,
+        "recipe": recipe,
         "step-cost": step_cost,
         "inference": inference,
     }
