@@ -102,6 +102,16 @@ def test_uploads_are_refused_clearly_and_belong_to_their_key(tmp_path):
         error_of(client.post("/v1/jobs", json={"model": "cells", "upload": upload_id, "input": "a.zarr"}), 422,
                  "invalid_request")  # fmt: skip
         assert client.delete(location, headers=TUS).status_code == 204
+        # a job refused after its upload was taken (a 4-D array for a 2-D model) gives the upload back whole
+        array = io.BytesIO()
+        np.save(array, np.zeros((2, 3, 16, 16), np.uint8))
+        data = array.getvalue()
+        stack = create(client, len(data), "stack.npy").headers["location"]
+        assert patch(client, stack, 0, data).status_code == 204
+        refused = client.post("/v1/jobs", json={"model": "cells", "upload": stack.rsplit("/", 1)[1]})
+        assert 400 <= refused.status_code < 500, refused.text
+        assert client.head(stack, headers=TUS).headers["upload-offset"] == str(len(data))
+        assert not list((settings.data_dir / "jobs").glob("*/input.*"))  # no job directory left behind
         error_of(patch(client, location, 0, b"x"), 404, "unknown_upload")
 
 

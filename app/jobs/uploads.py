@@ -100,8 +100,9 @@ def offset_mismatch(upload_id: str, given: int, held: int) -> ApiError:
 
 
 def take(jobs_root: Path, upload_id: str, owner: str, job_directory: Path) -> JobInput:
-    """Move the caller's complete upload into ``job_directory`` as ``input.<suffix>`` (its format from its first
-    bytes); 409 while bytes are missing, 415 when it is not an image read here."""
+    """Move the caller's complete upload's data into ``job_directory`` as ``input.<suffix>`` (its format from its
+    first bytes); 409 while bytes are missing, 415 when it is not an image read here. Once the job is recorded,
+    :func:`remove` the upload; if the job is refused, :func:`give_back` its data."""
     described, offset = info(jobs_root, upload_id, owner)
     if offset < described.length:
         raise ApiError(409, "upload_incomplete",
@@ -114,8 +115,13 @@ def take(jobs_root: Path, upload_id: str, owner: str, job_directory: Path) -> Jo
         raise ApiError(415, "unsupported_image_type",
                        f"{described.name} is not an image in a format read here: {ACCEPTED}")  # fmt: skip
     path = (directory / "data").rename(job_directory / f"input{SUFFIXES[fmt]}")
-    shutil.rmtree(directory, ignore_errors=True)
     return JobInput(path, described.name)
+
+
+def give_back(jobs_root: Path, upload_id: str, taken: Path) -> None:
+    """Return the data :func:`take` moved to ``taken`` to its upload (the job was refused): nothing is lost, the
+    caller may fix the request and create the job again."""
+    taken.rename(uploads_root(jobs_root) / upload_id / "data")
 
 
 def remove(jobs_root: Path, upload_id: str) -> None:

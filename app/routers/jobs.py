@@ -125,9 +125,10 @@ async def create_job(
     job_id = uuid.uuid4().hex
     directory = runner.directory(job_id)
     directory.mkdir(parents=True)
+    taken = None  # a resumable upload's data, moved into the job's directory
     try:
         if spec is not None and spec.upload is not None:
-            job_input = await asyncio.to_thread(
+            job_input = taken = await asyncio.to_thread(
                 uploads.take, runner.root, spec.upload, caller.owner, directory
             )
         elif spec is not None:
@@ -144,8 +145,12 @@ async def create_job(
         )  # fmt: skip
         await asyncio.to_thread(runner.store.add, record)
     except BaseException:
+        if taken is not None:  # the upload stays whole: the caller fixes the request and tries again
+            await asyncio.to_thread(uploads.give_back, runner.root, spec.upload, taken.path)
         await asyncio.to_thread(shutil.rmtree, directory, True)
         raise
+    if taken is not None:
+        await asyncio.to_thread(uploads.remove, runner.root, spec.upload)
     runner.submit(job_id)
     headers = {"Location": f"/v1/jobs/{job_id}"}
     return JSONResponse(Job.of(record).model_dump(mode="json"), status_code=202, headers=headers)
