@@ -19,6 +19,7 @@ from ..auth import CallerDep
 from ..dependencies import SettingsDep
 from ..errors import ApiError, ErrorBody
 from ..jobs import uploads
+from ..jobs.inputs import WRITE_BATCH
 from ..jobs.quota import QuotaExceeded, room_left
 from .jobs import RunnerDep
 
@@ -30,7 +31,6 @@ TUS_REQUEST_HEADERS = ["Tus-Resumable", "Upload-Length", "Upload-Offset", "Uploa
 TUS_RESPONSE_HEADERS = ["Tus-Resumable", "Tus-Version", "Tus-Extension", "Tus-Max-Size", "Upload-Offset",
                         "Upload-Length"]  # fmt: skip
 OFFSET_TYPE = "application/offset+octet-stream"
-WRITE_BATCH = 1 << 20  # bytes gathered from a PATCH before one write to the disk
 UploadId = Annotated[str, Path(description="the upload's id, from its Location", max_length=64)]
 
 
