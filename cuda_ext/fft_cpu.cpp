@@ -232,8 +232,8 @@ DENSECNN_ALWAYS_INLINE void forward_item_impl(const FftGeometry& g, const DftMat
   const int64_t span = whole && c0 == 0 ? g.channels : lanes;
   auto prefetch_row = [&](int64_t a) {
     const int64_t r = row0 + a * g.dh;
-    if (a >= th || r >= g.rows) return;
-    for (int64_t b = 0; b < tw && col0 + b * g.dw < g.cols; ++b) {
+    if (a >= g.read_h || r >= g.rows) return;
+    for (int64_t b = 0; b < g.read_w && col0 + b * g.dw < g.cols; ++b) {
       const T* pixel = image + r * g.x_stride[2] + (col0 + b * g.dw) * g.x_stride[3];
       for (int64_t v = 0; v < span; v += 64 / sizeof(T)) __builtin_prefetch(pixel + v * g.x_stride[1]);
     }
@@ -241,28 +241,31 @@ DENSECNN_ALWAYS_INLINE void forward_item_impl(const FftGeometry& g, const DftMat
   prefetch_row(0);
   prefetch_row(1);
   for (int64_t a = 0; a < th; ++a) {  // real DFT of each row: stage[f][re|im][a]
+    const int64_t r = row0 + a * g.dh;
+    if (a >= g.read_h || r >= g.rows) {  // a row of zeros
+      for (int64_t f = 0; f < f_count; ++f) stage[f * 2 * th + a] = stage[f * 2 * th + th + a] = Lanes<T>{};
+      continue;
+    }
     prefetch_row(a + 2);
     std::fill(row, row + tw, Lanes<T>{});
-    const int64_t r = row0 + a * g.dh;
-    if (r < g.rows) {
-      for (int64_t b = 0; b < tw; ++b) {
-        const int64_t c = col0 + b * g.dw;
-        if (c >= g.cols) break;
-        const T* src = image + r * g.x_stride[2] + c * g.x_stride[3];
-        if (whole) {
-          std::memcpy(&row[b], src, sizeof(Lanes<T>));
-        } else {
-          for (int64_t v = 0; v < lanes; ++v) row[b][v] = src[v * g.x_stride[1]];
-        }
+    for (int64_t b = 0; b < g.read_w; ++b) {
+      const int64_t c = col0 + b * g.dw;
+      if (c >= g.cols) break;
+      const T* src = image + r * g.x_stride[2] + c * g.x_stride[3];
+      if (whole) {
+        std::memcpy(&row[b], src, sizeof(Lanes<T>));
+      } else {
+        for (int64_t v = 0; v < lanes; ++v) row[b][v] = src[v * g.x_stride[1]];
       }
     }
     apply_matrix<T>(dft.row.data(), 2 * f_count, tw, Operands<T>{row, row, tw, 1, stage + a, stage + th + a, f_count, 2 * th});
   }
+  const T sign = g.conjugate ? T(-1) : T(1);
   for (int64_t f = 0; f < f_count; ++f) {  // complex DFT of each column, written as (count, P, C) pairs
     dft.col.run(stage + f * 2 * th, buf.column, buf.scratch);
     for (int64_t u = 0; u < th; ++u) {
       T* dst = spectrum + 2 * ((t * th * f_count + u * f_count + f) * g.channels + c0);
-      const Lanes<T> re = buf.column[u], im = buf.column[th + u];
+      const Lanes<T> re = buf.column[u], im = sign * buf.column[th + u];
       if (lanes == V) {
         T pairs[2 * V];
         for (int v = 0; v < V; ++v) {
@@ -437,8 +440,16 @@ at::Tensor fft_conv2d_cpu(const at::Tensor& input, const at::Tensor& weight, con
   return fft_conv2d_tiles<CpuTransforms>(input, weight, spectrum, bias, tile, valid, dilation);
 }
 
+at::Tensor fft_conv2d_weight_spectrum_cpu(const at::Tensor& input, const at::Tensor& grad_output, at::IntArrayRef tile,
+                                          at::IntArrayRef valid, at::IntArrayRef dilation) {
+  return fft_conv2d_weight_spectrum_tiles<CpuTransforms>(input, grad_output, tile, valid, dilation);
+}
+
 }  // namespace
 
-TORCH_LIBRARY_IMPL(densecnn, CPU, m) { m.impl("fft_conv2d", &fft_conv2d_cpu); }
+TORCH_LIBRARY_IMPL(densecnn, CPU, m) {
+  m.impl("fft_conv2d", &fft_conv2d_cpu);
+  m.impl("fft_conv2d_weight_spectrum", &fft_conv2d_weight_spectrum_cpu);
+}
 
 }  // namespace densecnn

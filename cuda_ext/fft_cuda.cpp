@@ -44,8 +44,17 @@ at::Tensor fft_conv2d_cuda(const at::Tensor& input, const at::Tensor& weight, co
   return fft_conv2d_tiles<CudaTransforms>(input, weight, spectrum, bias, tile, valid, dilation);
 }
 
+at::Tensor fft_conv2d_weight_spectrum_cuda(const at::Tensor& input, const at::Tensor& grad_output,
+                                           at::IntArrayRef tile, at::IntArrayRef valid, at::IntArrayRef dilation) {
+  const c10::cuda::CUDAGuard guard(input.device());
+  return fft_conv2d_weight_spectrum_tiles<CudaTransforms>(input, grad_output, tile, valid, dilation);
+}
+
 }  // namespace
 
-TORCH_LIBRARY_IMPL(densecnn, CUDA, m) { m.impl("fft_conv2d", &fft_conv2d_cuda); }
+TORCH_LIBRARY_IMPL(densecnn, CUDA, m) {
+  m.impl("fft_conv2d", &fft_conv2d_cuda);
+  m.impl("fft_conv2d_weight_spectrum", &fft_conv2d_weight_spectrum_cuda);
+}
 
 }  // namespace densecnn

@@ -4,6 +4,9 @@
 //
 // Tiles go through in groups sized so that a group's spectra stay near kGroupBytes: the buffers are allocated once
 // and reused, and the forward transform, the GEMM and the inverse of a group run while its data is in cache.
+//
+// The weight gradient reuses the forward transform on both the input and the output gradient, and sums the products
+// of their spectra over the tiles with the same batched GEMM, the tiles as its contraction.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -19,8 +22,9 @@ namespace densecnn {
 constexpr int64_t kGroupBytes = 6 << 20;
 constexpr int64_t kMinGroupTiles = 32;
 
-inline FftGeometry fft_geometry(const at::Tensor& x, const at::Tensor& spectrum, at::IntArrayRef tile,
-                                at::IntArrayRef valid, at::IntArrayRef dilation) {
+// The tiling of x (N, C, H, W) for a conv with K output channels (the kernel is tile - valid + 1).
+inline FftGeometry fft_geometry(const at::Tensor& x, int64_t out_channels, at::IntArrayRef tile, at::IntArrayRef valid,
+                                at::IntArrayRef dilation) {
   TORCH_CHECK(x.dim() == 4, "densecnn.fft_conv2d: expected a 4-D (N, C, H, W) input, got shape ", x.sizes());
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble,
               "densecnn.fft_conv2d: dtype must be float32 or float64, got ", x.scalar_type());
@@ -41,17 +45,14 @@ inline FftGeometry fft_geometry(const at::Tensor& x, const at::Tensor& spectrum,
               "densecnn.fft_conv2d: need 1 <= valid <= tile and dilation >= 1, got tile ", tile, ", valid ", valid,
               ", dilation ", dilation);
   g.freqs = g.tw / 2 + 1;
+  g.read_h = g.th;
+  g.read_w = g.tw;
   const int64_t kh = g.th - g.sh + 1, kw = g.tw - g.sw + 1;  // the kernel the tiles were cut for
   g.out_rows = g.rows - (kh - 1) * g.dh;
   g.out_cols = g.cols - (kw - 1) * g.dw;
   TORCH_CHECK(g.out_rows >= 1 && g.out_cols >= 1, "densecnn.fft_conv2d: a ", kh, "x", kw,
               " kernel with dilation ", dilation, " does not fit in the ", g.rows, "x", g.cols, " input");
-  TORCH_CHECK(spectrum.dim() == 3 && spectrum.size(0) == fft_points(g) && spectrum.size(1) == g.channels &&
-                  spectrum.is_complex() && spectrum.device() == x.device() &&
-                  at::toRealValueType(spectrum.scalar_type()) == x.scalar_type(),
-              "densecnn.fft_conv2d: the kernel spectrum must be complex (th·(tw/2+1), C, K) = (", fft_points(g), ", ",
-              g.channels, ", K) of the input's dtype and device, got ", spectrum.sizes(), " ", spectrum.scalar_type());
-  g.out_channels = spectrum.size(2);
+  g.out_channels = out_channels;
   const int64_t sub_rows = (g.out_rows + g.dh - 1) / g.dh, sub_cols = (g.out_cols + g.dw - 1) / g.dw;
   g.tiles_h = (sub_rows + g.sh - 1) / g.sh;
   g.tiles_w = (sub_cols + g.sw - 1) / g.sw;
@@ -85,7 +86,14 @@ template <class Transforms>
 at::Tensor fft_conv2d_tiles(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& spectrum,
                             const c10::optional<at::Tensor>& bias, at::IntArrayRef tile, at::IntArrayRef valid,
                             at::IntArrayRef dilation) {
-  FftGeometry g = fft_geometry(input, spectrum, tile, valid, dilation);
+  TORCH_CHECK(spectrum.dim() == 3 && spectrum.is_complex() && spectrum.device() == input.device() &&
+                  at::toRealValueType(spectrum.scalar_type()) == input.scalar_type(),
+              "densecnn.fft_conv2d: the kernel spectrum must be complex (th·(tw/2+1), C, K) of the input's dtype and "
+              "device, got ", spectrum.sizes(), " ", spectrum.scalar_type(), " on ", spectrum.device());
+  FftGeometry g = fft_geometry(input, spectrum.size(2), tile, valid, dilation);
+  TORCH_CHECK(spectrum.size(0) == fft_points(g) && spectrum.size(1) == g.channels,
+              "densecnn.fft_conv2d: the kernel spectrum must be (th·(tw/2+1), C, K) = (", fft_points(g), ", ",
+              g.channels, ", K), got ", spectrum.sizes());
   check_conv_weight("fft_conv2d", weight, input, g.out_channels, {g.th - g.sh + 1, g.tw - g.sw + 1});
   if (bias.has_value()) {
     TORCH_CHECK(bias->dim() == 1 && bias->size(0) == g.out_channels && bias->scalar_type() == input.scalar_type(),
@@ -112,6 +120,50 @@ at::Tensor fft_conv2d_tiles(const at::Tensor& input, const at::Tensor& weight, c
     Transforms::inverse(at::view_as_real(ys), b, g, first, count, twiddles, y);
   }
   return y;
+}
+
+// The spectrum of the weight's gradient: Σ over tiles of X · conj(G), complex (P, C, K) in the kernel spectrum's
+// layout, X the tiles' spectra of the input and G those of the output gradient (its sh×sw valid part of each tile,
+// zero-padded: the tiles of the output do not overlap). The circular correlation this is the spectrum of equals, at
+// the kh×kw taps, the weight gradient Σ_outputs grad_y · x (no tap wraps around: a + i < sh + kh - 1 = th); the
+// caller reads the taps from it (densecnn/ops/fft_conv.py).
+template <class Transforms>
+at::Tensor fft_conv2d_weight_spectrum_tiles(const at::Tensor& input, const at::Tensor& grad_output,
+                                            at::IntArrayRef tile, at::IntArrayRef valid, at::IntArrayRef dilation) {
+  TORCH_CHECK(grad_output.dim() == 4, "densecnn.fft_conv2d_weight_spectrum: expected a 4-D (N, K, H', W') output "
+              "gradient, got shape ", grad_output.sizes());
+  const FftGeometry g = fft_geometry(input, grad_output.size(1), tile, valid, dilation);
+  TORCH_CHECK(grad_output.size(0) == g.batch && grad_output.size(2) == g.out_rows && grad_output.size(3) == g.out_cols &&
+                  grad_output.scalar_type() == input.scalar_type() && grad_output.device() == input.device(),
+              "densecnn.fft_conv2d_weight_spectrum: the output gradient must be (", g.batch, ", K, ", g.out_rows, ", ",
+              g.out_cols, ") of the input's dtype and device, got ", grad_output.sizes(), " ",
+              grad_output.scalar_type());
+  FftGeometry gg = g;  // the output gradient's tiles: the same origins, only their valid part read, conjugated
+  gg.channels = g.out_channels;
+  gg.rows = g.out_rows;
+  gg.cols = g.out_cols;
+  gg.read_h = g.sh;
+  gg.read_w = g.sw;
+  gg.conjugate = true;
+  for (int d = 0; d < 4; ++d) gg.x_stride[d] = grad_output.stride(d);
+  const int64_t points = fft_points(g);
+  const auto complex_options = input.options().dtype(c10::toComplexType(input.scalar_type()));
+  at::Tensor result = at::zeros({points, g.channels, g.out_channels}, complex_options);
+  if (g.tiles == 0) return result;
+  const at::Tensor twiddles = fft_twiddle_table(g, input);
+  const int64_t group = fft_group_tiles(g, input.element_size());
+  at::Tensor x_spectrum = empty_output({points * group * g.channels * 2}, input.options());  // reused workspaces
+  at::Tensor g_spectrum = empty_output({points * group * g.out_channels * 2}, input.options());
+  for (int64_t first = 0; first < g.tiles; first += group) {
+    const int64_t count = std::min(group, g.tiles - first);
+    at::Tensor xs = x_spectrum.narrow(0, 0, points * count * g.channels * 2).view({count, points, g.channels, 2});
+    at::Tensor gs = g_spectrum.narrow(0, 0, points * count * g.out_channels * 2).view({count, points, g.out_channels, 2});
+    Transforms::forward(input, g, first, count, twiddles, xs);
+    Transforms::forward(grad_output, gg, first, count, twiddles, gs);
+    // (P, C, count) @ (P, count, K), summed into the result
+    result.baddbmm_(at::view_as_complex(xs).permute({1, 2, 0}), at::view_as_complex(gs).transpose(0, 1));
+  }
+  return result;
 }
 
 }  // namespace densecnn

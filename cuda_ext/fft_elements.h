@@ -28,6 +28,10 @@ struct FftGeometry {
   int64_t rows = 0, cols = 0, out_rows = 0, out_cols = 0;  // input (H, W) and output (H', W')
   int32_t th = 0, tw = 0, sh = 0, sw = 0, dh = 1, dw = 1;  // tile, its valid part, dilation
   int32_t freqs = 0;                                       // F = tw/2 + 1
+  // Rows and columns of each tile the forward transform reads (the rest is zero): th×tw for a conv's input; sh×sw
+  // for an output gradient in the weight gradient, whose tiles do not overlap.
+  int32_t read_h = 0, read_w = 0;
+  bool conjugate = false;  // the forward transform writes conj(X) (the output gradient's, in the weight gradient)
   int64_t tiles_h = 0, tiles_w = 0, tiles = 0;             // per sub-grid and axis; in all
   int64_t x_stride[4] = {0, 0, 0, 0};                      // input strides (N, C, H, W)
   int64_t y_stride[4] = {0, 0, 0, 0};                      // output strides (N, K, H', W')
@@ -61,7 +65,7 @@ HOST_DEVICE_INLINE Twiddles<T> twiddles_of(const FftGeometry& g, const T* table)
 HOST_DEVICE_INLINE int64_t twiddle_table_size(const FftGeometry& g) { return 2 * (g.th + g.tw); }
 
 // Forward pass 1, element e = (t, c, a, f) of the group's row transforms (count tiles from `first`):
-// rows[e] = Σ_b x[a, b] · e^{-2πi f·b/tw}.
+// rows[e] = Σ_b x[a, b] · e^{-2πi f·b/tw}, over the read_h×read_w pixels read of each tile.
 template <typename T>
 HOST_DEVICE_INLINE void fft_forward_rows_at(const FftGeometry& g, const T* x, int64_t first, Twiddles<T> w,
                                             T* rows, int64_t e) {
@@ -71,9 +75,9 @@ HOST_DEVICE_INLINE void fft_forward_rows_at(const FftGeometry& g, const T* x, in
   tile_origin(g, t, n, row0, col0);
   const int64_t row = row0 + a * g.dh;
   T re = T(0), im = T(0);
-  if (row < g.rows) {
+  if (a < g.read_h && row < g.rows) {
     const T* src = x + n * g.x_stride[0] + c * g.x_stride[1] + row * g.x_stride[2];
-    for (int32_t b = 0; b < g.tw; ++b) {
+    for (int32_t b = 0; b < g.read_w; ++b) {
       const int64_t col = col0 + static_cast<int64_t>(b) * g.dw;
       if (col >= g.cols) break;
       const T v = src[col * g.x_stride[3]];
@@ -87,7 +91,7 @@ HOST_DEVICE_INLINE void fft_forward_rows_at(const FftGeometry& g, const T* x, in
 }
 
 // Forward pass 2, element e = (u, f, t, c): the group's spectrum, stored (count, P, C) so that each tile's spectrum
-// is one block, at [t, p = u·F + f, c] = Σ_a rows[t, c, a, f] · e^{-2πi u·a/th}.
+// is one block, at [t, p = u·F + f, c] = Σ_a rows[t, c, a, f] · e^{-2πi u·a/th} (conjugated if g.conjugate).
 template <typename T>
 HOST_DEVICE_INLINE void fft_forward_cols_at(const FftGeometry& g, const T* rows, int64_t count, Twiddles<T> w,
                                             T* spectrum, int64_t e) {
@@ -103,7 +107,7 @@ HOST_DEVICE_INLINE void fft_forward_cols_at(const FftGeometry& g, const T* rows,
   }
   const int64_t at = (t * fft_points(g) + p) * g.channels + c;
   spectrum[2 * at] = re;
-  spectrum[2 * at + 1] = im;
+  spectrum[2 * at + 1] = g.conjugate ? -im : im;
 }
 
 // Inverse pass 1, element e = (t, k, a, f) for the valid rows a < sh: cols[e] = Σ_u Y[u, f, t, k] · e^{+2πi u·a/th},

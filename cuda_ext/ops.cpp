@@ -61,6 +61,11 @@ TORCH_LIBRARY(densecnn, m) {
   m.def(
       "fft_conv2d(Tensor input, Tensor weight, Tensor spectrum, Tensor? bias, int[2] tile, int[2] valid, "
       "int[2] dilation) -> Tensor");
+  // The spectrum of fft_conv2d's weight gradient for the output gradient grad_output (N, K, H', W'): the sum over
+  // the tiles of X · conj(G), complex (th·(tw/2+1), C, K), in the layout of the kernel spectrum (fft_driver.h).
+  m.def(
+      "fft_conv2d_weight_spectrum(Tensor input, Tensor grad_output, int[2] tile, int[2] valid, int[2] dilation) "
+      "-> Tensor");
   // Stride-1 dilated 3×3 / 3×3×3 convolution by Winograd's F(m, 3) (winograd.h), chunk by chunk of tiles: input
   // transform, V[ξ] @ kernel[ξ] against the transformed kernel (α^n, C, K), α = m + 2, output transform (+ bias)
   // -> (N, K, ...) in the input's memory format. `weight` (K, C, 3, ...) is the weight the kernel was transformed

@@ -190,6 +190,84 @@ def test_tiles_in_several_groups_equal_the_tap_sum(gpu_loops):
     assert_close_relative(y, _taps(x, op), 1e-10, floor=1.0)
 
 
+def _tap_weight_gradient(grad_y: torch.Tensor, x: torch.Tensor, kernel, dilation) -> torch.Tensor:
+    """Independent reference: each tap's weight gradient is the sum of the output gradient times the input it read."""
+    (kh, kw), (dh, dw) = kernel, dilation
+    ho, wo = grad_y.shape[2:]
+    grad = torch.zeros(grad_y.shape[1], x.shape[1], kh, kw, dtype=x.dtype)
+    for a in range(kh):
+        for b in range(kw):
+            tap = x[:, :, a * dh : a * dh + ho, b * dw : b * dw + wo]  # (N, C, ho, wo)
+            grad[:, :, a, b] = torch.einsum("nkhw,nchw->kc", grad_y, tap)
+    return grad
+
+
+@settings(max_examples=100, deadline=None)
+@given(problem=conv_problems(), gpu_loops=st.booleans(), grad_format=st.sampled_from(list(FORMATS)))
+def test_fft_weight_gradient_equals_the_tap_sum(problem, gpu_loops, grad_format):
+    """The weight gradient in the frequency domain (the CPU loops, or the CUDA kernels' per-element bodies) equals
+    the tap-by-tap sum, for any kernel, dilation, image size and memory formats (float64)."""
+    op, x = problem
+    if not fft_conv.applies(op):
+        return
+    out = [s - (k - 1) * d for s, k, d in zip(x.shape[2:], op.kernel, op.dilation)]
+    generator = torch.Generator().manual_seed(int(x.shape[2]) * 131 + int(x.shape[3]))
+    grad_y = torch.randn(x.shape[0], op.weight.shape[0], *out, dtype=x.dtype, generator=generator)
+    grad_y = grad_y.contiguous(memory_format=FORMATS[grad_format])
+    previous = torch.ops.densecnn._use_gpu_loops_on_cpu(gpu_loops)
+    try:
+        grad = fft_conv.weight_gradient(grad_y, x, op.kernel, op.dilation)
+    finally:
+        torch.ops.densecnn._use_gpu_loops_on_cpu(previous)
+    assert_close_relative(grad, _tap_weight_gradient(grad_y, x, op.kernel, op.dilation), 1e-10, floor=1.0)
+
+
+@pytest.mark.parametrize("gpu_loops", [False, True])
+def test_fft_weight_gradient_over_several_groups_of_tiles(gpu_loops):
+    """Enough tiles for several groups, summed into one spectrum; the last tiles reach past the output (float32,
+    to its rounding bound)."""
+    generator = torch.Generator().manual_seed(9)
+    x = torch.randn(2, 5, 150, 171, generator=generator)
+    grad_y = torch.randn(2, 40, 150 - 4 * 2, 171 - 4 * 3, generator=generator)
+    previous = torch.ops.densecnn._use_gpu_loops_on_cpu(gpu_loops)
+    try:
+        grad = fft_conv.weight_gradient(grad_y, x, (5, 5), (2, 3))
+    finally:
+        torch.ops.densecnn._use_gpu_loops_on_cpu(previous)
+    expected = _tap_weight_gradient(grad_y.double(), x.double(), (5, 5), (2, 3))
+    assert_close_relative(grad.double(), expected, 1e-5, floor=1.0)
+
+
+def test_fft_double_backward_equals_the_direct_convs():
+    """A gradient of a gradient (a gradient penalty) through the fft solver equals the direct conv's: the weight
+    gradient of a double backward is taken by torch's differentiable formula."""
+    generator = torch.Generator().manual_seed(5)
+    x0 = torch.randn(1, 2, 12, 11, dtype=torch.float64, generator=generator)
+    w0 = torch.randn(3, 2, 3, 2, dtype=torch.float64, generator=generator)
+    results = {}
+    for solver in ("native", "fft"):
+        x, w = x0.clone().requires_grad_(), w0.clone().requires_grad_()
+        y = solvers.run(solver, ConvOp(w, None, (2, 3), 1), x)
+        grad_w, grad_x = torch.autograd.grad(y.pow(2).sum(), (w, x), create_graph=True)
+        results[solver] = torch.autograd.grad(grad_w.pow(2).sum() + grad_x.pow(2).sum(), (x, w))
+    for fft, native in zip(results["fft"], results["native"]):
+        assert_close_relative(fft, native, 1e-10, floor=1.0)
+
+
+@pytest.mark.parametrize("memory_format", list(FORMATS))
+def test_fft_conv2d_weight_spectrum_op_passes_opcheck(memory_format):
+    generator = torch.Generator().manual_seed(7)
+    x = torch.randn(2, 3, 17, 14, generator=generator).contiguous(memory_format=FORMATS[memory_format])
+    grad_y = torch.randn(2, 5, 17 - 2 * 2, 14 - 3 * 3, generator=generator)
+    torch.library.opcheck(torch.ops.densecnn.fft_conv2d_weight_spectrum, (x, grad_y, [8, 9], [6, 6], [2, 3]))
+
+
+def test_fft_conv2d_weight_spectrum_refuses_a_mismatched_output_gradient():
+    x = torch.randn(1, 3, 17, 14)
+    with pytest.raises(RuntimeError, match=r"output gradient must be \(1, K, 13, 5\)"):
+        torch.ops.densecnn.fft_conv2d_weight_spectrum(x, torch.randn(1, 5, 12, 5), [8, 9], [6, 6], [2, 3])
+
+
 @pytest.mark.parametrize("memory_format", list(FORMATS))
 def test_fft_conv2d_op_passes_opcheck(memory_format):
     generator = torch.Generator().manual_seed(6)

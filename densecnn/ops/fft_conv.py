@@ -18,8 +18,11 @@ tiles at a time while the group's data is in cache:
    straight into the (N, K, H', W') output.
 
 The kernel's spectrum is computed once per weight version (DFT matrices built in float64) and reused while the weight
-does not change. Backward: the input gradient is the same frequency-domain conv of the zero-padded output gradient
-with the flipped, transposed kernel; the weight and bias gradients are torch's.
+does not change. Backward, in the frequency domain too: the input gradient is the same conv of the zero-padded output
+gradient with the flipped, transposed kernel; the weight gradient is Σ over the tiles of X · conj(G) (G the spectrum
+of the output gradient's part of each tile), one batched GEMM per group of tiles with the tiles as its contraction,
+whose inverse DFT is read at the kernel's taps only (:func:`weight_gradient`). A double backward (a gradient of the
+weight gradient) takes torch's differentiable formula instead.
 
 Exact to rounding: the DFT matrices are built in float64; the result differs from direct convolution by summation
 order only (about 1e-7 relative in float32). bfloat16 and float16 inputs are computed in float32 and rounded back.
@@ -96,17 +99,43 @@ def input_gradient(grad_y: torch.Tensor, weight: torch.Tensor, dilation: Pair) -
     return _run(padded, weight.flip(2, 3).transpose(0, 1), None, dilation, cached=False)
 
 
+def weight_gradient(grad_y: torch.Tensor, x: torch.Tensor, kernel: Pair, dilation: Pair) -> torch.Tensor:
+    """The weight's gradient (K, C, kh, kw) from the output's (N, K, H', W') and the input x (N, C, H, W):
+    Σ over the tiles of X · conj(G) (G the spectrum of the output gradient's part of each tile), one batched GEMM
+    per group of tiles in the kernels, and the kh×kw taps of its inverse DFT read here (:func:`_taps`).
+
+    >>> x, grad_y = torch.randn(1, 3, 40, 40), torch.randn(1, 8, 16, 16)
+    >>> weight_gradient(grad_y, x, (7, 7), (4, 4)).shape  # == torch's conv weight gradient to rounding
+    torch.Size([8, 3, 7, 7])
+    """
+    if x.dtype not in COMPUTE_DTYPES:
+        return weight_gradient(grad_y.float(), x.float(), kernel, dilation).to(x.dtype)
+    n, c, h, w = (int(s) for s in x.shape)
+    k = int(grad_y.shape[1])
+    kernel, dilation = tuple(int(s) for s in kernel), tuple(int(d) for d in dilation)
+    tile = _tile(x.shape, kernel, dilation, c, k)
+    valid = tuple(t - kk + 1 for t, kk in zip(tile, kernel))
+    grad_y = grad_y.to(x.dtype)
+    spectrum = torch.ops.densecnn.fft_conv2d_weight_spectrum(x, grad_y, list(tile), list(valid), list(dilation))
+    return _taps(spectrum, tile, kernel)  # (K, C, kh, kw)
+
+
+def _tile(shape, kernel: Pair, dilation: Pair, c: int, k: int) -> Pair:
+    """The cost model's tile for a conv of ``kernel`` and ``dilation`` on an (N, C, H, W) input of ``shape``."""
+    n, _, h, w = (int(s) for s in shape)
+    out = output_size((h, w), kernel, dilation)
+    sub_out = tuple(-(-o // d) for o, d in zip(out, dilation))  # output rows/cols per sub-grid
+    return tile_sizes(sub_out, kernel, c, k, n * dilation[0] * dilation[1])
+
+
 def _run(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, dilation: Pair, cached: bool):
     """The op on x (N, C, H, W) and weight (K, C, kh, kw), with the tile the cost model picks; ``cached``: take
     the kernel's spectrum from the cache (a model's weight at inference), else compute it (training, whose weights
     change every step, and the flipped weight of the input gradient)."""
     # Plain ints (a symbolic shape under torch.compile is specialised): the tile is chosen per concrete shape.
-    n, c, h, w = (int(s) for s in x.shape)
     kernel = tuple(int(s) for s in weight.shape[2:])
     dilation = tuple(int(d) for d in dilation)
-    out = output_size((h, w), kernel, dilation)
-    sub_out = tuple(-(-o // d) for o, d in zip(out, dilation))  # output rows/cols per sub-grid
-    tile = tile_sizes(sub_out, kernel, c, int(weight.shape[0]), n * dilation[0] * dilation[1])
+    tile = _tile(x.shape, kernel, dilation, int(x.shape[1]), int(weight.shape[0]))
     valid = tuple(t - kk + 1 for t, kk in zip(tile, kernel))
     spectrum = kernel_spectrum(weight, tile, x.dtype) if cached else _spectrum(weight, tile, x.dtype)
     return torch.ops.densecnn.fft_conv2d(x, weight, spectrum, bias, list(tile), list(valid), list(dilation))
@@ -196,6 +225,29 @@ def _spectrum(weight: torch.Tensor, tile: Pair, dtype) -> torch.Tensor:
         along_w = weight.to(complex_dtype) @ dft_w.T  # (K, C, kh, F)
         along_w = along_w.permute(2, 3, 1, 0).reshape(kernel_h, freqs * c * k)  # (kh, F·C·K)
         return (dft_h @ along_w).view(tile_h * freqs, c, k)  # (Th·F, C, K)
+
+
+def _taps(spectrum: torch.Tensor, tile: Pair, kernel: Pair) -> torch.Tensor:
+    """The kh×kw taps of the real inverse DFT of a (Th·F, C, K) half spectrum (F = Tw//2 + 1) -> (K, C, kh, kw):
+    the adjoint of :func:`_spectrum`, as two small DFT matrices (float64-built), the second writing the weight's
+    layout. The frequencies f of the missing half are conjugates of those present: each f other than 0 and Tw/2
+    counts twice."""
+    tile_h, tile_w = tile
+    kernel_h, kernel_w = kernel
+    freqs = tile_w // 2 + 1
+    _, c, k = spectrum.shape
+    with torch.no_grad():
+        inverse_h = _dft_matrix(tile_h, tile_h, kernel_h, spectrum.device).T.conj()  # (kh, Th): e^{+2πi u·i/Th}
+        inverse_w = _dft_matrix(freqs, tile_w, kernel_w, spectrum.device).T.conj()  # (kw, F)
+        counts = torch.full((freqs,), 2.0, dtype=torch.float64, device=spectrum.device)
+        counts[0] = 1.0
+        if tile_w % 2 == 0:
+            counts[-1] = 1.0
+        inverse_w = inverse_w * counts / (tile_h * tile_w)
+        along_h = inverse_h.to(spectrum.dtype) @ spectrum.view(tile_h, freqs * c * k)  # (kh, F·C·K)
+        along_h = along_h.view(kernel_h, freqs, c * k).transpose(0, 1).reshape(freqs, kernel_h * c * k)
+        taps = (inverse_w.to(spectrum.dtype) @ along_h).real  # (kw, kh·C·K)
+        return taps.view(kernel_w, kernel_h, c, k).permute(3, 2, 1, 0)  # (K, C, kh, kw)
 
 
 def _dft_matrix(frequencies: int, length: int, taps: int, device) -> torch.Tensor:

@@ -244,12 +244,23 @@ def _register_fft_conv2d(ops) -> None:
         needs = ctx.needs_input_grad
         grad_x = fft_conv.input_gradient(grad_y, weight, ctx.dilation) if needs[0] else None
         grad_w = grad_b = None
-        if needs[1] or (ctx.has_bias and needs[3]):
-            wanted = (False, needs[1], ctx.has_bias and needs[3])
-            _, grad_w, grad_b = native.conv_backward(grad_y, input, weight, ctx.dilation, wanted)
+        if needs[1] and torch.is_grad_enabled():  # a double backward: torch's formula, itself differentiable
+            _, grad_w, _ = native.conv_backward(grad_y, input, weight, ctx.dilation, (False, True, False))
+        elif needs[1]:
+            grad_w = fft_conv.weight_gradient(grad_y, input, weight.shape[2:], ctx.dilation)
+        if ctx.has_bias and needs[3]:
+            grad_b = grad_y.sum((0, 2, 3))
         return grad_x, grad_w, None, grad_b, None, None, None
 
     torch.library.register_autograd("densecnn::fft_conv2d", backward, setup_context=setup)
+
+
+def _register_fft_conv2d_weight_spectrum(ops) -> None:
+    @torch.library.register_fake("densecnn::fft_conv2d_weight_spectrum")
+    def _(input, grad_output, tile, valid, dilation):
+        complex_dtype = torch.complex64 if input.dtype == torch.float32 else torch.complex128
+        points = tile[0] * (tile[1] // 2 + 1)
+        return input.new_empty((points, input.shape[1], grad_output.shape[1]), dtype=complex_dtype)
 
 
 def _register_winograd_conv(ops) -> None:
@@ -290,6 +301,7 @@ if ext.available():
         _register_conv2d_backward,
         _register_direct_conv,
         _register_fft_conv2d,
+        _register_fft_conv2d_weight_spectrum,
         _register_winograd_conv,
     ):
         _register(torch.ops.densecnn)
