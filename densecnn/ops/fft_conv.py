@@ -110,13 +110,14 @@ def weight_gradient(grad_y: torch.Tensor, x: torch.Tensor, kernel: Pair, dilatio
     """
     if x.dtype not in COMPUTE_DTYPES:
         return weight_gradient(grad_y.float(), x.float(), kernel, dilation).to(x.dtype)
-    n, c, h, w = (int(s) for s in x.shape)
-    k = int(grad_y.shape[1])
+    c, k = int(x.shape[1]), int(grad_y.shape[1])
     kernel, dilation = tuple(int(s) for s in kernel), tuple(int(d) for d in dilation)
     tile = _tile(x.shape, kernel, dilation, c, k)
     valid = tuple(t - kk + 1 for t, kk in zip(tile, kernel))
     grad_y = grad_y.to(x.dtype)
-    spectrum = torch.ops.densecnn.fft_conv2d_weight_spectrum(x, grad_y, list(tile), list(valid), list(dilation))
+    spectrum = torch.ops.densecnn.fft_conv2d_weight_spectrum(
+        x, grad_y, list(tile), list(valid), list(dilation)
+    )
     return _taps(spectrum, tile, kernel)  # (K, C, kh, kw)
 
 
@@ -237,8 +238,9 @@ def _taps(spectrum: torch.Tensor, tile: Pair, kernel: Pair) -> torch.Tensor:
     freqs = tile_w // 2 + 1
     _, c, k = spectrum.shape
     with torch.no_grad():
-        inverse_h = _dft_matrix(tile_h, tile_h, kernel_h, spectrum.device).T.conj()  # (kh, Th): e^{+2πi u·i/Th}
-        inverse_w = _dft_matrix(freqs, tile_w, kernel_w, spectrum.device).T.conj()  # (kw, F)
+        # (kh, Th) and (kw, F): e^{+2πi u·i/Th}, e^{+2πi f·j/Tw}
+        inverse_h = _dft_matrix(tile_h, tile_h, kernel_h, spectrum.device).T.conj()
+        inverse_w = _dft_matrix(freqs, tile_w, kernel_w, spectrum.device).T.conj()
         counts = torch.full((freqs,), 2.0, dtype=torch.float64, device=spectrum.device)
         counts[0] = 1.0
         if tile_w % 2 == 0:
