@@ -231,25 +231,27 @@ DENSECNN_ALWAYS_INLINE void forward_item_impl(const FftGeometry& g, const DftMat
   // on (its pixel's lanes; in channels_last, the first block asks for all channels of the pixel).
   const int64_t span = whole && c0 == 0 ? g.channels : lanes;
   auto prefetch_row = [&](int64_t a) {
-    const int64_t r = row0 + a * g.dh;
-    if (a >= g.read_h || r >= g.rows) return;
-    for (int64_t b = 0; b < g.read_w && col0 + b * g.dw < g.cols; ++b) {
-      const T* pixel = image + r * g.x_stride[2] + (col0 + b * g.dw) * g.x_stride[3];
+    const int64_t r = row0 + a * g.dh - g.pad_h;
+    if (a >= g.read_h || r < 0 || r >= g.rows) return;
+    for (int64_t b = 0; b < g.read_w && col0 + b * g.dw - g.pad_w < g.cols; ++b) {
+      if (col0 + b * g.dw < g.pad_w) continue;
+      const T* pixel = image + r * g.x_stride[2] + (col0 + b * g.dw - g.pad_w) * g.x_stride[3];
       for (int64_t v = 0; v < span; v += 64 / sizeof(T)) __builtin_prefetch(pixel + v * g.x_stride[1]);
     }
   };
   prefetch_row(0);
   prefetch_row(1);
   for (int64_t a = 0; a < th; ++a) {  // real DFT of each row: stage[f][re|im][a]
-    const int64_t r = row0 + a * g.dh;
-    if (a >= g.read_h || r >= g.rows) {  // a row of zeros
+    const int64_t r = row0 + a * g.dh - g.pad_h;
+    if (a >= g.read_h || r < 0 || r >= g.rows) {  // a row of zeros
       for (int64_t f = 0; f < f_count; ++f) stage[f * 2 * th + a] = stage[f * 2 * th + th + a] = Lanes<T>{};
       continue;
     }
     prefetch_row(a + 2);
     std::fill(row, row + tw, Lanes<T>{});
     for (int64_t b = 0; b < g.read_w; ++b) {
-      const int64_t c = col0 + b * g.dw;
+      const int64_t c = col0 + b * g.dw - g.pad_w;
+      if (c < 0) continue;
       if (c >= g.cols) break;
       const T* src = image + r * g.x_stride[2] + c * g.x_stride[3];
       if (whole) {
@@ -436,8 +438,8 @@ struct CpuTransforms {
 
 at::Tensor fft_conv2d_cpu(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& spectrum,
                           const c10::optional<at::Tensor>& bias, at::IntArrayRef tile, at::IntArrayRef valid,
-                          at::IntArrayRef dilation) {
-  return fft_conv2d_tiles<CpuTransforms>(input, weight, spectrum, bias, tile, valid, dilation);
+                          at::IntArrayRef dilation, at::IntArrayRef padding) {
+  return fft_conv2d_tiles<CpuTransforms>(input, weight, spectrum, bias, tile, valid, dilation, padding);
 }
 
 at::Tensor fft_conv2d_weight_spectrum_cpu(const at::Tensor& input, const at::Tensor& grad_output, at::IntArrayRef tile,

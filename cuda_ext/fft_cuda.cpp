@@ -39,9 +39,9 @@ struct CudaTransforms {
 
 at::Tensor fft_conv2d_cuda(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& spectrum,
                            const c10::optional<at::Tensor>& bias, at::IntArrayRef tile, at::IntArrayRef valid,
-                           at::IntArrayRef dilation) {
+                           at::IntArrayRef dilation, at::IntArrayRef padding) {
   const c10::cuda::CUDAGuard guard(input.device());
-  return fft_conv2d_tiles<CudaTransforms>(input, weight, spectrum, bias, tile, valid, dilation);
+  return fft_conv2d_tiles<CudaTransforms>(input, weight, spectrum, bias, tile, valid, dilation, padding);
 }
 
 at::Tensor fft_conv2d_weight_spectrum_cuda(const at::Tensor& input, const at::Tensor& grad_output,

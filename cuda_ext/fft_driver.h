@@ -22,14 +22,16 @@ namespace densecnn {
 constexpr int64_t kGroupBytes = 6 << 20;
 constexpr int64_t kMinGroupTiles = 32;
 
-// The tiling of x (N, C, H, W) for a conv with K output channels (the kernel is tile - valid + 1).
+// The tiling of x (N, C, H, W), zero-padded by `padding` (rows, columns) on each side, for a conv with K output
+// channels (the kernel is tile - valid + 1).
 inline FftGeometry fft_geometry(const at::Tensor& x, int64_t out_channels, at::IntArrayRef tile, at::IntArrayRef valid,
-                                at::IntArrayRef dilation) {
+                                at::IntArrayRef dilation, at::IntArrayRef padding = {0, 0}) {
   TORCH_CHECK(x.dim() == 4, "densecnn.fft_conv2d: expected a 4-D (N, C, H, W) input, got shape ", x.sizes());
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble,
               "densecnn.fft_conv2d: dtype must be float32 or float64, got ", x.scalar_type());
-  TORCH_CHECK(tile.size() == 2 && valid.size() == 2 && dilation.size() == 2,
-              "densecnn.fft_conv2d: tile, valid and dilation take two ints (h, w)");
+  TORCH_CHECK(tile.size() == 2 && valid.size() == 2 && dilation.size() == 2 && padding.size() == 2,
+              "densecnn.fft_conv2d: tile, valid, dilation and padding take two ints (h, w)");
+  TORCH_CHECK(padding[0] >= 0 && padding[1] >= 0, "densecnn.fft_conv2d: padding must be >= 0, got ", padding);
   FftGeometry g;
   g.batch = x.size(0);
   g.channels = x.size(1);
@@ -48,8 +50,10 @@ inline FftGeometry fft_geometry(const at::Tensor& x, int64_t out_channels, at::I
   g.read_h = g.th;
   g.read_w = g.tw;
   const int64_t kh = g.th - g.sh + 1, kw = g.tw - g.sw + 1;  // the kernel the tiles were cut for
-  g.out_rows = g.rows - (kh - 1) * g.dh;
-  g.out_cols = g.cols - (kw - 1) * g.dw;
+  g.pad_h = static_cast<int32_t>(padding[0]);
+  g.pad_w = static_cast<int32_t>(padding[1]);
+  g.out_rows = g.rows + 2 * g.pad_h - (kh - 1) * g.dh;
+  g.out_cols = g.cols + 2 * g.pad_w - (kw - 1) * g.dw;
   TORCH_CHECK(g.out_rows >= 1 && g.out_cols >= 1, "densecnn.fft_conv2d: a ", kh, "x", kw,
               " kernel with dilation ", dilation, " does not fit in the ", g.rows, "x", g.cols, " input");
   g.out_channels = out_channels;
@@ -85,12 +89,12 @@ inline int64_t fft_group_tiles(const FftGeometry& g, int64_t element_size) {
 template <class Transforms>
 at::Tensor fft_conv2d_tiles(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& spectrum,
                             const c10::optional<at::Tensor>& bias, at::IntArrayRef tile, at::IntArrayRef valid,
-                            at::IntArrayRef dilation) {
+                            at::IntArrayRef dilation, at::IntArrayRef padding) {
   TORCH_CHECK(spectrum.dim() == 3 && spectrum.is_complex() && spectrum.device() == input.device() &&
                   at::toRealValueType(spectrum.scalar_type()) == input.scalar_type(),
               "densecnn.fft_conv2d: the kernel spectrum must be complex (th·(tw/2+1), C, K) of the input's dtype and "
               "device, got ", spectrum.sizes(), " ", spectrum.scalar_type(), " on ", spectrum.device());
-  FftGeometry g = fft_geometry(input, spectrum.size(2), tile, valid, dilation);
+  FftGeometry g = fft_geometry(input, spectrum.size(2), tile, valid, dilation, padding);
   TORCH_CHECK(spectrum.size(0) == fft_points(g) && spectrum.size(1) == g.channels,
               "densecnn.fft_conv2d: the kernel spectrum must be (th·(tw/2+1), C, K) = (", fft_points(g), ", ",
               g.channels, ", K), got ", spectrum.sizes());
@@ -148,8 +152,8 @@ at::Tensor fft_conv2d_weight_spectrum_tiles(const at::Tensor& input, const at::T
   for (int d = 0; d < 4; ++d) gg.x_stride[d] = grad_output.stride(d);
   const int64_t points = fft_points(g);
   const auto complex_options = input.options().dtype(c10::toComplexType(input.scalar_type()));
-  at::Tensor result = at::zeros({points, g.channels, g.out_channels}, complex_options);
-  if (g.tiles == 0) return result;
+  if (g.tiles == 0) return at::zeros({points, g.channels, g.out_channels}, complex_options);
+  at::Tensor result = at::empty({points, g.channels, g.out_channels}, complex_options);
   const at::Tensor twiddles = fft_twiddle_table(g, input);
   const int64_t group = fft_group_tiles(g, input.element_size());
   at::Tensor x_spectrum = empty_output({points * group * g.channels * 2}, input.options());  // reused workspaces
@@ -160,8 +164,13 @@ at::Tensor fft_conv2d_weight_spectrum_tiles(const at::Tensor& input, const at::T
     at::Tensor gs = g_spectrum.narrow(0, 0, points * count * g.out_channels * 2).view({count, points, g.out_channels, 2});
     Transforms::forward(input, g, first, count, twiddles, xs);
     Transforms::forward(grad_output, gg, first, count, twiddles, gs);
-    // (P, C, count) @ (P, count, K), summed into the result
-    result.baddbmm_(at::view_as_complex(xs).permute({1, 2, 0}), at::view_as_complex(gs).transpose(0, 1));
+    // (P, C, count) @ (P, count, K), summed into the result (the first group writes it: no zero fill)
+    const at::Tensor x_t = at::view_as_complex(xs).permute({1, 2, 0}), g_t = at::view_as_complex(gs).transpose(0, 1);
+    if (first == 0) {
+      at::bmm_out(result, x_t, g_t);
+    } else {
+      result.baddbmm_(x_t, g_t);
+    }
   }
   return result;
 }

@@ -6,7 +6,8 @@
 // A stride-1 conv with dilation (dh, dw) reads one of the dh×dw interleaved sub-grids of its input. Each sub-grid is
 // cut into overlapping th×tw tiles (overlap-save): tile (ti, tj) of sub-grid (r, s) of image n holds input pixels
 // (row0 + a·dh, col0 + b·dw) for a < th, b < tw, with row0 = ti·sh·dh + r and col0 = tj·sw·dw + s (zero past the
-// image), and its first sh×sw outputs of the circular correlation are the outputs at the same places. Tiles are
+// image; a padded input is read as if its pad_h, pad_w zero rows and columns were there), and its first sh×sw
+// outputs of the circular correlation are the outputs at the same places. Tiles are
 // numbered (n, r, s, ti, tj), last fastest, and handled in groups of consecutive tiles.
 //
 // The spectra are complex, stored as (re, im) pairs: the input's (tiles, P, C), the product's (P, tiles, K), for the
@@ -31,6 +32,9 @@ struct FftGeometry {
   // Rows and columns of each tile the forward transform reads (the rest is zero): th×tw for a conv's input; sh×sw
   // for an output gradient in the weight gradient, whose tiles do not overlap.
   int32_t read_h = 0, read_w = 0;
+  // Zero rows and columns before the input's first (and as many after): the tiles cover the padded input, whose
+  // pixel (R, C) is the input's (R - pad_h, C - pad_w); the output is that of the padded input.
+  int32_t pad_h = 0, pad_w = 0;
   bool conjugate = false;  // the forward transform writes conj(X) (the output gradient's, in the weight gradient)
   int64_t tiles_h = 0, tiles_w = 0, tiles = 0;             // per sub-grid and axis; in all
   int64_t x_stride[4] = {0, 0, 0, 0};                      // input strides (N, C, H, W)
@@ -73,12 +77,13 @@ HOST_DEVICE_INLINE void fft_forward_rows_at(const FftGeometry& g, const T* x, in
   const int64_t t = first + e / (g.freqs * g.th * g.channels);
   int64_t n, row0, col0;
   tile_origin(g, t, n, row0, col0);
-  const int64_t row = row0 + a * g.dh;
+  const int64_t row = row0 + a * g.dh - g.pad_h;
   T re = T(0), im = T(0);
-  if (a < g.read_h && row < g.rows) {
+  if (a < g.read_h && row >= 0 && row < g.rows) {
     const T* src = x + n * g.x_stride[0] + c * g.x_stride[1] + row * g.x_stride[2];
     for (int32_t b = 0; b < g.read_w; ++b) {
-      const int64_t col = col0 + static_cast<int64_t>(b) * g.dw;
+      const int64_t col = col0 + static_cast<int64_t>(b) * g.dw - g.pad_w;
+      if (col < 0) continue;
       if (col >= g.cols) break;
       const T v = src[col * g.x_stride[3]];
       const int64_t m = f * b % g.tw;

@@ -54,13 +54,14 @@ TORCH_LIBRARY(densecnn, m) {
   // Stride-1 dilated convolution, groups 1, of (N, C, *S) with 1-3 spatial axes, computed directly (no im2col):
   // for convs with few input channels. Its gradients are torch's convolution backward (densecnn/ops/ext.py).
   m.def("direct_conv(Tensor input, Tensor weight, Tensor? bias, int[] dilation) -> Tensor");
-  // Stride-1 dilated convolution in the frequency domain on overlap-save tiles of the sub-grids (fft_driver.h):
-  // `spectrum` is the kernel's conj(DFT) on the th×tw tile, complex (th·(tw/2+1), C, K); valid = tile - kernel + 1.
+  // Stride-1 dilated convolution in the frequency domain on overlap-save tiles of the sub-grids (fft_driver.h) of
+  // the input zero-padded by `padding` (rows, columns) on each side (never materialised): `spectrum` is the
+  // kernel's conj(DFT) on the th×tw tile, complex (th·(tw/2+1), C, K); valid = tile - kernel + 1.
   // `weight` (K, C, kh, kw) is the weight the spectrum was made from: the kernels read only the spectrum, the
   // gradients are taken for the weight (densecnn/ops/registrations.py).
   m.def(
       "fft_conv2d(Tensor input, Tensor weight, Tensor spectrum, Tensor? bias, int[2] tile, int[2] valid, "
-      "int[2] dilation) -> Tensor");
+      "int[2] dilation, int[2] padding=[0, 0]) -> Tensor");
   // The spectrum of fft_conv2d's weight gradient for the output gradient grad_output (N, K, H', W'): the sum over
   // the tiles of X · conj(G), complex (th·(tw/2+1), C, K), in the layout of the kernel spectrum (fft_driver.h).
   m.def(

@@ -6,6 +6,7 @@ solver:
 
     python scripts/fit_cost_model.py                 # time the grid (several minutes) and fit
     python scripts/fit_cost_model.py --refit         # refit the shipped measurements only (after changing features)
+    python scripts/fit_cost_model.py --gradients     # time the convs' gradient solvers only (after changing one)
     python scripts/fit_cost_model.py --merge         # time the grid again and keep each candidate's faster time
     python scripts/fit_cost_model.py --quick         # a handful of problems: checks the pipeline, not for shipping
     python scripts/fit_cost_model.py --only volumes  # time the 3-D grid only, keep the shipped images and signals
@@ -34,9 +35,9 @@ import torch
 
 import densecnn
 from densecnn.geometry import output_size, reach
-from densecnn.ops import costmodel, find, plan
+from densecnn.ops import costmodel, find, gradients, plan
 from densecnn.ops.backends import ext_available
-from densecnn.ops.solvers import ConvOp, PoolOp
+from densecnn.ops.solvers import SOLVERS, ConvOp, PoolOp
 
 MAX_MACS = 4e9  # larger convs are left out: too slow to time for what they add to the fit
 REFERENCE_NETS = {"plain_133": 32, "stages_46": 8, "nuclei": 3}  # name: classes
@@ -146,6 +147,22 @@ def reference_problems(size: int) -> list[dict]:
     return rows
 
 
+def _gradient_times(op, row: dict) -> dict:
+    """{"grad_input" | "grad_weight": {memory_format: {gradient solver: ms}}} of a conv whose gradients a training
+    plan chooses apart from its forward; {} for any other op."""
+    if len(gradients.candidates(op, set(SOLVERS))) < 2:
+        return {}
+    table = find.time_gradients(op, row["input"], torch.float32, "cpu", input_grad=True)
+    return {d: {fmt: by_direction[d] for fmt, by_direction in table.items()} for d in gradients.DIRECTIONS}
+
+
+def _rounded(times: dict) -> dict:
+    return {
+        direction: {fmt: {s: ms and float(f"{ms:.4g}") for s, ms in t.items()} for fmt, t in table.items()}
+        for direction, table in times.items()
+    }
+
+
 def measure(rows: list[dict], log) -> list[dict]:
     ext = ext_available()
     measured = []
@@ -157,13 +174,8 @@ def measure(rows: list[dict], log) -> list[dict]:
             )
             for direction, train in (("infer", False), ("train", True))
         }
-        rounded = {
-            direction: {
-                fmt: {s: ms and float(f"{ms:.4g}") for s, ms in t.items()} for fmt, t in table.items()
-            }
-            for direction, table in times.items()
-        }
-        measured.append({**row, "dtype": "float32", "times_ms": rounded})
+        times.update(_gradient_times(op, row))
+        measured.append({**row, "dtype": "float32", "times_ms": _rounded(times)})
         log(f"[{i + 1}/{len(rows)}] {row['op']} in={row['input']} k={row['kernel']} d={row['dilation']} "
             f"out={row['out_channels']} act={row['activation']}: {time.perf_counter() - start:.1f}s")  # fmt: skip
     return measured
@@ -205,6 +217,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--refit", action="store_true", help="refit the shipped measurements, time nothing")
     parser.add_argument("--quick", action="store_true", help="a few problems only (pipeline check)")
+    parser.add_argument(
+        "--gradients",
+        action="store_true",
+        help="time the conv gradient solvers on the shipped image problems, keep every other time",
+    )
     parser.add_argument("--merge", action="store_true", help="keep the faster of each new and shipped time")
     parser.add_argument(
         "--threads", type=int, default=None, help="torch threads while timing (default: torch's default)"
@@ -223,10 +240,19 @@ def main() -> None:
     )
     parser.add_argument("--out", default=str(costmodel.MODEL_FILE))
     args = parser.parse_args()
-    if args.refit:
+    if args.refit or args.gradients:
         shipped = json.loads(costmodel.MODEL_FILE.read_text())
         problems, machine = shipped["problems"], shipped["machine"]
-    else:
+    if args.gradients:
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        for i, p in enumerate(problems):
+            fresh = _gradient_times(_spec(p), p) if p["op"] == "conv2d" else {}
+            p["times_ms"].update(_rounded(fresh))
+            if fresh:
+                print(f"[{i + 1}/{len(problems)}] gradients of conv2d in={p['input']} k={p['kernel']} "
+                      f"d={p['dilation']} out={p['out_channels']}")  # fmt: skip
+    elif not args.refit:
         find.REPEATS, find.BUDGET_MS = args.repeats, 600.0
         if args.threads:
             torch.set_num_threads(args.threads)

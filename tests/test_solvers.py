@@ -13,7 +13,7 @@ import torch
 import densecnn
 from densecnn import ops
 from densecnn.errors import ExtensionUnavailableWarning
-from densecnn.ops import backends, costmodel, ext, find, layout, plan, solvers
+from densecnn.ops import backends, costmodel, ext, find, gradients, layout, plan, solvers
 from densecnn.ops.solvers import ConvOp, PoolOp
 
 EXT_SOLVERS = [name for name, s in solvers.SOLVERS.items() if s.needs_ext]
@@ -318,22 +318,39 @@ def test_tune_command_fills_the_cache_ahead_of_time(tmp_path, solver_cache, caps
 
 
 def test_training_plans_time_the_first_layer_without_an_input_gradient(monkeypatch):
-    """The image needs no gradient, so the first layer's training problem is timed (and must run) without one."""
+    """The image needs no gradient, so the first layer's training problem is timed (and must run) without one; a
+    conv whose gradients are chosen apart from its forward has its forward timed for inference and its gradient
+    solvers timed apart."""
     seen = []
 
     def fake_find(op, shape, dtype, device, *, train, ext, cache_dir, input_grad, time_missing):
         if time_missing:  # what would be timed (the conversion's verification pass plans without tuning)
-            seen.append((train, input_grad))
+            seen.append(("forward+backward" if train else "forward", input_grad))
         return {"nchw": {"native": 1.0}, "nhwc": {"native": 2.0}}
 
+    def fake_find_gradients(op, shape, dtype, device, *, ext, cache_dir, input_grad, time_missing):
+        seen.append(("gradients", input_grad))
+        return {"nchw": {"grad_weight": {"native": 1.0}}}
+
     monkeypatch.setattr(plan, "find", fake_find)
+    monkeypatch.setattr(plan, "find_gradients", fake_find_gradients)
     model, patch, channels = _net("stages_46")
     dense = densecnn.convert(model, patch, tune=True)
-    dense.plan(torch.zeros(1, channels, 60, 60, dtype=torch.float64))
-    assert seen == [(True, False)] + [(True, True)] * 6
-    seen.clear()
-    dense.plan(torch.zeros(1, channels, 60, 60, dtype=torch.float64, requires_grad=True))
-    assert seen == [(True, True)] * 7
+    choice = gradients.candidates(ConvOp(torch.zeros(8, 2, 3, 3), None, (1, 1), 1), set(solvers.SOLVERS))
+    chosen_apart = (
+        len(choice) > 1
+    )  # with the kernels built, a conv's gradients are chosen apart (fft or native)
+    for image_grad in (False, True):
+        seen.clear()
+        dense.plan(torch.zeros(1, channels, 60, 60, dtype=torch.float64, requires_grad=image_grad))
+        expected = []
+        for i, kind in enumerate(["conv", "pool", "conv", "pool", "conv", "pool", "conv"]):
+            needs = image_grad or i > 0
+            if kind == "conv" and chosen_apart:
+                expected += [("forward", needs), ("gradients", needs)]
+            else:
+                expected.append(("forward+backward", needs))
+        assert seen == expected
 
 
 def test_activations_after_windowed_steps_run_in_place_only_without_autograd():

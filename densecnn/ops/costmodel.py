@@ -204,3 +204,24 @@ def estimate(
             continue  # nothing measured in this format for this op: not a choice
         table[memory_format] = {s: 1.0 if ms is None and s == "native" else ms for s, ms in times.items()}
     return table
+
+
+def estimate_gradients(
+    op: ConvOp, shape, dtype: torch.dtype, candidates: list[str], *, input_grad: bool
+) -> dict[str, dict[str, dict[str, float | None]]]:
+    """``{memory_format: {"grad_input" | "grad_weight": {gradient solver: predicted ms}}}`` for a conv's gradient
+    solvers (:mod:`densecnn.ops.gradients`) on an input of ``shape``, as :func:`find_gradients` times them;
+    "grad_input" only when the input needs a gradient. ``native`` without a fit gets a neutral 1.0, the others None
+    (not chosen)."""
+    model, row = shipped(), problem(op, shape)
+    dtype_name = str(dtype).removeprefix("torch.")
+    directions = ("grad_input", "grad_weight") if input_grad else ("grad_weight",)
+    table: dict[str, dict[str, dict[str, float | None]]] = {}
+    for memory_format in layout.names_for(len(shape)):
+        table[memory_format] = {}
+        for direction in directions:
+            times = {s: model.time_ms(row, s, memory_format, direction, dtype_name) for s in candidates}
+            table[memory_format][direction] = {
+                s: 1.0 if ms is None and s == "native" else ms for s, ms in times.items()
+            }
+    return table

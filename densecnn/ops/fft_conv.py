@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 
 from ..geometry import output_size
-from . import ext
+from . import ext, weight_cache
 
 Pair = tuple[int, int]
 MAX_TILE = 64  # largest tile side considered: the transforms cost O(T) per point
@@ -86,17 +86,22 @@ def conv2d(op, x: torch.Tensor) -> torch.Tensor:
             f"a {h}x{w} input is smaller than the {kernel[0]}x{kernel[1]} kernel at dilation {dilation} reaches; "
             "pad it (DenseCNN does) or use a smaller kernel"
         )
-    training = torch.is_grad_enabled() and weight.requires_grad
-    return _run(x, weight, bias, dilation, cached=not training)
+    return _run(x, weight, bias, dilation, cached=weight_cache.cacheable(op.weight))
 
 
-def input_gradient(grad_y: torch.Tensor, weight: torch.Tensor, dilation: Pair) -> torch.Tensor:
-    """The input's gradient (N, C, H, W) from the output's (N, K, H', W'): the same frequency-domain conv of the
-    zero-padded output gradient with the flipped, transposed kernel (a full correlation with the flipped kernel is a
-    valid one of the zero-padded gradient)."""
+def input_gradient(
+    grad_y: torch.Tensor, weight: torch.Tensor, dilation: Pair, padding: Pair = (0, 0)
+) -> torch.Tensor:
+    """The input's gradient (N, C, H, W) from the output's (N, K, H', W') of a conv of the input zero-padded by
+    ``padding``: the same frequency-domain conv of the output gradient, zero-padded by the kernel's reach less
+    ``padding`` (a full correlation with the flipped kernel is a valid one of the zero-padded gradient; the padding
+    is read as zeros, never materialised), with the flipped, transposed kernel."""
     (kh, kw), (dh, dw) = weight.shape[2:], dilation
-    padded = F.pad(grad_y, ((kw - 1) * dw, (kw - 1) * dw, (kh - 1) * dh, (kh - 1) * dh))
-    return _run(padded, weight.flip(2, 3).transpose(0, 1), None, dilation, cached=False)
+    pad = ((kh - 1) * dh - padding[0], (kw - 1) * dw - padding[1])
+    flipped = weight.flip(2, 3).transpose(0, 1)
+    if min(pad) < 0:  # a padding wider than the kernel's reach (no densecnn conv has one): torch's conv
+        return F.conv2d(grad_y, flipped, None, 1, pad, dilation)
+    return _run(grad_y, flipped, None, dilation, cached=False, padding=pad)
 
 
 def weight_gradient(grad_y: torch.Tensor, x: torch.Tensor, kernel: Pair, dilation: Pair) -> torch.Tensor:
@@ -129,17 +134,28 @@ def _tile(shape, kernel: Pair, dilation: Pair, c: int, k: int) -> Pair:
     return tile_sizes(sub_out, kernel, c, k, n * dilation[0] * dilation[1])
 
 
-def _run(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, dilation: Pair, cached: bool):
-    """The op on x (N, C, H, W) and weight (K, C, kh, kw), with the tile the cost model picks; ``cached``: take
-    the kernel's spectrum from the cache (a model's weight at inference), else compute it (training, whose weights
-    change every step, and the flipped weight of the input gradient)."""
+def _run(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    dilation: Pair,
+    cached: bool,
+    padding: Pair = (0, 0),
+):
+    """The op on x (N, C, H, W) zero-padded by ``padding``, and weight (K, C, kh, kw), with the tile the cost model
+    picks; ``cached``: take the kernel's spectrum from the cache (a model's weight at inference), else compute it
+    (training, whose weights change every step, and the flipped weight of the input gradient)."""
     # Plain ints (a symbolic shape under torch.compile is specialised): the tile is chosen per concrete shape.
     kernel = tuple(int(s) for s in weight.shape[2:])
-    dilation = tuple(int(d) for d in dilation)
-    tile = _tile(x.shape, kernel, dilation, int(x.shape[1]), int(weight.shape[0]))
+    dilation, padding = tuple(int(d) for d in dilation), tuple(int(p) for p in padding)
+    n, c, h, w = (int(s) for s in x.shape)
+    padded_shape = (n, c, h + 2 * padding[0], w + 2 * padding[1])
+    tile = _tile(padded_shape, kernel, dilation, c, int(weight.shape[0]))
     valid = tuple(t - kk + 1 for t, kk in zip(tile, kernel))
     spectrum = kernel_spectrum(weight, tile, x.dtype) if cached else _spectrum(weight, tile, x.dtype)
-    return torch.ops.densecnn.fft_conv2d(x, weight, spectrum, bias, list(tile), list(valid), list(dilation))
+    return torch.ops.densecnn.fft_conv2d(
+        x, weight, spectrum, bias, list(tile), list(valid), list(dilation), list(padding)
+    )
 
 
 def tile_sizes(sub_out: Pair, kernel: Pair, c: int, k: int, grids: int) -> Pair:

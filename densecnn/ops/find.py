@@ -2,7 +2,9 @@
 
 For one op (a :class:`~densecnn.ops.solvers.ConvOp` or ``PoolOp``), input shape, dtype, device and direction
 (inference, or training = forward + backward), :func:`find` runs each applicable solver in both memory formats on
-random data of that shape and returns ``{memory_format: {solver: milliseconds}}``. The table is stored as one JSON
+random data of that shape and returns ``{memory_format: {solver: milliseconds}}``; for a conv whose gradients a
+training plan chooses apart from its forward, :func:`find_gradients` times the gradient solvers
+(:mod:`densecnn.ops.gradients`) the same way. The table is stored as one JSON
 file per problem under ``cache_dir / "solvers"`` (the config's ``cache_dir``, :mod:`densecnn.ops.config`), keyed by
 (op, shapes, dtype, device, threads, torch and densecnn versions, which build of the kernels is loaded, if any), and
 reused by every later process.
@@ -25,7 +27,7 @@ import torch
 from .._version import __version__
 from ..atomic import atomic_write
 from ..geometry import reach
-from . import layout, solvers
+from . import gradients, layout, solvers
 from .backends import ext_build
 from .solvers import ConvOp, DenseOp, PoolOp
 
@@ -177,6 +179,70 @@ def _time_candidates(
     return times
 
 
+def find_gradients(
+    op: ConvOp,
+    shape,
+    dtype: torch.dtype,
+    device,
+    *,
+    ext: bool,
+    cache_dir: Path,
+    input_grad: bool,
+    time_missing: bool = True,
+) -> dict[str, dict[str, dict[str, float | None]]] | None:
+    """``{memory_format: {"grad_input" | "grad_weight": {gradient solver: ms}}}`` for a conv on inputs of
+    ``shape`` (:mod:`densecnn.ops.gradients`), cached like :func:`find`'s tables; "grad_input" only when the input
+    needs a gradient. With ``time_missing`` False, None when not cached."""
+    key = problem_key(op, shape, dtype, device, train=True, ext=ext, input_grad=input_grad)
+    key["direction"] = "gradients" if input_grad else "weight_gradient"
+    times = load_times(key, cache_dir)
+    if times is None and time_missing:
+        times = time_gradients(op, key["input"], dtype, device, input_grad=input_grad)
+        store_times(key, times, cache_dir)
+    return times
+
+
+def time_gradients(op: ConvOp, shape, dtype, device, *, input_grad: bool) -> dict:
+    """Every gradient solver of ``op`` timed now, on random data of exactly ``shape``, in each memory format."""
+    return {
+        fmt: _time_gradients(op, shape, fmt, dtype, device, input_grad=input_grad)
+        for fmt in layout.names_for(len(shape))
+    }
+
+
+def _time_gradients(op: ConvOp, shape, fmt: str, dtype, device, *, input_grad: bool) -> dict:
+    generator = torch.Generator(device="cpu").manual_seed(0)
+    x = layout.to_format(torch.randn(list(shape), generator=generator, dtype=dtype).to(device), fmt)
+    conv = _synthetic(op, generator, dtype, device, train=False)
+    out = [s - (k - 1) * d for s, k, d in zip(shape[2:], op.kernel, op.dilation)]
+    grad_y = torch.randn([shape[0], op.weight.shape[0], *out], generator=generator, dtype=dtype)
+    grad_y = layout.to_format(grad_y.to(device), fmt)
+    directions = {"grad_weight": gradients.weight_gradient}
+    if input_grad:
+        directions["grad_input"] = gradients.input_gradient
+    names = [name for name in gradients.SOLVERS if gradients.applies(name, op)]
+    with torch.no_grad():
+        return {
+            direction: {name: _time_call(lambda: run(name, grad_y, x, conv)) for name in names}  # noqa: B023
+            for direction, run in directions.items()
+        }
+
+
+def _time_call(step, best: float | None = None) -> float | None:
+    """The minimum of a few timed runs of ``step`` after a warm-up, in ms; None if it fails; the warm-up's time if
+    that is already :data:`GIVE_UP` times ``best``."""
+    try:
+        warmup = _elapsed_ms(step)
+    except (RuntimeError, ValueError, TypeError, NotImplementedError):
+        return None
+    if best is not None and warmup > GIVE_UP * best:
+        return warmup
+    runs = [_elapsed_ms(step)]
+    while len(runs) < REPEATS and sum(runs) < BUDGET_MS:
+        runs.append(_elapsed_ms(step))
+    return min(runs)
+
+
 def _synthetic(op: DenseOp, generator, dtype, device, train: bool) -> DenseOp:
     """The same op with random parameters: timing never touches the model's own tensors."""
     if isinstance(op, PoolOp):
@@ -201,16 +267,7 @@ def _time_one(
             if y.requires_grad:
                 y.backward(torch.ones_like(y))
 
-    try:
-        warmup = _elapsed_ms(step)
-    except (RuntimeError, ValueError, TypeError, NotImplementedError):
-        return None
-    if best is not None and warmup > GIVE_UP * best:
-        return warmup
-    runs = [_elapsed_ms(step)]
-    while len(runs) < REPEATS and sum(runs) < BUDGET_MS:
-        runs.append(_elapsed_ms(step))
-    return min(runs)
+    return _time_call(step, best)
 
 
 def _elapsed_ms(fn) -> float:

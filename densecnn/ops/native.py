@@ -29,13 +29,15 @@ def conv_backward(
     weight: torch.Tensor,
     dilation: Size,
     needs: tuple[bool, bool, bool],
+    padding: Size | None = None,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
-    """Gradients of :func:`conv` (groups 1) with respect to x, weight and bias, by torch's convolution backward;
-    each is None unless ``needs`` asks for it (ask for the bias's only when the conv has one)."""
+    """Gradients of :func:`conv` (groups 1; of x zero-padded by ``padding`` per axis, if given) with respect to x,
+    weight and bias, by torch's convolution backward; each is None unless ``needs`` asks for it (ask for the bias's
+    only when the conv has one)."""
     axes = x.dim() - 2
     grads = torch.ops.aten.convolution_backward(
-        grad_y, x, weight, [weight.shape[0]] if needs[2] else None, [1] * axes, [0] * axes, list(dilation),
-        False, [0] * axes, 1, list(needs),
+        grad_y, x, weight, [weight.shape[0]] if needs[2] else None, [1] * axes, list(padding or [0] * axes),
+        list(dilation), False, [0] * axes, 1, list(needs),
     )  # fmt: skip
     return tuple(grad if need else None for grad, need in zip(grads, needs, strict=True))
 

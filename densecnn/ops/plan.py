@@ -36,10 +36,10 @@ from torch import nn
 
 from ..errors import Cancelled
 from ..geometry import output_size
-from . import allocator, costmodel, solvers
+from . import allocator, costmodel, gradients, solvers
 from .backends import Backend, allowed_solvers, ext_available
 from .config import OpsConfig
-from .find import find, timing_shape
+from .find import find, find_gradients, timing_shape
 from .layout import memory_format as torch_memory_format
 from .layout import names_for, to_format
 from .solvers import PoolOp
@@ -57,6 +57,12 @@ class Step:
     solver: str | None = None
     source: str | None = None  # "tuned", "predicted" or "forced": where the times behind the choice came from
     times: dict | None = None  # {memory_format: {solver: ms}} the choice was made on
+    # A training plan's conv whose gradients are chosen apart from its forward (densecnn.ops.gradients): the
+    # solvers of its input gradient (None: the input needs none) and weight gradient, the times they were chosen
+    # on ({memory_format: {"grad_input" | "grad_weight": {solver: ms}}}) and where those came from.
+    gradients: tuple[str | None, str] | None = None
+    gradient_times: dict | None = None
+    gradient_source: str | None = None
 
     def dense_op(self):
         op = self.layers[0].dense_op()
@@ -65,6 +71,16 @@ class Step:
     def __call__(self, x: torch.Tensor, memory_format: torch.memory_format | None = None) -> torch.Tensor:
         if self.solver is None:
             return self.layers[0](x)
+        if self.gradients is not None and torch.is_grad_enabled():
+            input_solver, weight_solver = self.gradients
+            return gradients.conv(
+                self.dense_op(),
+                x,
+                self.solver,
+                input_solver=input_solver,
+                weight_solver=weight_solver,
+                memory_format=memory_format,
+            )
         return solvers.run(self.solver, self.dense_op(), x, memory_format)
 
 
@@ -80,17 +96,23 @@ class Plan:
     def describe(self) -> list[dict]:
         """One row per step: its layers, solver, memory format, where the choice came from ("tuned" timings, the
         cost model's "predicted" times, "forced"), and the step's times per candidate in that format (ms, at the
-        bucketed timing shape, with torch's fresh buffers charged: :mod:`densecnn.ops.allocator`)."""
-        return [
-            {
+        bucketed timing shape, with torch's fresh buffers charged: :mod:`densecnn.ops.allocator`). A training plan's
+        conv whose gradients were chosen apart from its forward also has ``gradients`` ({"grad_input": solver or
+        None, "grad_weight": solver}) and their ``gradient_times_ms``; its ``times_ms`` are then the forward's."""
+        rows = []
+        for step in self.steps:
+            row = {
                 "layers": [type(m).__name__ for m in step.layers],
                 "solver": step.solver or "module",
                 "format": self.memory_format,
                 "source": step.source,
                 "times_ms": step.times.get(self.memory_format, {}) if step.times else {},
             }
-            for step in self.steps
-        ]
+            if step.gradients is not None:
+                row["gradients"] = dict(zip(gradients.DIRECTIONS, step.gradients, strict=True))
+                row["gradient_times_ms"] = step.gradient_times.get(self.memory_format, {})
+            rows.append(row)
+        return rows
 
 
 def run_steps(
@@ -181,6 +203,7 @@ def make_plan(
             op = step.dense_op()
             names = [n for n in solvers.candidates(op, ext_available=ext, dtype=dtype) if n in allowed]
             needs_grad = input_grad or index > 0  # every later layer's input comes from parameters
+            gradient_names = gradients.candidates(op, allowed) if train else []
             step.source, step.times = _times(
                 op,
                 names,
@@ -189,18 +212,25 @@ def make_plan(
                 device,
                 forced,
                 fmt_forced,
-                train=train,
+                train=train and len(gradient_names) < 2,  # else the forward's times, the gradients' apart
                 config=config,
                 input_grad=needs_grad,
             )
+            if len(gradient_names) > 1:
+                step.gradient_source, step.gradient_times = _gradient_times(
+                    op, gradient_names, shape, dtype, device, config=config, input_grad=needs_grad
+                )
         shape = next_shape(step, shape)
     # A format is a choice when every step has times in it (the cost model may have measured only NC* for an op).
     timed = [f for f in names_for(len(shape)) if all(step.times is None or f in step.times for step in steps)]
     formats = [fmt_forced] if fmt_forced else timed or ["nchw"]
     best = {fmt: [_best(step.times, fmt, allowed, forced) for step in steps] for fmt in formats}
-    chosen = min(formats, key=lambda fmt: sum(ms for _, ms in best[fmt]))
-    for step, (name, _) in zip(steps, best[chosen]):
-        step.solver = name
+    best_gradients = {fmt: [_best_gradients(step.gradient_times, fmt) for step in steps] for fmt in formats}
+    chosen = min(
+        formats, key=lambda fmt: sum(ms for _, ms in best[fmt]) + sum(ms for _, ms in best_gradients[fmt])
+    )
+    for step, (name, _), (chosen_gradients, _) in zip(steps, best[chosen], best_gradients[chosen]):
+        step.solver, step.gradients = name, chosen_gradients
     return Plan(chosen, steps)
 
 
@@ -232,6 +262,45 @@ def _times(op, names, shape, dtype, device, forced, fmt_forced, *, train, config
         }
         for fmt, table in times.items()
     }
+
+
+def _gradient_times(op, names, shape, dtype, device, *, config, input_grad):
+    """(source, {memory_format: {direction: {gradient solver: ms}}}) for one conv's gradients: the find step's
+    timings if cached (or timed now, when tuning), else the cost model's predictions; "grad_input" only when the
+    input needs a gradient."""
+    ext = ext_available()
+    times = find_gradients(
+        op, shape, dtype, device, ext=ext, cache_dir=config.cache_dir, input_grad=input_grad,
+        time_missing=config.tune,
+    )  # fmt: skip
+    source = "tuned"
+    if times is None:
+        source = "predicted"
+        times = costmodel.estimate_gradients(op, timing_shape(op, shape), dtype, names, input_grad=input_grad)
+    return source, {
+        fmt: {
+            direction: {n: ms for n, ms in table.items() if n in names} for direction, table in tables.items()
+        }
+        for fmt, tables in times.items()
+    }
+
+
+def _best_gradients(table, fmt: str) -> tuple[tuple[str | None, str] | None, float]:
+    """((input gradient's solver or None, weight gradient's solver), ms) for one step; (None, 0) for a step whose
+    gradients are its forward solver's."""
+    if table is None:
+        return None, 0.0
+    tables = table.get(fmt, table.get("nchw", {}))
+    chosen, total = [], 0.0
+    for direction in gradients.DIRECTIONS:
+        timed = {n: ms for n, ms in tables.get(direction, {}).items() if ms is not None}
+        if direction == "grad_input" and direction not in tables:
+            chosen.append(None)  # the input needs no gradient
+            continue
+        name = min(timed, key=timed.get) if timed else "native"
+        chosen.append(name)
+        total += timed.get(name, 0.0)
+    return (chosen[0], chosen[1]), total
 
 
 def _output_bytes(op, shape: Shape, dtype: torch.dtype) -> int:

@@ -230,27 +230,33 @@ def _register_direct_conv(ops) -> None:
 
 def _register_fft_conv2d(ops) -> None:
     @torch.library.register_fake("densecnn::fft_conv2d")
-    def _(input, weight, spectrum, bias, tile, valid, dilation):
-        out = output_size(tuple(input.shape[2:]), tuple(weight.shape[2:]), tuple(dilation))
+    def _(input, weight, spectrum, bias, tile, valid, dilation, padding=(0, 0)):
+        padded = tuple(s + 2 * p for s, p in zip(input.shape[2:], padding))
+        out = output_size(padded, tuple(weight.shape[2:]), tuple(dilation))
         return _empty(input, (input.shape[0], weight.shape[0], *out), _is_channels_last(input))
 
     def setup(ctx, inputs, output):
-        input, weight, _spectrum, bias, _tile, _valid, ctx.dilation = inputs
+        input, weight, _spectrum, bias, _tile, _valid, ctx.dilation, *padding = inputs
+        ctx.padding = tuple(padding[0]) if padding else (0, 0)
         ctx.has_bias = bias is not None
         ctx.save_for_backward(input, weight)
 
     def backward(ctx, grad_y):
         input, weight = ctx.saved_tensors
         needs = ctx.needs_input_grad
-        grad_x = fft_conv.input_gradient(grad_y, weight, ctx.dilation) if needs[0] else None
-        grad_w = grad_b = None
-        if needs[1] and torch.is_grad_enabled():  # a double backward: torch's formula, itself differentiable
-            _, grad_w, _ = native.conv_backward(grad_y, input, weight, ctx.dilation, (False, True, False))
+        grad_x = grad_w = grad_b = None
+        if needs[0]:
+            grad_x = fft_conv.input_gradient(grad_y, weight, ctx.dilation, ctx.padding)
+        if needs[1] and (torch.is_grad_enabled() or any(ctx.padding)):
+            # a double backward (or the input gradient's own weight gradient): torch's differentiable formula
+            _, grad_w, _ = native.conv_backward(
+                grad_y, input, weight, ctx.dilation, (False, True, False), ctx.padding
+            )
         elif needs[1]:
             grad_w = fft_conv.weight_gradient(grad_y, input, weight.shape[2:], ctx.dilation)
         if ctx.has_bias and needs[3]:
             grad_b = grad_y.sum((0, 2, 3))
-        return grad_x, grad_w, None, grad_b, None, None, None
+        return grad_x, grad_w, None, grad_b, None, None, None, None
 
     torch.library.register_autograd("densecnn::fft_conv2d", backward, setup_context=setup)
 

@@ -34,6 +34,7 @@ from collections import OrderedDict
 import torch
 
 from ..geometry import output_size
+from . import weight_cache
 
 COMPUTE_DTYPES = (torch.float32, torch.float64)
 # The float32 error of F(m, 3) grows with m, with the channels summed and with the number of axes: measured on one
@@ -107,7 +108,7 @@ def transformed_kernel(weight: torch.Tensor, m: int) -> torch.Tensor:
     reused by another tensor while the entry lives); computed afresh in training, whose weights change every step,
     and for inference tensors, which have no version counter.
     """
-    if torch.is_grad_enabled() and weight.requires_grad:
+    if not weight_cache.cacheable(weight):
         return _transform_kernel(weight, m)
     try:
         key = (weight.data_ptr(), weight._version, tuple(weight.shape), weight.stride(), weight.device, m)

@@ -1,0 +1,117 @@
+"""A conv's input and weight gradients, each by its own solver, chosen per layer separately from the forward's.
+
+The gradients of a stride-1 dilated conv y = x ⋆ w are two more convolutions: the input gradient is the output
+gradient, zero-padded, correlated with the flipped, transposed kernel; the weight gradient correlates the input with
+the output gradient. Which algorithm computes each fastest is a question of its own: the plain conv that wins a
+layer's forward may lose its weight gradient to the frequency domain, whose cost does not grow with the kernel. A
+training plan (:mod:`densecnn.ops.plan`) therefore picks, per conv, a forward solver (:mod:`densecnn.ops.solvers`),
+an input-gradient solver and a weight-gradient solver, each from its own times (the cost model's predictions, or
+the find step's timings when tuning).
+
+Gradient solvers:
+- ``native``: torch's convolution backward (any conv, 1-3 spatial axes);
+- ``fft``: the frequency domain on overlap-save tiles (:mod:`densecnn.ops.fft_conv`: the input gradient is the fft
+  conv of the padded output gradient, the weight gradient Σ over the tiles of X · conj(G)); where the ``fft``
+  solver applies.
+
+Every combination gives the same gradients to rounding. A double backward (a gradient of the gradients, with
+``create_graph=True``) runs torch's differentiable formula.
+
+>>> from densecnn.ops.solvers import ConvOp
+>>> w = torch.randn(8, 4, 7, 7, requires_grad=True)
+>>> x = torch.randn(1, 4, 60, 60)
+>>> y = conv(ConvOp(w, None, (4, 4), 1), x, "native", input_solver=None, weight_solver="fft")
+>>> y.sum().backward()  # w.grad == that of F.conv2d(x, w, dilation=4) to rounding
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import fft_conv, native, solvers, weight_cache
+from .layout import layout_of
+from .solvers import ConvOp
+
+SOLVERS = ("native", "fft")  # the gradient solvers, native first
+DIRECTIONS = ("grad_input", "grad_weight")  # their names in timing tables (find step, cost model)
+
+
+def applies(name: str, op) -> bool:
+    """Whether gradient solver ``name`` can compute ``op``'s gradients."""
+    return name == "native" or (name == "fft" and fft_conv.applies(op))
+
+
+def candidates(op, allowed: set[str]) -> list[str]:
+    """The gradient solvers that can run ``op`` among the ``allowed`` solver names; a choice only for a conv that
+    has more than one (else its forward solver's own backward runs)."""
+    if not isinstance(op, ConvOp):
+        return []
+    return [name for name in SOLVERS if name in allowed | {"native"} and applies(name, op)]
+
+
+def input_gradient(name: str, grad_y: torch.Tensor, x: torch.Tensor, op: ConvOp) -> torch.Tensor:
+    """∂L/∂x (N, C, *S) from ∂L/∂y (N, K, *S') by gradient solver ``name``."""
+    if name == "fft" and not torch.is_grad_enabled():
+        return fft_conv.input_gradient(grad_y, op.weight, op.dilation).contiguous(memory_format=layout_of(x))
+    grad_x, _, _ = native.conv_backward(grad_y, x, op.weight, op.dilation, (True, False, False))
+    return grad_x
+
+
+def weight_gradient(name: str, grad_y: torch.Tensor, x: torch.Tensor, op: ConvOp) -> torch.Tensor:
+    """∂L/∂w (K, C/groups, *k) from ∂L/∂y and the input x, by gradient solver ``name``."""
+    if name == "fft" and not torch.is_grad_enabled():
+        return fft_conv.weight_gradient(grad_y, x, op.kernel, op.dilation)
+    _, grad_w, _ = native.conv_backward(grad_y, x, op.weight, op.dilation, (False, True, False))
+    return grad_w
+
+
+class _Conv(torch.autograd.Function):
+    """The forward by one solver, the input and weight gradients by others."""
+
+    @staticmethod
+    def forward(
+        ctx, x, weight, bias, dilation, groups, forward_solver, input_solver, weight_solver, memory_format
+    ):
+        op = ConvOp(weight, bias, dilation, groups)
+        ctx.save_for_backward(x, weight)
+        ctx.dilation, ctx.groups, ctx.has_bias = dilation, groups, bias is not None
+        ctx.input_solver, ctx.weight_solver = input_solver or "native", weight_solver
+        with weight_cache.training_forward():
+            return solvers.run(forward_solver, op, x, memory_format)
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        x, weight = ctx.saved_tensors
+        op = ConvOp(weight, None, ctx.dilation, ctx.groups)
+        needs = ctx.needs_input_grad
+        grad_x = input_gradient(ctx.input_solver, grad_y, x, op) if needs[0] else None
+        grad_w = weight_gradient(ctx.weight_solver, grad_y, x, op) if needs[1] else None
+        grad_b = grad_y.sum([0, *range(2, grad_y.dim())]) if ctx.has_bias and needs[2] else None
+        return grad_x, grad_w, grad_b, None, None, None, None, None, None
+
+
+def conv(
+    op: ConvOp,
+    x: torch.Tensor,
+    forward_solver: str,
+    *,
+    input_solver: str | None,
+    weight_solver: str,
+    memory_format: torch.memory_format | None = None,
+) -> torch.Tensor:
+    """``op`` on x by ``forward_solver``, differentiable with its input gradient by ``input_solver`` (None: the
+    input needs none) and its weight gradient by ``weight_solver``; the output in ``memory_format`` (default x's)."""
+    if x.dtype != op.weight.dtype:  # the input's dtype is the compute dtype (as solvers.run casts)
+        bias = None if op.bias is None else op.bias.to(x.dtype)
+        op = ConvOp(op.weight.to(x.dtype), bias, op.dilation, op.groups)
+    return _Conv.apply(
+        x,
+        op.weight,
+        op.bias,
+        tuple(op.dilation),
+        op.groups,
+        forward_solver,
+        input_solver,
+        weight_solver,
+        memory_format,
+    )
