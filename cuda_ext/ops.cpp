@@ -71,7 +71,10 @@ TORCH_LIBRARY(densecnn, m) {
   // transform, V[ξ] @ kernel[ξ] against the transformed kernel (α^n, C, K), α = m + 2, output transform (+ bias)
   // -> (N, K, ...) in the input's memory format. `weight` (K, C, 3, ...) is the weight the kernel was transformed
   // from, taken for the gradients as fft_conv2d's.
-  m.def("winograd_conv(Tensor input, Tensor weight, Tensor kernel, Tensor? bias, int[] dilation, int m) -> Tensor");
+  // `padding`: zero pixels before and after the input along each axis, read as zeros (never materialised); [] none.
+  m.def(
+      "winograd_conv(Tensor input, Tensor weight, Tensor kernel, Tensor? bias, int[] dilation, int m, "
+      "int[] padding=[]) -> Tensor");
   // Frees the cached output buffers nothing refers to (output_buffers.h); returns the bytes released.
   m.def("release_output_buffers() -> int", &densecnn::release_output_buffers);
   // The output buffers' settings (output_buffers.h): at most max_free_bytes of free buffers kept for reuse (0: none),

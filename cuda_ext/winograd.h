@@ -43,6 +43,9 @@ struct WinogradGeometry {
   int64_t out[kMaxAxes];        // output extent per axis: input - 2·d
   int64_t dilation[kMaxAxes];
   int64_t positions[kMaxAxes];  // tile positions per axis: d·T
+  // Zero pixels before the map's first along each axis (as many after): the input transform reads the map as if
+  // padded (an input gradient's zero-padded output gradient, never materialised); 0 for the output transform.
+  int64_t pad[kMaxAxes];
   int64_t stride_n, stride_c, stride[kMaxAxes];  // element strides of the (N, C, ...) map
   int64_t tile_begin, tile_count;
 };
@@ -182,8 +185,8 @@ WINOGRAD_INLINE A* transform_axes(A* a, A* b, int extent_in, int extent_out, Tra
   return a;
 }
 
-// Per axis, the map offset of each of the tile's `extent` points (first at `origin`, then every d) and whether it
-// lies inside the map (extent `limit`).
+// Per axis, the map offset of each of the tile's `extent` points (first at `origin` - `pad` of the map, then every
+// d) and whether it lies inside the map (extent `limit`).
 template <int EXTENT>
 struct AxisPoints {
   int64_t offset[EXTENT];
@@ -191,22 +194,24 @@ struct AxisPoints {
 };
 
 template <int EXTENT>
-WINOGRAD_INLINE AxisPoints<EXTENT> axis_points(int64_t origin, int64_t dilation, int64_t limit, int64_t stride) {
+WINOGRAD_INLINE AxisPoints<EXTENT> axis_points(int64_t origin, int64_t dilation, int64_t limit, int64_t stride,
+                                               int64_t pad) {
   AxisPoints<EXTENT> points;
   for (int e = 0; e < EXTENT; ++e) {
-    const int64_t coordinate = origin + e * dilation;
-    points.offset[e] = coordinate * stride;
-    points.inside[e] = coordinate < limit;
+    const int64_t coordinate = origin + e * dilation - pad;
+    points.inside[e] = coordinate >= 0 && coordinate < limit;
+    points.offset[e] = points.inside[e] ? coordinate * stride : 0;
   }
   return points;
 }
 
-// Calls visit(point, offset, inside) for the EXTENT^AXES points of a tile in row-major order.
+// Calls visit(point, offset, inside) for the EXTENT^AXES points of a tile in row-major order; `pad`: the map's
+// padding per axis (see WinogradGeometry::pad).
 template <int EXTENT, int AXES, typename Visit>
 WINOGRAD_INLINE void for_each_point(const WinogradGeometry& g, const int64_t* origin, const int64_t* limit,
-                                       int64_t base, Visit& visit) {
-  const AxisPoints<EXTENT> p0 = axis_points<EXTENT>(origin[0], g.dilation[0], limit[0], g.stride[0]);
-  const AxisPoints<EXTENT> p1 = axis_points<EXTENT>(origin[1], g.dilation[1], limit[1], g.stride[1]);
+                                       const int64_t* pad, int64_t base, Visit& visit) {
+  const AxisPoints<EXTENT> p0 = axis_points<EXTENT>(origin[0], g.dilation[0], limit[0], g.stride[0], pad[0]);
+  const AxisPoints<EXTENT> p1 = axis_points<EXTENT>(origin[1], g.dilation[1], limit[1], g.stride[1], pad[1]);
   if constexpr (AXES == 2) {
     for (int e0 = 0; e0 < EXTENT; ++e0) {
       for (int e1 = 0; e1 < EXTENT; ++e1) {
@@ -214,7 +219,7 @@ WINOGRAD_INLINE void for_each_point(const WinogradGeometry& g, const int64_t* or
       }
     }
   } else {
-    const AxisPoints<EXTENT> p2 = axis_points<EXTENT>(origin[2], g.dilation[2], limit[2], g.stride[2]);
+    const AxisPoints<EXTENT> p2 = axis_points<EXTENT>(origin[2], g.dilation[2], limit[2], g.stride[2], pad[2]);
     for (int e0 = 0; e0 < EXTENT; ++e0) {
       for (int e1 = 0; e1 < EXTENT; ++e1) {
         const int64_t offset = base + p0.offset[e0] + p1.offset[e1];
@@ -287,7 +292,7 @@ WINOGRAD_INLINE void winograd_input_tile(const WinogradGeometry& g, const T* x, 
   int64_t origin[3] = {0, 0, 0};
   const int64_t n = tile_origin<M>(g, g.tile_begin + local, origin);
   GatherInput<L, kUnitLanes, T, A> gather{x, g.stride_c, lanes, buffer};
-  for_each_point<kAlpha, AXES>(g, origin, g.size, n * g.stride_n + c0 * g.stride_c, gather);
+  for_each_point<kAlpha, AXES>(g, origin, g.size, g.pad, n * g.stride_n + c0 * g.stride_c, gather);
   const A* result = transform_axes<AXES, L>(buffer, buffer + kPoints * L, kAlpha, kAlpha, InputStep<M, L>{});
   const int64_t plane = g.tile_count * g.channels;
   T* base = v + local * g.channels + c0;
@@ -328,7 +333,8 @@ WINOGRAD_INLINE void winograd_output_tile(const WinogradGeometry& g, const T* m,
   int64_t origin[3] = {0, 0, 0};
   const int64_t n = tile_origin<M>(g, g.tile_begin + local, origin);
   ScatterOutput<L, kUnitLanes, T, A> scatter{y, g.stride_c, lanes, result, lane_bias};
-  for_each_point<M, AXES>(g, origin, g.out, n * g.stride_n + k0 * g.stride_c, scatter);
+  const int64_t unpadded[3] = {0, 0, 0};
+  for_each_point<M, AXES>(g, origin, g.out, unpadded, n * g.stride_n + k0 * g.stride_c, scatter);
 }
 
 // Scratch values of A one tile's transform needs: two n-d blocks of α^n lane vectors.

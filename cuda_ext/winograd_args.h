@@ -43,23 +43,32 @@ inline WinogradGeometry winograd_geometry(const at::Tensor& map, at::IntArrayRef
     g.dilation[a] = dilation[a];
     g.positions[a] = winograd_positions(out[a], dilation[a], m);
     g.stride[a] = map.stride(a + 2);
+    g.pad[a] = 0;
   }
   g.tile_begin = tile_begin;
   g.tile_count = tile_count;
   return g;
 }
 
-// The input transform: the input x (N, C, *S) and its output extent S - 2·d; checks the chunk lies in the tile grid.
+// The input transform: the input x (N, C, *S), zero-padded by `padding` per axis (empty: none), and its output
+// extent S + 2·padding - 2·d; checks the chunk lies in the tile grid.
 inline WinogradGeometry winograd_input_geometry(const at::Tensor& x, at::IntArrayRef dilation, int64_t m,
-                                                int64_t tile_begin, int64_t tile_count) {
+                                                int64_t tile_begin, int64_t tile_count,
+                                                at::IntArrayRef padding = {}) {
   check_winograd_call("winograd_conv", x, dilation, m);
+  TORCH_CHECK(padding.empty() || static_cast<int64_t>(padding.size()) == x.dim() - 2, "densecnn.winograd_conv: ",
+              "padding ", padding, " needs one entry per spatial axis of ", x.sizes(), " (or none)");
   std::vector<int64_t> out;
   for (int64_t a = 0; a < x.dim() - 2; ++a) {
-    out.push_back(x.size(a + 2) - 2 * dilation[a]);
+    const int64_t pad = padding.empty() ? 0 : padding[a];
+    TORCH_CHECK(pad >= 0, "densecnn.winograd_conv: padding must be >= 0, got ", padding);
+    out.push_back(x.size(a + 2) + 2 * pad - 2 * dilation[a]);
     TORCH_CHECK(out.back() >= 1, "densecnn.winograd_conv: a 3-tap kernel at dilation ", dilation, " spans ",
-                2 * dilation[a] + 1, " pixels along axis ", a, " but the input has only ", x.size(a + 2));
+                2 * dilation[a] + 1, " pixels along axis ", a, " but the padded input has only ",
+                x.size(a + 2) + 2 * pad);
   }
-  const WinogradGeometry g = winograd_geometry(x, out, dilation, m, tile_begin, tile_count);
+  WinogradGeometry g = winograd_geometry(x, out, dilation, m, tile_begin, tile_count);
+  for (int64_t a = 0; a < x.dim() - 2; ++a) g.pad[a] = padding.empty() ? 0 : padding[a];
   TORCH_CHECK(tile_begin >= 0 && tile_count >= 0 && tile_begin + tile_count <= winograd_tiles(g, x.size(0)),
               "densecnn.winograd_conv: tiles [", tile_begin, ", ", tile_begin + tile_count, ") outside the ",
               winograd_tiles(g, x.size(0)), " tiles of the problem");

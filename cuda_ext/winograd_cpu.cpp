@@ -64,7 +64,7 @@ WINOGRAD_INLINE void prefetch_input_tile(const WinogradGeometry& g, const T* x, 
   const int64_t n = tile_origin<M>(g, g.tile_begin + local, origin);
   const int64_t lines = g.stride_c == 1 ? (g.channels * int64_t(sizeof(T)) + 63) / 64 : 1;
   PrefetchInput<T> prefetch{x, lines};
-  for_each_point<WinogradTile<M>::kAlpha, AXES>(g, origin, g.size, n * g.stride_n, prefetch);
+  for_each_point<WinogradTile<M>::kAlpha, AXES>(g, origin, g.size, g.pad, n * g.stride_n, prefetch);
 }
 
 // The tiles [begin, end) of the chunk, the channels in whole blocks of 16, 8, 4 and 1 lanes (no masked tail).
@@ -123,8 +123,9 @@ DENSECNN_WINOGRAD_LOOPS(4, 3, double)
 // With the CUDA kernels' per-element bodies on (tests), the two transforms run those bodies, one (tile, channel)
 // pair per element, as the GPU does.
 at::Tensor winograd_conv_cpu(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& kernel,
-                             const c10::optional<at::Tensor>& bias, at::IntArrayRef dilation, int64_t m) {
-  WinogradGeometry in = winograd_input_geometry(input, dilation, m, 0, 0);
+                             const c10::optional<at::Tensor>& bias, at::IntArrayRef dilation, int64_t m,
+                             at::IntArrayRef padding) {
+  WinogradGeometry in = winograd_input_geometry(input, dilation, m, 0, 0, padding);
   const int64_t k = kernel.size(-1);
   const int64_t points = in.axes == 2 ? (m + 2) * (m + 2) : (m + 2) * (m + 2) * (m + 2);
   TORCH_CHECK(kernel.dim() == 3 && kernel.size(0) == points && kernel.size(1) == in.channels &&

@@ -23,9 +23,9 @@ constexpr int64_t kChunkBytes = 256 << 20;  // transformed input + products of o
 int64_t points_of(int64_t axes, int64_t m) { return axes == 2 ? (m + 2) * (m + 2) : (m + 2) * (m + 2) * (m + 2); }
 
 at::Tensor winograd_input_cuda(const at::Tensor& input, at::IntArrayRef dilation, int64_t m, int64_t tile_begin,
-                               int64_t tile_count) {
+                               int64_t tile_count, at::IntArrayRef padding) {
   const c10::cuda::CUDAGuard guard(input.device());
-  const WinogradGeometry g = winograd_input_geometry(input, dilation, m, tile_begin, tile_count);
+  const WinogradGeometry g = winograd_input_geometry(input, dilation, m, tile_begin, tile_count, padding);
   at::Tensor v = at::empty({points_of(g.axes, m), tile_count, g.channels}, input.options());
   if (v.numel() == 0) return v;
   AT_DISPATCH_FLOATING_TYPES(input.scalar_type(), "densecnn_winograd_input_cuda", [&] {
@@ -50,9 +50,10 @@ void winograd_output_cuda(at::Tensor& output, const at::Tensor& transformed, con
 
 // The whole conv, chunk by chunk: the two transform kernels around one batched GEMM per chunk.
 at::Tensor winograd_conv_cuda(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& kernel,
-                              const c10::optional<at::Tensor>& bias, at::IntArrayRef dilation, int64_t m) {
+                              const c10::optional<at::Tensor>& bias, at::IntArrayRef dilation, int64_t m,
+                              at::IntArrayRef padding) {
   const c10::cuda::CUDAGuard guard(input.device());
-  const WinogradGeometry in = winograd_input_geometry(input, dilation, m, 0, 0);
+  const WinogradGeometry in = winograd_input_geometry(input, dilation, m, 0, 0, padding);
   const int64_t points = points_of(in.axes, m), k = kernel.size(-1);
   TORCH_CHECK(kernel.dim() == 3 && kernel.size(0) == points && kernel.size(1) == in.channels &&
                   kernel.is_contiguous() && kernel.scalar_type() == input.scalar_type(),
@@ -66,7 +67,7 @@ at::Tensor winograd_conv_cuda(const at::Tensor& input, const at::Tensor& weight,
   const int64_t chunk = std::max<int64_t>(1, kChunkBytes / (points * (in.channels + k) * input.element_size()));
   for (int64_t begin = 0; begin < tiles; begin += chunk) {
     const int64_t count = std::min(chunk, tiles - begin);
-    const at::Tensor v = winograd_input_cuda(input, dilation, m, begin, count);  // (α^n, count, C)
+    const at::Tensor v = winograd_input_cuda(input, dilation, m, begin, count, padding);  // (α^n, count, C)
     winograd_output_cuda(y, at::bmm(v, kernel), bias, dilation, m, begin);
   }
   return y;

@@ -181,10 +181,12 @@ class DenseCNN(nn.Module):
         class_weights: torch.Tensor | None = None,
         ignore_index: int = IGNORE_INDEX,
         method: str = "auto",
+        focal_gamma: float = 0.0,
     ) -> torch.Tensor:
         """The mean cross-entropy over the pixels ``mask`` selects (labels not ``ignore_index``): its gradient is the
         patch minibatch's of those pixels, computed the cheapest way (:mod:`densecnn.masked`): the whole dense pass,
         the dense pass over the selected pixels' region, or their patch minibatch. ``method`` forces one.
+        ``class_weights`` and ``focal_gamma`` weigh the pixels as :func:`~densecnn.masked_cross_entropy` does.
 
         (N, C, *S) images, (N, *S) labels and bool mask (None: every pixel) -> a scalar (float32, or float64 for
         float64 images); 0 with a zero gradient when no pixel counts.
@@ -201,6 +203,7 @@ class DenseCNN(nn.Module):
             class_weights=class_weights,
             ignore_index=ignore_index,
             method=method,
+            focal_gamma=focal_gamma,
         )
         return terms.loss_sum / terms.weight_sum.clamp(min=torch.finfo(terms.weight_sum.dtype).tiny)
 

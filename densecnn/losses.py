@@ -34,10 +34,14 @@ def masked_cross_entropy_terms(
     *,
     ignore_index: int = IGNORE_INDEX,
     class_weights: torch.Tensor | None = None,
+    focal_gamma: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(loss_sum, weight_sum)`` over the selected, non-ignored pixels; their ratio is the mean loss.
 
-    ``loss_sum = Σ w[y] · CE`` and ``weight_sum = Σ w[y]`` (w = 1 without ``class_weights``).
+    ``loss_sum = Σ w[y] · (1 - p_y)^γ · CE`` and ``weight_sum = Σ w[y]`` (w = 1 without ``class_weights``; γ =
+    ``focal_gamma``, 0 for plain cross-entropy; p_y the softmax probability of the true class): the focal loss of
+    Lin, Goyal, Girshick, He & Dollár, "Focal Loss for Dense Object Detection", which weighs down the pixels already
+    classified well.
     Distributed training sums both over all processes before dividing, so every pixel of the global batch
     counts equally.
     Computed in float32 (or float64 if the scores are float64), whatever dtype the scores come in.
@@ -48,6 +52,8 @@ def masked_cross_entropy_terms(
     compute_dtype = torch.float64 if scores.dtype == torch.float64 else torch.float32
     scores = scores.to(compute_dtype)
     per_pixel = F.cross_entropy(scores, targets, ignore_index=ignore_index, reduction="none")  # (N, *spatial)
+    if focal_gamma:
+        per_pixel = (1 - torch.exp(-per_pixel)) ** focal_gamma * per_pixel  # exp(-CE) = p_y
     counted = targets != ignore_index  # (N, *spatial)
     if class_weights is None:
         weight = counted.to(compute_dtype)
@@ -64,6 +70,7 @@ def masked_cross_entropy(
     *,
     ignore_index: int = IGNORE_INDEX,
     class_weights: torch.Tensor | None = None,
+    focal_gamma: float = 0.0,
 ) -> torch.Tensor:
     """Mean cross-entropy over the pixels selected by ``mask`` whose label is not ``ignore_index``.
 
@@ -76,6 +83,7 @@ def masked_cross_entropy(
         class_weights: optional (K,) weights. The result is then ``Σ w[y]·CE / Σ w[y]`` over the counted
             pixels: exactly ``F.cross_entropy(patch_scores, patch_labels, weight=class_weights)`` on the patch
             minibatch.
+        focal_gamma: γ of the focal loss: each pixel's cross-entropy weighted by ``(1 - p_y)^γ`` (0: none).
 
     Returns:
         A scalar tensor (float32, or float64 for float64 scores). When no pixel counts it is 0 with a zero
@@ -87,7 +95,12 @@ def masked_cross_entropy(
     >>> densecnn.masked_cross_entropy(scores, labels, mask).backward()   # grads land in model's parameters
     """
     loss_sum, weight_sum = masked_cross_entropy_terms(
-        scores, labels, mask, ignore_index=ignore_index, class_weights=class_weights
+        scores,
+        labels,
+        mask,
+        ignore_index=ignore_index,
+        class_weights=class_weights,
+        focal_gamma=focal_gamma,
     )
     return loss_sum / weight_sum.clamp(min=torch.finfo(weight_sum.dtype).tiny)
 

@@ -78,6 +78,7 @@ def masked_terms(
     class_weights: torch.Tensor | None = None,
     ignore_index: int = IGNORE_INDEX,
     method: str = "auto",
+    focal_gamma: float = 0.0,
 ) -> MaskedTerms:
     """The masked cross-entropy terms of ``dense`` on an already padded (N, C, *(S+R-1)) input, by ``method`` ("auto":
     the cheapest by :func:`costs`).
@@ -103,7 +104,12 @@ def masked_terms(
     else:
         scores, targets, kept = _patches(dense, padded, labels, chosen)
     loss_sum, weight_sum = masked_cross_entropy_terms(
-        scores, targets, kept, ignore_index=ignore_index, class_weights=class_weights
+        scores,
+        targets,
+        kept,
+        ignore_index=ignore_index,
+        class_weights=class_weights,
+        focal_gamma=focal_gamma,
     )
     return MaskedTerms(loss_sum, weight_sum, scores, targets, kept, method)
 

@@ -16,7 +16,13 @@ Strategies:
 - ``random(k)``: k pixels per image, uniformly among the labelled ones.
 - ``balanced(k)``: k pixels per class per image (all of them where a class has fewer).
 - ``hard(k, mix=0.5)``: per image, ``round(k·mix)`` pixels uniformly at random and the other ones with the
-  largest current error (``pixel_loss``, read off the forward pass already done: no extra forward).
+  largest current error (``pixel_loss``, read off the forward pass already done: no extra forward): online hard
+  example mining with a random share (Shrivastava, Gupta & Girshick, "Training Region-based Object Detectors with
+  Online Hard Example Mining").
+- ``proportional(k)``: k pixels per image drawn without replacement with probability proportional to their current
+  loss, so every pixel keeps a chance (Loshchilov & Hutter, "Online Batch Selection for Faster Training of Neural
+  Networks"; Katharopoulos & Fleuret, "Not All Samples Are Created Equal"). Drawn as the top k of
+  ``log(loss) + Gumbel noise`` (Gumbel-top-k).
 Where an image has fewer than k eligible pixels, all of them are selected.
 """
 
@@ -32,8 +38,8 @@ from .losses import IGNORE_INDEX
 
 @dataclass(frozen=True)
 class MaskStrategy:
-    """A pixel-selection strategy: build one with :func:`all`, :func:`random`, :func:`balanced`, :func:`hard`
-    or :func:`parse`."""
+    """A pixel-selection strategy: build one with :func:`all`, :func:`random`, :func:`balanced`, :func:`hard`,
+    :func:`proportional` or :func:`parse`."""
 
     kind: str
     k: int = 0
@@ -41,8 +47,8 @@ class MaskStrategy:
 
     @property
     def needs_loss(self) -> bool:
-        """Whether the strategy ranks pixels by ``pixel_loss`` (only ``hard`` does)."""
-        return self.kind == "hard"
+        """Whether the strategy ranks pixels by ``pixel_loss`` (``hard`` and ``proportional`` do)."""
+        return self.kind in ("hard", "proportional")
 
     def __call__(
         self,
@@ -70,8 +76,14 @@ class MaskStrategy:
             return mask
         if pixel_loss is None or tuple(pixel_loss.shape) != tuple(labels.shape):
             raise InvalidInputError(
-                "hard(k) needs pixel_loss, the per-pixel loss of the forward pass just done, shaped like the labels"
+                f"{self.kind}(k) needs pixel_loss, the per-pixel loss of the forward pass just done, shaped like "
+                "the labels"
             )
+        if self.kind == "proportional":
+            uniform = _random_keys(labels, generator).double().clamp(min=1e-300)
+            gumbel = -torch.log(-torch.log(uniform))  # (N, *spatial)
+            weight = pixel_loss.detach().double().clamp(min=1e-30)  # a zero loss keeps a vanishing chance
+            return _top_k(weight.log() + gumbel, eligible, self.k)
         n_random = round(self.k * self.mix)
         hardest = _top_k(pixel_loss.detach().float(), eligible, self.k - n_random)
         return hardest | _top_k(_random_keys(labels, generator), eligible & ~hardest, n_random)
@@ -80,6 +92,11 @@ class MaskStrategy:
         if self.kind == "all":
             return "all"
         return f"hard:{self.k}:{self.mix:g}" if self.kind == "hard" else f"{self.kind}:{self.k}"
+
+
+def proportional(k: int) -> MaskStrategy:
+    """Select ``k`` pixels per image at random with probability proportional to their current loss."""
+    return MaskStrategy("proportional", _check_k(k))
 
 
 def all() -> MaskStrategy:
@@ -112,6 +129,7 @@ KINDS = {
     "random": (random, ("K",), ()),
     "balanced": (balanced, ("K",), ()),
     "hard": (hard, ("K",), ("MIX",)),
+    "proportional": (proportional, ("K",), ()),
 }
 SYNTAX = " | ".join(
     kind + "".join(f":{a}" for a in required) + "".join(f"[:{a}]" for a in optional)
@@ -121,7 +139,7 @@ SYNTAX += "  (K pixels per image, MIX in [0, 1] the random share)"
 
 
 def parse(text: str) -> MaskStrategy:
-    """A strategy from the CLI syntax ``all | random:K | balanced:K | hard:K[:MIX]``.
+    """A strategy from the CLI syntax ``all | random:K | balanced:K | hard:K[:MIX] | proportional:K``.
 
     >>> densecnn.masks.parse("hard:128:0.25")
     MaskStrategy(kind='hard', k=128, mix=0.25)

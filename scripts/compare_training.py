@@ -2,7 +2,7 @@
 """Reproducible training comparisons on the nuclei data (``scripts/fetch_data.py nuclei --out data/nuclei`` first).
 
     python scripts/compare_training.py time-to-accuracy --parallel --plot docs/images/time_to_accuracy.png
-    python scripts/compare_training.py masks --out runs/compare
+    python scripts/compare_training.py masks --parallel
     python scripts/compare_training.py step-cost
     python scripts/compare_training.py inference --model models/nuclei
 
@@ -12,8 +12,9 @@
   median, and plots the IoU against seconds.
 - ``recipe``: dense and patch training recipes (crops per step and crop side, learning rate, mask, patches per
   crop) for the same steps and seeds: median seconds to each target and final foreground IoU.
-- ``masks``: dense training with ``hard:K`` vs ``random:K`` masks for the same number of steps (and seeds);
-  reports the final validation IoUs.
+- ``masks``: dense training with each pixel selection (all, random, per class, online hard example mining with a
+  random share, loss-proportional sampling) and focal weighting, for the same steps and seeds: median seconds to
+  each target and final foreground IoU.
 - ``step-cost``: the time of one dense training step (forward, masked loss, backward) as the number of selected
   pixels grows: flat, since every pixel is scored either way. Runs interleaved, reports medians.
 - ``inference``: how long a model takes to label one 512×512 image.
@@ -41,6 +42,16 @@ from densecnn.train import TrainConfig, train
 from densecnn.train.metrics import read_metrics
 
 COMMON = dict(model="nuclei", data="data/nuclei/train", val="data/nuclei/val", batch=4, crop=128, lr=3e-3)
+# the 3-D comparison (--volumes): the nuclei stack (scripts/fetch_data.py nuclei3d --out data/nuclei3d), the
+# shipped 3-D model's recipe (2 crops of 16×40×40 voxels per step, boundary weighted 2)
+VOLUMES = dict(
+    model="nuclei3d",
+    data="data/nuclei3d/train",
+    val="data/nuclei3d/val",
+    batch=2,
+    crop=[16, 40, 40],
+    class_weights=[1.0, 1.0, 2.0],
+)
 
 
 def run(out: Path, name: str, **options) -> list[dict]:
@@ -79,6 +90,8 @@ def time_to_accuracy(args) -> str:
     the machine's load alike); per target, each seed's seconds and the median over seeds; a plot of the
     validation foreground IoU against training seconds."""
     schedule = dict(crops_per_image=32, val_every=args.val_every)
+    if args.volumes:
+        schedule.update(VOLUMES, crops_per_image=8 * VOLUMES["batch"])
     methods = {
         "dense": ("dense, `--mask all`", dict(mask="all", epochs=args.epochs, **schedule)),
         "patches": (
@@ -87,18 +100,24 @@ def time_to_accuracy(args) -> str:
         ),
     }
     records = {method: {} for method in methods}  # method -> seed -> validation records
+    prefix = "volumes-" if args.volumes else ""
     for seed in args.seeds:
-        runs = {f"{method}-seed{seed}": dict(options, seed=seed) for method, (_, options) in methods.items()}
+        runs = {
+            f"{prefix}{method}-seed{seed}": dict(options, seed=seed)
+            for method, (_, options) in methods.items()
+        }
         results = run_all(args.out, runs, args.parallel)
         for method in methods:
-            records[method][seed] = results[f"{method}-seed{seed}"]
+            records[method][seed] = results[f"{prefix}{method}-seed{seed}"]
     if args.plot:
-        plot_time_to_accuracy(records, args.targets, args.plot)
+        title = "nuclei3d" if args.volumes else "nuclei"
+        plot_time_to_accuracy(records, args.targets, args.plot, title)
     lines = [
         "### Time to reach a validation foreground IoU: dense whole-crop training vs patch minibatches",
         "",
-        f"Same model (`nuclei`), AdamW lr {COMMON['lr']} (cosine over each run), {COMMON['batch']} crops of "
-        f"{COMMON['crop']}² per step; dense {args.epochs * 8} steps, patches {args.patches_epochs * 8} steps; seeds "
+        f"Same model (`{schedule.get('model', COMMON['model'])}`), AdamW lr {COMMON['lr']} (cosine over each run), "
+        f"{schedule.get('batch', COMMON['batch'])} crops of "
+        f"{'×'.join(map(str, VOLUMES['crop'])) if args.volumes else str(COMMON['crop']) + '²'} per step; dense {args.epochs * 8} steps, patches {args.patches_epochs * 8} steps; seeds "
         f"{', '.join(map(str, args.seeds))}{', the two runs of a seed at once, one thread each' if args.parallel else ''}; "
         f"validation every {args.val_every} steps. Cells: training seconds (validation excluded) when the "
         "foreground IoU first reached the target, per seed, then the median over seeds.",
@@ -150,7 +169,7 @@ def _seconds(value: float) -> str:
 
 
 def plot_time_to_accuracy(
-    records: dict[str, dict[int, list[dict]]], targets: list[float], path: Path
+    records: dict[str, dict[int, list[dict]]], targets: list[float], path: Path, title: str = "nuclei"
 ) -> None:
     """Validation foreground IoU against training seconds, one line per run, a colour per method."""
     import matplotlib
@@ -168,9 +187,9 @@ def plot_time_to_accuracy(
         axes.axhline(target, color="0.8", linewidth=0.8, zorder=0)
     axes.set_xlabel("training seconds (validation excluded)")
     axes.set_ylabel("validation foreground IoU")
-    axes.set_ylim(0.4, 0.9)  # the climb and the plateau; the first validations start lower
+    axes.set_ylim(0.3, 0.9)  # the climb and the plateau; the first validations start lower
     axes.legend(loc="lower right")
-    axes.set_title("nuclei: dense whole-crop training vs patch minibatches")
+    axes.set_title(f"{title}: dense whole-crop training vs patch minibatches")
     figure.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path)
@@ -189,14 +208,37 @@ RECIPES = {  # name -> train options changed from COMMON: crops per step, crop s
 }
 
 
+# name -> train options changed from COMMON, dense 4 crops of 128²: which pixels' errors a step counts and how
+SELECTIONS = {
+    "all": dict(mask="all"),
+    "random:1024": dict(mask="random:1024"),
+    "balanced:512 (per class)": dict(mask="balanced:512"),
+    "hard:1024:0.5 (OHEM, half random)": dict(mask="hard:1024:0.5"),
+    "hard:1024:0.75 (OHEM, a quarter hard)": dict(mask="hard:1024:0.75"),
+    "proportional:1024 (loss-proportional)": dict(mask="proportional:1024"),
+    "random:1024, focal γ 2": dict(mask="random:1024", focal_gamma=2.0),
+    "all, focal γ 2": dict(mask="all", focal_gamma=2.0),
+}
+
+
 def recipe(args) -> str:
-    """Each recipe for the same number of steps and seeds (two runs at a time, one thread each): median seconds to
-    each target and the median final foreground IoU."""
-    names = {(name, seed): f"recipe-{_slug(name)}-seed{seed}" for name in RECIPES for seed in args.seeds}
+    return _compare(args, RECIPES, "recipe", "Recipes")
+
+
+def masks(args) -> str:
+    return _compare(
+        args, SELECTIONS, "selection", "Pixel selection and weighting (dense, 4 crops of 128², lr 3e-3)"
+    )
+
+
+def _compare(args, table: dict[str, dict], prefix: str, title: str) -> str:
+    """Each entry of ``table`` for the same number of steps and seeds (two runs at a time, one thread each):
+    median seconds to each target and the median final foreground IoU."""
+    names = {(name, seed): f"{prefix}-{_slug(name)}-seed{seed}" for name in table for seed in args.seeds}
     runs = {
         run_name: dict(  # epochs of 8 steps whatever the crops per step
-            RECIPES[name],
-            crops_per_image=8 * RECIPES[name].get("batch", COMMON["batch"]),
+            table[name],
+            crops_per_image=8 * table[name].get("batch", COMMON["batch"]),
             seed=seed,
             val_every=args.val_every,
             epochs=args.epochs,
@@ -205,19 +247,15 @@ def recipe(args) -> str:
     }
     items = list(runs.items())
     results = {}
-    for i in range(
-        0, len(items), 2
-    ):  # in pairs: each shares the machine with one other run, as in the comparison
+    for i in range(0, len(items), 2):  # in pairs: each shares the machine with one other run
         results.update(run_all(args.out, dict(items[i : i + 2]), args.parallel))
     lines = [
-        f"### Recipes: {args.epochs * 8} steps each, seeds {', '.join(map(str, args.seeds))}, medians over seeds",
+        f"### {title}: {args.epochs * 8} steps each, seeds {', '.join(map(str, args.seeds))}, medians over seeds",
         "",
-        "| recipe | "
-        + " | ".join(f"s to fg IoU ≥ {t}" for t in args.targets)
-        + " | final fg IoU | train s |",
+        "| run | " + " | ".join(f"s to fg IoU ≥ {t}" for t in args.targets) + " | final fg IoU | train s |",
         "|---|" + "---|" * len(args.targets) + "---|---|",
     ]
-    for name in RECIPES:
+    for name in table:
         records = [results[names[name, seed]] for seed in args.seeds]
         reach = [_seconds(statistics.median(reached_seconds(r, t) for r in records)) for t in args.targets]
         final = statistics.median(r[-1]["foreground_iou"] for r in records)
@@ -228,30 +266,6 @@ def recipe(args) -> str:
 
 def _slug(text: str) -> str:
     return "".join(c if c.isalnum() else "-" for c in text).replace("²", "")
-
-
-def masks(args) -> str:
-    runs = {
-        f"mask-{mask.replace(':', '-')}-seed{seed}": dict(
-            mask=mask, seed=seed, epochs=args.epochs, crops_per_image=32
-        )
-        for seed in args.seeds
-        for mask in (f"random:{args.k}", f"hard:{args.k}:{args.mix}")
-    }
-    results = run_all(args.out, runs, args.parallel)
-    rows = [(options["mask"], options["seed"], results[name][-1]) for name, options in runs.items()]
-    lines = [
-        f"### `hard:{args.k}:{args.mix}` vs `random:{args.k}` masks at equal steps ({args.epochs * 8} steps)",
-        "",
-        "| mask | seed | fg IoU | background | nucleus | boundary | mean IoU | train s |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for mask, seed, r in rows:
-        iou = " | ".join(f"{v:.3f}" for v in r["iou"])
-        lines.append(
-            f"| `{mask}` | {seed} | {r['foreground_iou']:.3f} | {iou} | {r['mean_iou']:.3f} | {r['train_seconds']:.0f} |"
-        )
-    return "\n".join(lines)
 
 
 def step_cost(args) -> str:
@@ -328,16 +342,14 @@ def main(argv: list[str] | None = None) -> int:
     tta.add_argument("--val-every", type=int, default=20)
     tta.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     tta.add_argument("--plot", type=Path, help="write the IoU-against-seconds plot here (PNG)")
+    tta.add_argument("--volumes", action="store_true", help="the 3-D nuclei stack and the nuclei3d net")
     rc = sub.add_parser("recipe")
-    rc.add_argument("--targets", type=float, nargs="+", default=[0.75, 0.8])
-    rc.add_argument("--epochs", type=int, default=25, help="epochs of 8 steps, every recipe")
-    rc.add_argument("--val-every", type=int, default=20)
-    rc.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     mk = sub.add_parser("masks")
-    mk.add_argument("--k", type=int, default=256, help="pixels per crop")
-    mk.add_argument("--mix", type=float, default=0.5, help="random share of the hard mask")
-    mk.add_argument("--epochs", type=int, default=15, help="epochs of 8 steps")
-    mk.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    for p in (rc, mk):
+        p.add_argument("--targets", type=float, nargs="+", default=[0.75, 0.8])
+        p.add_argument("--epochs", type=int, default=25, help="epochs of 8 steps, every run")
+        p.add_argument("--val-every", type=int, default=20)
+        p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     sc = sub.add_parser("step-cost")
     sc.add_argument("--rounds", type=int, default=11)
     inf = sub.add_parser("inference")

@@ -247,10 +247,10 @@ def main() -> None:
         if args.threads:
             torch.set_num_threads(args.threads)
         for i, p in enumerate(problems):
-            fresh = _gradient_times(_spec(p), p) if p["op"] == "conv2d" else {}
+            fresh = _gradient_times(_spec(p), p) if p["op"].startswith("conv") else {}
             p["times_ms"].update(_rounded(fresh))
             if fresh:
-                print(f"[{i + 1}/{len(problems)}] gradients of conv2d in={p['input']} k={p['kernel']} "
+                print(f"[{i + 1}/{len(problems)}] gradients of {p['op']} in={p['input']} k={p['kernel']} "
                       f"d={p['dilation']} out={p['out_channels']}")  # fmt: skip
     elif not args.refit:
         find.REPEATS, find.BUDGET_MS = args.repeats, 600.0

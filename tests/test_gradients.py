@@ -27,12 +27,13 @@ def solver_cache(tmp_path, ops_config):
     return tmp_path / "cache"
 
 
-def _problem(memory_format: str, seed: int = 0):
+def _problem(memory_format: str, seed: int = 0, kernel=(5, 3)):
     generator = torch.Generator().manual_seed(seed)
     x = torch.randn(2, 3, 29, 26, dtype=torch.float64, generator=generator)
-    weight = torch.randn(4, 3, 5, 3, dtype=torch.float64, generator=generator)
+    weight = torch.randn(4, 3, *kernel, dtype=torch.float64, generator=generator)
     bias = torch.randn(4, dtype=torch.float64, generator=generator)
-    upstream = torch.randn(2, 4, 29 - 4 * 3, 26 - 2 * 2, dtype=torch.float64, generator=generator)
+    out = (29 - (kernel[0] - 1) * 3, 26 - (kernel[1] - 1) * 2)
+    upstream = torch.randn(2, 4, *out, dtype=torch.float64, generator=generator)
     return x.contiguous(memory_format=FORMATS[memory_format]), weight, bias, upstream
 
 
@@ -46,10 +47,13 @@ def _torch_gradients(x, weight, bias, upstream):
 @pytest.mark.parametrize("memory_format", list(FORMATS))
 @pytest.mark.parametrize(
     "forward, input_solver, weight_solver",
-    list(itertools.product(["native", "fft", "s2b", "ext"], gradients.SOLVERS, gradients.SOLVERS)),
+    list(
+        itertools.product(["native", "fft", "s2b", "ext", "winograd"], gradients.SOLVERS, ["native", "fft"])
+    ),
 )
 def test_every_combination_gives_torchs_gradients(memory_format, forward, input_solver, weight_solver):
-    x, weight, bias, upstream = _problem(memory_format)
+    """On a 3×3 conv at dilation (3, 2) every solver applies: each forward with each input and weight gradient."""
+    x, weight, bias, upstream = _problem(memory_format, kernel=(3, 3))
     expected = _torch_gradients(x, weight, bias, upstream)
     leaves = [t.clone().requires_grad_() for t in (x, weight, bias)]
     op = ConvOp(leaves[1], leaves[2], (3, 2), 1)
@@ -90,23 +94,33 @@ def test_a_training_forward_caches_no_kernel_spectrum():
 
 def _fake_gradient_times(input_solver: str, weight_solver: str):
     def fake(op, shape, dtype, device, *, ext, cache_dir, input_grad, time_missing):
-        table = {"grad_weight": {s: 1.0 if s == weight_solver else 5.0 for s in gradients.SOLVERS}}
-        if input_grad:
-            table["grad_input"] = {s: 1.0 if s == input_solver else 5.0 for s in gradients.SOLVERS}
+        wanted = {"grad_weight": weight_solver, "grad_input": input_solver}
+        table = {
+            direction: {
+                s: 1.0 if s == wanted[direction] else 5.0
+                for s in gradients.SOLVERS
+                if gradients.applies(s, op, direction)
+            }
+            for direction in (gradients.DIRECTIONS if input_grad else ("grad_weight",))
+        }
         return {"nchw": table, "nhwc": table}
 
     return fake
 
 
-@pytest.mark.parametrize("input_solver, weight_solver", list(itertools.product(gradients.SOLVERS, repeat=2)))
+@pytest.mark.parametrize("net", ["stages_46", "tiny"])
+@pytest.mark.parametrize(
+    "input_solver, weight_solver", list(itertools.product(gradients.SOLVERS, ["native", "fft"]))
+)
 def test_the_plans_choice_follows_the_times_and_every_choice_gives_the_same_gradients(
-    monkeypatch, input_solver, weight_solver
+    monkeypatch, net, input_solver, weight_solver
 ):
-    """Each (input, weight) gradient solver pair made fastest in turn: the plan picks it for every conv (none for
-    the image's input gradient), and the net's gradients equal those of the native backend."""
+    """Each (input, weight) gradient solver pair made fastest in turn: the plan picks it for every conv it runs
+    (the others take the next fastest, native; none for the image's input gradient), and the net's gradients equal
+    those of the native backend."""
     monkeypatch.setattr(plan, "find_gradients", _fake_gradient_times(input_solver, weight_solver))
     torch.manual_seed(0)
-    model, patch = densecnn.zoo.create("stages_46", in_channels=2, num_classes=3)
+    model, patch = densecnn.zoo.create(net, in_channels=2, num_classes=3)
     model = model.double()
     x = torch.rand(1, 2, 14, 13, dtype=torch.float64)
     grads = {}
@@ -118,8 +132,18 @@ def test_the_plans_choice_follows_the_times_and_every_choice_gives_the_same_grad
         if backend == "auto":
             with torch.enable_grad():
                 steps = dense.plan(dense.pad(x)).steps
-    convs = [step for step in steps if isinstance(step.layers[0].dense_op(), ConvOp)]
-    assert [step.gradients for step in convs] == [(None, weight_solver)] + [(input_solver, weight_solver)] * 3
+    convs = [step for step in steps if step.gradients is not None]  # a 1×1 conv has only torch's gradients
+    assert convs[0] is steps[0] and len(convs) >= 2
+
+    def expected(step, direction, solver):
+        return solver if gradients.applies(solver, step.dense_op(), direction) else "native"
+
+    assert [step.gradients for step in convs] == [
+        (None, expected(convs[0], "grad_weight", weight_solver))
+    ] + [
+        (expected(step, "grad_input", input_solver), expected(step, "grad_weight", weight_solver))
+        for step in convs[1:]
+    ]
     assert all(step.gradient_source == "tuned" for step in convs)
     for got, want in zip(grads["auto"], grads["native"], strict=True):
         assert_close_relative(got, want, 1e-10, floor=1.0)
@@ -174,15 +198,44 @@ def test_find_times_the_gradient_solvers_once_and_caches_them(solver_cache):
     assert weight_only is None  # another problem: not timed yet
 
 
-def test_gradient_solvers_apply_to_ungrouped_2d_convs_only():
+def test_which_gradient_solvers_apply():
+    """fft: ungrouped 2-D convs larger than 1×1, both gradients; winograd: the input gradient of 3×3 and 3×3×3."""
     everything = set(solvers.SOLVERS)
-    assert gradients.candidates(ConvOp(torch.zeros(4, 3, 3, 3), None, (2, 2), 1), everything) == [
+    conv3x3 = ConvOp(torch.zeros(4, 3, 3, 3), None, (2, 2), 1)
+    assert gradients.candidates(conv3x3, everything) == ["native", "fft", "winograd"]
+    assert gradients.applies("winograd", conv3x3, "grad_input")
+    assert not gradients.applies("winograd", conv3x3, "grad_weight")
+    assert gradients.candidates(ConvOp(torch.zeros(4, 3, 5, 5), None, (2, 2), 1), everything) == [
         "native",
         "fft",
     ]
-    assert gradients.candidates(ConvOp(torch.zeros(4, 3, 3, 3), None, (2, 2), 1), {"native"}) == ["native"]
+    assert gradients.candidates(conv3x3, {"native"}) == ["native"]
     assert gradients.candidates(ConvOp(torch.zeros(4, 1, 3, 3), None, (2, 2), 4), everything) == ["native"]
-    assert gradients.candidates(ConvOp(torch.zeros(4, 3, 3, 3, 3), None, (1, 1, 1), 1), everything) == [
+    volume = ConvOp(torch.zeros(4, 3, 3, 3, 3), None, (1, 1, 1), 1)
+    assert gradients.candidates(volume, everything) == ["native", "winograd"]
+    assert gradients.candidates(ConvOp(torch.zeros(4, 3, 2, 2, 2), None, (1, 1, 1), 1), everything) == [
         "native"
     ]
     assert gradients.candidates(solvers.PoolOp("max_pool2d", (2, 2), (1, 1)), everything) == []
+
+
+@pytest.mark.parametrize("forced", ["native", "fft"])
+def test_a_forced_gradient_solver_runs_every_conv_it_can(forced, ops_config):
+    ops_config(gradient_solver=forced)
+    torch.manual_seed(0)
+    model, patch = densecnn.zoo.create("stages_46", in_channels=2, num_classes=3)
+    dense = densecnn.convert(model.double(), patch)
+    x = torch.rand(1, 2, 14, 13, dtype=torch.float64)
+    with torch.enable_grad():
+        steps = dense.plan(dense.pad(x)).steps
+    convs = [step for step in steps if step.gradients is not None]
+    assert len(convs) == 4
+    assert [step.gradients for step in convs] == [(None, forced)] + [(forced, forced)] * 3
+    assert {step.gradient_source for step in convs} == {"forced"}
+
+
+def test_an_unknown_gradient_solver_is_refused_with_the_choices():
+    with pytest.raises(
+        ValueError, match="gradient solver 'direct' is unknown; use one of native, fft, winograd"
+    ):
+        densecnn.ops.OpsConfig(gradient_solver="direct")

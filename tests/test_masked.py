@@ -66,6 +66,33 @@ def test_every_method_gives_the_patch_minibatch_loss_and_gradients(dims, method,
         assert_close_relative(a, b, 1e-9, 1.0)
 
 
+@pytest.mark.parametrize("method", ["dense", "region", "patches", "auto"])
+def test_the_focal_loss_of_every_method_is_the_patch_minibatchs(method):
+    """Focal weighting (γ = 2) by each method equals the focal loss of the patch minibatch, Σ w·(1-p)²·CE / Σ w."""
+    model, patch = _net(2)
+    dense = densecnn.convert(model, patch)
+    generator = torch.Generator().manual_seed(9)
+    x = torch.randn(2, 2, *SIZE[2], dtype=torch.float64, generator=generator)
+    labels = torch.randint(0, 3, (2, *SIZE[2]), generator=generator)
+    mask = torch.rand(labels.shape, generator=generator) < 0.3
+    weights = torch.tensor([1.0, 2.0, 0.5], dtype=torch.float64)
+    got = dense.masked_loss(x, labels, mask, method=method, class_weights=weights, focal_gamma=2.0)
+    got_grads = _grads(model, got)
+    before = (patch - 1) // 2
+    padded = F.pad(x, [before, patch - 1 - before] * 2)
+    index = mask.nonzero().tolist()
+    patches = torch.stack([padded[i[0], :, i[1] : i[1] + patch, i[2] : i[2] + patch] for i in index])
+    targets = torch.stack([labels[tuple(i)] for i in index])
+    scores = model(patches).flatten(1)  # (M, K)
+    p_true = scores.softmax(1).gather(1, targets[:, None])[:, 0]
+    w = weights[targets]
+    want = (w * (1 - p_true) ** 2 * -p_true.log()).sum() / w.sum()
+    want_grads = _grads(model, want)
+    assert_close_relative(got.detach(), want.detach(), 1e-10, 1.0)
+    for a, b in zip(got_grads, want_grads, strict=True):
+        assert_close_relative(a, b, 1e-9, 1.0)
+
+
 def test_no_counted_pixel_gives_a_zero_loss_and_zero_gradients():
     model, patch = _net(2)
     dense = densecnn.convert(model, patch)

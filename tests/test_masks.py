@@ -26,7 +26,9 @@ def test_all_selects_every_labelled_pixel():
     assert torch.equal(masks.all()(labels), labels != IGNORE)
 
 
-@pytest.mark.parametrize("strategy", [masks.random(7), masks.hard(7, mix=0.4), masks.hard(7, mix=0.0)])
+@pytest.mark.parametrize(
+    "strategy", [masks.random(7), masks.hard(7, mix=0.4), masks.hard(7, mix=0.0), masks.proportional(7)]
+)
 def test_k_pixels_per_image_never_ignored(strategy):
     labels = labels_with_ignore()
     loss = torch.rand(labels.shape)
@@ -69,9 +71,26 @@ def test_hard_takes_the_largest_losses_and_random_others():
 def test_hard_needs_the_pixel_loss():
     with pytest.raises(ValueError, match="needs pixel_loss"):
         masks.hard(4)(labels_with_ignore(), generator=gen())
+    with pytest.raises(ValueError, match="proportional\\(k\\) needs pixel_loss"):
+        masks.proportional(4)(labels_with_ignore(), generator=gen())
 
 
-@pytest.mark.parametrize("spec", ["random:9", "balanced:3", "hard:9:0.5"])
+def test_proportional_draws_pixels_in_proportion_to_their_loss():
+    """One pixel drawn per image from losses 1, 2, 3 and 4 (and ignored pixels with a huge one): over many draws,
+    each is picked about loss / 10 of the time, the ignored ones never."""
+    labels = torch.full((1, 2, 4), IGNORE)
+    labels[0, 0] = 0
+    loss = torch.tensor([[[1.0, 2.0, 3.0, 4.0], [100.0, 100.0, 100.0, 100.0]]])
+    generator = gen(11)
+    counts = torch.zeros(4)
+    draws = 4000
+    for _ in range(draws):
+        counts += masks.proportional(1)(labels, pixel_loss=loss, generator=generator)[0, 0]
+    # binomial standard deviation at p = 0.4 over 4000 draws is 0.0077: 4 of them is far beyond chance
+    assert torch.allclose(counts / draws, torch.tensor([0.1, 0.2, 0.3, 0.4]), atol=0.031)
+
+
+@pytest.mark.parametrize("spec", ["random:9", "balanced:3", "hard:9:0.5", "proportional:9"])
 def test_deterministic_under_a_generator(spec):
     strategy = masks.parse(spec)
     labels = labels_with_ignore()
@@ -92,6 +111,7 @@ def test_deterministic_under_a_generator(spec):
         ("hard:32", masks.hard(32)),
         ("hard:32:0.25", masks.hard(32, mix=0.25)),
         (" HARD:32:1 ", masks.hard(32, mix=1.0)),
+        ("proportional:12", masks.proportional(12)),
     ],
 )
 def test_parse(spec, expected):

@@ -220,6 +220,45 @@ def test_winograd_gradients_equal_native_gradients(axes, channels_last):
         assert_close_relative(wino, native, 1e-10, floor=1.0)
 
 
+@settings(max_examples=80, deadline=None)
+@given(problem=conv_problems(), gpu_loops=st.booleans())
+def test_the_input_gradient_by_winograd_equals_the_tap_sum(problem, gpu_loops):
+    """The input gradient as a Winograd conv of the output gradient, its 2·d padding read as zeros (the CPU loops
+    or the CUDA kernels' per-element bodies), equals the full correlation of the zero-padded output gradient with
+    the flipped kernel, tap by tap (float64, 2-D and 3-D, every m, either memory format)."""
+    op, x, _ = problem
+    out = [s - 2 * d for s, d in zip(x.shape[2:], op.dilation)]
+    generator = torch.Generator().manual_seed(sum(x.shape))
+    grad_y = torch.randn(x.shape[0], op.weight.shape[0], *out, dtype=x.dtype, generator=generator)
+    if _is_channels_last(x):
+        grad_y = grad_y.contiguous(memory_format=LAYOUTS[x.dim() - 2])
+    previous = torch.ops.densecnn._use_gpu_loops_on_cpu(gpu_loops)
+    try:
+        got = winograd.input_gradient(grad_y, op.weight, op.dilation)
+    finally:
+        torch.ops.densecnn._use_gpu_loops_on_cpu(previous)
+    padded = torch.nn.functional.pad(grad_y, [2 * d for d in reversed(op.dilation) for _ in range(2)])
+    flipped = op.weight.flip(list(range(2, op.weight.dim()))).transpose(0, 1)
+    assert got.shape == x.shape
+    assert_close_relative(got, _taps(padded, ConvOp(flipped, None, op.dilation, 1)), 1e-10, floor=1.0)
+
+
+@pytest.mark.parametrize("axes", [2, 3])
+def test_padded_winograd_conv_passes_opcheck_and_gradcheck(axes):
+    generator = torch.Generator().manual_seed(6)
+    x = torch.randn(1, 2, *[7, 6, 5][:axes], dtype=torch.float64, generator=generator, requires_grad=True)
+    weight = torch.randn(3, 2, *(3,) * axes, dtype=torch.float64, generator=generator, requires_grad=True)
+    dilation, padding = [2, 1, 2][:axes], [3, 2, 1][:axes]
+    u = winograd._transform_kernel(weight, 2)
+    torch.library.opcheck(torch.ops.densecnn.winograd_conv, (x, weight, u, None, dilation, 2, padding))
+    assert torch.autograd.gradcheck(  # the kernel transformed afresh: gradcheck perturbs the weight's data in place
+        lambda x, w: torch.ops.densecnn.winograd_conv(
+            x, w, winograd._transform_kernel(w, 2), None, dilation, 2, padding
+        ),
+        (x, weight),
+    )
+
+
 @pytest.mark.parametrize("axes", [2, 3])
 def test_winograd_passes_gradcheck(axes):
     generator = torch.Generator().manual_seed(4)

@@ -23,12 +23,14 @@ from pathlib import Path
 
 from ..errors import InvalidInputError, InvalidTypeError
 from . import ext
+from .gradients import SOLVERS as GRADIENT_SOLVERS
 from .layout import NAMES
 from .solvers import SOLVERS
 
 # field: the environment variable it is read from
 ENVIRONMENT = {
     "solver": "DENSECNN_SOLVER",
+    "gradient_solver": "DENSECNN_GRADIENT_SOLVER",
     "memory_format": "DENSECNN_MEMORY_FORMAT",
     "tune": "DENSECNN_FIND",
     "cache_dir": "DENSECNN_CACHE_DIR",
@@ -55,6 +57,8 @@ class OpsConfig:
 
     Attributes:
         solver: None (each layer's fastest) or a solver name forced on every layer that it can run.
+        gradient_solver: None (each conv's fastest) or "native" / "fft" forced for the input and weight gradients
+            of every conv a training plan chooses them for (:mod:`densecnn.ops.gradients`) that it can run.
         memory_format: None (the faster for the whole net) or "nchw" / "nhwc" forced.
         tune: time the candidate solvers of every new problem (the find step) instead of predicting their times.
         cache_dir: where the find step's timings are cached (in ``cache_dir / "solvers"``); from the environment
@@ -71,6 +75,7 @@ class OpsConfig:
     """
 
     solver: str | None = None
+    gradient_solver: str | None = None
     memory_format: str | None = None
     tune: bool = False
     cache_dir: Path = field(default_factory=lambda: _default_cache_dir({}))
@@ -125,6 +130,8 @@ def _check(name: str, value, source: str, written: str | None = None) -> None:
     unset = "or leave it unset" if environment else "or None"
     if name == "solver" and not (value is None or value in SOLVERS):
         what, allowed = "is unknown", f"one of {', '.join(SOLVERS)}, {unset}"
+    elif name == "gradient_solver" and not (value is None or value in GRADIENT_SOLVERS):
+        what, allowed = "is unknown", f"one of {', '.join(GRADIENT_SOLVERS)}, {unset}"
     elif name == "memory_format" and not (value is None or value in NAMES):
         what, allowed = "is unknown", f"one of {', '.join(NAMES)}, {unset}"
     elif name in ("tune", "huge_pages") and not isinstance(value, bool):

@@ -220,10 +220,13 @@ def _time_gradients(op: ConvOp, shape, fmt: str, dtype, device, *, input_grad: b
     directions = {"grad_weight": gradients.weight_gradient}
     if input_grad:
         directions["grad_input"] = gradients.input_gradient
-    names = [name for name in gradients.SOLVERS if gradients.applies(name, op)]
     with torch.no_grad():
         return {
-            direction: {name: _time_call(lambda: run(name, grad_y, x, conv)) for name in names}  # noqa: B023
+            direction: {
+                name: _time_call(lambda: run(name, grad_y, x, conv))  # noqa: B023
+                for name in gradients.SOLVERS
+                if gradients.applies(name, op, direction)
+            }
             for direction, run in directions.items()
         }
 

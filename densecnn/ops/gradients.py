@@ -9,10 +9,12 @@ an input-gradient solver and a weight-gradient solver, each from its own times (
 the find step's timings when tuning).
 
 Gradient solvers:
-- ``native``: torch's convolution backward (any conv, 1-3 spatial axes);
+- ``native``: torch's convolution backward (any conv, 1-3 spatial axes), both gradients;
 - ``fft``: the frequency domain on overlap-save tiles (:mod:`densecnn.ops.fft_conv`: the input gradient is the fft
-  conv of the padded output gradient, the weight gradient Σ over the tiles of X · conj(G)); where the ``fft``
-  solver applies.
+  conv of the padded output gradient, the weight gradient Σ over the tiles of X · conj(G)), both gradients, where
+  the ``fft`` solver applies;
+- ``winograd``: the input gradient of a 3×3 or 3×3×3 conv as the Winograd conv of the output gradient (its padding
+  read as zeros) with the flipped, transposed kernel (:func:`densecnn.ops.winograd.input_gradient`).
 
 Every combination gives the same gradients to rounding. A double backward (a gradient of the gradients, with
 ``create_graph=True``) runs torch's differentiable formula.
@@ -28,17 +30,21 @@ from __future__ import annotations
 
 import torch
 
-from . import fft_conv, native, solvers, weight_cache
+from . import ext, fft_conv, native, solvers, weight_cache, winograd
 from .layout import layout_of
 from .solvers import ConvOp
 
-SOLVERS = ("native", "fft")  # the gradient solvers, native first
+SOLVERS = ("native", "fft", "winograd")  # the gradient solvers, native first
 DIRECTIONS = ("grad_input", "grad_weight")  # their names in timing tables (find step, cost model)
 
 
-def applies(name: str, op) -> bool:
-    """Whether gradient solver ``name`` can compute ``op``'s gradients."""
-    return name == "native" or (name == "fft" and fft_conv.applies(op))
+def applies(name: str, op, direction: str | None = None) -> bool:
+    """Whether gradient solver ``name`` can compute ``op``'s gradient ``direction`` (None: either)."""
+    if name == "native":
+        return True
+    if name == "fft":
+        return fft_conv.applies(op)
+    return direction != "grad_weight" and winograd.applies(op) and ext.available()
 
 
 def candidates(op, allowed: set[str]) -> list[str]:
@@ -53,6 +59,8 @@ def input_gradient(name: str, grad_y: torch.Tensor, x: torch.Tensor, op: ConvOp)
     """∂L/∂x (N, C, *S) from ∂L/∂y (N, K, *S') by gradient solver ``name``."""
     if name == "fft" and not torch.is_grad_enabled():
         return fft_conv.input_gradient(grad_y, op.weight, op.dilation).contiguous(memory_format=layout_of(x))
+    if name == "winograd" and not torch.is_grad_enabled():
+        return winograd.input_gradient(grad_y, op.weight, op.dilation).contiguous(memory_format=layout_of(x))
     grad_x, _, _ = native.conv_backward(grad_y, x, op.weight, op.dilation, (True, False, False))
     return grad_x
 

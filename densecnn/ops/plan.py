@@ -220,12 +220,17 @@ def make_plan(
                 step.gradient_source, step.gradient_times = _gradient_times(
                     op, gradient_names, shape, dtype, device, config=config, input_grad=needs_grad
                 )
+                if config.gradient_solver in gradient_names:
+                    step.gradient_source = "forced"
         shape = next_shape(step, shape)
     # A format is a choice when every step has times in it (the cost model may have measured only NC* for an op).
     timed = [f for f in names_for(len(shape)) if all(step.times is None or f in step.times for step in steps)]
     formats = [fmt_forced] if fmt_forced else timed or ["nchw"]
     best = {fmt: [_best(step.times, fmt, allowed, forced) for step in steps] for fmt in formats}
-    best_gradients = {fmt: [_best_gradients(step.gradient_times, fmt) for step in steps] for fmt in formats}
+    best_gradients = {
+        fmt: [_best_gradients(step.gradient_times, fmt, config.gradient_solver) for step in steps]
+        for fmt in formats
+    }
     chosen = min(
         formats, key=lambda fmt: sum(ms for _, ms in best[fmt]) + sum(ms for _, ms in best_gradients[fmt])
     )
@@ -285,9 +290,9 @@ def _gradient_times(op, names, shape, dtype, device, *, config, input_grad):
     }
 
 
-def _best_gradients(table, fmt: str) -> tuple[tuple[str | None, str] | None, float]:
-    """((input gradient's solver or None, weight gradient's solver), ms) for one step; (None, 0) for a step whose
-    gradients are its forward solver's."""
+def _best_gradients(table, fmt: str, forced: str | None) -> tuple[tuple[str | None, str] | None, float]:
+    """((input gradient's solver or None, weight gradient's solver), ms) for one step: the ``forced`` gradient
+    solver where it runs, else the fastest; (None, 0) for a step whose gradients are its forward solver's."""
     if table is None:
         return None, 0.0
     tables = table.get(fmt, table.get("nchw", {}))
@@ -298,6 +303,8 @@ def _best_gradients(table, fmt: str) -> tuple[tuple[str | None, str] | None, flo
             chosen.append(None)  # the input needs no gradient
             continue
         name = min(timed, key=timed.get) if timed else "native"
+        if forced in tables.get(direction, {}):
+            name = forced
         chosen.append(name)
         total += timed.get(name, 0.0)
     return (chosen[0], chosen[1]), total

@@ -17,8 +17,10 @@ cache:
    memory format.
 
 The tile size m is chosen per number of axes and channels (:func:`tile_size`) by measured float32 rounding error and
-speed. Gradients (training) are those of the direct conv, computed by torch's convolution backward: exact, and the
-input gradient as a Winograd conv of the padded output gradient was measured no faster. bfloat16/float16 inputs are computed in float32 and rounded back.
+speed. The op's own gradients are those of the direct conv, computed by torch's convolution backward; a training
+plan may take the input gradient as the Winograd conv of the output gradient (:func:`input_gradient`: the op reads
+its 2·d padding as zeros, no padded copy) instead (the ``winograd`` gradient solver, :mod:`densecnn.ops.gradients`).
+bfloat16/float16 inputs are computed in float32 and rounded back.
 
 >>> from densecnn.ops.solvers import ConvOp
 >>> op = ConvOp(torch.randn(8, 4, 3, 3), torch.randn(8), (4, 4), 1)
@@ -72,21 +74,39 @@ def tile_size(axes: int, channels: int) -> int:
 def conv(op, x: torch.Tensor, m: int | None = None) -> torch.Tensor:
     """Stride-1 dilated ``op`` (a 3×3 or 3×3×3 :class:`~densecnn.ops.solvers.ConvOp`) on x (N, C, *S) ->
     (N, K, *(S - 2·d)), in x's memory format and dtype; ``m`` overrides the tile size (2, 3 or 4)."""
+    return _conv(x, op.weight, op.bias, tuple(op.dilation), m, None, cached=True)
+
+
+def input_gradient(grad_y: torch.Tensor, weight: torch.Tensor, dilation) -> torch.Tensor:
+    """The input gradient (N, C, *S) of a 3×3 (3×3×3) conv from its output gradient (N, K, *(S - 2·d)): the Winograd
+    conv of the output gradient zero-padded by 2·d (read as zeros, never materialised) with the flipped, transposed
+    kernel (transformed afresh: a flipped copy is a new tensor every call, never a cache key)."""
+    flipped = weight.flip(list(range(2, weight.dim()))).transpose(0, 1)  # (C, K, 3, ...)
+    return _conv(grad_y, flipped, None, tuple(dilation), None, [2 * d for d in dilation], cached=False)
+
+
+def _conv(
+    x, weight, bias, dilation, m: int | None, padding: list[int] | None, *, cached: bool
+) -> torch.Tensor:
+    """x (N, C, *S) zero-padded by ``padding`` per axis (None: none), convolved with weight (K, C, 3, ...);
+    ``cached``: the transformed kernel may come from (and go to) the cache, as a model's weight's may."""
     if x.dtype not in COMPUTE_DTYPES:
-        return conv(op, x.float(), m).to(x.dtype)
-    weight = op.weight.to(x.dtype)
-    bias = None if op.bias is None else op.bias.to(x.dtype)
+        return _conv(x.float(), weight, bias, dilation, m, padding, cached=cached).to(x.dtype)
+    weight = weight.to(x.dtype)
+    bias = None if bias is None else bias.to(x.dtype)
     axes = x.dim() - 2
-    out = output_size(tuple(x.shape[2:]), op.kernel, op.dilation)
-    if min(out) < 1:
+    padding = [int(p) for p in padding] if padding else []
+    padded = tuple(s + 2 * p for s, p in zip(x.shape[2:], padding or [0] * axes))
+    if min(output_size(padded, tuple(weight.shape[2:]), dilation)) < 1:
         raise ValueError(
             f"a {'x'.join(map(str, x.shape[2:]))} input is smaller than the 3-tap kernel at dilation "
-            f"{op.dilation} reaches; pad it (DenseCNN does) or use a smaller dilation"
+            f"{dilation} reaches; pad it (DenseCNN does) or use a smaller dilation"
         )
     m = m or tile_size(axes, x.shape[1])
-    u = transformed_kernel(weight, m)  # here, where the grad mode is the caller's (the cache depends on it)
+    # here, where the grad mode is the caller's (the cache depends on it)
+    u = transformed_kernel(weight, m) if cached else _transform_kernel(weight, m)
     bias = None if bias is None else bias.contiguous()
-    return torch.ops.densecnn.winograd_conv(x, weight, u, bias, list(op.dilation), m)
+    return torch.ops.densecnn.winograd_conv(x, weight, u, bias, list(dilation), m, padding)
 
 
 def positions(out: int, dilation: int, m: int) -> int:

@@ -105,6 +105,11 @@ class TrainConfig:
     class_weights: list[float] | None = option(
         None, help="per-class loss weights, comma-separated (default: all 1)", group=OPTIMISER
     )
+    focal_gamma: float = option(
+        0.0,
+        help="focal loss: each selected pixel's cross-entropy weighted by (1 - p_true)^GAMMA (default 0: plain)",
+        group=OPTIMISER,
+    )
     seed: int = option(
         0,
         help="seeds the initial weights, data order, crops, augmentation and masks; equal seeds give equal runs",
@@ -148,6 +153,10 @@ class TrainConfig:
             raise TrainingError(
                 "--method patches with --mask all would cut one patch per crop pixel; "
                 "choose how many patches per crop with --mask random:K (or balanced:K)"
+            )
+        if not 0.0 <= self.focal_gamma <= 10.0:
+            raise TrainingError(
+                f"--focal-gamma must be in [0, 10] (2 is the usual choice), got {self.focal_gamma}"
             )
         if self.class_weights is not None and any(w < 0 for w in self.class_weights):
             raise TrainingError(f"--class-weights must be >= 0, got {self.class_weights}")

@@ -34,6 +34,7 @@ def save_trained_model(
     training = {
         "method": config.method,
         "mask": str(masks.parse(config.mask)),
+        "focal_gamma": config.focal_gamma,
         "steps": progress.step,
         "epochs": config.epochs,
         "train_seconds": round(progress.train_seconds, 1),
@@ -104,6 +105,7 @@ def _summaries(config, model, dense, data, progress, processes) -> dict:
     training_summary = {
         "method": f"{config.method} ({METHODS[config.method]})",
         "pixel selection": f"`{str(masks.parse(config.mask))}`",
+        "loss": "cross-entropy" + (f", focal γ = {config.focal_gamma:g}" if config.focal_gamma else ""),
         "steps": f"{progress.step} ({config.epochs} epochs x {data.steps_per_epoch} steps; {config.batch} crops "
         f"of {_size(data.crop)} per step)",
         "optimiser": f"{config.optimizer}, lr {config.lr:g} ({config.schedule}), weight decay {config.weight_decay:g}",

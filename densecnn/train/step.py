@@ -34,14 +34,18 @@ class Scorer(nn.Module):
         super().__init__()
         self.model, self.dense = model, dense
 
-    def forward(self, x: torch.Tensor, method: str, labels=None, mask=None, class_weights=None):
+    def forward(
+        self, x: torch.Tensor, method: str, labels=None, mask=None, class_weights=None, focal_gamma=0.0
+    ):
         # dense: (B, C, *(c+R-1)) context crops -> (B, K, *c); patches: (M, C, *P) -> (M, K, 1, ..., 1);
         # masked: the context crops' masked loss terms, by the cheapest of a dense, region or patch pass
         # run_padded: the dense layers on an already padded input, with the solvers the plan chose
         if method == "dense":
             return self.dense.run_padded(x)
         if method == "masked":
-            terms = masked_terms(self.dense, x, labels, mask, class_weights=class_weights)
+            terms = masked_terms(
+                self.dense, x, labels, mask, class_weights=class_weights, focal_gamma=focal_gamma
+            )
             return terms.loss_sum, terms.weight_sum, terms.scores, terms.targets, terms.mask
         return self.model(x).reshape(len(x), -1, *(1,) * (x.dim() - 2))
 
@@ -116,6 +120,7 @@ class Step:
                 labels,
                 mask,
                 self.class_weights,
+                self.config.focal_gamma,
             )
 
     def _dense_scores(self, images, labels, generators):
@@ -142,7 +147,9 @@ class Step:
         return scores, targets, None
 
     def _terms(self, scores, targets, mask):
-        return masked_cross_entropy_terms(scores, targets, mask, class_weights=self.class_weights)
+        return masked_cross_entropy_terms(
+            scores, targets, mask, class_weights=self.class_weights, focal_gamma=self.config.focal_gamma
+        )
 
     def _select(self, labels, generators, pixel_loss) -> torch.Tensor:
         return torch.cat(
