@@ -73,4 +73,9 @@ template <typename T>
 cudaError_t launch_winograd_output(const WinogradGeometry& g, int m, const T* products, const T* bias, T* y,
                                    cudaStream_t stream);
 
+// The output-gradient transform (the weight gradient) of the chunk: z (α^n, tiles, K) from the output gradient.
+template <typename T>
+cudaError_t launch_winograd_output_gradient(const WinogradGeometry& g, int m, const T* grad, T* z,
+                                            cudaStream_t stream);
+
 }  // namespace densecnn

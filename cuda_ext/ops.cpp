@@ -75,6 +75,10 @@ TORCH_LIBRARY(densecnn, m) {
   m.def(
       "winograd_conv(Tensor input, Tensor weight, Tensor kernel, Tensor? bias, int[] dilation, int m, "
       "int[] padding=[]) -> Tensor");
+  // The transformed form of winograd_conv's weight gradient for the output gradient grad_output (N, K, *O): Σ over
+  // the tiles of V[ξ]ᵀ z[ξ], (α^n, C, K), V the input's transform and z = A·g·Aᵀ the output gradient's (winograd.h);
+  // the weight's gradient is Gᵀ·(it)·G along every axis (densecnn/ops/winograd.py).
+  m.def("winograd_conv_weight_grad(Tensor input, Tensor grad_output, int[] dilation, int m) -> Tensor");
   // Frees the cached output buffers nothing refers to (output_buffers.h); returns the bytes released.
   m.def("release_output_buffers() -> int", &densecnn::release_output_buffers);
   // The output buffers' settings (output_buffers.h): at most max_free_bytes of free buffers kept for reuse (0: none),

@@ -129,6 +129,44 @@ WINOGRAD_INLINE void output_transform_1d(const A* __restrict__ in, A* __restrict
   }
 }
 
+// One axis of the output-gradient transform (the weight gradient), A g, the adjoint of the output transform:
+// in[i·step + l] (m entries) -> out[ξ·step + l] (α entries), out[ξ] = Σ_i Aᵀ[i][ξ] in[i].
+template <int M, int L, typename A>
+WINOGRAD_INLINE void output_gradient_transform_1d(const A* __restrict__ in, A* __restrict__ out, int64_t step) {
+  if constexpr (M == 2) {
+    WINOGRAD_IVDEP
+    for (int l = 0; l < L; ++l) {
+      const A g0 = in[l], g1 = in[step + l];
+      out[l] = g0;
+      out[step + l] = g0 + g1;
+      out[2 * step + l] = g0 - g1;
+      out[3 * step + l] = -g1;
+    }
+  } else if constexpr (M == 3) {
+    WINOGRAD_IVDEP
+    for (int l = 0; l < L; ++l) {
+      const A g0 = in[l], g1 = in[step + l], g2 = in[2 * step + l];
+      out[l] = g0;
+      out[step + l] = g0 + g1 + g2;
+      out[2 * step + l] = g0 - g1 + g2;
+      out[3 * step + l] = g0 + A(0.5) * g1 + A(0.25) * g2;
+      out[4 * step + l] = g2;
+    }
+  } else {
+    WINOGRAD_IVDEP
+    for (int l = 0; l < L; ++l) {
+      const A g0 = in[l], g1 = in[step + l], g2 = in[2 * step + l], g3 = in[3 * step + l];
+      const A even = g0 + g2, odd = g1 + g3, even2 = g0 + A(4) * g2, odd2 = A(2) * g1 + A(8) * g3;
+      out[l] = g0;
+      out[step + l] = even + odd;
+      out[2 * step + l] = even - odd;
+      out[3 * step + l] = even2 + odd2;
+      out[4 * step + l] = even2 - odd2;
+      out[5 * step + l] = g3;
+    }
+  }
+}
+
 // The 1-D transforms as function objects, for transform_axes.
 template <int M, int L>
 struct InputStep {
@@ -142,6 +180,13 @@ struct OutputStep {
   template <typename A>
   WINOGRAD_INLINE void operator()(const A* in, A* out, int64_t step) const {
     output_transform_1d<M, L>(in, out, step);
+  }
+};
+template <int M, int L>
+struct OutputGradientStep {
+  template <typename A>
+  WINOGRAD_INLINE void operator()(const A* in, A* out, int64_t step) const {
+    output_gradient_transform_1d<M, L>(in, out, step);
   }
 };
 
@@ -281,6 +326,22 @@ struct ScatterOutput {
   }
 };
 
+// Writes a tile's α^n transformed vectors (`lanes` of the L lanes) to base[point · plane + l]: the (α^n, tiles,
+// channels) layout of V and z.
+template <int kPoints, int L, typename T, typename A>
+WINOGRAD_INLINE void store_transformed(const A* result, T* base, int64_t plane, int lanes) {
+  if (lanes == L) {
+    for (int point = 0; point < kPoints; ++point) {
+      WINOGRAD_IVDEP
+      for (int l = 0; l < L; ++l) base[point * plane + l] = narrow<T>(result[point * L + l]);
+    }
+  } else {
+    for (int point = 0; point < kPoints; ++point) {
+      for (int l = 0; l < lanes; ++l) base[point * plane + l] = narrow<T>(result[point * L + l]);
+    }
+  }
+}
+
 // The input transform of tile `local` (of the chunk) for channels [c0, c0 + lanes), lanes ≤ L: gathers the α^n
 // input pixels (zero beyond the map), applies Bᵀ along every axis, and writes v[(ξ·tile_count + local)·C + c].
 // `buffer` holds 2·α^n·L values of A.
@@ -294,18 +355,25 @@ WINOGRAD_INLINE void winograd_input_tile(const WinogradGeometry& g, const T* x, 
   GatherInput<L, kUnitLanes, T, A> gather{x, g.stride_c, lanes, buffer};
   for_each_point<kAlpha, AXES>(g, origin, g.size, g.pad, n * g.stride_n + c0 * g.stride_c, gather);
   const A* result = transform_axes<AXES, L>(buffer, buffer + kPoints * L, kAlpha, kAlpha, InputStep<M, L>{});
-  const int64_t plane = g.tile_count * g.channels;
-  T* base = v + local * g.channels + c0;
-  if (lanes == L) {
-    for (int point = 0; point < kPoints; ++point) {
-      WINOGRAD_IVDEP
-      for (int l = 0; l < L; ++l) base[point * plane + l] = narrow<T>(result[point * L + l]);
-    }
-  } else {
-    for (int point = 0; point < kPoints; ++point) {
-      for (int l = 0; l < lanes; ++l) base[point * plane + l] = narrow<T>(result[point * L + l]);
-    }
-  }
+  store_transformed<kPoints, L>(result, v + local * g.channels + c0, g.tile_count * g.channels, lanes);
+}
+
+// The output-gradient transform of tile `local` (the weight gradient) for output channels [k0, k0 + lanes): gathers
+// the tile's m^n values of the output gradient, the map of g (zero beyond it and for lanes ≥ `lanes`), applies A
+// along every axis and writes z[(ξ·tile_count + local)·K + k]. Σ over tiles of V[ξ]ᵀ z[ξ] is then the gradient of
+// the transformed kernel U, from which the weight's follows by Gᵀ · G (densecnn/ops/winograd.py).
+template <int M, int AXES, int L, bool kUnitLanes, typename T, typename A>
+WINOGRAD_INLINE void winograd_output_gradient_tile(const WinogradGeometry& g, const T* grad, T* z, int64_t local,
+                                                   int64_t k0, int lanes, A* buffer) {
+  constexpr int kAlpha = WinogradTile<M>::kAlpha;
+  constexpr int kPoints = AXES == 2 ? kAlpha * kAlpha : kAlpha * kAlpha * kAlpha;
+  int64_t origin[3] = {0, 0, 0};
+  const int64_t n = tile_origin<M>(g, g.tile_begin + local, origin);
+  GatherInput<L, kUnitLanes, T, A> gather{grad, g.stride_c, lanes, buffer};
+  const int64_t unpadded[3] = {0, 0, 0};
+  for_each_point<M, AXES>(g, origin, g.out, unpadded, n * g.stride_n + k0 * g.stride_c, gather);
+  const A* result = transform_axes<AXES, L>(buffer, buffer + kPoints * L, M, kAlpha, OutputGradientStep<M, L>{});
+  store_transformed<kPoints, L>(result, z + local * g.channels + k0, g.tile_count * g.channels, lanes);
 }
 
 // The output transform of tile `local` for output channels [k0, k0 + lanes): reads m[(ξ·tile_count + local)·K + k],
@@ -356,6 +424,12 @@ WINOGRAD_INLINE void winograd_output_at(const WinogradGeometry& g, const T* m, c
                                            int64_t index) {
   Acc<T> buffer[winograd_buffer_size<M, AXES, 1>()];
   winograd_output_tile<M, AXES, 1, false>(g, m, bias, y, index / g.channels, index % g.channels, 1, buffer);
+}
+
+template <int M, int AXES, typename T>
+WINOGRAD_INLINE void winograd_output_gradient_at(const WinogradGeometry& g, const T* grad, T* z, int64_t index) {
+  Acc<T> buffer[winograd_buffer_size<M, AXES, 1>()];
+  winograd_output_gradient_tile<M, AXES, 1, false>(g, grad, z, index / g.channels, index % g.channels, 1, buffer);
 }
 
 }  // namespace densecnn

@@ -99,6 +99,21 @@ inline WinogradGeometry winograd_output_geometry(const at::Tensor& y, const at::
   return g;
 }
 
+// The output-gradient transform (the weight gradient): the output gradient (N, K, *O) of the conv whose input
+// geometry is `in` (its tiles are the input's); checks its shape, dtype and device against the input.
+inline WinogradGeometry winograd_output_gradient_geometry(const at::Tensor& grad_output, const at::Tensor& input,
+                                                          const WinogradGeometry& in, at::IntArrayRef dilation,
+                                                          int64_t m) {
+  std::vector<int64_t> expected{input.size(0), grad_output.dim() > 1 ? grad_output.size(1) : 0};
+  for (int a = 0; a < in.axes; ++a) expected.push_back(in.out[a]);
+  TORCH_CHECK(grad_output.sizes() == at::IntArrayRef(expected) && grad_output.scalar_type() == input.scalar_type() &&
+                  grad_output.device() == input.device(),
+              "densecnn.winograd_conv_weight_grad: the output gradient must be (N, K, *(S - 2·d)) = ", expected,
+              " of the input's dtype and device, got ", grad_output.sizes(), " ", grad_output.scalar_type());
+  const std::vector<int64_t> out(grad_output.sizes().begin() + 2, grad_output.sizes().end());
+  return winograd_geometry(grad_output, out, dilation, m, 0, 0);
+}
+
 // Calls body(std::integral_constant<int, M>, std::integral_constant<int, AXES>) for the runtime m and axes.
 template <typename Body>
 void dispatch_winograd(int64_t m, int64_t axes, Body&& body) {

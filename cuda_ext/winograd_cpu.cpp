@@ -23,6 +23,7 @@ using Int = std::integral_constant<int, N>;
 
 constexpr int kLanes = 16;                // channels per vectorised block at most: one AVX-512 float vector
 constexpr int64_t kChunkBytes = 1 << 20;  // one thread's chunk of transformed input + products: within its L2
+constexpr int64_t kGradientChunkBytes = 8 << 20;  // the weight gradient's chunk of V and z, for both threads' GEMM
 
 // One tile's transform for channels [c0, c0 + L); channels-last maps (unit channel stride) take the
 // contiguous-load path.
@@ -32,6 +33,16 @@ WINOGRAD_INLINE void input_block(const WinogradGeometry& g, const T* x, T* v, in
     winograd_input_tile<M, AXES, L, true>(g, x, v, tile, c0, L, buffer);
   } else {
     winograd_input_tile<M, AXES, L, false>(g, x, v, tile, c0, L, buffer);
+  }
+}
+
+template <int M, int AXES, int L, typename T, typename A>
+WINOGRAD_INLINE void output_gradient_block(const WinogradGeometry& g, const T* grad, T* z, int64_t tile, int64_t k0,
+                                           A* buffer) {
+  if (g.stride_c == 1) {
+    winograd_output_gradient_tile<M, AXES, L, true>(g, grad, z, tile, k0, L, buffer);
+  } else {
+    winograd_output_gradient_tile<M, AXES, L, false>(g, grad, z, tile, k0, L, buffer);
   }
 }
 
@@ -94,6 +105,19 @@ WINOGRAD_INLINE void output_tiles_loop(const WinogradGeometry& g, const T* m, co
   }
 }
 
+template <int M, int AXES, typename T>
+WINOGRAD_INLINE void output_gradient_tiles_loop(const WinogradGeometry& g, const T* grad, T* z, int64_t begin,
+                                                int64_t end) {
+  alignas(64) Acc<T> buffer[winograd_buffer_size<M, AXES, kLanes>()];
+  for (int64_t tile = begin; tile < end; ++tile) {
+    int64_t k = 0;
+    for (; k + 16 <= g.channels; k += 16) output_gradient_block<M, AXES, 16>(g, grad, z, tile, k, buffer);
+    for (; k + 8 <= g.channels; k += 8) output_gradient_block<M, AXES, 8>(g, grad, z, tile, k, buffer);
+    for (; k + 4 <= g.channels; k += 4) output_gradient_block<M, AXES, 4>(g, grad, z, tile, k, buffer);
+    for (; k < g.channels; ++k) output_gradient_block<M, AXES, 1>(g, grad, z, tile, k, buffer);
+  }
+}
+
 #define DENSECNN_WINOGRAD_LOOPS(M, AXES, T)                                                                    \
   DENSECNN_MULTIVERSION void input_tiles(Int<M>, Int<AXES>, const WinogradGeometry& g, const T* x,             \
                                          T* v, int64_t begin, int64_t end) {                                   \
@@ -102,6 +126,10 @@ WINOGRAD_INLINE void output_tiles_loop(const WinogradGeometry& g, const T* m, co
   DENSECNN_MULTIVERSION void output_tiles(Int<M>, Int<AXES>, const WinogradGeometry& g, const T* m,            \
                                           const T* bias, T* y, int64_t begin, int64_t end) {                   \
     output_tiles_loop<M, AXES>(g, m, bias, y, begin, end);                                                     \
+  }                                                                                                            \
+  DENSECNN_MULTIVERSION void output_gradient_tiles(Int<M>, Int<AXES>, const WinogradGeometry& g,               \
+                                                   const T* grad, T* z, int64_t begin, int64_t end) {          \
+    output_gradient_tiles_loop<M, AXES>(g, grad, z, begin, end);                                               \
   }
 DENSECNN_WINOGRAD_LOOPS(2, 2, float)
 DENSECNN_WINOGRAD_LOOPS(2, 3, float)
@@ -182,10 +210,61 @@ at::Tensor winograd_conv_cpu(const at::Tensor& input, const at::Tensor& weight, 
   return y;
 }
 
+// The weight gradient's transformed form, Σ over tiles of V[ξ]ᵀ z[ξ] (α^n, C, K): chunk by chunk of tiles, the
+// two transforms parallel over the chunk's tiles, then one batched GEMM (MKL's threads) summed into the result.
+at::Tensor winograd_conv_weight_grad_cpu(const at::Tensor& input, const at::Tensor& grad_output,
+                                         at::IntArrayRef dilation, int64_t m) {
+  const WinogradGeometry in = winograd_input_geometry(input, dilation, m, 0, 0);
+  const WinogradGeometry out = winograd_output_gradient_geometry(grad_output, input, in, dilation, m);
+  const int64_t c = in.channels, k = out.channels;
+  const int64_t points = in.axes == 2 ? (m + 2) * (m + 2) : (m + 2) * (m + 2) * (m + 2);
+  const int64_t tiles = winograd_tiles(in, input.size(0));
+  if (tiles == 0) return at::zeros({points, c, k}, input.options());
+  const int64_t chunk = std::min(tiles, std::max<int64_t>(64, kGradientChunkBytes / (points * (c + k) * input.element_size())));
+  at::Tensor result = at::empty({points, c, k}, input.options());
+  at::Tensor v = empty_output({points * chunk * c}, input.options());
+  at::Tensor z = empty_output({points * chunk * k}, input.options());
+  const bool gpu_loops = gpu_loops_on_cpu();
+  AT_DISPATCH_FLOATING_TYPES(input.scalar_type(), "densecnn_winograd_conv_weight_grad", [&] {
+    const scalar_t* x = input.const_data_ptr<scalar_t>();
+    const scalar_t* gy = grad_output.const_data_ptr<scalar_t>();
+    dispatch_winograd(m, in.axes, [&](auto m_tag, auto axes_tag) {
+      constexpr int M = decltype(m_tag)::value, AXES = decltype(axes_tag)::value;
+      for (int64_t first = 0; first < tiles; first += chunk) {
+        WinogradGeometry gi = in, go = out;
+        gi.tile_begin = go.tile_begin = first;
+        gi.tile_count = go.tile_count = std::min(chunk, tiles - first);
+        at::Tensor v_chunk = v.narrow(0, 0, points * gi.tile_count * c).view({points, gi.tile_count, c});
+        at::Tensor z_chunk = z.narrow(0, 0, points * go.tile_count * k).view({points, go.tile_count, k});
+        scalar_t* v_data = v_chunk.mutable_data_ptr<scalar_t>();
+        scalar_t* z_data = z_chunk.mutable_data_ptr<scalar_t>();
+        if (gpu_loops) {
+          for_each_element(gi.tile_count * c, [&](int64_t i) { winograd_input_at<M, AXES>(gi, x, v_data, i); });
+          for_each_element(go.tile_count * k,
+                           [&](int64_t i) { winograd_output_gradient_at<M, AXES>(go, gy, z_data, i); });
+        } else {
+          at::parallel_for(0, gi.tile_count, 1, [&](int64_t begin, int64_t end) {
+            input_tiles(m_tag, axes_tag, gi, x, v_data, begin, end);
+            output_gradient_tiles(m_tag, axes_tag, go, gy, z_data, begin, end);
+          });
+        }
+        const at::Tensor v_t = v_chunk.transpose(1, 2);  // (α^n, C, tiles)
+        if (first == 0) {
+          at::bmm_out(result, v_t, z_chunk);  // (α^n, C, tiles) @ (α^n, tiles, K)
+        } else {
+          result.baddbmm_(v_t, z_chunk);
+        }
+      }
+    });
+  });
+  return result;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(densecnn, CPU, m) {
   m.impl("winograd_conv", &winograd_conv_cpu);
+  m.impl("winograd_conv_weight_grad", &winograd_conv_weight_grad_cpu);
 }
 
 }  // namespace densecnn

@@ -73,10 +73,40 @@ at::Tensor winograd_conv_cuda(const at::Tensor& input, const at::Tensor& weight,
   return y;
 }
 
+// The weight gradient's transformed form, chunk by chunk: V and z by the transform kernels, V[ξ]ᵀ z[ξ] summed on
+// cuBLAS.
+at::Tensor winograd_conv_weight_grad_cuda(const at::Tensor& input, const at::Tensor& grad_output,
+                                          at::IntArrayRef dilation, int64_t m) {
+  const c10::cuda::CUDAGuard guard(input.device());
+  const WinogradGeometry in = winograd_input_geometry(input, dilation, m, 0, 0);
+  const WinogradGeometry out = winograd_output_gradient_geometry(grad_output, input, in, dilation, m);
+  const int64_t points = points_of(in.axes, m), c = in.channels, k = out.channels;
+  at::Tensor result = at::zeros({points, c, k}, input.options());
+  const int64_t tiles = winograd_tiles(in, input.size(0));
+  const int64_t chunk = std::max<int64_t>(1, kChunkBytes / (points * (c + k) * input.element_size()));
+  for (int64_t begin = 0; begin < tiles; begin += chunk) {
+    const int64_t count = std::min(chunk, tiles - begin);
+    const at::Tensor v = winograd_input_cuda(input, dilation, m, begin, count, {});  // (α^n, count, C)
+    WinogradGeometry g = out;
+    g.tile_begin = begin;
+    g.tile_count = count;
+    at::Tensor z = at::empty({points, count, k}, input.options());
+    AT_DISPATCH_FLOATING_TYPES(input.scalar_type(), "densecnn_winograd_output_gradient_cuda", [&] {
+      C10_CUDA_CHECK(launch_winograd_output_gradient<scalar_t>(g, static_cast<int>(m),
+                                                               grad_output.const_data_ptr<scalar_t>(),
+                                                               z.mutable_data_ptr<scalar_t>(),
+                                                               at::cuda::getCurrentCUDAStream()));
+    });
+    result.baddbmm_(v.transpose(1, 2), z);
+  }
+  return result;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(densecnn, CUDA, m) {
   m.impl("winograd_conv", &winograd_conv_cuda);
+  m.impl("winograd_conv_weight_grad", &winograd_conv_weight_grad_cuda);
 }
 
 }  // namespace densecnn

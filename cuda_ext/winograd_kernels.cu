@@ -1,5 +1,6 @@
 // CUDA kernels of the Winograd transforms (winograd.h): grid-stride loops over (tile, channel) pairs, one thread
-// per pair running the per-element bodies the CPU tests run too (winograd_input_at / winograd_output_at).
+// per pair running the per-element bodies the CPU tests run too (winograd_input_at / winograd_output_at /
+// winograd_output_gradient_at).
 #include <cuda_runtime.h>
 
 #include "common.h"
@@ -18,6 +19,17 @@ __global__ void winograd_input_kernel(WinogradGeometry g, const T* x, T* v) {
 template <int M, int AXES, typename T>
 __global__ void winograd_output_kernel(WinogradGeometry g, const T* m, const T* bias, T* y) {
   DENSECNN_GRID_STRIDE_LOOP(index, g.tile_count * g.channels) { winograd_output_at<M, AXES>(g, m, bias, y, index); }
+}
+
+template <int M, int AXES, typename T>
+__global__ void winograd_output_gradient_kernel(WinogradGeometry g, const T* grad, T* z) {
+  DENSECNN_GRID_STRIDE_LOOP(index, g.tile_count * g.channels) { winograd_output_gradient_at<M, AXES>(g, grad, z, index); }
+}
+
+template <int M, int AXES, typename T>
+void launch_output_gradient(const WinogradGeometry& g, const T* grad, T* z, cudaStream_t stream) {
+  winograd_output_gradient_kernel<M, AXES, T>
+      <<<blocks_for(g.tile_count * g.channels), kThreadsPerBlock, 0, stream>>>(g, grad, z);
 }
 
 template <int M, int AXES, typename T>
@@ -56,10 +68,24 @@ cudaError_t launch_winograd_output(const WinogradGeometry& g, int m, const T* pr
   return cudaGetLastError();
 }
 
+template <typename T>
+cudaError_t launch_winograd_output_gradient(const WinogradGeometry& g, int m, const T* grad, T* z,
+                                            cudaStream_t stream) {
+  if (m == 2 && g.axes == 2) launch_output_gradient<2, 2>(g, grad, z, stream);
+  if (m == 2 && g.axes == 3) launch_output_gradient<2, 3>(g, grad, z, stream);
+  if (m == 3 && g.axes == 2) launch_output_gradient<3, 2>(g, grad, z, stream);
+  if (m == 3 && g.axes == 3) launch_output_gradient<3, 3>(g, grad, z, stream);
+  if (m == 4 && g.axes == 2) launch_output_gradient<4, 2>(g, grad, z, stream);
+  if (m == 4 && g.axes == 3) launch_output_gradient<4, 3>(g, grad, z, stream);
+  return cudaGetLastError();
+}
+
 #define DENSECNN_INSTANTIATE_WINOGRAD(T)                                                                       \
   template cudaError_t launch_winograd_input<T>(const WinogradGeometry&, int, const T*, T*, cudaStream_t);    \
   template cudaError_t launch_winograd_output<T>(const WinogradGeometry&, int, const T*, const T*, T*,        \
-                                                 cudaStream_t);
+                                                 cudaStream_t);                                                \
+  template cudaError_t launch_winograd_output_gradient<T>(const WinogradGeometry&, int, const T*, T*,         \
+                                                          cudaStream_t);
 
 DENSECNN_INSTANTIATE_WINOGRAD(float)
 DENSECNN_INSTANTIATE_WINOGRAD(double)

@@ -51,6 +51,7 @@ VOLUMES = dict(
     batch=2,
     crop=[16, 40, 40],
     class_weights=[1.0, 1.0, 2.0],
+    intensity="percentiles:1,99.8",  # 16-bit values 104..375: scaled by their own range, not uint16's
 )
 
 

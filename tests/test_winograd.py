@@ -243,6 +243,59 @@ def test_the_input_gradient_by_winograd_equals_the_tap_sum(problem, gpu_loops):
     assert_close_relative(got, _taps(padded, ConvOp(flipped, None, op.dilation, 1)), 1e-10, floor=1.0)
 
 
+def _tap_weight_gradient(grad_y: torch.Tensor, x: torch.Tensor, dilation) -> torch.Tensor:
+    """Independent reference: each tap's weight gradient, the output gradient times the input that tap read."""
+    out = grad_y.shape[2:]
+    grad = torch.zeros(grad_y.shape[1], x.shape[1], *(3,) * len(out), dtype=x.dtype)
+    for tap in itertools.product(range(3), repeat=len(out)):
+        window = x[
+            (slice(None), slice(None), *(slice(t * d, t * d + o) for t, d, o in zip(tap, dilation, out)))
+        ]
+        grad[(slice(None), slice(None), *tap)] = torch.einsum("nk...,nc...->kc", grad_y, window)
+    return grad
+
+
+@settings(max_examples=80, deadline=None)
+@given(problem=conv_problems(), gpu_loops=st.booleans())
+def test_the_weight_gradient_by_winograd_equals_the_tap_sum(problem, gpu_loops):
+    """Σ over tiles of V[ξ]ᵀ z[ξ], then Gᵀ·G, equals the tap-by-tap weight gradient (the CPU loops or the CUDA
+    kernels' per-element bodies; float64, 2-D and 3-D, every m, either memory format)."""
+    op, x, m = problem
+    out = [s - 2 * d for s, d in zip(x.shape[2:], op.dilation)]
+    generator = torch.Generator().manual_seed(sum(x.shape) + 1)
+    grad_y = torch.randn(x.shape[0], op.weight.shape[0], *out, dtype=x.dtype, generator=generator)
+    if _is_channels_last(x):
+        grad_y = grad_y.contiguous(memory_format=LAYOUTS[x.dim() - 2])
+    previous = torch.ops.densecnn._use_gpu_loops_on_cpu(gpu_loops)
+    try:
+        got = winograd.weight_gradient(grad_y, x, op.dilation, m)
+    finally:
+        torch.ops.densecnn._use_gpu_loops_on_cpu(previous)
+    assert_close_relative(got, _tap_weight_gradient(grad_y, x, op.dilation), 1e-10, floor=1.0)
+
+
+@pytest.mark.parametrize("axes, channels", [(2, 50), (2, 130), (3, 16)])
+def test_the_weight_gradients_float32_error_stays_within_the_bound(axes, channels):
+    """The default tile of the weight gradient on a layer-sized problem with all-positive inputs (the hard case
+    for cancellation), float32 against float64: within 1e-5 of the largest gradient entry."""
+    generator = torch.Generator().manual_seed(7)
+    size = [60, 64] if axes == 2 else [20, 22, 24]
+    x = torch.rand(1, channels, *size, dtype=torch.float64, generator=generator)
+    grad_y = torch.rand(1, 8, *[s - 2 * 2 for s in size], dtype=torch.float64, generator=generator)
+    exact = winograd.weight_gradient(grad_y, x, [2] * axes)
+    single = winograd.weight_gradient(grad_y.float(), x.float(), [2] * axes)
+    error = (single.double() - exact).abs().max() / exact.abs().max()
+    assert error < 1e-5, f"float32 error {error:.2e} of the largest gradient"
+
+
+@pytest.mark.parametrize("axes", [2, 3])
+def test_winograd_conv_weight_grad_passes_opcheck(axes):
+    generator = torch.Generator().manual_seed(8)
+    x = torch.randn(2, 3, *[9, 8, 7][:axes], generator=generator)
+    grad_y = torch.randn(2, 4, *[9 - 4, 8 - 2, 7 - 4][:axes], generator=generator)
+    torch.library.opcheck(torch.ops.densecnn.winograd_conv_weight_grad, (x, grad_y, [2, 1, 2][:axes], 3))
+
+
 @pytest.mark.parametrize("axes", [2, 3])
 def test_padded_winograd_conv_passes_opcheck_and_gradcheck(axes):
     generator = torch.Generator().manual_seed(6)

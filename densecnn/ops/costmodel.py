@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from ..geometry import output_size
-from . import gradients, layout
+from . import layout
 from .solvers import ConvOp, DenseOp, PoolOp
 
 MODEL_FILE = Path(__file__).with_name("cost_model.json")
@@ -220,8 +220,7 @@ def estimate_gradients(
     for memory_format in layout.names_for(len(shape)):
         table[memory_format] = {}
         for direction in directions:
-            names = [s for s in candidates if gradients.applies(s, op, direction)]
-            times = {s: model.time_ms(row, s, memory_format, direction, dtype_name) for s in names}
+            times = {s: model.time_ms(row, s, memory_format, direction, dtype_name) for s in candidates}
             table[memory_format][direction] = {
                 s: 1.0 if ms is None and s == "native" else ms for s, ms in times.items()
             }

@@ -225,7 +225,7 @@ def _time_gradients(op: ConvOp, shape, fmt: str, dtype, device, *, input_grad: b
             direction: {
                 name: _time_call(lambda: run(name, grad_y, x, conv))  # noqa: B023
                 for name in gradients.SOLVERS
-                if gradients.applies(name, op, direction)
+                if gradients.applies(name, op)
             }
             for direction, run in directions.items()
         }

@@ -13,8 +13,9 @@ Gradient solvers:
 - ``fft``: the frequency domain on overlap-save tiles (:mod:`densecnn.ops.fft_conv`: the input gradient is the fft
   conv of the padded output gradient, the weight gradient Σ over the tiles of X · conj(G)), both gradients, where
   the ``fft`` solver applies;
-- ``winograd``: the input gradient of a 3×3 or 3×3×3 conv as the Winograd conv of the output gradient (its padding
-  read as zeros) with the flipped, transposed kernel (:func:`densecnn.ops.winograd.input_gradient`).
+- ``winograd``: 3×3 and 3×3×3 convs: the input gradient as the Winograd conv of the output gradient (its padding
+  read as zeros) with the flipped, transposed kernel, the weight gradient as Gᵀ·(Σ over tiles of V[ξ]ᵀ z[ξ])·G
+  (:func:`densecnn.ops.winograd.input_gradient`, :func:`~densecnn.ops.winograd.weight_gradient`).
 
 Every combination gives the same gradients to rounding. A double backward (a gradient of the gradients, with
 ``create_graph=True``) runs torch's differentiable formula.
@@ -38,13 +39,13 @@ SOLVERS = ("native", "fft", "winograd")  # the gradient solvers, native first
 DIRECTIONS = ("grad_input", "grad_weight")  # their names in timing tables (find step, cost model)
 
 
-def applies(name: str, op, direction: str | None = None) -> bool:
-    """Whether gradient solver ``name`` can compute ``op``'s gradient ``direction`` (None: either)."""
+def applies(name: str, op) -> bool:
+    """Whether gradient solver ``name`` can compute ``op``'s gradients."""
     if name == "native":
         return True
     if name == "fft":
         return fft_conv.applies(op)
-    return direction != "grad_weight" and winograd.applies(op) and ext.available()
+    return winograd.applies(op) and ext.available()
 
 
 def candidates(op, allowed: set[str]) -> list[str]:
@@ -69,6 +70,8 @@ def weight_gradient(name: str, grad_y: torch.Tensor, x: torch.Tensor, op: ConvOp
     """∂L/∂w (K, C/groups, *k) from ∂L/∂y and the input x, by gradient solver ``name``."""
     if name == "fft" and not torch.is_grad_enabled():
         return fft_conv.weight_gradient(grad_y, x, op.kernel, op.dilation)
+    if name == "winograd" and not torch.is_grad_enabled():
+        return winograd.weight_gradient(grad_y, x, op.dilation)
     _, grad_w, _ = native.conv_backward(grad_y, x, op.weight, op.dilation, (False, True, False))
     return grad_w
 

@@ -300,6 +300,13 @@ def _register_winograd_conv(ops) -> None:
     torch.library.register_autograd("densecnn::winograd_conv", backward, setup_context=setup)
 
 
+def _register_winograd_conv_weight_grad(ops) -> None:
+    @torch.library.register_fake("densecnn::winograd_conv_weight_grad")
+    def _(input, grad_output, dilation, m):
+        points = (m + 2) ** (input.dim() - 2)
+        return input.new_empty((points, input.shape[1], grad_output.shape[1]))
+
+
 if ext.available():
     for _register in (
         _register_max_pool,
@@ -312,5 +319,6 @@ if ext.available():
         _register_fft_conv2d,
         _register_fft_conv2d_weight_spectrum,
         _register_winograd_conv,
+        _register_winograd_conv_weight_grad,
     ):
         _register(torch.ops.densecnn)
