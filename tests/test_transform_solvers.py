@@ -262,6 +262,21 @@ def test_fft_conv2d_weight_spectrum_op_passes_opcheck(memory_format):
     torch.library.opcheck(torch.ops.densecnn.fft_conv2d_weight_spectrum, (x, grad_y, [8, 9], [6, 6], [2, 3]))
 
 
+@pytest.mark.parametrize("padding", [[0, 0], [2, 5], [9, 1]])
+def test_padded_fft_conv2d_passes_gradcheck(padding):
+    """The padding is read as zeros; the input gradient of a padding narrower or wider than the kernel's reach
+    (here 4×6) crops or pads accordingly."""
+    generator = torch.Generator().manual_seed(10)
+    x = torch.randn(1, 2, 9, 8, dtype=torch.float64, generator=generator, requires_grad=True)
+    weight = torch.randn(3, 2, 3, 4, dtype=torch.float64, generator=generator)
+
+    def conv(x):
+        spectrum = fft_conv._spectrum(weight, (6, 7), x.dtype)
+        return torch.ops.densecnn.fft_conv2d(x, weight, spectrum, None, [6, 7], [4, 4], [2, 2], padding)
+
+    assert torch.autograd.gradcheck(conv, (x,))
+
+
 def test_fft_conv2d_weight_spectrum_refuses_a_mismatched_output_gradient():
     x = torch.randn(1, 3, 17, 14)
     with pytest.raises(RuntimeError, match=r"output gradient must be \(1, K, 13, 5\)"):

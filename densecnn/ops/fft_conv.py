@@ -37,7 +37,6 @@ from collections import OrderedDict
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from ..geometry import output_size
 from . import ext, weight_cache
@@ -97,11 +96,16 @@ def input_gradient(
     ``padding`` (a full correlation with the flipped kernel is a valid one of the zero-padded gradient; the padding
     is read as zeros, never materialised), with the flipped, transposed kernel."""
     (kh, kw), (dh, dw) = weight.shape[2:], dilation
-    pad = ((kh - 1) * dh - padding[0], (kw - 1) * dw - padding[1])
+    reach = ((kh - 1) * dh, (kw - 1) * dw)
+    pad = tuple(max(r - p, 0) for r, p in zip(reach, padding))
+    crop = tuple(
+        max(p - r, 0) for r, p in zip(reach, padding)
+    )  # a padding wider than the reach: outputs to drop
     flipped = weight.flip(2, 3).transpose(0, 1)
-    if min(pad) < 0:  # a padding wider than the kernel's reach (no densecnn conv has one): torch's conv
-        return F.conv2d(grad_y, flipped, None, 1, pad, dilation)
-    return _run(grad_y, flipped, None, dilation, cached=False, padding=pad)
+    grad_x = _run(grad_y, flipped, None, dilation, cached=False, padding=pad)
+    if any(crop):
+        grad_x = grad_x[:, :, crop[0] : grad_x.shape[2] - crop[0], crop[1] : grad_x.shape[3] - crop[1]]
+    return grad_x
 
 
 def weight_gradient(grad_y: torch.Tensor, x: torch.Tensor, kernel: Pair, dilation: Pair) -> torch.Tensor:
