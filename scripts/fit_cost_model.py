@@ -240,12 +240,12 @@ def main() -> None:
     )
     parser.add_argument("--out", default=str(costmodel.MODEL_FILE))
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     if args.refit or args.gradients:
         shipped = json.loads(costmodel.MODEL_FILE.read_text())
         problems, machine = shipped["problems"], shipped["machine"]
     if args.gradients:
-        if args.threads:
-            torch.set_num_threads(args.threads)
         for i, p in enumerate(problems):
             fresh = _gradient_times(_spec(p), p) if p["op"].startswith("conv") else {}
             p["times_ms"].update(_rounded(fresh))
@@ -254,8 +254,6 @@ def main() -> None:
                       f"d={p['dilation']} out={p['out_channels']}")  # fmt: skip
     elif not args.refit:
         find.REPEATS, find.BUDGET_MS = args.repeats, 600.0
-        if args.threads:
-            torch.set_num_threads(args.threads)
         torch.manual_seed(0)
         if args.quick:  # a few of each kind: images, volumes (a small volume net's layers), signals
             rows = reference_problems(256)[:2] + random_grid(2, seed=0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import io
 import shutil
 
@@ -28,6 +29,19 @@ CHROMIUM_ARGS = [
 ]
 
 sync_api = pytest.importorskip("playwright.sync_api")
+
+
+@contextlib.contextmanager
+def chromium_page(timeout_ms: int, **page_options):
+    """A page of Debian's headless chromium, driven by playwright, closed on exit."""
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        page = browser.new_page(**page_options)
+        page.set_default_timeout(timeout_ms)
+        yield page
+        browser.close()
+
+
 pytestmark = [
     pytest.mark.browser,
     pytest.mark.slow,
@@ -49,12 +63,8 @@ def served(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def page(served):
-    with sync_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        page = browser.new_page(viewport={"width": 1280, "height": 800})
-        page.set_default_timeout(30_000)
+    with chromium_page(30_000, viewport={"width": 1280, "height": 800}) as page:
         yield page
-        browser.close()
 
 
 def test_upload_shows_overlay_legend_and_counts(served, page, tmp_path):

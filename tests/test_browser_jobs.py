@@ -14,9 +14,9 @@ from PIL import Image
 
 from tests.app_support import Server, blobs, save_brightness_model
 from tests.jobs_support import reference_labels, write_zarr
-from tests.test_browser import CHROMIUM, CHROMIUM_ARGS
+from tests.test_browser import chromium_page
 
-sync_api = pytest.importorskip("playwright.sync_api")
+pytest.importorskip("playwright.sync_api")
 pytest.importorskip("sqlalchemy")
 pytestmark = [
     pytest.mark.browser,
@@ -41,12 +41,8 @@ def served(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def page(served):
-    with sync_api.sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        page = browser.new_page(viewport={"width": 1280, "height": 900}, accept_downloads=True)
-        page.set_default_timeout(60_000)
+    with chromium_page(60_000, viewport={"width": 1280, "height": 900}, accept_downloads=True) as page:
         yield page
-        browser.close()
 
 
 def test_an_uploaded_job_shows_its_progress_and_downloads_its_labels(served, page, tmp_path):
