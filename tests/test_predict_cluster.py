@@ -138,12 +138,15 @@ def test_a_task_rerun_after_a_lost_worker_is_reported(tmp_path, cluster, monkeyp
     from densecnn.blockwise import run as blockwise_run
     from tests.predict_support import dies_the_first_time
 
-    address, _ = cluster
+    address, client = cluster
     pixels = tiled_nuclei(128, 64)
     zarr.create_array(store=str(tmp_path / "in.zarr"), data=pixels, chunks=(64, 64))
     monkeypatch.setattr(blockwise_run, "label_block", dies_the_first_time)
     options = BlockwiseOptions(scheduler=address, block=64, progress=False)
-    summary = label(NUCLEI_MODEL, tmp_path / "in.zarr", tmp_path / "out.zarr", options)
+    try:
+        summary = label(NUCLEI_MODEL, tmp_path / "in.zarr", tmp_path / "out.zarr", options)
+    finally:  # the nanny restarts the dead worker: the next test gets both workers back
+        client.wait_for_workers(2, timeout=120)
     assert (summary.computed, summary.retries, summary.reruns) == (2, 0, 1), summary
     assert "1 re-run after a lost worker" in str(summary)
     assert_labels_equal_except_ties(
