@@ -20,6 +20,10 @@ bool use_gpu_loops_on_cpu(bool enable) { return gpu_loops_on_cpu().exchange(enab
 
 int64_t release_output_buffers() { return OutputCache::instance().release(); }
 
+at::Tensor empty_buffer(at::IntArrayRef size, at::ScalarType dtype) {
+  return empty_output(size, at::TensorOptions().dtype(dtype));
+}
+
 void set_output_buffers(int64_t max_free_bytes, bool huge_pages) {
   TORCH_CHECK(max_free_bytes >= 0, "set_output_buffers: max_free_bytes must be 0 or more, got ", max_free_bytes);
   huge_pages_enabled().store(huge_pages, std::memory_order_relaxed);
@@ -81,6 +85,9 @@ TORCH_LIBRARY(densecnn, m) {
   m.def("winograd_conv_weight_grad(Tensor input, Tensor grad_output, int[] dilation, int m) -> Tensor");
   // Frees the cached output buffers nothing refers to (output_buffers.h); returns the bytes released.
   m.def("release_output_buffers() -> int", &densecnn::release_output_buffers);
+  // An uninitialised contiguous CPU tensor on a block of the output buffers (output_buffers.h), for the large
+  // results Python computes anew on every call with out= ops (the FFT solver's kernel spectrum in training).
+  m.def("empty_buffer(int[] size, ScalarType dtype) -> Tensor", &densecnn::empty_buffer);
   // The output buffers' settings (output_buffers.h): at most max_free_bytes of free buffers kept for reuse (0: none),
   // fresh ones advised onto huge pages or not. The library reads no environment: densecnn.ops.config calls this
   // when the library loads and whenever the config changes.

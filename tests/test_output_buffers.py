@@ -144,3 +144,22 @@ print(ext.release_output_buffers())
     reused, released = result.stdout.split()
     assert reused == "True"
     assert int(released) == 2 << 20  # of the three free blocks, the two most recently used stayed
+
+
+def test_a_training_steps_kernel_spectrum_lives_on_a_reused_buffer():
+    """The FFT solver computes its kernel spectrum anew on every training call, into a buffer of the cache: one held
+    is never handed out again, one dropped is, and the values are those of the plain product."""
+    from densecnn.ops import fft_conv
+
+    weights = [torch.randn(32, 32, 5, 5) for _ in range(3)]
+    spectra = [fft_conv._spectrum(w, (32, 32), torch.float32) for w in weights[:2]]  # 4.4 MB each, both held
+    assert spectra[0].data_ptr() != spectra[1].data_ptr()
+    address = spectra[0].data_ptr()
+    del spectra[0]
+    third = fft_conv._spectrum(weights[2], (32, 32), torch.float32)
+    assert third.data_ptr() == address
+    for weight, spectrum in [(weights[1], spectra[0]), (weights[2], third)]:
+        padded = torch.zeros(32, 32, 32, 32)
+        padded[:, :, :5, :5] = weight
+        expected = torch.fft.rfft2(padded.double()).conj().permute(2, 3, 1, 0).reshape(32 * 17, 32, 32)
+        assert_equal_to_rounding(torch.view_as_real(spectrum), torch.view_as_real(expected.to(torch.complex64)))

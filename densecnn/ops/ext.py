@@ -65,6 +65,19 @@ def release_output_buffers() -> int:
     return torch.ops.densecnn.release_output_buffers()
 
 
+def empty_buffer(size: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """An uninitialised contiguous CPU tensor on one of the buffers the CPU kernels reuse for their outputs: for a
+    large result computed anew on every call by torch ops with ``out=`` (a fresh allocation above malloc's mmap
+    threshold faults in every page on first write). Handed out again only once nothing refers to it.
+
+    >>> spectrum = empty_buffer((38, 20 * 64 * 128), torch.complex64)  # 50 MB, mapped once per process
+    >>> spectrum.is_contiguous()
+    True
+    """
+    _require()
+    return torch.ops.densecnn.empty_buffer(list(size), dtype)
+
+
 def set_output_buffers(*, max_free_bytes: int, huge_pages: bool) -> None:
     """Set the CPU kernels' output buffers: at most ``max_free_bytes`` of free buffers kept for reuse (0: none; the
     least recently used beyond it are released now), and whether fresh ones are advised onto 2 MiB pages.

@@ -37,6 +37,7 @@ from collections import OrderedDict
 
 import numpy as np
 import torch
+from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
 from ..geometry import output_size
 from . import ext, weight_cache
@@ -245,7 +246,23 @@ def _spectrum(weight: torch.Tensor, tile: Pair, dtype) -> torch.Tensor:
         dft_w = _dft_matrix(freqs, tile_w, kernel_w, weight.device).conj().to(complex_dtype)  # (F, kw)
         along_w = weight.to(complex_dtype) @ dft_w.T  # (K, C, kh, F)
         along_w = along_w.permute(2, 3, 1, 0).reshape(kernel_h, freqs * c * k)  # (kh, F·C·K)
-        return (dft_h @ along_w).view(tile_h * freqs, c, k)  # (Th·F, C, K)
+        if not _eager_on_cpu(weight):
+            return (dft_h @ along_w).view(tile_h * freqs, c, k)  # (Th·F, C, K)
+        # on a reused buffer: a training step computes spectra of tens of MB on every call
+        spectrum = ext.empty_buffer((tile_h, freqs * c * k), complex_dtype)
+        torch.matmul(dft_h, along_w, out=spectrum)
+        return spectrum.view(tile_h * freqs, c, k)  # (Th·F, C, K)
+
+
+def _eager_on_cpu(weight: torch.Tensor) -> bool:
+    """Whether ``weight`` is a plain CPU tensor used eagerly, so its spectrum may be written into a buffer of the
+    kernels' cache (traced calls — torch.compile, fake tensors, dispatch modes — take the plain product)."""
+    return (
+        weight.device.type == "cpu"
+        and type(weight) in (torch.Tensor, torch.nn.Parameter)
+        and not torch.compiler.is_compiling()
+        and not is_in_torch_dispatch_mode()
+    )
 
 
 def _taps(spectrum: torch.Tensor, tile: Pair, kernel: Pair) -> torch.Tensor:
