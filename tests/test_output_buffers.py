@@ -162,4 +162,6 @@ def test_a_training_steps_kernel_spectrum_lives_on_a_reused_buffer():
         padded = torch.zeros(32, 32, 32, 32)
         padded[:, :, :5, :5] = weight
         expected = torch.fft.rfft2(padded.double()).conj().permute(2, 3, 1, 0).reshape(32 * 17, 32, 32)
-        assert_equal_to_rounding(torch.view_as_real(spectrum), torch.view_as_real(expected.to(torch.complex64)))
+        assert_equal_to_rounding(
+            torch.view_as_real(spectrum), torch.view_as_real(expected.to(torch.complex64))
+        )
