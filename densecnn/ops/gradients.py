@@ -95,6 +95,9 @@ class _Conv(torch.autograd.Function):
         x, weight = ctx.saved_tensors
         op = ConvOp(weight, None, ctx.dilation, ctx.groups)
         needs = ctx.needs_input_grad
+        # In the input's layout, where the forward ran: the transform solvers read it faster there and write the
+        # input gradient in it (the score map's gradient arrives NC*, converting the larger input gradient costs more)
+        grad_y = grad_y.contiguous(memory_format=layout_of(x))
         grad_x = input_gradient(ctx.input_solver, grad_y, x, op) if needs[0] else None
         grad_w = weight_gradient(ctx.weight_solver, grad_y, x, op) if needs[1] else None
         grad_b = grad_y.sum([0, *range(2, grad_y.dim())]) if ctx.has_bias and needs[2] else None
