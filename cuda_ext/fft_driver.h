@@ -153,7 +153,7 @@ at::Tensor fft_conv2d_weight_spectrum_tiles(const at::Tensor& input, const at::T
   const int64_t points = fft_points(g);
   const auto complex_options = input.options().dtype(c10::toComplexType(input.scalar_type()));
   if (g.tiles == 0) return at::zeros({points, g.channels, g.out_channels}, complex_options);
-  at::Tensor result = at::empty({points, g.channels, g.out_channels}, complex_options);
+  at::Tensor result = empty_output({points, g.channels, g.out_channels}, complex_options);
   const at::Tensor twiddles = fft_twiddle_table(g, input);
   const int64_t group = fft_group_tiles(g, input.element_size());
   at::Tensor x_spectrum = empty_output({points * group * g.channels * 2}, input.options());  // reused workspaces
