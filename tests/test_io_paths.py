@@ -126,3 +126,58 @@ def test_pixel_sizes_come_from_ome_zarr_scales_and_tiff_resolution(tmp_path):
     assert open_array(tmp_path / "v.tif", spatial_dims=3).pixel_size == (3.0, 0.5, 0.25)
     np.save(tmp_path / "v.npy", stack)
     assert open_array(tmp_path / "v.npy", spatial_dims=3).pixel_size is None
+
+
+def _philips_xml(wsi_spacing: str | None) -> str:
+    """Philips DP metadata as its TIFFs carry it (spacings in millimetres, rows then columns): a macro image listed
+    before the whole-slide image, whose own DICOM_PIXEL_SPACING is ``wsi_spacing`` (None: left out), and its pixel
+    data representations (levels) 0 and 1."""
+
+    def spacing(value: str) -> str:
+        return f'<Attribute Name="DICOM_PIXEL_SPACING" PMSVR="IDoubleArray">{value}</Attribute>'
+
+    def level(number: int, value: str) -> str:
+        return (
+            f'<DataObject ObjectType="PixelDataRepresentation">{spacing(value)}'
+            f'<Attribute Name="PIIM_PIXEL_DATA_REPRESENTATION_NUMBER" PMSVR="IUInt32">{number}</Attribute>'
+            "</DataObject>"
+        )
+
+    macro = f'{spacing("&quot;0.03&quot; &quot;0.03&quot;")}<Attribute Name="PIM_DP_IMAGE_TYPE">MACROIMAGE</Attribute>'
+    levels = level(0, "&quot;0.000227273&quot; &quot;0.000227273&quot;") + level(
+        1, "&quot;0.000454545&quot; &quot;0.000454545&quot;"
+    )
+    wsi = (
+        (spacing(wsi_spacing) if wsi_spacing is not None else "")
+        + '<Attribute Name="PIM_DP_IMAGE_TYPE">WSI</Attribute>'
+        + f'<Attribute Name="PIIM_PIXEL_DATA_REPRESENTATION_SEQUENCE"><Array>{levels}</Array></Attribute>'
+    )
+    images = "".join(f'<DataObject ObjectType="DPScannedImage">{body}</DataObject>' for body in (macro, wsi))
+    return (
+        '<?xml version="1.0" encoding="UTF-8" ?><DataObject ObjectType="DPUfsImport">'
+        f'<Attribute Name="PIM_DP_SCANNED_IMAGES"><Array>{images}</Array></Attribute></DataObject>'
+    )
+
+
+@pytest.mark.parametrize(
+    "wsi_spacing, expected",
+    [
+        (
+            "&quot;0.000226316&quot; &quot;0.000226321&quot;",
+            (0.226316, 0.226321),
+        ),  # the whole-slide image's own
+        (None, (0.227273, 0.227273)),  # else its level 0's
+        ("&quot;n/a&quot;", None),  # not two numbers: unknown, as uncalibrated resolution tags
+        ("&quot;0&quot; &quot;0&quot;", None),
+    ],
+)
+def test_a_philips_tiffs_pixel_size_comes_from_its_xml(tmp_path, wsi_spacing, expected):
+    """As OpenSlide reads it: the WSI scanned image's DICOM_PIXEL_SPACING in micrometres, never the macro image's
+    nor the resolution tags (5 pixels per cm here, which Philips does not calibrate)."""
+    image = np.moveaxis(IMAGE, 0, -1)  # (H, W, 3), as Philips stores RGB
+    path = tmp_path / "slide.tiff"
+    tifffile.imwrite(path, image, software="Philips DP v1.0", description=_philips_xml(wsi_spacing),
+                     metadata=None, tile=(16, 16), resolution=(5.0, 5.0), resolutionunit="CENTIMETER")  # fmt: skip
+    lazy = open_array(path, spatial_dims=2)
+    assert lazy.pixel_size == (None if expected is None else pytest.approx(expected, rel=1e-9))
+    np.testing.assert_array_equal(lazy.read(), IMAGE)

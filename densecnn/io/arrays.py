@@ -7,8 +7,9 @@ reads whole arrays through the same call.
 
 - zarr arrays (v2 or v3); an OME-Zarr group is read at its full-resolution level, the first dataset of its first
   multiscale (v0.4 or v0.5 metadata), whose axis names say which axes are spatial and which holds the channels.
-- TIFF files (BigTIFF, tiled or striped, multi-page stacks, ImageJ hyperstacks) through tifffile's zarr interface,
-  at the first series' level 0, the Orientation tag applied (windows are mapped to the stored pixels first).
+- TIFF files (BigTIFF, tiled or striped, multi-page stacks, ImageJ hyperstacks, Philips TIFF slides) through
+  tifffile's zarr interface, at the first series' level 0, the Orientation tag applied (windows are mapped to the
+  stored pixels first).
 - whole-slide images (Aperio SVS, Hamamatsu NDPI and VMS/VMU, Leica SCN, Ventana BIF, MIRAX MRXS, Sakura SVSLIDE)
   through tiffslide or OpenSlide (:mod:`densecnn.io.slides`), at level 0, with the slide's microns per pixel (the
   ``slides`` extra).
@@ -18,6 +19,7 @@ reads whole arrays through the same call.
 from __future__ import annotations
 
 import functools
+import math
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -350,7 +352,11 @@ def _slide_array(path: Path, spatial_dims: int) -> LazyArray:
 
 
 def _tiff_pixel_size(tiff, page) -> tuple[float | None, float, float] | None:
-    """(z, y, x) micrometres per pixel from the resolution tags and ImageJ's unit and spacing, or None."""
+    """(z, y, x) micrometres per pixel from a Philips TIFF's XML, else the resolution tags and ImageJ's unit and
+    spacing, or None."""
+    if tiff.is_philips:
+        philips = _philips_pixel_size(tiff.philips_metadata)
+        return None if philips is None else (None, *philips)
     imagej = tiff.imagej_metadata or {}
     unit = {2: "inch", 3: "cm"}.get(page.tags.valueof(296, 2), imagej.get("unit"))
     factor = _MICROMETRES.get(unit)
@@ -360,3 +366,36 @@ def _tiff_pixel_size(tiff, page) -> tuple[float | None, float, float] | None:
     y, x = (factor * r[1] / r[0] for r in resolutions)
     spacing = imagej.get("spacing")
     return (factor * float(spacing) if spacing is not None else None), y, x
+
+
+def _philips_pixel_size(xml: str) -> tuple[float, float] | None:
+    """(y, x) micrometres per pixel of a Philips TIFF's whole-slide image, as OpenSlide reads them: 1000 × the
+    ``DICOM_PIXEL_SPACING`` (millimetres, rows then columns) of the scanned image whose ``PIM_DP_IMAGE_TYPE`` is
+    ``WSI``, else of its first pixel-data representation (level 0). None where the XML has no such spacing or it
+    is not two positive numbers, as for uncalibrated resolution tags (a Philips TIFF's are not calibrated)."""
+    from xml.etree import ElementTree
+
+    def attribute(node, name: str):
+        return next((a for a in node.findall("Attribute") if a.get("Name") == name), None)
+
+    try:
+        images = [
+            image
+            for image in ElementTree.fromstring(xml).iter("DataObject")
+            if image.get("ObjectType") == "DPScannedImage"
+            and (getattr(attribute(image, "PIM_DP_IMAGE_TYPE"), "text", None) or "").strip() == "WSI"
+        ]
+    except ElementTree.ParseError:
+        return None
+    if not images:
+        return None
+    spacing = attribute(images[0], "DICOM_PIXEL_SPACING")
+    representations = attribute(images[0], "PIIM_PIXEL_DATA_REPRESENTATION_SEQUENCE")
+    if spacing is None and representations is not None:
+        level0 = representations.find("./Array/DataObject")
+        spacing = None if level0 is None else attribute(level0, "DICOM_PIXEL_SPACING")
+    try:
+        rows, columns = (float(value.strip('"')) * 1000 for value in (spacing.text or "").split())
+    except (AttributeError, ValueError):  # no spacing, or not two numbers
+        return None
+    return (rows, columns) if all(0 < size < math.inf for size in (rows, columns)) else None
