@@ -190,6 +190,21 @@ struct OutputGradientStep {
   }
 };
 
+// Calls body(std::integral_constant<int, M>, std::integral_constant<int, AXES>) for the runtime m and axes
+// (the CPU loops' and the CUDA launchers' one dispatch; host code).
+template <typename Body>
+void dispatch_winograd(int64_t m, int64_t axes, Body&& body) {
+  using I2 = std::integral_constant<int, 2>;
+  using I3 = std::integral_constant<int, 3>;
+  using I4 = std::integral_constant<int, 4>;
+  if (m == 2 && axes == 2) return body(I2{}, I2{});
+  if (m == 2 && axes == 3) return body(I2{}, I3{});
+  if (m == 3 && axes == 2) return body(I3{}, I2{});
+  if (m == 3 && axes == 3) return body(I3{}, I3{});
+  if (m == 4 && axes == 2) return body(I4{}, I2{});
+  return body(I4{}, I3{});
+}
+
 // Tile positions of the whole problem: N · Π d·T.
 WINOGRAD_INLINE int64_t winograd_tiles(const WinogradGeometry& g, int64_t batch) {
   int64_t tiles = batch;

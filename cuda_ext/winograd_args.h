@@ -114,18 +114,4 @@ inline WinogradGeometry winograd_output_gradient_geometry(const at::Tensor& grad
   return winograd_geometry(grad_output, out, dilation, m, 0, 0);
 }
 
-// Calls body(std::integral_constant<int, M>, std::integral_constant<int, AXES>) for the runtime m and axes.
-template <typename Body>
-void dispatch_winograd(int64_t m, int64_t axes, Body&& body) {
-  using I2 = std::integral_constant<int, 2>;
-  using I3 = std::integral_constant<int, 3>;
-  using I4 = std::integral_constant<int, 4>;
-  if (m == 2 && axes == 2) return body(I2{}, I2{});
-  if (m == 2 && axes == 3) return body(I2{}, I3{});
-  if (m == 3 && axes == 2) return body(I3{}, I2{});
-  if (m == 3 && axes == 3) return body(I3{}, I3{});
-  if (m == 4 && axes == 2) return body(I4{}, I2{});
-  return body(I4{}, I3{});
-}
-
 }  // namespace densecnn

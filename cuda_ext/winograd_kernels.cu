@@ -47,36 +47,27 @@ void launch_output(const WinogradGeometry& g, const T* m, const T* bias, T* y, c
 
 template <typename T>
 cudaError_t launch_winograd_input(const WinogradGeometry& g, int m, const T* x, T* v, cudaStream_t stream) {
-  if (m == 2 && g.axes == 2) launch_input<2, 2>(g, x, v, stream);
-  if (m == 2 && g.axes == 3) launch_input<2, 3>(g, x, v, stream);
-  if (m == 3 && g.axes == 2) launch_input<3, 2>(g, x, v, stream);
-  if (m == 3 && g.axes == 3) launch_input<3, 3>(g, x, v, stream);
-  if (m == 4 && g.axes == 2) launch_input<4, 2>(g, x, v, stream);
-  if (m == 4 && g.axes == 3) launch_input<4, 3>(g, x, v, stream);
+  dispatch_winograd(m, g.axes, [&](auto m_tag, auto axes_tag) {
+    launch_input<decltype(m_tag)::value, decltype(axes_tag)::value>(g, x, v, stream);
+  });
   return cudaGetLastError();
 }
 
 template <typename T>
 cudaError_t launch_winograd_output(const WinogradGeometry& g, int m, const T* products, const T* bias, T* y,
                                    cudaStream_t stream) {
-  if (m == 2 && g.axes == 2) launch_output<2, 2>(g, products, bias, y, stream);
-  if (m == 2 && g.axes == 3) launch_output<2, 3>(g, products, bias, y, stream);
-  if (m == 3 && g.axes == 2) launch_output<3, 2>(g, products, bias, y, stream);
-  if (m == 3 && g.axes == 3) launch_output<3, 3>(g, products, bias, y, stream);
-  if (m == 4 && g.axes == 2) launch_output<4, 2>(g, products, bias, y, stream);
-  if (m == 4 && g.axes == 3) launch_output<4, 3>(g, products, bias, y, stream);
+  dispatch_winograd(m, g.axes, [&](auto m_tag, auto axes_tag) {
+    launch_output<decltype(m_tag)::value, decltype(axes_tag)::value>(g, products, bias, y, stream);
+  });
   return cudaGetLastError();
 }
 
 template <typename T>
 cudaError_t launch_winograd_output_gradient(const WinogradGeometry& g, int m, const T* grad, T* z,
                                             cudaStream_t stream) {
-  if (m == 2 && g.axes == 2) launch_output_gradient<2, 2>(g, grad, z, stream);
-  if (m == 2 && g.axes == 3) launch_output_gradient<2, 3>(g, grad, z, stream);
-  if (m == 3 && g.axes == 2) launch_output_gradient<3, 2>(g, grad, z, stream);
-  if (m == 3 && g.axes == 3) launch_output_gradient<3, 3>(g, grad, z, stream);
-  if (m == 4 && g.axes == 2) launch_output_gradient<4, 2>(g, grad, z, stream);
-  if (m == 4 && g.axes == 3) launch_output_gradient<4, 3>(g, grad, z, stream);
+  dispatch_winograd(m, g.axes, [&](auto m_tag, auto axes_tag) {
+    launch_output_gradient<decltype(m_tag)::value, decltype(axes_tag)::value>(g, grad, z, stream);
+  });
   return cudaGetLastError();
 }
 
