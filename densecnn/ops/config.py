@@ -57,8 +57,9 @@ class OpsConfig:
 
     Attributes:
         solver: None (each layer's fastest) or a solver name forced on every layer that it can run.
-        gradient_solver: None (each conv's fastest) or "native" / "fft" forced for the input and weight gradients
-            of every conv a training plan chooses them for (:mod:`densecnn.ops.gradients`) that it can run.
+        gradient_solver: None (each conv's fastest) or "native" / "fft" / "winograd" forced for the input and
+            weight gradients of every conv a training plan chooses them for (:mod:`densecnn.ops.gradients`) that it
+            can run.
         memory_format: None (the faster for the whole net) or "nchw" / "nhwc" forced.
         tune: time the candidate solvers of every new problem (the find step) instead of predicting their times.
         cache_dir: where the find step's timings are cached (in ``cache_dir / "solvers"``); from the environment

@@ -89,14 +89,15 @@ def weight_gradient(grad_y: torch.Tensor, x: torch.Tensor, dilation, m: int | No
     """The weight gradient (K, C, 3, ...) of a 3×3 (3×3×3) conv from its output gradient (N, K, *(S - 2·d)) and
     input x (N, C, *S): the kernels sum V[ξ]ᵀ z[ξ] over the tiles (V the input's transform, z = A·g·Aᵀ the output
     gradient's): the gradient of the transformed kernel U = G·w·Gᵀ, from which the weight's is Gᵀ·(it)·G along
-    every axis, here in float64. ``m`` of F(m, 3): by default :func:`gradient_tile_size`.
+    every axis, here in float64. ``m`` of F(m, 3): by default the forward's (:func:`tile_size`), whose float32
+    error the weight gradient's stays within (measured in tests/test_winograd.py).
 
     >>> grad = weight_gradient(torch.randn(1, 8, 32, 32), torch.randn(1, 4, 40, 40), (4, 4))  # (8, 4, 3, 3)
     """
     if x.dtype not in COMPUTE_DTYPES:
         return weight_gradient(grad_y.float(), x.float(), dilation, m).to(x.dtype)
     axes, c, k = x.dim() - 2, int(x.shape[1]), int(grad_y.shape[1])
-    m = m or gradient_tile_size(axes, c)
+    m = m or tile_size(axes, c)
     dilation = [int(d) for d in dilation]
     transformed = torch.ops.densecnn.winograd_conv_weight_grad(
         x, grad_y.to(x.dtype), dilation, m
@@ -108,12 +109,6 @@ def weight_gradient(grad_y: torch.Tensor, x: torch.Tensor, dilation, m: int | No
     else:
         grad = torch.einsum("ia,jb,lz,ijlck->kcabz", g, g, g, t)
     return grad.to(x.dtype)
-
-
-def gradient_tile_size(axes: int, channels: int) -> int:
-    """m of F(m, 3) for the weight gradient: the forward's (:func:`tile_size`), whose float32 error the weight
-    gradient's stays within (measured in tests/test_winograd.py)."""
-    return tile_size(axes, channels)
 
 
 def _conv(
