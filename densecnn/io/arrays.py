@@ -375,25 +375,27 @@ def _philips_pixel_size(xml: str) -> tuple[float, float] | None:
     is not two positive numbers, as for uncalibrated resolution tags (a Philips TIFF's are not calibrated)."""
     from xml.etree import ElementTree
 
-    def attribute(node, name: str):
-        return next((a for a in node.findall("Attribute") if a.get("Name") == name), None)
-
     try:
-        images = [
-            image
-            for image in ElementTree.fromstring(xml).iter("DataObject")
-            if image.get("ObjectType") == "DPScannedImage"
-            and (getattr(attribute(image, "PIM_DP_IMAGE_TYPE"), "text", None) or "").strip() == "WSI"
-        ]
+        root = ElementTree.fromstring(xml)
     except ElementTree.ParseError:
         return None
-    if not images:
+    scanned = root.iterfind(".//DataObject[@ObjectType='DPScannedImage']")
+    image = next(
+        (
+            node
+            for node in scanned
+            if (node.findtext("Attribute[@Name='PIM_DP_IMAGE_TYPE']") or "").strip() == "WSI"
+        ),
+        None,
+    )
+    if image is None:
         return None
-    spacing = attribute(images[0], "DICOM_PIXEL_SPACING")
-    representations = attribute(images[0], "PIIM_PIXEL_DATA_REPRESENTATION_SEQUENCE")
-    if spacing is None and representations is not None:
-        level0 = representations.find("./Array/DataObject")
-        spacing = None if level0 is None else attribute(level0, "DICOM_PIXEL_SPACING")
+    spacing = image.find("Attribute[@Name='DICOM_PIXEL_SPACING']")
+    if spacing is None:  # level 0's, the first pixel-data representation
+        spacing = image.find(
+            "Attribute[@Name='PIIM_PIXEL_DATA_REPRESENTATION_SEQUENCE']/Array/DataObject"
+            "/Attribute[@Name='DICOM_PIXEL_SPACING']"
+        )
     try:
         rows, columns = (float(value.strip('"')) * 1000 for value in (spacing.text or "").split())
     except (AttributeError, ValueError):  # no spacing, or not two numbers
