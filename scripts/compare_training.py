@@ -110,15 +110,15 @@ def time_to_accuracy(args) -> str:
         results = run_all(args.out, runs, args.parallel)
         for method in methods:
             records[method][seed] = results[f"{prefix}{method}-seed{seed}"]
+    setup = {**COMMON, **schedule}
     if args.plot:
-        title = "nuclei3d" if args.volumes else "nuclei"
-        plot_time_to_accuracy(records, args.targets, args.plot, title)
+        plot_time_to_accuracy(records, args.targets, args.plot, setup["model"])
+    crop = "×".join(map(str, setup["crop"])) if args.volumes else f"{setup['crop']}²"
     lines = [
         "### Time to reach a validation foreground IoU: dense whole-crop training vs patch minibatches",
         "",
-        f"Same model (`{schedule.get('model', COMMON['model'])}`), AdamW lr {COMMON['lr']} (cosine over each run), "
-        f"{schedule.get('batch', COMMON['batch'])} crops of "
-        f"{'×'.join(map(str, VOLUMES['crop'])) if args.volumes else str(COMMON['crop']) + '²'} per step; dense {args.epochs * 8} steps, patches {args.patches_epochs * 8} steps; seeds "
+        f"Same model (`{setup['model']}`), AdamW lr {setup['lr']} (cosine over each run), {setup['batch']} crops "
+        f"of {crop} per step; dense {args.epochs * 8} steps, patches {args.patches_epochs * 8} steps; seeds "
         f"{', '.join(map(str, args.seeds))}{', the two runs of a seed at once, one thread each' if args.parallel else ''}; "
         f"validation every {args.val_every} steps. Cells: training seconds (validation excluded) when the "
         "foreground IoU first reached the target, per seed, then the median over seeds.",
