@@ -3,7 +3,7 @@ the square patches of 2-D nets, a tuple with one entry per axis (D, H, W) for 3-
 
 >>> model, patch = densecnn.zoo.create("plain_133", in_channels=3, num_classes=32)
 >>> densecnn.zoo.list_models()
-['nuclei', 'nuclei3d', 'plain_133', 'stages_46', 'tiny', 'znni_3d']
+['multichannel_40', 'nuclei', 'nuclei3d', 'plain_133', 'stages_46', 'tiny', 'znni_3d']
 >>> densecnn.zoo.create("znni_3d", in_channels=1, num_classes=3)[1]
 (18, 18, 18)
 """
@@ -87,6 +87,30 @@ def nuclei(in_channels: int = 1, num_classes: int = 3) -> tuple[nn.Sequential, i
     return model, 40
 
 
+def multichannel_40(in_channels: int = 3, num_classes: int = 4) -> tuple[nn.Sequential, int]:
+    """The default net of training from strokes on RGB and multichannel images, patch 40: the nuclei net's layout
+    (two full-resolution 3×3 convs, three conv+pool stages, a 1×1 head) with twice its channels, so colours and
+    textures have room; about 37k parameters (the geometry of :func:`nuclei`).
+    """
+    model = nn.Sequential(
+        nn.Conv2d(in_channels, 16, 3),
+        nn.ReLU(),
+        nn.Conv2d(16, 16, 3),
+        nn.MaxPool2d(2, 2),
+        nn.ReLU(),
+        nn.Conv2d(16, 32, 3),
+        nn.MaxPool2d(2, 2),
+        nn.ReLU(),
+        nn.Conv2d(32, 32, 3),
+        nn.MaxPool2d(2, 2),
+        nn.ReLU(),
+        nn.Conv2d(32, 32, 3),
+        nn.ReLU(),
+        nn.Conv2d(32, num_classes, 1),
+    )
+    return model, 40
+
+
 def nuclei3d(in_channels: int = 1, num_classes: int = 3) -> tuple[nn.Sequential, tuple[int, int, int]]:
     """The shipped 3-D nuclei segmenter (models/nuclei3d), patch (9, 20, 20) (D, H, W): one full-resolution 3³ conv,
     two conv+pool stages pooling in the plane only (the stacks are coarser along D), a 3³ conv and a 1³ head.
@@ -131,6 +155,7 @@ def znni_3d(in_channels: int = 1, num_classes: int = 3) -> tuple[nn.Sequential, 
 _MODELS = {
     "nuclei": nuclei,
     "nuclei3d": nuclei3d,
+    "multichannel_40": multichannel_40,
     "plain_133": plain_133,
     "stages_46": stages_46,
     "tiny": tiny,

@@ -62,13 +62,21 @@ class CropSampler:
         self.padded = [pad_spatial(image, self.margin, self.margin, padding_mode) for image in images]
         self.labels = labels
 
-    def sample(self, index: int, generator: torch.Generator) -> Crop:
-        """A random crop of input ``index``, with all randomness drawn from ``generator``."""
+    def sample(self, index: int, generator: torch.Generator, centre: Size | None = None) -> Crop:
+        """A random crop of input ``index``, with all randomness drawn from ``generator``; with ``centre`` (one
+        coordinate per spatial axis) a crop that holds that pixel at a random place, shifted inside the input where
+        it is near a border (so crops are drawn where the labels are)."""
         labels = self.labels[index]
-        starts = [
-            int(torch.randint(0, size - c + 1, (1,), generator=generator))
-            for size, c in zip(labels.shape, self.crop, strict=True)
-        ]
+        if centre is None:
+            starts = [
+                int(torch.randint(0, size - c + 1, (1,), generator=generator))
+                for size, c in zip(labels.shape, self.crop, strict=True)
+            ]
+        else:
+            starts = [
+                min(max(x - int(torch.randint(0, c, (1,), generator=generator)), 0), size - c)
+                for x, size, c in zip(centre, labels.shape, self.crop, strict=True)
+            ]
         # (C, c1+2m1, ..., cn+2mn) and (c1, ..., cn)
         image = self.padded[index][(slice(None), *windows(starts, self.crop, self.margin))]
         crop_labels = labels[windows(starts, self.crop, (0,) * len(starts))]

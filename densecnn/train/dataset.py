@@ -5,7 +5,15 @@ Layout::
     DIR/images/NAME.png|.tif|.tiff|.jpg|...   the images (any size; gray or RGB, converted to the model's channels)
     DIR/labels/NAME.png|.tif|.tiff            class-id maps, same height and width: 0..K-1, 255 = ignore
     DIR/masks/NAME.png|.tif|.tiff             optional: nonzero where labels count (others are ignored)
-    DIR/classes.json (or DIR/../classes.json) optional: {"names": [...], "palette": [[r, g, b], ...]}
+    DIR/annotations/NAME.geojson              instead of a label file: GeoJSON annotations (QuPath, napari),
+                                              rasterised to sparse labels (:mod:`densecnn.io.annotations`)
+    DIR/classes.json (or DIR/../classes.json) optional: {"names": [...], "palette": [[r, g, b], ...],
+                                              "unlabelled": V}
+
+Sparse labels (strokes, points, outlined regions): the label files' value V (``"unlabelled"`` in classes.json, or
+``densecnn train --unlabelled V``) marks unlabelled pixels; with V = 0 (napari's "not painted") the ids 1..K mean
+classes 0..K-1. 255 always means unlabelled. Annotation classes are matched to classes.json's names (without one,
+the classes are the annotations' names in order of appearance).
 
 For a model of volumes the files are TIFF stacks, .npy or .zarr arrays ((D, H, W), or (C, D, H, W) for images;
 read by :func:`densecnn.io.open_array`), for a model of signals .npy arrays ((L,) or (C, L)); labels and masks have
@@ -24,8 +32,11 @@ import numpy as np
 
 from ..errors import DatasetError, ImageReadError, IntensityError, NonFiniteInputError
 from ..io import Intensity, image_scaling, open_array, read_array, read_header, unit_planes
+from ..io.annotations import class_names_of, rasterize, read_geojson, sparse_labels
 from ..io.formats import ARRAY_SUFFIXES, IMAGE_SUFFIXES, LABEL_IMAGE_SUFFIXES, TIFF_SUFFIXES
 from ..losses import IGNORE_INDEX
+
+ANNOTATIONS = "annotations"  # the folder of GeoJSON annotation files beside images/
 
 
 @dataclass
@@ -42,6 +53,7 @@ class Sample:
 class ClassInfo:
     names: list[str] | None = None
     palette: list[list[int]] | None = None
+    unlabelled: int | None = None  # the label files' value of unlabelled pixels
 
 
 def image_files(directory: str | Path, spatial_dims: int = 2) -> list[Path]:
@@ -77,10 +89,25 @@ def read_class_info(directory: str | Path) -> ClassInfo:
         if candidate.is_file():
             try:
                 info = json.loads(candidate.read_text())
-                return ClassInfo(names=info.get("names"), palette=info.get("palette"))
+                unlabelled = info.get("unlabelled")
+                if unlabelled is not None and not isinstance(unlabelled, int):
+                    raise DatasetError(
+                        f"{candidate}: unlabelled must be an integer label value, got {unlabelled!r}"
+                    )
+                return ClassInfo(names=info.get("names"), palette=info.get("palette"), unlabelled=unlabelled)
             except (json.JSONDecodeError, AttributeError) as exc:
                 raise DatasetError(f"{candidate}: not a JSON object with names/palette ({exc})") from None
-    return ClassInfo()
+    names = _annotation_classes(Path(directory))
+    return ClassInfo(names=names or None)
+
+
+def _annotation_classes(directory: Path) -> list[str]:
+    """The classes the dataset's GeoJSON annotations name, in order of appearance (none without annotations)."""
+    names: list[str] = []
+    folder = directory / ANNOTATIONS
+    for path in sorted(folder.glob("*.geojson")) if folder.is_dir() else []:
+        names += [n for n in class_names_of(read_geojson(path)) if n not in names]
+    return names
 
 
 def read_dataset(
@@ -90,8 +117,10 @@ def read_dataset(
     num_classes: int,
     spatial_dims: int = 2,
     intensity: Intensity | None = None,
+    unlabelled: int | None = None,
 ) -> list[Sample]:
-    """Every image of ``directory`` with its labels (masked pixels set to 255), checked against the model.
+    """Every image of ``directory`` with its labels (masked and unlabelled pixels set to 255), checked against the
+    model. ``unlabelled``: the label files' value of unlabelled pixels (None: classes.json's, if it gives one).
 
     ``spatial_dims`` is the model's: 2 for images, 1 for signals, 3 for volumes (its ``len(patch_size)``); each
     image is scaled to [0, 1] by ``intensity`` (the model's declaration; None: by its dtype's range), as ``densecnn predict`` and the service
@@ -101,10 +130,14 @@ def read_dataset(
     [(1, 31, 61, 40)]
     """
     directory = Path(directory)
+    info = read_class_info(directory)
+    unlabelled = info.unlabelled if unlabelled is None else unlabelled
     samples = []
     for image_path in image_files(directory, spatial_dims):
         image = _read_image(image_path, channels, spatial_dims, intensity or Intensity())  # (C, *spatial)
-        labels = _read_labels(directory, image_path, image.shape[1:], num_classes, spatial_dims)
+        labels = _read_labels(
+            directory, image_path, image.shape[1:], num_classes, spatial_dims, unlabelled, info
+        )
         mask_path = _companion(directory / "masks", image_path.stem, _label_suffixes(spatial_dims))
         if mask_path is not None:
             mask = _read_class_map(mask_path, image_path, image.shape[1:], spatial_dims, what="mask")
@@ -144,11 +177,8 @@ def _read_image(path: Path, channels: int, spatial_dims: int, intensity: Intensi
         scaling = image_scaling(array, intensity, tuple(range(1, array.ndim)))
         return scaling.apply_(np.array(array, dtype=np.float32, order="C"))
     except (ImageReadError, IntensityError, NonFiniteInputError) as exc:
-        raise DatasetError(
-            f"{path}: {exc}; fix or remove the file"
-            if str(path) not in str(exc)
-            else f"{exc}; fix or remove the file"
-        ) from None
+        problem = exc.problem if str(path) in exc.problem else f"{path}: {exc.problem}"
+        raise DatasetError(f"{problem}; fix or remove the file", fix=exc.fix) from None
 
 
 def _open_nd(path: Path, spatial_dims: int):
@@ -177,16 +207,29 @@ def _companion(folder: Path, stem: str, suffixes: tuple[str, ...]) -> Path | Non
 
 
 def _read_labels(
-    directory: Path, image_path: Path, shape: tuple[int, ...], num_classes: int, spatial_dims: int
+    directory: Path,
+    image_path: Path,
+    shape: tuple[int, ...],
+    num_classes: int,
+    spatial_dims: int,
+    unlabelled: int | None,
+    info: ClassInfo,
 ) -> np.ndarray:
     label_path = _companion(directory / "labels", image_path.stem, _label_suffixes(spatial_dims))
+    annotation_path = directory / ANNOTATIONS / f"{image_path.stem}.geojson"
+    if label_path is None and annotation_path.is_file() and spatial_dims == 2:
+        names = info.names or _annotation_classes(directory)
+        return rasterize(read_geojson(annotation_path), shape, class_ids={n: k for k, n in enumerate(names)})
     if label_path is None:
         suffixes = _label_suffixes(spatial_dims)
         raise DatasetError(
             f"{image_path}: no label file; expected {directory / 'labels' / image_path.stem}{suffixes[0]} "
             f"(or {', '.join(suffixes[1:]) or suffixes[0]}), a class-id map of the same size"
+            + (f", or annotations in {annotation_path}" if spatial_dims == 2 else "")
         )
     labels = _read_class_map(label_path, image_path, shape, spatial_dims, what="label")
+    if unlabelled is not None:
+        labels = sparse_labels(labels, unlabelled)
     bad = (labels != IGNORE_INDEX) & (labels >= num_classes)
     if bad.any():
         values = sorted(set(np.unique(labels[bad]).tolist()))

@@ -1,0 +1,90 @@
+"""The default recipe of training from sparse labels: the zoo net for the data, crop, batch, steps, learning rate and
+early stopping, chosen from the images and their labelled pixels (what ``densecnn train --data DIR --out RUN`` and
+:class:`~densecnn.train.strokes.StrokeTrainer` use when nothing else is given).
+
+The values are the winners of the short experiments in docs/training.md ("Training from strokes").
+
+>>> default_model(channels=3, spatial_dims=2)
+'multichannel_40'
+>>> default_recipe([(512, 512)], labelled_pixels=13_000).crop
+(64, 64)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import TrainingError
+from ..geometry import Size
+
+# (spatial axes, gray?) -> zoo name
+DEFAULT_MODELS = {
+    (2, True): "nuclei",
+    (2, False): "multichannel_40",
+    (3, True): "nuclei3d",
+    (3, False): "nuclei3d",  # its first layer takes any number of channels
+}
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How a run from strokes trains.
+
+    Attributes:
+        crop: crop size per spatial axis, drawn around labelled pixels.
+        batch: crops per step.
+        steps: the most steps of a run (early stopping usually ends it sooner).
+        lr: AdamW's peak learning rate, reached after ``warmup`` steps of linear warm-up, then cosine to 0.
+        val_every: steps between validations on the held-out strokes.
+        patience: validations without a better held-out mIoU before the run stops (after ``min_steps``).
+        min_steps: steps before early stopping may end a run.
+        holdout: the share of each class's strokes held out for validation.
+        intensity_jitter: each crop's values scaled by 1 ± this and shifted by ± this (in normalised units).
+        focal_gamma: the focal weighting of the loss (0: plain cross-entropy).
+        method: how a step computes the crops' masked loss (:func:`densecnn.masked.masked_terms`): ``"auto"`` (the
+            cheapest of a dense, region or patch pass), or one of them forced (``"patches"``: the classical patch
+            minibatch of the same pixels, the baseline).
+    """
+
+    crop: Size
+    batch: int
+    steps: int
+    lr: float = 2e-3
+    warmup: int = 10
+    val_every: int = 10
+    patience: int = 4
+    min_steps: int = 40
+    holdout: float = 0.25
+    intensity_jitter: float = 0.1
+    focal_gamma: float = 0.0
+    method: str = "auto"
+
+
+def default_model(*, channels: int, spatial_dims: int) -> str:
+    """The zoo net the default recipe starts from: the nuclei nets for gray images and volumes, ``multichannel_40``
+    for RGB and multichannel images."""
+    try:
+        return DEFAULT_MODELS[(spatial_dims, channels == 1)]
+    except KeyError:
+        raise TrainingError(
+            f"no default net for {spatial_dims}-D data; give a zoo net or a model directory with --model"
+        ) from None
+
+
+def default_recipe(shapes: list[tuple[int, ...]], *, labelled_pixels: int) -> Recipe:
+    """The recipe for images of ``shapes`` (spatial only) with ``labelled_pixels`` training labels in all.
+
+    Crops of 64² (volumes: 12×40×40), clipped to the smallest image; 8 crops a step (volumes: 2); the number of
+    steps grows with the labelled pixels (more strokes hold more to learn) from 150 to 600.
+    """
+    if not shapes:
+        raise TrainingError("no training images: give at least one image with labels")
+    dims = len(shapes[0])
+    wanted = (12, 40, 40) if dims == 3 else (64,) * dims
+    smallest = [min(shape[axis] for shape in shapes) for axis in range(dims)]
+    if dims >= 2:
+        smallest[-2:] = [min(smallest[-2:])] * 2  # square in the plane, for quarter turns
+    crop = tuple(min(w, s) for w, s in zip(wanted, smallest, strict=True))
+    batch = 2 if dims == 3 else 8
+    steps = int(min(600, max(150, labelled_pixels // 100)))
+    return Recipe(crop=crop, batch=batch, steps=steps)

@@ -1,0 +1,398 @@
+"""Training from a few strokes, in process: the engine behind ``densecnn train --data DIR --out RUN`` and napari's
+interactive training.
+
+Images come scaled to [0, 1], labels as maps with an ``unlabelled`` value (strokes, points, outlined regions). The
+trainer holds out a share of each class's strokes (connected components) for validation, draws crops around the
+labelled pixels (classes drawn equally often), steps the dense net on the crops' labelled pixels by the cheapest
+masked pass (:func:`densecnn.masked.masked_terms`), validates every few steps on the held-out strokes, keeps the best
+weights and stops early when the held-out mIoU no longer improves (:mod:`densecnn.train.recipe`).
+
+>>> from densecnn.train.strokes import StrokeTrainer
+>>> trainer = StrokeTrainer([image], [strokes], unlabelled=-1, class_names=["background", "cell"])
+>>> for p in trainer.run(max_seconds=30):            # stop=threading.Event() ends it between two steps
+...     print(p.step, p.total_steps, p.loss, p.val_miou, p.best_val_miou)
+>>> trainer.set_labels([image], [more_strokes])      # continues from the current weights
+>>> list(trainer.run(max_seconds=10))[-1].best_val_miou
+0.91
+>>> trainer.save("models/my_cells")                  # a model directory densecnn.load reads
+PosixPath('models/my_cells')
+
+``images``: float arrays (C, *spatial), 2-D or 3-D, scaled to [0, 1]; ``labels``: int arrays (*spatial), class ids
+0..K-1 and ``unlabelled`` elsewhere (with ``unlabelled=0``, napari's "not painted", the ids are 1..K and mean classes
+0..K-1: :func:`densecnn.io.annotations.sparse_labels`). ``model``: None (the recipe's zoo net for the channels and dimensionality), a
+zoo name, a model directory or a :class:`~densecnn.LoadedModel` (fine-tuning: its classes, normalisation and padding
+are kept), or ``(nn.Module, patch_size)``.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from .. import zoo
+from ..convert import convert
+from ..errors import TrainingError
+from ..geometry import ntuple
+from ..io.annotations import sparse_labels
+from ..losses import IGNORE_INDEX
+from ..masked import masked_terms
+from ..modelfile import CONFIG_FILE, LoadedModel, default_palette, load, save
+from .crops import CropSampler
+from .holdout import split_strokes
+from .metrics import confusion_matrix
+from .recipe import Recipe, default_model, default_recipe
+
+
+@dataclass(frozen=True)
+class StrokeProgress:
+    """One step of a run: ``loss`` of the step's labelled pixels; ``val_miou`` the held-out strokes' mean IoU when
+    this step validated (None otherwise, and always without held-out strokes); ``seconds`` since ``run`` began."""
+
+    step: int
+    total_steps: int
+    loss: float
+    val_miou: float | None
+    best_val_miou: float | None
+    seconds: float
+
+
+class StrokeTrainer:
+    """Trains a patch model from sparse labels; see the module's docs for the arguments and an example.
+
+    Attributes:
+        model: the best weights so far, as an eval-mode copy of the patch model (the newest ones without held-out
+            strokes).
+        patch_size, class_names, palette, recipe: as the run uses them.
+        step: steps taken over every ``run``.
+    """
+
+    def __init__(
+        self,
+        images: list[np.ndarray],
+        labels: list[np.ndarray],
+        *,
+        unlabelled: int = -1,
+        model=None,
+        class_names: list[str] | None = None,
+        seed: int = 0,
+        recipe: Recipe | None = None,
+    ):
+        images, sparse = _checked(images, labels, unlabelled)
+        channels, spatial_dims = images[0].shape[0], images[0].ndim - 1
+        labelled = [np.unique(s[s != IGNORE_INDEX]) for s in sparse]
+        highest = max((int(v.max()) for v in labelled if v.size), default=-1)
+        num_classes = len(class_names) if class_names is not None else max(highest + 1, 2)
+        torch.manual_seed(seed)
+        self.loaded = _start_model(model, channels, spatial_dims, num_classes, class_names)
+        if highest >= self.loaded.num_classes:
+            raise TrainingError(
+                f"labels hold class {highest}, and the model has {self.loaded.num_classes} classes "
+                f"(0..{self.loaded.num_classes - 1}); fix the labels or give class_names for every class"
+            )
+        if len(self.loaded.patch_size) != spatial_dims or self.loaded.in_channels != channels:
+            raise TrainingError(
+                f"the images are {spatial_dims}-D with {channels} channels, and the model takes "
+                f"{len(self.loaded.patch_size)}-D inputs with {self.loaded.in_channels}; give a matching model"
+            )
+        if self.loaded.normalization is None:
+            self.loaded.normalization = _normalization(images)
+        self.seed, self.step = seed, 0
+        self.model_net = (
+            self.loaded.model.eval()
+        )  # eval for good: BatchNorm and dropout as the dense net runs them
+        self.dense = convert(self.model_net, self.loaded.patch_size, padding_mode=self.loaded.padding_mode)
+        self.recipe = recipe or default_recipe(
+            [i.shape[1:] for i in images], labelled_pixels=sum(int((s != IGNORE_INDEX).sum()) for s in sparse)
+        )
+        self.optimizer = torch.optim.AdamW(self.model_net.parameters(), lr=self.recipe.lr)
+        self.set_labels(images, labels, unlabelled=unlabelled)
+
+    @property
+    def patch_size(self) -> tuple[int, ...]:
+        return self.loaded.patch_size
+
+    @property
+    def class_names(self) -> list[str]:
+        return self.loaded.class_names
+
+    @property
+    def palette(self) -> list[list[int]]:
+        return self.loaded.palette
+
+    @property
+    def model(self) -> nn.Module:
+        best = copy.deepcopy(self.model_net).eval()
+        best.load_state_dict(self._best_state)
+        return best
+
+    def set_labels(self, images: list[np.ndarray], labels: list[np.ndarray], *, unlabelled: int = -1) -> None:
+        """New images or strokes: the next :meth:`run` continues from the current weights with a fresh schedule of
+        ``recipe.steps`` steps (warm-up only on the first), a new held-out split and a new best score."""
+        images, sparse = _checked(images, labels, unlabelled)
+        if any(i.shape[0] != self.loaded.in_channels for i in images):
+            raise TrainingError(f"every image needs the model's {self.loaded.in_channels} channels")
+        train, self.val_labels = split_strokes(sparse, share=self.recipe.holdout, seed=self.seed + self.step)
+        if not any((t != IGNORE_INDEX).any() for t in train):
+            raise TrainingError("no labelled pixels: paint at least one stroke of each class to train from")
+        crop = tuple(min(c, s) for c, s in zip(self.recipe.crop, _smallest(images), strict=True))
+        tensors = [self.loaded.normalize(torch.from_numpy(i)[None])[0] for i in images]  # (C, *spatial) each
+        self.crops = CropSampler(
+            tensors,
+            [torch.from_numpy(t) for t in train],
+            patch_size=self.patch_size,
+            padding_mode=self.loaded.padding_mode,
+            crop=crop,
+            flip=True,
+            rot90=len(crop) >= 2 and crop[-1] == crop[-2],
+        )
+        self.crop = crop
+        self.train_pixels = _pixels_by_class(train, self.loaded.num_classes)
+        # classes are balanced by where crops are drawn (each labelled class equally often), not by loss weights
+        self.classes_present = [k for k, (images_of, _) in enumerate(self.train_pixels) if len(images_of)]
+        self.has_val = any((v != IGNORE_INDEX).any() for v in self.val_labels)
+        self._best_state = copy.deepcopy(self.model_net.state_dict())
+        self.best_val_miou: float | None = None
+        self._stale = 0
+        first = self.step == 0
+        self.start_step, self.total_steps = self.step, self.step + self.recipe.steps
+        warmup = self.recipe.warmup if first else 0
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.recipe.lr
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: _warmup_cosine(s, warmup, self.recipe.steps)
+        )
+
+    def run(
+        self, max_seconds: float | None = None, stop: threading.Event | None = None
+    ) -> Iterator[StrokeProgress]:
+        """Take steps until the schedule ends, early stopping ends it, ``max_seconds`` (wall clock) pass or ``stop``
+        is set; yields one :class:`StrokeProgress` per step. The best weights are kept whenever it ends, also when
+        the caller stops iterating."""
+        started = time.monotonic()
+        while self.step < self.total_steps:
+            if stop is not None and stop.is_set():
+                return
+            if max_seconds is not None and time.monotonic() - started >= max_seconds:
+                return
+            loss = self._take_step()
+            self.step += 1
+            val_miou = None
+            done = self.step - self.start_step
+            if self.has_val and (done % self.recipe.val_every == 0 or self.step == self.total_steps):
+                val_miou = self.validate()
+                if self.best_val_miou is None or val_miou > self.best_val_miou:
+                    self.best_val_miou, self._stale = val_miou, 0
+                    self._best_state = copy.deepcopy(self.model_net.state_dict())
+                else:
+                    self._stale += 1
+            elif not self.has_val:
+                self._best_state = copy.deepcopy(self.model_net.state_dict())
+            yield StrokeProgress(
+                self.step, self.total_steps, loss, val_miou, self.best_val_miou, time.monotonic() - started
+            )
+            if self._stale >= self.recipe.patience and done >= self.recipe.min_steps:
+                return
+
+    def _take_step(self) -> float:
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.step)
+        images, labels = [], []
+        for _ in range(self.recipe.batch):
+            index, centre = self._centre(generator)
+            crop = self.crops.sample(index, generator, centre)
+            images.append(crop.image)
+            labels.append(crop.labels)
+        x = torch.stack(images)  # (B, C, *(c+P-1))
+        x = x[
+            (
+                slice(None),
+                slice(None),
+                *(slice(0, c + r - 1) for c, r in zip(self.crop, self.dense.receptive_field)),
+            )
+        ]
+        jitter = self.recipe.intensity_jitter
+        if jitter:
+            shape = (len(x), x.shape[1]) + (1,) * (x.dim() - 2)
+            scale = 1 + jitter * (2 * torch.rand(shape, generator=generator) - 1)
+            shift = jitter * (2 * torch.rand(shape, generator=generator) - 1)
+            x = x * scale + shift  # (B, C, *(c+R-1))
+        terms = masked_terms(
+            self.dense,
+            x,
+            torch.stack(labels),
+            None,
+            focal_gamma=self.recipe.focal_gamma,
+            method=self.recipe.method,
+        )
+        loss = terms.loss_sum / terms.weight_sum.clamp(min=1e-12)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer.step()
+        self.scheduler.step()
+        return float(loss.detach())
+
+    def _centre(self, generator: torch.Generator) -> tuple[int, tuple[int, ...]]:
+        """A labelled training pixel: its class drawn uniformly among the labelled classes, then a pixel of it."""
+        k = self.classes_present[int(torch.randint(len(self.classes_present), (1,), generator=generator))]
+        images, coordinates = self.train_pixels[k]
+        j = int(torch.randint(len(images), (1,), generator=generator))
+        return int(images[j]), tuple(int(c) for c in coordinates[j])
+
+    @torch.no_grad()
+    def validate(self) -> float:
+        """The mean IoU over the classes of the held-out strokes, predicted by the current weights (the dense net
+        over the box around each image's held-out pixels)."""
+        k = self.loaded.num_classes
+        confusion = torch.zeros(k, k, dtype=torch.float64)
+        for index, val in enumerate(self.val_labels):
+            where = np.nonzero(val != IGNORE_INDEX)
+            if not where[0].size:
+                continue
+            low = [int(w.min()) for w in where]
+            high = [int(w.max()) + 1 for w in where]
+            margin, patch = self.crops.margin, self.patch_size
+            window = tuple(
+                slice(lo + m - (p - 1) // 2, hi + m - (p - 1) // 2 + r - 1)
+                for lo, hi, m, p, r in zip(low, high, margin, patch, self.dense.receptive_field, strict=True)
+            )
+            context = self.crops.padded[index][(slice(None), *window)][None]  # (1, C, *(box+R-1))
+            predicted = self.dense.run_padded(context).argmax(1)  # (1, *box)
+            box = torch.from_numpy(val[tuple(slice(lo, hi) for lo, hi in zip(low, high, strict=True))])[None]
+            confusion += confusion_matrix(predicted, box, k).double()
+        true_positive = confusion.diag()
+        union = confusion.sum(0) + confusion.sum(1) - true_positive
+        present = confusion.sum(1) > 0
+        return float((true_positive[present] / union[present]).mean())
+
+    def save(
+        self, directory, class_names: list[str] | None = None, palette: list[list[int]] | None = None
+    ) -> Path:
+        """Write the best model into ``directory`` (a model directory :func:`densecnn.load` reads), with the run's
+        normalisation and padding, and a training record in model.json's ``extra``."""
+        training = {
+            "method": "strokes",
+            "steps": self.step,
+            "recipe": {
+                key: list(value) if isinstance(value, tuple) else value
+                for key, value in vars(self.recipe).items()
+            },
+            "best_val_miou": self.best_val_miou,
+        }
+        return save(
+            self.model,
+            directory,
+            patch_size=self.patch_size,
+            class_names=class_names or self.class_names,
+            palette=palette or self.palette,
+            normalization=self.loaded.normalization,
+            padding_mode=self.loaded.padding_mode,
+            extra={**self.loaded.extra, "training": training},
+            intensity=self.loaded.intensity,
+        )
+
+
+def _checked(images, labels, unlabelled: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """float32 (C, *spatial) images and int64 label maps with 255 where unlabelled, checked against each other."""
+    if len(images) != len(labels) or not images:
+        raise TrainingError(
+            f"give one label map per image: got {len(images)} images and {len(labels)} label maps"
+        )
+    checked_images, sparse = [], []
+    for n, (image, label_map) in enumerate(zip(images, labels, strict=True)):
+        image = np.ascontiguousarray(image, dtype=np.float32)
+        label_map = np.asarray(label_map)
+        if image.ndim not in (3, 4) or image.shape[1:] != label_map.shape:
+            raise TrainingError(
+                f"image {n}: shape {image.shape} and labels {label_map.shape}; images are (C, H, W) or (C, D, H, W) "
+                "and labels their spatial shape"
+            )
+        if checked_images and image.ndim != checked_images[0].ndim:
+            raise TrainingError("mix of 2-D images and 3-D volumes: train them apart")
+        if not np.issubdtype(label_map.dtype, np.integer):
+            raise TrainingError(f"labels {n}: integer class ids needed, got {label_map.dtype}")
+        out = sparse_labels(label_map, unlabelled)
+        bad = (out != IGNORE_INDEX) & ((out < 0) | (out >= IGNORE_INDEX))
+        if bad.any():
+            raise TrainingError(
+                f"labels {n}: values {sorted(set(np.unique(label_map[bad]).tolist()))[:5]} are neither class ids "
+                f"nor the unlabelled value {unlabelled}"
+            )
+        checked_images.append(image)
+        sparse.append(out)
+    return checked_images, sparse
+
+
+def _start_model(model, channels: int, spatial_dims: int, num_classes: int, class_names) -> LoadedModel:
+    """A :class:`LoadedModel` to train (a copy: the caller's model is never modified)."""
+    if isinstance(model, (str, Path)) and (Path(model) / CONFIG_FILE).is_file():
+        model = load(model)
+    if isinstance(model, LoadedModel):
+        return copy.deepcopy(model)
+    if model is None or isinstance(model, str):
+        name = model or default_model(channels=channels, spatial_dims=spatial_dims)
+        try:
+            net, patch = zoo.create(name, in_channels=channels, num_classes=num_classes)
+        except ValueError as exc:
+            raise TrainingError(f"model {name!r}: not a model directory, and {exc}") from None
+    elif isinstance(model, tuple) and len(model) == 2 and isinstance(model[0], nn.Module):
+        net, patch = copy.deepcopy(model[0]), model[1]
+    else:
+        raise TrainingError(
+            "model must be None, a zoo name, a model directory, a densecnn.LoadedModel or (nn.Module, patch_size)"
+        )
+    patch = ntuple(patch, spatial_dims, "patch_size")
+    names = list(class_names) if class_names is not None else [f"class_{k}" for k in range(num_classes)]
+    return LoadedModel(
+        model=net,
+        patch_size=patch,
+        in_channels=channels,
+        num_classes=num_classes,
+        class_names=names,
+        palette=default_palette(num_classes),
+        normalization=None,
+        padding_mode="reflect",
+    )
+
+
+def _normalization(images: list[np.ndarray]) -> dict[str, list[float]]:
+    """Per-channel mean and std of the images' values."""
+    pixels = np.concatenate([i.reshape(i.shape[0], -1) for i in images], axis=1).astype(
+        np.float64
+    )  # (C, pixels)
+    return {"mean": pixels.mean(1).tolist(), "std": np.maximum(pixels.std(1), 1e-6).tolist()}
+
+
+def _smallest(images: list[np.ndarray]) -> tuple[int, ...]:
+    """The smallest size along each spatial axis, the same in the (H, W) plane (crops are square there)."""
+    smallest = [min(i.shape[1 + axis] for i in images) for axis in range(images[0].ndim - 1)]
+    smallest[-2:] = [min(smallest[-2:])] * 2
+    return tuple(smallest)
+
+
+def _pixels_by_class(labels: list[np.ndarray], num_classes: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per class, its labelled pixels: (image index of each (n,), coordinates (n, spatial axes))."""
+    found = []
+    for k in range(num_classes):
+        where = [np.argwhere(label_map == k) for label_map in labels]
+        found.append(
+            (
+                np.concatenate([np.full(len(w), n) for n, w in enumerate(where)]),
+                np.concatenate(where) if where else np.zeros((0, labels[0].ndim), np.int64),
+            )
+        )
+    return found
+
+
+def _warmup_cosine(step: int, warmup: int, total: int) -> float:
+    """The learning-rate factor: linear warm-up over ``warmup`` steps, then a cosine to 0 at ``total``."""
+    if step < warmup:
+        return (step + 1) / warmup
+    return 0.5 * (1 + math.cos(math.pi * min(step - warmup, total) / max(total - warmup, 1)))

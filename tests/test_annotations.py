@@ -1,0 +1,131 @@
+"""Sparse labels from GeoJSON annotations (QuPath's export) and label images with an unlabelled value."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from densecnn.errors import DatasetError
+from densecnn.io.annotations import (
+    UNLABELLED,
+    class_names_of,
+    parse_geojson,
+    rasterize,
+    read_geojson,
+    sparse_labels,
+)
+
+
+def feature(geometry: dict, name: str, **classification) -> dict:
+    """A QuPath-style annotation feature."""
+    return {
+        "type": "Feature",
+        "geometry": geometry,
+        "properties": {"objectType": "annotation", "classification": {"name": name, **classification}},
+    }
+
+
+def rectangle(x0: float, y0: float, x1: float, y1: float) -> list[list[float]]:
+    return [[x0, y0], [x1, y0], [x1, y1], [x0, y1], [x0, y0]]
+
+
+def centres_inside(shape, x0, y0, x1, y1) -> np.ndarray:
+    """The reference: pixels whose centre (column, row) lies strictly inside the rectangle."""
+    rows, cols = np.mgrid[: shape[0], : shape[1]]
+    return (cols > x0) & (cols < x1) & (rows > y0) & (rows < y1)
+
+
+def test_a_polygon_with_a_hole_fills_the_pixels_whose_centres_are_inside_it_and_not_in_the_hole():
+    outer, hole = rectangle(2.5, 3.5, 17.5, 12.5), rectangle(6.5, 6.5, 10.5, 9.5)
+    document = {
+        "type": "FeatureCollection",
+        "features": [feature({"type": "Polygon", "coordinates": [outer, hole]}, "Tumor")],
+    }
+    labels = rasterize(parse_geojson(document), (16, 20), class_ids={"Tumor": 1})
+    expected = centres_inside((16, 20), 2.5, 3.5, 17.5, 12.5) & ~centres_inside((16, 20), 6.5, 6.5, 10.5, 9.5)
+    assert np.array_equal(labels == 1, expected)
+    assert np.array_equal(labels == UNLABELLED, ~expected)
+
+
+def test_lines_and_points_are_drawn_over_areas_and_nested_areas_keep_their_class():
+    features = [
+        feature(
+            {"type": "Polygon", "coordinates": [rectangle(4.5, 4.5, 8.5, 8.5)]}, "Tumor"
+        ),  # inside the tissue
+        feature({"type": "Polygon", "coordinates": [rectangle(0.5, 0.5, 14.5, 14.5)]}, "Tissue"),
+        feature({"type": "LineString", "coordinates": [[1, 12], [10, 12]]}, "Edge"),
+        feature({"type": "MultiPoint", "coordinates": [[13, 2], [2, 13]]}, "Cell"),
+    ]
+    ids = {"Tissue": 0, "Tumor": 1, "Edge": 2, "Cell": 3}
+    labels = rasterize(parse_geojson(features), (16, 16), class_ids=ids)
+    assert (labels[5:9, 5:9] == 1).all()
+    assert labels[2, 2] == 0 and labels[10, 10] == 0
+    assert (labels[12, 1:11] == 2).all() and labels[12, 11] == 0
+    assert labels[2, 13] == 3 and labels[13, 2] == 3
+    assert (labels[15, :] == UNLABELLED).all()
+
+
+def test_line_width_and_point_radius_widen_strokes():
+    features = [
+        feature({"type": "LineString", "coordinates": [[2, 5], [12, 5]]}, "a"),
+        feature({"type": "Point", "coordinates": [5, 12]}, "b"),
+    ]
+    labels = rasterize(
+        parse_geojson(features), (16, 16), class_ids={"a": 0, "b": 1}, line_width=3, point_radius=1
+    )
+    assert (labels[4:7, 2:13] == 0).all() and (labels[3, :] == UNLABELLED).all()
+    assert sorted(zip(*np.nonzero(labels == 1))) == [(11, 5), (12, 4), (12, 5), (12, 6), (13, 5)]
+
+
+def test_ignore_classes_unlabel_and_an_offset_reads_a_window():
+    features = [
+        feature({"type": "Polygon", "coordinates": [rectangle(100.5, 200.5, 110.5, 210.5)]}, "Stroma"),
+        feature({"type": "Polygon", "coordinates": [rectangle(102.5, 202.5, 104.5, 204.5)]}, "Ignore*"),
+    ]
+    annotations = parse_geojson(features)
+    assert class_names_of(annotations) == ["Stroma"]
+    window = rasterize(annotations, (12, 12), class_ids={"Stroma": 0}, offset=(200, 100))
+    assert (window[1:11, 1:11] != 0).sum() == 4  # the ignored 2x2 inside
+    assert (window[3:5, 3:5] == UNLABELLED).all()
+
+
+def test_qupath_colours_are_read_from_packed_and_list_forms(tmp_path):
+    path = tmp_path / "a.geojson"
+    features = [
+        feature({"type": "Point", "coordinates": [1, 1]}, "a", colorRGB=-65536),  # Java's packed red
+        feature({"type": "Point", "coordinates": [2, 2]}, "b", color=[0, 128, 255]),
+    ]
+    path.write_text(json.dumps(features))
+    assert [a.color for a in read_geojson(path)] == [(255, 0, 0), (0, 128, 255)]
+
+
+@pytest.mark.parametrize(
+    ("document", "message"),
+    [
+        ({"type": "Topology"}, "FeatureCollection"),
+        (
+            [{"type": "Feature", "geometry": {"type": "Point", "coordinates": [1, 1]}, "properties": {}}],
+            "no class",
+        ),
+        ([feature({"type": "Circle", "coordinates": [1, 1]}, "a")], "Circle"),
+        ([feature({"type": "Polygon", "coordinates": [[1, 2]]}, "a")], "malformed"),
+    ],
+)
+def test_bad_geojson_is_named(document, message):
+    with pytest.raises(DatasetError, match=message):
+        parse_geojson(document)
+
+
+def test_an_unknown_class_names_the_fix():
+    annotations = parse_geojson([feature({"type": "Point", "coordinates": [1, 1]}, "Necrosis")])
+    with pytest.raises(DatasetError, match="Necrosis.*classes.json"):
+        rasterize(annotations, (4, 4), class_ids={"Tumor": 0})
+
+
+def test_sparse_labels_replace_the_unlabelled_value():
+    assert np.array_equal(sparse_labels(np.array([[7, 1], [0, 7]]), 7), [[UNLABELLED, 1], [0, UNLABELLED]])
+    assert np.array_equal(sparse_labels(np.array([[0, 1], [2, 0]]), 0), [[UNLABELLED, 0], [1, UNLABELLED]])
+    with pytest.raises(DatasetError, match="integers"):
+        sparse_labels(np.array([[0.5]]), 0)
