@@ -1,0 +1,260 @@
+"""Interactive training behind the Train panel, as generators a napari worker thread runs (no Qt here).
+
+A :class:`TrainingSession` trains a :class:`densecnn.train.strokes.StrokeTrainer` on the windows around a layer's
+strokes (:mod:`~densecnn.napari.strokes`) and, every few seconds, labels the region the viewer shows and then the
+rest of its plane with the weights so far (the best on the held-out strokes, the ones Save writes). Strokes added
+while it trains are taken up between two steps: the run continues from the current weights on the new strokes.
+
+>>> session = TrainingSession(source, intensity=Intensity(), start=None, class_names=["background", "cell"])
+>>> for update in session.train(strokes, stop=threading.Event(), max_memory=1 << 30):
+...     update                      # TrainingStep(step=1, total_steps=150, ...), LivePrediction(...), ...
+>>> session.save("models/my_cells", palette=[[0, 0, 0], [255, 0, 0]])
+PosixPath('models/my_cells')
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import Cancelled
+from ..io.intensity import Intensity
+from ..modelfile import LoadedModel
+from ..padding import dense_padding
+from ..train.strokes import StrokeTrainer
+from . import engine
+from .source import LayerSource
+from .strokes import UNLABELLED, StrokeSet, plane_scaling, training_windows
+
+REFRESH_SECONDS = 3.0  # the live layer is relabelled this often while training
+LIVE_PLANE_PIXELS = 4096 * 4096  # a plane up to this size is labelled whole after its visible region
+
+
+@dataclass(frozen=True)
+class TrainingStep:
+    """One training step: ``loss`` of its labelled pixels, ``val_miou`` of the held-out strokes when it validated
+    (else None), the best so far, and the seconds since Train."""
+
+    step: int
+    total_steps: int
+    loss: float
+    val_miou: float | None
+    best_val_miou: float | None
+    seconds: float
+
+
+@dataclass(frozen=True)
+class View:
+    """What the viewer shows: a plane of the source and a box of it (a slice per spatial axis)."""
+
+    plane: tuple[int, ...]
+    region: tuple[slice, ...]
+
+
+@dataclass(frozen=True)
+class LivePrediction:
+    """The labels (class ids, the region's shape) of ``region`` of ``plane`` by the weights after ``step``."""
+
+    plane: tuple[int, ...]
+    region: tuple[slice, ...]
+    labels: np.ndarray
+    step: int
+
+
+class TrainingSession:
+    """Strokes -> a model, continued over several runs (see the module's docs).
+
+    Args:
+        source: the image layer's pixels as the model reads them.
+        intensity: how its raw values are scaled to [0, 1] (a fine-tuned model's own rule).
+        start: the model to fine-tune, or None for a new one (the default recipe's net for the channels and axes).
+        class_names: one per class (their number is the new model's number of classes).
+        seed: the trainer's seed.
+
+    Attributes:
+        view: the region the next live prediction labels first (the widget keeps it up to date).
+        trainer: the :class:`StrokeTrainer`, once :meth:`train` has read the strokes.
+    """
+
+    def __init__(
+        self,
+        source: LayerSource,
+        *,
+        intensity: Intensity,
+        start: LoadedModel | None,
+        class_names: list[str],
+        seed: int = 0,
+    ):
+        self.source, self.intensity, self.start = source, intensity, start
+        self.class_names, self.seed = list(class_names), seed
+        self.channels = start.in_channels if start is not None else _layer_channels(source)
+        self.view = View(next(source.planes()), tuple(slice(0, n) for n in source.spatial_shape))
+        self.trainer: StrokeTrainer | None = None
+        self._pending: StrokeSet | None = None
+        self._lock = threading.Lock()
+        self._scalings: dict[tuple[int, ...], Intensity] = {}
+
+    def offer(self, strokes: StrokeSet) -> None:
+        """New strokes (from the main thread): the run under way takes them up after its current step."""
+        with self._lock:
+            self._pending = strokes
+
+    def train(
+        self,
+        strokes: StrokeSet,
+        *,
+        stop: threading.Event,
+        max_memory: int,
+        max_seconds: float | None = None,
+        refresh_seconds: float = REFRESH_SECONDS,
+    ) -> Iterator[TrainingStep | LivePrediction]:
+        """Train on ``strokes`` (continuing from the current weights after a first run), yielding each step and,
+        every ``refresh_seconds``, the live predictions of :meth:`predict`; ends when the schedule or early stopping
+        ends it, ``max_seconds`` pass, or ``stop`` is set (between two steps, or within a tile of a prediction).
+        Strokes :meth:`offer`-ed meanwhile restart the schedule on them from the current weights."""
+        self._read(strokes)
+        started = refreshed = time.monotonic()
+        while not stop.is_set():
+            left = None if max_seconds is None else max(0.0, max_seconds - (time.monotonic() - started))
+            for progress in self.trainer.run(max_seconds=left, stop=stop):
+                yield TrainingStep(
+                    progress.step, progress.total_steps, progress.loss, progress.val_miou,
+                    progress.best_val_miou, time.monotonic() - started,
+                )  # fmt: skip
+                if time.monotonic() - refreshed >= refresh_seconds:
+                    yield from self.predict(stop=stop, max_memory=max_memory)
+                    refreshed = time.monotonic()
+                if self._has_pending():
+                    break
+            if not self._has_pending():
+                break
+            with self._lock:
+                strokes, self._pending = self._pending, None
+            self._read(strokes)
+        yield from self.predict(stop=stop, max_memory=max_memory)
+
+    def predict(self, *, stop: threading.Event, max_memory: int) -> Iterator[LivePrediction]:
+        """Label :attr:`view` with the best weights so far, then its whole plane when it has at most
+        :data:`LIVE_PLANE_PIXELS` pixels; each region's labels equal those of its whole plane (the window read
+        around it holds the receptive field, the plane's scaling is the one training used). Nothing once ``stop``
+        is set."""
+        view, loaded = self.view, self.model()
+        whole = tuple(slice(0, n) for n in self.source.spatial_shape)
+        regions = [view.region]
+        if view.region != whole and math.prod(self.source.spatial_shape) <= LIVE_PLANE_PIXELS:
+            regions.append(whole)
+        for region in regions:
+            try:
+                labels = self._label_region(loaded, view.plane, region, stop=stop, max_memory=max_memory)
+            except Cancelled:
+                return
+            if stop.is_set():
+                return
+            yield LivePrediction(view.plane, region, labels, self.trainer.step)
+
+    def model(self) -> LoadedModel:
+        """The best weights so far with the metadata Save writes (a copy: training goes on without touching it)."""
+        return dataclasses.replace(self.trainer.loaded, model=self.trainer.model)
+
+    def save(self, directory, *, class_names: list[str] | None = None, palette=None) -> Path:
+        """Write the best weights to the model directory ``directory`` (``densecnn predict``, the service and the
+        bioimage.io export read it)."""
+        return self.trainer.save(directory, class_names=class_names, palette=palette)
+
+    def _has_pending(self) -> bool:
+        with self._lock:
+            return self._pending is not None
+
+    def _read(self, strokes: StrokeSet) -> None:
+        """The windows around ``strokes`` -> a new trainer, or the current one's new labels."""
+        images, labels = training_windows(self.source, strokes, self.intensity, channels=self.channels)
+        if self.trainer is None:
+            self.trainer = StrokeTrainer(
+                images, labels, unlabelled=UNLABELLED, model=self.start, class_names=self.class_names,
+                seed=self.seed,
+            )  # fmt: skip
+            self.trainer.loaded.intensity = (
+                self.intensity
+            )  # the saved model scales raw pixels as training did
+        else:
+            self.trainer.set_labels(images, labels, unlabelled=UNLABELLED)
+
+    def _label_region(self, loaded, plane, region, *, stop, max_memory) -> np.ndarray:
+        """The labels of ``region`` of ``plane``: its window widened by the receptive field (clipped to the plane,
+        whose border the model pads as it pads the whole plane) labelled, then cut back to ``region``."""
+        dense = loaded.dense()
+        before, after = dense_padding(dense.patch_size, dense.receptive_field)
+        spans = [
+            (max(0, s.start - b), min(n, s.stop + a))
+            for s, b, a, n in zip(region, before, after, self.source.spatial_shape)
+        ]
+        window = _Window.of(self.source, plane, spans)
+        steps = engine.label(
+            loaded, window, max_memory=max_memory, intensity=self._plane_range(plane), cancel=stop
+        )
+        result = _drain(steps)
+        inner = tuple(slice(s.start - lo, s.stop - lo) for s, (lo, _) in zip(region, spans))
+        return result.labels[(0,) * len(plane) + inner]
+
+    def _plane_range(self, plane: tuple[int, ...]) -> Intensity:
+        """The plane's scaling as a fixed range, so that a region is scaled as its whole plane."""
+        if plane not in self._scalings:
+            scaling = plane_scaling(self.intensity, self.source, plane)
+            self._scalings[plane] = Intensity("range", scaling.low, scaling.high)
+        return self._scalings[plane]
+
+
+def _layer_channels(source: LayerSource) -> int:
+    """The channels a new model takes from the layer: its colours (RGB), its channel axis, or one."""
+    if source.rgb:
+        return source.array.shape[-1]
+    return source.array.shape[source.channel_axis] if source.channel_axis is not None else 1
+
+
+def _drain(steps):
+    """Run a labelling generator to its end; its return value."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
+
+
+class _Window:
+    """A lazy window of a layer's array: each plane axis one index, each spatial axis a span; indexing it reads only
+    the pixels asked for from the array underneath (numpy, dask or zarr)."""
+
+    def __init__(self, array, spans: tuple[slice, ...]):
+        self.array, self.spans = array, spans
+        self.shape = tuple(len(range(*s.indices(n))) for s, n in zip(spans, array.shape))
+        self.dtype, self.ndim = array.dtype, len(self.shape)
+
+    @classmethod
+    def of(cls, source: LayerSource, plane: tuple[int, ...], spans) -> LayerSource:
+        """``source`` restricted to one plane (kept as axes of length 1) and ``spans`` ([start, stop) per spatial
+        axis)."""
+        axes = [slice(None)] * source.array.ndim
+        for axis, index in zip(source.plane_axes, plane):
+            axes[axis] = slice(index, index + 1)
+        for axis, (start, stop) in zip(source.spatial_axes, spans):
+            axes[axis] = slice(start, stop)
+        return dataclasses.replace(source, array=cls(source.array, tuple(axes)))
+
+    def __getitem__(self, index: tuple) -> np.ndarray:
+        index = index + (slice(None),) * (self.ndim - len(index))
+        outer = []
+        for i, s, n in zip(index, self.spans, self.array.shape):
+            start = s.indices(n)[0]
+            if isinstance(i, slice):
+                lo, hi, _ = i.indices(len(range(*s.indices(n))))
+                outer.append(slice(start + lo, start + hi))
+            else:
+                outer.append(start + int(i))
+        return self.array[tuple(outer)]

@@ -1,0 +1,289 @@
+"""Interactive training in napari: strokes read from Labels and Shapes layers (channel axes, pyramid levels, windows
+around the strokes of a large plane), the live labels of a region equal to its whole plane's, and a scripted session
+in a real viewer that paints, trains, adds strokes, continues, saves, and labels with the saved model as
+``densecnn predict`` does; Cancel stops within one step. The widget tests run on Xvfb (pytest-xvfb); skipped where
+the ``napari`` extra or Xvfb is missing."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+napari = pytest.importorskip(
+    "napari", reason="napari is not installed: pip install -e '.[napari]' (make venv does)"
+)
+
+import densecnn  # noqa: E402
+from densecnn.io.intensity import Intensity  # noqa: E402
+from densecnn.io.pixels import unit_planes  # noqa: E402
+from densecnn.napari import engine  # noqa: E402
+from densecnn.napari.classes import format_classes, fresh_classes, parse_classes  # noqa: E402
+from densecnn.napari.sample import nuclei  # noqa: E402
+from densecnn.napari.source import LayerSource  # noqa: E402
+from densecnn.napari.strokes import UNLABELLED, WHOLE_PLANE_PIXELS, StrokeSet, training_windows  # noqa: E402
+from densecnn.napari.training import TrainingSession, TrainingStep, View  # noqa: E402
+from tests.tolerances import assert_labels_equal_except_ties  # noqa: E402
+
+needs_display = pytest.mark.skipif(
+    not os.environ.get("DISPLAY"),
+    reason="no X display: install Xvfb (make qt-libs), then pytest-xvfb starts one",
+)
+
+
+@pytest.fixture(autouse=True)
+def fixed_solver(tmp_path, ops_config):
+    """One solver (native NCHW), so tiles and the whole image differ only by torch's shape-dependent rounding."""
+    ops_config(cache_dir=tmp_path / "cache", solver="native", memory_format="nchw")
+
+
+def _cells(size: int = 160) -> np.ndarray:
+    """A corner of the nuclei sample: (size, size) uint8."""
+    return nuclei()[0][0][:size, :size].copy()
+
+
+def _strokes(image: np.ndarray, rows: range) -> np.ndarray:
+    """Strokes along ``rows``: value 2 (class 1) on bright pixels, value 1 (class 0) on dark ones, 0 elsewhere."""
+    strokes = np.zeros(image.shape, np.uint8)
+    for row in rows:
+        strokes[row] = np.where(image[row] > 120, 2, np.where(image[row] < 30, 1, 0))
+    return strokes
+
+
+def _scores(loaded, image: np.ndarray) -> torch.Tensor:
+    """(1, K, H, W) scores of a gray uint8 ``image`` by an untiled dense pass, scaled as the model declares."""
+    scaling = loaded.intensity.scaling(image)
+    x = loaded.normalize(torch.from_numpy(unit_planes(image, loaded.in_channels, scaling))[None])
+    with torch.no_grad():
+        return loaded.dense()(x)
+
+
+def _source(array, **options) -> LayerSource:
+    ndim = len((array[0] if options.get("multiscale") else array).shape)
+    defaults = dict(rgb=False, multiscale=False, scale=(1,) * ndim, spatial_dims=2, channels=1)
+    return LayerSource.of(array, **(defaults | options))
+
+
+# ---- strokes, classes and windows (no Qt) ----
+
+
+def test_strokes_drop_the_channel_axis_and_map_to_the_read_level():
+    stack = np.zeros((3, 2, 40, 50), np.uint8)  # (T, C, H, W)
+    source = _source(stack, channels=2)
+    painted = np.zeros(stack.shape, np.uint8)  # napari's new labels layer has the image's every axis
+    painted[1, 0, 5, 7], painted[1, 1, 6, 8], painted[2, 0, 30, 40] = 1, 3, 2
+    strokes = StrokeSet.of(painted, source, image_shape=stack.shape)
+    assert strokes.points.tolist() == [[1, 5, 7], [1, 6, 8], [2, 30, 40]]
+    assert strokes.classes.tolist() == [0, 2, 1] and strokes.values == [1, 2, 3]
+    assert list(strokes.planes(source)) == [(1,), (2,)]
+
+    levels = [np.zeros((80, 100), np.uint8), np.zeros((40, 50), np.uint8)]
+    pyramid = _source(levels, multiscale=True, scale=(0.5, 0.5), pixel_size=(1.0, 1.0))
+    assert pyramid.level == 1
+    level0 = np.zeros((80, 100), np.uint8)
+    level0[10, 21] = 2
+    assert StrokeSet.of(level0, pyramid, image_shape=(80, 100)).points.tolist() == [[5, 10]]
+
+
+def test_a_strokes_layer_of_another_shape_is_explained():
+    source = _source(np.zeros((40, 50), np.uint8))
+    with pytest.raises(densecnn.InvalidInputError, match="strokes layer is 40x60 but the image is 40x50"):
+        StrokeSet.of(np.zeros((40, 60), np.uint8), source, image_shape=(40, 50))
+
+
+class _Recorded:
+    """A uint16 plane computed on read, never held; every read's size is recorded."""
+
+    def __init__(self, shape):
+        self.shape, self.dtype, self.ndim, self.reads = shape, np.dtype(np.uint16), len(shape), []
+
+    def __getitem__(self, index):
+        rows, cols = (np.arange(n)[i] for n, i in zip(self.shape, index))
+        self.reads.append(rows.size * cols.size)
+        return ((rows[:, None] * 7 + cols[None, :] * 13) % 4000).astype(np.uint16)
+
+
+def test_a_large_planes_strokes_are_trained_in_windows_read_around_them():
+    plane = _Recorded((3000, 2800))
+    assert WHOLE_PLANE_PIXELS < 3000 * 2800
+    source = _source(plane)
+    points = np.array([[100, 120], [110, 130], [2900, 2700]])
+    strokes = StrokeSet(points, np.array([0, 1, 1]))
+    intensity = Intensity("range", 0, 4000)
+    images, labels = training_windows(source, strokes, intensity, channels=1)
+    assert len(images) == 2 and all(
+        i.shape[0] == 1 and i.shape[1:] == m.shape for i, m in zip(images, labels)
+    )
+    assert max(plane.reads) < 3000 * 2800 / 20  # the intensity sample's windows and the training windows only
+    total = sum(int((m != UNLABELLED).sum()) for m in labels)
+    assert total == 3 and sorted(np.concatenate([m[m != UNLABELLED] for m in labels]).tolist()) == [0, 1, 1]
+    first = labels[0]
+    (r, c) = np.argwhere(first == 0)[0]
+    # the window's pixel under the stroke is the plane's, scaled by the range
+    np.testing.assert_allclose(images[0][0, r, c], ((100 * 7 + 120 * 13) % 4000) / 4000, rtol=1e-6)
+
+
+def test_the_classes_field_reads_names_and_colours():
+    assert parse_classes("background #000000, cell #3cc85a") == (
+        ["background", "cell"],
+        [[0, 0, 0], [60, 200, 90]],
+    )
+    names, palette = parse_classes("a, b #ff0000")
+    assert names == ["a", "b"] and palette[1] == [255, 0, 0] and len(palette[0]) == 3
+    assert parse_classes(format_classes(["x", "y"], [[1, 2, 3], [4, 5, 6]])) == (
+        ["x", "y"],
+        [[1, 2, 3], [4, 5, 6]],
+    )
+    assert fresh_classes([1, 3])[0] == ["class_1", "class_2", "class_3"]
+    with pytest.raises(densecnn.InvalidInputError, match="class 2 of the classes field"):
+        parse_classes("a, #00ff00")
+
+
+def test_a_live_region_is_labelled_as_its_whole_plane(tmp_path):
+    image = _cells(200)
+    source = _source(image)
+    session = TrainingSession(source, intensity=Intensity(), start=None, class_names=["bg", "cell"])
+    stop = threading.Event()
+    updates = list(session.train(StrokeSet.of(_strokes(image, range(10, 190, 30)), source, image_shape=image.shape),
+                                 stop=stop, max_memory=1 << 30, max_seconds=1.0))  # fmt: skip
+    assert any(isinstance(u, TrainingStep) for u in updates)
+    session.view = View((), (slice(37, 121), slice(150, 200)))  # touches the right border
+    region, whole = list(session.predict(stop=stop, max_memory=1 << 30))
+    assert region.region == session.view.region and whole.labels.shape == image.shape
+    loaded = session.model()
+    scores = _scores(loaded, image)
+    assert_labels_equal_except_ties(torch.from_numpy(whole.labels.astype(np.int64))[None], scores)
+    assert_labels_equal_except_ties(
+        torch.from_numpy(region.labels.astype(np.int64))[None], scores[..., 37:121, 150:200]
+    )
+    stop.set()
+    assert list(session.predict(stop=stop, max_memory=1 << 30)) == []
+
+
+# ---- the Train panel in a viewer ----
+
+
+@pytest.fixture
+def viewer_and_panel(make_napari_viewer):
+    from densecnn.napari.train_panel import TrainPanel
+
+    viewer = make_napari_viewer()
+    panel = TrainPanel(viewer)
+    viewer.window.add_dock_widget(panel)
+    return viewer, panel
+
+
+def _choose(panel, image, strokes, *, max_seconds):
+    panel._image.reset_choices()
+    panel._strokes.reset_choices()
+    panel._image.value, panel._strokes.value = image, strokes
+    panel._max_seconds.value = max_seconds
+
+
+def _train(panel, qtbot):
+    assert panel.train() is not None, panel._status.value
+    qtbot.waitUntil(lambda: panel.worker is None, timeout=180_000)
+
+
+@needs_display
+def test_a_session_trains_continues_saves_and_its_model_labels_like_predict(
+    viewer_and_panel, qtbot, tmp_path
+):
+    from PIL import Image
+
+    from densecnn.cli import main
+
+    viewer, panel = viewer_and_panel
+    image_data = _cells()
+    image = viewer.add_image(image_data, name="cells")
+    strokes = viewer.add_labels(np.zeros(image_data.shape, np.uint8), name="strokes")
+    strokes.data = _strokes(image_data, range(5, 160, 40))  # paint
+    _choose(panel, image, strokes, max_seconds=3)
+    panel._classes.value = "background #202020, nucleus #3cc85a"
+    _train(panel, qtbot)
+    session, first = panel.session, panel.session.trainer.step
+    assert first > 0 and panel._status.value.startswith("step"), panel._status.value
+    assert panel.live_updates and viewer.layers["cells live"].data.shape == image_data.shape
+
+    strokes.data = np.maximum(strokes.data, _strokes(image_data, range(25, 160, 40)))  # more strokes
+    _train(panel, qtbot)
+    assert (
+        panel.session is session and session.trainer.start_step == first < session.trainer.step
+    )  # continued
+
+    saved = tmp_path / "cells_model"
+    panel.save(saved)
+    qtbot.waitUntil(lambda: panel.worker is None, timeout=60_000)
+    assert panel._status.value == f"saved the model to {saved}"
+    loaded = densecnn.load(saved)
+    assert loaded.class_names == ["background", "nucleus"] and loaded.palette == [[32, 32, 32], [60, 200, 90]]
+
+    Image.fromarray(image_data).save(tmp_path / "cells.png")
+    assert main(["predict", str(saved), str(tmp_path / "cells.png"), str(tmp_path / "labels.npy")]) == 0
+    predicted = np.load(tmp_path / "labels.npy")
+    source = _source(image_data)
+    reloaded = engine.label(densecnn.load(saved), source, max_memory=1 << 30)
+    while True:
+        try:
+            next(reloaded)
+        except StopIteration as done:
+            labels = done.value.labels
+            break
+    np.testing.assert_array_equal(labels, predicted)
+    scores = _scores(loaded, image_data)  # the independent reference for both
+    assert_labels_equal_except_ties(torch.from_numpy(predicted.astype(np.int64))[None], scores)
+    live = viewer.layers["cells live"].data  # the last live labels: the saved weights over the whole plane
+    assert_labels_equal_except_ties(torch.from_numpy(live.astype(np.int64))[None], scores)
+
+
+@needs_display
+def test_cancel_stops_within_one_step_and_keeps_the_best_weights(viewer_and_panel, qtbot, tmp_path):
+    viewer, panel = viewer_and_panel
+    image_data = _cells()
+    image = viewer.add_image(image_data, name="cells")
+    strokes = viewer.add_labels(_strokes(image_data, range(5, 160, 20)), name="strokes")
+    _choose(panel, image, strokes, max_seconds=120)
+    worker = panel.train()
+    cancelled_at = []
+
+    def cancel_after_a_few_steps(update):
+        if isinstance(update, TrainingStep) and update.step >= 3 and not cancelled_at:
+            cancelled_at.append(update.step)
+            panel._cancel.clicked.emit()
+
+    worker.yielded.connect(cancel_after_a_few_steps)
+    qtbot.waitUntil(lambda: panel.worker is None, timeout=120_000)
+    trainer = panel.session.trainer
+    assert trainer.step <= cancelled_at[0] + 1 < trainer.total_steps
+    assert panel._status.value.startswith(f"cancelled after step {panel.last_step.step}")
+    panel.save(tmp_path / "kept")
+    qtbot.waitUntil(lambda: panel.worker is None, timeout=60_000)
+    kept = densecnn.load(tmp_path / "kept")
+    best = trainer.model.state_dict()
+    for name, tensor in kept.model.state_dict().items():
+        torch.testing.assert_close(tensor, best[name], rtol=0, atol=0)
+    record = json.loads((tmp_path / "kept" / "model.json").read_text())["extra"]["training"]
+    assert record["best_val_miou"] == trainer.best_val_miou
+
+
+@needs_display
+def test_shapes_are_painted_into_the_strokes_layer(viewer_and_panel):
+    viewer, panel = viewer_and_panel
+    image = viewer.add_image(_cells(100), name="cells")
+    strokes = viewer.add_labels(np.zeros((100, 100), np.uint8), name="strokes")
+    shapes = viewer.add_shapes(
+        [np.array([[10, 10], [10, 40], [40, 40], [40, 10]]), np.array([[70, 5], [70, 95]])],
+        shape_type=["polygon", "line"],
+        edge_width=1,
+        name="outlines",
+    )
+    _choose(panel, image, strokes, max_seconds=1)
+    panel._shapes.reset_choices()
+    panel._shapes.value = shapes
+    panel._shape_value.value = 2
+    assert panel.add_shapes() > 900
+    assert strokes.data[25, 25] == 2 and strokes.data[70, 50] == 2 and strokes.data[55, 50] == 0
