@@ -77,7 +77,10 @@ def test_the_manifest_validates_and_names_the_widget_and_sample():
     from npe2 import PluginManifest
 
     manifest = PluginManifest.from_distribution("densecnn")
-    assert [w.display_name for w in manifest.contributions.widgets] == ["Label with densecnn", "Train with densecnn"]
+    assert [w.display_name for w in manifest.contributions.widgets] == [
+        "Label with densecnn",
+        "Train with densecnn",
+    ]
     assert [s.key for s in manifest.contributions.sample_data] == ["nuclei"]
 
 
