@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -28,6 +29,8 @@ from densecnn.napari.source import LayerSource  # noqa: E402
 from densecnn.napari.strokes import UNLABELLED, WHOLE_PLANE_PIXELS, StrokeSet, training_windows  # noqa: E402
 from densecnn.napari.training import TrainingSession, TrainingStep, View  # noqa: E402
 from tests.tolerances import assert_labels_equal_except_ties  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
 
 needs_display = pytest.mark.skipif(
     not os.environ.get("DISPLAY"),
@@ -287,3 +290,79 @@ def test_shapes_are_painted_into_the_strokes_layer(viewer_and_panel):
     panel._shape_value.value = 2
     assert panel.add_shapes() > 900
     assert strokes.data[25, 25] == 2 and strokes.data[70, 50] == 2 and strokes.data[55, 50] == 0
+
+
+@needs_display
+def test_geojson_annotations_are_painted_with_their_classes(viewer_and_panel, tmp_path):
+    viewer, panel = viewer_and_panel
+    image = viewer.add_image(np.zeros((2, 60, 80), np.uint8), name="stack")
+    strokes = viewer.add_labels(np.zeros((2, 60, 80), np.uint8), name="strokes")
+    _choose(panel, image, strokes, max_seconds=1)
+    panel._classes.value = "background #000000"
+    viewer.dims.set_point(0, 1)  # the second slice is shown
+    feature = {
+        "type": "Feature",
+        "geometry": {"type": "Polygon", "coordinates": [[[10, 5], [30, 5], [30, 20], [10, 20], [10, 5]]]},
+        "properties": {"classification": {"name": "Tumor", "color": [200, 0, 0]}},
+    }
+    line = {
+        "type": "Feature",
+        "geometry": {"type": "LineString", "coordinates": [[0, 40], [79, 40]]},
+        "properties": {"classification": {"name": "background"}},
+    }
+    path = tmp_path / "regions.geojson"
+    path.write_text(json.dumps({"type": "FeatureCollection", "features": [feature, line]}))
+    assert panel.add_geojson(path) > 300
+    assert not strokes.data[0].any()
+    assert strokes.data[1, 10, 20] == 2 and strokes.data[1, 40, 50] == 1 and strokes.data[1, 50, 50] == 0
+    assert panel._classes.value == "background #000000, Tumor #c80000"
+
+
+@needs_display
+def test_a_shipped_model_is_fine_tuned_on_strokes_of_one_slice(viewer_and_panel, qtbot, tmp_path):
+    viewer, panel = viewer_and_panel
+    cells = _cells(128)
+    stack = np.stack([cells, np.roll(cells, 20, 1), cells[::-1]])  # (T, H, W)
+    image = viewer.add_image(stack, name="stack")
+    painted = np.zeros(stack.shape, np.uint8)
+    painted[1] = _strokes(stack[1], range(4, 128, 16))
+    painted[1, 60, 3:9] = 3  # a few boundary pixels (class 2)
+    strokes = viewer.add_labels(painted, name="strokes")
+    _choose(panel, image, strokes, max_seconds=0)  # no budget: until the first validation below
+    viewer.dims.set_point(0, 0)  # slice 0 shown, strokes on slice 1
+    panel._start.value = next(v for v in panel._start.choices if getattr(v, "name", None) == "nuclei")
+    worker = panel.train()
+    worker.yielded.connect(
+        lambda u: panel.cancel() if isinstance(u, TrainingStep) and u.val_miou is not None else None
+    )
+    qtbot.waitUntil(lambda: panel.worker is None, timeout=180_000)
+    assert panel._classes.value.startswith("background #000000, nucleus #3cc85a, boundary")
+    trainer = panel.session.trainer
+    assert trainer.step > 0 and trainer.loaded.num_classes == 3
+    live = viewer.layers["stack live"].data
+    assert live.shape == stack.shape and live[0].any() and not live[1:].any()  # the slice shown, slice 0
+    panel.save(tmp_path / "tuned")
+    qtbot.waitUntil(lambda: panel.worker is None, timeout=60_000)
+    tuned, shipped = densecnn.load(tmp_path / "tuned"), densecnn.load(ROOT / "models" / "nuclei")
+    assert tuned.class_names == shipped.class_names and tuned.patch_size == shipped.patch_size
+    assert tuned.normalization == shipped.normalization
+    assert not torch.equal(
+        tuned.model[0].weight, shipped.model[0].weight
+    )  # the weights of the first validation
+
+
+@needs_display
+def test_a_new_3d_model_trains_on_strokes_of_one_slice_of_a_volume(viewer_and_panel, qtbot):
+    viewer, panel = viewer_and_panel
+    cells = _cells(64)
+    volume = np.stack([np.roll(cells, k, 0) for k in range(16)])  # (D, H, W)
+    image = viewer.add_image(volume, name="volume")
+    painted = np.zeros(volume.shape, np.uint8)
+    painted[8] = _strokes(volume[8], range(2, 64, 6))
+    strokes = viewer.add_labels(painted, name="strokes")
+    _choose(panel, image, strokes, max_seconds=3)
+    panel._volume.value = True
+    _train(panel, qtbot)
+    trainer = panel.session.trainer
+    assert trainer.step > 0 and len(trainer.patch_size) == 3, panel._status.value
+    assert panel.session.source.labels_shape == volume.shape and panel.live_updates

@@ -1,5 +1,6 @@
 """Strokes painted in napari -> what a training run reads: the labelled pixels of a Labels layer (value 0 unlabelled,
-value v class v-1), polygons and lines of a Shapes layer painted into it, and the image windows around them.
+value v class v-1), polygons and lines of a Shapes layer or a QuPath GeoJSON file painted into it, and the image
+windows around them.
 
 No Qt here. A stroke layer may carry the image's channel axis (napari's "new labels" button gives it every axis of
 the image) and may be at the pyramid's level 0 while the model reads another level: :meth:`StrokeSet.of` maps its
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import InvalidInputError
+from ..io import annotations
 from ..io.intensity import Intensity, Scaling, require_finite, sample_windows
 from ..io.pixels import unit_planes
 from .source import LayerSource
@@ -109,6 +111,25 @@ def paint_shapes(shapes, labels: np.ndarray, value: int) -> int:
         labels[mask] = int(shape_value)
         painted += int(mask.sum())
     return painted
+
+
+def paint_geojson(path, labels: np.ndarray, class_names: list[str]) -> tuple[int, list[str], list]:
+    """Paint a GeoJSON file's annotations (QuPath's export: polygons filled, lines one pixel wide, points; see
+    :mod:`densecnn.io.annotations`) into ``labels``, one (H, W) plane of the strokes layer at full resolution. A
+    class named in ``class_names`` gets its stroke value (index + 1), a new one the next value. Returns the pixels
+    painted, the class names (``class_names`` then the new ones) and the new classes' colours (RGB or None).
+
+    Raises:
+        DatasetError: the file is not GeoJSON, or a feature has no class.
+    """
+    found = annotations.read_geojson(path)
+    new = [name for name in annotations.class_names_of(found) if name not in class_names]
+    names = [*class_names, *new]
+    raster = annotations.rasterize(found, labels.shape, class_ids={name: k for k, name in enumerate(names)})
+    painted = raster != annotations.UNLABELLED
+    labels[painted] = raster[painted] + 1
+    colours = {a.class_name: a.color for a in found}
+    return int(painted.sum()), names, [colours.get(name) for name in new]
 
 
 def plane_scaling(intensity: Intensity, source: LayerSource, plane: tuple[int, ...]) -> Scaling:

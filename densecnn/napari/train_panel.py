@@ -43,7 +43,7 @@ from ..modelfile import LoadedModel, load
 from .classes import format_classes, fresh_classes, parse_classes
 from .models import shipped_models
 from .source import LayerSource
-from .strokes import StrokeSet, paint_shapes
+from .strokes import StrokeSet, paint_geojson, paint_shapes
 from .training import LivePrediction, TrainingSession, TrainingStep, View
 from .widget import DEFAULT_MAX_MEMORY_MIB, MIB, palette_colormap
 
@@ -88,6 +88,8 @@ class TrainPanel(Container):
         self._shapes = create_widget(annotation=napari.layers.Shapes, label="shapes")
         self._shape_value = SpinBox(label="shapes' stroke value", min=1, max=255, value=1)
         self._add_shapes = PushButton(text="Add shapes to strokes")
+        self._geojson = FileEdit(label="GeoJSON", mode="r", filter="*.geojson *.json")
+        self._add_geojson = PushButton(text="Add GeoJSON to strokes")
         self._save_dir = FileEdit(label="save to", mode="d")
         self._save = PushButton(text="Save model")
         self._status = Label(value="")
@@ -95,12 +97,13 @@ class TrainPanel(Container):
             [
                 self._image, self._strokes, self._start, self._model_dir, self._channels, self._volume,
                 self._classes, self._max_seconds, self._max_memory, self._train, self._cancel, self._progress,
-                self._shapes, self._shape_value, self._add_shapes, self._save_dir, self._save, self._status,
+                self._shapes, self._shape_value, self._add_shapes, self._geojson, self._add_geojson, self._save_dir, self._save, self._status,
             ]
         )  # fmt: skip
         self._train.changed.connect(self.train)
         self._cancel.changed.connect(self.cancel)
         self._add_shapes.changed.connect(self.add_shapes)
+        self._add_geojson.changed.connect(lambda: self.add_geojson(self._geojson.value))
         self._save.changed.connect(lambda: self.save(self._save_dir.value))
         self._strokes.changed.connect(self._watch_strokes)
         self._classes.changed.connect(self._recolour)
@@ -168,6 +171,32 @@ class TrainPanel(Container):
         strokes_layer.refresh()
         self._strokes_changed()
         self._status.value = f"painted {painted} pixels of {shapes.name} into {strokes_layer.name}"
+        return painted
+
+    def add_geojson(self, path) -> int:
+        """Paint a QuPath GeoJSON file's annotations into the plane of the strokes layer the viewer shows (the
+        button), classes by name: a name of the classes field keeps its value, a new one is added to the field with
+        its colour. Returns the pixels painted."""
+        strokes_layer = self._strokes.value
+        if strokes_layer is None:
+            self._status.value = "choose the strokes layer to paint the annotations into"
+            return 0
+        try:
+            names, palette = self._class_list()
+            point = strokes_layer.world_to_data(self._viewer.dims.point)
+            plane = tuple(int(round(p)) for p in point[: strokes_layer.ndim - 2])
+            painted, names, colours = paint_geojson(path, strokes_layer.data[plane], names)
+        except DenseCNNError as exc:
+            self._status.value = str(exc)
+            return 0
+        fallback = fresh_classes([len(names)])[1]
+        palette += [
+            list(c) if c is not None else fallback[k] for k, c in enumerate(colours, start=len(palette))
+        ]
+        self._classes.value = format_classes(names, palette)
+        strokes_layer.refresh()
+        self._strokes_changed()
+        self._status.value = f"painted {painted} pixels of {Path(path).name} into {strokes_layer.name}"
         return painted
 
     def save(self, directory) -> GeneratorWorker | None:
