@@ -1,5 +1,5 @@
-"""Who is calling: ``Authorization: Bearer KEY`` names the key, whose name owns the jobs it makes; each key's requests
-are rate-limited (per worker process).
+"""Who is calling: ``Authorization: Bearer KEY`` names the key, whose id owns the jobs it makes; each key's requests
+are rate-limited (per worker process), and so are each client address's failed authentications.
 
 With ``require_keys`` off (the default, for ``make serve`` on localhost) a request without a key is the anonymous
 caller (owner ""), whose jobs every anonymous caller sees; a request with a key is that key's, as when keys are
@@ -26,7 +26,8 @@ MAX_TRACKED = 10_000  # keys whose buckets are remembered; the fullest (longest 
 
 @dataclass(frozen=True)
 class Caller:
-    owner: str  # the key's name, or ANONYMOUS
+    owner: str  # the key's owner id (keys.owner_id), or ANONYMOUS
+    name: str = "anonymous"  # as messages name the caller
 
 
 class RateLimiter:
@@ -37,8 +38,9 @@ class RateLimiter:
         self._buckets: dict[str, tuple[float, float]] = {}  # key -> (tokens, when)
         self._lock = threading.Lock()
 
-    def wait(self, key: str) -> float:
-        """0 if ``key`` may make a request now (it is counted), else the seconds until it may."""
+    def wait(self, key: str, *, count: bool = True) -> float:
+        """0 if ``key`` may make a request now (it is counted, unless ``count`` is False), else the seconds until it
+        may."""
         now = time.monotonic()
         with self._lock:
             tokens, then = self._buckets.get(key, (self.capacity, now))
@@ -46,7 +48,7 @@ class RateLimiter:
             if tokens < 1:
                 self._buckets[key] = (tokens, now)
                 return (1 - tokens) / self.rate
-            self._buckets[key] = (tokens - 1, now)
+            self._buckets[key] = (tokens - count, now)
             if len(self._buckets) > MAX_TRACKED:
                 del self._buckets[min(self._buckets, key=lambda k: self._buckets[k][1])]
         return 0.0
@@ -56,8 +58,29 @@ def _unauthorized(code: str, message: str) -> ApiError:
     return ApiError(401, code, message, {"WWW-Authenticate": 'Bearer realm="densecnn"'})
 
 
+def _refused_too_often(request: Request) -> None:
+    """429 for a client address out of failed-authentication tokens (``failed_auth_per_minute``): keys cannot be
+    guessed at speed."""
+    limiter: RateLimiter = request.app.state.auth_failures
+    wait = limiter.wait(_address(request), count=False)
+    if wait > 0:
+        raise ApiError(429, "too_many_failed_keys",
+                       "too many requests with a wrong or missing key from your address; retry after the time in "
+                       "the Retry-After header, with a valid key", {"Retry-After": str(math.ceil(wait))})  # fmt: skip
+
+
+def _address(request: Request) -> str:
+    return request.client.host if request.client else "?"
+
+
+def _failed(request: Request, error: ApiError) -> ApiError:
+    request.app.state.auth_failures.wait(_address(request))  # counts the failure
+    return error
+
+
 def get_caller(request: Request) -> Caller:
-    """The caller of a /v1 request; 401 without a valid key where one is needed, 429 past the key's rate.
+    """The caller of a /v1 request; 401 without a valid key where one is needed, 429 past the key's rate (or past
+    the address's failed authentications).
 
     A plain ``def``: the key lookup reads the database, so FastAPI runs it on its thread pool.
     """
@@ -66,24 +89,27 @@ def get_caller(request: Request) -> Caller:
     header = request.headers.get("authorization")
     if header is None:
         if settings.require_keys:
-            raise _unauthorized("missing_key",
-                                "this server needs an API key: send Authorization: Bearer KEY (an administrator "
-                                "creates keys with `densecnn keys add NAME`)")  # fmt: skip
+            _refused_too_often(request)
+            raise _failed(request, _unauthorized(
+                "missing_key", "this server needs an API key: send Authorization: Bearer KEY (an administrator "
+                "creates keys with `densecnn keys add NAME`)"))  # fmt: skip
         return Caller(ANONYMOUS)
+    _refused_too_often(request)
     scheme, _, secret = header.partition(" ")
     if scheme.lower() != "bearer" or not secret.strip():
-        raise _unauthorized("invalid_authorization", "the Authorization header must be 'Bearer KEY'")
-    owner = keys.owner(secret.strip()) if keys is not None else None
-    if owner is None:
-        raise _unauthorized(
-            "invalid_key", "the API key is not known to this server; check it, or ask for a new one"
+        raise _failed(
+            request, _unauthorized("invalid_authorization", "the Authorization header must be 'Bearer KEY'")
         )
-    wait = request.app.state.rate_limiter.wait(owner)
+    holder = keys.holder(secret.strip()) if keys is not None else None
+    if holder is None:
+        raise _failed(request, _unauthorized(
+            "invalid_key", "the API key is not known to this server; check it, or ask for a new one"))  # fmt: skip
+    wait = request.app.state.rate_limiter.wait(holder.owner)
     if wait > 0:
         raise ApiError(429, "rate_limited",
-                       f"key {owner!r} is over its {settings.requests_per_minute} requests a minute; retry after the "
-                       "time in the Retry-After header", {"Retry-After": str(math.ceil(wait))})  # fmt: skip
-    return Caller(owner)
+                       f"key {holder.name!r} is over its {settings.requests_per_minute} requests a minute; retry "
+                       "after the time in the Retry-After header", {"Retry-After": str(math.ceil(wait))})  # fmt: skip
+    return Caller(holder.owner, holder.name)
 
 
 CallerDep = Annotated[Caller, Depends(get_caller)]

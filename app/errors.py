@@ -13,6 +13,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
+from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
@@ -136,6 +137,13 @@ def install_error_handlers(app: FastAPI, *, retry_after: int) -> None:
         logger.info("client %s closed the connection before the answer to %s %s", _peer(request), request.method,
                     request.url.path)  # fmt: skip
         return Response(status_code=CLIENT_CLOSED)  # nobody reads it; /metrics counts it apart
+
+    @app.exception_handler(OperationalError)
+    async def database_unavailable(request: Request, exc: OperationalError):
+        logger.error("database unavailable on %s %s: %s", request.method, request.url.path, exc.orig)
+        return error_response(503, "storage_unavailable",
+                              "the server cannot write its records now (its disk may be full); retry later",
+                              {"Retry-After": str(retry_after)}, _id(request))  # fmt: skip
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException):

@@ -20,11 +20,13 @@ from .auth import RateLimiter, get_caller
 from .errors import install_error_handlers
 from .executor import InferencePool
 from .jobs.db import make_engine
+from .jobs.quota import Quota
 from .jobs.runner import JobRunner
 from .jobs.store import JobStore
 from .keys import KeyStore
 from .limits import BodySizeLimitMiddleware
 from .metrics import Metrics, MetricsMiddleware, multiprocess
+from .privacy import private_database, private_directory
 from .registry import load_models
 from .requestid import RequestIdMiddleware
 from .routers import health, jobs, models, page, segment, uploads
@@ -102,11 +104,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         )
         drain_on_signals(service)
         loading = asyncio.create_task(_load_models(service, settings))
-        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        await asyncio.to_thread(private_directory, settings.data_dir)
         engine = await asyncio.to_thread(make_engine, settings.database)
+        await asyncio.to_thread(private_database, settings)
         app.state.keys = KeyStore(engine)
+        await asyncio.to_thread(app.state.keys.adopt_named_jobs)
         store = JobStore(engine)
-        app.state.jobs = runner = JobRunner(settings, store, metrics)
+        app.state.jobs = runner = JobRunner(
+            settings, store, Quota(engine, settings.disk_quota_bytes), metrics
+        )
         metrics.watch_jobs(store.count_by_state)
         await asyncio.to_thread(runner.maintain)  # resumes the jobs a stopped server left
         maintenance = asyncio.create_task(_maintain_jobs(runner, settings.job_poll_seconds))
@@ -130,6 +136,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     app.state.settings, app.state.service, app.state.metrics = settings, service, metrics
     app.state.rate_limiter = RateLimiter(settings.requests_per_minute)
+    app.state.auth_failures = RateLimiter(settings.failed_auth_per_minute)
     install_error_handlers(app, retry_after=settings.retry_after)
     app.add_middleware(
         BodySizeLimitMiddleware, max_bytes=settings.max_upload_bytes,

@@ -130,7 +130,15 @@ class Settings(BaseSettings):
         1024, gt=0, description="about how many pixels per side one task of a job computes (whole chunks)"
     )
     job_task_memory: int | None = Field(
-        None, gt=0, description="bytes one block task may use (default: a share of the Dask worker's memory)"
+        None,
+        gt=0,
+        description="bytes of activations one block task's inference may use (default: half of max_job_memory)",
+    )
+    max_job_memory: int = Field(
+        2 << 30,
+        gt=0,
+        description="bytes one job's block task may hold: its input window, labels and chunk buffers (estimated from "
+        "the output chunk before the job starts; a chunk over it gets 422) plus job_task_memory",
     )
     max_job_upload_bytes: int = Field(
         4 << 30, gt=0, description="larger uploads to POST /v1/jobs get 413 (they are streamed to disk)"
@@ -143,6 +151,12 @@ class Settings(BaseSettings):
     )
     job_retention: float = Field(
         7 * 24 * 3600.0, gt=0, description="seconds a finished job and its files are kept; then deleted"
+    )
+    upload_idle_seconds: float = Field(
+        24 * 3600.0,
+        gt=0,
+        description="seconds an unfinished resumable upload is kept after the last bytes it received (or its "
+        "creation); then deleted, and so are a killed job upload's leftovers",
     )
     job_poll_seconds: float = Field(
         5.0,
@@ -159,6 +173,17 @@ class Settings(BaseSettings):
     max_jobs_per_key: int = Field(4, gt=0, description="queued and running jobs per key; beyond: 429")
     requests_per_minute: int = Field(
         600, gt=0, description="/v1 requests per key (or client address without keys) per worker; beyond: 429"
+    )
+    failed_auth_per_minute: int = Field(
+        10,
+        gt=0,
+        description="requests with a wrong (or, where keys are required, missing) key per client address and "
+        "worker; beyond: 429 with Retry-After, whatever key is sent",
+    )
+    public_metrics: bool = Field(
+        False,
+        description="/metrics answers without a key even where keys are required (a scraper on a trusted "
+        "network); otherwise it needs a valid key there",
     )
     cors_origins: list[str] = Field(
         [], description='origins whose pages may call the API from a browser (e.g. ["https://lab.example"])'

@@ -251,7 +251,7 @@ def test_a_job_whose_worker_died_is_taken_over(tmp_path):
     JobStore(engine).add(JobRecord(
         id="d1ed", owner="", model="cells", input=str(tmp_path / "data" / "blobs.zarr"), input_name="blobs.zarr",
         result="zarr", state="running", runner="gone:1:x", heartbeat=time.time() - 1, created=time.time(),
-    ))  # fmt: skip
+    ), max_unfinished=4)  # fmt: skip
     engine.dispose()
     with serving(settings) as client:
         job = wait_for(client, "/v1/jobs/d1ed")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from enum import Enum
 
-from sqlalchemy import Float, Integer, String, Text, create_engine, event
+from sqlalchemy import BigInteger, Float, Integer, String, Text, create_engine, event
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -31,7 +31,9 @@ class JobRecord(Base):
     __tablename__ = "jobs"
 
     id: Mapped[str] = mapped_column(String(32), primary_key=True)
-    owner: Mapped[str] = mapped_column(String(200), index=True)  # the key's name, or "" without keys
+    owner: Mapped[str] = mapped_column(
+        String(200), index=True
+    )  # the key's id (keys.owner_id), or "" without keys
     model: Mapped[str] = mapped_column(String(200))
     input: Mapped[str] = mapped_column(Text)  # the input's path on the server
     input_name: Mapped[str] = mapped_column(
@@ -58,8 +60,20 @@ class JobRecord(Base):
     heartbeat: Mapped[float] = mapped_column(Float, default=0.0)  # when that worker last said it holds it
 
 
+class Reservation(Base):
+    """Disk the jobs' files may take, reserved before they are written: an upload's declared length, a job's input
+    and estimated results (measured in disk blocks once it has finished). The quota is their sum."""
+
+    __tablename__ = "reservations"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)  # a job's id, or "upload-" + an upload's id
+    bytes: Mapped[int] = mapped_column(BigInteger)
+    updated: Mapped[float] = mapped_column(Float, default=time.time)
+
+
 class KeyRecord(Base):
-    """An API key: its name (the owner of its jobs) and the SHA-256 of its secret (never the secret)."""
+    """An API key: its name and the SHA-256 of its secret (never the secret); its jobs are owned by an id derived from
+    the digest, so a new key under a reused name owns none of the old key's jobs."""
 
     __tablename__ = "api_keys"
 

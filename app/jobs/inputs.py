@@ -1,5 +1,10 @@
-"""Where a job's input comes from: an upload streamed to the job's directory in chunks (never held whole in memory),
-or a path under the configured data roots (symlinks resolved, ``..`` refused).
+"""Where a job's input comes from: an upload streamed to the job's directory in batches (never held whole in memory,
+never spooled anywhere else first), or a path under the configured data roots, opened beneath its root
+(:mod:`densecnn.io.beneath`: each component through its parent's descriptor, symlinks followed only while they stay
+inside, regular files and directories only).
+
+Readers take paths, so an opened input is handed to them as a link in the job's directory to its descriptor
+(``/proc/<pid>/fd/N``): what was checked is what is read, whatever is swapped in afterwards.
 
 Zarr stores, (Big)TIFF, whole-slide images and .npy files are read lazily, block by block, whatever their size;
 other image files (PNG, JPEG, WebP, BMP, GIF) are decoded whole, so they must fit the service's image limits.
@@ -8,18 +13,23 @@ other image files (PNG, JPEG, WebP, BMP, GIF) are decoded whole, so they must fi
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import stat
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from starlette.datastructures import UploadFile
 from starlette.requests import Request
 
 from densecnn.io import ACCEPTED, image_format, is_zarr
+from densecnn.io.beneath import PathRefusedError, descriptor_path, open_beneath
 from densecnn.io.formats import TIFF_SUFFIXES
 from densecnn.io.slides import SLIDE_SUFFIXES
 
 from ..errors import ApiError
-from ..uploads import RAW_TYPES, printable_name
+from ..uploads import RAW_TYPES
+from .multipart import ImagePart
 from .quota import QuotaExceeded
 
 SUFFIXES = {"png": ".png", "jpeg": ".jpg", "tiff": ".tif", "bmp": ".bmp", "gif": ".gif", "npy": ".npy",
@@ -27,11 +37,13 @@ SUFFIXES = {"png": ".png", "jpeg": ".jpg", "tiff": ".tif", "bmp": ".bmp", "gif":
 CHUNKED_SUFFIXES = (*TIFF_SUFFIXES, *SLIDE_SUFFIXES, ".npy")  # read block by block, like zarr stores
 WRITE_BATCH = 1 << 20  # bytes gathered from the request before one write to the disk
 MAX_PATH = 4096  # characters of a server-side path
+SOURCE = "source"  # the link, in a job's directory, to its opened server-side input
 
 
 @dataclass(frozen=True)
 class JobInput:
-    """A job's input on the server's disk (an upload lies in the job's directory), and the caller's name for it."""
+    """A job's input: ``path`` where the readers read it (the opened input's link, or the upload in the job's
+    directory), ``name`` as the caller named it."""
 
     path: Path
     name: str
@@ -42,12 +54,31 @@ class JobInput:
         return is_zarr(self.path) or self.path.suffix.lower() in CHUNKED_SUFFIXES
 
 
-def server_path(name: str, roots: list[Path]) -> JobInput:
-    """The file or zarr store ``name`` (relative to a data root, or absolute inside one) with every symlink resolved.
+@contextlib.contextmanager
+def opened_server_input(name: str, roots: list[Path], directory: Path) -> Iterator[JobInput]:
+    """The file or zarr store ``name`` (relative to a data root, or absolute inside one), opened beneath its root
+    and linked into ``directory`` for the readers while the block lasts.
 
-    Raises ApiError: 403 when the server has no data roots or the path leads outside them, 400 for ``..``, 404 when
-    nothing is there.
+    Raises ApiError: 403 when the server has no data roots or the path leads outside them, 400 for ``..``, a loop
+    of symlinks, a FIFO or device, or a directory that is no zarr store; 404 when nothing is there.
     """
+    fd = _open_under_roots(name, roots)
+    link = None
+    try:
+        link = _link(fd, name, directory)
+        yield JobInput(link, name)
+    finally:
+        os.close(fd)
+        if link is not None:
+            link.unlink(missing_ok=True)
+
+
+def check_server_path(name: str, roots: list[Path]) -> None:
+    """Raise the ApiError :func:`opened_server_input` would, without linking anything."""
+    os.close(_open_under_roots(name, roots))
+
+
+def _open_under_roots(name: str, roots: list[Path]) -> int:
     if not roots:
         raise ApiError(403, "server_paths_disabled",
                        "this server reads no server-side paths (its data_roots setting is empty); upload the image "
@@ -55,65 +86,79 @@ def server_path(name: str, roots: list[Path]) -> JobInput:
     if "\0" in name or len(name) > MAX_PATH:
         raise ApiError(400, "invalid_path",
                        f"a server-side path has at most {MAX_PATH} characters and no NUL; check {name[:100]!r}")  # fmt: skip
-    given = Path(name)
-    if ".." in given.parts:
+    if ".." in Path(name).parts:
         raise ApiError(
             400, "path_traversal", f"{name!r} contains '..'; give a path inside a data root without it"
         )
-    try:
-        return _under_roots(name, given, roots)
-    except OSError as exc:  # a path part too long for the file system, a loop of symlinks, no permission
-        raise ApiError(400, "invalid_path", f"{name[:100]!r} cannot be read here ({exc.strerror})") from None
-
-
-def _under_roots(name: str, given: Path, roots: list[Path]) -> JobInput:
+    refusals = []
     for root in roots:
-        base = root.resolve()
-        candidate = (base / given).resolve()  # an absolute ``given`` replaces the root; symlinks are followed
-        if not candidate.is_relative_to(base):
+        try:
+            fd = open_beneath(root, name)
+        except PathRefusedError as exc:
+            refusals.append(exc.reason)
             continue
-        if candidate.exists():
-            if not (candidate.is_file() or is_zarr(candidate)):
-                raise ApiError(400, "not_an_input",
-                               f"{name!r} is a directory but not a zarr store; give an image file, TIFF, .npy or "
-                               "zarr store")  # fmt: skip
-            return JobInput(candidate, name)
-    if not any((root.resolve() / given).resolve().is_relative_to(root.resolve()) for root in roots):
+        except OSError as exc:  # a part too long for the file system, no permission
+            raise ApiError(
+                400, "invalid_path", f"{name[:100]!r} cannot be read here ({exc.strerror})"
+            ) from None
+        where = descriptor_path(fd)
+        if stat.S_ISDIR(os.fstat(fd).st_mode) and (where is None or not is_zarr(where)):
+            os.close(fd)
+            raise ApiError(400, "not_an_input",
+                           f"{name!r} is a directory but not a zarr store; give an image file, TIFF, .npy or zarr "
+                           "store")  # fmt: skip
+        return fd
+    if "loop" in refusals:
+        raise ApiError(400, "invalid_path", f"{name[:100]!r} is a loop of symlinks; give the file itself")
+    if "not_regular" in refusals:
+        raise ApiError(400, "not_an_input",
+                       f"{name!r} is not a regular file or directory (a FIFO, device or socket); give an image file, "
+                       "TIFF, .npy or zarr store")  # fmt: skip
+    if all(reason == "outside" for reason in refusals):
         raise ApiError(403, "path_outside_roots",
-                       f"{name!r} leads outside the data roots this server reads (symlinks are followed); give a "
-                       "path inside one of them")  # fmt: skip
+                       f"{name!r} leads outside the data roots this server reads (symlinks are followed only "
+                       "inside them); give a path inside one of them")  # fmt: skip
     raise ApiError(404, "input_not_found", f"nothing at {name!r} under the data roots; check the path")
+
+
+def _link(fd: int, name: str, directory: Path) -> Path:
+    """A link in ``directory`` to the descriptor ``fd``, named with the input's suffix (readers go by it)."""
+    target = descriptor_path(fd)
+    if target is None:
+        raise ApiError(501, "no_descriptor_paths",
+                       "this server's system cannot hand opened files to its readers (no /proc); use uploads")  # fmt: skip
+    suffix = ".zarr" if stat.S_ISDIR(os.fstat(fd).st_mode) else Path(name).suffix.lower()
+    link = directory / f"{SOURCE}{suffix}"
+    link.unlink(missing_ok=True)
+    link.symlink_to(target)
+    return link
 
 
 async def save_upload(request: Request, directory: Path, *, room: int) -> JobInput:
     """Stream the request's image (multipart field ``image``, or the raw body) to ``directory/input.<suffix>``.
 
-    Raises QuotaExceeded when more than ``room`` bytes arrive; ApiError for a body that is not an image read here.
+    Raises QuotaExceeded when more than ``room`` bytes arrive (a declared Content-Length over it before any byte is
+    read); ApiError for a body that is not an image read here.
     """
-    content_type = request.headers.get("content-type", "").partition(";")[0].strip().lower()
-    if content_type == "multipart/form-data":
-        async with request.form(max_files=1, max_fields=8) as form:  # files are spooled to disk by the parser
-            upload = form.get("image")
-            if not isinstance(upload, UploadFile):
-                raise ApiError(400, "missing_image", "the multipart body has no file field named 'image'")
-            name = printable_name(upload.filename) or "the upload"
-            return await _write(_read_file(upload), directory, name, room)
-    if content_type.startswith("image/") or content_type in RAW_TYPES:
-        return await _write(request.stream(), directory, "the upload", room)
+    declared = request.headers.get("content-length", "")
+    if declared.isascii() and declared.isdigit() and int(declared) > room:
+        raise QuotaExceeded(room)
+    content_type = request.headers.get("content-type", "")
+    media_type = content_type.partition(";")[0].strip().lower()
+    if media_type == "multipart/form-data":
+        part = ImagePart(request.stream(), content_type)
+        return await _write(part.chunks(), directory, part.name, room)
+    if media_type.startswith("image/") or media_type in RAW_TYPES:
+        return await _write(request.stream(), directory, lambda: "the upload", room)
     raise ApiError(415, "unsupported_media_type",
-                   f"Content-Type {content_type[:100] or '(none)'} is not accepted: upload the image as "
+                   f"Content-Type {media_type[:100] or '(none)'} is not accepted: upload the image as "
                    "multipart/form-data field 'image' or as a raw image/* or application/octet-stream body, or send "
                    "JSON naming a server-side input")  # fmt: skip
 
 
-async def _read_file(upload: UploadFile):
-    while chunk := await upload.read(WRITE_BATCH):
-        yield chunk
-
-
-async def _write(chunks, directory: Path, name: str, room: int) -> JobInput:
+async def _write(chunks: AsyncIterator[bytes], directory: Path, name, room: int) -> JobInput:
     """Write ``chunks`` to ``directory/input.part``, batched, each write off the event loop; rename it after the
-    format its first bytes show."""
+    format its first bytes show. ``name()`` names the upload once its bytes have arrived."""
     part = directory / "input.part"
     received, batch = 0, bytearray()
     with part.open("wb") as out:
@@ -129,10 +174,10 @@ async def _write(chunks, directory: Path, name: str, room: int) -> JobInput:
     with part.open("rb") as head:
         fmt = image_format(head.read(16))
     if not received:
-        raise ApiError(400, "empty_image", f"{name} is empty (0 bytes)")
+        raise ApiError(400, "empty_image", f"{name()} is empty (0 bytes)")
     if fmt is None:
         raise ApiError(
-            415, "unsupported_image_type", f"{name} is not an image in a format read here: {ACCEPTED}"
+            415, "unsupported_image_type", f"{name()} is not an image in a format read here: {ACCEPTED}"
         )
     path = part.rename(directory / f"input{SUFFIXES[fmt]}")
-    return JobInput(path, name)
+    return JobInput(path, name())

@@ -5,10 +5,16 @@ Progress is written to the database at most every :data:`REPORT_SECONDS`; a canc
 the database, from another) stops a job after the blocks in flight; a server that stops releases its unfinished jobs,
 and the next one to start resumes them from the chunks already written (the engine skips them). A finished zarr
 result small enough for the image limits is also written as a label PNG (2-D) or TIFF.
+
+Every job ends: an outcome the database cannot take (its disk is full) is kept in memory, shown by the API, and
+written by the next maintenance that can. Maintenance also deletes what nobody owns any more: directories of jobs
+without a record (a killed upload, a job deleted while its last block was written), uploads idle for
+``upload_idle_seconds``, and reservations of neither; each step on its own, tolerant of files vanishing meanwhile.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -16,17 +22,23 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
+from sqlalchemy.exc import SQLAlchemyError
 
 from densecnn.errors import Cancelled, DenseCNNError
 
+from ..errors import ApiError
 from ..metrics import Metrics
 from ..settings import Settings
 from . import uploads
+from .admission import task_memory
 from .db import JobRecord, State
+from .inputs import JobInput, opened_server_input
+from .quota import Quota, disk_usage, upload_reservation
 from .store import JobStore
 
 logger = logging.getLogger("densecnn.app")
@@ -39,16 +51,20 @@ LABELS_ZARR, LABELS_PNG, LABELS_TIFF = "labels.zarr", "labels.png", "labels.tif"
 class JobRunner:
     """Runs the jobs this worker process holds; one per process, in ``app.state.jobs``."""
 
-    def __init__(self, settings: Settings, store: JobStore, metrics: Metrics):
+    def __init__(self, settings: Settings, store: JobStore, quota: Quota, metrics: Metrics):
         # a failing block is reported once, in the job's error, not as Dask's log of every attempt
         os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "error")
-        self.settings, self.store, self.metrics = settings, store, metrics
+        self.settings, self.store, self.quota, self.metrics = settings, store, quota, metrics
         self.name = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.root = settings.data_dir / "jobs"
-        self.root.mkdir(parents=True, exist_ok=True)
+        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
         self._executor = ThreadPoolExecutor(settings.max_running_jobs, thread_name_prefix="job")
         self._lock = threading.Lock()
         self._held: dict[str, threading.Event] = {}  # job id -> set to stop it
+        self._unrecorded: dict[str, dict] = {}  # job id -> its outcome, until the database takes it
+        self._removed: set[str] = (
+            set()
+        )  # jobs deleted while a block was still being written into their directory
         self._stopping = False
 
     def directory(self, job_id: str) -> Path:
@@ -70,24 +86,88 @@ class JobRunner:
             stop.set()
 
     def maintain(self) -> None:
-        """Renew this worker's heartbeats, take over the jobs nobody holds, delete expired jobs. Blocking."""
+        """Record outcomes the database could not take, renew this worker's heartbeats, take over the jobs nobody
+        holds, delete expired jobs, idle uploads and orphans. Blocking; each step goes on when another fails."""
+        for step in (self._record_pending, self._renew_and_claim, self._expire, self._remove_orphans):
+            try:
+                step()
+            except (
+                OSError,
+                SQLAlchemyError,
+            ):  # a full disk, a database hiccup: logged, tried again next period
+                logger.exception("job maintenance: %s failed", step.__name__)
+
+    def _renew_and_claim(self) -> None:
         with self._lock:
             held = list(self._held)
         self.store.renew(held, self.name)
         if not self._stopping:
             stale = time.time() - STALE_PERIODS * self.settings.job_poll_seconds
             for job in self.store.claimable(stale_before=stale):
-                if job.id not in held and self.store.claim(job, self.name):
+                if job.id not in held and job.id not in self._unrecorded and self.store.claim(job, self.name):
                     logger.info("resuming job %s (%s)", job.id, job.input_name)
                     self.submit(job.id)
+
+    def _expire(self) -> None:
         for job in self.store.expired(finished_before=time.time() - self.settings.job_retention):
             self.remove(job.id)
-        uploads.remove_expired(self.root, created_before=time.time() - self.settings.job_retention)
+        for upload_id in uploads.remove_idle(
+            self.root, active_before=time.time() - self.settings.upload_idle_seconds
+        ):
+            self.quota.release(upload_reservation(upload_id))
+
+    def _remove_orphans(self) -> None:
+        """Directories of jobs without a record, idle for ``upload_idle_seconds`` (a killed upload) or of jobs
+        removed here; reservations of neither a job nor an upload."""
+        idle_before = time.time() - self.settings.upload_idle_seconds
+        with self._lock:
+            held = set(self._held)
+        for directory in _subdirectories(self.root):
+            if directory.name == uploads.UPLOADS or directory.name in held:
+                continue
+            if directory.name in self._removed or (
+                self.store.get(directory.name) is None and _last_activity(directory) < idle_before
+            ):
+                shutil.rmtree(directory, ignore_errors=True)
+                self._removed.discard(directory.name)
+        present = {d.name for d in _subdirectories(self.root)}
+        present |= {upload_reservation(d.name) for d in _subdirectories(uploads.uploads_root(self.root))}
+        for name in self.quota.names() - present:
+            if self.store.get(name) is None:
+                self.quota.release(name)
 
     def remove(self, job_id: str) -> None:
-        """Delete a finished job's files and record."""
-        shutil.rmtree(self.directory(job_id), ignore_errors=True)
+        """Delete a finished job's record, files and reservation (what a block still being written leaves is
+        deleted by maintenance, the job having no record)."""
+        self.discard(job_id)
         self.store.delete(job_id)
+
+    def discard(self, job_id: str) -> None:
+        """Delete a job's directory and its reservation (a job refused at admission, or removed); what a writer
+        still adds meanwhile is deleted by the next maintenance."""
+        shutil.rmtree(self.directory(job_id), ignore_errors=True)
+        if self.directory(job_id).exists():
+            self._removed.add(job_id)
+        self.quota.release(job_id)
+
+    def take_upload(self, upload_id: str, owner: str, job_id: str) -> JobInput:
+        """The caller's complete resumable upload moved into the job's directory, its reservation now the job's."""
+        job_input = uploads.take(self.root, upload_id, owner, self.directory(job_id))
+        self.quota.rename(upload_reservation(upload_id), job_id)
+        return job_input
+
+    def give_back_upload(self, upload_id: str, job_id: str, taken: Path) -> None:
+        """Undo :meth:`take_upload` (the job was refused): the upload and its reservation are whole again."""
+        uploads.give_back(self.root, upload_id, taken)
+        self.quota.rename(job_id, upload_reservation(upload_id))
+
+    def outcome(self, job: JobRecord) -> JobRecord:
+        """``job`` as this worker knows it: with the outcome the database has not yet taken, if any."""
+        pending = self._unrecorded.get(job.id)
+        if pending is not None:
+            for key, value in pending.items():
+                setattr(job, key, value)
+        return job
 
     def stop(self) -> None:
         """Stop every job after its blocks in flight and release them, so that the next start resumes them."""
@@ -105,6 +185,8 @@ class JobRunner:
             if job is None or job.state != State.queued.value or job.runner != self.name or self._stopping:
                 return  # cancelled or deleted while queued, or taken over, or the server stops
             self._label(job)
+        except Exception:  # the database failed before the job began: it stays queued, to be claimed again
+            logger.exception("job %s could not start", job_id)
         finally:
             with self._lock:
                 self._held.pop(job_id, None)
@@ -127,19 +209,22 @@ class JobRunner:
             workers=self.settings.job_workers,
             chunk=job.chunk,
             block=self.settings.job_block,
-            max_memory=self.settings.job_task_memory,
+            max_memory=task_memory(self.settings),
             intensity=Intensity.parse(job.intensity) if job.intensity else None,
             progress=False,
             on_progress=report,
         )
+        where = str(directory)
         try:
-            summary = label(self.settings.model_dir / job.model, job.input, output, options)
+            with self._input(job) as job_input:
+                where = str(job_input.path)
+                summary = label(self.settings.model_dir / job.model, job_input.path, output, options)
             if summary.failures:
                 raise DenseCNNError("; ".join(why for _, why in summary.failures))
-            extra = self._small_copy(job, output) if chunked else _image_shape(output)
+            extra = self._finish_result(job, output) if chunked else _image_shape(output)
             report.final(summary)
-            self.store.finish(job.id, State.succeeded, **extra)
-            self.metrics.jobs_finished.labels(State.succeeded.value).inc()
+            self.quota.set(job.id, disk_usage(directory))  # the reservation becomes the blocks really taken
+            self._finish(job.id, State.succeeded, **extra)
         except Cancelled:
             current = self.store.get(job.id)
             if current is None:  # deleted meanwhile
@@ -147,37 +232,105 @@ class JobRunner:
             if self._stopping and not current.cancel_requested:
                 logger.info("job %s stopped with the server; the next start resumes it", job.id)
                 return  # released by stop()
-            self.store.finish(job.id, State.cancelled)
-            self.metrics.jobs_finished.labels(State.cancelled.value).inc()
+            self._finish(job.id, State.cancelled)
+        except ApiError as exc:  # the server-side input is no longer there, or no longer inside its root
+            self._finish(job.id, State.failed, error=exc.message)
         except (
             DenseCNNError
         ) as exc:  # its message names the input as the caller knows it, not where it lies here
-            self.store.finish(job.id, State.failed, error=str(exc).replace(job.input, job.input_name))
-            self.metrics.jobs_finished.labels(State.failed.value).inc()
-        except Exception as exc:  # a bug, or an error of a library; the job says so and the server goes on
-            logger.exception("job %s failed", job.id)
-            self.store.finish(
-                job.id, State.failed, error=f"the job failed unexpectedly ({exc}); it was logged"
+            message = (
+                str(exc).replace(where, job.input_name).replace(str(directory), "the job")
             )
-            self.metrics.jobs_finished.labels(State.failed.value).inc()
+            self._finish(job.id, State.failed, error=message)
+        except (
+            Exception
+        ) as exc:  # a bug, or an error of a library (a full disk); the job says so, the server goes on
+            logger.exception("job %s failed", job.id)
+            self._finish(job.id, State.failed, error=f"the job failed unexpectedly ({_scrubbed(exc, where, job)}); it "
+                         "was logged")  # fmt: skip
 
-    def _small_copy(self, job: JobRecord, output: Path) -> dict:
-        """A label PNG (2-D) or TIFF of a zarr result within the image limits; the result's shape either way."""
+    def classes(self, job: JobRecord) -> list[tuple[str, list[int]]]:
+        """The job's model's classes: name and colour per class id."""
+        config = _model_config(self.settings.model_dir / job.model)
+        return list(zip(config.class_names, config.palette))
+
+    def result_labels(self, job: JobRecord):
+        """A succeeded job's labels, read lazily where they are a zarr store: (H, W) or (D, H, W)."""
+        directory = self.directory(job.id)
+        if "zarr" in job.result.split("+"):
+            import zarr
+
+            return zarr.open_array(str(directory / LABELS_ZARR), mode="r")
+        from PIL import Image
+
+        with Image.open(directory / LABELS_PNG) as image:  # its pixel values are the class ids
+            return np.asarray(image)
+
+    def tiff_of_png(self, job: JobRecord) -> None:
+        """Write a PNG result's labels as a TIFF of class ids beside it (uint16 past 256 classes)."""
+        from densecnn.atomic import atomic_write
+        from densecnn.io import labels_tiff
+
+        labels = self.result_labels(job)[...]  # within the image limits
+        data = labels_tiff(labels, _model_config(self.settings.model_dir / job.model).num_classes)
+        atomic_write(self.directory(job.id) / LABELS_TIFF, lambda tmp: tmp.write_bytes(data))
+
+    @contextlib.contextmanager
+    def _input(self, job: JobRecord) -> Iterator[JobInput]:
+        """The job's input, opened now: an upload in its directory, or the server-side path opened beneath its data
+        root again (what was swapped in since the job was submitted is judged anew)."""
+        directory = self.directory(job.id)
+        upload = Path(job.input)  # its name in the job's directory ("" for a server-side input)
+        if job.input and (not upload.is_absolute() or upload.parent == directory):
+            yield JobInput(directory / upload.name, job.input_name)
+            return
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        with opened_server_input(job.input_name, self.settings.data_roots, directory) as job_input:
+            yield job_input
+
+    def _finish(self, job_id: str, state: State, **values) -> None:
+        """End the job in ``state``; when the database cannot take it (a full disk), keep it in memory until the
+        next maintenance writes it: the job never stays running."""
+        values = {"state": state.value, "finished": time.time(), "runner": None, **values}
+        try:
+            self.store.set(job_id, **values)
+        except SQLAlchemyError:
+            logger.exception(
+                "job %s: its outcome (%s) is kept until the database takes it", job_id, state.value
+            )
+            self._unrecorded[job_id] = values
+        self.metrics.jobs_finished.labels(state.value).inc()
+
+    def _record_pending(self) -> None:
+        for job_id, values in list(self._unrecorded.items()):
+            self.store.set(job_id, **values)
+            del self._unrecorded[job_id]
+
+    def _finish_result(self, job: JobRecord, output: Path) -> dict:
+        """The result's metadata names the model and input as the caller does (never where they lie on the
+        server); a label PNG (2-D) or TIFF beside a zarr result within the image limits; the result's shape."""
         import zarr
 
         from densecnn.io import labels_tiff, write_labels
 
-        array = zarr.open_array(str(output), mode="r")
+        array = zarr.open_array(str(output), mode="r+")
+        described = dict(array.attrs.get("densecnn") or {})
+        if described:
+            array.attrs["densecnn"] = {**described, "model": job.model, "input": job.input_name}
         shape = {"height": array.shape[-2] if array.ndim >= 2 else 1, "width": array.shape[-1]}
         if int(np.prod(array.shape)) > self.settings.max_image_pixels:
             return shape
         labels = array[...]
+        classes = _model_config(self.settings.model_dir / job.model)
         if labels.ndim == 2:
-            palette = _palette(self.settings.model_dir / job.model)
-            write_labels(self.directory(job.id) / LABELS_PNG, labels, palette)
+            write_labels(self.directory(job.id) / LABELS_PNG, labels, classes.palette)
             return {**shape, "result": "zarr+png"}
-        (self.directory(job.id) / LABELS_TIFF).write_bytes(labels_tiff(labels, int(labels.max()) + 1))
+        (self.directory(job.id) / LABELS_TIFF).write_bytes(labels_tiff(labels, classes.num_classes))
         return {**shape, "result": "zarr+tiff"}
+
+
+def _scrubbed(exc: Exception, where: str, job: JobRecord) -> str:
+    return str(exc).replace(where, job.input_name)
 
 
 def _image_shape(path: Path) -> dict:
@@ -187,10 +340,30 @@ def _image_shape(path: Path) -> dict:
         return {"width": image.width, "height": image.height}
 
 
-def _palette(model_dir: Path) -> list[list[int]]:
-    from densecnn.modelfile import load
+def _model_config(model_dir: Path):
+    """The model's model.json (class count, palette), read without its weights."""
+    from densecnn.modelfile import CONFIG_FILE
+    from densecnn.modelfile.format import parse_config
 
-    return load(model_dir).palette
+    path = model_dir / CONFIG_FILE
+    return parse_config(path.read_text(), where=path)
+
+
+def _subdirectories(path: Path) -> list[Path]:
+    try:
+        return [entry for entry in path.iterdir() if entry.is_dir() and not entry.is_symlink()]
+    except FileNotFoundError:
+        return []
+
+
+def _last_activity(directory: Path) -> float:
+    """The latest modification under ``directory`` (files vanishing meanwhile skipped)."""
+    latest = 0.0
+    for root, dirs, files in os.walk(directory):
+        for name in (*dirs, *files, "."):
+            with contextlib.suppress(FileNotFoundError):
+                latest = max(latest, os.lstat(os.path.join(root, name)).st_mtime)
+    return latest
 
 
 class _Reporter:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from .admission import MAX_CHUNK, MAX_LEVEL, MIN_CHUNK
 from .db import JobRecord, State
 
 
@@ -13,7 +14,7 @@ class JobRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    model: str = Field(description="model name, see GET /v1/models")
+    model: str = Field(description="model name, see GET /v1/models", max_length=200)
     input: str | None = Field(
         None,
         description="a zarr array or OME-Zarr image, (Big)TIFF, whole-slide image, .npy or image file, relative to "
@@ -22,12 +23,24 @@ class JobRequest(BaseModel):
     )
     upload: str | None = Field(
         None,
+        max_length=64,
         description="the id of a complete resumable upload (POST /v1/uploads); it becomes the job's input",
     )
-    chunk: int | None = Field(None, gt=0, description="output chunk side (default: the input's chunks)")
-    level: int | None = Field(None, ge=0, description="the OME-Zarr input's resolution level")
+    chunk: int | None = Field(
+        None,
+        ge=MIN_CHUNK,
+        le=MAX_CHUNK,
+        strict=True,
+        description="output chunk side (default: the input's chunks, made smaller where they would not fit the "
+        "server's max_job_memory); a chunk whose estimated memory passes max_job_memory gets 422",
+    )
+    level: int | None = Field(
+        None, ge=0, le=MAX_LEVEL, strict=True, description="the OME-Zarr input's resolution level"
+    )
     intensity: str | None = Field(
-        None, description="dtype, range:LOW,HIGH or percentiles:LOW,HIGH; default: as the model declares"
+        None,
+        max_length=100,
+        description="dtype, range:LOW,HIGH or percentiles:LOW,HIGH; default: as the model declares",
     )
 
     @model_validator(mode="after")

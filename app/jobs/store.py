@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, insert, literal, select, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session
 
@@ -22,11 +22,23 @@ class JobStore:
     def __init__(self, engine: Engine):
         self.engine = engine
 
-    def add(self, job: JobRecord) -> JobRecord:
-        with Session(self.engine, expire_on_commit=False) as session:
-            session.add(job)
+    def add(self, job: JobRecord, max_unfinished: int) -> bool:
+        """Record ``job`` unless its owner has ``max_unfinished`` jobs queued or running: one statement, so that
+        simultaneous requests of one owner cannot all pass the count (False: refused)."""
+        columns = [column for column in JobRecord.__table__.columns if getattr(job, column.key) is not None]
+        unfinished = (
+            select(func.count())
+            .select_from(JobRecord)
+            .where(JobRecord.owner == job.owner, JobRecord.state.in_(UNFINISHED))
+            .scalar_subquery()
+        )
+        row = select(*(literal(getattr(job, c.key), c.type) for c in columns)).where(
+            unfinished < max_unfinished
+        )
+        with Session(self.engine) as session:
+            added = session.execute(insert(JobRecord).from_select([c.key for c in columns], row)).rowcount
             session.commit()
-        return job
+        return bool(added)
 
     def get(self, job_id: str, owner: str | None = None) -> JobRecord | None:
         """The job ``job_id``; None if it does not exist or (with ``owner``) belongs to someone else."""

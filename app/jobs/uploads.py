@@ -3,13 +3,16 @@ PATCH requests as the client likes, and an upload cut off resumes from the bytes
 
 Each upload is a directory under the jobs' root: ``data`` (the bytes received so far: its size is the offset) and
 ``upload.json`` (owner, declared length, file name). A complete upload becomes a job's input by moving its data into
-the job's directory (:func:`take`); one left unfinished is deleted after the jobs' retention.
+the job's directory (:func:`take`); one left unfinished is deleted ``upload_idle_seconds`` after the last bytes it
+received. An upload deleted or expired while a PATCH streams into it answers that PATCH 404, not 500.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
+import errno
 import fcntl
 import json
 import os
@@ -34,19 +37,24 @@ class UploadInfo:
     created: float
 
 
+UPLOADS = "uploads"
+
+
 def uploads_root(jobs_root: Path) -> Path:
-    return jobs_root / "uploads"
+    return jobs_root / UPLOADS
 
 
-def create(jobs_root: Path, owner: str, length: int, name: str) -> str:
-    """A new, empty upload of ``length`` bytes; its id."""
-    upload_id = uuid.uuid4().hex
+def create(jobs_root: Path, upload_id: str, owner: str, length: int, name: str) -> None:
+    """A new, empty upload ``upload_id`` (from :func:`new_id`) of ``length`` bytes."""
     directory = uploads_root(jobs_root) / upload_id
-    directory.mkdir(parents=True)
-    (directory / "data").touch()
+    directory.mkdir(mode=0o700, parents=True)
+    (directory / "data").touch(mode=0o600)
     info = UploadInfo(owner, length, name, time.time())
     (directory / "upload.json").write_text(json.dumps(asdict(info)))
-    return upload_id
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex
 
 
 def info(jobs_root: Path, upload_id: str, owner: str) -> tuple[UploadInfo, int]:
@@ -83,14 +91,26 @@ def append(jobs_root: Path, upload_id: str, offset: int, data: bytes) -> int:
     """Write ``data`` at ``offset``, the end of the upload's bytes so far, flushed to the disk; the new offset.
     409 when another request has moved the end meanwhile (the file is locked while it is checked and written)."""
     path = uploads_root(jobs_root) / upload_id / "data"
-    with path.open("ab") as out:
-        fcntl.flock(out, fcntl.LOCK_EX)  # two PATCHes of one upload, in any worker process: one at a time
-        if out.seek(0, os.SEEK_END) != offset:
-            raise offset_mismatch(upload_id, offset, out.tell())
-        out.write(data)
-        out.flush()
-        os.fsync(out.fileno())
-        return out.tell()
+    try:
+        with path.open("r+b") as out:  # never created anew: an upload deleted meanwhile stays deleted
+            fcntl.flock(out, fcntl.LOCK_EX)  # two PATCHes of one upload, in any worker process: one at a time
+            if os.fstat(out.fileno()).st_nlink == 0:  # deleted while this PATCH waited for the lock
+                raise FileNotFoundError(errno.ENOENT, "deleted", str(path))
+            if out.seek(0, os.SEEK_END) != offset:
+                raise offset_mismatch(upload_id, offset, out.tell())
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+            return out.tell()
+    except FileNotFoundError:
+        raise ApiError(404, "unknown_upload",
+                       f"upload {upload_id} was deleted (or expired) while these bytes arrived; create a new one "
+                       "with POST /v1/uploads") from None  # fmt: skip
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise ApiError(507, "disk_full", "the server's disk is full; retry the PATCH later from the offset "
+                           "HEAD gives") from None  # fmt: skip
+        raise
 
 
 def offset_mismatch(upload_id: str, given: int, held: int) -> ApiError:
@@ -128,13 +148,23 @@ def remove(jobs_root: Path, upload_id: str) -> None:
     shutil.rmtree(uploads_root(jobs_root) / upload_id, ignore_errors=True)
 
 
-def remove_expired(jobs_root: Path, created_before: float) -> None:
-    """Delete the uploads created before ``created_before`` (never made into a job)."""
-    root = uploads_root(jobs_root)
-    for directory in root.iterdir() if root.is_dir() else ():
-        try:
-            created = json.loads((directory / "upload.json").read_text())["created"]
-        except (OSError, ValueError, KeyError):
-            created = directory.stat().st_mtime
-        if created < created_before:
+def remove_idle(jobs_root: Path, active_before: float) -> list[str]:
+    """Delete the uploads whose last bytes (or creation) came before ``active_before``; their ids. Uploads
+    vanishing meanwhile (taken by a job, deleted) are skipped."""
+    removed = []
+    for directory in _entries(uploads_root(jobs_root)):
+        times = []
+        for path in (directory, directory / "data", directory / "upload.json"):
+            with contextlib.suppress(FileNotFoundError):
+                times.append(os.stat(path).st_mtime)
+        if times and max(times) < active_before:
             shutil.rmtree(directory, ignore_errors=True)
+            removed.append(directory.name)
+    return removed
+
+
+def _entries(path: Path) -> list[Path]:
+    try:
+        return list(path.iterdir())
+    except FileNotFoundError:
+        return []

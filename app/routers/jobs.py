@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import shutil
+import os
+import re
+import stat
 import time
 import uuid
 from pathlib import Path as FilePath
@@ -13,19 +15,22 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import FileResponse, JSONResponse
+from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 from pydantic import ValidationError
+from starlette.concurrency import iterate_in_threadpool
 
 from densecnn.io import Intensity
+from densecnn.io.beneath import PathRefusedError, open_beneath
+from densecnn.io.geojson import GEOJSON, geojson_text
 
 from ..auth import CallerDep
 from ..dependencies import ReadyServiceDep, SettingsDep
 from ..errors import ApiError, ErrorBody
 from ..jobs import uploads
+from ..jobs.admission import MAX_CHUNK, MAX_LEVEL, MIN_CHUNK, admit
 from ..jobs.db import UNFINISHED, JobRecord, State
-from ..jobs.inputs import save_upload, server_path
-from ..jobs.plan import plan
-from ..jobs.quota import QuotaExceeded, room_left
+from ..jobs.inputs import JobInput, opened_server_input, save_upload
+from ..jobs.quota import disk_usage
 from ..jobs.runner import LABELS_PNG, LABELS_TIFF, LABELS_ZARR, JobRunner
 from ..jobs.schemas import Job, JobList, JobRequest
 
@@ -54,6 +59,8 @@ def get_runner(request: Request) -> JobRunner:
 
 
 RunnerDep = Annotated[JobRunner, Depends(get_runner)]
+CHUNK_HELP = (f"output chunk side, {MIN_CHUNK} to {MAX_CHUNK} (uploads; default: the input's chunks); a chunk whose "
+              "estimated memory passes the server's max_job_memory gets 422")  # fmt: skip
 JobId = Annotated[str, Path(description="the job's id, from its Location", max_length=64)]
 
 
@@ -66,7 +73,7 @@ def _owned(runner: JobRunner, job_id: str, owner: str) -> JobRecord:
     job = runner.store.get(job_id, owner)
     if job is None:
         raise ApiError(404, "unknown_job", f"no job {job_id!r} of yours; GET /v1/jobs lists them")
-    return job
+    return runner.outcome(job)
 
 
 @router.post(
@@ -97,16 +104,13 @@ async def create_job(
     service: ReadyServiceDep,
     settings: SettingsDep,
     runner: RunnerDep,
-    model: Annotated[str | None, Query(description="model name (uploads)")] = None,
-    chunk: Annotated[int | None, Query(gt=0, description="output chunk side (uploads)")] = None,
-    level: Annotated[int | None, Query(ge=0, description="OME-Zarr level (uploads)")] = None,
-    intensity: Annotated[str | None, Query(description="intensity scaling (uploads)")] = None,
+    model: Annotated[str | None, Query(description="model name (uploads)", max_length=200)] = None,
+    chunk: Annotated[int | None, Query(ge=MIN_CHUNK, le=MAX_CHUNK, description=CHUNK_HELP)] = None,
+    level: Annotated[int | None, Query(ge=0, le=MAX_LEVEL, description="OME-Zarr level (uploads)")] = None,
+    intensity: Annotated[str | None, Query(description="intensity scaling (uploads)", max_length=100)] = None,
 ) -> JSONResponse:
     if await asyncio.to_thread(runner.store.unfinished, caller.owner) >= settings.max_jobs_per_key:
-        raise ApiError(429, "too_many_jobs",
-                       f"you have {settings.max_jobs_per_key} jobs queued or running (max_jobs_per_key); wait for "
-                       "one to finish or cancel one (DELETE /v1/jobs/ID)",
-                       {"Retry-After": str(max(1, round(settings.job_poll_seconds)))})  # fmt: skip
+        raise _too_many_jobs(settings)  # before any byte of an upload is read
     json_body = (
         request.headers.get("content-type", "").partition(";")[0].strip().lower() == "application/json"
     )
@@ -119,41 +123,64 @@ async def create_job(
         raise ApiError(404, "unknown_model", f"no model named {model!r}; models: {', '.join(service.models)}")
     if intensity is not None:
         Intensity.parse(intensity)  # 400 intensity_out_of_range when unreadable
-    room = await asyncio.to_thread(room_left, runner.root, settings.disk_quota_bytes)
-    if room <= 0:
-        raise QuotaExceeded(room)
     job_id = uuid.uuid4().hex
     directory = runner.directory(job_id)
-    directory.mkdir(parents=True)
-    taken = None  # a resumable upload's data, moved into the job's directory
+    directory.mkdir(mode=0o700, parents=True)
+    taken = None  # a resumable upload's data, moved into the job's directory (with its reservation)
     try:
-        if spec is not None and spec.upload is not None:
-            job_input = taken = await asyncio.to_thread(
-                uploads.take, runner.root, spec.upload, caller.owner, directory
-            )
-        elif spec is not None:
-            job_input = await asyncio.to_thread(server_path, spec.input, settings.data_roots)
-        else:
-            job_input = await save_upload(request, directory, room=room)
-            room -= job_input.path.stat().st_size
-        loaded = service.models[model].loaded
-        result = await asyncio.to_thread(plan, job_input, loaded, settings, room, level)
+        with contextlib.ExitStack() as held:
+            if spec is not None and spec.upload is not None:
+                job_input = taken = await asyncio.to_thread(
+                    runner.take_upload, spec.upload, caller.owner, job_id
+                )
+            elif spec is not None:
+                opened = opened_server_input(spec.input, settings.data_roots, directory)
+                job_input = await asyncio.to_thread(held.enter_context, opened)
+                await asyncio.to_thread(runner.quota.reserve, job_id, 0)
+            else:
+                job_input = await _receive_upload(request, runner, settings, job_id, directory)
+            loaded = service.models[model].loaded
+            plan = await asyncio.to_thread(admit, job_input, loaded, settings, level=level, chunk=chunk)
+        await asyncio.to_thread(runner.quota.grow, job_id, plan.output_bytes)
         record = JobRecord(
-            id=job_id, owner=caller.owner, model=model, input=str(job_input.path), input_name=job_input.name,
-            intensity=intensity, level=level, chunk=chunk, result=result,
+            id=job_id, owner=caller.owner, model=model, input=job_input.path.name if spec is None or taken else "",
+            input_name=job_input.name, intensity=intensity, level=level, chunk=plan.chunk, result=plan.result,
             state=State.queued.value, runner=runner.name, heartbeat=time.time(), created=time.time(),
         )  # fmt: skip
-        await asyncio.to_thread(runner.store.add, record)
+        if not await asyncio.to_thread(runner.store.add, record, settings.max_jobs_per_key):
+            raise _too_many_jobs(settings)
     except BaseException:
         if taken is not None:  # the upload stays whole: the caller fixes the request and tries again
-            await asyncio.to_thread(uploads.give_back, runner.root, spec.upload, taken.path)
-        await asyncio.to_thread(shutil.rmtree, directory, True)
+            await asyncio.to_thread(runner.give_back_upload, spec.upload, job_id, taken.path)
+        await asyncio.to_thread(runner.discard, job_id)
         raise
     if taken is not None:
         await asyncio.to_thread(uploads.remove, runner.root, spec.upload)
+    recorded = await asyncio.to_thread(runner.store.get, job_id)  # with the database's defaults
     runner.submit(job_id)
     headers = {"Location": f"/v1/jobs/{job_id}"}
-    return JSONResponse(Job.of(record).model_dump(mode="json"), status_code=202, headers=headers)
+    return JSONResponse(Job.of(recorded).model_dump(mode="json"), status_code=202, headers=headers)
+
+
+async def _receive_upload(request: Request, runner: JobRunner, settings, job_id: str, directory) -> JobInput:
+    """Reserve the upload's declared length (or, without one, the most it may be) and stream it to the job's
+    directory within it; the reservation then becomes the disk its file takes."""
+    declared = request.headers.get("content-length", "")
+    if re.fullmatch(r"[0-9]{1,19}", declared):
+        amount = min(int(declared), settings.max_job_upload_bytes)
+    else:
+        amount = min(settings.max_job_upload_bytes, await asyncio.to_thread(runner.quota.room))
+    await asyncio.to_thread(runner.quota.reserve, job_id, amount)
+    job_input = await save_upload(request, directory, room=amount)
+    await asyncio.to_thread(runner.quota.set, job_id, disk_usage(job_input.path))
+    return job_input
+
+
+def _too_many_jobs(settings) -> ApiError:
+    return ApiError(429, "too_many_jobs",
+                    f"you have {settings.max_jobs_per_key} jobs queued or running (max_jobs_per_key); wait for one "
+                    "to finish or cancel one (DELETE /v1/jobs/ID)",
+                    {"Retry-After": str(max(1, round(settings.job_poll_seconds)))})  # fmt: skip
 
 
 async def _json_request(request: Request) -> JobRequest:
@@ -172,7 +199,7 @@ async def _json_request(request: Request) -> JobRequest:
 
 @router.get("", response_model=JobList, summary="Your jobs, newest first (at most 100)")
 def list_jobs(caller: CallerDep, runner: RunnerDep) -> JobList:
-    return JobList(jobs=[Job.of(job) for job in runner.store.list(caller.owner)])
+    return JobList(jobs=[Job.of(runner.outcome(job)) for job in runner.store.list(caller.owner)])
 
 
 @router.get("/{job_id}", response_model=Job, summary="A job: its state, progress and results",
@@ -195,7 +222,7 @@ def delete_job(job_id: JobId, caller: CallerDep, runner: RunnerDep) -> Response:
     if job.state in UNFINISHED:
         runner.store.request_cancel(job_id)
         runner.cancel(job_id)
-        job = runner.store.get(job_id)
+        job = runner.outcome(runner.store.get(job_id))
         return JSONResponse(Job.of(job).model_dump(mode="json"), status_code=202)
     runner.remove(job_id)
     return Response(status_code=204)
@@ -219,50 +246,103 @@ def _finished(runner: JobRunner, job_id: str, owner: str, kind: str) -> FilePath
     return runner.directory(job_id)
 
 
-@router.get("/{job_id}/result.png", summary="The labels as one palette PNG (results within the image limits)",
-            response_class=FileResponse, responses={200: {"content": {"image/png": BINARY}}, 404: _error("none"),
-                                                    409: _error("not finished")})  # fmt: skip
-def result_png(job_id: JobId, caller: CallerDep, runner: RunnerDep) -> FileResponse:
+RESULT_METHODS = ["GET", "HEAD"]
+
+
+def _file(path: FilePath, request: Request, media_type: str, filename: str | None = None) -> FileResponse:
+    """``path`` as a response (HEAD: its headers only), a ``Range`` refused in the JSON error shape: 400 when it is
+    malformed, 416 when it starts past the end."""
+    size = path.stat().st_size
+    requested = request.headers.get("range")
+    if requested is not None:
+        ranges = RANGE.fullmatch(requested.strip())
+        if ranges is None:
+            raise ApiError(
+                400, "invalid_range", "Range must be 'bytes=START-END' (or several, comma-separated)"
+            )
+        for start, end in re.findall(r"(\d*)-(\d*)", ranges.group(1)):
+            if (
+                (start == end == "")
+                or (start and int(start) >= size)
+                or (start and end and int(end) < int(start))
+            ):
+                raise ApiError(416, "range_not_satisfiable",
+                               f"the file has {size:,} bytes; ask for a range within them",
+                               {"Content-Range": f"bytes */{size}"})  # fmt: skip
+    return FileResponse(path, media_type=media_type, filename=filename)
+
+
+RANGE = re.compile(r"bytes=((?:\d{0,19}-\d{0,19})(?:\s*,\s*\d{0,19}-\d{0,19}){0,15})")
+
+
+@router.api_route("/{job_id}/result.png", methods=RESULT_METHODS,
+                  summary="The labels as one palette PNG (results within the image limits)",
+                  response_class=FileResponse, responses={200: {"content": {"image/png": BINARY}},
+                                                          404: _error("none"), 409: _error("not finished")})  # fmt: skip
+def result_png(job_id: JobId, request: Request, caller: CallerDep, runner: RunnerDep) -> FileResponse:
     directory = _finished(runner, job_id, caller.owner, "png")
-    return FileResponse(directory / LABELS_PNG, media_type="image/png", filename=f"{job_id}-labels.png")
+    return _file(directory / LABELS_PNG, request, "image/png", f"{job_id}-labels.png")
 
 
-@router.get("/{job_id}/result.tif", summary="The labels as one TIFF of class ids (results within the image limits)",
-            response_class=Response, responses={200: {"content": {"image/tiff": BINARY}}, 404: _error("none"),
-                                                409: _error("not finished")})  # fmt: skip
-def result_tiff(job_id: JobId, caller: CallerDep, runner: RunnerDep) -> Response:
+@router.api_route("/{job_id}/result.tif", methods=RESULT_METHODS,
+                  summary="The labels as one TIFF of class ids (results within the image limits)",
+                  response_class=Response, responses={200: {"content": {"image/tiff": BINARY}}, 404: _error("none"),
+                                                      409: _error("not finished")})  # fmt: skip
+def result_tiff(job_id: JobId, request: Request, caller: CallerDep, runner: RunnerDep) -> Response:
     job = _owned(runner, job_id, caller.owner)
     directory = _finished(runner, job_id, caller.owner, "tiff" if "tiff" in job.result else "png")
-    if (directory / LABELS_TIFF).is_file():
-        return FileResponse(directory / LABELS_TIFF, media_type="image/tiff", filename=f"{job_id}-labels.tif")
-    import numpy as np
-    from PIL import Image
-
-    from densecnn.io import labels_tiff
-
-    with Image.open(directory / LABELS_PNG) as image:  # its pixel values are the class ids
-        labels = np.asarray(image)
-    data = labels_tiff(labels, int(labels.max()) + 1)
-    disposition = f'attachment; filename="{job_id}-labels.tif"'
-    return Response(data, media_type="image/tiff", headers={"Content-Disposition": disposition})
+    if not (
+        directory / LABELS_TIFF
+    ).is_file():  # written once, from the PNG (its pixel values are the class ids)
+        runner.tiff_of_png(job)
+    return _file(directory / LABELS_TIFF, request, "image/tiff", f"{job_id}-labels.tif")
 
 
-@router.get(
+@router.api_route("/{job_id}/result.geojson", methods=RESULT_METHODS,
+                  summary="The labels as GeoJSON polygons: one feature per connected region of a class (QuPath "
+                          "reads them: File > Import objects)",
+                  response_class=StreamingResponse,
+                  responses={200: {"content": {GEOJSON: {"schema": {"type": "object"}}}}, 404: _error("none"),
+                             409: _error("not finished")})  # fmt: skip
+def result_geojson(
+    job_id: JobId,
+    request: Request,
+    caller: CallerDep,
+    runner: RunnerDep,
+    background: Annotated[bool, Query(description="include the background class (class 0)")] = False,
+) -> Response:
+    job = _owned(runner, job_id, caller.owner)
+    _finished(runner, job_id, caller.owner, "zarr" if "zarr" in job.result else "png")
+    headers = {"Content-Disposition": f'attachment; filename="{job_id}-labels.geojson"'}
+    if request.method == "HEAD":
+        return Response(media_type=GEOJSON, headers=headers)
+    labels = runner.result_labels(job)
+    classes = runner.classes(job)
+    features = geojson_text(labels, classes, skip=() if background else (0,))
+    return StreamingResponse(iterate_in_threadpool(features), media_type=GEOJSON, headers=headers)
+
+
+@router.api_route(
     "/{job_id}/result.zarr/{key:path}",
+    methods=RESULT_METHODS,
     summary="A file of the labels' zarr store (zarr.json, chunks), for zarr clients reading over HTTP",
     response_class=FileResponse,
     responses={200: {"content": {"application/octet-stream": BINARY}}, 404: _error("no such file"),
                409: _error("not finished")},
 )  # fmt: skip
-def result_zarr(job_id: JobId, key: str, caller: CallerDep, runner: RunnerDep) -> FileResponse:
-    store = (_finished(runner, job_id, caller.owner, "zarr") / LABELS_ZARR).resolve()
+def result_zarr(
+    job_id: JobId, key: str, request: Request, caller: CallerDep, runner: RunnerDep
+) -> FileResponse:
+    store = _finished(runner, job_id, caller.owner, "zarr") / LABELS_ZARR
     if ".." in FilePath(key).parts:
         raise ApiError(400, "path_traversal", f"{key!r} contains '..'; give a key inside the store")
-    path, found = store / key, False
-    if "\0" not in key:
-        with contextlib.suppress(OSError):  # a name too long for the file system
-            path = path.resolve()
-            found = path.is_relative_to(store) and path.is_file()
-    if not found:
+    try:
+        fd = open_beneath(store, key) if "\0" not in key and key.strip("/") else None
+    except (PathRefusedError, OSError):  # outside, a FIFO, missing, a name too long for the file system
+        fd = None
+    if fd is None or not stat.S_ISREG(os.fstat(fd).st_mode):
+        if fd is not None:
+            os.close(fd)
         raise ApiError(404, "no_such_key", f"the store has no {key[:200]!r}")
-    return FileResponse(path, media_type="application/octet-stream")
+    os.close(fd)
+    return _file(store / key, request, "application/octet-stream")

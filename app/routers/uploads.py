@@ -11,6 +11,7 @@ then labels it.
 from __future__ import annotations
 
 import asyncio
+import re
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Path, Request, Response
@@ -20,7 +21,7 @@ from ..dependencies import SettingsDep
 from ..errors import ApiError, ErrorBody
 from ..jobs import uploads
 from ..jobs.inputs import WRITE_BATCH
-from ..jobs.quota import QuotaExceeded, room_left
+from ..jobs.quota import upload_reservation
 from .jobs import RunnerDep
 
 router = APIRouter(prefix="/v1/uploads", tags=["uploads"])
@@ -32,6 +33,12 @@ TUS_RESPONSE_HEADERS = ["Tus-Resumable", "Tus-Version", "Tus-Extension", "Tus-Ma
                         "Upload-Length"]  # fmt: skip
 OFFSET_TYPE = "application/offset+octet-stream"
 UploadId = Annotated[str, Path(description="the upload's id, from its Location", max_length=64)]
+BYTE_COUNT = re.compile(r"[0-9]{1,19}")  # ASCII digits only, below 2**63: Upload-Length, Upload-Offset
+
+
+def _byte_count(value: str | None) -> int | None:
+    """The header's whole number of bytes, or None when it is missing or not 1-19 ASCII digits."""
+    return int(value) if value is not None and BYTE_COUNT.fullmatch(value) else None
 
 
 def _error(description: str) -> dict:
@@ -72,19 +79,22 @@ def create_upload(
     upload_metadata: Annotated[str | None, Header(description="tus metadata: filename BASE64")] = None,
 ) -> Response:
     _require_tus(tus_resumable)
-    if upload_length is None or not upload_length.isdigit() or int(upload_length) == 0:
+    length = _byte_count(upload_length)
+    if not length:
         raise ApiError(400, "invalid_upload_length",
-                       "send Upload-Length: the image's size in bytes, a whole number above 0")  # fmt: skip
-    length = int(upload_length)
+                       "send Upload-Length: the image's size in bytes, a whole number above 0 in ASCII digits")  # fmt: skip
     if length > settings.max_job_upload_bytes:
         raise ApiError(413, "payload_too_large",
                        f"an upload is at most {settings.max_job_upload_bytes:,} bytes (max_job_upload_bytes); this "
                        f"one declares {length:,}")  # fmt: skip
-    room = room_left(runner.root, settings.disk_quota_bytes)
-    if length > room:
-        raise QuotaExceeded(room)
     name = uploads.file_name(upload_metadata)
-    upload_id = uploads.create(runner.root, caller.owner, length, name)
+    upload_id = uploads.new_id()
+    runner.quota.reserve(upload_reservation(upload_id), length)  # 507 when the declared length does not fit
+    try:
+        uploads.create(runner.root, upload_id, caller.owner, length, name)
+    except BaseException:
+        runner.quota.release(upload_reservation(upload_id))
+        raise
     return Response(status_code=201, headers={**TUS, "Location": f"/v1/uploads/{upload_id}"})
 
 
@@ -118,13 +128,13 @@ async def send_bytes(
     _require_tus(tus_resumable)
     if request.headers.get("content-type", "").partition(";")[0].strip().lower() != OFFSET_TYPE:
         raise ApiError(415, "unsupported_media_type", f"send the bytes as Content-Type: {OFFSET_TYPE}")
-    if upload_offset is None or not upload_offset.isdigit():
-        raise ApiError(
-            400, "invalid_upload_offset", "send Upload-Offset: where these bytes start (HEAD gives it)"
-        )
+    given = _byte_count(upload_offset)
+    if given is None:
+        raise ApiError(400, "invalid_upload_offset",
+                       "send Upload-Offset: where these bytes start (HEAD gives it), in ASCII digits")  # fmt: skip
     described, offset = await asyncio.to_thread(uploads.info, runner.root, upload_id, caller.owner)
-    if int(upload_offset) != offset:
-        raise uploads.offset_mismatch(upload_id, int(upload_offset), offset)
+    if given != offset:
+        raise uploads.offset_mismatch(upload_id, given, offset)
     batch = bytearray()
     try:
         async for chunk in request.stream():
@@ -152,4 +162,5 @@ def delete_upload(
     _require_tus(tus_resumable)
     uploads.info(runner.root, upload_id, caller.owner)
     uploads.remove(runner.root, upload_id)
+    runner.quota.release(upload_reservation(upload_id))
     return Response(status_code=204, headers=TUS)

@@ -8,8 +8,9 @@ def add_parser(subparsers) -> None:
         "keys",
         help="create, list and remove the service's API keys",
         description="API keys of `densecnn serve`, kept hashed in its database: DENSECNN_DATABASE_URL, else "
-        "jobs.db in DENSECNN_DATA_DIR (set them as for the server). Clients send Authorization: Bearer KEY; a key's "
-        "name owns the jobs made with it.",
+        "jobs.db in DENSECNN_DATA_DIR (set them as for the server). Clients send Authorization: Bearer KEY; the key "
+        "(not its name) owns the jobs made with it, so a key added again under a removed key's name sees none of "
+        "the old key's jobs.",
     )
     actions = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
     add = actions.add_parser("add", help="create a key and print it (once: only its hash is kept)")
@@ -25,11 +26,13 @@ def run(args) -> int:
 
     from densecnn_app.jobs.db import make_engine
     from densecnn_app.keys import KeyStore
+    from densecnn_app.privacy import private_database, private_directory
     from densecnn_app.settings import Settings
 
     settings = Settings()
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    private_directory(settings.data_dir)
     keys = KeyStore(make_engine(settings.database))
+    private_database(settings)
     if args.action == "add":
         print(keys.add(args.name))
         print(

@@ -14,12 +14,19 @@ reads whole arrays through the same call.
   through tiffslide or OpenSlide (:mod:`densecnn.io.slides`), at level 0, with the slide's microns per pixel (the
   ``slides`` extra).
 - .npy files, memory-mapped (never unpickled).
+
+A zarr store is read through :class:`ConfinedStore`: every key (metadata, chunk) opened beneath the store's root
+(:mod:`densecnn.io.beneath`), so a chunk that is a symlink leading out of the store, a FIFO or a device is refused
+with ImageReadError instead of being read (or waited on forever).
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import math
+import os
+import stat
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import ImageReadError
+from .beneath import PathRefusedError, open_beneath
 from .formats import NPY_KINDS, TIFF_SUFFIXES, is_zarr
 from .orientation import oriented, stored_window, transposes
 from .slides import SLIDE_SUFFIXES, open_level
@@ -121,6 +129,63 @@ def _read_file(array: LazyArray) -> np.ndarray:
 _OPEN_LOCK = threading.Lock()
 
 
+@functools.cache
+def _confined_store_type():
+    from zarr.storage import LocalStore
+
+    class ConfinedStore(LocalStore):
+        """A read-only zarr LocalStore whose every key is opened beneath its root, regular files only (symlinks
+        followed only while they stay inside the store).
+
+        >>> zarr.open_array(ConfinedStore("slide.zarr"), mode="r")
+        """
+
+        def __init__(self, root):
+            super().__init__(root, read_only=True)
+
+        async def get(self, key, prototype=None, byte_range=None):
+            from zarr.core.buffer import default_buffer_prototype
+
+            if not self._is_open:
+                await self._open()
+            return await asyncio.to_thread(
+                self._read, key, prototype or default_buffer_prototype(), byte_range
+            )
+
+        async def get_partial_values(self, prototype, key_ranges):
+            return [await self.get(key, prototype, byte_range) for key, byte_range in key_ranges]
+
+        def _read(self, key: str, prototype, byte_range):
+            from zarr.abc.store import OffsetByteRequest, RangeByteRequest, SuffixByteRequest
+
+            try:
+                fd = open_beneath(self.root, key)
+            except PathRefusedError as exc:
+                if exc.reason in ("missing", "not_a_directory"):
+                    return None  # an absent chunk: the fill value
+                raise ImageReadError(f"{self.root}: key {key!r} of the store refused: {exc}") from None
+            with os.fdopen(fd, "rb") as stored:
+                if stat.S_ISDIR(os.fstat(stored.fileno()).st_mode):
+                    return None
+                size = stored.seek(0, os.SEEK_END)
+                start, stop = 0, size
+                if isinstance(byte_range, RangeByteRequest):
+                    start, stop = byte_range.start, byte_range.end
+                elif isinstance(byte_range, OffsetByteRequest):
+                    start = byte_range.offset
+                elif isinstance(byte_range, SuffixByteRequest):
+                    start = max(0, size - byte_range.suffix)
+                stored.seek(start)
+                return prototype.buffer.from_bytes(stored.read(max(0, min(stop, size) - start)))
+
+    return ConfinedStore
+
+
+def confined_store(path: str | Path):
+    """A read-only zarr store of ``path`` whose keys cannot lead out of it (:class:`ConfinedStore`)."""
+    return _confined_store_type()(path)
+
+
 @functools.lru_cache(maxsize=8)
 def _open_cached(array: LazyArray):
     if array.kind == "npy":
@@ -132,7 +197,7 @@ def _open_cached(array: LazyArray):
         import tifffile
 
         return zarr.open(tifffile.imread(array.path, aszarr=True, level=int(array.key or 0)), mode="r")
-    return zarr.open_array(array.path, path=array.key or None, mode="r")
+    return zarr.open_array(confined_store(array.path), path=array.key or None, mode="r")
 
 
 def _open(array: LazyArray):
@@ -205,7 +270,7 @@ def _npy_array(path: Path, channel_axis: int | None, spatial_dims: int) -> LazyA
 
 def _zarr_array(path: Path, channel_axis: int | None, spatial_dims: int, level: int = 0) -> LazyArray:
     zarr = _zarr(path)
-    node = zarr.open(str(path), mode="r")
+    node = zarr.open(confined_store(path), mode="r")
     key, names, scale, units = "", None, None, None
     if isinstance(node, zarr.Group):
         key, names, scale, units = _level(node, path, level)
@@ -269,7 +334,7 @@ def ome_levels(path: str | Path, *, spatial_dims: int) -> list[tuple[float, ...]
     if not is_zarr(path):
         return []
     zarr = _zarr(path)
-    group = zarr.open(str(path), mode="r")
+    group = zarr.open(confined_store(path), mode="r")
     if not isinstance(group, zarr.Group) or not _multiscales(group):
         return []
     return [

@@ -1,0 +1,183 @@
+"""The one admission of a job's input, whichever way it entered (a job upload, a resumable upload, a server-side
+path): the image judged from its header against the service's limits (pixel and decoded-byte bombs; TIFF tiles and
+zarr chunks that would decode to more than ``max_decode_bytes``), the result it will get (a zarr store for inputs
+read block by block, one label PNG for image files decoded whole), the output chunk its memory allows, and the disk
+its results take. Everything is decided before the job is recorded, so a job that cannot run is refused at once.
+
+>>> plan = admit(job_input, loaded, settings, level=None, chunk=None)
+>>> plan.result, plan.chunk, plan.memory, plan.output_bytes
+('zarr', None, 201326592, 12288)
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+from densecnn import LoadedModel
+from densecnn.errors import ImageReadError, ImageTooLargeError
+from densecnn.io import label_dtype, open_array, read_header
+from densecnn.io.arrays import LazyArray
+from densecnn.io.decode import check_tiff_tiles
+
+from ..errors import ApiError
+from ..settings import Settings
+from .inputs import JobInput
+
+MIN_CHUNK = 16  # an output chunk's least side: smaller ones make a file and a task per few pixels
+MAX_CHUNK = 16384  # and its largest; memory bounds it further (max_job_memory)
+MAX_LEVEL = 64  # an OME-Zarr level (the levels a store really has are checked when it is opened)
+DEFAULT_CHUNK = 1024  # the engine's output chunk for TIFF, slide and .npy inputs
+LEAST_DEFAULT_CHUNK = {1: 4096, 2: 64, 3: 16}  # the engine grows a zarr input's chunks to at least this
+_REPR = re.compile(r"<[^<>]* at 0x[0-9a-fA-F]+>")  # an object's repr in a library's message
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    """What a job will do: ``result`` "zarr" or "png"; ``chunk`` the output chunk side to ask of the engine (None:
+    its default, which fits); ``memory`` the bytes one block task is estimated to hold; ``output_bytes`` the disk its
+    results may take."""
+
+    result: str
+    chunk: int | None
+    memory: int
+    output_bytes: int
+
+
+def task_memory(settings: Settings) -> int:
+    """Bytes of activations one block task's inference may use (the engine tiles its inference to fit)."""
+    return settings.job_task_memory or settings.max_job_memory // 2
+
+
+def chunk_memory(side: int, dims: int, loaded: LoadedModel, input_itemsize: int, block: int) -> int:
+    """Bytes one block task holds besides its inference's activations, for output chunks of ``side`` per axis: the
+    window it reads (whole chunks grouped to about ``block`` per side, plus the model's halo) in the stored dtype and
+    as float32, and its labels twice (computed, and one chunk's buffer as it is written).
+
+    >>> chunk_memory(1024, 2, loaded, 1, 1024)   # 3 channels, a 95-pixel patch
+    31043196
+    """
+    grouped = side * max(1, math.ceil(block / side))
+    halo = max(loaded.patch_size)
+    window = (grouped + halo) ** dims
+    labels = label_dtype(loaded.num_classes).itemsize
+    return window * loaded.in_channels * (input_itemsize + 4) + 2 * grouped**dims * labels
+
+
+def admit(
+    job_input: JobInput, loaded: LoadedModel, settings: Settings, *, level: int | None, chunk: int | None
+) -> JobPlan:
+    """The job's plan. Blocking (reads the input's header or metadata).
+
+    Raises ApiError (413, 422), densecnn's ImageReadError (400; 413 for ImageTooLargeError), naming the input as the
+    caller did, never where it lies on the server.
+    """
+    try:
+        return _admit(job_input, loaded, settings, level, chunk)
+    except ImageReadError as exc:
+        message = _REPR.sub(job_input.name, str(exc).replace(str(job_input.path), job_input.name))
+        exc.args = (message,)
+        raise exc from None
+
+
+def _admit(job_input: JobInput, loaded: LoadedModel, settings: Settings, level, chunk) -> JobPlan:
+    dims = len(loaded.patch_size)
+    labels = label_dtype(loaded.num_classes).itemsize
+    if job_input.chunked:
+        array = open_array(job_input.path, spatial_dims=dims, level=level or 0)
+        _check_stored_chunks(array, job_input, settings)
+        pixels = math.prod(array.spatial_shape)
+        small_copy = (
+            pixels * labels if pixels <= settings.max_image_pixels else 0
+        )  # the PNG or TIFF beside it
+        chosen, memory = _chunk(array, loaded, settings, chunk)
+        return JobPlan("zarr", chosen, memory, pixels * labels + small_copy)
+    if dims != 2:
+        raise ApiError(422, "wrong_dimensions",
+                       f"{job_input.name} is an image file; a {dims}-D model labels a zarr array, TIFF or .npy "
+                       "holding its input")  # fmt: skip
+    size = job_input.path.stat().st_size
+    advice = "convert it to a (tiled) TIFF or a zarr array, which jobs read block by block"
+    if size > settings.max_upload_bytes:
+        raise ApiError(413, "image_too_large",
+                       f"{job_input.name} ({size:,} bytes) is an image file decoded whole, larger than the limit of "
+                       f"{settings.max_upload_bytes:,} bytes for those; {advice}")  # fmt: skip
+    header = read_header(job_input.path)
+    if header.pixels > settings.max_image_pixels or header.decoded_bytes > settings.max_decode_bytes:
+        raise ApiError(413, "image_too_large",
+                       f"{job_input.name} ({header.width}x{header.height}) is an image file decoded whole, over the "
+                       f"limit of {settings.max_image_pixels:,} pixels or {settings.max_decode_bytes:,} decoded bytes "
+                       f"for those; {advice}")  # fmt: skip
+    memory = settings.request_memory_bound(loaded.in_channels)
+    return JobPlan("png", None, memory, header.pixels * labels)
+
+
+def _check_stored_chunks(array: LazyArray, job_input: JobInput, settings: Settings) -> None:
+    """413 for an input whose reader would allocate more than ``max_decode_bytes`` for one stored tile or chunk
+    (a TIFF tile bomb, a zarr store of one huge chunk): the reader decodes whole tiles whatever window it reads."""
+    if array.kind == "tiff":
+        import tifffile
+
+        with tifffile.TiffFile(job_input.path) as tiff:
+            check_tiff_tiles(tiff, job_input.name, settings.max_decode_bytes)
+        return
+    if array.kind in ("zarr", "slide"):
+        stored = math.prod(array.chunks) * _itemsize(array)
+        if stored > settings.max_decode_bytes:
+            raise ImageTooLargeError(
+                f"{job_input.name}: stored in chunks of {'x'.join(map(str, array.chunks))} ({stored:,} decoded bytes "
+                f"each), over the limit of {settings.max_decode_bytes:,} bytes; rechunk it (e.g. 1024 per side)"
+            )
+
+
+def _itemsize(array: LazyArray) -> int:
+    import numpy as np
+
+    return np.dtype(array.dtype).itemsize
+
+
+def _chunk(
+    array: LazyArray, loaded: LoadedModel, settings: Settings, chunk: int | None
+) -> tuple[int | None, int]:
+    """The output chunk to ask for (None: the engine's default) and one block task's estimated memory; 422 when
+    the caller's chunk does not fit ``max_job_memory``."""
+    dims = len(array.spatial_shape)
+    budget = settings.max_job_memory - task_memory(settings)
+    itemsize = _itemsize(array)
+
+    def memory(side: int) -> int:
+        return chunk_memory(side, dims, loaded, itemsize, settings.job_block) + task_memory(settings)
+
+    if chunk is not None:
+        if memory(chunk) - task_memory(settings) > budget:
+            largest = _largest_fitting(lambda side: memory(side) - task_memory(settings) <= budget)
+            raise ApiError(422, "chunk_too_large",
+                           f"a chunk of {chunk} per side would take about {memory(chunk):,} bytes per task, over this "
+                           f"server's max_job_memory of {settings.max_job_memory:,}; use at most {largest}")  # fmt: skip
+        return chunk, memory(chunk)
+    default = _default_chunk(array, dims)
+    if memory(default) - task_memory(settings) <= budget:
+        return None, memory(default)
+    fitting = _largest_fitting(lambda side: memory(side) - task_memory(settings) <= budget)
+    if fitting < MIN_CHUNK:
+        raise ApiError(422, "model_too_large",
+                       f"even chunks of {MIN_CHUNK} per side would pass this server's max_job_memory of "
+                       f"{settings.max_job_memory:,} bytes for this model; raise it")  # fmt: skip
+    return fitting, memory(fitting)
+
+
+def _default_chunk(array: LazyArray, dims: int) -> int:
+    if array.kind != "zarr":
+        return DEFAULT_CHUNK
+    side = max(array.spatial_chunks)
+    least = LEAST_DEFAULT_CHUNK[dims]
+    return side * max(1, math.ceil(least / side))
+
+
+def _largest_fitting(fits) -> int:
+    """The largest power of two from MIN_CHUNK to MAX_CHUNK for which ``fits(side)``; MIN_CHUNK // 2 if none."""
+    side = MIN_CHUNK // 2
+    while side * 2 <= MAX_CHUNK and fits(side * 2):
+        side *= 2
+    return side
