@@ -103,3 +103,8 @@ class PredictInputError(DenseCNNError, ValueError):
 
 class BlockFailedError(DenseCNNError, RuntimeError):
     """A block of a chunked prediction kept failing after its retries; the message names its coordinates."""
+
+
+class ModelChangedError(DenseCNNError, RuntimeError):
+    """The patch model's structure (a layer, a hyper-parameter, an attribute its forward reads) changed after it was
+    converted; the message names what changed and says to convert it again (parameter values are followed)."""
