@@ -18,6 +18,7 @@ import torch
 import torch.fx
 from torch import nn
 
+from . import functional_weights
 from .errors import ConversionError
 from .hooks import check_global_hooks, check_modules
 from .rules import aliases, find_record, module_type, unconvertible_subclass
@@ -46,8 +47,47 @@ def extract_chain(model: nn.Module) -> Chain:
             global module hook is registered (:mod:`densecnn.hooks`), or the model is not a chain of layers.
     """
     check_global_hooks()
+    check_readable(model)
     check_modules(model.named_modules())
     return _layers(model, "")
+
+
+_EAGER = (
+    "densecnn reads the layers of an eager nn.Module; pass the module itself, before torch.jit.script/trace or "
+    "torch.compile"
+)
+_QUANTIZED_PACKAGES = ("torch.ao.nn.quantized", "torch.nn.quantized", "torch.ao.nn.intrinsic.quantized")
+
+
+def check_readable(model: nn.Module) -> None:
+    """Raise for a model whose computation is not its eager layers: TorchScript (``torch.jit.script`` or
+    ``torch.jit.trace``), ``torch.compile``, or a quantized model (``torch.ao.quantization.quantize_dynamic`` and
+    kin), naming what it is and what to pass instead.
+
+    Raises:
+        ConversionError: naming the module's dotted path, what it is, and the eager model to pass.
+    """
+    if type(model).__name__ == "OptimizedModule" and isinstance(getattr(model, "_orig_mod", None), nn.Module):
+        raise ConversionError(
+            f"the model is a torch.compile'd module ({type(model).__name__}), whose forward runs generated code. "
+            "Pass the eager module it wraps: densecnn.convert(compiled._orig_mod, patch_size)"
+        )
+    for path, module in model.named_modules():
+        where = f"layer {path!r}" if path else "the model"
+        if isinstance(module, torch.jit.ScriptModule):
+            how = "torch.jit.trace" if isinstance(module, torch.jit.TracedModule) else "torch.jit.script"
+            raise ConversionError(
+                f"{where} is a TorchScript module made by {how} ({type(module).__name__}), whose layers are compiled "
+                f"code. {_EAGER} (keep the eager model; TorchScript is for deployment, densecnn's dense net replaces "
+                "it)"
+            )
+        if type(module).__module__.startswith(_QUANTIZED_PACKAGES):
+            raise ConversionError(
+                f"{where} ({type(module).__name__}) is a quantized layer (quantize_dynamic or static quantization), "
+                "which computes with integer weights densecnn's dense ops do not run. Convert the float model "
+                "before quantizing it (densecnn.convert(float_model, patch_size)); bfloat16 inference needs no "
+                "quantization: dense.predict(x.bfloat16())"
+            )
 
 
 def _layers(model: nn.Module, prefix: str) -> Chain:
@@ -79,13 +119,19 @@ def _trace_chain(model: nn.Module, prefix: str) -> Chain:
     try:
         graph = _RuleLeafTracer().trace(model)
     except Exception as exc:  # fx raises many types; the user needs the reason, not the type
-        raise ConversionError(
-            f"{where}: has no conversion rule and torch.fx cannot trace it ({exc}). "
-            "Register a rule with @densecnn.register_rule, or write the model as an nn.Sequential"
-        ) from None
-    chain: Chain = []
+        raise _untraceable(where, exc) from None
+    constants = functional_weights.constant_nodes(graph)
+    dims = _spatial_dims(model, graph)
+    chain: list[tuple[str, nn.Module | None]] = []
     current = None
     for node in graph.nodes:
+        op = f"{where}: op {node.name!r} ({node.op} {_target_name(node)})"
+        if functional_weights.is_random(node):
+            raise ConversionError(
+                f"{op} draws random numbers in forward(), so the model's output is stochastic and no dense net can "
+                "reproduce it. Remove the noise from forward (add it to the training data), or apply it only "
+                "under `if self.training:` and convert the model in eval mode"
+            )
         if node.op == "placeholder":
             if current is not None:
                 raise ConversionError(
@@ -99,16 +145,81 @@ def _trace_chain(model: nn.Module, prefix: str) -> Chain:
                     f"{where}: forward() must return the last op's output (a single tensor)"
                 )
             break
+        if node in constants:
+            if node.op == "call_method" and str(node.target).endswith("_"):
+                raise ConversionError(
+                    f"{op} updates the model's tensor {_root_attribute(node)!r} in place in forward(), state that a "
+                    "dense net (which never runs forward) cannot follow. Update it outside forward (in the "
+                    "training loop), or keep it out of the model"
+                )
+            continue  # the model's own tensors, read by the op that uses them
         if _is_shape_query(node):
             continue
-        if not node.args or node.args[0] is not current:
+        if functional_weights.input_of(node, current) is not current or _adds_another_map(
+            node, current, constants
+        ):
             raise ConversionError(
-                f"{where}: op {node.name!r} ({node.op} {_target_name(node)}) does not consume the previous op's "
-                "output; densecnn converts single chains of layers (no branches, skips or extra inputs)"
+                f"{op} does not consume the previous op's output; densecnn converts single chains of layers (no "
+                "branches, skips or extra inputs). Write the model as an nn.Sequential of the layers it runs"
             )
-        chain.append(_node_layer(model, node, prefix, where))
+        if node.target in functional_weights.ADDS and chain and _constant_operand(node, current, constants):
+            functional_weights.with_bias(chain[-1][1], model, node, current, constants, op)
+        elif functional_weights.is_weight_op(node) and node.target not in functional_weights.ADDS:
+            flat = any(isinstance(m, (nn.Flatten, nn.Linear)) for _, m in chain)
+            module = functional_weights.weight_layer(model, node, constants, op, flat=flat, dims=dims)
+            chain.append((f"{prefix}.{node.name}" if prefix else node.name, module))
+        else:
+            chain.append(_node_layer(model, node, prefix, where))
         current = node
     return [(path, module) for path, module in chain if module is not None]
+
+
+def _untraceable(where: str, exc: Exception) -> ConversionError:
+    reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    if "as buffer" in reason or "as parameter" in reason:
+        return ConversionError(
+            f"{where}: its forward() assigns one of the model's tensors ({reason}), state that a dense net (which "
+            "never runs forward) cannot follow. Update it outside forward (in the training loop), or keep it out "
+            "of the model"
+        )
+    return ConversionError(
+        f"{where}: has no conversion rule and torch.fx cannot trace it ({reason}). Register a rule with "
+        "@densecnn.register_rule, or write the model as an nn.Sequential of layers densecnn converts"
+    )
+
+
+def _other_operand(node: torch.fx.Node, current: torch.fx.Node):
+    return node.args[1] if node.args[0] is current else node.args[0]
+
+
+def _constant_operand(node: torch.fx.Node, current: torch.fx.Node, constants: set) -> bool:
+    return _other_operand(node, current) in constants
+
+
+def _adds_another_map(node: torch.fx.Node, current: torch.fx.Node, constants: set) -> bool:
+    """An add of the map and another map computed from the input (a skip connection)."""
+    if node.target not in functional_weights.ADDS or len(node.args) < 2:
+        return False
+    other = _other_operand(node, current)
+    return isinstance(other, torch.fx.Node) and other not in constants
+
+
+def _root_attribute(node: torch.fx.Node) -> str:
+    while node.op != "get_attr" and node.all_input_nodes:
+        node = node.all_input_nodes[0]
+    return str(node.target)
+
+
+def _spatial_dims(model: nn.Module, graph: torch.fx.Graph) -> int:
+    """The spatial axes a traced model's layers imply (its modules', or a functional conv's), 2 if none does."""
+    for node in graph.nodes:
+        if node.target in functional_weights.CONVS:
+            return functional_weights.CONVS[node.target]
+    for module in model.modules():
+        record = find_record(module_type(module))
+        if record is not None and record.dims is not None:
+            return record.dims
+    return 2
 
 
 def _is_shape_query(node: torch.fx.Node) -> bool:

@@ -7,13 +7,15 @@ import warnings
 from collections.abc import Sequence
 
 from torch import nn
-from torch.nn.modules.lazy import LazyModuleMixin
 
 from .chain import Chain, extract_chain
 from .dense import DenseCNN
-from .errors import ConversionError, DenseEquivalenceWarning, PatchSizeError, PatchSizeWarning
+from .errors import ConversionError, DenseCNNError, DenseEquivalenceWarning, PatchSizeError, PatchSizeWarning
 from .geometry import Size, ntuple
+from .materialised import check_materialised
 from .ops import check_backend
+from .ops.backends import Backend, allowed_solvers, ext_available
+from .ops.solvers import candidates
 from .padding import check_padding_mode
 from .patch_sizes import describe_nearest, smallest_equivalent
 from .rules import ConversionContext, is_stochastic, module_type, record_for, unconvertible_subclass
@@ -134,7 +136,65 @@ def convert(
         torch.Size([2, 3, 40, 50])
     """
     check_padding_mode(padding_mode)
-    check_backend(backend)
+    backend = check_backend(backend)
+    check_materialised(model)
+    chain, converted, ctx, patch = _converted_layers(model, patch_size)
+    if any(module.training and is_stochastic(module) for _, module in chain):
+        warnings.warn(
+            "the model has layers in training mode whose output is then random or depends on the batch "
+            "(BatchNorm, Dropout, RReLU, ...): the dense net matches patch-by-patch scanning only in eval mode. "
+            "Call model.eval() before comparing or predicting.",
+            DenseEquivalenceWarning,
+            stacklevel=2,
+        )
+    _check_solvers(converted, backend, model)
+    dense = DenseCNN(
+        [layer.dense for layer in converted if layer.dense is not None],
+        patch_size=patch,
+        in_channels=ctx.in_channels,
+        num_classes=ctx.channels,
+        padding_mode=padding_mode,
+        backend=backend.value,
+        tune=tune,
+        patch_modules=tuple(model.named_modules()),
+    )
+    if verify:
+        verify_conversion(model, dense, converted)
+        _refuse_changed_by_running(dense)
+    return dense
+
+
+def _refuse_changed_by_running(dense: DenseCNN) -> None:
+    """Raise if running the model (in the verification pass) changed its structure: a forward that sets its own
+    attributes or resizes its buffers, which the dense net (that never runs it) cannot follow."""
+    change = dense.structure.changed()
+    if change is not None:
+        raise ConversionError(
+            f"the model changes its own state when it runs ({change}), which a dense net, computed from the layers "
+            "as converted, cannot follow. Write forward without setting attributes or resizing buffers (keep such "
+            "state outside the model)"
+        )
+
+
+def layer_channels(model: nn.Module, patch_size) -> tuple[int | None, int]:
+    """(in_channels, num_classes) of the dense net ``model`` converts to at ``patch_size``, from its layers' arguments
+    alone (no tensor is read: the layers may be on the meta device, as a model file's are while it is checked).
+
+    >>> layer_channels(nn.Sequential(nn.Conv2d(3, 8, 5), nn.ReLU(), nn.Conv2d(8, 2, 1)), 5)
+    (3, 2)
+
+    Raises:
+        ConversionError, PatchSizeError: as :func:`convert`, for the layers.
+    """
+    _, _, ctx, _ = _converted_layers(model, patch_size)
+    return ctx.in_channels, ctx.channels
+
+
+def _converted_layers(
+    model: nn.Module, patch_size
+) -> tuple[Chain, list[ConvertedLayer], ConversionContext, Size]:
+    """The chain, each layer converted, the context after the last one and the patch size as a tuple; warns if a
+    smaller patch size gives the same net."""
     chain = extract_chain(model)
     dims = spatial_dims_of(chain, patch_size)
     if _is_sequence(patch_size) and len(patch_size) != dims:
@@ -153,27 +213,28 @@ def convert(
             f"accepts ({MAX_PATCH_PIXELS:,}); pass the patch size the model was trained with"
         )
     _warn_if_not_smallest(ctx, patch)
-    if any(module.training and is_stochastic(module) for _, module in chain):
-        warnings.warn(
-            "the model has layers in training mode whose output is then random or depends on the batch "
-            "(BatchNorm, Dropout, RReLU, ...): the dense net matches patch-by-patch scanning only in eval mode. "
-            "Call model.eval() before comparing or predicting.",
-            DenseEquivalenceWarning,
-            stacklevel=2,
-        )
-    dense = DenseCNN(
-        [layer.dense for layer in converted if layer.dense is not None],
-        patch_size=patch,
-        in_channels=ctx.in_channels,
-        num_classes=ctx.channels,
-        padding_mode=padding_mode,
-        backend=backend,
-        tune=tune,
-        patch_modules=tuple(model.named_modules()),
-    )
-    if verify:
-        verify_conversion(model, dense, converted)
-    return dense
+    return chain, converted, ctx, patch
+
+
+def _check_solvers(converted: list[ConvertedLayer], backend: Backend, model: nn.Module) -> None:
+    """Raise unless some solver of ``backend`` runs each dense layer (``backend="ext"`` has kernels for dilated and
+    pooling layers, not for every conv)."""
+    if backend is not Backend.EXT:
+        return
+    weight = next((p for p in model.parameters() if p.is_floating_point()), None)
+    dtype = weight.dtype if weight is not None else None
+    allowed = allowed_solvers(backend, None)
+    for layer in converted:
+        if layer.dense is None or not hasattr(layer.dense, "dense_op"):
+            continue
+        runs = set(candidates(layer.dense.dense_op(), ext_available=ext_available(), dtype=dtype)) & allowed
+        if not runs:
+            raise ConversionError(
+                f"layer {layer.path!r} ({type(layer.module).__name__}): none of densecnn's own kernels "
+                f"(backend='ext': {', '.join(sorted(allowed))}) runs it"
+                f"{f' in {dtype}'.replace('torch.', '') if dtype is not None else ''}. Convert with backend='auto' "
+                "(densecnn's kernels where they apply, torch's elsewhere) or backend='native'"
+            )
 
 
 def _convert_chain(
@@ -193,7 +254,15 @@ def _convert_chain(
         record = record_for(module)
         if record is None:
             raise _no_rule(ctx, module)
-        dense_layer = record.rule(module, ctx)
+        try:
+            dense_layer = record.rule(module, ctx)
+        except DenseCNNError:
+            raise
+        except Exception as exc:  # a rule's own failure (a user's rule, an argument it did not expect)
+            raise ctx.error(
+                f"its conversion rule ({record.name}) failed: {type(exc).__name__}: {exc}",
+                "if you registered that rule, correct it; otherwise report this as a densecnn bug",
+            ) from None
         converted.append(
             ConvertedLayer(path, module, record, dense_layer, ctx.size, ctx.dilation, ctx.flat_map)
         )
@@ -207,11 +276,6 @@ def _convert_chain(
 
 
 def _no_rule(ctx: ConversionContext, module: nn.Module) -> ConversionError:
-    if isinstance(module, LazyModuleMixin) and module.has_uninitialized_params():
-        return ctx.error(
-            "is a lazy layer whose parameters do not exist yet",
-            "run the model once on a patch (model(torch.zeros(1, C, *patch_size))) before converting it",
-        )
     subclass = unconvertible_subclass(module_type(module))
     if subclass is None:
         return ctx.error(
@@ -253,5 +317,5 @@ def _warn_if_not_smallest(ctx: ConversionContext, patch: Size) -> None:
             f"net, and the model was most likely trained with patch_size={size}. With a larger size, each pixel's "
             "label comes from a patch whose centre is shifted. Pass the size the model was trained with",
             PatchSizeWarning,
-            stacklevel=3,
+            stacklevel=4,
         )

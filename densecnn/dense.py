@@ -18,12 +18,21 @@ from .hooks import check_modules
 from .layers import WindowLayer, output_shape
 from .losses import IGNORE_INDEX
 from .masked import masked_terms
+from .nonfinite import (
+    check_finite,
+    check_policy,
+    no_data_input,
+    no_data_pixels,
+    run_with_no_data,
+    zero_filled,
+)
 from .ops.backends import Backend, check_backend, ext_available
 from .ops.config import OpsConfig, get_config
 from .ops.plan import Plan, Step, group_steps, make_plan
 from .ops.solvers import ConvOp
 from .padding import dense_padding, pad_image, padded_window
 from .rules.registry import fused_activation
+from .structure import Structure
 
 _INPUTS = {1: ("signals", "(N, C, L)"), 2: ("images", "(N, C, H, W)"), 3: ("volumes", "(N, C, D, H, W)")}
 _STOCHASTIC = (nn.modules.batchnorm._BatchNorm, nn.modules.dropout._DropoutNd)
@@ -61,9 +70,13 @@ class DenseCNN(nn.Module):
     which later plans reuse.
     ``backend`` restricts the candidates: "native" runs torch's dilated ops in NCHW, "ext" densecnn's kernels only.
     ``max_memory`` (bytes) splits the work into exact tiles (:mod:`densecnn.tiling`). A call raises
-    :class:`~densecnn.ConversionError` if a hook was added to the patch model since conversion (:mod:`densecnn.hooks`).
+    :class:`~densecnn.ConversionError` if a hook was added to the patch model since conversion (:mod:`densecnn.hooks`),
+    :class:`~densecnn.errors.ModelChangedError` if its structure changed (:mod:`densecnn.structure`), and
+    :class:`~densecnn.errors.NonFiniteInputError` on NaN/±Inf input unless ``nonfinite="propagate"``
+    (:mod:`densecnn.nonfinite`).
 
     Attributes:
+        structure: the patch model's :class:`~densecnn.structure.Structure` at conversion, checked on every call.
         patch_size: (Ph, Pw) the patch model was trained on; (Pd, Ph, Pw) for volumes, (Pl,) for signals.
         receptive_field: (Rh, Rw), the pixels each output actually depends on (≤ patch_size), per axis like
             ``patch_size``.
@@ -91,9 +104,11 @@ class DenseCNN(nn.Module):
     ):
         super().__init__()
         self.features = nn.Sequential(*layers)
-        # the patch model's modules by path, checked for hooks on every call: a hook added after conversion would
-        # change the patch model but not this net (a plain tuple: not submodules of the dense net)
+        # the patch model's modules by path, checked for hooks and structural changes on every call: a hook added
+        # or a layer replaced after conversion would change the patch model but not this net (a plain tuple: not
+        # submodules of the dense net)
         self._patch_modules = patch_modules
+        self.structure = Structure(patch_modules)
         self.patch_size = patch_size
         self.in_channels = in_channels
         self.num_classes = num_classes
@@ -135,7 +150,12 @@ class DenseCNN(nn.Module):
         return pad_image(x, before, after, self.padding_mode)
 
     def forward(
-        self, x: torch.Tensor, max_memory: int | None = None, *, cancel: threading.Event | None = None
+        self,
+        x: torch.Tensor,
+        max_memory: int | None = None,
+        *,
+        cancel: threading.Event | None = None,
+        nonfinite: str = "refuse",
     ) -> torch.Tensor:
         """(N, C, H, W) float images -> (N, K, H, W) scores, one patch-model output per pixel ((N, C, *S) ->
         (N, K, *S) for signals and volumes).
@@ -143,34 +163,42 @@ class DenseCNN(nn.Module):
         ``max_memory`` (bytes): compute the output in tiles whose estimated memory, with the held padded image and
         scores, stays under it; the result equals the untiled one. ``cancel``: once this event is set (by another
         thread), the computation stops at the next layer or tile with :class:`densecnn.errors.Cancelled`.
+        ``nonfinite``: "refuse" (default) raises :class:`~densecnn.errors.NonFiniteInputError` on NaN/±Inf input;
+        "propagate" reads them as no-data: NaN scores exactly where a pixel's patch reads one, every other pixel
+        exact (:mod:`densecnn.nonfinite`).
 
         >>> dense(torch.rand(1, 1, 300, 200), max_memory=50_000_000).shape
         torch.Size([1, 3, 300, 200])
         """
-        self._check_input(x)
+        self._check_call(x, nonfinite)
         self._warn_if_stochastic()
-        check_modules(self._patch_modules)
         if max_memory is not None:
-            return self._run_tiled(x, max_memory, labels=False, cancel=cancel)
-        return self.run_padded(self.pad(x), cancel=cancel)
+            return self._run_tiled(x, max_memory, labels=False, cancel=cancel, nonfinite=nonfinite)
+        return self._run(self.pad(x), cancel=cancel, nonfinite=nonfinite)
 
     @torch.no_grad()
     def predict(
-        self, x: torch.Tensor, max_memory: int | None = None, *, cancel: threading.Event | None = None
+        self,
+        x: torch.Tensor,
+        max_memory: int | None = None,
+        *,
+        cancel: threading.Event | None = None,
+        nonfinite: str = "refuse",
     ) -> torch.Tensor:
         """(N, C, H, W) float images -> (N, H, W) int64 labels (argmax of the scores); (N, C, *S) -> (N, *S).
 
         With ``max_memory`` (bytes) only each tile's labels are kept, so large images fit: a 4096x4096 RGB image
         through plain_133 with ``max_memory=1_500_000_000`` never holds the 2 GB of 32-class scores.
         With backend "auto" the images' dtype is the compute dtype: ``predict(x.bfloat16())`` is bf16 inference.
-        ``cancel`` stops it as in :meth:`forward`.
+        ``cancel`` stops it as in :meth:`forward`. With ``nonfinite="propagate"`` a pixel whose patch reads a
+        NaN/±Inf input pixel is labelled :data:`densecnn.nonfinite.NO_DATA_LABEL` (-1), as is any pixel whose scores
+        are NaN.
         """
         if max_memory is None:
-            return tiling.class_labels(self.forward(x, cancel=cancel))
-        self._check_input(x)
+            return tiling.class_labels(self.forward(x, cancel=cancel, nonfinite=nonfinite))
+        self._check_call(x, nonfinite)
         self._warn_if_stochastic()
-        check_modules(self._patch_modules)
-        return self._run_tiled(x, max_memory, labels=True, cancel=cancel)
+        return self._run_tiled(x, max_memory, labels=True, cancel=cancel, nonfinite=nonfinite)
 
     def masked_loss(
         self,
@@ -182,22 +210,34 @@ class DenseCNN(nn.Module):
         ignore_index: int = IGNORE_INDEX,
         method: str = "auto",
         focal_gamma: float = 0.0,
+        nonfinite: str = "refuse",
     ) -> torch.Tensor:
         """The mean cross-entropy over the pixels ``mask`` selects (labels not ``ignore_index``): its gradient is the
         patch minibatch's of those pixels, computed the cheapest way (:mod:`densecnn.masked`): the whole dense pass,
         the dense pass over the selected pixels' region, or their patch minibatch. ``method`` forces one.
         ``class_weights`` and ``focal_gamma`` weigh the pixels as :func:`~densecnn.masked_cross_entropy` does.
+        ``nonfinite="propagate"`` leaves out of the mask every pixel whose patch reads a NaN/±Inf input pixel (the
+        gradient is then the patch minibatch's of the remaining selected pixels); "refuse" (default) raises on them.
 
         (N, C, *S) images, (N, *S) labels and bool mask (None: every pixel) -> a scalar (float32, or float64 for
         float64 images); 0 with a zero gradient when no pixel counts.
 
         >>> dense.masked_loss(images, labels, densecnn.masks.random(64)(labels, generator=g)).backward()
         """
-        self._check_input(x)
-        check_modules(self._patch_modules)
+        self._check_call(x, nonfinite)
+        padded = self.pad(x)
+        no_data = no_data_input(padded) if nonfinite == "propagate" else None
+        if no_data is not None:
+            counted = ~no_data_pixels(self.features, no_data)  # (N, *S)
+            if mask is not None and mask.shape != counted.shape:
+                raise InvalidInputError(
+                    f"mask must be (N, *S) = {tuple(counted.shape)}, got {tuple(mask.shape)}"
+                )
+            mask = counted if mask is None else mask & counted
+            padded = zero_filled(padded, no_data)
         terms = masked_terms(
             self,
-            self.pad(x),
+            padded,
             labels,
             mask,
             class_weights=class_weights,
@@ -230,15 +270,45 @@ class DenseCNN(nn.Module):
         for p, grad in zip(params, grads):
             p.grad = grad
 
+    def check_model(self) -> None:
+        """Raise if the patch model changed since conversion in a way this net cannot follow: a hook added
+        (:mod:`densecnn.hooks`) or its structure changed (:mod:`densecnn.structure`; a few µs per module). Every call
+        checks it; parameter values are shared and followed.
+
+        Raises:
+            ConversionError: a hook was added to one of its modules.
+            ModelChangedError: a layer, hyper-parameter or attribute changed; convert the model again.
+        """
+        check_modules(self._patch_modules)
+        self.structure.check()
+
+    def _check_call(self, x: torch.Tensor, nonfinite: str) -> None:
+        """What every scoring call checks first: the input, the non-finite policy, the patch model."""
+        self._check_input(x)
+        if check_policy(nonfinite) == "refuse":
+            check_finite(x)
+        self.check_model()
+
+    def _run(self, padded: torch.Tensor, *, cancel: threading.Event | None, nonfinite: str) -> torch.Tensor:
+        """:meth:`run_padded` under the non-finite policy (the input already checked under "refuse")."""
+        if nonfinite == "propagate":
+            return run_with_no_data(functools.partial(self.run_padded, cancel=cancel), self.features, padded)
+        return self.run_padded(padded, cancel=cancel)
+
     def _run_tiled(
-        self, x: torch.Tensor, max_memory: int, *, labels: bool, cancel: threading.Event | None
+        self,
+        x: torch.Tensor,
+        max_memory: int,
+        *,
+        labels: bool,
+        cancel: threading.Event | None,
+        nonfinite: str,
     ) -> torch.Tensor:
         tiling.check_max_memory(max_memory)
         estimate = self.memory_estimate(x.shape, x.element_size(), labels=labels, train=self._trains(x))
         tile = tiling.choose_tile(x.shape, max_memory, estimate, labels=labels)
-        run = functools.partial(
-            self.run_padded, cancel=cancel
-        )  # checks ``cancel`` before each layer of each tile
+        # checks ``cancel`` before each layer of each tile; a tile's no-data pixels are found in its own window
+        run = functools.partial(self._run, cancel=cancel, nonfinite=nonfinite)
         before, _ = dense_padding(self.patch_size, self.receptive_field)
         window_of = functools.partial(padded_window, x, before, padding_mode=self.padding_mode)
         return tiling.run_tiled(run, window_of, tuple(x.shape[2:]), tile, self.receptive_field, labels=labels)

@@ -25,12 +25,19 @@ from tqdm.auto import tqdm
 
 from .errors import InvalidInputError
 from .geometry import Size
+from .nonfinite import NO_DATA_LABEL
 
 
 def class_labels(scores: torch.Tensor) -> torch.Tensor:
     """(N, K, *S) scores -> (N, *S) int64 labels: the first class with the highest score, as ``argmax(1)`` gives,
-    through ``max(1)``, which torch runs several times faster on the CPU for few classes."""
-    return scores.max(1).indices
+    through ``max(1)``, which torch runs several times faster on the CPU for few classes; a pixel whose scores hold
+    NaN (no-data, :mod:`densecnn.nonfinite`) gets :data:`~densecnn.nonfinite.NO_DATA_LABEL`.
+
+    >>> class_labels(torch.tensor([[[0.0, float("nan")], [1.0, 0.0]]]))
+    tensor([[ 1, -1]])
+    """
+    best, labels = scores.max(1)  # max propagates NaN: a pixel with a NaN score has a NaN best
+    return labels.masked_fill_(best.isnan(), NO_DATA_LABEL)
 
 
 WORKSPACE = 3.0  # solver buffers: space-to-batch holds two extra copies of a layer's input and output

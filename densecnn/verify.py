@@ -27,6 +27,7 @@ from .rules import LayerRecord
 # max |dense - patch model| <= TOLERANCE · max(max |patch model|, 1): the rounding bound of the equivalence guarantee
 TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 5e-2}
 OUTPUTS_PER_AXIS = {1: 4, 2: 2, 3: 2}  # 4, 4 and 8 patches (two per axis: a transposed map shows)
+FAR_OUTPUTS = (0.5, 1.0)  # and these, as fractions of the wide last axis: patches far from the map's start
 _SEED = 0  # a private generator: the pass never draws from the caller's random stream
 
 
@@ -87,11 +88,23 @@ def _eval_mode(*nets: nn.Module):
 
 
 class _Check:
-    """The random input, its patches and the model's scores for them; the comparisons made on a mismatch."""
+    """The random input, its patches and the model's scores for them; the comparisons made on a mismatch.
+
+    The map holds :data:`OUTPUTS_PER_AXIS` outputs per axis, and along the last axis two patch sizes more: the dense
+    net runs on a map about three patches wide there (a layer whose result depends on the map's size shows), and the
+    model on the patches of the first outputs (every combination: a transposed map shows) and of a few far ones.
+    """
 
     def __init__(self, model, dense, layers, dtype: torch.dtype, device: torch.device):
         self.model, self.dense, self.layers, self.dtype = model, dense, layers, dtype
-        self.outputs = (OUTPUTS_PER_AXIS[dense.dims],) * dense.dims
+        first = OUTPUTS_PER_AXIS[dense.dims]
+        wide = first + 2 * dense.patch_size[-1]  # outputs along the last axis: the map is ~3 patches wide
+        self.outputs = (first,) * (dense.dims - 1) + (wide,)
+        near = torch.cartesian_prod(*(torch.arange(first) for _ in range(dense.dims))).view(-1, dense.dims)
+        far = torch.zeros(len(FAR_OUTPUTS), dense.dims, dtype=torch.long)
+        far[:, :-1] = first - 1
+        far[:, -1] = torch.tensor([round(f * (wide - 1)) for f in FAR_OUTPUTS])
+        self.positions = torch.cat([near, far]).unique(dim=0)  # (B, dims): the output pixels compared
         channels = dense.in_channels or 1
         generator = torch.Generator().manual_seed(_SEED)
         # (1, C, *(s + P - 1)): every patch whole; the dense net reads the first s + R - 1 samples per axis
@@ -101,10 +114,12 @@ class _Check:
         self.padded = self.image[
             (..., *(slice(0, s + r - 1) for s, r in zip(self.outputs, dense.receptive_field)))
         ]
-        windows = self.image[0]
-        for axis, p in enumerate(dense.patch_size, start=1):
-            windows = windows.unfold(axis, p, 1)  # (C, *s, *P)
-        self.patches = windows.movedim(0, dense.dims).reshape(-1, channels, *dense.patch_size)  # (B, C, *P)
+        self.patches = torch.stack(
+            [
+                self.image[(0, slice(None), *(slice(i, i + p) for i, p in zip(position, dense.patch_size)))]
+                for position in self.positions.tolist()
+            ]
+        )  # (B, C, *P)
         try:
             scores = model(self.patches)
         except (RuntimeError, TypeError, ValueError) as exc:
@@ -125,7 +140,8 @@ class _Check:
     def dense_scores(self) -> torch.Tensor:
         """The dense net's scores at the patches' pixels, (B, K), by the solvers a call would choose (predicted, never
         timed, and the plan not kept: the pass leaves no trace in the net or the tuning cache)."""
-        return _per_pixel(self.dense.plan(self.padded, keep=False)(self.padded))
+        scores = self.dense.plan(self.padded, keep=False)(self.padded)  # (1, K, *s)
+        return scores[(0, slice(None), *self.positions.T)].T  # (B, K)
 
     def error(self, actual: torch.Tensor, expected: torch.Tensor) -> float | None:
         """The relative error if it exceeds the rounding bound (or the shapes differ), else None."""
@@ -229,25 +245,20 @@ class _Check:
         Position j of the map of the patch whose pixel is p lies at p + j·dilation in the dense map; positions that
         the net never reads past (a pool floors them away) lie beyond the dense map and are left out.
         """
+        last = self.positions.max(0).values.tolist()  # the farthest position per axis
         counts = [
-            min(n, (m - s) // d + 1 if m >= s else 0)
-            for n, m, s, d in zip(patch_maps.shape[2:], dense_map.shape[2:], self.outputs, dilation)
+            min(n, (m - 1 - p) // d + 1 if m > p else 0)
+            for n, m, p, d in zip(patch_maps.shape[2:], dense_map.shape[2:], last, dilation)
         ]
-        pixels = torch.cartesian_prod(*(torch.arange(s) for s in self.outputs)).view(-1, len(self.outputs))
         dense_at = [
             dense_map[
                 (
                     0,
                     slice(None),
-                    *(slice(p, p + (n - 1) * d + 1, d) for p, n, d in zip(pixel.tolist(), counts, dilation)),
+                    *(slice(p, p + (n - 1) * d + 1, d) for p, n, d in zip(pixel, counts, dilation)),
                 )
             ]
-            for pixel in pixels
+            for pixel in self.positions.tolist()
         ]
         patch_at = patch_maps[(slice(None), slice(None), *(slice(0, n) for n in counts))]
         return torch.stack(dense_at), patch_at
-
-
-def _per_pixel(scores: torch.Tensor) -> torch.Tensor:
-    """(1, K, *s) -> (B, K), pixels in the row-major order of the patches."""
-    return scores[0].flatten(1).T

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 import densecnn
 from densecnn import tiling
+from densecnn.nonfinite import NO_DATA_LABEL
 from densecnn.padding import dense_padding, pad_image, padded_window
 from tests.tolerances import assert_equal_to_rounding, assert_labels_equal_except_ties
 
@@ -178,11 +179,13 @@ def test_bfloat16_inference_through_tiles(ops_config):
         densecnn.convert(model, patch, backend="native").predict(x.bfloat16())
 
 
-def test_class_labels_are_argmax_with_ties_and_nan():
+def test_class_labels_are_argmax_with_ties_and_no_data_at_nan():
     scores = torch.randint(0, 3, (2, 4, 9, 7)).double()  # many ties
     scores[0, 1, 0, 0] = float("nan")
-    assert torch.equal(tiling.class_labels(scores), scores.argmax(1))
-    assert torch.equal(tiling.class_labels(scores.float()), scores.float().argmax(1))
+    expected = scores.argmax(1)
+    expected[0, 0, 0] = NO_DATA_LABEL
+    assert torch.equal(tiling.class_labels(scores), expected)
+    assert torch.equal(tiling.class_labels(scores.float()), expected)
 
 
 def _anisotropic(kernel_d: int, kernel_hw: int):

@@ -18,7 +18,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from torch import nn
 
-from ..convert import convert
+from ..convert import layer_channels
 from ..errors import PatchSizeError
 from .format import (
     CONFIG_FILE,
@@ -60,16 +60,37 @@ _NOT_SAFETENSORS_FIX = (
 )
 
 
-def _other_format(start: bytes) -> str | None:
-    """What a weights file is if its first bytes are not a safetensors header (8-byte length, then "{")."""
+def _other_format(start: bytes) -> str:
+    """What a weights file whose first bytes are not a safetensors header is, from those bytes (only ever asked once
+    the header itself failed to read: a safetensors header's length may start with any bytes)."""
     for magic, what in _MAGIC.items():
         if start.startswith(magic):
             return what
     if start[:1] == b"\x80" and start[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05"):
         return "a Python pickle (torch.save's legacy format)"
-    if len(start) == 9 and start[8:9] != b"{":
-        return "its first bytes are not a safetensors header"
-    return None
+    return "its first bytes are not a safetensors header (an 8-byte length, then a JSON object)"
+
+
+def _header_bytes(path: Path) -> bytes:
+    """The JSON header of a safetensors file: its first 8 bytes are the header's length (little-endian), then that
+    many bytes of JSON object. A file without that shape is named by its own first bytes."""
+    fix = "write the model again with densecnn.save"
+    size = path.stat().st_size
+    with path.open("rb") as file:
+        start = file.read(9)
+        if len(start) < 9:
+            raise file_error(path, None, f"truncated: {size} bytes, too short for its header", fix)
+        if start[8:9] != b"{":
+            raise file_error(
+                path, None, f"not a safetensors file: {_other_format(start)}", _NOT_SAFETENSORS_FIX
+            )
+        length = int.from_bytes(start[:8], "little")
+        if length > size - 8:
+            raise file_error(path, None, f"truncated: {size} bytes, too short for its header", fix)
+        if length > _MAX_HEADER_BYTES:
+            raise file_error(path, None, f"a header of {length} bytes is larger than safetensors allows", fix)
+        file.seek(8)
+        return file.read(length)
 
 
 class TensorInfo(NamedTuple):
@@ -99,22 +120,7 @@ def read_weights_header(path: Path) -> dict[str, TensorInfo]:
     fix = "write the model again with densecnn.save"
     try:
         size = path.stat().st_size
-        with path.open("rb") as file:
-            start = file.read(9)
-            not_safetensors = _other_format(start)
-            if not_safetensors:
-                raise file_error(
-                    path, None, f"not a safetensors file: {not_safetensors}", _NOT_SAFETENSORS_FIX
-                )
-            length = int.from_bytes(start[:8], "little")
-            if size < 8 or length > size - 8:
-                raise file_error(path, None, f"truncated: {size} bytes, too short for its header", fix)
-            file.seek(8)
-            if length > _MAX_HEADER_BYTES:
-                raise file_error(
-                    path, None, f"a header of {length} bytes is larger than safetensors allows", fix
-                )
-            header_bytes = file.read(length)
+        header_bytes = _header_bytes(path)
     except FileNotFoundError:
         raise file_error(
             path, None, "missing", f"put the model's weights next to its model.json, or {fix}"
@@ -128,7 +134,7 @@ def read_weights_header(path: Path) -> dict[str, TensorInfo]:
     if not isinstance(header, dict):
         raise file_error(path, None, "not a safetensors file (its header is not a JSON object)", fix)
     header.pop("__metadata__", None)
-    data_bytes = size - 8 - length
+    data_bytes = size - 8 - len(header_bytes)
     tensors = {}
     for name, raw in header.items():
         try:
@@ -202,7 +208,7 @@ def check_conversion(model: nn.Sequential, config, *, where: Path) -> None:
         with warnings.catch_warnings():
             # warnings about the model are for dense(), which converts it again
             warnings.simplefilter("ignore")
-            dense = convert(model, config.patch_size, padding_mode=config.padding_mode, verify=False)
+            in_channels, num_classes = layer_channels(model, config.patch_size)
     except PatchSizeError as exc:
         raise file_error(
             where, "patch_size", f"{patch} does not fit the layers ({exc})", "set it to the size the model was trained with"
@@ -212,15 +218,15 @@ def check_conversion(model: nn.Sequential, config, *, where: Path) -> None:
             where, "layers", f"the layers do not convert to a dense net ({first_line(exc)})",
             "correct them (densecnn.save writes only models that convert)",
         ) from None  # fmt: skip
-    if dense.num_classes != config.num_classes:
+    if num_classes != config.num_classes:
         raise file_error(
-            where, "num_classes", f"is {config.num_classes}, but the layers give {dense.num_classes} scores per patch",
-            f"set it to {dense.num_classes}, with as many class_names and palette colours",
+            where, "num_classes", f"is {config.num_classes}, but the layers give {num_classes} scores per patch",
+            f"set it to {num_classes}, with as many class_names and palette colours",
         )  # fmt: skip
-    if dense.in_channels is not None and dense.in_channels != config.in_channels:
+    if in_channels is not None and in_channels != config.in_channels:
         raise file_error(
-            where, "in_channels", f"is {config.in_channels}, but the first layer takes {dense.in_channels} channels",
-            f"set it to {dense.in_channels} (with as many normalization values)",
+            where, "in_channels", f"is {config.in_channels}, but the first layer takes {in_channels} channels",
+            f"set it to {in_channels} (with as many normalization values)",
         )  # fmt: skip
 
 

@@ -322,7 +322,7 @@ def batch_norm1d(module: nn.BatchNorm1d, ctx: ConversionContext):
     if not ctx.flat or not ctx.is_point():
         raise ctx.error(
             "BatchNorm1d here normalises the features of a whole flattened map, position by position",
-            "use BatchNorm2d before the Flatten (BatchNorm3d for volumes), or put BatchNorm1d after a Linear",
+            f"use BatchNorm{ctx.dims}d before the Flatten, or put BatchNorm1d after a Linear",
         )
     ctx.expect_channels(module.num_features, "features")
     return DenseBatchNorm1d(module)
@@ -406,7 +406,7 @@ def layer_norm(module: nn.LayerNorm, ctx: ConversionContext):
     if not (ctx.flat and ctx.is_point() and tuple(module.normalized_shape) == (ctx.channels,)):
         raise ctx.error(
             f"normalized_shape={tuple(module.normalized_shape)} normalises over the patch's map, {_OWN_STATISTICS}",
-            "use LayerNorm only on feature vectors (after a Linear), or BatchNorm2d on maps",
+            f"use LayerNorm only on feature vectors (after a Linear), or BatchNorm{ctx.dims}d on maps",
         )
     return DenseLayerNorm(module)  # over the features of each patch: per pixel of the dense map
 
@@ -420,8 +420,9 @@ REFUSED = {
 
 def refuse(module: nn.Module, ctx: ConversionContext):
     reason = next(why for layer_type, why in REFUSED.items() if isinstance(module, layer_type))
+    batch_norm = {1: "BatchNorm1d", 2: "BatchNorm2d", 3: "BatchNorm3d"}[ctx.dims]
     raise ctx.error(
-        reason, "use BatchNorm2d (eval mode, running statistics) or no normalisation in the patch net"
+        reason, f"use {batch_norm} (eval mode, running statistics) or no normalisation in the patch net"
     )
 
 

@@ -1,0 +1,249 @@
+"""Functional ops of a traced ``forward`` whose weights are the model's own parameters or buffers, as layers.
+
+A module may hold its weights itself and call the functional form of a layer: ``F.conv2d(x, self.weight,
+self.bias)``, ``F.linear(x, self.w)``, ``x @ self.W.t() + self.b``, ``torch.addmm(self.b, x, self.W.t())``,
+``F.batch_norm(x, self.mean, self.var, self.w, self.b, self.training)``. In its ``torch.fx`` trace the tensors are
+``get_attr`` nodes feeding the op; they are no branch. :func:`weight_layer` builds the torch layer the call stands for,
+holding the very same tensors (no copies: values and gradients are shared), which then converts by its rule.
+
+>>> class Net(nn.Module):
+...     def __init__(self):
+...         super().__init__()
+...         self.w = nn.Parameter(torch.randn(4, 1, 3, 3))
+...     def forward(self, x):
+...         return F.conv2d(x, self.w).flatten(1)
+>>> densecnn.convert(Net(), 3)   # the conv reads Net's own parameter w
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+import torch.fx
+import torch.nn.functional as F
+from torch import nn
+
+from .errors import ConversionError
+
+CONVS = {F.conv1d: 1, F.conv2d: 2, F.conv3d: 3, torch.conv1d: 1, torch.conv2d: 2, torch.conv3d: 3}
+MATMULS = (operator.matmul, torch.matmul, torch.mm, "matmul", "mm")
+ADDS = (operator.add, torch.add, "add")
+_TRANSPOSES = (torch.t, "t")
+RANDOM_FUNCTIONS = frozenset(
+    {
+        torch.rand, torch.randn, torch.randint, torch.rand_like, torch.randn_like, torch.randint_like,
+        torch.normal, torch.bernoulli, torch.poisson, torch.multinomial, torch.randperm,
+    }
+)  # fmt: skip
+RANDOM_METHODS = frozenset(
+    {
+        "normal_",
+        "uniform_",
+        "bernoulli",
+        "bernoulli_",
+        "exponential_",
+        "random_",
+        "geometric_",
+        "cauchy_",
+        "log_normal_",
+    }
+)
+
+
+def is_weight_op(node: torch.fx.Node) -> bool:
+    """Whether ``node`` is a call this module turns into a layer (a conv, linear, matmul, addmm, batch norm, or a bias
+    added to one)."""
+    target = node.target
+    return node.op in ("call_function", "call_method") and (
+        target in CONVS
+        or target in (F.linear, torch.addmm, F.batch_norm)
+        or target in MATMULS
+        or target in ADDS
+    )
+
+
+def is_random(node: torch.fx.Node) -> bool:
+    """Whether ``node`` draws random numbers."""
+    if node.op == "call_function":
+        return node.target in RANDOM_FUNCTIONS
+    return node.op == "call_method" and node.target in RANDOM_METHODS
+
+
+def input_of(node: torch.fx.Node, current: torch.fx.Node) -> torch.fx.Node | None:
+    """The argument of ``node`` that carries the map (``torch.addmm(b, x, w)``: x; an add: either operand)."""
+    if node.target is torch.addmm:
+        return node.args[1] if len(node.args) > 1 else None
+    if node.target in ADDS and current in node.args[:2]:
+        return current
+    return node.args[0] if node.args else None
+
+
+def constant_nodes(graph: torch.fx.Graph) -> set[torch.fx.Node]:
+    """The nodes computed from the model's tensors alone (``get_attr`` and ops on them only), not from the input."""
+    constants: set[torch.fx.Node] = set()
+    for node in graph.nodes:
+        if node.op == "get_attr":
+            constants.add(node)
+        elif node.op in ("call_function", "call_method") and not is_random(node):
+            inputs = node.all_input_nodes
+            if inputs and all(n in constants for n in inputs):
+                constants.add(node)
+    return constants
+
+
+def weight_layer(
+    model: nn.Module, node: torch.fx.Node, constants: set[torch.fx.Node], op: str, *, flat: bool, dims: int
+) -> nn.Module:
+    """The layer a functional call with the model's own tensors stands for (its tensors shared); ``flat``: the map
+    was flattened before it (a batch norm of features), ``dims``: the net's spatial axes.
+
+    Raises:
+        ConversionError: a weight computed in ``forward`` (other than a transpose for a matmul), or an argument the
+            layer cannot take.
+    """
+    target = node.target
+    if target in CONVS:
+        return _conv(model, node, constants, op, CONVS[target])
+    if target is F.linear:
+        weight, bias = _arguments(node, ("weight", "bias"), 1)
+        return _linear(_tensor(model, weight, constants, op, "weight"), _optional(model, bias, constants, op))
+    if target in MATMULS:
+        return _linear(_transposed(model, node.args[1], constants, op), None)
+    if target is torch.addmm:
+        if node.kwargs.get("beta", 1) != 1 or node.kwargs.get("alpha", 1) != 1:
+            raise ConversionError(f"{op}: torch.addmm with beta or alpha other than 1 is not supported")
+        return _linear(
+            _transposed(model, node.args[2], constants, op),
+            _tensor(model, node.args[0], constants, op, "bias"),
+        )
+    if target is F.batch_norm:
+        return _batch_norm(model, node, constants, op, flat=flat, dims=dims)
+    raise ConversionError(f"{op} is not a supported layer")
+
+
+def _arguments(node: torch.fx.Node, names: tuple[str, ...], start: int) -> list:
+    """The values of ``names`` (positional from ``node.args[start]`` on, or by keyword; None if absent)."""
+    values = list(node.args[start:]) + [None] * len(names)
+    return [node.kwargs.get(name, values[i]) for i, name in enumerate(names)]
+
+
+def _tensor(model: nn.Module, node, constants, op: str, what: str) -> torch.Tensor:
+    """The model's own parameter or buffer a ``get_attr`` node reads."""
+    if not isinstance(node, torch.fx.Node) or node.op != "get_attr":
+        computed = "computed in forward()" if node in constants else "not one of the model's own tensors"
+        raise ConversionError(
+            f"{op}: its {what} is {computed}, so densecnn cannot share it with the dense net. Pass the parameter or "
+            "buffer itself (self.weight), or compute the weight outside forward (torch.nn.utils.parametrize "
+            "registers such a computation)"
+        )
+    return _attribute(model, node.target)
+
+
+def _optional(model, node, constants, op: str) -> torch.Tensor | None:
+    return None if node is None else _tensor(model, node, constants, op, "bias")
+
+
+def _transposed(model, node, constants, op: str) -> torch.Tensor:
+    """W for ``x @ W.t()`` (a Linear's (out, in) weight)."""
+    if isinstance(node, torch.fx.Node) and node.target in _TRANSPOSES and node.args[0] in constants:
+        return _tensor(model, node.args[0], constants, op, "weight")
+    raise ConversionError(
+        f"{op}: a matrix product with a weight densecnn cannot read as a Linear's. Write it x @ self.weight.t() "
+        "with an (out_features, in_features) weight, or F.linear(x, self.weight, self.bias)"
+    )
+
+
+def _attribute(model: nn.Module, target: str) -> torch.Tensor:
+    owner, _, name = target.rpartition(".")
+    return getattr(model.get_submodule(owner) if owner else model, name)
+
+
+def _share(layer: nn.Module, name: str, tensor: torch.Tensor | None) -> None:
+    """Make ``layer.name`` the model's very tensor: a parameter as a parameter, a buffer as a buffer."""
+    if tensor is None:
+        setattr(layer, name, None)
+        return
+    if isinstance(tensor, nn.Parameter):
+        setattr(layer, name, tensor)
+        return
+    layer._parameters.pop(name, None)
+    layer._buffers.pop(name, None)
+    layer.register_buffer(name, tensor)
+
+
+def _conv(model, node, constants, op: str, dims: int) -> nn.Module:
+    weight, bias, stride, padding, dilation, groups = _arguments(
+        node, ("weight", "bias", "stride", "padding", "dilation", "groups"), 1
+    )
+    weight = _tensor(model, weight, constants, op, "weight")
+    groups = 1 if groups is None else groups
+    layer = getattr(nn, f"Conv{dims}d")(
+        weight.shape[1] * groups,
+        weight.shape[0],
+        tuple(weight.shape[2:]),
+        stride=1 if stride is None else stride,
+        padding=0 if padding is None else padding,
+        dilation=1 if dilation is None else dilation,
+        groups=groups,
+        bias=False,
+        device="meta",
+    )
+    _share(layer, "weight", weight)
+    _share(layer, "bias", _optional(model, bias, constants, op))
+    return layer.train(model.training)
+
+
+def _linear(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Module:
+    layer = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta")
+    _share(layer, "weight", weight)
+    _share(layer, "bias", bias)
+    return layer
+
+
+def with_bias(layer: nn.Module, model: nn.Module, node: torch.fx.Node, current, constants, op: str) -> None:
+    """Add the constant operand of ``current + b`` to the bias-less Linear ``layer`` that computed ``current``."""
+    other = node.args[1] if node.args[0] is current else node.args[0]
+    bias = _tensor(model, other, constants, op, "added bias")
+    if (
+        not isinstance(layer, nn.Linear)
+        or layer.bias is not None
+        or tuple(bias.shape) != (layer.out_features,)
+    ):
+        raise ConversionError(
+            f"{op}: adds a tensor of shape {tuple(bias.shape)} to the map; densecnn reads such an add only as the "
+            "bias of the matrix product before it (x @ self.W.t() + self.b). Use nn.Linear, or F.linear(x, W, b)"
+        )
+    _share(layer, "bias", bias)
+
+
+def _batch_norm(model, node, constants, op: str, *, flat: bool, dims: int) -> nn.Module:
+    names = ("running_mean", "running_var", "weight", "bias", "training", "momentum", "eps")
+    mean, var, weight, bias, training, momentum, eps = _arguments(node, names, 1)
+    if mean is None or var is None:
+        raise ConversionError(
+            f"{op}: batch_norm without running statistics normalises with the batch's own statistics, so a "
+            "patch's output depends on the other patches. Pass the module's running_mean and running_var buffers"
+        )
+    if training and not model.training:
+        raise ConversionError(
+            f"{op}: batch_norm is called with training=True while the model is in eval mode, so it normalises "
+            "with each batch's statistics. Pass training=self.training"
+        )
+    mean = _tensor(model, mean, constants, op, "running_mean")
+    weight = _optional(model, weight, constants, op)
+    kind = 1 if flat else dims
+    layer = getattr(nn, f"BatchNorm{kind}d")(
+        mean.shape[0],
+        eps=1e-5 if eps is None else eps,
+        momentum=0.1 if momentum is None else momentum,
+        affine=weight is not None,
+        device="meta",
+    )
+    _share(layer, "running_mean", mean)
+    _share(layer, "running_var", _tensor(model, var, constants, op, "running_var"))
+    layer.num_batches_tracked = None
+    if weight is not None:
+        _share(layer, "weight", weight)
+        _share(layer, "bias", _optional(model, bias, constants, op))
+    return layer.train(model.training)
