@@ -1,9 +1,10 @@
 """Interactive training behind the Train panel, as generators a napari worker thread runs (no Qt here).
 
 A :class:`TrainingSession` trains a :class:`densecnn.train.strokes.StrokeTrainer` on the windows around a layer's
-strokes (:mod:`~densecnn.napari.strokes`) and, every few seconds, labels the region the viewer shows and then the
-rest of its plane with the weights so far (the best on the held-out strokes, the ones Save writes). Strokes added
-while it trains are taken up between two steps: the run continues from the current weights on the new strokes.
+strokes (:mod:`~densecnn.napari.strokes`) and, whenever its best weights changed (at most every
+:data:`REFRESH_SECONDS`), labels the region the viewer shows and then the rest of its plane with them (the best on
+the held-out strokes, the ones Save writes). Strokes added while it trains are taken up between two steps: the run
+continues from the current weights on the new strokes.
 
 >>> session = TrainingSession(source, intensity=Intensity(), start=None, class_names=["background", "cell"])
 >>> for update in session.train(strokes, stop=threading.Event(), max_memory=1 << 30):
@@ -33,7 +34,7 @@ from . import engine
 from .source import LayerSource
 from .strokes import UNLABELLED, StrokeSet, plane_scaling, training_windows
 
-REFRESH_SECONDS = 3.0  # the live layer is relabelled this often while training
+REFRESH_SECONDS = 2.0  # the least time between two live predictions while training
 LIVE_PLANE_PIXELS = 4096 * 4096  # a plane up to this size is labelled whole after its visible region
 
 
@@ -115,12 +116,15 @@ class TrainingSession:
         max_seconds: float | None = None,
         refresh_seconds: float = REFRESH_SECONDS,
     ) -> Iterator[TrainingStep | LivePrediction]:
-        """Train on ``strokes`` (continuing from the current weights after a first run), yielding each step and,
-        every ``refresh_seconds``, the live predictions of :meth:`predict`; ends when the schedule or early stopping
-        ends it, ``max_seconds`` pass, or ``stop`` is set (between two steps, or within a tile of a prediction).
-        Strokes :meth:`offer`-ed meanwhile restart the schedule on them from the current weights."""
+        """Train on ``strokes`` (continuing from the current weights after a first run), yielding each step and the
+        live predictions of :meth:`predict` whenever the best weights or the view changed, at most every
+        ``refresh_seconds``; ends when the schedule or early stopping ends it, ``max_seconds`` pass, or ``stop`` is
+        set (between two steps, or within a tile of a prediction). Strokes :meth:`offer`-ed meanwhile restart the
+        schedule on them from the current weights."""
         self._read(strokes)
         started = refreshed = time.monotonic()
+        shown = None  # (best weights' step, view) of the last live prediction
+        best_at = 0
         while not stop.is_set():
             left = None if max_seconds is None else max(0.0, max_seconds - (time.monotonic() - started))
             for progress in self.trainer.run(max_seconds=left, stop=stop):
@@ -128,7 +132,10 @@ class TrainingSession:
                     progress.step, progress.total_steps, progress.loss, progress.val_miou,
                     progress.best_val_miou, time.monotonic() - started,
                 )  # fmt: skip
-                if time.monotonic() - refreshed >= refresh_seconds:
+                if not self.trainer.has_val or progress.val_miou == progress.best_val_miou:
+                    best_at = progress.step  # new best weights (each step's when no strokes are held out)
+                if (best_at, self.view) != shown and time.monotonic() - refreshed >= refresh_seconds:
+                    shown = (best_at, self.view)
                     yield from self.predict(stop=stop, max_memory=max_memory)
                     refreshed = time.monotonic()
                 if self._has_pending():
