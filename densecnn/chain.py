@@ -121,17 +121,12 @@ def _trace_chain(model: nn.Module, prefix: str) -> Chain:
     except Exception as exc:  # fx raises many types; the user needs the reason, not the type
         raise _untraceable(where, exc) from None
     constants = functional_weights.constant_nodes(graph)
+    _refuse_randomness_and_state(graph, constants, where)
     dims = _spatial_dims(model, graph)
     chain: list[tuple[str, nn.Module | None]] = []
     current = None
     for node in graph.nodes:
         op = f"{where}: op {node.name!r} ({node.op} {_target_name(node)})"
-        if functional_weights.is_random(node):
-            raise ConversionError(
-                f"{op} draws random numbers in forward(), so the model's output is stochastic and no dense net can "
-                "reproduce it. Remove the noise from forward (add it to the training data), or apply it only "
-                "under `if self.training:` and convert the model in eval mode"
-            )
         if node.op == "placeholder":
             if current is not None:
                 raise ConversionError(
@@ -146,12 +141,6 @@ def _trace_chain(model: nn.Module, prefix: str) -> Chain:
                 )
             break
         if node in constants:
-            if node.op == "call_method" and str(node.target).endswith("_"):
-                raise ConversionError(
-                    f"{op} updates the model's tensor {_root_attribute(node)!r} in place in forward(), state that a "
-                    "dense net (which never runs forward) cannot follow. Update it outside forward (in the "
-                    "training loop), or keep it out of the model"
-                )
             continue  # the model's own tensors, read by the op that uses them
         if _is_shape_query(node):
             continue
@@ -172,6 +161,25 @@ def _trace_chain(model: nn.Module, prefix: str) -> Chain:
             chain.append(_node_layer(model, node, prefix, where))
         current = node
     return [(path, module) for path, module in chain if module is not None]
+
+
+def _refuse_randomness_and_state(graph: torch.fx.Graph, constants: set, where: str) -> None:
+    """Raise for an op anywhere in the trace that draws random numbers or updates one of the model's tensors in
+    place: no dense net reproduces either, whatever else the forward does."""
+    for node in graph.nodes:
+        op = f"{where}: op {node.name!r} ({node.op} {_target_name(node)})"
+        if functional_weights.is_random(node):
+            raise ConversionError(
+                f"{op} draws random numbers in forward(), so the model's output is stochastic and no dense net can "
+                "reproduce it. Remove the noise from forward (add it to the training data), or apply it only "
+                "under `if self.training:` and convert the model in eval mode"
+            )
+        if node.op == "call_method" and str(node.target).endswith("_") and node.args[0] in constants:
+            raise ConversionError(
+                f"{op} updates the model's tensor {_root_attribute(node)!r} in place in forward(), state that a dense "
+                "net (which never runs forward) cannot follow. Update it outside forward (in the training loop), or "
+                "keep it out of the model"
+            )
 
 
 def _untraceable(where: str, exc: Exception) -> ConversionError:

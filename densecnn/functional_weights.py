@@ -112,7 +112,11 @@ def weight_layer(
         return _linear(_transposed(model, node.args[1], constants, op), None)
     if target is torch.addmm:
         if node.kwargs.get("beta", 1) != 1 or node.kwargs.get("alpha", 1) != 1:
-            raise ConversionError(f"{op}: torch.addmm with beta or alpha other than 1 is not supported")
+            raise ConversionError(
+                f"{op}: torch.addmm with beta or alpha other than 1 scales the bias or the product, which no Linear "
+                "computes. Write it torch.addmm(self.b, x, self.W.t()) (or F.linear(x, self.W, self.b)), with the "
+                "scale folded into the parameters"
+            )
         return _linear(
             _transposed(model, node.args[2], constants, op),
             _tensor(model, node.args[0], constants, op, "bias"),

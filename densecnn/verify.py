@@ -62,7 +62,7 @@ def verify_conversion(model: nn.Module, dense: nn.Module, layers: list[Converted
     Traceback (most recent call last):
     ConversionError: verification failed: ... The first layer whose output differs is '1' (SpatialCentring, ...
     """
-    weight = next((p for p in model.parameters() if p.is_floating_point()), None)
+    weight = next((t for t in (*model.parameters(), *model.buffers()) if t.is_floating_point()), None)
     dtype = weight.dtype if weight is not None else torch.get_default_dtype()
     device = weight.device if weight is not None else torch.device("cpu")
     if device.type == "meta" or dtype not in TOLERANCE:
