@@ -12,23 +12,10 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
-import torch
 from PIL import Image
 
 from densecnn.errors import DenseCNNError, ImageTooLargeError
-from densecnn.io import (
-    array_input,
-    class_probabilities,
-    image_format,
-    image_scaling,
-    label_dtype,
-    labels_png,
-    labels_tiff,
-    model_input,
-    read_array,
-    read_nd,
-    unit_planes,
-)
+from densecnn.io import image_format, labels_png, labels_tiff, read_array, read_nd, unit_planes
 from densecnn.io.intensity import Intensity
 
 from .negotiation import Output
@@ -36,6 +23,9 @@ from .registry import ServedModel
 
 OVERLAY_ALPHA = 0.5  # weight of the class colour in ?view=overlay
 OVERLAY_ROWS = 256  # rows blended at a time
+WARNING_HEADER = (
+    "X-Densecnn-Warning"  # says what the client may want to know of a labelled input (a constant image)
+)
 
 
 @dataclass(frozen=True)
@@ -53,6 +43,7 @@ class SegmentResult:
     media_type: str
     shape: tuple[int, ...]  # the spatial shape: (L,), (H, W) or (D, H, W)
     timings: dict[str, float] = field(default_factory=dict)  # step -> seconds
+    warning: str | None = None  # what the answer's X-Densecnn-Warning says (a constant image), if anything
 
     @property
     def size(self) -> int:
@@ -62,6 +53,11 @@ class SegmentResult:
     def server_timing(self) -> str:
         """The ``Server-Timing`` header value, milliseconds per step."""
         return ", ".join(f"{step};dur={seconds * 1000:.1f}" for step, seconds in self.timings.items())
+
+    def headers(self) -> dict[str, str]:
+        """The answer's headers about the computation: ``Server-Timing`` and, if any, ``X-Densecnn-Warning``."""
+        warning = {} if self.warning is None else {WARNING_HEADER: self.warning}
+        return {"Server-Timing": self.server_timing(), **warning}
 
 
 def overlay_png(pixels: np.ndarray, labels: np.ndarray, palette: list[list[int]]) -> bytes:
@@ -106,40 +102,35 @@ def segment(
     dense net stops at its next layer or tile (:class:`densecnn.errors.Cancelled`).
     """
     loaded = served.loaded
-    dims = served.dense.dims
     timings = {}
     start = time.perf_counter()
     limits_kw = dict(max_pixels=limits.max_pixels, max_bytes=limits.max_decode_bytes, name=name)
-    if dims == 2 and image_format(data) != "npy":
-        pixels = read_array(data, **limits_kw)  # (H, W[, S]) as displayed
-        x = model_input(pixels, loaded, image_scaling(pixels, intensity or loaded.intensity))  # (1, C, H, W)
+    if served.dense.dims == 2 and image_format(data) != "npy":
+        pixels = raw = read_array(data, **limits_kw)  # (H, W[, S]) as displayed
+        channel_axis = None
     else:
-        array = read_nd(data, dims, **limits_kw)  # (C, *spatial), channel first
-        scaling = image_scaling(array, intensity or loaded.intensity, tuple(range(1, array.ndim)))
-        x = array_input(array, loaded, scaling)  # (1, C, *spatial)
-        pixels = np.moveaxis(array, 0, -1) if dims == 2 else None  # (H, W, C) for an overlay
-        del array
+        raw, channel_axis = read_nd(data, served.dense.dims, **limits_kw), 0  # (C, *spatial), channel first
+        pixels = np.moveaxis(raw, 0, -1) if served.dense.dims == 2 else None  # (H, W, C) for an overlay
+    scaling = loaded.scaling(raw, intensity=intensity, channel_axis=channel_axis)
+    x = loaded.input(raw, channel_axis=channel_axis, scaling=scaling)  # (1, C, *spatial)
+    del raw
     shape = tuple(x.shape[2:])
     timings["decode"] = time.perf_counter() - start
 
     start = time.perf_counter()
-    with torch.inference_mode():
-        try:
-            if output is Output.NPY:
-                scores = served.dense(x, max_memory=limits.max_memory, cancel=cancel)  # (1, K, *spatial)
-                del x  # from here on: the scores, then the probabilities, then their .npy bytes
-                probabilities = class_probabilities(scores, served.dense)[0].float().numpy()  # (K, *spatial)
-                del scores
-            else:  # only the labels are kept, tile by tile
-                labels = served.dense.predict(x, max_memory=limits.max_memory, cancel=cancel)
-                labels = labels[0].numpy()  # (*spatial)
-                del x
-        except DenseCNNError as exc:  # the input is valid by now: only the memory budget can refuse it
-            raise ImageTooLargeError(
-                f"an input of shape {'x'.join(map(str, shape))} needs more memory than this server allows per "
-                f"inference (max_inference_memory): {exc}. Send a smaller input, or ask for labels instead of "
-                "probabilities"
-            ) from None
+    run = dict(max_memory=limits.max_memory, cancel=cancel, dense=served.dense)
+    try:
+        if output is Output.NPY:
+            probabilities = loaded.probabilities(x, **run)[0].numpy()  # (K, *spatial)
+        else:  # only the labels are kept, tile by tile
+            labels = loaded.labels(x, **run)[0]  # (*spatial), the model's label dtype
+    except DenseCNNError as exc:  # the input is valid by now: only the memory budget can refuse it
+        raise ImageTooLargeError(
+            f"an input of shape {'x'.join(map(str, shape))} needs more memory than this server allows per "
+            f"inference (max_inference_memory): {exc}. Send a smaller input, or ask for labels instead of "
+            "probabilities"
+        ) from None
+    del x
     timings["infer"] = time.perf_counter() - start
 
     start = time.perf_counter()
@@ -154,7 +145,7 @@ def segment(
     else:
         body = json.dumps(_document(loaded, labels, pixels if overlay else None)).encode()
     timings["encode"] = time.perf_counter() - start
-    return SegmentResult(body, output.value, shape, timings)
+    return SegmentResult(body, output.value, shape, timings, scaling.note())
 
 
 def _document(loaded, labels: np.ndarray, overlay_pixels: np.ndarray | None) -> dict:
@@ -176,7 +167,7 @@ def _document(loaded, labels: np.ndarray, overlay_pixels: np.ndarray | None) -> 
     elif labels.ndim == 3:
         document["labels_tiff_base64"] = base64.b64encode(labels_tiff(labels, loaded.num_classes)).decode()
     else:
-        ids = bytes(npy_view(labels.astype(label_dtype(loaded.num_classes))))
+        ids = bytes(npy_view(labels))
         document["labels_npy_base64"] = base64.b64encode(ids).decode()
     if overlay_pixels is not None:
         document["overlay_png_base64"] = base64.b64encode(

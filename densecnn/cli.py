@@ -33,7 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Parse ``argv`` and run the chosen subcommand; errors a user can fix print one line, not a traceback."""
-    from .errors import DenseCNNError
+    from .errors import DenseCNNError, cli_option, render
 
     # a corrupt TIFF is reported once, as densecnn's own error naming the file, not also as tifffile's log line
     logging.getLogger("tifffile").setLevel(logging.ERROR)
@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.run(args) or 0
     except (DenseCNNError, FileNotFoundError) as exc:
-        print(f"densecnn {args.command}: error: {exc}", file=sys.stderr)
+        print(f"densecnn {args.command}: error: {render(exc, cli_option)}", file=sys.stderr)
         return 2
 
 

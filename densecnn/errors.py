@@ -3,11 +3,81 @@
 Every error densecnn raises on purpose derives from :class:`DenseCNNError` (and, for code written before it, from the
 built-in type it refines: ``ValueError``, ``TypeError`` or ``RuntimeError``), so one ``except DenseCNNError`` handles
 them all: the CLI prints them as one line, the service answers them with its JSON error body.
+
+An error whose fix is an option's value carries it as a :class:`Fix` (the option, the values that fix it), so each
+front end names the option in its own words: ``str(error)`` spells it as the library's keyword
+(``intensity="range:0,4095"``), :func:`render` with :func:`cli_option` as the command line's flag
+(``--intensity range:0,4095``), with :func:`query_option` as the service's query parameter (``?intensity=...``).
+
+>>> error = IntensityError("the image is dark", fix=Fix("declare its range", "intensity", ("range:0,4095",)))
+>>> str(error)
+'the image is dark; declare its range: intensity="range:0,4095"'
+>>> render(error, cli_option)
+'the image is dark; declare its range: --intensity range:0,4095'
 """
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+OptionSpelling = Callable[[str, str], str]  # (option, value) -> how a front end writes that setting
+
+
+def keyword_option(option: str, value: str) -> str:
+    """The library's words: a keyword argument, ``intensity="range:0,4095"``."""
+    return f'{option}="{value}"'
+
+
+def cli_option(option: str, value: str) -> str:
+    """The command line's words: ``--intensity range:0,4095``."""
+    return f"--{option.replace('_', '-')} {value}"
+
+
+def query_option(option: str, value: str) -> str:
+    """The service's words: the query parameter ``?intensity=range:0,4095``."""
+    return f"?{option}={value}"
+
+
+@dataclass(frozen=True)
+class Fix:
+    """What fixes an error: ``advice``, then giving ``option`` one of ``values`` (each front end spells the option
+    its own way)."""
+
+    advice: str  # e.g. "declare how the model's inputs are scaled"
+    option: str  # the setting's name, e.g. "intensity"
+    values: tuple[str, ...]  # e.g. ("range:0,4095", "percentiles:1,99.8")
+
+    def render(self, spell: OptionSpelling) -> str:
+        return f"{self.advice}: {' or '.join(spell(self.option, value) for value in self.values)}"
 
 
 class DenseCNNError(Exception):
-    """Base of every error densecnn raises: its message names the problem and the fix."""
+    """Base of every error densecnn raises: its message names the problem and the fix (``fix``: the option whose
+    value fixes it, which :meth:`render` names in a front end's words)."""
+
+    def __init__(self, *args: object, fix: Fix | None = None):
+        super().__init__(*args)
+        self.fix = (
+            fix  # kept through pickling (a Dask task's error): Exception pickles the instance's __dict__
+        )
+
+    @property
+    def problem(self) -> str:
+        """The message without its fix."""
+        return super().__str__()
+
+    def render(self, spell: OptionSpelling = keyword_option) -> str:
+        """The message, naming the fixing option as ``spell`` writes it."""
+        return self.problem if self.fix is None else f"{self.problem}; {self.fix.render(spell)}"
+
+    def __str__(self) -> str:
+        return self.render()
+
+
+def render(error: BaseException, spell: OptionSpelling = keyword_option) -> str:
+    """Any exception's message, a :class:`DenseCNNError`'s fix named as ``spell`` writes options."""
+    return error.render(spell) if isinstance(error, DenseCNNError) else str(error)
 
 
 class InvalidInputError(DenseCNNError, ValueError):
@@ -17,8 +87,8 @@ class InvalidInputError(DenseCNNError, ValueError):
 
 class IntensityError(InvalidInputError):
     """An image's values do not fit how the model declares its inputs are scaled (16-bit data using a sliver of its
-    range, floats outside [0, 1], a flat image under percentile scaling); the message gives the numbers and the
-    ``--intensity`` that fixes it."""
+    range, floats outside [0, 1], a varying image whose percentiles are equal); the message gives the numbers, its
+    ``fix`` the intensity that fixes it."""
 
 
 class NonFiniteInputError(InvalidInputError):

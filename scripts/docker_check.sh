@@ -2,7 +2,7 @@
 # make docker-check: build the Dockerfile with podman on a Debian base made here, run the image, and check it:
 # ready on /readyz, tests/images/nuclei.png labelled through the API exactly as densecnn labels it outside the
 # container (.venv) with an API key made in the data volume (401 without it), the server not root, the HEALTHCHECK passing, SIGTERM stopping it cleanly; prints the sizes
-# and times. The commands are those of README.md's install section.
+# and times. The commands are those of docs/service.md#container.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -107,8 +107,13 @@ def test_percentiles_map_to_zero_and_one_as_computed_independently(gray_model):
         high - low
     )  # normalisation: none
     torch.testing.assert_close(x[0, 0], expected, rtol=1e-6, atol=1e-6)
-    with pytest.raises(IntensityError, match="the image is flat"):
-        Intensity("percentiles", 1, 99.8).scaling(np.full((10, 10), 7, np.uint16))
+    hot_pixels = np.zeros((40, 40), np.uint16)
+    hot_pixels[3, 4] = 900  # varies, but both percentiles are 0
+    with pytest.raises(IntensityError, match="percentiles are both 0") as refused:
+        Intensity("percentiles", 1, 99.8).scaling(hot_pixels)
+    assert refused.value.fix.values == ("range:LOW,HIGH",)  # a fixed range, not percentiles again
+    constant = Intensity("percentiles", 1, 99.8).scaling(np.full((10, 10), 7, np.uint16))
+    assert constant.constant == 7 and constant.apply_(np.full(3, 7, np.float32)).tolist() == [0, 0, 0]
 
 
 def test_the_sample_is_the_whole_of_a_small_image_and_a_grid_of_windows_of_a_large_one():

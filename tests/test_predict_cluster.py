@@ -94,7 +94,7 @@ def test_directory_of_images_streams_label_maps_and_reports_a_corrupt_file(tmp_p
     )
     assert (summary.total, summary.computed) == (3, 2)
     assert [name for name, _ in summary.failures] == [str(images / "broken.png")]
-    assert "not a readable image" in summary.failures[0][1]
+    assert "not a readable image" in str(summary.failures[0][1])
     for name, pixels in crops.items():
         out = tmp_path / "labels" / name
         labels = np.asarray(Image.open(out)) if name.endswith(".png") else tifffile.imread(out)

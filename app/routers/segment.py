@@ -133,7 +133,7 @@ async def segment_image(
             raise
     metrics.inference.labels(served.name).observe(result.timings["infer"])
     metrics.image_pixels.observe(result.size)
-    headers = {"Server-Timing": result.server_timing(), "Vary": "Accept"}
+    headers = {**result.headers(), "Vary": "Accept"}
     return Response(result.body, media_type=result.media_type, headers=headers)
 
 

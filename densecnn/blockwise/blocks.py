@@ -22,9 +22,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..io import LazyArray, Scaling, array_input, class_probabilities
+from ..io import LazyArray, Scaling
 from ..io.intensity import require_finite
-from ..tiling import class_labels
 from .foreground import BACKGROUND, Foreground
 from .sinks import chunk_written, open_output, persist_chunk
 from .worker import TaskResult, worker_model
@@ -150,19 +149,17 @@ def label_block(job: BlockJob, chunks: tuple[tuple[int, ...], ...]) -> TaskResul
         [i for i in missing if not job.foreground.mask_holds_foreground(job.chunk_region(i))] if mask else []
     )
     compute = [i for i in missing if i not in background]
-    written = 0
-    if compute:
-        written += _compute(job, compute, labels_out, probabilities_out, background)
-    for index in background:
+    written, blank = _compute(job, compute, labels_out, probabilities_out) if compute else (0, [])
+    for index in background + blank:
         written += _write_background(job, index, labels_out, probabilities_out)
     return TaskResult(
-        chunks, len(missing), written, time.perf_counter() - started, background=len(background)
+        chunks, len(missing), written, time.perf_counter() - started, background=len(background) + len(blank)
     )
 
 
-def _compute(job: BlockJob, compute: list, labels_out, probabilities_out, background: list) -> int:
-    """Label the chunks ``compute`` in one window (those its pixels show to be background are moved to
-    ``background`` instead); returns the pixels written."""
+def _compute(job: BlockJob, compute: list, labels_out, probabilities_out) -> tuple[int, list]:
+    """Label the chunks ``compute`` in one window; returns the pixels written and the chunks its pixels show to
+    be background (left for the caller to write as such)."""
     region = bounding_region([job.chunk_region(index) for index in compute])
     spans = [
         window(r.start, r.stop, n, before, after, size)
@@ -179,27 +176,27 @@ def _compute(job: BlockJob, compute: list, labels_out, probabilities_out, backgr
             slice(c.start - first, c.stop - first) for c, (first, _) in zip(chunk, spans, strict=True)
         )
 
+    blank = []
     if job.foreground is not None and job.foreground.threshold is not None:
-        background += [
+        blank = [
             i
             for i in compute
             if not job.foreground.pixels_hold_foreground(pixels[(slice(None), *inside(i))], job.scaling)
         ]
-        compute = [i for i in compute if i not in background]
+        compute = [i for i in compute if i not in blank]
         if not compute:
-            return 0
+            return 0, blank
     loaded, dense = worker_model(job.model, job.device, job.threads)
-    x = array_input(pixels, loaded, job.scaling).to(job.device)  # (1, C', *window)
-    with torch.no_grad():
-        if probabilities_out is None:
-            labels = dense.predict(x, max_memory=job.max_memory)[0]  # (*window)
-        else:
-            scores = dense(x, max_memory=job.max_memory)  # (1, K, *window)
-            labels = class_labels(scores)[0]  # (*window)
-            probabilities = (
-                class_probabilities(scores, dense)[0].to(torch.float16).cpu().numpy()
-            )  # (K, *window)
-    labels = labels.cpu().numpy().astype(labels_out.dtype)
+    x = loaded.input(pixels, channel_axis=0, scaling=job.scaling)  # (1, C', *window)
+    run = dict(max_memory=job.max_memory, dense=dense)
+    if probabilities_out is None:
+        labels = loaded.labels(x, **run)[0]  # (*window)
+    else:
+        labels, probabilities = loaded.classify(x, **run)
+        labels, probabilities = (
+            labels[0],
+            probabilities[0].to(torch.float16).numpy(),
+        )  # (*window), (K, *window)
     written = 0
     for index in compute:
         chunk = job.chunk_region(index)
@@ -211,7 +208,7 @@ def _compute(job: BlockJob, compute: list, labels_out, probabilities_out, backgr
         ]  # written last: a chunk with labels is complete
         persist_chunk(labels_out, index)
         written += math.prod(c.stop - c.start for c in chunk)
-    return written
+    return written, blank
 
 
 def _write_background(job: BlockJob, index, labels_out, probabilities_out) -> int:

@@ -9,10 +9,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 from ..errors import ImageReadError, IntensityError, NonFiniteInputError
-from ..io import Intensity, image_scaling, model_input, read_array, write_labels
+from ..io import Intensity, read_array, write_labels
 from .worker import TaskResult, worker_model
 
 
@@ -35,13 +33,11 @@ def label_file(job: FileJob, image: str, output: str) -> TaskResult:
         return TaskResult(image, 0, 0, 0.0)
     loaded, dense = worker_model(job.model, job.device, job.threads)
     try:
-        pixels = read_array(image)
-        x = model_input(
-            pixels, loaded, image_scaling(pixels, job.intensity or loaded.intensity)
-        )  # (1, C, H, W)
+        pixels = read_array(image)  # (H, W[, C])
+        scaling = loaded.scaling(pixels, intensity=job.intensity)
+        x = loaded.input(pixels, scaling=scaling)  # (1, C, H, W)
     except (ImageReadError, IntensityError, NonFiniteInputError) as exc:
-        return TaskResult(image, 0, 0, time.perf_counter() - started, str(exc))
-    with torch.no_grad():
-        labels = dense.predict(x.to(job.device), max_memory=job.max_memory)[0].cpu().numpy()  # (H, W)
+        return TaskResult(image, 0, 0, time.perf_counter() - started, exc)
+    labels = loaded.labels(x, max_memory=job.max_memory, dense=dense)[0]  # (H, W)
     write_labels(output, labels, loaded.palette)
-    return TaskResult(image, 1, labels.size, time.perf_counter() - started)
+    return TaskResult(image, 1, labels.size, time.perf_counter() - started, warning=scaling.note())

@@ -23,7 +23,14 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import BlockFailedError, DenseCNNError, ImageReadError, PredictInputError
+from ..errors import (
+    BlockFailedError,
+    DenseCNNError,
+    ImageReadError,
+    OptionSpelling,
+    PredictInputError,
+    keyword_option,
+)
 from ..io import (
     Intensity,
     LazyArray,
@@ -76,7 +83,8 @@ class Summary:
     pixels: int = 0
     seconds: float = 0.0
     workers: int = 1
-    failures: list[tuple[str, str]] = field(default_factory=list)
+    failures: list[tuple[str, DenseCNNError]] = field(default_factory=list)  # (image or block, why)
+    warnings: list[tuple[str, str]] = field(default_factory=list)  # (input or image, what): a constant image
     dashboard: str | None = None
 
     @property
@@ -84,6 +92,10 @@ class Summary:
         return self.pixels / self.seconds if self.seconds > 0 else 0.0
 
     def __str__(self) -> str:
+        return self.render()
+
+    def render(self, spell: OptionSpelling = keyword_option) -> str:
+        """The summary, failures' fixes naming options as ``spell`` writes them (:mod:`densecnn.errors`)."""
         lines = [
             f"{self.computed} of {self.total} {self.what} computed"
             + (f" ({self.background} of them background, without a forward pass)" if self.background else "")
@@ -93,9 +105,9 @@ class Summary:
             f"{self.pixels:,} pixels in {self.seconds:.1f} s: {self.pixels_per_second:,.0f} pixels/s "
             f"on {self.workers} worker{'s' * (self.workers != 1)}",
         ]
-        lines += [
-            f"failed: {why if why.startswith(str(what)) else f'{what}: {why}'}" for what, why in self.failures
-        ]
+        for what, error in self.failures:
+            why = error.render(spell)
+            lines.append(f"failed: {why if why.startswith(str(what)) else f'{what}: {why}'}")
         return "\n".join(lines)
 
 
@@ -294,26 +306,26 @@ def _check_channels(have: int, want: int, where: str) -> None:
 
 
 def _label_one_image(loaded, input: Path, output: Path, options: BlockwiseOptions) -> Summary:
-    import torch
-
-    from ..io import image_scaling, model_input, read_array
+    from ..io import read_array
 
     check_label_path(output)
     started = time.perf_counter()
     dense = loaded.dense().to(options.device).eval()
-    pixels = read_array(input)
-    x = model_input(
-        pixels, loaded, image_scaling(pixels, options.intensity or loaded.intensity)
-    )  # (1, C, H, W)
-    x = x.to(options.device)
-    with torch.no_grad():
-        labels = dense.predict(x, max_memory=options.max_memory)[0].cpu().numpy()  # (H, W)
+    pixels = read_array(input)  # (H, W[, C])
+    scaling = loaded.scaling(pixels, intensity=options.intensity)
+    x = loaded.input(pixels, scaling=scaling)  # (1, C, H, W)
+    labels = loaded.labels(x, max_memory=options.max_memory, dense=dense)[0]  # (H, W)
     try:
         output.parent.mkdir(parents=True, exist_ok=True)
         write_labels(output, labels, loaded.palette)
     except OSError as exc:
         raise PredictInputError(f"{output}: {storage_problem(exc)}") from None
-    return Summary("images", total=1, computed=1, pixels=labels.size, seconds=time.perf_counter() - started)
+    summary = Summary(
+        "images", total=1, computed=1, pixels=labels.size, seconds=time.perf_counter() - started
+    )
+    if scaling.constant is not None:
+        summary.warnings.append((str(input), scaling.note()))
+    return summary
 
 
 @contextlib.contextmanager
@@ -480,6 +492,8 @@ def _label_array(
         if index not in done:
             blocks.setdefault(job.block_of(index), []).append(index)
     summary = Summary("chunks", total=len(grid), workers=_workers(client))
+    if scaling.constant is not None:
+        summary.warnings.append((str(source.path), scaling.note()))
     summary.skipped = len(grid) - sum(len(indices) for indices in blocks.values())
 
     def failed(item, exc, attempts):
@@ -574,7 +588,7 @@ def _label_images(
     def failed(item, exc, attempts):
         if isinstance(exc, OSError) and exc.errno in STORAGE_ERRORS:  # every other image would fail alike
             raise BlockFailedError(f"{output}: {storage_problem(exc)}")
-        summary.failures.append((item[0], f"failed {attempts} times: {exc}"))
+        summary.failures.append((item[0], BlockFailedError(f"failed {attempts} times: {exc}")))
 
     _run(
         client, label_file, job, todo, summary, options.retries, options.progress, failed, options.on_progress
@@ -636,6 +650,8 @@ def _run(
                 result = future.result()
                 if result.error is not None:
                     summary.failures.append((result.item, result.error))
+                if result.warning is not None:
+                    summary.warnings.append((result.item, result.warning))
                 summary.computed += result.outputs
                 summary.background += result.background
                 summary.pixels += result.pixels

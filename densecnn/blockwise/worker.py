@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..errors import DenseCNNError
+
 _LOCK = threading.Lock()
 
 
@@ -46,5 +48,6 @@ class TaskResult:
     outputs: int
     pixels: int
     seconds: float
-    error: str | None = None  # an image that could not be read
+    error: DenseCNNError | None = None  # why an image could not be labelled (unreadable, refused values)
     background: int = 0
+    warning: str | None = None  # what the user should know of a labelled image (it is constant)

@@ -44,13 +44,13 @@ def _bytes(text: str) -> int:
 
 
 def _intensity(text: str):
-    from ..errors import IntensityError
+    from ..errors import IntensityError, cli_option
     from ..io import Intensity
 
     try:
         return Intensity.parse(text)
     except IntensityError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+        raise argparse.ArgumentTypeError(exc.render(cli_option)) from None
 
 
 def add_parser(subparsers) -> None:
@@ -135,7 +135,7 @@ def run(args) -> int:
     os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "error")
 
     from ..blockwise import BlockwiseOptions, label
-    from ..errors import BlockFailedError
+    from ..errors import BlockFailedError, cli_option
 
     options = BlockwiseOptions(
         probabilities=args.probabilities,
@@ -165,5 +165,7 @@ def run(args) -> int:
             file=sys.stderr,
         )
         return 130
-    print(summary)
+    for what, note in summary.warnings:
+        print(f"densecnn predict: warning: {what}: {note}", file=sys.stderr)
+    print(summary.render(cli_option))
     return 1 if summary.failures else 0

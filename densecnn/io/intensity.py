@@ -14,16 +14,25 @@ A model file may declare ``"intensity"`` (:class:`Intensity`):
   otherwise a grid of windows spread over it), so a slide's percentiles cost a few million pixels, and every path
   that reads the same image takes the same sample.
 
-An image the declared mode cannot be right for is refused with the numbers and the fix, never labelled:
+An image the declared mode cannot be right for is refused with the numbers and the fix (the intensity that
+suits it, never the one just used), never labelled:
 
-- ``dtype`` on integers using under 1% of their dtype's range (a 16-bit image holding 0–235 would be all but black);
-- ``dtype`` on an image's or volume's floats outside [0, 1] (beyond :data:`FLOAT_SLACK`);
-- ``percentiles`` on a flat image (both percentiles equal);
+- ``dtype`` on integers wider than 8 bits whose values vary but use under 1% of their dtype's range (a 16-bit image
+  holding 0–235 would be all but black: 12-bit camera data wants ``range:0,4095``);
+- ``dtype`` on an image's or volume's floats outside [0, 1] (beyond :data:`FLOAT_SLACK`), constant or not;
+- ``percentiles`` on an image whose values vary but whose two percentiles are equal;
 - NaN or infinite values, whatever the mode (:func:`require_finite`).
+
+Everything else is labelled, as scanning it patch by patch would label it: 8-bit images whatever their range (an
+empty field of view, a dark frame), and constant images of any dtype (an all-zero 16-bit tile; under
+``percentiles`` a constant image scales to 0, as CSBDeep's ``normalize`` does). A constant image's
+:class:`Scaling` says so (``constant``), and the front ends pass that on as a warning.
 
 >>> from densecnn.io.intensity import Intensity
 >>> Intensity.parse("percentiles:1,99.8").scaling(np.array([[0, 10], [20, 4000]], np.uint16)).high > 3900
 True
+>>> Intensity().scaling(np.array([0, 0], np.uint8)).constant
+0
 >>> Intensity().scaling(np.array([0, 235], np.uint16))
 Traceback (most recent call last):
 IntensityError: the image uses 0..235 of uint16's 0..65535 (0.36% of the range) ...
@@ -37,24 +46,34 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..errors import IntensityError, NonFiniteInputError
+from ..errors import Fix, IntensityError, NonFiniteInputError
 
 MODES = ("dtype", "range", "percentiles")
 MIN_RANGE_USE = 0.01  # the fraction of an integer dtype's range an image must reach for mode "dtype"
 FLOAT_SLACK = 0.01  # float values this far outside [0, 1] still pass mode "dtype" (the rounding of a rescale)
 SAMPLE_PIXELS = 1 << 22  # pixels (per channel) sampled for percentiles and checks: the whole image up to this
 SAMPLE_WINDOW = 256  # side of each sampled window of a larger image
-FIX = (
-    "declare how the model's inputs are scaled: --intensity range:LOW,HIGH or --intensity percentiles:1,99.8"
-)
+ADVICE = "declare how the model's inputs are scaled"
+PERCENTILES = "percentiles:1,99.8"  # the percentiles suggested when an image's scaling must be declared
 
 
 @dataclass(frozen=True)
 class Scaling:
-    """``(x − low) / (high − low)``: one image's raw values -> the [0, 1] the model's normalisation expects."""
+    """``(x − low) / (high − low)``: one image's raw values -> the [0, 1] the model's normalisation expects.
+    ``constant``: the one value the image holds everywhere (judged from its sample), or None."""
 
     low: float
     high: float
+    constant: float | None = None
+
+    def note(self) -> str | None:
+        """What a front end warns of a constant image (None for any other)."""
+        if self.constant is None:
+            return None
+        return (
+            f"the image holds the single value {self.constant:g} everywhere; it was labelled as such (check it is "
+            "the image meant)"
+        )
 
     def apply_(self, plane: np.ndarray) -> np.ndarray:
         """Scale a float32 ``plane`` in place (and return it)."""
@@ -99,7 +118,7 @@ class Intensity:
 
     @classmethod
     def parse(cls, text: str) -> Intensity:
-        """``"dtype"``, ``"range:0,4095"`` or ``"percentiles:1,99.8"`` (the CLI's ``--intensity``)."""
+        """``"dtype"``, ``"range:0,4095"`` or ``"percentiles:1,99.8"`` (as the front ends take it)."""
         mode, _, values = text.strip().partition(":")
         if mode == "dtype" and not values:
             return cls()
@@ -107,7 +126,8 @@ class Intensity:
             low, high = (float(v) for v in values.split(","))
         except ValueError:
             raise IntensityError(
-                f"--intensity {text!r} is not understood: give dtype, range:LOW,HIGH or percentiles:LOW,HIGH"
+                f"the intensity {text!r} is not understood",
+                fix=Fix("give one of", "intensity", ("dtype", "range:LOW,HIGH", "percentiles:LOW,HIGH")),
             ) from None
         return cls(mode, low, high)
 
@@ -134,39 +154,70 @@ class Intensity:
         if sample.dtype.kind == "f":  # non-finite values are refused with their positions once scaled
             sample = sample[np.isfinite(sample)]
         if self.mode == "range":
-            return Scaling(self.low, self.high)
+            return Scaling(self.low, self.high, _constant(sample))
+        if sample.size == 0:
+            return Scaling(0.0, 1.0)
         if self.mode == "percentiles":
-            low, high = (float(v) for v in np.percentile(sample, (self.low, self.high)))
-            if not low < high:
-                raise IntensityError(
-                    f"the image is flat: its {self.low:g}th and {self.high:g}th percentiles are both {low:g}, so "
-                    "percentile scaling would divide by zero; give a fixed range: --intensity range:LOW,HIGH"
-                )
-            return Scaling(low, high)
+            return self._percentile_scaling(sample)
         return _dtype_scaling(sample, floats_in_unit_range)
+
+    def _percentile_scaling(self, sample: np.ndarray) -> Scaling:
+        constant = _constant(sample)
+        if constant is not None:  # x - low is 0 everywhere: the image scales to 0
+            return Scaling(constant, constant + 1.0, constant)
+        low, high = (float(v) for v in np.percentile(sample, (self.low, self.high)))
+        if not low < high:
+            raise IntensityError(
+                f"the image's {self.low:g}th and {self.high:g}th percentiles are both {low:g} (its values vary only "
+                "beyond them), so percentile scaling would divide by zero",
+                fix=Fix("give a fixed range", "intensity", ("range:LOW,HIGH",)),
+            )
+        return Scaling(low, high)
+
+
+def _constant(sample: np.ndarray) -> float | None:
+    """The one value ``sample`` holds, or None (also for an empty sample)."""
+    if sample.size == 0:
+        return None
+    lowest, highest = sample.min().item(), sample.max().item()
+    return lowest if lowest == highest else None
 
 
 def _dtype_scaling(sample: np.ndarray, floats_in_unit_range: bool) -> Scaling:
-    if sample.size == 0:
-        return Scaling(0.0, 1.0)
     lowest, highest = sample.min().item(), sample.max().item()
+    constant = lowest if lowest == highest else None
     if sample.dtype.kind in "ui":
-        info = np.iinfo(sample.dtype)
-        used = (highest - min(lowest, 0)) / info.max
-        if info.max > 1 and used < MIN_RANGE_USE:
-            raise IntensityError(
-                f"the image uses {lowest}..{highest} of {sample.dtype}'s 0..{info.max} ({100 * used:.2g}% of the "
-                f"range): scaled by its dtype's range it is all but black, and would be labelled as such. If the "
-                f"model was trained on such data as it is, say so with --intensity range:0,{info.max}; otherwise "
-                f"{FIX}"
-            )
-        return Scaling(0.0, float(info.max))
+        return _integer_scaling(sample.dtype, lowest, highest, constant)
     if floats_in_unit_range and (lowest < -FLOAT_SLACK or highest > 1 + FLOAT_SLACK):
+        suggestion = "range:0,255" if lowest >= 0 and highest <= 255 else "range:LOW,HIGH"
         raise IntensityError(
             f"the float image holds values in [{lowest:.4g}, {highest:.4g}], but the model expects floats in [0, 1] "
-            f"(its intensity mode is dtype); {FIX}"
+            "(its intensity mode is dtype)",
+            fix=Fix(ADVICE, "intensity", (suggestion, PERCENTILES)),
         )
-    return Scaling(0.0, 1.0)
+    return Scaling(0.0, 1.0, constant)
+
+
+def _integer_scaling(dtype: np.dtype, lowest: int, highest: int, constant: int | None) -> Scaling:
+    """Integers by their dtype's range; data wider than 8 bits that varies within a sliver of it is refused."""
+    info = np.iinfo(dtype)
+    used = (highest - min(lowest, 0)) / info.max
+    if info.bits > 8 and constant is None and used < MIN_RANGE_USE:
+        raise IntensityError(
+            f"the image uses {lowest}..{highest} of {dtype}'s 0..{info.max} ({100 * used:.2g}% of the range): "
+            "scaled by its dtype's range it is all but black, and would be labelled as such",
+            fix=Fix(ADVICE, "intensity", (_bit_depth_range(lowest, highest), PERCENTILES)),
+        )
+    return Scaling(0.0, float(info.max), constant)
+
+
+def _bit_depth_range(lowest: int, highest: int) -> str:
+    """The range of the fewest bits (8, 10, 12, ...) holding ``lowest..highest``, as for a camera of that bit
+    depth whose data is stored in a wider dtype: ``"range:0,4095"`` for values up to 4095."""
+    if lowest < 0:
+        return "range:LOW,HIGH"
+    bits = max(8, highest.bit_length() + highest.bit_length() % 2)
+    return f"range:0,{2**bits - 1}"
 
 
 def require_finite(

@@ -55,13 +55,17 @@ def unit_planes(image: np.ndarray, channels: int, scaling: Scaling | None = None
     return out
 
 
-def image_scaling(image: np.ndarray, intensity: Intensity, spatial_axes: tuple[int, ...] = (0, 1)) -> Scaling:
+def image_scaling(
+    image: np.ndarray, intensity: Intensity, spatial_axes: tuple[int, ...] = (0, 1), *, finite: bool = True
+) -> Scaling:
     """How ``image``'s values are scaled to [0, 1]: ``intensity`` (a model's declared ``model.intensity``, or one
     asked for) resolved from the image's sample windows (:func:`~densecnn.io.intensity.sample_windows` over
     ``spatial_axes``). Refuses values it cannot be right for (:class:`~densecnn.errors.IntensityError`) and, first,
-    NaN or infinite ones (:class:`~densecnn.errors.NonFiniteInputError`, with the first one's position)."""
+    if ``finite``, NaN or infinite ones (:class:`~densecnn.errors.NonFiniteInputError`, with the first one's
+    position; ``finite=False`` leaves them to the dense net's ``nonfinite`` policy)."""
     channel_axes = [a for a in range(image.ndim) if a not in spatial_axes]
-    require_finite(image, channel_axis=channel_axes[0] if channel_axes else None)
+    if finite:
+        require_finite(image, channel_axis=channel_axes[0] if channel_axes else None)
     shape = tuple(image.shape[a] for a in spatial_axes)
     parts = []
     for window in sample_windows(shape):
@@ -101,11 +105,14 @@ def model_input(image: np.ndarray, model, scaling: Scaling | None = None) -> tor
     return x
 
 
-def array_input(array: np.ndarray, model, scaling: Scaling | None = None) -> torch.Tensor:
+def array_input(
+    array: np.ndarray, model, scaling: Scaling | None = None, *, finite: bool = True
+) -> torch.Tensor:
     """A channel-first (C, *spatial) array, any dtype -> the (1, C', *spatial) float input of a saved model.
 
     Scaled and converted to the model's channels as :func:`model_input` does for images (one code path: the
-    spatial axes are laid out as rows of an image), then normalised and checked finite. ``scaling``: by default
+    spatial axes are laid out as rows of an image), then normalised and checked finite (unless ``finite`` is
+    False: NaN and infinite values are left for the dense net's ``nonfinite`` policy). ``scaling``: by default
     :func:`image_scaling` of this array (a block of a larger image passes the whole image's). ``model`` is a
     :class:`densecnn.LoadedModel`.
 
@@ -114,11 +121,12 @@ def array_input(array: np.ndarray, model, scaling: Scaling | None = None) -> tor
     torch.Size([1, 1, 12, 64, 64])
     """
     spatial = array.shape[1:]
-    scaling = scaling or image_scaling(array, model.intensity, tuple(range(1, array.ndim)))
+    scaling = scaling or image_scaling(array, model.intensity, tuple(range(1, array.ndim)), finite=finite)
     rows = np.moveaxis(array, 0, -1).reshape(-1, spatial[-1], array.shape[0])  # (rows, last axis, C)
     x = torch.from_numpy(unit_planes(rows, model.in_channels, scaling))[None]  # (1, C', rows, last axis)
     for row in range(0, x.shape[2], _NORMALIZE_ROWS):
         band = x[:, :, row : row + _NORMALIZE_ROWS]
         band.copy_(model.normalize(band))
-    require_finite(x[0], channel_axis=0)
+    if finite:
+        require_finite(x[0], channel_axis=0)
     return x.view(1, model.in_channels, *spatial)  # (1, C', *spatial)

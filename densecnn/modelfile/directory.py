@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import colorsys
+import inspect
 import json
+import threading
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
@@ -17,9 +20,12 @@ from ..atomic import atomic_write
 from ..chain import extract_chain
 from ..convert import convert
 from ..dense import DenseCNN
-from ..errors import ConversionError
-from ..io.intensity import Intensity
+from ..errors import ConversionError, InvalidInputError
+from ..io.intensity import Intensity, Scaling
+from ..io.labels import class_probabilities, label_dtype
+from ..io.pixels import array_input, image_scaling
 from ..padding import check_padding_mode
+from ..tiling import class_labels
 from .check import TensorInfo, check_directory, check_weights
 from .format import (
     CONFIG_FILE,
@@ -44,7 +50,15 @@ def default_palette(num_classes: int) -> list[list[int]]:
 
 @dataclass
 class LoadedModel:
-    """A patch model read from a model directory, with its metadata.
+    """A patch model read from a model directory, with its metadata, and the one way every front end (the
+    service, its jobs, ``densecnn predict``, the napari plugin) turns raw pixels into labels and probabilities:
+    :meth:`input`, :meth:`labels`, :meth:`probabilities`, :attr:`label_dtype`.
+
+    >>> loaded = densecnn.load("models/nuclei")
+    >>> loaded.labels(read_array("cells.png")).dtype          # (H, W) class ids
+    dtype('uint8')
+    >>> loaded.probabilities(read_array("cells.png")).shape   # (K, H, W), summing to 1
+    torch.Size([2, 512, 512])
 
     Attributes:
         model: the patch classifier (an ``nn.Sequential``, in eval mode).
@@ -68,6 +82,7 @@ class LoadedModel:
     extra: dict = field(default_factory=dict)
     intensity: Intensity = field(default_factory=Intensity)
     pixel_size: tuple[float, ...] | None = None
+    _net: DenseCNN | None = field(default=None, init=False, repr=False, compare=False)
 
     def dense(self, *, backend: str = "auto") -> DenseCNN:
         """The dense net of this model (sharing its parameters), with the saved padding mode (verified once, by
@@ -91,6 +106,161 @@ class LoadedModel:
             std = x.new_tensor(self.normalization["std"]).view(per_channel)
             x = (x - mean) / std
         return x.to(self.dtype)
+
+    @property
+    def label_dtype(self) -> np.dtype:
+        """The dtype of this model's label maps: uint8 up to 256 classes, uint16 past that."""
+        return label_dtype(self.num_classes)
+
+    def scaling(
+        self,
+        raw: np.ndarray,
+        *,
+        intensity: Intensity | None = None,
+        channel_axis: int | None = None,
+        nonfinite: str | None = None,
+    ) -> Scaling:
+        """How ``raw`` pixels are scaled to [0, 1]: ``intensity`` (None: as the model declares) resolved on the
+        image (:func:`~densecnn.io.pixels.image_scaling`; ``channel_axis`` as :meth:`input` takes it). A constant
+        image's scaling says so (``constant``, :meth:`~densecnn.io.Scaling.note`).
+
+        Raises:
+            IntensityError: values the scaling cannot be right for.
+            NonFiniteInputError: NaN or infinite values, unless ``nonfinite`` is "propagate".
+        """
+        array = self._channels_first(raw, channel_axis)  # (C, *spatial)
+        spatial = tuple(range(1, array.ndim))
+        return image_scaling(array, intensity or self.intensity, spatial, finite=nonfinite != "propagate")
+
+    def input(
+        self,
+        raw: np.ndarray,
+        *,
+        intensity: Intensity | None = None,
+        channel_axis: int | None = None,
+        scaling: Scaling | None = None,
+        nonfinite: str | None = None,
+    ) -> torch.Tensor:
+        """Raw pixels -> this model's (1, C, *spatial) input: scaled to [0, 1] (``scaling``, by default
+        :meth:`scaling` with ``intensity``), converted to its channels (gray <-> RGB, alpha dropped), normalised,
+        checked finite (unless ``nonfinite`` is "propagate": the dense net then marks what reads them). ``raw``:
+        any dtype; for a 2-D model (H, W) or (H, W, C) as images decode, for others (*spatial) or (C, *spatial) as
+        arrays read; ``channel_axis`` says where the channels are otherwise.
+
+        >>> loaded.input(np.zeros((64, 80), np.uint8)).shape
+        torch.Size([1, 1, 64, 80])
+        """
+        array = self._channels_first(raw, channel_axis)  # (C, *spatial)
+        scaling = scaling or self.scaling(array, intensity=intensity, channel_axis=0, nonfinite=nonfinite)
+        return array_input(array, self, scaling, finite=nonfinite != "propagate")
+
+    def labels(
+        self,
+        raw_or_input: np.ndarray | torch.Tensor,
+        *,
+        intensity: Intensity | None = None,
+        channel_axis: int | None = None,
+        max_memory: int | None = None,
+        cancel: threading.Event | None = None,
+        nonfinite: str | None = None,
+        dense: DenseCNN | None = None,
+    ) -> np.ndarray:
+        """Class ids of every pixel, in :attr:`label_dtype`: raw pixels (as :meth:`input` takes them) -> (*spatial),
+        or a model input tensor (N, C, *spatial) -> (N, *spatial). ``max_memory``, ``cancel`` and ``nonfinite`` as
+        :meth:`densecnn.DenseCNN.predict` takes them (with ``nonfinite="propagate"`` the labels are signed and -1
+        marks no data); ``dense``: the dense net to run (e.g. one moved to a GPU), by default this model's own."""
+        x = self._as_input(raw_or_input, intensity, channel_axis, nonfinite)
+        net = dense or self._dense()
+        with torch.inference_mode():
+            labels = net.predict(x.to(_device(net)), max_memory, cancel=cancel, **_policy(net, nonfinite))
+        out = self._label_array(labels, nonfinite)  # (N, *spatial)
+        return out if isinstance(raw_or_input, torch.Tensor) else out[0]
+
+    def probabilities(
+        self,
+        raw_or_input: np.ndarray | torch.Tensor,
+        *,
+        intensity: Intensity | None = None,
+        channel_axis: int | None = None,
+        max_memory: int | None = None,
+        cancel: threading.Event | None = None,
+        nonfinite: str | None = None,
+        dense: DenseCNN | None = None,
+    ) -> torch.Tensor:
+        """Class probabilities of every pixel, float32: raw pixels -> (K, *spatial), a model input (N, C, *spatial)
+        -> (N, K, *spatial). The softmax of the scores, unless the net already ends in ``nn.Softmax`` (its scores
+        are the probabilities) or ``nn.LogSoftmax`` (their exp). Arguments as :meth:`labels`."""
+        options = dict(intensity=intensity, channel_axis=channel_axis, max_memory=max_memory, cancel=cancel)
+        return self.classify(raw_or_input, nonfinite=nonfinite, dense=dense, **options)[1]
+
+    def classify(
+        self,
+        raw_or_input: np.ndarray | torch.Tensor,
+        *,
+        intensity: Intensity | None = None,
+        channel_axis: int | None = None,
+        max_memory: int | None = None,
+        cancel: threading.Event | None = None,
+        nonfinite: str | None = None,
+        dense: DenseCNN | None = None,
+    ) -> tuple[np.ndarray, torch.Tensor]:
+        """(:meth:`labels`, :meth:`probabilities`) from one pass of the dense net (which then holds the scores of
+        the whole input, where :meth:`labels` keeps only each tile's labels)."""
+        x = self._as_input(raw_or_input, intensity, channel_axis, nonfinite)
+        net = dense or self._dense()
+        with torch.inference_mode():
+            scores = net(x.to(_device(net)), max_memory, cancel=cancel, **_policy(net, nonfinite))
+            labels = self._label_array(class_labels(scores), nonfinite)  # (N, *spatial)
+            probabilities = class_probabilities(scores, net).float().cpu()  # (N, K, *spatial)
+        if isinstance(raw_or_input, torch.Tensor):
+            return labels, probabilities
+        return labels[0], probabilities[0]
+
+    def _label_array(self, labels: torch.Tensor, nonfinite: str | None) -> np.ndarray:
+        """int64 class ids -> :attr:`label_dtype` (signed, holding -1 for no data, under ``"propagate"``)."""
+        if nonfinite == "propagate":
+            return labels.cpu().numpy().astype(np.int16 if self.num_classes <= 32767 else np.int32)
+        return labels.cpu().numpy().astype(self.label_dtype)
+
+    def _as_input(
+        self, raw_or_input, intensity: Intensity | None, channel_axis: int | None, nonfinite: str | None
+    ) -> torch.Tensor:
+        if isinstance(raw_or_input, torch.Tensor):
+            return raw_or_input
+        return self.input(raw_or_input, intensity=intensity, channel_axis=channel_axis, nonfinite=nonfinite)
+
+    def _dense(self) -> DenseCNN:
+        """This model's dense net, converted once and kept."""
+        if self._net is None:
+            self._net = self.dense().eval()
+        return self._net
+
+    def _channels_first(self, raw: np.ndarray, channel_axis: int | None) -> np.ndarray:
+        """``raw`` as (C, *spatial): channels at ``channel_axis``, or where :meth:`input` expects them."""
+        dims = len(self.patch_size)
+        if channel_axis is None:
+            if raw.ndim == dims:
+                return raw[None]
+            channel_axis = -1 if dims == 2 else 0  # images decode (H, W, C); arrays read (C, *spatial)
+        if raw.ndim != dims + 1:
+            raise InvalidInputError(
+                f"pixels of shape {raw.shape} for a {dims}-D model: give {dims} spatial axes and at most one of "
+                "channels"
+            )
+        return np.moveaxis(raw, channel_axis, 0)
+
+
+def _device(net: DenseCNN) -> torch.device:
+    return next((p.device for p in net.parameters()), torch.device("cpu"))
+
+
+def _policy(net: DenseCNN, nonfinite: str | None) -> dict:
+    """``nonfinite`` as a keyword for ``net``'s forward and predict, if given and the net takes it."""
+    if nonfinite is None:
+        return {}
+    if "nonfinite" not in inspect.signature(net.predict).parameters:
+        raise InvalidInputError("this densecnn's dense nets take no nonfinite policy: leave nonfinite out")
+    return {"nonfinite": nonfinite}
 
 
 def save(

@@ -26,7 +26,8 @@ import numpy as np
 import torch
 
 from .. import tiling
-from ..io.intensity import Scaling, require_finite, sample_windows
+from ..io.intensity import Intensity, Scaling, require_finite, sample_windows
+from ..io.labels import class_probabilities
 from ..io.pixels import unit_planes
 from ..modelfile import LoadedModel
 from ..padding import dense_padding, source_index
@@ -44,10 +45,19 @@ class Progress:
 @dataclass(frozen=True)
 class Result:
     """``labels``: the source's ``labels_shape``, class ids (uint8, or uint16 past 256 classes);
-    ``probabilities``: (K, *labels_shape) float32 softmax of the scores, or None."""
+    ``probabilities``: (K, *labels_shape) float32 class probabilities (the softmax of the scores, unless the net
+    ends in one: :func:`~densecnn.io.class_probabilities`), or None; ``warnings``: what the user should
+    know of the labelled planes (a constant plane)."""
 
     labels: np.ndarray
     probabilities: np.ndarray | None
+    warnings: tuple[str, ...] = ()
+
+
+def napari_option(option: str, value: str) -> str:
+    """The plugin's words for a setting (:func:`densecnn.errors.render`): its field, ``the intensity field set to
+    range:0,4095``."""
+    return f"the {option} field set to {value}"
 
 
 def label(
@@ -56,11 +66,13 @@ def label(
     *,
     max_memory: int,
     probabilities: bool = False,
+    intensity: Intensity | None = None,
     cancel: threading.Event | None = None,
 ) -> Generator[Progress, None, Result]:
     """Label ``source`` with ``loaded``: yields a :class:`Progress` before the first tile and after each one,
-    returns the :class:`Result`. ``cancel``: once set, the tile being computed stops at its next layer with
-    :class:`densecnn.errors.Cancelled`; a caller that stops iterating stops before the next tile.
+    returns the :class:`Result`. ``intensity``: how the pixels are scaled to [0, 1] (None: as the model declares).
+    ``cancel``: once set, the tile being computed stops at its next layer with :class:`densecnn.errors.Cancelled`;
+    a caller that stops iterating stops before the next tile.
 
     Raises:
         InvalidInputError: ``max_memory`` cannot hold the labels and one tile (the message says how much can).
@@ -68,9 +80,9 @@ def label(
     """
     dense = loaded.dense()
     classes, spatial = loaded.num_classes, source.spatial_shape
-    dtype = np.uint8 if classes <= 256 else np.uint16
+    dtype = loaded.label_dtype
     pixels = math.prod(source.labels_shape)
-    held = pixels * (np.dtype(dtype).itemsize + (4 * classes if probabilities else 0))
+    held = pixels * (dtype.itemsize + (4 * classes if probabilities else 0))
     shape = (1, loaded.in_channels, *spatial)  # one plane at a time: (N, C, *S)
     estimate = dense.memory_estimate(shape, loaded.dtype.itemsize, labels=not probabilities, train=False)
     tile = tiling.choose_tile(
@@ -85,26 +97,29 @@ def label(
         return dense.run_padded(padded, cancel=cancel)
 
     before, _ = dense_padding(dense.patch_size, dense.receptive_field)
-    done = 0
+    done, warnings = 0, []
     yield Progress(done, total)
     for plane in source.planes():
-        window_of = functools.partial(_window, loaded, source, plane, _scaling(loaded, source, plane), before)
+        scaling = _scaling(intensity or loaded.intensity, source, plane)
+        if scaling.constant is not None:
+            warnings.append(f"plane {plane}: {scaling.note()}" if plane else scaling.note())
+        window_of = functools.partial(_window, loaded, source, plane, scaling, before)
         for region, out in tiling.tiles(
             run, window_of, spatial, tile, dense.receptive_field, labels=not probabilities
         ):
             if probabilities:  # out: (1, K, *t) scores
-                probs[(slice(None), *plane, *region)] = torch.softmax(out[0].float(), 0).numpy()
+                probs[(slice(None), *plane, *region)] = class_probabilities(out, dense)[0].float().numpy()
                 out = tiling.class_labels(out)
             labels[(*plane, *region)] = out[0].numpy()  # (1, *t) labels
             done += 1
             yield Progress(done, total)
-    return Result(labels, probs)
+    return Result(labels, probs, tuple(warnings))
 
 
-def _scaling(loaded: LoadedModel, source: LayerSource, plane: tuple[int, ...]) -> Scaling:
-    """The plane's scaling to [0, 1] by the model's intensity rule, from the sample windows' raw pixels."""
+def _scaling(intensity: Intensity, source: LayerSource, plane: tuple[int, ...]) -> Scaling:
+    """The plane's scaling to [0, 1] by ``intensity``, from the sample windows' raw pixels."""
     sample = [source.read(plane, window).ravel() for window in sample_windows(source.spatial_shape)]
-    return loaded.intensity.scaling(np.concatenate(sample))
+    return intensity.scaling(np.concatenate(sample))
 
 
 def _window(

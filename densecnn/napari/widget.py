@@ -24,6 +24,7 @@ from magicgui.widgets import (
     Container,
     FileEdit,
     Label,
+    LineEdit,
     ProgressBar,
     PushButton,
     SpinBox,
@@ -33,6 +34,7 @@ from napari.qt.threading import GeneratorWorker, create_worker
 from napari.utils.colormaps import DirectLabelColormap
 
 from ..errors import Cancelled, DenseCNNError
+from ..io.intensity import Intensity
 from ..modelfile import LoadedModel, load
 from . import engine
 from .models import shipped_models
@@ -59,6 +61,10 @@ class DenseCNNWidget(Container):
         self._image = create_widget(annotation=napari.layers.Image, label="image")
         self._max_memory = SpinBox(label="memory cap (MiB)", min=1, max=1 << 20, value=DEFAULT_MAX_MEMORY_MIB)
         self._probabilities = CheckBox(text="add probabilities", value=False)
+        self._intensity = LineEdit(label="intensity", value="")  # empty: as the model declares
+        self._intensity.tooltip = (
+            "dtype, range:LOW,HIGH or percentiles:LOW,HIGH; empty: as the model declares"
+        )
         self._run = PushButton(text="Run")
         self._cancel = PushButton(text="Cancel", enabled=False)
         self._progress = ProgressBar(label="tiles", value=0, min=0, max=1)
@@ -70,6 +76,7 @@ class DenseCNNWidget(Container):
                 self._image,
                 self._max_memory,
                 self._probabilities,
+                self._intensity,
                 self._run,
                 self._cancel,
                 self._progress,
@@ -99,6 +106,7 @@ class DenseCNNWidget(Container):
             layer,
             max_memory=self._max_memory.value * MIB,
             probabilities=self._probabilities.value,
+            intensity=self._intensity.value.strip() or None,
             cancel=self._stop,
             _ignore_errors=True,  # shown in the status line, not raised again in the main thread
         )
@@ -159,11 +167,13 @@ class DenseCNNWidget(Container):
                 )
         tiles = self.last_progress.total if self.last_progress else 0
         shape = "x".join(map(str, source.labels_shape))
-        self._status.value = f"labelled {shape} (level {source.level}) in {tiles} tiles, {seconds:.1f} s"
+        self._status.value = "; ".join(
+            [f"labelled {shape} (level {source.level}) in {tiles} tiles, {seconds:.1f} s", *result.warnings]
+        )
 
     def _show_error(self, exc: Exception) -> None:
         if isinstance(exc, DenseCNNError):
-            self._status.value = str(exc)
+            self._status.value = exc.render(engine.napari_option)
         else:
             self._status.value = f"failed: {type(exc).__name__}: {exc}"
 
@@ -186,10 +196,11 @@ class LabellingFailed(DenseCNNError):
     on as this)."""
 
 
-def _job(model_dir: Path, layer, **options):
-    """The worker's generator: load the model, pick the layer's pixels, label them; returns what the layers need,
-    or None once cancelled."""
+def _job(model_dir: Path, layer, intensity: str | None, **options):
+    """The worker's generator: load the model, pick the layer's pixels, label them (``intensity``: the field's
+    text, None: as the model declares); returns what the layers need, or None once cancelled."""
     loaded = load(model_dir)
+    options["intensity"] = None if intensity is None else Intensity.parse(intensity)
     source = LayerSource.of(
         layer.data,
         rgb=layer.rgb,

@@ -65,7 +65,7 @@ def _intensity(text: str) -> Intensity:
     try:
         return Intensity.parse(text)
     except IntensityError as exc:
-        raise TrainingError(f"--intensity {text}: {exc}") from None
+        raise TrainingError(exc.problem, fix=exc.fix) from None
 
 
 def _zoo_call(function, name: str, **kwargs):
