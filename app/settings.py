@@ -132,13 +132,14 @@ class Settings(BaseSettings):
     job_task_memory: int | None = Field(
         None,
         gt=0,
-        description="bytes of activations one block task's inference may use (default: half of max_job_memory)",
+        description="bytes one block task of a job may use, its window and inference together (default and "
+        "ceiling: max_job_memory)",
     )
     max_job_memory: int = Field(
         2 << 30,
         gt=0,
-        description="bytes one job's block task may hold: its input window, labels and chunk buffers (estimated from "
-        "the output chunk before the job starts; a chunk over it gets 422) plus job_task_memory",
+        description="bytes one block task of a job may hold: a job whose output chunk's window and buffer would "
+        "not fit (estimated before it starts) gets 422; the engine groups chunks and tiles inference within it",
     )
     max_job_upload_bytes: int = Field(
         4 << 30, gt=0, description="larger uploads to POST /v1/jobs get 413 (they are streamed to disk)"

@@ -27,6 +27,7 @@ from .inputs import JobInput
 
 MIN_CHUNK = 16  # an output chunk's least side: smaller ones make a file and a task per few pixels
 MAX_CHUNK = 16384  # and its largest; memory bounds it further (max_job_memory)
+WINDOW_SHARE = 0.5  # of a block task's memory, what its window and output buffer may take
 MAX_LEVEL = 64  # an OME-Zarr level (the levels a store really has are checked when it is opened)
 DEFAULT_CHUNK = 1024  # the engine's output chunk for TIFF, slide and .npy inputs
 LEAST_DEFAULT_CHUNK = {1: 4096, 2: 64, 3: 16}  # the engine grows a zarr input's chunks to at least this
@@ -46,23 +47,24 @@ class JobPlan:
 
 
 def task_memory(settings: Settings) -> int:
-    """Bytes of activations one block task's inference may use (the engine tiles its inference to fit)."""
-    return settings.job_task_memory or settings.max_job_memory // 2
+    """Bytes one block task may use, its window and its inference together (the engine's ``max_memory``: it groups
+    chunks into a task and tiles the inference within it)."""
+    return min(settings.job_task_memory or settings.max_job_memory, settings.max_job_memory)
 
 
-def chunk_memory(side: int, dims: int, loaded: LoadedModel, input_itemsize: int, block: int) -> int:
-    """Bytes one block task holds besides its inference's activations, for output chunks of ``side`` per axis: the
-    window it reads (whole chunks grouped to about ``block`` per side, plus the model's halo) in the stored dtype and
-    as float32, and its labels twice (computed, and one chunk's buffer as it is written).
+def chunk_memory(side: int, shape: tuple[int, ...], loaded: LoadedModel, channels: int, itemsize: int) -> int:
+    """Bytes a block task of one output chunk of ``side`` per axis holds, for an input of spatial ``shape``: its
+    window (the chunk within the image, plus the model's patch around it) read in the stored dtype and copied as
+    float32, with its scores and labels (as the engine counts them: ``channels`` × (itemsize + 8) + 8 per pixel),
+    and the output chunk's buffer (``side`` per axis whatever the image's size: zarr writes whole chunks).
 
-    >>> chunk_memory(1024, 2, loaded, 1, 1024)   # 3 channels, a 95-pixel patch
-    31043196
+    >>> chunk_memory(1024, (20000, 20000), loaded, 3, 1)   # a 3-channel uint8 slide, a 95-pixel patch
+    40853908
     """
-    grouped = side * max(1, math.ceil(block / side))
-    halo = max(loaded.patch_size)
-    window = (grouped + halo) ** dims
-    labels = label_dtype(loaded.num_classes).itemsize
-    return window * loaded.in_channels * (input_itemsize + 4) + 2 * grouped**dims * labels
+    halo = [p - 1 for p in loaded.patch_size]
+    window = math.prod(min(side, n) + h for n, h in zip(shape, halo, strict=True))
+    buffer = side ** len(shape) * label_dtype(loaded.num_classes).itemsize
+    return window * (channels * (itemsize + 8) + 8) + buffer
 
 
 def admit(
@@ -141,29 +143,28 @@ def _chunk(
     array: LazyArray, loaded: LoadedModel, settings: Settings, chunk: int | None
 ) -> tuple[int | None, int]:
     """The output chunk to ask for (None: the engine's default) and one block task's estimated memory; 422 when
-    the caller's chunk does not fit ``max_job_memory``."""
-    dims = len(array.spatial_shape)
-    budget = settings.max_job_memory - task_memory(settings)
-    itemsize = _itemsize(array)
+    the caller's chunk does not fit one task's memory (:func:`task_memory`), of which :data:`WINDOW_SHARE` at most
+    may go to the chunk's window and buffer: the rest is for the inference, which the engine tiles within it."""
+    budget = int(task_memory(settings) * WINDOW_SHARE)
 
     def memory(side: int) -> int:
-        return chunk_memory(side, dims, loaded, itemsize, settings.job_block) + task_memory(settings)
+        return chunk_memory(side, array.spatial_shape, loaded, array.channels, _itemsize(array))
 
     if chunk is not None:
-        if memory(chunk) - task_memory(settings) > budget:
-            largest = _largest_fitting(lambda side: memory(side) - task_memory(settings) <= budget)
+        if memory(chunk) > budget:
             raise ApiError(422, "chunk_too_large",
-                           f"a chunk of {chunk} per side would take about {memory(chunk):,} bytes per task, over this "
-                           f"server's max_job_memory of {settings.max_job_memory:,}; use at most {largest}")  # fmt: skip
+                           f"a chunk of {chunk} per side would take about {memory(chunk):,} bytes per task, over the "
+                           f"{budget:,} a task's window may use on this server (half of max_job_memory); use at most "
+                           f"{_largest_fitting(lambda side: memory(side) <= budget)}")  # fmt: skip
         return chunk, memory(chunk)
-    default = _default_chunk(array, dims)
-    if memory(default) - task_memory(settings) <= budget:
+    default = _default_chunk(array, len(array.spatial_shape))
+    if memory(default) <= budget:
         return None, memory(default)
-    fitting = _largest_fitting(lambda side: memory(side) - task_memory(settings) <= budget)
+    fitting = _largest_fitting(lambda side: memory(side) <= budget)
     if fitting < MIN_CHUNK:
         raise ApiError(422, "model_too_large",
-                       f"even chunks of {MIN_CHUNK} per side would pass this server's max_job_memory of "
-                       f"{settings.max_job_memory:,} bytes for this model; raise it")  # fmt: skip
+                       f"even chunks of {MIN_CHUNK} per side would pass the {budget:,} bytes a task's window may use "
+                       "on this server (half of max_job_memory) for this model and input; raise it")  # fmt: skip
     return fitting, memory(fitting)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
+from python_multipart.exceptions import MultipartParseError
 from python_multipart.multipart import MultipartParser, parse_options_header
 
 from ..errors import ApiError
@@ -41,7 +42,11 @@ class ImagePart:
 
     async def chunks(self) -> AsyncIterator[bytes]:
         async for piece in self._body:
-            self._parser.write(piece)
+            try:
+                self._parser.write(piece)
+            except MultipartParseError as exc:
+                raise ApiError(400, "invalid_multipart", f"the multipart body is malformed ({exc}); let the HTTP "
+                               "client build it (curl -F image=@slide.tif)") from None  # fmt: skip
             for data in self._pending:
                 yield data
             self._pending.clear()
