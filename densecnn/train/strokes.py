@@ -44,12 +44,14 @@ from ..errors import TrainingError
 from ..geometry import ntuple
 from ..io.annotations import sparse_labels
 from ..losses import IGNORE_INDEX
-from ..masked import masked_terms
+from ..masked import masked_terms, patch_scores
 from ..modelfile import CONFIG_FILE, LoadedModel, default_palette, load, save
 from .crops import CropSampler
 from .holdout import split_strokes
 from .metrics import confusion_matrix
 from .recipe import Recipe, default_model, default_recipe
+
+VAL_PIXELS = 2048  # held-out pixels scored at each validation, at most
 
 
 @dataclass(frozen=True)
@@ -158,7 +160,8 @@ class StrokeTrainer:
         self.train_pixels = _pixels_by_class(train, self.loaded.num_classes)
         # classes are balanced by where crops are drawn (each labelled class equally often), not by loss weights
         self.classes_present = [k for k, (images_of, _) in enumerate(self.train_pixels) if len(images_of)]
-        self.has_val = any((v != IGNORE_INDEX).any() for v in self.val_labels)
+        self.val_patches, self.val_targets = self._val_patches(np.random.default_rng(self.seed))
+        self.has_val = len(self.val_targets) > 0
         self._best_state = copy.deepcopy(self.model_net.state_dict())
         self.best_val_miou: float | None = None
         self._stale = 0
@@ -248,29 +251,35 @@ class StrokeTrainer:
 
     @torch.no_grad()
     def validate(self) -> float:
-        """The mean IoU over the classes of the held-out strokes, predicted by the current weights (the dense net
-        over the box around each image's held-out pixels)."""
+        """The mean IoU over the classes of the held-out strokes, predicted by the current weights on a fixed
+        sample of their pixels (at most :data:`VAL_PIXELS`, shared equally among the classes)."""
         k = self.loaded.num_classes
-        confusion = torch.zeros(k, k, dtype=torch.float64)
-        for index, val in enumerate(self.val_labels):
-            where = np.nonzero(val != IGNORE_INDEX)
-            if not where[0].size:
-                continue
-            low = [int(w.min()) for w in where]
-            high = [int(w.max()) + 1 for w in where]
-            margin, patch = self.crops.margin, self.patch_size
-            window = tuple(
-                slice(lo + m - (p - 1) // 2, hi + m - (p - 1) // 2 + r - 1)
-                for lo, hi, m, p, r in zip(low, high, margin, patch, self.dense.receptive_field, strict=True)
-            )
-            context = self.crops.padded[index][(slice(None), *window)][None]  # (1, C, *(box+R-1))
-            predicted = self.dense.run_padded(context).argmax(1)  # (1, *box)
-            box = torch.from_numpy(val[tuple(slice(lo, hi) for lo, hi in zip(low, high, strict=True))])[None]
-            confusion += confusion_matrix(predicted, box, k).double()
+        predicted = torch.cat(
+            [patch_scores(self.dense, chunk).flatten(1).argmax(1) for chunk in self.val_patches.split(512)]
+        )  # (M,)
+        confusion = confusion_matrix(predicted, self.val_targets, k).double()
         true_positive = confusion.diag()
         union = confusion.sum(0) + confusion.sum(1) - true_positive
         present = confusion.sum(1) > 0
         return float((true_positive[present] / union[present]).mean())
+
+    def _val_patches(self, generator: np.random.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """(M, C, *R) windows around a sample of held-out pixels (all a pixel's score depends on) and their
+        (M,) labels."""
+        per_class = VAL_PIXELS // self.loaded.num_classes
+        margin, patch, field = self.crops.margin, self.patch_size, self.dense.receptive_field
+        patches, targets = [], []
+        for images, coordinates in _pixels_by_class(self.val_labels, self.loaded.num_classes):
+            for j in generator.permutation(len(images))[:per_class].tolist():
+                window = tuple(
+                    slice(x + m - (p - 1) // 2, x + m - (p - 1) // 2 + r)
+                    for x, m, p, r in zip(coordinates[j], margin, patch, field, strict=True)
+                )
+                patches.append(self.crops.padded[int(images[j])][(slice(None), *window)])
+                targets.append(int(self.val_labels[int(images[j])][tuple(coordinates[j])]))
+        if not patches:
+            return torch.zeros(0), torch.zeros(0, dtype=torch.int64)
+        return torch.stack(patches), torch.tensor(targets)
 
     def save(
         self, directory, class_names: list[str] | None = None, palette: list[list[int]] | None = None
