@@ -27,6 +27,8 @@ from .inputs import JobInput
 
 MIN_CHUNK = 16  # an output chunk's least side: smaller ones make a file and a task per few pixels
 MAX_CHUNK = 16384  # and its largest; memory bounds it further (max_job_memory)
+BLOCK = 4096  # bytes of a file system block: the least a file takes
+METADATA_BYTES = 64 * 1024  # a result store's zarr.json and directories, at most
 WINDOW_SHARE = 0.5  # of a block task's memory, what its window and output buffer may take
 MAX_LEVEL = 64  # an OME-Zarr level (the levels a store really has are checked when it is opened)
 DEFAULT_CHUNK = 1024  # the engine's output chunk for TIFF, slide and .npy inputs
@@ -94,7 +96,8 @@ def _admit(job_input: JobInput, loaded: LoadedModel, settings: Settings, level, 
             pixels * labels if pixels <= settings.max_image_pixels else 0
         )  # the PNG or TIFF beside it
         chosen, memory = _chunk(array, loaded, settings, chunk)
-        return JobPlan("zarr", chosen, memory, pixels * labels + small_copy)
+        stored = _store_bytes(array.spatial_shape, chosen or _default_chunk(array, dims), labels)
+        return JobPlan("zarr", chosen, memory, stored + disk_blocks(small_copy))
     if dims != 2:
         raise ApiError(422, "wrong_dimensions",
                        f"{job_input.name} is an image file; a {dims}-D model labels a zarr array, TIFF or .npy "
@@ -112,7 +115,19 @@ def _admit(job_input: JobInput, loaded: LoadedModel, settings: Settings, level, 
                        f"limit of {settings.max_image_pixels:,} pixels or {settings.max_decode_bytes:,} decoded bytes "
                        f"for those; {advice}")  # fmt: skip
     memory = settings.request_memory_bound(loaded.in_channels)
-    return JobPlan("png", None, memory, header.pixels * labels)
+    return JobPlan("png", None, memory, disk_blocks(header.pixels * labels))
+
+
+def disk_blocks(nbytes: int) -> int:
+    """The disk ``nbytes`` take at most: whole blocks of :data:`BLOCK` bytes."""
+    return -(-nbytes // BLOCK) * BLOCK
+
+
+def _store_bytes(shape: tuple[int, ...], side: int, itemsize: int) -> int:
+    """The most a zarr store of labels of ``shape`` in chunks of ``side`` takes on disk: every chunk uncompressed
+    (edge chunks whole, as zarr writes them) in whole blocks, and its metadata."""
+    chunks = math.prod(-(-n // side) for n in shape)
+    return chunks * disk_blocks(side ** len(shape) * itemsize) + METADATA_BYTES
 
 
 def _check_stored_chunks(array: LazyArray, job_input: JobInput, settings: Settings) -> None:

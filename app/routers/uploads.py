@@ -20,6 +20,7 @@ from ..auth import CallerDep
 from ..dependencies import SettingsDep
 from ..errors import ApiError, ErrorBody
 from ..jobs import uploads
+from ..jobs.admission import disk_blocks
 from ..jobs.inputs import WRITE_BATCH
 from ..jobs.quota import upload_reservation
 from .jobs import RunnerDep
@@ -89,7 +90,7 @@ def create_upload(
                        f"one declares {length:,}")  # fmt: skip
     name = uploads.file_name(upload_metadata)
     upload_id = uploads.new_id()
-    runner.quota.reserve(upload_reservation(upload_id), length)  # 507 when the declared length does not fit
+    runner.quota.reserve(upload_reservation(upload_id), disk_blocks(length))  # 507 when it does not fit
     try:
         uploads.create(runner.root, upload_id, caller.owner, length, name)
     except BaseException:
