@@ -49,13 +49,21 @@ def check_policy(nonfinite: str) -> str:
     return nonfinite
 
 
+def all_finite(x: torch.Tensor) -> bool:
+    """Whether every value of ``x`` is finite, by one sum (NaN and ±Inf make any sum non-finite; a sum that overflows
+    on finite values is settled by ``isfinite``): a reduction allocates nothing, an elementwise test a mask as large
+    as ``x``."""
+    with torch.no_grad():
+        return bool(torch.isfinite(x.sum())) or bool(torch.isfinite(x).all())
+
+
 def check_finite(x: torch.Tensor) -> None:
-    """Raise unless every value of ``x`` is finite (one ``isfinite`` pass; the count and position only on failure).
+    """Raise unless every value of ``x`` is finite (:func:`all_finite`; the count and position only on failure).
 
     Raises:
         NonFiniteInputError: naming the count, the first position and the fix.
     """
-    if x.dtype.is_floating_point and not bool(torch.isfinite(x).all()):
+    if x.dtype.is_floating_point and not all_finite(x):
         bad = ~torch.isfinite(x)
         first = [int(i) for i in bad.nonzero()[0]]
         raise NonFiniteInputError(
@@ -68,20 +76,40 @@ def check_finite(x: torch.Tensor) -> None:
 def no_data_input(padded: torch.Tensor) -> torch.Tensor | None:
     """(N, C, *P) padded input -> (N, 1, *P) bool, the pixels with a non-finite value in any channel; None if all are
     finite."""
-    finite = torch.isfinite(padded)
-    if bool(finite.all()):
+    if all_finite(padded):
         return None
-    return ~finite.all(dim=1, keepdim=True)
+    return ~torch.isfinite(padded).all(dim=1, keepdim=True)
 
 
 def no_data_pixels(layers, no_data: torch.Tensor) -> torch.Tensor:
     """(N, 1, *P) bool no-data input pixels -> (N, *S) bool output pixels whose footprint reads one: the mask through
-    a stride-1 max-pool with each windowed layer's kernel and dilation (pointwise layers read one pixel)."""
-    mask = no_data.to(torch.float32)  # (N, 1, *P): max_pool has no bool kernels
-    for layer in layers:
-        if isinstance(layer, WindowLayer):
-            mask = _MAX_POOL[layer.dims](mask, layer.kernel, 1, 0, layer.dilation)  # (N, 1, *(P - reach))
-    return mask[:, 0] > 0  # (N, *S)
+    a stride-1 max-pool with each windowed layer's kernel and dilation (pointwise layers read one pixel), computed
+    over the box of outputs whose windows can reach a no-data pixel only."""
+    windows = [layer for layer in layers if isinstance(layer, WindowLayer)]
+    reach = [
+        sum((w.kernel[axis] - 1) * w.dilation[axis] for w in windows) for axis in range(no_data.dim() - 2)
+    ]
+    size = [p - r for p, r in zip(no_data.shape[2:], reach)]  # S per axis
+    tainted = torch.zeros(no_data.shape[0], *size, dtype=torch.bool, device=no_data.device)  # (N, *S)
+    box = []
+    for axis, (r, s) in enumerate(zip(reach, size), start=2):
+        hit = no_data.amax(
+            dim=tuple(a for a in range(no_data.dim()) if a != axis)
+        ).nonzero()  # (n, 1) positions
+        if len(hit) == 0:
+            return tainted
+        box.append(
+            (max(int(hit[0]) - r, 0), min(int(hit[-1]), s - 1) + 1)
+        )  # outputs [first, stop) it can reach
+    if any(first >= stop for first, stop in box):
+        return tainted
+    window = tuple(slice(first, stop + r) for (first, stop), r in zip(box, reach))
+    # (N, 1, *(box + R - 1)), as floats: max_pool has no bool kernels
+    mask = no_data[(slice(None), slice(None), *window)].to(torch.float32)
+    for layer in windows:
+        mask = _MAX_POOL[layer.dims](mask, layer.kernel, 1, 0, layer.dilation)  # (N, 1, *(shrinking))
+    tainted[(slice(None), *(slice(first, stop) for first, stop in box))] = mask[:, 0] > 0
+    return tainted
 
 
 def zero_filled(padded: torch.Tensor, no_data: torch.Tensor) -> torch.Tensor:

@@ -74,6 +74,52 @@ def _state(module: nn.Module) -> dict[str, object]:
     return state
 
 
+class _Snapshot:
+    """One module's recorded state, with a fast test that nothing of it changed: the same type, children, watched
+    attribute objects (immutable ones by identity, lists and dicts by value) and tensor shapes, and as many
+    attributes (an added one goes through the full comparison)."""
+
+    __slots__ = ("module", "state", "type", "children", "attributes", "mutable", "tensors", "size")
+
+    def __init__(self, module: nn.Module):
+        self.module, self.state, self.type = module, _state(module), type(module)
+        self.children = dict(module._modules)
+        self.attributes = {name: vars(module)[name] for name in self.state if name in vars(module)}
+        self.mutable = {
+            n: v for n, v in self.state.items() if isinstance(self.attributes.get(n), (list, dict, set))
+        }
+        self.tensors = tuple(
+            (store, name, None if t is None else t.shape)
+            for store in ("_parameters", "_buffers")
+            for name, t in getattr(module, store).items()
+        )
+        self.size = len(vars(module))
+
+    def unchanged(self) -> bool:
+        module = self.module
+        values = module.__dict__
+        if type(module) is not self.type or module._modules != self.children:
+            return False
+        for name, value in self.attributes.items():
+            now = values.get(name, _MISSING)
+            if now is not value or (name in self.mutable and _frozen(now) != self.mutable[name]):
+                return False
+        for store, name, shape in self.tensors:
+            tensor = values[store].get(name, _MISSING)
+            if (
+                None if tensor is None or tensor is _MISSING else tensor.shape
+            ) != shape or tensor is _MISSING:
+                return False
+        if len(values) != self.size:  # an attribute added or removed: watched only if it is plain data
+            if _state(module) != self.state:
+                return False
+            self.size = len(values)
+        return True
+
+
+_MISSING = object()
+
+
 class Structure:
     """The structure of the modules ``(path, module)`` of a patch model (the model itself at path "") at conversion.
 
@@ -83,15 +129,16 @@ class Structure:
 
     def __init__(self, modules: tuple[tuple[str, nn.Module], ...]):
         self.modules = modules
-        self.states = tuple(_state(module) for _, module in modules)
+        self.snapshots = tuple(_Snapshot(module) for _, module in modules)
 
     def changed(self) -> str | None:
         """The first difference from the recorded structure ("layer '1' (MaxPool2d): kernel_size was 2, is 3"), or
         None."""
-        for (path, module), before in zip(self.modules, self.states):
-            now = _state(module)
-            if now != before:
-                return f"{_where(path, module)}: {_difference(before, now)}"
+        for (path, module), snapshot in zip(self.modules, self.snapshots):
+            if not snapshot.unchanged():
+                now = _state(module)
+                if now != snapshot.state:
+                    return f"{_where(path, module)}: {_difference(snapshot.state, now)}"
         return None
 
     def check(self) -> None:

@@ -512,6 +512,24 @@ def test_verification_names_the_layer_a_wrong_rule_was_registered_for():
     assert densecnn.convert(model, 5, verify=False)  # the off switch: converts, silently wrong
 
 
+class WideMapCentring(nn.Module):
+    """Pointwise on maps up to 12 wide, not on wider ones: a layer whose behaviour depends on the map's size."""
+
+    def forward(self, x):
+        return x - x.mean(-1, keepdim=True) if x.shape[-1] > 12 else x
+
+
+densecnn.register_rule(WideMapCentring)  # a wrong registration that a map a few pixels wide does not show
+
+
+@pytest.mark.parametrize("dims", [1, 2, 3])
+def test_verification_runs_on_a_map_several_patches_wide(dims):
+    conv = {1: nn.Conv1d, 2: nn.Conv2d, 3: nn.Conv3d}[dims]
+    model = nn.Sequential(conv(1, 3, 3), WideMapCentring(), conv(3, 2, 3)).eval()
+    message = refused(model, 5, "verification failed", by_reader=False)
+    assert "first layer whose output differs is '1' (WideMapCentring" in message
+
+
 def test_verification_names_where_the_model_computes_what_its_trace_does_not_show():
     class TracesDifferently(nn.Module):
         def __init__(self):

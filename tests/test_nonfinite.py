@@ -14,7 +14,7 @@ from torch import nn
 import densecnn
 from densecnn import ops
 from densecnn.errors import NonFiniteInputError
-from densecnn.nonfinite import NO_DATA_LABEL
+from densecnn.nonfinite import NO_DATA_LABEL, all_finite
 from densecnn.ops import solvers
 from tests.tolerances import assert_equal_to_rounding
 
@@ -194,3 +194,12 @@ def test_masked_loss_leaves_no_data_pixels_out(dims, method):
     assert_equal_to_rounding(loss.detach(), expected.detach(), "loss")
     for p, grad in zip(model.parameters(), grads):
         assert_equal_to_rounding(grad, p.grad, "gradient")
+
+
+def test_finite_values_whose_sum_overflows_are_finite():
+    large = torch.full((1, 1, 4, 4), 3e38)  # float32: the sum overflows to inf, every value is finite
+    assert all_finite(large)
+    large[0, 0, 1, 2] = float("inf")
+    assert not all_finite(large)
+    large[0, 0, 1, 2] = -float("inf")
+    assert not all_finite(large)
