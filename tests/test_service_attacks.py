@@ -479,3 +479,15 @@ def test_a_jobs_labels_as_geojson_cover_each_class_region_by_region(tmp_path):
             covered = rasterize([f["geometry"] for f in mine], out_shape=labels.shape)
             np.testing.assert_array_equal(covered.astype(bool), labels == class_id)
             assert mine[0]["properties"]["classification"]["color"] == colours[class_id]
+
+
+def test_result_images_take_the_models_classes_not_the_labels_largest(tmp_path):
+    zarr.create_array(store=str(tmp_path / "data" / "dark.zarr"), data=np.zeros((3, 32, 32), np.uint8),
+                      chunks=(3, 32, 32))  # fmt: skip  # all background: labels.max() is 0
+    with serving(job_settings(tmp_path)) as client:
+        job = wait_for(client, client.post("/v1/jobs", json={"model": "cells", "input": "dark.zarr"}).headers[
+            "location"])  # fmt: skip
+        png = Image.open(io.BytesIO(client.get(job["results"]["png"]).content))
+        assert png.getpalette()[:9] == [0, 0, 0, 40, 120, 255, 255, 200, 0]
+        tiff = tifffile.imread(io.BytesIO(client.get(job["results"]["tiff"]).content))
+        assert tiff.dtype == np.uint8 and not tiff.any()

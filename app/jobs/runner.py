@@ -29,7 +29,8 @@ from pathlib import Path
 import numpy as np
 from sqlalchemy.exc import SQLAlchemyError
 
-from densecnn.errors import Cancelled, DenseCNNError
+from densecnn.errors import Cancelled, DenseCNNError, query_option, render
+from densecnn.modelfile import read_classes
 
 from ..errors import ApiError
 from ..metrics import Metrics
@@ -239,7 +240,7 @@ class JobRunner:
             DenseCNNError
         ) as exc:  # its message names the input as the caller knows it, not where it lies here
             message = (
-                str(exc).replace(where, job.input_name).replace(str(directory), "the job")
+                render(exc, query_option).replace(where, job.input_name).replace(str(directory), "the job")
             )
             self._finish(job.id, State.failed, error=message)
         except (
@@ -251,8 +252,8 @@ class JobRunner:
 
     def classes(self, job: JobRecord) -> list[tuple[str, list[int]]]:
         """The job's model's classes: name and colour per class id."""
-        config = _model_config(self.settings.model_dir / job.model)
-        return list(zip(config.class_names, config.palette))
+        classes = read_classes(self.settings.model_dir / job.model)
+        return list(zip(classes.class_names, classes.palette))
 
     def result_labels(self, job: JobRecord):
         """A succeeded job's labels, read lazily where they are a zarr store: (H, W) or (D, H, W)."""
@@ -272,7 +273,7 @@ class JobRunner:
         from densecnn.io import labels_tiff
 
         labels = self.result_labels(job)[...]  # within the image limits
-        data = labels_tiff(labels, _model_config(self.settings.model_dir / job.model).num_classes)
+        data = labels_tiff(labels, read_classes(self.settings.model_dir / job.model).num_classes)
         atomic_write(self.directory(job.id) / LABELS_TIFF, lambda tmp: tmp.write_bytes(data))
 
     @contextlib.contextmanager
@@ -321,7 +322,7 @@ class JobRunner:
         if int(np.prod(array.shape)) > self.settings.max_image_pixels:
             return shape
         labels = array[...]
-        classes = _model_config(self.settings.model_dir / job.model)
+        classes = read_classes(self.settings.model_dir / job.model)
         if labels.ndim == 2:
             write_labels(self.directory(job.id) / LABELS_PNG, labels, classes.palette)
             return {**shape, "result": "zarr+png"}
@@ -338,15 +339,6 @@ def _image_shape(path: Path) -> dict:
 
     with Image.open(path) as image:
         return {"width": image.width, "height": image.height}
-
-
-def _model_config(model_dir: Path):
-    """The model's model.json (class count, palette), read without its weights."""
-    from densecnn.modelfile import CONFIG_FILE
-    from densecnn.modelfile.format import parse_config
-
-    path = model_dir / CONFIG_FILE
-    return parse_config(path.read_text(), where=path)
 
 
 def _subdirectories(path: Path) -> list[Path]:
