@@ -8,6 +8,7 @@ answers itself, before the app sees a request (malformed HTTP, headers over the 
 from __future__ import annotations
 
 import logging
+import re
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -24,12 +25,17 @@ from densecnn.errors import (
     ImageTooLargeError,
     IntensityError,
     NonFiniteInputError,
+    query_option,
+    render,
 )
 
 from .requestid import request_id
 
 logger = logging.getLogger("densecnn.app")
 
+OBJECT_REPR = re.compile(
+    r"<[^<>]* at 0x[0-9a-fA-F]+>"
+)  # e.g. <_io.BytesIO object at 0x7f...>, in a library's message
 CLIENT_CLOSED = 499  # nginx's "client closed request": counted in /metrics, never sent to anyone
 
 
@@ -127,7 +133,8 @@ def install_error_handlers(app: FastAPI, *, retry_after: int) -> None:
     for error_type, (status, code) in INPUT_ERRORS.items():
 
         async def input_error(request: Request, exc: Exception, status=status, code=code):
-            return error_response(status, code, str(exc), request_id=_id(request))
+            message = OBJECT_REPR.sub("the image", render(exc, query_option))  # a decoder quoting its buffer
+            return error_response(status, code, message, request_id=_id(request))
 
         app.add_exception_handler(error_type, input_error)  # the most specific type's handler answers
 

@@ -425,11 +425,10 @@ def test_upload_lengths_and_offsets_in_anything_but_ascii_digits_get_400(tmp_pat
 def test_an_empty_png_names_the_upload_not_an_object(tmp_path):
     with serving(job_settings(tmp_path)) as client:
         for data in (b"\x89PNG\r\n\x1a\n", b"\x89PNG\r\n\x1a\n" + b"\0" * 8):
-            response = client.post(
-                "/v1/jobs", params={"model": "cells"}, files={"image": ("empty.png", data)}
-            )
-            assert 400 <= response.status_code < 500, response.text
-            assert " at 0x" not in response.json()["error"]["message"]
+            for path, params in (("/v1/jobs", {"model": "cells"}), ("/v1/models/cells/segment", {})):
+                response = client.post(path, params=params, files={"image": ("empty.png", data)})
+                assert 400 <= response.status_code < 500, response.text
+                assert " at 0x" not in response.json()["error"]["message"], response.text
 
 
 def test_result_routes_answer_head_and_range_errors_in_the_json_shape(tmp_path):

@@ -12,7 +12,6 @@ its results take. Everything is decided before the job is recorded, so a job tha
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 
 from densecnn import LoadedModel
@@ -33,7 +32,6 @@ WINDOW_SHARE = 0.5  # of a block task's memory, what its window and output buffe
 MAX_LEVEL = 64  # an OME-Zarr level (the levels a store really has are checked when it is opened)
 DEFAULT_CHUNK = 1024  # the engine's output chunk for TIFF, slide and .npy inputs
 LEAST_DEFAULT_CHUNK = {1: 4096, 2: 64, 3: 16}  # the engine grows a zarr input's chunks to at least this
-_REPR = re.compile(r"<[^<>]* at 0x[0-9a-fA-F]+>")  # an object's repr in a library's message
 
 
 @dataclass(frozen=True)
@@ -80,8 +78,7 @@ def admit(
     try:
         return _admit(job_input, loaded, settings, level, chunk)
     except ImageReadError as exc:
-        message = _REPR.sub(job_input.name, str(exc).replace(str(job_input.path), job_input.name))
-        exc.args = (message,)
+        exc.args = (str(exc).replace(str(job_input.path), job_input.name),)
         raise exc from None
 
 
