@@ -10,6 +10,7 @@ import dataclasses
 import os
 import sys
 import typing
+from pathlib import Path
 
 EPILOG = """\
 dataset layout: DIR/images/NAME.(png|tif|jpg...), DIR/labels/NAME.(png|tif) with class ids 0..K-1 and 255 = ignore,
@@ -17,7 +18,13 @@ optional DIR/masks/NAME.(png|tif) (nonzero = labels count), optional classes.jso
 its parent. For volumes: TIFF stacks, .npy or .zarr arrays (D, H, W) / (C, D, H, W) with label volumes; for
 signals: .npy arrays (L,) / (C, L); --crop then takes one size per axis, e.g. --crop 16,64,64.
 
+sparse labels (strokes, points, outlines): label images with an unlabelled value ("unlabelled" in classes.json, or
+--unlabelled), or GeoJSON annotations (QuPath, napari) as DIR/annotations/NAME.geojson instead of a label image.
+Without --model, the default recipe trains them: it picks the net, crops around the labels, holds out a share of
+the strokes for early stopping and keeps the best model (docs/training.md, "Training from strokes").
+
 examples:
+  densecnn train --data my/strokes --out runs/strokes --max-seconds 120      # the default recipe
   densecnn train --model tiny --classes 3 --data data/toy/train --val data/toy/val --out runs/toy
   densecnn train --model models/nuclei --data my/train --val my/val --out runs/ft --epochs 5 --lr 3e-4
   torchrun --nproc-per-node 2 -m densecnn.train --model tiny --classes 3 --data DIR --out runs/ddp
@@ -91,12 +98,8 @@ def config_from_args(args: argparse.Namespace, launcher: str | None = None):
     from ..errors import TrainingError
     from ..train.config import LAUNCHER, TrainConfig
 
-    if not args.resume:
-        missing = [f"--{name}" for name in ("model", "data") if getattr(args, name) is None]
-        if missing:
-            raise TrainingError(
-                f"{' and '.join(missing)} required (or --resume to continue the run in --out)"
-            )
+    if not args.resume and args.data is None:
+        raise TrainingError("--data required (or --resume to continue the run in --out)")
     values = {key: value for key, value in vars(args).items() if key not in ("run", "command")}
     values.update(model=args.model or "", data=args.data or "")
     config = TrainConfig.from_dict(values)
@@ -106,9 +109,24 @@ def config_from_args(args: argparse.Namespace, launcher: str | None = None):
 
 def run(args: argparse.Namespace, launcher: str | None = None) -> int:
     from ..train import train
+    from ..train.from_strokes import train_from_strokes
 
-    model_dir = train(config_from_args(args, launcher))
-    if int(os.environ.get("RANK", "0")) == 0:
+    config = config_from_args(args, launcher)
+    recipe = not config.model and not config.resume  # no --model: the default recipe for sparse labels
+    main_process = int(os.environ.get("RANK", "0")) == 0
+    try:
+        model_dir = train_from_strokes(config.check()) if recipe else train(config)
+    except KeyboardInterrupt:
+        if main_process:
+            written = (Path(args.out) / "model" / "model.json").is_file()
+            where = (
+                f"the model so far is in {args.out}/model"
+                if written
+                else "no step was taken, no model written"
+            )
+            print(f"densecnn train: interrupted; {where}", file=sys.stderr)
+        return 130
+    if main_process:
         print(f"model written to {model_dir} (model card: {model_dir / 'README.md'})")
     return 0
 

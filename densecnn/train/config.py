@@ -20,14 +20,28 @@ from .step import METHODS
 
 LAUNCHER = "densecnn train"  # the command a run's options follow, unless torchrun or python -m started it
 
+MIN_STEPS_PER_EPOCH = (
+    10  # the default --crops-per-image gives a dataset of one image 10 steps an epoch, not 1
+)
+
 # options that say how a run starts rather than what it trains: never written into its command
 NOT_IN_COMMAND = ("resume",)
 
 
-def option(default=MISSING, *, help: str, group: str, choices=None, at_least=None, cli: bool = True):
+def option(
+    default=MISSING, *, help: str, group: str, choices=None, at_least=None, cli: bool = True, when=None
+):
     """A TrainConfig field: ``help`` and ``group`` for ``--help``, ``choices`` (a registry's names) and ``at_least``
-    for :meth:`TrainConfig.check`; ``cli=False`` keeps it off the command line."""
-    metadata = {"help": help, "group": group, "choices": choices, "at_least": at_least, "cli": cli}
+    for :meth:`TrainConfig.check`; ``cli=False`` keeps it off the command line; ``when`` (a field name and value)
+    writes it into a run's command only when that field has that value (``--momentum`` only for SGD)."""
+    metadata = {
+        "help": help,
+        "group": group,
+        "choices": choices,
+        "at_least": at_least,
+        "cli": cli,
+        "when": when,
+    }
     return field(default=default, metadata=metadata)
 
 
@@ -40,10 +54,13 @@ class TrainConfig:
 
     model: str = option(
         help=f"a model directory to fine-tune, or a zoo name ({', '.join(zoo.list_models())}) to start from "
-        "(then --classes is needed)",
+        "(its classes from --classes or the data's classes.json); without --model, the default recipe for sparse "
+        "labels chooses the net, crops, steps and validation (docs/training.md)",
         group=DATA,
     )
-    data: str = option(help="the training dataset directory (images/, labels/, optional masks/)", group=DATA)
+    data: str = option(
+        help="the training dataset directory (images/, labels/ or annotations/, optional masks/)", group=DATA
+    )
     out: str = option(help="the run directory: checkpoints, metrics.jsonl, plots, model/", group=DATA)
     val: str | None = option(
         None, help="a validation dataset directory, scored on whole images (default: none)", group=DATA
@@ -58,8 +75,12 @@ class TrainConfig:
         at_least=1,
     )
     epochs: int = option(10, help="passes over the training images", group=SCHEDULE, at_least=1)
-    crops_per_image: int = option(
-        8, help="random crops drawn from each training image per epoch", group=SCHEDULE, at_least=1
+    crops_per_image: int | None = option(
+        None,
+        help="random crops drawn from each training image per epoch (default: 8, or more so that an epoch has "
+        f"{MIN_STEPS_PER_EPOCH} steps)",
+        group=SCHEDULE,
+        at_least=1,
     )
     batch: int = option(8, help="images (crops) per step, all processes together", group=SCHEDULE, at_least=1)
     crop: int | list[int] = option(
@@ -82,7 +103,7 @@ class TrainConfig:
     )
     optimizer: str = option("adamw", help="the optimiser", group=OPTIMISER, choices=tuple(OPTIMIZERS))
     lr: float = option(1e-3, help="learning rate (> 0)", group=OPTIMISER)
-    momentum: float = option(0.9, help="SGD momentum", group=OPTIMISER)
+    momentum: float = option(0.9, help="SGD momentum", group=OPTIMISER, when=("optimizer", "sgd"))
     weight_decay: float = option(0.0, help="weight decay", group=OPTIMISER)
     schedule: str = option(
         "cosine",
@@ -116,6 +137,17 @@ class TrainConfig:
         help="seeds the initial weights, data order, crops, augmentation and masks; equal seeds give equal runs",
         group=SCHEDULE,
     )
+    unlabelled: int | None = option(
+        None,
+        help="the label files' value of unlabelled pixels, for sparse labels (default: classes.json's "
+        '"unlabelled", else none; 255 is always unlabelled; with 0 the ids 1..K are classes 0..K-1)',
+        group=DATA,
+    )
+    max_seconds: float | None = option(
+        None,
+        help="end the run after this many seconds (wall clock), writing the model directory as at the end",
+        group=RUN,
+    )
     val_every: int = option(0, help="validate every N steps (0: every epoch)", group=RUN, at_least=0)
     checkpoint_every: int = option(0, help="checkpoint every N steps (0: every epoch)", group=RUN, at_least=0)
     keep_checkpoints: int = option(3, help="newest checkpoints kept", group=RUN, at_least=1)
@@ -140,6 +172,8 @@ class TrainConfig:
                 raise TrainingError(
                     f"{flag(field_.name)} {value!r} is not supported; use one of {', '.join(allowed)}"
                 )
+        if self.max_seconds is not None and self.max_seconds <= 0:
+            raise TrainingError(f"--max-seconds must be > 0, got {self.max_seconds}")
         if self.lr <= 0:
             raise TrainingError(f"--lr must be > 0, got {self.lr}")
         try:
@@ -149,11 +183,6 @@ class TrainConfig:
         if strategy.needs_loss and self.method == "patches":
             raise TrainingError(
                 f"--mask {self.mask} ranks pixels by the loss of a dense forward pass; use it with --method dense"
-            )
-        if self.method == "patches" and strategy.kind == "all":
-            raise TrainingError(
-                "--method patches with --mask all would cut one patch per crop pixel; "
-                "choose how many patches per crop with --mask random:K (or balanced:K)"
             )
         if not 0.0 <= self.focal_gamma <= 10.0:
             raise TrainingError(
@@ -180,7 +209,10 @@ class TrainConfig:
         words = shlex.split(launcher)
         for field_ in fields(self):
             value = getattr(self, field_.name)
+            when = field_.metadata["when"]
             if not field_.metadata["cli"] or field_.name in NOT_IN_COMMAND or value is None:
+                continue
+            if when is not None and getattr(self, when[0]) != when[1]:
                 continue
             if isinstance(value, bool):
                 words.append(flag(field_.name) if value else "--no-" + flag(field_.name)[2:])

@@ -5,13 +5,15 @@ The number of spatial axes is the model's (``len(patch_size)``): images, signals
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch.utils.data.distributed import DistributedSampler
 
 from ..errors import TrainingError
 from ..geometry import Size, ntuple
 from ..modelfile import LoadedModel
-from .config import TrainConfig
+from .config import MIN_STEPS_PER_EPOCH, TrainConfig
 from .crops import CropSampler
 from .dataset import Sample, normalization_stats, read_dataset
 from .distributed import Distributed
@@ -38,6 +40,7 @@ class TrainingData:
             "num_classes": model.num_classes,
             "spatial_dims": self.spatial_dims,
             "intensity": model.intensity,
+            "unlabelled": config.unlabelled,
         }
         self.train = read_dataset(config.data, **read)
         self.val: list[Sample] = read_dataset(config.val, **read) if config.val else []
@@ -58,8 +61,11 @@ class TrainingData:
             flip=config.flip,
             rot90=config.rot90,
         )
+        self.crops_per_image = config.crops_per_image or max(
+            8, math.ceil(MIN_STEPS_PER_EPOCH * config.batch / len(self.train))
+        )
         self.sampler = DistributedSampler(
-            range(len(self.train) * config.crops_per_image),
+            range(len(self.train) * self.crops_per_image),
             num_replicas=dist.world_size,
             rank=dist.rank,
             shuffle=True,
@@ -74,7 +80,7 @@ class TrainingData:
         self.steps_per_epoch = len(self.sampler) // self.local_batch
         if self.steps_per_epoch == 0:
             raise TrainingError(
-                f"an epoch has {len(self.train)} images x {config.crops_per_image} crops, fewer than --batch "
+                f"an epoch has {len(self.train)} images x {self.crops_per_image} crops, fewer than --batch "
                 f"{config.batch}; raise --crops-per-image or lower --batch"
             )
         self.total_steps = config.epochs * self.steps_per_epoch

@@ -77,9 +77,25 @@ class Trainer:
             self.log = MetricsLog(self.run_dir / "metrics.jsonl", keep_until_step=keep_until)
 
     def run(self) -> Path:
-        config, progress, data = self.config, self.progress, self.data
+        """Train to the end of the schedule or of ``--max-seconds``, then write ``OUT/model``. Interrupted (Ctrl-C)
+        or failing mid-run, it writes ``OUT/model`` from the weights of the last completed step before the error
+        goes on, so every run that took a step leaves a model directory that loads."""
         bar = self._progress_bar()
-        val_scores = None
+        try:
+            val_scores = self._steps(bar)
+        except BaseException:
+            if self.dist.is_main and self.progress.step > 0:
+                self._save(self.last_val_scores)
+            raise
+        finally:
+            if bar is not None:
+                bar.close()
+        return self._finish(val_scores)
+
+    def _steps(self, bar) -> dict | None:
+        config, progress, data = self.config, self.progress, self.data
+        started = time.monotonic()
+        val_scores = self.last_val_scores = None
         while progress.step < data.total_steps:
             order = data.order(progress.epoch)
             for batch_index in range(progress.next_batch, data.steps_per_epoch):
@@ -103,8 +119,10 @@ class Trainer:
                     bar.set_postfix(loss=f"{record['loss']:.4f}", refresh=False)
                 epoch_done = progress.next_batch == data.steps_per_epoch
                 last = progress.step == data.total_steps
+                out_of_time = self._out_of_time(started)
+                last = last or out_of_time
                 if data.val and (_due(progress.step, config.val_every, epoch_done) or last):
-                    val_scores = self.validate()
+                    val_scores = self.last_val_scores = self.validate()
                     if bar is not None and val_scores["mean_iou"] is not None:
                         bar.set_postfix(
                             loss=f"{record['loss']:.4f}", val_miou=f"{val_scores['mean_iou']:.3f}"
@@ -113,10 +131,17 @@ class Trainer:
                     progress.epoch, progress.next_batch = progress.epoch + 1, 0
                 if _due(progress.step, config.checkpoint_every, epoch_done) or last:
                     self._checkpoint()
+                if out_of_time:
+                    return val_scores
             progress.next_batch = 0
-        if bar is not None:
-            bar.close()
-        return self._finish(val_scores)
+        return val_scores
+
+    def _out_of_time(self, started: float) -> bool:
+        """Whether ``--max-seconds`` have passed, as every process agrees (they stop after the same step)."""
+        if self.config.max_seconds is None:
+            return False
+        late = float(time.monotonic() - started >= self.config.max_seconds)
+        return bool(self.dist.sum(torch.tensor(late, device=self.dist.device)) > 0)
 
     def validate(self) -> dict:
         """Score the validation set, log the record and redraw the plots; returns the scores."""
@@ -164,18 +189,21 @@ class Trainer:
     def _finish(self, val_scores: dict | None) -> Path:
         model_dir = self.run_dir / "model"
         if self.dist.is_main:
-            save_trained_model(
-                model_dir,
-                config=self.config,
-                model=self.model,
-                dense=self.dense,
-                data=self.data,
-                progress=self.progress,
-                processes=self.dist.world_size,
-                val_scores=val_scores,
-            )
+            self._save(val_scores)
         self.dist.barrier()
         return model_dir
+
+    def _save(self, val_scores: dict | None) -> Path:
+        return save_trained_model(
+            self.run_dir / "model",
+            config=self.config,
+            model=self.model,
+            dense=self.dense,
+            data=self.data,
+            progress=self.progress,
+            processes=self.dist.world_size,
+            val_scores=val_scores,
+        )
 
 
 def _due(step: int, every: int, epoch_done: bool) -> bool:

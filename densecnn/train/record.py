@@ -63,7 +63,11 @@ def save_trained_model(
         # the classes, channels and intensity scaling the run derived (from classes.json, the images, the model)
         # written out as well
         command=dataclasses.replace(
-            config, classes=model.num_classes, channels=model.in_channels, intensity=str(model.intensity)
+            config,
+            classes=model.num_classes,
+            channels=model.in_channels,
+            intensity=str(model.intensity),
+            crops_per_image=data.crops_per_image,
         ).command_line(config.launcher()),
         **summaries,
         val_scores=val_scores,

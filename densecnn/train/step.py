@@ -25,6 +25,8 @@ METHODS = {
     "dense": "whole crops through the dense net, the selected pixels' loss by its cheapest pass",
     "patches": "the classical patch minibatch (the baseline)",
 }
+# the patch minibatch of one step, at most: sparse labels (--mask all on strokes) fit, a dense crop's every pixel not
+MAX_PATCHES = 16384
 
 
 class Scorer(nn.Module):
@@ -136,6 +138,11 @@ class Step:
         image, *position = (mask & (labels != IGNORE_INDEX)).nonzero(
             as_tuple=True
         )  # sample, then one per axis
+        if len(image) > MAX_PATCHES:
+            raise TrainingError(
+                f"--method patches: this step selects {len(image)} labelled pixels, one patch each (at most "
+                f"{MAX_PATCHES}); choose how many patches per crop with --mask random:K (or balanced:K)"
+            )
         windows = images
         for axis, p in enumerate(self.dense.patch_size, start=2):
             windows = windows.unfold(axis, p, 1)  # finally (B, C, *c, *P)

@@ -1,0 +1,143 @@
+"""``densecnn train --data DIR --out RUN``: the default recipe for sparse labels, on a dataset directory.
+
+The dataset is read as :mod:`densecnn.train.dataset` reads any (label images with an unlabelled value, GeoJSON
+annotations beside the images, 255 = unlabelled), then :class:`~densecnn.train.strokes.StrokeTrainer` trains it:
+the zoo net for the data's channels and dimensionality (or ``--model``: a model directory to fine-tune, or a zoo
+name), crops around the labelled pixels, a share of the strokes held out for early stopping, the best weights kept.
+Each step is logged to ``RUN/metrics.jsonl``; ``RUN/model`` is written when the run ends, when ``--max-seconds``
+pass, on Ctrl-C and on an error mid-step (the best weights so far), so a stopped run always leaves a model that
+loads.
+
+>>> train_from_strokes(TrainConfig(model="", data="my/strokes", out="runs/strokes", max_seconds=60))
+PosixPath('runs/strokes/model')
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+
+from ..io import Intensity
+from ..losses import IGNORE_INDEX
+from ..modelfile import CONFIG_FILE, load
+from ..modelfile.card import write_model_card
+from .config import TrainConfig
+from .dataset import infer_channels, read_class_info, read_dataset
+from .metrics import MetricsLog
+from .strokes import StrokeTrainer
+
+
+def train_from_strokes(config: TrainConfig) -> Path:
+    """Train ``config.data`` by the default recipe into ``config.out``/model; see the module's docs.
+
+    Options of ``config`` it reads: data, out, model (empty: the recipe's net), seed, max_seconds, unlabelled,
+    classes (a fresh net's, when classes.json gives no names); the recipe sets the rest.
+    """
+    run_dir = Path(config.out)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    fine_tuned = load(config.model) if config.model and (Path(config.model) / CONFIG_FILE).is_file() else None
+    spatial_dims = len(fine_tuned.patch_size) if fine_tuned else _spatial_dims(config)
+    info = read_class_info(config.data)
+    channels = (
+        fine_tuned.in_channels if fine_tuned else config.channels or infer_channels(config.data, spatial_dims)
+    )
+    names = fine_tuned.class_names if fine_tuned else info.names
+    samples = read_dataset(
+        config.data,
+        channels=channels,
+        num_classes=len(names) if names else config.classes or IGNORE_INDEX,
+        spatial_dims=spatial_dims,
+        intensity=fine_tuned.intensity if fine_tuned else Intensity(),
+        unlabelled=config.unlabelled,
+    )
+    if names is None and config.classes:
+        names = [f"class_{k}" for k in range(config.classes)]
+    trainer = StrokeTrainer(
+        [s.image for s in samples],
+        [s.labels for s in samples],
+        unlabelled=IGNORE_INDEX,
+        model=fine_tuned or config.model or None,
+        class_names=names,
+        seed=config.seed,
+    )
+    palette = info.palette if info.palette and len(info.palette) == len(trainer.class_names) else None
+    log = MetricsLog(run_dir / "metrics.jsonl")
+    model_dir = run_dir / "model"
+    try:
+        for progress in trainer.run(max_seconds=config.max_seconds):
+            log.write({"kind": "train", **dataclasses.asdict(progress)})
+    finally:  # the best weights so far, whatever ended the run
+        trainer.save(model_dir, palette=palette)
+        _write_card(model_dir, config, trainer, samples)
+    return model_dir
+
+
+def _spatial_dims(config: TrainConfig) -> int:
+    """3 for a zoo net of volumes or a dataset of arrays (.npy, .zarr, TIFF stacks), else 2."""
+    from .. import zoo
+    from ..io import read_header
+    from ..io.formats import TIFF_SUFFIXES
+    from .dataset import image_files
+
+    if config.model:
+        return zoo.spatial_dims(config.model)
+    first = image_files(config.data, 3)[0] if _has_arrays(config.data) else None
+    if first is None:
+        return 2
+    if first.suffix.lower() in TIFF_SUFFIXES:
+        return 3 if read_header(first).planes > 1 else 2
+    return 3
+
+
+def _has_arrays(directory: str) -> bool:
+    folder = Path(directory) / "images"
+    return folder.is_dir() and any(
+        p.suffix.lower() in (".npy", ".zarr", ".tif", ".tiff") for p in folder.iterdir()
+    )
+
+
+def _write_card(model_dir: Path, config: TrainConfig, trainer: StrokeTrainer, samples) -> None:
+    labelled = np.bincount(
+        np.concatenate([s.labels[s.labels != IGNORE_INDEX].ravel() for s in samples]),
+        minlength=len(trainer.class_names),
+    )
+    recipe = trainer.recipe
+    command = ["densecnn train", f"--data {config.data}", f"--out {config.out}", f"--seed {config.seed}"]
+    command += [f"--model {config.model}"] if config.model else []
+    command += [f"--max-seconds {config.max_seconds:g}"] if config.max_seconds else []
+    command += [f"--unlabelled {config.unlabelled}"] if config.unlabelled is not None else []
+    write_model_card(
+        model_dir / "README.md",
+        title=f"densecnn model: {', '.join(trainer.class_names)}",
+        config=config.to_dict(),
+        command=" ".join(command),
+        model_summary={
+            "patch size": "x".join(map(str, trainer.patch_size)),
+            "input channels": trainer.loaded.in_channels,
+            "classes": ", ".join(f"{k} {n}" for k, n in enumerate(trainer.class_names)),
+            "started from": f"`{config.model or 'the default recipe net'}`",
+        },
+        data_summary={
+            "training set": f"`{config.data}`: {len(samples)} image(s)",
+            "labelled pixels per class": ", ".join(
+                f"{n} {int(c)}" for n, c in zip(trainer.class_names, labelled, strict=True)
+            ),
+        },
+        training_summary={
+            "recipe": "the default recipe for sparse labels (docs/training.md, Training from strokes)",
+            "steps": f"{trainer.step} (at most {trainer.total_steps}); {recipe.batch} crops of "
+            f"{'x'.join(map(str, trainer.crop))} per step",
+            "optimiser": f"adamw, lr {recipe.lr:g} (warm-up {recipe.warmup} steps, cosine)",
+            "validation": f"{recipe.holdout:.0%} of each class's strokes held out; best held-out mIoU "
+            + (
+                "none (too few strokes to hold out)"
+                if trainer.best_val_miou is None
+                else f"{trainer.best_val_miou:.3f}"
+            ),
+            "seed": config.seed,
+        },
+        val_scores=None,
+        class_names=trainer.class_names,
+    )

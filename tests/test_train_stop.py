@@ -1,0 +1,133 @@
+"""``densecnn train`` from sparse labels by the default recipe, and runs stopped early: --max-seconds, Ctrl-C and an
+error mid-step all leave a model directory that loads."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from PIL import Image
+from train_support import make_dataset
+
+import densecnn
+from densecnn.cli import main
+from densecnn.train import TrainConfig, train
+from densecnn.train import strokes as strokes_module
+from densecnn.train.config import MIN_STEPS_PER_EPOCH
+from densecnn.train.metrics import read_metrics
+from densecnn.train.recipe import Recipe
+from densecnn.train.step import Step
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+
+@pytest.fixture(scope="module")
+def strokes_dataset(tmp_path_factory):
+    """One 64x64 image whose labels are every 6th row of its truth, painted napari-style (0 = not painted)."""
+    root = make_dataset(tmp_path_factory.mktemp("strokes") / "data", images=1, size=(64, 64))
+    truth = np.array(Image.open(root / "labels" / "im0.png"))
+    painted = np.zeros_like(truth)
+    painted[::6] = truth[::6] + 1
+    Image.fromarray(painted).save(root / "labels" / "im0.png")
+    (root / "classes.json").write_text(json.dumps({"names": ["bg", "disc", "square"], "unlabelled": 0}))
+    return root
+
+
+@pytest.fixture
+def tiny_recipe(monkeypatch):
+    recipe = Recipe(crop=(16, 16), batch=2, steps=8, val_every=2, min_steps=0, warmup=2)
+    monkeypatch.setattr(strokes_module, "default_recipe", lambda *args, **kwargs: recipe)
+    monkeypatch.setattr(strokes_module, "default_model", lambda **kwargs: "tiny")
+    return recipe
+
+
+def failing_after(calls: int, error: BaseException, original):
+    """A replacement of ``original`` (a method) that raises ``error`` on call number ``calls + 1``."""
+    count = {"n": 0}
+
+    def replacement(self, *args, **kwargs):
+        count["n"] += 1
+        if count["n"] > calls:
+            raise error
+        return original(self, *args, **kwargs)
+
+    return replacement
+
+
+def test_default_recipe_needs_only_data_and_out(strokes_dataset, tmp_path, tiny_recipe):
+    out = tmp_path / "run"
+    assert main(["train", "--data", str(strokes_dataset), "--out", str(out)]) == 0
+    loaded = densecnn.load(out / "model")
+    assert loaded.class_names == ["bg", "disc", "square"]
+    records = read_metrics(out / "metrics.jsonl")
+    assert [r["step"] for r in records] == list(range(1, 9))
+    assert "densecnn train --data" in (out / "model" / "README.md").read_text()
+
+
+def test_default_recipe_picks_the_zoo_net_for_the_data(strokes_dataset, tmp_path):
+    out = tmp_path / "run"
+    assert main(["train", "--data", str(strokes_dataset), "--out", str(out), "--max-seconds", "0.5"]) == 0
+    loaded = densecnn.load(out / "model")
+    assert loaded.patch_size == (40, 40) and loaded.in_channels == 1  # the nuclei net, for gray images
+
+
+@pytest.mark.parametrize("error", [KeyboardInterrupt(), RuntimeError("out of memory mid-step")])
+def test_default_recipe_stopped_mid_step_leaves_a_model(
+    strokes_dataset, tmp_path, tiny_recipe, monkeypatch, error
+):
+    original = strokes_module.StrokeTrainer._take_step
+    monkeypatch.setattr(strokes_module.StrokeTrainer, "_take_step", failing_after(3, error, original))
+    out = tmp_path / "run"
+    argv = ["train", "--data", str(strokes_dataset), "--out", str(out)]
+    if isinstance(error, KeyboardInterrupt):
+        assert main(argv) == 130
+    else:
+        with pytest.raises(RuntimeError, match="mid-step"):
+            main(argv)
+    densecnn.load(out / "model")
+    assert len(read_metrics(out / "metrics.jsonl")) == 3
+
+
+def options(data, out, **overrides) -> TrainConfig:
+    values = dict(
+        model="tiny", data=str(data), out=str(out), epochs=50, batch=2, crop=16, optimizer="sgd", lr=0.05,
+        mask="random:8",
+    )  # fmt: skip
+    values.update(overrides)
+    return TrainConfig(**values)
+
+
+def test_max_seconds_ends_an_options_run_with_its_model(strokes_dataset, tmp_path):
+    model_dir = train(options(strokes_dataset, tmp_path / "run", max_seconds=0.01))
+    densecnn.load(model_dir)
+    steps = [r["step"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r["kind"] == "train"]
+    assert steps == [1]  # stopped after the first step, of 50 epochs' worth
+
+
+@pytest.mark.parametrize("error", [KeyboardInterrupt(), RuntimeError("device lost mid-step")])
+def test_an_options_run_stopped_mid_step_leaves_a_model(strokes_dataset, tmp_path, monkeypatch, error):
+    monkeypatch.setattr(Step, "__call__", failing_after(2, error, Step.__call__))
+    with pytest.raises(type(error)):
+        train(options(strokes_dataset, tmp_path / "run"))
+    loaded = densecnn.load(tmp_path / "run" / "model")
+    assert loaded.model.training is False
+
+
+def test_one_image_makes_several_steps_an_epoch_by_default(strokes_dataset, tmp_path):
+    train(options(strokes_dataset, tmp_path / "run", epochs=1, batch=4, unlabelled=0))
+    steps = [r["step"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r["kind"] == "train"]
+    assert len(steps) == MIN_STEPS_PER_EPOCH
+
+
+def test_patches_with_every_labelled_pixel_are_allowed_on_sparse_labels(strokes_dataset, tmp_path):
+    model_dir = train(
+        options(strokes_dataset, tmp_path / "run", epochs=1, method="patches", mask="all", unlabelled=0)
+    )
+    densecnn.load(model_dir)
+
+
+def test_an_adamw_run_writes_no_momentum_into_its_command(strokes_dataset, tmp_path):
+    adamw = options(strokes_dataset, tmp_path / "a", optimizer="adamw").command_line()
+    sgd = options(strokes_dataset, tmp_path / "s", optimizer="sgd").command_line()
+    assert "--momentum" not in adamw and "--momentum 0.9" in sgd
