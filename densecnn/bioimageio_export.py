@@ -30,7 +30,7 @@ import torch
 
 from ._version import __version__
 from .dense import DenseCNN
-from .errors import DenseCNNError
+from .errors import BioimageioExportError
 from .io.decode_nd import read_nd
 from .io.pixels import array_input
 from .modelfile import LoadedModel, load
@@ -50,11 +50,6 @@ CITATION = (
 )
 DEFAULT_AUTHOR = "densecnn contributors"
 DEFAULT_LICENSE = "MIT"
-
-
-class BioimageioExportError(DenseCNNError, ValueError):
-    """A model cannot be written as a bioimage.io package that computes what densecnn computes (an input scaling
-    the spec cannot express, a test image that does not fit the model); the message names the problem and fix."""
 
 
 def halo(dense: DenseCNN) -> tuple[int, ...]:

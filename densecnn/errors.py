@@ -9,7 +9,7 @@ front end names the option in its own words: ``str(error)`` spells it as the lib
 (``intensity="range:0,4095"``), :func:`render` with :func:`cli_option` as the command line's flag
 (``--intensity range:0,4095``), with :func:`query_option` as the service's query parameter (``?intensity=...``).
 
->>> error = IntensityError("the image is dark", fix=Fix("declare its range", "intensity", ("range:0,4095",)))
+>>> error = IntensityError("the image is dark", fix=Fix("declare its range", (("intensity", "range:0,4095"),)))
 >>> str(error)
 'the image is dark; declare its range: intensity="range:0,4095"'
 >>> render(error, cli_option)
@@ -25,31 +25,42 @@ OptionSpelling = Callable[[str, str], str]  # (option, value) -> how a front end
 
 
 def keyword_option(option: str, value: str) -> str:
-    """The library's words: a keyword argument, ``intensity="range:0,4095"``."""
-    return f'{option}="{value}"'
+    """The library's words: a keyword argument, ``intensity="range:0,4095"`` (a switch: ``overwrite=True``)."""
+    return f"{option}=True" if value == "" else f'{option}="{value}"'
 
 
 def cli_option(option: str, value: str) -> str:
-    """The command line's words: ``--intensity range:0,4095``."""
-    return f"--{option.replace('_', '-')} {value}"
+    """The command line's words: ``--intensity range:0,4095`` (a switch: ``--overwrite``)."""
+    flag = f"--{option.replace('_', '-')}"
+    return flag if value == "" else f"{flag} {value}"
 
 
 def query_option(option: str, value: str) -> str:
-    """The service's words: the query parameter ``?intensity=range:0,4095``."""
-    return f"?{option}={value}"
+    """The service's words: the query parameter ``?intensity=range:0,4095`` (a switch: ``?overwrite=true``)."""
+    return f"?{option}={value or 'true'}"
 
 
 @dataclass(frozen=True)
 class Fix:
-    """What fixes an error: ``advice``, then giving ``option`` one of ``values`` (each front end spells the option
-    its own way)."""
+    """What fixes an error: ``advice``, then any one of ``settings``, (option, value) pairs that each front end
+    spells its own way (an empty value: a switch turned on).
+
+    >>> Fix("give a fixed range", (("intensity", "range:LOW,HIGH"),)).render(cli_option)
+    'give a fixed range: --intensity range:LOW,HIGH'
+    """
 
     advice: str  # e.g. "declare how the model's inputs are scaled"
-    option: str  # the setting's name, e.g. "intensity"
-    values: tuple[str, ...]  # e.g. ("range:0,4095", "percentiles:1,99.8")
+    settings: tuple[
+        tuple[str, str], ...
+    ]  # e.g. (("intensity", "range:0,4095"), ("intensity", "percentiles:1,99.8"))
 
     def render(self, spell: OptionSpelling) -> str:
-        return f"{self.advice}: {' or '.join(spell(self.option, value) for value in self.values)}"
+        return f"{self.advice}: {' or '.join(spell(option, value) for option, value in self.settings)}"
+
+    @property
+    def values(self) -> tuple[str, ...]:
+        """The values suggested (for every option)."""
+        return tuple(value for _, value in self.settings)
 
 
 class DenseCNNError(Exception):
@@ -113,6 +124,16 @@ class PatchSizeError(ConversionError):
 
 class ModelFileError(DenseCNNError, ValueError):
     """A model directory is missing, malformed, or was written by an incompatible version."""
+
+
+class BioimageioExportError(DenseCNNError, ValueError):
+    """A model cannot be written as a bioimage.io package that computes what densecnn computes (an input scaling
+    the spec cannot express, a test image that does not fit the model); the message names the problem and fix."""
+
+
+class LabellingFailed(DenseCNNError, RuntimeError):
+    """The napari plugin's labelling thread failed with a RuntimeError (superqt's workers signal no RuntimeError,
+    so it is passed on as this)."""
 
 
 class OnnxExportError(DenseCNNError, ValueError):

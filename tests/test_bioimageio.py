@@ -11,8 +11,9 @@ import pytest
 import torch
 
 import densecnn
-from densecnn.bioimageio_export import BioimageioExportError, export_bioimageio, halo
+from densecnn.bioimageio_export import export_bioimageio, halo
 from densecnn.cli import main
+from densecnn.errors import BioimageioExportError
 from densecnn.io.intensity import Intensity
 
 spec = pytest.importorskip(

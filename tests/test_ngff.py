@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import densecnn
-from densecnn.errors import PredictInputError
+from densecnn.errors import PredictInputError, cli_option, query_option
 from tests.predict_support import save_model, tiled_nuclei, whole_image_scores
 from tests.tolerances import assert_labels_equal_except_ties
 
@@ -139,15 +139,17 @@ def test_a_standalone_ome_zarr_and_multiscale_probabilities(model_dir, tmp_path)
 
 def test_labels_into_needs_an_ome_zarr_image_and_a_plain_name(model_dir, tmp_path):
     zarr.create_array(store=str(tmp_path / "in.zarr"), data=tiled_nuclei(40, 40), chunks=(32, 32))
-    with pytest.raises(PredictInputError, match="--labels-into needs an OME-Zarr image as INPUT"):
+    with pytest.raises(PredictInputError, match="labels are written into an OME-Zarr image only"):
         label(model_dir, tmp_path / "in.zarr", None, BlockwiseOptions(labels_into="cells", progress=False))
     write_image(tmp_path / "image.ome.zarr", tiled_nuclei(40, 40), 3)
-    with pytest.raises(PredictInputError, match="give a plain name"):
+    with pytest.raises(PredictInputError, match="no plain name") as refused:
         label(
             model_dir, tmp_path / "image.ome.zarr", None, BlockwiseOptions(labels_into="../x", progress=False)
         )
-    with pytest.raises(PredictInputError, match="give an OUTPUT, or --labels-into"):
+    assert refused.value.render(cli_option).endswith("give one: --labels-into cells")
+    with pytest.raises(PredictInputError, match="no output given") as refused:
         label(model_dir, tmp_path / "image.ome.zarr", None, BlockwiseOptions(progress=False))
+    assert refused.value.render(query_option).endswith("?labels_into=NAME")
 
 
 def test_the_command_writes_labels_into_the_image(model_dir, tmp_path, capsys):
@@ -166,7 +168,7 @@ def test_the_command_writes_labels_into_the_image(model_dir, tmp_path, capsys):
     (node,) = _read_labels(tmp_path / "image.ome.zarr")
     assert node.metadata["name"] == "nuclei"
     assert main([*argv[:3], str(tmp_path / "x.zarr"), *argv[3:]]) == 2
-    assert "give no OUTPUT" in capsys.readouterr().err
+    assert "give no output besides" in capsys.readouterr().err
 
 
 def test_the_level_is_chosen_by_index_or_by_the_models_pixel_size(model_dir, tmp_path):
@@ -203,3 +205,54 @@ def test_the_level_is_chosen_by_index_or_by_the_models_pixel_size(model_dir, tmp
         label(
             fine, tmp_path / "image.ome.zarr", tmp_path / "f.zarr", BlockwiseOptions(level=2, progress=False)
         )
+
+
+def test_ngff_05_outputs_pass_ome_zarr_models_validation(model_dir, tmp_path):
+    """The label image written into an NGFF 0.5 image, its labels group, a standalone label image and multiscale
+    probabilities, as ome-zarr-models (the NGFF spec's pydantic models) validates them."""
+    models = pytest.importorskip("ome_zarr_models.v05")
+    from ome_zarr_models.v05.image_label import ImageLabel
+    from ome_zarr_models.v05.labels import Labels
+
+    pixels = tiled_nuclei(100, 70)
+    image = tmp_path / "image.ome.zarr"
+    write_image(image, pixels, 3)
+    label(model_dir, image, None, BlockwiseOptions(labels_into="cells", chunk=32, progress=False))
+    options = BlockwiseOptions(chunk=32, probabilities=tmp_path / "p.ome.zarr", progress=False)
+    label(model_dir, image, tmp_path / "out.ome.zarr", options)
+    for model, path in (
+        (Labels, image / "labels"),
+        (ImageLabel, image / "labels" / "cells"),
+        (ImageLabel, tmp_path / "out.ome.zarr"),
+        (models.Image, tmp_path / "p.ome.zarr"),
+    ):
+        model.from_zarr(zarr.open_group(str(path), mode="r"))  # raises a ValidationError naming what is wrong
+
+
+def test_an_interrupted_run_is_no_label_image_until_it_finishes(model_dir, tmp_path):
+    """The multiscales and image-label metadata are written last: readers see a run in progress (or killed) as no
+    label image at all, not as one whose missing chunks read as background; the same run then resumes it."""
+    import threading
+
+    from densecnn.errors import Cancelled
+
+    pixels = tiled_nuclei(150, 130)
+    image = tmp_path / "image.ome.zarr"
+    write_image(image, pixels, 3)
+    cancel = threading.Event()
+
+    def after_the_first_block(summary) -> None:
+        if summary.computed:
+            cancel.set()
+
+    options = BlockwiseOptions(labels_into="cells", chunk=32, block=32, progress=False)
+    with pytest.raises(Cancelled):
+        label(model_dir, image, None, BlockwiseOptions(**{**vars(options), "cancel": cancel,
+                                                          "on_progress": after_the_first_block}))  # fmt: skip
+    assert (image / "labels" / "cells" / "0").exists()  # chunks were written ...
+    assert _read_labels(image) == []  # ... but no reader sees a label image
+    resumed = label(model_dir, image, None, options)
+    assert 0 < resumed.skipped < resumed.total and resumed.computed == resumed.total - resumed.skipped
+    (node,) = _read_labels(image)
+    labels = torch.from_numpy(np.asarray(node.data[0])[0, 0, 0].astype(np.int64))
+    assert_labels_equal_except_ties(labels[None], whole_image_scores(model_dir, pixels)[None])

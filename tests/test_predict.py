@@ -22,7 +22,7 @@ from densecnn.blockwise import BlockwiseOptions, label
 from densecnn.blockwise import run as blockwise_run
 from densecnn.blockwise.blocks import halo, label_block, tight_window, window, window_size
 from densecnn.cli import main as cli_main
-from densecnn.errors import BlockFailedError, Cancelled, PredictInputError
+from densecnn.errors import BlockFailedError, Cancelled, PredictInputError, cli_option
 from densecnn.io import array_input, model_input
 from tests.naive import literal_scan
 from tests.predict_support import (
@@ -230,7 +230,7 @@ def test_resume_skips_written_chunks_and_refuses_another_prediction(tmp_path):
         model_dir,
         tmp_path / "in.zarr",
         tmp_path / "out.zarr",
-        BlockwiseOptions(chunk=20, resume=False, progress=False),
+        BlockwiseOptions(chunk=20, overwrite=True, progress=False),
     )
     assert over.computed == 4
 
@@ -297,8 +297,9 @@ def test_inputs_and_outputs_that_do_not_fit_get_clear_errors(tmp_path):
         label(model_dir, tmp_path / "cells.png", tmp_path / "out.zarr")
     with pytest.raises(PredictInputError, match="zarr array: its labels go to a zarr array"):
         label(model_dir, tmp_path / "rgb.zarr", tmp_path / "out.png")
-    with pytest.raises(PredictInputError, match="--channel-axis"):
+    with pytest.raises(PredictInputError, match="channels cannot feed") as refused:
         label(model_dir, tmp_path / "rgb.zarr", tmp_path / "out.zarr")
+    assert refused.value.render(cli_option).endswith("name their axis: --channel-axis N")
     with pytest.raises(PredictInputError, match="label map is written as"):
         label(model_dir, tmp_path / "cells.png", tmp_path / "out.jpg")
     with pytest.raises(PredictInputError, match="no image files"):

@@ -3,18 +3,27 @@ on Dask.
 
 Needs the ``dist`` extra (``pip install 'densecnn[dist]'``: dask, distributed, zarr). Layout:
 
+- :mod:`~densecnn.blockwise.options`: :class:`BlockwiseOptions`, from which ``densecnn predict``'s CLI is generated.
+- :mod:`~densecnn.blockwise.run`: the driver (inputs classified, the cluster, tasks in flight, retries).
+- :mod:`~densecnn.blockwise.planning`: output chunks, chunks per task, windows and their memory.
 - :mod:`~densecnn.blockwise.blocks`: one output chunk from its input window with the halo of the receptive field.
 - :mod:`~densecnn.blockwise.files`: one image of an image set.
-- :mod:`~densecnn.blockwise.sinks`: zarr outputs written chunk by chunk (atomic, resumable).
-
-Inputs are read and label files written by :mod:`densecnn.io` (lazily for arrays: only each task's window).
+- :mod:`~densecnn.blockwise.cancel`: stopping a run between blocks.
+- :mod:`~densecnn.blockwise.sinks`: zarr outputs written chunk by chunk (atomic, resumable);
+  :mod:`~densecnn.blockwise.ngff`: OME-Zarr outputs; :mod:`~densecnn.blockwise.foreground`: background skipping.
 - :mod:`~densecnn.blockwise.worker`: the model, loaded once per worker process.
-- :mod:`~densecnn.blockwise.run`: the driver (cluster, tasks in flight, retries, summary).
+- :mod:`~densecnn.blockwise.summary`: what a run did.
+
+Inputs are read and label files written by :mod:`densecnn.io` (lazily for arrays: only each task's window), and
+every block is labelled through the loaded model's façade (:meth:`densecnn.LoadedModel.labels`).
 
 >>> from densecnn.blockwise import BlockwiseOptions, label
 >>> print(label("models/nuclei", "slide.zarr", "slide-labels.zarr", BlockwiseOptions(workers=2)))
 """
 
-from .run import BlockwiseOptions, Summary, label
+from .options import BlockwiseOptions
+from .planning import estimate_task_memory
+from .run import label
+from .summary import Summary
 
-__all__ = ["BlockwiseOptions", "Summary", "label"]
+__all__ = ["BlockwiseOptions", "Summary", "estimate_task_memory", "label"]

@@ -24,6 +24,7 @@ import torch
 
 from ..io import LazyArray, Scaling
 from ..io.intensity import require_finite
+from .cancel import stopped
 from .foreground import BACKGROUND, Foreground
 from .sinks import chunk_written, open_output, persist_chunk
 from .worker import TaskResult, worker_model
@@ -91,6 +92,8 @@ class BlockJob:
             windows: the input window length per axis.
         scaling: the whole image's intensity scaling, applied to every block.
         foreground: where the foreground is (None: everywhere); chunks without any are labelled background.
+        stop: the run's cluster-wide stop event (:mod:`~densecnn.blockwise.cancel`): once set, no further chunk
+            is written.
     """
 
     model: str
@@ -106,6 +109,7 @@ class BlockJob:
     windows: tuple[int, ...]
     scaling: Scaling
     foreground: Foreground | None = None
+    stop: str | None = None
 
     def chunk_grid(self) -> list[tuple[int, ...]]:
         """The index of every output chunk, row-major."""
@@ -151,6 +155,8 @@ def label_block(job: BlockJob, chunks: tuple[tuple[int, ...], ...]) -> TaskResul
     compute = [i for i in missing if i not in background]
     written, blank = _compute(job, compute, labels_out, probabilities_out) if compute else (0, [])
     for index in background + blank:
+        if stopped(job.stop):
+            break
         written += _write_background(job, index, labels_out, probabilities_out)
     return TaskResult(
         chunks, len(missing), written, time.perf_counter() - started, background=len(background) + len(blank)
@@ -199,6 +205,8 @@ def _compute(job: BlockJob, compute: list, labels_out, probabilities_out) -> tup
         )  # (*window), (K, *window)
     written = 0
     for index in compute:
+        if stopped(job.stop):
+            break
         chunk = job.chunk_region(index)
         if probabilities_out is not None:
             probabilities_out[(slice(None), *chunk)] = probabilities[(slice(None), *inside(index))]

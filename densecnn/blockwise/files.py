@@ -11,19 +11,22 @@ from pathlib import Path
 
 from ..errors import ImageReadError, IntensityError, NonFiniteInputError
 from ..io import Intensity, read_array, write_labels
+from .cancel import stopped
 from .worker import TaskResult, worker_model
 
 
 @dataclass(frozen=True)
 class FileJob:
     """What every image task shares: the model directory, device, torch threads, the per-task memory cap and the
-    intensity scaling asked for (None: the model's own; each image is scaled on its own)."""
+    intensity scaling asked for (None: the model's own; each image is scaled on its own), the run's stop event
+    (:mod:`~densecnn.blockwise.cancel`)."""
 
     model: str
     device: str
     threads: int | None
     max_memory: int | None
     intensity: Intensity | None = None
+    stop: str | None = None
 
 
 def label_file(job: FileJob, image: str, output: str) -> TaskResult:
@@ -39,5 +42,7 @@ def label_file(job: FileJob, image: str, output: str) -> TaskResult:
     except (ImageReadError, IntensityError, NonFiniteInputError) as exc:
         return TaskResult(image, 0, 0, time.perf_counter() - started, exc)
     labels = loaded.labels(x, max_memory=job.max_memory, dense=dense)[0]  # (H, W)
+    if stopped(job.stop):
+        return TaskResult(image, 0, 0, time.perf_counter() - started)
     write_labels(output, labels, loaded.palette)
     return TaskResult(image, 1, labels.size, time.perf_counter() - started, warning=scaling.note())

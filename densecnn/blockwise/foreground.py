@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import PredictInputError
+from ..errors import Fix, PredictInputError
 from ..io import LazyArray, Scaling, open_array
 from ..io.intensity import sample_windows
 
@@ -69,7 +69,11 @@ def foreground(spec: str, source: LazyArray, scaling: Scaling) -> Foreground:
         return Foreground(threshold=otsu(mean), bright=bright)
     mask = open_array(spec, spatial_dims=len(source.spatial_shape))
     if mask.channels != 1:
-        raise PredictInputError(f"--foreground {spec}: a mask has one channel, this one {mask.channels}")
+        raise PredictInputError(
+            f"the foreground mask {spec} has {mask.channels} channels",
+            fix=Fix("give a mask of one channel (nonzero: foreground), or a threshold",
+                    tuple(("foreground", rule) for rule in ("auto", "bright", "dark"))),
+        )  # fmt: skip
     return Foreground(mask=mask, image_shape=source.spatial_shape)
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import PredictInputError
+from ..errors import Fix, PredictInputError
 from ..io import LazyArray
 from ..io.arrays import SPATIAL_NAMES
 from .sinks import chunk_written, create_output, open_output, persist_chunk
@@ -67,7 +67,9 @@ def labels_target(input: Path, name: str, source: LazyArray, level: int = 0) -> 
     import zarr
 
     if "/" in name or name in ("", ".", ".."):
-        raise PredictInputError(f"--labels-into {name!r}: give a plain name for the label image, e.g. cells")
+        raise PredictInputError(
+            f"{name!r} is no plain name for a label image", fix=Fix("give one", (("labels_into", "cells"),))
+        )
     try:
         image = zarr.open_group(str(input), mode="r")
     except Exception:  # not a group
@@ -75,8 +77,8 @@ def labels_target(input: Path, name: str, source: LazyArray, level: int = 0) -> 
     multiscales = _multiscales(image) if image is not None else None
     if not multiscales:
         raise PredictInputError(
-            f"--labels-into needs an OME-Zarr image as INPUT (a group with multiscales metadata); {input} is not one: "
-            "write the labels to OUTPUT.ome.zarr instead"
+            f"labels are written into an OME-Zarr image only (a group with multiscales metadata); {input} is not one: "
+            "write them to an output ending in .ome.zarr instead"
         )
     first = multiscales[0]
     axes = tuple(a if isinstance(a, dict) else {"name": a} for a in first["axes"])
@@ -123,6 +125,7 @@ def create_levels(target: NgffTarget, shape, chunks, dtype, attributes: dict, *,
             attributes={**attributes, "level": k},
             resume=resume,
             zarr_format=target.zarr_format,
+            dimension_names=tuple(axis["name"] for axis in target.axes),
         )
         for k, level_shape in enumerate(target.level_shapes(shape, chunks))
     ]
@@ -170,6 +173,8 @@ def write_metadata(target: NgffTarget, levels: int, *, palette=None, class_names
         return
     writer.write_label_metadata(labels, name, colors=colors, properties=properties, fmt=fmt,
                                 source={"image": "../../"})  # fmt: skip
+    if target.zarr_format == 3:  # NGFF 0.5: the labels group's "ome" names its version too
+        labels.attrs["ome"] = {**dict(labels.attrs)["ome"], "version": fmt.version}
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -16,23 +16,22 @@ import itertools
 import math
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import (
     BlockFailedError,
+    Cancelled,
     DenseCNNError,
+    Fix,
     ImageReadError,
-    OptionSpelling,
     PredictInputError,
-    keyword_option,
 )
 from ..io import (
-    Intensity,
     LazyArray,
     array_scaling,
     image_files,
@@ -47,7 +46,8 @@ from ..io.formats import IMAGE_SUFFIXES, TIFF_SUFFIXES
 from ..io.labels import check_label_path, labels_file_name
 from ..io.slides import SLIDE_SUFFIXES
 from ..modelfile.format import WEIGHTS_FILE
-from .blocks import BlockJob, bounding_region, halo, label_block, window_size
+from .blocks import BlockJob, bounding_region, halo, label_block
+from .cancel import stop_name, watching
 from .files import FileJob, label_file
 from .foreground import foreground
 from .ngff import (
@@ -59,120 +59,27 @@ from .ngff import (
     standalone_target,
     write_metadata,
 )
+from .options import BlockwiseOptions
+from .planning import bytes_per_pixel, output_chunks, task_group, task_windows
 from .sinks import STORAGE_ERRORS, create_output, storage_problem, written_chunks
+from .summary import Summary
 
-DEFAULT_TIFF_CHUNK = 1024  # output chunk for TIFF and .npy inputs (not chunked like zarr arrays)
-MIN_CHUNK = {1: 4096, 2: 64, 3: 16}  # an output chunk's least side by default, per number of spatial axes
-DEFAULT_BLOCK = 1024  # pixels per side a task computes at once (whole chunks; fewer if memory is short)
 WORKER_BASELINE = 512 * 2**20  # a worker process with torch, Dask and a model loaded, before any task
 CONNECT_SECONDS = 10  # to reach a scheduler (Dask's own default waits 30 s, then prints a long traceback)
 TASK_SHARE = 0.5  # of what is left under a worker slot's memory limit, given to a task; the rest is headroom
-
-
-@dataclass
-class Summary:
-    """What a prediction did: pixels/s, chunks (or images) computed and skipped, retries, failures."""
-
-    what: str  # "chunks" or "images"
-    total: int = 0
-    computed: int = 0
-    reruns: int = 0  # tasks Dask ran again by itself, having lost the worker running them
-    background: int = 0  # of the computed: chunks labelled background without a forward pass
-    skipped: int = 0
-    retries: int = 0
-    pixels: int = 0
-    seconds: float = 0.0
-    workers: int = 1
-    failures: list[tuple[str, DenseCNNError]] = field(default_factory=list)  # (image or block, why)
-    warnings: list[tuple[str, str]] = field(default_factory=list)  # (input or image, what): a constant image
-    dashboard: str | None = None
-
-    @property
-    def pixels_per_second(self) -> float:
-        return self.pixels / self.seconds if self.seconds > 0 else 0.0
-
-    def __str__(self) -> str:
-        return self.render()
-
-    def render(self, spell: OptionSpelling = keyword_option) -> str:
-        """The summary, failures' fixes naming options as ``spell`` writes them (:mod:`densecnn.errors`)."""
-        lines = [
-            f"{self.computed} of {self.total} {self.what} computed"
-            + (f" ({self.background} of them background, without a forward pass)" if self.background else "")
-            + f", {self.skipped} already written, {self.retries} retries"
-            + (f", {self.reruns} re-run after a lost worker" if self.reruns else "")
-            + f", {len(self.failures)} failed",
-            f"{self.pixels:,} pixels in {self.seconds:.1f} s: {self.pixels_per_second:,.0f} pixels/s "
-            f"on {self.workers} worker{'s' * (self.workers != 1)}",
-        ]
-        for what, error in self.failures:
-            why = error.render(spell)
-            lines.append(f"failed: {why if why.startswith(str(what)) else f'{what}: {why}'}")
-        return "\n".join(lines)
-
-
-@dataclass(frozen=True)
-class BlockwiseOptions:
-    """How :func:`label` runs (the options of ``densecnn predict``).
-
-    Attributes:
-        probabilities: a zarr array path for the (K, *spatial) float16 class probabilities (zarr outputs only); a
-            path ending in ``.ome.zarr`` gets a multiscale OME-Zarr image.
-        level: the OME-Zarr input's resolution level (None: the one at the model's pixel size, if the model records
-            one, else level 0).
-        labels_into: write the labels into the input OME-Zarr image's ``labels/<labels_into>`` group (then the
-            output path may be None).
-        client: a ``distributed.Client`` of your own to run on (it stays open); None: one is made from ``scheduler``.
-        scheduler: the address of a running Dask scheduler (``tcp://host:8786``); None: a local cluster.
-        workers: worker processes of the local cluster (1: one worker thread in this process).
-        chunk: the output chunk per spatial axis (default: the input's chunks, grown to a multiple of them of at
-            least 64 per side for images, 16 for volumes, 4096 for signals; 1024 for TIFF and slide inputs).
-        block: about how many pixels per side a task computes at once (whole chunks).
-        max_memory: bytes a task may use (default: a share of its worker's memory limit).
-        device: where the model runs ("cpu", "cuda").
-        channel_axis: the input's channel axis, when it has one its layout does not name.
-        foreground: "auto", "bright", "dark" or a mask's path: output chunks holding no foreground are labelled
-            background (class 0) without a forward pass (arrays only; :mod:`densecnn.blockwise.foreground`).
-        intensity: how the input's values are scaled to [0, 1] (:class:`densecnn.io.Intensity`); None: as the
-            model declares. One scaling serves a whole array (percentiles from a sample of it), each image its own.
-        resume: skip chunks and images already written (False: start over).
-        retries: how often a failing task is resubmitted.
-        progress: show a progress bar on a terminal.
-        on_progress: called with the :class:`Summary` so far (``skipped + computed`` of ``total`` chunks or images
-            done) when the tasks start and after each task; an exception it raises (e.g. :class:`Cancelled` when
-            someone asked to stop) ends the run there, cancelling the tasks in flight; what was written is kept.
-    """
-
-    probabilities: str | Path | None = None
-    labels_into: str | None = None
-    level: int | None = None
-    client: object | None = None
-    scheduler: str | None = None
-    workers: int = 1
-    chunk: int | tuple[int, ...] | None = None
-    block: int | tuple[int, ...] = DEFAULT_BLOCK
-    max_memory: int | None = None
-    device: str = "cpu"
-    channel_axis: int | None = None
-    foreground: str | None = None
-    intensity: Intensity | None = None
-    resume: bool = True
-    retries: int = 2
-    progress: bool = True
-    on_progress: Callable[[Summary], None] | None = None
 
 
 def label(
     model: str | Path,
     input: str | Path,
     output: str | Path | None,
-    options: BlockwiseOptions = BlockwiseOptions(),
+    options: BlockwiseOptions | None = None,
 ) -> Summary:
     """Label an image file, a set of images, or a chunked array too large for memory, with a saved model.
 
     - ``input`` an image file -> ``output`` a label map (.png with the model's palette, .tif or .npy).
     - ``input`` a directory or glob of images -> ``output`` a directory of label maps with the same names.
-    - ``input`` a zarr array, OME-Zarr group (level 0), TIFF, whole-slide image or .npy -> ``output`` a zarr array of
+    - ``input`` a zarr array, OME-Zarr group (the level at the model's pixel size, or ``options.level``), TIFF, whole-slide image or .npy -> ``output`` a zarr array of
       labels (uint8, uint16 past 256 classes) chunked like the input (or ``options.chunk``), and optionally the class
       probabilities; ``output`` ending in ``.ome.zarr``, or ``options.labels_into``, a multiscale OME-Zarr label
       image (:mod:`densecnn.blockwise.ngff`). The
@@ -194,16 +101,18 @@ def label(
     from ..modelfile import load
 
     _require_dist()
+    options = options or BlockwiseOptions()
     loaded = load(model)
     model = str(Path(model).resolve())
     input = Path(input)
     if output is None and options.labels_into is None:
         raise PredictInputError(
-            "give an OUTPUT, or --labels-into NAME to write into the input OME-Zarr image"
+            "no output given",
+            fix=Fix("give an output, or write into the input OME-Zarr image", (("labels_into", "NAME"),)),
         )
     if options.labels_into is not None and output is not None:
         raise PredictInputError(
-            f"--labels-into writes into {input}/labels/{options.labels_into}: give no OUTPUT"
+            f"the labels go into {input}/labels/{options.labels_into}: give no output besides"
         )
     output = None if output is None else Path(output)
     if output is None or output.suffix == ".zarr" or is_zarr(output):
@@ -226,8 +135,8 @@ def label(
             f"OME-Zarr group or TIFF holding the {kind} as INPUT and OUTPUT ending in .zarr"
         )
     if options.probabilities is not None or options.foreground is not None:
-        flag = "--probabilities" if options.probabilities is not None else "--foreground"
-        raise PredictInputError(f"{flag} is for zarr outputs only; give OUTPUT ending in .zarr")
+        what = "probabilities are" if options.probabilities is not None else "background skipping is"
+        raise PredictInputError(f"{what} for zarr outputs only; give an output ending in .zarr")
     if is_zarr(input) or input.suffix.lower() in SLIDE_SUFFIXES:
         kind = "a zarr array" if is_zarr(input) else "a whole-slide image"
         raise PredictInputError(
@@ -250,7 +159,7 @@ def _input_errors() -> Iterator[None]:
     try:
         yield
     except ImageReadError as exc:
-        raise PredictInputError(str(exc)) from None
+        raise PredictInputError(exc.problem, fix=exc.fix) from None
 
 
 def _require_dist() -> None:
@@ -281,7 +190,8 @@ def _matching_level(input: Path, loaded) -> int:
         )
         raise PredictInputError(
             f"{input}: no level has the model's pixel size ({'x'.join(f'{v:g}' for v in wanted)} um; the levels "
-            f"have {sizes} um); choose one with --level N (the labels are then at that level's resolution)"
+            f"have {sizes} um)",
+            fix=Fix("choose one (the labels are then at that level's resolution)", (("level", "N"),)),
         )
     return best
 
@@ -300,8 +210,8 @@ def _check_channels(have: int, want: int, where: str) -> None:
         unit_planes(np.zeros((1, 1, have), np.float32), want)
     except ImageReadError:
         raise PredictInputError(
-            f"{where}: {have} channels cannot feed a model of {want}; if the channels are not the first axis, "
-            "name their axis with --channel-axis"
+            f"{where}: {have} channels cannot feed a model of {want}",
+            fix=Fix("if the channels are not the first axis, name their axis", (("channel_axis", "N"),)),
         ) from None
 
 
@@ -344,7 +254,7 @@ def _client(options: BlockwiseOptions) -> Iterator[tuple[object, int | None]]:
         except (OSError, TimeoutError) as exc:
             raise PredictInputError(
                 f"cannot reach the Dask scheduler at {scheduler} within {CONNECT_SECONDS} s ({exc}); check the "
-                "address and that the scheduler runs, or leave --scheduler out to run on this machine"
+                "address and that the scheduler runs, or give no scheduler to run on this machine"
             ) from None
         with client:
             if "dashboard" in client.scheduler_info().get("services", {}):
@@ -401,45 +311,25 @@ def weights_digest(model_dir: Path) -> str:
     return digest.hexdigest()
 
 
-def _chunks(source: LazyArray, chunk) -> tuple[int, ...]:
-    """The output chunk: ``chunk`` if given; else the input's, grown along each axis to a multiple of it of at
-    least :data:`MIN_CHUNK` (tiny input chunks would make as many tiny files and tasks: 40,001 for a 1x1-chunked
-    200x200 image); TIFF and .npy inputs get :data:`DEFAULT_TIFF_CHUNK`."""
-    from ..geometry import ntuple
-
-    dims = len(source.spatial_shape)
-    if chunk is not None:
-        chunks = ntuple(chunk, dims, "chunk")
-        if min(chunks) < 1:
-            raise PredictInputError(f"chunk must be positive, got {chunks}")
-        return chunks
-    if source.kind != "zarr":  # a TIFF's strips can span the whole width, a .npy is one chunk
-        return tuple(min(DEFAULT_TIFF_CHUNK, n) for n in source.spatial_shape)
-    least = MIN_CHUNK[dims]
-    return tuple(min(n, c * -(-least // c)) for c, n in zip(source.spatial_chunks, source.spatial_shape))
-
-
 def _label_array(
     client, threads, loaded, model: str, source: LazyArray, output: Path | None, options: BlockwiseOptions,
     target: NgffTarget | None,
 ) -> Summary:  # fmt: skip
     dense = loaded.dense()
     shape, probabilities = source.spatial_shape, options.probabilities
-    chunks = _chunks(source, options.chunk)
+    chunks = output_chunks(source, options.chunk)
     margins = halo(dense.patch_size, dense.receptive_field)
     budget = _task_memory(client, options.max_memory)
-    bytes_per_pixel = (
-        source.channels * (np.dtype(source.dtype).itemsize + 8) + 8
-    )  # read, float copies, labels
-    group = _group(chunks, shape, margins, options.block, bytes_per_pixel, budget)
-    windows = tuple(
-        window_size(c * g, n, *m) for c, g, n, m in zip(chunks, group, shape, margins, strict=True)
-    )
-    held = math.prod(windows) * bytes_per_pixel
+    group = task_group(chunks, shape, margins, options.block, bytes_per_pixel(source), budget)
+    windows = task_windows(chunks, group, shape, margins)
+    held = math.prod(windows) * bytes_per_pixel(source)
     if held >= budget:
         raise PredictInputError(
             f"a task's window of {'x'.join(map(str, windows))} pixels needs about {held:,} bytes for its input and "
-            f"labels, more than the {budget:,} bytes a task may use; choose a smaller --chunk or raise --max-memory"
+            f"labels, more than the {budget:,} bytes a task may use",
+            fix=Fix(
+                "choose a smaller chunk or a larger memory cap", (("chunk", "N"), ("max_memory", "BYTES"))
+            ),
         )
     try:
         scaling = array_scaling(source, options.intensity or loaded.intensity)
@@ -457,34 +347,32 @@ def _label_array(
     description = {"model": model, "weights": weights_digest(Path(model)), "input": str(Path(source.path).resolve()),
                    "array": source.key, "classes": list(loaded.class_names),
                    "intensity": [scaling.low, scaling.high], "foreground": options.foreground}  # fmt: skip
-    pyramids = []  # (target, levels, mean) of the multiscale outputs, whose further levels follow level 0
+    pyramids = []  # (target, levels, mean, metadata) of the multiscale outputs: levels 1.. follow level 0
     if target is None:
         labels = create_output(output, shape=shape, chunks=chunks, dtype=label_dtype(loaded.num_classes),
-                               attributes={**description, "content": "labels"}, resume=options.resume)  # fmt: skip
+                               attributes={**description, "content": "labels"}, resume=not options.overwrite)  # fmt: skip
     else:
         levels = create_levels(target, shape, chunks, label_dtype(loaded.num_classes),
-                               {**description, "content": "labels"}, resume=options.resume)  # fmt: skip
+                               {**description, "content": "labels"}, resume=not options.overwrite)  # fmt: skip
         labels, output = levels[0], Path(target.level(0))
-        write_metadata(target, len(levels), palette=loaded.palette, class_names=loaded.class_names)
-        pyramids.append((target, levels, False))
+        pyramids.append((target, levels, False, {"palette": loaded.palette, "class_names": loaded.class_names}))
     done = written_chunks(labels, len(shape))
     if probabilities is not None:
         attributes = {**description, "content": "probabilities"}
         if str(probabilities).endswith(".ome.zarr"):
             image = standalone_target(Path(probabilities), source, channels=loaded.num_classes)
-            levels = create_levels(image, shape, chunks, np.float16, attributes, resume=options.resume)
-            write_metadata(image, len(levels))
+            levels = create_levels(image, shape, chunks, np.float16, attributes, resume=not options.overwrite)
             scores, probabilities = levels[0], Path(image.level(0))
-            pyramids.append((image, levels, True))
+            pyramids.append((image, levels, True, {}))
         else:
             scores = create_output(probabilities, shape=(loaded.num_classes, *shape),
                                    chunks=(loaded.num_classes, *chunks), dtype=np.float16, attributes=attributes,
-                                   resume=options.resume)  # fmt: skip
+                                   resume=not options.overwrite)  # fmt: skip
         done &= written_chunks(scores, len(shape))
     job = BlockJob(
         model=model, device=options.device, threads=threads, max_memory=budget - held, source=source,
         labels=str(output), probabilities=None if probabilities is None else str(probabilities), chunks=chunks,
-        group=group, halo=margins, windows=windows, scaling=scaling, foreground=where,
+        group=group, halo=margins, windows=windows, scaling=scaling, foreground=where, stop=stop_name(),
     )  # fmt: skip
     grid = job.chunk_grid()
     blocks: dict[tuple[int, ...], list[tuple[int, ...]]] = {}
@@ -508,19 +396,11 @@ def _label_array(
         )
 
     items = [(tuple(b),) for b in blocks.values()]
-    _run(
-        client,
-        label_block,
-        job,
-        items,
-        summary,
-        options.retries,
-        options.progress,
-        failed,
-        options.on_progress,
-    )
-    for pyramid, levels, mean in pyramids:
+    _run(client, label_block, job, items, summary, options.retries, options.progress, failed, options.on_progress,
+         options.cancel, job.stop)  # fmt: skip
+    for pyramid, levels, mean, metadata in pyramids:  # the metadata last: until then readers see no image
         _build_pyramid(client, pyramid, levels, shape, chunks, mean, options)
+        write_metadata(pyramid, len(levels), **metadata)
     return summary
 
 
@@ -539,25 +419,8 @@ def _build_pyramid(client, target: NgffTarget, levels: list, shape, chunks, mean
                 f"{target.root}: level {k}'s chunk {item[0]} failed {attempts} times: {exc}"
             )
 
-        _run(client, downsample_chunk, job, items, Summary("chunks"), options.retries, False, failed)
-
-
-def _group(chunks, shape, margins, block, bytes_per_pixel: int, budget: int) -> tuple[int, ...]:
-    """Chunks per task per axis: about ``block`` pixels per side (at least one chunk), halved until it fits half
-    the task's memory (the rest is for the dense net's own tiles)."""
-    from ..geometry import ntuple
-
-    sides = ntuple(block, len(chunks), "block")
-    group = [max(1, min(side // c, -(-n // c))) for side, c, n in zip(sides, chunks, shape, strict=True)]
-
-    def held() -> int:
-        sizes = [window_size(c * g, n, *m) for c, g, n, m in zip(chunks, group, shape, margins, strict=True)]
-        return math.prod(sizes) * bytes_per_pixel
-
-    while held() > budget // 2 and max(group) > 1:
-        axis = group.index(max(group))
-        group[axis] = max(1, group[axis] // 2)
-    return tuple(group)
+        _run(client, downsample_chunk, job, items, Summary("chunks"), options.retries, False, failed,
+             cancel=options.cancel, stop=stop_name())  # fmt: skip
 
 
 def _axis_names(n: int) -> tuple[str, ...]:
@@ -578,11 +441,12 @@ def _label_images(
         output.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise PredictInputError(f"{output}: {storage_problem(exc)}") from None
-    if not options.resume:
+    if options.overwrite:
         for target in targets:
             target.unlink(missing_ok=True)
     todo = [(str(i), str(t)) for i, t in zip(images, targets) if not t.exists()]
-    job = FileJob(model, options.device, threads, _task_memory(client, options.max_memory), options.intensity)
+    job = FileJob(model, options.device, threads, _task_memory(client, options.max_memory), options.intensity,
+                  stop_name())  # fmt: skip
     summary = Summary("images", total=len(images), skipped=len(images) - len(todo), workers=_workers(client))
 
     def failed(item, exc, attempts):
@@ -590,9 +454,8 @@ def _label_images(
             raise BlockFailedError(f"{output}: {storage_problem(exc)}")
         summary.failures.append((item[0], BlockFailedError(f"failed {attempts} times: {exc}")))
 
-    _run(
-        client, label_file, job, todo, summary, options.retries, options.progress, failed, options.on_progress
-    )
+    _run(client, label_file, job, todo, summary, options.retries, options.progress, failed, options.on_progress,
+         options.cancel, job.stop)  # fmt: skip
     return summary
 
 
@@ -609,9 +472,12 @@ def _reruns(dask_scheduler, keys: list) -> int:
 def _run(
     client, task: Callable, job, items: list[tuple], summary: Summary, retries: int, progress: bool,
     failed: Callable, on_progress: Callable[[Summary], None] | None = None,
+    cancel: threading.Event | None = None, stop: str | None = None,
 ) -> None:  # fmt: skip
     """Run ``task(job, *item)`` for every item, a window of them in flight; retry, count, report to ``summary``
-    (and to ``on_progress``, whose exception stops the run)."""
+    (and to ``on_progress``, whose exception stops the run). Once ``cancel`` is set, no task starts, the tasks
+    in flight are cancelled and told to stop through the cluster-wide event ``stop`` (:mod:`.cancel`), and
+    :class:`~densecnn.errors.Cancelled` is raised."""
     from distributed import as_completed
     from tqdm.auto import tqdm
 
@@ -632,42 +498,49 @@ def _run(
         total=len(items), desc="densecnn predict", unit=summary.what[:-1], disable=None if progress else True
     )
     queue = as_completed(first, with_results=False)
-    try:
-        if on_progress is not None:
-            on_progress(summary)
-        for future in queue:
-            item, attempt = attempts.pop(future)
-            finished.append(future)
-            if future.status == "error":
-                exc = future.exception()
-                storage = isinstance(exc, OSError) and exc.errno in STORAGE_ERRORS  # retrying cannot fix it
-                if attempt <= retries and not storage:
-                    summary.retries += 1
-                    queue.add(submit(item, attempt + 1))
-                    continue
-                failed(item, exc, attempt)
-            else:
-                result = future.result()
-                if result.error is not None:
-                    summary.failures.append((result.item, result.error))
-                if result.warning is not None:
-                    summary.warnings.append((result.item, result.warning))
-                summary.computed += result.outputs
-                summary.background += result.background
-                summary.pixels += result.pixels
-            bar.update()
+    with watching(client, cancel, stop, lambda: list(attempts)):
+        try:
             if on_progress is not None:
                 on_progress(summary)
-            following = next(pending, None)
-            if following is not None:
-                queue.add(submit(following, 1))
-    finally:
-        bar.close()
-        client.cancel(list(attempts))
-        summary.seconds = time.perf_counter() - started
-        with contextlib.suppress(
-            Exception
-        ):  # a scheduler that runs no functions sent to it: nothing to count
-            summary.reruns = client.run_on_scheduler(_reruns, keys=[f.key for f in finished])
-        del finished
-        summary.skipped = summary.total - summary.computed - len(summary.failures)
+            for future in queue:
+                if cancel is not None and cancel.is_set():
+                    raise Cancelled(
+                        "the run was cancelled; what was written is kept, and the same run resumes it"
+                    )
+                item, attempt = attempts.pop(future)
+                finished.append(future)
+                if future.status == "error":
+                    exc = future.exception()
+                    storage = (
+                        isinstance(exc, OSError) and exc.errno in STORAGE_ERRORS
+                    )  # retrying cannot fix it
+                    if attempt <= retries and not storage:
+                        summary.retries += 1
+                        queue.add(submit(item, attempt + 1))
+                        continue
+                    failed(item, exc, attempt)
+                else:
+                    result = future.result()
+                    if result.error is not None:
+                        summary.failures.append((result.item, result.error))
+                    if result.warning is not None:
+                        summary.warnings.append((result.item, result.warning))
+                    summary.computed += result.outputs
+                    summary.background += result.background
+                    summary.pixels += result.pixels
+                bar.update()
+                if on_progress is not None:
+                    on_progress(summary)
+                following = next(pending, None)
+                if following is not None:
+                    queue.add(submit(following, 1))
+        finally:
+            bar.close()
+            client.cancel(list(attempts))
+            summary.seconds = time.perf_counter() - started
+            with contextlib.suppress(
+                Exception
+            ):  # a scheduler that runs no functions sent to it: nothing to count
+                summary.reruns = client.run_on_scheduler(_reruns, keys=[f.key for f in finished])
+            del finished
+            summary.skipped = summary.total - summary.computed - len(summary.failures)

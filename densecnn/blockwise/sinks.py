@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import PredictInputError
+from ..errors import Fix, PredictInputError
 
 
 def create_output(
@@ -29,9 +29,11 @@ def create_output(
     attributes: dict,
     resume: bool,
     zarr_format: int = 3,
+    dimension_names: tuple[str, ...] | None = None,
 ):
     """Create the zarr array ``path`` (zarr v3, or v2 with "/"-separated chunk keys as NGFF 0.4 wants), or with
-    ``resume`` reopen one written for the same ``attributes``.
+    ``resume`` reopen one written for the same ``attributes``; ``dimension_names``: the axes' names (zarr v3,
+    as NGFF 0.5 requires).
 
     Raises:
         PredictInputError: ``path`` exists and describes another prediction (other model, input, shape or chunks).
@@ -50,8 +52,8 @@ def create_output(
         found = {"shape": existing.shape, "chunks": existing.chunks, "dtype": existing.dtype}
         if found != wanted or existing.attrs.get("densecnn") != attributes:
             raise PredictInputError(
-                f"{path} exists but holds another prediction ({_differences(found, wanted, existing, attributes)}); "
-                "remove it, choose another output, or pass --overwrite"
+                f"{path} exists but holds another prediction ({_differences(found, wanted, existing, attributes)})",
+                fix=Fix("remove it, choose another output, or start over", (("overwrite", ""),)),
             )
         return existing
     try:
@@ -66,6 +68,7 @@ def create_output(
             overwrite=True,
             zarr_format=zarr_format,
             **({"chunk_key_encoding": {"name": "v2", "separator": "/"}} if zarr_format == 2 else {}),
+            **({"dimension_names": dimension_names} if zarr_format == 3 and dimension_names else {}),
         )
     except OSError as exc:  # read-only, no permission, a file in the way, disk full
         raise PredictInputError(f"{path}: {storage_problem(exc)}") from None

@@ -57,6 +57,11 @@ ADVICE = "declare how the model's inputs are scaled"
 PERCENTILES = "percentiles:1,99.8"  # the percentiles suggested when an image's scaling must be declared
 
 
+def intensity_fix(advice: str, *values: str) -> Fix:
+    """The fix of giving the intensity one of ``values``."""
+    return Fix(advice, tuple(("intensity", value) for value in values))
+
+
 @dataclass(frozen=True)
 class Scaling:
     """``(x − low) / (high − low)``: one image's raw values -> the [0, 1] the model's normalisation expects.
@@ -127,7 +132,7 @@ class Intensity:
         except ValueError:
             raise IntensityError(
                 f"the intensity {text!r} is not understood",
-                fix=Fix("give one of", "intensity", ("dtype", "range:LOW,HIGH", "percentiles:LOW,HIGH")),
+                fix=intensity_fix("give one of", "dtype", "range:LOW,HIGH", "percentiles:LOW,HIGH"),
             ) from None
         return cls(mode, low, high)
 
@@ -170,7 +175,7 @@ class Intensity:
             raise IntensityError(
                 f"the image's {self.low:g}th and {self.high:g}th percentiles are both {low:g} (its values vary only "
                 "beyond them), so percentile scaling would divide by zero",
-                fix=Fix("give a fixed range", "intensity", ("range:LOW,HIGH",)),
+                fix=intensity_fix("give a fixed range", "range:LOW,HIGH"),
             )
         return Scaling(low, high)
 
@@ -193,7 +198,7 @@ def _dtype_scaling(sample: np.ndarray, floats_in_unit_range: bool) -> Scaling:
         raise IntensityError(
             f"the float image holds values in [{lowest:.4g}, {highest:.4g}], but the model expects floats in [0, 1] "
             "(its intensity mode is dtype)",
-            fix=Fix(ADVICE, "intensity", (suggestion, PERCENTILES)),
+            fix=intensity_fix(ADVICE, suggestion, PERCENTILES),
         )
     return Scaling(0.0, 1.0, constant)
 
@@ -206,7 +211,7 @@ def _integer_scaling(dtype: np.dtype, lowest: int, highest: int, constant: int |
         raise IntensityError(
             f"the image uses {lowest}..{highest} of {dtype}'s 0..{info.max} ({100 * used:.2g}% of the range): "
             "scaled by its dtype's range it is all but black, and would be labelled as such",
-            fix=Fix(ADVICE, "intensity", (_bit_depth_range(lowest, highest), PERCENTILES)),
+            fix=intensity_fix(ADVICE, _bit_depth_range(lowest, highest), PERCENTILES),
         )
     return Scaling(0.0, float(info.max), constant)
 

@@ -33,7 +33,7 @@ from magicgui.widgets import (
 from napari.qt.threading import GeneratorWorker, create_worker
 from napari.utils.colormaps import DirectLabelColormap
 
-from ..errors import Cancelled, DenseCNNError
+from ..errors import Cancelled, DenseCNNError, LabellingFailed
 from ..io.intensity import Intensity
 from ..modelfile import LoadedModel, load
 from . import engine
@@ -189,11 +189,6 @@ def palette_colormap(palette: list[list[int]]) -> DirectLabelColormap:
     """Class k drawn in ``palette[k]`` (RGB 0-255); class 0 is napari's background, drawn transparent."""
     colours = {k: [c / 255 for c in rgb] + [1.0] for k, rgb in enumerate(palette)}
     return DirectLabelColormap(color_dict={None: [0.0, 0.0, 0.0, 0.0], **colours})
-
-
-class LabellingFailed(DenseCNNError):
-    """The labelling thread failed with a RuntimeError (superqt's workers signal no RuntimeError, so it is passed
-    on as this)."""
 
 
 def _job(model_dir: Path, layer, intensity: str | None, **options):
