@@ -15,7 +15,9 @@ For each image and seed:
   data being set to the live layer's first labels by weights trained on them (a step after the run took them up).
 
 Times are wall clock on the machine it runs on (the Qt event loop turns meanwhile, as in a session), so they grow
-with whatever else runs there: each result records the 1-minute load average at its end. The panel's defaults (time
+with whatever else runs there: each result records the 1-minute load average at its end, and the CPU seconds of this
+process over the same spans (all its threads; an upper bound of the wall time on an otherwise idle machine while the
+work keeps at least one core busy). The panel's defaults (time
 budget aside) are used.
 """
 
@@ -63,10 +65,34 @@ def layer_of(image: np.ndarray) -> tuple[np.ndarray, bool]:
     return (image[0], False) if len(image) == 1 else (np.moveaxis(image, 0, -1), True)
 
 
+class Recorder:
+    """Every live prediction a run yields: (wall time, CPU time of this process, the weights' step, the labels when
+    they cover the whole image)."""
+
+    def __init__(self, shape: tuple[int, ...]):
+        self.shape, self.seen = shape, []
+
+    def follow(self, worker) -> None:
+        worker.yielded.connect(self._keep)
+
+    def _keep(self, update) -> None:
+        if isinstance(update, LivePrediction):
+            whole = update.labels.copy() if update.labels.shape == self.shape else None
+            self.seen.append((time.perf_counter(), time.process_time(), update.step, whole))
+
+    def first_after(self, index: int, step: int, wall: float, cpu: float) -> tuple[float, float] | None:
+        """(wall, CPU) seconds from (``wall``, ``cpu``) to the first live prediction from ``index`` on by weights
+        after ``step``."""
+        return next(((w - wall, c - cpu) for w, c, s, _ in self.seen[index:] if s > step), None)
+
+
+def now() -> tuple[float, float]:
+    return time.perf_counter(), time.process_time()
+
+
 def one_case(name: str, seed: int, args) -> dict:
     image, truth, names = make_image(name, seed, args.size)
     labels = strokes(truth, args.kind, args.share, seed)
-    more = strokes(truth, args.kind, args.share, seed + 1000)
     scored = labels == UNLABELLED
     forest = run_forest(image, labels, truth, scored, len(names), seed)
 
@@ -79,68 +105,60 @@ def one_case(name: str, seed: int, args) -> dict:
     panel._image.reset_choices()
     panel._strokes.reset_choices()
     panel._image.value, panel._strokes.value = image_layer, strokes_layer
-    panel._max_seconds.value = args.budget
+    recorder = Recorder(truth.shape)
 
-    whole: list[tuple[float, np.ndarray]] = []  # (time, labels) of each live prediction of the whole image
+    def train(budget: int):
+        panel._max_seconds.value = budget
+        worker = panel.train()
+        recorder.follow(worker)
+        return worker
 
-    def keep(update) -> None:
-        if isinstance(update, LivePrediction) and update.labels.shape == truth.shape:
-            whole.append((time.perf_counter(), update.labels.copy()))
-
-    started = time.perf_counter()
-    worker = panel.train()
-    worker.yielded.connect(keep)
-    wait(lambda: panel.worker is None, args.budget + 120)
-    curve = [(t - started, mean_iou(data, truth, scored, len(names))) for t, data in whole]
-    reached = next((t for t, m in curve if m >= forest["miou"]), None)
+    wall, cpu = now()
+    train(args.budget)
+    wait(lambda: panel.worker is None, args.budget + 300)
+    curve = [
+        (w - wall, c - cpu, mean_iou(whole, truth, scored, len(names)))
+        for w, c, _, whole in recorder.seen
+        if whole is not None
+    ]
+    reached = next(((w, c) for w, c, m in curve if m >= forest["miou"]), (None, None))
 
     # strokes added after the run, then Train
-    added = np.maximum(strokes_layer.data, stroke_values(more))
-    before = len(panel.live_updates)
-    steps_before = panel.session.trainer.step
-    t0 = time.perf_counter()
-    strokes_layer.data = added
-    panel._max_seconds.value = args.retrain_budget
-    panel.train()
-    wait(
-        lambda: any(s > steps_before for _, s, _ in panel.live_updates[before:]) or panel.worker is None, 120
+    index, step = len(recorder.seen), panel.session.trainer.step
+    wall, cpu = now()
+    strokes_layer.data = np.maximum(
+        strokes_layer.data, stroke_values(strokes(truth, args.kind, args.share, seed + 1))
     )
-    idle = next((t - t0 for t, s, _ in panel.live_updates[before:] if s > steps_before), None)
-    wait(lambda: panel.worker is None, args.retrain_budget + 120)
+    train(args.retrain_budget)
+    wait(lambda: panel.worker is None, args.retrain_budget + 300)
+    after_run = recorder.first_after(index, step, wall, cpu) or (None, None)
 
-    # strokes added while a run trains
-    panel._max_seconds.value = args.retrain_budget
-    worker = panel.train()
-    wait(
-        lambda: panel.session.trainer.step > panel.session.trainer.start_step + 2 or panel.worker is None, 60
-    )
-    during = None
+    # strokes added while a run trains: the run takes them up after its step under way
+    train(args.retrain_budget)
+    trainer = panel.session.trainer
+    wait(lambda: trainer.step > trainer.start_step + 2 or panel.worker is None, 300)
+    during = (None, None)
     if panel.worker is not None:
-        before = len(panel.live_updates)
-        start_before = panel.session.trainer.start_step
-        t0 = time.perf_counter()
+        index, taken = len(recorder.seen), trainer.start_step
+        wall, cpu = now()
         strokes_layer.data = np.maximum(
-            strokes_layer.data, stroke_values(strokes(truth, args.kind, args.share, seed + 2000))
+            strokes_layer.data, stroke_values(strokes(truth, args.kind, args.share, seed + 2))
         )
-        wait(
-            lambda: (
-                panel.session.trainer.start_step != start_before
-                and any(s > panel.session.trainer.start_step for _, s, _ in panel.live_updates[before:])
-            ),
-            120,
-        )
-        taken_at = panel.session.trainer.start_step
-        during = next((t - t0 for t, s, _ in panel.live_updates[before:] if s > taken_at), None)
+        wait(lambda: trainer.start_step != taken or panel.worker is None, 300)
+        taken = trainer.start_step
+        wait(lambda: recorder.first_after(index, taken, wall, cpu) is not None or panel.worker is None, 300)
+        during = recorder.first_after(index, taken, wall, cpu) or (None, None)
         panel.cancel()
-        wait(lambda: panel.worker is None, 120)
+        wait(lambda: panel.worker is None, 300)
     viewer.close()
     result = {
         "image": name, "seed": seed, "kind": args.kind, "size": args.size,
         "labelled_share": float(np.mean(labels != UNLABELLED)),
         "forest_miou": forest["miou"], "forest_cpu_seconds": forest["seconds"],
-        "first_useful_seconds": reached, "curve": curve,
-        "best_miou": max((m for _, m in curve), default=None),
-        "stroke_to_live_seconds_after_run": idle, "stroke_to_live_seconds_during_run": during,
+        "first_useful_seconds": reached[0], "first_useful_cpu_seconds": reached[1], "curve": curve,
+        "best_miou": max((m for _, _, m in curve), default=None),
+        "stroke_to_live_seconds_after_run": after_run[0], "stroke_to_live_cpu_seconds_after_run": after_run[1],
+        "stroke_to_live_seconds_during_run": during[0], "stroke_to_live_cpu_seconds_during_run": during[1],
         "load_average_1min": os.getloadavg()[0],
     }  # fmt: skip
     print(json.dumps({k: v for k, v in result.items() if k != "curve"}), flush=True)
@@ -166,11 +184,7 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     results = [one_case(name, seed, args) for name in args.images for seed in args.seeds]
     summary = {}
-    for key in (
-        "first_useful_seconds",
-        "stroke_to_live_seconds_after_run",
-        "stroke_to_live_seconds_during_run",
-    ):
+    for key in [k for k in results[0] if k.startswith(("first_useful", "stroke_to_live"))]:
         values = [r[key] for r in results if r[key] is not None]
         summary[key] = {
             "median": statistics.median(values) if values else None,

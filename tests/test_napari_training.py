@@ -366,3 +366,25 @@ def test_a_new_3d_model_trains_on_strokes_of_one_slice_of_a_volume(viewer_and_pa
     trainer = panel.session.trainer
     assert trainer.step > 0 and len(trainer.patch_size) == 3, panel._status.value
     assert panel.session.source.labels_shape == volume.shape and panel.live_updates
+
+
+def test_a_plane_too_large_for_live_labels_gets_the_centre_of_the_view(monkeypatch):
+    from densecnn.napari import training
+
+    image = _cells(200)
+    source = _source(image)
+    session = TrainingSession(source, intensity=Intensity(), start=None, class_names=["bg", "cell"])
+    stop = threading.Event()
+    strokes = StrokeSet.of(_strokes(image, range(10, 190, 30)), source, image_shape=image.shape)
+    for _ in session.train(strokes, stop=stop, max_memory=1 << 30, max_seconds=0.5):
+        pass
+    monkeypatch.setattr(training, "LIVE_PLANE_PIXELS", 60 * 60)
+    assert not session.labels_whole_planes
+    session.view = View((), (slice(0, 200), slice(40, 160)))
+    (live,) = session.predict(stop=stop, max_memory=1 << 30)
+    # 77x46: the view's centre, shrunk alike on both axes
+    assert live.region == (slice(61, 138), slice(77, 123))
+    scores = _scores(session.model(), image)
+    assert_labels_equal_except_ties(
+        torch.from_numpy(live.labels.astype(np.int64))[None], scores[..., 61:138, 77:123]
+    )

@@ -276,8 +276,13 @@ class TrainPanel(Container):
             self.session.view = self._shown_view()
         elif isinstance(update, LivePrediction):
             layer = self._live_layer()
-            layer.data[(*update.plane, *update.region)] = update.labels
-            layer.refresh()
+            if self.session.labels_whole_planes:
+                layer.data[(*update.plane, *update.region)] = update.labels
+                layer.refresh()
+            else:  # the layer holds the last region's labels only, placed where they belong
+                layer.data = update.labels.reshape((1,) * len(update.plane) + update.labels.shape)
+                starts = (*update.plane, *(s.start for s in update.region))
+                layer.translate = [t + o * s for t, o, s in zip(self._image_translate(), starts, layer.scale)]
             self.live_updates.append((time.perf_counter(), update.step, update.region))
 
     def _live_layer(self) -> napari.layers.Labels:
@@ -286,15 +291,20 @@ class TrainPanel(Container):
         if name in self._viewer.layers:
             return self._viewer.layers[name]
         _, palette = self._class_list()
-        translate = [t for a, t in enumerate(image.translate) if a != source.channel_axis]
+        shape = source.labels_shape if self.session.labels_whole_planes else (1,) * len(source.labels_shape)
         return self._viewer.add_labels(
-            np.zeros(source.labels_shape, np.uint8 if len(palette) <= 256 else np.uint16),
+            np.zeros(shape, np.uint8 if len(palette) <= 256 else np.uint16),
             name=name,
             scale=source.scale,
-            translate=translate,
+            translate=self._image_translate(),
             colormap=palette_colormap(palette),
             opacity=0.5,
         )
+
+    def _image_translate(self) -> list[float]:
+        """The image layer's translation along the labels' axes (its channel axis left out)."""
+        channel_axis = self.session.source.channel_axis
+        return [t for a, t in enumerate(self._image.value.translate) if a != channel_axis]
 
     def _recolour(self) -> None:
         """The classes field's colours on the strokes layer (value v: class v-1) and the live layer."""

@@ -61,7 +61,8 @@ class View:
 
 @dataclass(frozen=True)
 class LivePrediction:
-    """The labels (class ids, the region's shape) of ``region`` of ``plane`` by the weights after ``step``."""
+    """The labels (class ids, the region's shape) of ``region`` of ``plane`` by the best weights, those after
+    ``step``."""
 
     plane: tuple[int, ...]
     region: tuple[slice, ...]
@@ -81,6 +82,7 @@ class TrainingSession:
 
     Attributes:
         view: the region the next live prediction labels first (the widget keeps it up to date).
+        best_step: the step after which the best weights so far were taken.
         trainer: the :class:`StrokeTrainer`, once :meth:`train` has read the strokes.
     """
 
@@ -98,6 +100,7 @@ class TrainingSession:
         self.channels = start.in_channels if start is not None else _layer_channels(source)
         self.view = View(next(source.planes()), tuple(slice(0, n) for n in source.spatial_shape))
         self.trainer: StrokeTrainer | None = None
+        self.best_step = 0
         self._pending: StrokeSet | None = None
         self._lock = threading.Lock()
         self._scalings: dict[tuple[int, ...], Intensity] = {}
@@ -123,8 +126,7 @@ class TrainingSession:
         schedule on them from the current weights."""
         self._read(strokes)
         started = refreshed = time.monotonic()
-        shown = None  # (best weights' step, view) of the last live prediction
-        best_at = 0
+        shown = (self.best_step, self.view)  # what the live labels show: the weights' step and the view
         while not stop.is_set():
             left = None if max_seconds is None else max(0.0, max_seconds - (time.monotonic() - started))
             for progress in self.trainer.run(max_seconds=left, stop=stop):
@@ -133,9 +135,11 @@ class TrainingSession:
                     progress.best_val_miou, time.monotonic() - started,
                 )  # fmt: skip
                 if not self.trainer.has_val or progress.val_miou == progress.best_val_miou:
-                    best_at = progress.step  # new best weights (each step's when no strokes are held out)
-                if (best_at, self.view) != shown and time.monotonic() - refreshed >= refresh_seconds:
-                    shown = (best_at, self.view)
+                    self.best_step = (
+                        progress.step
+                    )  # new best weights (each step's when no strokes are held out)
+                if (self.best_step, self.view) != shown and time.monotonic() - refreshed >= refresh_seconds:
+                    shown = (self.best_step, self.view)
                     yield from self.predict(stop=stop, max_memory=max_memory)
                     refreshed = time.monotonic()
                 if self._has_pending():
@@ -148,14 +152,14 @@ class TrainingSession:
         yield from self.predict(stop=stop, max_memory=max_memory)
 
     def predict(self, *, stop: threading.Event, max_memory: int) -> Iterator[LivePrediction]:
-        """Label :attr:`view` with the best weights so far, then its whole plane when it has at most
-        :data:`LIVE_PLANE_PIXELS` pixels; each region's labels equal those of its whole plane (the window read
+        """Label :attr:`view` (its centre, up to :data:`LIVE_PLANE_PIXELS` pixels) with the best weights so far, then
+        its whole plane when that has at most :data:`LIVE_PLANE_PIXELS` pixels; each region's labels equal those of its whole plane (the window read
         around it holds the receptive field, the plane's scaling is the one training used). Nothing once ``stop``
         is set."""
         view, loaded = self.view, self.model()
         whole = tuple(slice(0, n) for n in self.source.spatial_shape)
-        regions = [view.region]
-        if view.region != whole and math.prod(self.source.spatial_shape) <= LIVE_PLANE_PIXELS:
+        regions = [_centre(view.region, LIVE_PLANE_PIXELS)]
+        if view.region != whole and self.labels_whole_planes:
             regions.append(whole)
         for region in regions:
             try:
@@ -164,7 +168,13 @@ class TrainingSession:
                 return
             if stop.is_set():
                 return
-            yield LivePrediction(view.plane, region, labels, self.trainer.step)
+            yield LivePrediction(view.plane, region, labels, self.best_step)
+
+    @property
+    def labels_whole_planes(self) -> bool:
+        """Whether live predictions cover whole planes (planes of at most :data:`LIVE_PLANE_PIXELS` pixels), or only
+        the region on the canvas."""
+        return math.prod(self.source.spatial_shape) <= LIVE_PLANE_PIXELS
 
     def model(self) -> LoadedModel:
         """The best weights so far with the metadata Save writes (a copy: training goes on without touching it)."""
@@ -187,11 +197,10 @@ class TrainingSession:
                 images, labels, unlabelled=UNLABELLED, model=self.start, class_names=self.class_names,
                 seed=self.seed,
             )  # fmt: skip
-            self.trainer.loaded.intensity = (
-                self.intensity
-            )  # the saved model scales raw pixels as training did
+            self.trainer.loaded.intensity = self.intensity  # the saved model scales pixels as training did
         else:
             self.trainer.set_labels(images, labels, unlabelled=UNLABELLED)
+        self.best_step = self.trainer.step  # the best weights are the current ones until a step or validation
 
     def _label_region(self, loaded, plane, region, *, stop, max_memory) -> np.ndarray:
         """The labels of ``region`` of ``plane``: its window widened by the receptive field (clipped to the plane,
@@ -216,6 +225,18 @@ class TrainingSession:
             scaling = plane_scaling(self.intensity, self.source, plane)
             self._scalings[plane] = Intensity("range", scaling.low, scaling.high)
         return self._scalings[plane]
+
+
+def _centre(region: tuple[slice, ...], pixels: int) -> tuple[slice, ...]:
+    """``region`` shrunk about its centre, by the same factor along every axis, to at most ``pixels`` pixels."""
+    sizes = [s.stop - s.start for s in region]
+    if math.prod(sizes) <= pixels:
+        return region
+    factor = (pixels / math.prod(sizes)) ** (1 / len(sizes))
+    kept = [max(1, int(n * factor)) for n in sizes]
+    return tuple(
+        slice(s.start + (n - k) // 2, s.start + (n - k) // 2 + k) for s, n, k in zip(region, sizes, kept)
+    )
 
 
 def _layer_channels(source: LayerSource) -> int:
