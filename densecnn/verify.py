@@ -26,8 +26,11 @@ from .rules import LayerRecord
 
 # max |dense - patch model| <= TOLERANCE · max(max |patch model|, 1): the rounding bound of the equivalence guarantee
 TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 5e-2}
-OUTPUTS_PER_AXIS = {1: 4, 2: 2, 3: 2}  # 4, 4 and 8 patches (two per axis: a transposed map shows)
-FAR_OUTPUTS = (0.5, 1.0)  # and these, as fractions of the wide last axis: patches far from the map's start
+OUTPUTS_PER_AXIS = {
+    1: 4,
+    2: 2,
+    3: 2,
+}  # outputs per axis near the map's start (two per axis: a transposed map shows)
 _SEED = 0  # a private generator: the pass never draws from the caller's random stream
 
 
@@ -90,21 +93,26 @@ def _eval_mode(*nets: nn.Module):
 class _Check:
     """The random input, its patches and the model's scores for them; the comparisons made on a mismatch.
 
-    The map holds :data:`OUTPUTS_PER_AXIS` outputs per axis, and along the last axis two patch sizes more: the dense
-    net runs on a map about three patches wide there (a layer whose result depends on the map's size shows), and the
-    model on the patches of the first outputs (every combination: a transposed map shows) and of a few far ones.
+    The map holds :data:`OUTPUTS_PER_AXIS` outputs per axis, and along the last axis a patch size more: the dense net
+    runs on a map about two patches wide there (a layer whose result depends on the map's size shows), and the model
+    on the patches of the first output, of its neighbour along each axis (a transposed map shows; the first four
+    for signals) and of the last output of the wide axis: 4 patches for images, 5 for signals and volumes.
     """
 
     def __init__(self, model, dense, layers, dtype: torch.dtype, device: torch.device):
         self.model, self.dense, self.layers, self.dtype = model, dense, layers, dtype
         first = OUTPUTS_PER_AXIS[dense.dims]
-        wide = first + 2 * dense.patch_size[-1]  # outputs along the last axis: the map is ~3 patches wide
+        wide = first + dense.patch_size[-1]  # outputs along the last axis: the image is ~2 patches wide
         self.outputs = (first,) * (dense.dims - 1) + (wide,)
-        near = torch.cartesian_prod(*(torch.arange(first) for _ in range(dense.dims))).view(-1, dense.dims)
-        far = torch.zeros(len(FAR_OUTPUTS), dense.dims, dtype=torch.long)
-        far[:, :-1] = first - 1
-        far[:, -1] = torch.tensor([round(f * (wide - 1)) for f in FAR_OUTPUTS])
-        self.positions = torch.cat([near, far]).unique(dim=0)  # (B, dims): the output pixels compared
+        if dense.dims == 1:
+            near = torch.arange(first).view(-1, 1)  # (4, 1)
+        else:  # the first output and its neighbour along each axis: a transposed map shows
+            near = torch.cat(
+                [torch.zeros(1, dense.dims, dtype=torch.long), torch.eye(dense.dims, dtype=torch.long)]
+            )
+        far = torch.zeros(1, dense.dims, dtype=torch.long)
+        far[0, -1] = wide - 1  # the last output of the wide axis, far from the map's start
+        self.positions = torch.cat([near, far])  # (B, dims): the output pixels compared, in row-major order
         channels = dense.in_channels or 1
         generator = torch.Generator().manual_seed(_SEED)
         # (1, C, *(s + P - 1)): every patch whole; the dense net reads the first s + R - 1 samples per axis

@@ -513,10 +513,10 @@ def test_verification_names_the_layer_a_wrong_rule_was_registered_for():
 
 
 class WideMapCentring(nn.Module):
-    """Pointwise on maps up to 12 wide, not on wider ones: a layer whose behaviour depends on the map's size."""
+    """Pointwise on maps up to 8 wide, not on wider ones: a layer whose behaviour depends on the map's size."""
 
     def forward(self, x):
-        return x - x.mean(-1, keepdim=True) if x.shape[-1] > 12 else x
+        return x - x.mean(-1, keepdim=True) if x.shape[-1] > 8 else x
 
 
 densecnn.register_rule(WideMapCentring)  # a wrong registration that a map a few pixels wide does not show
