@@ -131,3 +131,25 @@ def test_an_adamw_run_writes_no_momentum_into_its_command(strokes_dataset, tmp_p
     adamw = options(strokes_dataset, tmp_path / "a", optimizer="adamw").command_line()
     sgd = options(strokes_dataset, tmp_path / "s", optimizer="sgd").command_line()
     assert "--momentum" not in adamw and "--momentum 0.9" in sgd
+
+
+def test_geojson_annotations_beside_the_images_are_training_labels(tmp_path, tiny_recipe):
+    data = make_dataset(tmp_path / "data", images=1, size=(48, 48))
+    for label_file in (data / "labels").iterdir():
+        label_file.unlink()
+    (data / "labels").rmdir()
+    features = [
+        {"type": "Feature", "geometry": geometry, "properties": {"classification": {"name": name}}}
+        for geometry, name in [
+            ({"type": "Polygon", "coordinates": [[[2, 2], [20, 2], [20, 12], [2, 12], [2, 2]]]}, "Stroma"),
+            ({"type": "LineString", "coordinates": [[5, 30], [40, 30]]}, "Tumor"),
+            ({"type": "Point", "coordinates": [44, 44]}, "Tumor"),
+        ]
+    ]
+    (data / "annotations").mkdir()
+    (data / "annotations" / "im0.geojson").write_text(
+        json.dumps({"type": "FeatureCollection", "features": features})
+    )
+    out = tmp_path / "run"
+    assert main(["train", "--data", str(data), "--out", str(out)]) == 0
+    assert densecnn.load(out / "model").class_names == ["Stroma", "Tumor"]

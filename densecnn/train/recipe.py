@@ -50,7 +50,7 @@ class Recipe:
     batch: int
     steps: int
     lr: float = 2e-3
-    warmup: int = 10
+    warmup: int = 3
     val_every: int = 10
     patience: int = 4
     min_steps: int = 40

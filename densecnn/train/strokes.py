@@ -71,8 +71,8 @@ class StrokeTrainer:
     """Trains a patch model from sparse labels; see the module's docs for the arguments and an example.
 
     Attributes:
-        model: the best weights so far, as an eval-mode copy of the patch model (the newest ones without held-out
-            strokes).
+        model: the best weights so far, as an eval-mode copy of the patch model (the newest ones until the
+            first validation, and always without held-out strokes).
         patch_size, class_names, palette, recipe: as the run uses them.
         step: steps taken over every ``run``.
     """
@@ -197,7 +197,7 @@ class StrokeTrainer:
                     self._best_state = copy.deepcopy(self.model_net.state_dict())
                 else:
                     self._stale += 1
-            elif not self.has_val:
+            elif self.best_val_miou is None:  # no held-out strokes, or none scored yet: the newest weights
                 self._best_state = copy.deepcopy(self.model_net.state_dict())
             yield StrokeProgress(
                 self.step, self.total_steps, loss, val_miou, self.best_val_miou, time.monotonic() - started
