@@ -112,13 +112,14 @@ def convert(
             (torch's dilated ops, NCHW) or "ext" (densecnn's own kernels).
         tune: time the candidate solvers of each layer on the first call for a new input shape (cached on disk)
             instead of choosing at once from the shipped cost model; see docs/performance.md.
-        verify: run the dense net and the model on a few patches of a small random input and raise unless they
-            agree to rounding (:mod:`densecnn.verify`; on the reference nets it costs 2-11% of one warm 512²
-            forward). Turn it off only where the same model was verified already.
+        verify: run the dense net on a random map two patches wide and the model on a few of its patches, and raise
+            unless they agree to rounding (:mod:`densecnn.verify`; a fraction of one warm 512² forward, once:
+            docs/conversion.md gives the figures). Turn it off only where the same model was verified already.
 
     Raises:
-        ConversionError: a layer cannot be converted exactly (the message names it and says what to do), or the
-            verification pass found the dense net and the model disagreeing (the message names the first layer
+        ConversionError: a layer cannot be converted exactly (the message names it and says what to do), a tensor
+            holds no values (the meta device, a lazy layer not yet run), no solver of ``backend`` runs a layer, or
+            the verification pass found the dense net and the model disagreeing (the message names the first layer
             whose outputs differ).
         PatchSizeError: the patch size does not bring the net to one output, or has a number of entries other than
             the layers' spatial axes; the message names the nearest sizes that do (computed in closed form from the layers, instantly whatever the size).
