@@ -64,12 +64,16 @@ def test_the_api_schema_states_the_ranges(tmp_path):
 
 def test_a_chunk_whose_memory_passes_the_plan_is_refused_and_a_default_one_is_made_to_fit(tmp_path):
     from densecnn_app.jobs.admission import chunk_memory
+    from densecnn_app.registry import ServedModel
 
     import densecnn
+    from densecnn.io import open_array
 
     write_zarr(tmp_path / "data" / "blobs.zarr", 96, 96, chunks=96)
     loaded = densecnn.load(job_settings(tmp_path).model_dir / "cells")
-    budget = 2 * chunk_memory(32, (96, 96), loaded, 3, 1) + 1000  # a chunk of 32 fits, one of 64 does not
+    served = ServedModel("cells", loaded, loaded.dense())
+    source = open_array(tmp_path / "data" / "blobs.zarr", spatial_dims=2)
+    budget = 2 * chunk_memory(32, source, served) + 1000  # a chunk of 32 fits, one of 64 does not
     settings = job_settings(tmp_path, max_job_memory=budget)
     with serving(settings) as client:
         refused = client.post("/v1/jobs", json={"model": "cells", "input": "blobs.zarr", "chunk": 64})
@@ -275,6 +279,26 @@ def test_results_name_no_server_path(tmp_path):
 
 
 # --- 5. jobs that always end, nothing left behind ---
+
+
+def test_a_cancelled_job_writes_nothing_after_it_says_cancelled_and_its_delete_leaves_nothing(tmp_path):
+    write_zarr(tmp_path / "data" / "big.zarr", 256, 256, chunks=16)
+    settings = job_settings(tmp_path, job_block=128)  # tasks of 8 x 8 chunks: a cancel lands inside one
+    with serving(settings) as client:
+        response = client.post("/v1/jobs", json={"model": "cells", "input": "big.zarr", "chunk": 16})
+        location, job_id = response.headers["location"], response.json()["id"]
+        wait_for(client, location, until=lambda job: job["progress"]["blocks_done"] >= 1)
+        client.delete(location)
+        job = wait_for(client, location)
+        store = settings.data_dir / "jobs" / job_id / "labels.zarr"
+        written = sorted(store.rglob("c/*/*"))
+        time.sleep(1.0)  # a block still in flight would write its next chunk meanwhile
+        assert job["state"] == "cancelled" and sorted(store.rglob("c/*/*")) == written
+        assert len(written) < 256
+        assert client.delete(location).status_code == 204
+        client.app.state.jobs.maintain()
+        assert not (settings.data_dir / "jobs" / job_id).exists()
+        assert client.app.state.jobs.quota.names() == set()
 
 
 def test_an_outcome_the_database_cannot_take_is_shown_and_written_later(tmp_path, monkeypatch):

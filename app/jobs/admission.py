@@ -4,7 +4,7 @@ zarr chunks that would decode to more than ``max_decode_bytes``), the result it 
 read block by block, one label PNG for image files decoded whole), the output chunk its memory allows, and the disk
 its results take. Everything is decided before the job is recorded, so a job that cannot run is refused at once.
 
->>> plan = admit(job_input, loaded, settings, level=None, chunk=None)
+>>> plan = admit(job_input, service.models["nuclei"], settings, level=None, chunk=None)
 >>> plan.result, plan.chunk, plan.memory, plan.output_bytes
 ('zarr', None, 201326592, 12288)
 """
@@ -14,13 +14,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from densecnn import LoadedModel
+from densecnn.blockwise.blocks import halo
+from densecnn.blockwise.planning import bytes_per_pixel, output_chunks, task_windows
 from densecnn.errors import ImageReadError, ImageTooLargeError
 from densecnn.io import label_dtype, open_array, read_header
 from densecnn.io.arrays import LazyArray
 from densecnn.io.decode import check_tiff_tiles
 
 from ..errors import ApiError
+from ..registry import ServedModel
 from ..settings import Settings
 from .inputs import JobInput
 
@@ -52,23 +54,24 @@ def task_memory(settings: Settings) -> int:
     return min(settings.job_task_memory or settings.max_job_memory, settings.max_job_memory)
 
 
-def chunk_memory(side: int, shape: tuple[int, ...], loaded: LoadedModel, channels: int, itemsize: int) -> int:
-    """Bytes a block task of one output chunk of ``side`` per axis holds, for an input of spatial ``shape``: its
-    window (the chunk within the image, plus the model's patch around it) read in the stored dtype and copied as
-    float32, with its scores and labels (as the engine counts them: ``channels`` × (itemsize + 8) + 8 per pixel),
-    and the output chunk's buffer (``side`` per axis whatever the image's size: zarr writes whole chunks).
+def chunk_memory(side: int, source: LazyArray, served: ServedModel) -> int:
+    """Bytes a block task of one output chunk of ``side`` per axis holds: the engine's own estimate of its window
+    (:mod:`densecnn.blockwise.planning`: the chunk within the image plus the halo of the receptive field, read,
+    copied as float32 and labelled) and the output chunk's buffer (``side`` per axis whatever the image's size: zarr
+    writes whole chunks).
 
-    >>> chunk_memory(1024, (20000, 20000), loaded, 3, 1)   # a 3-channel uint8 slide, a 95-pixel patch
+    >>> chunk_memory(1024, open_array("slide.zarr", spatial_dims=2), served)   # 3-channel uint8, a 95-pixel patch
     40853908
     """
-    halo = [p - 1 for p in loaded.patch_size]
-    window = math.prod(min(side, n) + h for n, h in zip(shape, halo, strict=True))
-    buffer = side ** len(shape) * label_dtype(loaded.num_classes).itemsize
-    return window * (channels * (itemsize + 8) + 8) + buffer
+    chunks = output_chunks(source, side)
+    margins = halo(served.dense.patch_size, served.dense.receptive_field)
+    window = math.prod(task_windows(chunks, (1,) * len(chunks), source.spatial_shape, margins))
+    buffer = side ** len(chunks) * label_dtype(served.loaded.num_classes).itemsize
+    return window * bytes_per_pixel(source) + buffer
 
 
 def admit(
-    job_input: JobInput, loaded: LoadedModel, settings: Settings, *, level: int | None, chunk: int | None
+    job_input: JobInput, served: ServedModel, settings: Settings, *, level: int | None, chunk: int | None
 ) -> JobPlan:
     """The job's plan. Blocking (reads the input's header or metadata).
 
@@ -76,13 +79,14 @@ def admit(
     caller did, never where it lies on the server.
     """
     try:
-        return _admit(job_input, loaded, settings, level, chunk)
+        return _admit(job_input, served, settings, level, chunk)
     except ImageReadError as exc:
         exc.args = (str(exc).replace(str(job_input.path), job_input.name),)
         raise exc from None
 
 
-def _admit(job_input: JobInput, loaded: LoadedModel, settings: Settings, level, chunk) -> JobPlan:
+def _admit(job_input: JobInput, served: ServedModel, settings: Settings, level, chunk) -> JobPlan:
+    loaded = served.loaded
     dims = len(loaded.patch_size)
     labels = label_dtype(loaded.num_classes).itemsize
     if job_input.chunked:
@@ -92,7 +96,7 @@ def _admit(job_input: JobInput, loaded: LoadedModel, settings: Settings, level, 
         small_copy = (
             pixels * labels if pixels <= settings.max_image_pixels else 0
         )  # the PNG or TIFF beside it
-        chosen, memory = _chunk(array, loaded, settings, chunk)
+        chosen, memory = _chunk(array, served, settings, chunk)
         stored = _store_bytes(array.spatial_shape, chosen or _default_chunk(array, dims), labels)
         return JobPlan("zarr", chosen, memory, stored + disk_blocks(small_copy))
     if dims != 2:
@@ -152,7 +156,7 @@ def _itemsize(array: LazyArray) -> int:
 
 
 def _chunk(
-    array: LazyArray, loaded: LoadedModel, settings: Settings, chunk: int | None
+    array: LazyArray, served: ServedModel, settings: Settings, chunk: int | None
 ) -> tuple[int | None, int]:
     """The output chunk to ask for (None: the engine's default) and one block task's estimated memory; 422 when
     the caller's chunk does not fit one task's memory (:func:`task_memory`), of which :data:`WINDOW_SHARE` at most
@@ -160,7 +164,7 @@ def _chunk(
     budget = int(task_memory(settings) * WINDOW_SHARE)
 
     def memory(side: int) -> int:
-        return chunk_memory(side, array.spatial_shape, loaded, array.channels, _itemsize(array))
+        return chunk_memory(side, array, served)
 
     if chunk is not None:
         if memory(chunk) > budget:

@@ -213,6 +213,7 @@ class JobRunner:
             max_memory=task_memory(self.settings),
             intensity=Intensity.parse(job.intensity) if job.intensity else None,
             progress=False,
+            cancel=stop,  # set: no block starts, and a block in flight writes no further chunk
             on_progress=report,
         )
         where = str(directory)
@@ -376,6 +377,7 @@ class _Reporter:
         self.written = now
         job = self.runner.store.get(self.job_id)
         if job is None or job.cancel_requested:  # deleted, or cancelled through another worker
+            self.stop.set()  # the blocks in flight write no further chunk
             raise Cancelled(f"job {self.job_id} was cancelled")
         self.final(summary)
 

@@ -139,8 +139,8 @@ async def create_job(
                 await asyncio.to_thread(runner.quota.reserve, job_id, 0)
             else:
                 job_input = await _receive_upload(request, runner, settings, job_id, directory)
-            loaded = service.models[model].loaded
-            plan = await asyncio.to_thread(admit, job_input, loaded, settings, level=level, chunk=chunk)
+            served = service.models[model]
+            plan = await asyncio.to_thread(admit, job_input, served, settings, level=level, chunk=chunk)
         await asyncio.to_thread(runner.quota.grow, job_id, plan.output_bytes)
         record = JobRecord(
             id=job_id, owner=caller.owner, model=model, input=job_input.path.name if spec is None or taken else "",
