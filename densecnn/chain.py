@@ -130,14 +130,16 @@ def _trace_chain(model: nn.Module, prefix: str) -> Chain:
         if node.op == "placeholder":
             if current is not None:
                 raise ConversionError(
-                    f"{where}: forward() takes more than one input; densecnn needs exactly one"
+                    f"{where}: forward() takes more than one input; densecnn needs exactly one. Give forward a "
+                    "single tensor argument (fix the others as attributes of the model)"
                 )
             current = node
             continue
         if node.op == "output":
             if node.args[0] is not current:
                 raise ConversionError(
-                    f"{where}: forward() must return the last op's output (a single tensor)"
+                    f"{where}: forward() must return the last op's output (a single tensor). Return the scores "
+                    "tensor alone (no tuple, dict or intermediate map)"
                 )
             break
         if node in constants:
@@ -274,7 +276,10 @@ def _alias_layer(model: nn.Module, node: torch.fx.Node, record, alias, op: str) 
     if alias.build is not None:
         return alias.build(*values, **node.kwargs)
     if len(values) > len(alias.params):
-        raise ConversionError(f"{op}: takes at most {len(alias.params)} arguments after the input here")
+        raise ConversionError(
+            f"{op}: takes at most {len(alias.params)} arguments after the input here. Pass the others by keyword, "
+            "or use the nn module"
+        )
     named = {**alias.defaults, **dict(zip(alias.params, values)), **node.kwargs}
     named.pop("inplace", None)  # the dense net never works in place
     named.pop("_stacklevel", None)
@@ -282,10 +287,16 @@ def _alias_layer(model: nn.Module, node: torch.fx.Node, record, alias, op: str) 
         raise ConversionError(f"{op}: dtype= changes the precision inside the net; cast the model instead")
     unknown = set(named) - set(alias.params)
     if unknown:
-        raise ConversionError(f"{op}: argument(s) {', '.join(sorted(unknown))} are not supported")
+        raise ConversionError(
+            f"{op}: argument(s) {', '.join(sorted(unknown))} are not supported. Use the nn module with those "
+            "arguments, or remove them"
+        )
     training = named.pop("training", alias.training_default())
     if any(isinstance(value, torch.fx.Node) for value in named.values()):
-        raise ConversionError(f"{op}: its arguments must be constants, not computed in forward()")
+        raise ConversionError(
+            f"{op}: its arguments must be constants, not computed in forward(). Use the nn module, whose arguments "
+            "are fixed at construction"
+        )
     module = record.layer_type(**named).train(model.training)
     if training is None or training == model.training:
         return module

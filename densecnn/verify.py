@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .errors import ConversionError
+from .errors import ConversionError, DenseCNNError
 from .rules import LayerRecord
 
 # max |dense - patch model| <= TOLERANCE · max(max |patch model|, 1): the rounding bound of the equivalence guarantee
@@ -72,7 +72,19 @@ def verify_conversion(model: nn.Module, dense: nn.Module, layers: list[Converted
         return  # shapes only (a model file being checked), or a dtype with no stated bound
     with torch.no_grad(), _eval_mode(model, dense):
         check = _Check(model, dense, layers, dtype, device)
-        error = check.error(check.dense_scores(), check.expected)
+        try:
+            scores = check.dense_scores()
+        except DenseCNNError:
+            raise
+        except Exception as exc:  # a solver or a user's dense layer failing on the check's input
+            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise ConversionError(
+                f"verification could not run the dense net on a small {dtype} input ({type(exc).__name__}: "
+                f"{reason}). Convert with backend='native' (torch's own ops); if that fails too, a layer's rule "
+                "returns a dense layer that cannot run: correct the rule you registered, or report it as a densecnn "
+                "bug"
+            ) from None
+        error = check.error(scores, check.expected)
         if error is not None:
             raise ConversionError(check.diagnose(error))
 
