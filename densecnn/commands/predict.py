@@ -50,6 +50,12 @@ def add_parser(subparsers) -> None:
         help="label file, output directory, .zarr array or .ome.zarr label image (none with --labels-into)",
     )
     add_options(parser)
+    parser.add_argument(
+        "--geojson",
+        metavar="FILE",
+        help="also write the labels' regions as GeoJSON polygons, one feature per connected region with its class "
+        "name and colour (QuPath: File > Import objects); for one 2-D label map (the geojson extra)",
+    )
     parser.set_defaults(run=run)
 
 
@@ -102,6 +108,11 @@ def run(args) -> int:
     from ..blockwise import BlockwiseOptions, label
     from ..errors import BlockFailedError
 
+    if args.geojson and args.output is None:
+        print(
+            "densecnn predict: error: --geojson writes the regions of OUTPUT: give an OUTPUT", file=sys.stderr
+        )
+        return 2
     options = BlockwiseOptions(**{spec.name: getattr(args, spec.name) for spec in _cli_fields()})
     try:
         summary = label(args.model, args.input, args.output, options)
@@ -116,5 +127,12 @@ def run(args) -> int:
         return 130
     for what, note in summary.warnings:
         print(f"densecnn predict: warning: {what}: {note}", file=sys.stderr)
+    if args.geojson and not summary.failures:
+        from ..io.geojson import read_label_map, write_geojson
+        from ..modelfile import read_classes
+
+        classes = read_classes(args.model)
+        write_geojson(args.geojson, read_label_map(args.output),
+                      list(zip(classes.class_names, classes.palette)))  # fmt: skip
     print(summary.render(cli_option))
     return 1 if summary.failures else 0

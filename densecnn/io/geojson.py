@@ -72,6 +72,34 @@ def geojson_text(labels, classes: Classes, *, skip: Iterable[int] = (0,)) -> Ite
     yield "\n]}\n"
 
 
+def read_label_map(path: str | Path):
+    """A label map as written by ``densecnn predict``, opened for :func:`geojson_features`: a zarr array (read band
+    by band), a .npy (memory-mapped), a PNG or TIFF of class ids.
+
+    Raises:
+        InvalidInputError: ``path`` is no single label map (a directory of them, say).
+    """
+    from .formats import is_zarr
+
+    path = Path(path)
+    if is_zarr(path):
+        import zarr
+
+        return zarr.open_array(str(path), mode="r")
+    if path.suffix.lower() == ".npy":
+        return np.load(path, mmap_mode="r", allow_pickle=False)
+    if path.is_file() and path.suffix.lower() in (".tif", ".tiff"):
+        import tifffile
+
+        return tifffile.imread(path)
+    if path.is_file():
+        from PIL import Image
+
+        with Image.open(path) as image:  # a palette PNG: its pixel values are the class ids
+            return np.asarray(image)
+    raise InvalidInputError(f"{path}: not one label map (a zarr array, .npy, PNG or TIFF); GeoJSON holds one")
+
+
 def write_geojson(path: str | Path, labels, classes: Classes, *, skip: Iterable[int] = (0,)) -> None:
     """Write the label map's regions to ``path`` as a GeoJSON FeatureCollection, feature by feature."""
     with Path(path).open("w", encoding="utf-8") as out:
