@@ -7,6 +7,7 @@ import warnings
 from collections.abc import Sequence
 
 from torch import nn
+from torch.nn.modules.lazy import LazyModuleMixin
 
 from .chain import Chain, extract_chain
 from .dense import DenseCNN
@@ -138,8 +139,8 @@ def convert(
     """
     check_padding_mode(padding_mode)
     backend = check_backend(backend)
-    check_materialised(model)
     chain, converted, ctx, patch = _converted_layers(model, patch_size)
+    check_materialised(model)
     if any(module.training and is_stochastic(module) for _, module in chain):
         warnings.warn(
             "the model has layers in training mode whose output is then random or depends on the batch "
@@ -277,6 +278,11 @@ def _convert_chain(
 
 
 def _no_rule(ctx: ConversionContext, module: nn.Module) -> ConversionError:
+    if isinstance(module, LazyModuleMixin) and module.has_uninitialized_params():
+        return ctx.error(
+            "is a lazy layer whose parameters do not exist yet",
+            "run the model once on a patch (model(torch.zeros(1, C, *patch_size))) before converting it",
+        )
     subclass = unconvertible_subclass(module_type(module))
     if subclass is None:
         return ctx.error(
