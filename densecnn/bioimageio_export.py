@@ -314,46 +314,11 @@ def export_bioimageio(
     )
     extra = loaded.extra or {}
     authors = authors or extra.get("authors") or [DEFAULT_AUTHOR]
-    spatial = SPATIAL_AXES[dense.dims]
 
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        np.save(tmp / "test_input.npy", raw[None])
-        np.save(tmp / "test_output.npy", scores)
-        # for people: the same tensors, in a format imageio reads
-        tifffile.imwrite(tmp / "sample_input.tif", raw, photometric="minisblack")
-        tifffile.imwrite(tmp / "sample_output.tif", scores[0], photometric="minisblack")
-        with warnings.catch_warnings(), torch.no_grad():
-            warnings.simplefilter("ignore")  # TorchScript's deprecation notice; the format bioimage.io reads
-            # traced on a corner of the smallest input: the padding reads the input's size, so any size runs
-            traced = torch.jit.trace(exportable(dense), x[(..., *(slice(0, m) for m in min_size(dense)))])
-        traced.save(str(tmp / "weights.pt"))
-        export_onnx(dense, tmp / "weights.onnx")
-        (tmp / "README.md").write_text(_readme(loaded, dense, name, raw.dtype, steps))
-        attachments, covers = [], []
-        card = loaded.path / "README.md" if loaded.path is not None else None
-        if card is not None and card.is_file():
-            (tmp / "model_card.md").write_text(card.read_text())
-            attachments.append({"source": tmp / "model_card.md"})
-        if dense.dims >= 2:
-            _cover(raw, scores, loaded.palette).save(tmp / "cover.png")
-            covers.append(v0_5.FileDescr(source=tmp / "cover.png"))
-
-        halos, sizes = halo(dense), min_size(dense)
-        input_axes = [
-            v0_5.BatchAxis(),
-            v0_5.ChannelAxis(channel_names=[f"channel{c}" for c in range(loaded.in_channels)]),
-            *(
-                v0_5.SpaceInputAxis(id=a, size=v0_5.ParameterizedSize(min=m, step=1), concatenable=True)
-                for a, m in zip(spatial, sizes)
-            ),
-        ]
-        output_axes = [
-            v0_5.BatchAxis(),
-            v0_5.ChannelAxis(channel_names=[identifier(c) for c in loaded.class_names]),
-            *(_output_axis(v0_5, a, h) for a, h in zip(spatial, halos)),
-        ]
-        pad = padding(loaded, raw.dtype)
+        attachments, covers = _write_files(tmp, loaded, dense, raw, x, scores, name, steps)
+        inputs, outputs = _tensors(v0_5, tmp, loaded, dense, raw, steps)
         try:
             descr = v0_5.ModelDescr(
                 name=name,
@@ -363,29 +328,11 @@ def export_bioimageio(
                 cite=[v0_5.CiteEntry(text=CITATION[0], url=CITATION[1])],
                 license=license,
                 documentation=v0_5.FileDescr(source=tmp / "README.md"),
-                covers=covers,
+                covers=[v0_5.FileDescr(source=cover) for cover in covers],
                 attachments=attachments,
                 tags=["densecnn", "pixel-classification", "semantic-segmentation", f"{dense.dims}d"],
-                inputs=[
-                    v0_5.InputTensorDescr(
-                        id=INPUT,
-                        axes=input_axes,
-                        data=v0_5.IntervalOrRatioDataDescr(type=str(raw.dtype)),
-                        test_tensor=v0_5.FileDescr(source=tmp / "test_input.npy"),
-                        sample_tensor=v0_5.FileDescr(source=tmp / "sample_input.tif"),
-                        preprocessing=steps,
-                        **({"pad": pad} if pad else {}),
-                    )
-                ],
-                outputs=[
-                    v0_5.OutputTensorDescr(
-                        id=OUTPUT,
-                        axes=output_axes,
-                        description="per-pixel class scores (logits)",
-                        test_tensor=v0_5.FileDescr(source=tmp / "test_output.npy"),
-                        sample_tensor=v0_5.FileDescr(source=tmp / "sample_output.tif"),
-                    )
-                ],
+                inputs=inputs,
+                outputs=outputs,
                 weights=v0_5.WeightsDescr(
                     torchscript=v0_5.TorchscriptWeightsDescr(
                         source=tmp / "weights.pt", pytorch_version=torch.__version__.split("+")[0]
@@ -394,21 +341,92 @@ def export_bioimageio(
                         source=tmp / "weights.onnx", opset_version=OPSET, parent="torchscript"
                     ),
                 ),
-                config={
-                    "densecnn": {
-                        "version": __version__,
-                        "patch_size": list(dense.patch_size),
-                        "receptive_field": list(dense.receptive_field),
-                        "padding_mode": dense.padding_mode,
-                        "intensity": loaded.intensity.to_json(),
-                        "normalization": loaded.normalization,
-                    }
-                },
+                config={"densecnn": _densecnn_config(loaded, dense)},
             )
         except pydantic.ValidationError as exc:
             problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
             raise BioimageioExportError(f"bioimage.io's spec refuses the description: {problems}") from None
         return Path(save_bioimageio_package(descr, output_path=Path(path)))
+
+
+def _write_files(tmp: Path, loaded, dense, raw: np.ndarray, x: torch.Tensor, scores: np.ndarray, name: str,
+                 steps: list) -> tuple[list, list]:  # fmt: skip
+    """The package's files in ``tmp``: test and sample tensors, both weights, the README, the model card and a
+    cover; returns (attachments, cover paths)."""
+    np.save(tmp / "test_input.npy", raw[None])
+    np.save(tmp / "test_output.npy", scores)
+    # for people: the same tensors, in a format imageio reads
+    tifffile.imwrite(tmp / "sample_input.tif", raw, photometric="minisblack")
+    tifffile.imwrite(tmp / "sample_output.tif", scores[0], photometric="minisblack")
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")  # TorchScript's deprecation notice; the format bioimage.io reads
+        # traced on a corner of the smallest input: the padding reads the input's size, so any size runs
+        traced = torch.jit.trace(exportable(dense), x[(..., *(slice(0, m) for m in min_size(dense)))])
+    traced.save(str(tmp / "weights.pt"))
+    export_onnx(dense, tmp / "weights.onnx")
+    (tmp / "README.md").write_text(_readme(loaded, dense, name, raw.dtype, steps))
+    attachments, covers = [], []
+    card = loaded.path / "README.md" if loaded.path is not None else None
+    if card is not None and card.is_file():
+        (tmp / "model_card.md").write_text(card.read_text())
+        attachments.append({"source": tmp / "model_card.md"})
+    if dense.dims >= 2:
+        _cover(raw, scores, loaded.palette).save(tmp / "cover.png")
+        covers.append(tmp / "cover.png")
+    return attachments, covers
+
+
+def _tensors(v0_5, tmp: Path, loaded, dense, raw: np.ndarray, steps: list) -> tuple[list, list]:
+    """The input and output tensor descriptions: axes (the input's least size, the output's halo), test and
+    sample tensors, the preprocessing ``steps`` and the padding."""
+    spatial = SPATIAL_AXES[dense.dims]
+    input_axes = [
+        v0_5.BatchAxis(),
+        v0_5.ChannelAxis(channel_names=[f"channel{c}" for c in range(loaded.in_channels)]),
+        *(
+            v0_5.SpaceInputAxis(id=a, size=v0_5.ParameterizedSize(min=m, step=1), concatenable=True)
+            for a, m in zip(spatial, min_size(dense))
+        ),
+    ]
+    output_axes = [
+        v0_5.BatchAxis(),
+        v0_5.ChannelAxis(channel_names=[identifier(c) for c in loaded.class_names]),
+        *(_output_axis(v0_5, a, h) for a, h in zip(spatial, halo(dense))),
+    ]
+    pad = padding(loaded, raw.dtype)
+    inputs = [
+        v0_5.InputTensorDescr(
+            id=INPUT,
+            axes=input_axes,
+            data=v0_5.IntervalOrRatioDataDescr(type=str(raw.dtype)),
+            test_tensor=v0_5.FileDescr(source=tmp / "test_input.npy"),
+            sample_tensor=v0_5.FileDescr(source=tmp / "sample_input.tif"),
+            preprocessing=steps,
+            **({"pad": pad} if pad else {}),
+        )
+    ]
+    outputs = [
+        v0_5.OutputTensorDescr(
+            id=OUTPUT,
+            axes=output_axes,
+            description="per-pixel class scores (logits)",
+            test_tensor=v0_5.FileDescr(source=tmp / "test_output.npy"),
+            sample_tensor=v0_5.FileDescr(source=tmp / "sample_output.tif"),
+        )
+    ]
+    return inputs, outputs
+
+
+def _densecnn_config(loaded, dense) -> dict:
+    """What densecnn records in the package's config: its version and the geometry and scaling it computes with."""
+    return {
+        "version": __version__,
+        "patch_size": list(dense.patch_size),
+        "receptive_field": list(dense.receptive_field),
+        "padding_mode": dense.padding_mode,
+        "intensity": loaded.intensity.to_json(),
+        "normalization": loaded.normalization,
+    }
 
 
 def _maintainer(v0_5, github_user: str):

@@ -33,6 +33,7 @@ from ..errors import (
 )
 from ..io import (
     LazyArray,
+    Scaling,
     array_scaling,
     image_files,
     is_zarr,
@@ -116,23 +117,35 @@ def label(
         )
     output = None if output is None else Path(output)
     if output is None or output.suffix == ".zarr" or is_zarr(output):
-        with _input_errors():
-            level = options.level if options.level is not None else _matching_level(input, loaded)
-            source = _chunked_source(input, options.channel_axis, len(loaded.patch_size), level)
-        _check_channels(source.channels, loaded.in_channels, source.path)
-        target = None
-        if options.labels_into is not None:
-            target = labels_target(input, options.labels_into, source, level)
-        elif str(output).endswith(".ome.zarr"):
-            target = standalone_target(output, source)
-        with _client(options) as (client, threads):
-            return _label_array(client, threads, loaded, model, source, output, options, target)
+        return _label_chunked(loaded, model, input, output, options)
+    return _label_files(loaded, model, input, output, options)
+
+
+def _label_chunked(
+    loaded, model: str, input: Path, output: Path | None, options: BlockwiseOptions
+) -> Summary:
+    """An array (zarr, OME-Zarr, TIFF, slide) -> a zarr array or OME-Zarr label image, block by block."""
+    with _input_errors():
+        level = options.level if options.level is not None else _matching_level(input, loaded)
+        source = _chunked_source(input, options.channel_axis, len(loaded.patch_size), level)
+    _check_channels(source.channels, loaded.in_channels, source.path)
+    target = None
+    if options.labels_into is not None:
+        target = labels_target(input, options.labels_into, source, level)
+    elif str(output).endswith(".ome.zarr"):
+        target = standalone_target(output, source)
+    with _client(options) as (client, threads):
+        return _label_array(client, threads, loaded, model, source, output, options, target)
+
+
+def _label_files(loaded, model: str, input: Path, output: Path, options: BlockwiseOptions) -> Summary:
+    """An image file -> a label file; a directory or glob of images -> a directory of label files."""
     dims = len(loaded.patch_size)
     if dims != 2:
         kind = {1: "signal", 3: "volume"}[dims]
         raise PredictInputError(
             f"{input} -> {output}: a {dims}-D model labels a chunked {kind}, not image files; give a zarr array, "
-            f"OME-Zarr group or TIFF holding the {kind} as INPUT and OUTPUT ending in .zarr"
+            f"OME-Zarr group or TIFF holding the {kind} as input and an output ending in .zarr"
         )
     if options.probabilities is not None or options.foreground is not None:
         what = "probabilities are" if options.probabilities is not None else "background skipping is"
@@ -140,7 +153,7 @@ def label(
     if is_zarr(input) or input.suffix.lower() in SLIDE_SUFFIXES:
         kind = "a zarr array" if is_zarr(input) else "a whole-slide image"
         raise PredictInputError(
-            f"{input} is {kind}: its labels go to a zarr array; give OUTPUT ending in .zarr"
+            f"{input} is {kind}: its labels go to a zarr array; give an output ending in .zarr"
         )
     if input.is_dir() or any(ch in str(input) for ch in "*?["):
         with _input_errors():
@@ -316,7 +329,7 @@ def _label_array(
     target: NgffTarget | None,
 ) -> Summary:  # fmt: skip
     dense = loaded.dense()
-    shape, probabilities = source.spatial_shape, options.probabilities
+    shape = source.spatial_shape
     chunks = output_chunks(source, options.chunk)
     margins = halo(dense.patch_size, dense.receptive_field)
     budget = _task_memory(client, options.max_memory)
@@ -331,15 +344,7 @@ def _label_array(
                 "choose a smaller chunk or a larger memory cap", (("chunk", "N"), ("max_memory", "BYTES"))
             ),
         )
-    try:
-        scaling = array_scaling(source, options.intensity or loaded.intensity)
-    except (OSError, RuntimeError, ValueError) as exc:
-        if isinstance(exc, DenseCNNError):  # the values do not fit the intensity scaling: its own message
-            raise
-        raise PredictInputError(
-            f"{source.path}: reading a sample of the image (to scale its intensities) failed: {exc}; "
-            "check the file is complete and readable"
-        ) from None
+    scaling = _whole_image_scaling(source, options.intensity or loaded.intensity)
     with _input_errors():
         where = foreground(options.foreground, source, scaling) if options.foreground else None
     # what the output was computed from: resuming with other weights (a model retrained in place), another
@@ -347,28 +352,8 @@ def _label_array(
     description = {"model": model, "weights": weights_digest(Path(model)), "input": str(Path(source.path).resolve()),
                    "array": source.key, "classes": list(loaded.class_names),
                    "intensity": [scaling.low, scaling.high], "foreground": options.foreground}  # fmt: skip
-    pyramids = []  # (target, levels, mean, metadata) of the multiscale outputs: levels 1.. follow level 0
-    if target is None:
-        labels = create_output(output, shape=shape, chunks=chunks, dtype=label_dtype(loaded.num_classes),
-                               attributes={**description, "content": "labels"}, resume=not options.overwrite)  # fmt: skip
-    else:
-        levels = create_levels(target, shape, chunks, label_dtype(loaded.num_classes),
-                               {**description, "content": "labels"}, resume=not options.overwrite)  # fmt: skip
-        labels, output = levels[0], Path(target.level(0))
-        pyramids.append((target, levels, False, {"palette": loaded.palette, "class_names": loaded.class_names}))
-    done = written_chunks(labels, len(shape))
-    if probabilities is not None:
-        attributes = {**description, "content": "probabilities"}
-        if str(probabilities).endswith(".ome.zarr"):
-            image = standalone_target(Path(probabilities), source, channels=loaded.num_classes)
-            levels = create_levels(image, shape, chunks, np.float16, attributes, resume=not options.overwrite)
-            scores, probabilities = levels[0], Path(image.level(0))
-            pyramids.append((image, levels, True, {}))
-        else:
-            scores = create_output(probabilities, shape=(loaded.num_classes, *shape),
-                                   chunks=(loaded.num_classes, *chunks), dtype=np.float16, attributes=attributes,
-                                   resume=not options.overwrite)  # fmt: skip
-        done &= written_chunks(scores, len(shape))
+    output, probabilities, done, pyramids = _create_outputs(loaded, source, chunks, output, target, description,
+                                                            options)  # fmt: skip
     job = BlockJob(
         model=model, device=options.device, threads=threads, max_memory=budget - held, source=source,
         labels=str(output), probabilities=None if probabilities is None else str(probabilities), chunks=chunks,
@@ -402,6 +387,51 @@ def _label_array(
         _build_pyramid(client, pyramid, levels, shape, chunks, mean, options)
         write_metadata(pyramid, len(levels), **metadata)
     return summary
+
+
+def _whole_image_scaling(source: LazyArray, intensity) -> Scaling:
+    """The intensity scaling of the whole array, from its sample windows (every block is scaled by it)."""
+    try:
+        return array_scaling(source, intensity)
+    except (OSError, RuntimeError, ValueError) as exc:
+        if isinstance(exc, DenseCNNError):  # the values do not fit the intensity scaling: its own message
+            raise
+        raise PredictInputError(
+            f"{source.path}: reading a sample of the image (to scale its intensities) failed: {exc}; "
+            "check the file is complete and readable"
+        ) from None
+
+
+def _create_outputs(loaded, source: LazyArray, chunks, output: Path | None, target: NgffTarget | None,
+                    description: dict, options: BlockwiseOptions) -> tuple:  # fmt: skip
+    """Create (or reopen, resuming) the labels and probabilities outputs: (labels path, probabilities path or
+    None, the chunks already written to every output, the multiscale outputs whose pyramid and metadata follow)."""
+    shape, probabilities = source.spatial_shape, options.probabilities
+    pyramids = []  # (target, levels, mean, metadata) of the multiscale outputs: levels 1.. follow level 0
+    if target is None:
+        labels = create_output(output, shape=shape, chunks=chunks, dtype=label_dtype(loaded.num_classes),
+                               attributes={**description, "content": "labels"}, resume=not options.overwrite)  # fmt: skip
+    else:
+        levels = create_levels(target, shape, chunks, label_dtype(loaded.num_classes),
+                               {**description, "content": "labels"}, resume=not options.overwrite)  # fmt: skip
+        labels, output = levels[0], Path(target.level(0))
+        pyramids.append(
+            (target, levels, False, {"palette": loaded.palette, "class_names": loaded.class_names})
+        )
+    done = written_chunks(labels, len(shape))
+    if probabilities is not None:
+        attributes = {**description, "content": "probabilities"}
+        if str(probabilities).endswith(".ome.zarr"):
+            image = standalone_target(Path(probabilities), source, channels=loaded.num_classes)
+            levels = create_levels(image, shape, chunks, np.float16, attributes, resume=not options.overwrite)
+            scores, probabilities = levels[0], Path(image.level(0))
+            pyramids.append((image, levels, True, {}))
+        else:
+            scores = create_output(probabilities, shape=(loaded.num_classes, *shape),
+                                   chunks=(loaded.num_classes, *chunks), dtype=np.float16, attributes=attributes,
+                                   resume=not options.overwrite)  # fmt: skip
+        done &= written_chunks(scores, len(shape))
+    return output, probabilities, done, pyramids
 
 
 def _build_pyramid(client, target: NgffTarget, levels: list, shape, chunks, mean: bool, options) -> None:
@@ -520,14 +550,7 @@ def _run(
                         continue
                     failed(item, exc, attempt)
                 else:
-                    result = future.result()
-                    if result.error is not None:
-                        summary.failures.append((result.item, result.error))
-                    if result.warning is not None:
-                        summary.warnings.append((result.item, result.warning))
-                    summary.computed += result.outputs
-                    summary.background += result.background
-                    summary.pixels += result.pixels
+                    summary.add(future.result())
                 bar.update()
                 if on_progress is not None:
                     on_progress(summary)

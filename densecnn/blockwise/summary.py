@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..errors import DenseCNNError, OptionSpelling, keyword_option
+from .worker import TaskResult
 
 
 @dataclass
@@ -25,6 +26,16 @@ class Summary:
     failures: list[tuple[str, DenseCNNError]] = field(default_factory=list)  # (image or block, why)
     warnings: list[tuple[str, str]] = field(default_factory=list)  # (input or image, what): a constant image
     dashboard: str | None = None
+
+    def add(self, result: TaskResult) -> None:
+        """Count a finished task's ``result``: its outputs and pixels, or its image's failure, and its warning."""
+        if result.error is not None:
+            self.failures.append((result.item, result.error))
+        if result.warning is not None:
+            self.warnings.append((result.item, result.warning))
+        self.computed += result.outputs
+        self.background += result.background
+        self.pixels += result.pixels
 
     @property
     def pixels_per_second(self) -> float:
