@@ -388,3 +388,26 @@ def test_a_plane_too_large_for_live_labels_gets_the_centre_of_the_view(monkeypat
     assert_labels_equal_except_ties(
         torch.from_numpy(live.labels.astype(np.int64))[None], scores[..., 61:138, 77:123]
     )
+
+
+@pytest.mark.parametrize("layout", ["rgb", "two channels"])
+def test_rgb_and_multichannel_stacks_train_a_model_of_their_channels(layout):
+    cells = _cells(96)
+    if layout == "rgb":
+        pixels = np.stack([cells, np.roll(cells, 5, 1), cells // 2], -1)  # (H, W, 3)
+        source = _source(pixels, rgb=True, channels=3)
+        painted, plane = _strokes(cells, range(4, 96, 12)), ()
+    else:
+        pixels = np.stack([np.stack([cells, cells[::-1]])] * 2)  # (T, C, H, W)
+        source = _source(pixels, channels=2)
+        painted = np.zeros(pixels.shape, np.uint8)  # the image's every axis, channel included
+        painted[1, 0] = _strokes(cells, range(4, 96, 12))
+        plane = (1,)
+    strokes = StrokeSet.of(painted, source, image_shape=pixels.shape)
+    session = TrainingSession(source, intensity=Intensity(), start=None, class_names=["bg", "cell"])
+    session.view = View(plane, (slice(0, 96), slice(0, 96)))
+    stop = threading.Event()
+    updates = list(session.train(strokes, stop=stop, max_memory=1 << 30, max_seconds=0.5))
+    assert session.trainer.loaded.in_channels == (3 if layout == "rgb" else 2)
+    (live,) = [u for u in updates if not isinstance(u, TrainingStep)][-1:]
+    assert live.plane == plane and live.labels.shape == (96, 96)
