@@ -384,6 +384,25 @@ def test_bytes_for_an_upload_deleted_meanwhile_answer_404_and_maintenance_surviv
         assert uploads.remove_idle(runner.root, active_before=time.time() + 1) == ["half"]
 
 
+def test_a_patch_that_finds_the_disk_full_answers_507_and_keeps_the_offset(tmp_path, monkeypatch):
+    import errno
+
+    from densecnn_app.jobs import uploads
+
+    with serving(job_settings(tmp_path)) as client:
+        location = create(client, 10).headers["location"]
+        assert patch(client, location, 0, b"abcd").status_code == 204
+
+        def full(fd):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(uploads.os, "fsync", full)
+        error_of(patch(client, location, 4, b"efgh"), 507, "disk_full")
+        monkeypatch.undo()
+        offset = int(client.head(location, headers=TUS).headers["upload-offset"])
+        assert offset in (4, 8)  # what reached the file before the disk filled is what HEAD says
+
+
 # --- 6. keys ---
 
 
