@@ -73,11 +73,6 @@ def opened_server_input(name: str, roots: list[Path], directory: Path) -> Iterat
             link.unlink(missing_ok=True)
 
 
-def check_server_path(name: str, roots: list[Path]) -> None:
-    """Raise the ApiError :func:`opened_server_input` would, without linking anything."""
-    os.close(_open_under_roots(name, roots))
-
-
 def _open_under_roots(name: str, roots: list[Path]) -> int:
     if not roots:
         raise ApiError(403, "server_paths_disabled",

@@ -28,7 +28,7 @@ class ImagePart:
                            "client build the body (curl -F image=@slide.tif)")  # fmt: skip
         self._body, self._filename, self._found = body, None, False
         self._pending: list[bytes] = []  # the image's bytes parsed from the last piece of the body
-        self._parts, self._header, self._field, self._value = 0, b"", b"", b""
+        self._parts, self._field, self._value = 0, b"", b""
         self._current: bytes | None = None  # the field name of the part being read
         self._ended = False
         self._parser = MultipartParser(boundary, {
@@ -62,7 +62,7 @@ class ImagePart:
         self._parts += 1
         if self._parts > MAX_FIELDS:
             raise ApiError(400, "too_many_fields", f"a job upload has at most {MAX_FIELDS} multipart fields")
-        self._current, self._header = None, b""
+        self._current = None
 
     def _header_field(self, data: bytes, start: int, end: int) -> None:
         self._field += data[start:end]
