@@ -167,6 +167,22 @@ def test_a_job_upload_over_the_quota_is_refused_before_its_body_is_read(tmp_path
     assert not [p for p in (settings.data_dir / "jobs").iterdir() if p.name != "uploads"]
 
 
+def test_a_job_uploads_reservation_is_the_disk_its_input_takes(tmp_path):
+    from densecnn_app.jobs.quota import disk_usage
+
+    settings = job_settings(tmp_path)
+    with serving(settings) as client:
+        client.app.state.jobs.submit = lambda job_id: None  # it stays queued: its reservation is the input's
+        tiff = io.BytesIO()
+        tifffile.imwrite(tiff, blobs(64, 64))
+        response = client.post("/v1/jobs", params={"model": "cells"}, content=tiff.getvalue(),
+                               headers={"content-type": "image/tiff"})  # fmt: skip
+        assert response.status_code == 202, response.text
+        job_id = response.json()["id"]
+        taken = disk_usage(settings.data_dir / "jobs" / job_id / "input.tif")
+        assert taken > 0 and client.app.state.jobs.quota.used() >= taken
+
+
 def test_finished_jobs_count_their_disk_blocks(tmp_path):
     from densecnn_app.jobs.db import make_engine
     from densecnn_app.jobs.quota import Quota, disk_usage

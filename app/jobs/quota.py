@@ -106,8 +106,10 @@ class Quota:
 
 
 def disk_usage(path: Path) -> int:
-    """Bytes of disk the files under ``path`` take, in allocated blocks (``st_blocks`` × 512: a sparse file counts
+    """Bytes of disk the file ``path``, or the files under the directory ``path``, take, in allocated blocks (``st_blocks`` × 512: a sparse file counts
     what it holds, a 1-byte file a whole block); symlinks not followed, files vanishing meanwhile skipped."""
+    if path.is_file():
+        return path.lstat().st_blocks * 512
     total = 0
     for root, _dirs, files in os.walk(path):
         for name in files:
