@@ -296,17 +296,20 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=Path("runs/compare_strokes.json"))
     parser.add_argument("--table", type=Path)
     parser.add_argument("--plot", type=Path)
+    parser.add_argument(
+        "--from-results", action="store_true", help="only redraw the table and plot from the cases in --out"
+    )
     args = parser.parse_args()
     warnings.filterwarnings("ignore", category=UserWarning)
     torch.set_num_threads(THREADS)
-    results = [
-        one_case(name, kind, seed, args)
-        for name in args.images
-        for kind in args.kinds
-        for seed in range(args.seeds)
-    ]
-    rows = summarize(results)
     args.out.parent.mkdir(parents=True, exist_ok=True)
+    results = json.loads(args.out.read_text())["results"] if args.from_results else []
+    for name in [] if args.from_results else args.images:
+        for kind in args.kinds:
+            for seed in range(args.seeds):
+                results.append(one_case(name, kind, seed, args))
+                args.out.write_text(json.dumps({"results": results}, indent=1))  # kept case by case
+    rows = summarize(results)
     args.out.write_text(json.dumps({"results": results, "summary": rows}, indent=1))
     text = table(rows)
     print(text)

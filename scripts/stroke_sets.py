@@ -61,7 +61,12 @@ def strokes(truth: np.ndarray, kind: str, share: float, seed: int) -> np.ndarray
         for _ in range(200):
             if painted.sum() >= per_class:
                 break
-            painted |= paint(inside, rng, per_class - painted.sum()) & inside
+            stroke = paint(inside, rng, per_class - painted.sum()) & inside
+            if (painted | stroke).sum() > 1.5 * per_class:
+                continue  # a stroke too long for what is left of the class's share
+            painted |= stroke
+        if not painted.any():  # every stroke of this kind was too long: a short walk instead
+            painted = _walk(inside, rng, per_class) & inside
         labels[painted] = k
     return labels
 
