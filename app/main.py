@@ -87,7 +87,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # the caches that grow with every new image size, bounded by the service's settings
         densecnn.ops.set_config(
             densecnn.ops.get_config().replace(
-                output_cache_mb=settings.output_cache_mb, plan_cache_size=settings.plan_cache_size
+                output_cache_mb=settings.worker_output_cache_mb,
+                plan_cache_size=settings.worker_plan_cache_size,
             )
         )
         service.loading, service.draining, service.load_error = True, False, None

@@ -64,12 +64,14 @@ class Settings(BaseSettings):
     retry_after: int = Field(1, ge=0, description="seconds in the Retry-After header of 503 answers")
     torch_threads: int = Field(default_factory=lambda: os.cpu_count() or 1, gt=0, description="per worker")
     # --- what stays in memory between requests ---
-    output_cache_mb: int = Field(
+    # not output_cache_mb / plan_cache_size: their DENSECNN_ variables are the library's settings (densecnn.ops.config
+    # reads them, with the library's defaults), which these per-worker values replace in the service
+    worker_output_cache_mb: int = Field(
         256,
         ge=0,
         description="megabytes of free output buffers densecnn's kernels keep for reuse per worker (0: none)",
     )
-    plan_cache_size: int = Field(
+    worker_plan_cache_size: int = Field(
         16,
         ge=1,
         description="solver plans each model keeps per worker, one per image size seen; least recent dropped",

@@ -981,7 +981,9 @@ def test_non_finite_inputs_are_refused_naming_count_and_position(client, bad):
 
 
 def test_the_service_bounds_the_caches_that_grow_with_new_sizes(model_root):
-    settings = Settings(model_dir=model_root, output_cache_mb=0, plan_cache_size=3, warm_sizes=[])
+    settings = Settings(
+        model_dir=model_root, worker_output_cache_mb=0, worker_plan_cache_size=3, warm_sizes=[]
+    )
     before = densecnn.ops.get_config()
     try:
         with TestClient(create_app(settings)) as client:
@@ -1019,3 +1021,10 @@ def test_a_tiff_stack_with_a_tile_bomb_is_refused_too():
     bomb = _tile_bomb(shape=(5, 16, 16), tile=(4096, 4112))  # five pages, each one huge tile
     with pytest.raises(ImageTooLargeError, match="page 0 is stored in 4096x4112 tiles"):
         read_nd(bomb, 3, max_pixels=10**6, max_bytes=64 * 2**20)
+
+
+def test_the_service_reads_its_own_cache_variables_and_leaves_the_librarys_to_the_library(monkeypatch):
+    monkeypatch.setenv("DENSECNN_OUTPUT_CACHE_MB", "7")  # the library's variable: not the service's setting
+    monkeypatch.setenv("DENSECNN_WORKER_PLAN_CACHE_SIZE", "5")
+    settings = Settings()
+    assert (settings.worker_output_cache_mb, settings.worker_plan_cache_size) == (256, 5)
