@@ -4,6 +4,7 @@
 #include <Python.h>
 #include <torch/library.h>
 
+#include "cpu_isa.h"
 #include "gpu_loops.h"
 #include "output_buffers.h"
 
@@ -23,6 +24,8 @@ int64_t release_output_buffers() { return OutputCache::instance().release(); }
 at::Tensor empty_buffer(at::IntArrayRef size, at::ScalarType dtype) {
   return empty_output(size, at::TensorOptions().dtype(dtype));
 }
+
+std::string cpu_isa() { return dispatched_isa(); }
 
 void set_output_buffers(int64_t max_free_bytes, bool huge_pages) {
   TORCH_CHECK(max_free_bytes >= 0, "set_output_buffers: max_free_bytes must be 0 or more, got ", max_free_bytes);
@@ -92,6 +95,8 @@ TORCH_LIBRARY(densecnn, m) {
   // fresh ones advised onto huge pages or not. The library reads no environment: densecnn.ops.config calls this
   // when the library loads and whenever the config changes.
   m.def("set_output_buffers(int max_free_bytes, bool huge_pages) -> ()", &densecnn::set_output_buffers);
+  // The instruction set the CPU loops dispatched to on this CPU (cpu_isa.h): "avx512f", "avx2" or "x86-64".
+  m.def("cpu_isa() -> str", &densecnn::cpu_isa);
   // Tests only: run the CUDA kernels' per-element bodies on the CPU (gpu_loops.h). Returns the previous setting.
   m.def("_use_gpu_loops_on_cpu(bool enable) -> bool", &densecnn::use_gpu_loops_on_cpu);
 }
