@@ -69,6 +69,11 @@ TORCH_LIBRARY(densecnn, m) {
   m.def(
       "fft_conv2d(Tensor input, Tensor weight, Tensor spectrum, Tensor? bias, int[2] tile, int[2] valid, "
       "int[2] dilation, int[2] padding=[0, 0]) -> Tensor");
+  // The input gradient (N, C, *input_size) of fft_conv2d from the output gradient grad_output (N, K, H', W'): the
+  // adjoint of overlap-save on the forward's tiles, with the forward's kernel spectrum (fft_driver.h).
+  m.def(
+      "fft_conv2d_input_grad(Tensor grad_output, Tensor spectrum, int[2] input_size, int[2] tile, int[2] valid, "
+      "int[2] dilation, int[2] padding=[0, 0]) -> Tensor");
   // The spectrum of fft_conv2d's weight gradient for the output gradient grad_output (N, K, H', W'): the sum over
   // the tiles of X · conj(G), complex (th·(tw/2+1), C, K), in the layout of the kernel spectrum (fft_driver.h).
   m.def(
