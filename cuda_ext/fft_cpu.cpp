@@ -361,7 +361,7 @@ DENSECNN_ALWAYS_INLINE void inverse_item_impl(const FftGeometry& g, const DftMat
       T* dst = image + r * stride[2] + c * stride[3];
       Lanes<T> value = out[b] + offset;
       if (whole) {
-        if (g.adjoint) {  // overlap-add: the tiles of one block of channels run in turn, never two at once
+        if (g.adjoint) {  // overlap-add: overlapping tiles (one sub-grid's) run in turn, never two at once
           Lanes<T> sum;
           std::memcpy(&sum, dst, sizeof(sum));
           value += sum;
@@ -418,16 +418,22 @@ void inverse_tiles(const FftGeometry& g, const T* product, const T* bias, int64_
 }
 
 // The adjoint's inverse transform of the product spectrum (P, count, C, 2) of tiles [first, first + count): each
-// whole tile added into the input gradient y. Tiles overlap, so a block of channels takes its tiles in turn.
+// whole tile added into the input gradient y. Tiles of one sub-grid overlap, those of different sub-grids never
+// do: one work item is a sub-grid and a block of channels, and takes that sub-grid's tiles in turn.
 template <typename T>
 void adjoint_tiles(const FftGeometry& g, const T* product, int64_t first, int64_t count, T* y) {
   const DftMatrices<T> dft(g);
   const int64_t blocks = (g.out_channels + kLanes<T> - 1) / kLanes<T>;
-  at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
+  const int64_t per_grid = g.tiles_h * g.tiles_w, first_grid = first / per_grid;
+  const int64_t grids = (first + count - 1) / per_grid - first_grid + 1;
+  at::parallel_for(0, grids * blocks, 1, [&](int64_t begin, int64_t end) {
     TileBuffers<T> buf(g);
-    for (int64_t block = begin; block < end; ++block) {
-      for (int64_t t = 0; t < count; ++t) {
-        inverse_item(g, dft, product, nullptr, first, count, y, t, block * kLanes<T>, buf);
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t grid = first_grid + item / blocks;
+      const int64_t lo = std::max(first, grid * per_grid) - first;
+      const int64_t hi = std::min(first + count, (grid + 1) * per_grid) - first;
+      for (int64_t t = lo; t < hi; ++t) {
+        inverse_item(g, dft, product, nullptr, first, count, y, t, item % blocks * kLanes<T>, buf);
       }
     }
   });
