@@ -14,3 +14,19 @@
 #define DENSECNN_MULTIVERSION
 #endif
 #define DENSECNN_ALWAYS_INLINE inline __attribute__((always_inline))
+
+namespace densecnn {
+
+// The clone of DENSECNN_MULTIVERSION functions this CPU runs: the resolver's own test, first match in the list.
+inline const char* dispatched_isa() {
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f")) return "avx512f";
+  if (__builtin_cpu_supports("avx2")) return "avx2";
+  return "x86-64";
+#else
+  return "generic";
+#endif
+}
+
+}  // namespace densecnn

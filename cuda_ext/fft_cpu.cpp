@@ -170,7 +170,7 @@ template <typename T>
 struct DftMatrices {
   std::vector<T> row;                // (2F, tw): forward real DFT along w, real parts then imaginary parts
   ComplexDft<T> col, inv_col;        // the complex DFTs along h, forward and inverse
-  std::vector<T> inv_row;                 // (sw, 2F): the valid columns of the real inverse DFT along w, scaled
+  std::vector<T> inv_row;            // (write_w, 2F): the written columns of the real inverse DFT along w, scaled
 
   explicit DftMatrices(const FftGeometry& g) : col(g.th, -1), inv_col(g.th, 1) {
     const int64_t tw = g.tw, f_count = g.freqs, th = g.th;
@@ -183,8 +183,8 @@ struct DftMatrices {
         row[(f_count + f) * tw + b] = static_cast<T>(-std::sin(angle_w(f * b)));
       }
     }
-    inv_row.resize(g.sw * 2 * f_count);
-    for (int64_t b = 0; b < g.sw; ++b) {
+    inv_row.resize(g.write_w * 2 * f_count);
+    for (int64_t b = 0; b < g.write_w; ++b) {
       for (int64_t f = 0; f < f_count; ++f) {
         const double weight = (f == 0 || 2 * f == tw ? 1.0 : 2.0) / static_cast<double>(th * tw);
         inv_row[b * 2 * f_count + f] = static_cast<T>(weight * std::cos(angle_w(f * b)));
@@ -201,8 +201,8 @@ struct TileBuffers {
   std::vector<T> storage;
   Lanes<T>*row, *stage, *rows, *column, *scratch;
   explicit TileBuffers(const FftGeometry& g) {
-    const int64_t sizes[5] = {std::max<int64_t>(g.tw, g.sw), g.freqs * 2 * g.th, g.sh * 2 * g.freqs, 2 * g.th,
-                              2 * g.th};
+    const int64_t sizes[5] = {std::max<int64_t>(g.tw, g.write_w), g.freqs * 2 * g.th, g.write_h * 2 * g.freqs,
+                              2 * g.th, 2 * g.th};
     storage.assign((sizes[0] + sizes[1] + sizes[2] + sizes[3] + sizes[4]) * kLanes<T>, T(0));
     Lanes<T>* next = reinterpret_cast<Lanes<T>*>(storage.data());
     Lanes<T>** slots[5] = {&row, &stage, &rows, &column, &scratch};
@@ -286,7 +286,7 @@ DENSECNN_ALWAYS_INLINE void forward_item_impl(const FftGeometry& g, const DftMat
 }
 
 // Work item (tile t of the group, output channels [k0, k0 + kLanes)) of the inverse transform: the valid part of
-// the tile, plus the bias, into y.
+// the tile, plus the bias, into y; in the adjoint, the whole tile added into the input gradient y.
 template <typename T>
 DENSECNN_ALWAYS_INLINE void inverse_item_impl(const FftGeometry& g, const DftMatrices<T>& dft,
                                                              const T* product, const T* bias, int64_t first,
@@ -322,41 +322,55 @@ DENSECNN_ALWAYS_INLINE void inverse_item_impl(const FftGeometry& g, const DftMat
         im[v] = src[2 * v + 1];
       }
     }
+    if (g.conjugate) im = -im;
   }
-  for (int64_t f = 0; f < f_count; ++f) {  // inverse DFT along h, valid rows: rows[a][re|im][f]
+  for (int64_t f = 0; f < f_count; ++f) {  // inverse DFT along h, written rows: rows[a][re|im][f]
     dft.inv_col.run(stage + f * 2 * th, buf.column, buf.scratch);
-    for (int64_t a = 0; a < g.sh; ++a) {
+    for (int64_t a = 0; a < g.write_h; ++a) {
       rows[a * 2 * f_count + f] = buf.column[a];
       rows[a * 2 * f_count + f_count + f] = buf.column[th + a];
     }
   }
   Lanes<T> offset = {};
   for (int64_t v = 0; v < lanes && bias != nullptr; ++v) offset[v] = bias[k0 + v];
-  const bool whole = lanes == V && g.y_stride[1] == 1;
-  T* image = y + n * g.y_stride[0] + k0 * g.y_stride[1];
+  // y's geometry: the output's, or in the adjoint the (unpadded) input's, whose pixel is the tile's less the padding
+  const int64_t* stride = g.adjoint ? g.x_stride : g.y_stride;
+  const int64_t y_rows = g.adjoint ? g.rows : g.out_rows, y_cols = g.adjoint ? g.cols : g.out_cols;
+  const int64_t shift_h = g.adjoint ? g.pad_h : 0, shift_w = g.adjoint ? g.pad_w : 0;
+  const bool whole = lanes == V && stride[1] == 1;
+  T* image = y + n * stride[0] + k0 * stride[1];
   Lanes<T>* out = buf.row;
   auto prefetch_row = [&](int64_t a) {  // for writing, as in the forward transform
-    const int64_t r = row0 + a * g.dh;
-    if (a >= g.sh || r >= g.out_rows) return;
-    for (int64_t b = 0; b < g.sw && col0 + b * g.dw < g.out_cols; ++b) {
-      __builtin_prefetch(image + r * g.y_stride[2] + (col0 + b * g.dw) * g.y_stride[3], 1);
+    const int64_t r = row0 + a * g.dh - shift_h;
+    if (a >= g.write_h || r < 0 || r >= y_rows) return;
+    for (int64_t b = 0; b < g.write_w && col0 + b * g.dw - shift_w < y_cols; ++b) {
+      if (col0 + b * g.dw >= shift_w) __builtin_prefetch(image + r * stride[2] + (col0 + b * g.dw - shift_w) * stride[3], 1);
     }
   };
   prefetch_row(0);
-  for (int64_t a = 0; a < g.sh; ++a) {  // real inverse DFT along w, valid columns, into the output
+  for (int64_t a = 0; a < g.write_h; ++a) {  // real inverse DFT along w, written columns, into y
     prefetch_row(a + 1);
-    const int64_t r = row0 + a * g.dh;
-    if (r >= g.out_rows) break;
-    apply_matrix<T>(dft.inv_row.data(), g.sw, 2 * f_count, rows + a * 2 * f_count, out, 1);
-    for (int64_t b = 0; b < g.sw; ++b) {
-      const int64_t c = col0 + b * g.dw;
-      if (c >= g.out_cols) break;
-      T* dst = image + r * g.y_stride[2] + c * g.y_stride[3];
-      const Lanes<T> value = out[b] + offset;
+    const int64_t r = row0 + a * g.dh - shift_h;
+    if (r < 0) continue;
+    if (r >= y_rows) break;
+    apply_matrix<T>(dft.inv_row.data(), g.write_w, 2 * f_count, rows + a * 2 * f_count, out, 1);
+    for (int64_t b = 0; b < g.write_w; ++b) {
+      const int64_t c = col0 + b * g.dw - shift_w;
+      if (c < 0) continue;
+      if (c >= y_cols) break;
+      T* dst = image + r * stride[2] + c * stride[3];
+      Lanes<T> value = out[b] + offset;
       if (whole) {
+        if (g.adjoint) {  // overlap-add: overlapping tiles (one sub-grid's) run in turn, never two at once
+          Lanes<T> sum;
+          std::memcpy(&sum, dst, sizeof(sum));
+          value += sum;
+        }
         std::memcpy(dst, &value, sizeof(value));
+      } else if (g.adjoint) {
+        for (int64_t v = 0; v < lanes; ++v) dst[v * stride[1]] += value[v];
       } else {
-        for (int64_t v = 0; v < lanes; ++v) dst[v * g.y_stride[1]] = value[v];
+        for (int64_t v = 0; v < lanes; ++v) dst[v * stride[1]] = value[v];
       }
     }
   }
@@ -403,6 +417,28 @@ void inverse_tiles(const FftGeometry& g, const T* product, const T* bias, int64_
   });
 }
 
+// The adjoint's inverse transform of the product spectrum (P, count, C, 2) of tiles [first, first + count): each
+// whole tile added into the input gradient y. Tiles of one sub-grid overlap, those of different sub-grids never
+// do: one work item is a sub-grid and a block of channels, and takes that sub-grid's tiles in turn.
+template <typename T>
+void adjoint_tiles(const FftGeometry& g, const T* product, int64_t first, int64_t count, T* y) {
+  const DftMatrices<T> dft(g);
+  const int64_t blocks = (g.out_channels + kLanes<T> - 1) / kLanes<T>;
+  const int64_t per_grid = g.tiles_h * g.tiles_w, first_grid = first / per_grid;
+  const int64_t grids = (first + count - 1) / per_grid - first_grid + 1;
+  at::parallel_for(0, grids * blocks, 1, [&](int64_t begin, int64_t end) {
+    TileBuffers<T> buf(g);
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t grid = first_grid + item / blocks;
+      const int64_t lo = std::max(first, grid * per_grid) - first;
+      const int64_t hi = std::min(first + count, (grid + 1) * per_grid) - first;
+      for (int64_t t = lo; t < hi; ++t) {
+        inverse_item(g, dft, product, nullptr, first, count, y, t, item % blocks * kLanes<T>, buf);
+      }
+    }
+  });
+}
+
 struct CpuTransforms {
   static void forward(const at::Tensor& x, const FftGeometry& g, int64_t first, int64_t count,
                       const at::Tensor& twiddles, at::Tensor& spectrum) {
@@ -425,13 +461,23 @@ struct CpuTransforms {
       const scalar_t* src = product.const_data_ptr<scalar_t>();
       const scalar_t* b = bias.has_value() ? bias->const_data_ptr<scalar_t>() : nullptr;
       scalar_t* dst = y.mutable_data_ptr<scalar_t>();
-      if (!gpu_loops_on_cpu()) return inverse_tiles<scalar_t>(g, src, b, first, count, dst);
+      if (!gpu_loops_on_cpu()) {
+        if (g.adjoint) return adjoint_tiles<scalar_t>(g, src, first, count, dst);
+        return inverse_tiles<scalar_t>(g, src, b, first, count, dst);
+      }
       const Twiddles<scalar_t> w = twiddles_of(g, twiddles.const_data_ptr<scalar_t>());
       std::vector<scalar_t> cols(2 * fft_inverse_cols_size(g, count));
       for_each_element(fft_inverse_cols_size(g, count),
                        [&](int64_t e) { fft_inverse_cols_at(g, src, count, w, cols.data(), e); });
+      if (!g.adjoint) {
+        return for_each_element(fft_inverse_rows_size(g, count),
+                                [&](int64_t e) { fft_inverse_rows_at(g, cols.data(), b, first, w, dst, e); });
+      }
+      std::vector<scalar_t> tiles(fft_inverse_rows_size(g, count));  // (count, C, th, tw), then overlap-added
       for_each_element(fft_inverse_rows_size(g, count),
-                       [&](int64_t e) { fft_inverse_rows_at(g, cols.data(), b, first, w, dst, e); });
+                       [&](int64_t e) { fft_inverse_rows_at(g, cols.data(), b, first, w, tiles.data(), e); });
+      for_each_element(fft_overlap_add_size(g),
+                       [&](int64_t e) { fft_overlap_add_at(g, tiles.data(), first, count, dst, e); });
     });
   }
 };
@@ -447,9 +493,16 @@ at::Tensor fft_conv2d_weight_spectrum_cpu(const at::Tensor& input, const at::Ten
   return fft_conv2d_weight_spectrum_tiles<CpuTransforms>(input, grad_output, tile, valid, dilation);
 }
 
+at::Tensor fft_conv2d_input_grad_cpu(const at::Tensor& grad_output, const at::Tensor& spectrum,
+                                     at::IntArrayRef input_size, at::IntArrayRef tile, at::IntArrayRef valid,
+                                     at::IntArrayRef dilation, at::IntArrayRef padding) {
+  return fft_conv2d_input_grad_tiles<CpuTransforms>(grad_output, spectrum, input_size, tile, valid, dilation, padding);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(densecnn, CPU, m) {
+  m.impl("fft_conv2d_input_grad", &fft_conv2d_input_grad_cpu);
   m.impl("fft_conv2d", &fft_conv2d_cpu);
   m.impl("fft_conv2d_weight_spectrum", &fft_conv2d_weight_spectrum_cpu);
 }

@@ -29,6 +29,14 @@ struct CudaTransforms {
                       int64_t first, int64_t count, const at::Tensor& twiddles, at::Tensor& y) {
     AT_DISPATCH_FLOATING_TYPES(y.scalar_type(), "densecnn_fft_inverse_cuda", [&] {
       at::Tensor cols = at::empty({2 * fft_inverse_cols_size(g, count)}, y.options());
+      if (g.adjoint) {
+        at::Tensor tiles = at::empty({fft_inverse_rows_size(g, count)}, y.options());
+        C10_CUDA_CHECK(launch_fft_adjoint<scalar_t>(
+            g, product.const_data_ptr<scalar_t>(), first, count, twiddles.const_data_ptr<scalar_t>(),
+            cols.mutable_data_ptr<scalar_t>(), tiles.mutable_data_ptr<scalar_t>(), y.mutable_data_ptr<scalar_t>(),
+            at::cuda::getCurrentCUDAStream()));
+        return;
+      }
       C10_CUDA_CHECK(launch_fft_inverse<scalar_t>(
           g, product.const_data_ptr<scalar_t>(), bias.has_value() ? bias->const_data_ptr<scalar_t>() : nullptr,
           first, count, twiddles.const_data_ptr<scalar_t>(), cols.mutable_data_ptr<scalar_t>(),
@@ -50,9 +58,18 @@ at::Tensor fft_conv2d_weight_spectrum_cuda(const at::Tensor& input, const at::Te
   return fft_conv2d_weight_spectrum_tiles<CudaTransforms>(input, grad_output, tile, valid, dilation);
 }
 
+at::Tensor fft_conv2d_input_grad_cuda(const at::Tensor& grad_output, const at::Tensor& spectrum,
+                                      at::IntArrayRef input_size, at::IntArrayRef tile, at::IntArrayRef valid,
+                                      at::IntArrayRef dilation, at::IntArrayRef padding) {
+  const c10::cuda::CUDAGuard guard(grad_output.device());
+  return fft_conv2d_input_grad_tiles<CudaTransforms>(grad_output, spectrum, input_size, tile, valid, dilation,
+                                                     padding);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(densecnn, CUDA, m) {
+  m.impl("fft_conv2d_input_grad", &fft_conv2d_input_grad_cuda);
   m.impl("fft_conv2d", &fft_conv2d_cuda);
   m.impl("fft_conv2d_weight_spectrum", &fft_conv2d_weight_spectrum_cuda);
 }

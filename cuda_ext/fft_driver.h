@@ -49,6 +49,8 @@ inline FftGeometry fft_geometry(const at::Tensor& x, int64_t out_channels, at::I
   g.freqs = g.tw / 2 + 1;
   g.read_h = g.th;
   g.read_w = g.tw;
+  g.write_h = g.sh;
+  g.write_w = g.sw;
   const int64_t kh = g.th - g.sh + 1, kw = g.tw - g.sw + 1;  // the kernel the tiles were cut for
   g.pad_h = static_cast<int32_t>(padding[0]);
   g.pad_w = static_cast<int32_t>(padding[1]);
@@ -173,6 +175,65 @@ at::Tensor fft_conv2d_weight_spectrum_tiles(const at::Tensor& input, const at::T
     }
   }
   return result;
+}
+
+// The input's gradient (N, C, H, W) of fft_conv2d, from the output's: the adjoint of overlap-save on the forward's
+// tiles. Each tile of the output gradient (its sh×sw part, zero-padded to th×tw, as in the weight gradient) is
+// transformed, multiplied by the conjugate transpose of the kernel spectrum (the forward's S, (P, C, K)), inverse-
+// transformed whole and added into the input gradient where the tile came from (overlap-add). conj(G)·Sᵀ is the
+// conjugate of G·Sᴴ: the forward transform writes conj(G), the GEMM takes the spectrum as it is (transposed view),
+// and the inverse reads its input conjugated. The padded reach of the output gradient is never transformed.
+template <class Transforms>
+at::Tensor fft_conv2d_input_grad_tiles(const at::Tensor& grad_output, const at::Tensor& spectrum,
+                                       at::IntArrayRef input_size, at::IntArrayRef tile, at::IntArrayRef valid,
+                                       at::IntArrayRef dilation, at::IntArrayRef padding) {
+  TORCH_CHECK(grad_output.dim() == 4 && input_size.size() == 2, "densecnn.fft_conv2d_input_grad: expected a 4-D "
+              "(N, K, H', W') output gradient and input_size (H, W), got ", grad_output.sizes(), " and ", input_size);
+  TORCH_CHECK(spectrum.dim() == 3 && spectrum.is_complex() && spectrum.device() == grad_output.device() &&
+                  at::toRealValueType(spectrum.scalar_type()) == grad_output.scalar_type() &&
+                  spectrum.size(2) == grad_output.size(1),
+              "densecnn.fft_conv2d_input_grad: the kernel spectrum must be complex (th·(tw/2+1), C, K) of the output "
+              "gradient's dtype and device with K = its channels, got ", spectrum.sizes(), " ", spectrum.scalar_type());
+  at::Tensor grad_input = empty_in_layout({grad_output.size(0), spectrum.size(1), input_size[0], input_size[1]},
+                                          grad_output.options(), is_channels_last(grad_output));
+  grad_input.zero_();
+  FftGeometry g = fft_geometry(grad_input, spectrum.size(2), tile, valid, dilation, padding);
+  TORCH_CHECK(spectrum.size(0) == fft_points(g), "densecnn.fft_conv2d_input_grad: the kernel spectrum must have ",
+              fft_points(g), " frequencies for the tile ", tile, ", got ", spectrum.size(0));
+  TORCH_CHECK(grad_output.size(2) == g.out_rows && grad_output.size(3) == g.out_cols,
+              "densecnn.fft_conv2d_input_grad: the output gradient must be (N, K, ", g.out_rows, ", ", g.out_cols,
+              ") for the input ", input_size, ", got ", grad_output.sizes());
+  if (grad_input.numel() == 0 || g.tiles == 0) return grad_input;
+  FftGeometry gg = g;  // the output gradient's tiles: the same origins, only their valid part read, conjugated
+  gg.channels = g.out_channels;
+  gg.rows = g.out_rows;
+  gg.cols = g.out_cols;
+  gg.read_h = g.sh;
+  gg.read_w = g.sw;
+  gg.pad_h = gg.pad_w = 0;
+  gg.conjugate = true;
+  for (int d = 0; d < 4; ++d) gg.x_stride[d] = grad_output.stride(d);
+  FftGeometry ga = g;  // the inverse: whole tiles of the input's C channels, added into its gradient
+  ga.out_channels = g.channels;
+  ga.write_h = g.th;
+  ga.write_w = g.tw;
+  ga.conjugate = true;
+  ga.adjoint = true;
+  const at::Tensor twiddles = fft_twiddle_table(g, grad_output);
+  const int64_t group = fft_group_tiles(g, grad_output.element_size());
+  const int64_t points = fft_points(g);
+  const at::Tensor weights = spectrum.contiguous().transpose(1, 2);  // (P, K, C): Sᵀ, read transposed by the GEMM
+  at::Tensor g_spectrum = empty_output({points * group * g.out_channels * 2}, grad_output.options());
+  at::Tensor product = empty_output({points * group * g.channels}, spectrum.options());
+  for (int64_t first = 0; first < g.tiles; first += group) {
+    const int64_t count = std::min(group, g.tiles - first);
+    at::Tensor gs = g_spectrum.narrow(0, 0, points * count * g.out_channels * 2).view({count, points, g.out_channels, 2});
+    Transforms::forward(grad_output, gg, first, count, twiddles, gs);
+    at::Tensor xs = product.narrow(0, 0, points * count * g.channels).view({points, count, g.channels});
+    at::bmm_out(xs, at::view_as_complex(gs).transpose(0, 1), weights);  // (P, count, K) @ (P, K, C)
+    Transforms::inverse(at::view_as_real(xs), c10::nullopt, ga, first, count, twiddles, grad_input);
+  }
+  return grad_input;
 }
 
 }  // namespace densecnn

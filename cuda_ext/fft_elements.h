@@ -35,7 +35,14 @@ struct FftGeometry {
   // Zero rows and columns before the input's first (and as many after): the tiles cover the padded input, whose
   // pixel (R, C) is the input's (R - pad_h, C - pad_w); the output is that of the padded input.
   int32_t pad_h = 0, pad_w = 0;
-  bool conjugate = false;  // the forward transform writes conj(X) (the output gradient's, in the weight gradient)
+  // The forward transform writes conj(X) (the output gradient's, in both gradients); the inverse reads conj(Y).
+  bool conjugate = false;
+  // Rows and columns of each tile the inverse transform writes: sh×sw for a conv's output; th×tw in the input
+  // gradient (the adjoint of overlap-save), whose whole tiles are added into the input's gradient.
+  int32_t write_h = 0, write_w = 0;
+  // The inverse computes the input gradient: y has the input's geometry (rows, cols, pad_h, pad_w, x_stride) and
+  // receives the sum of the tiles covering each pixel (overlap-add); out_channels is then the input's C.
+  bool adjoint = false;
   int64_t tiles_h = 0, tiles_w = 0, tiles = 0;             // per sub-grid and axis; in all
   int64_t x_stride[4] = {0, 0, 0, 0};                      // input strides (N, C, H, W)
   int64_t y_stride[4] = {0, 0, 0, 0};                      // output strides (N, K, H', W')
@@ -115,17 +122,17 @@ HOST_DEVICE_INLINE void fft_forward_cols_at(const FftGeometry& g, const T* rows,
   spectrum[2 * at + 1] = g.conjugate ? -im : im;
 }
 
-// Inverse pass 1, element e = (t, k, a, f) for the valid rows a < sh: cols[e] = Σ_u Y[u, f, t, k] · e^{+2πi u·a/th},
-// Y the group's product spectrum (P, count, K).
+// Inverse pass 1, element e = (t, k, a, f) for the written rows a < write_h: cols[e] = Σ_u Y[u, f, t, k] ·
+// e^{+2πi u·a/th}, Y the group's product spectrum (P, count, K) (conjugated if g.conjugate).
 template <typename T>
 HOST_DEVICE_INLINE void fft_inverse_cols_at(const FftGeometry& g, const T* product, int64_t count, Twiddles<T> w,
                                             T* cols, int64_t e) {
-  const int64_t f = e % g.freqs, a = e / g.freqs % g.sh, k = e / (g.freqs * g.sh) % g.out_channels;
-  const int64_t t = e / (g.freqs * g.sh * g.out_channels);
+  const int64_t f = e % g.freqs, a = e / g.freqs % g.write_h, k = e / (g.freqs * g.write_h) % g.out_channels;
+  const int64_t t = e / (g.freqs * g.write_h * g.out_channels);
   T re = T(0), im = T(0);
   for (int32_t u = 0; u < g.th; ++u) {
     const int64_t at = 2 * (((u * g.freqs + f) * count + t) * g.out_channels + k);
-    const T yr = product[at], yi = product[at + 1];
+    const T yr = product[at], yi = g.conjugate ? -product[at + 1] : product[at + 1];
     const int64_t m = u * a % g.th;
     re += yr * w.cos_h[m] - yi * w.sin_h[m];
     im += yr * w.sin_h[m] + yi * w.cos_h[m];
@@ -134,18 +141,20 @@ HOST_DEVICE_INLINE void fft_inverse_cols_at(const FftGeometry& g, const T* produ
   cols[2 * e + 1] = im;
 }
 
-// Inverse pass 2, element e = (t, k, a, b) of the valid part of the group's tiles: the real inverse DFT along w,
-// scaled, plus the bias, written to y where the pixel is inside the output.
+// Inverse pass 2, element e = (t, k, a, b) of the written part of the group's tiles: the real inverse DFT along w,
+// scaled, plus the bias, written to y where the pixel is inside the output; in the adjoint, to the tiles' buffer y
+// (count, C, th, tw) at e, which fft_overlap_add_at sums into the input's gradient.
 template <typename T>
 HOST_DEVICE_INLINE void fft_inverse_rows_at(const FftGeometry& g, const T* cols, const T* bias, int64_t first,
                                             Twiddles<T> w, T* y, int64_t e) {
-  const int64_t b = e % g.sw, a = e / g.sw % g.sh, k = e / (static_cast<int64_t>(g.sw) * g.sh) % g.out_channels;
-  const int64_t t = e / (static_cast<int64_t>(g.sw) * g.sh * g.out_channels);
+  const int64_t b = e % g.write_w, a = e / g.write_w % g.write_h;
+  const int64_t k = e / (static_cast<int64_t>(g.write_w) * g.write_h) % g.out_channels;
+  const int64_t t = e / (static_cast<int64_t>(g.write_w) * g.write_h * g.out_channels);
   int64_t n, row0, col0;
   tile_origin(g, first + t, n, row0, col0);
   const int64_t row = row0 + a * g.dh, col = col0 + b * g.dw;
-  if (row >= g.out_rows || col >= g.out_cols) return;
-  const T* src = cols + 2 * (((t * g.out_channels + k) * g.sh + a) * g.freqs);
+  if (!g.adjoint && (row >= g.out_rows || col >= g.out_cols)) return;
+  const T* src = cols + 2 * (((t * g.out_channels + k) * g.write_h + a) * g.freqs);
   T sum = T(0);
   for (int32_t f = 0; f < g.freqs; ++f) {
     const int64_t m = f * b % g.tw;
@@ -154,7 +163,36 @@ HOST_DEVICE_INLINE void fft_inverse_rows_at(const FftGeometry& g, const T* cols,
   }
   const T scale = T(1) / (static_cast<T>(g.th) * static_cast<T>(g.tw));
   const T value = sum * scale + (bias == nullptr ? T(0) : bias[k]);
+  if (g.adjoint) {
+    y[e] = value;
+    return;
+  }
   y[n * g.y_stride[0] + k * g.y_stride[1] + row * g.y_stride[2] + col * g.y_stride[3]] = value;
+}
+
+// The adjoint's overlap-add, element e = (n, c, i, j) of the input gradient y (the input's geometry and strides):
+// adds the values at (i, j) of the group's tiles (count, C, th, tw) that cover the pixel. Every pixel gathers its
+// own sum, so no two elements write the same value.
+template <typename T>
+HOST_DEVICE_INLINE void fft_overlap_add_at(const FftGeometry& g, const T* tiles, int64_t first, int64_t count, T* y,
+                                           int64_t e) {
+  const int64_t j = e % g.cols, i = e / g.cols % g.rows, c = e / (g.cols * g.rows) % g.out_channels;
+  const int64_t n = e / (g.cols * g.rows * g.out_channels);
+  const int64_t row = i + g.pad_h, col = j + g.pad_w;  // in the padded input
+  const int64_t r = row % g.dh, s = col % g.dw, sub_row = row / g.dh, sub_col = col / g.dw;
+  const int64_t grid = (n * g.dh + r) * g.dw + s;
+  // tiles ti with ti·sh <= sub_row < ti·sh + th
+  const int64_t ti_last = sub_row / g.sh < g.tiles_h - 1 ? sub_row / g.sh : g.tiles_h - 1;
+  const int64_t tj_last = sub_col / g.sw < g.tiles_w - 1 ? sub_col / g.sw : g.tiles_w - 1;
+  T sum = T(0);
+  for (int64_t ti = ti_last; ti >= 0 && sub_row - ti * g.sh < g.th; --ti) {
+    for (int64_t tj = tj_last; tj >= 0 && sub_col - tj * g.sw < g.tw; --tj) {
+      const int64_t t = (grid * g.tiles_h + ti) * g.tiles_w + tj - first;
+      if (t < 0 || t >= count) continue;
+      sum += tiles[((t * g.out_channels + c) * g.th + (sub_row - ti * g.sh)) * g.tw + (sub_col - tj * g.sw)];
+    }
+  }
+  y[n * g.x_stride[0] + c * g.x_stride[1] + i * g.x_stride[2] + j * g.x_stride[3]] += sum;
 }
 
 HOST_DEVICE_INLINE int64_t fft_forward_rows_size(const FftGeometry& g, int64_t count) {
@@ -164,10 +202,13 @@ HOST_DEVICE_INLINE int64_t fft_spectrum_size(const FftGeometry& g, int64_t count
   return fft_points(g) * count * channels;
 }
 HOST_DEVICE_INLINE int64_t fft_inverse_cols_size(const FftGeometry& g, int64_t count) {
-  return count * g.out_channels * g.sh * g.freqs;
+  return count * g.out_channels * g.write_h * g.freqs;
 }
 HOST_DEVICE_INLINE int64_t fft_inverse_rows_size(const FftGeometry& g, int64_t count) {
-  return count * g.out_channels * g.sh * g.sw;
+  return count * g.out_channels * g.write_h * g.write_w;
+}
+HOST_DEVICE_INLINE int64_t fft_overlap_add_size(const FftGeometry& g) {
+  return g.batch * g.out_channels * g.rows * g.cols;
 }
 
 }  // namespace densecnn

@@ -39,6 +39,11 @@ __global__ void fft_inverse_rows_kernel(FftGeometry g, const T* cols, const T* b
   }
 }
 
+template <typename T>
+__global__ void fft_overlap_add_kernel(FftGeometry g, const T* tiles, int64_t first, int64_t count, T* y) {
+  DENSECNN_GRID_STRIDE_LOOP(index, fft_overlap_add_size(g)) { fft_overlap_add_at(g, tiles, first, count, y, index); }
+}
+
 }  // namespace
 
 template <typename T>
@@ -63,11 +68,23 @@ cudaError_t launch_fft_inverse(const FftGeometry& g, const T* product, const T* 
   return cudaGetLastError();
 }
 
+template <typename T>
+cudaError_t launch_fft_adjoint(const FftGeometry& g, const T* product, int64_t first, int64_t count,
+                               const T* twiddles, T* cols, T* tiles, T* y, cudaStream_t stream) {
+  const cudaError_t status = launch_fft_inverse<T>(g, product, nullptr, first, count, twiddles, cols, tiles, stream);
+  if (status != cudaSuccess) return status;
+  fft_overlap_add_kernel<T><<<blocks_for(fft_overlap_add_size(g)), kThreadsPerBlock, 0, stream>>>(g, tiles, first,
+                                                                                                  count, y);
+  return cudaGetLastError();
+}
+
 #define DENSECNN_INSTANTIATE_FFT(T)                                                                               \
   template cudaError_t launch_fft_forward<T>(const FftGeometry&, const T*, int64_t, int64_t, const T*, T*, T*,    \
                                              cudaStream_t);                                                       \
   template cudaError_t launch_fft_inverse<T>(const FftGeometry&, const T*, const T*, int64_t, int64_t, const T*,  \
-                                             T*, T*, cudaStream_t);
+                                             T*, T*, cudaStream_t);                                               \
+  template cudaError_t launch_fft_adjoint<T>(const FftGeometry&, const T*, int64_t, int64_t, const T*, T*, T*, T*, \
+                                             cudaStream_t);
 
 DENSECNN_INSTANTIATE_FFT(float)
 DENSECNN_INSTANTIATE_FFT(double)

@@ -64,6 +64,12 @@ template <typename T>
 cudaError_t launch_fft_inverse(const FftGeometry& g, const T* product, const T* bias, int64_t first, int64_t count,
                                const T* twiddles, T* cols, T* y, cudaStream_t stream);
 
+// The input gradient's inverse (g.adjoint): whole tiles of the product (P, count, C) through `cols` into `tiles`
+// (fft_inverse_rows_size values), then each pixel of the input gradient y adds the tiles covering it.
+template <typename T>
+cudaError_t launch_fft_adjoint(const FftGeometry& g, const T* product, int64_t first, int64_t count,
+                               const T* twiddles, T* cols, T* tiles, T* y, cudaStream_t stream);
+
 // Winograd F(m, 3) transforms (winograd.h) of the chunk of tiles g.tile_begin.. : v (α^n, tiles, C) from the map x,
 // and the outputs (+ bias, may be null) of the products (α^n, tiles, K) into the map y. T is float or double.
 template <typename T>

@@ -1,9 +1,11 @@
 // The densecnn operator library: every op's schema, declared once. Kernels are registered per backend in
 // pool_cpu.cpp / conv_cpu.cpp (CPU) and pool_cuda.cpp / conv_cuda.cpp (CUDA); autograd and fake (meta) kernels
-// are registered from Python (densecnn/ops/ext.py). Importing the module `densecnn._C` runs these registrations.
+// are registered from Python (densecnn/ops/registrations.py). Importing the module `densecnn._C` runs these
+// registrations.
 #include <Python.h>
 #include <torch/library.h>
 
+#include "cpu_isa.h"
 #include "gpu_loops.h"
 #include "output_buffers.h"
 
@@ -23,6 +25,8 @@ int64_t release_output_buffers() { return OutputCache::instance().release(); }
 at::Tensor empty_buffer(at::IntArrayRef size, at::ScalarType dtype) {
   return empty_output(size, at::TensorOptions().dtype(dtype));
 }
+
+std::string cpu_isa() { return dispatched_isa(); }
 
 void set_output_buffers(int64_t max_free_bytes, bool huge_pages) {
   TORCH_CHECK(max_free_bytes >= 0, "set_output_buffers: max_free_bytes must be 0 or more, got ", max_free_bytes);
@@ -56,7 +60,7 @@ TORCH_LIBRARY(densecnn, m) {
       "conv2d_backward(Tensor grad_output, Tensor input, Tensor weight, int[2] dilation, int groups, "
       "bool[3] output_mask) -> (Tensor, Tensor, Tensor)");
   // Stride-1 dilated convolution, groups 1, of (N, C, *S) with 1-3 spatial axes, computed directly (no im2col):
-  // for convs with few input channels. Its gradients are torch's convolution backward (densecnn/ops/ext.py).
+  // for convs with few input channels. Its gradients are torch's convolution backward (densecnn/ops/registrations.py).
   m.def("direct_conv(Tensor input, Tensor weight, Tensor? bias, int[] dilation) -> Tensor");
   // Stride-1 dilated convolution in the frequency domain on overlap-save tiles of the sub-grids (fft_driver.h) of
   // the input zero-padded by `padding` (rows, columns) on each side (never materialised): `spectrum` is the
@@ -65,6 +69,11 @@ TORCH_LIBRARY(densecnn, m) {
   // gradients are taken for the weight (densecnn/ops/registrations.py).
   m.def(
       "fft_conv2d(Tensor input, Tensor weight, Tensor spectrum, Tensor? bias, int[2] tile, int[2] valid, "
+      "int[2] dilation, int[2] padding=[0, 0]) -> Tensor");
+  // The input gradient (N, C, *input_size) of fft_conv2d from the output gradient grad_output (N, K, H', W'): the
+  // adjoint of overlap-save on the forward's tiles, with the forward's kernel spectrum (fft_driver.h).
+  m.def(
+      "fft_conv2d_input_grad(Tensor grad_output, Tensor spectrum, int[2] input_size, int[2] tile, int[2] valid, "
       "int[2] dilation, int[2] padding=[0, 0]) -> Tensor");
   // The spectrum of fft_conv2d's weight gradient for the output gradient grad_output (N, K, H', W'): the sum over
   // the tiles of X · conj(G), complex (th·(tw/2+1), C, K), in the layout of the kernel spectrum (fft_driver.h).
@@ -92,6 +101,8 @@ TORCH_LIBRARY(densecnn, m) {
   // fresh ones advised onto huge pages or not. The library reads no environment: densecnn.ops.config calls this
   // when the library loads and whenever the config changes.
   m.def("set_output_buffers(int max_free_bytes, bool huge_pages) -> ()", &densecnn::set_output_buffers);
+  // The instruction set the CPU loops dispatched to on this CPU (cpu_isa.h): "avx512f", "avx2" or "x86-64".
+  m.def("cpu_isa() -> str", &densecnn::cpu_isa);
   // Tests only: run the CUDA kernels' per-element bodies on the CPU (gpu_loops.h). Returns the previous setting.
   m.def("_use_gpu_loops_on_cpu(bool enable) -> bool", &densecnn::use_gpu_loops_on_cpu);
 }

@@ -24,7 +24,6 @@ import argparse
 import json
 import math
 import os
-import platform
 import shutil
 import statistics
 import sys
@@ -40,6 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import densecnn  # noqa: E402
+from densecnn.bench import machine  # noqa: E402
 from densecnn.blockwise import BlockwiseOptions, label  # noqa: E402
 from densecnn.io import model_input  # noqa: E402
 from densecnn.ops.config import get_config, set_config  # noqa: E402
@@ -130,7 +130,7 @@ def main() -> None:
     slide_chunks = math.ceil(SLIDE / args.chunk) ** 2
     extrapolation = {n: slide_chunks * chunk_seconds / n / 3600 for n in (1, 8, 32, 128)}
     result = {
-        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}",
+        "machine": f"{machine.description()}, {os.cpu_count()} cores, torch {torch.__version__}",
         "image": f"{args.size}x{args.size} nuclei (tiled), zarr chunks {args.chunk}x{args.chunk}",
         "rounds": args.rounds,
         "load_average": [round(load_before, 1), round(os.getloadavg()[0], 1)],

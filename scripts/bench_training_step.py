@@ -17,6 +17,7 @@ import statistics
 import torch
 
 import densecnn
+from densecnn.bench import machine
 from densecnn.bench.timing import elapsed, interleave
 from densecnn.bench.workloads import LAYOUTS, Workload
 from densecnn.losses import masked_cross_entropy
@@ -93,7 +94,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--layers", action="store_true", help="also time each layer's forward and backward")
     args = parser.parse_args()
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, densecnn {densecnn.__version__}\n")
+    print(f"torch {torch.__version__}, densecnn {densecnn.__version__}, {machine.description()}\n")
     for name in args.models:
         print("\n".join(whole_steps(name, args.size, args.rounds)) + "\n")
         if args.layers:

@@ -29,6 +29,7 @@ import time
 import torch
 
 import densecnn
+from densecnn.bench import machine
 from densecnn.ops import ext_available, solvers
 from densecnn.ops.config import get_config, set_config
 from densecnn.ops.layout import NAMES as FORMATS
@@ -360,7 +361,7 @@ def main() -> None:
             result["label_agreement_with_float32"] = bf16_agreement(name, args.size)
         report(result)
         results.append(result)
-    print(f"\ntorch {torch.__version__}, {torch.get_num_threads()} threads, load average {os.getloadavg()}")
+    print(f"\ntorch {torch.__version__}, {machine.description()}, load average {os.getloadavg()}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

@@ -23,13 +23,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import sys
 from pathlib import Path
 
 import torch
 
 import densecnn
+from densecnn.bench import machine
 from densecnn.bench.timing import elapsed, interleave, median, ratio
 from densecnn.ops import ext_available, solvers
 from densecnn.ops.layout import NAMES as FORMAT_NAMES
@@ -153,7 +153,7 @@ def measure(size: int, repeats: int, cube_batches: list[int], threads: int | Non
         "environment": {
             "torch": torch.__version__,
             "threads": torch.get_num_threads(),
-            "cpu": platform.processor() or platform.machine(),
+            "cpu": machine.description(),
             "python": sys.version.split()[0],
         },
     }

@@ -66,3 +66,16 @@ def test_bench_runs_only_the_items_asked_for(tmp_path, ops_config):
     assert "max_pool" in results and "per_layer" not in results
     assert "## d-sparse max pooling" in (out / "results.md").read_text()
     assert main(["bench", "--quick", "--only", "fastest", "--out", str(out)]) == 2
+
+
+def test_bench_names_the_cpu_and_checks_monai_labels(tmp_path, ops_config):
+    pytest.importorskip("monai")
+    ops_config(cache_dir=tmp_path / "cache")
+    out = tmp_path / "bench"
+    assert main(["bench", "--quick", "--only", "monai", "--out", str(out)]) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["environment"]["cpu"] and results["environment"]["isa"]
+    (row,) = results["monai"]
+    assert row["labels_equal"] and row["forward_s"]["monai"] > 0 and row["forward_s"]["patch"] > 0
+    markdown = (out / "results.md").read_text()
+    assert "SlidingWindowInferer" in markdown and results["environment"]["cpu"] in markdown

@@ -12,8 +12,9 @@ import time
 from pathlib import Path
 
 from ..errors import InvalidInputError
-from . import firstcall, memory, report, suite
+from . import firstcall, memory, report, suite, third_party
 from .suite import Config
+from .workloads import Workload
 
 __all__ = ["ITEMS", "Config", "run"]
 
@@ -28,6 +29,7 @@ ITEMS = (
     "vs_patch_size",
     "masked_backward",
     "bfloat16",
+    "monai",
 )
 
 
@@ -65,6 +67,15 @@ def run(out: Path, *, quick: bool = False, only: list[str] | None = None, log=pr
         "vs_patch_size": lambda: suite.vs_patch_size(config),
         "masked_backward": lambda: suite.masked_backward(config),
         "bfloat16": lambda: [suite.bfloat16(name, config) for name in config.models],
+        "monai": lambda: [
+            third_party.monai_baseline(
+                Workload.zoo(name, config.size),
+                crop=config.monai_crop,
+                window_batch=config.patch_batch,
+                repeats=config.repeats,
+            )
+            for name in config.models
+        ],
     }
     for key in ITEMS:
         if only is None or key in only:

@@ -40,7 +40,8 @@ def _header(results: dict) -> list[str]:
     return [
         "# densecnn benchmarks",
         "",
-        f"torch {env['torch']}, densecnn {env['densecnn']}, {env['threads']} threads, {env['cpu']}, "
+        f"torch {env['torch']}, densecnn {env['densecnn']}, {env['threads']} threads, {env['cpu']} "
+        f"(kernels {env.get('isa', 'instruction set not recorded')}), "
         f"{env.get('allocator', 'system malloc')}, "
         f"compiled kernels {'built' if env['ext_available'] else 'NOT built'}; mode {results['mode']}, "
         f"median of {results['repeats']} interleaved rounds; speedups are medians of per-round ratios. "
@@ -90,6 +91,10 @@ def summary(results: dict) -> list[list[str]]:
             )
             rows.append([f"max pool k={r['kernel']} d={r['dilation']} {direction} vs native",
                          _x(r["speedup"][direction]), native])  # fmt: skip
+    for r in results.get("monai", []):
+        if "skipped" not in r:
+            rows.append([f"{r['model']} forward vs MONAI's sliding window", _x(r["speedup"]["densecnn_vs_monai"]),
+                         f"SlidingWindowInferer {_ms(r['forward_s']['monai'])} (scaled)"])  # fmt: skip
     if "memory" in results:
         mem = results["memory"]
         rows.append([f"{mem['model']} predict {mem['image'][2]}² peak RSS", f"{mem['peak_rss_bytes'] / 1e9:.2f} GB",
@@ -195,6 +200,23 @@ def _bfloat16(rows: list[dict]) -> list[str]:
     )  # fmt: skip
 
 
+def _monai(rows: list[dict]) -> list[str]:
+    out = ["## Third-party baseline: MONAI's SlidingWindowInferer at stride 1 (labels every pixel)", ""]
+    skipped = [r["skipped"] for r in rows if "skipped" in r]
+    if skipped:
+        return out + [skipped[0]]
+    out += ["MONAI and patch-by-patch are timed on a crop and scaled to the image; labels compared with densecnn's on "
+            "the crop (equal: at every pixel without an exact tie).", ""]  # fmt: skip
+    header = ["model", "image", "labels equal", "agreement", "MONAI", "patch-by-patch", "densecnn"]
+    return out + _table(
+        header + ["densecnn vs MONAI", "patch vs MONAI"],
+        [[r["model"], _shape(r["image"]), "yes" if r["labels_equal"] else "NO", f"{r['label_agreement']:.2%}",
+          _ms(r["forward_s"]["monai"]), f"{_ms(r['forward_s']['patch'])} [{r['patch_layout']}]",
+          _ms(r["forward_s"]["densecnn"]), _x(r["speedup"]["densecnn_vs_monai"]), _x(r["speedup"]["patch_vs_monai"])]
+         for r in rows],
+    )  # fmt: skip
+
+
 def _solver_race(rows: list[dict]) -> list[str]:
     out = ["## Which solver won each layer, and by how much (inference, real shapes, both formats)", ""]
     for r in rows:
@@ -260,6 +282,7 @@ SECTIONS = [
     ("masked_backward", _masked),
     ("bfloat16", _bfloat16),
     ("max_pool", _max_pool),
+    ("monai", _monai),
 ]
 
 

@@ -19,6 +19,7 @@ from densecnn.ops.layout import to_format
 from densecnn.ops.plan import next_shape
 from densecnn.ops.solvers import ConvOp, PoolOp
 
+from . import machine
 from .timing import elapsed, fastest, interleave, median, ratio
 from .workloads import LAYOUTS, Workload, native_max_pool, plain_family, pool_input
 
@@ -44,6 +45,9 @@ class Config:
     memory_image: int = 4096  # tiled predict of one RGB image of this side under memory_cap bytes
     memory_cap: int = 1_500_000_000
     cold_runs: int = 3  # fresh processes per first-call measurement
+    monai_crop: int = (
+        24  # MONAI's sliding window labels this many pixels squared, timed and scaled to the image
+    )
 
     @classmethod
     def quick(cls) -> Config:
@@ -64,6 +68,7 @@ class Config:
             memory_image=64,
             memory_cap=50_000_000,
             cold_runs=1,
+            monai_crop=8,
         )
 
 
@@ -366,13 +371,12 @@ def _backward(op, x):
 
 
 def environment() -> dict:
-    import platform
-
     return {
         "torch": torch.__version__,
         "densecnn": densecnn.__version__,
         "threads": torch.get_num_threads(),
-        "cpu": platform.processor() or platform.machine(),
+        "cpu": machine.cpu_model(),
+        "isa": machine.kernel_isa(),  # which compiled clone of the kernels' CPU loops ran
         "ext_available": ext_available(),
         "allocator": allocator.name(),  # a caching malloc speeds up torch's ops too
     }

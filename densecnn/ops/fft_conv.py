@@ -18,8 +18,8 @@ tiles at a time while the group's data is in cache:
    straight into the (N, K, H', W') output.
 
 The kernel's spectrum is computed once per weight version (DFT matrices built in float64) and reused while the weight
-does not change. Backward, in the frequency domain too: the input gradient is the same conv of the zero-padded output
-gradient with the flipped, transposed kernel; the weight gradient is Σ over the tiles of X · conj(G) (G the spectrum
+does not change. Backward, in the frequency domain too: the input gradient is the adjoint of overlap-save on the
+forward's tiles, with the forward's kernel spectrum (:func:`input_gradient`); the weight gradient is Σ over the tiles of X · conj(G) (G the spectrum
 of the output gradient's part of each tile), one batched GEMM per group of tiles with the tiles as its contraction,
 whose inverse DFT is read at the kernel's taps only (:func:`weight_gradient`). A double backward (a gradient of the
 weight gradient) takes torch's differentiable formula instead.
@@ -30,6 +30,8 @@ order only (about 1e-7 relative in float32). bfloat16 and float16 inputs are com
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import math
 import threading
@@ -93,20 +95,29 @@ def input_gradient(
     grad_y: torch.Tensor, weight: torch.Tensor, dilation: Pair, padding: Pair = (0, 0)
 ) -> torch.Tensor:
     """The input's gradient (N, C, H, W) from the output's (N, K, H', W') of a conv of the input zero-padded by
-    ``padding``: the same frequency-domain conv of the output gradient, zero-padded by the kernel's reach less
-    ``padding`` (a full correlation with the flipped kernel is a valid one of the zero-padded gradient; the padding
-    is read as zeros, never materialised), with the flipped, transposed kernel."""
-    (kh, kw), (dh, dw) = weight.shape[2:], dilation
-    reach = ((kh - 1) * dh, (kw - 1) * dw)
-    pad = tuple(max(r - p, 0) for r, p in zip(reach, padding))
-    crop = tuple(
-        max(p - r, 0) for r, p in zip(reach, padding)
-    )  # a padding wider than the reach: outputs to drop
-    flipped = weight.flip(2, 3).transpose(0, 1)
-    grad_x = _run(grad_y, flipped, None, dilation, cached=False, padding=pad)
-    if any(crop):
-        grad_x = grad_x[:, :, crop[0] : grad_x.shape[2] - crop[0], crop[1] : grad_x.shape[3] - crop[1]]
-    return grad_x
+    ``padding``: the adjoint of overlap-save on the forward's tiles, with the forward's kernel spectrum (computed once
+    per step and shared, :func:`shared_spectra`). Each tile of the output gradient is transformed, multiplied
+    by the conjugate kernel spectrum, inverse-transformed whole and added into the input gradient where the tile
+    came from; the output gradient's padded reach is never transformed.
+
+    >>> w, grad_y = torch.randn(8, 3, 7, 7), torch.randn(1, 8, 16, 16)
+    >>> input_gradient(grad_y, w, (4, 4)).shape  # == torch's conv input gradient to rounding
+    torch.Size([1, 3, 40, 40])
+    """
+    if grad_y.dtype not in COMPUTE_DTYPES:
+        return input_gradient(grad_y.float(), weight, dilation, padding).to(grad_y.dtype)
+    kernel = tuple(int(s) for s in weight.shape[2:])
+    dilation, padding = tuple(int(d) for d in dilation), tuple(int(p) for p in padding)
+    n, k, *out = (int(s) for s in grad_y.shape)
+    c = int(weight.shape[1])
+    size = tuple(o + (kk - 1) * d - 2 * p for o, kk, d, p in zip(out, kernel, dilation, padding))  # (H, W)
+    padded_shape = (n, c, size[0] + 2 * padding[0], size[1] + 2 * padding[1])
+    tile = _tile(padded_shape, kernel, dilation, c, k)  # the forward's
+    valid = tuple(t - kk + 1 for t, kk in zip(tile, kernel))
+    spectrum = step_spectrum(weight.to(grad_y.dtype), tile, grad_y.dtype)
+    return torch.ops.densecnn.fft_conv2d_input_grad(
+        grad_y, spectrum, list(size), list(tile), list(valid), list(dilation), list(padding)
+    )
 
 
 def weight_gradient(grad_y: torch.Tensor, x: torch.Tensor, kernel: Pair, dilation: Pair) -> torch.Tensor:
@@ -139,28 +150,17 @@ def _tile(shape, kernel: Pair, dilation: Pair, c: int, k: int) -> Pair:
     return tile_sizes(sub_out, kernel, c, k, n * dilation[0] * dilation[1])
 
 
-def _run(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    dilation: Pair,
-    cached: bool,
-    padding: Pair = (0, 0),
-):
-    """The op on x (N, C, H, W) zero-padded by ``padding``, and weight (K, C, kh, kw), with the tile the cost model
-    picks; ``cached``: take the kernel's spectrum from the cache (a model's weight at inference), else compute it
-    (training, whose weights change every step, and the flipped weight of the input gradient)."""
+def _run(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, dilation: Pair, cached: bool):
+    """The op on x (N, C, H, W) and weight (K, C, kh, kw), with the tile the cost model picks; ``cached``: take the
+    kernel's spectrum from the cache (a model's weight at inference), else the step's (training, whose weights
+    change every step: computed once and shared with the input gradient, :func:`shared_spectra`)."""
     # Plain ints (a symbolic shape under torch.compile is specialised): the tile is chosen per concrete shape.
     kernel = tuple(int(s) for s in weight.shape[2:])
-    dilation, padding = tuple(int(d) for d in dilation), tuple(int(p) for p in padding)
-    n, c, h, w = (int(s) for s in x.shape)
-    padded_shape = (n, c, h + 2 * padding[0], w + 2 * padding[1])
-    tile = _tile(padded_shape, kernel, dilation, c, int(weight.shape[0]))
+    dilation = tuple(int(d) for d in dilation)
+    tile = _tile(x.shape, kernel, dilation, int(x.shape[1]), int(weight.shape[0]))
     valid = tuple(t - kk + 1 for t, kk in zip(tile, kernel))
-    spectrum = kernel_spectrum(weight, tile, x.dtype) if cached else _spectrum(weight, tile, x.dtype)
-    return torch.ops.densecnn.fft_conv2d(
-        x, weight, spectrum, bias, list(tile), list(valid), list(dilation), list(padding)
-    )
+    spectrum = kernel_spectrum(weight, tile, x.dtype) if cached else step_spectrum(weight, tile, x.dtype)
+    return torch.ops.densecnn.fft_conv2d(x, weight, spectrum, bias, list(tile), list(valid), list(dilation))
 
 
 def tile_sizes(sub_out: Pair, kernel: Pair, c: int, k: int, grids: int) -> Pair:
@@ -230,6 +230,48 @@ def kernel_spectrum(weight: torch.Tensor, tile: Pair, dtype) -> torch.Tensor:
     return spectrum
 
 
+_step_spectra: contextvars.ContextVar[dict | None] = contextvars.ContextVar(
+    "densecnn_step_spectra", default=None
+)
+
+
+@contextlib.contextmanager
+def shared_spectra(spectra: dict):
+    """Within the block, :func:`step_spectrum` keeps the spectra it computes in ``spectra`` and takes them from
+    there: a conv's forward and its backward run in blocks over the same dict (held by the step's autograd context),
+    so the backward reuses the forward's spectrum, and none outlives the step.
+
+    >>> weight, spectra = torch.randn(8, 3, 7, 7), {}
+    >>> with shared_spectra(spectra):
+    ...     first = step_spectrum(weight, (16, 16), torch.float32)
+    ...     assert step_spectrum(weight, (16, 16), torch.float32) is first
+    >>> len(spectra)
+    1
+    """
+    token = _step_spectra.set(spectra)
+    try:
+        yield spectra
+    finally:
+        _step_spectra.reset(token)
+
+
+def step_spectrum(weight: torch.Tensor, tile: Pair, dtype) -> torch.Tensor:
+    """The kernel spectrum of a training step: from the step's :func:`shared_spectra` if it holds this weight's on
+    this tile, else computed (and kept there, if a block is open)."""
+    spectra = _step_spectra.get()
+    if spectra is None or not eager(weight):
+        return _spectrum(weight, tile, dtype)
+    key = spectrum_key(weight, tile, dtype)
+    if key not in spectra:
+        spectra[key] = _spectrum(weight, tile, dtype)
+    return spectra[key]
+
+
+def spectrum_key(weight: torch.Tensor, tile: Pair, dtype) -> tuple:
+    """What a step's spectrum is kept under in :func:`shared_spectra`: the weight's memory, the tile and the dtype."""
+    return (weight.data_ptr(), tuple(weight.shape), weight.stride(), weight.device, tuple(tile), dtype)
+
+
 def _spectrum(weight: torch.Tensor, tile: Pair, dtype) -> torch.Tensor:
     """The kernel's spectrum as two small DFT matrices applied to its kh×kw taps (the zero padding to the tile is
     never materialised), one matrix product each, the second writing the (Th·F, C, K) layout directly.
@@ -256,10 +298,15 @@ def _spectrum(weight: torch.Tensor, tile: Pair, dtype) -> torch.Tensor:
 
 def _eager_on_cpu(weight: torch.Tensor) -> bool:
     """Whether ``weight`` is a plain CPU tensor used eagerly, so its spectrum may be written into a buffer of the
-    kernels' cache (traced calls — torch.compile, fake tensors, dispatch modes — take the plain product)."""
+    kernels' cache."""
+    return weight.device.type == "cpu" and eager(weight)
+
+
+def eager(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` is a plain tensor used eagerly, with memory of its own (traced calls — torch.compile, fake
+    tensors, dispatch modes — have none to key a spectrum by or to write into)."""
     return (
-        weight.device.type == "cpu"
-        and type(weight) in (torch.Tensor, torch.nn.Parameter)
+        type(tensor) in (torch.Tensor, torch.nn.Parameter)
         and not torch.compiler.is_compiling()
         and not is_in_torch_dispatch_mode()
     )

@@ -10,9 +10,9 @@ the find step's timings when tuning).
 
 Gradient solvers:
 - ``native``: torch's convolution backward (any conv, 1-3 spatial axes), both gradients;
-- ``fft``: the frequency domain on overlap-save tiles (:mod:`densecnn.ops.fft_conv`: the input gradient is the fft
-  conv of the padded output gradient, the weight gradient Σ over the tiles of X · conj(G)), both gradients, where
-  the ``fft`` solver applies;
+- ``fft``: the frequency domain on overlap-save tiles (:mod:`densecnn.ops.fft_conv`: the input gradient is the
+  adjoint of overlap-save on the forward's tiles with the forward's kernel spectrum, the weight gradient Σ over the
+  tiles of X · conj(G)), both gradients, where the ``fft`` solver applies;
 - ``winograd``: 3×3 and 3×3×3 convs: the input gradient as the Winograd conv of the output gradient (its padding
   read as zeros) with the flipped, transposed kernel, the weight gradient as Gᵀ·(Σ over tiles of V[ξ]ᵀ z[ξ])·G
   (:func:`densecnn.ops.winograd.input_gradient`, :func:`~densecnn.ops.winograd.weight_gradient`).
@@ -87,7 +87,8 @@ class _Conv(torch.autograd.Function):
         ctx.save_for_backward(x, weight)
         ctx.dilation, ctx.groups, ctx.has_bias = dilation, groups, bias is not None
         ctx.input_solver, ctx.weight_solver = input_solver or "native", weight_solver
-        with weight_cache.training_forward():
+        ctx.spectra = {}  # the fft kernel spectra of this step, computed once for the forward and input gradient
+        with weight_cache.training_forward(), fft_conv.shared_spectra(ctx.spectra):
             return solvers.run(forward_solver, op, x, memory_format)
 
     @staticmethod
@@ -98,7 +99,9 @@ class _Conv(torch.autograd.Function):
         # In the input's layout, where the forward ran: the transform solvers read it faster there and write the
         # input gradient in it (the score map's gradient arrives NC*, converting the larger input gradient costs more)
         grad_y = grad_y.contiguous(memory_format=layout_of(x))
-        grad_x = input_gradient(ctx.input_solver, grad_y, x, op) if needs[0] else None
+        with fft_conv.shared_spectra(ctx.spectra):
+            grad_x = input_gradient(ctx.input_solver, grad_y, x, op) if needs[0] else None
+        ctx.spectra.clear()
         grad_w = weight_gradient(ctx.weight_solver, grad_y, x, op) if needs[1] else None
         grad_b = grad_y.sum([0, *range(2, grad_y.dim())]) if ctx.has_bias and needs[2] else None
         return grad_x, grad_w, grad_b, None, None, None, None, None, None

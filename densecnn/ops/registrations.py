@@ -236,8 +236,11 @@ def _register_fft_conv2d(ops) -> None:
         return _empty(input, (input.shape[0], weight.shape[0], *out), _is_channels_last(input))
 
     def setup(ctx, inputs, output):
-        input, weight, _spectrum, bias, _tile, _valid, ctx.dilation, *padding = inputs
+        input, weight, spectrum, bias, tile, _valid, ctx.dilation, *padding = inputs
         ctx.padding = tuple(padding[0]) if padding else (0, 0)
+        # the input gradient reuses the forward's kernel spectrum (on the same tile)
+        eager = fft_conv.eager(weight) and fft_conv.eager(spectrum)
+        ctx.spectra = {fft_conv.spectrum_key(weight, tile, input.dtype): spectrum} if eager else {}
         ctx.has_bias = bias is not None
         ctx.save_for_backward(input, weight)
 
@@ -245,8 +248,13 @@ def _register_fft_conv2d(ops) -> None:
         input, weight = ctx.saved_tensors
         needs = ctx.needs_input_grad
         grad_x = grad_w = grad_b = None
-        if needs[0]:
-            grad_x = fft_conv.input_gradient(grad_y, weight, ctx.dilation, ctx.padding)
+        if needs[0] and torch.is_grad_enabled():  # a double backward: torch's differentiable formula
+            grad_x, _, _ = native.conv_backward(
+                grad_y, input, weight, ctx.dilation, (True, False, False), ctx.padding
+            )
+        elif needs[0]:
+            with fft_conv.shared_spectra(ctx.spectra):
+                grad_x = fft_conv.input_gradient(grad_y, weight, ctx.dilation, ctx.padding)
         if needs[1] and (torch.is_grad_enabled() or any(ctx.padding)):
             # a double backward (or the input gradient's own weight gradient): torch's differentiable formula
             _, grad_w, _ = native.conv_backward(
@@ -259,6 +267,13 @@ def _register_fft_conv2d(ops) -> None:
         return grad_x, grad_w, None, grad_b, None, None, None, None
 
     torch.library.register_autograd("densecnn::fft_conv2d", backward, setup_context=setup)
+
+
+def _register_fft_conv2d_input_grad(ops) -> None:
+    @torch.library.register_fake("densecnn::fft_conv2d_input_grad")
+    def _(grad_output, spectrum, input_size, tile, valid, dilation, padding=(0, 0)):
+        shape = (grad_output.shape[0], spectrum.shape[1], *input_size)
+        return _empty(grad_output, shape, _is_channels_last(grad_output))
 
 
 def _register_fft_conv2d_weight_spectrum(ops) -> None:
@@ -317,6 +332,7 @@ if ext.available():
         _register_conv2d_backward,
         _register_direct_conv,
         _register_fft_conv2d,
+        _register_fft_conv2d_input_grad,
         _register_fft_conv2d_weight_spectrum,
         _register_winograd_conv,
         _register_winograd_conv_weight_grad,
