@@ -136,4 +136,6 @@ def test_shipped_model_card_command_reproduces_its_training_config():
     loaded = densecnn.load(model_dir)
     saved.update(classes=loaded.num_classes, channels=loaded.in_channels)  # derived by the run, written out
     saved.setdefault("intensity", None)  # trained before --intensity existed: its card does not name it
+    saved.setdefault("unlabelled", None)  # and before --unlabelled and --max-seconds
+    saved.setdefault("max_seconds", None)
     assert {**reproduced, "command": ""} == {**saved, "command": ""}
