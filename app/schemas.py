@@ -99,14 +99,14 @@ class SegmentJson(BaseModel):
     width: int | None = Field(None, description="images only")
     height: int | None = Field(None, description="images only")
     labels_png_base64: str | None = Field(
-        None, description="images: the label map as a PNG (palette PNG, or 16-bit above 256 classes)"
+        None, description="images: the label map as a PNG (palette PNG, or 16-bit above 255 classes)"
     )
     pixel_counts: list[int] | None = Field(None, description="images: pixels per class id (as `counts`)")
     labels_tiff_base64: str | None = Field(
         None,
-        description="volumes: the label volume as a multi-page TIFF (uint8 ids, uint16 above 256 classes)",
+        description="volumes: the label volume as a multi-page TIFF (uint8 ids, uint16 above 255 classes)",
     )
     labels_npy_base64: str | None = Field(
-        None, description="signals: the labels as a .npy (L,) of uint8 ids (uint16 above 256 classes)"
+        None, description="signals: the labels as a .npy (L,) of uint8 ids (uint16 above 255 classes)"
     )
     overlay_png_base64: str | None = Field(None, description="only with ?view=overlay: the RGB overlay PNG")

@@ -26,12 +26,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .errors import InvalidInputError, NonFiniteInputError
+from .errors import Fix, InvalidInputError, NonFiniteInputError
 from .layers import WindowLayer
 
 # the label predict gives a pixel whose scores are NaN (its patch reads a non-finite input pixel)
 NO_DATA_LABEL = -1
 POLICIES = ("refuse", "propagate")
+# the fix a refused non-finite input carries, which each front end names its own way (--nonfinite propagate, ...)
+NO_DATA_FIX = Fix("if they mark missing data, label them as no-data", (("nonfinite", "propagate"),))
 _MAX_POOL = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}
 
 
@@ -68,8 +70,9 @@ def check_finite(x: torch.Tensor) -> None:
         first = [int(i) for i in bad.nonzero()[0]]
         raise NonFiniteInputError(
             f"the input holds {int(bad.sum()):,} non-finite value(s) (NaN or ±Inf), the first at {first} "
-            "(batch, channel, spatial axes): replace them (torch.nan_to_num) or, if they mark missing data, pass "
-            "nonfinite='propagate' to get NaN scores (label -1) where a patch reads them"
+            "(batch, channel, spatial axes): replace them (torch.nan_to_num), or get NaN scores (label -1) where a "
+            "patch reads them",
+            fix=NO_DATA_FIX,
         )
 
 

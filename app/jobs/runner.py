@@ -269,7 +269,7 @@ class JobRunner:
             return np.asarray(image)
 
     def tiff_of_png(self, job: JobRecord) -> None:
-        """Write a PNG result's labels as a TIFF of class ids beside it (uint16 past 256 classes)."""
+        """Write a PNG result's labels as a TIFF of class ids beside it (uint16 past 255 classes)."""
         from densecnn.atomic import atomic_write
         from densecnn.io import labels_tiff
 

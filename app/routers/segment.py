@@ -47,9 +47,9 @@ def _error(description: str) -> dict:
     summary="Label every pixel of an image (every voxel of a volume, every sample of a signal)",
     description=(
         "The answer's format is chosen by `Accept`: `image/png` (default for 2-D models) a palette PNG of class "
-        "ids at the image's full resolution (a 16-bit PNG above 256 classes); `image/tiff` (default for 3-D "
+        "ids at the image's full resolution (a 16-bit PNG above 255 classes); `image/tiff` (default for 3-D "
         "models, which do not answer PNG) a multi-page TIFF of class ids, one page per slice (uint8, uint16 above "
-        "256 classes); `application/json` the shape, classes, per-class counts and the labels in base64 (a PNG "
+        "255 classes); `application/json` the shape, classes, per-class counts and the labels in base64 (a PNG "
         "for images, a multi-page TIFF for volumes, a .npy for signals); `application/x-npy` always the float32 "
         "class probabilities (K, *spatial): (K, H, W), (K, D, H, W) or (K, L). "
         "**Volumes** (3-D models): a multi-page or volumetric TIFF (pages are slices; samples or ImageJ channels "

@@ -24,6 +24,7 @@ import torch
 
 from ..io import LazyArray, Scaling
 from ..io.intensity import require_finite
+from ..io.labels import file_labels
 from .cancel import stopped
 from .foreground import BACKGROUND, Foreground
 from .sinks import chunk_written, open_output, persist_chunk
@@ -92,6 +93,8 @@ class BlockJob:
             windows: the input window length per axis.
         scaling: the whole image's intensity scaling, applied to every block.
         foreground: where the foreground is (None: everywhere); chunks without any are labelled background.
+        nonfinite: the non-finite policy (:mod:`densecnn.nonfinite`): "refuse" a window holding NaN/±Inf, or
+            "propagate" them (no-data labels; the halo makes them exact across blocks).
         stop: the run's cluster-wide stop event (:mod:`~densecnn.blockwise.cancel`): once set, no further chunk
             is written.
     """
@@ -109,6 +112,7 @@ class BlockJob:
     windows: tuple[int, ...]
     scaling: Scaling
     foreground: Foreground | None = None
+    nonfinite: str = "refuse"
     stop: str | None = None
 
     def chunk_grid(self) -> list[tuple[int, ...]]:
@@ -174,7 +178,8 @@ def _compute(job: BlockJob, compute: list, labels_out, probabilities_out) -> tup
         )
     ]
     pixels = job.source.read(tuple(slice(*span) for span in spans))  # (C, *window)
-    require_finite(pixels, channel_axis=0, origin=tuple(first for first, _ in spans))
+    if job.nonfinite == "refuse":
+        require_finite(pixels, channel_axis=0, origin=tuple(first for first, _ in spans))
 
     def inside(index) -> tuple[slice, ...]:  # the chunk within the window
         chunk = job.chunk_region(index)
@@ -193,8 +198,8 @@ def _compute(job: BlockJob, compute: list, labels_out, probabilities_out) -> tup
         if not compute:
             return 0, blank
     loaded, dense = worker_model(job.model, job.device, job.threads)
-    x = loaded.input(pixels, channel_axis=0, scaling=job.scaling)  # (1, C', *window)
-    run = dict(max_memory=job.max_memory, dense=dense)
+    x = loaded.input(pixels, channel_axis=0, scaling=job.scaling, nonfinite=job.nonfinite)  # (1, C', *window)
+    run = dict(max_memory=job.max_memory, dense=dense, nonfinite=job.nonfinite)
     if probabilities_out is None:
         labels = loaded.labels(x, **run)[0]  # (*window)
     else:
@@ -211,9 +216,9 @@ def _compute(job: BlockJob, compute: list, labels_out, probabilities_out) -> tup
         if probabilities_out is not None:
             probabilities_out[(slice(None), *chunk)] = probabilities[(slice(None), *inside(index))]
             persist_chunk(probabilities_out, index)
-        labels_out[_at(labels_out, chunk)] = labels[
-            inside(index)
-        ]  # written last: a chunk with labels is complete
+        labels_out[_at(labels_out, chunk)] = file_labels(
+            labels[inside(index)], loaded.num_classes
+        )  # written last: a chunk with labels is complete
         persist_chunk(labels_out, index)
         written += math.prod(c.stop - c.start for c in chunk)
     return written, blank

@@ -18,14 +18,15 @@ from .worker import TaskResult, worker_model
 @dataclass(frozen=True)
 class FileJob:
     """What every image task shares: the model directory, device, torch threads, the per-task memory cap and the
-    intensity scaling asked for (None: the model's own; each image is scaled on its own), the run's stop event
-    (:mod:`~densecnn.blockwise.cancel`)."""
+    intensity scaling asked for (None: the model's own; each image is scaled on its own), the non-finite policy
+    (:mod:`densecnn.nonfinite`), the run's stop event (:mod:`~densecnn.blockwise.cancel`)."""
 
     model: str
     device: str
     threads: int | None
     max_memory: int | None
     intensity: Intensity | None = None
+    nonfinite: str = "refuse"
     stop: str | None = None
 
 
@@ -37,11 +38,11 @@ def label_file(job: FileJob, image: str, output: str) -> TaskResult:
     loaded, dense = worker_model(job.model, job.device, job.threads)
     try:
         pixels = read_array(image)  # (H, W[, C])
-        scaling = loaded.scaling(pixels, intensity=job.intensity)
-        x = loaded.input(pixels, scaling=scaling)  # (1, C, H, W)
+        scaling = loaded.scaling(pixels, intensity=job.intensity, nonfinite=job.nonfinite)
+        x = loaded.input(pixels, scaling=scaling, nonfinite=job.nonfinite)  # (1, C, H, W)
     except (ImageReadError, IntensityError, NonFiniteInputError) as exc:
         return TaskResult(image, 0, 0, time.perf_counter() - started, exc)
-    labels = loaded.labels(x, max_memory=job.max_memory, dense=dense)[0]  # (H, W)
+    labels = loaded.labels(x, max_memory=job.max_memory, dense=dense, nonfinite=job.nonfinite)[0]  # (H, W)
     if stopped(job.stop):
         return TaskResult(image, 0, 0, time.perf_counter() - started)
     write_labels(output, labels, loaded.palette)

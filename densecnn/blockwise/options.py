@@ -12,6 +12,7 @@ from pathlib import Path
 
 from ..errors import InvalidInputError
 from ..io.intensity import Intensity
+from ..nonfinite import check_policy
 from .summary import Summary
 
 DEFAULT_BLOCK = 1024  # pixels per side a task computes at once (whole chunks; fewer if memory is short)
@@ -116,6 +117,11 @@ class BlockwiseOptions:
         None, parse=Intensity.parse, metavar="MODE",
         help="how input values are scaled to [0, 1], overriding the model's declaration: dtype (integers by their "
         "dtype's range, floats as they are), range:LOW,HIGH or percentiles:LOW,HIGH (e.g. percentiles:1,99.8)",
+    )  # fmt: skip
+    nonfinite: str = option(
+        "refuse", parse=check_policy, metavar="refuse|propagate",
+        help="NaN/±Inf input pixels: refuse the image (default), or propagate them as no-data, labelled the label "
+        "type's maximum (255 in uint8, 65535 in uint16) wherever a pixel's patch reads one, probabilities NaN",
     )  # fmt: skip
     overwrite: bool = option(False, help="start over instead of resuming from what is already written")
     retries: int = option(2, metavar="N", help="resubmissions of a failing task (default 2)")

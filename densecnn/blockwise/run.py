@@ -29,6 +29,7 @@ from ..errors import (
     DenseCNNError,
     Fix,
     ImageReadError,
+    NonFiniteInputError,
     PredictInputError,
 )
 from ..io import (
@@ -81,7 +82,7 @@ def label(
     - ``input`` an image file -> ``output`` a label map (.png with the model's palette, .tif or .npy).
     - ``input`` a directory or glob of images -> ``output`` a directory of label maps with the same names.
     - ``input`` a zarr array, OME-Zarr group (the level at the model's pixel size, or ``options.level``), TIFF, whole-slide image or .npy -> ``output`` a zarr array of
-      labels (uint8, uint16 past 256 classes) chunked like the input (or ``options.chunk``), and optionally the class
+      labels (uint8, uint16 past 255 classes) chunked like the input (or ``options.chunk``), and optionally the class
       probabilities; ``output`` ending in ``.ome.zarr``, or ``options.labels_into``, a multiscale OME-Zarr label
       image (:mod:`densecnn.blockwise.ngff`). The
       array has the model's spatial axes, (H, W) for a 2-D model, (D, H, W) for a 3-D one, (L) for a 1-D one, and
@@ -235,9 +236,10 @@ def _label_one_image(loaded, input: Path, output: Path, options: BlockwiseOption
     started = time.perf_counter()
     dense = loaded.dense().to(options.device).eval()
     pixels = read_array(input)  # (H, W[, C])
-    scaling = loaded.scaling(pixels, intensity=options.intensity)
-    x = loaded.input(pixels, scaling=scaling)  # (1, C, H, W)
-    labels = loaded.labels(x, max_memory=options.max_memory, dense=dense)[0]  # (H, W)
+    scaling = loaded.scaling(pixels, intensity=options.intensity, nonfinite=options.nonfinite)
+    x = loaded.input(pixels, scaling=scaling, nonfinite=options.nonfinite)  # (1, C, H, W)
+    run = dict(max_memory=options.max_memory, dense=dense, nonfinite=options.nonfinite)
+    labels = loaded.labels(x, **run)[0]  # (H, W)
     try:
         output.parent.mkdir(parents=True, exist_ok=True)
         write_labels(output, labels, loaded.palette)
@@ -357,7 +359,8 @@ def _label_array(
     job = BlockJob(
         model=model, device=options.device, threads=threads, max_memory=budget - held, source=source,
         labels=str(output), probabilities=None if probabilities is None else str(probabilities), chunks=chunks,
-        group=group, halo=margins, windows=windows, scaling=scaling, foreground=where, stop=stop_name(),
+        group=group, halo=margins, windows=windows, scaling=scaling, foreground=where, nonfinite=options.nonfinite,
+        stop=stop_name(),
     )  # fmt: skip
     grid = job.chunk_grid()
     blocks: dict[tuple[int, ...], list[tuple[int, ...]]] = {}
@@ -376,6 +379,10 @@ def _label_array(
         )
         if isinstance(exc, OSError) and exc.errno in STORAGE_ERRORS:
             raise BlockFailedError(f"{output}: {storage_problem(exc)}")
+        if isinstance(exc, NonFiniteInputError):  # the window's pixels, not the task: its fix is an option
+            raise BlockFailedError(
+                f"the block of chunks {list(item[0])} ({where}): {exc.problem}", fix=exc.fix
+            )
         raise BlockFailedError(
             f"the block of chunks {list(item[0])} ({where}) failed {attempts} times: {exc}"
         )
@@ -476,7 +483,7 @@ def _label_images(
             target.unlink(missing_ok=True)
     todo = [(str(i), str(t)) for i, t in zip(images, targets) if not t.exists()]
     job = FileJob(model, options.device, threads, _task_memory(client, options.max_memory), options.intensity,
-                  stop_name())  # fmt: skip
+                  options.nonfinite, stop_name())  # fmt: skip
     summary = Summary("images", total=len(images), skipped=len(images) - len(todo), workers=_workers(client))
 
     def failed(item, exc, attempts):
@@ -541,10 +548,10 @@ def _run(
                 finished.append(future)
                 if future.status == "error":
                     exc = future.exception()
-                    storage = (
-                        isinstance(exc, OSError) and exc.errno in STORAGE_ERRORS
+                    final = (isinstance(exc, OSError) and exc.errno in STORAGE_ERRORS) or isinstance(
+                        exc, NonFiniteInputError
                     )  # retrying cannot fix it
-                    if attempt <= retries and not storage:
+                    if attempt <= retries and not final:
                         summary.retries += 1
                         queue.add(submit(item, attempt + 1))
                         continue

@@ -14,7 +14,7 @@ inputs and outputs:
   DIR or 'GLOB'           -> OUTPUT directory of label maps with the same names (.png for JPEG/BMP)
   ARRAY.zarr, OME-Zarr group (the level at the model's pixel size), (Big)TIFF or whole slide (.svs, .ndpi, .scn, .bif) read lazily;
   (D, H, W) volumes for 3-D models
-                          -> OUTPUT.zarr: labels (uint8; uint16 past 256 classes), chunked like the input
+                          -> OUTPUT.zarr: labels (uint8; uint16 past 255 classes), chunked like the input
                           -> OUTPUT.ome.zarr: a multiscale OME-Zarr label image (colours, class names)
   IMAGE.ome.zarr --labels-into NAME
                           -> IMAGE.ome.zarr/labels/NAME: the labels inside the image, as viewers expect
@@ -117,7 +117,7 @@ def run(args) -> int:
     try:
         summary = label(args.model, args.input, args.output, options)
     except BlockFailedError as exc:
-        print(f"densecnn predict: error: {exc}", file=sys.stderr)
+        print(f"densecnn predict: error: {exc.render(cli_option)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(

@@ -47,6 +47,7 @@ import numpy as np
 import torch
 
 from ..errors import Fix, IntensityError, NonFiniteInputError
+from ..nonfinite import NO_DATA_FIX
 
 MODES = ("dtype", "range", "percentiles")
 MIN_RANGE_USE = 0.01  # the fraction of an integer dtype's range an image must reach for mode "dtype"
@@ -257,7 +258,8 @@ def require_finite(
         first = [i + o for i, o in zip(first, origin)]
     raise NonFiniteInputError(
         f"the image has {count:,} pixels holding NaN or infinite values (beyond float32's range counts too), the "
-        f"first at position {tuple(first)}; no label map computed from them means anything: send finite values"
+        f"first at position {tuple(first)}; no label map computed from them means anything: send finite values",
+        fix=NO_DATA_FIX,
     )
 
 

@@ -109,7 +109,7 @@ class LoadedModel:
 
     @property
     def label_dtype(self) -> np.dtype:
-        """The dtype of this model's label maps: uint8 up to 256 classes, uint16 past that."""
+        """The dtype of this model's label maps: uint8 up to 255 classes, uint16 past that (the type's maximum is the no-data value)."""
         return label_dtype(self.num_classes)
 
     def scaling(

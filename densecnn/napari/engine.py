@@ -6,7 +6,7 @@ its pixels (:mod:`densecnn.io.intensity`, as ``densecnn predict`` does), then la
 :func:`densecnn.tiling.tiles` under ``max_memory``. Only each tile's input window is read from the layer (a dask or
 zarr layer is never read whole) and padded as :meth:`densecnn.DenseCNN.pad` pads the whole image, so the labels
 equal ``loaded.dense().predict(loaded.normalize(x))`` on the plane's [0, 1] pixels ``x``. The memory held
-throughout is the labels (one byte per pixel up to 256 classes) and, if asked for, the float32 probabilities.
+throughout is the labels (one byte per pixel up to 255 classes) and, if asked for, the float32 probabilities.
 
 >>> steps = label(densecnn.load("models/nuclei"), source, max_memory=500_000_000)
 >>> for progress in steps: ...                       # Progress(done=1, total=4), ...
@@ -44,7 +44,7 @@ class Progress:
 
 @dataclass(frozen=True)
 class Result:
-    """``labels``: the source's ``labels_shape``, class ids (uint8, or uint16 past 256 classes);
+    """``labels``: the source's ``labels_shape``, class ids (uint8, or uint16 past 255 classes);
     ``probabilities``: (K, *labels_shape) float32 class probabilities (the softmax of the scores, unless the net
     ends in one: :func:`~densecnn.io.class_probabilities`), or None; ``warnings``: what the user should
     know of the labelled planes (a constant plane)."""
