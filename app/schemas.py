@@ -96,6 +96,7 @@ class SegmentJson(BaseModel):
     )
     classes: list[ClassInfo]
     counts: list[int] = Field(description="pixels (voxels, samples) per class id")
+    no_data_count: int = Field(0, description="pixels labelled no-data (only with ?nonfinite=propagate)")
     width: int | None = Field(None, description="images only")
     height: int | None = Field(None, description="images only")
     labels_png_base64: str | None = Field(

@@ -17,6 +17,7 @@ from PIL import Image
 from densecnn.errors import DenseCNNError, ImageTooLargeError
 from densecnn.io import image_format, labels_png, labels_tiff, read_array, read_nd, unit_planes
 from densecnn.io.intensity import Intensity
+from densecnn.io.labels import file_labels, no_data_value
 
 from .negotiation import Output
 from .registry import ServedModel
@@ -65,12 +66,13 @@ def overlay_png(pixels: np.ndarray, labels: np.ndarray, palette: list[list[int]]
 
     Works on bands of rows, so besides the (H, W, 3) uint8 result only one band of floats is held.
     """
-    colours = np.asarray(palette, dtype=np.float32) / 255.0  # (K, 3)
+    colours = np.asarray([*palette, [0, 0, 0]], dtype=np.float32) / 255.0  # (K + 1, 3): no-data (-1) black
     blended = np.empty((*labels.shape, 3), np.uint8)  # (H, W, 3)
     for row in range(0, labels.shape[0], OVERLAY_ROWS):
         rows = slice(row, row + OVERLAY_ROWS)
         display = unit_planes(pixels[rows], 3).transpose(1, 2, 0)  # (band, W, 3) in [0, 1]
-        mixed = (1 - OVERLAY_ALPHA) * np.clip(display, 0, 1) + OVERLAY_ALPHA * colours[labels[rows]]
+        shown = np.clip(np.nan_to_num(display, nan=0.0), 0, 1)  # no-data (NaN) pixels dark
+        mixed = (1 - OVERLAY_ALPHA) * shown + OVERLAY_ALPHA * colours[labels[rows]]
         blended[rows] = np.round(mixed * 255)
     out = io.BytesIO()
     Image.fromarray(blended).save(out, format="PNG", compress_level=3)
@@ -93,13 +95,16 @@ def segment(
     limits: RequestLimits,
     name: str = "the upload",
     intensity: Intensity | None = None,
+    nonfinite: str = "refuse",
     cancel: threading.Event | None = None,
 ) -> SegmentResult:
     """Label every pixel of the image in ``data`` (``name`` in messages) and encode the answer as ``output`` asks.
 
     The image is refused from its header if it is over ``limits``, and if its values do not fit how the model's
-    inputs are scaled (``intensity``, by default the model's own) or are not finite; once ``cancel`` is set the
-    dense net stops at its next layer or tile (:class:`densecnn.errors.Cancelled`).
+    inputs are scaled (``intensity``, by default the model's own) or, unless ``nonfinite`` is "propagate", are not
+    finite (under "propagate" a pixel whose patch reads NaN/±Inf is no-data: the label type's maximum, NaN
+    probabilities); once ``cancel`` is set the dense net stops at its next layer or tile
+    (:class:`densecnn.errors.Cancelled`).
     """
     loaded = served.loaded
     timings = {}
@@ -111,14 +116,14 @@ def segment(
     else:
         raw, channel_axis = read_nd(data, served.dense.dims, **limits_kw), 0  # (C, *spatial), channel first
         pixels = np.moveaxis(raw, 0, -1) if served.dense.dims == 2 else None  # (H, W, C) for an overlay
-    scaling = loaded.scaling(raw, intensity=intensity, channel_axis=channel_axis)
-    x = loaded.input(raw, channel_axis=channel_axis, scaling=scaling)  # (1, C, *spatial)
+    scaling = loaded.scaling(raw, intensity=intensity, channel_axis=channel_axis, nonfinite=nonfinite)
+    x = loaded.input(raw, channel_axis=channel_axis, scaling=scaling, nonfinite=nonfinite)  # (1, C, *spatial)
     del raw
     shape = tuple(x.shape[2:])
     timings["decode"] = time.perf_counter() - start
 
     start = time.perf_counter()
-    run = dict(max_memory=limits.max_memory, cancel=cancel, dense=served.dense)
+    run = dict(max_memory=limits.max_memory, cancel=cancel, dense=served.dense, nonfinite=nonfinite)
     try:
         if output is Output.NPY:
             probabilities = loaded.probabilities(x, **run)[0].numpy()  # (K, *spatial)
@@ -149,8 +154,11 @@ def segment(
 
 
 def _document(loaded, labels: np.ndarray, overlay_pixels: np.ndarray | None) -> dict:
-    """The JSON answer: shape, classes, counts per class and the labels (PNG, multi-page TIFF or .npy) in base64."""
-    counts = np.bincount(labels.ravel(), minlength=loaded.num_classes).tolist()
+    """The JSON answer: shape, classes, counts per class (and of no-data pixels) and the labels (PNG, multi-page TIFF
+    or .npy) in base64."""
+    ids = file_labels(labels, loaded.num_classes)  # no-data as the label type's maximum
+    every = np.bincount(ids.ravel(), minlength=loaded.num_classes)
+    counts = every[: loaded.num_classes].tolist()
     document = {
         "shape": list(labels.shape),
         "classes": [
@@ -158,6 +166,9 @@ def _document(loaded, labels: np.ndarray, overlay_pixels: np.ndarray | None) -> 
             for k, (name, colour) in enumerate(zip(loaded.class_names, loaded.palette))
         ],
         "counts": counts,
+        "no_data_count": int(every[no_data_value(loaded.num_classes)])
+        if len(every) > loaded.num_classes
+        else 0,
     }
     if labels.ndim == 2:  # an image: the fields 2-D clients read
         height, width = labels.shape
@@ -167,8 +178,7 @@ def _document(loaded, labels: np.ndarray, overlay_pixels: np.ndarray | None) -> 
     elif labels.ndim == 3:
         document["labels_tiff_base64"] = base64.b64encode(labels_tiff(labels, loaded.num_classes)).decode()
     else:
-        ids = bytes(npy_view(labels))
-        document["labels_npy_base64"] = base64.b64encode(ids).decode()
+        document["labels_npy_base64"] = base64.b64encode(bytes(npy_view(ids))).decode()
     if overlay_pixels is not None:
         document["overlay_png_base64"] = base64.b64encode(
             overlay_png(overlay_pixels, labels, loaded.palette)

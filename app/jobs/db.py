@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from enum import Enum
 
-from sqlalchemy import BigInteger, Float, Integer, String, Text, create_engine, event
+from sqlalchemy import BigInteger, Float, Integer, String, Text, create_engine, event, inspect, text
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -40,6 +40,7 @@ class JobRecord(Base):
         Text
     )  # as the caller named it: a file name or a path under a root
     intensity: Mapped[str | None] = mapped_column(String(100), default=None)
+    nonfinite: Mapped[str] = mapped_column(String(16), default="refuse", server_default="refuse")
     level: Mapped[int | None] = mapped_column(Integer, default=None)
     chunk: Mapped[int | None] = mapped_column(Integer, default=None)
     state: Mapped[str] = mapped_column(String(16), index=True, default=State.queued.value)
@@ -93,4 +94,16 @@ def make_engine(url: str) -> Engine:
             connection.execute("PRAGMA journal_mode=WAL")
 
     Base.metadata.create_all(engine)
+    _add_missing_columns(engine)
     return engine
+
+
+def _add_missing_columns(engine: Engine) -> None:
+    """Columns added to ``jobs`` since a database was created (``create_all`` adds tables, never columns), with
+    their defaults: a database from an older version keeps working."""
+    present = {column["name"] for column in inspect(engine).get_columns(JobRecord.__tablename__)}
+    with engine.begin() as connection:
+        for column in JobRecord.__table__.columns:
+            if column.name not in present and column.server_default is not None:
+                connection.execute(text(f"ALTER TABLE {JobRecord.__tablename__} ADD COLUMN {column.name} "
+                                        f"{column.type.compile(engine.dialect)} DEFAULT '{column.server_default.arg}'"))  # fmt: skip

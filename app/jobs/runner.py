@@ -212,6 +212,7 @@ class JobRunner:
             block=self.settings.job_block,
             max_memory=task_memory(self.settings),
             intensity=Intensity.parse(job.intensity) if job.intensity else None,
+            nonfinite=job.nonfinite,
             progress=False,
             cancel=stop,  # set: no block starts, and a block in flight writes no further chunk
             on_progress=report,

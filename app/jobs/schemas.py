@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .admission import MAX_CHUNK, MAX_LEVEL, MIN_CHUNK
@@ -41,6 +43,11 @@ class JobRequest(BaseModel):
         None,
         max_length=100,
         description="dtype, range:LOW,HIGH or percentiles:LOW,HIGH; default: as the model declares",
+    )
+    nonfinite: Literal["refuse", "propagate"] = Field(
+        "refuse",
+        description="NaN/±Inf pixels: fail the job (default), or propagate them as no-data (the label type's "
+        "maximum, 255 in uint8, 65535 in uint16, where a pixel's patch reads one)",
     )
 
     @model_validator(mode="after")

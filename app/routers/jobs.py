@@ -11,7 +11,7 @@ import stat
 import time
 import uuid
 from pathlib import Path as FilePath
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
@@ -108,6 +108,10 @@ async def create_job(
     chunk: Annotated[int | None, Query(ge=MIN_CHUNK, le=MAX_CHUNK, description=CHUNK_HELP)] = None,
     level: Annotated[int | None, Query(ge=0, le=MAX_LEVEL, description="OME-Zarr level (uploads)")] = None,
     intensity: Annotated[str | None, Query(description="intensity scaling (uploads)", max_length=100)] = None,
+    nonfinite: Annotated[
+        Literal["refuse", "propagate"],
+        Query(description="NaN/±Inf pixels: refuse or propagate as no-data (uploads)"),
+    ] = "refuse",
 ) -> JSONResponse:
     if await asyncio.to_thread(runner.store.unfinished, caller.owner) >= settings.max_jobs_per_key:
         raise _too_many_jobs(settings)  # before any byte of an upload is read
@@ -116,7 +120,13 @@ async def create_job(
     )
     spec = await _json_request(request) if json_body else None
     if spec is not None:
-        model, chunk, level, intensity = spec.model, spec.chunk, spec.level, spec.intensity
+        model, chunk, level, intensity, nonfinite = (
+            spec.model,
+            spec.chunk,
+            spec.level,
+            spec.intensity,
+            spec.nonfinite,
+        )
     if model is None:
         raise ApiError(422, "missing_model", "name the model: ?model=NAME (see GET /v1/models)")
     if model not in service.models:
@@ -144,7 +154,7 @@ async def create_job(
         await asyncio.to_thread(runner.quota.grow, job_id, plan.output_bytes)
         record = JobRecord(
             id=job_id, owner=caller.owner, model=model, input=job_input.path.name if spec is None or taken else "",
-            input_name=job_input.name, intensity=intensity, level=level, chunk=plan.chunk, result=plan.result,
+            input_name=job_input.name, intensity=intensity, nonfinite=nonfinite, level=level, chunk=plan.chunk, result=plan.result,
             state=State.queued.value, runner=runner.name, heartbeat=time.time(), created=time.time(),
         )  # fmt: skip
         if not await asyncio.to_thread(runner.store.add, record, settings.max_jobs_per_key):

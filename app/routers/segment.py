@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from functools import partial
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query, Request, Response
 
@@ -81,7 +81,8 @@ def _error(description: str) -> dict:
             },
         },
         400: _error("the image is corrupt or truncated, the multipart body is cut off or has no field `image`, its "
-                    "values do not fit the intensity scaling (intensity_out_of_range) or are not finite"),
+                    "values do not fit the intensity scaling (intensity_out_of_range) or are not finite (non_finite_input, "
+                    "unless ?nonfinite=propagate)"),
         404: _error("no such model"),
         406: _error("no response format in Accept is offered"),
         408: _error("the request body did not arrive within the upload timeout"),
@@ -107,6 +108,15 @@ async def segment_image(
             examples=["range:0,4095", "percentiles:1,99.8"],
         ),
     ] = None,
+    nonfinite: Annotated[
+        Literal["refuse", "propagate"],
+        Query(
+            description="NaN/±Inf pixels (float TIFF or .npy): refuse the image with 400 non_finite_input "
+            "(default), or propagate them as no-data: pixels whose patch reads one get the label type's maximum "
+            "(255 in uint8, 65535 in uint16; transparent in the palette PNG, black in overlays) and NaN "
+            "probabilities",
+        ),
+    ] = "refuse",
 ) -> Response:
     output = choose_output(request.headers.get("accept"), view, served.dense.dims)
     scaling = (
@@ -120,7 +130,7 @@ async def segment_image(
         cancel = threading.Event()
         job = partial(
             segment, served, upload.data, output, name=upload.name, overlay=view is View.overlay, limits=limits,
-            intensity=scaling, cancel=cancel,
+            intensity=scaling, nonfinite=nonfinite, cancel=cancel,
         )  # fmt: skip
         try:
             result = await pool.run(place, job, cancel=cancel, timeout=settings.request_timeout,

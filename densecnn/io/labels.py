@@ -68,7 +68,7 @@ def labels_png(labels: np.ndarray, palette: list[list[int]]) -> bytes:
     ids = file_labels(labels, len(palette))
     image = Image.fromarray(ids)
     if image.mode == "L":
-        colours = palette + [[0, 0, 0]] * (256 - len(palette))  # no-data (255) black
+        colours = [*palette, *[[0, 0, 0]] * (256 - len(palette))]  # no-data (255) black
         image.putpalette([v for colour in colours for v in colour])  # mode L -> P
         if (ids == no_data_value(len(palette))).any():
             image.info["transparency"] = no_data_value(len(palette))
