@@ -123,6 +123,13 @@ class TrainConfig:
         "fine-tuned model's declaration, dtype for a fresh one); recorded in the trained model",
         group=DATA,
     )
+    nonfinite: str = option(
+        "refuse",
+        help="NaN/±Inf pixels in the training images: refuse the image (default), or propagate them as no-data "
+        "(every pixel whose patch reads one is left out of the loss); --model runs only",
+        group=DATA,
+        choices=("refuse", "propagate"),
+    )
     class_weights: list[float] | None = option(
         None, help="per-class loss weights, comma-separated (default: all 1)", group=OPTIMISER
     )

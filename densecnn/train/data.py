@@ -41,6 +41,7 @@ class TrainingData:
             "spatial_dims": self.spatial_dims,
             "intensity": model.intensity,
             "unlabelled": config.unlabelled,
+            "nonfinite": config.nonfinite,
         }
         self.train = read_dataset(config.data, **read)
         self.val: list[Sample] = read_dataset(config.val, **read) if config.val else []

@@ -118,13 +118,15 @@ def read_dataset(
     spatial_dims: int = 2,
     intensity: Intensity | None = None,
     unlabelled: int | None = None,
+    nonfinite: str = "refuse",
 ) -> list[Sample]:
     """Every image of ``directory`` with its labels (masked and unlabelled pixels set to 255), checked against the
     model. ``unlabelled``: the label files' value of unlabelled pixels (None: classes.json's, if it gives one).
 
     ``spatial_dims`` is the model's: 2 for images, 1 for signals, 3 for volumes (its ``len(patch_size)``); each
     image is scaled to [0, 1] by ``intensity`` (the model's declaration; None: by its dtype's range), as ``densecnn predict`` and the service
-    scale it.
+    scale it. NaN/±Inf pixels are refused (a :class:`~densecnn.errors.DatasetError` naming the file), unless
+    ``nonfinite`` is "propagate": they are kept, for the step to leave out (:mod:`densecnn.train.no_data`).
 
     >>> [s.image.shape for s in read_dataset("data/nuclei3d/train", channels=1, num_classes=3, spatial_dims=3)]
     [(1, 31, 61, 40)]
@@ -134,7 +136,9 @@ def read_dataset(
     unlabelled = info.unlabelled if unlabelled is None else unlabelled
     samples = []
     for image_path in image_files(directory, spatial_dims):
-        image = _read_image(image_path, channels, spatial_dims, intensity or Intensity())  # (C, *spatial)
+        image = _read_image(
+            image_path, channels, spatial_dims, intensity or Intensity(), finite=nonfinite != "propagate"
+        )  # (C, *spatial)
         labels = _read_labels(
             directory, image_path, image.shape[1:], num_classes, spatial_dims, unlabelled, info
         )
@@ -154,8 +158,11 @@ def _label_suffixes(spatial_dims: int) -> tuple[str, ...]:
     return LABEL_IMAGE_SUFFIXES if spatial_dims == 2 else ARRAY_SUFFIXES[spatial_dims]
 
 
-def _read_image(path: Path, channels: int, spatial_dims: int, intensity: Intensity) -> np.ndarray:
-    """An image file as float32 (C, *spatial) scaled by ``intensity``, with ``channels`` channels."""
+def _read_image(
+    path: Path, channels: int, spatial_dims: int, intensity: Intensity, *, finite: bool
+) -> np.ndarray:
+    """An image file as float32 (C, *spatial) scaled by ``intensity``, with ``channels`` channels; NaN/±Inf values
+    refused if ``finite``."""
     try:
         if spatial_dims == 2:
             planes = read_header(path).planes if path.suffix.lower() in TIFF_SUFFIXES else 1
@@ -165,7 +172,7 @@ def _read_image(path: Path, channels: int, spatial_dims: int, intensity: Intensi
                     "train a model of volumes on it, or save the slices as separate images"
                 )
             pixels = read_array(path)  # (H, W[, C])
-            return unit_planes(pixels, channels, image_scaling(pixels, intensity))  # (C, H, W)
+            return unit_planes(pixels, channels, image_scaling(pixels, intensity, finite=finite))  # (C, H, W)
         array = _read_nd(path, spatial_dims)  # (C, *spatial)
         if array.shape[0] != channels:
             if array.shape[0] != 1:  # a signal's or volume's channels are not colours: only gray is converted
@@ -174,7 +181,7 @@ def _read_image(path: Path, channels: int, spatial_dims: int, intensity: Intensi
                     "give the arrays the model's channels"
                 )
             array = np.repeat(array, channels, axis=0)
-        scaling = image_scaling(array, intensity, tuple(range(1, array.ndim)))
+        scaling = image_scaling(array, intensity, tuple(range(1, array.ndim)), finite=finite)
         return scaling.apply_(np.array(array, dtype=np.float32, order="C"))
     except (ImageReadError, IntensityError, NonFiniteInputError) as exc:
         problem = exc.problem if str(path) in exc.problem else f"{path}: {exc.problem}"
@@ -278,16 +285,18 @@ def _size(shape) -> str:
 
 
 def normalization_stats(samples: list[Sample]) -> dict[str, list[float]]:
-    """Per-channel mean and std of the images' [0, 1] values: the model's input normalisation."""
+    """Per-channel mean and std of the images' finite [0, 1] values: the model's input normalisation."""
     channels = samples[0].image.shape[0]
     total = np.zeros(channels)
     squares = np.zeros(channels)
-    count = 0
+    count = np.zeros(channels)
     for sample in samples:
         pixels = sample.image.reshape(channels, -1).astype(np.float64)  # (C, pixels)
+        finite = np.isfinite(pixels)  # (C, pixels): no-data pixels left out
+        pixels = np.where(finite, pixels, 0.0)
         total += pixels.sum(1)
         squares += (pixels**2).sum(1)
-        count += pixels.shape[1]
+        count += finite.sum(1)
     mean = total / count
     std = np.sqrt(np.maximum(squares / count - mean**2, 0.0))
     return {"mean": mean.tolist(), "std": np.maximum(std, 1e-6).tolist()}

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import TrainingError
 from ..io import Intensity
 from ..losses import IGNORE_INDEX
 from ..modelfile import CONFIG_FILE, load
@@ -33,8 +34,14 @@ def train_from_strokes(config: TrainConfig) -> Path:
     """Train ``config.data`` by the default recipe into ``config.out``/model; see the module's docs.
 
     Options of ``config`` it reads: data, out, model (empty: the recipe's net), seed, max_seconds, unlabelled,
-    classes (a fresh net's, when classes.json gives no names); the recipe sets the rest.
+    classes (a fresh net's, when classes.json gives no names); the recipe sets the rest. NaN/±Inf image pixels are
+    refused (``--nonfinite propagate`` trains with ``--model`` only).
     """
+    if config.nonfinite == "propagate":
+        raise TrainingError(
+            "the default recipe refuses NaN/±Inf image pixels: replace them, or train with --model (a zoo name or "
+            "a model directory) and --nonfinite propagate to leave the pixels whose patch reads one out of the loss"
+        )
     run_dir = Path(config.out)
     run_dir.mkdir(parents=True, exist_ok=True)
     fine_tuned = load(config.model) if config.model and (Path(config.model) / CONFIG_FILE).is_file() else None

@@ -19,6 +19,7 @@ from ..errors import TrainingError
 from ..losses import IGNORE_INDEX, masked_cross_entropy_terms, pixel_cross_entropy
 from ..masked import masked_terms
 from .crops import sample_generator
+from .no_data import without_no_data
 
 # the training methods, name -> what a step computes: the one list, read by the CLI and the model card
 METHODS = {
@@ -94,6 +95,8 @@ class Step:
             labels.append(crop.labels)
         images = torch.stack(images).to(self.dist.device)  # (B, C, *(c+P-1)): one entry per spatial axis
         labels = torch.stack(labels).to(self.dist.device)  # (B, *c)
+        if self.config.nonfinite == "propagate":  # the pixels whose patch reads no-data leave the loss
+            images, labels = without_no_data(self.dense, images, labels)
         if self.config.method == "patches":
             scores, targets, mask = self._patch_scores(images, labels, generators)
             return self._descend(*self._terms(scores, targets, mask), scores, targets, mask)
