@@ -221,7 +221,7 @@ def test_cli_choices_are_the_library_registries():
     choices = {action.dest: action.choices for action in parser._actions if action.choices}
     expected = {
         "method": tuple(METHODS), "optimizer": tuple(OPTIMIZERS), "schedule": tuple(SCHEDULES),
-        "padding_mode": PADDING_MODES, "device": DEVICES,
+        "padding_mode": PADDING_MODES, "device": DEVICES, "nonfinite": densecnn.nonfinite.POLICIES,
     }  # fmt: skip
     assert choices == expected
     fields = {f.name for f in dataclasses.fields(TrainConfig) if f.metadata["cli"]}

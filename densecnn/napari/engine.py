@@ -27,9 +27,10 @@ import torch
 
 from .. import tiling
 from ..io.intensity import Intensity, Scaling, require_finite, sample_windows
-from ..io.labels import class_probabilities
+from ..io.labels import class_probabilities, file_labels
 from ..io.pixels import unit_planes
 from ..modelfile import LoadedModel
+from ..nonfinite import check_policy, run_with_no_data
 from ..padding import dense_padding, source_index
 from .source import LayerSource
 
@@ -54,9 +55,14 @@ class Result:
     warnings: tuple[str, ...] = ()
 
 
+NO_DATA_BOX = "NaN pixels are no-data"  # the widget's check box for nonfinite="propagate"
+
+
 def napari_option(option: str, value: str) -> str:
     """The plugin's words for a setting (:func:`densecnn.errors.render`): its field, ``the intensity field set to
-    range:0,4095``."""
+    range:0,4095``, or its box, ``the "NaN pixels are no-data" box ticked``."""
+    if (option, value) == ("nonfinite", "propagate"):
+        return f'the "{NO_DATA_BOX}" box ticked'
     return f"the {option} field set to {value}"
 
 
@@ -67,10 +73,14 @@ def label(
     max_memory: int,
     probabilities: bool = False,
     intensity: Intensity | None = None,
+    nonfinite: str = "refuse",
     cancel: threading.Event | None = None,
 ) -> Generator[Progress, None, Result]:
     """Label ``source`` with ``loaded``: yields a :class:`Progress` before the first tile and after each one,
     returns the :class:`Result`. ``intensity``: how the pixels are scaled to [0, 1] (None: as the model declares).
+    ``nonfinite``: "refuse" NaN/±Inf pixels, or "propagate" them as no-data: every pixel whose patch reads one is
+    labelled the label type's maximum (255 in uint8, 65535 in uint16; not a class, drawn transparent), its
+    probabilities NaN; the tiles' halos make it exact across tiles (:mod:`densecnn.nonfinite`).
     ``cancel``: once set, the tile being computed stops at its next layer with :class:`densecnn.errors.Cancelled`;
     a caller that stops iterating stops before the next tile.
 
@@ -78,6 +88,7 @@ def label(
         InvalidInputError: ``max_memory`` cannot hold the labels and one tile (the message says how much can).
         IntensityError, NonFiniteInputError: a plane's values do not fit the model's intensity rule.
     """
+    check_policy(nonfinite)
     dense = loaded.dense()
     classes, spatial = loaded.num_classes, source.spatial_shape
     dtype = loaded.label_dtype
@@ -94,6 +105,10 @@ def label(
 
     @torch.no_grad()
     def run(padded: torch.Tensor) -> torch.Tensor:
+        if nonfinite == "propagate":
+            return run_with_no_data(
+                functools.partial(dense.run_padded, cancel=cancel), dense.features, padded
+            )
         return dense.run_padded(padded, cancel=cancel)
 
     before, _ = dense_padding(dense.patch_size, dense.receptive_field)
@@ -103,14 +118,14 @@ def label(
         scaling = _scaling(intensity or loaded.intensity, source, plane)
         if scaling.constant is not None:
             warnings.append(f"plane {plane}: {scaling.note()}" if plane else scaling.note())
-        window_of = functools.partial(_window, loaded, source, plane, scaling, before)
+        window_of = functools.partial(_window, loaded, source, plane, scaling, before, nonfinite == "refuse")
         for region, out in tiling.tiles(
             run, window_of, spatial, tile, dense.receptive_field, labels=not probabilities
         ):
             if probabilities:  # out: (1, K, *t) scores
                 probs[(slice(None), *plane, *region)] = class_probabilities(out, dense)[0].float().numpy()
                 out = tiling.class_labels(out)
-            labels[(*plane, *region)] = out[0].numpy()  # (1, *t) labels
+            labels[(*plane, *region)] = file_labels(out[0].numpy(), classes)  # (1, *t) labels, no-data as max
             done += 1
             yield Progress(done, total)
     return Result(labels, probs, tuple(warnings))
@@ -128,11 +143,13 @@ def _window(
     plane: tuple[int, ...],
     scaling: Scaling,
     before: tuple[int, ...],
+    finite: bool,
     spans: tuple[tuple[int, int], ...],
 ) -> torch.Tensor:
     """The model's (1, C, *window) input for ``spans`` ([start, stop) per axis in padded coordinates) of one plane:
     the pixels of the window's bounding box in the layer, scaled and normalised, gathered as the padding mode
-    mirrors, repeats or zeroes them (:func:`densecnn.padding.padded_window` on a plane never read whole)."""
+    mirrors, repeats or zeroes them (:func:`densecnn.padding.padded_window` on a plane never read whole); NaN/±Inf
+    refused if ``finite``."""
     indices, inside = [], []
     for (start, stop), b, n in zip(spans, before, source.spatial_shape):
         positions = torch.arange(start - b, stop - b)
@@ -145,7 +162,8 @@ def _window(
     raw = source.read(plane, box)  # (*box, colours)
     flat = unit_planes(raw.reshape(-1, raw.shape[-2], raw.shape[-1]), loaded.in_channels, scaling)
     unit = flat.reshape(loaded.in_channels, *raw.shape[:-1])  # (C, *box) in [0, 1]
-    require_finite(unit, channel_axis=0, origin=tuple(s.start for s in box))
+    if finite:
+        require_finite(unit, channel_axis=0, origin=tuple(s.start for s in box))
     x = loaded.normalize(torch.from_numpy(unit)[None])  # (1, C, *box)
     gather = [_along(i - s.start, axis, len(box)) for axis, (i, s) in enumerate(zip(indices, box))]
     x = x[(slice(None), slice(None), *gather)]  # (1, C, *window)

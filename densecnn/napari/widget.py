@@ -65,6 +65,11 @@ class DenseCNNWidget(Container):
         self._intensity.tooltip = (
             "dtype, range:LOW,HIGH or percentiles:LOW,HIGH; empty: as the model declares"
         )
+        self._no_data = CheckBox(text=engine.NO_DATA_BOX, value=False)
+        self._no_data.tooltip = (
+            "unticked: an image holding NaN or infinite values is refused; ticked: every pixel whose patch reads "
+            "one gets the no-data label (255, or 65535 past 255 classes), drawn transparent, and NaN probabilities"
+        )
         self._run = PushButton(text="Run")
         self._cancel = PushButton(text="Cancel", enabled=False)
         self._progress = ProgressBar(label="tiles", value=0, min=0, max=1)
@@ -77,6 +82,7 @@ class DenseCNNWidget(Container):
                 self._max_memory,
                 self._probabilities,
                 self._intensity,
+                self._no_data,
                 self._run,
                 self._cancel,
                 self._progress,
@@ -107,6 +113,7 @@ class DenseCNNWidget(Container):
             max_memory=self._max_memory.value * MIB,
             probabilities=self._probabilities.value,
             intensity=self._intensity.value.strip() or None,
+            nonfinite="propagate" if self._no_data.value else "refuse",
             cancel=self._stop,
             _ignore_errors=True,  # shown in the status line, not raised again in the main thread
         )

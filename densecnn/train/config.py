@@ -13,6 +13,7 @@ from pathlib import Path
 
 from .. import masks, zoo
 from ..errors import TrainingError
+from ..nonfinite import POLICIES
 from ..padding import PADDING_MODES
 from .distributed import DEVICES
 from .optim import OPTIMIZERS, SCHEDULES
@@ -128,7 +129,7 @@ class TrainConfig:
         help="NaN/±Inf pixels in the training images: refuse the image (default), or propagate them as no-data "
         "(every pixel whose patch reads one is left out of the loss); --model runs only",
         group=DATA,
-        choices=("refuse", "propagate"),
+        choices=POLICIES,
     )
     class_weights: list[float] | None = option(
         None, help="per-class loss weights, comma-separated (default: all 1)", group=OPTIMISER
