@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -17,7 +18,7 @@ from densecnn.train.strokes import StrokeTrainer
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
-TINY = Recipe(crop=(16, 16), batch=2, steps=6, val_every=2, min_steps=0, patience=10, warmup=2)
+TINY = Recipe(crop=(16, 16), batch=2, steps=6, val_every=2, min_steps=0, patience=10, warmup=2, holdout=0.25)
 
 
 def stroke_map() -> np.ndarray:
@@ -85,8 +86,8 @@ def test_nothing_is_held_out_at_share_zero():
     ("channels", "dims", "name"),
     [
         (1, 2, "nuclei"),
-        (3, 2, "multichannel_40"),
-        (5, 2, "multichannel_40"),
+        (3, 2, "nuclei"),
+        (5, 2, "nuclei"),
         (1, 3, "nuclei3d"),
         (2, 3, "nuclei3d"),
     ],
@@ -140,6 +141,26 @@ def test_set_labels_continues_from_the_current_weights():
     assert any(not torch.equal(before[k], initial[k]) for k in before)  # the first run did move them
     records = list(trainer.run())
     assert records[0].step == 7 and records[-1].total_steps == 12
+
+
+def test_set_labels_starts_the_new_recipes_learning_rate():
+    image, truth = discs()
+    trainer = StrokeTrainer([image], [painted(truth, 7)], model="tiny", seed=0, recipe=TINY)
+    list(trainer.run())
+    trainer.recipe = replace(TINY, lr=5e-4)
+    trainer.set_labels([image], [painted(truth, 3)])
+    assert trainer.optimizer.param_groups[0]["lr"] == pytest.approx(5e-4)  # no warm-up after the first run
+
+
+def test_without_held_out_strokes_every_stroke_trains_and_the_newest_weights_are_kept():
+    image, truth = discs()
+    labels = painted(truth, 7)
+    trainer = StrokeTrainer([image], [labels], model="tiny", seed=0, recipe=replace(TINY, holdout=0.0))
+    records = list(trainer.run())
+    assert not trainer.has_val and all(r.best_val_miou is None for r in records)
+    assert sum(len(images) for images, _ in trainer.train_pixels) == int((labels != -1).sum())
+    newest = trainer.model_net.state_dict()
+    assert all(torch.equal(v, newest[k]) for k, v in trainer.model.state_dict().items())
 
 
 def test_stop_event_and_time_budget_end_a_run_between_steps():

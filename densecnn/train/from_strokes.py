@@ -3,7 +3,7 @@
 The dataset is read as :mod:`densecnn.train.dataset` reads any (label images with an unlabelled value, GeoJSON
 annotations beside the images, 255 = unlabelled), then :class:`~densecnn.train.strokes.StrokeTrainer` trains it:
 the zoo net for the data's channels and dimensionality (or ``--model``: a model directory to fine-tune, or a zoo
-name), crops around the labelled pixels, a share of the strokes held out for early stopping, the best weights kept.
+name), crops around the labelled pixels, every stroke trained on for the recipe's steps, the newest weights kept.
 Each step is logged to ``RUN/metrics.jsonl``; ``RUN/model`` is written when the run ends, when ``--max-seconds``
 pass, on Ctrl-C and on an error mid-step (the best weights so far), so a stopped run always leaves a model that
 loads.

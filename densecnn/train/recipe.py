@@ -5,7 +5,7 @@ early stopping, chosen from the images and their labelled pixels (what ``densecn
 The values are the winners of the short experiments in docs/training.md ("Training from strokes").
 
 >>> default_model(channels=3, spatial_dims=2)
-'multichannel_40'
+'nuclei'
 >>> default_recipe([(512, 512)], labelled_pixels=13_000).crop
 (64, 64)
 """
@@ -17,13 +17,8 @@ from dataclasses import dataclass
 from ..errors import TrainingError
 from ..geometry import Size
 
-# (spatial axes, gray?) -> zoo name
-DEFAULT_MODELS = {
-    (2, True): "nuclei",
-    (2, False): "multichannel_40",
-    (3, True): "nuclei3d",
-    (3, False): "nuclei3d",  # its first layer takes any number of channels
-}
+# spatial axes -> zoo name (their first layers take any number of channels)
+DEFAULT_MODELS = {2: "nuclei", 3: "nuclei3d"}
 
 
 @dataclass(frozen=True)
@@ -38,7 +33,9 @@ class Recipe:
         val_every: steps between validations on the held-out strokes.
         patience: validations without a better held-out mIoU before the run stops (after ``min_steps``).
         min_steps: steps before early stopping may end a run.
-        holdout: the share of each class's strokes held out for validation.
+        holdout: the share of each class's strokes held out for validation, early stopping and keeping the best
+            weights (0: none held out; the run trains on every stroke for ``steps`` steps and keeps the newest
+            weights).
         intensity_jitter: each crop's values scaled by 1 ± this and shifted by ± this (in normalised units).
         focal_gamma: the focal weighting of the loss (0: plain cross-entropy).
         method: how a step computes the crops' masked loss (:func:`densecnn.masked.masked_terms`): ``"auto"`` (the
@@ -54,17 +51,17 @@ class Recipe:
     val_every: int = 10
     patience: int = 4
     min_steps: int = 40
-    holdout: float = 0.25
+    holdout: float = 0.0
     intensity_jitter: float = 0.1
     focal_gamma: float = 0.0
     method: str = "auto"
 
 
 def default_model(*, channels: int, spatial_dims: int) -> str:
-    """The zoo net the default recipe starts from: the nuclei nets for gray images and volumes, ``multichannel_40``
-    for RGB and multichannel images."""
+    """The zoo net the default recipe starts from, for any number of ``channels``: ``nuclei`` for images,
+    ``nuclei3d`` for volumes."""
     try:
-        return DEFAULT_MODELS[(spatial_dims, channels == 1)]
+        return DEFAULT_MODELS[spatial_dims]
     except KeyError:
         raise TrainingError(
             f"no default net for {spatial_dims}-D data; give a zoo net or a model directory with --model"
@@ -75,7 +72,9 @@ def default_recipe(shapes: list[tuple[int, ...]], *, labelled_pixels: int) -> Re
     """The recipe for images of ``shapes`` (spatial only) with ``labelled_pixels`` training labels in all.
 
     Crops of 64² (volumes: 12×40×40), clipped to the smallest image; 8 crops a step (volumes: 2); the number of
-    steps grows with the labelled pixels (more strokes hold more to learn) from 150 to 600.
+    steps grows with the labelled pixels (more strokes hold more to learn) from 100 to 400. No strokes are held out:
+    a few strokes held out per class validate on one or two places of the image, whose mIoU fell while the mIoU on
+    the unlabelled pixels rose (docs/training.md), so they would pick and stop on the wrong weights.
     """
     if not shapes:
         raise TrainingError("no training images: give at least one image with labels")
@@ -86,5 +85,5 @@ def default_recipe(shapes: list[tuple[int, ...]], *, labelled_pixels: int) -> Re
         smallest[-2:] = [min(smallest[-2:])] * 2  # square in the plane, for quarter turns
     crop = tuple(min(w, s) for w, s in zip(wanted, smallest, strict=True))
     batch = 2 if dims == 3 else 8
-    steps = int(min(600, max(150, labelled_pixels // 100)))
+    steps = int(min(400, max(100, labelled_pixels // 100)))
     return Recipe(crop=crop, batch=batch, steps=steps)

@@ -2,10 +2,11 @@
 interactive training.
 
 Images come scaled to [0, 1], labels as maps with an ``unlabelled`` value (strokes, points, outlined regions). The
-trainer holds out a share of each class's strokes (connected components) for validation, draws crops around the
-labelled pixels (classes drawn equally often), steps the dense net on the crops' labelled pixels by the cheapest
-masked pass (:func:`densecnn.masked.masked_terms`), validates every few steps on the held-out strokes, keeps the best
-weights and stops early when the held-out mIoU no longer improves (:mod:`densecnn.train.recipe`).
+trainer draws crops around the labelled pixels (classes drawn equally often) and steps the dense net on the crops'
+labelled pixels by the cheapest masked pass (:func:`densecnn.masked.masked_terms`). With ``Recipe.holdout`` above 0
+it holds out that share of each class's strokes (connected components), validates every few steps on them, keeps the
+best weights and stops early when the held-out mIoU no longer improves; the default recipe holds none out and keeps
+the newest weights (:mod:`densecnn.train.recipe`).
 
 >>> from densecnn.train.strokes import StrokeTrainer
 >>> trainer = StrokeTrainer([image], [strokes], unlabelled=-1, class_names=["background", "cell"])
@@ -168,8 +169,10 @@ class StrokeTrainer:
         first = self.step == 0
         self.start_step, self.total_steps = self.step, self.step + self.recipe.steps
         warmup = self.recipe.warmup if first else 0
-        for group in self.optimizer.param_groups:
-            group["lr"] = self.recipe.lr
+        for (
+            group
+        ) in self.optimizer.param_groups:  # the scheduler scales initial_lr, set once by the first one
+            group["lr"] = group["initial_lr"] = self.recipe.lr
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: _warmup_cosine(s, warmup, self.recipe.steps)
         )
