@@ -21,7 +21,7 @@ are drawn from it), and the fully labelled case (the top half labelled, the bott
 The score is the mean IoU over the classes on the unlabelled pixels. The CNN runs are scored every few steps with the
 best-so-far weights (scoring not counted): the CPU seconds each takes to first reach the forest's mIoU, and its mIoU at
 the end. A CNN run stops at ``--budget`` times the forest's seconds or when its recipe ends it. CPU seconds are
-``time.process_time`` (all threads of this process); torch and the forest use 2 threads.
+``time.process_time`` (all threads of this process); torch and the forest use ``--threads`` threads (default 2).
 """
 
 from __future__ import annotations
@@ -45,7 +45,6 @@ import densecnn  # noqa: E402
 from densecnn.train.strokes import StrokeTrainer  # noqa: E402
 
 SIGMAS = (0.7, 1.0, 1.6, 3.5, 5.0, 10.0)
-THREADS = 2
 
 
 def ilastik_features(image: np.ndarray) -> np.ndarray:
@@ -92,7 +91,7 @@ def run_forest(image, labels, truth, scored, classes, seed) -> dict:
     started = time.process_time()
     features = ilastik_features(image)  # (F, pixels)
     labelled = labels.ravel() != UNLABELLED
-    forest = RandomForestClassifier(n_estimators=100, n_jobs=THREADS, random_state=seed)
+    forest = RandomForestClassifier(n_estimators=100, n_jobs=torch.get_num_threads(), random_state=seed)
     forest.fit(features[:, labelled].T, labels.ravel()[labelled])
     seconds = time.process_time() - started
     predicted = forest.predict(features.T).reshape(truth.shape)
@@ -293,6 +292,7 @@ def main() -> int:
         default=["walks"],
         help="stroke kinds the patch baseline runs on ('all': every one)",
     )
+    parser.add_argument("--threads", type=int, default=2, help="threads of torch and the forest (default 2)")
     parser.add_argument("--out", type=Path, default=Path("runs/compare_strokes.json"))
     parser.add_argument("--table", type=Path)
     parser.add_argument("--plot", type=Path)
@@ -301,7 +301,7 @@ def main() -> int:
     )
     args = parser.parse_args()
     warnings.filterwarnings("ignore", category=UserWarning)
-    torch.set_num_threads(THREADS)
+    torch.set_num_threads(args.threads)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     results = json.loads(args.out.read_text())["results"] if args.from_results else []
     for name in [] if args.from_results else args.images:
