@@ -129,10 +129,12 @@ def run(args) -> int:
         print(f"densecnn predict: warning: {what}: {note}", file=sys.stderr)
     if args.geojson and not summary.failures:
         from ..io.geojson import read_label_map, write_geojson
+        from ..io.labels import no_data_value
         from ..modelfile import read_classes
 
         classes = read_classes(args.model)
-        write_geojson(args.geojson, read_label_map(args.output),
-                      list(zip(classes.class_names, classes.palette)))  # fmt: skip
+        no_regions = (0, no_data_value(classes.num_classes))  # background and no-data
+        write_geojson(args.geojson, read_label_map(args.output), list(zip(classes.class_names, classes.palette)),
+                      skip=no_regions)  # fmt: skip
     print(summary.render(cli_option))
     return 1 if summary.failures else 0

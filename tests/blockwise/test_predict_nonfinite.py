@@ -5,6 +5,7 @@ whole image gives -1, for image files, image sets and chunked arrays whose holes
 from __future__ import annotations
 
 import io
+import json
 
 import numpy as np
 import pytest
@@ -13,6 +14,7 @@ import torch
 from PIL import Image
 from torch import nn
 
+import densecnn
 from densecnn.blockwise import BlockwiseOptions, label
 from densecnn.cli import main as cli_main
 from densecnn.io.labels import no_data_value
@@ -139,3 +141,16 @@ def test_past_255_classes_the_no_data_value_is_65535(tmp_path, pixels):
     labels = np.asarray(Image.open(io.BytesIO((tmp_path / "labels.png").read_bytes())))
     scores, library = library_no_data_scores(model_dir, pixels)
     assert_no_data_labels(labels, scores, library, no_data=65535)
+
+
+def test_geojson_regions_leave_the_no_data_out(tmp_path, model_dir, pixels, capsys):
+    pytest.importorskip("rasterio")
+    tifffile.imwrite(tmp_path / "holes.tif", pixels)
+    argv = [tmp_path / "labels.png", "--nonfinite", "propagate", "--geojson", tmp_path / "regions.geojson"]
+    code, said = _predict(capsys, model_dir, tmp_path / "holes.tif", *argv)
+    assert code == 0, said
+    names = {
+        f["properties"]["classification"]["name"]
+        for f in json.loads((tmp_path / "regions.geojson").read_text())["features"]
+    }
+    assert names and names <= set(densecnn.load(model_dir).class_names)
