@@ -99,9 +99,9 @@ class Trainer:
         while progress.step < data.total_steps:
             order = data.order(progress.epoch)
             for batch_index in range(progress.next_batch, data.steps_per_epoch):
-                started = time.perf_counter()
+                step_started = time.perf_counter()
                 record = self.take_step(progress.epoch, order, batch_index)
-                elapsed = time.perf_counter() - started
+                elapsed = time.perf_counter() - step_started
                 progress.train_seconds += elapsed
                 progress.step += 1
                 progress.next_batch = batch_index + 1
