@@ -62,8 +62,9 @@ assert torch._C._dispatch_has_kernel_for_dispatch_key("densecnn::max_pool", "CUD
 fi
 echo "gpu-check: ok      extension built with CUDA kernels for sm_${capability/./} ($((SECONDS - start)) s)" | tee -a "$summary"
 
-# The whole suite: with a GPU, the CUDA cases run (tests/test_cuda.py: opcheck, gradcheck, every solver against the
-# CPU reference, dense nets against patch scanning; tests/test_ext_ops.py's device tests), and none of them may skip.
+# The whole suite: with a GPU, the CUDA cases run (tests/ops/test_cuda.py: opcheck, gradcheck, every solver against
+# the CPU reference, dense nets against patch scanning; tests/ops/test_ext_ops.py's device tests), and none of them
+# may skip.
 # Test modules that need a package this machine lacks (the service's, Dask's, ...) are listed as not run
 # (scripts/gpu_check_tests.py).
 start=$SECONDS

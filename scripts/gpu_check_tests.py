@@ -15,7 +15,7 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-CUDA_SKIP = "no GPU"  # the skip reason of every CUDA case (tests/test_cuda.py, tests/test_ext_ops.py)
+CUDA_SKIP = "no GPU"  # the skip reason of every CUDA case (tests/ops/test_cuda.py, tests/ops/test_ext_ops.py)
 
 
 def verdict(junit: Path, log: Path) -> tuple[bool, str]:

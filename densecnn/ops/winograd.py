@@ -90,7 +90,7 @@ def weight_gradient(grad_y: torch.Tensor, x: torch.Tensor, dilation, m: int | No
     input x (N, C, *S): the kernels sum V[ξ]ᵀ z[ξ] over the tiles (V the input's transform, z = A·g·Aᵀ the output
     gradient's): the gradient of the transformed kernel U = G·w·Gᵀ, from which the weight's is Gᵀ·(it)·G along
     every axis, here in float64. ``m`` of F(m, 3): by default the forward's (:func:`tile_size`), whose float32
-    error the weight gradient's stays within (measured in tests/test_winograd.py).
+    error the weight gradient's stays within (measured in tests/ops/test_winograd.py).
 
     >>> grad = weight_gradient(torch.randn(1, 8, 32, 32), torch.randn(1, 4, 40, 40), (4, 4))  # (8, 4, 3, 3)
     """

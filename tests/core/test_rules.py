@@ -289,7 +289,7 @@ _FUNCTIONAL = [
     for record, alias in table.values()
     if alias.build is None and record.layer_type not in (nn.Flatten, nn.MaxPool2d, nn.AvgPool2d)
     and not record.layer_type.__name__.startswith("Adaptive")
-    and record.dims in (None, 2)  # this net is 2-D; signal and volume aliases: tests/test_volumes.py
+    and record.dims in (None, 2)  # this net is 2-D; signal and volume aliases: tests/core/test_volumes.py
 ]  # fmt: skip
 
 

@@ -14,7 +14,7 @@ from PIL import Image
 
 from tests.app_support import Server, blobs, save_brightness_model
 from tests.jobs_support import reference_labels, write_zarr
-from tests.test_browser import chromium_page
+from tests.service.test_browser import chromium_page
 
 pytest.importorskip("playwright.sync_api")
 pytest.importorskip("sqlalchemy")

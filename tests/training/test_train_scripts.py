@@ -19,7 +19,7 @@ from densecnn.commands.train import config_from_args
 from densecnn.train import TrainConfig, train
 from densecnn.train.dataset import read_dataset
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ROOT / "scripts"
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import densecnn
 from densecnn.cli import main
-from tests.test_app_volumes import signal_model, volume_model
+from tests.service.test_app_volumes import signal_model, volume_model
 
 
 def test_info_names_the_axes_of_volume_and_signal_models(tmp_path, capsys):

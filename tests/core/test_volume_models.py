@@ -20,7 +20,7 @@ from tests.naive import literal_scan
 from tests.tolerances import assert_equal_to_rounding, assert_labels_equal_except_ties
 from tests.train_support import card_command, parser_with_other_defaults
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ROOT / "models" / "nuclei3d"
 VOLUME_NETS = {"nuclei3d": (9, 20, 20), "znni_3d": (18, 18, 18)}
 
@@ -87,7 +87,8 @@ def test_the_shipped_3d_model_card_states_its_validation_scores_and_full_command
     saved = json.loads((SHIPPED / "model.json").read_text())["extra"]["training"]["config"]
     saved.update(channels=1)  # derived by the run from the first volume, written out in the card
     saved.setdefault("intensity", None)  # trained before --intensity existed: its card does not name it
-    newer = reproduced.keys() - saved.keys() - {"intensity"}  # options added after the run: nothing to reproduce
+    # options added after the run: nothing to reproduce
+    newer = reproduced.keys() - saved.keys() - {"intensity"}
     assert newer <= {"max_seconds", "unlabelled", "nonfinite"}
     reproduced = {name: value for name, value in reproduced.items() if name not in newer}
     assert {**reproduced, "command": ""} == {**saved, "command": ""}

@@ -10,7 +10,7 @@ import densecnn
 from densecnn.chain import extract_chain
 from densecnn.convert import _convert_chain
 from densecnn.patch_sizes import Adaptive, Features, Window, accepts, nearest, preimage, smallest_equivalent
-from tests.test_equivalence import patch_nets
+from tests.core.test_equivalence import patch_nets
 
 SEARCH = 400  # brute force looks this far
 

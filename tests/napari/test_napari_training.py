@@ -30,7 +30,7 @@ from densecnn.napari.strokes import UNLABELLED, WHOLE_PLANE_PIXELS, StrokeSet, t
 from densecnn.napari.training import TrainingSession, TrainingStep, View  # noqa: E402
 from tests.tolerances import assert_labels_equal_except_ties  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 needs_display = pytest.mark.skipif(
     not os.environ.get("DISPLAY"),

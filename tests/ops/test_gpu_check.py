@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 
 
 def load_script(name: str):
@@ -55,7 +55,7 @@ module. ModuleNotFoundError: No module named 'fastapi'</error></testcase>
 PASSED = '<testcase classname="tests.test_cuda" name="test_opcheck_on_cuda[1]" />'
 SKIPPED = '<testcase classname="tests.test_cuda" name="test_opcheck_on_cuda[1]"><skipped message="no GPU" /></testcase>'
 FAILED = '<testcase classname="tests.test_cuda" name="test_opcheck_on_cuda[1]"><failure message="1 != 2" /></testcase>'
-SKIP_LINE = "SKIPPED [1] tests/test_cuda.py:106: no GPU, or the extension was built without CUDA\n"
+SKIP_LINE = "SKIPPED [1] tests/ops/test_cuda.py:106: no GPU, or the extension was built without CUDA\n"
 
 
 @pytest.mark.parametrize(

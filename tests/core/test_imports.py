@@ -63,7 +63,7 @@ def test_no_extra_is_imported(code):
 # reads X from the package root, above ops, and is refused.
 OPS_MAY_IMPORT = ("densecnn.ops", "densecnn._C", "densecnn._version", "densecnn.atomic", "densecnn.errors",
                   "densecnn.geometry")  # fmt: skip
-PACKAGE = Path(__file__).resolve().parent.parent / "densecnn"
+PACKAGE = Path(__file__).resolve().parents[2] / "densecnn"
 
 
 def _imported_modules(source: str, package: str) -> list[tuple[int, str]]:

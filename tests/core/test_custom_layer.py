@@ -111,7 +111,7 @@ def test_loading_never_imports_the_code_a_file_names(tmp_path):
     script = f"import densecnn\ntry:\n    densecnn.load({str(tmp_path / 'm')!r})\nexcept densecnn.ModelFileError as e:\n    print(e)"
     result = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
-        cwd=Path(__file__).resolve().parent.parent,
+        cwd=Path(__file__).resolve().parents[2],
     )  # fmt: skip
     assert "ChannelScale" in result.stdout and result.returncode == 0, result.stderr
 

@@ -16,8 +16,8 @@ pytest.importorskip("zarr")
 
 from tests.app_support import blobs  # noqa: E402
 from tests.jobs_support import job_settings, reference_labels, serving, wait_for  # noqa: E402
-from tests.test_service_jobs import error_of  # noqa: E402
-from tests.test_service_keys import keys_for  # noqa: E402
+from tests.service.test_service_jobs import error_of  # noqa: E402
+from tests.service.test_service_keys import keys_for  # noqa: E402
 
 pytestmark = pytest.mark.xdist_group("jobs")  # Dask clusters: one test at a time
 

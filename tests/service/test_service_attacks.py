@@ -24,9 +24,9 @@ zarr = pytest.importorskip("zarr")
 
 from tests.app_support import blobs, encode  # noqa: E402
 from tests.jobs_support import job_settings, serving, wait_for, write_zarr  # noqa: E402
-from tests.test_service_jobs import error_of  # noqa: E402
-from tests.test_service_keys import keys_for  # noqa: E402
-from tests.test_service_uploads import TUS, create, patch  # noqa: E402
+from tests.service.test_service_jobs import error_of  # noqa: E402
+from tests.service.test_service_keys import keys_for  # noqa: E402
+from tests.service.test_service_uploads import TUS, create, patch  # noqa: E402
 
 pytestmark = pytest.mark.xdist_group("jobs")  # Dask clusters: one test at a time
 

@@ -329,7 +329,7 @@ def test_one_volume_request_stays_within_the_documented_memory_bound(model_root,
     stays under Settings.request_memory_bound(dims=3)."""
     from densecnn_app.settings import Settings
 
-    from tests.test_app_volumes import volume_model
+    from tests.service.test_app_volumes import volume_model
 
     root = tmp_path / "models"
     model, patch = volume_model()

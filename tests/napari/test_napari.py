@@ -30,7 +30,7 @@ from densecnn.napari.source import LayerSource  # noqa: E402
 from densecnn.napari.widget import MIB, DenseCNNWidget  # noqa: E402
 from tests.tolerances import assert_labels_equal_except_ties  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NUCLEI, NUCLEI3D = ROOT / "models" / "nuclei", ROOT / "models" / "nuclei3d"
 
 

@@ -9,7 +9,7 @@ import torch
 import densecnn
 from densecnn.cli import main
 from densecnn.onnx_export import IR_VERSION, export_onnx
-from tests.test_layer_records import CASES, EXACT, PATCH, _dims, _net
+from tests.core.test_layer_records import CASES, EXACT, PATCH, _dims, _net
 
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
@@ -91,7 +91,7 @@ def test_export_onnx_command_reports_a_missing_model(tmp_path, capsys):
     assert "model.json is missing" in capsys.readouterr().err
 
 
-SHIPPED = Path(__file__).resolve().parent.parent / "models" / "nuclei"
+SHIPPED = Path(__file__).resolve().parents[2] / "models" / "nuclei"
 
 
 @pytest.mark.skipif(

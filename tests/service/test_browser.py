@@ -14,7 +14,7 @@ from PIL import Image
 
 import densecnn
 from tests.app_support import CLASS_NAMES, Server, assert_library_labels, blobs, encode, save_brightness_model
-from tests.test_app_volumes import volume_model
+from tests.service.test_app_volumes import volume_model
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [

@@ -22,7 +22,7 @@ spec = pytest.importorskip(
 ort = pytest.importorskip("onnxruntime", reason="the onnx extra is not installed")
 ruyaml = pytest.importorskip("ruyaml")  # YAML 1.2, as rdf.yaml is written (bioimageio.spec needs it)
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 NUCLEI, NUCLEI3D = ROOT / "models" / "nuclei", ROOT / "models" / "nuclei3d"
 IMAGE = ROOT / "tests" / "images" / "nuclei.png"
 RELATIVE = 1e-5  # the weights vs densecnn's dense net, relative to the largest score

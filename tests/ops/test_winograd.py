@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 import densecnn
 from densecnn.ops import ext, solvers, winograd
 from densecnn.ops.solvers import ConvOp
-from tests import test_equivalence, test_volumes
+from tests.core import test_equivalence, test_volumes
 from tests.naive import literal_scan
 from tests.tolerances import assert_close_relative
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 import densecnn
 from densecnn.ops import ext, fft_conv, solvers
 from densecnn.ops.solvers import ConvOp
-from tests.test_equivalence import _valid, patch_nets
+from tests.core.test_equivalence import _valid, patch_nets
 from tests.tolerances import assert_close_relative
 
 FORMATS = {"nchw": torch.contiguous_format, "nhwc": torch.channels_last}

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 import densecnn
 from densecnn.ops import ext, solvers
 from densecnn.ops.solvers import ConvOp, PoolOp
-from tests.test_ext_ops import op_samples
+from tests.ops.test_ext_ops import op_samples
 
 CUDA_KERNELS = (
     torch.cuda.is_available()

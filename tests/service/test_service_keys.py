@@ -21,7 +21,7 @@ from densecnn_app.keys import KeyStore, digest  # noqa: E402
 from densecnn.cli import main as cli  # noqa: E402
 from densecnn.errors import InvalidInputError  # noqa: E402
 from tests.jobs_support import job_settings, serving, wait_for, write_zarr  # noqa: E402
-from tests.test_service_jobs import error_of  # noqa: E402
+from tests.service.test_service_jobs import error_of  # noqa: E402
 
 pytestmark = pytest.mark.xdist_group("jobs")
 

@@ -17,7 +17,7 @@ from fastapi.testclient import TestClient
 
 import densecnn
 from tests.app_support import blobs, encode, save_brightness_model, wait_ready
-from tests.test_app_volumes import volume_model
+from tests.service.test_app_volumes import volume_model
 
 MUTANTS_PER_FILE = 40
 IMAGE = blobs(24, 32, seed=4)

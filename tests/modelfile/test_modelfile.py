@@ -15,7 +15,7 @@ from densecnn.modelfile.format import _layer_model, parse_config
 from densecnn.modelfile.spec import from_spec, layer_types, to_spec
 from tests.tolerances import assert_close_relative
 
-SHIPPED = Path(__file__).resolve().parent.parent / "models" / "nuclei"
+SHIPPED = Path(__file__).resolve().parents[2] / "models" / "nuclei"
 
 
 @pytest.fixture
