@@ -4,6 +4,8 @@ error mid-step all leave a model directory that loads."""
 from __future__ import annotations
 
 import json
+import time
+import types
 
 import numpy as np
 import pytest
@@ -13,6 +15,7 @@ from train_support import make_dataset
 import densecnn
 from densecnn.cli import main
 from densecnn.train import TrainConfig, train
+from densecnn.train import loop as loop_module
 from densecnn.train import strokes as strokes_module
 from densecnn.train.config import MIN_STEPS_PER_EPOCH
 from densecnn.train.metrics import read_metrics
@@ -98,8 +101,13 @@ def options(data, out, **overrides) -> TrainConfig:
     return TrainConfig(**values)
 
 
-def test_max_seconds_ends_an_options_run_with_its_model(strokes_dataset, tmp_path):
-    model_dir = train(options(strokes_dataset, tmp_path / "run", max_seconds=0.01))
+def test_max_seconds_ends_an_options_run_with_its_model(strokes_dataset, tmp_path, monkeypatch):
+    seconds = iter(
+        range(0, 10**6, 10)
+    )  # a clock 10 s on at every reading: past max_seconds after the first step
+    clock = types.SimpleNamespace(monotonic=lambda: next(seconds), perf_counter=time.perf_counter)
+    monkeypatch.setattr(loop_module, "time", clock)
+    model_dir = train(options(strokes_dataset, tmp_path / "run", max_seconds=5))
     densecnn.load(model_dir)
     steps = [r["step"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r["kind"] == "train"]
     assert steps == [1]  # stopped after the first step, of 50 epochs' worth
