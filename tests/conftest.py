@@ -19,6 +19,7 @@ settings.register_profile(
 )
 settings.load_profile("ci" if os.environ.get("CI") else "default")
 torch.set_num_threads(1)  # tests run 2 in parallel on 2 cores
+os.environ.setdefault("DENSECNN_CALIBRATE", "0")  # the shipped cost model as it is: no timing, plans alike
 
 
 @pytest.fixture(scope="session", autouse=True)
