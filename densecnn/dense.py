@@ -66,7 +66,7 @@ class DenseCNN(nn.Module):
 
     The first call for an input shape picks a solver per layer and one memory format for the whole net
     (:mod:`densecnn.ops.plan`) at once, from the shipped cost model; with ``tune`` (or the config's, e.g.
-    ``DENSECNN_FIND=1``) it times the candidates instead and caches the times on disk (:mod:`densecnn.ops.find`),
+    ``DENSECNN_TUNE=1``) it times the candidates instead and caches the times on disk (:mod:`densecnn.ops.tune`),
     which later plans reuse.
     ``backend`` restricts the candidates: "native" runs torch's dilated ops in NCHW, "ext" densecnn's kernels only.
     ``max_memory`` (bytes) splits the work into exact tiles (:mod:`densecnn.tiling`). A call raises

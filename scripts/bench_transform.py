@@ -48,7 +48,7 @@ def steps_of(dense) -> list[tuple]:
 
 def interleaved(candidates: dict, repeats: int) -> dict[str, float]:
     """Median milliseconds of each candidate, run round-robin after one warm-up each; a candidate that fails its
-    warm-up (e.g. a kernel without bfloat16 support) is left out, as the find step does."""
+    warm-up (e.g. a kernel without bfloat16 support) is left out, as the tuning step does."""
     with torch.no_grad():
         candidates = {name: fn for name, fn in candidates.items() if _runs(fn)}
     times = {name: [] for name in candidates}

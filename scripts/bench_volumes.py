@@ -174,7 +174,7 @@ def markdown(r: dict) -> str:
         f"torch {r['environment']['torch']}, {r['environment']['threads']} threads, shared CPU.",
         "",
         "`densecnn` is the default (immediate) plan, its solvers predicted by the shipped cost model; "
-        "`densecnn/tuned` is `convert(..., tune=True)`, its solvers timed by the find step on the first call. "
+        "`densecnn/tuned` is `convert(..., tune=True)`, its solvers timed by the tuning step on the first call. "
         "Speedups are medians of per-round ratios against the faster layout of each baseline.",
         "",
         "| way | median time | output voxels / s | speedup of densecnn | speedup of densecnn/tuned |",

@@ -17,7 +17,7 @@ multi-threaded op also waits for its slowest thread at each barrier (tens of ms 
 there, which keeps the solvers' ranking.
 
 The grid is random (seeded) over kernel, dilation, channels and map size, plus the layers of the zoo's reference nets
-at 256² and 512² images (what the find step would time for them); for signals and volumes, a random grid of 1-D and 3-D convs
+at 256² and 512² images (what the tuning step would time for them); for signals and volumes, a random grid of 1-D and 3-D convs
 and pools plus the layers of the zoo's volume nets on small and large volumes (so immediate plans on volumes rank
 the 3-D solvers from 3-D measurements).
 """
@@ -35,7 +35,7 @@ import torch
 
 import densecnn
 from densecnn.geometry import output_size, reach
-from densecnn.ops import costmodel, find, gradients, plan
+from densecnn.ops import costmodel, gradients, plan, tune
 from densecnn.ops.backends import ext_available
 from densecnn.ops.solvers import SOLVERS, ConvOp, PoolOp
 
@@ -111,7 +111,7 @@ def random_grid_nd(count: int, seed: int, dims: int) -> list[dict]:
 
 def reference_volume_problems(sides=VOLUME_SIDES) -> list[dict]:
     """The windowed steps of the zoo's volume nets on volumes of each output side, at their real shapes (the
-    immediate plan predicts at the real shape; a 96³ volume's layers are far larger than the find step's)."""
+    immediate plan predicts at the real shape; a 96³ volume's layers are far larger than the tuning step's)."""
     rows = []
     for name, classes in REFERENCE_VOLUME_NETS.items():
         model, patch = densecnn.zoo.create(name, in_channels=1, num_classes=classes)
@@ -126,7 +126,7 @@ def reference_volume_problems(sides=VOLUME_SIDES) -> list[dict]:
 
 
 def reference_problems(size: int) -> list[dict]:
-    """The windowed steps of the zoo's reference nets on a size² image, at the find step's timing shapes."""
+    """The windowed steps of the zoo's reference nets on a size² image, at the tuning step's timing shapes."""
     rows = []
     for name, classes in REFERENCE_NETS.items():
         model, patch = densecnn.zoo.create(
@@ -142,7 +142,7 @@ def reference_problems(size: int) -> list[dict]:
         for step in dense.steps():
             if hasattr(step.layers[0], "dense_op"):
                 op = step.dense_op()
-                rows.append(costmodel.problem(op, find.timing_shape(op, shape)))
+                rows.append(costmodel.problem(op, tune.timing_shape(op, shape)))
             shape = plan.next_shape(step, shape)
     return rows
 
@@ -152,7 +152,7 @@ def _gradient_times(op, row: dict) -> dict:
     plan chooses apart from its forward; {} for any other op."""
     if len(gradients.candidates(op, set(SOLVERS))) < 2:
         return {}
-    table = find.time_gradients(op, row["input"], torch.float32, "cpu", input_grad=True)
+    table = tune.time_gradients(op, row["input"], torch.float32, "cpu", input_grad=True)
     return {d: {fmt: by_direction[d] for fmt, by_direction in table.items()} for d in gradients.DIRECTIONS}
 
 
@@ -169,7 +169,7 @@ def measure(rows: list[dict], log) -> list[dict]:
     for i, row in enumerate(rows):
         op, start = _spec(row), time.perf_counter()
         times = {
-            direction: find.time_candidates(
+            direction: tune.time_candidates(
                 op, row["input"], torch.float32, "cpu", train=train, ext=ext, input_grad=train, every=True
             )
             for direction, train in (("infer", False), ("train", True))
@@ -202,7 +202,7 @@ def _grid(kind: str, args) -> list[dict]:
     """The problems of one kind the full run times."""
     if kind == "images":
         rows = reference_problems(256) + random_grid(args.count, seed=0)
-        # a strongly dilated layer's timing shape grows with the image (find.MIN_SUBGRID_SIDE)
+        # a strongly dilated layer's timing shape grows with the image (tune.MIN_SUBGRID_SIDE)
         return rows + [row for row in reference_problems(512) if row not in rows]
     if kind == "volumes":
         return reference_volume_problems() + random_grid_nd(args.count_nd, 0, 3)
@@ -253,7 +253,7 @@ def main() -> None:
                 print(f"[{i + 1}/{len(problems)}] gradients of {p['op']} in={p['input']} k={p['kernel']} "
                       f"d={p['dilation']} out={p['out_channels']}")  # fmt: skip
     elif not args.refit:
-        find.REPEATS, find.BUDGET_MS = args.repeats, 600.0
+        tune.REPEATS, tune.BUDGET_MS = args.repeats, 600.0
         torch.manual_seed(0)
         if args.quick:  # a few of each kind: images, volumes (a small volume net's layers), signals
             rows = reference_problems(256)[:2] + random_grid(2, seed=0)

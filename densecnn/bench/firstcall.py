@@ -53,7 +53,8 @@ SCRIPT = textwrap.dedent(
 def _fresh_process(name: str, size: int, direction: str, calls: int) -> dict:
     with tempfile.TemporaryDirectory(prefix="densecnn-cold-") as cache:
         env = {**os.environ, "DENSECNN_CACHE_DIR": cache}
-        env.pop("DENSECNN_FIND", None)
+        for variable in ("DENSECNN_TUNE", "DENSECNN_FIND"):  # the new name and its deprecated one
+            env.pop(variable, None)
         result = subprocess.run(
             [sys.executable, "-c", SCRIPT, name, str(size), direction, str(calls)],
             capture_output=True,

@@ -14,10 +14,10 @@ import densecnn
 from densecnn.losses import masked_cross_entropy
 from densecnn.ops import allocator, ext_available, solvers
 from densecnn.ops.config import get_config
-from densecnn.ops.find import find
 from densecnn.ops.layout import to_format
 from densecnn.ops.plan import next_shape
 from densecnn.ops.solvers import ConvOp, PoolOp
+from densecnn.ops.tune import tuned_times
 
 from . import machine
 from .timing import elapsed, fastest, interleave, median, ratio
@@ -324,7 +324,7 @@ def max_pool(kernel: int, dilation: int, config: Config) -> dict:
     ext, cache_dir = ext_available(), get_config().cache_dir
     chosen = {}
     for direction, train in (("forward", False), ("backward", True)):
-        times = find(op, tuple(x.shape), x.dtype, x.device, train=train, ext=ext, cache_dir=cache_dir)
+        times = tuned_times(op, tuple(x.shape), x.dtype, x.device, train=train, ext=ext, cache_dir=cache_dir)
         chosen[direction] = min(
             ((fmt, s) for fmt, table in times.items() for s, ms in table.items() if ms is not None),
             key=lambda fs: times[fs[0]][fs[1]],

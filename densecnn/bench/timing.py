@@ -23,7 +23,7 @@ def interleave(
 ) -> dict[str, list]:
     """Warm the contenders named in ``warm_up`` (default: all) up once, then run ``repeats`` rounds of all in turn.
 
-    Warm-up matters for densecnn (its first call per shape runs the find step); skipping it for slow baselines saves
+    Warm-up matters for densecnn (its first call per shape runs the tuning step); skipping it for slow baselines saves
     their longest runs and barely moves a median.
 
     A contender returns its own measurement (a float of seconds, or a dict, e.g. per-layer times) or anything else

@@ -5,7 +5,7 @@
 - :mod:`~densecnn.ops.plan`: per net and input shape, a solver per layer and one memory format — the only way a dense
   net runs its ops;
 - :mod:`~densecnn.ops.costmodel`: the plan's immediate choice, predicted from measurements shipped with the package;
-- :mod:`~densecnn.ops.find`: timing the candidates when asked to tune, cached on disk;
+- :mod:`~densecnn.ops.tune`: timing the candidates when asked to tune, cached on disk;
 - :mod:`~densecnn.ops.backends`: which solvers a net may use (``Backend``) and whether the kernels are built;
 - :mod:`~densecnn.ops.config`: the settings (``OpsConfig``), read once from the environment, overridable in code;
 - :mod:`~densecnn.ops.native`, :mod:`~densecnn.ops.ext`: the torch and compiled-kernel implementations;

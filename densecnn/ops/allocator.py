@@ -1,10 +1,10 @@
-"""What torch's own buffers cost the solvers that run torch's ops, beyond what the find step times.
+"""What torch's own buffers cost the solvers that run torch's ops, beyond what the tuning step times.
 
 The C library's ``malloc`` maps every allocation above its mmap threshold afresh and returns it to the system when
 it is freed; the threshold adapts but never passes 32 MB on 64-bit glibc. So a buffer above 32 MB pays a page
 fault per 4 KiB page on every call: a 78 MB conv output about 20 ms. densecnn's kernels reuse their own buffers
 (``cuda_ext/output_buffers.h``) and a preloaded caching ``malloc`` (tcmalloc, jemalloc, mimalloc) reuses
-everything, but the ``native`` and ``s2b`` solvers allocate through the system ``malloc``. The find step and the
+everything, but the ``native`` and ``s2b`` solvers allocate through the system ``malloc``. Tuning and the
 shipped cost model time candidates on bucketed shapes whose buffers mostly stay below 32 MB, so a plan adds
 :func:`fresh_buffers_ms` to those solvers' times where the real layer's buffers would not.
 

@@ -1,5 +1,5 @@
 """The ops settings: one :class:`OpsConfig`, read once from the environment when densecnn is imported, overridable
-in code, and passed down to the plans, the find step and densecnn's kernels.
+in code, and passed down to the plans, the tuning step and densecnn's kernels.
 
 Every setting, its environment variable, default and effect is in the table of docs/performance.md ("Settings").
 A net's own ``solver``, ``memory_format`` and ``tune`` attributes take precedence over the process's config for that
@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,13 +33,16 @@ ENVIRONMENT = {
     "solver": "DENSECNN_SOLVER",
     "gradient_solver": "DENSECNN_GRADIENT_SOLVER",
     "memory_format": "DENSECNN_MEMORY_FORMAT",
-    "tune": "DENSECNN_FIND",
+    "tune": "DENSECNN_TUNE",
     "cache_dir": "DENSECNN_CACHE_DIR",
     "output_cache_mb": "DENSECNN_OUTPUT_CACHE_MB",
     "huge_pages": "DENSECNN_HUGE_PAGES",
     "plan_cache_size": "DENSECNN_PLAN_CACHE_SIZE",
 }
+# variable: its old name, still read (with one warning) where the variable is unset
+DEPRECATED_NAMES = {"DENSECNN_TUNE": "DENSECNN_FIND"}
 _FLAGS = {"0": False, "1": True}
+_warned_deprecated: set[str] = set()
 _NOUNS = {
     "output_cache_mb": "output cache size",
     "cache_dir": "cache directory",
@@ -61,8 +65,8 @@ class OpsConfig:
             weight gradients of every conv a training plan chooses them for (:mod:`densecnn.ops.gradients`) that it
             can run.
         memory_format: None (the faster for the whole net) or "nchw" / "nhwc" forced.
-        tune: time the candidate solvers of every new problem (the find step) instead of predicting their times.
-        cache_dir: where the find step's timings are cached (in ``cache_dir / "solvers"``); from the environment
+        tune: time the candidate solvers of every new problem (the tuning step) instead of predicting their times.
+        cache_dir: where the tuning step's timings are cached (in ``cache_dir / "solvers"``); from the environment
             ``$DENSECNN_CACHE_DIR``, else ``$XDG_CACHE_HOME/densecnn``, else ``~/.cache/densecnn``.
         output_cache_mb: megabytes of free output buffers densecnn's CPU kernels keep for reuse (0: no reuse).
         huge_pages: advise fresh output buffers to be backed by 2 MiB pages.
@@ -95,12 +99,12 @@ class OpsConfig:
         """The config the ``DENSECNN_*`` variables of ``environ`` give (unset or empty ones: the defaults); a
         ValueError naming the variable and what it may be for an invalid one.
 
-        >>> OpsConfig.from_environ({"DENSECNN_SOLVER": "s2b", "DENSECNN_FIND": "1"}).tune
+        >>> OpsConfig.from_environ({"DENSECNN_SOLVER": "s2b", "DENSECNN_TUNE": "1"}).tune
         True
         """
         values = {"cache_dir": _default_cache_dir(environ)}
         for name, variable in ENVIRONMENT.items():
-            raw = environ.get(variable, "")
+            variable, raw = _read(environ, variable)
             if raw:
                 value = _parse(name, raw)
                 _check(name, value, variable, written=raw)
@@ -110,6 +114,19 @@ class OpsConfig:
     def replace(self, **changes) -> OpsConfig:
         """A copy with ``changes`` (checked like the constructor's arguments)."""
         return dataclasses.replace(self, **changes)
+
+
+def _read(environ: Mapping[str, str], variable: str) -> tuple[str, str]:
+    """(the variable read, its value) for the setting whose variable is ``variable``: its deprecated old name's value
+    where only that is set (warning once per process that the old name is deprecated)."""
+    raw = environ.get(variable, "")
+    old = DEPRECATED_NAMES.get(variable)
+    if raw or old is None or not environ.get(old):
+        return variable, raw
+    if old not in _warned_deprecated:
+        _warned_deprecated.add(old)
+        warnings.warn(f"{old} is deprecated; set {variable} instead", FutureWarning, stacklevel=4)
+    return old, environ[old]
 
 
 def _parse(name: str, raw: str):
@@ -127,7 +144,7 @@ def _parse(name: str, raw: str):
 def _check(name: str, value, source: str, written: str | None = None) -> None:
     """A ValueError naming ``source`` (the field or the environment variable), the value as ``written`` there and
     the allowed values, unless ``value`` is one of them."""
-    environment = source in ENVIRONMENT.values()
+    environment = source in ENVIRONMENT.values() or source in DEPRECATED_NAMES.values()
     unset = "or leave it unset" if environment else "or None"
     if name == "solver" and not (value is None or value in SOLVERS):
         what, allowed = "is unknown", f"one of {', '.join(SOLVERS)}, {unset}"

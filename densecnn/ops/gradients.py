@@ -6,7 +6,7 @@ the output gradient. Which algorithm computes each fastest is a question of its 
 layer's forward may lose its weight gradient to the frequency domain, whose cost does not grow with the kernel. A
 training plan (:mod:`densecnn.ops.plan`) therefore picks, per conv, a forward solver (:mod:`densecnn.ops.solvers`),
 an input-gradient solver and a weight-gradient solver, each from its own times (the cost model's predictions, or
-the find step's timings when tuning).
+the tuning step's timings when tuning).
 
 Gradient solvers:
 - ``native``: torch's convolution backward (any conv, 1-3 spatial axes), both gradients;

@@ -6,11 +6,11 @@ can absorb it; or a pointwise layer on its own), picks a solver per step and one
 at exit. A plan is the only way a dense net runs its ops.
 
 Where the per-layer times come from:
-- immediate mode (the default): the find step's cached timings of the layer if there are any (from ``densecnn
+- immediate mode (the default): the tuning step's cached timings of the layer if there are any (from ``densecnn
   tune`` or an earlier tuned run), else the shipped cost model's predictions (:mod:`densecnn.ops.costmodel`):
   no candidate is timed, so the first call is as fast as the next;
-- tuning (the config's ``tune``: ``tune=True`` on the net, ``DENSECNN_FIND=1``, ``densecnn tune``): every candidate is
-  timed once per problem and the times cached on disk (:mod:`densecnn.ops.find`), which later immediate-mode plans
+- tuning (the config's ``tune``: ``tune=True`` on the net, ``DENSECNN_TUNE=1``, ``densecnn tune``): every candidate is
+  timed once per problem and the times cached on disk (:mod:`densecnn.ops.tune`), which later immediate-mode plans
   reuse.
 
 The backend restricts the candidates (:func:`densecnn.ops.backends.allowed_solvers`); ``native`` runs torch's ops
@@ -39,10 +39,10 @@ from ..geometry import output_size
 from . import allocator, costmodel, gradients, solvers
 from .backends import Backend, allowed_solvers, ext_available
 from .config import OpsConfig
-from .find import find, find_gradients, timing_shape
 from .layout import memory_format as torch_memory_format
 from .layout import names_for, to_format
 from .solvers import PoolOp
+from .tune import timing_shape, tuned_gradient_times, tuned_times
 
 Shape = tuple[int, ...]  # (N, C, *spatial)
 
@@ -186,7 +186,7 @@ def make_plan(
 ) -> Plan:
     """The fastest plan for running ``steps`` (fresh from :func:`group_steps`; the plan keeps and fills them) on a
     (N, C, *S) input of ``shape``: per-layer times predicted (immediate mode, or cached timings) or, with the
-    config's ``tune``, timed by :func:`find`. Images and volumes run in NC* or channels-last, whichever is faster;
+    config's ``tune``, timed by :func:`tuned_times`. Images and volumes run in NC* or channels-last, whichever is faster;
     signals in NC* (a forced "nhwc" is ignored for them). The config's ``solver`` and ``memory_format`` force them.
 
     ``train``: plan for forward + backward; ``input_grad``: whether the input itself needs a gradient.
@@ -246,12 +246,12 @@ def _times(op, names, shape, dtype, device, forced, fmt_forced, *, train, config
         return "forced", {fmt_forced: {forced if forced in names else names[0]: 0.0}}
     ext, timed_shape = ext_available(), timing_shape(op, shape)
     source = "tuned"
-    times = find(  # not tuning: None unless an earlier tuning timed this problem
+    times = tuned_times(  # not tuning: None unless an earlier tuning timed this problem
         op, shape, dtype, device, train=train, ext=ext, cache_dir=config.cache_dir, input_grad=input_grad,
         time_missing=config.tune,
     )  # fmt: skip
     if times is None:
-        # Predicted at the shape the find step times (and the cost model was measured at), so that immediate and
+        # Predicted at the shape the tuning step times (and the cost model was measured at), so that immediate and
         # tuned plans rank the candidates on the same problem.
         source = "predicted"
         times = costmodel.estimate(op, timed_shape, dtype, train=train, candidates=names)
@@ -270,11 +270,11 @@ def _times(op, names, shape, dtype, device, forced, fmt_forced, *, train, config
 
 
 def _gradient_times(op, names, shape, dtype, device, *, config, input_grad):
-    """(source, {memory_format: {direction: {gradient solver: ms}}}) for one conv's gradients: the find step's
+    """(source, {memory_format: {direction: {gradient solver: ms}}}) for one conv's gradients: the tuning step's
     timings if cached (or timed now, when tuning), else the cost model's predictions; "grad_input" only when the
     input needs a gradient."""
     ext = ext_available()
-    times = find_gradients(
+    times = tuned_gradient_times(
         op, shape, dtype, device, ext=ext, cache_dir=config.cache_dir, input_grad=input_grad,
         time_missing=config.tune,
     )  # fmt: skip

@@ -1,7 +1,7 @@
 """Candidate solvers for each dense op: different exact ways to compute the same stride-1 dilated conv or pool.
 
 A solver is a function ``(op, x) -> y`` registered under a name for the ops it implements; ``applies(name, op)``
-says whether it can run a given layer. The find step (:mod:`densecnn.ops.find`) times the applicable ones and keeps
+says whether it can run a given layer. Tuning (:mod:`densecnn.ops.tune`) times the applicable ones and keeps
 the fastest. Every solver is exact (equal to the native dilated op up to float summation order) and differentiable.
 
 Solvers:
@@ -22,7 +22,7 @@ Solvers:
   (:mod:`densecnn.ops.winograd`, C++ transforms + one batched GEMM); 2.25–8× fewer multiplications.
 
 Which solver runs each layer is the plan's choice (:mod:`densecnn.ops.plan`): from the shipped cost model at once
-(:mod:`densecnn.ops.costmodel`), or from timings when asked to tune (:mod:`densecnn.ops.find`).
+(:mod:`densecnn.ops.costmodel`), or from timings when asked to tune (:mod:`densecnn.ops.tune`).
 """
 
 from __future__ import annotations

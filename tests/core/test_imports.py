@@ -119,7 +119,7 @@ from ..layers import output_shape
 from ..rules.registry import fused_activation
 from ..geometry import reach
 from . import ext
-from .find import find
+from .tune import tuned_times
 import densecnn._C
 """
     assert _outside(source, "densecnn.ops", OPS_MAY_IMPORT) == [

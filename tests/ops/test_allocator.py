@@ -51,14 +51,14 @@ def test_plans_charge_native_solvers_for_fresh_buffers_of_large_maps(
     """Timed at the bucketed shape, native ties the others; on a map whose outputs pass 32 MB its fresh buffers make
     it lose under the system malloc, and not under a caching one."""
 
-    def fake_find(spec, shape, dtype, device, *, train, ext, cache_dir, input_grad, time_missing):
+    def fake_times(spec, shape, dtype, device, *, train, ext, cache_dir, input_grad, time_missing):
         if not time_missing:  # the conversion's verification pass plans without timing
             return None
         table = {name: 10.0 for name in solvers.candidates(spec, ext_available=ext)}
         return {"nchw": {name: ms if name == "native" else ms + 0.5 for name, ms in table.items()}}
 
     ops_config(cache_dir=tmp_path)
-    monkeypatch.setattr(plan, "find", fake_find)
+    monkeypatch.setattr(plan, "tuned_times", fake_times)
     monkeypatch.setattr(allocator, "name", lambda: malloc)
     torch.manual_seed(0)
     model, patch = densecnn.zoo.create("stages_46", in_channels=2, num_classes=3)

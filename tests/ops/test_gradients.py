@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import densecnn
-from densecnn.ops import costmodel, fft_conv, find, gradients, plan, solvers
+from densecnn.ops import costmodel, fft_conv, gradients, plan, solvers, tune
 from densecnn.ops.solvers import ConvOp
 from tests.tolerances import assert_close_relative
 
@@ -116,7 +116,7 @@ def test_the_plans_choice_follows_the_times_and_every_choice_gives_the_same_grad
     """Each (input, weight) gradient solver pair made fastest in turn: the plan picks it for every conv it runs
     (the others take the next fastest, native; none for the image's input gradient), and the net's gradients equal
     those of the native backend."""
-    monkeypatch.setattr(plan, "find_gradients", _fake_gradient_times(input_solver, weight_solver))
+    monkeypatch.setattr(plan, "tuned_gradient_times", _fake_gradient_times(input_solver, weight_solver))
     torch.manual_seed(0)
     model, patch = densecnn.zoo.create(net, in_channels=2, num_classes=3)
     model = model.double()
@@ -156,9 +156,9 @@ def test_inference_plans_choose_no_gradients():
 def test_immediate_mode_predicts_the_gradient_solvers_from_the_shipped_model(monkeypatch):
     """No timing: the cost model has fits for both gradient solvers, and for plain_133's last conv (7×7 at dilation
     16 on a 256² image) it puts the frequency domain ahead for the weight gradient."""
-    monkeypatch.setattr(find, "time_gradients", lambda *a, **k: pytest.fail("immediate mode timed gradients"))
+    monkeypatch.setattr(tune, "time_gradients", lambda *a, **k: pytest.fail("immediate mode timed gradients"))
     op = ConvOp(torch.zeros(32, 50, 7, 7), None, (16, 16), 1)
-    shape = find.timing_shape(op, (1, 50, 256 + 96, 256 + 96))
+    shape = tune.timing_shape(op, (1, 50, 256 + 96, 256 + 96))
     table = costmodel.estimate_gradients(op, shape, torch.float32, list(gradients.SOLVERS), input_grad=True)
     for fmt in ("nchw", "nhwc"):
         for direction in gradients.DIRECTIONS:
@@ -174,19 +174,19 @@ def test_immediate_mode_predicts_the_gradient_solvers_from_the_shipped_model(mon
 
 def test_find_times_the_gradient_solvers_once_and_caches_them(solver_cache):
     op = ConvOp(torch.randn(4, 3, 3, 3), None, (2, 2), 1)
-    first = find.find_gradients(
+    first = tune.tuned_gradient_times(
         op, (1, 3, 30, 30), torch.float32, "cpu", ext=True, cache_dir=solver_cache, input_grad=True
     )
     assert set(first) == {"nchw", "nhwc"}
     for tables in first.values():
         assert set(tables) == set(gradients.DIRECTIONS)
         assert all(ms is not None and ms > 0 for table in tables.values() for ms in table.values())
-    again = find.find_gradients(
+    again = tune.tuned_gradient_times(
         op, (1, 3, 30, 30), torch.float32, "cpu", ext=True, cache_dir=solver_cache, input_grad=True,
         time_missing=False,
     )  # fmt: skip
     assert again == first
-    weight_only = find.find_gradients(
+    weight_only = tune.tuned_gradient_times(
         op, (1, 3, 30, 30), torch.float32, "cpu", ext=True, cache_dir=solver_cache, input_grad=False,
         time_missing=False,
     )  # fmt: skip

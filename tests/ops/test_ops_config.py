@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,8 @@ import torch
 
 import densecnn
 from densecnn.ops import OpsConfig, ext, get_config, plan, use_config
-from densecnn.ops.config import ENVIRONMENT
+from densecnn.ops import config as ops_config_module
+from densecnn.ops.config import DEPRECATED_NAMES, ENVIRONMENT
 from densecnn.ops.solvers import SOLVERS
 
 
@@ -30,7 +32,8 @@ def _tiny():
 
 
 def _run(code: str, **environment: str) -> subprocess.CompletedProcess:
-    env = {key: value for key, value in os.environ.items() if key not in ENVIRONMENT.values()}
+    ours = {*ENVIRONMENT.values(), *DEPRECATED_NAMES.values()}
+    env = {key: value for key, value in os.environ.items() if key not in ours}
     return subprocess.run(
         [sys.executable, "-c", code], env={**env, **environment}, capture_output=True, text=True, timeout=120
     )
@@ -44,7 +47,7 @@ def test_every_setting_has_its_environment_variable_and_default():
     environment = {
         "DENSECNN_SOLVER": "s2b",
         "DENSECNN_MEMORY_FORMAT": "nhwc",
-        "DENSECNN_FIND": "1",
+        "DENSECNN_TUNE": "1",
         "DENSECNN_CACHE_DIR": "/tmp/solver-cache",
         "DENSECNN_OUTPUT_CACHE_MB": "0",
         "DENSECNN_HUGE_PAGES": "1",
@@ -57,6 +60,21 @@ def test_every_setting_has_its_environment_variable_and_default():
     assert set(ENVIRONMENT) == {field for field in OpsConfig.__dataclass_fields__}
     empty = dict.fromkeys(ENVIRONMENT.values(), "")  # empty means unset
     assert OpsConfig.from_environ({**empty, "XDG_CACHE_HOME": "/tmp/xdg"}) == config
+
+
+def test_the_old_name_of_the_tune_variable_is_read_with_one_warning(monkeypatch):
+    monkeypatch.setattr(ops_config_module, "_warned_deprecated", set())
+    with pytest.warns(FutureWarning, match="DENSECNN_FIND is deprecated; set DENSECNN_TUNE instead"):
+        assert OpsConfig.from_environ({"DENSECNN_FIND": "1"}).tune is True
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per process
+        assert OpsConfig.from_environ({"DENSECNN_FIND": "1"}).tune is True
+        # the new name wins where both are set, and is read without a warning
+        assert OpsConfig.from_environ({"DENSECNN_FIND": "1", "DENSECNN_TUNE": "0"}).tune is False
+    monkeypatch.setattr(ops_config_module, "_warned_deprecated", set())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert OpsConfig.from_environ({"DENSECNN_FIND": "1", "DENSECNN_TUNE": "0"}).tune is False
 
 
 def test_the_environment_is_read_once_at_import(monkeypatch):
@@ -123,12 +141,14 @@ def test_a_net_plans_anew_when_the_config_changes(ops_config, tmp_path):
     [
         ("DENSECNN_SOLVER", "fastest", f"one of {', '.join(SOLVERS)}, or leave it unset"),
         ("DENSECNN_MEMORY_FORMAT", "nwhc", "one of nchw, nhwc, or leave it unset"),
+        ("DENSECNN_TUNE", "yes", "1 or 0"),
         ("DENSECNN_FIND", "yes", "1 or 0"),
         ("DENSECNN_HUGE_PAGES", "2", "1 or 0"),
         ("DENSECNN_OUTPUT_CACHE_MB", "1GB", "a whole number of megabytes, 0 or more"),
         ("DENSECNN_OUTPUT_CACHE_MB", "-1", "a whole number of megabytes, 0 or more"),
     ],
 )
+@pytest.mark.filterwarnings("ignore:DENSECNN_FIND is deprecated:FutureWarning")
 def test_an_invalid_environment_value_is_refused_naming_the_variable(variable, value, allowed):
     with pytest.raises(ValueError) as error:
         OpsConfig.from_environ({variable: value})

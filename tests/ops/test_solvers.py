@@ -1,4 +1,4 @@
-"""Solver choice: every candidate solver is exact, immediate mode chooses without timing, the find step caches
+"""Solver choice: every candidate solver is exact, immediate mode chooses without timing, the tuning step caches
 and reuses its choice, forcing works, and a missing extension falls back to torch-only solvers with one warning."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import torch
 import densecnn
 from densecnn import ops
 from densecnn.errors import ExtensionUnavailableWarning
-from densecnn.ops import backends, costmodel, ext, find, gradients, layout, plan, solvers
+from densecnn.ops import backends, costmodel, ext, gradients, layout, plan, solvers, tune
 from densecnn.ops.solvers import ConvOp, PoolOp
 
 EXT_SOLVERS = [name for name, s in solvers.SOLVERS.items() if s.needs_ext]
@@ -140,11 +140,11 @@ def test_find_picks_a_candidate_caches_it_and_reuses_it(solver_cache, monkeypatc
     assert any(ms is not None for table in entry["times_ms"].values() for ms in table.values())
 
     def no_timing(*args, **kwargs):
-        raise AssertionError("the find step timed again instead of using the cache")
+        raise AssertionError("the tuning step timed again instead of using the cache")
 
-    monkeypatch.setattr(find, "_time_candidates", no_timing)
-    for tune in (True, False):  # tuning again and immediate mode both use the cached timings
-        dense = densecnn.convert(model, patch, tune=tune)
+    monkeypatch.setattr(tune, "_time_candidates", no_timing)
+    for tuned in (True, False):  # tuning again and immediate mode both use the cached timings
+        dense = densecnn.convert(model, patch, tune=tuned)
         with torch.no_grad():
             torch.testing.assert_close(dense(x), first)
             chosen = dense.plan(dense.pad(x))
@@ -154,13 +154,13 @@ def test_find_picks_a_candidate_caches_it_and_reuses_it(solver_cache, monkeypatc
 
 
 def test_the_fastest_timed_solver_and_format_win(monkeypatch, ops_config):
-    def fake_find(op, shape, dtype, device, *, train, ext, cache_dir, input_grad, time_missing):
+    def fake_times(op, shape, dtype, device, *, train, ext, cache_dir, input_grad, time_missing):
         table = {name: 10.0 for name in solvers.candidates(op, ext_available=ext)}
         if "s2b" in table:
             table["s2b"] = 1.0
         return {"nchw": table, "nhwc": {name: ms * 2 for name, ms in table.items()}}
 
-    monkeypatch.setattr(plan, "find", fake_find)
+    monkeypatch.setattr(plan, "tuned_times", fake_times)
     ops_config(tune=True)
     model, patch, channels = _net("stages_46")
     dense = densecnn.convert(model, patch)
@@ -174,7 +174,7 @@ def test_the_fastest_timed_solver_and_format_win(monkeypatch, ops_config):
 def test_solver_and_memory_format_forced_by_environment(monkeypatch, ops_config):
     forced = ops.OpsConfig.from_environ({"DENSECNN_SOLVER": "s2b", "DENSECNN_MEMORY_FORMAT": "nhwc"})
     ops_config(solver=forced.solver, memory_format=forced.memory_format)
-    monkeypatch.setattr(plan, "find", None)  # forcing both needs no timing and no prediction
+    monkeypatch.setattr(plan, "tuned_times", None)  # forcing both needs no timing and no prediction
     monkeypatch.setattr(costmodel, "estimate", None)
     model, patch, channels = _net("stages_46")
     dense = densecnn.convert(model, patch)
@@ -210,7 +210,7 @@ def test_missing_extension_warns_once_and_falls_back(monkeypatch):
 
 
 def test_native_backend_runs_torch_ops_in_nchw_without_choosing(monkeypatch):
-    monkeypatch.setattr(plan, "find", None)
+    monkeypatch.setattr(plan, "tuned_times", None)
     monkeypatch.setattr(costmodel, "estimate", None)
     model, patch, channels = _net("tiny")
     x = torch.rand(1, channels, 7, 9, dtype=torch.float64)
@@ -234,7 +234,7 @@ def test_immediate_mode_times_nothing_and_is_deterministic(monkeypatch, solver_c
     def no_timing(*args, **kwargs):
         raise AssertionError("immediate mode timed a candidate")
 
-    monkeypatch.setattr(find, "_time_candidates", no_timing)
+    monkeypatch.setattr(tune, "_time_candidates", no_timing)
     model, patch, channels = _net("stages_46")
     x = torch.rand(1, channels, 30, 30, dtype=torch.float64)
     plans = []
@@ -263,11 +263,11 @@ def test_cost_model_predicts_every_fitted_candidate_in_both_formats():
 def test_timing_shapes_are_bucketed_per_number_of_axes():
     """Images are timed at most 256 px beyond the reach per side, volumes 96³, signals as many points as an image."""
     conv = {dims: ConvOp(torch.empty(4, 4, *(3,) * dims), None, (2,) * dims, 1) for dims in (1, 2, 3)}
-    assert find.timing_shape(conv[2], (1, 4, 1000, 100)) == (1, 4, 260, 128)
+    assert tune.timing_shape(conv[2], (1, 4, 1000, 100)) == (1, 4, 260, 128)
     wide = ConvOp(torch.empty(4, 4, 7, 7), None, (16, 16), 1)  # 32 outputs per sub-grid: 512 beyond the reach
-    assert find.timing_shape(wide, (1, 4, 2000, 608)) == (1, 4, 608, 608)
-    assert find.timing_shape(conv[3], (1, 4, 300, 113, 40)) == (1, 4, 100, 100, 64)
-    assert find.timing_shape(conv[1], (1, 4, 10**6)) == (1, 4, 256**2 + 4)
+    assert tune.timing_shape(wide, (1, 4, 2000, 608)) == (1, 4, 608, 608)
+    assert tune.timing_shape(conv[3], (1, 4, 300, 113, 40)) == (1, 4, 100, 100, 64)
+    assert tune.timing_shape(conv[1], (1, 4, 10**6)) == (1, 4, 256**2 + 4)
     # volumes and images have a channels-last format to choose, signals none
     assert layout.names_for(5) == layout.names_for(4) == ["nchw", "nhwc"]
     assert layout.names_for(3) == ["nchw"]
@@ -323,17 +323,17 @@ def test_training_plans_time_the_first_layer_without_an_input_gradient(monkeypat
     solvers timed apart."""
     seen = []
 
-    def fake_find(op, shape, dtype, device, *, train, ext, cache_dir, input_grad, time_missing):
+    def fake_times(op, shape, dtype, device, *, train, ext, cache_dir, input_grad, time_missing):
         if time_missing:  # what would be timed (the conversion's verification pass plans without tuning)
             seen.append(("forward+backward" if train else "forward", input_grad))
         return {"nchw": {"native": 1.0}, "nhwc": {"native": 2.0}}
 
-    def fake_find_gradients(op, shape, dtype, device, *, ext, cache_dir, input_grad, time_missing):
+    def fake_gradient_times(op, shape, dtype, device, *, ext, cache_dir, input_grad, time_missing):
         seen.append(("gradients", input_grad))
         return {"nchw": {"grad_weight": {"native": 1.0}}}
 
-    monkeypatch.setattr(plan, "find", fake_find)
-    monkeypatch.setattr(plan, "find_gradients", fake_find_gradients)
+    monkeypatch.setattr(plan, "tuned_times", fake_times)
+    monkeypatch.setattr(plan, "tuned_gradient_times", fake_gradient_times)
     model, patch, channels = _net("stages_46")
     dense = densecnn.convert(model, patch, tune=True)
     choice = gradients.candidates(ConvOp(torch.zeros(8, 2, 3, 3), None, (1, 1), 1), set(solvers.SOLVERS))

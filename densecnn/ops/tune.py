@@ -1,9 +1,9 @@
-"""The find step (as in MIOpen): time every candidate solver of a dense op once, cache the times on disk.
+"""Tuning (as in MIOpen): time every candidate solver of a dense op once, cache the times on disk.
 
 For one op (a :class:`~densecnn.ops.solvers.ConvOp` or ``PoolOp``), input shape, dtype, device and direction
-(inference, or training = forward + backward), :func:`find` runs each applicable solver in both memory formats on
+(inference, or training = forward + backward), :func:`tuned_times` runs each applicable solver in both memory formats on
 random data of that shape and returns ``{memory_format: {solver: milliseconds}}``; for a conv whose gradients a
-training plan chooses apart from its forward, :func:`find_gradients` times the gradient solvers
+training plan chooses apart from its forward, :func:`tuned_gradient_times` times the gradient solvers
 (:mod:`densecnn.ops.gradients`) the same way. The table is stored as one JSON
 file per problem under ``cache_dir / "solvers"`` (the config's ``cache_dir``, :mod:`densecnn.ops.config`), keyed by
 (op, shapes, dtype, device, threads, torch and densecnn versions, which build of the kernels is loaded, if any), and
@@ -107,12 +107,12 @@ def store_times(key: dict, times: dict, cache_dir: Path) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         text = json.dumps({"key": key, "times_ms": times}, indent=1, sort_keys=True)
-        atomic_write(path, lambda tmp: tmp.write_text(text))  # concurrent finders never see half a file
+        atomic_write(path, lambda tmp: tmp.write_text(text))  # concurrent tuners never see half a file
     except OSError:
-        pass  # a read-only cache only costs a find per process
+        pass  # a read-only cache only costs a tuning per process
 
 
-def find(
+def tuned_times(
     op: DenseOp,
     shape,
     dtype: torch.dtype,
@@ -179,7 +179,7 @@ def _time_candidates(
     return times
 
 
-def find_gradients(
+def tuned_gradient_times(
     op: ConvOp,
     shape,
     dtype: torch.dtype,
@@ -191,7 +191,7 @@ def find_gradients(
     time_missing: bool = True,
 ) -> dict[str, dict[str, dict[str, float | None]]] | None:
     """``{memory_format: {"grad_input" | "grad_weight": {gradient solver: ms}}}`` for a conv on inputs of
-    ``shape`` (:mod:`densecnn.ops.gradients`), cached like :func:`find`'s tables; "grad_input" only when the input
+    ``shape`` (:mod:`densecnn.ops.gradients`), cached like :func:`tuned_times`'s tables; "grad_input" only when the input
     needs a gradient. With ``time_missing`` False, None when not cached."""
     key = problem_key(op, shape, dtype, device, train=True, ext=ext, input_grad=input_grad)
     key["direction"] = "gradients" if input_grad else "weight_gradient"
