@@ -1,4 +1,4 @@
-// The im2col + GEMM convolution, written once for every backend: `Unroll` supplies the backend's im2col and
+// The im2col + GEMM convolution, written once for every device: `Unroll` supplies the device's im2col and
 // col2im (CpuUnroll in conv_cpu.cpp, CudaUnroll in conv_cuda.cpp); the GEMMs are at::mm / at::addmm, so they run
 // on MKL/oneDNN on CPU and cuBLAS on CUDA.
 //

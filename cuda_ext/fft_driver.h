@@ -1,5 +1,5 @@
-// The frequency-domain convolution (fft_elements.h), written once for every backend: `Transforms` supplies the
-// backend's tile transforms (CpuTransforms in fft_cpu.cpp, CudaTransforms in fft_cuda.cpp); the channel mixing is
+// The frequency-domain convolution (fft_elements.h), written once for every device: `Transforms` supplies the
+// device's tile transforms (CpuTransforms in fft_cpu.cpp, CudaTransforms in fft_cuda.cpp); the channel mixing is
 // one batched complex GEMM per group of tiles (at::bmm: MKL on CPU, cuBLAS on CUDA), the frequencies as the batch.
 //
 // Tiles go through in groups sized so that a group's spectra stay near kGroupBytes: the buffers are allocated once

@@ -1,4 +1,4 @@
-// The densecnn operator library: every op's schema, declared once. Kernels are registered per backend in
+// The densecnn operator library: every op's schema, declared once. Kernels are registered per device in
 // pool_cpu.cpp / conv_cpu.cpp (CPU) and pool_cuda.cpp / conv_cuda.cpp (CUDA); autograd and fake (meta) kernels
 // are registered from Python (densecnn/ops/registrations.py). Importing the module `densecnn._C` runs these
 // registrations.

@@ -1,7 +1,7 @@
 """densecnn's own kernels (``cuda_ext/``, compiled as ``densecnn._C``) as autograd-capable torch ops.
 
 Loading ``densecnn._C`` registers ``torch.ops.densecnn.*`` (schemas in ``cuda_ext/ops.cpp``, CPU and CUDA kernels
-per backend); :mod:`~densecnn.ops.registrations` adds their fake (shape) kernels and autograd formulas, and this
+per device); :mod:`~densecnn.ops.registrations` adds their fake (shape) kernels and autograd formulas, and this
 module the typed wrappers of the pools and of the im2col and direct convs.
 
 All ops use stride 1 and no padding. The pooling ops take signals (N, C, L), images (N, C, H, W) and volumes
