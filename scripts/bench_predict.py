@@ -6,8 +6,8 @@ and what skipping the background saves on a slide-like image.
 
 The image is the nuclei test image tiled to SIZE x SIZE (real content), stored as a zarr array in CHUNK x CHUNK
 chunks. Each round runs, in turn: the shipped model's dense net over the whole image in this process
-(``dense.predict``), ``label(..., BlockwiseOptions(workers=1))`` (one worker in this process, torch using every core), and
-``label(..., BlockwiseOptions(workers=2))`` (two worker processes, one core each), every output written to a fresh zarr array.
+(``dense.predict``), ``predict_to_disk(..., BlockwiseOptions(workers=1))`` (one worker in this process, torch using every core), and
+``predict_to_disk(..., BlockwiseOptions(workers=2))`` (two worker processes, one core each), every output written to a fresh zarr array.
 A warm-up round first fills the solver cache (each worker finds its solvers once per window shape).
 
 The slide-like image is SIZE x SIZE of black with the same nuclei content in TISSUE of its area (a centred square),
@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 
 import densecnn  # noqa: E402
 from densecnn.bench import machine  # noqa: E402
-from densecnn.blockwise import BlockwiseOptions, label  # noqa: E402
+from densecnn.blockwise import BlockwiseOptions, predict_to_disk  # noqa: E402
 from densecnn.io import model_input  # noqa: E402
 from densecnn.ops.config import get_config, set_config  # noqa: E402
 from tests.predict_support import NUCLEI_MODEL, tiled_nuclei  # noqa: E402
@@ -60,7 +60,7 @@ def in_memory(pixels: np.ndarray) -> float:
 def chunked(image: Path, out: Path, workers: int, chunk: int, foreground: str | None = None) -> float:
     shutil.rmtree(out, ignore_errors=True)
     options = BlockwiseOptions(workers=workers, block=chunk, foreground=foreground, progress=False)
-    summary = label(NUCLEI_MODEL, image, out, options)
+    summary = predict_to_disk(NUCLEI_MODEL, image, out, options)
     assert summary.computed == summary.total, summary
     return summary.seconds
 

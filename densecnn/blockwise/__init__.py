@@ -4,7 +4,12 @@ on Dask.
 Needs the ``dist`` extra (``pip install 'densecnn[dist]'``: dask, distributed, zarr). Layout:
 
 - :mod:`~densecnn.blockwise.options`: :class:`BlockwiseOptions`, from which ``densecnn predict``'s CLI is generated.
-- :mod:`~densecnn.blockwise.run`: the driver (inputs classified, the cluster, tasks in flight, retries).
+- :mod:`~densecnn.blockwise.run`: the driver, :func:`predict_to_disk`.
+- :mod:`~densecnn.blockwise.inputs`: what the input is (file, set, chunked array; its level and channels).
+- :mod:`~densecnn.blockwise.cluster`: the Dask cluster joined or started, and the memory of a task there.
+- :mod:`~densecnn.blockwise.scheduling`: tasks in flight, distributed's retries, failures, cancel, the counts.
+- :mod:`~densecnn.blockwise.chunked`: a chunked array labelled (plan, outputs, blocks, pyramid);
+  :mod:`~densecnn.blockwise.images`: image files labelled.
 - :mod:`~densecnn.blockwise.planning`: output chunks, chunks per task, windows and their memory.
 - :mod:`~densecnn.blockwise.blocks`: one output chunk from its input window with the halo of the receptive field.
 - :mod:`~densecnn.blockwise.files`: one image of an image set.
@@ -17,13 +22,13 @@ Needs the ``dist`` extra (``pip install 'densecnn[dist]'``: dask, distributed, z
 Inputs are read and label files written by :mod:`densecnn.io` (lazily for arrays: only each task's window), and
 every block is labelled through the loaded model's façade (:meth:`densecnn.LoadedModel.labels`).
 
->>> from densecnn.blockwise import BlockwiseOptions, label
->>> print(label("models/nuclei", "slide.zarr", "slide-labels.zarr", BlockwiseOptions(workers=2)))
+>>> from densecnn.blockwise import BlockwiseOptions, predict_to_disk
+>>> print(predict_to_disk("models/nuclei", "slide.zarr", "slide-labels.zarr", BlockwiseOptions(workers=2)))
 """
 
 from .options import BlockwiseOptions
 from .planning import estimate_task_memory
-from .run import label
+from .run import predict_to_disk
 from .summary import Summary
 
-__all__ = ["BlockwiseOptions", "Summary", "estimate_task_memory", "label"]
+__all__ = ["BlockwiseOptions", "Summary", "estimate_task_memory", "predict_to_disk"]

@@ -55,7 +55,7 @@ def option(default=MISSING, *, help: str, parse: Callable[[str], object] | None 
 
 @dataclass(frozen=True)
 class BlockwiseOptions:
-    """How :func:`~densecnn.blockwise.label` runs (the options of ``densecnn predict``, generated from the fields
+    """How :func:`~densecnn.blockwise.predict_to_disk` runs (the options of ``densecnn predict``, generated from the fields
     with a command-line form; ``client``, ``cancel`` and ``on_progress`` are for callers in Python).
 
     Attributes:

@@ -6,11 +6,12 @@ input window that takes (the chunks plus the receptive field's halo), and the me
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from ..errors import PredictInputError
+from ..errors import Fix, PredictInputError
 from ..io import LazyArray, open_array
 from .blocks import halo, window_size
 
@@ -62,11 +63,48 @@ def task_group(chunks, shape, margins, block, pixel_bytes: int, budget: int) -> 
     return tuple(group)
 
 
+@dataclass(frozen=True)
+class TaskPlan:
+    """How a chunked run is cut into tasks: the output ``chunks``, the ``halo`` (before, after) per axis, the
+    chunks per task per axis (``group``), the input window per axis (``windows``) and the bytes it holds."""
+
+    chunks: tuple[int, ...]
+    halo: tuple[tuple[int, int], ...]
+    group: tuple[int, ...]
+    windows: tuple[int, ...]
+    held: int
+
+
+def plan_tasks(source: LazyArray, dense, chunk, block, budget: int) -> TaskPlan:
+    """The tasks labelling ``source`` with the dense net ``dense``, each within ``budget`` bytes: output chunks
+    ``chunk`` (None: :func:`output_chunks` chooses), about ``block`` pixels per side. A window that cannot fit
+    is refused, naming the options that make it fit.
+
+    >>> plan_tasks(source, dense, 256, 1024, 2**30).group  # a 4096-square image, a 40-pixel receptive field
+    (4, 4)
+    """
+    chunks = output_chunks(source, chunk)
+    margins = halo(dense.patch_size, dense.receptive_field)
+    pixel_bytes = bytes_per_pixel(source)
+    group = task_group(chunks, source.spatial_shape, margins, block, pixel_bytes, budget)
+    windows = task_windows(chunks, group, source.spatial_shape, margins)
+    held = math.prod(windows) * pixel_bytes
+    if held >= budget:
+        raise PredictInputError(
+            f"a task's window of {'x'.join(map(str, windows))} pixels needs about {held:,} bytes for its input and "
+            f"labels, more than the {budget:,} bytes a task may use",
+            fix=Fix(
+                "choose a smaller chunk or a larger memory cap", (("chunk", "N"), ("max_memory", "BYTES"))
+            ),
+        )
+    return TaskPlan(chunks, margins, group, windows, held)
+
+
 def estimate_task_memory(
     model: str | Path, input: str | Path, chunk=None, *, channel_axis: int | None = None, level: int = 0
 ) -> int:
-    """The least memory, in bytes, a task of :func:`~densecnn.blockwise.label` needs to label ``input`` with
-    output chunks ``chunk`` (None: as :func:`label` chooses them): one chunk's input window with the halo of the
+    """The least memory, in bytes, a task of :func:`~densecnn.blockwise.predict_to_disk` needs to label ``input`` with
+    output chunks ``chunk`` (None: as :func:`predict_to_disk` chooses them): one chunk's input window with the halo of the
     receptive field, its float copies and labels. A run whose task memory (``max_memory``, or a share of the
     workers') is not above it is refused before any block runs; the dense net tiles under the rest.
 

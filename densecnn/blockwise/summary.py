@@ -1,4 +1,4 @@
-"""What a block-wise run did (:class:`Summary`): what :func:`densecnn.blockwise.label` returns and reports as it
+"""What a block-wise run did (:class:`Summary`): what :func:`densecnn.blockwise.predict_to_disk` returns and reports as it
 goes."""
 
 from __future__ import annotations

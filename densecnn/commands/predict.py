@@ -12,7 +12,7 @@ EPILOG = """\
 inputs and outputs:
   IMAGE.png|.jpg|.tif     -> OUTPUT.png (palette: pixel values are class ids), .tif or .npy
   DIR or 'GLOB'           -> OUTPUT directory of label maps with the same names (.png for JPEG/BMP)
-  ARRAY.zarr, OME-Zarr group (the level at the model's pixel size), (Big)TIFF or whole slide (.svs, .ndpi, .scn, .bif) read lazily;
+  ARRAY.zarr, OME-Zarr group (the level at the model's pixel size, or --level N), (Big)TIFF or whole slide (.svs, .ndpi, .scn, .bif) read lazily;
   (D, H, W) volumes for 3-D models
                           -> OUTPUT.zarr: labels (uint8; uint16 past 255 classes), chunked like the input
                           -> OUTPUT.ome.zarr: a multiscale OME-Zarr label image (colours, class names)
@@ -105,7 +105,7 @@ def run(args) -> int:
     # tracebacks, from each worker process (which reads this when it starts)
     os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "error")
 
-    from ..blockwise import BlockwiseOptions, label
+    from ..blockwise import BlockwiseOptions, predict_to_disk
     from ..errors import BlockFailedError
 
     if args.geojson and args.output is None:
@@ -115,7 +115,7 @@ def run(args) -> int:
         return 2
     options = BlockwiseOptions(**{spec.name: getattr(args, spec.name) for spec in _cli_fields()})
     try:
-        summary = label(args.model, args.input, args.output, options)
+        summary = predict_to_disk(args.model, args.input, args.output, options)
     except BlockFailedError as exc:
         print(f"densecnn predict: error: {exc.render(cli_option)}", file=sys.stderr)
         return 1

@@ -19,7 +19,7 @@ from tests.tolerances import assert_labels_equal_except_ties
 zarr = pytest.importorskip("zarr")
 distributed = pytest.importorskip("distributed")
 
-from densecnn.blockwise import BlockwiseOptions, estimate_task_memory, label  # noqa: E402
+from densecnn.blockwise import BlockwiseOptions, estimate_task_memory, predict_to_disk  # noqa: E402
 from densecnn.blockwise.sinks import open_output, written_chunks  # noqa: E402
 
 IMAGE = blobs(96, 96)[:, :, 0]  # (H, W) uint8
@@ -60,12 +60,12 @@ def test_a_cancelled_run_stops_between_blocks_writes_nothing_after_and_resumes(
     options = BlockwiseOptions(chunk=16, block=16, progress=False, client=client, cancel=cancel,
                                on_progress=after_the_first_block)  # fmt: skip
     with pytest.raises(Cancelled):
-        label(gray_model, image_zarr, out, options)
+        predict_to_disk(gray_model, image_zarr, out, options)
     written = chunks_written(out)
     assert 1 <= written < 36  # stopped within the blocks in flight, of 6 x 6
     time.sleep(1.0)  # a task still in flight would write now
     assert chunks_written(out) == written
-    summary = label(
+    summary = predict_to_disk(
         gray_model, image_zarr, out, BlockwiseOptions(chunk=16, block=16, progress=False, client=client)
     )
     assert summary.skipped == written and summary.computed == 36 - written  # resumed
@@ -86,7 +86,7 @@ def test_the_least_task_memory_is_known_before_a_run_and_a_run_below_it_is_refus
     assert least >= (16 + reach) ** 2 * 9  # one channel of uint8: 1 + 8 bytes, and 8 for the labels
     options = BlockwiseOptions(chunk=16, block=16, progress=False, client=client, max_memory=least)
     with pytest.raises(PredictInputError, match="more than the") as refused:
-        label(gray_model, image_zarr, image_zarr.parent / "out.zarr", options)
+        predict_to_disk(gray_model, image_zarr, image_zarr.parent / "out.zarr", options)
     assert "--chunk N or --max-memory BYTES" in refused.value.render(cli_option)
     assert "?chunk=N" in refused.value.render(query_option) and "--" not in refused.value.render(query_option)
     assert not (image_zarr.parent / "out.zarr").exists()

@@ -19,7 +19,7 @@ from tests.tolerances import assert_labels_equal_except_ties
 zarr = pytest.importorskip("zarr")
 pytest.importorskip("distributed")
 
-from densecnn.blockwise import BlockwiseOptions, label  # noqa: E402
+from densecnn.blockwise import BlockwiseOptions, predict_to_disk  # noqa: E402
 from densecnn.blockwise.foreground import foreground, otsu  # noqa: E402
 
 CHUNK = 16
@@ -66,7 +66,7 @@ def test_auto_labels_chunks_without_foreground_as_background_and_computes_the_re
     options = BlockwiseOptions(
         foreground="auto", chunk=CHUNK, block=32, progress=False, probabilities=tmp_path / "p.zarr"
     )
-    summary = label(model_dir, tmp_path / "in.zarr", tmp_path / "out.zarr", options)
+    summary = predict_to_disk(model_dir, tmp_path / "in.zarr", tmp_path / "out.zarr", options)
     labels = zarr.open_array(str(tmp_path / "out.zarr"))[:]
     probabilities = zarr.open_array(str(tmp_path / "p.zarr"))[:]
 
@@ -98,7 +98,7 @@ def test_a_low_resolution_mask_says_where_to_compute(model_dir, tmp_path):
     mask = np.zeros((8, 12), np.uint8)  # each mask pixel covers 8x8 image pixels
     mask[1, 2] = mask[6, 11] = 1
     np.save(tmp_path / "mask.npy", mask)
-    summary = label(
+    summary = predict_to_disk(
         model_dir,
         tmp_path / "in.zarr",
         tmp_path / "out.zarr",
@@ -122,23 +122,27 @@ def test_a_low_resolution_mask_says_where_to_compute(model_dir, tmp_path):
 def test_resuming_with_another_foreground_and_bad_masks_are_refused(model_dir, tmp_path):
     image = _slide()
     zarr.create_array(store=str(tmp_path / "in.zarr"), data=image, chunks=(CHUNK, CHUNK))
-    label(model_dir, tmp_path / "in.zarr", tmp_path / "out.zarr", BlockwiseOptions(progress=False))
+    predict_to_disk(model_dir, tmp_path / "in.zarr", tmp_path / "out.zarr", BlockwiseOptions(progress=False))
     with pytest.raises(PredictInputError, match="holds another prediction"):
-        label(model_dir, tmp_path / "in.zarr", tmp_path / "out.zarr", BlockwiseOptions(foreground="auto"))
+        predict_to_disk(
+            model_dir, tmp_path / "in.zarr", tmp_path / "out.zarr", BlockwiseOptions(foreground="auto")
+        )
     np.save(tmp_path / "rgb.npy", np.zeros((3, 8, 12), np.uint8))
     with pytest.raises(PredictInputError, match="mask .*rgb.npy has 3 channels"):
-        label(
+        predict_to_disk(
             model_dir,
             tmp_path / "in.zarr",
             tmp_path / "o2.zarr",
             BlockwiseOptions(foreground=str(tmp_path / "rgb.npy")),
         )
     with pytest.raises(PredictInputError, match=r"x\.npy: no such file or directory"):
-        label(
+        predict_to_disk(
             model_dir,
             tmp_path / "in.zarr",
             tmp_path / "o3.zarr",
             BlockwiseOptions(foreground=str(tmp_path / "x.npy")),
         )
     with pytest.raises(PredictInputError, match="background skipping is for zarr outputs only"):
-        label(model_dir, tmp_path / "in.zarr", tmp_path / "o.png", BlockwiseOptions(foreground="auto"))
+        predict_to_disk(
+            model_dir, tmp_path / "in.zarr", tmp_path / "o.png", BlockwiseOptions(foreground="auto")
+        )

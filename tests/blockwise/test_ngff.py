@@ -20,7 +20,7 @@ ome_zarr = pytest.importorskip("ome_zarr")
 from ome_zarr.io import parse_url  # noqa: E402
 from ome_zarr.reader import Label, Multiscales, Reader  # noqa: E402
 
-from densecnn.blockwise import BlockwiseOptions, label  # noqa: E402
+from densecnn.blockwise import BlockwiseOptions, predict_to_disk  # noqa: E402
 
 PIXEL_SIZE = 0.5
 
@@ -78,7 +78,7 @@ def test_labels_into_the_images_own_labels_group_read_back_as_a_coloured_label_i
     image = tmp_path / "image.ome.zarr"
     write_image(image, pixels, zarr_format)
     options = BlockwiseOptions(labels_into="cells", chunk=32, block=64, progress=False)
-    summary = label(model_dir, image, None, options)
+    summary = predict_to_disk(model_dir, image, None, options)
     assert summary.computed == summary.total == 5 * 5
 
     (node,) = _read_labels(image)
@@ -103,7 +103,7 @@ def test_labels_into_the_images_own_labels_group_read_back_as_a_coloured_label_i
     for k in range(1, len(levels)):
         np.testing.assert_array_equal(levels[k], levels[k - 1][::2, ::2])  # nearest: every other pixel
 
-    again = label(model_dir, image, None, options)  # resumes: nothing left to compute
+    again = predict_to_disk(model_dir, image, None, options)  # resumes: nothing left to compute
     assert again.computed == 0 and len(_read_labels(image)) == 1
     for k, index in (
         (0, (0, 0, 0, 2, 3)),
@@ -112,7 +112,7 @@ def test_labels_into_the_images_own_labels_group_read_back_as_a_coloured_label_i
         level = zarr.open_array(str(image / "labels" / "cells" / str(k)))
         key = level.metadata.encode_chunk_key(index)
         (image / "labels" / "cells" / str(k) / key).unlink()
-    resumed = label(model_dir, image, None, options)
+    resumed = predict_to_disk(model_dir, image, None, options)
     assert resumed.computed == 1
     np.testing.assert_array_equal(
         [np.asarray(level)[0, 0, 0] for level in _read_labels(image)[0].data][1], levels[1]
@@ -123,7 +123,7 @@ def test_a_standalone_ome_zarr_and_multiscale_probabilities(model_dir, tmp_path)
     pixels = tiled_nuclei(100, 70)
     zarr.create_array(store=str(tmp_path / "in.zarr"), data=pixels, chunks=(32, 32))
     options = BlockwiseOptions(chunk=32, probabilities=tmp_path / "p.ome.zarr", progress=False)
-    label(model_dir, tmp_path / "in.zarr", tmp_path / "out.ome.zarr", options)
+    predict_to_disk(model_dir, tmp_path / "in.zarr", tmp_path / "out.ome.zarr", options)
     (node,) = _read_labels(tmp_path / "out.ome.zarr")
     assert node.metadata["properties"][1]["class"] == "nucleus"
     group = zarr.open_group(str(tmp_path / "p.ome.zarr"), mode="r")
@@ -140,15 +140,17 @@ def test_a_standalone_ome_zarr_and_multiscale_probabilities(model_dir, tmp_path)
 def test_labels_into_needs_an_ome_zarr_image_and_a_plain_name(model_dir, tmp_path):
     zarr.create_array(store=str(tmp_path / "in.zarr"), data=tiled_nuclei(40, 40), chunks=(32, 32))
     with pytest.raises(PredictInputError, match="labels are written into an OME-Zarr image only"):
-        label(model_dir, tmp_path / "in.zarr", None, BlockwiseOptions(labels_into="cells", progress=False))
+        predict_to_disk(
+            model_dir, tmp_path / "in.zarr", None, BlockwiseOptions(labels_into="cells", progress=False)
+        )
     write_image(tmp_path / "image.ome.zarr", tiled_nuclei(40, 40), 3)
     with pytest.raises(PredictInputError, match="no plain name") as refused:
-        label(
+        predict_to_disk(
             model_dir, tmp_path / "image.ome.zarr", None, BlockwiseOptions(labels_into="../x", progress=False)
         )
     assert refused.value.render(cli_option).endswith("give one: --labels-into cells")
     with pytest.raises(PredictInputError, match="no output given") as refused:
-        label(model_dir, tmp_path / "image.ome.zarr", None, BlockwiseOptions(progress=False))
+        predict_to_disk(model_dir, tmp_path / "image.ome.zarr", None, BlockwiseOptions(progress=False))
     assert refused.value.render(query_option).endswith("?labels_into=NAME")
 
 
@@ -174,7 +176,7 @@ def test_the_command_writes_labels_into_the_image(model_dir, tmp_path, capsys):
 def test_the_level_is_chosen_by_index_or_by_the_models_pixel_size(model_dir, tmp_path):
     pixels = tiled_nuclei(128, 96)
     write_image(tmp_path / "image.ome.zarr", pixels, 3)  # levels at 0.5 and 1.0 um per pixel
-    label(
+    predict_to_disk(
         model_dir,
         tmp_path / "image.ome.zarr",
         tmp_path / "l1.zarr",
@@ -187,7 +189,9 @@ def test_the_level_is_chosen_by_index_or_by_the_models_pixel_size(model_dir, tmp
     densecnn.save(loaded.model, coarse, patch_size=loaded.patch_size, normalization=loaded.normalization,
                   padding_mode="reflect", pixel_size=(1.05, 1.05))  # fmt: skip
     assert densecnn.load(coarse).pixel_size == (1.05, 1.05)
-    label(coarse, tmp_path / "image.ome.zarr", None, BlockwiseOptions(labels_into="coarse", progress=False))
+    predict_to_disk(
+        coarse, tmp_path / "image.ome.zarr", None, BlockwiseOptions(labels_into="coarse", progress=False)
+    )
     (node,) = _read_labels(tmp_path / "image.ome.zarr")
     assert np.asarray(node.data[0]).shape == (1, 1, 1, 64, 48)  # level 1: 1.0 um, within 20% of 1.05
     multiscale = zarr.open_group(str(tmp_path / "image.ome.zarr" / "labels" / "coarse")).attrs["ome"][
@@ -200,9 +204,11 @@ def test_the_level_is_chosen_by_index_or_by_the_models_pixel_size(model_dir, tmp
     with pytest.raises(
         PredictInputError, match=r"no level has the model's pixel size \(0\.2x0\.2 um.*0: 0\.5x0\.5"
     ):
-        label(fine, tmp_path / "image.ome.zarr", tmp_path / "f.zarr", BlockwiseOptions(progress=False))
+        predict_to_disk(
+            fine, tmp_path / "image.ome.zarr", tmp_path / "f.zarr", BlockwiseOptions(progress=False)
+        )
     with pytest.raises(PredictInputError, match="has levels 0..1, not 2"):
-        label(
+        predict_to_disk(
             fine, tmp_path / "image.ome.zarr", tmp_path / "f.zarr", BlockwiseOptions(level=2, progress=False)
         )
 
@@ -217,9 +223,9 @@ def test_ngff_05_outputs_pass_ome_zarr_models_validation(model_dir, tmp_path):
     pixels = tiled_nuclei(100, 70)
     image = tmp_path / "image.ome.zarr"
     write_image(image, pixels, 3)
-    label(model_dir, image, None, BlockwiseOptions(labels_into="cells", chunk=32, progress=False))
+    predict_to_disk(model_dir, image, None, BlockwiseOptions(labels_into="cells", chunk=32, progress=False))
     options = BlockwiseOptions(chunk=32, probabilities=tmp_path / "p.ome.zarr", progress=False)
-    label(model_dir, image, tmp_path / "out.ome.zarr", options)
+    predict_to_disk(model_dir, image, tmp_path / "out.ome.zarr", options)
     for model, path in (
         (Labels, image / "labels"),
         (ImageLabel, image / "labels" / "cells"),
@@ -247,11 +253,11 @@ def test_an_interrupted_run_is_no_label_image_until_it_finishes(model_dir, tmp_p
 
     options = BlockwiseOptions(labels_into="cells", chunk=32, block=32, progress=False)
     with pytest.raises(Cancelled):
-        label(model_dir, image, None, BlockwiseOptions(**{**vars(options), "cancel": cancel,
+        predict_to_disk(model_dir, image, None, BlockwiseOptions(**{**vars(options), "cancel": cancel,
                                                           "on_progress": after_the_first_block}))  # fmt: skip
     assert (image / "labels" / "cells" / "0").exists()  # chunks were written ...
     assert _read_labels(image) == []  # ... but no reader sees a label image
-    resumed = label(model_dir, image, None, options)
+    resumed = predict_to_disk(model_dir, image, None, options)
     assert 0 < resumed.skipped < resumed.total and resumed.computed == resumed.total - resumed.skipped
     (node,) = _read_labels(image)
     labels = torch.from_numpy(np.asarray(node.data[0])[0, 0, 0].astype(np.int64))

@@ -18,8 +18,8 @@ from PIL import Image
 from torch import nn
 
 import densecnn
-from densecnn.blockwise import BlockwiseOptions, label
-from densecnn.blockwise import run as blockwise_run
+from densecnn.blockwise import BlockwiseOptions, predict_to_disk
+from densecnn.blockwise import chunked as blockwise_chunked
 from densecnn.blockwise.blocks import halo, label_block, tight_window, window, window_size
 from densecnn.cli import main as cli_main
 from densecnn.errors import BlockFailedError, Cancelled, PredictInputError, cli_option
@@ -89,7 +89,7 @@ def test_chunked_prediction_equals_patch_scanning(tmp_path, case, chunk, block):
     stored_pixels = np.moveaxis(pixels, -1, 0) if stored == "first" else pixels
     zarr.create_array(store=str(tmp_path / "in.zarr"), data=stored_pixels, chunks=stored_pixels.shape[:1] + (13, 10)
                       if stored == "first" else (13, 10) + stored_pixels.shape[2:])  # fmt: skip
-    summary = label(
+    summary = predict_to_disk(
         model_dir,
         tmp_path / "in.zarr",
         tmp_path / "labels.zarr",
@@ -150,7 +150,9 @@ def test_ome_zarr_group_is_read_at_level_0_with_singleton_axes_dropped(tmp_path)
     }
     group.create_array("0", data=pixels[None, None, None], chunks=(1, 1, 1, 16, 24))
     group.create_array("1", data=pixels[None, None, None, ::2, ::2], chunks=(1, 1, 1, 16, 24))
-    label(model_dir, tmp_path / "image.ome.zarr", tmp_path / "labels.zarr", BlockwiseOptions(progress=False))
+    predict_to_disk(
+        model_dir, tmp_path / "image.ome.zarr", tmp_path / "labels.zarr", BlockwiseOptions(progress=False)
+    )
     labels = torch.from_numpy(zarr.open_array(str(tmp_path / "labels.zarr"))[:].astype(np.int64))
     # the input's chunking grown to multiples of it of at least 64 per side: 16 x 4, and 24 x 3 cut to the 60 columns
     assert zarr.open_array(str(tmp_path / "labels.zarr")).chunks == (64, 60)
@@ -163,7 +165,9 @@ def test_tiny_input_chunks_give_output_chunks_of_a_sane_size(tmp_path):
     model_dir = save_model(model, tmp_path / "model", patch, "zeros", 1)
     pixels = tiled_nuclei(150, 90)
     zarr.create_array(store=str(tmp_path / "in.zarr"), data=pixels, chunks=(1, 1))
-    summary = label(model_dir, tmp_path / "in.zarr", tmp_path / "out.zarr", BlockwiseOptions(progress=False))
+    summary = predict_to_disk(
+        model_dir, tmp_path / "in.zarr", tmp_path / "out.zarr", BlockwiseOptions(progress=False)
+    )
     assert zarr.open_array(str(tmp_path / "out.zarr")).chunks == (64, 64) and summary.total == 3 * 2
     labels = torch.from_numpy(zarr.open_array(str(tmp_path / "out.zarr"))[:].astype(np.int64))
     assert_labels_equal_except_ties(labels[None], whole_image_scores(model_dir, pixels)[None])
@@ -176,7 +180,7 @@ def test_tiled_rgb_tiff_is_read_lazily_and_labelled_like_the_whole_image(tmp_pat
         [tiled_nuclei(300, 280), tiled_nuclei(300, 280)[::-1], tiled_nuclei(300, 280)[:, ::-1]], -1
     )
     tifffile.imwrite(tmp_path / "slide.tif", pixels, tile=(128, 128), photometric="rgb", bigtiff=True)
-    summary = label(
+    summary = predict_to_disk(
         model_dir,
         tmp_path / "slide.tif",
         tmp_path / "labels.zarr",
@@ -193,7 +197,9 @@ def test_image_file_gives_a_label_file(tmp_path, suffix):
     model_dir = save_model(model, tmp_path / "model", patch, "reflect", 1)
     pixels = nuclei_pixels()[:60, :50]
     Image.fromarray(pixels).save(tmp_path / "cells.png")
-    label(model_dir, tmp_path / "cells.png", tmp_path / f"labels{suffix}", BlockwiseOptions(progress=False))
+    predict_to_disk(
+        model_dir, tmp_path / "cells.png", tmp_path / f"labels{suffix}", BlockwiseOptions(progress=False)
+    )
     path = tmp_path / f"labels{suffix}"
     labels = (
         np.load(path) if suffix == ".npy" else tifffile.imread(path) if suffix == ".tif" else Image.open(path)
@@ -208,13 +214,13 @@ def test_resume_skips_written_chunks_and_refuses_another_prediction(tmp_path):
     model, patch = _tiny(1)
     model_dir = save_model(model, tmp_path / "model", patch, "zeros", 1)
     zarr.create_array(store=str(tmp_path / "in.zarr"), data=tiled_nuclei(40, 40), chunks=(10, 10))
-    first = label(
+    first = predict_to_disk(
         model_dir,
         tmp_path / "in.zarr",
         tmp_path / "out.zarr",
         BlockwiseOptions(chunk=10, block=10, progress=False),
     )
-    again = label(
+    again = predict_to_disk(
         model_dir,
         tmp_path / "in.zarr",
         tmp_path / "out.zarr",
@@ -223,10 +229,10 @@ def test_resume_skips_written_chunks_and_refuses_another_prediction(tmp_path):
     assert (first.computed, first.skipped) == (16, 0)
     assert (again.computed, again.skipped) == (0, 16)
     with pytest.raises(PredictInputError, match="holds another prediction.*chunks"):
-        label(
+        predict_to_disk(
             model_dir, tmp_path / "in.zarr", tmp_path / "out.zarr", BlockwiseOptions(chunk=20, progress=False)
         )
-    over = label(
+    over = predict_to_disk(
         model_dir,
         tmp_path / "in.zarr",
         tmp_path / "out.zarr",
@@ -250,17 +256,17 @@ def test_a_failing_block_is_retried_and_one_that_keeps_failing_stops_the_run_nam
     model, patch = _tiny(1)
     model_dir = save_model(model, tmp_path / "model", patch, "zeros", 1)
     source = zarr.create_array(store=str(tmp_path / "in.zarr"), data=tiled_nuclei(40, 30), chunks=(10, 10))
-    monkeypatch.setattr(blockwise_run, "label_block", _fails_the_first_time)
-    summary = label(
+    monkeypatch.setattr(blockwise_chunked, "label_block", _fails_the_first_time)
+    summary = predict_to_disk(
         model_dir,
         tmp_path / "in.zarr",
         tmp_path / "flaky.zarr",
         BlockwiseOptions(chunk=10, block=10, progress=False),
     )
     assert (summary.computed, summary.retries) == (12, 1)
-    monkeypatch.setattr(blockwise_run, "label_block", _fails_on_the_last_chunk)
+    monkeypatch.setattr(blockwise_chunked, "label_block", _fails_on_the_last_chunk)
     with pytest.raises(BlockFailedError) as failure:
-        label(
+        predict_to_disk(
             model_dir,
             tmp_path / "in.zarr",
             tmp_path / "broken.zarr",
@@ -277,7 +283,9 @@ def test_a_failing_block_is_retried_and_one_that_keeps_failing_stops_the_run_nam
     with pytest.raises(
         PredictInputError, match=r"in\.zarr: reading a sample of the image .* failed: (?i:.*zstd)"
     ):
-        label(model_dir, tmp_path / "in.zarr", tmp_path / "broken2.zarr", BlockwiseOptions(progress=False))
+        predict_to_disk(
+            model_dir, tmp_path / "in.zarr", tmp_path / "broken2.zarr", BlockwiseOptions(progress=False)
+        )
 
 
 def _fails_on_the_last_chunk(job, chunks):
@@ -294,16 +302,16 @@ def test_inputs_and_outputs_that_do_not_fit_get_clear_errors(tmp_path):
         store=str(tmp_path / "rgb.zarr"), data=np.zeros((20, 20, 5), np.uint8), chunks=(10, 10, 5)
     )
     with pytest.raises(PredictInputError, match="decoded whole"):
-        label(model_dir, tmp_path / "cells.png", tmp_path / "out.zarr")
+        predict_to_disk(model_dir, tmp_path / "cells.png", tmp_path / "out.zarr")
     with pytest.raises(PredictInputError, match="zarr array: its labels go to a zarr array"):
-        label(model_dir, tmp_path / "rgb.zarr", tmp_path / "out.png")
+        predict_to_disk(model_dir, tmp_path / "rgb.zarr", tmp_path / "out.png")
     with pytest.raises(PredictInputError, match="channels cannot feed") as refused:
-        label(model_dir, tmp_path / "rgb.zarr", tmp_path / "out.zarr")
+        predict_to_disk(model_dir, tmp_path / "rgb.zarr", tmp_path / "out.zarr")
     assert refused.value.render(cli_option).endswith("name their axis: --channel-axis N")
     with pytest.raises(PredictInputError, match="label map is written as"):
-        label(model_dir, tmp_path / "cells.png", tmp_path / "out.jpg")
+        predict_to_disk(model_dir, tmp_path / "cells.png", tmp_path / "out.jpg")
     with pytest.raises(PredictInputError, match="no image files"):
-        label(model_dir, tmp_path / "*.bmp", tmp_path / "out")
+        predict_to_disk(model_dir, tmp_path / "*.bmp", tmp_path / "out")
 
 
 def _volume(channels):
@@ -334,8 +342,12 @@ def test_chunked_volume_prediction_equals_patch_scanning_and_resumes(tmp_path, p
     stored = voxels[0] if channels == 1 else voxels
     zarr.create_array(store=str(tmp_path / "in.zarr"), data=stored, chunks=stored.shape[:-3] + (7, 13, 10))
     run = dict(chunk=(5, 8, 9), block=(5, 16, 9), probabilities=tmp_path / "p.zarr", progress=False)
-    summary = label(model_dir, tmp_path / "in.zarr", tmp_path / "labels.zarr", BlockwiseOptions(**run))
-    again = label(model_dir, tmp_path / "in.zarr", tmp_path / "labels.zarr", BlockwiseOptions(**run))
+    summary = predict_to_disk(
+        model_dir, tmp_path / "in.zarr", tmp_path / "labels.zarr", BlockwiseOptions(**run)
+    )
+    again = predict_to_disk(
+        model_dir, tmp_path / "in.zarr", tmp_path / "labels.zarr", BlockwiseOptions(**run)
+    )
     loaded = densecnn.load(model_dir)
     reference = literal_scan(
         loaded.model, array_input(voxels, loaded), patch, padding_mode
@@ -356,10 +368,10 @@ def test_a_volume_model_given_image_files_names_what_to_pass(tmp_path):
     model_dir = save_model(model, tmp_path / "model", patch, "zeros", 1)
     Image.fromarray(nuclei_pixels()[:40, :40]).save(tmp_path / "cells.png")
     with pytest.raises(PredictInputError, match="3-D model labels a chunked volume.*zarr array"):
-        label(model_dir, tmp_path / "cells.png", tmp_path / "cells-labels.png")
+        predict_to_disk(model_dir, tmp_path / "cells.png", tmp_path / "cells-labels.png")
     with pytest.raises(PredictInputError, match=r"does not fit a 3-D model.*\(D, H, W\) or \(C, D, H, W\)"):
         zarr.create_array(store=str(tmp_path / "plane.zarr"), data=nuclei_pixels()[:40, :40], chunks=(20, 20))
-        label(model_dir, tmp_path / "plane.zarr", tmp_path / "labels.zarr")
+        predict_to_disk(model_dir, tmp_path / "plane.zarr", tmp_path / "labels.zarr")
 
 
 def test_chunked_signal_prediction_equals_patch_scanning(tmp_path):
@@ -371,7 +383,7 @@ def test_chunked_signal_prediction_equals_patch_scanning(tmp_path):
     model_dir = save_model(model, tmp_path / "model", (25,), "replicate", 2)
     signal = tiled_nuclei(2, 300)  # (C, L)
     zarr.create_array(store=str(tmp_path / "in.zarr"), data=signal, chunks=(2, 70))
-    summary = label(
+    summary = predict_to_disk(
         model_dir,
         tmp_path / "in.zarr",
         tmp_path / "labels.zarr",
@@ -399,7 +411,9 @@ def test_ome_zarr_and_tiff_volumes_are_read_by_their_spatial_axes(tmp_path, stor
         names = ["t", "c", "z", "y", "x"]
         group.attrs["multiscales"] = [{"axes": [{"name": n} for n in names], "datasets": [{"path": "0"}]}]
         group.create_array("0", data=voxels[None], chunks=(1, 1, 3, 9, 9))
-    label(model_dir, source, tmp_path / "labels.zarr", BlockwiseOptions(chunk=(3, 9, 9), progress=False))
+    predict_to_disk(
+        model_dir, source, tmp_path / "labels.zarr", BlockwiseOptions(chunk=(3, 9, 9), progress=False)
+    )
     loaded = densecnn.load(model_dir)
     reference = literal_scan(loaded.model, array_input(voxels, loaded), patch, "zeros")  # (1, K, D, H, W)
     labels = torch.from_numpy(zarr.open_array(str(tmp_path / "labels.zarr"))[:].astype(np.int64))
@@ -411,7 +425,7 @@ def test_resume_refuses_a_model_retrained_in_place(tmp_path):
     model, patch = _tiny(1)
     model_dir = save_model(model, tmp_path / "model", patch, "zeros", 1)
     zarr.create_array(store=str(tmp_path / "in.zarr"), data=tiled_nuclei(20, 20), chunks=(10, 10))
-    label(
+    predict_to_disk(
         model_dir,
         tmp_path / "in.zarr",
         tmp_path / "out.zarr",
@@ -423,7 +437,7 @@ def test_resume_refuses_a_model_retrained_in_place(tmp_path):
         )  # new weights, the same directory: half the chunks would mix two models
     densecnn.save(model, model_dir, patch_size=patch)
     with pytest.raises(PredictInputError, match="holds another prediction.*weights"):
-        label(
+        predict_to_disk(
             model_dir,
             tmp_path / "in.zarr",
             tmp_path / "out.zarr",
@@ -442,7 +456,9 @@ def test_an_unreachable_scheduler_is_one_clear_error_within_seconds(tmp_path):
     with pytest.raises(
         PredictInputError, match=r"cannot reach the Dask scheduler at tcp://127\.0\.0\.1:\d+ within"
     ):
-        label(model_dir, tmp_path / "in.zarr", tmp_path / "out.zarr", BlockwiseOptions(scheduler=address))
+        predict_to_disk(
+            model_dir, tmp_path / "in.zarr", tmp_path / "out.zarr", BlockwiseOptions(scheduler=address)
+        )
     assert time.perf_counter() - started < 25  # Dask's default waits 30 s
 
 
@@ -452,7 +468,7 @@ def test_ctrl_c_says_how_to_resume(monkeypatch, capsys, tmp_path):
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(densecnn.blockwise, "label", interrupted)
+    monkeypatch.setattr(densecnn.blockwise, "predict_to_disk", interrupted)
     assert (
         cli_main(["predict", "models/nuclei", str(tmp_path / "in.zarr"), str(tmp_path / "out.zarr")]) == 130
     )
@@ -474,7 +490,7 @@ def test_every_chunk_is_flushed_to_the_disk_before_it_counts(tmp_path, monkeypat
 
     monkeypatch.setattr(os, "fsync", fsync)
     options = BlockwiseOptions(chunk=(20, 15), probabilities=tmp_path / "p.zarr", progress=False)
-    label(model_dir, tmp_path / "in.zarr", tmp_path / "out.zarr", options)
+    predict_to_disk(model_dir, tmp_path / "in.zarr", tmp_path / "out.zarr", options)
     out = zarr.open_array(str(tmp_path / "out.zarr"))
     for index in [(i, j) for i in range(2) for j in range(2)]:
         chunk_file = str(tmp_path / "out.zarr" / out.metadata.encode_chunk_key(index))
@@ -519,10 +535,10 @@ def test_storage_errors_are_one_line_and_not_retried(tmp_path, monkeypatch, caps
         attempts.append(chunks)
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(blockwise_run, "label_block", disk_full)
+    monkeypatch.setattr(blockwise_chunked, "label_block", disk_full)
     with pytest.raises(BlockFailedError, match=r"out\.zarr: cannot be written \(No space left on device\); free "
                        r"space on its disk or choose another output, then run again to resume"):  # fmt: skip
-        label(
+        predict_to_disk(
             model_dir, tmp_path / "in.zarr", tmp_path / "out.zarr", BlockwiseOptions(chunk=20, progress=False)
         )
     assert len(attempts) == len(set(attempts))  # no block was retried: a full disk stays full
@@ -540,11 +556,11 @@ def test_on_progress_sees_every_task_and_its_exception_stops_the_run_for_a_resum
             raise Cancelled("enough")
 
     with pytest.raises(Cancelled):
-        label(model_dir, tmp_path / "in.zarr", tmp_path / "out.zarr",
+        predict_to_disk(model_dir, tmp_path / "in.zarr", tmp_path / "out.zarr",
               BlockwiseOptions(chunk=10, block=10, progress=False, on_progress=stop_after_four))  # fmt: skip
     assert seen == [(k, 16) for k in range(5)]  # at the start, then after each task
     seen.clear()
-    rest = label(model_dir, tmp_path / "in.zarr", tmp_path / "out.zarr",
+    rest = predict_to_disk(model_dir, tmp_path / "in.zarr", tmp_path / "out.zarr",
                  BlockwiseOptions(chunk=10, block=10, progress=False, on_progress=lambda s: seen.append(s.skipped)))  # fmt: skip
     # the resume skips what was written: the four reported, and any of the tasks in flight that finished anyway
     assert rest.skipped >= 4 and rest.computed + rest.skipped == 16 and seen[0] == rest.skipped

@@ -20,7 +20,7 @@ import torch
 from PIL import Image
 from torch import nn
 
-from densecnn.blockwise import BlockwiseOptions, label
+from densecnn.blockwise import BlockwiseOptions, predict_to_disk
 from densecnn.ops.config import use_config
 from tests.predict_support import (
     NUCLEI_MODEL,
@@ -66,7 +66,7 @@ def _label_nuclei(tmp_path, height: int, width: int, chunks, options: BlockwiseO
     after checking the labels against one in-memory pass."""
     pixels = tiled_nuclei(height, width)
     zarr.create_array(store=str(tmp_path / "in.zarr"), data=pixels, chunks=chunks)
-    summary = label(NUCLEI_MODEL, tmp_path / "in.zarr", tmp_path / "labels.zarr", options)
+    summary = predict_to_disk(NUCLEI_MODEL, tmp_path / "in.zarr", tmp_path / "labels.zarr", options)
     assert zarr.open_array(str(tmp_path / "labels.zarr")).chunks == chunks
     labels = _labels(tmp_path / "labels.zarr")
     assert_labels_equal_except_ties(labels[None], whole_image_scores(NUCLEI_MODEL, pixels)[None])
@@ -89,7 +89,7 @@ def test_directory_of_images_streams_label_maps_and_reports_a_corrupt_file(tmp_p
     Image.fromarray(crops["a.png"]).save(images / "a.png")
     tifffile.imwrite(images / "b.tif", crops["b.tif"])
     (images / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n not really")
-    summary = label(
+    summary = predict_to_disk(
         NUCLEI_MODEL, images, tmp_path / "labels", BlockwiseOptions(scheduler=address, progress=False)
     )
     assert (summary.total, summary.computed) == (3, 2)
@@ -100,7 +100,7 @@ def test_directory_of_images_streams_label_maps_and_reports_a_corrupt_file(tmp_p
         labels = np.asarray(Image.open(out)) if name.endswith(".png") else tifffile.imread(out)
         reference = whole_image_scores(NUCLEI_MODEL, pixels)
         assert_labels_equal_except_ties(torch.from_numpy(labels.astype(np.int64))[None], reference[None])
-    again = label(
+    again = predict_to_disk(
         NUCLEI_MODEL, images, tmp_path / "labels", BlockwiseOptions(scheduler=address, progress=False)
     )
     assert (again.computed, again.skipped, len(again.failures)) == (0, 2, 1)
@@ -127,7 +127,7 @@ def test_a_killed_run_resumes_computing_only_the_missing_chunks(tmp_path, cluste
     process.wait()
     written = _chunk_files(out)
     assert 12 <= written < 128, f"the run was not killed mid-way ({written} of 128 chunks written)"
-    summary = label(
+    summary = predict_to_disk(
         NUCLEI_MODEL, tmp_path / "in.zarr", out, BlockwiseOptions(scheduler=address, block=64, progress=False)
     )
     assert (summary.computed, summary.skipped) == (128 - written, written)
@@ -135,16 +135,16 @@ def test_a_killed_run_resumes_computing_only_the_missing_chunks(tmp_path, cluste
 
 
 def test_a_task_rerun_after_a_lost_worker_is_reported(tmp_path, cluster, monkeypatch):
-    from densecnn.blockwise import run as blockwise_run
+    from densecnn.blockwise import chunked as blockwise_chunked
     from tests.predict_support import dies_the_first_time
 
     address, client = cluster
     pixels = tiled_nuclei(128, 64)
     zarr.create_array(store=str(tmp_path / "in.zarr"), data=pixels, chunks=(64, 64))
-    monkeypatch.setattr(blockwise_run, "label_block", dies_the_first_time)
+    monkeypatch.setattr(blockwise_chunked, "label_block", dies_the_first_time)
     options = BlockwiseOptions(scheduler=address, block=64, progress=False)
     try:
-        summary = label(NUCLEI_MODEL, tmp_path / "in.zarr", tmp_path / "out.zarr", options)
+        summary = predict_to_disk(NUCLEI_MODEL, tmp_path / "in.zarr", tmp_path / "out.zarr", options)
     finally:  # the nanny restarts the dead worker: the next test gets both workers back
         client.wait_for_workers(2, timeout=120)
     assert (summary.computed, summary.retries, summary.reruns) == (2, 0, 1), summary
@@ -178,7 +178,7 @@ def test_a_20000_square_image_keeps_each_worker_under_its_memory_limit(tmp_path,
     content = tiled_nuclei(2000, 2000)
     for row, column in [(0, 0), (4, 7), (9, 9)]:
         image[2000 * row : 2000 * (row + 1), 2000 * column : 2000 * (column + 1)] = content
-    summary = label(
+    summary = predict_to_disk(
         model_dir,
         tmp_path / "big.zarr",
         tmp_path / "labels.zarr",

@@ -8,7 +8,8 @@ import pytest
 pytest.importorskip("distributed")
 psutil = pytest.importorskip("psutil")
 
-from densecnn.blockwise.run import BlockwiseOptions, _client  # noqa: E402
+from densecnn.blockwise import BlockwiseOptions  # noqa: E402
+from densecnn.blockwise.cluster import connect  # noqa: E402
 
 
 def _listening_sockets() -> set[tuple[str, int]]:
@@ -23,7 +24,7 @@ def _listening_sockets() -> set[tuple[str, int]]:
 @pytest.mark.parametrize("workers", [1, 2])
 def test_the_local_cluster_listens_on_loopback_only(workers):
     before = _listening_sockets()
-    with _client(BlockwiseOptions(workers=workers)) as (client, _):
+    with connect(BlockwiseOptions(workers=workers)) as (client, _):
         assert client.scheduler_info()["workers"]
         opened = _listening_sockets() - before
     assert opened, "the cluster opened no listening socket: the check would prove nothing"

@@ -15,7 +15,7 @@ from PIL import Image
 from torch import nn
 
 import densecnn
-from densecnn.blockwise import BlockwiseOptions, label
+from densecnn.blockwise import BlockwiseOptions, predict_to_disk
 from densecnn.cli import main as cli_main
 from densecnn.io.labels import no_data_value
 from tests.nonfinite_support import assert_no_data_labels, holed_image, library_no_data_scores
@@ -91,7 +91,7 @@ def test_chunked_no_data_equals_the_whole_image_predict(tmp_path, model_dir, pix
 def test_an_ome_zarr_label_image_marks_no_data_with_the_maximum(tmp_path, model_dir, pixels):
     zarr.create_array(store=str(tmp_path / "in.zarr"), data=pixels, chunks=(10, 10))
     options = BlockwiseOptions(nonfinite="propagate", chunk=10, progress=False)
-    label(model_dir, tmp_path / "in.zarr", tmp_path / "out.ome.zarr", options)
+    predict_to_disk(model_dir, tmp_path / "in.zarr", tmp_path / "out.ome.zarr", options)
     labels = np.squeeze(zarr.open_group(str(tmp_path / "out.ome.zarr"))["0"][:])
     scores, library = library_no_data_scores(model_dir, pixels)
     assert_no_data_labels(labels, scores, library, no_data=255)
@@ -137,7 +137,9 @@ def test_past_255_classes_the_no_data_value_is_65535(tmp_path, pixels):
     model_dir = save_model(model, tmp_path / "model", 7, "zeros", 1)
     assert no_data_value(256) == 65535
     tifffile.imwrite(tmp_path / "holes.tif", pixels)
-    label(model_dir, tmp_path / "holes.tif", tmp_path / "labels.png", BlockwiseOptions(nonfinite="propagate"))
+    predict_to_disk(
+        model_dir, tmp_path / "holes.tif", tmp_path / "labels.png", BlockwiseOptions(nonfinite="propagate")
+    )
     labels = np.asarray(Image.open(io.BytesIO((tmp_path / "labels.png").read_bytes())))
     scores, library = library_no_data_scores(model_dir, pixels)
     assert_no_data_labels(labels, scores, library, no_data=65535)

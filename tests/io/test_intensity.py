@@ -194,7 +194,7 @@ def test_a_blockwise_run_scales_every_block_as_one_pass_over_the_image_would(
     the driver and from memory by the reference: the same scaling, so the same labels."""
     zarr = pytest.importorskip("zarr")
     pytest.importorskip("distributed")
-    from densecnn.blockwise import BlockwiseOptions, label
+    from densecnn.blockwise import BlockwiseOptions, predict_to_disk
 
     monkeypatch.setattr(intensity_module, "SAMPLE_PIXELS", 1000)
     monkeypatch.setattr(intensity_module, "SAMPLE_WINDOW", 8)
@@ -203,7 +203,7 @@ def test_a_blockwise_run_scales_every_block_as_one_pass_over_the_image_would(
     zarr.create_array(store=str(tmp_path / "in.zarr"), data=image, chunks=(16, 16))
     declared = Intensity("percentiles", 1, 99.8)
     options = BlockwiseOptions(chunk=16, block=16, intensity=declared, progress=False)
-    label(gray_model, tmp_path / "in.zarr", tmp_path / "out.zarr", options)
+    predict_to_disk(gray_model, tmp_path / "in.zarr", tmp_path / "out.zarr", options)
     labels = zarr.open_array(str(tmp_path / "out.zarr"))[:]
     loaded = densecnn.load(gray_model)
     scaling = declared.scaling(np.concatenate([image[w].ravel() for w in sample_windows(image.shape)]))
@@ -212,7 +212,7 @@ def test_a_blockwise_run_scales_every_block_as_one_pass_over_the_image_would(
     assert_labels_equal_except_ties(torch.from_numpy(labels.astype(np.int64))[None], scores)
     zarr.create_array(store=str(tmp_path / "dark.zarr"), data=GRAY.astype(np.uint16), chunks=(16, 16))
     with pytest.raises(IntensityError, match="0.39% of the range"):  # the model's own declaration: dtype
-        label(
+        predict_to_disk(
             gray_model,
             tmp_path / "dark.zarr",
             tmp_path / "dark-labels.zarr",

@@ -15,7 +15,7 @@ import pytest
 import tifffile
 from PIL import Image
 
-from densecnn.blockwise.run import _chunked_source
+from densecnn.blockwise.inputs import chunked_source
 from densecnn.io import open_array, read_array, read_nd
 from densecnn.train.dataset import read_dataset
 
@@ -71,7 +71,7 @@ def _dataset(tmp_path, name, write, labels_shape):
 def test_a_volume_file_is_the_same_array_on_every_path(tmp_path, name):
     path = _dataset(tmp_path, name, VOLUME_FILES[name], VOLUME.shape[1:])
 
-    predicted = _chunked_source(path, None, 3)  # densecnn predict's input
+    predicted = chunked_source(path, None, 3)  # densecnn predict's input
     assert predicted.axes == "czyx" and predicted.spatial_shape == VOLUME.shape[1:]
     np.testing.assert_array_equal(predicted.read(), VOLUME)
     window = (slice(1, 4), slice(2, 8), slice(3, 7))  # what one task reads

@@ -240,12 +240,12 @@ def dask_client():
 @pytest.mark.parametrize("case", CASES, ids=IDS)
 def test_densecnn_predict_on_a_zarr_array(case, gray_model, tmp_path, dask_client):
     zarr = pytest.importorskip("zarr")
-    from densecnn.blockwise import BlockwiseOptions, label
+    from densecnn.blockwise import BlockwiseOptions, predict_to_disk
 
     zarr.create_array(store=str(tmp_path / "in.zarr"), data=case.image, chunks=(16, 16))
     options = BlockwiseOptions(chunk=16, block=32, progress=False, client=dask_client)
     try:
-        summary = label(gray_model, tmp_path / "in.zarr", tmp_path / "out.zarr", options)
+        summary = predict_to_disk(gray_model, tmp_path / "in.zarr", tmp_path / "out.zarr", options)
     except IntensityError as exc:
         assert not (tmp_path / "out.zarr").exists()  # refused before anything is written
         return check(case, Outcome(error=render(exc, cli_option)), cli_option)

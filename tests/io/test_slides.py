@@ -99,12 +99,12 @@ def test_unscanned_regions_of_an_openslide_slide_take_its_background_colour():
 def test_densecnn_predict_labels_a_slide_as_one_pass_would(slide, tmp_path):
     pytest.importorskip("distributed")
     zarr = pytest.importorskip("zarr")
-    from densecnn.blockwise import BlockwiseOptions, label
+    from densecnn.blockwise import BlockwiseOptions, predict_to_disk
 
     path, image = slide
     model, patch = densecnn.zoo.tiny(in_channels=3, num_classes=3)
     model_dir = save_model(model, tmp_path / "model", patch, "reflect", 3)
-    summary = label(
+    summary = predict_to_disk(
         model_dir, path, tmp_path / "out.zarr", BlockwiseOptions(chunk=256, block=256, progress=False)
     )
     assert summary.computed == 9
@@ -114,4 +114,4 @@ def test_densecnn_predict_labels_a_slide_as_one_pass_would(slide, tmp_path):
         scores = loaded.dense()(array_input(image.transpose(2, 0, 1), loaded))
     assert_labels_equal_except_ties(torch.from_numpy(labels.astype(np.int64))[None], scores)
     with pytest.raises(PredictInputError, match="is a whole-slide image: its labels go to a zarr array"):
-        label(model_dir, path, tmp_path / "out.png", BlockwiseOptions(progress=False))
+        predict_to_disk(model_dir, path, tmp_path / "out.png", BlockwiseOptions(progress=False))

@@ -1,0 +1,124 @@
+"""What the input of a run is, checked before any cluster starts: one image file, a set of images, or a chunked
+array (zarr, OME-Zarr at the level of the model's pixel size, TIFF, whole-slide image, .npy), and whether its
+channels can feed the model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import Fix, ImageReadError, PredictInputError
+from ..io import LazyArray, is_zarr, open_array, unit_planes
+from ..io.arrays import ome_levels
+from ..io.formats import IMAGE_SUFFIXES, TIFF_SUFFIXES
+from ..io.slides import SLIDE_SUFFIXES
+from .options import BlockwiseOptions
+
+PIXEL_SIZE_TOLERANCE = 0.2  # a level within 20% of the model's pixel size along every axis matches it
+
+
+def require_dist() -> None:
+    """Refuse to start without the ``dist`` extra, naming the missing package and the install command."""
+    try:
+        import distributed  # noqa: F401
+        import zarr  # noqa: F401
+    except ImportError as exc:
+        raise PredictInputError(
+            f"densecnn predict needs the 'dist' extra ({exc.name} is missing): pip install 'densecnn[dist]'"
+        ) from None
+
+
+@contextlib.contextmanager
+def input_errors() -> Iterator[None]:
+    """densecnn.io's errors (an input it cannot read, an output it cannot write) as PredictInputError."""
+    try:
+        yield
+    except ImageReadError as exc:
+        raise PredictInputError(exc.problem, fix=exc.fix) from None
+
+
+def writes_chunked(output: Path | None) -> bool:
+    """Whether ``output`` is a zarr array or OME-Zarr image (None: the labels go into the input's own image)."""
+    return output is None or output.suffix == ".zarr" or is_zarr(output)
+
+
+def is_image_set(input: Path) -> bool:
+    """Whether ``input`` names a set of images: a directory, or a glob."""
+    return input.is_dir() or any(ch in str(input) for ch in "*?[")
+
+
+def open_chunked(input: Path, loaded, options: BlockwiseOptions) -> tuple[LazyArray, int]:
+    """The chunked array to label, opened lazily, and its level: ``options.level``, else the OME-Zarr level at the
+    model's pixel size (:func:`matching_level`); its channels checked against the model's."""
+    with input_errors():
+        level = options.level if options.level is not None else matching_level(input, loaded)
+        source = chunked_source(input, options.channel_axis, len(loaded.patch_size), level)
+    check_channels(source.channels, loaded.in_channels, source.path)
+    return source, level
+
+
+def matching_level(input: Path, loaded) -> int:
+    """The level of an OME-Zarr ``input`` at the model's pixel size (the closest within 20%); 0 when the model
+    records none or the input has no levels."""
+    levels = ome_levels(input, spatial_dims=len(loaded.patch_size))
+    if loaded.pixel_size is None or not levels:
+        return 0
+    wanted = np.array(loaded.pixel_size)
+    errors = [np.abs(np.log(np.array(p) / wanted)).max() if p is not None else np.inf for p in levels]
+    best = int(np.argmin(errors))
+    if errors[best] > np.log1p(PIXEL_SIZE_TOLERANCE):
+        sizes = ", ".join(
+            f"{k}: {'x'.join(f'{v:g}' for v in p) if p else 'unknown'}" for k, p in enumerate(levels)
+        )
+        raise PredictInputError(
+            f"{input}: no level has the model's pixel size ({'x'.join(f'{v:g}' for v in wanted)} um; the levels "
+            f"have {sizes} um)",
+            fix=Fix("choose one (the labels are then at that level's resolution)", (("level", "N"),)),
+        )
+    return best
+
+
+def chunked_source(input: Path, channel_axis: int | None, spatial_dims: int, level: int = 0) -> LazyArray:
+    """``input`` opened lazily as a chunked array at ``level``; an image format that is decoded whole is refused."""
+    if input.is_file() and input.suffix.lower() in set(IMAGE_SUFFIXES) - set(TIFF_SUFFIXES):
+        raise PredictInputError(
+            f"{input}: a {input.suffix} image is decoded whole; write its labels to a .png/.tif/.npy file, or give "
+            "a zarr array or TIFF for chunked output"
+        )
+    return open_array(input, channel_axis=channel_axis, spatial_dims=spatial_dims, level=level)
+
+
+def check_channels(have: int, want: int, where: str) -> None:
+    """Refuse an input of ``have`` channels that cannot be converted to the model's ``want``."""
+    try:
+        unit_planes(np.zeros((1, 1, have), np.float32), want)
+    except ImageReadError:
+        raise PredictInputError(
+            f"{where}: {have} channels cannot feed a model of {want}",
+            fix=Fix("if the channels are not the first axis, name their axis", (("channel_axis", "N"),)),
+        ) from None
+
+
+def check_image_files(input: Path, output: Path, spatial_dims: int, options: BlockwiseOptions) -> None:
+    """Refuse what image files cannot be labelled with: a model that is not 2-D, options for zarr outputs only,
+    an input whose labels must go to a zarr array, and an input that does not exist."""
+    if spatial_dims != 2:
+        kind = {1: "signal", 3: "volume"}[spatial_dims]
+        raise PredictInputError(
+            f"{input} -> {output}: a {spatial_dims}-D model labels a chunked {kind}, not image files; give a zarr "
+            f"array, OME-Zarr group or TIFF holding the {kind} as input and an output ending in .zarr"
+        )
+    if options.probabilities is not None or options.foreground is not None:
+        what = "probabilities are" if options.probabilities is not None else "background skipping is"
+        raise PredictInputError(f"{what} for zarr outputs only; give an output ending in .zarr")
+    if is_zarr(input) or input.suffix.lower() in SLIDE_SUFFIXES:
+        kind = "a zarr array" if is_zarr(input) else "a whole-slide image"
+        raise PredictInputError(
+            f"{input} is {kind}: its labels go to a zarr array; give an output ending in .zarr"
+        )
+    if not is_image_set(input) and not input.is_file():
+        raise PredictInputError(f"{input}: no such file, directory or zarr array")
