@@ -117,7 +117,9 @@ def _report(on_progress: Callable[[Summary], None] | None, summary: Summary) -> 
 class _Window:
     """The tasks in flight: a few per worker thread, the next item submitted as the caller takes one that ended.
 
-    The ended tasks' futures are kept to the end of the run, so that the scheduler still knows their retries.
+    Not all at once: a slide has tens of thousands of blocks, and a window keeps the scheduler's tasks and this
+    process's futures few, and a cancel leaves only the window to stop. The ended tasks' futures are kept to the
+    end of the run, so that the scheduler still knows their retries.
     """
 
     def __init__(self, client, task: Callable, job, items: list[tuple], retries: int):

@@ -294,6 +294,33 @@ def _fails_on_the_last_chunk(job, chunks):
     return label_block(job, chunks)
 
 
+_failed_blocks: set = set()
+
+
+def _fails_once_per_block(job, chunks):
+    """A block task failing on its first attempt at each block (the cluster runs in this process)."""
+    if (job.labels, chunks) not in _failed_blocks:
+        _failed_blocks.add((job.labels, chunks))
+        raise OSError("transient read error")
+    return label_block(job, chunks)
+
+
+def test_the_summary_counts_every_retry_of_every_block_and_a_run_without_retries_stops_at_once(
+    tmp_path, monkeypatch
+):
+    model, patch = _tiny(1)
+    model_dir = save_model(model, tmp_path / "model", patch, "zeros", 1)
+    zarr.create_array(store=str(tmp_path / "in.zarr"), data=tiled_nuclei(20, 30), chunks=(10, 10))
+    monkeypatch.setattr(blockwise_chunked, "label_block", _fails_once_per_block)
+    options = BlockwiseOptions(chunk=10, block=10, progress=False)
+    summary = predict_to_disk(model_dir, tmp_path / "in.zarr", tmp_path / "once.zarr", options)
+    assert (summary.computed, summary.retries) == (6, 6)
+    assert "6 retries" in str(summary)
+    with pytest.raises(BlockFailedError, match=r"failed 1 times: transient read error"):
+        predict_to_disk(model_dir, tmp_path / "in.zarr", tmp_path / "none.zarr",
+                        BlockwiseOptions(chunk=10, block=10, retries=0, progress=False))  # fmt: skip
+
+
 def test_inputs_and_outputs_that_do_not_fit_get_clear_errors(tmp_path):
     model, patch = _tiny(1)
     model_dir = save_model(model, tmp_path / "model", patch, "zeros", 1)
