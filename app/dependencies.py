@@ -8,7 +8,7 @@ from fastapi import Depends, Path, Request
 
 from .errors import ApiError
 from .executor import InferencePool
-from .metrics import Metrics
+from .prometheus import Metrics
 from .registry import ServedModel
 from .settings import Settings
 from .state import ServiceState

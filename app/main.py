@@ -25,8 +25,8 @@ from .jobs.runner import JobRunner
 from .jobs.store import JobStore
 from .keys import KeyStore
 from .limits import BodySizeLimitMiddleware
-from .metrics import Metrics, MetricsMiddleware, multiprocess
 from .privacy import private_database, private_directory
+from .prometheus import Metrics, MetricsMiddleware, multiprocess
 from .registry import load_models
 from .requestid import RequestIdMiddleware
 from .routers import health, jobs, models, page, segment, uploads

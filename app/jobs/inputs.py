@@ -28,7 +28,7 @@ from densecnn.io.formats import TIFF_SUFFIXES
 from densecnn.io.slides import SLIDE_SUFFIXES
 
 from ..errors import ApiError
-from ..uploads import RAW_TYPES
+from ..request_image import RAW_TYPES
 from .multipart import ImagePart
 from .quota import QuotaExceeded
 

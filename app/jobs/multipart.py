@@ -10,7 +10,7 @@ from python_multipart.exceptions import MultipartParseError
 from python_multipart.multipart import MultipartParser, parse_options_header
 
 from ..errors import ApiError
-from ..uploads import printable_name
+from ..request_image import printable_name
 
 FIELD = "image"
 MAX_FIELDS = 8

@@ -33,9 +33,9 @@ from densecnn.errors import Cancelled, DenseCNNError, query_option, render
 from densecnn.modelfile import read_classes
 
 from ..errors import ApiError
-from ..metrics import Metrics
+from ..prometheus import Metrics
 from ..settings import Settings
-from . import uploads
+from . import upload_store
 from .admission import task_memory
 from .db import JobRecord, State
 from .inputs import JobInput, opened_server_input
@@ -112,7 +112,7 @@ class JobRunner:
     def _expire(self) -> None:
         for job in self.store.expired(finished_before=time.time() - self.settings.job_retention):
             self.remove(job.id)
-        for upload_id in uploads.remove_idle(
+        for upload_id in upload_store.remove_idle(
             self.root, active_before=time.time() - self.settings.upload_idle_seconds
         ):
             self.quota.release(upload_reservation(upload_id))
@@ -124,7 +124,7 @@ class JobRunner:
         with self._lock:
             held = set(self._held)
         for directory in _subdirectories(self.root):
-            if directory.name == uploads.UPLOADS or directory.name in held:
+            if directory.name == upload_store.UPLOADS or directory.name in held:
                 continue
             if directory.name in self._removed or (
                 self.store.get(directory.name) is None and _last_activity(directory) < idle_before
@@ -132,7 +132,7 @@ class JobRunner:
                 shutil.rmtree(directory, ignore_errors=True)
                 self._removed.discard(directory.name)
         present = {d.name for d in _subdirectories(self.root)}
-        present |= {upload_reservation(d.name) for d in _subdirectories(uploads.uploads_root(self.root))}
+        present |= {upload_reservation(d.name) for d in _subdirectories(upload_store.uploads_root(self.root))}
         for name in self.quota.names() - present:
             if self.store.get(name) is None:
                 self.quota.release(name)
@@ -153,13 +153,13 @@ class JobRunner:
 
     def take_upload(self, upload_id: str, owner: str, job_id: str) -> JobInput:
         """The caller's complete resumable upload moved into the job's directory, its reservation now the job's."""
-        job_input = uploads.take(self.root, upload_id, owner, self.directory(job_id))
+        job_input = upload_store.take(self.root, upload_id, owner, self.directory(job_id))
         self.quota.rename(upload_reservation(upload_id), job_id)
         return job_input
 
     def give_back_upload(self, upload_id: str, job_id: str, taken: Path) -> None:
         """Undo :meth:`take_upload` (the job was refused): the upload and its reservation are whole again."""
-        uploads.give_back(self.root, upload_id, taken)
+        upload_store.give_back(self.root, upload_id, taken)
         self.quota.rename(job_id, upload_reservation(upload_id))
 
     def outcome(self, job: JobRecord) -> JobRecord:

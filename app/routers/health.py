@@ -6,7 +6,7 @@ from fastapi import APIRouter
 
 from ..dependencies import ReadyServiceDep
 from ..errors import ErrorBody
-from ..schemas import Health, Readiness
+from ..responses import Health, Readiness
 
 router = APIRouter(tags=["health"])
 

@@ -26,7 +26,7 @@ from densecnn.io.geojson import GEOJSON, geojson_text
 from ..auth import CallerDep
 from ..dependencies import ReadyServiceDep, SettingsDep
 from ..errors import ApiError, ErrorBody
-from ..jobs import uploads
+from ..jobs import upload_store
 from ..jobs.admission import MAX_CHUNK, MAX_LEVEL, MIN_CHUNK, admit
 from ..jobs.db import UNFINISHED, JobRecord, State
 from ..jobs.inputs import JobInput, opened_server_input, save_upload
@@ -165,7 +165,7 @@ async def create_job(
         await asyncio.to_thread(runner.discard, job_id)
         raise
     if taken is not None:
-        await asyncio.to_thread(uploads.remove, runner.root, spec.upload)
+        await asyncio.to_thread(upload_store.remove, runner.root, spec.upload)
     recorded = await asyncio.to_thread(runner.store.get, job_id)  # with the database's defaults
     runner.submit(job_id)
     headers = {"Location": f"/v1/jobs/{job_id}"}

@@ -6,7 +6,7 @@ from fastapi import APIRouter
 
 from ..dependencies import ModelDep, ReadyServiceDep
 from ..errors import ErrorBody
-from ..schemas import ModelInfo, ModelList
+from ..responses import ModelInfo, ModelList
 
 router = APIRouter(prefix="/v1/models", tags=["models"])
 

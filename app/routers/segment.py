@@ -13,9 +13,9 @@ from densecnn.io import Intensity
 from ..dependencies import MetricsDep, ModelDep, PoolDep, SettingsDep
 from ..errors import ClientGone, ErrorBody, InferenceTimeout
 from ..negotiation import View, choose_output
-from ..schemas import SegmentJson
+from ..request_image import read_upload
+from ..responses import SegmentJson
 from ..segmentation import RequestLimits, segment
-from ..uploads import read_upload
 
 router = APIRouter(prefix="/v1/models", tags=["segmentation"])
 

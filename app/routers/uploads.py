@@ -19,7 +19,7 @@ from fastapi import APIRouter, Header, Path, Request, Response
 from ..auth import CallerDep
 from ..dependencies import SettingsDep
 from ..errors import ApiError, ErrorBody
-from ..jobs import uploads
+from ..jobs import upload_store
 from ..jobs.admission import disk_blocks
 from ..jobs.inputs import WRITE_BATCH
 from ..jobs.quota import upload_reservation
@@ -88,11 +88,11 @@ def create_upload(
         raise ApiError(413, "payload_too_large",
                        f"an upload is at most {settings.max_job_upload_bytes:,} bytes (max_job_upload_bytes); this "
                        f"one declares {length:,}")  # fmt: skip
-    name = uploads.file_name(upload_metadata)
-    upload_id = uploads.new_id()
+    name = upload_store.file_name(upload_metadata)
+    upload_id = upload_store.new_id()
     runner.quota.reserve(upload_reservation(upload_id), disk_blocks(length))  # 507 when it does not fit
     try:
-        uploads.create(runner.root, upload_id, caller.owner, length, name)
+        upload_store.create(runner.root, upload_id, caller.owner, length, name)
     except BaseException:
         runner.quota.release(upload_reservation(upload_id))
         raise
@@ -102,7 +102,7 @@ def create_upload(
 @router.head("/{upload_id}", summary="How many bytes the upload holds (Upload-Offset)",
              responses={404: {"description": "no such upload of yours"}})  # fmt: skip
 def upload_offset(upload_id: UploadId, caller: CallerDep, runner: RunnerDep) -> Response:
-    described, offset = uploads.info(runner.root, upload_id, caller.owner)
+    described, offset = upload_store.info(runner.root, upload_id, caller.owner)
     return Response(status_code=200, headers={
         **TUS, "Upload-Offset": str(offset), "Upload-Length": str(described.length), "Cache-Control": "no-store",
     })  # fmt: skip
@@ -133,9 +133,9 @@ async def send_bytes(
     if given is None:
         raise ApiError(400, "invalid_upload_offset",
                        "send Upload-Offset: where these bytes start (HEAD gives it), in ASCII digits")  # fmt: skip
-    described, offset = await asyncio.to_thread(uploads.info, runner.root, upload_id, caller.owner)
+    described, offset = await asyncio.to_thread(upload_store.info, runner.root, upload_id, caller.owner)
     if given != offset:
-        raise uploads.offset_mismatch(upload_id, given, offset)
+        raise upload_store.offset_mismatch(upload_id, given, offset)
     batch = bytearray()
     try:
         async for chunk in request.stream():
@@ -144,11 +144,15 @@ async def send_bytes(
                                f"upload {upload_id} declared {described.length:,} bytes; these go past it")  # fmt: skip
             batch += chunk
             if len(batch) >= WRITE_BATCH:
-                offset = await asyncio.to_thread(uploads.append, runner.root, upload_id, offset, bytes(batch))
+                offset = await asyncio.to_thread(
+                    upload_store.append, runner.root, upload_id, offset, bytes(batch)
+                )
                 batch.clear()
     finally:  # what arrived before a cut-off or a refusal is kept: the client resumes after it
         if batch:
-            offset = await asyncio.to_thread(uploads.append, runner.root, upload_id, offset, bytes(batch))
+            offset = await asyncio.to_thread(
+                upload_store.append, runner.root, upload_id, offset, bytes(batch)
+            )
     return Response(status_code=204, headers={**TUS, "Upload-Offset": str(offset)})
 
 
@@ -161,7 +165,7 @@ def delete_upload(
     tus_resumable: Annotated[str | None, Header()] = None,
 ) -> Response:
     _require_tus(tus_resumable)
-    uploads.info(runner.root, upload_id, caller.owner)
-    uploads.remove(runner.root, upload_id)
+    upload_store.info(runner.root, upload_id, caller.owner)
+    upload_store.remove(runner.root, upload_id)
     runner.quota.release(upload_reservation(upload_id))
     return Response(status_code=204, headers=TUS)

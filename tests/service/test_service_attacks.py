@@ -386,24 +386,24 @@ def test_orphans_and_idle_uploads_are_removed_by_maintenance(tmp_path):
 
 def test_bytes_for_an_upload_deleted_meanwhile_answer_404_and_maintenance_survives_vanishing_files(tmp_path):
     from densecnn_app.errors import ApiError
-    from densecnn_app.jobs import uploads
+    from densecnn_app.jobs import upload_store
 
     with serving(job_settings(tmp_path)) as client:
         runner = client.app.state.jobs
         upload_id = create(client, 100).headers["location"].rsplit("/", 1)[1]
-        uploads.remove(runner.root, upload_id)  # deleted (or expired) while a PATCH streams
+        upload_store.remove(runner.root, upload_id)  # deleted (or expired) while a PATCH streams
         with pytest.raises(ApiError) as refused:
-            uploads.append(runner.root, upload_id, 0, b"x")
+            upload_store.append(runner.root, upload_id, 0, b"x")
         assert refused.value.status == 404
         assert not (runner.root / "uploads" / upload_id).exists()  # the write did not bring it back
         (runner.root / "uploads" / "half").mkdir()  # an upload killed while it was created
-        assert uploads.remove_idle(runner.root, active_before=time.time() + 1) == ["half"]
+        assert upload_store.remove_idle(runner.root, active_before=time.time() + 1) == ["half"]
 
 
 def test_a_patch_that_finds_the_disk_full_answers_507_and_keeps_the_offset(tmp_path, monkeypatch):
     import errno
 
-    from densecnn_app.jobs import uploads
+    from densecnn_app.jobs import upload_store
 
     with serving(job_settings(tmp_path)) as client:
         location = create(client, 10).headers["location"]
@@ -412,7 +412,7 @@ def test_a_patch_that_finds_the_disk_full_answers_507_and_keeps_the_offset(tmp_p
         def full(fd):
             raise OSError(errno.ENOSPC, "No space left on device")
 
-        monkeypatch.setattr(uploads.os, "fsync", full)
+        monkeypatch.setattr(upload_store.os, "fsync", full)
         error_of(patch(client, location, 4, b"efgh"), 507, "disk_full")
         monkeypatch.undo()
         offset = int(client.head(location, headers=TUS).headers["upload-offset"])

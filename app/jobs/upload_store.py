@@ -25,7 +25,7 @@ from pathlib import Path
 from densecnn.io import ACCEPTED, image_format
 
 from ..errors import ApiError
-from ..uploads import printable_name
+from ..request_image import printable_name
 from .inputs import SUFFIXES, JobInput
 
 
