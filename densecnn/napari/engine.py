@@ -8,7 +8,7 @@ zarr layer is never read whole) and padded as :meth:`densecnn.DenseCNN.pad` pads
 equal ``loaded.dense().predict(loaded.normalize(x))`` on the plane's [0, 1] pixels ``x``. The memory held
 throughout is the labels (one byte per pixel up to 255 classes) and, if asked for, the float32 probabilities.
 
->>> steps = label(densecnn.load("models/nuclei"), source, max_memory=500_000_000)
+>>> steps = predict_layer(densecnn.load("models/nuclei"), source, max_memory=500_000_000)
 >>> for progress in steps: ...                       # Progress(done=1, total=4), ...
 >>> # the generator's return value (StopIteration.value, a worker's ``returned``) is the Result
 """
@@ -66,7 +66,7 @@ def napari_option(option: str, value: str) -> str:
     return f"the {option} field set to {value}"
 
 
-def label(
+def predict_layer(
     loaded: LoadedModel,
     source: LayerSource,
     *,

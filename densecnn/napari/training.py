@@ -212,7 +212,7 @@ class TrainingSession:
             for s, b, a, n in zip(region, before, after, self.source.spatial_shape)
         ]
         window = _Window.of(self.source, plane, spans)
-        steps = engine.label(
+        steps = engine.predict_layer(
             loaded, window, max_memory=max_memory, intensity=self._plane_range(plane), cancel=stop
         )
         result = _drain(steps)

@@ -2,7 +2,7 @@
 bar counting tiles and a Cancel button, and add the labels (coloured with the model's palette, the class names in
 the layer's features) and optionally one probability layer per class.
 
-The work runs in :func:`densecnn.napari.engine.label` on a napari worker: it reads the layer's pixels one tile
+The work runs in :func:`densecnn.napari.engine.predict_layer` on a napari worker: it reads the layer's pixels one tile
 window at a time under the memory cap (the widget's field, in MiB), and Cancel stops it within one tile (at the
 next layer of the tile being computed); a cancelled or failed run adds no layer.
 
@@ -213,7 +213,7 @@ def _job(model_dir: Path, layer, intensity: str | None, **options):
         pixel_size=loaded.pixel_size,
     )
     try:
-        result = yield from engine.label(loaded, source, **options)
+        result = yield from engine.predict_layer(loaded, source, **options)
     except Cancelled:
         return None
     except RuntimeError as exc:  # torch's errors are RuntimeErrors, which superqt drops without any signal

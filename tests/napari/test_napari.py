@@ -207,7 +207,7 @@ def test_a_dask_pyramid_is_read_at_the_level_of_the_models_pixel_size(tmp_path):
     )  # fmt: skip
     assert source.level == 1 and source.scale == (0.5, 0.5) and source.labels_shape == (512, 512)
     loaded = densecnn.load(model_dir)
-    progress, result = _drain(engine.label(loaded, source, max_memory=20 * MIB))
+    progress, result = _drain(engine.predict_layer(loaded, source, max_memory=20 * MIB))
     assert progress[0] == engine.Progress(0, progress[-1].total) and progress[-1].total > 4
     _, scores = _expected(loaded, gray[None, ..., None])
     assert_labels_equal_except_ties(torch.from_numpy(result.labels.astype(np.int64))[None], scores)
@@ -248,7 +248,7 @@ def test_a_layer_is_read_one_window_at_a_time(tmp_path):
     )
     image = _Synthetic((2500, 2300))
     source = LayerSource.of(image, rgb=False, multiscale=False, scale=(1, 1), spatial_dims=2, channels=1)
-    progress, result = _drain(engine.label(loaded, source, max_memory=40 * MIB))
+    progress, result = _drain(engine.predict_layer(loaded, source, max_memory=40 * MIB))
     assert progress[-1].total > 4 and result.labels.shape == (2500, 2300)
     assert image.largest_read < 2500 * 2300 / 4  # the intensity sample's windows and the tiles' windows only
     corner = image[:300, :280]
@@ -275,7 +275,7 @@ def test_a_cap_below_the_labels_and_one_tile_is_explained():
     with pytest.raises(
         densecnn.InvalidInputError, match="max_memory=300,000 bytes is too small for a 1x1x512x512"
     ):
-        next(engine.label(densecnn.load(NUCLEI), source, max_memory=300_000))
+        next(engine.predict_layer(densecnn.load(NUCLEI), source, max_memory=300_000))
 
 
 def _drain(steps) -> tuple[list, object]:

@@ -52,7 +52,7 @@ def _source() -> LayerSource:
 
 def test_unticked_a_holed_layer_is_refused_naming_the_box(model_dir):
     with pytest.raises(NonFiniteInputError) as refused:
-        _drain(engine.label(densecnn.load(model_dir), _source(), max_memory=20 * MIB))
+        _drain(engine.predict_layer(densecnn.load(model_dir), _source(), max_memory=20 * MIB))
     assert f'the "{engine.NO_DATA_BOX}" box ticked' in refused.value.render(engine.napari_option)
 
 
@@ -60,7 +60,7 @@ def test_unticked_a_holed_layer_is_refused_naming_the_box(model_dir):
 def test_ticked_the_labels_are_the_whole_image_predict_with_no_data(model_dir, max_memory):
     loaded = densecnn.load(model_dir)
     progress, result = _drain(
-        engine.label(
+        engine.predict_layer(
             loaded, _source(), max_memory=max_memory * MIB, probabilities=True, nonfinite="propagate"
         )
     )

@@ -229,7 +229,7 @@ def test_a_session_trains_continues_saves_and_its_model_labels_like_predict(
     assert main(["predict", str(saved), str(tmp_path / "cells.png"), str(tmp_path / "labels.npy")]) == 0
     predicted = np.load(tmp_path / "labels.npy")
     source = _source(image_data)
-    reloaded = engine.label(densecnn.load(saved), source, max_memory=1 << 30)
+    reloaded = engine.predict_layer(densecnn.load(saved), source, max_memory=1 << 30)
     while True:
         try:
             next(reloaded)
