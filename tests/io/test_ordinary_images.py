@@ -283,7 +283,7 @@ def test_the_napari_engine(case, gray_model):
     source = LayerSource.of(
         case.image, rgb=False, multiscale=False, scale=(1.0, 1.0), spatial_dims=2, channels=1
     )
-    steps = engine.label(loaded, source, max_memory=200 << 20)
+    steps = engine.predict_layer(loaded, source, max_memory=200 << 20)
     try:
         while True:
             next(steps)
