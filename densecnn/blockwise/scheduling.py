@@ -43,11 +43,11 @@ def run_tasks(
     """
     from tqdm.auto import tqdm
 
+    started = time.perf_counter()
     summary = dataclasses.replace(start, failures=[*start.failures], warnings=[*start.warnings])
     window = _Window(client, task, job, items, options.retries)
     bar = tqdm(total=len(items), desc="densecnn predict", unit=summary.what[:-1],
                disable=None if options.progress else True)  # fmt: skip
-    started = time.perf_counter()
     with watching(client, options.cancel, stop, window.in_flight), contextlib.closing(bar):
         try:
             _report(options.on_progress, summary)
