@@ -123,7 +123,7 @@ def test_the_napari_engine(model_dir, reference):
 
     loaded = densecnn.load(model_dir)
     source = LayerSource.of(IMAGE, rgb=False, multiscale=False, scale=(1.0, 1.0), spatial_dims=2, channels=1)
-    steps = engine.label(loaded, source, max_memory=1 << 20, probabilities=True)  # several tiles
+    steps = engine.predict_layer(loaded, source, max_memory=1 << 20, probabilities=True)  # several tiles
     with pytest.raises(StopIteration) as finished:
         while True:
             next(steps)
