@@ -15,7 +15,7 @@ import numpy as np
 from PIL import Image
 
 from densecnn.errors import DenseCNNError, ImageTooLargeError
-from densecnn.io import image_format, labels_png, labels_tiff, read_array, read_nd, unit_planes
+from densecnn.io import decode_array, image_format, labels_png, labels_tiff, read_nd, unit_planes
 from densecnn.io.intensity import Intensity
 from densecnn.io.labels import file_labels, no_data_value
 
@@ -111,7 +111,7 @@ def segment(
     start = time.perf_counter()
     limits_kw = dict(max_pixels=limits.max_pixels, max_bytes=limits.max_decode_bytes, name=name)
     if served.dense.dims == 2 and image_format(data) != "npy":
-        pixels = raw = read_array(data, **limits_kw)  # (H, W[, S]) as displayed
+        pixels = raw = decode_array(data, **limits_kw)  # (H, W[, S]) as displayed
         channel_axis = None
     else:
         raw, channel_axis = read_nd(data, served.dense.dims, **limits_kw), 0  # (C, *spatial), channel first

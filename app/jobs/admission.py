@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from densecnn.blockwise.blocks import halo
 from densecnn.blockwise.planning import bytes_per_pixel, output_chunks, task_windows
 from densecnn.errors import ImageReadError, ImageTooLargeError
-from densecnn.io import label_dtype, open_array, read_header
+from densecnn.io import label_dtype, open_lazy_array, read_header
 from densecnn.io.arrays import LazyArray
 from densecnn.io.decode import check_tiff_tiles
 
@@ -58,7 +58,7 @@ def chunk_memory(side: int, source: LazyArray, served: ServedModel) -> int:
     copied as float32 and labelled) and the output chunk's buffer (``side`` per axis whatever the image's size: zarr
     writes whole chunks).
 
-    >>> chunk_memory(1024, open_array("slide.zarr", spatial_dims=2), served) < 2**30
+    >>> chunk_memory(1024, open_lazy_array("slide.zarr", spatial_dims=2), served) < 2**30
     True
     """
     chunks = output_chunks(source, side)
@@ -88,7 +88,7 @@ def _admit(job_input: JobInput, served: ServedModel, settings: Settings, level, 
     dims = len(loaded.patch_size)
     labels = label_dtype(loaded.num_classes).itemsize
     if job_input.chunked:
-        array = open_array(job_input.path, spatial_dims=dims, level=level or 0)
+        array = open_lazy_array(job_input.path, spatial_dims=dims, level=level or 0)
         _check_stored_chunks(array, job_input, settings)
         pixels = math.prod(array.spatial_shape)
         small_copy = (

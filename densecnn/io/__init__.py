@@ -15,20 +15,24 @@ gives the same array whichever path reads it (orientation applied, channels firs
 
 Every reader raises :class:`~densecnn.errors.ImageReadError` (or a subclass) naming the file and the fix.
 
->>> from densecnn.io import open_array, read_nd
->>> open_array("stack.tif", spatial_dims=3).read().shape             # lazily, any window
+>>> from densecnn.io import open_lazy_array, read_nd
+>>> open_lazy_array("stack.tif", spatial_dims=3).read().shape        # lazily, any window
 (1, 12, 64, 64)
 >>> read_nd(Path("stack.tif").read_bytes(), 3, max_bytes=10**8).shape   # eagerly, under limits
 (1, 12, 64, 64)
 """
 
-from .arrays import LazyArray, open_array
-from .decode import ImageHeader, read_array, read_header, read_image
+from .arrays import LazyArray, open_lazy_array
+from .decode import ImageHeader, decode_array, read_header, read_image
 from .decode_nd import read_nd
 from .formats import ACCEPTED, image_files, image_format, is_zarr
 from .intensity import Intensity, Scaling
 from .labels import class_probabilities, label_dtype, labels_png, labels_tiff, write_labels
 from .pixels import array_input, array_scaling, image_scaling, model_input, unit_planes
+
+# The former names, for the callers in densecnn.blockwise and densecnn.train until they use the new ones; not public.
+open_array = open_lazy_array
+read_array = decode_array
 
 __all__ = [
     "ACCEPTED",
@@ -39,6 +43,7 @@ __all__ = [
     "array_input",
     "array_scaling",
     "class_probabilities",
+    "decode_array",
     "image_files",
     "image_format",
     "image_scaling",
@@ -47,8 +52,7 @@ __all__ = [
     "labels_png",
     "labels_tiff",
     "model_input",
-    "open_array",
-    "read_array",
+    "open_lazy_array",
     "read_header",
     "read_image",
     "read_nd",

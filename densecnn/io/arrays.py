@@ -1,6 +1,6 @@
 """Arrays on disk opened lazily: zarr arrays, OME-Zarr groups, TIFF files and .npy files, one :class:`LazyArray` each.
 
-:func:`open_array` reads only the metadata and returns a small picklable description; :meth:`LazyArray.read` reads
+:func:`open_lazy_array` reads only the metadata and returns a small picklable description; :meth:`LazyArray.read` reads
 a window (or the whole array) channel first, as displayed. Each process opens a store once (cached), so
 ``densecnn predict`` ships the description to every task and each task reads only the window it needs; training
 reads whole arrays through the same call.
@@ -60,7 +60,7 @@ class LazyArray:
         pixel_size: micrometres per pixel along each spatial axis as displayed, or None where the file does not
             say it for every axis.
 
-    >>> volume = open_array("stack.ome.zarr", spatial_dims=3)
+    >>> volume = open_lazy_array("stack.ome.zarr", spatial_dims=3)
     >>> volume.axes, volume.spatial_shape, volume.pixel_size
     ('czyx', (12, 512, 512), (2.0, 0.5, 0.5))
     >>> volume.read((slice(0, 4), slice(0, 64), slice(0, 64))).shape     # (C, *window)
@@ -216,7 +216,7 @@ def _zarr(path):
     return zarr
 
 
-def open_array(
+def open_lazy_array(
     path: str | Path, *, spatial_dims: int, channel_axis: int | None = None, level: int = 0
 ) -> LazyArray:
     """Describe the array at ``path`` (zarr array, OME-Zarr group, TIFF, whole-slide image or .npy) for a model of
@@ -226,7 +226,7 @@ def open_array(
     Without ``channel_axis``: OME-Zarr axis names say which axis it is; a TIFF's samples (S) or ImageJ channels
     (C) axis is it; otherwise an array with ``spatial_dims + 1`` axes has channels first.
 
-    >>> open_array("slide.ome.zarr", spatial_dims=2).spatial_shape
+    >>> open_lazy_array("slide.ome.zarr", spatial_dims=2).spatial_shape
     (100000, 100000)
 
     Raises:

@@ -151,14 +151,15 @@ def read_header(source: str | Path | bytes) -> ImageHeader:
     return _read(data, source_name(source), decode=False)
 
 
-def read_array(
+def decode_array(
     source: str | Path | bytes,
     *,
     max_pixels: int | None = None,
     max_bytes: int | None = None,
     name: str | None = None,
 ) -> np.ndarray:
-    """The pixel array of an image file or its bytes, as displayed: (H, W) or (H, W, C), in the file's dtype.
+    """The pixel array of an image file or its bytes, decoded whole into memory, as displayed: (H, W) or (H, W, C),
+    in the file's dtype (:func:`~densecnn.io.open_lazy_array` opens an array on disk lazily instead).
 
     Raises, from the header and before decoding: ImageStackError for a stack of planes (a multi-page or volumetric
     TIFF), ImageTooLargeError for more than ``max_pixels`` pixels or ``max_bytes`` decoded bytes (width × height ×
@@ -221,4 +222,4 @@ def read_image(source: str | Path | bytes, channels: int) -> np.ndarray:
     >>> read_image("cells.png", channels=1).shape
     (1, 512, 512)
     """
-    return unit_planes(read_array(source), channels)
+    return unit_planes(decode_array(source), channels)

@@ -15,7 +15,7 @@ import numpy as np
 import tifffile
 
 from ..errors import ImageDimensionsError, ImageReadError, ImageTooLargeError
-from .decode import check_tiff_tiles, read_array, source_name, tiff_header
+from .decode import check_tiff_tiles, decode_array, source_name, tiff_header
 from .formats import NPY_KINDS, image_format
 from .orientation import oriented
 
@@ -138,7 +138,7 @@ def read_nd(
 
     Volumes (``dims=3``) are multi-page or volumetric TIFFs (pages as displayed: the Orientation tag applied to
     each) or .npy arrays (D, H, W) / (C, D, H, W); signals (``dims=1``) .npy arrays (L,) / (C, L); images
-    (``dims=2``) any image file (as :func:`read_array`) or .npy arrays (H, W) / (C, H, W). Raises, from the header
+    (``dims=2``) any image file (as :func:`decode_array`) or .npy arrays (H, W) / (C, H, W). Raises, from the header
     and before decoding: ImageDimensionsError when the upload has other axes than the model takes (naming both),
     ImageTooLargeError past ``max_pixels`` pixels/voxels/samples or ``max_bytes`` decoded bytes. Messages name the
     file by ``name`` (an upload's file name) or its path.
@@ -152,7 +152,7 @@ def read_nd(
     if fmt == "npy":
         return _npy_array(data, name, dims, **limits)
     if dims == 2:
-        pixels = read_array(data, **limits, name=name)  # (H, W[, S])
+        pixels = decode_array(data, **limits, name=name)  # (H, W[, S])
         return pixels[None] if pixels.ndim == 2 else np.moveaxis(pixels, -1, 0)
     if dims == 3 and fmt == "tiff":
         return _tiff_stack(data, name, **limits)

@@ -93,7 +93,7 @@ def model_input(image: np.ndarray, model, scaling: Scaling | None = None) -> tor
     plane and one band of rows at a time.
 
     >>> loaded = densecnn.load("models/nuclei")
-    >>> model_input(read_array("cells.png"), loaded).shape
+    >>> model_input(decode_array("cells.png"), loaded).shape
     torch.Size([1, 1, 512, 512])
     """
     scaling = scaling or image_scaling(image, model.intensity)

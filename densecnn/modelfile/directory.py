@@ -55,9 +55,9 @@ class LoadedModel:
     :meth:`input`, :meth:`labels`, :meth:`probabilities`, :attr:`label_dtype`.
 
     >>> loaded = densecnn.load("models/nuclei")
-    >>> loaded.labels(read_array("cells.png")).dtype          # (H, W) class ids
+    >>> loaded.labels(decode_array("cells.png")).dtype          # (H, W) class ids
     dtype('uint8')
-    >>> loaded.probabilities(read_array("cells.png")).shape   # (K, H, W), summing to 1
+    >>> loaded.probabilities(decode_array("cells.png")).shape   # (K, H, W), summing to 1
     torch.Size([2, 512, 512])
 
     Attributes:

@@ -16,7 +16,7 @@ import tifffile
 from PIL import Image
 
 from densecnn.blockwise.inputs import chunked_source
-from densecnn.io import open_array, read_array, read_nd
+from densecnn.io import decode_array, open_lazy_array, read_nd
 from densecnn.train.dataset import read_dataset
 
 zarr = pytest.importorskip("zarr")
@@ -91,7 +91,7 @@ def test_a_png_is_the_same_image_on_every_path(tmp_path):
         tmp_path, "cells.png", lambda p: Image.fromarray(IMAGE.transpose(1, 2, 0)).save(p), (11, 13)
     )
     served = read_nd(path.read_bytes(), 2, max_pixels=10**6, max_bytes=10**6)  # (C, H, W)
-    predicted = read_array(path)  # densecnn predict decodes image files whole: (H, W, C)
+    predicted = decode_array(path)  # densecnn predict decodes image files whole: (H, W, C)
     (sample,) = read_dataset(tmp_path, channels=3, num_classes=1)
     np.testing.assert_array_equal(served, IMAGE)
     np.testing.assert_array_equal(predicted, IMAGE.transpose(1, 2, 0))
@@ -108,8 +108,8 @@ def test_a_2d_tiff_under_every_orientation_is_read_as_displayed_whole_and_by_win
     for orientation, stored in stored_of.items():
         path = tmp_path / f"o{orientation}.tif"
         tifffile.imwrite(path, np.ascontiguousarray(stored), extratags=[(274, "H", 1, orientation, True)])
-        np.testing.assert_array_equal(read_array(path), image, err_msg=f"orientation {orientation}")
-        lazy = open_array(path, spatial_dims=2)
+        np.testing.assert_array_equal(decode_array(path), image, err_msg=f"orientation {orientation}")
+        lazy = open_lazy_array(path, spatial_dims=2)
         window = (slice(2, 9), slice(1, 5))
         np.testing.assert_array_equal(
             lazy.read(window)[0], image[window], err_msg=f"orientation {orientation}"
@@ -118,14 +118,14 @@ def test_a_2d_tiff_under_every_orientation_is_read_as_displayed_whole_and_by_win
 
 def test_pixel_sizes_come_from_ome_zarr_scales_and_tiff_resolution(tmp_path):
     _write_ome_zarr(tmp_path / "v.ome.zarr")
-    assert open_array(tmp_path / "v.ome.zarr", spatial_dims=3).pixel_size == (2.0, 0.5, 0.5)
+    assert open_lazy_array(tmp_path / "v.ome.zarr", spatial_dims=3).pixel_size == (2.0, 0.5, 0.5)
     stack = VOLUME[0]  # (D, H, W)
     tifffile.imwrite(tmp_path / "v.tif", stack, imagej=True, resolution=(4.0, 2.0),
                      metadata={"axes": "ZYX", "spacing": 3.0, "unit": "um"})  # fmt: skip
     # 4 pixels per micrometre across (x), 2 down (y), 3 micrometres between slices (z)
-    assert open_array(tmp_path / "v.tif", spatial_dims=3).pixel_size == (3.0, 0.5, 0.25)
+    assert open_lazy_array(tmp_path / "v.tif", spatial_dims=3).pixel_size == (3.0, 0.5, 0.25)
     np.save(tmp_path / "v.npy", stack)
-    assert open_array(tmp_path / "v.npy", spatial_dims=3).pixel_size is None
+    assert open_lazy_array(tmp_path / "v.npy", spatial_dims=3).pixel_size is None
 
 
 def _philips_xml(wsi_spacing: str | None) -> str:
@@ -178,6 +178,6 @@ def test_a_philips_tiffs_pixel_size_comes_from_its_xml(tmp_path, wsi_spacing, ex
     path = tmp_path / "slide.tiff"
     tifffile.imwrite(path, image, software="Philips DP v1.0", description=_philips_xml(wsi_spacing),
                      metadata=None, tile=(16, 16), resolution=(5.0, 5.0), resolutionunit="CENTIMETER")  # fmt: skip
-    lazy = open_array(path, spatial_dims=2)
+    lazy = open_lazy_array(path, spatial_dims=2)
     assert lazy.pixel_size == (None if expected is None else pytest.approx(expected, rel=1e-9))
     np.testing.assert_array_equal(lazy.read(), IMAGE)

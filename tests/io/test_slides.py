@@ -11,7 +11,7 @@ import torch
 
 import densecnn
 from densecnn.errors import ImageReadError, PredictInputError
-from densecnn.io import array_input, open_array
+from densecnn.io import array_input, open_lazy_array
 from densecnn.io.slides import OpenSlideLevel
 from tests.predict_support import save_model, tiled_nuclei
 from tests.tolerances import assert_labels_equal_except_ties
@@ -46,13 +46,13 @@ def slide(tmp_path_factory):
 
 def test_an_svs_pyramid_is_read_as_a_slide_lazily_with_its_pixel_size(slide):
     path, image = slide
-    array = open_array(path, spatial_dims=2)
+    array = open_lazy_array(path, spatial_dims=2)
     assert (array.kind, array.axes, array.spatial_shape, array.channels) == ("slide", "cyx", (600, 700), 3)
     assert array.pixel_size == (0.499, 0.499)
     window = (slice(250, 400), slice(500, 700))  # across tiles
     np.testing.assert_array_equal(array.read(window), image[250:400, 500:700].transpose(2, 0, 1))
     with pytest.raises(densecnn.errors.ImageReadError, match="a whole-slide image is 2-D"):
-        open_array(path, spatial_dims=3)
+        open_lazy_array(path, spatial_dims=3)
 
 
 def test_formats_only_openslide_reads_go_through_it(slide, tmp_path):
@@ -62,7 +62,7 @@ def test_formats_only_openslide_reads_go_through_it(slide, tmp_path):
     path, image = slide
     mirax = tmp_path / "tissue.mrxs"
     mirax.write_bytes(path.read_bytes())
-    array = open_array(mirax, spatial_dims=2)
+    array = open_lazy_array(mirax, spatial_dims=2)
     assert (array.kind, array.axes, array.spatial_shape, array.pixel_size) == (
         "slide",
         "cyx",
@@ -73,7 +73,7 @@ def test_formats_only_openslide_reads_go_through_it(slide, tmp_path):
     np.testing.assert_array_equal(array.read(window), image[250:400, 500:700].transpose(2, 0, 1))
     (tmp_path / "broken.mrxs").write_bytes(b"not a slide")
     with pytest.raises(ImageReadError, match="broken.mrxs: OpenSlide cannot read it"):
-        open_array(tmp_path / "broken.mrxs", spatial_dims=2)
+        open_lazy_array(tmp_path / "broken.mrxs", spatial_dims=2)
 
 
 class _UnscannedSlide:

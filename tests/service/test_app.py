@@ -389,16 +389,16 @@ def test_tiff_orientation_tag_is_applied(client, orientation):
 
 def test_every_orientation_reads_as_pillow_displays_it():
     """TIFF Orientation 1-8 is read as Pillow's exif_transpose shows the same EXIF orientation."""
-    from densecnn.io import read_array
+    from densecnn.io import decode_array
 
     for orientation in range(1, 9):
         exif = Image.Exif()
         exif[0x0112] = orientation
         png = encode(IMAGE, exif=exif.tobytes())
         tiff = tiff_bytes(IMAGE, photometric="rgb", extratags=[(274, "H", 1, orientation, True)])
-        displayed = read_array(png)
+        displayed = decode_array(png)
         assert displayed.shape[:2] == (IMAGE.shape[:2] if orientation <= 4 else IMAGE.shape[1::-1])
-        assert np.array_equal(read_array(tiff), displayed), orientation
+        assert np.array_equal(decode_array(tiff), displayed), orientation
 
 
 def test_exif_orientation_is_applied(client, model_root):

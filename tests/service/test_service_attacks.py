@@ -67,12 +67,12 @@ def test_a_chunk_whose_memory_passes_the_plan_is_refused_and_a_default_one_is_ma
     from densecnn_app.registry import ServedModel
 
     import densecnn
-    from densecnn.io import open_array
+    from densecnn.io import open_lazy_array
 
     write_zarr(tmp_path / "data" / "blobs.zarr", 96, 96, chunks=96)
     loaded = densecnn.load(job_settings(tmp_path).model_dir / "cells")
     served = ServedModel("cells", loaded, loaded.dense())
-    source = open_array(tmp_path / "data" / "blobs.zarr", spatial_dims=2)
+    source = open_lazy_array(tmp_path / "data" / "blobs.zarr", spatial_dims=2)
     budget = 2 * chunk_memory(32, source, served) + 1000  # a chunk of 32 fits, one of 64 does not
     settings = job_settings(tmp_path, max_job_memory=budget)
     with serving(settings) as client:
