@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ImageReadError, IntensityError, NonFiniteInputError
-from ..io import Intensity, read_array, write_labels
+from ..io import Intensity, decode_array, write_labels
 from .cancel import stopped
 from .worker import TaskResult, worker_model
 
@@ -37,7 +37,7 @@ def label_file(job: FileJob, image: str, output: str) -> TaskResult:
         return TaskResult(image, 0, 0, 0.0)
     loaded, dense = worker_model(job.model, job.device, job.threads)
     try:
-        pixels = read_array(image)  # (H, W[, C])
+        pixels = decode_array(image)  # (H, W[, C])
         scaling = loaded.scaling(pixels, intensity=job.intensity, nonfinite=job.nonfinite)
         x = loaded.input(pixels, scaling=scaling, nonfinite=job.nonfinite)  # (1, C, H, W)
     except (ImageReadError, IntensityError, NonFiniteInputError) as exc:

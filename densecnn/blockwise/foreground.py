@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import Fix, PredictInputError
-from ..io import LazyArray, Scaling, open_array
+from ..io import LazyArray, Scaling, open_lazy_array
 from ..io.intensity import sample_windows
 
 BACKGROUND = (
@@ -67,7 +67,7 @@ def foreground(spec: str, source: LazyArray, scaling: Scaling) -> Foreground:
         )
         bright = source.channels != 3 if spec == "auto" else spec == "bright"
         return Foreground(threshold=otsu(mean), bright=bright)
-    mask = open_array(spec, spatial_dims=len(source.spatial_shape))
+    mask = open_lazy_array(spec, spatial_dims=len(source.spatial_shape))
     if mask.channels != 1:
         raise PredictInputError(
             f"the foreground mask {spec} has {mask.channels} channels",

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from ..errors import BlockFailedError, DenseCNNError, PredictInputError
-from ..io import read_array, write_labels
+from ..io import decode_array, write_labels
 from ..io.labels import check_label_path, labels_file_name
 from .cancel import stop_name
 from .cluster import task_memory, worker_count
@@ -59,7 +59,7 @@ def label_one_image(loaded, input: Path, output: Path, options: BlockwiseOptions
     check_label_path(output)
     started = time.perf_counter()
     dense = loaded.dense().to(options.device).eval()
-    pixels = read_array(input)  # (H, W[, C])
+    pixels = decode_array(input)  # (H, W[, C])
     scaling = loaded.scaling(pixels, intensity=options.intensity, nonfinite=options.nonfinite)
     x = loaded.input(pixels, scaling=scaling, nonfinite=options.nonfinite)  # (1, C, H, W)
     run = dict(max_memory=options.max_memory, dense=dense, nonfinite=options.nonfinite)

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import Fix, ImageReadError, PredictInputError
-from ..io import LazyArray, is_zarr, open_array, unit_planes
+from ..io import LazyArray, is_zarr, open_lazy_array, unit_planes
 from ..io.arrays import ome_levels
 from ..io.formats import IMAGE_SUFFIXES, TIFF_SUFFIXES
 from ..io.slides import SLIDE_SUFFIXES
@@ -89,7 +89,7 @@ def chunked_source(input: Path, channel_axis: int | None, spatial_dims: int, lev
             f"{input}: a {input.suffix} image is decoded whole; write its labels to a .png/.tif/.npy file, or give "
             "a zarr array or TIFF for chunked output"
         )
-    return open_array(input, channel_axis=channel_axis, spatial_dims=spatial_dims, level=level)
+    return open_lazy_array(input, channel_axis=channel_axis, spatial_dims=spatial_dims, level=level)
 
 
 def check_channels(have: int, want: int, where: str) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import Fix, PredictInputError
-from ..io import LazyArray, open_array
+from ..io import LazyArray, open_lazy_array
 from .blocks import halo, window_size
 
 DEFAULT_TIFF_CHUNK = 1024  # output chunk for TIFF and .npy inputs (not chunked like zarr arrays)
@@ -115,7 +115,7 @@ def estimate_task_memory(
 
     loaded = load(model)
     dense = loaded.dense()
-    source = open_array(
+    source = open_lazy_array(
         Path(input), channel_axis=channel_axis, spatial_dims=len(loaded.patch_size), level=level
     )
     chunks = output_chunks(source, chunk)

@@ -70,7 +70,7 @@ def test_auto_labels_chunks_without_foreground_as_background_and_computes_the_re
     labels = zarr.open_array(str(tmp_path / "out.zarr"))[:]
     probabilities = zarr.open_array(str(tmp_path / "p.zarr"))[:]
 
-    source = densecnn.io.open_array(tmp_path / "in.zarr", spatial_dims=2)
+    source = densecnn.io.open_lazy_array(tmp_path / "in.zarr", spatial_dims=2)
     threshold = foreground("auto", source, Intensity().scaling(image)).threshold
     assert 0 < threshold < image.max() / 255  # a bright foreground (one channel) on the black background
     bright = image / 255 > threshold
