@@ -12,6 +12,7 @@ COMMANDS = [
     "densecnn.commands.info",
     "densecnn.commands.train",
     "densecnn.commands.tune",
+    "densecnn.commands.calibrate",
     "densecnn.commands.predict",
     "densecnn.commands.bench",
     "densecnn.commands.serve",

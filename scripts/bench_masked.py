@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import densecnn  # noqa: E402
 from densecnn import masked  # noqa: E402
+from densecnn.bench import machine  # noqa: E402
 
 NETS = {"plain_133": 3, "stages_46": 3, "nuclei": 1}
 
@@ -100,9 +101,7 @@ def main() -> None:
     parser.add_argument("--nets", nargs="*", default=list(NETS))
     args = parser.parse_args()
     warnings.simplefilter("ignore")
-    print(
-        f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.rounds} interleaved rounds, medians,"
-    )
+    print(f"torch {torch.__version__}, {machine.description()}, {args.rounds} interleaved rounds, medians,")
     print(f"{args.size}² image, {args.pixels} selected pixels; DENSE_MAC_COST = {masked.DENSE_MAC_COST}")
     print(
         "| net | 64 pixels: auto / patch minibatch | all pixels: auto / dense step | auto picks (64, all) | fitted DENSE_MAC_COST |"

@@ -40,6 +40,7 @@ from compare_strokes import mean_iou, run_forest  # noqa: E402
 from qtpy.QtWidgets import QApplication  # noqa: E402
 from stroke_sets import UNLABELLED, make_image, strokes  # noqa: E402
 
+from densecnn.bench import machine  # noqa: E402
 from densecnn.napari.train_panel import TrainPanel  # noqa: E402
 from densecnn.napari.training import LivePrediction  # noqa: E402
 
@@ -183,7 +184,7 @@ def main() -> int:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     results = [one_case(name, seed, args) for name in args.images for seed in args.seeds]
-    summary = {}
+    summary: dict = {"machine": machine.description()}
     for key in [k for k in results[0] if k.startswith(("first_useful", "stroke_to_live"))]:
         values = [r[key] for r in results if r[key] is not None]
         summary[key] = {

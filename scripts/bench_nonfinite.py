@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 import warnings
 from pathlib import Path
 
@@ -24,30 +23,14 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import densecnn  # noqa: E402
+from densecnn.bench import machine  # noqa: E402
+from densecnn.bench.timing import CLOCKS, add_clock_argument, elapsed, per_call  # noqa: E402
 from densecnn.nonfinite import check_finite  # noqa: E402
 
 NETS = {"plain_133": 3, "stages_46": 3, "nuclei": 1}  # name -> input channels
 
 
-CLOCK = {"wall": time.perf_counter, "cpu": time.process_time}  # cpu: the process's CPU seconds, all threads
-clock = CLOCK["wall"]
-
-
-def _seconds(call) -> float:
-    start = clock()
-    call()
-    return clock() - start
-
-
-def _micro(call, repeat: int = 200) -> float:
-    """Seconds per call of a cheap ``call``, from ``repeat`` calls."""
-    start = clock()
-    for _ in range(repeat):
-        call()
-    return (clock() - start) / repeat
-
-
-def measure(name: str, channels: int, size: int, rounds: int) -> dict[str, float]:
+def measure(name: str, channels: int, size: int, rounds: int, clock) -> dict[str, float]:
     model, patch = densecnn.zoo.create(name, in_channels=channels, num_classes=3)
     dense = densecnn.convert(model.eval(), patch)
     images = torch.rand(1, channels, size, size)
@@ -58,10 +41,10 @@ def measure(name: str, channels: int, size: int, rounds: int) -> dict[str, float
         dense(images)  # plans and buffers: every call is timed warm
         dense(holed, nonfinite="propagate")
         for _ in range(rounds):
-            times["forward"].append(_seconds(lambda: dense(images)))
-            times["isfinite"].append(_micro(lambda: check_finite(images), repeat=20))
-            times["structure"].append(_micro(dense.check_model))
-            times["propagate"].append(_seconds(lambda: dense(holed, nonfinite="propagate")))
+            times["forward"].append(elapsed(lambda: dense(images), clock))
+            times["isfinite"].append(per_call(lambda: check_finite(images), 20, clock))
+            times["structure"].append(per_call(dense.check_model, 200, clock))
+            times["propagate"].append(elapsed(lambda: dense(holed, nonfinite="propagate"), clock))
     return {key: statistics.median(values) for key, values in times.items()}
 
 
@@ -70,18 +53,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--size", type=int, default=512)
     parser.add_argument("--nets", nargs="*", default=list(NETS))
-    parser.add_argument(
-        "--clock",
-        choices=sorted(CLOCK),
-        default="wall",
-        help="cpu: CPU seconds, steadier on a shared machine",
-    )
+    add_clock_argument(parser)
     args = parser.parse_args()
-    global clock
-    clock = CLOCK[args.clock]
     warnings.simplefilter("ignore")
     print(
-        f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.rounds} interleaved rounds, medians of "
+        f"torch {torch.__version__}, {machine.description()}, {args.rounds} interleaved rounds, medians of "
         f"{args.clock} seconds, "
         f"{args.size}² images"
     )
@@ -91,7 +67,7 @@ def main() -> None:
     )
     print("|---|---|---|---|")
     for name in args.nets:
-        m = measure(name, NETS[name], args.size, args.rounds)
+        m = measure(name, NETS[name], args.size, args.rounds, CLOCKS[args.clock])
         print(
             f"| {name} | {m['isfinite'] / m['forward']:.4f}x ({m['isfinite'] * 1e6:,.0f} µs) | "
             f"{m['structure'] * 1e6:.0f} µs | {m['propagate'] / m['forward']:.3f}x |"

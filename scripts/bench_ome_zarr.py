@@ -27,6 +27,7 @@ from ome_zarr.writer import write_multiscales_metadata
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from densecnn.bench import machine  # noqa: E402
 from densecnn.blockwise import BlockwiseOptions, predict_to_disk  # noqa: E402
 from tests.predict_support import NUCLEI_MODEL, tiled_nuclei  # noqa: E402
 
@@ -75,7 +76,9 @@ def main() -> None:
             if name.startswith("--labels-into"):
                 pyramid.append(time.perf_counter() - started - level0)
     (node,) = [n for n in Reader(parse_url(str(image)))() if n.load(Label)]
-    print(f"{args.size}x{args.size} OME-Zarr image, 1 worker, {args.rounds} rounds, medians:")
+    print(
+        f"{machine.description()}; {args.size}x{args.size} OME-Zarr image, 1 worker, {args.rounds} rounds, medians:"
+    )
     for name, times in seconds.items():
         print(f"  {name}: {statistics.median(times):.1f} s")
     print(f"  the pyramid after level 0 (--labels-into): {statistics.median(pyramid):.1f} s")

@@ -17,6 +17,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+from densecnn.bench import machine
 from densecnn.ops import ext
 
 
@@ -117,7 +118,7 @@ def main() -> None:
         row["native_over_ext"] = best_native / min(medians["ext"], medians["ext_channels_last"])
     print(
         json.dumps(
-            {"case": args.case, "backward": args.backward, "threads": torch.get_num_threads(), "rows": rows}
+            {"case": args.case, "backward": args.backward, "machine": machine.description(), "rows": rows}
         )
     )
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 import warnings
 from pathlib import Path
 
@@ -24,21 +23,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import densecnn  # noqa: E402
+from densecnn.bench import machine  # noqa: E402
+from densecnn.bench.timing import CLOCKS, add_clock_argument, elapsed  # noqa: E402
 
 NETS = {"plain_133": 3, "stages_46": 3, "nuclei": 1, "znni_3d": 1}  # name -> input channels
 
 
-CLOCK = {"wall": time.perf_counter, "cpu": time.process_time}  # cpu: the process's CPU seconds, all threads
-clock = CLOCK["wall"]
-
-
-def _seconds(call) -> float:
-    start = clock()
-    call()
-    return clock() - start
-
-
-def measure(name: str, channels: int, size: int, rounds: int) -> dict[str, float]:
+def measure(name: str, channels: int, size: int, rounds: int, clock) -> dict[str, float]:
     model, patch = densecnn.zoo.create(name, in_channels=channels, num_classes=3)
     model.eval()
     dense = densecnn.convert(model, patch)
@@ -48,10 +39,10 @@ def measure(name: str, channels: int, size: int, rounds: int) -> dict[str, float
         dense(images)  # plan and buffers: the forward is timed warm
     times: dict[str, list[float]] = {"convert": [], "convert+verify": [], "forward": []}
     for _ in range(rounds):
-        times["convert"].append(_seconds(lambda: densecnn.convert(model, patch, verify=False)))
-        times["convert+verify"].append(_seconds(lambda: densecnn.convert(model, patch)))
+        times["convert"].append(elapsed(lambda: densecnn.convert(model, patch, verify=False), clock))
+        times["convert+verify"].append(elapsed(lambda: densecnn.convert(model, patch), clock))
         with torch.no_grad():
-            times["forward"].append(_seconds(lambda: dense(images)))
+            times["forward"].append(elapsed(lambda: dense(images), clock))
     medians = {key: statistics.median(values) for key, values in times.items()}
     medians["verify"] = medians["convert+verify"] - medians["convert"]
     medians["shape"] = "x".join(map(str, shape[2:]))
@@ -63,24 +54,17 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--size", type=int, default=512)
     parser.add_argument("--nets", nargs="*", default=list(NETS))
-    parser.add_argument(
-        "--clock",
-        choices=sorted(CLOCK),
-        default="wall",
-        help="cpu: CPU seconds, steadier on a shared machine",
-    )
+    add_clock_argument(parser)
     args = parser.parse_args()
-    global clock
-    clock = CLOCK[args.clock]
     warnings.simplefilter("ignore")
     print(
-        f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.rounds} interleaved rounds, medians of "
+        f"torch {torch.__version__}, {machine.description()}, {args.rounds} interleaved rounds, medians of "
         f"{args.clock} seconds"
     )
     print("| net | forward input | verification / one warm forward | verification / conversion without it |")
     print("|---|---|---|---|")
     for name in args.nets:
-        m = measure(name, NETS[name], args.size, args.rounds)
+        m = measure(name, NETS[name], args.size, args.rounds, CLOCKS[args.clock])
         print(
             f"| {name} | {m['shape']} | {m['verify'] / m['forward']:.3f}x | "
             f"{m['verify'] / m['convert']:.1f}x |"

@@ -10,6 +10,10 @@ solver:
     python scripts/fit_cost_model.py --merge         # time the grid again and keep each candidate's faster time
     python scripts/fit_cost_model.py --quick         # a handful of problems: checks the pipeline, not for shipping
     python scripts/fit_cost_model.py --only volumes  # time the 3-D grid only, keep the shipped images and signals
+    python scripts/fit_cost_model.py --calibration   # time the calibration problems only, keep everything else
+
+Every run except ``--refit`` also times the calibration problems (densecnn/ops/calibration.py) the way each
+machine's calibration will, on one thread in CPU time: the reference other CPUs compare themselves with.
 
 On a busy machine a run's times carry the other load's spikes (they only ever add time); ``--merge`` with the
 shipped file keeps, per problem and candidate, the minimum of both runs. When other processes hold the cores, every
@@ -27,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import platform
 import random
 import time
 
@@ -35,7 +38,7 @@ import torch
 
 import densecnn
 from densecnn.geometry import output_size, reach
-from densecnn.ops import costmodel, gradients, plan, tune
+from densecnn.ops import calibration, costmodel, gradients, plan, tune
 from densecnn.ops.backends import ext_available
 from densecnn.ops.solvers import SOLVERS, ConvOp, PoolOp
 
@@ -43,14 +46,6 @@ MAX_MACS = 4e9  # larger convs are left out: too slow to time for what they add 
 REFERENCE_NETS = {"plain_133": 32, "stages_46": 8, "nuclei": 3}  # name: classes
 REFERENCE_VOLUME_NETS = {"znni_3d": 3, "nuclei3d": 3}  # name: classes
 VOLUME_SIDES = (32, 96)  # output sides of the volumes the volume nets' layers are timed on
-
-
-def _spec(row: dict):
-    if row["op"].startswith("conv"):  # conv1d, conv2d, conv3d
-        c = row["input"][1]
-        weight = torch.randn(row["out_channels"], c // row["groups"], *row["kernel"])
-        return ConvOp(weight, torch.randn(row["out_channels"]), tuple(row["dilation"]), row["groups"])
-    return PoolOp(row["op"], tuple(row["kernel"]), tuple(row["dilation"]), activation=row["activation"])
 
 
 def _macs(row: dict) -> float:
@@ -167,7 +162,7 @@ def measure(rows: list[dict], log) -> list[dict]:
     ext = ext_available()
     measured = []
     for i, row in enumerate(rows):
-        op, start = _spec(row), time.perf_counter()
+        op, start = costmodel.operation(row), time.perf_counter()
         times = {
             direction: tune.time_candidates(
                 op, row["input"], torch.float32, "cpu", train=train, ext=ext, input_grad=train, every=True
@@ -193,6 +188,13 @@ def _merged(problems: list[dict], shipped: list[dict]) -> list[dict]:
                     if previous and (ms is None or previous < ms):
                         times[solver] = previous
     return problems
+
+
+def calibration_reference(rounds: int = 7) -> list[dict]:
+    """The calibration problems timed as each machine's calibration times them (one thread, CPU time), with more
+    rounds: the reference of every other machine's factors."""
+    rows, _ = calibration.measure(list(calibration.PROBLEMS), rounds=rounds, deadline=math.inf)
+    return [r | {"ms": float(f"{r['ms']:.4g}")} for r in rows]
 
 
 KINDS = {"signals": 1, "images": 2, "volumes": 3}  # kind of problem: spatial axes
@@ -224,6 +226,11 @@ def main() -> None:
     )
     parser.add_argument("--merge", action="store_true", help="keep the faster of each new and shipped time")
     parser.add_argument(
+        "--calibration",
+        action="store_true",
+        help="time the calibration problems only (the reference for other CPUs), keep every other measurement",
+    )
+    parser.add_argument(
         "--threads", type=int, default=None, help="torch threads while timing (default: torch's default)"
     )
     parser.add_argument("--count", type=int, default=60, help="random grid problems (default 60)")
@@ -242,17 +249,18 @@ def main() -> None:
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    if args.refit or args.gradients:
-        shipped = json.loads(costmodel.MODEL_FILE.read_text())
-        problems, machine = shipped["problems"], shipped["machine"]
+    shipped_document = json.loads(costmodel.MODEL_FILE.read_text())
+    reference = shipped_document.get("calibration", [])
+    if args.refit or args.gradients or args.calibration:
+        problems, machine = shipped_document["problems"], shipped_document["machine"]
     if args.gradients:
         for i, p in enumerate(problems):
-            fresh = _gradient_times(_spec(p), p) if p["op"].startswith("conv") else {}
+            fresh = _gradient_times(costmodel.operation(p), p) if p["op"].startswith("conv") else {}
             p["times_ms"].update(_rounded(fresh))
             if fresh:
                 print(f"[{i + 1}/{len(problems)}] gradients of {p['op']} in={p['input']} k={p['kernel']} "
                       f"d={p['dilation']} out={p['out_channels']}")  # fmt: skip
-    elif not args.refit:
+    elif not (args.refit or args.calibration):
         tune.REPEATS, tune.BUDGET_MS = args.repeats, 600.0
         torch.manual_seed(0)
         if args.quick:  # a few of each kind: images, volumes (a small volume net's layers), signals
@@ -263,30 +271,38 @@ def main() -> None:
         else:
             rows = [row for kind in ([args.only] if args.only else KINDS) for row in _grid(kind, args)]
         problems = measure(rows, print)
-        shipped = json.loads(costmodel.MODEL_FILE.read_text())["problems"]
+        shipped = shipped_document["problems"]
         if args.merge:
             problems = _merged(problems, shipped)
         if args.only:
             problems = [p for p in shipped if _kind(p) != args.only] + problems
         machine = {
-            "cpu": platform.processor() or platform.machine(),
+            "cpu": calibration.cpu_model(),
+            "isa": calibration.kernel_isa(),
             "threads": torch.get_num_threads(),
             "torch": torch.__version__,
             "ext": ext_available(),
         }
+    if not args.refit:
+        reference = calibration_reference()
+        machine["calibration"] = {"cpu": calibration.cpu_model(), "isa": calibration.kernel_isa()}
     models = costmodel.fit(costmodel.measurement_rows(problems))
     document = {
         "machine": machine,
         "features": list(costmodel.FEATURES),
         "models": models,
-        "problems": problems,
     }
     with open(args.out, "w") as f:
         f.write("{\n")
         for key in ("machine", "features", "models"):
             f.write(f"{json.dumps(key)}: {json.dumps(document[key], sort_keys=True)},\n")
+        f.write(
+            '"calibration": [\n' + ",\n".join(json.dumps(r, sort_keys=True) for r in reference) + "\n],\n"
+        )
         f.write('"problems": [\n' + ",\n".join(json.dumps(p, sort_keys=True) for p in problems) + "\n]}\n")
-    print(f"wrote {args.out}: {len(problems)} problems, {len(models)} fitted models")
+    print(
+        f"wrote {args.out}: {len(problems)} problems, {len(models)} fitted models, {len(reference)} calibration times"
+    )
 
 
 if __name__ == "__main__":

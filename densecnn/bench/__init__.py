@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from ..errors import InvalidInputError
-from . import firstcall, memory, report, suite, third_party
+from . import firstcall, machine, memory, report, suite, third_party
 from .suite import Config
 from .workloads import Workload
 
@@ -53,6 +53,7 @@ def run(out: Path, *, quick: bool = False, only: list[str] | None = None, log=pr
         "environment": suite.environment(),
         "config": vars(config),
     }
+    log(f"densecnn bench on {machine.description()}")
     start = time.perf_counter()
     items = {
         "memory": lambda: memory.tiled_predict_peak(config.model, config.memory_image, config.memory_cap),

@@ -1,21 +1,28 @@
 """Immediate mode, measured: the first call in a fresh process with an empty solver cache vs the warm calls after it,
-and the immediate (predicted) plan vs the tuned (timed) one."""
+and the immediate (predicted) plan vs the tuned (timed) one.
+
+The fresh processes find this machine's cost-model calibration already done (copied into their empty cache), as
+every process after the machine's first does: the calibration's one-off seconds (:mod:`densecnn.ops.calibration`)
+are not a first call's."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 import textwrap
 import time
+from pathlib import Path
 
 import torch
 
 import densecnn
-from densecnn.ops.config import use_config
+from densecnn.ops import calibration
+from densecnn.ops.config import get_config, use_config
 
 from .timing import interleave, median, ratio
 from .workloads import Workload
@@ -52,6 +59,7 @@ SCRIPT = textwrap.dedent(
 
 def _fresh_process(name: str, size: int, direction: str, calls: int) -> dict:
     with tempfile.TemporaryDirectory(prefix="densecnn-cold-") as cache:
+        _copy_calibration(Path(cache))
         env = {**os.environ, "DENSECNN_CACHE_DIR": cache}
         for variable in ("DENSECNN_TUNE", "DENSECNN_FIND"):  # the new name and its deprecated one
             env.pop(variable, None)
@@ -64,6 +72,17 @@ def _fresh_process(name: str, size: int, direction: str, calls: int) -> dict:
             env=env,
         )
     return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def _copy_calibration(cache: Path) -> None:
+    """This machine's calibration (done now, if it was not yet) into the fresh cache directory ``cache``."""
+    if not calibration.enabled():
+        return
+    calibration.current()
+    done = calibration.cache_file(calibration.machine_key(), get_config().cache_dir)
+    if done.exists():  # not if the cache is read-only
+        (cache / "calibration").mkdir()
+        shutil.copy(done, cache / "calibration" / done.name)
 
 
 def cold_start(name: str, size: int, runs: int, calls: int = 4) -> dict:

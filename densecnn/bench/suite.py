@@ -12,7 +12,7 @@ import torch
 
 import densecnn
 from densecnn.losses import masked_cross_entropy
-from densecnn.ops import allocator, ext_available, solvers
+from densecnn.ops import allocator, calibration, ext_available, solvers
 from densecnn.ops.config import get_config
 from densecnn.ops.layout import to_format
 from densecnn.ops.plan import next_shape
@@ -379,6 +379,7 @@ def environment() -> dict:
         "isa": machine.kernel_isa(),  # which compiled clone of the kernels' CPU loops ran
         "ext_available": ext_available(),
         "allocator": allocator.name(),  # a caching malloc speeds up torch's ops too
+        "cost_model_calibration": calibration.current().factors,  # the immediate plans' factors per solver family
     }
 
 

@@ -10,9 +10,11 @@ over the log of the output pixels, channels, kernel taps and dilation (:func:`fe
 plus the residuals of the nearest measured problems (weighted by their closeness in feature space, fading to none
 far from any measurement): solver speeds have steps a global fit smooths over (a format that wins at 64 channels
 and loses at 3), and the measured grid includes the layers of common nets. The plan ranks candidates by these
-predictions, so the first call on a new machine or image size runs at once; the find step
-(:mod:`densecnn.ops.find`, ``densecnn tune``) replaces them by real timings when asked. The absolute numbers are the
-shipping machine's; the plan uses them to compare candidates and memory formats.
+predictions, so the first call on a new machine or image size runs at once; the tuning step
+(:mod:`densecnn.ops.tune`, ``densecnn tune``) replaces them by real timings when asked. The absolute numbers are the
+shipping machine's; the plan uses them to compare candidates and memory formats. On another CPU the solvers' speeds
+relative to each other shift: :mod:`densecnn.ops.calibration` times each solver family on a few small problems
+once per machine, against the same timings shipped in the file, and scales its predictions by the factor it fits.
 
 >>> from densecnn.ops.solvers import PoolOp
 >>> table = estimate(PoolOp("max_pool2d", (2, 2), (8, 8)), (1, 50, 300, 300), torch.float32, train=False,
@@ -33,7 +35,7 @@ import numpy as np
 import torch
 
 from ..geometry import output_size
-from . import layout
+from . import calibration, layout
 from .solvers import ConvOp, DenseOp, PoolOp
 
 MODEL_FILE = Path(__file__).with_name("cost_model.json")
@@ -52,6 +54,22 @@ def problem(op: DenseOp, shape) -> dict:
     else:
         row.update(out_channels=shape[1], groups=shape[1], activation=op.activation)
     return row
+
+
+def operation(row: dict, generator: torch.Generator | None = None) -> DenseOp:
+    """The op of a problem row (:func:`problem`), a conv with random parameters drawn from ``generator`` (torch's
+    default one if None).
+
+    >>> operation(problem(PoolOp("max_pool2d", (2, 2), (4, 4)), (1, 8, 64, 64)), torch.Generator()).dilation
+    (4, 4)
+    """
+    if not row["op"].startswith("conv"):
+        return PoolOp(row["op"], tuple(row["kernel"]), tuple(row["dilation"]), activation=row["activation"])
+    weight = torch.randn(
+        row["out_channels"], row["input"][1] // row["groups"], *row["kernel"], generator=generator
+    )
+    bias = torch.randn(row["out_channels"], generator=generator)
+    return ConvOp(weight, bias, tuple(row["dilation"]), row["groups"])
 
 
 def features(row: dict) -> list[float]:
@@ -157,13 +175,29 @@ class CostModel:
 
 
 @functools.cache
-def shipped() -> CostModel:
-    """The model in ``cost_model.json`` (an empty one if the file is missing or unreadable)."""
+def _document() -> dict:
+    """``cost_model.json`` (no models and no problems if the file is missing or unreadable)."""
     try:
         document = json.loads(MODEL_FILE.read_text())
-        return CostModel(document["models"], document["problems"])
-    except (OSError, ValueError, KeyError):
-        return CostModel({}, [])
+        return {
+            "models": dict(document["models"]),
+            "problems": list(document["problems"]),
+            "calibration": list(document.get("calibration", [])),
+        }
+    except (OSError, ValueError, KeyError, TypeError):
+        return {"models": {}, "problems": [], "calibration": []}
+
+
+@functools.cache
+def shipped() -> CostModel:
+    """The model in ``cost_model.json`` (an empty one if the file is missing or unreadable)."""
+    return CostModel(_document()["models"], _document()["problems"])
+
+
+def shipped_calibration() -> list[dict]:
+    """The calibration problems' timings on the machine the shipped measurements come from (``cost_model.json``'s
+    ``calibration``): rows ``{"problem", "op", "format", "solver", "ms"}`` (:mod:`densecnn.ops.calibration`)."""
+    return _document()["calibration"]
 
 
 def measurement_rows(problems: list[dict]) -> list[dict]:
@@ -187,9 +221,10 @@ def _measurements(problem: dict):
 def estimate(
     op: DenseOp, shape, dtype: torch.dtype, *, train: bool, candidates: list[str]
 ) -> dict[str, dict[str, float | None]]:
-    """``{memory_format: {solver: predicted ms}}`` for ``op`` on an input of ``shape`` — the find step's table,
-    predicted. A solver without a fitted model for this op gets None (not chosen), except ``native``, which gets a
-    neutral 1.0 so that a net always has a plan. Dtypes not in the file use the float32 models."""
+    """``{memory_format: {solver: predicted ms}}`` for ``op`` on an input of ``shape`` — the tuning step's table,
+    predicted, each solver scaled by this machine's calibration (:mod:`densecnn.ops.calibration`). A solver without
+    a fitted model for this op gets None (not chosen), except ``native``, which gets a neutral 1.0 so that a net
+    always has a plan. Dtypes not in the file use the float32 models."""
     model, row = shipped(), problem(op, shape)
     if isinstance(op, PoolOp) and len(op.kernel) != 2 and not model.fits(op.name):
         # Without measurements of their own, signals' and volumes' pools borrow the image pools' fits: a pool's
@@ -197,9 +232,11 @@ def estimate(
         # torch's dilated pooling is slower still in 3-D.
         row["op"] = f"{op.mode}_pool2d"
     direction, dtype_name = "train" if train else "infer", str(dtype).removeprefix("torch.")
+    scale = calibration.current()
     table: dict[str, dict[str, float | None]] = {}
     for memory_format in layout.names_for(len(shape)):
         times = {s: model.time_ms(row, s, memory_format, direction, dtype_name) for s in candidates}
+        times = _scaled(times, scale, op.name)
         if memory_format != "nchw" and all(ms is None for ms in times.values()):
             continue  # nothing measured in this format for this op: not a choice
         table[memory_format] = {s: 1.0 if ms is None and s == "native" else ms for s, ms in times.items()}
@@ -210,18 +247,25 @@ def estimate_gradients(
     op: ConvOp, shape, dtype: torch.dtype, candidates: list[str], *, input_grad: bool
 ) -> dict[str, dict[str, dict[str, float | None]]]:
     """``{memory_format: {"grad_input" | "grad_weight": {gradient solver: predicted ms}}}`` for a conv's gradient
-    solvers (:mod:`densecnn.ops.gradients`) on an input of ``shape``, as :func:`find_gradients` times them;
+    solvers (:mod:`densecnn.ops.gradients`) on an input of ``shape``, as
+    :func:`~densecnn.ops.tune.tuned_gradient_times` times them (scaled by the calibration like :func:`estimate`'s);
     "grad_input" only when the input needs a gradient. ``native`` without a fit gets a neutral 1.0, the others None
     (not chosen)."""
     model, row = shipped(), problem(op, shape)
-    dtype_name = str(dtype).removeprefix("torch.")
+    dtype_name, scale = str(dtype).removeprefix("torch."), calibration.current()
     directions = ("grad_input", "grad_weight") if input_grad else ("grad_weight",)
     table: dict[str, dict[str, dict[str, float | None]]] = {}
     for memory_format in layout.names_for(len(shape)):
         table[memory_format] = {}
         for direction in directions:
             times = {s: model.time_ms(row, s, memory_format, direction, dtype_name) for s in candidates}
+            times = _scaled(times, scale, op.name)
             table[memory_format][direction] = {
                 s: 1.0 if ms is None and s == "native" else ms for s, ms in times.items()
             }
     return table
+
+
+def _scaled(times: dict[str, float | None], scale: calibration.Calibration, op_name: str) -> dict:
+    """Predicted ``{solver: ms}`` in this machine's proportions: each times its family's calibration factor."""
+    return {s: None if ms is None else ms * scale.factor(op_name, s) for s, ms in times.items()}

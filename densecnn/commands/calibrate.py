@@ -1,0 +1,37 @@
+"""``densecnn calibrate``: time each solver family on a few problems and fit the cost model's factors to this CPU
+(what the first plan on a new machine does by itself), cache them and show them; ``--show`` only shows the cached
+ones."""
+
+from __future__ import annotations
+
+
+def add_parser(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "calibrate",
+        help="fit the cost model's per-solver factors to this CPU (redo the first use's calibration)",
+    )
+    parser.add_argument("--show", action="store_true", help="show the cached calibration, time nothing")
+    parser.set_defaults(run=run)
+
+
+def run(args) -> int:
+    from ..ops import calibration, get_config
+
+    key = calibration.machine_key()
+    path = calibration.cache_file(key, get_config().cache_dir)
+    found = (
+        calibration.load(key, path) if args.show else calibration.store(calibration.calibrate(), key, path)
+    )
+    print(f"machine: {key['cpu']}, kernels {key['isa']}, torch {key['torch']} ({key['torch_isa']})")
+    if found is None:
+        print(f"not calibrated yet (no {path}); run `densecnn calibrate`")
+        return 0
+    print(f"calibration: {found.seconds:.2f} s, {found.rounds} rounds; cached in {path}")
+    print("predicted times are multiplied by (1: as measured where the cost model was fitted):")
+    for family, factor in found.factors.items():
+        print(f"  {family:<16} {factor:.2f}")
+    if not calibration.enabled():
+        print(
+            f"{calibration.ENVIRONMENT}=0: plans use the shipped predictions as they are, not these factors"
+        )
+    return 0

@@ -1,0 +1,151 @@
+"""The cost model's calibration to this CPU: factors fitted against torch's own op, cached per machine, applied to
+every prediction, off with DENSECNN_CALIBRATE=0; the timing itself only on one tiny problem."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from densecnn.cli import main
+from densecnn.errors import InvalidInputError
+from densecnn.ops import calibration, costmodel, layout, solvers
+from densecnn.ops.calibration import MAX_FACTOR, PRIOR, Calibration, fit_factors
+from densecnn.ops.solvers import ConvOp
+
+
+def _rows(times: dict[str, list[float]], op: str = "conv2d") -> list[dict]:
+    """Measurement rows of problems 0, 1, ...: ``times[solver][i]`` ms here against a reference of 1 ms each."""
+    return [
+        {"problem": {"i": i}, "op": op, "format": "nchw", "solver": s, "ms": ms, "reference_ms": 1.0}
+        for s, values in times.items()
+        for i, ms in enumerate(values)
+    ]
+
+
+def test_a_solver_slower_against_native_than_in_the_reference_gets_its_ratio_shrunk_by_the_prior():
+    factors = fit_factors(_rows({"native": [2.0, 3.0, 1.0], "fft": [6.0, 9.0, 3.0]}))  # fft 3x native here
+    assert factors == {"conv/fft": pytest.approx(3.0 ** (3 / (3 + PRIOR)), rel=1e-3)}
+
+
+def test_a_machine_faster_at_everything_changes_no_factor():
+    factors = fit_factors(_rows({"native": [0.5, 0.25], "winograd": [0.5, 0.25], "s2b": [0.5, 0.25]}))
+    assert factors == {"conv/s2b": 1.0, "conv/winograd": 1.0}
+
+
+def test_one_odd_timing_does_not_move_the_median():
+    factors = fit_factors(_rows({"native": [1.0] * 5, "ext": [1.2, 1.2, 1.2, 1.2, 40.0]}, op="max_pool2d"))
+    assert factors == {"pool/ext": pytest.approx(1.2 ** (5 / (5 + PRIOR)), rel=1e-3)}
+
+
+def test_factors_are_clamped():
+    factors = fit_factors(_rows({"native": [1.0] * 9, "direct": [1e3] * 9, "ext": [1e-3] * 9}))
+    assert factors == {"conv/direct": MAX_FACTOR, "conv/ext": 1 / MAX_FACTOR}
+
+
+def _conv():
+    return ConvOp(torch.randn(16, 16, 3, 3), None, (4, 4), 1), (1, 16, 72, 72)
+
+
+def test_predictions_are_scaled_by_their_family_factor(monkeypatch):
+    op, shape = _conv()
+    names = solvers.candidates(op, ext_available=True)
+    shipped = costmodel.estimate(op, shape, torch.float32, train=False, candidates=names)
+    monkeypatch.setattr(calibration, "current", lambda: Calibration({"conv/fft": 2.0, "pool/s2b": 9.0}))
+    scaled = costmodel.estimate(op, shape, torch.float32, train=False, candidates=names)
+    for fmt, table in shipped.items():
+        for name, ms in table.items():
+            assert scaled[fmt][name] == pytest.approx(ms * (2.0 if name == "fft" else 1.0))
+    gradients = costmodel.estimate_gradients(op, shape, torch.float32, ["native", "fft"], input_grad=True)
+    monkeypatch.setattr(calibration, "current", Calibration)
+    unscaled = costmodel.estimate_gradients(op, shape, torch.float32, ["native", "fft"], input_grad=True)
+    assert gradients["nchw"]["grad_weight"]["fft"] == pytest.approx(
+        2 * unscaled["nchw"]["grad_weight"]["fft"]
+    )
+    assert gradients["nchw"]["grad_input"]["native"] == unscaled["nchw"]["grad_input"]["native"]
+
+
+@pytest.fixture
+def calibrating(monkeypatch, ops_config, tmp_path):
+    """Calibration on, cached under tmp_path; ``calibrate`` returns fixed factors and counts its calls."""
+    monkeypatch.setenv(calibration.ENVIRONMENT, "1")
+    ops_config(cache_dir=tmp_path)
+    calls = []
+
+    def calibrate(**_):
+        calls.append(1)
+        return Calibration({"conv/fft": 1.5}, 0.5, 3)
+
+    monkeypatch.setattr(calibration, "calibrate", calibrate)
+    return calls
+
+
+def test_the_first_use_calibrates_and_caches_per_machine(calibrating, tmp_path):
+    assert calibration.current().factor("conv2d", "fft") == 1.5
+    assert calibration.current().factor("conv3d", "fft") == 1.5
+    assert len(calibrating) == 1
+    (cached,) = (tmp_path / "calibration").iterdir()
+    assert json.loads(cached.read_text())["key"] == calibration.machine_key()
+    calibration._known.clear()  # a new process: read from the cache, nothing timed
+    assert calibration.current().factors == {"conv/fft": 1.5}
+    assert len(calibrating) == 1
+
+
+def test_another_machines_calibration_is_not_used(calibrating, tmp_path):
+    key = calibration.machine_key() | {"cpu": "another CPU"}
+    path = calibration.cache_file(calibration.machine_key(), tmp_path)
+    path.parent.mkdir()
+    path.write_text(json.dumps({"key": key, "factors": {"conv/fft": 3.0}, "seconds": 1.0, "rounds": 3}))
+    assert calibration.current().factors == {"conv/fft": 1.5}
+    assert len(calibrating) == 1
+
+
+def test_switched_off_nothing_is_timed_and_every_factor_is_one(calibrating, monkeypatch):
+    monkeypatch.setenv(calibration.ENVIRONMENT, "0")
+    assert calibration.current() == Calibration()
+    assert calibration.current().factor("conv2d", "fft") == 1.0
+    assert calibrating == []
+
+
+def test_an_invalid_switch_names_the_variable(monkeypatch):
+    monkeypatch.setenv(calibration.ENVIRONMENT, "yes")
+    with pytest.raises(InvalidInputError, match="DENSECNN_CALIBRATE='yes' is not a flag; use 1 or 0"):
+        calibration.current()
+
+
+def test_every_calibration_timing_has_a_shipped_reference():
+    shipped = {calibration._row_key(r) for r in costmodel.shipped_calibration()}
+    for problem in calibration.PROBLEMS:
+        op = costmodel.operation(problem)
+        for fmt in layout.names_for(len(problem["input"])):
+            for solver in solvers.candidates(op, ext_available=True, dtype=torch.float32):
+                row = {"problem": problem, "format": fmt, "solver": solver}
+                assert calibration._row_key(row) in shipped, row
+
+
+def test_a_tiny_calibration_times_each_solver_in_both_formats_on_one_thread():
+    threads = torch.get_num_threads()
+    problem = calibration.PROBLEMS[3]  # a 3-channel 7×7 conv on 96²: well under a millisecond per solver
+    rows, rounds = calibration.measure([problem], rounds=1, deadline=0.0)
+    assert rounds == 1
+    assert torch.get_num_threads() == threads
+    names = solvers.candidates(costmodel.operation(problem), ext_available=calibration.ext_available())
+    assert sorted((r["format"], r["solver"]) for r in rows) == sorted(
+        (f, s) for f in ("nchw", "nhwc") for s in names
+    )
+    assert all(0 < r["ms"] < 1e3 for r in rows)
+    factors = calibration.calibrate(problems=[problem], rounds=1).factors
+    assert set(factors) == {f"conv/{s}" for s in names if s != "native"}
+    assert all(1 / MAX_FACTOR <= f <= MAX_FACTOR and math.isfinite(f) for f in factors.values())
+
+
+def test_the_command_shows_and_redoes_the_calibration(calibrating, capsys):
+    assert main(["calibrate", "--show"]) == 0
+    assert "not calibrated yet" in capsys.readouterr().out
+    assert main(["calibrate"]) == 0
+    assert "conv/fft         1.50" in capsys.readouterr().out
+    assert main(["calibrate", "--show"]) == 0
+    assert "conv/fft         1.50" in capsys.readouterr().out
+    assert len(calibrating) == 1
