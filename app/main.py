@@ -35,6 +35,7 @@ from .routers.page import STATIC
 from .routers.uploads import TUS_REQUEST_HEADERS, TUS_RESPONSE_HEADERS
 from .settings import Settings
 from .state import ServiceState, drain_on_signals
+from .worker_settings import read_worker_settings
 
 logger = logging.getLogger("densecnn.app")
 
@@ -158,3 +159,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.include_router(router, dependencies=[Depends(get_caller)])
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     return app
+
+
+def create_worker_app() -> FastAPI:
+    """The app of one worker process of ``densecnn serve --workers N`` (uvicorn's factory), with the settings the
+    command checked (:mod:`densecnn_app.worker_settings`)."""
+    return create_app(read_worker_settings())

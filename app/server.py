@@ -29,18 +29,6 @@ WORKER_HEALTHCHECK_SECONDS = 60
 LINGER_SECONDS = 1.0  # a refused connection is read and dropped this long before it is closed
 
 
-@functools.cache
-def worker_settings() -> Settings:
-    """The settings of this worker's process: uvicorn builds the protocol itself, from its import path, in every
-    worker, so they come the way all settings do, from the environment (read once, on the first connection;
-    validated by Settings when `densecnn serve` starts)."""
-    return Settings()
-
-
-def header_timeout() -> float:
-    return worker_settings().header_timeout
-
-
 _STATUS_LINES = {431: "431 Request Header Fields Too Large", 503: "503 Service Unavailable"}
 
 
@@ -62,12 +50,16 @@ class ServiceProtocol(H11Protocol):
 
     open_by_client: ClassVar[Counter[str]] = Counter()  # this worker's open connections per client address
 
+    def __init__(self, *args, settings: Settings, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.settings = settings
+
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._header_deadline: asyncio.TimerHandle | None = None
         self._client_host: str | None = None
         self._refused = False
-        settings = worker_settings()
+        settings = self.settings
         host = str((transport.get_extra_info("peername") or ("unknown",))[0])
         self._header_bytes, self._header_tail = (
             0,
@@ -94,7 +86,7 @@ class ServiceProtocol(H11Protocol):
         if self._refused:
             return  # answered already: what still comes is dropped
         if self.cycle is None or self.cycle.response_complete:  # awaiting a request's headers
-            limit = worker_settings().max_header_bytes
+            limit = self.settings.max_header_bytes
             seen = self._header_tail + data
             end = seen.find(b"\r\n\r\n")
             header_bytes = self._header_bytes + (len(data) if end < 0 else end + 4 - len(self._header_tail))
@@ -135,13 +127,15 @@ class ServiceProtocol(H11Protocol):
             self._header_deadline.cancel()
         waiting_after = self.cycle  # a new request replaces the cycle once its headers are complete
         self._header_deadline = self.loop.call_later(
-            header_timeout(), self._header_deadline_passed, waiting_after
+            self.settings.header_timeout, self._header_deadline_passed, waiting_after
         )
 
     def _header_deadline_passed(self, waiting_after) -> None:
         still_waiting = self.cycle is waiting_after and (self.cycle is None or self.cycle.response_complete)
         if still_waiting and not self.transport.is_closing():
-            self.logger.info("closing a connection whose request headers took over %g s", header_timeout())
+            self.logger.info(
+                "closing a connection whose request headers took over %g s", self.settings.header_timeout
+            )
             self.transport.close()
 
 
@@ -152,7 +146,8 @@ def uvicorn_options(settings: Settings) -> dict:
     )  # the service's own lines (models loaded, clients gone) as uvicorn's
     log_config["loggers"]["densecnn.app"] = {"handlers": ["default"], "level": "INFO", "propagate": False}
     return {
-        "http": f"{ServiceProtocol.__module__}:{ServiceProtocol.__qualname__}",
+        # uvicorn builds a protocol per connection from this (pickled into each worker with --workers)
+        "http": functools.partial(ServiceProtocol, settings=settings),
         "log_config": log_config,
         "timeout_keep_alive": settings.keep_alive_timeout,
         "h11_max_incomplete_event_size": settings.max_header_bytes,

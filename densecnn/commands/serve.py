@@ -7,6 +7,7 @@ import os
 import signal
 import sys
 import tempfile
+from pathlib import Path
 
 from ..errors import InvalidInputError
 
@@ -26,41 +27,13 @@ def add_parser(subparsers) -> None:
 
 
 def run(args) -> int:
-    import uvicorn
     from densecnn_app.registry import model_dirs
-    from densecnn_app.server import uvicorn_options
-    from densecnn_app.settings import Settings
-    from pydantic import ValidationError
 
     if args.workers < 1:
         raise InvalidInputError(f"--workers must be at least 1, got {args.workers}")
-    if args.model_dir:
-        os.environ["DENSECNN_MODEL_DIR"] = args.model_dir  # workers build their Settings from the environment
-    if args.workers > 1 and "DENSECNN_TORCH_THREADS" not in os.environ:
-        os.environ["DENSECNN_TORCH_THREADS"] = str(max(1, (os.cpu_count() or 1) // args.workers))
-    if args.workers > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-        # the workers write their metrics to files there, and /metrics sums them (read before their import)
-        os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="densecnn-metrics-")
     public = not _loopback(args.host)
-    if public and "DENSECNN_REQUIRE_KEYS" not in os.environ:
-        os.environ["DENSECNN_REQUIRE_KEYS"] = (
-            "true"  # reachable from other machines: keys unless said otherwise
-        )
-    try:
-        settings = Settings()  # fails here, with the reason, on bad settings
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(map(str, error['loc']))}: {error['msg'].removeprefix('Value error, ')}"
-            for error in exc.errors()
-        )
-        raise InvalidInputError(f"invalid service settings: {problems}") from None
-    try:
-        settings.data_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise InvalidInputError(
-            f"{settings.data_dir}: cannot be created ({exc.strerror}); set DENSECNN_DATA_DIR to a writable directory "
-            "for the jobs and the key database"
-        ) from None
+    settings = _settings(args, public)
+    _make_data_dir(settings)
     if settings.require_keys:
         _check_keys(settings)
     elif public:
@@ -77,15 +50,72 @@ def run(args) -> int:
     # uvicorn handles SIGTERM (drains, then shuts down) and re-raises it afterwards: a no-op handler makes that
     # clean shutdown exit 0 instead of dying by the signal (143)
     signal.signal(signal.SIGTERM, lambda signum, frame: None)
-    uvicorn.run(
-        "densecnn_app.main:create_app",
-        factory=True,
-        host=args.host,
-        port=args.port,
-        workers=args.workers,
-        **uvicorn_options(settings),
-    )
+    if args.workers == 1:
+        _serve(settings, args)
+    else:
+        _serve_workers(settings, args)
     return 0
+
+
+def _settings(args, public: bool):
+    """The service's settings: the DENSECNN_* environment's, ``--model-dir``, and the command's defaults where the
+    environment leaves a setting unset (threads shared by the workers; keys when reachable from other machines)."""
+    from densecnn_app.settings import Settings
+    from pydantic import ValidationError
+
+    given = {"model_dir": args.model_dir} if args.model_dir else {}
+    try:
+        settings = Settings(**given)  # fails here, with the reason, on bad settings
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(map(str, error['loc']))}: {error['msg'].removeprefix('Value error, ')}"
+            for error in exc.errors()
+        )
+        raise InvalidInputError(f"invalid service settings: {problems}") from None
+    defaults = {}
+    if args.workers > 1 and "torch_threads" not in settings.model_fields_set:
+        defaults["torch_threads"] = max(1, (os.cpu_count() or 1) // args.workers)
+    if public and "require_keys" not in settings.model_fields_set:
+        defaults["require_keys"] = True  # reachable from other machines: keys unless said otherwise
+    return settings.model_copy(update=defaults)
+
+
+def _make_data_dir(settings) -> None:
+    try:
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InvalidInputError(
+            f"{settings.data_dir}: cannot be created ({exc.strerror}); set DENSECNN_DATA_DIR to a writable directory "
+            "for the jobs and the key database"
+        ) from None
+
+
+def _serve(settings, args) -> None:
+    """One process: the app is built here, with ``settings``."""
+    import uvicorn
+    from densecnn_app.main import create_app
+    from densecnn_app.server import uvicorn_options
+
+    uvicorn.run(create_app(settings), host=args.host, port=args.port, **uvicorn_options(settings))
+
+
+def _serve_workers(settings, args) -> None:
+    """``args.workers`` processes, each building the app with ``settings`` from the files uvicorn is handed (its
+    ``env_file``), in a private directory removed when the server stops."""
+    import uvicorn
+    from densecnn_app.server import uvicorn_options
+    from densecnn_app.worker_settings import write_worker_environment
+
+    with tempfile.TemporaryDirectory(prefix="densecnn-serve-") as directory:
+        uvicorn.run(
+            "densecnn_app.main:create_worker_app",
+            factory=True,
+            host=args.host,
+            port=args.port,
+            workers=args.workers,
+            env_file=write_worker_environment(settings, Path(directory)),
+            **uvicorn_options(settings),
+        )
 
 
 def _loopback(host: str) -> bool:

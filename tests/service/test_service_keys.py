@@ -8,6 +8,7 @@ import argparse
 import os
 import sqlite3
 import time
+from pathlib import Path
 
 import pytest
 
@@ -151,12 +152,26 @@ def test_serve_refuses_to_listen_beyond_the_machine_without_keys(tmp_path, monke
 
     settings = job_settings(tmp_path)
     for name in ("DENSECNN_REQUIRE_KEYS", "DENSECNN_MODEL_DIR"):
-        monkeypatch.setenv(name, "unset")  # so that what serve sets is undone after the test
-        monkeypatch.delenv(name)
+        monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("DENSECNN_DATA_DIR", str(settings.data_dir))
+    environment = dict(os.environ)
     with pytest.raises(InvalidInputError, match="densecnn keys add NAME"):
         serve.run(_serve_args("0.0.0.0", settings.model_dir))
-    assert os.environ["DENSECNN_REQUIRE_KEYS"] == "true"
+    assert dict(os.environ) == environment  # the settings went to the app as an object
+
+
+def test_workers_read_the_settings_serve_checked_from_the_files_it_hands_uvicorn(tmp_path, monkeypatch):
+    from densecnn_app.worker_settings import read_worker_settings, write_worker_environment
+    from dotenv import dotenv_values
+
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
+    settings = job_settings(tmp_path, torch_threads=3, require_keys=True, database_url="sqlite:///wörk €.db")
+    (tmp_path / "serve").mkdir()
+    environment = dotenv_values(write_worker_environment(settings, tmp_path / "serve"))  # as uvicorn loads it
+    assert Path(environment["PROMETHEUS_MULTIPROC_DIR"]).is_dir()
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    assert read_worker_settings() == settings
 
 
 def test_a_data_root_that_is_not_a_directory_stops_the_start(tmp_path):
@@ -201,7 +216,6 @@ def test_serve_says_when_its_data_directory_cannot_be_made(tmp_path, monkeypatch
 
     settings = job_settings(tmp_path)
     (tmp_path / "a-file").write_text("")
-    monkeypatch.setenv("DENSECNN_MODEL_DIR", "unset")  # so that what serve sets is undone after the test
     monkeypatch.setenv("DENSECNN_DATA_DIR", str(tmp_path / "a-file" / "data"))
     with pytest.raises(InvalidInputError, match="cannot be created.*set DENSECNN_DATA_DIR to a writable"):
         serve.run(_serve_args("127.0.0.1", settings.model_dir))
