@@ -289,64 +289,83 @@ def export_bioimageio(
             as preprocessing, or the test image does not fit the model.
     """
     try:
-        import pydantic
         from bioimageio.spec import save_bioimageio_package
         from bioimageio.spec.model import v0_5
     except ImportError:
         raise BioimageioExportError(f"bioimage.io export needs bioimageio.spec: {INSTALL}") from None
-    loaded = model if isinstance(model, LoadedModel) else load(model)
-    if loaded.dtype != torch.float32:
-        raise BioimageioExportError(
-            f"the model's weights are {loaded.dtype}; bioimage.io consumers run float32: save a float32 copy "
-            "(model.float()) and export that"
-        )
+    loaded = _float32_model(model)
     dense = loaded.dense(backend="native")
     raw = read_test_image(image, loaded, min_size(dense))
     steps = preprocessing(loaded, raw.dtype)
     x = array_input(raw, loaded)  # (1, C, *spatial): scaled and normalised as densecnn does
     with torch.no_grad():
         scores = dense(x).numpy()  # (1, K, *spatial) float32
-    name = (
-        name
-        or re.sub(r"[^A-Za-z0-9_+\- ()]", "-", f"densecnn {loaded.path.name if loaded.path else 'model'}")[
-            :64
-        ]
-    )
-    extra = loaded.extra or {}
-    authors = authors or extra.get("authors") or [DEFAULT_AUTHOR]
+    name = name or _package_name(loaded)
+    authors = authors or (loaded.extra or {}).get("authors") or [DEFAULT_AUTHOR]
 
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         attachments, covers = _write_files(tmp, loaded, dense, raw, x, scores, name, steps)
         inputs, outputs = _tensors(v0_5, tmp, loaded, dense, raw, steps)
-        try:
-            descr = v0_5.ModelDescr(
-                name=name,
-                description=description or f"densecnn pixel classifier: {', '.join(loaded.class_names)}",
-                authors=[v0_5.Author(name=a) for a in authors],
-                maintainers=[_maintainer(v0_5, m) for m in maintainers or []],
-                cite=[v0_5.CiteEntry(text=CITATION[0], url=CITATION[1])],
-                license=license,
-                documentation=v0_5.FileDescr(source=tmp / "README.md"),
-                covers=[v0_5.FileDescr(source=cover) for cover in covers],
-                attachments=attachments,
-                tags=["densecnn", "pixel-classification", "semantic-segmentation", f"{dense.dims}d"],
-                inputs=inputs,
-                outputs=outputs,
-                weights=v0_5.WeightsDescr(
-                    torchscript=v0_5.TorchscriptWeightsDescr(
-                        source=tmp / "weights.pt", pytorch_version=torch.__version__.split("+")[0]
-                    ),
-                    onnx=v0_5.OnnxWeightsDescr(
-                        source=tmp / "weights.onnx", opset_version=OPSET, parent="torchscript"
-                    ),
-                ),
-                config={"densecnn": _densecnn_config(loaded, dense)},
-            )
-        except pydantic.ValidationError as exc:
-            problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-            raise BioimageioExportError(f"bioimage.io's spec refuses the description: {problems}") from None
+        descr = _description(
+            v0_5, tmp, loaded, dense,
+            name=name, description=description, authors=authors, maintainers=maintainers or [], license=license,
+            attachments=attachments, covers=covers, inputs=inputs, outputs=outputs,
+        )  # fmt: skip
         return Path(save_bioimageio_package(descr, output_path=Path(path)))
+
+
+def _float32_model(model) -> LoadedModel:
+    """``model`` loaded (unless it is already), refused unless its weights are float32."""
+    loaded = model if isinstance(model, LoadedModel) else load(model)
+    if loaded.dtype != torch.float32:
+        raise BioimageioExportError(
+            f"the model's weights are {loaded.dtype}; bioimage.io consumers run float32: save a float32 copy "
+            "(model.float()) and export that"
+        )
+    return loaded
+
+
+def _package_name(loaded: LoadedModel) -> str:
+    """The package name "densecnn DIRECTORY", in the characters and length bioimage.io allows."""
+    return re.sub(r"[^A-Za-z0-9_+\- ()]", "-", f"densecnn {loaded.path.name if loaded.path else 'model'}")[
+        :64
+    ]
+
+
+def _description(v0_5, tmp: Path, loaded, dense, *, name, description, authors, maintainers, license, attachments,
+                 covers, inputs, outputs):  # fmt: skip
+    """The package's ``v0_5.ModelDescr`` over the files written in ``tmp``, validated by bioimage.io's spec (a
+    :class:`BioimageioExportError` listing what it refuses)."""
+    import pydantic
+
+    try:
+        return v0_5.ModelDescr(
+            name=name,
+            description=description or f"densecnn pixel classifier: {', '.join(loaded.class_names)}",
+            authors=[v0_5.Author(name=a) for a in authors],
+            maintainers=[_maintainer(v0_5, m) for m in maintainers],
+            cite=[v0_5.CiteEntry(text=CITATION[0], url=CITATION[1])],
+            license=license,
+            documentation=v0_5.FileDescr(source=tmp / "README.md"),
+            covers=[v0_5.FileDescr(source=cover) for cover in covers],
+            attachments=attachments,
+            tags=["densecnn", "pixel-classification", "semantic-segmentation", f"{dense.dims}d"],
+            inputs=inputs,
+            outputs=outputs,
+            weights=v0_5.WeightsDescr(
+                torchscript=v0_5.TorchscriptWeightsDescr(
+                    source=tmp / "weights.pt", pytorch_version=torch.__version__.split("+")[0]
+                ),
+                onnx=v0_5.OnnxWeightsDescr(
+                    source=tmp / "weights.onnx", opset_version=OPSET, parent="torchscript"
+                ),
+            ),
+            config={"densecnn": _densecnn_config(loaded, dense)},
+        )
+    except pydantic.ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise BioimageioExportError(f"bioimage.io's spec refuses the description: {problems}") from None
 
 
 def _write_files(tmp: Path, loaded, dense, raw: np.ndarray, x: torch.Tensor, scores: np.ndarray, name: str,
