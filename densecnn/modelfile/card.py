@@ -26,17 +26,28 @@ def write_model_card(
     option written, defaults included); a run started from Python gets the equivalent ``densecnn train`` command."""
     lines = [f"# {title}", "", "A densecnn patch classifier: it labels the centre pixel of a patch; "]
     lines[-1] += "`densecnn` runs it on whole images in one exact dense pass."
-    lines += ["", "## Model", ""]
-    lines += [f"- {key}: {value}" for key, value in model_summary.items()]
-    lines += ["", "## Data", ""]
-    lines += [f"- {key}: {value}" for key, value in data_summary.items()]
-    lines += [
-        "",
+    lines += ["", *_listing("Model", model_summary), "", *_listing("Data", data_summary), ""]
+    lines += _command_section(command, from_command_line=bool(config.get("command")))
+    lines += [*_listing("Training", training_summary), ""]
+    lines += _validation_section(val_scores, config.get("val"), class_names)
+    lines += _limitations_section(model_summary.get("patch size", "patch"))
+    lines += USE_SECTION
+    path = Path(path)
+    path.write_text("\n".join(lines))
+    return path
+
+
+def _listing(heading: str, items: dict) -> list[str]:
+    return [f"## {heading}", "", *(f"- {key}: {value}" for key, value in items.items())]
+
+
+def _command_section(command: str, *, from_command_line: bool) -> list[str]:
+    return [
         "## Training command",
         "",
         "Every option is written, defaults included, so the command reproduces this run whatever later versions",
         "change."
-        if config.get("command")
+        if from_command_line
         else "change. The run was started from Python; this is its equivalent command.",
         "",
         "```",
@@ -44,50 +55,53 @@ def write_model_card(
         "```",
         "",
     ]
-    lines += ["## Training", ""]
-    lines += [f"- {key}: {value}" for key, value in training_summary.items()]
-    lines += ["", "## Validation metrics", ""]
+
+
+def _validation_section(val_scores: dict | None, val: str | None, class_names: list[str]) -> list[str]:
+    lines = ["## Validation metrics", ""]
     if val_scores is None:
-        lines += ["No validation set was given (`--val`): there are no held-out metrics for this model.", ""]
-    else:
-        lines += [
-            f"Whole-image dense prediction on `{config.get('val')}`, every labelled pixel counted.",
-            "",
-            "| class | IoU |",
-            "|---|---|",
-        ]
-        lines += [
-            f"| {name} | {_fmt(iou)} |" for name, iou in zip(class_names, val_scores["iou"], strict=True)
-        ]
-        lines += [
-            f"| **mean IoU** | {_fmt(val_scores['mean_iou'])} |",
-            f"| **foreground IoU** (classes 1..K-1 vs class 0) | {_fmt(val_scores['foreground_iou'])} |",
-            f"| pixel accuracy | {_fmt(val_scores['pixel_accuracy'])} |",
+        return [
+            *lines,
+            "No validation set was given (`--val`): there are no held-out metrics for this model.",
             "",
         ]
-    lines += [
+    lines += [f"Whole-image dense prediction on `{val}`, every labelled pixel counted.", ""]
+    lines += ["| class | IoU |", "|---|---|"]
+    lines += [f"| {name} | {_fmt(iou)} |" for name, iou in zip(class_names, val_scores["iou"], strict=True)]
+    return [
+        *lines,
+        f"| **mean IoU** | {_fmt(val_scores['mean_iou'])} |",
+        f"| **foreground IoU** (classes 1..K-1 vs class 0) | {_fmt(val_scores['foreground_iou'])} |",
+        f"| pixel accuracy | {_fmt(val_scores['pixel_accuracy'])} |",
+        "",
+    ]
+
+
+def _limitations_section(patch_size) -> list[str]:
+    return [
         "## Limitations",
         "",
         "- Trained only on the data above; expect lower accuracy on other instruments, stains, magnifications or "
         "intensity ranges. Validate on your own images before relying on it.",
-        f"- Each pixel's label depends only on its {model_summary.get('patch size', 'patch')} patch: structures "
+        f"- Each pixel's label depends only on its {patch_size} patch: structures "
         "larger than the patch are judged from partial context.",
         "- Input is normalised with the stored per-channel mean/std of the training images (values scaled to "
         "[0, 1] by their bit depth); images with a very different intensity distribution need fine-tuning.",
         "- Pixels near the image border see padded context (the stored padding mode).",
         "",
-        "## Use",
-        "",
-        "```python",
-        "import densecnn",
-        "from densecnn.io import model_input, decode_array",
-        "",
-        'loaded = densecnn.load("PATH/TO/THIS/DIRECTORY")',
-        'image = model_input(decode_array("image.png"), loaded)  # (1, C, H, W): scaled, normalised, checked',
-        "labels = loaded.dense().predict(image)  # (1, H, W) class ids",
-        "```",
-        "",
     ]
-    path = Path(path)
-    path.write_text("\n".join(lines))
-    return path
+
+
+USE_SECTION = [
+    "## Use",
+    "",
+    "```python",
+    "import densecnn",
+    "from densecnn.io import decode_array, model_input",
+    "",
+    'loaded = densecnn.load("PATH/TO/THIS/DIRECTORY")',
+    'image = model_input(decode_array("image.png"), loaded)  # (1, C, H, W): scaled, normalised, checked',
+    "labels = loaded.dense().predict(image)  # (1, H, W) class ids",
+    "```",
+    "",
+]
