@@ -80,42 +80,12 @@ def per_layer(name: str, config: Config) -> dict:
     NCHW and channels_last for that layer; for the whole net, the faster of the two whole runs.
     """
     work = Workload.zoo(name, config.size)
-    contenders = {"densecnn": work.stepwise("densecnn", train=False)}
-    contenders.update({f"native/{fmt}": work.stepwise(f"native/{fmt}", train=True) for fmt in LAYOUTS})
-    contenders["densecnn_train"] = work.stepwise("densecnn", train=True)
-    contenders.update({f"fast_scan/{fmt}": work.fast_scan(fmt) for fmt in LAYOUTS})
-    contenders.update({f"patch/{fmt}": work.patch_forward(config.patch_batch, fmt) for fmt in LAYOUTS})
-    contenders.update(
-        {f"patch_train/{fmt}": work.patch_train(config.patch_batch, layout=fmt) for fmt in LAYOUTS}
+    samples = interleave(
+        _per_layer_contenders(work, config), config.repeats, warm_up=("densecnn", "densecnn_train")
     )
-    samples = interleave(contenders, config.repeats, warm_up=("densecnn", "densecnn_train"))
     plans = {"infer": work.plan(False), "train": work.plan(True)}
-    layers = []
-    for i, layer in enumerate(work.step_names()):
-        row = {"layer": layer, "solver": plans["infer"].steps[i].solver or "module"}
-        row["train_solver"] = plans["train"].steps[i].solver or "module"
-        row["choice"] = plans["infer"].steps[i].source or "module"
-        for part in ("forward", "backward"):
-            native = {fmt: median([s[part][i] for s in samples[f"native/{fmt}"]]) for fmt in LAYOUTS}
-            row[f"native_{part}_format"] = min(native, key=native.get)
-            row[f"native_{part}"] = native[row[f"native_{part}_format"]]
-            which = "densecnn" if part == "forward" else "densecnn_train"
-            row[f"densecnn_{part}"] = median([s[part][i] for s in samples[which]])
-            row[f"{part}_speedup"] = row[f"native_{part}"] / row[f"densecnn_{part}"]
-        layers.append(row)
-    forward = {
-        k: [sum(s["forward"]) for s in v] for k, v in samples.items() if k.startswith(("native", "dense"))
-    }
-    train = {
-        k: [sum(s["forward"]) + sum(s["backward"]) for s in samples[k]] for k in forward if k != "densecnn"
-    }
-    best = {
-        "native": fastest(forward, "native/"),
-        "native_train": fastest(train, "native/"),
-        "fast_scan": fastest(samples, "fast_scan/"),
-        "patch": fastest(samples, "patch/"),
-        "patch_train": fastest(samples, "patch_train/"),
-    }
+    layers = _layer_rows(work, plans, samples)
+    forward, train, best = _whole_net_times(samples)
     return {
         "model": name,
         "image": list(work.x.shape),
@@ -142,6 +112,59 @@ def per_layer(name: str, config: Config) -> dict:
             "train_vs_patch": ratio(samples[best["patch_train"]], train["densecnn_train"]),
         },
     }
+
+
+def _per_layer_contenders(work: Workload, config: Config) -> dict:
+    """The runs :func:`per_layer` times: densecnn's inference and training plans step by step, native ops step by
+    step (training, which times their forward too) in each layout, fast scanning, and patch-by-patch forward and
+    training in each layout."""
+    contenders = {"densecnn": work.stepwise("densecnn", train=False)}
+    contenders.update({f"native/{fmt}": work.stepwise(f"native/{fmt}", train=True) for fmt in LAYOUTS})
+    contenders["densecnn_train"] = work.stepwise("densecnn", train=True)
+    contenders.update({f"fast_scan/{fmt}": work.fast_scan(fmt) for fmt in LAYOUTS})
+    contenders.update({f"patch/{fmt}": work.patch_forward(config.patch_batch, fmt) for fmt in LAYOUTS})
+    contenders.update(
+        {f"patch_train/{fmt}": work.patch_train(config.patch_batch, layout=fmt) for fmt in LAYOUTS}
+    )
+    return contenders
+
+
+def _layer_rows(work: Workload, plans: dict, samples: dict) -> list[dict]:
+    """One row per step: its solvers, and its forward and backward medians for the faster native layout and for
+    densecnn."""
+    layers = []
+    for i, layer in enumerate(work.step_names()):
+        row = {"layer": layer, "solver": plans["infer"].steps[i].solver or "module"}
+        row["train_solver"] = plans["train"].steps[i].solver or "module"
+        row["choice"] = plans["infer"].steps[i].source or "module"
+        for part in ("forward", "backward"):
+            native = {fmt: median([s[part][i] for s in samples[f"native/{fmt}"]]) for fmt in LAYOUTS}
+            row[f"native_{part}_format"] = min(native, key=native.get)
+            row[f"native_{part}"] = native[row[f"native_{part}_format"]]
+            which = "densecnn" if part == "forward" else "densecnn_train"
+            row[f"densecnn_{part}"] = median([s[part][i] for s in samples[which]])
+            row[f"{part}_speedup"] = row[f"native_{part}"] / row[f"densecnn_{part}"]
+        layers.append(row)
+    return layers
+
+
+def _whole_net_times(samples: dict) -> tuple[dict, dict, dict]:
+    """(whole-net forward seconds per stepwise run, whole-net training seconds per stepwise training run, the
+    fastest layout's run of each way)."""
+    forward = {
+        k: [sum(s["forward"]) for s in v] for k, v in samples.items() if k.startswith(("native", "dense"))
+    }
+    train = {
+        k: [sum(s["forward"]) + sum(s["backward"]) for s in samples[k]] for k in forward if k != "densecnn"
+    }
+    best = {
+        "native": fastest(forward, "native/"),
+        "native_train": fastest(train, "native/"),
+        "fast_scan": fastest(samples, "fast_scan/"),
+        "patch": fastest(samples, "patch/"),
+        "patch_train": fastest(samples, "patch_train/"),
+    }
+    return forward, train, best
 
 
 def _forward_baselines(work: Workload, config: Config) -> dict:
