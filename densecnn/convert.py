@@ -141,29 +141,30 @@ def convert(
     backend = check_backend(backend)
     chain, converted, ctx, patch = _converted_layers(model, patch_size)
     check_materialised(model)
+    _warn_if_random_in_training(chain)
+    _check_solvers(converted, backend, model)
+    dense = DenseCNN(
+        [layer.dense for layer in converted if layer.dense is not None],
+        patch_size=patch, in_channels=ctx.in_channels, num_classes=ctx.channels, padding_mode=padding_mode,
+        backend=backend.value, tune=tune, patch_modules=tuple(model.named_modules()),
+    )  # fmt: skip
+    if verify:
+        verify_conversion(model, dense, converted)
+        _refuse_changed_by_running(dense)
+    return dense
+
+
+def _warn_if_random_in_training(chain) -> None:
+    """A :class:`DenseEquivalenceWarning` when a layer of ``chain`` (name, module) is in training mode with an
+    output that is then random or depends on the batch."""
     if any(module.training and is_stochastic(module) for _, module in chain):
         warnings.warn(
             "the model has layers in training mode whose output is then random or depends on the batch "
             "(BatchNorm, Dropout, RReLU, ...): the dense net matches patch-by-patch scanning only in eval mode. "
             "Call model.eval() before comparing or predicting.",
             DenseEquivalenceWarning,
-            stacklevel=2,
+            stacklevel=3,
         )
-    _check_solvers(converted, backend, model)
-    dense = DenseCNN(
-        [layer.dense for layer in converted if layer.dense is not None],
-        patch_size=patch,
-        in_channels=ctx.in_channels,
-        num_classes=ctx.channels,
-        padding_mode=padding_mode,
-        backend=backend.value,
-        tune=tune,
-        patch_modules=tuple(model.named_modules()),
-    )
-    if verify:
-        verify_conversion(model, dense, converted)
-        _refuse_changed_by_running(dense)
-    return dense
 
 
 def _refuse_changed_by_running(dense: DenseCNN) -> None:

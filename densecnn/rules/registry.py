@@ -136,19 +136,7 @@ def register_rule(
     record_aliases = tuple(a if isinstance(a, Alias) else Alias(a) for a in aliases)
 
     def record(layer_type: type, rule: Rule) -> None:
-        if layer_type.__name__ in RESERVED_NAMES:
-            raise ConversionError(
-                f"cannot register {_qualified(layer_type)}: its name {layer_type.__name__!r} is reserved in model "
-                "files. Rename the class"
-            )
-        if saved is not None:
-            owner = _SAVED_NAMES.get(layer_type.__name__)
-            if owner is not None and _qualified(owner) != _qualified(layer_type):
-                raise ConversionError(
-                    f"cannot register {_qualified(layer_type)} with args: its name {layer_type.__name__!r} already "
-                    f"names {_qualified(owner)} in model files. Rename the class"
-                )
-            _SAVED_NAMES[layer_type.__name__] = layer_type
+        _claim_name(layer_type, saved)
         _RECORDS[layer_type] = LayerRecord(
             layer_type, rule, saved, record_aliases, fused_activation, stochastic, dims
         )
@@ -162,6 +150,25 @@ def register_rule(
         return rule
 
     return decorator
+
+
+def _claim_name(layer_type: type, saved: tuple[str, ...] | None) -> None:
+    """Refuse a class name reserved in model files or, for a type saved with args, one that already names another
+    saved type there; then let the name stand for ``layer_type`` in model files."""
+    if layer_type.__name__ in RESERVED_NAMES:
+        raise ConversionError(
+            f"cannot register {_qualified(layer_type)}: its name {layer_type.__name__!r} is reserved in model "
+            "files. Rename the class"
+        )
+    if saved is None:
+        return
+    owner = _SAVED_NAMES.get(layer_type.__name__)
+    if owner is not None and _qualified(owner) != _qualified(layer_type):
+        raise ConversionError(
+            f"cannot register {_qualified(layer_type)} with args: its name {layer_type.__name__!r} already "
+            f"names {_qualified(owner)} in model files. Rename the class"
+        )
+    _SAVED_NAMES[layer_type.__name__] = layer_type
 
 
 def _qualified(layer_type: type) -> str:
