@@ -129,8 +129,7 @@ def main() -> None:
         variants["shipped"] = {n: predicted_tables(net, train=args.train) for n, net in net_layers.items()}
         os.environ[calibration.ENVIRONMENT] = "1"
         for i in range(args.calibrations):
-            calibration.store(calibration.calibrate(), calibration.machine_key(), _current_file())
-            factors = calibration.current()
+            factors = calibration.recalibrate()
             print(f"calibration {i + 1}: {factors.seconds:.2f} s, {factors.rounds} rounds, {factors.factors}")
             variants[f"calibrated {i + 1}"] = {n: predicted_tables(net, train=args.train) for n, net in
                                                net_layers.items()}  # fmt: skip
@@ -151,10 +150,6 @@ def main() -> None:
             cells.append(f"{c['agree']}/{c['of']} (plan {c['plan']:.2f}×, median pick {c['regret']:.2f}×)")
         print(f"| {name} | {c['of']} | " + " | ".join(cells) + " |")
     print("| all | | " + " | ".join(f"{a}/{n} = {a / n:.0%}" for a, n in totals.values()) + " |")
-
-
-def _current_file() -> Path:
-    return calibration.cache_file(calibration.machine_key(), densecnn.ops.get_config().cache_dir)
 
 
 if __name__ == "__main__":

@@ -19,9 +19,7 @@ def run(args) -> int:
 
     key = calibration.machine_key()
     path = calibration.cache_file(key, get_config().cache_dir)
-    found = (
-        calibration.load(key, path) if args.show else calibration.store(calibration.calibrate(), key, path)
-    )
+    found = calibration.load(key, path) if args.show else calibration.recalibrate()
     print(f"machine: {key['cpu']}, kernels {key['isa']}, torch {key['torch']} ({key['torch_isa']})")
     if found is None:
         print(f"not calibrated yet (no {path}); run `densecnn calibrate`")

@@ -29,13 +29,14 @@ dispatched to and torch's, torch's version, the kernels' build and densecnn's ve
 calibration off (the shipped predictions as they are); ``densecnn calibrate`` redoes it.
 
 >>> calibration = current()  # doctest: +SKIP
->>> calibration.factor("conv2d", "fft")  # doctest: +SKIP
-1.31
+>>> calibration.factors  # doctest: +SKIP
+{'conv/direct': 0.98, 'conv/fft': 0.66, 'conv/fft/few-channels': 1.1, ..., 'pool/ext': 0.9}
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import math
@@ -76,16 +77,20 @@ def _problem(op: str, input: list[int], kernel: int, dilation: int, *, out: int 
 
 
 # A few milliseconds each for all their solvers on one thread (cheap rounds), between them running every solver
-# family: dilated 3×3 and 7×7 convs (native, s2b, ext, fft, winograd), first layers with one or three input
-# channels (direct), a 3-D 3×3×3 conv (the 3-D solvers) and a dilated max pool with its activation (the pool solvers).
+# family: dilated 3×3 and 7×7 convs (native, s2b, ext, fft, winograd) and a 1×1 head (direct) on many channels,
+# first layers with one or three input channels (their own families: torch's convs on so few channels change
+# differently from CPU to CPU), a 3-D 3×3×3 conv and a dilated max pool with its activation (the pool solvers).
 PROBLEMS = (
     _problem("conv2d", [1, 50, 64, 64], 3, 8, out=50),
+    _problem("conv2d", [1, 32, 56, 56], 3, 2, out=32),
     _problem("conv2d", [1, 32, 72, 72], 7, 4, out=16),
+    _problem("conv2d", [1, 64, 96, 96], 1, 1, out=8),
     _problem("conv2d", [1, 1, 258, 258], 3, 1, out=8),
     _problem("conv2d", [1, 3, 96, 96], 7, 8, out=8),
     _problem("conv3d", [1, 1, 32, 32, 32], 3, 8, out=64),
     _problem("max_pool2d", [1, 4, 264, 264], 2, 8, activation="relu"),
 )
+FEW_CHANNELS = 4  # convs with at most this many input channels per group are a family of their own
 ROUNDS = 3  # timed rounds after the warm-up; fewer (at least MIN_ROUNDS) once BUDGET_S is spent
 MIN_ROUNDS = 2
 BUDGET_S = 2.0
@@ -97,9 +102,10 @@ MAX_FACTOR = 4.0
 class Calibration:
     """Per solver family (:func:`family`), the factor its predicted times are multiplied by on this machine.
 
-    >>> Calibration({"conv/fft": 1.5}).factor("conv2d", "fft")
+    >>> conv = {"op": "conv2d", "input": [1, 32, 96, 96], "groups": 1}
+    >>> Calibration({"conv/fft": 1.5}).factor(conv, "fft")
     1.5
-    >>> Calibration({"conv/fft": 1.5}).factor("max_pool2d", "s2b")  # a family without a factor keeps 1
+    >>> Calibration({"conv/fft": 1.5}).factor(conv, "s2b")  # a family without a factor keeps 1
     1.0
     """
 
@@ -107,20 +113,28 @@ class Calibration:
     seconds: float = 0.0  # what the timings took
     rounds: int = 0
 
-    def factor(self, op_name: str, solver: str) -> float:
-        """The factor of ``solver`` on the op ``op_name`` ("conv2d", "max_pool3d", ...)."""
-        return self.factors.get(family(op_name, solver), 1.0)
+    def factor(self, problem: dict, solver: str) -> float:
+        """The factor of ``solver`` on ``problem`` (a :func:`densecnn.ops.costmodel.problem` row)."""
+        return self.factors.get(family(problem, solver), 1.0)
 
 
-def family(op_name: str, solver: str) -> str:
-    """A solver family: the solver on convs or on pools, whatever the number of axes ("conv/fft", "pool/ext").
+def family(problem: dict, solver: str) -> str:
+    """The solver family of ``solver`` on ``problem`` (a :func:`densecnn.ops.costmodel.problem` row): the solver on
+    pools, or on convs, those with at most :data:`FEW_CHANNELS` input channels per group apart, whatever the
+    number of axes.
 
-    >>> family("conv3d", "winograd"), family("avg_pool2d", "s2b")
-    ('conv/winograd', 'pool/s2b')
+    >>> family({"op": "conv3d", "input": [1, 1, 40, 40, 40], "groups": 1}, "winograd")
+    'conv/winograd/few-channels'
+    >>> family({"op": "avg_pool2d", "input": [1, 8, 60, 60], "groups": 8}, "s2b")
+    'pool/s2b'
     """
-    return f"{'conv' if op_name.startswith('conv') else 'pool'}/{solver}"
+    if not problem["op"].startswith("conv"):
+        return f"pool/{solver}"
+    few = problem["input"][1] // problem["groups"] <= FEW_CHANNELS
+    return f"conv/{solver}{'/few-channels' if few else ''}"
 
 
+@functools.cache
 def cpu_model() -> str:
     """The CPU's model name (Linux's /proc/cpuinfo), else what the platform module says."""
     cpuinfo = Path("/proc/cpuinfo")
@@ -131,6 +145,7 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+@functools.cache
 def kernel_isa() -> str:
     """The instruction set densecnn's CPU loops run here ("avx512f", "avx2", "x86-64"), or why none run."""
     if not ext.available():
@@ -140,8 +155,10 @@ def kernel_isa() -> str:
     return torch.ops.densecnn.cpu_isa()
 
 
+@functools.cache
 def machine_key() -> dict:
-    """Everything the solvers' relative speeds on one thread depend on here, as a JSON-able dict."""
+    """Everything the solvers' relative speeds on one thread depend on here, as a JSON-able dict (the same for the
+    whole process: its kernels and torch are loaded once)."""
     return {
         "cpu": cpu_model(),
         "isa": kernel_isa(),
@@ -165,20 +182,31 @@ def enabled(environ: Mapping[str, str] = os.environ) -> bool:
 
 
 _lock = threading.Lock()
-_known: dict[str, Calibration] = {}  # this process's calibrations, by cache file
+_known: dict[Path, Calibration] = {}  # this process's calibrations, by cache directory
 
 
 def current() -> Calibration:
     """The calibration in effect: none (factors 1) when switched off, else this machine's, from this process, the
-    cache, or timed now (at most :data:`BUDGET_S`) and cached."""
+    cache, or timed now (about a second) and cached."""
     if not enabled():
         return Calibration()
-    key = machine_key()
-    path = cache_file(key, get_config().cache_dir)
-    with _lock:  # concurrent first plans time once
-        if str(path) not in _known:
-            _known[str(path)] = load(key, path) or store(calibrate(), key, path)
-        return _known[str(path)]
+    cache_dir = get_config().cache_dir
+    if cache_dir not in _known:
+        with _lock:  # concurrent first plans time once
+            if cache_dir not in _known:
+                key = machine_key()
+                path = cache_file(key, cache_dir)
+                _known[cache_dir] = load(key, path) or store(calibrate(), key, path)
+    return _known[cache_dir]
+
+
+def recalibrate() -> Calibration:
+    """Time now, cache the factors (replacing this machine's) and use them from now on in this process."""
+    cache_dir = get_config().cache_dir
+    calibration = calibrate()
+    with _lock:
+        _known[cache_dir] = store(calibration, machine_key(), cache_file(machine_key(), cache_dir))
+    return calibration
 
 
 def cache_file(key: dict, cache_dir: Path) -> Path:
@@ -208,7 +236,6 @@ def store(calibration: Calibration, key: dict, path: Path) -> Calibration:
         atomic_write(path, lambda tmp: tmp.write_text(text))
     except OSError:
         pass
-    _known.pop(str(path), None)  # the next current() reads what was stored
     return calibration
 
 
@@ -216,12 +243,13 @@ def calibrate(*, problems=PROBLEMS, rounds: int = ROUNDS, budget_s: float = BUDG
     """Time the solvers on ``problems`` and fit the factors against the shipped timings of the same problems
     (nothing is cached; problems without shipped timings are skipped).
 
-    >>> calibrate(problems=PROBLEMS[3:4], rounds=1).factors  # doctest: +SKIP
-    {'conv/direct': 0.93, 'conv/ext': 1.12, 'conv/fft': 1.4, 'conv/s2b': 1.05}
+    >>> calibrate(problems=PROBLEMS[5:6], rounds=1).factors  # doctest: +SKIP
+    {"conv/direct/few-channels": 0.93, "conv/ext/few-channels": 1.12, ...}
     """
     start = time.perf_counter()
     shipped = {_row_key(r): r["ms"] for r in costmodel.shipped_calibration()}
-    problems = [p for p in problems if any(k.startswith(_problem_key(p)) for k in shipped)]
+    referenced = {_problem_key(r["problem"]) for r in costmodel.shipped_calibration()}
+    problems = [p for p in problems if _problem_key(p) in referenced]
     measured, done = measure(problems, rounds=rounds, deadline=start + budget_s)
     rows = [r | {"reference_ms": shipped[_row_key(r)]} for r in measured if shipped.get(_row_key(r))]
     return Calibration(fit_factors(rows), round(time.perf_counter() - start, 3), done)
@@ -296,7 +324,8 @@ def fit_factors(rows: list[dict]) -> dict[str, float]:
     of its problem, format and solver), relative to ``native`` on the same problem and format (see the module's
     docstring); families without measurements are left out.
 
-    >>> rows = [{"problem": {}, "op": "conv2d", "format": "nchw", "solver": s, "ms": ms, "reference_ms": 1.0}
+    >>> conv = {"op": "conv2d", "input": [1, 32, 96, 96], "groups": 1}
+    >>> rows = [{"problem": conv, "op": "conv2d", "format": "nchw", "solver": s, "ms": ms, "reference_ms": 1.0}
     ...         for s, ms in (("native", 2.0), ("fft", 8.0))]
     >>> fit_factors(rows)  # fft 4x slower than native here, on 1 observation and 1 of "no change": 2x
     {'conv/fft': 2.0}
@@ -311,7 +340,7 @@ def fit_factors(rows: list[dict]) -> dict[str, float]:
         reference = native.get((_problem_key(r["problem"]), r["format"]))
         if r["solver"] != "native" and reference is not None:
             relative = math.log(r["ms"] / r["reference_ms"]) - reference
-            logs.setdefault(family(r["op"], r["solver"]), []).append(relative)
+            logs.setdefault(family(r["problem"], r["solver"]), []).append(relative)
     limit = math.log(MAX_FACTOR)
     factors = {}
     for name, values in sorted(logs.items()):

@@ -236,7 +236,7 @@ def estimate(
     table: dict[str, dict[str, float | None]] = {}
     for memory_format in layout.names_for(len(shape)):
         times = {s: model.time_ms(row, s, memory_format, direction, dtype_name) for s in candidates}
-        times = _scaled(times, scale, op.name)
+        times = _scaled(times, scale, row)
         if memory_format != "nchw" and all(ms is None for ms in times.values()):
             continue  # nothing measured in this format for this op: not a choice
         table[memory_format] = {s: 1.0 if ms is None and s == "native" else ms for s, ms in times.items()}
@@ -259,13 +259,14 @@ def estimate_gradients(
         table[memory_format] = {}
         for direction in directions:
             times = {s: model.time_ms(row, s, memory_format, direction, dtype_name) for s in candidates}
-            times = _scaled(times, scale, op.name)
+            times = _scaled(times, scale, row)
             table[memory_format][direction] = {
                 s: 1.0 if ms is None and s == "native" else ms for s, ms in times.items()
             }
     return table
 
 
-def _scaled(times: dict[str, float | None], scale: calibration.Calibration, op_name: str) -> dict:
-    """Predicted ``{solver: ms}`` in this machine's proportions: each times its family's calibration factor."""
-    return {s: None if ms is None else ms * scale.factor(op_name, s) for s, ms in times.items()}
+def _scaled(times: dict[str, float | None], scale: calibration.Calibration, row: dict) -> dict:
+    """Predicted ``{solver: ms}`` on the problem ``row`` in this machine's proportions: each times its family's
+    calibration factor."""
+    return {s: None if ms is None else ms * scale.factor(row, s) for s, ms in times.items()}

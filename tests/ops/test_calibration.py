@@ -16,10 +16,12 @@ from densecnn.ops.calibration import MAX_FACTOR, PRIOR, Calibration, fit_factors
 from densecnn.ops.solvers import ConvOp
 
 
-def _rows(times: dict[str, list[float]], op: str = "conv2d") -> list[dict]:
-    """Measurement rows of problems 0, 1, ...: ``times[solver][i]`` ms here against a reference of 1 ms each."""
+def _rows(times: dict[str, list[float]], op: str = "conv2d", channels: int = 32) -> list[dict]:
+    """Measurement rows of problems 0, 1, ... (``op`` on ``channels`` input channels, maps i + 40 pixels wide):
+    ``times[solver][i]`` ms here against a reference of 1 ms each."""
+    problems = [{"op": op, "input": [1, channels, 40 + i, 40 + i], "groups": 1} for i in range(9)]
     return [
-        {"problem": {"i": i}, "op": op, "format": "nchw", "solver": s, "ms": ms, "reference_ms": 1.0}
+        {"problem": problems[i], "op": op, "format": "nchw", "solver": s, "ms": ms, "reference_ms": 1.0}
         for s, values in times.items()
         for i, ms in enumerate(values)
     ]
@@ -45,6 +47,20 @@ def test_factors_are_clamped():
     assert factors == {"conv/direct": MAX_FACTOR, "conv/ext": 1 / MAX_FACTOR}
 
 
+def test_convs_on_few_input_channels_are_fitted_and_scaled_apart():
+    first_layers = _rows({"native": [1.0, 1.0], "fft": [2.0, 2.0]}, channels=calibration.FEW_CHANNELS)
+    factors = fit_factors(_rows({"native": [1.0, 1.0], "fft": [0.5, 0.5]}) + first_layers)
+    assert factors == {
+        "conv/fft": pytest.approx(0.5 ** (2 / 3), rel=1e-3),
+        "conv/fft/few-channels": pytest.approx(2 ** (2 / 3), rel=1e-3),
+    }
+    scale = Calibration(factors)
+    rgb, grouped = ({"op": "conv2d", "input": [1, 3 * g, 64, 64], "groups": g} for g in (1, 16))
+    assert scale.factor(rgb, "fft") == factors["conv/fft/few-channels"]
+    assert scale.factor(grouped, "fft") == factors["conv/fft/few-channels"]  # 3 channels per group
+    assert scale.factor(rgb | {"input": [1, 48, 64, 64]}, "fft") == factors["conv/fft"]
+
+
 def _conv():
     return ConvOp(torch.randn(16, 16, 3, 3), None, (4, 4), 1), (1, 16, 72, 72)
 
@@ -53,7 +69,8 @@ def test_predictions_are_scaled_by_their_family_factor(monkeypatch):
     op, shape = _conv()
     names = solvers.candidates(op, ext_available=True)
     shipped = costmodel.estimate(op, shape, torch.float32, train=False, candidates=names)
-    monkeypatch.setattr(calibration, "current", lambda: Calibration({"conv/fft": 2.0, "pool/s2b": 9.0}))
+    factors = {"conv/fft": 2.0, "conv/fft/few-channels": 5.0, "pool/s2b": 9.0}
+    monkeypatch.setattr(calibration, "current", lambda: Calibration(factors))
     scaled = costmodel.estimate(op, shape, torch.float32, train=False, candidates=names)
     for fmt, table in shipped.items():
         for name, ms in table.items():
@@ -82,9 +99,12 @@ def calibrating(monkeypatch, ops_config, tmp_path):
     return calls
 
 
+CONV = {"op": "conv2d", "input": [1, 32, 64, 64], "groups": 1}
+
+
 def test_the_first_use_calibrates_and_caches_per_machine(calibrating, tmp_path):
-    assert calibration.current().factor("conv2d", "fft") == 1.5
-    assert calibration.current().factor("conv3d", "fft") == 1.5
+    assert calibration.current().factor(CONV, "fft") == 1.5
+    assert calibration.current().factor(CONV | {"op": "conv3d"}, "fft") == 1.5
     assert len(calibrating) == 1
     (cached,) = (tmp_path / "calibration").iterdir()
     assert json.loads(cached.read_text())["key"] == calibration.machine_key()
@@ -105,7 +125,7 @@ def test_another_machines_calibration_is_not_used(calibrating, tmp_path):
 def test_switched_off_nothing_is_timed_and_every_factor_is_one(calibrating, monkeypatch):
     monkeypatch.setenv(calibration.ENVIRONMENT, "0")
     assert calibration.current() == Calibration()
-    assert calibration.current().factor("conv2d", "fft") == 1.0
+    assert calibration.current().factor(CONV, "fft") == 1.0
     assert calibrating == []
 
 
@@ -127,7 +147,7 @@ def test_every_calibration_timing_has_a_shipped_reference():
 
 def test_a_tiny_calibration_times_each_solver_in_both_formats_on_one_thread():
     threads = torch.get_num_threads()
-    problem = calibration.PROBLEMS[3]  # a 3-channel 7×7 conv on 96²: well under a millisecond per solver
+    problem = next(p for p in calibration.PROBLEMS if p["input"][1] == 3)  # 7×7 on 96²: under 1 ms per solver
     rows, rounds = calibration.measure([problem], rounds=1, deadline=0.0)
     assert rounds == 1
     assert torch.get_num_threads() == threads
@@ -137,7 +157,7 @@ def test_a_tiny_calibration_times_each_solver_in_both_formats_on_one_thread():
     )
     assert all(0 < r["ms"] < 1e3 for r in rows)
     factors = calibration.calibrate(problems=[problem], rounds=1).factors
-    assert set(factors) == {f"conv/{s}" for s in names if s != "native"}
+    assert set(factors) == {f"conv/{s}/few-channels" for s in names if s != "native"}
     assert all(1 / MAX_FACTOR <= f <= MAX_FACTOR and math.isfinite(f) for f in factors.values())
 
 
