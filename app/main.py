@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 from contextlib import asynccontextmanager
@@ -13,6 +14,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.staticfiles import StaticFiles
 from fastapi_offline import FastAPIOffline
 from prometheus_client.multiprocess import mark_process_dead
+from sqlalchemy.engine import Engine
 
 import densecnn
 
@@ -78,13 +80,32 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or Settings()
     metrics = Metrics()
     service = ServiceState()
+    app = FastAPIOffline(  # /docs and /redoc from packaged assets: they work offline, no CDN
+        title="densecnn",
+        version=densecnn.__version__,
+        summary="Full-resolution label maps from patch-trained CNNs, exactly as patch-by-patch scanning gives them.",
+        lifespan=_lifespan(settings, service, metrics),
+    )
+    app.state.settings, app.state.service, app.state.metrics = settings, service, metrics
+    app.state.rate_limiter = RateLimiter(settings.requests_per_minute)
+    app.state.auth_failures = RateLimiter(settings.failed_auth_per_minute)
+    install_error_handlers(app, retry_after=settings.retry_after)
+    _add_middleware(app, settings, metrics)
+    for router in (health.router, metrics_router.router, page.router, jobs.router, uploads.router):
+        app.include_router(router)
+    for router in (models.router, segment.router):  # keys and rate limits as for jobs
+        app.include_router(router, dependencies=[Depends(get_caller)])
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
+    return app
+
+
+def _lifespan(settings: Settings, service: ServiceState, metrics: Metrics):
+    """The app's lifespan: bounds torch's threads and the library's caches, starts loading the models and the
+    inference pool, opens the database and the job runner; on shutdown, stops them in order."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        def limit_threads() -> None:
-            torch.set_num_threads(settings.torch_threads)
-
-        limit_threads()
+        _limit_threads(settings)
         # the caches that grow with every new image size, bounded by the service's settings
         densecnn.ops.set_config(
             densecnn.ops.get_config().replace(
@@ -93,30 +114,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             )
         )
         service.loading, service.draining, service.load_error = True, False, None
-
-        def gauges(queued: int, running: int) -> None:
-            metrics.queue_depth.set(queued)
-            metrics.running.set(running)
-
-        service.pool = InferencePool(
-            settings.max_concurrent_inferences,
-            settings.queue_size,
-            thread_setup=limit_threads,
-            on_change=gauges,
-        )
+        service.pool = _inference_pool(settings, metrics)
         drain_on_signals(service)
         loading = asyncio.create_task(_load_models(service, settings))
-        await asyncio.to_thread(private_directory, settings.data_dir)
-        engine = await asyncio.to_thread(make_engine, settings.database)
-        await asyncio.to_thread(private_database, settings)
-        app.state.keys = KeyStore(engine)
-        await asyncio.to_thread(app.state.keys.adopt_named_jobs)
-        store = JobStore(engine)
-        app.state.jobs = runner = JobRunner(
-            settings, store, Quota(engine, settings.disk_quota_bytes), metrics
-        )
-        metrics.watch_jobs(store.count_by_state)
-        await asyncio.to_thread(runner.maintain)  # resumes the jobs a stopped server left
+        engine, runner = await _start_jobs(app, settings, metrics)
         maintenance = asyncio.create_task(_maintain_jobs(runner, settings.job_poll_seconds))
         try:
             yield
@@ -130,16 +131,45 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             if multiprocess():  # this worker's gauges of work in flight leave the sum
                 mark_process_dead(os.getpid())
 
-    app = FastAPIOffline(  # /docs and /redoc from packaged assets: they work offline, no CDN
-        title="densecnn",
-        version=densecnn.__version__,
-        summary="Full-resolution label maps from patch-trained CNNs, exactly as patch-by-patch scanning gives them.",
-        lifespan=lifespan,
+    return lifespan
+
+
+def _limit_threads(settings: Settings) -> None:
+    torch.set_num_threads(settings.torch_threads)
+
+
+def _inference_pool(settings: Settings, metrics: Metrics) -> InferencePool:
+    """The bounded executor of inferences, its threads limited like the server's, its queue in the metrics."""
+
+    def gauges(queued: int, running: int) -> None:
+        metrics.queue_depth.set(queued)
+        metrics.running.set(running)
+
+    return InferencePool(
+        settings.max_concurrent_inferences,
+        settings.queue_size,
+        thread_setup=functools.partial(_limit_threads, settings),
+        on_change=gauges,
     )
-    app.state.settings, app.state.service, app.state.metrics = settings, service, metrics
-    app.state.rate_limiter = RateLimiter(settings.requests_per_minute)
-    app.state.auth_failures = RateLimiter(settings.failed_auth_per_minute)
-    install_error_handlers(app, retry_after=settings.retry_after)
+
+
+async def _start_jobs(app: FastAPI, settings: Settings, metrics: Metrics) -> tuple[Engine, JobRunner]:
+    """Open the (private) data directory and database, the key store and the job runner, which resumes the jobs a
+    stopped server left; returns the database engine and the runner."""
+    await asyncio.to_thread(private_directory, settings.data_dir)
+    engine = await asyncio.to_thread(make_engine, settings.database)
+    await asyncio.to_thread(private_database, settings)
+    app.state.keys = KeyStore(engine)
+    await asyncio.to_thread(app.state.keys.adopt_named_jobs)
+    store = JobStore(engine)
+    app.state.jobs = runner = JobRunner(settings, store, Quota(engine, settings.disk_quota_bytes), metrics)
+    metrics.watch_jobs(store.count_by_state)
+    await asyncio.to_thread(runner.maintain)  # resumes the jobs a stopped server left
+    return engine, runner
+
+
+def _add_middleware(app: FastAPI, settings: Settings, metrics: Metrics) -> None:
+    """Body limits, CORS (where origins are allowed), metrics and request ids; the last added is the outermost."""
     app.add_middleware(
         BodySizeLimitMiddleware, max_bytes=settings.max_upload_bytes,
         paths={"/v1/jobs": settings.max_job_upload_bytes, "/v1/uploads": settings.max_job_upload_bytes},  # to disk
@@ -153,12 +183,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         )  # fmt: skip
     app.add_middleware(MetricsMiddleware, metrics=metrics)  # counts every answer, 413s included
     app.add_middleware(RequestIdMiddleware)  # outermost: every answer carries its id
-    for router in (health.router, metrics_router.router, page.router, jobs.router, uploads.router):
-        app.include_router(router)
-    for router in (models.router, segment.router):  # keys and rate limits as for jobs
-        app.include_router(router, dependencies=[Depends(get_caller)])
-    app.mount("/static", StaticFiles(directory=STATIC), name="static")
-    return app
 
 
 def create_worker_app() -> FastAPI:

@@ -127,28 +127,14 @@ async def create_job(
             spec.intensity,
             spec.nonfinite,
         )
-    if model is None:
-        raise ApiError(422, "missing_model", "name the model: ?model=NAME (see GET /v1/models)")
-    if model not in service.models:
-        raise ApiError(404, "unknown_model", f"no model named {model!r}; models: {', '.join(service.models)}")
-    if intensity is not None:
-        Intensity.parse(intensity)  # 400 intensity_out_of_range when unreadable
+    _check_model_and_intensity(service, model, intensity)
     job_id = uuid.uuid4().hex
     directory = runner.directory(job_id)
     directory.mkdir(mode=0o700, parents=True)
     taken = None  # a resumable upload's data, moved into the job's directory (with its reservation)
     try:
         with contextlib.ExitStack() as held:
-            if spec is not None and spec.upload is not None:
-                job_input = taken = await asyncio.to_thread(
-                    runner.take_upload, spec.upload, caller.owner, job_id
-                )
-            elif spec is not None:
-                opened = opened_server_input(spec.input, settings.data_roots, directory)
-                job_input = await asyncio.to_thread(held.enter_context, opened)
-                await asyncio.to_thread(runner.quota.reserve, job_id, 0)
-            else:
-                job_input = await _receive_upload(request, runner, settings, job_id, directory)
+            job_input, taken = await _job_input(request, spec, caller, settings, runner, job_id, held)
             served = service.models[model]
             plan = await asyncio.to_thread(admit, job_input, served, settings, level=level, chunk=chunk)
         await asyncio.to_thread(runner.quota.grow, job_id, plan.output_bytes)
@@ -170,6 +156,34 @@ async def create_job(
     runner.submit(job_id)
     headers = {"Location": f"/v1/jobs/{job_id}"}
     return JSONResponse(Job.of(recorded).model_dump(mode="json"), status_code=202, headers=headers)
+
+
+def _check_model_and_intensity(service, model: str | None, intensity: str | None) -> None:
+    """422 without a model, 404 for one not served, 400 for an intensity rule that cannot be read."""
+    if model is None:
+        raise ApiError(422, "missing_model", "name the model: ?model=NAME (see GET /v1/models)")
+    if model not in service.models:
+        raise ApiError(404, "unknown_model", f"no model named {model!r}; models: {', '.join(service.models)}")
+    if intensity is not None:
+        Intensity.parse(intensity)  # 400 intensity_out_of_range when unreadable
+
+
+async def _job_input(
+    request: Request, spec: JobRequest | None, caller, settings, runner: JobRunner, job_id: str, held
+) -> tuple[JobInput, JobInput | None]:
+    """The job's input and, for a finished resumable upload, the same input as taken into the job's directory
+    (else None): the upload named in ``spec``, the server-side input it names (kept open in ``held``), or the
+    request's body streamed to disk."""
+    directory = runner.directory(job_id)
+    if spec is not None and spec.upload is not None:
+        taken = await asyncio.to_thread(runner.take_upload, spec.upload, caller.owner, job_id)
+        return taken, taken
+    if spec is not None:
+        opened = opened_server_input(spec.input, settings.data_roots, directory)
+        job_input = await asyncio.to_thread(held.enter_context, opened)
+        await asyncio.to_thread(runner.quota.reserve, job_id, 0)
+        return job_input, None
+    return await _receive_upload(request, runner, settings, job_id, directory), None
 
 
 async def _receive_upload(request: Request, runner: JobRunner, settings, job_id: str, directory) -> JobInput:
