@@ -109,13 +109,7 @@ def segment(
     loaded = served.loaded
     timings = {}
     start = time.perf_counter()
-    limits_kw = dict(max_pixels=limits.max_pixels, max_bytes=limits.max_decode_bytes, name=name)
-    if served.dense.dims == 2 and image_format(data) != "npy":
-        pixels = raw = decode_array(data, **limits_kw)  # (H, W[, S]) as displayed
-        channel_axis = None
-    else:
-        raw, channel_axis = read_nd(data, served.dense.dims, **limits_kw), 0  # (C, *spatial), channel first
-        pixels = np.moveaxis(raw, 0, -1) if served.dense.dims == 2 else None  # (H, W, C) for an overlay
+    raw, channel_axis, pixels = _decode(served.dense.dims, data, limits, name)
     scaling = loaded.scaling(raw, intensity=intensity, channel_axis=channel_axis, nonfinite=nonfinite)
     x = loaded.input(raw, channel_axis=channel_axis, scaling=scaling, nonfinite=nonfinite)  # (1, C, *spatial)
     del raw
@@ -123,34 +117,58 @@ def segment(
     timings["decode"] = time.perf_counter() - start
 
     start = time.perf_counter()
-    run = dict(max_memory=limits.max_memory, cancel=cancel, dense=served.dense, nonfinite=nonfinite)
-    try:
-        if output is Output.NPY:
-            probabilities = loaded.probabilities(x, **run)[0].numpy()  # (K, *spatial)
-        else:  # only the labels are kept, tile by tile
-            labels = loaded.labels(x, **run)[0]  # (*spatial), the model's label dtype
-    except DenseCNNError as exc:  # the input is valid by now: only the memory budget can refuse it
-        raise ImageTooLargeError(
-            f"an input of shape {'x'.join(map(str, shape))} needs more memory than this server allows per "
-            f"inference (max_inference_memory): {exc}. Send a smaller input, or ask for labels instead of "
-            "probabilities"
-        ) from None
+    scores = _infer(served, x, output, max_memory=limits.max_memory, cancel=cancel, nonfinite=nonfinite)
     del x
     timings["infer"] = time.perf_counter() - start
 
     start = time.perf_counter()
-    if output is Output.NPY:
-        body = npy_view(probabilities)
-    elif output is Output.TIFF:
-        body = labels_tiff(labels, loaded.num_classes)
-    elif output is Output.PNG and overlay:
-        body = overlay_png(pixels, labels, loaded.palette)
-    elif output is Output.PNG:
-        body = labels_png(labels, loaded.palette)
-    else:
-        body = json.dumps(_document(loaded, labels, pixels if overlay else None)).encode()
+    body = _encode(loaded, output, scores, pixels if overlay else None)
     timings["encode"] = time.perf_counter() - start
     return SegmentResult(body, output.value, shape, timings, scaling.note())
+
+
+def _decode(
+    dims: int, data: bytes, limits: RequestLimits, name: str
+) -> tuple[np.ndarray, int | None, np.ndarray | None]:
+    """(the decoded array, its channel axis or None for a displayed image's (H, W[, S]), its (H, W, C) pixels for an
+    overlay: None for volumes and signals)."""
+    limits_kw = dict(max_pixels=limits.max_pixels, max_bytes=limits.max_decode_bytes, name=name)
+    if dims == 2 and image_format(data) != "npy":
+        pixels = decode_array(data, **limits_kw)  # (H, W[, S]) as displayed
+        return pixels, None, pixels
+    raw = read_nd(data, dims, **limits_kw)  # (C, *spatial), channel first
+    return raw, 0, np.moveaxis(raw, 0, -1) if dims == 2 else None
+
+
+def _infer(served: ServedModel, x, output: Output, **run) -> np.ndarray:
+    """(K, *spatial) class probabilities for an npy answer, else the (*spatial) labels in the model's label dtype
+    (only they are kept, tile by tile); an input too large for ``max_memory`` is an ImageTooLargeError."""
+    try:
+        if output is Output.NPY:
+            return served.loaded.probabilities(x, dense=served.dense, **run)[0].numpy()
+        return served.loaded.labels(x, dense=served.dense, **run)[0]
+    except DenseCNNError as exc:  # the input is valid by now: only the memory budget can refuse it
+        raise ImageTooLargeError(
+            f"an input of shape {'x'.join(map(str, x.shape[2:]))} needs more memory than this server allows per "
+            f"inference (max_inference_memory): {exc}. Send a smaller input, or ask for labels instead of "
+            "probabilities"
+        ) from None
+
+
+def _encode(
+    loaded, output: Output, scores: np.ndarray, overlay_pixels: np.ndarray | None
+) -> bytes | memoryview:
+    """The answer's body: ``scores`` (probabilities for npy, else labels) encoded as ``output`` asks, drawn over
+    ``overlay_pixels`` where an overlay is asked for."""
+    if output is Output.NPY:
+        return npy_view(scores)
+    if output is Output.TIFF:
+        return labels_tiff(scores, loaded.num_classes)
+    if output is Output.PNG and overlay_pixels is not None:
+        return overlay_png(overlay_pixels, scores, loaded.palette)
+    if output is Output.PNG:
+        return labels_png(scores, loaded.palette)
+    return json.dumps(_document(loaded, scores, overlay_pixels)).encode()
 
 
 def _document(loaded, labels: np.ndarray, overlay_pixels: np.ndarray | None) -> dict:

@@ -193,8 +193,7 @@ class JobRunner:
                 self._held.pop(job_id, None)
 
     def _label(self, job: JobRecord) -> None:
-        from densecnn.blockwise import BlockwiseOptions, predict_to_disk
-        from densecnn.io import Intensity
+        from densecnn.blockwise import predict_to_disk
 
         stop = self._held[job.id]
         directory = self.directory(job.id)
@@ -204,19 +203,7 @@ class JobRunner:
         self.store.set(job.id, state=State.running.value, started=started, error=None, blocks_done=0,
                        blocks_computed=0, pixels=0, run_seconds=0.0)  # fmt: skip
         report = _Reporter(self, job.id, stop, started)
-        options = BlockwiseOptions(
-            level=job.level,
-            scheduler=self.settings.job_scheduler,
-            workers=self.settings.job_workers,
-            chunk=job.chunk,
-            block=self.settings.job_block,
-            max_memory=task_memory(self.settings),
-            intensity=Intensity.parse(job.intensity) if job.intensity else None,
-            nonfinite=job.nonfinite,
-            progress=False,
-            cancel=stop,  # set: no block starts, and a block in flight writes no further chunk
-            on_progress=report,
-        )
+        options = self._options(job, stop, report)
         where = str(directory)
         try:
             with self._input(job) as job_input:
@@ -253,6 +240,25 @@ class JobRunner:
             logger.exception("job %s failed", job.id)
             self._finish(job.id, State.failed, error=f"the job failed unexpectedly ({_scrubbed(exc, where, job)}); it "
                          "was logged")  # fmt: skip
+
+    def _options(self, job: JobRecord, stop: threading.Event, report: _Reporter):
+        """The engine's options for ``job``: its own (level, chunk, intensity, nonfinite) and the server's."""
+        from densecnn.blockwise import BlockwiseOptions
+        from densecnn.io import Intensity
+
+        return BlockwiseOptions(
+            level=job.level,
+            scheduler=self.settings.job_scheduler,
+            workers=self.settings.job_workers,
+            chunk=job.chunk,
+            block=self.settings.job_block,
+            max_memory=task_memory(self.settings),
+            intensity=Intensity.parse(job.intensity) if job.intensity else None,
+            nonfinite=job.nonfinite,
+            progress=False,
+            cancel=stop,  # set: no block starts, and a block in flight writes no further chunk
+            on_progress=report,
+        )
 
     def classes(self, job: JobRecord) -> list[tuple[str, list[int]]]:
         """The job's model's classes: name and colour per class id."""
