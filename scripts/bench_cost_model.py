@@ -10,7 +10,8 @@ cost model's predictions, shipped as they are and after each of ``--calibrations
 (:mod:`densecnn.ops.calibration`). Per layer and format: whether the predicted fastest is the timed fastest, and the
 timed ms of the predicted choice over the timed best (what a wrong choice costs). Per net: the timed ms of the
 predicted plan (its format and solvers) over the timed best plan's. Torch's fresh buffers (charged equally to both
-sources by a plan) are left out. Nothing is read from or written to the user's caches.
+sources by a plan) are left out. Nothing is read from or written to the user's caches. On a machine other processes
+share, ``--threads 1``: two-thread timings there measure the load more than the solvers (see docs/performance.md).
 """
 
 from __future__ import annotations
@@ -111,7 +112,12 @@ def main() -> None:
     parser.add_argument("--tunings", type=int, default=1, help="times to time every layer (default 1)")
     parser.add_argument("--train", action="store_true", help="the training direction (forward + backward)")
     parser.add_argument("--nets", nargs="*", default=list(NETS))
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch threads while tuning (default: torch's default)"
+    )
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     warnings.simplefilter("ignore")
     print(f"torch {torch.__version__}, densecnn {densecnn.__version__}, {machine.description()}")
     direction = "training" if args.train else "inference"
