@@ -91,16 +91,9 @@ def predict_layer(
     check_policy(nonfinite)
     dense = loaded.dense()
     classes, spatial = loaded.num_classes, source.spatial_shape
-    dtype = loaded.label_dtype
-    pixels = math.prod(source.labels_shape)
-    held = pixels * (dtype.itemsize + (4 * classes if probabilities else 0))
-    shape = (1, loaded.in_channels, *spatial)  # one plane at a time: (N, C, *S)
-    estimate = dense.memory_estimate(shape, loaded.dtype.itemsize, labels=not probabilities, train=False)
-    tile = tiling.choose_tile(
-        shape, tiling.check_max_memory(max_memory), dataclasses.replace(estimate, held=held), labels=True
-    )
+    tile = _tile(loaded, dense, source, max_memory, probabilities)
     total = math.prod(source.plane_shape) * tiling.tile_count(spatial, tile)
-    labels = np.zeros(source.labels_shape, dtype)
+    labels = np.zeros(source.labels_shape, loaded.label_dtype)
     probs = np.zeros((classes, *source.labels_shape), np.float32) if probabilities else None
 
     @torch.no_grad()
@@ -129,6 +122,22 @@ def predict_layer(
             done += 1
             yield Progress(done, total)
     return Result(labels, probs, tuple(warnings))
+
+
+def _tile(
+    loaded: LoadedModel, dense, source: LayerSource, max_memory: int, probabilities: bool
+) -> tuple[int, ...]:
+    """The tile shape whose inference fits ``max_memory`` besides what is held throughout: the labels of every
+    plane and, if asked for, their float32 probabilities."""
+    dtype = loaded.label_dtype
+    held = math.prod(source.labels_shape) * (
+        dtype.itemsize + (4 * loaded.num_classes if probabilities else 0)
+    )
+    shape = (1, loaded.in_channels, *source.spatial_shape)  # one plane at a time: (N, C, *S)
+    estimate = dense.memory_estimate(shape, loaded.dtype.itemsize, labels=not probabilities, train=False)
+    return tiling.choose_tile(
+        shape, tiling.check_max_memory(max_memory), dataclasses.replace(estimate, held=held), labels=True
+    )
 
 
 def _scaling(intensity: Intensity, source: LayerSource, plane: tuple[int, ...]) -> Scaling:

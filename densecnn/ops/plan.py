@@ -186,8 +186,9 @@ def make_plan(
 ) -> Plan:
     """The fastest plan for running ``steps`` (fresh from :func:`group_steps`; the plan keeps and fills them) on a
     (N, C, *S) input of ``shape``: per-layer times predicted (immediate mode, or cached timings) or, with the
-    config's ``tune``, timed by :func:`tuned_times`. Images and volumes run in NC* or channels-last, whichever is faster;
-    signals in NC* (a forced "nhwc" is ignored for them). The config's ``solver`` and ``memory_format`` force them.
+    config's ``tune``, timed by :func:`tuned_times`. Images and volumes run in NC* or channels-last, whichever is
+    faster; signals in NC* (a forced "nhwc" is ignored for them). The config's ``solver`` and ``memory_format``
+    force them.
 
     ``train``: plan for forward + backward; ``input_grad``: whether the input itself needs a gradient.
     """
@@ -226,17 +227,24 @@ def make_plan(
     # A format is a choice when every step has times in it (the cost model may have measured only NC* for an op).
     timed = [f for f in names_for(len(shape)) if all(step.times is None or f in step.times for step in steps)]
     formats = [fmt_forced] if fmt_forced else timed or ["nchw"]
+    return Plan(_choose(steps, formats, allowed, forced, config.gradient_solver), steps)
+
+
+def _choose(
+    steps: list[Step], formats: list[str], allowed: set[str], forced: str | None, gradient_solver
+) -> str:
+    """The memory format of ``formats`` in which the steps' best solvers (and gradient solvers) take the least time
+    in all; sets each step's solver and gradient solvers to its best in that format."""
     best = {fmt: [_best(step.times, fmt, allowed, forced) for step in steps] for fmt in formats}
     best_gradients = {
-        fmt: [_best_gradients(step.gradient_times, fmt, config.gradient_solver) for step in steps]
-        for fmt in formats
+        fmt: [_best_gradients(step.gradient_times, fmt, gradient_solver) for step in steps] for fmt in formats
     }
     chosen = min(
         formats, key=lambda fmt: sum(ms for _, ms in best[fmt]) + sum(ms for _, ms in best_gradients[fmt])
     )
     for step, (name, _), (chosen_gradients, _) in zip(steps, best[chosen], best_gradients[chosen]):
         step.solver, step.gradients = name, chosen_gradients
-    return Plan(chosen, steps)
+    return chosen
 
 
 def _times(op, names, shape, dtype, device, forced, fmt_forced, *, train, config, input_grad):
