@@ -4,10 +4,11 @@ The shipped measurements (:mod:`densecnn.ops.costmodel`) come from one machine. 
 their shapes of cost (time still grows with pixels, channels, taps) but not their speeds relative to each other:
 torch's convolutions (oneDNN) gain more from wide vector units than the transform solvers (``fft``, ``winograd``),
 which move more memory per multiplication. So on first use, :func:`current` times every solver on a handful of small
-problems (:data:`PROBLEMS`: inference, both memory formats, interleaved rounds, the minimum of each kept; about 1 s,
-at most :data:`BUDGET_S` on a quiet machine) and compares them with the same timings taken where the shipped model
-was measured (``cost_model.json``'s ``calibration``, by ``scripts/fit_cost_model.py``). Per solver family (a conv
-solver or a pool solver, whatever the number of axes) it fits one factor, in log space over the problems and formats:
+problems (:data:`PROBLEMS`: inference, both memory formats, interleaved rounds, the minimum of each kept; about a
+second, more rounds only while within :data:`BUDGET_S`) and compares them with the same timings taken where the
+shipped model was measured (``cost_model.json``'s ``calibration``, by ``scripts/fit_cost_model.py``). Per solver
+family (:func:`family`: a pool solver, or a conv solver on many or on few input channels, whatever the number of
+axes) it fits one factor, in log space over the problems and formats:
 
     log factor(s) = median over i of [log(tᵢ(s) / refᵢ(s)) − log(tᵢ(native) / refᵢ(native))] · n / (n + PRIOR)
 
@@ -20,13 +21,14 @@ measured on few problems from moving far. Factors are clamped to [1/:data:`MAX_F
 
 The timings run on one thread and count the CPU time of the calling thread: on a machine other processes share,
 wall-clock times of multi-threaded ops mostly measure the other load (a thread descheduled at a barrier holds up
-the op), while one thread's CPU time barely moves with it (repeated calibrations under a load of 3–7 processes on 2
-cores agreed within 5% for the conv solvers). How each solver scales with threads is therefore not calibrated.
+the op), while one thread's CPU time barely moves with it (ten calibrations in a row under a load of 4 on 2 cores
+kept every factor within 0.87–1.18, where two-thread wall-clock ones scattered by up to 4×). How each solver scales
+with threads is therefore not calibrated.
 
 The factors are cached as one JSON file per machine under ``cache_dir / "calibration"`` (the config's ``cache_dir``,
 beside the tuning step's ``solvers/``), keyed by :func:`machine_key`: CPU model, the instruction set the kernels
-dispatched to and torch's, torch's version, the kernels' build and densecnn's version. ``DENSECNN_CALIBRATE=0`` switches
-calibration off (the shipped predictions as they are); ``densecnn calibrate`` redoes it.
+dispatched to and torch's, torch's version, the kernels' build and densecnn's version. ``DENSECNN_CALIBRATE=0``
+switches calibration off (the shipped predictions as they are); ``densecnn calibrate`` redoes it.
 
 >>> calibration = current()  # doctest: +SKIP
 >>> calibration.factors  # doctest: +SKIP
