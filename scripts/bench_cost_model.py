@@ -1,13 +1,13 @@
 #!/usr/bin/env python
 """How often the cost model picks the solver timing picks, per layer of the zoo nets, before and after calibration.
 
-    python scripts/bench_cost_model.py --size 256 --calibrations 3 [--train] [--tunings 2]
+    python scripts/bench_cost_model.py --size 256 --calibrations 2 --tunings 2 --threads 1 [--train]
 
 For each windowed layer of plain_133, stages_46, nuclei, multichannel_40 (SIZE² images) and znni_3d (SIZE/4
 cubed volumes), at the bucketed shape the tuning step times: the tuning step's table (every candidate in both
 memory formats, timed here; ``--tunings 2`` times it twice to show how far timing agrees with itself on this
-machine) against the cost model's predictions, shipped as they are and after each of ``--calibrations`` fresh calibrations
-(:mod:`densecnn.ops.calibration`). Per layer and format: whether the predicted fastest is the timed fastest, and the
+machine) against the cost model's predictions, shipped as they are and after each of ``--calibrations`` fresh
+calibrations (:mod:`densecnn.ops.calibration`). Per layer and format: whether the predicted fastest is the timed fastest, and the
 timed ms of the predicted choice over the timed best (what a wrong choice costs). Per net: the timed ms of the
 predicted plan (its format and solvers) over the timed best plan's. Torch's fresh buffers (charged equally to both
 sources by a plan) are left out. Nothing is read from or written to the user's caches. On a machine other processes
