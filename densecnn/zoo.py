@@ -3,7 +3,7 @@ the square patches of 2-D nets, a tuple with one entry per axis (D, H, W) for 3-
 
 >>> model, patch = densecnn.zoo.create("plain_133", in_channels=3, num_classes=32)
 >>> densecnn.zoo.list_models()
-['multichannel_40', 'nuclei', 'nuclei3d', 'plain_133', 'stages_46', 'tiny', 'znni_3d']
+['filter_bank', 'multichannel_40', 'nuclei', 'nuclei3d', 'plain_133', 'stages_46', 'tiny', 'znni_3d']
 >>> densecnn.zoo.create("znni_3d", in_channels=1, num_classes=3)[1]
 (18, 18, 18)
 """
@@ -15,6 +15,7 @@ import fnmatch
 from torch import nn
 
 from .errors import InvalidInputError
+from .filter_bank import derivative_layers, smoothing_layers
 
 
 def plain_133(in_channels: int = 3, num_classes: int = 32) -> tuple[nn.Sequential, int]:
@@ -112,6 +113,32 @@ def multichannel_40(in_channels: int = 3, num_classes: int = 4) -> tuple[nn.Sequ
     return model, 40
 
 
+def filter_bank(in_channels: int = 1, num_classes: int = 3) -> tuple[nn.Sequential, int]:
+    """A fixed multi-scale filter bank and a learned per-pixel head, patch 49: the default net for training from
+    strokes (docs/training.md, "Training from strokes").
+
+    Layers 0–5 are fixed (:mod:`densecnn.filter_bank`, separable filters as pairs of 1-D convs): per channel,
+    Gaussian derivatives up to second order at σ 1, 2.5 and 5 with both signs, rectified, each kept as it is and
+    smoothed at σ 3 (72 maps per channel); training leaves them as they are. The head is three 1×1 convs (32, 32,
+    ``num_classes``): a small MLP on the features of each pixel, as ilastik's random forest is a classifier on its
+    filter features. Patch 49 = 31 + 19 − 1.
+    """
+    derivatives = derivative_layers(in_channels, sigmas=(1.0, 2.5, 5.0))
+    smoothing = smoothing_layers(derivatives[-1].out_channels, sigmas=(3.0,))
+    features = smoothing[-1].out_channels
+    model = nn.Sequential(
+        *derivatives,
+        nn.ReLU(),
+        *smoothing,
+        nn.Conv2d(features, 32, 1),
+        nn.ReLU(),
+        nn.Conv2d(32, 32, 1),
+        nn.ReLU(),
+        nn.Conv2d(32, num_classes, 1),
+    )
+    return model, derivatives[0].kernel_size[0] + smoothing[0].kernel_size[0] - 1
+
+
 def nuclei3d(in_channels: int = 1, num_classes: int = 3) -> tuple[nn.Sequential, tuple[int, int, int]]:
     """The shipped 3-D nuclei segmenter (models/nuclei3d), patch (9, 20, 20) (D, H, W): one full-resolution 3³ conv,
     two conv+pool stages pooling in the plane only (the stacks are coarser along D), a 3³ conv and a 1³ head.
@@ -154,6 +181,7 @@ def znni_3d(in_channels: int = 1, num_classes: int = 3) -> tuple[nn.Sequential, 
 
 
 _MODELS = {
+    "filter_bank": filter_bank,
     "nuclei": nuclei,
     "nuclei3d": nuclei3d,
     "multichannel_40": multichannel_40,

@@ -30,10 +30,6 @@ from .intensity import Intensity, Scaling
 from .labels import class_probabilities, label_dtype, labels_png, labels_tiff, write_labels
 from .pixels import array_input, array_scaling, image_scaling, model_input, unit_planes
 
-# The former names, for the callers in densecnn.blockwise and densecnn.train until they use the new ones; not public.
-open_array = open_lazy_array
-read_array = decode_array
-
 __all__ = [
     "ACCEPTED",
     "ImageHeader",

@@ -16,7 +16,7 @@ classes 0..K-1. 255 always means unlabelled. Annotation classes are matched to c
 the classes are the annotations' names in order of appearance).
 
 For a model of volumes the files are TIFF stacks, .npy or .zarr arrays ((D, H, W), or (C, D, H, W) for images;
-read by :func:`densecnn.io.open_array`), for a model of signals .npy arrays ((L,) or (C, L)); labels and masks have
+read by :func:`densecnn.io.open_lazy_array`), for a model of signals .npy arrays ((L,) or (C, L)); labels and masks have
 the image's spatial shape.
 
 Every problem raises :class:`DatasetError` naming the file and the fix.
@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import DatasetError, ImageReadError, IntensityError, NonFiniteInputError
-from ..io import Intensity, image_scaling, open_array, read_array, read_header, unit_planes
+from ..io import Intensity, decode_array, image_scaling, open_lazy_array, read_header, unit_planes
 from ..io.annotations import class_names_of, rasterize, read_geojson, sparse_labels
 from ..io.formats import ARRAY_SUFFIXES, IMAGE_SUFFIXES, LABEL_IMAGE_SUFFIXES, TIFF_SUFFIXES
 from ..losses import IGNORE_INDEX
@@ -77,7 +77,7 @@ def infer_channels(directory: str | Path, spatial_dims: int = 2) -> int:
     if spatial_dims != 2:
         return _open_nd(first, spatial_dims).channels
     try:
-        array = read_array(first)
+        array = decode_array(first)
     except ImageReadError as exc:
         raise DatasetError(str(exc)) from None
     return 1 if array.ndim == 2 or array.shape[2] in (1, 2) else 3
@@ -171,7 +171,7 @@ def _read_image(
                     f"{path}: a stack of {planes} slices, and the model reads 2-D images; "
                     "train a model of volumes on it, or save the slices as separate images"
                 )
-            pixels = read_array(path)  # (H, W[, C])
+            pixels = decode_array(path)  # (H, W[, C])
             return unit_planes(pixels, channels, image_scaling(pixels, intensity, finite=finite))  # (C, H, W)
         array = _read_nd(path, spatial_dims)  # (C, *spatial)
         if array.shape[0] != channels:
@@ -191,7 +191,7 @@ def _read_image(
 def _open_nd(path: Path, spatial_dims: int):
     """The signal or volume file ``path``, opened lazily (:class:`densecnn.io.LazyArray`)."""
     try:
-        return open_array(path, spatial_dims=spatial_dims)
+        return open_lazy_array(path, spatial_dims=spatial_dims)
     except ImageReadError as exc:
         raise DatasetError(f"{exc}; fix or remove the file") from None
 
@@ -253,7 +253,7 @@ def _read_class_map(
     """A single-channel integer map of ``shape``, as int64."""
     if spatial_dims == 2:
         try:
-            array = read_array(path)
+            array = decode_array(path)
         except ImageReadError as exc:
             raise DatasetError(f"{exc}; fix or remove the file") from None
         if array.ndim == 3 and array.shape[2] == 1:

@@ -8,6 +8,11 @@ it holds out that share of each class's strokes (connected components), validate
 best weights and stops early when the held-out mIoU no longer improves; the default recipe holds none out and keeps
 the newest weights (:mod:`densecnn.train.recipe`).
 
+A net whose leading layers are fixed and whose other layers are per pixel (the default ``filter_bank``:
+:mod:`densecnn.train.features`) trains without crops: the fixed layers' features of every labelled pixel come from
+one dense pass over each image, and each step trains the head on a class-balanced sample of them, each pixel's
+features permuted as a random flip or quarter turn of its image would permute them.
+
 >>> from densecnn.train.strokes import StrokeTrainer
 >>> trainer = StrokeTrainer([image], [strokes], unlabelled=-1, class_names=["background", "cell"])
 >>> for p in trainer.run(max_seconds=30):            # stop=threading.Event() ends it between two steps
@@ -48,6 +53,7 @@ from ..losses import IGNORE_INDEX
 from ..masked import masked_terms, patch_scores
 from ..modelfile import CONFIG_FILE, LoadedModel, default_palette, load, save
 from .crops import CropSampler
+from .features import PixelFeatures, dihedral_permutations, fix_layers, fixed_layers
 from .holdout import split_strokes
 from .metrics import confusion_matrix
 from .recipe import Recipe, default_model, default_recipe
@@ -113,10 +119,17 @@ class StrokeTrainer:
             self.loaded.model.eval()
         )  # eval for good: BatchNorm and dropout as the dense net runs them
         self.dense = convert(self.model_net, self.loaded.patch_size, padding_mode=self.loaded.padding_mode)
+        self.fixed = fixed_layers(
+            self.model_net
+        )  # > 0: a per-pixel head trained on the fixed layers' features
         self.recipe = recipe or default_recipe(
-            [i.shape[1:] for i in images], labelled_pixels=sum(int((s != IGNORE_INDEX).sum()) for s in sparse)
+            [i.shape[1:] for i in images],
+            labelled_pixels=sum(int((s != IGNORE_INDEX).sum()) for s in sparse),
+            per_pixel_head=bool(self.fixed),
         )
-        self.optimizer = torch.optim.AdamW(self.model_net.parameters(), lr=self.recipe.lr)
+        trained = [p for p in self.model_net.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(trained, lr=self.recipe.lr)
+        self.features: PixelFeatures | None = None
         self.set_labels(images, labels, unlabelled=unlabelled)
 
     @property
@@ -161,7 +174,9 @@ class StrokeTrainer:
         self.train_pixels = _pixels_by_class(train, self.loaded.num_classes)
         # classes are balanced by where crops are drawn (each labelled class equally often), not by loss weights
         self.classes_present = [k for k, (images_of, _) in enumerate(self.train_pixels) if len(images_of)]
-        self.val_patches, self.val_targets = self._val_patches(np.random.default_rng(self.seed))
+        if self.fixed:
+            self._gather_features(images, train)
+        self.val_inputs, self.val_targets = self._val_inputs(np.random.default_rng(self.seed))
         self.has_val = len(self.val_targets) > 0
         self._best_state = copy.deepcopy(self.model_net.state_dict())
         self.best_val_miou: float | None = None
@@ -208,8 +223,76 @@ class StrokeTrainer:
             if self._stale >= self.recipe.patience and done >= self.recipe.min_steps:
                 return
 
+    def _gather_features(self, images: list[np.ndarray], train: list[np.ndarray]) -> None:
+        """The fixed layers' features of every training pixel (each image's dense pass kept while it is the same)."""
+        same = (
+            self.features is not None
+            and len(images) == len(self._feature_images)
+            and all(a is b or np.array_equal(a, b) for a, b in zip(images, self._feature_images, strict=True))
+        )
+        if not same:
+            prefix = nn.Sequential(*list(self.model_net)[: self.fixed])
+            self.features = PixelFeatures(
+                prefix, self.patch_size, self.loaded.padding_mode, self.crops.padded, self.crops.margin
+            )
+            self._feature_images = list(images)
+            # flips and quarter turns, as the crop path draws them, act on the features by permuting them
+            turns = dihedral_permutations(self.features.dense, self.loaded.in_channels, seed=self.seed)
+            self._feature_gathers = torch.stack([torch.argsort(perm) for perm in turns])  # (T, F)
+        self.train_x, self.train_y = self.features.gather(train)  # (N, F), (N,)
+        self._train_maps, self._train_pixels_flat = train, None
+        self.train_by_class = [torch.nonzero(self.train_y == k)[:, 0] for k in range(self.loaded.num_classes)]
+
     def _take_step(self) -> float:
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.step)
+        loss = self._head_loss(generator) if self.fixed else self._crops_loss(generator)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer.step()
+        self.scheduler.step()
+        return float(loss.detach())
+
+    def _head_loss(self, generator: torch.Generator) -> torch.Tensor:
+        """The cross-entropy of ``recipe.pixels`` labelled pixels (classes drawn equally often): the head on their
+        fixed features, or (``recipe.method == "patches"``, the baseline) the whole patch net on their patches."""
+        present = self.classes_present
+        classes = torch.tensor(present)[
+            torch.randint(len(present), (self.recipe.pixels,), generator=generator)
+        ]
+        picked = torch.empty(self.recipe.pixels, dtype=torch.int64)
+        for k in present:
+            chosen = classes == k
+            pool = self.train_by_class[k]
+            picked[chosen] = pool[torch.randint(len(pool), (int(chosen.sum()),), generator=generator)]
+        targets = self.train_y[picked]  # (B,)
+        if self.recipe.method == "patches":
+            scores = patch_scores(self.dense, self._patches(self._train_pixel_list(picked)))
+        else:
+            x = self.train_x[picked]  # (B, F)
+            turn = torch.randint(len(self._feature_gathers), (len(x),), generator=generator)
+            x = torch.gather(
+                x, 1, self._feature_gathers[turn]
+            )  # each pixel's features as if its image turned
+            scores = self._head(x.view(*x.shape, *(1,) * len(self.patch_size)))
+        return nn.functional.cross_entropy(scores.flatten(1), targets)
+
+    def _head(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, F, 1, ...) fixed features -> (B, K, 1, ...) scores by the trained layers."""
+        for layer in list(self.model_net)[self.fixed :]:
+            x = layer(x)
+        return x
+
+    def _train_pixel_list(self, picked: torch.Tensor) -> list[tuple[int, tuple[int, ...]]]:
+        """(image index, coordinates) of the training pixels at rows ``picked`` of the gathered features."""
+        if self._train_pixels_flat is None:  # in the order of PixelFeatures.gather: image, then row-major
+            self._train_pixels_flat = [
+                (n, tuple(int(c) for c in where))
+                for n, label_map in enumerate(self._train_maps)
+                for where in np.argwhere(label_map != IGNORE_INDEX)
+            ]
+        return [self._train_pixels_flat[int(i)] for i in picked]
+
+    def _crops_loss(self, generator: torch.Generator) -> torch.Tensor:
         images, labels = [], []
         for _ in range(self.recipe.batch):
             index, centre = self._centre(generator)
@@ -238,12 +321,7 @@ class StrokeTrainer:
             focal_gamma=self.recipe.focal_gamma,
             method=self.recipe.method,
         )
-        loss = terms.loss_sum / terms.weight_sum.clamp(min=1e-12)
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        self.optimizer.step()
-        self.scheduler.step()
-        return float(loss.detach())
+        return terms.loss_sum / terms.weight_sum.clamp(min=1e-12)
 
     def _centre(self, generator: torch.Generator) -> tuple[int, tuple[int, ...]]:
         """A labelled training pixel: its class drawn uniformly among the labelled classes, then a pixel of it."""
@@ -257,32 +335,49 @@ class StrokeTrainer:
         """The mean IoU over the classes of the held-out strokes, predicted by the current weights on a fixed
         sample of their pixels (at most :data:`VAL_PIXELS`, shared equally among the classes)."""
         k = self.loaded.num_classes
-        predicted = torch.cat(
-            [patch_scores(self.dense, chunk).flatten(1).argmax(1) for chunk in self.val_patches.split(512)]
-        )  # (M,)
+        if self.fixed:
+            predicted = self._head(self.val_inputs.view(*self.val_inputs.shape, *(1,) * len(self.patch_size)))
+            predicted = predicted.flatten(1).argmax(1)  # (M,)
+        else:
+            predicted = torch.cat(
+                [patch_scores(self.dense, chunk).flatten(1).argmax(1) for chunk in self.val_inputs.split(512)]
+            )  # (M,)
         confusion = confusion_matrix(predicted, self.val_targets, k).double()
         true_positive = confusion.diag()
         union = confusion.sum(0) + confusion.sum(1) - true_positive
         present = confusion.sum(1) > 0
         return float((true_positive[present] / union[present]).mean())
 
-    def _val_patches(self, generator: np.random.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-        """(M, C, *R) windows around a sample of held-out pixels (all a pixel's score depends on) and their
+    def _val_inputs(self, generator: np.random.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """For a sample of held-out pixels (at most :data:`VAL_PIXELS`, shared equally among the classes): their
+        (M, F) fixed features (a per-pixel head) or (M, C, *R) windows (all a pixel's score depends on), and their
         (M,) labels."""
         per_class = VAL_PIXELS // self.loaded.num_classes
-        margin, patch, field = self.crops.margin, self.patch_size, self.dense.receptive_field
-        patches, targets = [], []
-        for images, coordinates in _pixels_by_class(self.val_labels, self.loaded.num_classes):
-            for j in generator.permutation(len(images))[:per_class].tolist():
-                window = tuple(
-                    slice(x + m - (p - 1) // 2, x + m - (p - 1) // 2 + r)
-                    for x, m, p, r in zip(coordinates[j], margin, patch, field, strict=True)
-                )
-                patches.append(self.crops.padded[int(images[j])][(slice(None), *window)])
-                targets.append(int(self.val_labels[int(images[j])][tuple(coordinates[j])]))
-        if not patches:
+        pixels = [
+            (int(images[j]), tuple(int(c) for c in coordinates[j]))
+            for images, coordinates in _pixels_by_class(self.val_labels, self.loaded.num_classes)
+            for j in generator.permutation(len(images))[:per_class].tolist()
+        ]
+        if not pixels:
             return torch.zeros(0), torch.zeros(0, dtype=torch.int64)
-        return torch.stack(patches), torch.tensor(targets)
+        targets = torch.tensor([int(self.val_labels[n][where]) for n, where in pixels])
+        if self.fixed:
+            maps = {n: self.features.feature_map(n) for n in {n for n, _ in pixels}}
+            return torch.stack([maps[n][(slice(None), *where)] for n, where in pixels]), targets
+        return self._patches(pixels), targets
+
+    def _patches(self, pixels: list[tuple[int, tuple[int, ...]]]) -> torch.Tensor:
+        """(M, C, *R) windows of the padded images around ``pixels`` (image index, coordinates): all each pixel's
+        score depends on."""
+        margin, patch, field = self.crops.margin, self.patch_size, self.dense.receptive_field
+        windows = []
+        for n, where in pixels:
+            window = tuple(
+                slice(x + m - (p - 1) // 2, x + m - (p - 1) // 2 + r)
+                for x, m, p, r in zip(where, margin, patch, field, strict=True)
+            )
+            windows.append(self.crops.padded[n][(slice(None), *window)])
+        return torch.stack(windows)
 
     def save(
         self, directory, class_names: list[str] | None = None, palette: list[list[int]] | None = None
@@ -306,7 +401,11 @@ class StrokeTrainer:
             palette=palette or self.palette,
             normalization=self.loaded.normalization,
             padding_mode=self.loaded.padding_mode,
-            extra={**self.loaded.extra, "training": training},
+            extra={
+                **self.loaded.extra,
+                "training": training,
+                **({"fixed_layers": self.fixed} if self.fixed else {}),
+            },
             intensity=self.loaded.intensity,
         )
 
@@ -347,7 +446,11 @@ def _start_model(model, channels: int, spatial_dims: int, num_classes: int, clas
     if isinstance(model, (str, Path)) and (Path(model) / CONFIG_FILE).is_file():
         model = load(model)
     if isinstance(model, LoadedModel):
-        return copy.deepcopy(model)
+        model = copy.deepcopy(model)
+        fix_layers(
+            model.model, int(model.extra.get("fixed_layers", 0))
+        )  # what training left as it was stays so
+        return model
     if model is None or isinstance(model, str):
         name = model or default_model(channels=channels, spatial_dims=spatial_dims)
         try:

@@ -72,7 +72,8 @@ def test_default_recipe_picks_the_zoo_net_for_the_data(strokes_dataset, tmp_path
     out = tmp_path / "run"
     assert main(["train", "--data", str(strokes_dataset), "--out", str(out), "--max-seconds", "0.5"]) == 0
     loaded = densecnn.load(out / "model")
-    assert loaded.patch_size == (40, 40) and loaded.in_channels == 1  # the nuclei net, for gray images
+    assert loaded.patch_size == (49, 49) and loaded.in_channels == 1  # the filter-bank net, for gray images
+    assert loaded.extra["fixed_layers"] == 6  # its filter bank stays fixed when the model is fine-tuned
 
 
 @pytest.mark.parametrize("error", [KeyboardInterrupt(), RuntimeError("out of memory mid-step")])

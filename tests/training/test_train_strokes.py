@@ -85,9 +85,9 @@ def test_nothing_is_held_out_at_share_zero():
 @pytest.mark.parametrize(
     ("channels", "dims", "name"),
     [
-        (1, 2, "nuclei"),
-        (3, 2, "nuclei"),
-        (5, 2, "nuclei"),
+        (1, 2, "filter_bank"),
+        (3, 2, "filter_bank"),
+        (5, 2, "filter_bank"),
         (1, 3, "nuclei3d"),
         (2, 3, "nuclei3d"),
     ],

@@ -1,0 +1,144 @@
+"""Training the per-pixel head of a net whose leading layers are fixed (:func:`densecnn.zoo.filter_bank`): the fixed
+layers' features of every labelled pixel are computed once, by their dense pass over the image, and each step trains
+the head on a class-balanced sample of them.
+
+This is the masked-error step at its cheapest: with the leading layers fixed, the patch model's loss on a set of
+labelled pixels is the head's loss on their features, and a pixel's features in the dense pass equal those of its
+own patch. The dense pass costs one pass over the image (or over the bands of rows that hold labels); the patch
+minibatch of the same pixels recomputes the fixed layers for every patch.
+
+>>> model, patch = densecnn.zoo.filter_bank(in_channels=3, num_classes=4)
+>>> fixed_layers(model)
+6
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..convert import convert
+from ..losses import IGNORE_INDEX
+
+ELEMENTWISE = (nn.ReLU, nn.LeakyReLU, nn.ELU, nn.GELU, nn.SiLU, nn.Tanh, nn.Sigmoid, nn.Identity, nn.Dropout)
+BAND_BYTES = 256 * 2**20  # the most feature memory one band of rows of the dense pass takes
+
+
+def fixed_layers(model: nn.Sequential) -> int:
+    """How many leading layers of ``model`` training leaves as they are: those up to the last layer whose
+    parameters are all fixed (``requires_grad`` off), when every layer after it is a 1×1 conv or elementwise (a
+    per-pixel head); 0 when there are none or the rest is not per-pixel."""
+    last = -1
+    for index, layer in enumerate(model):
+        parameters = list(layer.parameters())
+        if parameters and not any(p.requires_grad for p in parameters):
+            last = index
+    if last < 0 or not all(_per_pixel(layer) for layer in list(model)[last + 1 :]):
+        return 0
+    return last + 1
+
+
+def fix_layers(model: nn.Sequential, count: int) -> None:
+    """Turn ``requires_grad`` off for the parameters of the first ``count`` layers (a saved model's fixed layers)."""
+    for layer in list(model)[:count]:
+        for parameter in layer.parameters():
+            parameter.requires_grad_(False)
+
+
+def _per_pixel(layer: nn.Module) -> bool:
+    if isinstance(layer, ELEMENTWISE):
+        return True
+    if isinstance(layer, (nn.Conv1d, nn.Conv2d, nn.Conv3d)):
+        return all(k == 1 for k in layer.kernel_size) and all(s == 1 for s in layer.stride)
+    return False
+
+
+class PixelFeatures:
+    """The fixed layers' features of the labelled pixels of a set of images.
+
+    ``padded``: the images padded by ``margin`` per spatial axis (as :class:`~densecnn.train.crops.CropSampler`
+    pads them); ``prefix``: the model's first ``count`` layers; ``patch_size``: the whole model's.
+    """
+
+    def __init__(self, prefix: nn.Sequential, patch_size, padding_mode: str, padded, margin):
+        self.dense = convert(prefix, patch_size, padding_mode=padding_mode, verify=False)
+        self.padded, self.margin, self.patch_size = padded, margin, tuple(patch_size)
+        self._maps: dict[int, torch.Tensor] = {}
+
+    @torch.no_grad()
+    def gather(self, labels: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(N, F) features and (N,) class ids of the labelled pixels of ``labels`` (one map per image)."""
+        features, targets = [], []
+        for index, label_map in enumerate(labels):
+            where = np.nonzero(label_map != IGNORE_INDEX)
+            if not len(where[0]):
+                continue
+            feature_map = self.feature_map(index)  # (F, *spatial)
+            features.append(feature_map[(slice(None), *map(torch.from_numpy, where))].T)
+            targets.append(torch.from_numpy(label_map[where]))
+        if not features:
+            return torch.zeros(0, self.dense.num_classes), torch.zeros(0, dtype=torch.int64)
+        return torch.cat(features), torch.cat(targets)
+
+    def feature_map(self, index: int) -> torch.Tensor:
+        """(F, *spatial) features of every pixel of image ``index``, by bands of rows (computed once, then kept)."""
+        if index not in self._maps:
+            self._maps[index] = self._dense_pass(self.padded[index])
+        return self._maps[index]
+
+    def _dense_pass(self, padded: torch.Tensor) -> torch.Tensor:
+        field = self.dense.receptive_field
+        start = [m - (p - 1) // 2 for m, p in zip(self.margin, self.patch_size, strict=True)]
+        size = [n - 2 * m for n, m in zip(padded.shape[1:], self.margin, strict=True)]
+        window = tuple(slice(s, s + n + r - 1) for s, n, r in zip(start, size, field, strict=True))
+        image = padded[(slice(None), *window)]  # (C, *(S+R-1)): the dense pass's own padding
+        row_bytes = self.dense.num_classes * 4 * int(np.prod(size[1:]))
+        band = max(1, BAND_BYTES // max(row_bytes, 1))
+        bands = []
+        for top in range(0, size[0], band):
+            rows = min(band, size[0] - top)
+            piece = image[:, top : top + rows + field[0] - 1]
+            bands.append(self.dense.run_padded(piece[None])[0])  # (F, rows, ...)
+        return torch.cat(bands, 1)
+
+
+@torch.no_grad()
+def dihedral_permutations(dense, in_channels: int, *, seed: int = 0) -> list[torch.Tensor]:
+    """The flips and quarter turns of the plane under which the fixed layers' features only change places: for each
+    such transform T, the (F,) index ``perm`` with ``features(T(image))[perm[i]]`` at T(p) equal to
+    ``features(image)[i]`` at p, found by running ``dense`` (the fixed layers' dense net) on a random image and its
+    transforms. A transform whose features are not a permutation of the others is left out; the identity is first.
+
+    Training then augments features as the crop path augments images: a pixel's features permuted as a flip or
+    turn of the image would permute them (:class:`~densecnn.train.strokes.StrokeTrainer`)."""
+    if len(dense.receptive_field) != 2:
+        return [torch.arange(dense.num_classes)]
+    generator = torch.Generator().manual_seed(seed)
+    side = max(dense.receptive_field) + 15
+    image = torch.randn(1, in_channels, side, side, generator=generator, dtype=torch.float64)  # both signs
+    net = copy.deepcopy(dense).double()
+    plain = net.run_padded(image)[0]  # (F, h, w)
+    scale = plain.abs().amax((1, 2)).clamp(min=1e-12)
+    found = []
+    for turns in range(4):
+        for flip in (False, True):
+            moved = net.run_padded(_transform(image, turns, flip))[0]  # (F, h, w)
+            expected = _transform(plain[None], turns, flip)[0]  # where each feature of the image goes
+            distance = (moved[:, None] - expected[None]).abs().amax((2, 3)) / scale[
+                None
+            ]  # (F moved, F expected)
+            perm = distance.argmin(0)  # feature i of the image is feature perm[i] of the transformed image
+            if bool((distance.gather(0, perm[None])[0] < 1e-6).all()) and len(set(perm.tolist())) == len(
+                perm
+            ):
+                found.append(perm)
+    return found
+
+
+def _transform(x: torch.Tensor, turns: int, flip: bool) -> torch.Tensor:
+    """(N, C, H, W) turned by ``turns`` quarter turns, then flipped along W when ``flip``."""
+    x = torch.rot90(x, turns, (2, 3))
+    return torch.flip(x, (3,)) if flip else x

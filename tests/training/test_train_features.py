@@ -1,0 +1,169 @@
+"""Training a per-pixel head on fixed layers (the default ``filter_bank`` net): the filter bank against direct 2-D
+Gaussian-derivative convolutions, the gathered features and the head's gradients against the patch model on each
+labelled pixel's own patch, the feature permutations of flips and turns, and fixed layers kept through fine-tuning."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import densecnn
+from densecnn.filter_bank import DERIVATIVES, derivative_layers, gaussian_1d, smoothing_layers
+from densecnn.losses import IGNORE_INDEX
+from densecnn.train.crops import pad_spatial
+from densecnn.train.features import PixelFeatures, dihedral_permutations, fixed_layers
+from densecnn.train.recipe import Recipe
+from densecnn.train.strokes import StrokeTrainer
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+HEAD = Recipe(crop=(16, 16), batch=2, steps=20, lr=1e-2, warmup=2, pixels=64, intensity_jitter=0.0)
+
+
+def _apply(layers, x: torch.Tensor) -> torch.Tensor:
+    for layer in layers:
+        x = F.conv2d(x, layer.weight.double(), groups=layer.groups)
+    return x
+
+
+def test_the_separable_filter_bank_is_the_two_dimensional_gaussian_derivatives():
+    sigmas, channels = (1.0, 2.0), 2
+    x = torch.rand(1, channels, 40, 40, dtype=torch.float64)
+    got = _apply(derivative_layers(channels, sigmas=sigmas), x)  # (1, 2·12·2, 28, 28)
+    radius = math.ceil(3 * max(sigmas))
+    expected = []
+    for c in range(channels):
+        for sigma in sigmas:
+            for order_y, order_x in DERIVATIVES:
+                kernel = torch.outer(gaussian_1d(sigma, radius, order_y), gaussian_1d(sigma, radius, order_x))
+                response = F.conv2d(x[:, c : c + 1], (kernel * sigma ** (order_y + order_x))[None, None])
+                expected += [response, -response]
+    expected = torch.cat(expected, 1)
+    assert got.shape == expected.shape
+    assert torch.allclose(got, expected, atol=1e-6)  # float32 weights
+
+
+def test_smoothing_keeps_each_map_and_adds_its_gaussian_smoothing():
+    x = torch.rand(1, 3, 30, 30, dtype=torch.float64)
+    got = _apply(smoothing_layers(3, sigmas=(2.0,)), x)  # (1, 6, 18, 18)
+    g = gaussian_1d(2.0, 6, 0)
+    smooth = F.conv2d(x.reshape(3, 1, 30, 30), torch.outer(g, g)[None, None]).reshape(1, 3, 18, 18)
+    expected = torch.stack([x[..., 6:-6, 6:-6], smooth], 2).reshape(1, 6, 18, 18)
+    assert torch.allclose(got, expected, atol=1e-6)
+
+
+def test_fixed_layers_are_the_leading_frozen_layers_before_a_per_pixel_head():
+    model, _ = densecnn.zoo.filter_bank(in_channels=1, num_classes=2)
+    assert fixed_layers(model) == 6
+    assert fixed_layers(densecnn.zoo.nuclei()[0]) == 0
+    spatial_head = nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU(), nn.Conv2d(4, 2, 3))
+    spatial_head[0].weight.requires_grad_(False)
+    spatial_head[0].bias.requires_grad_(False)
+    assert fixed_layers(spatial_head) == 0  # a 3×3 conv after the fixed layer: not a per-pixel head
+
+
+def _image_and_prefix(channels: int = 2, size: int = 30, seed: int = 0):
+    model, patch = densecnn.zoo.filter_bank(in_channels=channels, num_classes=3)
+    image = torch.rand(channels, size, size, generator=torch.Generator().manual_seed(seed))
+    return model, patch, image, nn.Sequential(*list(model)[: fixed_layers(model)])
+
+
+def test_gathered_features_are_the_fixed_layers_on_each_pixels_own_patch():
+    model, patch, image, prefix = _image_and_prefix()
+    margin = (patch // 2 + 2,) * 2
+    padded = pad_spatial(image, margin, margin, "reflect")
+    features = PixelFeatures(prefix, (patch, patch), "reflect", [padded], margin)
+    labels = np.full((30, 30), IGNORE_INDEX, np.int64)
+    pixels = [(0, 0), (3, 29), (15, 7), (29, 29)]
+    for n, (y, x) in enumerate(pixels):
+        labels[y, x] = n % 3
+    gathered, targets = features.gather([labels])  # row-major order of the labelled pixels
+    reference = pad_spatial(image, (patch // 2,) * 2, (patch // 2,) * 2, "reflect").double()
+    for row, (y, x) in enumerate(sorted(pixels)):
+        window = reference[None, :, y : y + patch, x : x + patch]  # the pixel's own patch
+        expected = prefix.double()(window)[0, :, 0, 0]
+        assert torch.allclose(gathered[row].double(), expected, rtol=1e-4, atol=1e-5)
+        assert targets[row] == labels[y, x]
+
+
+def test_the_head_step_has_the_patch_minibatch_gradients_of_the_same_pixels():
+    model, patch, image, prefix = _image_and_prefix(channels=1)
+    margin = (patch // 2 + 2,) * 2
+    padded = pad_spatial(image, margin, margin, "reflect")
+    labels = np.full((30, 30), IGNORE_INDEX, np.int64)
+    labels[5, 3:20] = 0
+    labels[20:25, 12] = 2
+    x, y = PixelFeatures(prefix, (patch, patch), "reflect", [padded], margin).gather([labels])
+    head = nn.Sequential(*list(model)[fixed_layers(model) :])
+    F.cross_entropy(head(x[:, :, None, None]).flatten(1), y).backward()
+    from_features = [p.grad.clone() for p in head.parameters()]
+    model.zero_grad()
+    reference = pad_spatial(image, (patch // 2,) * 2, (patch // 2,) * 2, "reflect")
+    where = np.argwhere(labels != IGNORE_INDEX)
+    patches = torch.stack([reference[:, r : r + patch, c : c + patch] for r, c in where])
+    F.cross_entropy(model(patches).flatten(1), torch.from_numpy(labels[tuple(where.T)])).backward()
+    for got, expected in zip(from_features, [p.grad for p in head.parameters()], strict=True):
+        assert torch.allclose(got, expected, rtol=1e-3, atol=1e-6)
+
+
+def test_flips_and_turns_permute_the_filter_banks_features():
+    model, patch, _, prefix = _image_and_prefix(channels=1)
+    dense = densecnn.convert(prefix, patch, padding_mode="reflect", verify=False)
+    perms = dihedral_permutations(dense, 1)
+    assert len(perms) == 8 and torch.equal(perms[0], torch.arange(dense.num_classes))
+    image = torch.randn(1, 1, 20 + patch, 20 + patch, dtype=torch.float64)
+    features = prefix.double()(image)[0]  # (F, 20, 20), computed on its own
+    turned = prefix.double()(torch.rot90(image, 1, (2, 3)))[0]
+    expected = torch.rot90(features, 1, (1, 2))
+    assert torch.allclose(turned[perms[2]], expected, atol=1e-5)  # one quarter turn, no flip
+
+
+def test_an_asymmetric_fixed_layer_has_only_the_identity():
+    conv = nn.Conv2d(1, 3, 5, bias=False)
+    conv.weight.requires_grad_(False)
+    dense = densecnn.convert(nn.Sequential(conv), 5, verify=False)
+    assert len(dihedral_permutations(dense, 1)) == 1
+
+
+def discs(seed: int = 0, size: int = 48):
+    rng = np.random.default_rng(seed)
+    rows, cols = np.mgrid[:size, :size]
+    truth = np.zeros((size, size), np.int64)
+    for _ in range(4):
+        cy, cx = rng.integers(6, size - 6, 2)
+        truth[(rows - cy) ** 2 + (cols - cx) ** 2 <= 25] = 1
+    image = np.clip(0.2 + 0.6 * truth + rng.normal(0, 0.05, truth.shape), 0, 1)[None].astype(np.float32)
+    labels = np.full(truth.shape, -1, np.int64)
+    labels[::6] = truth[::6]
+    return image, truth, labels
+
+
+def test_the_default_net_learns_from_strokes_and_its_fixed_layers_survive_saving(tmp_path):
+    image, truth, labels = discs()
+    trainer = StrokeTrainer([image], [labels], class_names=["background", "disc"], recipe=HEAD)
+    assert trainer.fixed == 6
+    before = [p.clone() for p in trainer.model_net.parameters()]
+    for _ in trainer.run():
+        pass
+    after = list(trainer.model_net.parameters())
+    changed = [not torch.equal(b, a) for b, a in zip(before, after, strict=True)]
+    assert not any(changed[:5]) and all(changed[5:])  # the filter bank stays, the head learns
+    loaded = densecnn.load(trainer.save(tmp_path / "m"))
+    predicted = loaded.labels(loaded.normalize(torch.from_numpy(image)[None]))[0]
+    assert (np.asarray(predicted) == truth).mean() > 0.9
+    again = StrokeTrainer([image], [labels], model=loaded, recipe=HEAD)
+    assert again.fixed == 6  # fine-tuning keeps the saved model's fixed layers fixed
+
+
+def test_the_patch_minibatch_baseline_trains_the_same_head():
+    image, _, labels = discs(1)
+    recipe = replace(HEAD, steps=2, pixels=8, method="patches")
+    trainer = StrokeTrainer([image], [labels], recipe=recipe)
+    losses = [p.loss for p in trainer.run()]
+    assert len(losses) == 2 and all(np.isfinite(losses))
