@@ -27,7 +27,7 @@ def run(args) -> int:
     print(f"calibration: {found.seconds:.2f} s, {found.rounds} rounds; cached in {path}")
     print("predicted times are multiplied by (1: as measured where the cost model was fitted):")
     for family, factor in found.factors.items():
-        print(f"  {family:<16} {factor:.2f}")
+        print(f"  {family:<28} {factor:.2f}")
     if not calibration.enabled():
         print(
             f"{calibration.ENVIRONMENT}=0: plans use the shipped predictions as they are, not these factors"

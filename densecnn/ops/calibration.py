@@ -27,8 +27,9 @@ with threads is therefore not calibrated.
 
 The factors are cached as one JSON file per machine under ``cache_dir / "calibration"`` (the config's ``cache_dir``,
 beside the tuning step's ``solvers/``), keyed by :func:`machine_key`: CPU model, the instruction set the kernels
-dispatched to and torch's, torch's version, the kernels' build and densecnn's version. ``DENSECNN_CALIBRATE=0``
-switches calibration off (the shipped predictions as they are); ``densecnn calibrate`` redoes it.
+dispatched to and torch's, torch's version, the kernels' build, densecnn's version and the shipped reference
+timings. ``DENSECNN_CALIBRATE=0`` switches calibration off (the shipped predictions as they are); ``densecnn
+calibrate`` redoes it.
 
 >>> calibration = current()  # doctest: +SKIP
 >>> calibration.factors  # doctest: +SKIP
@@ -168,6 +169,7 @@ def machine_key() -> dict:
         "torch": torch.__version__,
         "ext": ext_build(),
         "densecnn": __version__,
+        "reference": _digest(costmodel.shipped_calibration()),  # a refitted cost model calibrates anew
     }
 
 
@@ -213,8 +215,11 @@ def recalibrate() -> Calibration:
 
 def cache_file(key: dict, cache_dir: Path) -> Path:
     """Where the calibration for ``key`` is cached under ``cache_dir``."""
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]
-    return cache_dir / "calibration" / f"{digest}.json"
+    return cache_dir / "calibration" / f"{_digest(key)}.json"
+
+
+def _digest(value) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:32]
 
 
 def load(key: dict, path: Path) -> Calibration | None:

@@ -165,7 +165,7 @@ def test_the_command_shows_and_redoes_the_calibration(calibrating, capsys):
     assert main(["calibrate", "--show"]) == 0
     assert "not calibrated yet" in capsys.readouterr().out
     assert main(["calibrate"]) == 0
-    assert "conv/fft         1.50" in capsys.readouterr().out
+    assert "conv/fft                     1.50" in capsys.readouterr().out
     assert main(["calibrate", "--show"]) == 0
-    assert "conv/fft         1.50" in capsys.readouterr().out
+    assert "conv/fft                     1.50" in capsys.readouterr().out
     assert len(calibrating) == 1
