@@ -14,7 +14,8 @@ predictions, so the first call on a new machine or image size runs at once; the 
 (:mod:`densecnn.ops.tune`, ``densecnn tune``) replaces them by real timings when asked. The absolute numbers are the
 shipping machine's; the plan uses them to compare candidates and memory formats. On another CPU the solvers' speeds
 relative to each other shift: :mod:`densecnn.ops.calibration` times each solver family on a few small problems
-once per machine, against the same timings shipped in the file, and scales its predictions by the factor it fits.
+once per machine, against the same timings shipped in the file, and scales its inference predictions by the
+factor it fits.
 
 >>> from densecnn.ops.solvers import PoolOp
 >>> table = estimate(PoolOp("max_pool2d", (2, 2), (8, 8)), (1, 50, 300, 300), torch.float32, train=False,
@@ -222,9 +223,9 @@ def estimate(
     op: DenseOp, shape, dtype: torch.dtype, *, train: bool, candidates: list[str]
 ) -> dict[str, dict[str, float | None]]:
     """``{memory_format: {solver: predicted ms}}`` for ``op`` on an input of ``shape`` — the tuning step's table,
-    predicted, each solver scaled by this machine's calibration (:mod:`densecnn.ops.calibration`). A solver without
-    a fitted model for this op gets None (not chosen), except ``native``, which gets a neutral 1.0 so that a net
-    always has a plan. Dtypes not in the file use the float32 models."""
+    predicted, each solver's inference time scaled by this machine's calibration (:mod:`densecnn.ops.calibration`).
+    A solver without a fitted model for this op gets None (not chosen), except ``native``, which gets a neutral 1.0
+    so that a net always has a plan. Dtypes not in the file use the float32 models."""
     model, row = shipped(), problem(op, shape)
     if isinstance(op, PoolOp) and len(op.kernel) != 2 and not model.fits(op.name):
         # Without measurements of their own, signals' and volumes' pools borrow the image pools' fits: a pool's
@@ -232,7 +233,9 @@ def estimate(
         # torch's dilated pooling is slower still in 3-D.
         row["op"] = f"{op.mode}_pool2d"
     direction, dtype_name = "train" if train else "infer", str(dtype).removeprefix("torch.")
-    scale = calibration.current()
+    # Only inference is calibrated, as the calibration times it: scaling the training direction by the same factors
+    # made fewer of its choices agree with tuning, not more (docs/performance.md, "The cost model on your CPU").
+    scale = calibration.Calibration() if train else calibration.current()
     table: dict[str, dict[str, float | None]] = {}
     for memory_format in layout.names_for(len(shape)):
         times = {s: model.time_ms(row, s, memory_format, direction, dtype_name) for s in candidates}
@@ -248,18 +251,17 @@ def estimate_gradients(
 ) -> dict[str, dict[str, dict[str, float | None]]]:
     """``{memory_format: {"grad_input" | "grad_weight": {gradient solver: predicted ms}}}`` for a conv's gradient
     solvers (:mod:`densecnn.ops.gradients`) on an input of ``shape``, as
-    :func:`~densecnn.ops.tune.tuned_gradient_times` times them (scaled by the calibration like :func:`estimate`'s);
+    :func:`~densecnn.ops.tune.tuned_gradient_times` times them (not calibrated: as shipped);
     "grad_input" only when the input needs a gradient. ``native`` without a fit gets a neutral 1.0, the others None
     (not chosen)."""
     model, row = shipped(), problem(op, shape)
-    dtype_name, scale = str(dtype).removeprefix("torch."), calibration.current()
+    dtype_name = str(dtype).removeprefix("torch.")
     directions = ("grad_input", "grad_weight") if input_grad else ("grad_weight",)
     table: dict[str, dict[str, dict[str, float | None]]] = {}
     for memory_format in layout.names_for(len(shape)):
         table[memory_format] = {}
         for direction in directions:
             times = {s: model.time_ms(row, s, memory_format, direction, dtype_name) for s in candidates}
-            times = _scaled(times, scale, row)
             table[memory_format][direction] = {
                 s: 1.0 if ms is None and s == "native" else ms for s, ms in times.items()
             }
