@@ -87,11 +87,12 @@ def rasterize(
     class_ids: dict[str, int],
     line_width: int = 1,
     point_radius: int = 0,
-    offset: tuple[float, float] = (0.0, 0.0),
+    offset: tuple[int, int] = (0, 0),
 ) -> np.ndarray:
     """A (H, W) int64 label map of ``shape``: each annotation's pixels set to ``class_ids[class_name]``, the rest
-    :data:`UNLABELLED`. ``offset`` (row, column) is subtracted from every coordinate: rasterise the window of a whole
-    slide that starts there. A pixel belongs to a polygon when its centre lies inside it.
+    :data:`UNLABELLED`. ``offset`` (row, column), whole pixels, is subtracted from every coordinate: rasterise the
+    window of a whole slide that starts there (the window of the whole slide's map, exactly: line and point vertices
+    are rounded before the offset is taken off). A pixel belongs to a polygon when its centre lies inside it.
 
     Raises:
         DatasetError: an annotation's class is not in ``class_ids`` (and not an ``Ignore*`` class).
@@ -104,6 +105,7 @@ def rasterize(
     for annotation in areas + others:
         value = _class_id(annotation.class_name, class_ids)
         parts = [part - np.asarray(offset) for part in annotation.parts]
+        vertices = np.rint(annotation.parts[0]).astype(int) - np.asarray(offset, int)  # (n, 2) pixels
         if annotation.kind == "area":
             inside = np.zeros(shape, bool)
             rows, cols = draw.polygon(parts[0][:, 0], parts[0][:, 1], shape)
@@ -113,14 +115,28 @@ def rasterize(
                 inside[rows, cols] = False
             labels[inside] = value
         elif annotation.kind == "line":
-            vertices = np.rint(parts[0]).astype(int)
             for (r0, c0), (r1, c1) in zip(vertices[:-1], vertices[1:], strict=True):
                 rows, cols = draw.line(r0, c0, r1, c1)
                 _paint(labels, rows, cols, value, (line_width - 1) // 2)
         else:
-            vertices = np.rint(parts[0]).astype(int)
             _paint(labels, vertices[:, 0], vertices[:, 1], value, point_radius)
     return labels
+
+
+def bounding_box(
+    annotation: Annotation, *, line_width: int = 1, point_radius: int = 0
+) -> tuple[int, int, int, int]:
+    """(row start, column start, row stop, column stop), stops excluded: a box holding every pixel :func:`rasterize`
+    (with the same ``line_width`` and ``point_radius``) may set for ``annotation``.
+
+    >>> bounding_box(Annotation("line", (np.array([[10.0, 4.5], [12.2, 30.0]]),), "Tumor", None))
+    (10, 4, 14, 31)
+    """
+    points = np.concatenate(annotation.parts)  # (n, 2) rows, columns
+    reach = {"area": 0, "line": (line_width - 1) // 2, "point": point_radius}[annotation.kind]
+    low = np.floor(points.min(0)).astype(int) - reach
+    high = np.ceil(points.max(0)).astype(int) + 1 + reach
+    return int(low[0]), int(low[1]), int(high[0]), int(high[1])
 
 
 def class_names_of(annotations: list[Annotation]) -> list[str]:

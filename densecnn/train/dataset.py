@@ -2,7 +2,8 @@
 
 Layout::
 
-    DIR/images/NAME.png|.tif|.tiff|.jpg|...   the images (any size; gray or RGB, converted to the model's channels)
+    DIR/images/NAME.png|.tif|.tiff|.jpg|...   the images (any size; gray or RGB, converted to the model's channels),
+                .svs|.ndpi|...|.zarr          or whole slides and zarr / OME-Zarr arrays, read by windows (below)
     DIR/labels/NAME.png|.tif|.tiff            class-id maps, same height and width: 0..K-1, 255 = ignore
     DIR/masks/NAME.png|.tif|.tiff             optional: nonzero where labels count (others are ignored)
     DIR/annotations/NAME.geojson              instead of a label file: GeoJSON annotations (QuPath, napari),
@@ -19,6 +20,10 @@ For a model of volumes the files are TIFF stacks, .npy or .zarr arrays ((D, H, W
 read by :func:`densecnn.io.open_lazy_array`), for a model of signals .npy arrays ((L,) or (C, L)); labels and masks have
 the image's spatial shape.
 
+A large 2-D image (a whole slide, a zarr array, a TIFF above 64 Mpixel) is never read whole: each cluster of its
+annotations or labelled pixels becomes one sample, a window around it (:mod:`densecnn.train.windows`); its label
+and mask files may be TIFF, zarr or .npy arrays, read by windows too.
+
 Every problem raises :class:`DatasetError` naming the file and the fix.
 """
 
@@ -31,22 +36,43 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import DatasetError, ImageReadError, IntensityError, NonFiniteInputError
-from ..io import Intensity, decode_array, image_scaling, open_lazy_array, read_header, unit_planes
+from ..io import (
+    Intensity,
+    array_scaling,
+    decode_array,
+    image_scaling,
+    open_lazy_array,
+    read_header,
+    unit_planes,
+)
 from ..io.annotations import class_names_of, rasterize, read_geojson, sparse_labels
 from ..io.formats import ARRAY_SUFFIXES, IMAGE_SUFFIXES, LABEL_IMAGE_SUFFIXES, TIFF_SUFFIXES
+from ..io.slides import SLIDE_SUFFIXES
 from ..losses import IGNORE_INDEX
+from .windows import (
+    LARGE_LABEL_SUFFIXES,
+    WindowPlan,
+    check_window_budget,
+    is_large,
+    open_windowed,
+    plan_windows,
+    window_margin,
+)
 
 ANNOTATIONS = "annotations"  # the folder of GeoJSON annotation files beside images/
+DEFAULT_WINDOW_MARGIN = window_margin((49, 49))  # windows' margin for the default net's patch (filter_bank's)
 
 
 @dataclass
 class Sample:
     """One training image: ``image`` (C, H, W) float32 in [0, 1], ``labels`` (H, W) int64 (255 = ignore); for
-    signals and volumes ``image`` (C, *spatial) and ``labels`` (*spatial)."""
+    signals and volumes ``image`` (C, *spatial) and ``labels`` (*spatial). A window of a large image has the
+    ``offset`` (row, column) of its first pixel in the image; a whole image None."""
 
     name: str
     image: np.ndarray
     labels: np.ndarray
+    offset: tuple[int, int] | None = None
 
 
 @dataclass
@@ -76,6 +102,9 @@ def infer_channels(directory: str | Path, spatial_dims: int = 2) -> int:
     first = image_files(directory, spatial_dims)[0]
     if spatial_dims != 2:
         return _open_nd(first, spatial_dims).channels
+    if is_large(first):  # alpha dropped, as for decoded images; more than four channels kept
+        samples = open_windowed(first).channels
+        return 1 if samples in (1, 2) else 3 if samples in (3, 4) else samples
     try:
         array = decode_array(first)
     except ImageReadError as exc:
@@ -119,6 +148,7 @@ def read_dataset(
     intensity: Intensity | None = None,
     unlabelled: int | None = None,
     nonfinite: str = "refuse",
+    margin: int = DEFAULT_WINDOW_MARGIN,
 ) -> list[Sample]:
     """Every image of ``directory`` with its labels (masked and unlabelled pixels set to 255), checked against the
     model. ``unlabelled``: the label files' value of unlabelled pixels (None: classes.json's, if it gives one).
@@ -127,6 +157,8 @@ def read_dataset(
     image is scaled to [0, 1] by ``intensity`` (the model's declaration; None: by its dtype's range), as ``densecnn predict`` and the service
     scale it. NaN/±Inf pixels are refused (a :class:`~densecnn.errors.DatasetError` naming the file), unless
     ``nonfinite`` is "propagate": they are kept, for the step to leave out (:mod:`densecnn.train.no_data`).
+    A large image gives one sample per window around its labels, each window ``margin`` pixels beyond them
+    (:func:`~densecnn.train.windows.window_margin` of the trainer's patch; by default the default net's).
 
     >>> [s.image.shape for s in read_dataset("data/nuclei3d/train", channels=1, num_classes=3, spatial_dims=3)]
     [(1, 31, 61, 40)]
@@ -134,8 +166,28 @@ def read_dataset(
     directory = Path(directory)
     info = read_class_info(directory)
     unlabelled = info.unlabelled if unlabelled is None else unlabelled
+    files = image_files(directory, spatial_dims)
+    plans = {
+        path: _plan_windows(directory, path, margin, unlabelled)
+        for path in files
+        if spatial_dims == 2 and is_large(path)
+    }
+    check_window_budget(plans)  # before a pixel is read
     samples = []
-    for image_path in image_files(directory, spatial_dims):
+    for image_path in files:
+        if image_path in plans:
+            names = info.names or _annotation_classes(directory)
+            samples += _window_samples(
+                plans[image_path],
+                image_path,
+                channels=channels,
+                num_classes=num_classes,
+                intensity=intensity or Intensity(),
+                unlabelled=unlabelled,
+                class_ids={n: k for k, n in enumerate(names)},
+                finite=nonfinite != "propagate",
+            )
+            continue
         image = _read_image(
             image_path, channels, spatial_dims, intensity or Intensity(), finite=nonfinite != "propagate"
         )  # (C, *spatial)
@@ -151,7 +203,51 @@ def read_dataset(
 
 
 def _image_suffixes(spatial_dims: int) -> tuple[str, ...]:
-    return IMAGE_SUFFIXES if spatial_dims == 2 else ARRAY_SUFFIXES[spatial_dims]
+    return (*IMAGE_SUFFIXES, *SLIDE_SUFFIXES, ".zarr") if spatial_dims == 2 else ARRAY_SUFFIXES[spatial_dims]
+
+
+def _plan_windows(directory: Path, image_path: Path, margin: int, unlabelled: int | None) -> WindowPlan:
+    """The windows of a large image around its label array's labelled pixels or its annotations."""
+    label_path = _companion(directory / "labels", image_path.stem, LARGE_LABEL_SUFFIXES)
+    annotation_path = directory / ANNOTATIONS / f"{image_path.stem}.geojson"
+    if label_path is None and not annotation_path.is_file():
+        raise _no_labels(directory, image_path, LARGE_LABEL_SUFFIXES, annotation_path)
+    return plan_windows(
+        image_path,
+        margin=margin,
+        annotations=read_geojson(annotation_path) if label_path is None else None,
+        label_path=label_path,
+        mask_path=_companion(directory / "masks", image_path.stem, LARGE_LABEL_SUFFIXES),
+        unlabelled=unlabelled,
+    )
+
+
+def _window_samples(
+    plan: WindowPlan,
+    image_path: Path,
+    *,
+    channels: int,
+    num_classes: int,
+    intensity: Intensity,
+    unlabelled: int | None,
+    class_ids: dict[str, int],
+    finite: bool,
+) -> list[Sample]:
+    """One sample per window of ``plan`` that holds labels; the image scaled as a whole (its intensity sample)."""
+    samples = []
+    try:
+        scaling = array_scaling(plan.image, intensity)
+        for window in plan.windows:
+            labels = plan.read_labels(window, class_ids, unlabelled)  # (h, w)
+            if plan.labels is not None:
+                _check_ids(labels, Path(plan.labels.path), num_classes)
+            if (labels != IGNORE_INDEX).any():
+                image = plan.read_image(window, channels, scaling, finite=finite)  # (C, h, w)
+                samples.append(Sample(image_path.stem, image, labels, (window[0].start, window[1].start)))
+    except (ImageReadError, IntensityError, NonFiniteInputError) as exc:
+        problem = exc.problem if str(image_path) in exc.problem else f"{image_path}: {exc.problem}"
+        raise DatasetError(f"{problem}; fix or remove the file", fix=exc.fix) from None
+    return samples
 
 
 def _label_suffixes(spatial_dims: int) -> tuple[str, ...]:
@@ -228,15 +324,30 @@ def _read_labels(
         names = info.names or _annotation_classes(directory)
         return rasterize(read_geojson(annotation_path), shape, class_ids={n: k for k, n in enumerate(names)})
     if label_path is None:
-        suffixes = _label_suffixes(spatial_dims)
-        raise DatasetError(
-            f"{image_path}: no label file; expected {directory / 'labels' / image_path.stem}{suffixes[0]} "
-            f"(or {', '.join(suffixes[1:]) or suffixes[0]}), a class-id map of the same size"
-            + (f", or annotations in {annotation_path}" if spatial_dims == 2 else "")
+        raise _no_labels(
+            directory,
+            image_path,
+            _label_suffixes(spatial_dims),
+            annotation_path if spatial_dims == 2 else None,
         )
     labels = _read_class_map(label_path, image_path, shape, spatial_dims, what="label")
     if unlabelled is not None:
         labels = sparse_labels(labels, unlabelled)
+    _check_ids(labels, label_path, num_classes)
+    return labels
+
+
+def _no_labels(
+    directory: Path, image_path: Path, suffixes: tuple[str, ...], annotation_path: Path | None
+) -> DatasetError:
+    return DatasetError(
+        f"{image_path}: no label file; expected {directory / 'labels' / image_path.stem}{suffixes[0]} "
+        f"(or {', '.join(suffixes[1:]) or suffixes[0]}), a class-id map of the same size"
+        + (f", or annotations in {annotation_path}" if annotation_path is not None else "")
+    )
+
+
+def _check_ids(labels: np.ndarray, label_path: Path, num_classes: int) -> None:
     bad = (labels != IGNORE_INDEX) & (labels >= num_classes)
     if bad.any():
         values = sorted(set(np.unique(labels[bad]).tolist()))
@@ -244,7 +355,6 @@ def _read_labels(
             f"{label_path}: label ids {values[:5]} are >= the model's {num_classes} classes "
             f"(valid: 0..{num_classes - 1}, {IGNORE_INDEX} = ignore); fix the labels or use --classes"
         )
-    return labels
 
 
 def _read_class_map(

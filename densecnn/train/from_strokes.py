@@ -1,12 +1,13 @@
 """``densecnn train --data DIR --out RUN``: the default recipe for sparse labels, on a dataset directory.
 
 The dataset is read as :mod:`densecnn.train.dataset` reads any (label images with an unlabelled value, GeoJSON
-annotations beside the images, 255 = unlabelled), then :class:`~densecnn.train.strokes.StrokeTrainer` trains it:
-the zoo net for the data's channels and dimensionality (or ``--model``: a model directory to fine-tune, or a zoo
-name), crops around the labelled pixels, every stroke trained on for the recipe's steps, the newest weights kept.
-Each step is logged to ``RUN/metrics.jsonl``; ``RUN/model`` is written when the run ends, when ``--max-seconds``
-pass, on Ctrl-C and on an error mid-step (the best weights so far), so a stopped run always leaves a model that
-loads.
+annotations beside the images, 255 = unlabelled; whole slides and large arrays by windows around the labels, with
+the margin the net's patch needs: :mod:`densecnn.train.windows`), then :class:`~densecnn.train.strokes.StrokeTrainer`
+trains it: the zoo net for the data's channels and dimensionality (or ``--model``: a model directory to fine-tune,
+or a zoo name), crops around the labelled pixels, every stroke trained on for the recipe's steps, the newest
+weights kept. Each step is logged to ``RUN/metrics.jsonl``; ``RUN/model`` is written when the run ends, when
+``--max-seconds`` pass, on Ctrl-C and on an error mid-step (the best weights so far), so a stopped run always leaves
+a model that loads.
 
 >>> train_from_strokes(TrainConfig(model="", data="my/strokes", out="runs/strokes", max_seconds=60))
 PosixPath('runs/strokes/model')
@@ -19,15 +20,18 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import TrainingError
-from ..io import Intensity
+from ..errors import ImageReadError, TrainingError
+from ..geometry import ntuple
+from ..io import Intensity, open_lazy_array
 from ..losses import IGNORE_INDEX
 from ..modelfile import CONFIG_FILE, load
 from ..modelfile.card import write_model_card
 from .config import TrainConfig
 from .dataset import infer_channels, read_class_info, read_dataset
 from .metrics import MetricsLog
+from .recipe import default_model
 from .strokes import StrokeTrainer
+from .windows import window_margin
 
 
 def train_from_strokes(config: TrainConfig) -> Path:
@@ -58,6 +62,7 @@ def train_from_strokes(config: TrainConfig) -> Path:
         spatial_dims=spatial_dims,
         intensity=fine_tuned.intensity if fine_tuned else Intensity(),
         unlabelled=config.unlabelled,
+        margin=window_margin(_patch_size(config, fine_tuned, channels, spatial_dims)),
     )
     if names is None and config.classes:
         names = [f"class_{k}" for k in range(config.classes)]
@@ -81,6 +86,20 @@ def train_from_strokes(config: TrainConfig) -> Path:
     return model_dir
 
 
+def _patch_size(config: TrainConfig, fine_tuned, channels: int, spatial_dims: int) -> tuple[int, ...]:
+    """The patch of the net the trainer will train, known before the data is read (the windows' margin)."""
+    from .. import zoo
+
+    if fine_tuned:
+        return tuple(fine_tuned.patch_size)
+    name = config.model or default_model(channels=channels, spatial_dims=spatial_dims)
+    try:
+        _, patch = zoo.create(name, in_channels=channels, num_classes=2)
+    except ValueError as exc:
+        raise TrainingError(f"model {name!r}: not a model directory, and {exc}") from None
+    return ntuple(patch, spatial_dims, "patch_size")
+
+
 def _spatial_dims(config: TrainConfig) -> int:
     """3 for a zoo net of volumes or a dataset of arrays (.npy, .zarr, TIFF stacks), else 2."""
     from .. import zoo
@@ -95,7 +114,17 @@ def _spatial_dims(config: TrainConfig) -> int:
         return 2
     if first.suffix.lower() in TIFF_SUFFIXES:
         return 3 if read_header(first).planes > 1 else 2
+    if first.suffix.lower() == ".zarr":
+        return _zarr_spatial_dims(first)
     return 3
+
+
+def _zarr_spatial_dims(path: Path) -> int:
+    """2 for a zarr array of an image ((H, W), or OME-Zarr axes without z), else 3 (channels first or not)."""
+    try:
+        return len(open_lazy_array(path, spatial_dims=3).spatial_shape)
+    except ImageReadError:  # (H, W): no volume
+        return 2
 
 
 def _has_arrays(directory: str) -> bool:
@@ -110,6 +139,7 @@ def _write_card(model_dir: Path, config: TrainConfig, trainer: StrokeTrainer, sa
         np.concatenate([s.labels[s.labels != IGNORE_INDEX].ravel() for s in samples]),
         minlength=len(trainer.class_names),
     )
+    windows = sum(s.offset is not None for s in samples)  # of large images
     recipe = trainer.recipe
     command = ["densecnn train", f"--data {config.data}", f"--out {config.out}", f"--seed {config.seed}"]
     command += [f"--model {config.model}"] if config.model else []
@@ -127,7 +157,8 @@ def _write_card(model_dir: Path, config: TrainConfig, trainer: StrokeTrainer, sa
             "started from": f"`{config.model or 'the default recipe net'}`",
         },
         data_summary={
-            "training set": f"`{config.data}`: {len(samples)} image(s)",
+            "training set": f"`{config.data}`: {len({s.name for s in samples})} image(s)"
+            + (f" ({windows} windows around the labels)" if windows else ""),
             "labelled pixels per class": ", ".join(
                 f"{n} {int(c)}" for n, c in zip(trainer.class_names, labelled, strict=True)
             ),
