@@ -12,6 +12,7 @@ import tifffile
 
 import densecnn
 import densecnn.io.arrays
+import densecnn.train.windows
 from densecnn.cli import main
 from densecnn.errors import DatasetError
 from densecnn.io.annotations import parse_geojson, rasterize, sparse_labels
@@ -234,3 +235,31 @@ def test_densecnn_train_on_a_zarr_image_leaves_a_model_that_loads(zarr_dataset, 
         1,
         (49, 49),
     )
+
+
+def test_a_tiff_above_the_pixel_limit_is_read_by_windows_with_its_mask(tmp_path, monkeypatch, reads):
+    monkeypatch.setattr(densecnn.train.windows, "LARGE_IMAGE_PIXELS", 100 * 100)
+    rng = np.random.default_rng(2)
+    image = rng.integers(0, 256, (400, 300), dtype=np.uint8)
+    mask = np.ones((400, 300), np.uint8)
+    mask[:, 150:] = 0  # the right half does not count
+    data = tmp_path / "tiff"
+    for kind, array in (("images", image), ("masks", mask)):
+        (data / kind).mkdir(parents=True)
+        tifffile.imwrite(data / kind / "field.tif", array, tile=(64, 64))
+    features = [feature(rectangle(120, 50, 180, 80), "Tumor"), feature(rectangle(20, 300, 60, 340), "Stroma")]
+    (data / "annotations").mkdir()
+    (data / "annotations" / "field.geojson").write_text(json.dumps(features))
+    samples = read_dataset(data, channels=1, num_classes=2, margin=10)
+    whole = rasterize(parse_geojson(features), (400, 300), class_ids=CLASSES)  # (H, W)
+    whole[mask == 0] = 255
+    assert [(s.offset, s.labels.shape) for s in samples] == [((40, 110), (51, 81)), ((290, 10), (61, 61))]
+    for sample in samples:
+        (r0, c0), (h, w) = sample.offset, sample.labels.shape
+        np.testing.assert_array_equal(sample.labels, whole[r0 : r0 + h, c0 : c0 + w])
+        np.testing.assert_array_equal(sample.image[0] * 255, image[r0 : r0 + h, c0 : c0 + w])
+    image_reads = {(rows, columns) for path, rows, columns in reads if "images" in path}
+    assert image_reads - regions(sample_windows(image.shape)) == {
+        ((40, 91), (110, 191)),
+        ((290, 351), (10, 71)),
+    }
