@@ -147,7 +147,8 @@ class StrokeTrainer:
     @property
     def model(self) -> nn.Module:
         best = copy.deepcopy(self.model_net).eval()
-        best.load_state_dict(self._best_state)
+        if self._best_state is not None:
+            best.load_state_dict(self._best_state)
         return best
 
     def set_labels(self, images: list[np.ndarray], labels: list[np.ndarray], *, unlabelled: int = -1) -> None:
@@ -178,7 +179,7 @@ class StrokeTrainer:
             self._gather_features(images, train)
         self.val_inputs, self.val_targets = self._val_inputs(np.random.default_rng(self.seed))
         self.has_val = len(self.val_targets) > 0
-        self._best_state = copy.deepcopy(self.model_net.state_dict())
+        self._best_state: dict | None = None  # None: the newest weights are the best
         self.best_val_miou: float | None = None
         self._stale = 0
         first = self.step == 0
@@ -215,8 +216,6 @@ class StrokeTrainer:
                     self._best_state = copy.deepcopy(self.model_net.state_dict())
                 else:
                     self._stale += 1
-            elif self.best_val_miou is None:  # no held-out strokes, or none scored yet: the newest weights
-                self._best_state = copy.deepcopy(self.model_net.state_dict())
             yield StrokeProgress(
                 self.step, self.total_steps, loss, val_miou, self.best_val_miou, time.monotonic() - started
             )
@@ -255,31 +254,28 @@ class StrokeTrainer:
     def _head_loss(self, generator: torch.Generator) -> torch.Tensor:
         """The cross-entropy of ``recipe.pixels`` labelled pixels (classes drawn equally often): the head on their
         fixed features, or (``recipe.method == "patches"``, the baseline) the whole patch net on their patches."""
-        present = self.classes_present
-        classes = torch.tensor(present)[
-            torch.randint(len(present), (self.recipe.pixels,), generator=generator)
-        ]
-        picked = torch.empty(self.recipe.pixels, dtype=torch.int64)
-        for k in present:
-            chosen = classes == k
-            pool = self.train_by_class[k]
-            picked[chosen] = pool[torch.randint(len(pool), (int(chosen.sum()),), generator=generator)]
+        pools = [self.train_by_class[k] for k in self.classes_present]
+        sizes = torch.tensor([len(pool) for pool in pools])
+        starts = torch.cumsum(sizes, 0) - sizes  # where each class's pixels start in torch.cat(pools)
+        classes = torch.randint(len(pools), (self.recipe.pixels,), generator=generator)
+        within = (torch.rand(self.recipe.pixels, generator=generator) * sizes[classes]).long()
+        picked = torch.cat(pools)[starts[classes] + within]  # (B,) rows of the gathered features
         targets = self.train_y[picked]  # (B,)
         if self.recipe.method == "patches":
             scores = patch_scores(self.dense, self._patches(self._train_pixel_list(picked)))
         else:
             x = self.train_x[picked]  # (B, F)
             turn = torch.randint(len(self._feature_gathers), (len(x),), generator=generator)
-            x = torch.gather(
-                x, 1, self._feature_gathers[turn]
-            )  # each pixel's features as if its image turned
-            scores = self._head(x.view(*x.shape, *(1,) * len(self.patch_size)))
+            # each pixel's features as if its image were flipped or turned
+            scores = self._head(torch.gather(x, 1, self._feature_gathers[turn]))
         return nn.functional.cross_entropy(scores.flatten(1), targets)
 
     def _head(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, F, 1, ...) fixed features -> (B, K, 1, ...) scores by the trained layers."""
+        """(B, F) fixed features -> (B, K) scores by the trained layers (a 1×1 conv on one pixel is a matrix
+        product)."""
         for layer in list(self.model_net)[self.fixed :]:
-            x = layer(x)
+            is_conv = isinstance(layer, (nn.Conv1d, nn.Conv2d, nn.Conv3d))
+            x = nn.functional.linear(x, layer.weight.flatten(1), layer.bias) if is_conv else layer(x)
         return x
 
     def _train_pixel_list(self, picked: torch.Tensor) -> list[tuple[int, tuple[int, ...]]]:
@@ -336,8 +332,7 @@ class StrokeTrainer:
         sample of their pixels (at most :data:`VAL_PIXELS`, shared equally among the classes)."""
         k = self.loaded.num_classes
         if self.fixed:
-            predicted = self._head(self.val_inputs.view(*self.val_inputs.shape, *(1,) * len(self.patch_size)))
-            predicted = predicted.flatten(1).argmax(1)  # (M,)
+            predicted = self._head(self.val_inputs).argmax(1)  # (M,)
         else:
             predicted = torch.cat(
                 [patch_scores(self.dense, chunk).flatten(1).argmax(1) for chunk in self.val_inputs.split(512)]
