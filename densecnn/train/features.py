@@ -25,6 +25,7 @@ from ..losses import IGNORE_INDEX
 
 ELEMENTWISE = (nn.ReLU, nn.LeakyReLU, nn.ELU, nn.GELU, nn.SiLU, nn.Tanh, nn.Sigmoid, nn.Identity, nn.Dropout)
 BAND_BYTES = 256 * 2**20  # the most feature memory one band of rows of the dense pass takes
+KEPT_BYTES = 1024 * 2**20  # the most memory the kept feature maps of a set of images take
 
 
 def fixed_layers(model: nn.Sequential) -> int:
@@ -60,49 +61,69 @@ class PixelFeatures:
     """The fixed layers' features of the labelled pixels of a set of images.
 
     ``padded``: the images padded by ``margin`` per spatial axis (as :class:`~densecnn.train.crops.CropSampler`
-    pads them); ``prefix``: the model's first ``count`` layers; ``patch_size``: the whole model's.
+    pads them); ``prefix``: the model's first layers, the fixed ones; ``patch_size``: the whole model's. The dense
+    pass runs by bands of rows and only over bands that hold labelled pixels; the feature maps of images are kept
+    (for the next strokes on the same images) while they take at most :data:`KEPT_BYTES` in all.
     """
 
     def __init__(self, prefix: nn.Sequential, patch_size, padding_mode: str, padded, margin):
         self.dense = convert(prefix, patch_size, padding_mode=padding_mode, verify=False)
         self.padded, self.margin, self.patch_size = padded, margin, tuple(patch_size)
         self._maps: dict[int, torch.Tensor] = {}
+        spatial = [[n - 2 * m for n, m in zip(p.shape[1:], margin, strict=True)] for p in padded]
+        map_bytes = sum(self.dense.num_classes * 4 * int(np.prod(size)) for size in spatial)
+        self._keep = map_bytes <= KEPT_BYTES
 
     @torch.no_grad()
     def gather(self, labels: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
-        """(N, F) features and (N,) class ids of the labelled pixels of ``labels`` (one map per image)."""
+        """(N, F) features and (N,) class ids of the labelled pixels of ``labels`` (one map per image), in the
+        order of the images, then row-major."""
         features, targets = [], []
         for index, label_map in enumerate(labels):
             where = np.nonzero(label_map != IGNORE_INDEX)
             if not len(where[0]):
                 continue
-            feature_map = self.feature_map(index)  # (F, *spatial)
-            features.append(feature_map[(slice(None), *map(torch.from_numpy, where))].T)
+            features.append(self._features_at(index, where))
             targets.append(torch.from_numpy(label_map[where]))
         if not features:
             return torch.zeros(0, self.dense.num_classes), torch.zeros(0, dtype=torch.int64)
         return torch.cat(features), torch.cat(targets)
 
-    def feature_map(self, index: int) -> torch.Tensor:
-        """(F, *spatial) features of every pixel of image ``index``, by bands of rows (computed once, then kept)."""
-        if index not in self._maps:
-            self._maps[index] = self._dense_pass(self.padded[index])
-        return self._maps[index]
+    def _features_at(self, index: int, where: tuple[np.ndarray, ...]) -> torch.Tensor:
+        """(n, F) features of image ``index`` at the pixels ``where`` (row-major, as ``np.nonzero`` gives them)."""
+        if index in self._maps:
+            return self._maps[index][(slice(None), *map(torch.from_numpy, where))].T
+        rows = self.padded[index].shape[1] - 2 * self.margin[0]
+        band = self._band_rows()
+        if self._keep:
+            self._maps[index] = torch.cat([self._band(index, top, band) for top in range(0, rows, band)], 1)
+            return self._features_at(index, where)
+        pieces = []
+        for top in np.unique(where[0] // band) * band:  # only the bands with labelled pixels
+            inside = (where[0] >= top) & (where[0] < top + band)
+            feature_band = self._band(index, int(top), band)  # (F, rows, ...)
+            at = (torch.from_numpy(where[0][inside] - top), *(torch.from_numpy(w[inside]) for w in where[1:]))
+            pieces.append(feature_band[(slice(None), *at)].T)
+        return torch.cat(pieces)
 
-    def _dense_pass(self, padded: torch.Tensor) -> torch.Tensor:
-        field = self.dense.receptive_field
+    def _band_rows(self) -> int:
+        row_pixels = int(
+            np.prod([n - 2 * m for n, m in zip(self.padded[0].shape[2:], self.margin[1:], strict=True)])
+        )
+        return max(1, BAND_BYTES // max(self.dense.num_classes * 4 * row_pixels, 1))
+
+    def _band(self, index: int, top: int, band: int) -> torch.Tensor:
+        """(F, rows, ...) features of rows ``top``.. ``top + band`` of image ``index`` by the fixed layers' dense
+        pass over their padded window."""
+        padded, field = self.padded[index], self.dense.receptive_field
         start = [m - (p - 1) // 2 for m, p in zip(self.margin, self.patch_size, strict=True)]
         size = [n - 2 * m for n, m in zip(padded.shape[1:], self.margin, strict=True)]
-        window = tuple(slice(s, s + n + r - 1) for s, n, r in zip(start, size, field, strict=True))
-        image = padded[(slice(None), *window)]  # (C, *(S+R-1)): the dense pass's own padding
-        row_bytes = self.dense.num_classes * 4 * int(np.prod(size[1:]))
-        band = max(1, BAND_BYTES // max(row_bytes, 1))
-        bands = []
-        for top in range(0, size[0], band):
-            rows = min(band, size[0] - top)
-            piece = image[:, top : top + rows + field[0] - 1]
-            bands.append(self.dense.run_padded(piece[None])[0])  # (F, rows, ...)
-        return torch.cat(bands, 1)
+        rows = min(band, size[0] - top)
+        window = (
+            slice(start[0] + top, start[0] + top + rows + field[0] - 1),
+            *(slice(s, s + n + r - 1) for s, n, r in zip(start[1:], size[1:], field[1:], strict=True)),
+        )
+        return self.dense.run_padded(padded[(slice(None), *window)][None])[0]
 
 
 @torch.no_grad()

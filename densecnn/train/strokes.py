@@ -357,8 +357,12 @@ class StrokeTrainer:
             return torch.zeros(0), torch.zeros(0, dtype=torch.int64)
         targets = torch.tensor([int(self.val_labels[n][where]) for n, where in pixels])
         if self.fixed:
-            maps = {n: self.features.feature_map(n) for n in {n for n, _ in pixels}}
-            return torch.stack([maps[n][(slice(None), *where)] for n, where in pixels]), targets
+            chosen = [np.full(label_map.shape, IGNORE_INDEX, np.int64) for label_map in self.val_labels]
+            for n, where in pixels:
+                chosen[n][where] = 0
+            features, _ = self.features.gather(chosen)  # in the order of the images, then row-major
+            order = sorted(range(len(pixels)), key=lambda i: pixels[i])
+            return features, targets[order]
         return self._patches(pixels), targets
 
     def _patches(self, pixels: list[tuple[int, tuple[int, ...]]]) -> torch.Tensor:

@@ -167,3 +167,20 @@ def test_the_patch_minibatch_baseline_trains_the_same_head():
     trainer = StrokeTrainer([image], [labels], recipe=recipe)
     losses = [p.loss for p in trainer.run()]
     assert len(losses) == 2 and all(np.isfinite(losses))
+
+
+def test_bands_of_rows_with_labels_give_the_kept_maps_features(monkeypatch):
+    from densecnn.train import features as features_module
+
+    model, patch, image, prefix = _image_and_prefix(size=40)
+    margin = (patch // 2 + 2,) * 2
+    padded = pad_spatial(image, margin, margin, "reflect")
+    labels = np.full((40, 40), IGNORE_INDEX, np.int64)
+    labels[[0, 7, 8, 30, 39], [5, 39, 0, 20, 39]] = [0, 1, 2, 0, 1]
+    kept = PixelFeatures(prefix, (patch, patch), "reflect", [padded], margin).gather([labels])
+    monkeypatch.setattr(features_module, "KEPT_BYTES", 0)
+    monkeypatch.setattr(features_module, "BAND_BYTES", 1)  # one row a band: only rows 0, 7, 8, 30 and 39 run
+    banded = PixelFeatures(prefix, (patch, patch), "reflect", [padded], margin)
+    got = banded.gather([labels])
+    assert not banded._maps
+    assert torch.allclose(got[0], kept[0], rtol=1e-4, atol=1e-5) and torch.equal(got[1], kept[1])
