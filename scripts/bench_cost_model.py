@@ -3,8 +3,8 @@
 
     python scripts/bench_cost_model.py --size 256 --calibrations 2 --tunings 2 --threads 1 [--train]
 
-For each windowed layer of plain_133, stages_46, nuclei, multichannel_40 (SIZE² images) and znni_3d (SIZE/4
-cubed volumes), at the bucketed shape the tuning step times: the tuning step's table (every candidate in both
+For each windowed layer of plain_133, stages_46, nuclei, multichannel_40, filter_bank (SIZE² images) and znni_3d
+(SIZE/4 cubed volumes), at the bucketed shape the tuning step times: the tuning step's table (every candidate in both
 memory formats, timed here; ``--tunings 2`` times it twice to show how far timing agrees with itself on this
 machine) against the cost model's predictions, shipped as they are and after each of ``--calibrations`` fresh
 calibrations (:mod:`densecnn.ops.calibration`). Per layer and format: whether the predicted fastest is the timed fastest, and the
@@ -33,7 +33,14 @@ from densecnn.ops.config import use_config
 from densecnn.ops.plan import next_shape
 from densecnn.ops.tune import timing_shape, tuned_times
 
-NETS = {"plain_133": 3, "stages_46": 3, "nuclei": 1, "multichannel_40": 3, "znni_3d": 1}  # name -> channels
+NETS = {
+    "plain_133": 3,
+    "stages_46": 3,
+    "nuclei": 1,
+    "multichannel_40": 3,
+    "filter_bank": 3,
+    "znni_3d": 1,
+}  # name -> channels
 
 
 def layers(name: str, size: int) -> list[tuple]:

@@ -23,7 +23,10 @@ there, which keeps the solvers' ranking.
 The grid is random (seeded) over kernel, dilation, channels and map size, plus the layers of the zoo's reference nets
 at 256² and 512² images (what the tuning step would time for them); for signals and volumes, a random grid of 1-D and 3-D convs
 and pools plus the layers of the zoo's volume nets on small and large volumes (so immediate plans on volumes rank
-the 3-D solvers from 3-D measurements).
+the 3-D solvers from 3-D measurements); for separable filters (grouped and 1-D-kernel convs, a model family of
+their own), a random grid of them plus the filter bank net's on 1, 3 and 5 channels:
+
+    python scripts/fit_cost_model.py --only separable --threads 1  # what the shipped separable family is
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ from densecnn.ops.solvers import SOLVERS, ConvOp, PoolOp
 MAX_MACS = 4e9  # larger convs are left out: too slow to time for what they add to the fit
 REFERENCE_NETS = {"plain_133": 32, "stages_46": 8, "nuclei": 3}  # name: classes
 REFERENCE_VOLUME_NETS = {"znni_3d": 3, "nuclei3d": 3}  # name: classes
+FILTER_BANK_CHANNELS = (1, 3, 5)  # the filter bank's image channels whose grouped layers are timed
 VOLUME_SIDES = (32, 96)  # output sides of the volumes the volume nets' layers are timed on
 
 
@@ -124,21 +128,52 @@ def reference_problems(size: int) -> list[dict]:
     """The windowed steps of the zoo's reference nets on a size² image, at the tuning step's timing shapes."""
     rows = []
     for name, classes in REFERENCE_NETS.items():
-        model, patch = densecnn.zoo.create(
-            name, in_channels=3 if name != "nuclei" else 1, num_classes=classes
-        )
-        dense = densecnn.convert(model.eval(), patch)
-        shape = (
-            1,
-            dense.in_channels,
-            size + dense.receptive_field[0] - 1,
-            size + dense.receptive_field[1] - 1,
-        )
-        for step in dense.steps():
-            if hasattr(step.layers[0], "dense_op"):
-                op = step.dense_op()
-                rows.append(costmodel.problem(op, tune.timing_shape(op, shape)))
-            shape = plan.next_shape(step, shape)
+        rows += net_problems(name, 3 if name != "nuclei" else 1, classes, size)
+    return rows
+
+
+def net_problems(name: str, channels: int, classes: int, size: int) -> list[dict]:
+    """The windowed steps of the zoo net ``name`` on a size² image, at the tuning step's timing shapes."""
+    model, patch = densecnn.zoo.create(name, in_channels=channels, num_classes=classes)
+    dense = densecnn.convert(model.eval(), patch)
+    shape = (1, channels, *(size + r - 1 for r in dense.receptive_field))
+    rows = []
+    for step in dense.steps():
+        if hasattr(step.layers[0], "dense_op"):
+            op = step.dense_op()
+            rows.append(costmodel.problem(op, tune.timing_shape(op, shape)))
+        shape = plan.next_shape(step, shape)
+    return rows
+
+
+def reference_separable_problems(size: int = 512) -> list[dict]:
+    """The grouped and 1-D-kernel convs of the filter bank net on a size² image of each of
+    :data:`FILTER_BANK_CHANNELS` channels, at the tuning step's timing shapes (the same for every size ≥ 256)."""
+    rows = []
+    for channels in FILTER_BANK_CHANNELS:
+        rows += [r for r in net_problems("filter_bank", channels, 4, size) if costmodel.separable(r)]
+    return rows
+
+
+def random_separable_grid(count: int, seed: int) -> list[dict]:
+    """Random grouped (depthwise included) 2-D convs with 1-D (k×1, 1×k), square and 1×1 kernels, and ungrouped
+    1-D-kernel ones (float32, batch 1): the pieces of separable filters."""
+    rng = random.Random(seed)
+    rows = []
+    while len(rows) < count:
+        k = rng.choice([3, 5, 7, 11, 19, 31])
+        kernel = rng.choice([(k, 1), (1, k), (k, 1), (1, k), (min(k, 7),) * 2, (1, 1)])
+        groups = rng.choice([1, 3, 8, 16, 27, 54, 108, 216]) if kernel != (1, 1) else rng.choice([8, 54, 216])
+        if groups == 1 and kernel[0] == kernel[1]:
+            continue  # ungrouped square kernels are the image grid's
+        per_group, multiplier = rng.choice([1, 1, 3]), rng.choice([1, 2, 3, 6])
+        dilation = rng.choice([1, 1, 1, 2, 4])
+        side = rng.choice([48, 96, 160, 256])
+        weight = torch.empty(groups * multiplier, per_group, *kernel)
+        op = ConvOp(weight, None, (dilation, dilation), groups)
+        row = costmodel.problem(op, (1, groups * per_group, *(side + r for r in reach(kernel, op.dilation))))
+        if _macs(row) <= MAX_MACS:
+            rows.append(row)
     return rows
 
 
@@ -197,7 +232,7 @@ def calibration_reference(rounds: int = 7) -> list[dict]:
     return [r | {"ms": float(f"{r['ms']:.4g}")} for r in rows]
 
 
-KINDS = {"signals": 1, "images": 2, "volumes": 3}  # kind of problem: spatial axes
+KINDS = {"signals": 1, "images": 2, "volumes": 3, "separable": 2}  # kind of problem: spatial axes
 
 
 def _grid(kind: str, args) -> list[dict]:
@@ -208,10 +243,14 @@ def _grid(kind: str, args) -> list[dict]:
         return rows + [row for row in reference_problems(512) if row not in rows]
     if kind == "volumes":
         return reference_volume_problems() + random_grid_nd(args.count_nd, 0, 3)
+    if kind == "separable":
+        return reference_separable_problems() + random_separable_grid(args.count_separable, seed=0)
     return random_grid_nd(args.count_nd, 0, 1)
 
 
 def _kind(problem: dict) -> str:
+    if costmodel.separable(problem):
+        return "separable"
     return next(kind for kind, axes in KINDS.items() if axes == len(problem["input"]) - 2)
 
 
@@ -236,6 +275,9 @@ def main() -> None:
     parser.add_argument("--count", type=int, default=60, help="random grid problems (default 60)")
     parser.add_argument(
         "--count-nd", type=int, default=30, help="random 1-D and 3-D problems each (default 30)"
+    )
+    parser.add_argument(
+        "--count-separable", type=int, default=30, help="random grouped and 1-D-kernel convs (default 30)"
     )
     parser.add_argument(
         "--repeats", type=int, default=3, help="timed runs per candidate after a warm-up (min kept)"
@@ -263,8 +305,10 @@ def main() -> None:
     elif not (args.refit or args.calibration):
         tune.REPEATS, tune.BUDGET_MS = args.repeats, 600.0
         torch.manual_seed(0)
-        if args.quick:  # a few of each kind: images, volumes (a small volume net's layers), signals
-            rows = reference_problems(256)[:2] + random_grid(2, seed=0)
+        if (
+            args.quick
+        ):  # a few of each kind: images, grouped convs, volumes (a small volume net's layers), signals
+            rows = reference_problems(256)[:2] + random_grid(2, seed=0) + random_separable_grid(1, seed=0)
             rows += (
                 reference_volume_problems(sides=(8,))[:2] + random_grid_nd(1, 0, 3) + random_grid_nd(1, 0, 1)
             )
@@ -277,9 +321,10 @@ def main() -> None:
         if args.only:
             problems = [p for p in shipped if _kind(p) != args.only] + problems
         machine = {
+            **(shipped_document["machine"] if args.only else {}),  # the other kinds' machine
             "cpu": calibration.cpu_model(),
             "isa": calibration.kernel_isa(),
-            "threads": torch.get_num_threads(),
+            f"threads_{args.only}" if args.only else "threads": torch.get_num_threads(),
             "torch": torch.__version__,
             "ext": ext_available(),
         }

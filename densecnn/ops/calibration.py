@@ -124,15 +124,21 @@ class Calibration:
 def family(problem: dict, solver: str) -> str:
     """The solver family of ``solver`` on ``problem`` (a :func:`densecnn.ops.costmodel.problem` row): the solver on
     pools, or on convs, those with at most :data:`FEW_CHANNELS` input channels per group apart, whatever the
-    number of axes.
+    number of axes; grouped and 1-D-kernel convs (:func:`densecnn.ops.costmodel.separable`) are a family of their
+    own, which no calibration problem times (factor 1: torch runs them by other kernels than the full convs
+    whose factors are fitted).
 
-    >>> family({"op": "conv3d", "input": [1, 1, 40, 40, 40], "groups": 1}, "winograd")
+    >>> family({"op": "conv3d", "input": [1, 1, 40, 40, 40], "kernel": [3, 3, 3], "groups": 1}, "winograd")
     'conv/winograd/few-channels'
+    >>> family({"op": "conv2d", "input": [1, 9, 60, 60], "kernel": [1, 31], "groups": 3}, "ext")
+    'conv/ext/separable'
     >>> family({"op": "avg_pool2d", "input": [1, 8, 60, 60], "groups": 8}, "s2b")
     'pool/s2b'
     """
     if not problem["op"].startswith("conv"):
         return f"pool/{solver}"
+    if costmodel.separable(problem):
+        return f"conv/{solver}/separable"
     few = problem["input"][1] // problem["groups"] <= FEW_CHANNELS
     return f"conv/{solver}{'/few-channels' if few else ''}"
 

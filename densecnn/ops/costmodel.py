@@ -41,7 +41,7 @@ from .solvers import ConvOp, DenseOp, PoolOp
 
 MODEL_FILE = Path(__file__).with_name("cost_model.json")
 FEATURES = ("bias", "log_out_pixels", "log_out_channels", "log_in_channels_per_group", "log_taps")
-FEATURES += ("log_dilation", "activation")
+FEATURES += ("log_dilation", "activation", "log_groups", "kernel_aspect")
 RIDGE = 1e-3  # keeps the fit well-posed when a feature barely varies within a group
 NEIGHBOURS = 4  # measured problems whose residuals correct a prediction
 BANDWIDTH = 0.5  # closeness scale of the correction, in standard deviations of each feature
@@ -74,22 +74,50 @@ def operation(row: dict, generator: torch.Generator | None = None) -> DenseOp:
 
 
 def features(row: dict) -> list[float]:
-    """The fitted model's inputs for one problem row (see :data:`FEATURES`)."""
+    """The fitted model's inputs for one problem row (see :data:`FEATURES`): with the output channels, input
+    channels per group and taps, a conv's multiply-adds whatever its groups; a conv's groups (each one a loop of
+    its own in some solvers) and its kernel's aspect, log(last extent / first), which tells a 1×k kernel (along the
+    rows, contiguous in NCHW) from a k×1 one (across them)."""
     n, c, *size = row["input"]
-    out = output_size(tuple(size), tuple(row["kernel"]), tuple(row["dilation"]))
+    kernel = row["kernel"]
+    out = output_size(tuple(size), tuple(kernel), tuple(row["dilation"]))
+    conv = row["op"].startswith("conv")
     return [
         1.0,
         math.log(n * math.prod(max(s, 1) for s in out)),
         math.log(row["out_channels"]),
         math.log(max(c // row["groups"], 1)),
-        math.log(math.prod(row["kernel"])),
+        math.log(math.prod(kernel)),
         math.log(math.prod(row["dilation"])),
         1.0 if row["activation"] else 0.0,
+        # a pool's "groups" are its channels, not loops of their own; its (1, k, k) windows are the volume pools'
+        math.log(row["groups"]) if conv else 0.0,
+        math.log(kernel[-1] / kernel[0]) if conv else 0.0,
     ]
 
 
+def separable(row: dict) -> bool:
+    """Whether the problem row is a grouped conv (depthwise included) or a conv with a 1-D kernel (k×1, 1×k): the
+    pieces of separable filters, whose solvers' speeds follow other laws than full convs' (torch runs them by
+    other kernels; the ext solver's GEMMs shrink to one group's channels), fitted apart (:func:`family`).
+
+    >>> separable({"op": "conv2d", "kernel": [31, 1], "groups": 1})
+    True
+    >>> separable({"op": "conv2d", "kernel": [3, 3], "groups": 1})
+    False
+    """
+    kernel = row.get("kernel", ())
+    return row["op"].startswith("conv") and (row["groups"] > 1 or 1 in kernel and max(kernel) > 1)
+
+
+def family(row: dict) -> str:
+    """The op family the problem row's models are fitted for: its op ("conv2d", "max_pool3d", ...), with
+    "_separable" for :func:`separable` convs ("conv2d_separable")."""
+    return f"{row['op']}_separable" if separable(row) else row["op"]
+
+
 def group(op_name: str, solver: str, memory_format: str, direction: str, dtype: str) -> str:
-    """The name of one fitted model: ``op/solver/format/direction/dtype``."""
+    """The name of one fitted model: ``op/solver/format/direction/dtype`` (``op`` a :func:`family`)."""
     return f"{op_name}/{solver}/{memory_format}/{direction}/{dtype}"
 
 
@@ -99,7 +127,7 @@ def fit(measurements: list[dict]) -> dict[str, list[float]]:
     by_group: dict[str, list[dict]] = {}
     for row in measurements:
         if row["ms"]:
-            key = group(row["op"], row["solver"], row["format"], row["direction"], row["dtype"])
+            key = group(family(row), row["solver"], row["format"], row["direction"], row["dtype"])
             by_group.setdefault(key, []).append(row)
     models = {}
     for key, rows in sorted(by_group.items()):
@@ -131,7 +159,7 @@ class CostModel:
             x = features(p)
             for direction, fmt, solver, ms in _measurements(p):
                 if ms:
-                    key = group(p["op"], solver, fmt, direction, p["dtype"])
+                    key = group(family(p), solver, fmt, direction, p["dtype"])
                     rows.setdefault(key, []).append((x, math.log(ms)))
         every = np.array([f for r in rows.values() for f, _ in r] or [[0.0] * len(FEATURES)])
         spread = every.std(0, ddof=1) if len(every) > 1 else np.zeros(len(FEATURES))
@@ -160,9 +188,10 @@ class CostModel:
 
     def time_ms(self, row: dict, solver: str, memory_format: str, direction: str, dtype: str) -> float | None:
         """Predicted ms of ``solver`` on the problem ``row`` (:func:`problem`); None without a model for it (the
-        float32 models stand in for other dtypes)."""
-        g = self._group(group(row["op"], solver, memory_format, direction, dtype))
-        g = g or self._group(group(row["op"], solver, memory_format, direction, "float32"))
+        float32 models stand in for other dtypes, the op's own for a :func:`family` without measurements)."""
+        op = family(row) if self.fits(family(row)) else row["op"]
+        g = self._group(group(op, solver, memory_format, direction, dtype))
+        g = g or self._group(group(op, solver, memory_format, direction, "float32"))
         if g is None:
             return None
         x = np.array(features(row))

@@ -13,7 +13,7 @@ import torch
 import densecnn
 from densecnn import ops
 from densecnn.errors import ExtensionUnavailableWarning
-from densecnn.ops import backends, costmodel, ext, gradients, layout, plan, solvers, tune
+from densecnn.ops import backends, calibration, costmodel, ext, gradients, layout, plan, solvers, tune
 from densecnn.ops.solvers import ConvOp, PoolOp
 
 EXT_SOLVERS = [name for name, s in solvers.SOLVERS.items() if s.needs_ext]
@@ -260,6 +260,23 @@ def test_cost_model_predicts_every_fitted_candidate_in_both_formats():
     assert larger["nchw"]["native"] > table["nchw"]["native"]  # more pixels cost more
 
 
+@pytest.mark.skipif(not ops.ext_available(), reason="the ext solver is what must not be chosen")
+def test_immediate_plans_run_the_filter_banks_1d_grouped_convs_with_torch(monkeypatch):
+    """The filter bank's k×1 and 1×k grouped convs: the ext solver's per-group GEMMs are 1.1–20× slower than torch's
+    depthwise kernels in the measured format (nhwc), and the shipped model knows it (no timing: the prediction
+    is the same on every CPU, which calibrates no grouped conv)."""
+    monkeypatch.setenv(calibration.ENVIRONMENT, "0")
+    model, patch = densecnn.zoo.create("filter_bank", in_channels=3, num_classes=4)
+    dense = densecnn.convert(model.eval(), patch, padding_mode="reflect")
+    with torch.no_grad():
+        planned = dense.plan(dense.pad(torch.empty(1, 3, 512, 512)))
+    thin = [
+        s for s in planned.steps if s.solver and 1 in s.dense_op().kernel and max(s.dense_op().kernel) > 1
+    ]
+    assert len(thin) == 4
+    assert {(s.source, s.solver) for s in thin} == {("predicted", "native")}
+
+
 def test_timing_shapes_are_bucketed_per_number_of_axes():
     """Images are timed at most 256 px beyond the reach per side, volumes 96³, signals as many points as an image."""
     conv = {dims: ConvOp(torch.empty(4, 4, *(3,) * dims), None, (2,) * dims, 1) for dims in (1, 2, 3)}
@@ -274,20 +291,25 @@ def test_timing_shapes_are_bucketed_per_number_of_axes():
 
 
 def test_cost_model_fit_recovers_a_known_law():
-    """Times made up from a known log-linear law (independent of any solver) are fitted back to it."""
-    true_beta = [-3.0, 1.0, 0.8, 0.5, 1.1, 0.2, 0.3]
+    """Times made up from a known log-linear law (independent of any solver) are fitted back to it, the groups' and
+    the kernel aspect's terms included."""
+    true_beta = [-3.0, 1.0, 0.8, 0.5, 1.1, 0.2, 0.3, 0.4, -0.6]
     rows = []
-    for c_in in (2, 8, 32):
-        for c_out in (4, 16):
-            for k, d in ((1, 1), (3, 2), (5, 4), (7, 8)):
+    for c_in, groups in ((2, 1), (8, 1), (32, 1), (8, 8), (32, 4)):
+        for c_out in (16, 32):
+            for kernel, d in (((1, 1), 1), ((3, 3), 2), ((5, 1), 4), ((1, 7), 8), ((9, 1), 1)):
                 for side in (40, 90):
-                    op = ConvOp(torch.empty(c_out, c_in, k, k), None, (d, d), 1)
-                    row = costmodel.problem(op, (1, c_in, side + (k - 1) * d, side))
-                    row["activation"] = "tanh" if side == 40 else None
+                    op = ConvOp(torch.empty(c_out, c_in // groups, *kernel), None, (d, d), groups)
+                    row = costmodel.problem(op, (1, c_in, side + (kernel[0] - 1) * d, side + kernel[1] * d))
+                    row["activation"] = "tanh" if (side == 40) != (c_out == 16) else None
                     ms = torch.tensor(costmodel.features(row)).double() @ torch.tensor(true_beta).double()
                     rows.append({**row, "solver": "native", "format": "nchw", "direction": "infer"})
                     rows[-1].update(dtype="float32", ms=ms.exp().item())
-    (beta,) = costmodel.fit(rows).values()
+    fitted = costmodel.fit([r for r in rows if costmodel.separable(r)])
+    (beta,) = fitted.values()
+    assert list(fitted) == [
+        "conv2d_separable/native/nchw/infer/float32"
+    ]  # grouped and 1-D kernels: a family apart
     torch.testing.assert_close(torch.tensor(beta), torch.tensor(true_beta), atol=1e-3, rtol=1e-3)
 
 
