@@ -311,23 +311,28 @@ def save(
         "extra": extra or {},
     }
     out = Path(path)
-    where = f"{out / CONFIG_FILE} (not written)"
+    text = _checked_config_text(config, state, where=f"{out / CONFIG_FILE} (not written)")
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = {name: tensor.detach().cpu().contiguous() for name, tensor in state.items()}
+    atomic_write(out / WEIGHTS_FILE, lambda tmp: save_file(tensors, tmp, metadata={"format": FORMAT}))
+    atomic_write(out / CONFIG_FILE, lambda tmp: tmp.write_text(text))
+    return out
+
+
+def _checked_config_text(config: dict, state: dict[str, torch.Tensor], *, where: str) -> str:
+    """``config`` as model.json's text, after the checks :func:`load` makes (so that save never writes a directory
+    load refuses)."""
     try:
         text = json.dumps(config, indent=2, allow_nan=False) + "\n"
     except (TypeError, ValueError) as exc:
         raise file_error(
             where, None, f"the metadata is not plain JSON ({exc})", "pass lists, numbers and strings"
         ) from None
-    # the checks load makes, so that save never writes a directory load refuses
     layers = build_on_meta(parse_config(text, where=where), where=where)
     check_weights(
         layers, {name: TensorInfo(t.dtype, tuple(t.shape)) for name, t in state.items()}, where=where
     )
-    out.mkdir(parents=True, exist_ok=True)
-    tensors = {name: tensor.detach().cpu().contiguous() for name, tensor in state.items()}
-    atomic_write(out / WEIGHTS_FILE, lambda tmp: save_file(tensors, tmp, metadata={"format": FORMAT}))
-    atomic_write(out / CONFIG_FILE, lambda tmp: tmp.write_text(text))
-    return out
+    return text
 
 
 _VERIFIED: set[tuple] = (

@@ -154,8 +154,8 @@ def read_dataset(
     model. ``unlabelled``: the label files' value of unlabelled pixels (None: classes.json's, if it gives one).
 
     ``spatial_dims`` is the model's: 2 for images, 1 for signals, 3 for volumes (its ``len(patch_size)``); each
-    image is scaled to [0, 1] by ``intensity`` (the model's declaration; None: by its dtype's range), as ``densecnn predict`` and the service
-    scale it. NaN/±Inf pixels are refused (a :class:`~densecnn.errors.DatasetError` naming the file), unless
+    image is scaled to [0, 1] by ``intensity`` (the model's declaration; None: by its dtype's range), as ``densecnn
+    predict`` and the service scale it. NaN/±Inf pixels are refused (a :class:`~densecnn.errors.DatasetError` naming the file), unless
     ``nonfinite`` is "propagate": they are kept, for the step to leave out (:mod:`densecnn.train.no_data`).
     A large image gives one sample per window around its labels, each window ``margin`` pixels beyond them
     (:func:`~densecnn.train.windows.window_margin` of the trainer's patch; by default the default net's).
@@ -191,15 +191,23 @@ def read_dataset(
         image = _read_image(
             image_path, channels, spatial_dims, intensity or Intensity(), finite=nonfinite != "propagate"
         )  # (C, *spatial)
-        labels = _read_labels(
+        labels = _read_masked_labels(
             directory, image_path, image.shape[1:], num_classes, spatial_dims, unlabelled, info
         )
-        mask_path = _companion(directory / "masks", image_path.stem, _label_suffixes(spatial_dims))
-        if mask_path is not None:
-            mask = _read_class_map(mask_path, image_path, image.shape[1:], spatial_dims, what="mask")
-            labels[mask == 0] = IGNORE_INDEX
         samples.append(Sample(image_path.stem, image, labels))
     return samples
+
+
+def _read_masked_labels(
+    directory, image_path, shape, num_classes, spatial_dims, unlabelled, info
+) -> np.ndarray:
+    """The labels of a whole image, 255 where its mask (``masks/NAME.*``, if there is one) is 0."""
+    labels = _read_labels(directory, image_path, shape, num_classes, spatial_dims, unlabelled, info)
+    mask_path = _companion(directory / "masks", image_path.stem, _label_suffixes(spatial_dims))
+    if mask_path is not None:
+        mask = _read_class_map(mask_path, image_path, shape, spatial_dims, what="mask")
+        labels[mask == 0] = IGNORE_INDEX
+    return labels
 
 
 def _image_suffixes(spatial_dims: int) -> tuple[str, ...]:
