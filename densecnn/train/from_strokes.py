@@ -165,8 +165,12 @@ def _write_card(model_dir: Path, config: TrainConfig, trainer: StrokeTrainer, sa
         },
         training_summary={
             "recipe": "the default recipe for sparse labels (docs/training.md, Training from strokes)",
-            "steps": f"{trainer.step} (at most {trainer.total_steps}); {recipe.batch} crops of "
-            f"{'x'.join(map(str, trainer.crop))} per step",
+            "steps": f"{trainer.step} (at most {trainer.total_steps}); "
+            + (
+                f"{recipe.pixels} labelled pixels per step, on the {trainer.fixed} fixed layers' features"
+                if trainer.fixed
+                else f"{recipe.batch} crops of {'x'.join(map(str, trainer.crop))} per step"
+            ),
             "optimiser": f"adamw, lr {recipe.lr:g} (warm-up {recipe.warmup} steps, cosine)",
             "validation": f"{recipe.holdout:.0%} of each class's strokes held out; best held-out mIoU "
             + (
