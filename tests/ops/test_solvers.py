@@ -277,6 +277,26 @@ def test_immediate_plans_run_the_filter_banks_1d_grouped_convs_with_torch(monkey
     assert {(s.source, s.solver) for s in thin} == {("predicted", "native")}
 
 
+def test_subnormal_weights_count_as_zero_at_inference_only():
+    """A subnormal weight (the far tail of a Gaussian) runs as zero at inference, once per weight version; in
+    training the weight is used as it is."""
+    weight = torch.randn(4, 2, 1, 5, generator=torch.Generator().manual_seed(0))
+    weight[0] = 0.0
+    weight[0, 0, 0, 0] = 1e-42  # output channel 0: that tap alone
+    x = torch.rand(1, 2, 9, 9) + 1.0
+    assert torch.nn.functional.conv2d(x, weight)[0, 0].abs().min() > 0  # products kept as subnormals here
+    flushed = weight.clone()
+    flushed[0, 0, 0, 0] = 0.0
+    with torch.no_grad():
+        y = solvers.run("native", ConvOp(weight, None, (1, 2), 1), x)
+        assert solvers.normal_weight(weight, torch.float32) is solvers.normal_weight(weight, torch.float32)
+        assert solvers.normal_weight(flushed, torch.float32) is flushed  # nothing to flush: the weight itself
+    assert torch.equal(y, torch.nn.functional.conv2d(x, flushed, dilation=(1, 2)))
+    assert not y[0, 0].any()
+    weight.requires_grad_(True)
+    assert solvers.normal_weight(weight, torch.float32) is weight
+
+
 def test_timing_shapes_are_bucketed_per_number_of_axes():
     """Images are timed at most 256 px beyond the reach per side, volumes 96³, signals as many points as an image."""
     conv = {dims: ConvOp(torch.empty(4, 4, *(3,) * dims), None, (2,) * dims, 1) for dims in (1, 2, 3)}
