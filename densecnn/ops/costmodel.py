@@ -6,7 +6,8 @@ dense ops (convs and pools of various kernels, dilations, channels and map sizes
 
     log(ms) ≈ β · features(op, input shape)
 
-over the log of the output pixels, channels, kernel taps and dilation (:func:`features`). A prediction is that fit
+over the log of the output pixels, channels, kernel taps and dilation (:func:`features`); grouped and 1-D-kernel
+convs, the pieces of separable filters, have models of their own (:func:`fitted_op`). A prediction is that fit
 plus the residuals of the nearest measured problems (weighted by their closeness in feature space, fading to none
 far from any measurement): solver speeds have steps a global fit smooths over (a format that wins at 64 channels
 and loses at 3), and the measured grid includes the layers of common nets. The plan ranks candidates by these
@@ -90,7 +91,8 @@ def features(row: dict) -> list[float]:
         math.log(math.prod(kernel)),
         math.log(math.prod(row["dilation"])),
         1.0 if row["activation"] else 0.0,
-        # a pool's "groups" are its channels, not loops of their own; its (1, k, k) windows are the volume pools'
+        # a pool's "groups" are its channels, not loops of their own; the volume pools' (1, k, k) windows keep
+        # the fits they had without an aspect
         math.log(row["groups"]) if conv else 0.0,
         math.log(kernel[-1] / kernel[0]) if conv else 0.0,
     ]
@@ -99,7 +101,7 @@ def features(row: dict) -> list[float]:
 def separable(row: dict) -> bool:
     """Whether the problem row is a grouped conv (depthwise included) or a conv with a 1-D kernel (k×1, 1×k): the
     pieces of separable filters, whose solvers' speeds follow other laws than full convs' (torch runs them by
-    other kernels; the ext solver's GEMMs shrink to one group's channels), fitted apart (:func:`family`).
+    other kernels; the ext solver's GEMMs shrink to one group's channels), fitted apart (:func:`fitted_op`).
 
     >>> separable({"op": "conv2d", "kernel": [31, 1], "groups": 1})
     True
@@ -110,14 +112,14 @@ def separable(row: dict) -> bool:
     return row["op"].startswith("conv") and (row["groups"] > 1 or 1 in kernel and max(kernel) > 1)
 
 
-def family(row: dict) -> str:
-    """The op family the problem row's models are fitted for: its op ("conv2d", "max_pool3d", ...), with
-    "_separable" for :func:`separable` convs ("conv2d_separable")."""
+def fitted_op(row: dict) -> str:
+    """The op the problem row's models are fitted for: its own ("conv2d", "max_pool3d", ...), with "_separable"
+    for :func:`separable` convs ("conv2d_separable")."""
     return f"{row['op']}_separable" if separable(row) else row["op"]
 
 
 def group(op_name: str, solver: str, memory_format: str, direction: str, dtype: str) -> str:
-    """The name of one fitted model: ``op/solver/format/direction/dtype`` (``op`` a :func:`family`)."""
+    """The name of one fitted model: ``op/solver/format/direction/dtype`` (``op`` a :func:`fitted_op`)."""
     return f"{op_name}/{solver}/{memory_format}/{direction}/{dtype}"
 
 
@@ -127,7 +129,7 @@ def fit(measurements: list[dict]) -> dict[str, list[float]]:
     by_group: dict[str, list[dict]] = {}
     for row in measurements:
         if row["ms"]:
-            key = group(family(row), row["solver"], row["format"], row["direction"], row["dtype"])
+            key = group(fitted_op(row), row["solver"], row["format"], row["direction"], row["dtype"])
             by_group.setdefault(key, []).append(row)
     models = {}
     for key, rows in sorted(by_group.items()):
@@ -159,12 +161,13 @@ class CostModel:
             x = features(p)
             for direction, fmt, solver, ms in _measurements(p):
                 if ms:
-                    key = group(family(p), solver, fmt, direction, p["dtype"])
+                    key = group(fitted_op(p), solver, fmt, direction, p["dtype"])
                     rows.setdefault(key, []).append((x, math.log(ms)))
         every = np.array([f for r in rows.values() for f, _ in r] or [[0.0] * len(FEATURES)])
         spread = every.std(0, ddof=1) if len(every) > 1 else np.zeros(len(FEATURES))
         self.scale = np.where(spread > 1e-9, 1 / np.maximum(spread, 1e-9), 0.0)  # bias: 0
         self._models, self._rows, self._groups = models, rows, {}
+        self._ops = {key.split("/", 1)[0] for key in models}
 
     def _group(self, key: str) -> _Group | None:
         if key not in self._models:
@@ -184,12 +187,12 @@ class CostModel:
 
     def fits(self, op_name: str) -> bool:
         """Whether any model was fitted for the op ``op_name`` ("conv3d", "max_pool1d", ...)."""
-        return any(key.startswith(f"{op_name}/") for key in self._models)
+        return op_name in self._ops
 
     def time_ms(self, row: dict, solver: str, memory_format: str, direction: str, dtype: str) -> float | None:
         """Predicted ms of ``solver`` on the problem ``row`` (:func:`problem`); None without a model for it (the
-        float32 models stand in for other dtypes, the op's own for a :func:`family` without measurements)."""
-        op = family(row) if self.fits(family(row)) else row["op"]
+        float32 models stand in for other dtypes, the op's own for a :func:`fitted_op` without measurements)."""
+        op = fitted_op(row) if self.fits(fitted_op(row)) else row["op"]
         g = self._group(group(op, solver, memory_format, direction, dtype))
         g = g or self._group(group(op, solver, memory_format, direction, "float32"))
         if g is None:
