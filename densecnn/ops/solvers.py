@@ -17,7 +17,8 @@ Solvers:
   kernels and the channel mixing as batched complex GEMMs (:mod:`densecnn.ops.fft_conv`); its cost does not grow
   with the kernel size. Needs the kernels, like ``ext``.
 - ``direct``: direct convolution in densecnn's kernels, register-blocked over output channels, for convs with few
-  input channels (first layers) or a 1×1 kernel (heads), in 1-D, 2-D and 3-D.
+  input channels (first layers) or a 1×1 kernel (heads), in 1-D, 2-D and 3-D; a grouped 1×1 conv of one input
+  channel per group as a broadcast product.
 - ``winograd``: 3×3 and 3×3×3 convs by Winograd's F(m, 3) on tiles of the sub-grids, read at stride d from the map
   (:mod:`densecnn.ops.winograd`, C++ transforms + one batched GEMM); 2.25–8× fewer multiplications.
 
@@ -182,19 +183,41 @@ def _ext_op(op: DenseOp, x: torch.Tensor) -> torch.Tensor:
 
 
 def _direct(op: ConvOp, x: torch.Tensor) -> torch.Tensor:
+    if op.groups > 1:
+        return _channel_multiples(op, x)
     return ext.direct_conv(x, op.weight, op.bias, op.dilation)
+
+
+def _channel_multiples(op: ConvOp, x: torch.Tensor) -> torch.Tensor:
+    """A 1×1 conv of one input channel per group: output channel g·m + j is channel g times weight g·m + j (plus
+    its bias), a broadcast product in x's memory format, where torch's grouped conv runs in channels-last at 3–9×
+    its NCHW time."""
+    n, c, *size = x.shape
+    per_channel = op.weight.reshape(c, -1)  # (C, m)
+    if is_channels_last(x):
+        y = x.movedim(1, -1).unsqueeze(-1) * per_channel  # (N, *S, C, m), contiguous
+        if op.bias is not None:
+            y = y + op.bias.view(c, -1)
+        return y.reshape(n, *size, -1).movedim(-1, 1)  # (N, K, *S), channels-last
+    spread = per_channel.view(c, -1, *(1,) * len(size))  # (C, m, 1, ...)
+    y = x.unsqueeze(2) * spread  # (N, C, m, *S)
+    if op.bias is not None:
+        y = y + op.bias.view(c, -1, *(1,) * len(size))
+    return y.reshape(n, -1, *size)  # (N, K, *S)
 
 
 DIRECT_MAX_CHANNELS = 4  # the direct kernel's register blocking pays off only for a few input channels
 
 
 def _direct_runs(op: DenseOp) -> bool:
-    """Ungrouped convs with few input channels, or pointwise (1×1) ones: few multiply-adds per output either way."""
-    return (
-        isinstance(op, ConvOp)
-        and op.groups == 1
-        and (op.weight.shape[1] <= DIRECT_MAX_CHANNELS or math.prod(op.kernel) == 1)
-    )
+    """Ungrouped convs with few input channels, or pointwise (1×1) ones: few multiply-adds per output either way;
+    grouped 1×1 convs of one input channel per group (:func:`_channel_multiples`)."""
+    if not isinstance(op, ConvOp):
+        return False
+    pointwise = math.prod(op.kernel) == 1
+    if op.groups > 1:
+        return pointwise and op.weight.shape[1] == 1
+    return op.weight.shape[1] <= DIRECT_MAX_CHANNELS or pointwise
 
 
 def _ext_fused(op: PoolOp, x: torch.Tensor) -> torch.Tensor:

@@ -70,6 +70,10 @@ def _random_ops():
     weight = torch.randn(6, 4, 3, 2, dtype=torch.float64)
     yield ConvOp(weight, torch.randn(6, dtype=torch.float64), (3, 2), 1)
     yield ConvOp(torch.randn(4, 2, 2, 3, dtype=torch.float64), None, (2, 5), 2)  # grouped, no bias
+    # 1×1, one input channel per group, three outputs each (direct's broadcast product)
+    yield ConvOp(
+        torch.randn(12, 1, 1, 1, dtype=torch.float64), torch.randn(12, dtype=torch.float64), (1, 1), 4
+    )
     yield PoolOp("max_pool2d", (3, 2), (2, 3))
     yield PoolOp("max_pool2d", (2, 2), (4, 4), activation="tanh")
     yield PoolOp("avg_pool2d", (2, 3), (3, 1), divisor=5, activation="relu")
@@ -108,6 +112,21 @@ def test_solver_ops_match_literal_loops_and_keep_the_memory_format(solver, memor
         y = solvers.run(solver, op, x)
         torch.testing.assert_close(y, _literal(op, x), msg=f"{solver} on {op}")
         assert y.is_contiguous(memory_format=memory_format)
+
+
+@pytest.mark.parametrize("memory_format", [torch.contiguous_format, torch.channels_last])
+def test_grouped_pointwise_convs_run_directly_with_their_gradients(memory_format):
+    _skip_without_ext("direct")
+    op = ConvOp(torch.randn(6, 1, 1, 1, dtype=torch.float64), torch.randn(6, dtype=torch.float64), (1, 1), 3)
+    assert "direct" in solvers.candidates(op, ext_available=True)
+    assert "direct" not in solvers.candidates(
+        ConvOp(torch.empty(6, 2, 1, 1), None, (1, 1), 3), ext_available=True
+    )
+    x = torch.randn(1, 3, 5, 4, dtype=torch.float64).contiguous(memory_format=memory_format).requires_grad_()
+    weight, bias = op.weight.clone().requires_grad_(), op.bias.clone().requires_grad_()
+    torch.autograd.gradcheck(
+        lambda x, w, b: solvers.run("direct", ConvOp(w, b, (1, 1), 3), x), (x, weight, bias)
+    )
 
 
 @pytest.mark.parametrize("solver", ALL_SOLVERS)
