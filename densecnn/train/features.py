@@ -130,33 +130,41 @@ class PixelFeatures:
 def dihedral_permutations(dense, in_channels: int, *, seed: int = 0) -> list[torch.Tensor]:
     """The flips and quarter turns of the plane under which the fixed layers' features only change places: for each
     such transform T, the (F,) index ``perm`` with ``features(T(image))[perm[i]]`` at T(p) equal to
-    ``features(image)[i]`` at p, found by running ``dense`` (the fixed layers' dense net) on a random image and its
-    transforms. A transform whose features are not a permutation of the others is left out; the identity is first.
+    ``features(image)[i]`` at p, found by running ``dense`` (the fixed layers' dense net) on test images
+    (:func:`_probes`) and their transforms. A transform whose features are not a permutation of the others is left
+    out; the identity is first.
 
     Training then augments features as the crop path augments images: a pixel's features permuted as a flip or
     turn of the image would permute them (:class:`~densecnn.train.strokes.StrokeTrainer`)."""
     if len(dense.receptive_field) != 2:
         return [torch.arange(dense.num_classes)]
-    generator = torch.Generator().manual_seed(seed)
     side = max(dense.receptive_field) + 15
-    image = torch.randn(1, in_channels, side, side, generator=generator, dtype=torch.float64)  # both signs
+    image = _probes(in_channels, side, seed)  # (11, C, side, side)
     net = copy.deepcopy(dense).double()
-    plain = net.run_padded(image)[0]  # (F, h, w)
-    scale = plain.abs().amax((1, 2)).clamp(min=1e-12)
+    plain = net.run_padded(image)  # (11, F, h, w)
+    scale = plain.abs().amax((0, 2, 3)).clamp(min=1e-12)
     found = []
     for turns in range(4):
         for flip in (False, True):
-            moved = net.run_padded(_transform(image, turns, flip))[0]  # (F, h, w)
-            expected = _transform(plain[None], turns, flip)[0]  # where each feature of the image goes
-            distance = (moved[:, None] - expected[None]).abs().amax((2, 3)) / scale[
-                None
-            ]  # (F moved, F expected)
-            perm = distance.argmin(0)  # feature i of the image is feature perm[i] of the transformed image
-            if bool((distance.gather(0, perm[None])[0] < 1e-6).all()) and len(set(perm.tolist())) == len(
-                perm
-            ):
+            moved = net.run_padded(_transform(image, turns, flip)).transpose(0, 1).flatten(1)  # (F, 11·h·w)
+            expected = _transform(plain, turns, flip).transpose(0, 1).flatten(1)  # where each feature goes
+            distance = torch.cdist(moved, expected, p=float("inf")) / scale[None]  # (F moved, F expected)
+            perm = distance.argmin(0)  # feature i of the images is feature perm[i] of the transformed images
+            exact = bool((distance.gather(0, perm[None]) < 1e-6).all())
+            if exact and len(set(perm.tolist())) == len(perm):
                 found.append(perm)
     return found
+
+
+def _probes(channels: int, side: int, seed: int) -> torch.Tensor:
+    """(11, C, side, side) float64 test images: noise, and noise plus a constant, a ramp along y or x, a bowl or a
+    saddle of either sign, so that every feature of a filter bank up to second derivatives, with either sign, is
+    non-zero on one of them and no two of them are equal."""
+    generator = torch.Generator().manual_seed(seed)
+    noise = torch.randn(channels, side, side, generator=generator, dtype=torch.float64)
+    y, x = torch.meshgrid(*(torch.linspace(-1, 1, side, dtype=torch.float64),) * 2, indexing="ij")
+    shapes = [torch.ones_like(y), y, x, y**2 + x**2, y * x]
+    return torch.stack([noise, *(noise + sign * 3 * shape for shape in shapes for sign in (1, -1))])
 
 
 def _transform(x: torch.Tensor, turns: int, flip: bool) -> torch.Tensor:

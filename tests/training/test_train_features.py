@@ -184,3 +184,10 @@ def test_bands_of_rows_with_labels_give_the_kept_maps_features(monkeypatch):
     got = banded.gather([labels])
     assert not banded._maps
     assert torch.allclose(got[0], kept[0], rtol=1e-4, atol=1e-5) and torch.equal(got[1], kept[1])
+
+
+def test_flips_and_turns_are_found_whatever_the_probe_seed():
+    model, patch, _, prefix = _image_and_prefix(channels=3)
+    dense = densecnn.convert(prefix, patch, padding_mode="reflect", verify=False)
+    # seed 102 once left a feature all zero on a plain noise probe, and no permutation was found
+    assert [len(dihedral_permutations(dense, 3, seed=seed)) for seed in (0, 102)] == [8, 8]
