@@ -14,8 +14,6 @@ minibatch of the same pixels recomputes the fixed layers for every patch.
 
 from __future__ import annotations
 
-import copy
-
 import numpy as np
 import torch
 from torch import nn
@@ -138,9 +136,9 @@ def dihedral_permutations(dense, in_channels: int, *, seed: int = 0) -> list[tor
     turn of the image would permute them (:class:`~densecnn.train.strokes.StrokeTrainer`)."""
     if len(dense.receptive_field) != 2:
         return [torch.arange(dense.num_classes)]
-    side = max(dense.receptive_field) + 15
+    side = max(dense.receptive_field) + 5
     image = _probes(in_channels, side, seed)  # (11, C, side, side)
-    net = copy.deepcopy(dense).double()
+    net = dense
     plain = net.run_padded(image)  # (11, F, h, w)
     scale = plain.abs().amax((0, 2, 3)).clamp(min=1e-12)
     found = []
@@ -150,19 +148,21 @@ def dihedral_permutations(dense, in_channels: int, *, seed: int = 0) -> list[tor
             expected = _transform(plain, turns, flip).transpose(0, 1).flatten(1)  # where each feature goes
             distance = torch.cdist(moved, expected, p=float("inf")) / scale[None]  # (F moved, F expected)
             perm = distance.argmin(0)  # feature i of the images is feature perm[i] of the transformed images
-            exact = bool((distance.gather(0, perm[None]) < 1e-6).all())
+            exact = bool(
+                (distance.gather(0, perm[None]) < 1e-4).all()
+            )  # float32 rounding, not another feature
             if exact and len(set(perm.tolist())) == len(perm):
                 found.append(perm)
     return found
 
 
 def _probes(channels: int, side: int, seed: int) -> torch.Tensor:
-    """(11, C, side, side) float64 test images: noise, and noise plus a constant, a ramp along y or x, a bowl or a
+    """(11, C, side, side) test images: noise, and noise plus a constant, a ramp along y or x, a bowl or a
     saddle of either sign, so that every feature of a filter bank up to second derivatives, with either sign, is
     non-zero on one of them and no two of them are equal."""
     generator = torch.Generator().manual_seed(seed)
-    noise = torch.randn(channels, side, side, generator=generator, dtype=torch.float64)
-    y, x = torch.meshgrid(*(torch.linspace(-1, 1, side, dtype=torch.float64),) * 2, indexing="ij")
+    noise = torch.randn(channels, side, side, generator=generator)
+    y, x = torch.meshgrid(*(torch.linspace(-1, 1, side),) * 2, indexing="ij")
     shapes = [torch.ones_like(y), y, x, y**2 + x**2, y * x]
     return torch.stack([noise, *(noise + sign * 3 * shape for shape in shapes for sign in (1, -1))])
 
