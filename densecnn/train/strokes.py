@@ -130,6 +130,7 @@ class StrokeTrainer:
         trained = [p for p in self.model_net.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(trained, lr=self.recipe.lr)
         self.features: PixelFeatures | None = None
+        self._feature_gathers: torch.Tensor | None = None  # (T, F): the features' order after each flip or turn
         self.set_labels(images, labels, unlabelled=unlabelled)
 
     @property
@@ -235,6 +236,7 @@ class StrokeTrainer:
                 prefix, self.patch_size, self.loaded.padding_mode, self.crops.padded, self.crops.margin
             )
             self._feature_images = list(images)
+        if self._feature_gathers is None:  # a property of the fixed layers alone: found once
             # flips and quarter turns, as the crop path draws them, act on the features by permuting them
             turns = dihedral_permutations(self.features.dense, self.loaded.in_channels, seed=self.seed)
             self._feature_gathers = torch.stack([torch.argsort(perm) for perm in turns])  # (T, F)
