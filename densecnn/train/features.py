@@ -138,19 +138,17 @@ def dihedral_permutations(dense, in_channels: int, *, seed: int = 0) -> list[tor
         return [torch.arange(dense.num_classes)]
     side = max(dense.receptive_field) + 5
     image = _probes(in_channels, side, seed)  # (11, C, side, side)
-    net = dense
-    plain = net.run_padded(image)  # (11, F, h, w)
+    plain = dense.run_padded(image)  # (11, F, h, w)
     scale = plain.abs().amax((0, 2, 3)).clamp(min=1e-12)
     found = []
     for turns in range(4):
         for flip in (False, True):
-            moved = net.run_padded(_transform(image, turns, flip)).transpose(0, 1).flatten(1)  # (F, 11·h·w)
+            moved = dense.run_padded(_transform(image, turns, flip)).transpose(0, 1).flatten(1)  # (F, 11·h·w)
             expected = _transform(plain, turns, flip).transpose(0, 1).flatten(1)  # where each feature goes
             distance = torch.cdist(moved, expected, p=float("inf")) / scale[None]  # (F moved, F expected)
             perm = distance.argmin(0)  # feature i of the images is feature perm[i] of the transformed images
-            exact = bool(
-                (distance.gather(0, perm[None]) < 1e-4).all()
-            )  # float32 rounding, not another feature
+            # a match within float32 rounding, never another feature (they differ by far more)
+            exact = bool((distance.gather(0, perm[None]) < 1e-4).all())
             if exact and len(set(perm.tolist())) == len(perm):
                 found.append(perm)
     return found
