@@ -251,11 +251,11 @@ def test_cancel_stops_within_one_step_and_keeps_the_best_weights(viewer_and_pane
     strokes = viewer.add_labels(_strokes(image_data, range(5, 160, 20)), name="strokes")
     _choose(panel, image, strokes, max_seconds=120)
     worker = panel.train()
-    cancelled_at = []
+    cancelled_at = []  # the trainer's step when Cancel is clicked (steps of ~1 ms run on while the update queues)
 
     def cancel_after_a_few_steps(update):
         if isinstance(update, TrainingStep) and update.step >= 3 and not cancelled_at:
-            cancelled_at.append(update.step)
+            cancelled_at.append(panel.session.trainer.step)
             panel._cancel.clicked.emit()
 
     worker.yielded.connect(cancel_after_a_few_steps)
