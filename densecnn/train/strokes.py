@@ -130,7 +130,8 @@ class StrokeTrainer:
         trained = [p for p in self.model_net.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(trained, lr=self.recipe.lr)
         self.features: PixelFeatures | None = None
-        self._feature_gathers: torch.Tensor | None = None  # (T, F): the features' order after each flip or turn
+        # (T, F): the features' order after each flip or turn, found with the first features
+        self._feature_gathers: torch.Tensor | None = None
         self.set_labels(images, labels, unlabelled=unlabelled)
 
     @property
