@@ -73,3 +73,22 @@ def parser_with_other_defaults() -> argparse.ArgumentParser:
             other[action.dest] = default + "-changed"
     parser.set_defaults(**other)
     return parser
+
+
+def discs(seed: int = 0, size: int = 40) -> tuple[np.ndarray, np.ndarray]:
+    """A gray image of bright discs on a dark background and its dense truth (0 background, 1 disc)."""
+    rng = np.random.default_rng(seed)
+    rows, cols = np.mgrid[:size, :size]
+    truth = np.zeros((size, size), np.int64)
+    for _ in range(4):
+        cy, cx = rng.integers(6, size - 6, 2)
+        truth[(rows - cy) ** 2 + (cols - cx) ** 2 <= 25] = 1
+    image = 0.2 + 0.6 * truth + rng.normal(0, 0.05, truth.shape)
+    return np.clip(image, 0, 1)[None].astype(np.float32), truth
+
+
+def painted(truth: np.ndarray, every: int = 5) -> np.ndarray:
+    """Strokes: every ``every``-th row of the truth, -1 elsewhere."""
+    labels = np.full(truth.shape, -1, np.int64)
+    labels[::every] = truth[::every]
+    return labels

@@ -20,6 +20,7 @@ from densecnn.train.crops import pad_spatial
 from densecnn.train.features import PixelFeatures, dihedral_permutations, fixed_layers
 from densecnn.train.recipe import Recipe
 from densecnn.train.strokes import StrokeTrainer
+from tests.train_support import discs, painted
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -131,21 +132,14 @@ def test_an_asymmetric_fixed_layer_has_only_the_identity():
     assert len(dihedral_permutations(dense, 1)) == 1
 
 
-def discs(seed: int = 0, size: int = 48):
-    rng = np.random.default_rng(seed)
-    rows, cols = np.mgrid[:size, :size]
-    truth = np.zeros((size, size), np.int64)
-    for _ in range(4):
-        cy, cx = rng.integers(6, size - 6, 2)
-        truth[(rows - cy) ** 2 + (cols - cx) ** 2 <= 25] = 1
-    image = np.clip(0.2 + 0.6 * truth + rng.normal(0, 0.05, truth.shape), 0, 1)[None].astype(np.float32)
-    labels = np.full(truth.shape, -1, np.int64)
-    labels[::6] = truth[::6]
-    return image, truth, labels
+def discs_and_strokes(seed: int = 0):
+    """48² bright discs, their truth, and strokes on every 6th row."""
+    image, truth = discs(seed, size=48)
+    return image, truth, painted(truth, every=6)
 
 
 def test_the_default_net_learns_from_strokes_and_its_fixed_layers_survive_saving(tmp_path):
-    image, truth, labels = discs()
+    image, truth, labels = discs_and_strokes()
     trainer = StrokeTrainer([image], [labels], class_names=["background", "disc"], recipe=HEAD)
     assert trainer.fixed == 6
     before = [p.clone() for p in trainer.model_net.parameters()]
@@ -162,7 +156,7 @@ def test_the_default_net_learns_from_strokes_and_its_fixed_layers_survive_saving
 
 
 def test_the_patch_minibatch_baseline_trains_the_same_head():
-    image, _, labels = discs(1)
+    image, _, labels = discs_and_strokes(1)
     recipe = replace(HEAD, steps=2, pixels=8, method="patches")
     trainer = StrokeTrainer([image], [labels], recipe=recipe)
     losses = [p.loss for p in trainer.run()]

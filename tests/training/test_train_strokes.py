@@ -15,6 +15,7 @@ from densecnn.losses import IGNORE_INDEX
 from densecnn.train.holdout import split_strokes, strokes
 from densecnn.train.recipe import Recipe, default_model, default_recipe
 from densecnn.train.strokes import StrokeTrainer
+from tests.train_support import discs, painted
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -30,25 +31,6 @@ def stroke_map() -> np.ndarray:
     labels[5:8, 25:28] = 1
     labels[20:23, 30:33] = 1
     labels[35, 2:6] = 2
-    return labels
-
-
-def discs(seed: int = 0, size: int = 40) -> tuple[np.ndarray, np.ndarray]:
-    """A gray image of bright discs on a dark background and its dense truth (0 background, 1 disc)."""
-    rng = np.random.default_rng(seed)
-    rows, cols = np.mgrid[:size, :size]
-    truth = np.zeros((size, size), np.int64)
-    for _ in range(4):
-        cy, cx = rng.integers(6, size - 6, 2)
-        truth[(rows - cy) ** 2 + (cols - cx) ** 2 <= 25] = 1
-    image = 0.2 + 0.6 * truth + rng.normal(0, 0.05, truth.shape)
-    return np.clip(image, 0, 1)[None].astype(np.float32), truth
-
-
-def painted(truth: np.ndarray, every: int = 5) -> np.ndarray:
-    """Strokes: every ``every``-th row of the truth, -1 elsewhere."""
-    labels = np.full(truth.shape, -1, np.int64)
-    labels[::every] = truth[::every]
     return labels
 
 
