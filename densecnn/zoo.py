@@ -17,6 +17,8 @@ from torch import nn
 from .errors import InvalidInputError
 from .filter_bank import derivative_layers, smoothing_layers
 
+FEATURE_DROPOUT = 0.3  # the share of the filter bank's features the strokes trainer drops in each step
+
 
 def plain_133(in_channels: int = 3, num_classes: int = 32) -> tuple[nn.Sequential, int]:
     """The Plain CNN of Li, Zhao & Wang (2014), patch 133: 133 -> 128 -> 16 -> 14 -> 7 -> 1."""
@@ -119,9 +121,12 @@ def filter_bank(in_channels: int = 1, num_classes: int = 3) -> tuple[nn.Sequenti
 
     Layers 0–5 are fixed (:mod:`densecnn.filter_bank`, separable filters as pairs of 1-D convs): per channel,
     Gaussian derivatives up to second order at σ 1, 2.5 and 5 with both signs, rectified, each kept as it is and
-    smoothed at σ 3 (72 maps per channel); training leaves them as they are. The head is three 1×1 convs (32, 32,
-    ``num_classes``): a small MLP on the features of each pixel, as ilastik's random forest is a classifier on its
-    filter features. Patch 49 = 31 + 19 − 1.
+    smoothed at σ 3 (72 maps per channel); training leaves them as they are. A batch norm without learned
+    parameters standardises them: :class:`~densecnn.train.strokes.StrokeTrainer` sets its statistics from the
+    labelled pixels' features when it starts a fresh net. The head is a dropout of a third of the features (while
+    training only) and three 1×1 convs (32, 32, ``num_classes``): a small MLP on the features of each pixel, as
+    ilastik's random forest is a classifier on its filter features, each of its trees on a random subset of them.
+    Patch 49 = 31 + 19 − 1.
     """
     derivatives = derivative_layers(in_channels, sigmas=(1.0, 2.5, 5.0))
     smoothing = smoothing_layers(derivatives[-1].out_channels, sigmas=(3.0,))
@@ -130,6 +135,8 @@ def filter_bank(in_channels: int = 1, num_classes: int = 3) -> tuple[nn.Sequenti
         *derivatives,
         nn.ReLU(),
         *smoothing,
+        nn.BatchNorm2d(features, eps=1e-6, affine=False),  # a standard deviation of at least 10⁻³
+        nn.Dropout(FEATURE_DROPOUT),
         nn.Conv2d(features, 32, 1),
         nn.ReLU(),
         nn.Conv2d(32, 32, 1),

@@ -22,6 +22,7 @@ from ..convert import convert
 from ..losses import IGNORE_INDEX
 
 ELEMENTWISE = (nn.ReLU, nn.LeakyReLU, nn.ELU, nn.GELU, nn.SiLU, nn.Tanh, nn.Sigmoid, nn.Identity, nn.Dropout)
+BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
 BAND_BYTES = 256 * 2**20  # the most feature memory one band of rows of the dense pass takes
 KEPT_BYTES = 1024 * 2**20  # the most memory the kept feature maps of a set of images take
 
@@ -48,11 +49,27 @@ def fix_layers(model: nn.Sequential, count: int) -> None:
 
 
 def _per_pixel(layer: nn.Module) -> bool:
-    if isinstance(layer, ELEMENTWISE):
+    if isinstance(layer, ELEMENTWISE + BATCH_NORMS):  # batch norms as eval mode runs them: per channel
         return True
     if isinstance(layer, (nn.Conv1d, nn.Conv2d, nn.Conv3d)):
         return all(k == 1 for k in layer.kernel_size) and all(s == 1 for s in layer.stride)
     return False
+
+
+@torch.no_grad()
+def standardize(norm: nn.Module, features: torch.Tensor, gathers: torch.Tensor) -> None:
+    """Set the statistics of ``norm`` (a batch norm after the fixed layers) to those of ``features`` (N, F) under the
+    flips and turns that training draws (``gathers`` (T, F): each transform's order of the features), so that the
+    head sees standardised features: each with mean 0 and variance 1 (the norm's ``eps`` added to the variance keeps
+    a feature that hardly varies from being scaled up without bound).
+
+    Averaged over the transforms, the statistics are the same for a feature and its flipped or turned partner: the
+    standardised features permute as the raw ones do."""
+    features = features.double()
+    mean = features.mean(0)[gathers].mean(0)  # (F,)
+    square = (features**2).mean(0)[gathers].mean(0)  # (F,)
+    norm.running_mean.copy_(mean)
+    norm.running_var.copy_((square - mean**2).clamp(min=0))
 
 
 class PixelFeatures:

@@ -53,7 +53,7 @@ from ..losses import IGNORE_INDEX
 from ..masked import masked_terms, patch_scores
 from ..modelfile import CONFIG_FILE, LoadedModel, default_palette, load, save
 from .crops import CropSampler
-from .features import PixelFeatures, dihedral_permutations, fix_layers, fixed_layers
+from .features import BATCH_NORMS, PixelFeatures, dihedral_permutations, fix_layers, fixed_layers, standardize
 from .holdout import split_strokes
 from .metrics import confusion_matrix
 from .recipe import Recipe, default_model, default_recipe
@@ -101,7 +101,7 @@ class StrokeTrainer:
         highest = max((int(v.max()) for v in labelled if v.size), default=-1)
         num_classes = len(class_names) if class_names is not None else max(highest + 1, 2)
         torch.manual_seed(seed)
-        self.loaded = _start_model(model, channels, spatial_dims, num_classes, class_names)
+        self.loaded, fresh = _start_model(model, channels, spatial_dims, num_classes, class_names)
         if highest >= self.loaded.num_classes:
             raise TrainingError(
                 f"labels hold class {highest}, and the model has {self.loaded.num_classes} classes "
@@ -115,13 +115,13 @@ class StrokeTrainer:
         if self.loaded.normalization is None:
             self.loaded.normalization = _normalization(images)
         self.seed, self.step = seed, 0
-        self.model_net = (
-            self.loaded.model.eval()
-        )  # eval for good: BatchNorm and dropout as the dense net runs them
+        # eval for good: BatchNorm and dropout as the dense net runs them (the head's dropout: see _head)
+        self.model_net = self.loaded.model.eval()
         self.dense = convert(self.model_net, self.loaded.patch_size, padding_mode=self.loaded.padding_mode)
-        self.fixed = fixed_layers(
-            self.model_net
-        )  # > 0: a per-pixel head trained on the fixed layers' features
+        # > 0: a per-pixel head trained on the fixed layers' features
+        self.fixed = fixed_layers(self.model_net)
+        # a fresh net's batch norm after its fixed layers: set from the first labelled pixels' features
+        self._standardize = fresh and self.fixed > 0 and isinstance(self.model_net[self.fixed], BATCH_NORMS)
         self.recipe = recipe or default_recipe(
             [i.shape[1:] for i in images],
             labelled_pixels=sum(int((s != IGNORE_INDEX).sum()) for s in sparse),
@@ -242,6 +242,9 @@ class StrokeTrainer:
             turns = dihedral_permutations(self.features.dense, self.loaded.in_channels, seed=self.seed)
             self._feature_gathers = torch.stack([torch.argsort(perm) for perm in turns])  # (T, F)
         self.train_x, self.train_y = self.features.gather(train)  # (N, F), (N,)
+        if self._standardize:  # once: the statistics are the model's from then on
+            standardize(self.model_net[self.fixed], self.train_x, self._feature_gathers)
+            self._standardize = False
         self._train_maps, self._train_pixels_flat = train, None
         self.train_by_class = [torch.nonzero(self.train_y == k)[:, 0] for k in range(self.loaded.num_classes)]
 
@@ -270,15 +273,23 @@ class StrokeTrainer:
             x = self.train_x[picked]  # (B, F)
             turn = torch.randint(len(self._feature_gathers), (len(x),), generator=generator)
             # each pixel's features as if its image were flipped or turned
-            scores = self._head(torch.gather(x, 1, self._feature_gathers[turn]))
+            scores = self._head(torch.gather(x, 1, self._feature_gathers[turn]), training=True)
         return nn.functional.cross_entropy(scores.flatten(1), targets)
 
-    def _head(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, F) fixed features -> (B, K) scores by the trained layers (a 1×1 conv on one pixel is a matrix
-        product)."""
+    def _head(self, x: torch.Tensor, *, training: bool = False) -> torch.Tensor:
+        """(B, F) fixed features -> (B, K) scores by the layers after them, as the dense net runs them on each pixel:
+        a 1×1 conv is a matrix product, a batch norm its eval-mode statistics; dropout drops while ``training``."""
         for layer in list(self.model_net)[self.fixed :]:
-            is_conv = isinstance(layer, (nn.Conv1d, nn.Conv2d, nn.Conv3d))
-            x = nn.functional.linear(x, layer.weight.flatten(1), layer.bias) if is_conv else layer(x)
+            if isinstance(layer, (nn.Conv1d, nn.Conv2d, nn.Conv3d)):
+                x = nn.functional.linear(x, layer.weight.flatten(1), layer.bias)
+            elif isinstance(layer, BATCH_NORMS):
+                x = nn.functional.batch_norm(
+                    x, layer.running_mean, layer.running_var, layer.weight, layer.bias, eps=layer.eps
+                )
+            elif isinstance(layer, nn.Dropout):
+                x = nn.functional.dropout(x, layer.p, training=training)
+            else:
+                x = layer(x)
         return x
 
     def _train_pixel_list(self, picked: torch.Tensor) -> list[tuple[int, tuple[int, ...]]]:
@@ -443,8 +454,11 @@ def _checked(images, labels, unlabelled: int) -> tuple[list[np.ndarray], list[np
     return checked_images, sparse
 
 
-def _start_model(model, channels: int, spatial_dims: int, num_classes: int, class_names) -> LoadedModel:
-    """A :class:`LoadedModel` to train (a copy: the caller's model is never modified)."""
+def _start_model(
+    model, channels: int, spatial_dims: int, num_classes: int, class_names
+) -> tuple[LoadedModel, bool]:
+    """A :class:`LoadedModel` to train (a copy: the caller's model is never modified), and whether it is a fresh
+    zoo net (whose statistics training sets) rather than a trained model or the caller's module."""
     if isinstance(model, (str, Path)) and (Path(model) / CONFIG_FILE).is_file():
         model = load(model)
     if isinstance(model, LoadedModel):
@@ -452,8 +466,9 @@ def _start_model(model, channels: int, spatial_dims: int, num_classes: int, clas
         fix_layers(
             model.model, int(model.extra.get("fixed_layers", 0))
         )  # what training left as it was stays so
-        return model
-    if model is None or isinstance(model, str):
+        return model, False
+    fresh = model is None or isinstance(model, str)
+    if fresh:
         name = model or default_model(channels=channels, spatial_dims=spatial_dims)
         try:
             net, patch = zoo.create(name, in_channels=channels, num_classes=num_classes)
@@ -467,7 +482,7 @@ def _start_model(model, channels: int, spatial_dims: int, num_classes: int, clas
         )
     patch = ntuple(patch, spatial_dims, "patch_size")
     names = list(class_names) if class_names is not None else [f"class_{k}" for k in range(num_classes)]
-    return LoadedModel(
+    loaded = LoadedModel(
         model=net,
         patch_size=patch,
         in_channels=channels,
@@ -477,6 +492,7 @@ def _start_model(model, channels: int, spatial_dims: int, num_classes: int, clas
         normalization=None,
         padding_mode="reflect",
     )
+    return loaded, fresh
 
 
 def _normalization(images: list[np.ndarray]) -> dict[str, list[float]]:

@@ -17,7 +17,7 @@ import densecnn
 from densecnn.filter_bank import DERIVATIVES, derivative_layers, gaussian_1d, smoothing_layers
 from densecnn.losses import IGNORE_INDEX
 from densecnn.train.crops import pad_spatial
-from densecnn.train.features import PixelFeatures, dihedral_permutations, fixed_layers
+from densecnn.train.features import PixelFeatures, dihedral_permutations, fixed_layers, standardize
 from densecnn.train.recipe import Recipe
 from densecnn.train.strokes import StrokeTrainer
 from tests.train_support import discs, painted
@@ -71,6 +71,7 @@ def test_fixed_layers_are_the_leading_frozen_layers_before_a_per_pixel_head():
 
 def _image_and_prefix(channels: int = 2, size: int = 30, seed: int = 0):
     model, patch = densecnn.zoo.filter_bank(in_channels=channels, num_classes=3)
+    model.eval()  # the head's batch norm by its statistics, its dropout off: as the dense net runs them
     image = torch.rand(channels, size, size, generator=torch.Generator().manual_seed(seed))
     return model, patch, image, nn.Sequential(*list(model)[: fixed_layers(model)])
 
@@ -102,6 +103,7 @@ def test_the_head_step_has_the_patch_minibatch_gradients_of_the_same_pixels():
     labels[20:25, 12] = 2
     x, y = PixelFeatures(prefix, (patch, patch), "reflect", [padded], margin).gather([labels])
     head = nn.Sequential(*list(model)[fixed_layers(model) :])
+    standardize(head[0], x, torch.arange(x.shape[1])[None])  # statistics that change the features
     F.cross_entropy(head(x[:, :, None, None]).flatten(1), y).backward()
     from_features = [p.grad.clone() for p in head.parameters()]
     model.zero_grad()
@@ -153,6 +155,46 @@ def test_the_default_net_learns_from_strokes_and_its_fixed_layers_survive_saving
     assert (np.asarray(predicted) == truth).mean() > 0.9
     again = StrokeTrainer([image], [labels], model=loaded, recipe=HEAD)
     assert again.fixed == 6  # fine-tuning keeps the saved model's fixed layers fixed
+
+
+def test_a_fresh_net_standardises_the_labelled_pixels_features_as_its_patches_see_them():
+    image, _, labels = discs_and_strokes(2)
+    trainer = StrokeTrainer([image], [labels], recipe=HEAD)
+    norm = trainer.model_net[trainer.fixed]
+    # under the flips and turns training draws, the standardised features have mean 0 and variance about 1
+    augmented = torch.cat([trainer.train_x[:, gather] for gather in trainer._feature_gathers])  # (T·N, F)
+    standardised = (augmented.double() - norm.running_mean) / (norm.running_var + norm.eps).sqrt()
+    assert torch.allclose(standardised.mean(0), torch.zeros(1, dtype=torch.float64), atol=1e-4)
+    varies = norm.running_var > 1e-3
+    assert varies.sum() > len(varies) // 2 and torch.allclose(
+        standardised.var(0)[varies], torch.ones(1, dtype=torch.float64), atol=1e-2
+    )
+    # the head on the gathered features is the patch model on each labelled pixel's own patch
+    model = trainer.model
+    half = trainer.patch_size[0] // 2
+    reference = pad_spatial(
+        trainer.loaded.normalize(torch.from_numpy(image)[None])[0], (half, half), (half, half), "reflect"
+    )
+    labelled = np.argwhere(labels != -1)  # row-major, as the features are gathered
+    rows = np.arange(len(labelled))[::7]
+    where = labelled[rows]
+    patches = torch.stack([reference[:, r : r + 2 * half + 1, c : c + 2 * half + 1] for r, c in where])
+    with torch.no_grad():
+        expected = model(patches).flatten(1)
+        got = trainer._head(trainer.train_x[rows])
+    assert torch.allclose(got, expected, rtol=1e-3, atol=1e-4)
+
+
+def test_standardised_features_permute_as_the_raw_ones_and_fine_tuning_keeps_the_statistics(tmp_path):
+    image, _, labels = discs_and_strokes(3)
+    trainer = StrokeTrainer([image], [labels], recipe=HEAD)
+    norm = trainer.model_net[trainer.fixed]
+    x = trainer.train_x[:50]
+    for gather in trainer._feature_gathers:
+        assert torch.allclose(norm(x[:, gather, None, None]), norm(x[:, :, None, None])[:, gather], atol=1e-6)
+    saved = densecnn.load(trainer.save(tmp_path / "m"))
+    again = StrokeTrainer([image[:, ::-1].copy()], [labels[::-1].copy()], model=saved, recipe=HEAD)
+    assert torch.equal(again.model_net[again.fixed].running_mean, norm.running_mean)
 
 
 def test_the_patch_minibatch_baseline_trains_the_same_head():
