@@ -102,8 +102,13 @@ def _register_max_pool(ops) -> None:
         _, ctx.kernel, ctx.dilation, ctx.activation, ctx.with_taps = inputs
         y, taps = output
         ctx.save_for_backward(y if ctx.activation != "none" else None, *taps)
+        # The taps (uint8 argmax) have no gradient: left unmaterialised, autograd would fill a zero tensor of each
+        # tap's shape on every backward (a page-faulting fill of MBs per pool in a training step)
+        ctx.set_materialize_grads(False)
 
     def backward(ctx, grad_y, _grad_taps):
+        if grad_y is None:  # only the taps were used downstream: no gradient reaches the input
+            return None, None, None, None, None
         if not ctx.with_taps:
             raise RuntimeError(
                 "densecnn::max_pool ran with with_taps=False, so it kept no argmax for backward; "
