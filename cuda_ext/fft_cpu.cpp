@@ -499,9 +499,16 @@ at::Tensor fft_conv2d_input_grad_cpu(const at::Tensor& grad_output, const at::Te
   return fft_conv2d_input_grad_tiles<CpuTransforms>(grad_output, spectrum, input_size, tile, valid, dilation, padding);
 }
 
+std::tuple<at::Tensor, at::Tensor> fft_conv2d_backward_cpu(const at::Tensor& input, const at::Tensor& grad_output,
+                                                           const at::Tensor& spectrum, at::IntArrayRef tile,
+                                                           at::IntArrayRef valid, at::IntArrayRef dilation) {
+  return fft_conv2d_backward_tiles<CpuTransforms>(input, grad_output, spectrum, tile, valid, dilation);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(densecnn, CPU, m) {
+  m.impl("fft_conv2d_backward", &fft_conv2d_backward_cpu);
   m.impl("fft_conv2d_input_grad", &fft_conv2d_input_grad_cpu);
   m.impl("fft_conv2d", &fft_conv2d_cpu);
   m.impl("fft_conv2d_weight_spectrum", &fft_conv2d_weight_spectrum_cpu);

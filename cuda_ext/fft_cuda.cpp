@@ -66,9 +66,17 @@ at::Tensor fft_conv2d_input_grad_cuda(const at::Tensor& grad_output, const at::T
                                                      padding);
 }
 
+std::tuple<at::Tensor, at::Tensor> fft_conv2d_backward_cuda(const at::Tensor& input, const at::Tensor& grad_output,
+                                                            const at::Tensor& spectrum, at::IntArrayRef tile,
+                                                            at::IntArrayRef valid, at::IntArrayRef dilation) {
+  const c10::cuda::CUDAGuard guard(input.device());
+  return fft_conv2d_backward_tiles<CudaTransforms>(input, grad_output, spectrum, tile, valid, dilation);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(densecnn, CUDA, m) {
+  m.impl("fft_conv2d_backward", &fft_conv2d_backward_cuda);
   m.impl("fft_conv2d_input_grad", &fft_conv2d_input_grad_cuda);
   m.impl("fft_conv2d", &fft_conv2d_cuda);
   m.impl("fft_conv2d_weight_spectrum", &fft_conv2d_weight_spectrum_cuda);

@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <tuple>
 
 #include "fft_elements.h"
 #include "pool_args.h"
@@ -88,6 +89,56 @@ inline int64_t fft_group_tiles(const FftGeometry& g, int64_t element_size) {
   return std::min(g.tiles, std::max(kMinGroupTiles, kGroupBytes / std::max<int64_t>(per_tile, 1)));
 }
 
+// The output gradient's tiles of a conv tiled as g: the same origins, only their sh×sw valid part read, unpadded,
+// transformed conjugated (the weight gradient's G and the input gradient's).
+inline FftGeometry fft_gradient_geometry(const FftGeometry& g, const at::Tensor& grad_output) {
+  FftGeometry gg = g;
+  gg.channels = g.out_channels;
+  gg.rows = g.out_rows;
+  gg.cols = g.out_cols;
+  gg.read_h = g.sh;
+  gg.read_w = g.sw;
+  gg.pad_h = gg.pad_w = 0;
+  gg.conjugate = true;
+  for (int d = 0; d < 4; ++d) gg.x_stride[d] = grad_output.stride(d);
+  return gg;
+}
+
+// The input gradient's inverse of a conv tiled as g: whole tiles of the input's C channels, read conjugated and added
+// into grad_input (the input's geometry, grad_input's strides).
+inline FftGeometry fft_adjoint_geometry(const FftGeometry& g, const at::Tensor& grad_input) {
+  FftGeometry ga = g;
+  ga.out_channels = g.channels;
+  ga.write_h = g.th;
+  ga.write_w = g.tw;
+  ga.conjugate = true;
+  ga.adjoint = true;
+  for (int d = 0; d < 4; ++d) ga.x_stride[d] = grad_input.stride(d);
+  return ga;
+}
+
+inline void check_output_gradient(const char* op, const FftGeometry& g, const at::Tensor& input,
+                                  const at::Tensor& grad_output) {
+  TORCH_CHECK(grad_output.dim() == 4, "densecnn.", op, ": expected a 4-D (N, K, H', W') output gradient, got shape ",
+              grad_output.sizes());
+  TORCH_CHECK(grad_output.size(0) == g.batch && grad_output.size(2) == g.out_rows && grad_output.size(3) == g.out_cols &&
+                  grad_output.scalar_type() == input.scalar_type() && grad_output.device() == input.device(),
+              "densecnn.", op, ": the output gradient must be (", g.batch, ", K, ", g.out_rows, ", ", g.out_cols,
+              ") of the input's dtype and device, got ", grad_output.sizes(), " ", grad_output.scalar_type());
+}
+
+inline void check_kernel_spectrum(const char* op, const FftGeometry& g, const at::Tensor& spectrum,
+                                  const at::Tensor& grad_output) {
+  TORCH_CHECK(spectrum.dim() == 3 && spectrum.is_complex() && spectrum.device() == grad_output.device() &&
+                  at::toRealValueType(spectrum.scalar_type()) == grad_output.scalar_type() &&
+                  spectrum.size(2) == grad_output.size(1),
+              "densecnn.", op, ": the kernel spectrum must be complex (th·(tw/2+1), C, K) of the output "
+              "gradient's dtype and device with K = its channels, got ", spectrum.sizes(), " ", spectrum.scalar_type());
+  TORCH_CHECK(spectrum.size(0) == fft_points(g) && spectrum.size(1) == g.channels, "densecnn.", op,
+              ": the kernel spectrum must be (", fft_points(g), ", ", g.channels, ", K) for the tile (", g.th, ", ",
+              g.tw, "), got ", spectrum.sizes());
+}
+
 template <class Transforms>
 at::Tensor fft_conv2d_tiles(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& spectrum,
                             const c10::optional<at::Tensor>& bias, at::IntArrayRef tile, at::IntArrayRef valid,
@@ -128,6 +179,38 @@ at::Tensor fft_conv2d_tiles(const at::Tensor& input, const at::Tensor& weight, c
   return y;
 }
 
+// One group of tiles [first, first + count) of the weight gradient's spectrum: the input's tiles transformed into
+// the workspace x_spectrum, their products with the output gradient's (gs, conj(G)) summed over the group into result
+// (the first group writes it: no zero fill).
+template <class Transforms>
+void add_weight_spectrum(const at::Tensor& input, const FftGeometry& g, int64_t first, int64_t count,
+                         const at::Tensor& twiddles, const at::Tensor& x_spectrum, const at::Tensor& gs,
+                         at::Tensor& result) {
+  const int64_t points = fft_points(g);
+  at::Tensor xs = x_spectrum.narrow(0, 0, points * count * g.channels * 2).view({count, points, g.channels, 2});
+  Transforms::forward(input, g, first, count, twiddles, xs);
+  // (P, C, count) @ (P, count, K)
+  const at::Tensor x_t = at::view_as_complex(xs).permute({1, 2, 0}), g_t = at::view_as_complex(gs).transpose(0, 1);
+  if (first == 0) {
+    at::bmm_out(result, x_t, g_t);
+  } else {
+    result.baddbmm_(x_t, g_t);
+  }
+}
+
+// One group of tiles of the input gradient: the output gradient's spectra (gs, conj(G)) times Sᵀ (weights, the
+// kernel spectrum transposed, (P, K, C)) into the workspace product, inverse-transformed whole and added into
+// grad_input (ga: fft_adjoint_geometry).
+template <class Transforms>
+void add_input_gradient(const FftGeometry& ga, int64_t first, int64_t count, const at::Tensor& twiddles,
+                        const at::Tensor& gs, const at::Tensor& weights, const at::Tensor& product,
+                        at::Tensor& grad_input) {
+  const int64_t points = fft_points(ga);
+  at::Tensor xs = product.narrow(0, 0, points * count * ga.out_channels).view({points, count, ga.out_channels});
+  at::bmm_out(xs, at::view_as_complex(gs).transpose(0, 1), weights);  // (P, count, K) @ (P, K, C)
+  Transforms::inverse(at::view_as_real(xs), c10::nullopt, ga, first, count, twiddles, grad_input);
+}
+
 // The spectrum of the weight's gradient: Σ over tiles of X · conj(G), complex (P, C, K) in the kernel spectrum's
 // layout, X the tiles' spectra of the input and G those of the output gradient (its sh×sw valid part of each tile,
 // zero-padded: the tiles of the output do not overlap). The circular correlation this is the spectrum of equals, at
@@ -139,19 +222,8 @@ at::Tensor fft_conv2d_weight_spectrum_tiles(const at::Tensor& input, const at::T
   TORCH_CHECK(grad_output.dim() == 4, "densecnn.fft_conv2d_weight_spectrum: expected a 4-D (N, K, H', W') output "
               "gradient, got shape ", grad_output.sizes());
   const FftGeometry g = fft_geometry(input, grad_output.size(1), tile, valid, dilation);
-  TORCH_CHECK(grad_output.size(0) == g.batch && grad_output.size(2) == g.out_rows && grad_output.size(3) == g.out_cols &&
-                  grad_output.scalar_type() == input.scalar_type() && grad_output.device() == input.device(),
-              "densecnn.fft_conv2d_weight_spectrum: the output gradient must be (", g.batch, ", K, ", g.out_rows, ", ",
-              g.out_cols, ") of the input's dtype and device, got ", grad_output.sizes(), " ",
-              grad_output.scalar_type());
-  FftGeometry gg = g;  // the output gradient's tiles: the same origins, only their valid part read, conjugated
-  gg.channels = g.out_channels;
-  gg.rows = g.out_rows;
-  gg.cols = g.out_cols;
-  gg.read_h = g.sh;
-  gg.read_w = g.sw;
-  gg.conjugate = true;
-  for (int d = 0; d < 4; ++d) gg.x_stride[d] = grad_output.stride(d);
+  check_output_gradient("fft_conv2d_weight_spectrum", g, input, grad_output);
+  const FftGeometry gg = fft_gradient_geometry(g, grad_output);
   const int64_t points = fft_points(g);
   const auto complex_options = input.options().dtype(c10::toComplexType(input.scalar_type()));
   if (g.tiles == 0) return at::zeros({points, g.channels, g.out_channels}, complex_options);
@@ -162,17 +234,9 @@ at::Tensor fft_conv2d_weight_spectrum_tiles(const at::Tensor& input, const at::T
   at::Tensor g_spectrum = empty_output({points * group * g.out_channels * 2}, input.options());
   for (int64_t first = 0; first < g.tiles; first += group) {
     const int64_t count = std::min(group, g.tiles - first);
-    at::Tensor xs = x_spectrum.narrow(0, 0, points * count * g.channels * 2).view({count, points, g.channels, 2});
     at::Tensor gs = g_spectrum.narrow(0, 0, points * count * g.out_channels * 2).view({count, points, g.out_channels, 2});
-    Transforms::forward(input, g, first, count, twiddles, xs);
     Transforms::forward(grad_output, gg, first, count, twiddles, gs);
-    // (P, C, count) @ (P, count, K), summed into the result (the first group writes it: no zero fill)
-    const at::Tensor x_t = at::view_as_complex(xs).permute({1, 2, 0}), g_t = at::view_as_complex(gs).transpose(0, 1);
-    if (first == 0) {
-      at::bmm_out(result, x_t, g_t);
-    } else {
-      result.baddbmm_(x_t, g_t);
-    }
+    add_weight_spectrum<Transforms>(input, g, first, count, twiddles, x_spectrum, gs, result);
   }
   return result;
 }
@@ -189,36 +253,18 @@ at::Tensor fft_conv2d_input_grad_tiles(const at::Tensor& grad_output, const at::
                                        at::IntArrayRef dilation, at::IntArrayRef padding) {
   TORCH_CHECK(grad_output.dim() == 4 && input_size.size() == 2, "densecnn.fft_conv2d_input_grad: expected a 4-D "
               "(N, K, H', W') output gradient and input_size (H, W), got ", grad_output.sizes(), " and ", input_size);
-  TORCH_CHECK(spectrum.dim() == 3 && spectrum.is_complex() && spectrum.device() == grad_output.device() &&
-                  at::toRealValueType(spectrum.scalar_type()) == grad_output.scalar_type() &&
-                  spectrum.size(2) == grad_output.size(1),
-              "densecnn.fft_conv2d_input_grad: the kernel spectrum must be complex (th·(tw/2+1), C, K) of the output "
-              "gradient's dtype and device with K = its channels, got ", spectrum.sizes(), " ", spectrum.scalar_type());
+  TORCH_CHECK(spectrum.dim() == 3, "densecnn.fft_conv2d_input_grad: the kernel spectrum must be complex "
+              "(th·(tw/2+1), C, K), got ", spectrum.sizes());
   at::Tensor grad_input = empty_in_layout({grad_output.size(0), spectrum.size(1), input_size[0], input_size[1]},
                                           grad_output.options(), is_channels_last(grad_output));
   grad_input.zero_();
   FftGeometry g = fft_geometry(grad_input, spectrum.size(2), tile, valid, dilation, padding);
-  TORCH_CHECK(spectrum.size(0) == fft_points(g), "densecnn.fft_conv2d_input_grad: the kernel spectrum must have ",
-              fft_points(g), " frequencies for the tile ", tile, ", got ", spectrum.size(0));
+  check_kernel_spectrum("fft_conv2d_input_grad", g, spectrum, grad_output);
   TORCH_CHECK(grad_output.size(2) == g.out_rows && grad_output.size(3) == g.out_cols,
               "densecnn.fft_conv2d_input_grad: the output gradient must be (N, K, ", g.out_rows, ", ", g.out_cols,
               ") for the input ", input_size, ", got ", grad_output.sizes());
   if (grad_input.numel() == 0 || g.tiles == 0) return grad_input;
-  FftGeometry gg = g;  // the output gradient's tiles: the same origins, only their valid part read, conjugated
-  gg.channels = g.out_channels;
-  gg.rows = g.out_rows;
-  gg.cols = g.out_cols;
-  gg.read_h = g.sh;
-  gg.read_w = g.sw;
-  gg.pad_h = gg.pad_w = 0;
-  gg.conjugate = true;
-  for (int d = 0; d < 4; ++d) gg.x_stride[d] = grad_output.stride(d);
-  FftGeometry ga = g;  // the inverse: whole tiles of the input's C channels, added into its gradient
-  ga.out_channels = g.channels;
-  ga.write_h = g.th;
-  ga.write_w = g.tw;
-  ga.conjugate = true;
-  ga.adjoint = true;
+  const FftGeometry gg = fft_gradient_geometry(g, grad_output), ga = fft_adjoint_geometry(g, grad_input);
   const at::Tensor twiddles = fft_twiddle_table(g, grad_output);
   const int64_t group = fft_group_tiles(g, grad_output.element_size());
   const int64_t points = fft_points(g);
@@ -229,11 +275,46 @@ at::Tensor fft_conv2d_input_grad_tiles(const at::Tensor& grad_output, const at::
     const int64_t count = std::min(group, g.tiles - first);
     at::Tensor gs = g_spectrum.narrow(0, 0, points * count * g.out_channels * 2).view({count, points, g.out_channels, 2});
     Transforms::forward(grad_output, gg, first, count, twiddles, gs);
-    at::Tensor xs = product.narrow(0, 0, points * count * g.channels).view({points, count, g.channels});
-    at::bmm_out(xs, at::view_as_complex(gs).transpose(0, 1), weights);  // (P, count, K) @ (P, K, C)
-    Transforms::inverse(at::view_as_real(xs), c10::nullopt, ga, first, count, twiddles, grad_input);
+    add_input_gradient<Transforms>(ga, first, count, twiddles, gs, weights, product, grad_input);
   }
   return grad_input;
+}
+
+// Both gradients of an unpadded fft_conv2d in one pass over the tiles: (the input's gradient, as
+// fft_conv2d_input_grad; the weight gradient's spectrum, as fft_conv2d_weight_spectrum), equal to those two ops'
+// results. Each group's output-gradient spectra conj(G) are transformed once and serve both: the input gradient's
+// product with Sᵀ and the weight gradient's sum of X · conj(G).
+template <class Transforms>
+std::tuple<at::Tensor, at::Tensor> fft_conv2d_backward_tiles(const at::Tensor& input, const at::Tensor& grad_output,
+                                                             const at::Tensor& spectrum, at::IntArrayRef tile,
+                                                             at::IntArrayRef valid, at::IntArrayRef dilation) {
+  TORCH_CHECK(grad_output.dim() == 4 && spectrum.dim() == 3, "densecnn.fft_conv2d_backward: expected a 4-D "
+              "(N, K, H', W') output gradient and a complex (th·(tw/2+1), C, K) kernel spectrum, got ",
+              grad_output.sizes(), " and ", spectrum.sizes());
+  const FftGeometry g = fft_geometry(input, grad_output.size(1), tile, valid, dilation);
+  check_output_gradient("fft_conv2d_backward", g, input, grad_output);
+  check_kernel_spectrum("fft_conv2d_backward", g, spectrum, grad_output);
+  at::Tensor grad_input = empty_in_layout(input.sizes(), grad_output.options(), is_channels_last(grad_output));
+  grad_input.zero_();
+  const int64_t points = fft_points(g);
+  const auto complex_options = input.options().dtype(c10::toComplexType(input.scalar_type()));
+  if (g.tiles == 0) return {grad_input, at::zeros({points, g.channels, g.out_channels}, complex_options)};
+  at::Tensor result = empty_output({points, g.channels, g.out_channels}, complex_options);
+  const FftGeometry gg = fft_gradient_geometry(g, grad_output), ga = fft_adjoint_geometry(g, grad_input);
+  const at::Tensor twiddles = fft_twiddle_table(g, input);
+  const int64_t group = fft_group_tiles(g, input.element_size());
+  const at::Tensor weights = spectrum.contiguous().transpose(1, 2);  // (P, K, C): Sᵀ
+  at::Tensor g_spectrum = empty_output({points * group * g.out_channels * 2}, input.options());  // reused workspaces
+  at::Tensor x_spectrum = empty_output({points * group * g.channels * 2}, input.options());
+  at::Tensor product = empty_output({points * group * g.channels}, spectrum.options());
+  for (int64_t first = 0; first < g.tiles; first += group) {
+    const int64_t count = std::min(group, g.tiles - first);
+    at::Tensor gs = g_spectrum.narrow(0, 0, points * count * g.out_channels * 2).view({count, points, g.out_channels, 2});
+    Transforms::forward(grad_output, gg, first, count, twiddles, gs);
+    add_input_gradient<Transforms>(ga, first, count, twiddles, gs, weights, product, grad_input);
+    add_weight_spectrum<Transforms>(input, g, first, count, twiddles, x_spectrum, gs, result);
+  }
+  return {grad_input, result};
 }
 
 }  // namespace densecnn

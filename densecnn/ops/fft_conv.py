@@ -62,6 +62,12 @@ def built() -> bool:
     return ext.available() and hasattr(torch.ops.densecnn, "fft_conv2d")
 
 
+def backward_built() -> bool:
+    """Whether the kernels have the op computing both gradients at once (``fft_conv2d_backward``; older builds do
+    not)."""
+    return built() and hasattr(torch.ops.densecnn, "fft_conv2d_backward")
+
+
 def applies(op) -> bool:
     """The solver runs ungrouped 2-D convs with a kernel larger than 1×1 (a 1×1 conv has nothing to transform)."""
     return op.name == "conv2d" and len(op.kernel) == 2 and op.groups == 1 and op.kernel != (1, 1) and built()
@@ -140,6 +146,30 @@ def weight_gradient(grad_y: torch.Tensor, x: torch.Tensor, kernel: Pair, dilatio
         x, grad_y, list(tile), list(valid), list(dilation)
     )
     return _taps(spectrum, tile, kernel)  # (K, C, kh, kw)
+
+
+def gradients(grad_y: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, dilation: Pair):
+    """(∂L/∂x (N, C, H, W), ∂L/∂w (K, C, kh, kw)) of the unpadded conv from the output's gradient (N, K, H', W'), in
+    one pass over the forward's tiles: equal to :func:`input_gradient` and :func:`weight_gradient`, with each tile of
+    the output gradient transformed once for both instead of once each.
+
+    >>> w, x, grad_y = torch.randn(8, 3, 7, 7), torch.randn(1, 3, 40, 40), torch.randn(1, 8, 16, 16)
+    >>> grad_x, grad_w = gradients(grad_y, x, w, (4, 4))  # == torch's conv gradients to rounding
+    >>> grad_x.shape, grad_w.shape
+    (torch.Size([1, 3, 40, 40]), torch.Size([8, 3, 7, 7]))
+    """
+    if x.dtype not in COMPUTE_DTYPES:
+        grad_x, grad_w = gradients(grad_y.float(), x.float(), weight, dilation)
+        return grad_x.to(x.dtype), grad_w.to(x.dtype)
+    kernel, dilation = tuple(int(s) for s in weight.shape[2:]), tuple(int(d) for d in dilation)
+    c, k = int(x.shape[1]), int(grad_y.shape[1])
+    tile = _tile(x.shape, kernel, dilation, c, k)  # the forward's
+    valid = tuple(t - kk + 1 for t, kk in zip(tile, kernel))
+    spectrum = step_spectrum(weight.to(x.dtype), tile, x.dtype)
+    grad_x, weight_spectrum = torch.ops.densecnn.fft_conv2d_backward(
+        x, grad_y.to(x.dtype), spectrum, list(tile), list(valid), list(dilation)
+    )
+    return grad_x, _taps(weight_spectrum, tile, kernel)  # (N, C, H, W), (K, C, kh, kw)
 
 
 def _tile(shape, kernel: Pair, dilation: Pair, c: int, k: int) -> Pair:

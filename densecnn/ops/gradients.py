@@ -76,6 +76,18 @@ def weight_gradient(name: str, grad_y: torch.Tensor, x: torch.Tensor, op: ConvOp
     return grad_w
 
 
+def _both_by_fft(input_solver: str, weight_solver: str, needs) -> bool:
+    """Whether both gradients are wanted of the ``fft`` solver, which computes them in one pass over the tiles
+    (:func:`densecnn.ops.fft_conv.gradients`; not in a double backward, which takes torch's formulas)."""
+    return (
+        input_solver == weight_solver == "fft"
+        and needs[0]
+        and needs[1]
+        and not torch.is_grad_enabled()
+        and fft_conv.backward_built()
+    )
+
+
 class _Conv(torch.autograd.Function):
     """The forward by one solver, the input and weight gradients by others."""
 
@@ -99,10 +111,15 @@ class _Conv(torch.autograd.Function):
         # In the input's layout, where the forward ran: the transform solvers read it faster there and write the
         # input gradient in it (the score map's gradient arrives NC*, converting the larger input gradient costs more)
         grad_y = grad_y.contiguous(memory_format=layout_of(x))
+        together = _both_by_fft(ctx.input_solver, ctx.weight_solver, needs)
         with fft_conv.shared_spectra(ctx.spectra):
-            grad_x = input_gradient(ctx.input_solver, grad_y, x, op) if needs[0] else None
-        ctx.spectra.clear()
-        grad_w = weight_gradient(ctx.weight_solver, grad_y, x, op) if needs[1] else None
+            if together:
+                grad_x, grad_w = fft_conv.gradients(grad_y, x, op.weight, op.dilation)
+            else:
+                grad_x = input_gradient(ctx.input_solver, grad_y, x, op) if needs[0] else None
+        ctx.spectra.clear()  # the spectrum's buffer free for the weight gradient's
+        if not together:
+            grad_w = weight_gradient(ctx.weight_solver, grad_y, x, op) if needs[1] else None
         grad_b = grad_y.sum([0, *range(2, grad_y.dim())]) if ctx.has_bias and needs[2] else None
         return grad_x, grad_w, grad_b, None, None, None, None, None, None
 

@@ -289,6 +289,19 @@ def _register_fft_conv2d_weight_spectrum(ops) -> None:
         return input.new_empty((points, input.shape[1], grad_output.shape[1]), dtype=complex_dtype)
 
 
+def _register_fft_conv2d_backward(ops) -> None:
+    if not fft_conv.backward_built():
+        return  # kernels built before the op
+
+    @torch.library.register_fake("densecnn::fft_conv2d_backward")
+    def _(input, grad_output, spectrum, tile, valid, dilation):
+        grad_input = _empty(grad_output, input.shape, _is_channels_last(grad_output))
+        points = tile[0] * (tile[1] // 2 + 1)
+        return grad_input, input.new_empty(
+            (points, input.shape[1], grad_output.shape[1]), dtype=spectrum.dtype
+        )
+
+
 def _register_winograd_conv(ops) -> None:
     @torch.library.register_fake("densecnn::winograd_conv")
     def _(input, weight, kernel, bias, dilation, m, padding=()):
@@ -339,6 +352,7 @@ if ext.available():
         _register_fft_conv2d,
         _register_fft_conv2d_input_grad,
         _register_fft_conv2d_weight_spectrum,
+        _register_fft_conv2d_backward,
         _register_winograd_conv,
         _register_winograd_conv_weight_grad,
     ):
