@@ -116,8 +116,8 @@ def multichannel_40(in_channels: int = 3, num_classes: int = 4) -> tuple[nn.Sequ
 
 
 def filter_bank(in_channels: int = 1, num_classes: int = 3) -> tuple[nn.Sequential, int]:
-    """A fixed multi-scale filter bank and a learned per-pixel head, patch 49: the default net for training from
-    strokes (docs/training.md, "Training from strokes").
+    """A fixed multi-scale filter bank and a learned per-pixel head, patch 49: the default net for training images
+    from strokes (docs/training.md, "Training from strokes").
 
     Layers 0–5 are fixed (:mod:`densecnn.filter_bank`, separable filters as pairs of 1-D convs): per channel,
     Gaussian derivatives up to second order at σ 1, 2.5 and 5 with both signs, rectified, each kept as it is and
@@ -128,22 +128,37 @@ def filter_bank(in_channels: int = 1, num_classes: int = 3) -> tuple[nn.Sequenti
     ilastik's random forest is a classifier on its filter features, each of its trees on a random subset of them.
     Patch 49 = 31 + 19 − 1.
     """
-    derivatives = derivative_layers(in_channels, sigmas=(1.0, 2.5, 5.0))
-    smoothing = smoothing_layers(derivatives[-1].out_channels, sigmas=(3.0,))
+    return _filter_bank(in_channels, num_classes, dims=2), 49
+
+
+def filter_bank3d(in_channels: int = 1, num_classes: int = 3) -> tuple[nn.Sequential, tuple[int, int, int]]:
+    """:func:`filter_bank` for volumes, patch 49³: the default net for training volumes from strokes.
+
+    Layers 0–6 are the fixed filter bank in 3-D (three 1-D convs per filter, 120 maps per channel: the Gaussian,
+    3 first and 6 second derivatives at σ 1, 2.5 and 5 with both signs, each kept and smoothed at σ 3), then the same
+    standardisation, dropout and head.
+    """
+    return _filter_bank(in_channels, num_classes, dims=3), (49, 49, 49)
+
+
+def _filter_bank(in_channels: int, num_classes: int, *, dims: int) -> nn.Sequential:
+    derivatives = derivative_layers(in_channels, sigmas=(1.0, 2.5, 5.0), dims=dims)
+    smoothing = smoothing_layers(derivatives[-1].out_channels, sigmas=(3.0,), dims=dims)
     features = smoothing[-1].out_channels
-    model = nn.Sequential(
+    conv = {2: nn.Conv2d, 3: nn.Conv3d}[dims]
+    norm = {2: nn.BatchNorm2d, 3: nn.BatchNorm3d}[dims]
+    return nn.Sequential(
         *derivatives,
         nn.ReLU(),
         *smoothing,
-        nn.BatchNorm2d(features, eps=1e-6, affine=False),  # a standard deviation of at least 10⁻³
+        norm(features, eps=1e-6, affine=False),  # a standard deviation of at least 10⁻³
         nn.Dropout(FEATURE_DROPOUT),
-        nn.Conv2d(features, 32, 1),
+        conv(features, 32, 1),
         nn.ReLU(),
-        nn.Conv2d(32, 32, 1),
+        conv(32, 32, 1),
         nn.ReLU(),
-        nn.Conv2d(32, num_classes, 1),
+        conv(32, num_classes, 1),
     )
-    return model, derivatives[0].kernel_size[0] + smoothing[0].kernel_size[0] - 1
 
 
 def nuclei3d(in_channels: int = 1, num_classes: int = 3) -> tuple[nn.Sequential, tuple[int, int, int]]:
@@ -189,6 +204,7 @@ def znni_3d(in_channels: int = 1, num_classes: int = 3) -> tuple[nn.Sequential, 
 
 _MODELS = {
     "filter_bank": filter_bank,
+    "filter_bank3d": filter_bank3d,
     "nuclei": nuclei,
     "nuclei3d": nuclei3d,
     "multichannel_40": multichannel_40,
@@ -197,7 +213,7 @@ _MODELS = {
     "tiny": tiny,
     "znni_3d": znni_3d,
 }
-_VOLUME_MODELS = {"nuclei3d", "znni_3d"}
+_VOLUME_MODELS = {"filter_bank3d", "nuclei3d", "znni_3d"}
 
 
 def list_models(pattern: str = "*") -> list[str]:

@@ -143,46 +143,60 @@ class PixelFeatures:
 
 @torch.no_grad()
 def dihedral_permutations(dense, in_channels: int, *, seed: int = 0) -> list[torch.Tensor]:
-    """The flips and quarter turns of the plane under which the fixed layers' features only change places: for each
-    such transform T, the (F,) index ``perm`` with ``features(T(image))[perm[i]]`` at T(p) equal to
-    ``features(image)[i]`` at p, found by running ``dense`` (the fixed layers' dense net) on test images
-    (:func:`_probes`) and their transforms. A transform whose features are not a permutation of the others is left
-    out; the identity is first.
+    """The flips and quarter turns of the (H, W) plane (of images, and of each slice of volumes) under which the
+    fixed layers' features only change places: for each such transform T, the (F,) index ``perm`` with
+    ``features(T(image))[perm[i]]`` at T(p) equal to ``features(image)[i]`` at p. The identity is first, then the
+    transforms in the order of :func:`_transform`'s (turns, flip).
+
+    The permutations of a quarter turn and of a flip are found by running ``dense`` (the fixed layers' dense net) on
+    test images (:func:`_probes`) and their transforms; the others are their compositions. A generator whose
+    features are not a permutation of the others is left out, with the transforms it generates.
 
     Training then augments features as the crop path augments images: a pixel's features permuted as a flip or
     turn of the image would permute them (:class:`~densecnn.train.strokes.StrokeTrainer`)."""
-    if len(dense.receptive_field) != 2:
-        return [torch.arange(dense.num_classes)]
-    side = max(dense.receptive_field) + 5
-    image = _probes(in_channels, side, seed)  # (11, C, side, side)
-    plain = dense.run_padded(image)  # (11, F, h, w)
-    scale = plain.abs().amax((0, 2, 3)).clamp(min=1e-12)
-    found = []
-    for turns in range(4):
-        for flip in (False, True):
-            moved = dense.run_padded(_transform(image, turns, flip)).transpose(0, 1).flatten(1)  # (F, 11·h·w)
-            expected = _transform(plain, turns, flip).transpose(0, 1).flatten(1)  # where each feature goes
-            distance = torch.cdist(moved, expected, p=float("inf")) / scale[None]  # (F moved, F expected)
-            perm = distance.argmin(0)  # feature i of the images is feature perm[i] of the transformed images
-            # a match within float32 rounding, never another feature (they differ by far more)
-            exact = bool((distance.gather(0, perm[None]) < 1e-4).all())
-            if exact and len(set(perm.tolist())) == len(perm):
-                found.append(perm)
-    return found
+    field = dense.receptive_field
+    identity = torch.arange(dense.num_classes)
+    if len(field) not in (2, 3):
+        return [identity]
+    depth = field[0] + 5 if len(field) == 3 else None
+    image = _probes(in_channels, max(field[-2:]) + 5, seed, depth=depth)  # (11, C, [d,] s, s)
+    plain = dense.run_padded(image)  # (11, F, *spatial)
+    turn, flip = (
+        _permutation(dense, image, plain, turns, flipped) for turns, flipped in ((1, False), (0, True))
+    )
+    powers = [identity]  # the permutations of 0..3 quarter turns
+    while turn is not None and len(powers) < 4:
+        powers.append(turn[powers[-1]])
+    return [f for p in powers for f in ([p] if flip is None else [p, flip[p]])]
 
 
-def _probes(channels: int, side: int, seed: int) -> torch.Tensor:
-    """(11, C, side, side) test images: noise, and noise plus a constant, a ramp along y or x, a bowl or a
-    saddle of either sign, so that every feature of a filter bank up to second derivatives, with either sign, is
-    non-zero on one of them and no two of them are equal."""
+def _permutation(dense, image, plain, turns: int, flip: bool) -> torch.Tensor | None:
+    """(F,) the permutation of the features under :func:`_transform` (``turns``, ``flip``), or None when the
+    transformed image's features are not the plain ones moved and permuted."""
+    scale = plain.transpose(0, 1).flatten(1).abs().amax(1).clamp(min=1e-12)  # (F,)
+    moved = dense.run_padded(_transform(image, turns, flip)).transpose(0, 1).flatten(1)  # (F, 11·pixels)
+    expected = _transform(plain, turns, flip).transpose(0, 1).flatten(1)  # where each feature goes
+    distance = torch.cdist(moved, expected, p=float("inf")) / scale[None]  # (F moved, F expected)
+    perm = distance.argmin(0)  # feature i of the images is feature perm[i] of the transformed images
+    # a match within float32 rounding, never another feature (they differ by far more)
+    exact = bool((distance.gather(0, perm[None]) < 1e-4).all())
+    return perm if exact and len(set(perm.tolist())) == len(perm) else None
+
+
+def _probes(channels: int, side: int, seed: int, depth: int | None = None) -> torch.Tensor:
+    """(11, C, side, side) test images, or (11, C, depth, side, side) volumes: noise, and noise plus a constant, a
+    ramp along y or x, a bowl or a saddle of either sign (the same in every slice), so that every feature of a
+    filter bank up to second derivatives, with either sign, is non-zero on one of them and no two of them are
+    equal."""
     generator = torch.Generator().manual_seed(seed)
-    noise = torch.randn(channels, side, side, generator=generator)
+    noise = torch.randn(channels, *((depth,) if depth else ()), side, side, generator=generator)
     y, x = torch.meshgrid(*(torch.linspace(-1, 1, side),) * 2, indexing="ij")
-    shapes = [torch.ones_like(y), y, x, y**2 + x**2, y * x]
+    shapes = [torch.ones_like(y), y, x, y**2 + x**2, y * x]  # (side, side) each, broadcast over slices
     return torch.stack([noise, *(noise + sign * 3 * shape for shape in shapes for sign in (1, -1))])
 
 
 def _transform(x: torch.Tensor, turns: int, flip: bool) -> torch.Tensor:
-    """(N, C, H, W) turned by ``turns`` quarter turns, then flipped along W when ``flip``."""
-    x = torch.rot90(x, turns, (2, 3))
-    return torch.flip(x, (3,)) if flip else x
+    """(N, C, [D,] H, W) turned by ``turns`` quarter turns in the (H, W) plane, then flipped along W when
+    ``flip``."""
+    x = torch.rot90(x, turns, (-2, -1))
+    return torch.flip(x, (-1,)) if flip else x

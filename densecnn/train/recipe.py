@@ -18,7 +18,7 @@ from ..errors import TrainingError
 from ..geometry import Size
 
 # spatial axes -> zoo name (their first layers take any number of channels)
-DEFAULT_MODELS = {2: "filter_bank", 3: "nuclei3d"}
+DEFAULT_MODELS = {2: "filter_bank", 3: "filter_bank3d"}
 
 
 @dataclass(frozen=True)

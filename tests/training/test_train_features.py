@@ -4,6 +4,7 @@ labelled pixel's own patch, the feature permutations of flips and turns, and fix
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import replace
 
@@ -14,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import densecnn
-from densecnn.filter_bank import DERIVATIVES, derivative_layers, gaussian_1d, smoothing_layers
+from densecnn.filter_bank import derivative_layers, derivatives, gaussian_1d, smoothing_layers
 from densecnn.losses import IGNORE_INDEX
 from densecnn.train.crops import pad_spatial
 from densecnn.train.features import PixelFeatures, dihedral_permutations, fixed_layers, standardize
@@ -24,38 +25,58 @@ from tests.train_support import discs, painted
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
+DERIVATIVES_2D = ((0, 0), (1, 0), (0, 1), (2, 0), (0, 2), (1, 1))  # G, ∂y, ∂x, ∂yy, ∂xx, ∂xy
+
 HEAD = Recipe(crop=(16, 16), batch=2, steps=20, lr=1e-2, warmup=2, pixels=64, intensity_jitter=0.0)
 
 
 def _apply(layers, x: torch.Tensor) -> torch.Tensor:
+    conv = {3: F.conv1d, 4: F.conv2d, 5: F.conv3d}[x.dim()]
     for layer in layers:
-        x = F.conv2d(x, layer.weight.double(), groups=layer.groups)
+        x = conv(x, layer.weight.double(), groups=layer.groups)
     return x
 
 
-def test_the_separable_filter_bank_is_the_two_dimensional_gaussian_derivatives():
+@pytest.mark.parametrize("dims", [1, 2, 3])
+def test_the_separable_filter_bank_is_the_gaussian_derivatives(dims):
     sigmas, channels = (1.0, 2.0), 2
-    x = torch.rand(1, channels, 40, 40, dtype=torch.float64)
-    got = _apply(derivative_layers(channels, sigmas=sigmas), x)  # (1, 2·12·2, 28, 28)
+    x = torch.rand(1, channels, *(20 if dims == 3 else 40,) * dims, dtype=torch.float64)
+    got = _apply(
+        derivative_layers(channels, sigmas=sigmas, dims=dims), x
+    )  # (1, 2·2·|derivatives|·2, *(n-12))
     radius = math.ceil(3 * max(sigmas))
+    conv = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}[dims]
     expected = []
     for c in range(channels):
         for sigma in sigmas:
-            for order_y, order_x in DERIVATIVES:
-                kernel = torch.outer(gaussian_1d(sigma, radius, order_y), gaussian_1d(sigma, radius, order_x))
-                response = F.conv2d(x[:, c : c + 1], (kernel * sigma ** (order_y + order_x))[None, None])
+            for orders in derivatives(dims):
+                kernel = torch.ones((), dtype=torch.float64)
+                for order in orders:  # the outer product of the 1-D filters along each axis
+                    kernel = torch.tensordot(kernel, gaussian_1d(sigma, radius, order), dims=0)
+                response = conv(x[:, c : c + 1], (kernel * sigma ** sum(orders))[None, None])
                 expected += [response, -response]
     expected = torch.cat(expected, 1)
     assert got.shape == expected.shape
     assert torch.allclose(got, expected, atol=1e-6)  # float32 weights
 
 
-def test_smoothing_keeps_each_map_and_adds_its_gaussian_smoothing():
-    x = torch.rand(1, 3, 30, 30, dtype=torch.float64)
-    got = _apply(smoothing_layers(3, sigmas=(2.0,)), x)  # (1, 6, 18, 18)
+def test_the_derivative_orders_are_the_gaussian_then_first_then_second():
+    assert derivatives(2) == list(DERIVATIVES_2D)
+    assert derivatives(3)[:4] == [(0, 0, 0), (1, 0, 0), (0, 1, 0), (0, 0, 1)] and len(derivatives(3)) == 10
+
+
+@pytest.mark.parametrize("dims", [2, 3])
+def test_smoothing_keeps_each_map_and_adds_its_gaussian_smoothing(dims):
+    x = torch.rand(1, 3, *(30,) * dims, dtype=torch.float64)
+    got = _apply(smoothing_layers(3, sigmas=(2.0,), dims=dims), x)  # (1, 6, *(18,)·dims)
     g = gaussian_1d(2.0, 6, 0)
-    smooth = F.conv2d(x.reshape(3, 1, 30, 30), torch.outer(g, g)[None, None]).reshape(1, 3, 18, 18)
-    expected = torch.stack([x[..., 6:-6, 6:-6], smooth], 2).reshape(1, 6, 18, 18)
+    kernel = g
+    for _ in range(dims - 1):
+        kernel = torch.tensordot(kernel, g, dims=0)
+    conv = {2: F.conv2d, 3: F.conv3d}[dims]
+    smooth = conv(x.reshape(3, 1, *x.shape[2:]), kernel[None, None]).reshape(1, 3, *(18,) * dims)
+    inner = x[(Ellipsis, *(slice(6, -6),) * dims)]
+    expected = torch.stack([inner, smooth], 2).reshape(1, 6, *(18,) * dims)
     assert torch.allclose(got, expected, atol=1e-6)
 
 
@@ -125,6 +146,26 @@ def test_flips_and_turns_permute_the_filter_banks_features():
     turned = prefix.double()(torch.rot90(image, 1, (2, 3)))[0]
     expected = torch.rot90(features, 1, (1, 2))
     assert torch.allclose(turned[perms[2]], expected, atol=1e-5)  # one quarter turn, no flip
+
+
+def test_every_flip_and_turn_of_the_slices_permutes_a_volume_filter_banks_features():
+    derivative = derivative_layers(1, sigmas=(1.0,), dims=3)  # kernels of 7: patch 13³
+    prefix = nn.Sequential(
+        *derivative, nn.ReLU(), *smoothing_layers(derivative[-1].out_channels, sigmas=(1.0,), dims=3)
+    )
+    dense = densecnn.convert(prefix, (13, 13, 13), padding_mode="reflect", verify=False)
+    perms = dihedral_permutations(dense, 1)
+    assert len(perms) == 8
+    volume = torch.randn(1, 1, 16, 20, 20, dtype=torch.float64)
+    features = prefix.double()(volume)[0]  # (40, 4, 8, 8), computed on its own
+
+    def transform(x, turns, flip):
+        x = torch.rot90(x, turns, (-2, -1))
+        return torch.flip(x, (-1,)) if flip else x
+
+    for perm, (turns, flip) in zip(perms, itertools.product(range(4), (False, True)), strict=True):
+        moved = prefix.double()(transform(volume, turns, flip))[0]
+        assert torch.allclose(moved[perm], transform(features, turns, flip), atol=1e-5)
 
 
 def test_an_asymmetric_fixed_layer_has_only_the_identity():

@@ -70,8 +70,8 @@ def test_nothing_is_held_out_at_share_zero():
         (1, 2, "filter_bank"),
         (3, 2, "filter_bank"),
         (5, 2, "filter_bank"),
-        (1, 3, "nuclei3d"),
-        (2, 3, "nuclei3d"),
+        (1, 3, "filter_bank3d"),
+        (2, 3, "filter_bank3d"),
     ],
 )
 def test_default_model_follows_channels_and_dimensionality(channels, dims, name):
