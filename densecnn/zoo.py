@@ -123,7 +123,7 @@ def filter_bank(in_channels: int = 1, num_classes: int = 3) -> tuple[nn.Sequenti
     Gaussian derivatives up to second order at σ 1, 2.5 and 5 with both signs, rectified, each kept as it is and
     smoothed at σ 3 (72 maps per channel); training leaves them as they are. A batch norm without learned
     parameters standardises them: :class:`~densecnn.train.strokes.StrokeTrainer` sets its statistics from the
-    labelled pixels' features when it starts a fresh net. The head is a dropout of a third of the features (while
+    labelled pixels' features when it starts a fresh net (:func:`densecnn.train.features.standardize`). The head is a dropout of a third of the features (while
     training only) and three 1×1 convs (32, 32, ``num_classes``): a small MLP on the features of each pixel, as
     ilastik's random forest is a classifier on its filter features, each of its trees on a random subset of them.
     Patch 49 = 31 + 19 − 1.
@@ -151,7 +151,7 @@ def _filter_bank(in_channels: int, num_classes: int, *, dims: int) -> nn.Sequent
         *derivatives,
         nn.ReLU(),
         *smoothing,
-        norm(features, eps=1e-6, affine=False),  # a standard deviation of at least 10⁻³
+        norm(features, affine=False),
         nn.Dropout(FEATURE_DROPOUT),
         conv(features, 32, 1),
         nn.ReLU(),

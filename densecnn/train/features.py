@@ -58,18 +58,21 @@ def _per_pixel(layer: nn.Module) -> bool:
 
 @torch.no_grad()
 def standardize(norm: nn.Module, features: torch.Tensor, gathers: torch.Tensor) -> None:
-    """Set the statistics of ``norm`` (a batch norm after the fixed layers) to those of ``features`` (N, F) under the
-    flips and turns that training draws (``gathers`` (T, F): each transform's order of the features), so that the
-    head sees standardised features: each with mean 0 and variance 1 (the norm's ``eps`` added to the variance keeps
-    a feature that hardly varies from being scaled up without bound).
+    """Set the statistics of ``norm`` (a batch norm after the fixed layers) from ``features`` (N, F) under the flips
+    and turns that training draws (``gathers`` (T, F): each transform's order of the features): each feature's mean
+    is taken off and it is divided by the square root of its variance plus the median feature's variance.
+
+    The head then sees features on one scale, where a feature that hardly varies on the labelled pixels (a fine
+    derivative on smooth strokes) is not scaled up past the median one, which would make it as loud as the
+    features that tell the classes apart (docs/training.md, "How the recipe was chosen").
 
     Averaged over the transforms, the statistics are the same for a feature and its flipped or turned partner: the
     standardised features permute as the raw ones do."""
     features = features.double()
     mean = features.mean(0)[gathers].mean(0)  # (F,)
-    square = (features**2).mean(0)[gathers].mean(0)  # (F,)
+    variance = ((features**2).mean(0)[gathers].mean(0) - mean**2).clamp(min=0)  # (F,)
     norm.running_mean.copy_(mean)
-    norm.running_var.copy_((square - mean**2).clamp(min=0))
+    norm.running_var.copy_(variance + variance.median())
 
 
 class PixelFeatures:
