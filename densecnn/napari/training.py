@@ -32,7 +32,7 @@ from ..padding import dense_padding
 from ..train.strokes import StrokeTrainer
 from . import engine
 from .source import LayerSource
-from .strokes import UNLABELLED, StrokeSet, plane_scaling, training_windows
+from .strokes import UNLABELLED, WHOLE_PLANE_PIXELS, StrokeSet, plane_scaling, training_windows
 
 REFRESH_SECONDS = 2.0  # the least time between two live predictions while training
 LIVE_PLANE_PIXELS = 4096 * 4096  # a plane up to this size is labelled whole after its visible region
@@ -104,6 +104,7 @@ class TrainingSession:
         self._pending: StrokeSet | None = None
         self._lock = threading.Lock()
         self._scalings: dict[tuple[int, ...], Intensity] = {}
+        self._whole_planes: dict[tuple[int, ...], int] = {}
 
     def offer(self, strokes: StrokeSet) -> None:
         """New strokes (from the main thread): the run under way takes them up after its current step."""
@@ -140,7 +141,7 @@ class TrainingSession:
                     )  # new best weights (each step's when no strokes are held out)
                 if (self.best_step, self.view) != shown and time.monotonic() - refreshed >= refresh_seconds:
                     shown = (self.best_step, self.view)
-                    yield from self.predict(stop=stop, max_memory=max_memory)
+                    yield from self.predict(stop=stop, max_memory=max_memory, preview=True)
                     refreshed = time.monotonic()
                 if self._has_pending():
                     break
@@ -151,13 +152,24 @@ class TrainingSession:
             self._read(strokes)
         yield from self.predict(stop=stop, max_memory=max_memory)
 
-    def predict(self, *, stop: threading.Event, max_memory: int) -> Iterator[LivePrediction]:
+    def predict(
+        self, *, stop: threading.Event, max_memory: int, preview: bool = False
+    ) -> Iterator[LivePrediction]:
         """Label :attr:`view` (its centre, up to :data:`LIVE_PLANE_PIXELS` pixels) with the best weights so far, then
-        its whole plane when that has at most :data:`LIVE_PLANE_PIXELS` pixels; each region's labels equal those of its whole plane (the window read
-        around it holds the receptive field, the plane's scaling is the one training used). Nothing once ``stop``
-        is set."""
-        view, loaded = self.view, self.model()
+        its whole plane when that has at most :data:`LIVE_PLANE_PIXELS` pixels; each region's labels equal those of
+        its whole plane (the window read around it holds the receptive field, the plane's scaling is the one
+        training used). Nothing once ``stop`` is set.
+
+        A ``preview`` (while training) of a plane that trains whole labels it from the features training keeps
+        (:meth:`StrokeTrainer.preview_labels`: the head alone, equal to the dense net's labels up to float
+        rounding) where the net is a head on fixed layers."""
         whole = tuple(slice(0, n) for n in self.source.spatial_shape)
+        index = self._whole_planes.get(self.view.plane)
+        labels = self.trainer.preview_labels(index) if preview and index is not None else None
+        if labels is not None:
+            yield LivePrediction(self.view.plane, whole, labels, self.best_step)
+            return
+        view, loaded = self.view, self.model()
         regions = [_centre(view.region, LIVE_PLANE_PIXELS)]
         if view.region != whole and self.labels_whole_planes:
             regions.append(whole)
@@ -192,6 +204,11 @@ class TrainingSession:
     def _read(self, strokes: StrokeSet) -> None:
         """The windows around ``strokes`` -> a new trainer, or the current one's new labels."""
         images, labels = training_windows(self.source, strokes, self.intensity, channels=self.channels)
+        # planes trained whole: their training image's index (training_windows reads each as one window, in order)
+        whole = math.prod(self.source.spatial_shape) <= WHOLE_PLANE_PIXELS
+        self._whole_planes = (
+            {plane: n for n, plane in enumerate(strokes.planes(self.source))} if whole else {}
+        )
         if self.trainer is None:
             self.trainer = StrokeTrainer(
                 images, labels, unlabelled=UNLABELLED, model=self.start, class_names=self.class_names,

@@ -107,6 +107,10 @@ class PixelFeatures:
             return torch.zeros(0, self.dense.num_classes), torch.zeros(0, dtype=torch.int64)
         return torch.cat(features), torch.cat(targets)
 
+    def kept(self, index: int) -> torch.Tensor | None:
+        """(F, *spatial) the features of every pixel of image ``index``, when they are kept (None otherwise)."""
+        return self._maps.get(index)
+
     def _features_at(self, index: int, where: tuple[np.ndarray, ...]) -> torch.Tensor:
         """(n, F) features of image ``index`` at the pixels ``where`` (row-major, as ``np.nonzero`` gives them)."""
         if index in self._maps:

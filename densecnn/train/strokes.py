@@ -59,6 +59,7 @@ from .metrics import confusion_matrix
 from .recipe import Recipe, default_model, default_recipe
 
 VAL_PIXELS = 2048  # held-out pixels scored at each validation, at most
+PREVIEW_PIXELS = 2**16  # pixels the head labels at once in a preview
 
 
 @dataclass(frozen=True)
@@ -339,6 +340,20 @@ class StrokeTrainer:
         images, coordinates = self.train_pixels[k]
         j = int(torch.randint(len(images), (1,), generator=generator))
         return int(images[j]), tuple(int(c) for c in coordinates[j])
+
+    @torch.no_grad()
+    def preview_labels(self, index: int) -> np.ndarray | None:
+        """(*spatial) the labels of every pixel of training image ``index`` by the current weights, from the fixed
+        layers' features that training keeps: the head alone runs, a matrix product per pixel, where labelling the
+        image runs the filter bank again. They equal the dense net's labels up to float rounding (a pixel whose
+        two best classes tie within it may differ). None when the net is not a head on fixed layers, the image's
+        features are not kept, or held-out strokes chose other weights than the current ones."""
+        maps = self.features.kept(index) if self.fixed and self._best_state is None else None
+        if maps is None:
+            return None
+        pixels = maps.flatten(1).T  # (P, F)
+        labels = torch.cat([self._head(chunk).argmax(1) for chunk in pixels.split(PREVIEW_PIXELS)])  # (P,)
+        return labels.view(maps.shape[1:]).numpy()
 
     @torch.no_grad()
     def validate(self) -> float:

@@ -163,6 +163,11 @@ def test_a_live_region_is_labelled_as_its_whole_plane(tmp_path):
     assert_labels_equal_except_ties(
         torch.from_numpy(region.labels.astype(np.int64))[None], scores[..., 37:121, 150:200]
     )
+    # while training, the whole plane from the features training keeps: the head alone, the same labels
+    assert session.trainer.preview_labels(0) is not None
+    (preview,) = session.predict(stop=stop, max_memory=1 << 30, preview=True)
+    assert preview.region == (slice(0, 200), slice(0, 200))
+    assert_labels_equal_except_ties(torch.from_numpy(preview.labels.astype(np.int64))[None], scores)
     stop.set()
     assert list(session.predict(stop=stop, max_memory=1 << 30)) == []
 

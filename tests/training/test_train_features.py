@@ -21,6 +21,7 @@ from densecnn.train.crops import pad_spatial
 from densecnn.train.features import PixelFeatures, dihedral_permutations, fixed_layers, standardize
 from densecnn.train.recipe import Recipe
 from densecnn.train.strokes import StrokeTrainer
+from tests.tolerances import assert_labels_equal_except_ties
 from tests.train_support import discs, painted
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -238,6 +239,17 @@ def test_standardised_features_permute_as_the_raw_ones_and_fine_tuning_keeps_the
     saved = densecnn.load(trainer.save(tmp_path / "m"))
     again = StrokeTrainer([image[:, ::-1].copy()], [labels[::-1].copy()], model=saved, recipe=HEAD)
     assert torch.equal(again.model_net[again.fixed].running_mean, norm.running_mean)
+
+
+def test_preview_labels_from_the_kept_features_are_the_dense_nets_labels():
+    image, _, labels = discs_and_strokes(4)
+    trainer = StrokeTrainer([image], [labels], recipe=HEAD)
+    list(trainer.run())
+    preview = trainer.preview_labels(0)  # (48, 48)
+    dense = densecnn.convert(trainer.model, trainer.patch_size, padding_mode="reflect")
+    with torch.no_grad():
+        scores = dense(trainer.loaded.normalize(torch.from_numpy(image)[None]))  # (1, K, 48, 48)
+    assert_labels_equal_except_ties(torch.from_numpy(preview)[None], scores)
 
 
 def test_the_patch_minibatch_baseline_trains_the_same_head():
