@@ -485,7 +485,7 @@ struct CpuTransforms {
 at::Tensor fft_conv2d_cpu(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& spectrum,
                           const c10::optional<at::Tensor>& bias, at::IntArrayRef tile, at::IntArrayRef valid,
                           at::IntArrayRef dilation, at::IntArrayRef padding) {
-  return fft_conv2d_tiles<CpuTransforms>(input, weight, spectrum, bias, tile, valid, dilation, padding);
+  return std::get<0>(fft_conv2d_tiles<CpuTransforms>(input, weight, spectrum, bias, tile, valid, dilation, padding));
 }
 
 at::Tensor fft_conv2d_weight_spectrum_cpu(const at::Tensor& input, const at::Tensor& grad_output, at::IntArrayRef tile,
@@ -499,16 +499,26 @@ at::Tensor fft_conv2d_input_grad_cpu(const at::Tensor& grad_output, const at::Te
   return fft_conv2d_input_grad_tiles<CpuTransforms>(grad_output, spectrum, input_size, tile, valid, dilation, padding);
 }
 
+std::tuple<at::Tensor, at::Tensor> fft_conv2d_with_input_spectra_cpu(const at::Tensor& input, const at::Tensor& weight,
+                                                                     const at::Tensor& spectrum,
+                                                                     const c10::optional<at::Tensor>& bias,
+                                                                     at::IntArrayRef tile, at::IntArrayRef valid,
+                                                                     at::IntArrayRef dilation) {
+  return fft_conv2d_tiles<CpuTransforms>(input, weight, spectrum, bias, tile, valid, dilation, {0, 0}, true);
+}
+
 std::tuple<at::Tensor, at::Tensor> fft_conv2d_backward_cpu(const at::Tensor& input, const at::Tensor& grad_output,
                                                            const at::Tensor& spectrum, at::IntArrayRef tile,
-                                                           at::IntArrayRef valid, at::IntArrayRef dilation) {
-  return fft_conv2d_backward_tiles<CpuTransforms>(input, grad_output, spectrum, tile, valid, dilation);
+                                                           at::IntArrayRef valid, at::IntArrayRef dilation,
+                                                           const c10::optional<at::Tensor>& input_spectra) {
+  return fft_conv2d_backward_tiles<CpuTransforms>(input, grad_output, spectrum, tile, valid, dilation, input_spectra);
 }
 
 }  // namespace
 
 TORCH_LIBRARY_IMPL(densecnn, CPU, m) {
   m.impl("fft_conv2d_backward", &fft_conv2d_backward_cpu);
+  m.impl("fft_conv2d_with_input_spectra", &fft_conv2d_with_input_spectra_cpu);
   m.impl("fft_conv2d_input_grad", &fft_conv2d_input_grad_cpu);
   m.impl("fft_conv2d", &fft_conv2d_cpu);
   m.impl("fft_conv2d_weight_spectrum", &fft_conv2d_weight_spectrum_cpu);

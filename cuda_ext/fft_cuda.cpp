@@ -49,7 +49,7 @@ at::Tensor fft_conv2d_cuda(const at::Tensor& input, const at::Tensor& weight, co
                            const c10::optional<at::Tensor>& bias, at::IntArrayRef tile, at::IntArrayRef valid,
                            at::IntArrayRef dilation, at::IntArrayRef padding) {
   const c10::cuda::CUDAGuard guard(input.device());
-  return fft_conv2d_tiles<CudaTransforms>(input, weight, spectrum, bias, tile, valid, dilation, padding);
+  return std::get<0>(fft_conv2d_tiles<CudaTransforms>(input, weight, spectrum, bias, tile, valid, dilation, padding));
 }
 
 at::Tensor fft_conv2d_weight_spectrum_cuda(const at::Tensor& input, const at::Tensor& grad_output,
@@ -66,17 +66,28 @@ at::Tensor fft_conv2d_input_grad_cuda(const at::Tensor& grad_output, const at::T
                                                      padding);
 }
 
+std::tuple<at::Tensor, at::Tensor> fft_conv2d_with_input_spectra_cuda(const at::Tensor& input, const at::Tensor& weight,
+                                                                      const at::Tensor& spectrum,
+                                                                      const c10::optional<at::Tensor>& bias,
+                                                                      at::IntArrayRef tile, at::IntArrayRef valid,
+                                                                      at::IntArrayRef dilation) {
+  const c10::cuda::CUDAGuard guard(input.device());
+  return fft_conv2d_tiles<CudaTransforms>(input, weight, spectrum, bias, tile, valid, dilation, {0, 0}, true);
+}
+
 std::tuple<at::Tensor, at::Tensor> fft_conv2d_backward_cuda(const at::Tensor& input, const at::Tensor& grad_output,
                                                             const at::Tensor& spectrum, at::IntArrayRef tile,
-                                                            at::IntArrayRef valid, at::IntArrayRef dilation) {
+                                                            at::IntArrayRef valid, at::IntArrayRef dilation,
+                                                            const c10::optional<at::Tensor>& input_spectra) {
   const c10::cuda::CUDAGuard guard(input.device());
-  return fft_conv2d_backward_tiles<CudaTransforms>(input, grad_output, spectrum, tile, valid, dilation);
+  return fft_conv2d_backward_tiles<CudaTransforms>(input, grad_output, spectrum, tile, valid, dilation, input_spectra);
 }
 
 }  // namespace
 
 TORCH_LIBRARY_IMPL(densecnn, CUDA, m) {
   m.impl("fft_conv2d_backward", &fft_conv2d_backward_cuda);
+  m.impl("fft_conv2d_with_input_spectra", &fft_conv2d_with_input_spectra_cuda);
   m.impl("fft_conv2d_input_grad", &fft_conv2d_input_grad_cuda);
   m.impl("fft_conv2d", &fft_conv2d_cuda);
   m.impl("fft_conv2d_weight_spectrum", &fft_conv2d_weight_spectrum_cuda);

@@ -139,10 +139,15 @@ inline void check_kernel_spectrum(const char* op, const FftGeometry& g, const at
               g.tw, "), got ", spectrum.sizes());
 }
 
+// The convolution; with keep_input_spectra also the input's tile spectra, (tiles·P·C·2) real values of (re, im) pairs
+// in tile order (each group's (count, P, C, 2) block), for fft_conv2d_backward to take instead of transforming the
+// input again (else an undefined tensor).
 template <class Transforms>
-at::Tensor fft_conv2d_tiles(const at::Tensor& input, const at::Tensor& weight, const at::Tensor& spectrum,
-                            const c10::optional<at::Tensor>& bias, at::IntArrayRef tile, at::IntArrayRef valid,
-                            at::IntArrayRef dilation, at::IntArrayRef padding) {
+std::tuple<at::Tensor, at::Tensor> fft_conv2d_tiles(const at::Tensor& input, const at::Tensor& weight,
+                                                    const at::Tensor& spectrum, const c10::optional<at::Tensor>& bias,
+                                                    at::IntArrayRef tile, at::IntArrayRef valid,
+                                                    at::IntArrayRef dilation, at::IntArrayRef padding,
+                                                    bool keep_input_spectra = false) {
   TORCH_CHECK(spectrum.dim() == 3 && spectrum.is_complex() && spectrum.device() == input.device() &&
                   at::toRealValueType(spectrum.scalar_type()) == input.scalar_type(),
               "densecnn.fft_conv2d: the kernel spectrum must be complex (th·(tw/2+1), C, K) of the input's dtype and "
@@ -159,36 +164,40 @@ at::Tensor fft_conv2d_tiles(const at::Tensor& input, const at::Tensor& weight, c
   }
   at::Tensor y = empty_in_layout({g.batch, g.out_channels, g.out_rows, g.out_cols}, input.options(),
                                  is_channels_last(input));
-  if (y.numel() == 0) return y;
+  const int64_t group = fft_group_tiles(g, input.element_size());
+  const int64_t points = fft_points(g);
+  // the input's spectra: one group's reused workspace, or every tile's when kept
+  at::Tensor x_spectrum =
+      empty_output({points * (keep_input_spectra ? g.tiles : group) * g.channels * 2}, input.options());
+  if (y.numel() == 0) return {y, keep_input_spectra ? x_spectrum : at::Tensor()};
   for (int d = 0; d < 4; ++d) g.y_stride[d] = y.stride(d);
   const at::Tensor twiddles = fft_twiddle_table(g, input);
   const at::Tensor weights = spectrum.contiguous();
   const c10::optional<at::Tensor> b = bias.has_value() ? c10::optional<at::Tensor>(bias->contiguous()) : bias;
-  const int64_t group = fft_group_tiles(g, input.element_size());
-  const int64_t points = fft_points(g);
-  at::Tensor x_spectrum = empty_output({points * group * g.channels * 2}, input.options());  // reused workspaces
-  at::Tensor product = empty_output({points * group * g.out_channels}, spectrum.options());
+  at::Tensor product = empty_output({points * group * g.out_channels}, spectrum.options());  // reused workspace
   for (int64_t first = 0; first < g.tiles; first += group) {
     const int64_t count = std::min(group, g.tiles - first);
-    at::Tensor xs = x_spectrum.narrow(0, 0, points * count * g.channels * 2).view({count, points, g.channels, 2});
+    const int64_t offset = keep_input_spectra ? points * first * g.channels * 2 : 0;
+    at::Tensor xs = x_spectrum.narrow(0, offset, points * count * g.channels * 2).view({count, points, g.channels, 2});
     Transforms::forward(input, g, first, count, twiddles, xs);
     at::Tensor ys = product.narrow(0, 0, points * count * g.out_channels).view({points, count, g.out_channels});
     at::bmm_out(ys, at::view_as_complex(xs).transpose(0, 1), weights);  // (P, count, C) @ (P, C, K)
     Transforms::inverse(at::view_as_real(ys), b, g, first, count, twiddles, y);
   }
-  return y;
+  return {y, keep_input_spectra ? x_spectrum : at::Tensor()};
 }
 
 // One group of tiles [first, first + count) of the weight gradient's spectrum: the input's tiles transformed into
-// the workspace x_spectrum, their products with the output gradient's (gs, conj(G)) summed over the group into result
-// (the first group writes it: no zero fill).
+// the workspace x_spectrum (or taken from kept, every tile's spectra as the forward kept them), their products with
+// the output gradient's (gs, conj(G)) summed over the group into result (the first group writes it: no zero fill).
 template <class Transforms>
 void add_weight_spectrum(const at::Tensor& input, const FftGeometry& g, int64_t first, int64_t count,
                          const at::Tensor& twiddles, const at::Tensor& x_spectrum, const at::Tensor& gs,
-                         at::Tensor& result) {
-  const int64_t points = fft_points(g);
-  at::Tensor xs = x_spectrum.narrow(0, 0, points * count * g.channels * 2).view({count, points, g.channels, 2});
-  Transforms::forward(input, g, first, count, twiddles, xs);
+                         at::Tensor& result, const at::Tensor& kept = at::Tensor()) {
+  const int64_t points = fft_points(g), size = points * count * g.channels * 2;
+  at::Tensor xs = (kept.defined() ? kept.narrow(0, points * first * g.channels * 2, size) : x_spectrum.narrow(0, 0, size))
+                      .view({count, points, g.channels, 2});
+  if (!kept.defined()) Transforms::forward(input, g, first, count, twiddles, xs);
   // (P, C, count) @ (P, count, K)
   const at::Tensor x_t = at::view_as_complex(xs).permute({1, 2, 0}), g_t = at::view_as_complex(gs).transpose(0, 1);
   if (first == 0) {
@@ -284,16 +293,25 @@ at::Tensor fft_conv2d_input_grad_tiles(const at::Tensor& grad_output, const at::
 // fft_conv2d_input_grad; the weight gradient's spectrum, as fft_conv2d_weight_spectrum), equal to those two ops'
 // results. Each group's output-gradient spectra conj(G) are transformed once and serve both: the input gradient's
 // product with Sᵀ and the weight gradient's sum of X · conj(G).
+// input_spectra: the input's tile spectra fft_conv2d_with_input_spectra kept, taken instead of transforming the
+// input again.
 template <class Transforms>
 std::tuple<at::Tensor, at::Tensor> fft_conv2d_backward_tiles(const at::Tensor& input, const at::Tensor& grad_output,
                                                              const at::Tensor& spectrum, at::IntArrayRef tile,
-                                                             at::IntArrayRef valid, at::IntArrayRef dilation) {
+                                                             at::IntArrayRef valid, at::IntArrayRef dilation,
+                                                             const c10::optional<at::Tensor>& input_spectra) {
   TORCH_CHECK(grad_output.dim() == 4 && spectrum.dim() == 3, "densecnn.fft_conv2d_backward: expected a 4-D "
               "(N, K, H', W') output gradient and a complex (th·(tw/2+1), C, K) kernel spectrum, got ",
               grad_output.sizes(), " and ", spectrum.sizes());
   const FftGeometry g = fft_geometry(input, grad_output.size(1), tile, valid, dilation);
   check_output_gradient("fft_conv2d_backward", g, input, grad_output);
   check_kernel_spectrum("fft_conv2d_backward", g, spectrum, grad_output);
+  const at::Tensor kept = input_spectra.has_value() ? input_spectra->contiguous() : at::Tensor();
+  TORCH_CHECK(!kept.defined() || (kept.numel() == g.tiles * fft_points(g) * g.channels * 2 &&
+                                  kept.scalar_type() == input.scalar_type() && kept.device() == input.device()),
+              "densecnn.fft_conv2d_backward: input_spectra must be the ", g.tiles * fft_points(g) * g.channels * 2,
+              " values fft_conv2d_with_input_spectra kept for this input and tile, got ", kept.sizes(), " ",
+              kept.scalar_type());
   at::Tensor grad_input = empty_in_layout(input.sizes(), grad_output.options(), is_channels_last(grad_output));
   grad_input.zero_();
   const int64_t points = fft_points(g);
@@ -305,14 +323,14 @@ std::tuple<at::Tensor, at::Tensor> fft_conv2d_backward_tiles(const at::Tensor& i
   const int64_t group = fft_group_tiles(g, input.element_size());
   const at::Tensor weights = spectrum.contiguous().transpose(1, 2);  // (P, K, C): Sᵀ
   at::Tensor g_spectrum = empty_output({points * group * g.out_channels * 2}, input.options());  // reused workspaces
-  at::Tensor x_spectrum = empty_output({points * group * g.channels * 2}, input.options());
+  at::Tensor x_spectrum = kept.defined() ? at::Tensor() : empty_output({points * group * g.channels * 2}, input.options());
   at::Tensor product = empty_output({points * group * g.channels}, spectrum.options());
   for (int64_t first = 0; first < g.tiles; first += group) {
     const int64_t count = std::min(group, g.tiles - first);
     at::Tensor gs = g_spectrum.narrow(0, 0, points * count * g.out_channels * 2).view({count, points, g.out_channels, 2});
     Transforms::forward(grad_output, gg, first, count, twiddles, gs);
     add_input_gradient<Transforms>(ga, first, count, twiddles, gs, weights, product, grad_input);
-    add_weight_spectrum<Transforms>(input, g, first, count, twiddles, x_spectrum, gs, result);
+    add_weight_spectrum<Transforms>(input, g, first, count, twiddles, x_spectrum, gs, result, kept);
   }
   return {grad_input, result};
 }

@@ -44,3 +44,17 @@ def fresh_buffers_ms(solver: str, *, real_bytes: int, timed_bytes: int, train: b
     if not buffers or real_bytes <= MMAP_THRESHOLD_MAX or name() != "system malloc":
         return 0.0
     return buffers * timed_bytes / (1 << 20) * PAGE_FAULT_MS_PER_MB
+
+
+def fresh_input_gradient_ms(solver: str, *, real_bytes: int, timed_bytes: int) -> float:
+    """Page-fault time to add to gradient solver ``solver``'s input-gradient time (measured or predicted on the
+    bucketed shape, whose input has ``timed_bytes``) when the real layer's input has ``real_bytes``: torch's
+    convolution backward (``native``) allocates the input's gradient, one buffer of the input's size, through the
+    system ``malloc``; the ``fft`` and ``winograd`` gradients are written into densecnn's reused buffers.
+
+    >>> fresh_input_gradient_ms("native", real_bytes=41 << 20, timed_bytes=13 << 20)  # system malloc
+    3.25
+    """
+    if solver != "native" or real_bytes <= MMAP_THRESHOLD_MAX or name() != "system malloc":
+        return 0.0
+    return timed_bytes / (1 << 20) * PAGE_FAULT_MS_PER_MB

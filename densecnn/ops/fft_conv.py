@@ -55,6 +55,9 @@ COMPUTE_DTYPES = (torch.float32, torch.float64)
 TRANSFORM_WEIGHT = 0.3
 PRODUCT_WEIGHT = 1.0
 MEMORY_WEIGHT = 16.0
+# The most bytes of input tile spectra a training step's forward keeps for the weight gradient (transformed again
+# beyond it): 18 MB on stages_46's 5×5 d4 layer for 8 crops of 64².
+KEPT_SPECTRA_BYTES = 256 << 20
 
 
 def built() -> bool:
@@ -148,17 +151,59 @@ def weight_gradient(grad_y: torch.Tensor, x: torch.Tensor, kernel: Pair, dilatio
     return _taps(spectrum, tile, kernel)  # (K, C, kh, kw)
 
 
-def gradients(grad_y: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, dilation: Pair):
+def conv2d_keeping_spectra(op, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`conv2d` of a training step, and the input's tile spectra for :func:`gradients` to take (None where they
+    would pass :data:`KEPT_SPECTRA_BYTES`, or for dtypes computed in float32): the backward then does not transform
+    the input again.
+
+    >>> op, x = ConvOp(torch.randn(8, 3, 7, 7), None, (4, 4), 1), torch.randn(1, 3, 64, 64)
+    >>> y, spectra = conv2d_keeping_spectra(op, x)
+    >>> grad_x, grad_w = gradients(torch.ones_like(y), x, op.weight, (4, 4), input_spectra=spectra)
+    """
+    kernel, dilation = tuple(int(s) for s in op.weight.shape[2:]), tuple(int(d) for d in op.dilation)
+    c, k = int(x.shape[1]), int(op.weight.shape[0])
+    tile = _tile(x.shape, kernel, dilation, c, k)
+    valid = tuple(t - kk + 1 for t, kk in zip(tile, kernel))
+    points = tile[0] * (tile[1] // 2 + 1)
+    spectra_bytes = _tiles(x.shape, tile, valid, kernel, dilation) * points * c * 2 * x.element_size()
+    fits = min(output_size(tuple(x.shape[2:]), kernel, dilation)) >= 1  # else conv2d says why it cannot run
+    if x.dtype not in COMPUTE_DTYPES or spectra_bytes > KEPT_SPECTRA_BYTES or not fits:
+        return conv2d(op, x), None
+    weight = op.weight.to(x.dtype)
+    bias = None if op.bias is None else op.bias.to(x.dtype)
+    spectrum = step_spectrum(weight, tile, x.dtype)
+    return torch.ops.densecnn.fft_conv2d_with_input_spectra(
+        x, weight, spectrum, bias, list(tile), list(valid), list(dilation)
+    )
+
+
+def _tiles(shape, tile: Pair, valid: Pair, kernel: Pair, dilation: Pair) -> int:
+    """The number of overlap-save tiles of an (N, C, H, W) input (``cuda_ext/fft_driver.h``'s ``fft_geometry``)."""
+    out = output_size(tuple(int(s) for s in shape[2:]), kernel, dilation)
+    sub_out = [-(-o // d) for o, d in zip(out, dilation)]  # outputs per sub-grid, per axis
+    per_axis = [-(-s // v) for s, v in zip(sub_out, valid)]  # tiles per sub-grid, per axis
+    return int(shape[0]) * dilation[0] * dilation[1] * per_axis[0] * per_axis[1]
+
+
+def gradients(
+    grad_y: torch.Tensor,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    dilation: Pair,
+    *,
+    input_spectra: torch.Tensor | None = None,
+):
     """(∂L/∂x (N, C, H, W), ∂L/∂w (K, C, kh, kw)) of the unpadded conv from the output's gradient (N, K, H', W'), in
     one pass over the forward's tiles: equal to :func:`input_gradient` and :func:`weight_gradient`, with each tile of
-    the output gradient transformed once for both instead of once each.
+    the output gradient transformed once for both instead of once each; ``input_spectra`` (from
+    :func:`conv2d_keeping_spectra` on this x and weight) spares transforming the input again.
 
     >>> w, x, grad_y = torch.randn(8, 3, 7, 7), torch.randn(1, 3, 40, 40), torch.randn(1, 8, 16, 16)
     >>> grad_x, grad_w = gradients(grad_y, x, w, (4, 4))  # == torch's conv gradients to rounding
     >>> grad_x.shape, grad_w.shape
     (torch.Size([1, 3, 40, 40]), torch.Size([8, 3, 7, 7]))
     """
-    if x.dtype not in COMPUTE_DTYPES:
+    if x.dtype not in COMPUTE_DTYPES:  # computed in float32, as the forward (which kept no spectra)
         grad_x, grad_w = gradients(grad_y.float(), x.float(), weight, dilation)
         return grad_x.to(x.dtype), grad_w.to(x.dtype)
     kernel, dilation = tuple(int(s) for s in weight.shape[2:]), tuple(int(d) for d in dilation)
@@ -167,7 +212,7 @@ def gradients(grad_y: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, dilat
     valid = tuple(t - kk + 1 for t, kk in zip(tile, kernel))
     spectrum = step_spectrum(weight.to(x.dtype), tile, x.dtype)
     grad_x, weight_spectrum = torch.ops.densecnn.fft_conv2d_backward(
-        x, grad_y.to(x.dtype), spectrum, list(tile), list(valid), list(dilation)
+        x, grad_y.to(x.dtype), spectrum, list(tile), list(valid), list(dilation), input_spectra
     )
     return grad_x, _taps(weight_spectrum, tile, kernel)  # (N, C, H, W), (K, C, kh, kw)
 

@@ -100,7 +100,15 @@ class _Conv(torch.autograd.Function):
         ctx.dilation, ctx.groups, ctx.has_bias = dilation, groups, bias is not None
         ctx.input_solver, ctx.weight_solver = input_solver or "native", weight_solver
         ctx.spectra = {}  # the fft kernel spectra of this step, computed once for the forward and input gradient
+        ctx.input_spectra = (
+            None  # the input's tile spectra, kept by an fft forward for an fft weight gradient
+        )
         with weight_cache.training_forward(), fft_conv.shared_spectra(ctx.spectra):
+            if forward_solver == "fft" and _both_by_fft(
+                input_solver, weight_solver, (x.requires_grad, weight.requires_grad)
+            ):
+                y, ctx.input_spectra = fft_conv.conv2d_keeping_spectra(op, x)
+                return y.contiguous(memory_format=memory_format or layout_of(x))
             return solvers.run(forward_solver, op, x, memory_format)
 
     @staticmethod
@@ -114,10 +122,13 @@ class _Conv(torch.autograd.Function):
         together = _both_by_fft(ctx.input_solver, ctx.weight_solver, needs)
         with fft_conv.shared_spectra(ctx.spectra):
             if together:
-                grad_x, grad_w = fft_conv.gradients(grad_y, x, op.weight, op.dilation)
+                grad_x, grad_w = fft_conv.gradients(
+                    grad_y, x, op.weight, op.dilation, input_spectra=ctx.input_spectra
+                )
             else:
                 grad_x = input_gradient(ctx.input_solver, grad_y, x, op) if needs[0] else None
         ctx.spectra.clear()  # the spectrum's buffer free for the weight gradient's
+        ctx.input_spectra = None
         if not together:
             grad_w = weight_gradient(ctx.weight_solver, grad_y, x, op) if needs[1] else None
         grad_b = grad_y.sum([0, *range(2, grad_y.dim())]) if ctx.has_bias and needs[2] else None

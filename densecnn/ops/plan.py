@@ -290,12 +290,27 @@ def _gradient_times(op, names, shape, dtype, device, *, config, input_grad):
     if times is None:
         source = "predicted"
         times = costmodel.estimate_gradients(op, timing_shape(op, shape), dtype, names, input_grad=input_grad)
+    charged = _input_gradient_charge(shape, timing_shape(op, shape), dtype, device)
     return source, {
         fmt: {
-            direction: {n: ms for n, ms in table.items() if n in names} for direction, table in tables.items()
+            direction: {
+                n: ms if ms is None or direction != "grad_input" else ms + charged(n)
+                for n, ms in table.items()
+                if n in names
+            }
+            for direction, table in tables.items()
         }
         for fmt, tables in times.items()
     }
+
+
+def _input_gradient_charge(shape: Shape, timed_shape: Shape, dtype: torch.dtype, device):
+    """solver -> ms of page faults its input gradient's fresh buffer adds on the real map beyond the bucketed shape
+    (:func:`densecnn.ops.allocator.fresh_input_gradient_ms`; none off the CPU)."""
+    if torch.device(device).type != "cpu":
+        return lambda name: 0.0
+    real, timed = (math.prod(s) * dtype.itemsize for s in (shape, timed_shape))
+    return lambda name: allocator.fresh_input_gradient_ms(name, real_bytes=real, timed_bytes=timed)
 
 
 def _best_gradients(table, fmt: str, forced: str | None) -> tuple[tuple[str | None, str] | None, float]:

@@ -294,12 +294,26 @@ def _register_fft_conv2d_backward(ops) -> None:
         return  # kernels built before the op
 
     @torch.library.register_fake("densecnn::fft_conv2d_backward")
-    def _(input, grad_output, spectrum, tile, valid, dilation):
+    def _(input, grad_output, spectrum, tile, valid, dilation, input_spectra=None):
         grad_input = _empty(grad_output, input.shape, _is_channels_last(grad_output))
         points = tile[0] * (tile[1] // 2 + 1)
         return grad_input, input.new_empty(
             (points, input.shape[1], grad_output.shape[1]), dtype=spectrum.dtype
         )
+
+
+def _register_fft_conv2d_with_input_spectra(ops) -> None:
+    if not fft_conv.backward_built():
+        return  # kernels built before the op
+
+    @torch.library.register_fake("densecnn::fft_conv2d_with_input_spectra")
+    def _(input, weight, spectrum, bias, tile, valid, dilation):
+        out = output_size(tuple(input.shape[2:]), tuple(weight.shape[2:]), tuple(dilation))
+        y = _empty(input, (input.shape[0], weight.shape[0], *out), _is_channels_last(input))
+        kernel = tuple(weight.shape[2:])
+        tiles = fft_conv._tiles(input.shape, tuple(tile), tuple(valid), kernel, tuple(dilation))
+        points = tile[0] * (tile[1] // 2 + 1)
+        return y, input.new_empty((tiles * points * input.shape[1] * 2,))
 
 
 def _register_winograd_conv(ops) -> None:
@@ -353,6 +367,7 @@ if ext.available():
         _register_fft_conv2d_input_grad,
         _register_fft_conv2d_weight_spectrum,
         _register_fft_conv2d_backward,
+        _register_fft_conv2d_with_input_spectra,
         _register_winograd_conv,
         _register_winograd_conv_weight_grad,
     ):

@@ -3,6 +3,7 @@ ops where the real layer's buffers are mapped afresh on every call but the bucke
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -12,7 +13,7 @@ import pytest
 import torch
 
 import densecnn
-from densecnn.ops import allocator, plan, solvers
+from densecnn.ops import allocator, costmodel, plan, solvers
 
 MB = 1 << 20
 TCMALLOC = sorted(Path("/usr/lib").glob("*/libtcmalloc_minimal.so.4"))
@@ -70,3 +71,36 @@ def test_plans_charge_native_solvers_for_fresh_buffers_of_large_maps(
         charged = large and malloc == "system malloc"
         assert (first_conv.solver != "native") == charged
         assert (first_conv.times["nchw"]["native"] > 10.0) == charged
+
+
+def test_torchs_input_gradient_costs_page_faults_above_the_mmap_threshold(monkeypatch):
+    monkeypatch.setattr(allocator, "name", lambda: "system malloc")
+    cost, per_mb = allocator.fresh_input_gradient_ms, allocator.PAGE_FAULT_MS_PER_MB
+    assert cost("native", real_bytes=41 * MB, timed_bytes=13 * MB) == pytest.approx(13 * per_mb)
+    assert cost("native", real_bytes=32 * MB, timed_bytes=13 * MB) == 0.0  # reused from the heap
+    for own in ("fft", "winograd"):  # written into densecnn's reused buffers
+        assert cost(own, real_bytes=400 * MB, timed_bytes=13 * MB) == 0.0
+    monkeypatch.setattr(allocator, "name", lambda: "tcmalloc")
+    assert cost("native", real_bytes=400 * MB, timed_bytes=13 * MB) == 0.0
+
+
+@pytest.mark.parametrize("batch", [1, 8])
+def test_training_plans_charge_torchs_input_gradient_on_large_maps(monkeypatch, ops_config, tmp_path, batch):
+    """plain_133's last conv on 8 crops of 64² (an input of 41 MB): torch's input gradient is charged its fresh
+    buffer at the bucketed shape's scale, densecnn's gradient solvers nothing; on one crop (5 MB) nothing is."""
+    ops_config(cache_dir=tmp_path)
+    monkeypatch.setattr(allocator, "name", lambda: "system malloc")
+    op = solvers.ConvOp(torch.randn(8, 50, 7, 7), None, (16, 16), 1)
+    shape, names = (batch, 50, 160, 160), ["native", "fft"]
+    timed = plan.timing_shape(op, shape)
+    _, times = plan._gradient_times(
+        op, names, shape, torch.float32, "cpu", config=densecnn.ops.get_config(), input_grad=True
+    )
+    predicted = costmodel.estimate_gradients(op, timed, torch.float32, names, input_grad=True)
+    charge = math.prod(timed) * 4 / MB * allocator.PAGE_FAULT_MS_PER_MB if batch == 8 else 0.0
+    for fmt, tables in times.items():
+        assert tables["grad_input"]["native"] == pytest.approx(
+            predicted[fmt]["grad_input"]["native"] + charge
+        )
+        assert tables["grad_input"]["fft"] == pytest.approx(predicted[fmt]["grad_input"]["fft"])
+        assert tables["grad_weight"] == pytest.approx(predicted[fmt]["grad_weight"])

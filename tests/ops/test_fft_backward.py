@@ -1,6 +1,6 @@
 """The fft solver's two gradients in one pass over the tiles (``fft_conv2d_backward``, :func:`fft_conv.gradients`)
-against torch's conv gradients and against the two ops that compute them apart; the training step takes it when both
-gradients of a conv are the fft solver's."""
+against torch's conv gradients and against the two ops that compute them apart, with and without the input's tile
+spectra kept by the forward; the training step takes them when both gradients of a conv are the fft solver's."""
 
 from __future__ import annotations
 
@@ -66,6 +66,30 @@ def test_equal_to_the_two_ops_apart(problem):
     assert_close_relative(grad_w, apart_w, 1e-13, floor=1.0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("problem", PROBLEMS)
+def test_the_forwards_input_spectra_spare_the_input_transform(problem, dtype):
+    """The forward that keeps its input's tile spectra gives the forward's output, and the gradients that take them
+    the gradients that transform the input again."""
+    x, weight, grad_y, dilation = _problem(problem, dtype)
+    bias = torch.randn(weight.shape[0], dtype=dtype)
+    op = ConvOp(weight, bias, dilation, 1)
+    y, spectra = fft_conv.conv2d_keeping_spectra(op, x)
+    assert spectra is not None
+    assert_close_relative(y, fft_conv.conv2d(op, x), 1e-13 if dtype == torch.float64 else 1e-6, floor=1.0)
+    kept = fft_conv.gradients(grad_y, x, weight, dilation, input_spectra=spectra)
+    for got, transformed in zip(kept, fft_conv.gradients(grad_y, x, weight, dilation), strict=True):
+        assert_close_relative(got, transformed, 1e-13 if dtype == torch.float64 else 1e-6, floor=1.0)
+
+
+def test_spectra_past_the_limit_are_not_kept(monkeypatch):
+    x, weight, _, dilation = _problem(PROBLEMS[0], torch.float32)
+    monkeypatch.setattr(fft_conv, "KEPT_SPECTRA_BYTES", 1000)
+    y, spectra = fft_conv.conv2d_keeping_spectra(ConvOp(weight, None, dilation, 1), x)
+    assert spectra is None
+    assert_close_relative(y, F.conv2d(x, weight, dilation=dilation), RELATIVE[torch.float32], floor=1.0)
+
+
 def test_tiles_in_several_groups(monkeypatch):
     """Hundreds of tiles over several groups of the kernels: the overlap-add across group borders and the weight
     spectrum summed over the groups."""
@@ -75,19 +99,24 @@ def test_tiles_in_several_groups(monkeypatch):
     grad_y = torch.randn(2, 8, 104, 94, dtype=torch.float64, generator=generator)
     monkeypatch.setattr(fft_conv, "MAX_TILE", 9)  # small tiles
     expected_x, expected_w = _torch_gradients(x, weight, grad_y, (4, 4))
-    grad_x, grad_w = fft_conv.gradients(grad_y, x, weight, (4, 4))
-    assert_close_relative(grad_x, expected_x, 1e-12, floor=1.0)
-    assert_close_relative(grad_w, expected_w, 1e-12, floor=1.0)
+    _, spectra = fft_conv.conv2d_keeping_spectra(ConvOp(weight, None, (4, 4), 1), x)
+    for input_spectra in (None, spectra):
+        grad_x, grad_w = fft_conv.gradients(grad_y, x, weight, (4, 4), input_spectra=input_spectra)
+        assert_close_relative(grad_x, expected_x, 1e-12, floor=1.0)
+        assert_close_relative(grad_w, expected_w, 1e-12, floor=1.0)
 
 
 @pytest.mark.parametrize("channels_last", [False, True])
-def test_the_op_passes_opcheck(channels_last):
+def test_the_ops_pass_opcheck(channels_last):
     x, weight, grad_y, dilation = _problem(PROBLEMS[0][:5] + (channels_last, 2), torch.float32)
     spectrum = fft_conv._spectrum(weight, (8, 9), x.dtype).clone()
-    valid = [8 - 3 + 1, 9 - 3 + 1]
-    torch.library.opcheck(
-        torch.ops.densecnn.fft_conv2d_backward, (x, grad_y, spectrum, [8, 9], valid, list(dilation))
-    )
+    tile, valid, bias = [8, 9], [8 - 3 + 1, 9 - 3 + 1], torch.randn(weight.shape[0])
+    forward = (x, weight, spectrum, bias, tile, valid, list(dilation))
+    torch.library.opcheck(torch.ops.densecnn.fft_conv2d_with_input_spectra, forward)
+    _, spectra = torch.ops.densecnn.fft_conv2d_with_input_spectra(*forward)
+    for input_spectra in (None, spectra):
+        arguments = (x, grad_y, spectrum, tile, valid, list(dilation), input_spectra)
+        torch.library.opcheck(torch.ops.densecnn.fft_conv2d_backward, arguments)
 
 
 def test_the_op_checks_its_arguments():
@@ -101,6 +130,10 @@ def test_the_op_checks_its_arguments():
         torch.ops.densecnn.fft_conv2d_backward(
             x, torch.zeros(1, 5, 18, 18), spectrum, [12, 12], [10, 10], [1, 1]
         )
+    with pytest.raises(RuntimeError, match="input_spectra must be the 2016 values"):  # 4 tiles · 84 · 3 · 2
+        torch.ops.densecnn.fft_conv2d_backward(
+            x, torch.zeros(1, 4, 18, 18), spectrum, [12, 12], [10, 10], [1, 1], torch.zeros(100)
+        )
 
 
 @pytest.mark.parametrize("channels_last", [False, True])
@@ -113,7 +146,7 @@ def test_a_training_step_takes_both_gradients_in_one_pass(channels_last, monkeyp
     x, w = x.detach().requires_grad_(), weight.detach().requires_grad_()
     y = gradients.conv(ConvOp(w, None, dilation, 1), x, "fft", input_solver="fft", weight_solver="fft")
     grad_x, grad_w = torch.autograd.grad(y, (x, w), grad_y)
-    assert len(calls) == 1
+    assert len(calls) == 1 and calls[0][1]["input_spectra"] is not None  # the forward's, kept
     expected_x, expected_w = _torch_gradients(x, weight, grad_y, dilation)
     assert_close_relative(grad_x, expected_x, 1e-10, floor=1.0)
     assert_close_relative(grad_w, expected_w, 1e-10, floor=1.0)
@@ -121,7 +154,7 @@ def test_a_training_step_takes_both_gradients_in_one_pass(channels_last, monkeyp
 
 def _counting(function, calls):
     def counted(*args, **kwargs):
-        calls.append(args)
+        calls.append((args, kwargs))
         return function(*args, **kwargs)
 
     return counted
