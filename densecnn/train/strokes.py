@@ -260,7 +260,9 @@ class StrokeTrainer:
 
     def _head_loss(self, generator: torch.Generator) -> torch.Tensor:
         """The cross-entropy of ``recipe.pixels`` labelled pixels (classes drawn equally often): the head on their
-        fixed features, or (``recipe.method == "patches"``, the baseline) the whole patch net on their patches."""
+        fixed features, each pixel's permuted as a random flip or turn of its image permutes them, with the head's
+        dropout. ``recipe.method == "patches"`` (the baseline) takes the same step with the fixed layers recomputed
+        on every pixel's own patch instead of gathered from the dense pass."""
         pools = [self.train_by_class[k] for k in self.classes_present]
         sizes = torch.tensor([len(pool) for pool in pools])
         starts = torch.cumsum(sizes, 0) - sizes  # where each class's pixels start in torch.cat(pools)
@@ -269,13 +271,14 @@ class StrokeTrainer:
         picked = torch.cat(pools)[starts[classes] + within]  # (B,) rows of the gathered features
         targets = self.train_y[picked]  # (B,)
         if self.recipe.method == "patches":
-            scores = patch_scores(self.dense, self._patches(self._train_pixel_list(picked)))
+            patches = self._patches(self._train_pixel_list(picked))  # (B, C, *R)
+            x = patch_scores(self.features.dense, patches).flatten(1)  # (B, F)
         else:
             x = self.train_x[picked]  # (B, F)
-            turn = torch.randint(len(self._feature_gathers), (len(x),), generator=generator)
-            # each pixel's features as if its image were flipped or turned
-            scores = self._head(torch.gather(x, 1, self._feature_gathers[turn]), training=True)
-        return nn.functional.cross_entropy(scores.flatten(1), targets)
+        turn = torch.randint(len(self._feature_gathers), (len(x),), generator=generator)
+        # each pixel's features as if its image were flipped or turned
+        scores = self._head(torch.gather(x, 1, self._feature_gathers[turn]), training=True)
+        return nn.functional.cross_entropy(scores, targets)
 
     def _head(self, x: torch.Tensor, *, training: bool = False) -> torch.Tensor:
         """(B, F) fixed features -> (B, K) scores by the layers after them, as the dense net runs them on each pixel:
