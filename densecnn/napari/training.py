@@ -3,7 +3,8 @@
 A :class:`TrainingSession` trains a :class:`densecnn.train.strokes.StrokeTrainer` on the windows around a layer's
 strokes (:mod:`~densecnn.napari.strokes`) and, whenever its best weights changed (at most every
 :data:`REFRESH_SECONDS`), labels the region the viewer shows and then the rest of its plane with them (the best on
-the held-out strokes, the ones Save writes). Strokes added while it trains are taken up between two steps: the run
+the held-out strokes, the ones Save writes); while a head on fixed layers trains, a plane that trains whole is
+relabelled from the features training keeps. Strokes added while it trains are taken up between two steps: the run
 continues from the current weights on the new strokes.
 
 >>> session = TrainingSession(source, intensity=Intensity(), start=None, class_names=["background", "cell"])
