@@ -107,6 +107,12 @@ class PixelFeatures:
             return torch.zeros(0, self.dense.num_classes), torch.zeros(0, dtype=torch.int64)
         return torch.cat(features), torch.cat(targets)
 
+    def adopt(self, index: int, other: PixelFeatures, other_index: int) -> None:
+        """Take ``other``'s kept features of its image ``other_index`` (the same pixels, padded the same way) as
+        those of image ``index``, instead of computing them again."""
+        if self._keep and other_index in other._maps:
+            self._maps[index] = other._maps[other_index]
+
     def kept(self, index: int) -> torch.Tensor | None:
         """(F, *spatial) the features of every pixel of image ``index``, when they are kept (None otherwise)."""
         return self._maps.get(index)

@@ -131,6 +131,7 @@ class StrokeTrainer:
         trained = [p for p in self.model_net.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(trained, lr=self.recipe.lr)
         self.features: PixelFeatures | None = None
+        self._feature_images: list[np.ndarray] = []  # the images self.features holds
         # (T, F): the features' order after each flip or turn, found with the first features
         self._feature_gathers: torch.Tensor | None = None
         self.set_labels(images, labels, unlabelled=unlabelled)
@@ -226,17 +227,19 @@ class StrokeTrainer:
                 return
 
     def _gather_features(self, images: list[np.ndarray], train: list[np.ndarray]) -> None:
-        """The fixed layers' features of every training pixel (each image's dense pass kept while it is the same)."""
-        same = (
-            self.features is not None
-            and len(images) == len(self._feature_images)
-            and all(a is b or np.array_equal(a, b) for a, b in zip(images, self._feature_images, strict=True))
-        )
-        if not same:
+        """The fixed layers' features of every training pixel (the dense pass of an image that was among the last
+        ones is not run again while its features are kept: new strokes in one window of a slide leave the others'
+        as they were)."""
+        if self.features is None or not _same_images(images, self._feature_images):
             prefix = nn.Sequential(*list(self.model_net)[: self.fixed])
+            previous, previous_images = self.features, self._feature_images
             self.features = PixelFeatures(
                 prefix, self.patch_size, self.loaded.padding_mode, self.crops.padded, self.crops.margin
             )
+            for n, image in enumerate(images):
+                m = next((m for m, old in enumerate(previous_images) if _same_images([image], [old])), None)
+                if m is not None:
+                    self.features.adopt(n, previous, m)
             self._feature_images = list(images)
         if self._feature_gathers is None:  # a property of the fixed layers alone: found once
             # flips and quarter turns, as the crop path draws them, act on the features by permuting them
@@ -439,6 +442,12 @@ class StrokeTrainer:
             },
             intensity=self.loaded.intensity,
         )
+
+
+def _same_images(images: list[np.ndarray], others: list[np.ndarray]) -> bool:
+    return len(images) == len(others) and all(
+        a is b or (a.shape == b.shape and np.array_equal(a, b)) for a, b in zip(images, others, strict=True)
+    )
 
 
 def _checked(images, labels, unlabelled: int) -> tuple[list[np.ndarray], list[np.ndarray]]:

@@ -16,6 +16,7 @@ from torch import nn
 
 import densecnn
 from densecnn.filter_bank import derivative_layers, derivatives, gaussian_1d, smoothing_layers
+from densecnn.io.annotations import sparse_labels
 from densecnn.losses import IGNORE_INDEX
 from densecnn.train.crops import pad_spatial
 from densecnn.train.features import PixelFeatures, dihedral_permutations, fixed_layers, standardize
@@ -262,6 +263,21 @@ def test_the_patch_minibatch_baseline_takes_the_same_steps_from_each_pixels_own_
         torch.manual_seed(0)
         from_patches = next(patches.run()).loss
         assert from_patches == pytest.approx(from_dense, rel=1e-4, abs=1e-6)
+
+
+def test_new_strokes_in_one_window_leave_the_other_windows_features_as_they_were():
+    (a, _, strokes_a), (b, _, strokes_b), (c, _, strokes_c) = (discs_and_strokes(seed) for seed in (5, 6, 7))
+    trainer = StrokeTrainer([a, b], [strokes_a, strokes_b], recipe=HEAD)
+    kept_a = trainer.features.kept(0)
+    trainer.set_labels([c, a.copy()], [strokes_c, strokes_a])  # b's window gone, c's new, a's the same
+    assert trainer.features.kept(1) is kept_a  # not computed again
+    prefix = nn.Sequential(*list(trainer.model_net)[: trainer.fixed])
+    padded, margin = trainer.crops.padded, trainer.crops.margin
+    sparse = [
+        sparse_labels(strokes, -1) for strokes in (strokes_c, strokes_a)
+    ]  # IGNORE_INDEX where unpainted
+    computed, _ = PixelFeatures(prefix, trainer.patch_size, "reflect", padded, margin).gather(sparse)
+    assert torch.allclose(trainer.train_x, computed, rtol=1e-4, atol=1e-5)
 
 
 def test_bands_of_rows_with_labels_give_the_kept_maps_features(monkeypatch):
