@@ -36,6 +36,9 @@ from .source import LayerSource
 from .strokes import UNLABELLED, WHOLE_PLANE_PIXELS, StrokeSet, plane_scaling, training_windows
 
 REFRESH_SECONDS = 2.0  # the least time between two live predictions while training
+REPORT_SECONDS = (
+    0.1  # the least time between two steps reported (validations and a run's last step always are)
+)
 LIVE_PLANE_PIXELS = 4096 * 4096  # a plane up to this size is labelled whole after its visible region
 
 
@@ -121,21 +124,27 @@ class TrainingSession:
         max_seconds: float | None = None,
         refresh_seconds: float = REFRESH_SECONDS,
     ) -> Iterator[TrainingStep | LivePrediction]:
-        """Train on ``strokes`` (continuing from the current weights after a first run), yielding each step and the
-        live predictions of :meth:`predict` whenever the best weights or the view changed, at most every
-        ``refresh_seconds``; ends when the schedule or early stopping ends it, ``max_seconds`` pass, or ``stop`` is
-        set (between two steps, or within a tile of a prediction). Strokes :meth:`offer`-ed meanwhile restart the
-        schedule on them from the current weights."""
+        """Train on ``strokes`` (continuing from the current weights after a first run), yielding its steps (at most
+        every :data:`REPORT_SECONDS`, and every validation and last step of a schedule) and the live predictions of
+        :meth:`predict` whenever the best weights or the view changed, at most every ``refresh_seconds``; ends when
+        the schedule or early stopping ends it, ``max_seconds`` pass, or ``stop`` is set (between two steps, or
+        within a tile of a prediction). Strokes :meth:`offer`-ed meanwhile restart the schedule on them from the
+        current weights."""
         self._read(strokes)
         started = refreshed = time.monotonic()
+        reported = -math.inf
         shown = (self.best_step, self.view)  # what the live labels show: the weights' step and the view
         while not stop.is_set():
             left = None if max_seconds is None else max(0.0, max_seconds - (time.monotonic() - started))
             for progress in self.trainer.run(max_seconds=left, stop=stop):
-                yield TrainingStep(
-                    progress.step, progress.total_steps, progress.loss, progress.val_miou,
-                    progress.best_val_miou, time.monotonic() - started,
-                )  # fmt: skip
+                now = time.monotonic()
+                last = progress.val_miou is not None or progress.step == progress.total_steps
+                if last or now - reported >= REPORT_SECONDS:  # steps of a millisecond: not each to the UI
+                    reported = now
+                    yield TrainingStep(
+                        progress.step, progress.total_steps, progress.loss, progress.val_miou,
+                        progress.best_val_miou, now - started,
+                    )  # fmt: skip
                 if not self.trainer.has_val or progress.val_miou == progress.best_val_miou:
                     self.best_step = (
                         progress.step
