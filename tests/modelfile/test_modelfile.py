@@ -237,7 +237,7 @@ def test_zoo_models_convert_and_match(name):
     torch.manual_seed(0)
     model, patch = densecnn.zoo.create(name, in_channels=2, num_classes=3)
     model = model.double().eval()
-    size = (6, 7) if densecnn.zoo.spatial_dims(name) == 2 else (3, 4, 5)  # (H, W) or (D, H, W)
+    size = (6, 7) if densecnn.zoo.spatial_dims(name) == 2 else (2, 3, 4)  # (H, W) or (D, H, W)
     x = torch.rand(1, 2, *size, dtype=torch.float64)
     dense = densecnn.convert(model, patch, padding_mode="reflect")
     with torch.no_grad():
