@@ -100,9 +100,8 @@ class _Conv(torch.autograd.Function):
         ctx.dilation, ctx.groups, ctx.has_bias = dilation, groups, bias is not None
         ctx.input_solver, ctx.weight_solver = input_solver or "native", weight_solver
         ctx.spectra = {}  # the fft kernel spectra of this step, computed once for the forward and input gradient
-        ctx.input_spectra = (
-            None  # the input's tile spectra, kept by an fft forward for an fft weight gradient
-        )
+        # the input's tile spectra, kept by an fft forward for an fft weight gradient
+        ctx.input_spectra = None
         with weight_cache.training_forward(), fft_conv.shared_spectra(ctx.spectra):
             if forward_solver == "fft" and _both_by_fft(
                 input_solver, weight_solver, (x.requires_grad, weight.requires_grad)
