@@ -280,6 +280,20 @@ def test_new_strokes_in_one_window_leave_the_other_windows_features_as_they_were
     assert torch.allclose(trainer.train_x, computed, rtol=1e-4, atol=1e-5)
 
 
+def test_a_head_step_runs_on_one_thread_and_gives_the_threads_back(monkeypatch):
+    image, _, labels = discs_and_strokes(8)
+    trainer = StrokeTrainer([image], [labels], recipe=replace(HEAD, steps=3))
+    seen, head_loss = [], trainer._head_loss
+    monkeypatch.setattr(trainer, "_head_loss", lambda g: seen.append(torch.get_num_threads()) or head_loss(g))
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        list(trainer.run())
+        assert seen == [1, 1, 1] and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_bands_of_rows_with_labels_give_the_kept_maps_features(monkeypatch):
     from densecnn.train import features as features_module
 
