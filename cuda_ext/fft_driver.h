@@ -187,6 +187,17 @@ std::tuple<at::Tensor, at::Tensor> fft_conv2d_tiles(const at::Tensor& input, con
   return {y, keep_input_spectra ? x_spectrum : at::Tensor()};
 }
 
+// One group of tiles [first, first + count) of the output gradient transformed into the workspace g_spectrum:
+// their spectra conj(G), (count, P, K, 2) (gg: fft_gradient_geometry, whose channels are the output's K).
+template <class Transforms>
+at::Tensor output_gradient_spectra(const at::Tensor& grad_output, const FftGeometry& gg, int64_t first, int64_t count,
+                                   const at::Tensor& twiddles, const at::Tensor& g_spectrum) {
+  const int64_t points = fft_points(gg);
+  at::Tensor gs = g_spectrum.narrow(0, 0, points * count * gg.channels * 2).view({count, points, gg.channels, 2});
+  Transforms::forward(grad_output, gg, first, count, twiddles, gs);
+  return gs;
+}
+
 // One group of tiles [first, first + count) of the weight gradient's spectrum: the input's tiles transformed into
 // the workspace x_spectrum (or taken from kept, every tile's spectra as the forward kept them), their products with
 // the output gradient's (gs, conj(G)) summed over the group into result (the first group writes it: no zero fill).
@@ -243,8 +254,7 @@ at::Tensor fft_conv2d_weight_spectrum_tiles(const at::Tensor& input, const at::T
   at::Tensor g_spectrum = empty_output({points * group * g.out_channels * 2}, input.options());
   for (int64_t first = 0; first < g.tiles; first += group) {
     const int64_t count = std::min(group, g.tiles - first);
-    at::Tensor gs = g_spectrum.narrow(0, 0, points * count * g.out_channels * 2).view({count, points, g.out_channels, 2});
-    Transforms::forward(grad_output, gg, first, count, twiddles, gs);
+    const at::Tensor gs = output_gradient_spectra<Transforms>(grad_output, gg, first, count, twiddles, g_spectrum);
     add_weight_spectrum<Transforms>(input, g, first, count, twiddles, x_spectrum, gs, result);
   }
   return result;
@@ -282,8 +292,7 @@ at::Tensor fft_conv2d_input_grad_tiles(const at::Tensor& grad_output, const at::
   at::Tensor product = empty_output({points * group * g.channels}, spectrum.options());
   for (int64_t first = 0; first < g.tiles; first += group) {
     const int64_t count = std::min(group, g.tiles - first);
-    at::Tensor gs = g_spectrum.narrow(0, 0, points * count * g.out_channels * 2).view({count, points, g.out_channels, 2});
-    Transforms::forward(grad_output, gg, first, count, twiddles, gs);
+    const at::Tensor gs = output_gradient_spectra<Transforms>(grad_output, gg, first, count, twiddles, g_spectrum);
     add_input_gradient<Transforms>(ga, first, count, twiddles, gs, weights, product, grad_input);
   }
   return grad_input;
@@ -327,8 +336,7 @@ std::tuple<at::Tensor, at::Tensor> fft_conv2d_backward_tiles(const at::Tensor& i
   at::Tensor product = empty_output({points * group * g.channels}, spectrum.options());
   for (int64_t first = 0; first < g.tiles; first += group) {
     const int64_t count = std::min(group, g.tiles - first);
-    at::Tensor gs = g_spectrum.narrow(0, 0, points * count * g.out_channels * 2).view({count, points, g.out_channels, 2});
-    Transforms::forward(grad_output, gg, first, count, twiddles, gs);
+    const at::Tensor gs = output_gradient_spectra<Transforms>(grad_output, gg, first, count, twiddles, g_spectrum);
     add_input_gradient<Transforms>(ga, first, count, twiddles, gs, weights, product, grad_input);
     add_weight_spectrum<Transforms>(input, g, first, count, twiddles, x_spectrum, gs, result, kept);
   }
