@@ -79,8 +79,8 @@ def derivative_layers(channels: int, *, sigmas: tuple[float, ...], dims: int = 2
         shape[axis] = size
         # the first axis filters each channel, the others each (channel, σ)'s maps
         groups = channels if axis == 0 else channels * len(sigmas)
-        conv = CONVS[dims](channels if axis == 0 else groups * len(orders_in), channels * len(sigmas) * len(orders_out),
-                           tuple(shape), groups=groups, bias=False)  # fmt: skip
+        conv = CONVS[dims](groups * len(orders_in), channels * len(sigmas) * len(orders_out), tuple(shape),
+                           groups=groups, bias=False)  # fmt: skip
         per_sigma = []
         for sigma in sigmas:
             weight = torch.zeros(len(orders_out), len(orders_in), size, dtype=torch.float64)  # (out, in, k)
@@ -110,9 +110,8 @@ def smoothing_layers(channels: int, *, sigmas: tuple[float, ...], dims: int = 2)
     for axis in range(dims):
         shape = [1] * dims
         shape[axis] = size
-        first = (
-            axis == 0
-        )  # the first pass makes the 1+S maps of each input map, the others smooth each on its own
+        # the first pass makes the 1+S maps of each input map, the others smooth each on its own
+        first = axis == 0
         conv = CONVS[dims](n * channels if not first else channels, n * channels, tuple(shape),
                            groups=channels if first else n * channels, bias=False)  # fmt: skip
         _fix(conv, profiles.repeat(channels, 1).view(conv.weight.shape))

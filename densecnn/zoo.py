@@ -123,31 +123,33 @@ def filter_bank(in_channels: int = 1, num_classes: int = 3) -> tuple[nn.Sequenti
     Gaussian derivatives up to second order at σ 1, 2.5 and 5 with both signs, rectified, each kept as it is and
     smoothed at σ 3 (72 maps per channel); training leaves them as they are. A batch norm without learned
     parameters standardises them: :class:`~densecnn.train.strokes.StrokeTrainer` sets its statistics from the
-    labelled pixels' features when it starts a fresh net (:func:`densecnn.train.features.standardize`). The head is a dropout of a third of the features (while
-    training only) and three 1×1 convs (32, 32, ``num_classes``): a small MLP on the features of each pixel, as
-    ilastik's random forest is a classifier on its filter features, each of its trees on a random subset of them.
-    Patch 49 = 31 + 19 − 1.
+    labelled pixels' features when it starts a fresh net (:func:`densecnn.train.features.standardize`). The head
+    is a dropout of a third of the features (while training only) and three 1×1 convs (32, 32, ``num_classes``): a
+    small MLP on the features of each pixel, as ilastik's random forest is a classifier on its filter features,
+    each of its trees on a random subset of them. Patch 49 = 31 + 19 − 1.
     """
-    return _filter_bank(in_channels, num_classes, dims=2), 49
+    return _filter_bank(in_channels, num_classes, dims=2)
 
 
 def filter_bank3d(in_channels: int = 1, num_classes: int = 3) -> tuple[nn.Sequential, tuple[int, int, int]]:
     """:func:`filter_bank` for volumes, patch 49³: the default net for training volumes from strokes.
 
-    Layers 0–6 are the fixed filter bank in 3-D (three 1-D convs per filter, 120 maps per channel: the Gaussian,
+    Layers 0–7 are the fixed filter bank in 3-D (three 1-D convs per filter, 120 maps per channel: the Gaussian,
     3 first and 6 second derivatives at σ 1, 2.5 and 5 with both signs, each kept and smoothed at σ 3), then the same
     standardisation, dropout and head.
     """
-    return _filter_bank(in_channels, num_classes, dims=3), (49, 49, 49)
+    return _filter_bank(in_channels, num_classes, dims=3)
 
 
-def _filter_bank(in_channels: int, num_classes: int, *, dims: int) -> nn.Sequential:
+def _filter_bank(in_channels: int, num_classes: int, *, dims: int):
+    """(model, patch): the filter bank net in ``dims`` spatial axes, its patch the reach of the fixed layers (an int
+    for images, a tuple per axis for volumes)."""
     derivatives = derivative_layers(in_channels, sigmas=(1.0, 2.5, 5.0), dims=dims)
     smoothing = smoothing_layers(derivatives[-1].out_channels, sigmas=(3.0,), dims=dims)
     features = smoothing[-1].out_channels
     conv = {2: nn.Conv2d, 3: nn.Conv3d}[dims]
     norm = {2: nn.BatchNorm2d, 3: nn.BatchNorm3d}[dims]
-    return nn.Sequential(
+    model = nn.Sequential(
         *derivatives,
         nn.ReLU(),
         *smoothing,
@@ -159,6 +161,8 @@ def _filter_bank(in_channels: int, num_classes: int, *, dims: int) -> nn.Sequent
         nn.ReLU(),
         conv(32, num_classes, 1),
     )
+    patch = derivatives[0].kernel_size[0] + smoothing[0].kernel_size[0] - 1
+    return model, patch if dims == 2 else (patch,) * dims
 
 
 def nuclei3d(in_channels: int = 1, num_classes: int = 3) -> tuple[nn.Sequential, tuple[int, int, int]]:

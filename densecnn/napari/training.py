@@ -36,9 +36,8 @@ from .source import LayerSource
 from .strokes import UNLABELLED, WHOLE_PLANE_PIXELS, StrokeSet, plane_scaling, training_windows
 
 REFRESH_SECONDS = 2.0  # the least time between two live predictions while training
-REPORT_SECONDS = (
-    0.1  # the least time between two steps reported (validations and a run's last step always are)
-)
+# the least time between two steps reported (validations and a run's last step always are)
+REPORT_SECONDS = 0.1
 LIVE_PLANE_PIXELS = 4096 * 4096  # a plane up to this size is labelled whole after its visible region
 
 
@@ -146,9 +145,8 @@ class TrainingSession:
                         progress.best_val_miou, now - started,
                     )  # fmt: skip
                 if not self.trainer.has_val or progress.val_miou == progress.best_val_miou:
-                    self.best_step = (
-                        progress.step
-                    )  # new best weights (each step's when no strokes are held out)
+                    # new best weights (each step's when no strokes are held out)
+                    self.best_step = progress.step
                 if (self.best_step, self.view) != shown and time.monotonic() - refreshed >= refresh_seconds:
                     shown = (self.best_step, self.view)
                     yield from self.predict(stop=stop, max_memory=max_memory, preview=True)

@@ -174,8 +174,9 @@ def dihedral_permutations(dense, in_channels: int, *, seed: int = 0) -> list[tor
     depth = field[0] + 5 if len(field) == 3 else None
     image = _probes(in_channels, max(field[-2:]) + 5, seed, depth=depth)  # (11, C, [d,] s, s)
     plain = dense.run_padded(image)  # (11, F, *spatial)
+    scale = plain.transpose(0, 1).flatten(1).abs().amax(1).clamp(min=1e-12)  # (F,)
     turn, flip = (
-        _permutation(dense, image, plain, turns, flipped) for turns, flipped in ((1, False), (0, True))
+        _permutation(dense, image, plain, scale, turns, flipped) for turns, flipped in ((1, False), (0, True))
     )
     powers = [identity]  # the permutations of 0..3 quarter turns
     while turn is not None and len(powers) < 4:
@@ -183,10 +184,10 @@ def dihedral_permutations(dense, in_channels: int, *, seed: int = 0) -> list[tor
     return [f for p in powers for f in ([p] if flip is None else [p, flip[p]])]
 
 
-def _permutation(dense, image, plain, turns: int, flip: bool) -> torch.Tensor | None:
+def _permutation(dense, image, plain, scale, turns: int, flip: bool) -> torch.Tensor | None:
     """(F,) the permutation of the features under :func:`_transform` (``turns``, ``flip``), or None when the
-    transformed image's features are not the plain ones moved and permuted."""
-    scale = plain.transpose(0, 1).flatten(1).abs().amax(1).clamp(min=1e-12)  # (F,)
+    transformed image's features are not the plain ones moved and permuted (``scale``: each feature's largest
+    magnitude on the plain images)."""
     moved = dense.run_padded(_transform(image, turns, flip)).transpose(0, 1).flatten(1)  # (F, 11·pixels)
     expected = _transform(plain, turns, flip).transpose(0, 1).flatten(1)  # where each feature goes
     distance = torch.cdist(moved, expected, p=float("inf")) / scale[None]  # (F moved, F expected)

@@ -462,6 +462,7 @@ def _torch_threads(count: int) -> Iterator[None]:
 
 
 def _same_images(images: list[np.ndarray], others: list[np.ndarray]) -> bool:
+    """Whether two lists hold the same images, pixel for pixel."""
     return len(images) == len(others) and all(
         a is b or (a.shape == b.shape and np.array_equal(a, b)) for a, b in zip(images, others, strict=True)
     )
@@ -507,9 +508,8 @@ def _start_model(
         model = load(model)
     if isinstance(model, LoadedModel):
         model = copy.deepcopy(model)
-        fix_layers(
-            model.model, int(model.extra.get("fixed_layers", 0))
-        )  # what training left as it was stays so
+        # what training left as it was stays so
+        fix_layers(model.model, int(model.extra.get("fixed_layers", 0)))
         return model, False
     fresh = model is None or isinstance(model, str)
     if fresh:
@@ -526,7 +526,7 @@ def _start_model(
         )
     patch = ntuple(patch, spatial_dims, "patch_size")
     names = list(class_names) if class_names is not None else [f"class_{k}" for k in range(num_classes)]
-    loaded = LoadedModel(
+    return LoadedModel(
         model=net,
         patch_size=patch,
         in_channels=channels,
@@ -535,8 +535,7 @@ def _start_model(
         palette=default_palette(num_classes),
         normalization=None,
         padding_mode="reflect",
-    )
-    return loaded, fresh
+    ), fresh
 
 
 def _normalization(images: list[np.ndarray]) -> dict[str, list[float]]:
