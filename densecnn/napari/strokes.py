@@ -9,9 +9,9 @@ coordinates are kept (a few per cent of the pixels), and :func:`training_windows
 one window at a time, so a dask or zarr pyramid is never read whole.
 
 >>> strokes = StrokeSet.of(labels_layer.data, source, image_shape=image_layer.data.shape)
->>> images, labels = training_windows(source, strokes, intensity, channels=1)
->>> images[0].shape, labels[0].shape             # (C, *window) in [0, 1], (*window) class ids, -1 unlabelled
-((1, 512, 512), (512, 512))
+>>> images, labels, planes = training_windows(source, strokes, intensity, channels=1)
+>>> images[0].shape, labels[0].shape, planes[0]  # (C, *window) in [0, 1], (*window) class ids (-1 unlabelled), plane
+((1, 512, 512), (512, 512), ())
 """
 
 from __future__ import annotations
@@ -145,16 +145,17 @@ def training_windows(
     intensity: Intensity,
     *,
     channels: int,
-) -> tuple[list[np.ndarray], list[np.ndarray]]:
+) -> tuple[list[np.ndarray], list[np.ndarray], list[tuple[int, ...]]]:
     """The training images around ``strokes``: each plane with strokes whole if it has at most
     :data:`WHOLE_PLANE_PIXELS` pixels, otherwise one window per :data:`WINDOW` cell holding strokes, the cell's
-    strokes' bounding box widened by :data:`CONTEXT` on each side and to :data:`MIN_WINDOW`. Returns (images, labels):
-    (``channels``, *window) float32 in [0, 1] and (*window) int64 class ids, :data:`UNLABELLED` elsewhere.
+    strokes' bounding box widened by :data:`CONTEXT` on each side and to :data:`MIN_WINDOW`. Returns (images,
+    labels, planes): (``channels``, *window) float32 in [0, 1], (*window) int64 class ids (:data:`UNLABELLED`
+    elsewhere), and the plane each window was read from.
 
     Raises:
         IntensityError, NonFiniteInputError: a plane's values do not fit ``intensity``.
     """
-    images, labels = [], []
+    images, labels, planes = [], [], []
     spatial = source.spatial_shape
     for plane, (points, classes) in strokes.planes(source).items():
         scaling = plane_scaling(intensity, source, plane)
@@ -171,7 +172,8 @@ def training_windows(
             window_labels[tuple(local.T)] = classes[inside]
             images.append(image)
             labels.append(window_labels)
-    return images, labels
+            planes.append(plane)
+    return images, labels, planes
 
 
 def _windows(points: np.ndarray, spatial: tuple[int, ...]) -> list[tuple[slice, ...]]:

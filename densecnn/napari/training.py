@@ -211,12 +211,10 @@ class TrainingSession:
 
     def _read(self, strokes: StrokeSet) -> None:
         """The windows around ``strokes`` -> a new trainer, or the current one's new labels."""
-        images, labels = training_windows(self.source, strokes, self.intensity, channels=self.channels)
-        # planes trained whole: their training image's index (training_windows reads each as one window, in order)
+        images, labels, planes = training_windows(self.source, strokes, self.intensity, channels=self.channels)
+        # planes trained whole (one window each): their training image's index
         whole = math.prod(self.source.spatial_shape) <= WHOLE_PLANE_PIXELS
-        self._whole_planes = (
-            {plane: n for n, plane in enumerate(strokes.planes(self.source))} if whole else {}
-        )
+        self._whole_planes = {plane: n for n, plane in enumerate(planes)} if whole else {}
         if self.trainer is None:
             self.trainer = StrokeTrainer(
                 images, labels, unlabelled=UNLABELLED, model=self.start, class_names=self.class_names,

@@ -117,7 +117,8 @@ def test_a_large_planes_strokes_are_trained_in_windows_read_around_them():
     points = np.array([[100, 120], [110, 130], [2900, 2700]])
     strokes = StrokeSet(points, np.array([0, 1, 1]))
     intensity = Intensity("range", 0, 4000)
-    images, labels = training_windows(source, strokes, intensity, channels=1)
+    images, labels, planes = training_windows(source, strokes, intensity, channels=1)
+    assert planes == [(), ()]
     assert len(images) == 2 and all(
         i.shape[0] == 1 and i.shape[1:] == m.shape for i, m in zip(images, labels)
     )
