@@ -211,7 +211,9 @@ class TrainingSession:
 
     def _read(self, strokes: StrokeSet) -> None:
         """The windows around ``strokes`` -> a new trainer, or the current one's new labels."""
-        images, labels, planes = training_windows(self.source, strokes, self.intensity, channels=self.channels)
+        images, labels, planes = training_windows(
+            self.source, strokes, self.intensity, channels=self.channels
+        )
         # planes trained whole (one window each): their training image's index
         whole = math.prod(self.source.spatial_shape) <= WHOLE_PLANE_PIXELS
         self._whole_planes = {plane: n for n, plane in enumerate(planes)} if whole else {}
