@@ -4,7 +4,7 @@ the head on a class-balanced sample of them.
 
 This is the masked-error step at its cheapest: with the leading layers fixed, the patch model's loss on a set of
 labelled pixels is the head's loss on their features, and a pixel's features in the dense pass equal those of its
-own patch. The dense pass costs one pass over the image (or over the bands of rows that hold labels); the patch
+own patch. The dense pass costs one pass over the image (or over the blocks of it that hold labels); the patch
 minibatch of the same pixels recomputes the fixed layers for every patch.
 
 >>> model, patch = densecnn.zoo.filter_bank(in_channels=3, num_classes=4)
@@ -13,6 +13,9 @@ minibatch of the same pixels recomputes the fixed layers for every patch.
 """
 
 from __future__ import annotations
+
+import itertools
+import math
 
 import numpy as np
 import torch
@@ -23,7 +26,7 @@ from ..losses import IGNORE_INDEX
 
 ELEMENTWISE = (nn.ReLU, nn.LeakyReLU, nn.ELU, nn.GELU, nn.SiLU, nn.Tanh, nn.Sigmoid, nn.Identity, nn.Dropout)
 BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
-BAND_BYTES = 256 * 2**20  # the most feature memory one band of rows of the dense pass takes
+BLOCK_BYTES = 256 * 2**20  # the most feature memory one block of the dense pass takes
 KEPT_BYTES = 1024 * 2**20  # the most memory the kept feature maps of a set of images take
 
 
@@ -80,7 +83,8 @@ class PixelFeatures:
 
     ``padded``: the images padded by ``margin`` per spatial axis (as :class:`~densecnn.train.crops.CropSampler`
     pads them); ``prefix``: the model's first layers, the fixed ones; ``patch_size``: the whole model's. The dense
-    pass runs by bands of rows and only over bands that hold labelled pixels; the feature maps of images are kept
+    pass runs by near-cubic blocks (:data:`BLOCK_BYTES` of features each) and only over blocks that hold labelled
+    pixels; the feature maps of images are kept
     (for the next strokes on the same images) while they take at most :data:`KEPT_BYTES` in all.
     """
 
@@ -121,35 +125,50 @@ class PixelFeatures:
         """(n, F) features of image ``index`` at the pixels ``where`` (row-major, as ``np.nonzero`` gives them)."""
         if index in self._maps:
             return self._maps[index][(slice(None), *map(torch.from_numpy, where))].T
-        rows = self.padded[index].shape[1] - 2 * self.margin[0]
-        band = self._band_rows()
+        blocks = self._blocks(index)
         if self._keep:
-            self._maps[index] = torch.cat([self._band(index, top, band) for top in range(0, rows, band)], 1)
+            size = [n - 2 * m for n, m in zip(self.padded[index].shape[1:], self.margin, strict=True)]
+            maps = torch.empty(self.dense.num_classes, *size)  # (F, *spatial)
+            for block in blocks:
+                maps[(slice(None), *block)] = self._block(index, block)
+            self._maps[index] = maps
             return self._features_at(index, where)
-        pieces = []
-        for top in np.unique(where[0] // band) * band:  # only the bands with labelled pixels
-            inside = (where[0] >= top) & (where[0] < top + band)
-            feature_band = self._band(index, int(top), band)  # (F, rows, ...)
-            at = (torch.from_numpy(where[0][inside] - top), *(torch.from_numpy(w[inside]) for w in where[1:]))
-            pieces.append(feature_band[(slice(None), *at)].T)
-        return torch.cat(pieces)
+        pieces, order = [], []
+        points = np.stack(where, 1)  # (n, spatial axes)
+        for block in blocks:  # only the blocks holding labelled pixels run
+            inside = np.all(
+                [(points[:, a] >= s.start) & (points[:, a] < s.stop) for a, s in enumerate(block)], 0
+            )
+            if not inside.any():
+                continue
+            at = tuple(torch.from_numpy(points[inside, a] - s.start) for a, s in enumerate(block))
+            pieces.append(self._block(index, block)[(slice(None), *at)].T)
+            order.append(np.nonzero(inside)[0])
+        return torch.cat(pieces)[torch.from_numpy(np.argsort(np.concatenate(order), kind="stable"))]
 
-    def _band_rows(self) -> int:
-        row_pixels = int(
-            np.prod([n - 2 * m for n, m in zip(self.padded[0].shape[2:], self.margin[1:], strict=True)])
-        )
-        return max(1, BAND_BYTES // max(self.dense.num_classes * 4 * row_pixels, 1))
+    def _blocks(self, index: int) -> list[tuple[slice, ...]]:
+        """The boxes (a slice per spatial axis) the dense pass over image ``index`` runs by: each holds at most
+        :data:`BLOCK_BYTES` of features, and is as near a cube as halving its longest side makes it, so that the
+        reach the pass adds around it (the fixed layers' receptive field) is a small part of it also in volumes."""
+        size = [n - 2 * m for n, m in zip(self.padded[index].shape[1:], self.margin, strict=True)]
+        most = max(1, BLOCK_BYTES // (self.dense.num_classes * 4))  # pixels of features a block may hold
+        side = list(size)
+        while math.prod(side) > most:
+            longest = int(np.argmax(side))
+            side[longest] = -(-side[longest] // 2)
+        starts = itertools.product(*(range(0, n, s) for n, s in zip(size, side, strict=True)))
+        return [
+            tuple(slice(a, min(a + s, n)) for a, s, n in zip(start, side, size, strict=True))
+            for start in starts
+        ]
 
-    def _band(self, index: int, top: int, band: int) -> torch.Tensor:
-        """(F, rows, ...) features of rows ``top``.. ``top + band`` of image ``index`` by the fixed layers' dense
-        pass over their padded window."""
+    def _block(self, index: int, block: tuple[slice, ...]) -> torch.Tensor:
+        """(F, *block) features of ``block`` of image ``index`` by the fixed layers' dense pass over its padded
+        window (the block and the receptive field around it)."""
         padded, field = self.padded[index], self.dense.receptive_field
         start = [m - (p - 1) // 2 for m, p in zip(self.margin, self.patch_size, strict=True)]
-        size = [n - 2 * m for n, m in zip(padded.shape[1:], self.margin, strict=True)]
-        rows = min(band, size[0] - top)
-        window = (
-            slice(start[0] + top, start[0] + top + rows + field[0] - 1),
-            *(slice(s, s + n + r - 1) for s, n, r in zip(start[1:], size[1:], field[1:], strict=True)),
+        window = tuple(
+            slice(o + b.start, o + b.stop + r - 1) for o, b, r in zip(start, block, field, strict=True)
         )
         return self.dense.run_padded(padded[(slice(None), *window)][None])[0]
 

@@ -294,7 +294,8 @@ def test_a_head_step_runs_on_one_thread_and_gives_the_threads_back(monkeypatch):
         torch.set_num_threads(before)
 
 
-def test_bands_of_rows_with_labels_give_the_kept_maps_features(monkeypatch):
+@pytest.mark.parametrize("block_bytes", [1, 10 * 10 * 4 * 144])
+def test_blocks_with_labels_give_the_kept_maps_features(monkeypatch, block_bytes):
     from densecnn.train import features as features_module
 
     model, patch, image, prefix = _image_and_prefix(size=40)
@@ -304,7 +305,8 @@ def test_bands_of_rows_with_labels_give_the_kept_maps_features(monkeypatch):
     labels[[0, 7, 8, 30, 39], [5, 39, 0, 20, 39]] = [0, 1, 2, 0, 1]
     kept = PixelFeatures(prefix, (patch, patch), "reflect", [padded], margin).gather([labels])
     monkeypatch.setattr(features_module, "KEPT_BYTES", 0)
-    monkeypatch.setattr(features_module, "BAND_BYTES", 1)  # one row a band: only rows 0, 7, 8, 30 and 39 run
+    # one pixel a block (only the 5 labelled ones run), or blocks of 10×10 pixels (of 216 features)
+    monkeypatch.setattr(features_module, "BLOCK_BYTES", block_bytes)
     banded = PixelFeatures(prefix, (patch, patch), "reflect", [padded], margin)
     got = banded.gather([labels])
     assert not banded._maps
@@ -316,3 +318,26 @@ def test_flips_and_turns_are_found_whatever_the_probe_seed():
     dense = densecnn.convert(prefix, patch, padding_mode="reflect", verify=False)
     # seed 102 once left a feature all zero on a plain noise probe, and no permutation was found
     assert [len(dihedral_permutations(dense, 3, seed=seed)) for seed in (0, 102)] == [8, 8]
+
+
+def test_a_volumes_blocks_split_every_axis_and_give_the_kept_maps_features(monkeypatch):
+    from densecnn.train import features as features_module
+
+    model, patch = densecnn.zoo.filter_bank3d(in_channels=1, num_classes=2)
+    prefix = nn.Sequential(*list(model)[: fixed_layers(model)])
+    volume = torch.rand(1, 6, 8, 8, generator=torch.Generator().manual_seed(0))
+    margin = tuple(p // 2 + 1 for p in patch)
+    padded = pad_spatial(volume, margin, margin, "reflect")
+    labels = np.full((6, 8, 8), IGNORE_INDEX, np.int64)
+    labels[[0, 2, 5, 5], [7, 0, 3, 7], [1, 6, 4, 7]] = [0, 1, 1, 0]
+    kept = PixelFeatures(prefix, patch, "reflect", [padded], margin).gather([labels])
+    monkeypatch.setattr(features_module, "KEPT_BYTES", 0)
+    monkeypatch.setattr(features_module, "BLOCK_BYTES", 3 * 4 * 4 * 4 * 120)  # blocks of 3×4×4 voxels
+    blocked = PixelFeatures(prefix, patch, "reflect", [padded], margin)
+    assert blocked._blocks(0)[:2] == [
+        (slice(0, 3), slice(0, 4), slice(0, 4)),
+        (slice(0, 3), slice(0, 4), slice(4, 8)),
+    ]
+    assert len(blocked._blocks(0)) == 8
+    got = blocked.gather([labels])
+    assert torch.allclose(got[0], kept[0], rtol=1e-4, atol=1e-5) and torch.equal(got[1], kept[1])
