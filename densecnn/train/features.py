@@ -84,8 +84,8 @@ class PixelFeatures:
     ``padded``: the images padded by ``margin`` per spatial axis (as :class:`~densecnn.train.crops.CropSampler`
     pads them); ``prefix``: the model's first layers, the fixed ones; ``patch_size``: the whole model's. The dense
     pass runs by near-cubic blocks (:data:`BLOCK_BYTES` of features each) and only over blocks that hold labelled
-    pixels; the feature maps of images are kept
-    (for the next strokes on the same images) while they take at most :data:`KEPT_BYTES` in all.
+    pixels; the feature maps of images are kept (for the next strokes on the same images) while they take at most
+    :data:`KEPT_BYTES` in all.
     """
 
     def __init__(self, prefix: nn.Sequential, patch_size, padding_mode: str, padded, margin):

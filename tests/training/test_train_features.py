@@ -305,11 +305,11 @@ def test_blocks_with_labels_give_the_kept_maps_features(monkeypatch, block_bytes
     labels[[0, 7, 8, 30, 39], [5, 39, 0, 20, 39]] = [0, 1, 2, 0, 1]
     kept = PixelFeatures(prefix, (patch, patch), "reflect", [padded], margin).gather([labels])
     monkeypatch.setattr(features_module, "KEPT_BYTES", 0)
-    # one pixel a block (only the 5 labelled ones run), or blocks of 10×10 pixels (of 216 features)
+    # one pixel a block (only the 5 labelled ones run), or blocks of 10×10 pixels (of 144 features)
     monkeypatch.setattr(features_module, "BLOCK_BYTES", block_bytes)
-    banded = PixelFeatures(prefix, (patch, patch), "reflect", [padded], margin)
-    got = banded.gather([labels])
-    assert not banded._maps
+    blocked = PixelFeatures(prefix, (patch, patch), "reflect", [padded], margin)
+    got = blocked.gather([labels])
+    assert not blocked._maps
     assert torch.allclose(got[0], kept[0], rtol=1e-4, atol=1e-5) and torch.equal(got[1], kept[1])
 
 
