@@ -92,8 +92,9 @@ class PixelFeatures:
         self.dense = convert(prefix, patch_size, padding_mode=padding_mode, verify=False)
         self.padded, self.margin, self.patch_size = padded, margin, tuple(patch_size)
         self._maps: dict[int, torch.Tensor] = {}
-        spatial = [[n - 2 * m for n, m in zip(p.shape[1:], margin, strict=True)] for p in padded]
-        map_bytes = sum(self.dense.num_classes * 4 * int(np.prod(size)) for size in spatial)
+        # each image's spatial size, without its padding
+        self._sizes = [[n - 2 * m for n, m in zip(p.shape[1:], margin, strict=True)] for p in padded]
+        map_bytes = sum(self.dense.num_classes * 4 * math.prod(size) for size in self._sizes)
         self._keep = map_bytes <= KEPT_BYTES
 
     @torch.no_grad()
@@ -127,8 +128,7 @@ class PixelFeatures:
             return self._maps[index][(slice(None), *map(torch.from_numpy, where))].T
         blocks = self._blocks(index)
         if self._keep:
-            size = [n - 2 * m for n, m in zip(self.padded[index].shape[1:], self.margin, strict=True)]
-            maps = torch.empty(self.dense.num_classes, *size)  # (F, *spatial)
+            maps = torch.empty(self.dense.num_classes, *self._sizes[index])  # (F, *spatial)
             for block in blocks:
                 maps[(slice(None), *block)] = self._block(index, block)
             self._maps[index] = maps
@@ -150,7 +150,7 @@ class PixelFeatures:
         """The boxes (a slice per spatial axis) the dense pass over image ``index`` runs by: each holds at most
         :data:`BLOCK_BYTES` of features, and is as near a cube as halving its longest side makes it, so that the
         reach the pass adds around it (the fixed layers' receptive field) is a small part of it also in volumes."""
-        size = [n - 2 * m for n, m in zip(self.padded[index].shape[1:], self.margin, strict=True)]
+        size = self._sizes[index]
         most = max(1, BLOCK_BYTES // (self.dense.num_classes * 4))  # pixels of features a block may hold
         side = list(size)
         while math.prod(side) > most:
