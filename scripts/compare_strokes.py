@@ -85,14 +85,19 @@ def mean_iou(predicted: np.ndarray, truth: np.ndarray, scored: np.ndarray, class
     return float(np.mean(ious))
 
 
-def run_forest(image, labels, truth, scored, classes, seed) -> dict:
+def fit_forest(features: np.ndarray, labels: np.ndarray, seed: int):
+    """scikit-learn's random forest (100 trees) fitted on the labelled pixels' ``features`` (F, pixels)."""
     from sklearn.ensemble import RandomForestClassifier
 
-    started = time.process_time()
-    features = ilastik_features(image)  # (F, pixels)
     labelled = labels.ravel() != UNLABELLED
     forest = RandomForestClassifier(n_estimators=100, n_jobs=torch.get_num_threads(), random_state=seed)
-    forest.fit(features[:, labelled].T, labels.ravel()[labelled])
+    return forest.fit(features[:, labelled].T, labels.ravel()[labelled])
+
+
+def run_forest(image, labels, truth, scored, classes, seed) -> dict:
+    started = time.process_time()
+    features = ilastik_features(image)  # (F, pixels)
+    forest = fit_forest(features, labels, seed)
     seconds = time.process_time() - started
     predicted = forest.predict(features.T).reshape(truth.shape)
     return {"miou": mean_iou(predicted, truth, scored, classes), "seconds": seconds}

@@ -6,8 +6,8 @@ both feature sets, on the stroke sets of ``scripts/compare_strokes.py``, and pri
 
 - ``forest``: scikit-learn's random forest of ``compare_strokes.py`` (100 trees);
 - ``head``: the recipe's head as :class:`densecnn.train.strokes.StrokeTrainer` trains it on the fixed layers'
-  features (standardised with the median's variance added, a third of the features dropped, 1×1 layers of 32 and 32,
-  AdamW at lr 10⁻² after 3 warm-up steps, cosine over 1,000 steps of 256 pixels with the classes drawn equally
+  features (``standardize``-d, ``zoo.FEATURE_DROPOUT`` of them dropped, 1×1 layers of 32 and 32, AdamW with the
+  default recipe's learning rate, warm-up, cosine schedule, steps and pixels a step, the classes drawn equally
   often), without the flip and turn permutations, which ilastik's features do not have;
 - ``ilastik``: ilastik's filter features (``compare_strokes.ilastik_features``); ``filter bank``: the features of
   ``densecnn.zoo.filter_bank``'s fixed layers, by their dense pass over the normalised image.
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 
@@ -28,13 +27,16 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from compare_strokes import ilastik_features, mean_iou  # noqa: E402
+from compare_strokes import fit_forest, ilastik_features, mean_iou  # noqa: E402
 from stroke_sets import UNLABELLED, make_image, strokes  # noqa: E402
 
 import densecnn  # noqa: E402
-from densecnn.train.features import fixed_layers  # noqa: E402
+from densecnn.train.features import fixed_layers, standardize  # noqa: E402
+from densecnn.train.recipe import default_recipe  # noqa: E402
+from densecnn.train.strokes import _warmup_cosine  # noqa: E402
+from densecnn.zoo import FEATURE_DROPOUT  # noqa: E402
 
-STEPS, PIXELS, LR, WARMUP, DROPOUT, HIDDEN = 1000, 256, 1e-2, 3, 0.3, 32
+HIDDEN = 32  # the filter bank net's hidden 1×1 layers
 
 
 def filter_bank_features(image: np.ndarray, classes: int) -> np.ndarray:
@@ -48,41 +50,32 @@ def filter_bank_features(image: np.ndarray, classes: int) -> np.ndarray:
         return dense(x)[0].flatten(1).numpy()
 
 
-def forest(features: np.ndarray, labels: np.ndarray, seed: int) -> np.ndarray:
-    from sklearn.ensemble import RandomForestClassifier
-
-    labelled = labels.ravel() != UNLABELLED
-    fitted = RandomForestClassifier(n_estimators=100, n_jobs=torch.get_num_threads(), random_state=seed)
-    fitted.fit(features[:, labelled].T, labels.ravel()[labelled])
-    return fitted.predict(features.T)
-
-
 def head(features: np.ndarray, labels: np.ndarray, classes: int, seed: int) -> np.ndarray:
+    recipe = default_recipe(
+        [labels.shape], labelled_pixels=int((labels != UNLABELLED).sum()), per_pixel_head=True
+    )
     generator = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
-    x = torch.from_numpy(features.T.copy()).double()  # (pixels, F)
+    x = torch.from_numpy(features.T.copy())  # (pixels, F)
     y = torch.from_numpy(labels.ravel())
     labelled = y != UNLABELLED
-    mean, variance = x[labelled].mean(0), x[labelled].var(0, unbiased=False)
-    x = ((x - mean) / (variance + variance.median()).sqrt()).float()
+    norm = nn.BatchNorm1d(x.shape[1], affine=False).eval()
+    standardize(norm, x[labelled], torch.arange(x.shape[1])[None])  # no flips or turns: one identity order
+    with torch.no_grad():
+        x = norm(x)
     pools = [torch.nonzero(labelled & (y == k))[:, 0] for k in range(classes) if (labelled & (y == k)).any()]
     net = nn.Sequential(
-        nn.Dropout(DROPOUT), nn.Linear(x.shape[1], HIDDEN), nn.ReLU(),
+        nn.Dropout(FEATURE_DROPOUT), nn.Linear(x.shape[1], HIDDEN), nn.ReLU(),
         nn.Linear(HIDDEN, HIDDEN), nn.ReLU(), nn.Linear(HIDDEN, classes),
     )  # fmt: skip
-    optimizer = torch.optim.AdamW(net.parameters(), lr=LR)
+    optimizer = torch.optim.AdamW(net.parameters(), lr=recipe.lr)
     schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimizer,
-        lambda s: (
-            (s + 1) / WARMUP
-            if s < WARMUP
-            else 0.5 * (1 + math.cos(math.pi * (s - WARMUP) / (STEPS - WARMUP)))
-        ),
+        optimizer, lambda s: _warmup_cosine(s, recipe.warmup, recipe.steps)
     )
     sizes = torch.tensor([len(p) for p in pools])
-    for _ in range(STEPS):
-        pool = torch.randint(len(pools), (PIXELS,), generator=generator)
-        within = (torch.rand(PIXELS, generator=generator) * sizes[pool]).long()
+    for _ in range(recipe.steps):
+        pool = torch.randint(len(pools), (recipe.pixels,), generator=generator)
+        within = (torch.rand(recipe.pixels, generator=generator) * sizes[pool]).long()
         picked = torch.stack([pools[k][i] for k, i in zip(pool.tolist(), within.tolist(), strict=True)])
         loss = nn.functional.cross_entropy(net(x[picked]), y[picked])
         optimizer.zero_grad()
@@ -102,7 +95,7 @@ def one_case(name: str, kind: str, seed: int, size: int, share: float) -> dict:
     for feature_name, values in features.items():
         for classifier in ("forest", "head"):
             predicted = (
-                forest(values, labels, seed)
+                fit_forest(values, labels, seed).predict(values.T)
                 if classifier == "forest"
                 else head(values, labels, len(names), seed)
             )
