@@ -72,8 +72,9 @@ at::Tensor conv2d_im2col(const at::Tensor& input, const at::Tensor& weight, cons
   const at::Tensor x = input.contiguous();  // the unrolling runs on NCHW
   const int64_t k = weight.size(0), k_group = k / groups, taps = weight.size(1) * g.kh * g.kw;
   if (bias.has_value()) {
-    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == k, "densecnn.conv2d: bias must have shape (", k,
-                ",), got ", bias->sizes());
+    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == k && bias->device() == x.device(),
+                "densecnn.conv2d: bias must have shape (", k, ",) and be on the input's device, got ", bias->sizes(),
+                " on ", bias->device());
   }
   at::Tensor y = empty_output({x.size(0), k, g.out_rows, g.out_cols}, x.options());
   if (y.numel() == 0) return y.contiguous(layout);

@@ -14,8 +14,9 @@ namespace densecnn {
 inline DirectConvGeometry direct_conv_geometry(const at::Tensor& input, const at::Tensor& weight, at::IntArrayRef dilation) {
   const int64_t axes = input.dim() - 2;
   TORCH_CHECK(axes >= 1 && axes <= 3, "densecnn::direct_conv: input must be (N, C, *S) with 1-3 spatial axes");
-  TORCH_CHECK(weight.dim() == input.dim() && weight.size(1) == input.size(1),
-              "densecnn::direct_conv: weight must be (K, C, *k) with the input's C and number of axes");
+  TORCH_CHECK(weight.dim() == input.dim() && weight.size(1) == input.size(1) && weight.device() == input.device(),
+              "densecnn::direct_conv: weight must be (K, C, *k) with the input's C and number of axes, on the input's "
+              "device");
   TORCH_CHECK(static_cast<int64_t>(dilation.size()) == axes, "densecnn::direct_conv: one dilation per axis");
   int64_t size[3] = {1, 1, 1}, kernel[3] = {1, 1, 1}, dil[3] = {1, 1, 1};
   for (int64_t a = 0; a < axes; ++a) {

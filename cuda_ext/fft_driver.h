@@ -158,9 +158,11 @@ std::tuple<at::Tensor, at::Tensor> fft_conv2d_tiles(const at::Tensor& input, con
               g.channels, ", K), got ", spectrum.sizes());
   check_conv_weight("fft_conv2d", weight, input, g.out_channels, {g.th - g.sh + 1, g.tw - g.sw + 1});
   if (bias.has_value()) {
-    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == g.out_channels && bias->scalar_type() == input.scalar_type(),
-                "densecnn.fft_conv2d: bias must have shape (", g.out_channels, ",) and the input's dtype, got ",
-                bias->sizes(), " ", bias->scalar_type());
+    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == g.out_channels && bias->scalar_type() == input.scalar_type() &&
+                    bias->device() == input.device(),
+                "densecnn.fft_conv2d: bias must have shape (", g.out_channels,
+                ",) and the input's dtype and device, got ", bias->sizes(), " ", bias->scalar_type(), " on ",
+                bias->device());
   }
   at::Tensor y = empty_in_layout({g.batch, g.out_channels, g.out_rows, g.out_cols}, input.options(),
                                  is_channels_last(input));

@@ -196,8 +196,11 @@ inline PoolBackwardCall prepare_pool_backward(const char* op, const at::Tensor& 
   check_pool_dtype(op, grad_output);
   call.grad_output = in_layout(grad_output, channels_last);
   if (call.activation != Activation::kNone) {
-    TORCH_CHECK(output->sizes() == grad_output.sizes() && output->scalar_type() == grad_output.scalar_type(),
-                "densecnn.", op, ": output ", output->sizes(), " does not match grad_output ", grad_output.sizes());
+    TORCH_CHECK(output->sizes() == grad_output.sizes() && output->scalar_type() == grad_output.scalar_type() &&
+                    output->device() == grad_output.device(),
+                "densecnn.", op, ": output ", output->sizes(), " ", output->scalar_type(), " on ", output->device(),
+                " does not match grad_output ", grad_output.sizes(), " ", grad_output.scalar_type(), " on ",
+                grad_output.device());
     call.output = in_layout(*output, channels_last);
   }
   return call;
@@ -211,8 +214,10 @@ inline std::vector<at::Tensor> checked_taps(const char* op, const PoolBackwardCa
   std::vector<at::Tensor> compact;
   for (size_t a = 0; a < taps.size(); ++a) {
     const auto expected = pooled_sizes(call.in_sizes, kernel, dilation, static_cast<int64_t>(a));
-    TORCH_CHECK(taps[a].sizes() == at::IntArrayRef(expected) && taps[a].scalar_type() == at::kByte, "densecnn.", op,
-                ": taps[", a, "] ", taps[a].sizes(), " does not belong to grad_output ", call.grad_output.sizes(),
+    TORCH_CHECK(taps[a].sizes() == at::IntArrayRef(expected) && taps[a].scalar_type() == at::kByte &&
+                    taps[a].device() == call.grad_output.device(),
+                "densecnn.", op, ": taps[", a, "] ", taps[a].sizes(), " on ", taps[a].device(),
+                " does not belong to grad_output ", call.grad_output.sizes(), " on ", call.grad_output.device(),
                 "; pass the taps of the same forward call, made with with_taps=True");
     compact.push_back(in_layout(taps[a], call.channels_last));
   }

@@ -88,8 +88,9 @@ inline WinogradGeometry winograd_output_geometry(const at::Tensor& y, const at::
               ") tensor of the output's dtype and device, got ", transformed.sizes());
   if (bias.has_value()) {
     TORCH_CHECK(bias->dim() == 1 && bias->size(0) == y.size(1) && bias->is_contiguous() &&
-                    bias->scalar_type() == y.scalar_type(),
-                "densecnn.winograd_conv: bias must be a contiguous (", y.size(1), ",) tensor of the output's dtype");
+                    bias->scalar_type() == y.scalar_type() && bias->device() == y.device(),
+                "densecnn.winograd_conv: bias must be a contiguous (", y.size(1),
+                ",) tensor of the output's dtype and device");
   }
   const std::vector<int64_t> out(y.sizes().begin() + 2, y.sizes().end());
   const WinogradGeometry g = winograd_geometry(y, out, dilation, m, tile_begin, transformed.size(1));

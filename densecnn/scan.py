@@ -15,6 +15,7 @@ from .chain import extract_chain
 from .convert import as_patch_size, convert, spatial_dims_of
 from .errors import InvalidInputError
 from .layers import WindowLayer
+from .ops.precision import full_float32
 from .padding import check_padding_mode, pad_for_patches
 
 
@@ -41,10 +42,11 @@ def scan_patches(
         windows = windows.unfold(axis, p, 1)  # (N, C, *S, *P)
     pixels = torch.arange(n * math.prod(size), device=x.device)
     scores = []
-    for chunk in pixels.split(batch_size):
-        index = torch.unravel_index(chunk, (n, *size))  # (image, *position)
-        patches = windows[(index[0], slice(None), *index[1:])]  # (B, C, *P)
-        scores.append(model(patches).reshape(len(chunk), -1))  # (B, K)
+    with full_float32(x):  # the reference in IEEE float32 on a GPU too (no TF32)
+        for chunk in pixels.split(batch_size):
+            index = torch.unravel_index(chunk, (n, *size))  # (image, *position)
+            patches = windows[(index[0], slice(None), *index[1:])]  # (B, C, *P)
+            scores.append(model(patches).reshape(len(chunk), -1))  # (B, K)
     return torch.cat(scores).view(n, *size, -1).movedim(-1, 1)  # (N, K, *S)
 
 

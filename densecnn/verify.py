@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from .errors import ConversionError, DenseCNNError
+from .ops.precision import full_float32
 from .rules import LayerRecord
 
 # max |dense - patch model| <= TOLERANCE · max(max |patch model|, 1): the rounding bound of the equivalence guarantee
@@ -70,7 +71,7 @@ def verify_conversion(model: nn.Module, dense: nn.Module, layers: list[Converted
     device = weight.device if weight is not None else torch.device("cpu")
     if device.type == "meta" or dtype not in TOLERANCE:
         return  # shapes only (a model file being checked), or a dtype with no stated bound
-    with torch.no_grad(), _eval_mode(model, dense):
+    with torch.no_grad(), _eval_mode(model, dense), full_float32(device):  # no TF32 in either net
         check = _Check(model, dense, layers, dtype, device)
         try:
             scores = check.dense_scores()

@@ -4,12 +4,14 @@
 # enabled, then the CUDA benchmark. Everything is written under $OUT (default gpu-check/):
 #   build.log    the extension's build        tests.log, junit.xml   the test suite
 #   bench.json   the benchmark (scripts/gpu_bench.py)                summary.txt   one line per step
+# TESTS= limits the test step to some paths (default: the whole suite).
 # Without a GPU (or without a CUDA build of torch) it says so in one line and exits 1. docs/cuda.md explains it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PYTHON="${PYTHON:-python3}"
 OUT="${OUT:-gpu-check}"
+TESTS="${TESTS:-tests}"  # what the test step runs: the whole suite, or e.g. TESTS="tests/ops tests/core" on a short lease
 
 if ! probe="$("$PYTHON" - 2>&1 <<'PY'
 try:
@@ -46,10 +48,18 @@ summary="$OUT/summary.txt"
 echo "gpu-check: $device (compute capability $capability), $versions, nvcc in $CUDA_HOME" | tee "$summary"
 
 # The extension with its CUDA kernels, for this GPU's architecture only (a short build), next to the sources.
+# Compiled and linked by the system's C++ compiler (CC/CXX override): a Python built with a GCC of its own may name
+# one that links libstdc++ statically, and that private copy crashed formatting the ops' error messages.
 start=$SECONDS
-if ! CUDA_HOME="$CUDA_HOME" FORCE_CUDA=1 TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-$capability}" \
+if ! CC="${CC:-c++}" CXX="${CXX:-c++}" CUDA_HOME="$CUDA_HOME" FORCE_CUDA=1 \
+    TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-$capability}" \
     "$PYTHON" setup.py build_ext --inplace >"$OUT/build.log" 2>&1; then
   echo "gpu-check: FAILED — the CUDA build of the extension; see $OUT/build.log" | tee -a "$summary" >&2
+  exit 1
+fi
+if nm -D --defined-only densecnn/_C*.so 2>/dev/null | grep -q '_ZNSo9_M_insertIlEERSoT_$'; then
+  echo "gpu-check: FAILED — the extension carries its own copy of libstdc++ (linked statically); build it with a" \
+    "compiler that links libstdc++ as a shared library: CC=g++ CXX=g++ (the system's)" | tee -a "$summary" >&2
   exit 1
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -68,7 +78,7 @@ echo "gpu-check: ok      extension built with CUDA kernels for sm_${capability/.
 # Test modules that need a package this machine lacks (the service's, Dask's, ...) are listed as not run
 # (scripts/gpu_check_tests.py).
 start=$SECONDS
-if ! verdict="$("$PYTHON" scripts/gpu_check_tests.py --out "$OUT" 2>&1)"; then
+if ! verdict="$("$PYTHON" scripts/gpu_check_tests.py --out "$OUT" $TESTS 2>&1)"; then
   echo "gpu-check: FAILED  test suite: $(tail -n 1 <<<"$verdict"); see $OUT/tests.log" | tee -a "$summary" >&2
   exit 1
 fi

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from ..geometry import Size
+from .precision import full_float32
 
 
 def _functional(op: str, x: torch.Tensor):
@@ -19,8 +20,10 @@ def _functional(op: str, x: torch.Tensor):
 
 
 def conv(x, weight, bias, dilation: Size, groups: int = 1) -> torch.Tensor:
-    """Stride-1 dilated convolution. x (N, C, *S), weight (K, C/groups, *k) -> (N, K, *S')."""
-    return _functional("conv", x)(x, weight, bias, stride=1, dilation=dilation, groups=groups)
+    """Stride-1 dilated convolution. x (N, C, *S), weight (K, C/groups, *k) -> (N, K, *S'), in IEEE float32 on a GPU
+    (no TF32: :mod:`~densecnn.ops.precision`)."""
+    with full_float32(x):
+        return _functional("conv", x)(x, weight, bias, stride=1, dilation=dilation, groups=groups)
 
 
 def conv_backward(
@@ -35,10 +38,11 @@ def conv_backward(
     weight and bias, by torch's convolution backward; each is None unless ``needs`` asks for it (ask for the bias's
     only when the conv has one)."""
     axes = x.dim() - 2
-    grads = torch.ops.aten.convolution_backward(
-        grad_y, x, weight, [weight.shape[0]] if needs[2] else None, [1] * axes, list(padding or [0] * axes),
-        list(dilation), False, [0] * axes, 1, list(needs),
-    )  # fmt: skip
+    with full_float32(x):
+        grads = torch.ops.aten.convolution_backward(
+            grad_y, x, weight, [weight.shape[0]] if needs[2] else None, [1] * axes, list(padding or [0] * axes),
+            list(dilation), False, [0] * axes, 1, list(needs),
+        )  # fmt: skip
     return tuple(grad if need else None for grad, need in zip(grads, needs, strict=True))
 
 

@@ -8,7 +8,9 @@ at exit. A plan is the only way a dense net runs its ops.
 Where the per-layer times come from:
 - immediate mode (the default): the tuning step's cached timings of the layer if there are any (from ``densecnn
   tune`` or an earlier tuned run), else the shipped cost model's predictions (:mod:`densecnn.ops.costmodel`):
-  no candidate is timed, so the first call is as fast as the next;
+  no candidate is timed, so the first call is as fast as the next. The cost model measured CPUs: on a GPU, until
+  the tuning step has timed a layer there, it runs torch's own op (cuDNN) and its gradients (source
+  ``"gpu-default"``), which ran whole nets 1.6-4.6x faster than the CPU model's picks on an H200 (docs/cuda.md);
 - tuning (the config's ``tune``: ``tune=True`` on the net, ``DENSECNN_TUNE=1``, ``densecnn tune``): every candidate is
   timed once per problem and the times cached on disk (:mod:`densecnn.ops.tune`), which later immediate-mode plans
   reuse.
@@ -43,6 +45,8 @@ from .layout import memory_format as torch_memory_format
 from .layout import names_for, to_format
 from .solvers import PoolOp
 from .tune import timing_shape, tuned_gradient_times, tuned_times
+
+GPU_DEFAULT = "gpu-default"  # a step's time source on a GPU before tuning: torch's own op, nothing predicted
 
 Shape = tuple[int, ...]  # (N, C, *spatial)
 
@@ -95,7 +99,7 @@ class Plan:
 
     def describe(self) -> list[dict]:
         """One row per step: its layers, solver, memory format, where the choice came from ("tuned" timings, the
-        cost model's "predicted" times, "forced"), and the step's times per candidate in that format (ms, at the
+        cost model's "predicted" times, "forced", "gpu-default"), and the step's times per candidate in that format (ms, at the
         bucketed timing shape, with torch's fresh buffers charged: :mod:`densecnn.ops.allocator`). A training plan's
         conv whose gradients were chosen apart from its forward also has ``gradients`` ({"grad_input": solver or
         None, "grad_weight": solver}) and their ``gradient_times_ms``; its ``times_ms`` are then the forward's."""
@@ -258,6 +262,8 @@ def _times(op, names, shape, dtype, device, forced, fmt_forced, *, train, config
         op, shape, dtype, device, train=train, ext=ext, cache_dir=config.cache_dir, input_grad=input_grad,
         time_missing=config.tune,
     )  # fmt: skip
+    if times is None and torch.device(device).type != "cpu" and "native" in names:
+        return GPU_DEFAULT, {"nchw": {name: 0.0 if name == "native" else None for name in names}}
     if times is None:
         # Predicted at the shape the tuning step times (and the cost model was measured at), so that immediate and
         # tuned plans rank the candidates on the same problem.
@@ -287,6 +293,11 @@ def _gradient_times(op, names, shape, dtype, device, *, config, input_grad):
         time_missing=config.tune,
     )  # fmt: skip
     source = "tuned"
+    if times is None and torch.device(device).type != "cpu":
+        native = {"native": 0.0}
+        return GPU_DEFAULT, {
+            "nchw": {"grad_input": native, "grad_weight": native} if input_grad else {"grad_weight": native}
+        }
     if times is None:
         source = "predicted"
         times = costmodel.estimate_gradients(op, timing_shape(op, shape), dtype, names, input_grad=input_grad)

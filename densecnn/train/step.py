@@ -18,6 +18,7 @@ from ..dense import DenseCNN
 from ..errors import TrainingError
 from ..losses import IGNORE_INDEX, masked_cross_entropy_terms, pixel_cross_entropy
 from ..masked import masked_terms
+from ..ops.precision import full_float32
 from .crops import sample_generator
 from .no_data import without_no_data
 
@@ -182,7 +183,8 @@ class Step:
         # DDP averages gradients over processes: scale so the result is the global-batch mean
         loss = loss_sum * self.dist.world_size / totals[1].clamp(min=torch.finfo(totals.dtype).tiny)
         self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        with full_float32(loss.device):  # torch's conv gradients without TF32 on a GPU
+            loss.backward()
         self.optimizer.step()
         self.scheduler.step()
         return {

@@ -53,6 +53,7 @@ from ..io.annotations import sparse_labels
 from ..losses import IGNORE_INDEX
 from ..masked import masked_terms, patch_scores
 from ..modelfile import CONFIG_FILE, LoadedModel, default_palette, load, save
+from ..ops.precision import full_float32
 from .crops import CropSampler
 from .features import BATCH_NORMS, PixelFeatures, dihedral_permutations, fix_layers, fixed_layers, standardize
 from .holdout import split_strokes
@@ -262,7 +263,8 @@ class StrokeTrainer:
         ):
             loss = self._head_loss(generator) if self.fixed else self._crops_loss(generator)
             self.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            with full_float32(loss.device):  # torch's conv gradients without TF32 on a GPU
+                loss.backward()
             self.optimizer.step()
         self.scheduler.step()
         return float(loss.detach())

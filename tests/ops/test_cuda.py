@@ -95,13 +95,20 @@ def test_every_solver_on_cuda_has_exact_gradients(case, shape, name):
         def conv(x, weight, bias):
             return solvers.run(name, ConvOp(weight, bias, op.dilation, op.groups), x)
 
-        assert torch.autograd.gradcheck(conv, (x, weight, bias), eps=1e-6, atol=1e-6, fast_mode=True)
+        # a conv op's own backward is torch's convolution backward, and cuDNN's may sum in any order: equal to
+        # float64 rounding, not bitwise, from one call to the next
+        assert torch.autograd.gradcheck(
+            conv, (x, weight, bias), eps=1e-6, atol=1e-6, fast_mode=True, nondet_tol=1e-12
+        )
     else:
         run = lambda x: solvers.run(name, op, x)  # noqa: E731
         assert torch.autograd.gradcheck(run, (x,), eps=1e-6, atol=1e-6, fast_mode=True)
 
 
 def _to_cuda(value):
+    """A sample's argument on the GPU: a tensor, or each tensor of a list (a pool backward's taps)."""
+    if isinstance(value, list | tuple):
+        return type(value)(_to_cuda(v) for v in value)
     if isinstance(value, torch.Tensor):
         return value.detach().to("cuda").requires_grad_(value.requires_grad)
     return value
@@ -112,6 +119,32 @@ def _to_cuda(value):
 def test_opcheck_on_cuda(index):
     op, args = op_samples()[index]
     torch.library.opcheck(op, tuple(_to_cuda(a) for a in args))
+
+
+@needs_cuda
+def test_a_pool_backward_with_taps_on_another_device_says_so():
+    x = torch.randn(1, 2, 8, 8, device="cuda")
+    y, taps = torch.ops.densecnn.max_pool(x, [2, 2], [1, 1], "none", True)
+    with pytest.raises(RuntimeError, match="on cpu does not belong to grad_output"):
+        torch.ops.densecnn.max_pool_backward(
+            torch.ones_like(y), None, [t.cpu() for t in taps], [2, 2], [1, 1], "none"
+        )
+
+
+@needs_cuda
+def test_float32_convolutions_stay_exact_with_cudnn_tf32_allowed():
+    """cuDNN's default TF32 would round float32 convs to 10 bits: densecnn's convs and verification turn it off."""
+    assert torch.backends.cudnn.allow_tf32  # torch's default, which this test must run under
+    torch.manual_seed(0)
+    model, patch = densecnn.zoo.create("stages_46", in_channels=3, num_classes=4)
+    model = model.cuda().eval()
+    x = torch.rand(1, 3, 40, 40, device="cuda")
+    scores = densecnn.convert(model, patch, backend="native")(x)  # verification passes: 1e-5 in float32
+    expected = densecnn.scan_patches(model.double().cpu(), x.double().cpu(), patch)
+    assert (scores.double().cpu() - expected).abs().max().item() <= 1e-4 * max(
+        expected.abs().max().item(), 1.0
+    )
+    assert torch.backends.cudnn.allow_tf32  # the caller's setting is back
 
 
 @needs_cuda

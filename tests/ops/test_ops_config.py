@@ -192,6 +192,23 @@ def test_the_plan_is_handed_the_config_and_the_activations():
         plan.group_steps(list(dense.features)[:2], [None])
 
 
+def test_on_a_gpu_an_untuned_plan_runs_torchs_own_ops(tmp_path):
+    """The cost model measured CPUs: for a GPU it predicts nothing, and a plan runs torch's ops (cuDNN) until tuned."""
+    dense, x = _tiny()
+    padded = dense.pad(x)
+    config = OpsConfig(cache_dir=tmp_path)  # no tuned timings
+    for train in (False, True):
+        made = plan.make_plan(dense.steps(), tuple(padded.shape), padded.dtype, "cuda", backend=dense.backend,
+                              train=train, config=config, input_grad=train)  # fmt: skip
+        windowed = [step for step in made.steps if step.solver]
+        assert windowed and {(s.solver, s.source) for s in windowed} == {("native", plan.GPU_DEFAULT)}
+        assert made.memory_format == "nchw"
+        assert all(s.gradients in (None, ("native", "native")) for s in windowed)
+    cpu = plan.make_plan(dense.steps(), tuple(padded.shape), padded.dtype, "cpu", backend=dense.backend,
+                         train=False, config=config)  # fmt: skip
+    assert {s.source for s in cpu.steps if s.solver} == {"predicted"}
+
+
 @pytest.mark.skipif(not ext.available(), reason="densecnn's kernels are not built")
 def test_the_kernels_output_cache_follows_the_config():
     def pool():
