@@ -1,5 +1,7 @@
 """The CUDA benchmark of ``make gpu-check``: dense forward and training step on the GPU against the same net converted
-to native (cuDNN) dilated ops, and against patch-by-patch scanning.
+to native (cuDNN) dilated ops, and against patch-by-patch scanning. densecnn runs twice: in immediate mode (on a GPU
+an untuned plan runs torch's own ops) and tuned (every layer's candidates timed on this GPU, densecnn's CUDA kernels
+among them).
 
 Every time is a median of CUDA-event timings after warm-up runs; the dense net and its native conversion share the
 patch model's parameters, run on the same input and are checked to agree before they are timed. Patch scanning is
@@ -13,9 +15,11 @@ the whole image. Writes the results as JSON to ``--out`` and prints one line per
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -24,6 +28,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import densecnn  # noqa: E402
+from densecnn.ops.config import use_config  # noqa: E402
 
 MODELS = {"plain_133": (3, 32), "stages_46": (3, 8)}  # zoo name -> (in_channels, num_classes)
 MASKED_PIXELS = 256  # pixels per image whose loss a training step takes
@@ -50,10 +55,11 @@ def seconds(fn, device: str, repeats: int, warm_up: int = 2) -> float:
     return statistics.median(times)
 
 
-def training_step(net, model, x, labels, mask):
+def training_step(net, model, x, labels, mask, config):
     def step():
         model.zero_grad(set_to_none=True)
-        densecnn.masked_cross_entropy(net(x), labels, mask).backward()
+        with config():
+            densecnn.masked_cross_entropy(net(x), labels, mask).backward()
 
     return step
 
@@ -78,11 +84,27 @@ def bench_model(name: str, size: int, crop: int, repeats: int, device: str = "cu
     mask = torch.zeros(1, size * size, dtype=torch.bool, device=device)
     mask[0, torch.randperm(size * size, device=device)[:MASKED_PIXELS]] = True
     mask = mask.view(1, size, size)
-    with torch.no_grad():
-        forward = {"densecnn": seconds(lambda: dense(x), device, repeats),
-                   "native": seconds(lambda: native(x), device, repeats)}  # fmt: skip
-    step = {"densecnn": seconds(training_step(dense, model, x, labels, mask), device, repeats),
-            "native": seconds(training_step(native, model, x, labels, mask), device, repeats)}  # fmt: skip
+    tuning = tempfile.TemporaryDirectory()  # the tuned timings of this run only
+    configs = {
+        "densecnn": contextlib.nullcontext,
+        "densecnn_tuned": lambda: use_config(tune=True, cache_dir=Path(tuning.name)),
+        "native": contextlib.nullcontext,
+    }
+    nets = {"densecnn": dense, "densecnn_tuned": densecnn.convert(model, patch), "native": native}
+
+    def forward_pass(name):
+        def run():
+            with torch.no_grad(), configs[name]():
+                nets[name](x)
+
+        return run
+
+    forward = {name: seconds(forward_pass(name), device, repeats) for name in nets}
+    step = {
+        name: seconds(training_step(net, model, x, labels, mask, configs[name]), device, repeats)
+        for name, net in nets.items()
+    }
+    tuning.cleanup()
     small = x[:, :, :crop, :crop].contiguous()
     with torch.no_grad():
         scan = seconds(lambda: densecnn.scan_patches(model, small, patch), device, max(1, repeats // 4), 1)
@@ -96,6 +118,8 @@ def bench_model(name: str, size: int, crop: int, repeats: int, device: str = "cu
         "training_step_s": step,
         "forward_speedup_vs_native": forward["native"] / forward["densecnn"],
         "training_step_speedup_vs_native": step["native"] / step["densecnn"],
+        "tuned_forward_speedup_vs_native": forward["native"] / forward["densecnn_tuned"],
+        "tuned_training_step_speedup_vs_native": step["native"] / step["densecnn_tuned"],
         "patch_scan": {"crop": [crop, crop], "seconds": scan, "seconds_per_pixel": scan / crop**2},
         "forward_speedup_vs_patch_scan_per_pixel": (scan / crop**2) / dense_per_pixel,
     }
@@ -131,7 +155,9 @@ def main(argv: list[str] | None = None) -> int:
             f"gpu-bench: {row['model']} {args.size}²: forward {row['forward_s']['densecnn'] * 1e3:.2f} ms "
             f"({row['forward_speedup_vs_native']:.2f}x {native}, "
             f"{row['forward_speedup_vs_patch_scan_per_pixel']:.0f}x patch scanning per pixel); training step "
-            f"{row['training_step_s']['densecnn'] * 1e3:.2f} ms ({row['training_step_speedup_vs_native']:.2f}x {native})"
+            f"{row['training_step_s']['densecnn'] * 1e3:.2f} ms ({row['training_step_speedup_vs_native']:.2f}x {native}); "
+            f"tuned: forward {row['tuned_forward_speedup_vs_native']:.2f}x, training step "
+            f"{row['tuned_training_step_speedup_vs_native']:.2f}x {native}"
         )
     return 0
 

@@ -99,8 +99,9 @@ class Plan:
 
     def describe(self) -> list[dict]:
         """One row per step: its layers, solver, memory format, where the choice came from ("tuned" timings, the
-        cost model's "predicted" times, "forced", "gpu-default"), and the step's times per candidate in that format (ms, at the
-        bucketed timing shape, with torch's fresh buffers charged: :mod:`densecnn.ops.allocator`). A training plan's
+        cost model's "predicted" times, "forced", "gpu-default": torch's op on a GPU before tuning), and the step's
+        times per candidate in that format (ms, at the bucketed timing shape, with torch's fresh buffers charged:
+        :mod:`densecnn.ops.allocator`). A training plan's
         conv whose gradients were chosen apart from its forward also has ``gradients`` ({"grad_input": solver or
         None, "grad_weight": solver}) and their ``gradient_times_ms``; its ``times_ms`` are then the forward's."""
         rows = []

@@ -274,6 +274,15 @@ def _time_one(
 
 
 def _elapsed_ms(fn) -> float:
+    """Wall-clock ms of ``fn()``; with the GPU in use, its queued work finished before and after (kernels run
+    asynchronously: without that, the clock times their launches)."""
+    sync = torch.cuda.synchronize if torch.cuda.is_initialized() else _no_sync
+    sync()
     start = time.perf_counter()
     fn()
+    sync()
     return (time.perf_counter() - start) * 1e3
+
+
+def _no_sync() -> None:
+    """Nothing to wait for: no GPU is in use."""

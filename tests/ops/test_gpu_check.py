@@ -42,7 +42,10 @@ def test_the_benchmark_runs_and_writes_its_results(tmp_path):
     assert [row["model"] for row in results["models"]] == list(bench.MODELS)
     for row in results["models"]:
         assert row["max_relative_difference_vs_native"] <= 1e-4
-        assert set(row["forward_s"]) == set(row["training_step_s"]) == {"densecnn", "native"}
+        assert (
+            set(row["forward_s"]) == set(row["training_step_s"]) == {"densecnn", "densecnn_tuned", "native"}
+        )
+        assert row["tuned_training_step_speedup_vs_native"] > 0
         assert row["patch_scan"]["crop"] == [3, 3] and row["patch_scan"]["seconds"] > 0
 
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import densecnn
-from densecnn.ops import OpsConfig, ext, get_config, plan, use_config
+from densecnn.ops import OpsConfig, ext, get_config, plan, tune, use_config
 from densecnn.ops import config as ops_config_module
 from densecnn.ops.config import DEPRECATED_NAMES, ENVIRONMENT
 from densecnn.ops.solvers import SOLVERS
@@ -207,6 +207,15 @@ def test_on_a_gpu_an_untuned_plan_runs_torchs_own_ops(tmp_path):
     cpu = plan.make_plan(dense.steps(), tuple(padded.shape), padded.dtype, "cpu", backend=dense.backend,
                          train=False, config=config)  # fmt: skip
     assert {s.source for s in cpu.steps if s.solver} == {"predicted"}
+
+
+def test_tuning_on_a_gpu_waits_for_its_kernels(monkeypatch):
+    """GPU kernels run asynchronously: a timing that did not wait for them before and after would time launches."""
+    events = []
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: events.append("wait"))
+    tune._elapsed_ms(lambda: events.append("run"))
+    assert events == ["wait", "run", "wait"]
 
 
 @pytest.mark.skipif(not ext.available(), reason="densecnn's kernels are not built")
