@@ -76,3 +76,12 @@ def test_the_test_run_fails_the_check_on_a_failure_or_a_skipped_cuda_case(tmp_pa
     (tmp_path / "junit.xml").write_text(JUNIT.format(second=second))
     (tmp_path / "tests.log").write_text(log)
     assert judge.verdict(tmp_path / "junit.xml", tmp_path / "tests.log") == (ok, line)
+
+
+def test_a_test_run_that_crashed_before_its_report_fails_the_check_and_says_why(tmp_path):
+    judge = load_script("gpu_check_tests")
+    (tmp_path / "tests.log").write_text("....F...Fatal Python error: Segmentation fault\n\nThread 0x01 ...\n")
+    assert judge.verdict(tmp_path / "junit.xml", tmp_path / "tests.log") == (
+        False,
+        "pytest wrote no report (Fatal Python error: Segmentation fault; see the end of tests.log)",
+    )
