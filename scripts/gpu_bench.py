@@ -84,27 +84,26 @@ def bench_model(name: str, size: int, crop: int, repeats: int, device: str = "cu
     mask = torch.zeros(1, size * size, dtype=torch.bool, device=device)
     mask[0, torch.randperm(size * size, device=device)[:MASKED_PIXELS]] = True
     mask = mask.view(1, size, size)
-    tuning = tempfile.TemporaryDirectory()  # the tuned timings of this run only
-    configs = {
-        "densecnn": contextlib.nullcontext,
-        "densecnn_tuned": lambda: use_config(tune=True, cache_dir=Path(tuning.name)),
-        "native": contextlib.nullcontext,
-    }
     nets = {"densecnn": dense, "densecnn_tuned": densecnn.convert(model, patch), "native": native}
+    with tempfile.TemporaryDirectory() as tuning:  # the tuned timings of this run only
+        configs = {
+            "densecnn": contextlib.nullcontext,
+            "densecnn_tuned": lambda: use_config(tune=True, cache_dir=Path(tuning)),
+            "native": contextlib.nullcontext,
+        }
 
-    def forward_pass(name):
-        def run():
-            with torch.no_grad(), configs[name]():
-                nets[name](x)
+        def forward_pass(name):
+            def run():
+                with torch.no_grad(), configs[name]():
+                    nets[name](x)
 
-        return run
+            return run
 
-    forward = {name: seconds(forward_pass(name), device, repeats) for name in nets}
-    step = {
-        name: seconds(training_step(net, model, x, labels, mask, configs[name]), device, repeats)
-        for name, net in nets.items()
-    }
-    tuning.cleanup()
+        forward = {name: seconds(forward_pass(name), device, repeats) for name in nets}
+        step = {
+            name: seconds(training_step(net, model, x, labels, mask, configs[name]), device, repeats)
+            for name, net in nets.items()
+        }
     small = x[:, :, :crop, :crop].contiguous()
     with torch.no_grad():
         scan = seconds(lambda: densecnn.scan_patches(model, small, patch), device, max(1, repeats // 4), 1)
