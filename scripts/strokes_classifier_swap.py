@@ -5,9 +5,9 @@ both feature sets, on the stroke sets of ``scripts/compare_strokes.py``, and pri
     python scripts/strokes_classifier_swap.py --images rgb grey --kinds walks skeletons --seeds 0 1 2
 
 - ``forest``: scikit-learn's random forest of ``compare_strokes.py`` (100 trees);
-- ``head``: the recipe's head as :class:`densecnn.train.strokes.StrokeTrainer` trains it on the fixed layers'
-  features (``standardize``-d, ``zoo.FEATURE_DROPOUT`` of them dropped, 1×1 layers of 32 and 32, AdamW with the
-  default recipe's learning rate, warm-up, cosine schedule, steps and pixels a step, the classes drawn equally
+- ``head``: the recipe's head trained on the labelled pixels' fixed features alone, as the recipe did before its
+  smoothness term (``standardize``-d, ``zoo.FEATURE_DROPOUT`` of them dropped, 1×1 layers of 32 and 32, AdamW with
+  the default recipe's learning rate, warm-up, cosine schedule, steps and pixels a step, the classes drawn equally
   often), without the flip and turn permutations, which ilastik's features do not have;
 - ``ilastik``: ilastik's filter features (``compare_strokes.ilastik_features``); ``filter bank``: the features of
   ``densecnn.zoo.filter_bank``'s fixed layers, by their dense pass over the normalised image.

@@ -119,18 +119,19 @@ class PixelFeatures:
             self._maps[index] = other._maps[other_index]
 
     def kept(self, index: int) -> torch.Tensor | None:
-        """(F, *spatial) the features of every pixel of image ``index``, when they are kept (None otherwise)."""
+        """(*spatial, F) the features of every pixel of image ``index``, pixel-major (a pixel's features are
+        contiguous: drawing pixels at random reads whole cache lines), when they are kept (None otherwise)."""
         return self._maps.get(index)
 
     def _features_at(self, index: int, where: tuple[np.ndarray, ...]) -> torch.Tensor:
         """(n, F) features of image ``index`` at the pixels ``where`` (row-major, as ``np.nonzero`` gives them)."""
         if index in self._maps:
-            return self._maps[index][(slice(None), *map(torch.from_numpy, where))].T
+            return self._maps[index][tuple(map(torch.from_numpy, where))]
         blocks = self._blocks(index)
         if self._keep:
-            maps = torch.empty(self.dense.num_classes, *self._sizes[index])  # (F, *spatial)
+            maps = torch.empty(*self._sizes[index], self.dense.num_classes)  # (*spatial, F)
             for block in blocks:
-                maps[(slice(None), *block)] = self._block(index, block)
+                maps[block] = self._block(index, block).movedim(0, -1)
             self._maps[index] = maps
             return self._features_at(index, where)
         pieces, order = [], []

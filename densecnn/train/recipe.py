@@ -39,7 +39,11 @@ class Recipe:
         intensity_jitter: each crop's values scaled by 1 ± this and shifted by ± this (in normalised units).
         focal_gamma: the focal weighting of the loss (0: plain cross-entropy).
         pixels: labelled pixels a step trains on when the net is a per-pixel head on fixed layers
-            (:func:`densecnn.train.features.fixed_layers`), drawn from the features of all of them.
+            (:func:`densecnn.train.features.fixed_layers`), drawn from the features of all of them; as many pairs
+            of neighbouring pixels feed the smoothness term.
+        smoothness: the weight of the smoothness term (:mod:`densecnn.train.smoothness`) in a per-pixel head's
+            loss (0: none). It needs the features of every pixel, kept for images whose feature maps fit
+            :data:`densecnn.train.features.KEPT_BYTES`.
         method: how a step computes the crops' masked loss (:func:`densecnn.masked.masked_terms`): ``"auto"`` (the
             cheapest of a dense, region or patch pass), or one of them forced (``"patches"``: the classical patch
             minibatch of the same pixels, the baseline).
@@ -57,6 +61,7 @@ class Recipe:
     intensity_jitter: float = 0.1
     focal_gamma: float = 0.0
     pixels: int = 256
+    smoothness: float = 0.0
     method: str = "auto"
 
 
@@ -81,8 +86,9 @@ def default_recipe(
     a few strokes held out per class validate on one or two places of the image, whose mIoU fell while the mIoU on
     the unlabelled pixels rose (docs/training.md), so they would pick and stop on the wrong weights.
 
-    A ``per_pixel_head`` on fixed layers (the default ``filter_bank``) trains on 256 labelled pixels a step, at
-    lr 10⁻², for 1,000 steps: a step costs about a millisecond.
+    A ``per_pixel_head`` on fixed layers (the default ``filter_bank``) trains on 256 labelled pixels a step and,
+    in images, 256 pairs of neighbours (the smoothness term, weight 2), at lr 10⁻², for 1,000 steps: a step costs
+    a few milliseconds.
     """
     if not shapes:
         raise TrainingError("no training images: give at least one image with labels")
@@ -94,6 +100,10 @@ def default_recipe(
     crop = tuple(min(w, s) for w, s in zip(wanted, smallest, strict=True))
     batch = 2 if dims == 3 else 8
     if per_pixel_head:
-        return Recipe(crop=crop, batch=batch, steps=1000, lr=1e-2, intensity_jitter=0.0)
+        # volumes: the smoothness term cost their 1-voxel boundary class more than it gave (docs/training.md)
+        smoothness = 2.0 if dims == 2 else 0.0
+        return Recipe(
+            crop=crop, batch=batch, steps=1000, lr=1e-2, intensity_jitter=0.0, smoothness=smoothness
+        )
     steps = int(min(400, max(100, labelled_pixels // 100)))
     return Recipe(crop=crop, batch=batch, steps=steps)

@@ -10,8 +10,9 @@ the newest weights (:mod:`densecnn.train.recipe`).
 
 A net whose leading layers are fixed and whose other layers are per pixel (the default ``filter_bank``:
 :mod:`densecnn.train.features`) trains without crops: the fixed layers' features of every labelled pixel come from
-one dense pass over each image, and each step trains the head on a class-balanced sample of them, each pixel's
-features permuted as a random flip or quarter turn of its image would permute them.
+one dense pass over each image, and each step trains the head on a sample of them, each pixel's features permuted as
+a random flip or quarter turn of its image would permute them, plus a smoothness term on pairs of neighbouring
+pixels of the whole images (:mod:`densecnn.train.smoothness`).
 
 >>> from densecnn.train.strokes import StrokeTrainer
 >>> trainer = StrokeTrainer([image], [strokes], unlabelled=-1, class_names=["background", "cell"])
@@ -59,6 +60,7 @@ from .features import BATCH_NORMS, PixelFeatures, dihedral_permutations, fix_lay
 from .holdout import split_strokes
 from .metrics import confusion_matrix
 from .recipe import Recipe, default_model, default_recipe
+from .smoothness import NeighbourPairs, potts
 
 VAL_PIXELS = 2048  # held-out pixels scored at each validation, at most
 PREVIEW_PIXELS = 2**16  # pixels the head labels at once in a preview
@@ -136,6 +138,7 @@ class StrokeTrainer:
         self._feature_images: list[np.ndarray] = []  # the images self.features holds
         # (T, F): the features' order after each flip or turn, found with the first features
         self._feature_gathers: torch.Tensor | None = None
+        self.pairs: NeighbourPairs | None = None  # the smoothness term's (a per-pixel head's)
         self.set_labels(images, labels, unlabelled=unlabelled)
 
     @property
@@ -182,7 +185,7 @@ class StrokeTrainer:
         # classes are balanced by where crops are drawn (each labelled class equally often), not by loss weights
         self.classes_present = [k for k, (images_of, _) in enumerate(self.train_pixels) if len(images_of)]
         if self.fixed:
-            self._gather_features(images, train)
+            self._gather_features(images, train, tensors)
         self.val_inputs, self.val_targets = self._val_inputs(np.random.default_rng(self.seed))
         self.has_val = len(self.val_targets) > 0
         self._best_state: dict | None = None  # None: the newest weights are the best
@@ -228,10 +231,13 @@ class StrokeTrainer:
             if self._stale >= self.recipe.patience and done >= self.recipe.min_steps:
                 return
 
-    def _gather_features(self, images: list[np.ndarray], train: list[np.ndarray]) -> None:
+    def _gather_features(
+        self, images: list[np.ndarray], train: list[np.ndarray], tensors: list[torch.Tensor]
+    ) -> None:
         """The fixed layers' features of every training pixel (the dense pass of an image that was among the last
         ones is not run again while its features are kept: new strokes in one window of a slide leave the others'
-        as they were)."""
+        as they were), and the smoothness term's pairs over the images ``tensors`` (normalised) whose features of
+        every pixel are kept."""
         if self.features is None or not _same_images(images, self._feature_images):
             prefix = nn.Sequential(*list(self.model_net)[: self.fixed])
             previous, previous_images = self.features, self._feature_images
@@ -252,7 +258,13 @@ class StrokeTrainer:
             standardize(self.model_net[self.fixed], self.train_x, self._feature_gathers)
             self._standardize = False
         self._train_maps, self._train_pixels_flat = train, None
-        self.train_by_class = [torch.nonzero(self.train_y == k)[:, 0] for k in range(self.loaded.num_classes)]
+        # the smoothness term's pairs: over every pixel of the images whose features are all kept
+        self._pair_images = [n for n in range(len(images)) if self.features.kept(n) is not None]
+        self.pairs = (
+            NeighbourPairs([tensors[n] for n in self._pair_images])
+            if self.recipe.smoothness > 0 and self._pair_images
+            else None
+        )
 
     def _take_step(self) -> float:
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.step)
@@ -270,26 +282,53 @@ class StrokeTrainer:
         return float(loss.detach())
 
     def _head_loss(self, generator: torch.Generator) -> torch.Tensor:
-        """The cross-entropy of ``recipe.pixels`` labelled pixels (classes drawn equally often): the head on their
-        fixed features, each pixel's permuted as a random flip or turn of its image permutes them, with the head's
-        dropout. ``recipe.method == "patches"`` (the baseline) takes the same step with the fixed layers recomputed
-        on every pixel's own patch instead of gathered from the dense pass."""
-        pools = [self.train_by_class[k] for k in self.classes_present]
-        sizes = torch.tensor([len(pool) for pool in pools])
-        starts = torch.cumsum(sizes, 0) - sizes  # where each class's pixels start in torch.cat(pools)
-        classes = torch.randint(len(pools), (self.recipe.pixels,), generator=generator)
-        within = (torch.rand(self.recipe.pixels, generator=generator) * sizes[classes]).long()
-        picked = torch.cat(pools)[starts[classes] + within]  # (B,) rows of the gathered features
-        targets = self.train_y[picked]  # (B,)
+        """The cross-entropy of ``recipe.pixels`` labelled pixels drawn uniformly (each class as often as it is
+        labelled, as a random forest weighs them), plus ``recipe.smoothness`` times the smoothness term on as many
+        pairs of neighbouring pixels (:mod:`densecnn.train.smoothness`): the head on their fixed features, each
+        pixel's permuted as a random flip or turn of its image permutes them (a pair's two pixels alike), with the
+        head's dropout. ``recipe.method == "patches"`` (the baseline) takes the same step with the fixed layers
+        recomputed on every pixel's own patch instead of gathered from the dense pass."""
+        count = self.recipe.pixels
+        picked = torch.randint(len(self.train_y), (count,), generator=generator)  # (B,) rows
         if self.recipe.method == "patches":
-            patches = self._patches(self._train_pixel_list(picked))  # (B, C, *R)
-            x = patch_scores(self.features.dense, patches).flatten(1)  # (B, F)
+            x = self._patch_features(self._train_pixel_list(picked))  # (B, F)
         else:
             x = self.train_x[picked]  # (B, F)
-        turn = torch.randint(len(self._feature_gathers), (len(x),), generator=generator)
-        # each pixel's features as if its image were flipped or turned
-        scores = self._head(torch.gather(x, 1, self._feature_gathers[turn]), training=True)
-        return nn.functional.cross_entropy(scores, targets)
+        turn = torch.randint(len(self._feature_gathers), (count,), generator=generator)  # (B,)
+        pairs = self._pair_features(generator) if self.pairs is not None else None
+        if pairs is not None:  # one pass of the head over the labelled pixels and the pairs
+            first, second, weights, pair_turn = pairs
+            x, turn = torch.cat([x, first, second]), torch.cat([turn, pair_turn, pair_turn])  # (B + 2M, F)
+        scores = self._head(torch.gather(x, 1, self._feature_gathers[turn]), training=True)  # (B [+ 2M], K)
+        loss = nn.functional.cross_entropy(scores[:count], self.train_y[picked])
+        if pairs is not None:
+            loss = loss + self.recipe.smoothness * potts(*scores[count:].softmax(1).chunk(2), weights)
+        return loss
+
+    def _pair_features(
+        self, generator: torch.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """For ``recipe.pixels`` pairs of neighbours drawn over the images with kept features: the (M, F) features
+        of their first and of their second pixels, their (M,) contrast weights and (M,) random flips or turns."""
+        first, second, weights = [], [], []
+        for local, p, q, w in self.pairs.draw(self.recipe.pixels, generator):
+            n = self._pair_images[local]
+            maps = self.features.kept(n)  # (*spatial, F)
+            if self.recipe.method == "patches":
+                shape = maps.shape[:-1]
+                first.append(self._patch_features([(n, np.unravel_index(int(i), shape)) for i in p]))
+                second.append(self._patch_features([(n, np.unravel_index(int(i), shape)) for i in q]))
+            else:
+                pixels = maps.view(-1, maps.shape[-1])  # (pixels, F)
+                first.append(pixels[p])
+                second.append(pixels[q])
+            weights.append(w)
+        turn = torch.randint(len(self._feature_gathers), (self.recipe.pixels,), generator=generator)
+        return torch.cat(first), torch.cat(second), torch.cat(weights), turn
+
+    def _patch_features(self, pixels: list[tuple[int, tuple[int, ...]]]) -> torch.Tensor:
+        """(M, F) the fixed layers' features of ``pixels`` (image index, coordinates), each from its own patch."""
+        return patch_scores(self.features.dense, self._patches(pixels)).flatten(1)
 
     def _head(self, x: torch.Tensor, *, training: bool = False) -> torch.Tensor:
         """(B, F) fixed features -> (B, K) scores by the layers after them, as the dense net runs them on each pixel:
@@ -301,8 +340,11 @@ class StrokeTrainer:
                 x = nn.functional.batch_norm(
                     x, layer.running_mean, layer.running_var, layer.weight, layer.bias, eps=layer.eps
                 )
+            elif isinstance(layer, nn.Dropout) and training:
+                # torch's dropout draws its mask by Bernoulli sampling, 3-4× slower on the CPU than a comparison
+                x = x * (torch.rand_like(x) >= layer.p) / (1 - layer.p)
             elif isinstance(layer, nn.Dropout):
-                x = nn.functional.dropout(x, layer.p, training=training)
+                continue
             else:
                 x = layer(x)
         return x
@@ -365,9 +407,9 @@ class StrokeTrainer:
         maps = self.features.kept(index) if self.fixed and self._best_state is None else None
         if maps is None:
             return None
-        pixels = maps.flatten(1).T  # (P, F)
+        pixels = maps.view(-1, maps.shape[-1])  # (P, F)
         labels = torch.cat([self._head(chunk).argmax(1) for chunk in pixels.split(PREVIEW_PIXELS)])  # (P,)
-        return labels.view(maps.shape[1:]).numpy()
+        return labels.view(maps.shape[:-1]).numpy()
 
     @torch.no_grad()
     def validate(self) -> float:

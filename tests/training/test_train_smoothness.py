@@ -1,0 +1,110 @@
+"""The smoothness term of training from strokes: neighbour pairs, their contrast weights, the relaxed Potts penalty,
+and the trainer's step with it (the same losses from the dense pass's features as from each pixel's own patch)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from densecnn.train.recipe import Recipe, default_recipe
+from densecnn.train.smoothness import NeighbourPairs, potts
+from densecnn.train.strokes import StrokeTrainer
+from tests.train_support import discs, painted
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+SMOOTH = Recipe(
+    crop=(16, 16), batch=2, steps=3, lr=1e-2, warmup=2, pixels=16, intensity_jitter=0.0, smoothness=2.0
+)
+
+
+def _coordinates(flat: torch.Tensor, shape: tuple[int, ...]) -> np.ndarray:
+    return np.stack(np.unravel_index(flat.numpy(), shape), 1)  # (n, dims)
+
+
+@pytest.mark.parametrize("shape", [(9, 7), (4, 6, 5), (1, 8)])
+def test_pairs_are_neighbours_inside_the_image_with_their_contrast_weights(shape):
+    image = torch.rand(2, *shape, dtype=torch.float64)
+    pairs = NeighbourPairs([image])
+    ((index, p, q, weights),) = pairs.draw(500, torch.Generator().manual_seed(1))
+    a, b = _coordinates(p, shape), _coordinates(q, shape)
+    assert index == 0 and len(p) == 500
+    chebyshev = np.abs(a - b).max(1)
+    assert np.all(chebyshev <= 1) and np.all((b >= 0) & (b < np.array(shape)))
+    if min(shape) > 1:  # every pixel has a neighbour (an axis of one pixel has none along it)
+        assert np.all(chebyshev == 1)
+    # β from the definition: half the inverse of the mean squared difference of neighbours along each axis
+    squares = [
+        np.mean(np.sum(np.diff(image.numpy(), axis=axis) ** 2, 0))
+        for axis in range(1, image.dim())
+        if image.shape[axis] > 1
+    ]
+    beta = 1 / (2 * np.mean(squares))
+    values = image.flatten(1).numpy()
+    expected = np.exp(-beta * np.sum((values[:, p.numpy()] - values[:, q.numpy()]) ** 2, 0))
+    np.testing.assert_allclose(weights.numpy(), expected, rtol=1e-6)
+
+
+def test_pairs_are_drawn_over_the_images_by_their_pixels():
+    pairs = NeighbourPairs([torch.rand(1, 10, 10), torch.rand(1, 30, 30)])
+    drawn = {index: len(p) for index, p, _, _ in pairs.draw(10_000, torch.Generator().manual_seed(0))}
+    assert sum(drawn.values()) == 10_000
+    assert drawn[1] / 10_000 == pytest.approx(900 / 1000, abs=0.02)
+
+
+def test_a_flat_image_weighs_every_pair_fully():
+    ((_, _, _, weights),) = NeighbourPairs([torch.ones(3, 8, 8)]).draw(64, torch.Generator().manual_seed(0))
+    assert torch.equal(weights, torch.ones(64))
+
+
+def test_potts_is_the_weighted_chance_that_neighbours_disagree():
+    p = torch.tensor([[0.5, 0.5], [1.0, 0.0], [0.2, 0.8]])
+    q = torch.tensor([[0.5, 0.5], [0.0, 1.0], [0.2, 0.8]])
+    weights = torch.tensor([1.0, 0.5, 2.0])
+    disagree = [1 - 0.5, 1 - 0.0, 1 - (0.04 + 0.64)]
+    expected = sum(w * d for w, d in zip(weights.tolist(), disagree, strict=True)) / 3
+    assert float(potts(p, q, weights)) == pytest.approx(expected)
+
+
+def test_the_default_recipe_smooths_images_and_not_volumes():
+    assert default_recipe([(64, 64)], labelled_pixels=100, per_pixel_head=True).smoothness > 0
+    assert default_recipe([(16, 32, 32)], labelled_pixels=100, per_pixel_head=True).smoothness == 0
+
+
+def _strokes(seed: int) -> tuple[np.ndarray, np.ndarray]:
+    image, truth = discs(seed, size=48)
+    return image, painted(truth, every=6)
+
+
+def test_the_patch_minibatch_baseline_takes_the_same_smoothness_steps_from_each_pixels_own_patch():
+    image, labels = _strokes(1)
+    dense = StrokeTrainer([image], [labels], recipe=SMOOTH)
+    patches = StrokeTrainer([image], [labels], recipe=replace(SMOOTH, method="patches"))
+    assert dense.pairs is not None
+    for _ in range(3):  # the same pixels, pairs, turns and dropout: the same losses, to rounding
+        torch.manual_seed(0)
+        from_dense = next(dense.run()).loss
+        torch.manual_seed(0)
+        from_patches = next(patches.run()).loss
+        assert from_patches == pytest.approx(from_dense, rel=1e-4, abs=1e-6)
+
+
+def test_the_smoothness_term_adds_to_the_labelled_pixels_loss():
+    image, labels = _strokes(2)
+    smooth = StrokeTrainer([image], [labels], recipe=SMOOTH)
+    plain = StrokeTrainer([image], [labels], recipe=replace(SMOOTH, smoothness=0.0))
+    assert plain.pairs is None
+    for trainer in (smooth, plain):  # no dropout: the labelled pixels' loss is the same in both
+        for layer in trainer.model_net:
+            if isinstance(layer, nn.Dropout):
+                layer.p = 0.0
+    with_term = float(smooth._head_loss(torch.Generator().manual_seed(5)))
+    without = float(plain._head_loss(torch.Generator().manual_seed(5)))
+    # the same labelled pixels (drawn first from the same generator), and a Potts term in (0, weight]
+    assert without < with_term <= without + SMOOTH.smoothness * (1 + 1e-6)
+    assert not math.isclose(with_term, without)
