@@ -86,6 +86,8 @@ class StrokeTrainer:
         model: the best weights so far, as an eval-mode copy of the patch model (the newest ones until the
             first validation, and always without held-out strokes).
         patch_size, class_names, palette, recipe: as the run uses them.
+        smoothness: the weight of the smoothness term in a per-pixel head's loss: ``recipe.smoothness`` times the
+            share of the images' pixels that no label covers.
         step: steps taken over every ``run``.
     """
 
@@ -260,6 +262,10 @@ class StrokeTrainer:
         self._train_maps, self._train_pixels_flat = train, None
         # the smoothness term's pairs: over every pixel of the images whose features are all kept
         self._pair_images = [n for n in range(len(images)) if self.features.kept(n) is not None]
+        # its weight: the recipe's times the share of their pixels no label covers (dense labels show the borders)
+        pixels = sum(train[n].size for n in self._pair_images)
+        unlabelled = sum(int((train[n] == IGNORE_INDEX).sum()) for n in self._pair_images)
+        self.smoothness = self.recipe.smoothness * unlabelled / pixels if pixels else 0.0
         self.pairs = (
             NeighbourPairs([tensors[n] for n in self._pair_images])
             if self.recipe.smoothness > 0 and self._pair_images
@@ -283,7 +289,7 @@ class StrokeTrainer:
 
     def _head_loss(self, generator: torch.Generator) -> torch.Tensor:
         """The cross-entropy of ``recipe.pixels`` labelled pixels drawn uniformly (each class as often as it is
-        labelled, as a random forest weighs them), plus ``recipe.smoothness`` times the smoothness term on as many
+        labelled, as a random forest weighs them), plus :attr:`smoothness` times the smoothness term on as many
         pairs of neighbouring pixels (:mod:`densecnn.train.smoothness`): the head on their fixed features, each
         pixel's permuted as a random flip or turn of its image permutes them (a pair's two pixels alike), with the
         head's dropout. ``recipe.method == "patches"`` (the baseline) takes the same step with the fixed layers
@@ -302,7 +308,7 @@ class StrokeTrainer:
         scores = self._head(torch.gather(x, 1, self._feature_gathers[turn]), training=True)  # (B [+ 2M], K)
         loss = nn.functional.cross_entropy(scores[:count], self.train_y[picked])
         if pairs is not None:
-            loss = loss + self.recipe.smoothness * potts(*scores[count:].softmax(1).chunk(2), weights)
+            loss = loss + self.smoothness * potts(*scores[count:].softmax(1).chunk(2), weights)
         return loss
 
     def _pair_features(

@@ -108,3 +108,13 @@ def test_the_smoothness_term_adds_to_the_labelled_pixels_loss():
     # the same labelled pixels (drawn first from the same generator), and a Potts term in (0, weight]
     assert without < with_term <= without + SMOOTH.smoothness * (1 + 1e-6)
     assert not math.isclose(with_term, without)
+
+
+def test_the_terms_weight_shrinks_with_the_labelled_share():
+    image, labels = _strokes(3)
+    trainer = StrokeTrainer([image], [labels], recipe=SMOOTH)
+    unlabelled = np.mean(labels == -1)
+    assert 0 < unlabelled < 1
+    assert trainer.smoothness == pytest.approx(SMOOTH.smoothness * unlabelled)
+    dense = np.where(labels == -1, 0, labels)  # every pixel labelled: the labels show every border
+    assert StrokeTrainer([image], [dense], recipe=SMOOTH).smoothness == 0
