@@ -12,7 +12,7 @@ both feature sets, on the stroke sets of ``scripts/compare_strokes.py``, and pri
 - ``ilastik``: ilastik's filter features (``compare_strokes.ilastik_features``); ``filter bank``: the features of
   ``densecnn.zoo.filter_bank``'s fixed layers, by their dense pass over the normalised image.
 
-Results in docs/training.md ("Where the forest still wins").
+Results in docs/training.md ("Where the forest won").
 """
 
 from __future__ import annotations

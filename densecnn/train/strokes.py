@@ -268,7 +268,7 @@ class StrokeTrainer:
         self.smoothness = self.recipe.smoothness * unlabelled / pixels if pixels else 0.0
         self.pairs = (
             NeighbourPairs([tensors[n] for n in self._pair_images])
-            if self.recipe.smoothness > 0 and self._pair_images
+            if self.smoothness > 0
             else None
         )
 

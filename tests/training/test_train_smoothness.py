@@ -117,4 +117,5 @@ def test_the_terms_weight_shrinks_with_the_labelled_share():
     assert 0 < unlabelled < 1
     assert trainer.smoothness == pytest.approx(SMOOTH.smoothness * unlabelled)
     dense = np.where(labels == -1, 0, labels)  # every pixel labelled: the labels show every border
-    assert StrokeTrainer([image], [dense], recipe=SMOOTH).smoothness == 0
+    every = StrokeTrainer([image], [dense], recipe=SMOOTH)
+    assert every.smoothness == 0 and every.pairs is None
