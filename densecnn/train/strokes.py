@@ -87,7 +87,7 @@ class StrokeTrainer:
             first validation, and always without held-out strokes).
         patch_size, class_names, palette, recipe: as the run uses them.
         smoothness: the weight of the smoothness term in a per-pixel head's loss: ``recipe.smoothness`` times the
-            share of the images' pixels that no label covers.
+            cube of the share of the images' pixels that no label covers.
         step: steps taken over every ``run``.
     """
 
@@ -262,10 +262,11 @@ class StrokeTrainer:
         self._train_maps, self._train_pixels_flat = train, None
         # the smoothness term's pairs: over every pixel of the images whose features are all kept
         self._pair_images = [n for n in range(len(images)) if self.features.kept(n) is not None]
-        # its weight: the recipe's times the share of their pixels no label covers (dense labels show the borders)
+        # its weight: the recipe's times the cube of the share of their pixels no label covers (dense labels show
+        # the borders themselves, and a strong term there takes a rarely labelled class out of the rest)
         pixels = sum(train[n].size for n in self._pair_images)
         unlabelled = sum(int((train[n] == IGNORE_INDEX).sum()) for n in self._pair_images)
-        self.smoothness = self.recipe.smoothness * unlabelled / pixels if pixels else 0.0
+        self.smoothness = self.recipe.smoothness * (unlabelled / pixels) ** 3 if pixels else 0.0
         self.pairs = (
             NeighbourPairs([tensors[n] for n in self._pair_images])
             if self.smoothness > 0

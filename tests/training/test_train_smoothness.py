@@ -115,7 +115,7 @@ def test_the_terms_weight_shrinks_with_the_labelled_share():
     trainer = StrokeTrainer([image], [labels], recipe=SMOOTH)
     unlabelled = np.mean(labels == -1)
     assert 0 < unlabelled < 1
-    assert trainer.smoothness == pytest.approx(SMOOTH.smoothness * unlabelled)
+    assert trainer.smoothness == pytest.approx(SMOOTH.smoothness * unlabelled**3)
     dense = np.where(labels == -1, 0, labels)  # every pixel labelled: the labels show every border
     every = StrokeTrainer([image], [dense], recipe=SMOOTH)
     assert every.smoothness == 0 and every.pairs is None
