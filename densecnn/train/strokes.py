@@ -267,11 +267,7 @@ class StrokeTrainer:
         pixels = sum(train[n].size for n in self._pair_images)
         unlabelled = sum(int((train[n] == IGNORE_INDEX).sum()) for n in self._pair_images)
         self.smoothness = self.recipe.smoothness * (unlabelled / pixels) ** 3 if pixels else 0.0
-        self.pairs = (
-            NeighbourPairs([tensors[n] for n in self._pair_images])
-            if self.smoothness > 0
-            else None
-        )
+        self.pairs = NeighbourPairs([tensors[n] for n in self._pair_images]) if self.smoothness > 0 else None
 
     def _take_step(self) -> float:
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.step)
