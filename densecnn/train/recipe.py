@@ -42,7 +42,8 @@ class Recipe:
             (:func:`densecnn.train.features.fixed_layers`), drawn from the features of all of them; as many pairs
             of neighbouring pixels feed the smoothness term.
         smoothness: the weight of the smoothness term (:mod:`densecnn.train.smoothness`) in a per-pixel head's
-            loss (0: none). It needs the features of every pixel, kept for images whose feature maps fit
+            loss (0: none), times the cube of the share of the pixels no label covers (dense labels show the
+            borders themselves). It needs the features of every pixel, kept for images whose feature maps fit
             :data:`densecnn.train.features.KEPT_BYTES`.
         method: how a step computes the crops' masked loss (:func:`densecnn.masked.masked_terms`): ``"auto"`` (the
             cheapest of a dense, region or patch pass), or one of them forced (``"patches"``: the classical patch
@@ -87,8 +88,8 @@ def default_recipe(
     the unlabelled pixels rose (docs/training.md), so they would pick and stop on the wrong weights.
 
     A ``per_pixel_head`` on fixed layers (the default ``filter_bank``) trains on 256 labelled pixels a step and,
-    in images, 256 pairs of neighbours (the smoothness term, weight 2), at lr 10⁻², for 1,000 steps: a step costs
-    a few milliseconds.
+    in images, 256 pairs of neighbours (the smoothness term, weight 2 times the cube of the unlabelled share), at
+    lr 10⁻², for 1,000 steps: a step costs a few milliseconds.
     """
     if not shapes:
         raise TrainingError("no training images: give at least one image with labels")
