@@ -1,6 +1,6 @@
 """Training the per-pixel head of a net whose leading layers are fixed (:func:`densecnn.zoo.filter_bank`): the fixed
 layers' features of every labelled pixel are computed once, by their dense pass over the image, and each step trains
-the head on a class-balanced sample of them.
+the head on a sample of them (and, with the smoothness term, on pairs of neighbours among every pixel's features).
 
 This is the masked-error step at its cheapest: with the leading layers fixed, the patch model's loss on a set of
 labelled pixels is the head's loss on their features, and a pixel's features in the dense pass equal those of its
