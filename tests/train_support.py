@@ -92,3 +92,9 @@ def painted(truth: np.ndarray, every: int = 5) -> np.ndarray:
     labels = np.full(truth.shape, -1, np.int64)
     labels[::every] = truth[::every]
     return labels
+
+
+def discs_and_strokes(seed: int = 0):
+    """48² bright discs, their truth, and strokes on every 6th row."""
+    image, truth = discs(seed, size=48)
+    return image, truth, painted(truth, every=6)

@@ -54,10 +54,9 @@ class NeighbourPairs:
         for index in images.unique().tolist():
             n = int((images == index).sum())
             shape = torch.tensor(self.shapes[index])  # (dims,)
-            flat = (
-                torch.rand(n, generator=generator, dtype=torch.float64) * math.prod(self.shapes[index])
-            ).long()
-            p = _unravel(flat.clamp(max=math.prod(self.shapes[index]) - 1), shape)  # (n, dims)
+            pixels = int(self.sizes[index])
+            flat = (torch.rand(n, generator=generator, dtype=torch.float64) * pixels).long()
+            p = _unravel(flat.clamp(max=pixels - 1), shape)  # (n, dims)
             offset = self.offsets[torch.randint(len(self.offsets), (n,), generator=generator)]  # (n, dims)
             q = p + offset
             outside = (q < 0) | (q >= shape)

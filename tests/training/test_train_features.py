@@ -23,7 +23,7 @@ from densecnn.train.features import PixelFeatures, dihedral_permutations, fixed_
 from densecnn.train.recipe import Recipe
 from densecnn.train.strokes import StrokeTrainer
 from tests.tolerances import assert_labels_equal_except_ties
-from tests.train_support import discs, painted
+from tests.train_support import discs_and_strokes
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -177,12 +177,6 @@ def test_an_asymmetric_fixed_layer_has_only_the_identity():
     assert len(dihedral_permutations(dense, 1)) == 1
 
 
-def discs_and_strokes(seed: int = 0):
-    """48² bright discs, their truth, and strokes on every 6th row."""
-    image, truth = discs(seed, size=48)
-    return image, truth, painted(truth, every=6)
-
-
 def test_the_default_net_learns_from_strokes_and_its_fixed_layers_survive_saving(tmp_path):
     image, truth, labels = discs_and_strokes()
     trainer = StrokeTrainer([image], [labels], class_names=["background", "disc"], recipe=HEAD)
@@ -253,11 +247,14 @@ def test_preview_labels_from_the_kept_features_are_the_dense_nets_labels():
     assert_labels_equal_except_ties(torch.from_numpy(preview)[None], scores)
 
 
-def test_the_patch_minibatch_baseline_takes_the_same_steps_from_each_pixels_own_patch():
+@pytest.mark.parametrize("smoothness", [0.0, 2.0])
+def test_the_patch_minibatch_baseline_takes_the_same_steps_from_each_pixels_own_patch(smoothness):
     image, _, labels = discs_and_strokes(1)
-    dense = StrokeTrainer([image], [labels], recipe=replace(HEAD, steps=3, pixels=8))
-    patches = StrokeTrainer([image], [labels], recipe=replace(HEAD, steps=3, pixels=8, method="patches"))
-    for _ in range(3):  # the same pixels, turns and dropout: the same losses, to rounding
+    recipe = replace(HEAD, steps=3, pixels=8, smoothness=smoothness)
+    dense = StrokeTrainer([image], [labels], recipe=recipe)
+    patches = StrokeTrainer([image], [labels], recipe=replace(recipe, method="patches"))
+    assert (dense.pairs is not None) == (smoothness > 0)
+    for _ in range(3):  # the same pixels, pairs, turns and dropout: the same losses, to rounding
         torch.manual_seed(0)
         from_dense = next(dense.run()).loss
         torch.manual_seed(0)

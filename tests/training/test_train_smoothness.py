@@ -1,5 +1,5 @@
 """The smoothness term of training from strokes: neighbour pairs, their contrast weights, the relaxed Potts penalty,
-and the trainer's step with it (the same losses from the dense pass's features as from each pixel's own patch)."""
+and its weight in the trainer's step (its patch-minibatch baseline: tests/training/test_train_features.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from torch import nn
 from densecnn.train.recipe import Recipe, default_recipe
 from densecnn.train.smoothness import NeighbourPairs, potts
 from densecnn.train.strokes import StrokeTrainer
-from tests.train_support import discs, painted
+from tests.train_support import discs_and_strokes
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -76,26 +76,8 @@ def test_the_default_recipe_smooths_images_and_not_volumes():
     assert default_recipe([(16, 32, 32)], labelled_pixels=100, per_pixel_head=True).smoothness == 0
 
 
-def _strokes(seed: int) -> tuple[np.ndarray, np.ndarray]:
-    image, truth = discs(seed, size=48)
-    return image, painted(truth, every=6)
-
-
-def test_the_patch_minibatch_baseline_takes_the_same_smoothness_steps_from_each_pixels_own_patch():
-    image, labels = _strokes(1)
-    dense = StrokeTrainer([image], [labels], recipe=SMOOTH)
-    patches = StrokeTrainer([image], [labels], recipe=replace(SMOOTH, method="patches"))
-    assert dense.pairs is not None
-    for _ in range(3):  # the same pixels, pairs, turns and dropout: the same losses, to rounding
-        torch.manual_seed(0)
-        from_dense = next(dense.run()).loss
-        torch.manual_seed(0)
-        from_patches = next(patches.run()).loss
-        assert from_patches == pytest.approx(from_dense, rel=1e-4, abs=1e-6)
-
-
 def test_the_smoothness_term_adds_to_the_labelled_pixels_loss():
-    image, labels = _strokes(2)
+    image, _, labels = discs_and_strokes(2)
     smooth = StrokeTrainer([image], [labels], recipe=SMOOTH)
     plain = StrokeTrainer([image], [labels], recipe=replace(SMOOTH, smoothness=0.0))
     assert plain.pairs is None
@@ -111,7 +93,7 @@ def test_the_smoothness_term_adds_to_the_labelled_pixels_loss():
 
 
 def test_the_terms_weight_shrinks_with_the_labelled_share():
-    image, labels = _strokes(3)
+    image, _, labels = discs_and_strokes(3)
     trainer = StrokeTrainer([image], [labels], recipe=SMOOTH)
     unlabelled = np.mean(labels == -1)
     assert 0 < unlabelled < 1
