@@ -17,7 +17,9 @@ from torch import nn
 from .errors import InvalidInputError
 from .filter_bank import derivative_layers, smoothing_layers
 
-FEATURE_DROPOUT = 0.3  # the share of the filter bank's features the strokes trainer drops in each step
+# the share of the filter bank's features the strokes trainer drops in each step when few pixels are labelled
+# (less as labels cover more of the images: densecnn.train.strokes.StrokeTrainer)
+FEATURE_DROPOUT = 0.3
 
 
 def plain_133(in_channels: int = 3, num_classes: int = 32) -> tuple[nn.Sequential, int]:
@@ -124,9 +126,10 @@ def filter_bank(in_channels: int = 1, num_classes: int = 3) -> tuple[nn.Sequenti
     smoothed at σ 3 (72 maps per channel); training leaves them as they are. A batch norm without learned
     parameters standardises them: :class:`~densecnn.train.strokes.StrokeTrainer` sets its statistics from the
     labelled pixels' features when it starts a fresh net (:func:`densecnn.train.features.standardize`). The head
-    is a dropout of a third of the features (while training only) and three 1×1 convs (32, 32, ``num_classes``): a
-    small MLP on the features of each pixel, as ilastik's random forest is a classifier on its filter features,
-    each of its trees on a random subset of them. Patch 49 = 31 + 19 − 1.
+    is a dropout of a third of the features (while training from strokes only; less as labels cover more of the
+    images) and three 1×1 convs (32, 32, ``num_classes``): a small MLP on the features of each pixel, as ilastik's
+    random forest is a classifier on its filter features, each of its trees on a random subset of them.
+    Patch 49 = 31 + 19 − 1.
     """
     return _filter_bank(in_channels, num_classes, dims=2)
 

@@ -86,8 +86,10 @@ class StrokeTrainer:
         model: the best weights so far, as an eval-mode copy of the patch model (the newest ones until the
             first validation, and always without held-out strokes).
         patch_size, class_names, palette, recipe: as the run uses them.
-        smoothness: the weight of the smoothness term in a per-pixel head's loss: ``recipe.smoothness`` times the
-            cube of the share of the images' pixels that no label covers.
+        regularisation: the cube of the share of the training images' pixels no label covers: a per-pixel
+            head's regularisers shrink with it as labels cover more of the images.
+        smoothness: the weight of the smoothness term in a per-pixel head's loss: ``recipe.smoothness`` times
+            :attr:`regularisation`. The head's dropout drops at its rate times the square of it.
         step: steps taken over every ``run``.
     """
 
@@ -260,14 +262,19 @@ class StrokeTrainer:
             standardize(self.model_net[self.fixed], self.train_x, self._feature_gathers)
             self._standardize = False
         self._train_maps, self._train_pixels_flat = train, None
+        # the head's regularisers shrink as labels cover the images: dense labels show the borders themselves (a
+        # strong smoothness term there takes a rarely labelled class out of the rest) and what each class looks
+        # like in full (dropping features there blurs a thin class; docs/training.md)
+        unlabelled = sum(int((t == IGNORE_INDEX).sum()) for t in train) / sum(t.size for t in train)
+        self.regularisation = unlabelled**3
+        self.smoothness = self.recipe.smoothness * self.regularisation
         # the smoothness term's pairs: over every pixel of the images whose features are all kept
         self._pair_images = [n for n in range(len(images)) if self.features.kept(n) is not None]
-        # its weight: the recipe's times the cube of the share of their pixels no label covers (dense labels show
-        # the borders themselves, and a strong term there takes a rarely labelled class out of the rest)
-        pixels = sum(train[n].size for n in self._pair_images)
-        unlabelled = sum(int((train[n] == IGNORE_INDEX).sum()) for n in self._pair_images)
-        self.smoothness = self.recipe.smoothness * (unlabelled / pixels) ** 3 if pixels else 0.0
-        self.pairs = NeighbourPairs([tensors[n] for n in self._pair_images]) if self.smoothness > 0 else None
+        self.pairs = (
+            NeighbourPairs([tensors[n] for n in self._pair_images])
+            if self.smoothness > 0 and self._pair_images
+            else None
+        )
 
     def _take_step(self) -> float:
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.step)
@@ -335,7 +342,8 @@ class StrokeTrainer:
 
     def _head(self, x: torch.Tensor, *, training: bool = False) -> torch.Tensor:
         """(B, F) fixed features -> (B, K) scores by the layers after them, as the dense net runs them on each pixel:
-        a 1×1 conv is a matrix product, a batch norm its eval-mode statistics; dropout drops while ``training``."""
+        a 1×1 conv is a matrix product, a batch norm its eval-mode statistics; dropout drops while ``training``,
+        at its rate times the square of :attr:`regularisation`."""
         for layer in list(self.model_net)[self.fixed :]:
             if isinstance(layer, (nn.Conv1d, nn.Conv2d, nn.Conv3d)):
                 x = nn.functional.linear(x, layer.weight.flatten(1), layer.bias)
@@ -343,9 +351,10 @@ class StrokeTrainer:
                 x = nn.functional.batch_norm(
                     x, layer.running_mean, layer.running_var, layer.weight, layer.bias, eps=layer.eps
                 )
-            elif isinstance(layer, nn.Dropout) and training:
+            elif isinstance(layer, nn.Dropout) and training and layer.p * self.regularisation > 0:
+                rate = layer.p * self.regularisation**2
                 # torch's dropout draws its mask by Bernoulli sampling, 3-4× slower on the CPU than a comparison
-                x = x * (torch.rand_like(x) >= layer.p) / (1 - layer.p)
+                x = x * (torch.rand_like(x) >= rate) / (1 - rate)
             elif isinstance(layer, nn.Dropout):
                 continue
             else:

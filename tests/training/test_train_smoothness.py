@@ -1,5 +1,6 @@
 """The smoothness term of training from strokes: neighbour pairs, their contrast weights, the relaxed Potts penalty,
-and its weight in the trainer's step (its patch-minibatch baseline: tests/training/test_train_features.py)."""
+and its weight in the trainer's step (its patch-minibatch baseline: tests/training/test_train_features.py); the
+head's dropout, which shrinks with the labelled share as the term's weight does."""
 
 from __future__ import annotations
 
@@ -101,3 +102,30 @@ def test_the_terms_weight_shrinks_with_the_labelled_share():
     dense = np.where(labels == -1, 0, labels)  # every pixel labelled: the labels show every border
     every = StrokeTrainer([image], [dense], recipe=SMOOTH)
     assert every.smoothness == 0 and every.pairs is None
+
+
+def test_the_heads_dropout_shrinks_with_the_labelled_share():
+    image, _, labels = discs_and_strokes(3)
+    unlabelled = float(np.mean(labels == -1))
+    sparse = StrokeTrainer([image], [labels], recipe=SMOOTH)
+    dense = StrokeTrainer([image], [np.where(labels == -1, 0, labels)], recipe=SMOOTH)  # every pixel labelled
+    assert sparse.regularisation == pytest.approx(unlabelled**3) and dense.regularisation == 0
+    dropout = next(layer for layer in sparse.model_net if isinstance(layer, nn.Dropout))
+    assert dropout.p * unlabelled**6 > 0.05  # strokes: a rate the test can see
+    for trainer, rate in ((sparse, dropout.p * unlabelled**6), (dense, 0.0)):
+        features = trainer.train_x[:256]  # (256, F)
+        # the head up to its dropout: the standardised features, a share ``rate`` of them zeroed
+        trainer.model_net = trainer.model_net[: trainer.fixed + 2]
+        assert isinstance(trainer.model_net[-1], nn.Dropout)
+        dropped = trainer._head(features, training=True)  # (256, F)
+        zeroed = float((dropped == 0).float().mean()) - float((trainer._head(features) == 0).float().mean())
+        assert zeroed == pytest.approx(rate, abs=0.02)
+
+
+def test_the_default_recipe_draws_more_pixels_a_step_from_more_labels():
+    def pixels(labelled: int) -> int:
+        return default_recipe([(384, 384)], labelled_pixels=labelled, per_pixel_head=True).pixels
+
+    assert pixels(100) == pixels(16_384) == 256  # a few strokes
+    assert pixels(32_768) == 512
+    assert pixels(73_728) == pixels(10**7) == 1024  # half the image labelled, or more
