@@ -351,12 +351,11 @@ class StrokeTrainer:
                 x = nn.functional.batch_norm(
                     x, layer.running_mean, layer.running_var, layer.weight, layer.bias, eps=layer.eps
                 )
-            elif isinstance(layer, nn.Dropout) and training and layer.p * self.regularisation > 0:
-                rate = layer.p * self.regularisation**2
-                # torch's dropout draws its mask by Bernoulli sampling, 3-4× slower on the CPU than a comparison
-                x = x * (torch.rand_like(x) >= rate) / (1 - rate)
             elif isinstance(layer, nn.Dropout):
-                continue
+                rate = layer.p * self.regularisation**2 if training else 0.0
+                if rate > 0:
+                    # torch's dropout draws its mask by Bernoulli sampling, 3-4× slower on the CPU than a comparison
+                    x = x * (torch.rand_like(x) >= rate) / (1 - rate)
             else:
                 x = layer(x)
         return x
