@@ -94,104 +94,276 @@ DENSECNN_ALWAYS_INLINE void apply_matrix(const T* m, int64_t rows, int64_t inner
   apply_matrix<T>(m, rows, inner, Operands<T>{in, in, inner, 1, out, out, rows, out_stride});
 }
 
-// The real (2n × 2n) matrix of the length-n complex DFT with exponent sign σ: input (re_0..re_{n-1}, im_0..), output
-// the same; e^{σ·2πi jk/n} = c + iσs turns (a + ib) into (ac - σbs) + i(σas + bc).
+// A length-n complex DFT with exponent sign σ on vectors of channel lanes, by the Stockham autosort FFT: one stage
+// per factor r of n (fours first, then twos, then odd primes), each reading one buffer and writing the other in
+// natural order. A stage of length L (n = L·s, s the product of the radices before it) takes, for p < L/r and every
+// q < s, the r inputs q + s(p + t·L/r), their r-point DFT (written out for r = 2 and 4; an odd r pairs t with r - t,
+// so that each output needs (r-1)/2 cosine and sine sums), and writes output u times w_L^(p·u) to q + s(r·p + u).
+// About 5n·Σ(1 + r/4) multiply-adds per vector where a DFT matrix takes 4n².
 template <typename T>
-std::vector<T> complex_dft_matrix(int64_t n, int sign) {
-  std::vector<T> m(4 * n * n);
-  const double pi = std::acos(-1.0);
-  for (int64_t k = 0; k < n; ++k) {
-    for (int64_t j = 0; j < n; ++j) {
-      const double angle = 2 * pi * static_cast<double>(j * k % n) / n;
-      const double c = std::cos(angle), s = sign * std::sin(angle);
-      m[k * 2 * n + j] = static_cast<T>(c);
-      m[k * 2 * n + n + j] = static_cast<T>(-s);
-      m[(n + k) * 2 * n + j] = static_cast<T>(s);
-      m[(n + k) * 2 * n + n + j] = static_cast<T>(c);
-    }
-  }
-  return m;
-}
+struct ComplexFft {
+  static constexpr int kMaxHalf = 32;  // odd radices up to 65 (tiles are at most 64)
+  struct Stage {
+    int64_t radix, length, stride;
+    std::vector<T> twiddle_re, twiddle_im;  // w_length^(p·u) for p < length/radix, u < radix: [p·radix + u]
+    std::vector<T> cos_tu, sin_tu;          // odd radix: cos(2π·t·u/r) and σ·sin(2π·t·u/r), [t·radix + u]
+  };
+  int64_t n;
+  T sign;
+  std::vector<Stage> stages;
 
-// A length-n complex DFT on vectors of channel lanes, by one level of Cooley-Tukey: n = n1·n2 with n1 the largest
-// factor <= sqrt(n); n2 DFTs of length n1 on the stride-n2 samples, twiddles, n1 DFTs of length n2, each a small
-// matrix. 4n(n1 + n2) multiply-adds per vector instead of 4n² (a prime n keeps the plain matrix).
-template <typename T>
-struct ComplexDft {
-  int64_t n, n1, n2;
-  std::vector<T> m1, m2, twiddle_re, twiddle_im;
-
-  ComplexDft(int64_t length, int sign) : n(length), n1(1), n2(length) {
-    for (int64_t d = 2; d * d <= n; ++d) {
-      if (n % d == 0) n1 = d;
+  ComplexFft(int64_t length, int direction) : n(length), sign(static_cast<T>(direction)) {
+    std::vector<int64_t> radices;
+    int64_t rest = n;
+    while (rest % 4 == 0) radices.push_back(4), rest /= 4;
+    while (rest % 2 == 0) radices.push_back(2), rest /= 2;
+    for (int64_t f = 3; rest > 1; f += 2) {
+      while (rest % f == 0) radices.push_back(f), rest /= f;
     }
-    n2 = n / n1;
-    m1 = complex_dft_matrix<T>(n1, sign);
-    m2 = complex_dft_matrix<T>(n2, sign);
-    twiddle_re.resize(n);
-    twiddle_im.resize(n);
+    TORCH_CHECK(radices.empty() || *std::max_element(radices.begin(), radices.end()) <= 2 * kMaxHalf + 1,
+                "densecnn.fft_conv2d: a tile side of ", n, " has a prime factor above ", 2 * kMaxHalf + 1);
     const double pi = std::acos(-1.0);
-    for (int64_t k1 = 0; k1 < n1; ++k1) {
-      for (int64_t j2 = 0; j2 < n2; ++j2) {
-        const double angle = 2 * pi * static_cast<double>(j2 * k1 % n) / n;
-        twiddle_re[k1 * n2 + j2] = static_cast<T>(std::cos(angle));
-        twiddle_im[k1 * n2 + j2] = static_cast<T>(sign * std::sin(angle));
+    int64_t stage_length = n, stride = 1;
+    for (int64_t r : radices) {
+      Stage s{r, stage_length, stride, {}, {}, {}, {}};
+      const int64_t m = stage_length / r;
+      s.twiddle_re.resize(m * r);
+      s.twiddle_im.resize(m * r);
+      for (int64_t p = 0; p < m; ++p) {
+        for (int64_t u = 0; u < r; ++u) {
+          const double angle = 2 * pi * static_cast<double>(p * u % stage_length) / stage_length;
+          s.twiddle_re[p * r + u] = static_cast<T>(std::cos(angle));
+          s.twiddle_im[p * r + u] = static_cast<T>(direction * std::sin(angle));
+        }
+      }
+      if (r % 2) {
+        s.cos_tu.resize(r * r);
+        s.sin_tu.resize(r * r);
+        for (int64_t t = 0; t < r; ++t) {
+          for (int64_t u = 0; u < r; ++u) {
+            const double angle = 2 * pi * static_cast<double>(t * u % r) / r;
+            s.cos_tu[t * r + u] = static_cast<T>(std::cos(angle));
+            s.sin_tu[t * r + u] = static_cast<T>(direction * std::sin(angle));
+          }
+        }
+      }
+      stages.push_back(std::move(s));
+      stage_length = m;
+      stride *= r;
+    }
+  }
+
+  // out = DFT(in): input m's parts at in_re[m·in_stride], in_im[m·in_stride], output k's at out_re[k·out_stride],
+  // out_im[k·out_stride]; `scratch` holds 4n vectors.
+  DENSECNN_ALWAYS_INLINE void run(const Lanes<T>* in_re, const Lanes<T>* in_im, int64_t in_stride, Lanes<T>* out_re,
+                                  Lanes<T>* out_im, int64_t out_stride, Lanes<T>* scratch) const {
+    Lanes<T>* x = scratch;      // re block of n, then im block of n
+    Lanes<T>* y = scratch + 2 * n;
+    for (int64_t m = 0; m < n; ++m) {
+      x[m] = in_re[m * in_stride];
+      x[n + m] = in_im[m * in_stride];
+    }
+    for (const Stage& s : stages) {
+      if (s.radix == 4) {
+        radix4(s, x, y);
+      } else if (s.radix == 2) {
+        radix2(s, x, y);
+      } else {
+        radix_odd(s, x, y);
+      }
+      std::swap(x, y);
+    }
+    for (int64_t k = 0; k < n; ++k) {
+      out_re[k * out_stride] = x[k];
+      out_im[k * out_stride] = x[n + k];
+    }
+  }
+
+  // out (re block of n, im block of n) = DFT(in) (same layout).
+  DENSECNN_ALWAYS_INLINE void run(const Lanes<T>* in, Lanes<T>* out, Lanes<T>* scratch) const {
+    run(in, in + n, 1, out, out + n, 1, scratch);
+  }
+
+ private:
+  // y[at] = (re, im) · w, w = (wr, wi)
+  static DENSECNN_ALWAYS_INLINE void store(Lanes<T>* y, int64_t n_, int64_t at, Lanes<T> re, Lanes<T> im, T wr,
+                                           T wi) {
+    y[at] = re * wr - im * wi;
+    y[n_ + at] = re * wi + im * wr;
+  }
+
+  DENSECNN_ALWAYS_INLINE void radix2(const Stage& s, const Lanes<T>* x, Lanes<T>* y) const {
+    const int64_t m = s.length / 2, st = s.stride;
+    for (int64_t p = 0; p < m; ++p) {
+      const T wr = s.twiddle_re[2 * p + 1], wi = s.twiddle_im[2 * p + 1];
+      for (int64_t q = 0; q < st; ++q) {
+        const int64_t a = q + st * p, b = a + st * m, out = q + st * 2 * p;
+        const Lanes<T> ar = x[a], ai = x[n + a], br = x[b], bi = x[n + b];
+        y[out] = ar + br;
+        y[n + out] = ai + bi;
+        store(y, n, out + st, ar - br, ai - bi, wr, wi);
       }
     }
   }
 
-  // out (re block of n, im block of n) = DFT(in) (same layout); `scratch` holds 2n vectors.
-  DENSECNN_ALWAYS_INLINE void run(const Lanes<T>* in, Lanes<T>* out, Lanes<T>* scratch) const {
-    if (n1 == 1) return apply_matrix<T>(m2.data(), 2 * n, 2 * n, Operands<T>{in, in + n, n, 1, out, out + n, n, 1});
-    // scratch[re|im][k1][j2] = Σ_j1 in[n2·j1 + j2] · w_n1^(j1·k1), times the twiddle w_n^(j2·k1)
-    Lanes<T>* re = scratch;
-    Lanes<T>* im = scratch + n;
-    for (int64_t j2 = 0; j2 < n2; ++j2) {
-      apply_matrix<T>(m1.data(), 2 * n1, 2 * n1, Operands<T>{in + j2, in + n + j2, n1, n2, re + j2, im + j2, n1, n2});
-    }
-    for (int64_t k1 = 1; k1 < n1; ++k1) {
-      for (int64_t j2 = 1; j2 < n2; ++j2) {
-        const T c = twiddle_re[k1 * n2 + j2], sn = twiddle_im[k1 * n2 + j2];
-        const Lanes<T> a = re[k1 * n2 + j2], b = im[k1 * n2 + j2];
-        re[k1 * n2 + j2] = a * c - b * sn;
-        im[k1 * n2 + j2] = a * sn + b * c;
+  DENSECNN_ALWAYS_INLINE void radix4(const Stage& s, const Lanes<T>* x, Lanes<T>* y) const {
+    const int64_t m = s.length / 4, st = s.stride;
+    for (int64_t p = 0; p < m; ++p) {
+      const T* wr = &s.twiddle_re[4 * p];
+      const T* wi = &s.twiddle_im[4 * p];
+      for (int64_t q = 0; q < st; ++q) {
+        const int64_t i0 = q + st * p, out = q + st * 4 * p;
+        const int64_t i1 = i0 + st * m, i2 = i1 + st * m, i3 = i2 + st * m;
+        const Lanes<T> s02r = x[i0] + x[i2], s02i = x[n + i0] + x[n + i2];
+        const Lanes<T> d02r = x[i0] - x[i2], d02i = x[n + i0] - x[n + i2];
+        const Lanes<T> s13r = x[i1] + x[i3], s13i = x[n + i1] + x[n + i3];
+        const Lanes<T> d13r = x[i1] - x[i3], d13i = x[n + i1] - x[n + i3];
+        // σi·(d13): (-σ·d13i, σ·d13r)
+        const Lanes<T> rot_r = -sign * d13i, rot_i = sign * d13r;
+        y[out] = s02r + s13r;
+        y[n + out] = s02i + s13i;
+        store(y, n, out + st, d02r + rot_r, d02i + rot_i, wr[1], wi[1]);
+        store(y, n, out + 2 * st, s02r - s13r, s02i - s13i, wr[2], wi[2]);
+        store(y, n, out + 3 * st, d02r - rot_r, d02i - rot_i, wr[3], wi[3]);
       }
     }
-    // out[k1 + n1·k2] = Σ_j2 scratch[k1][j2] · w_n2^(j2·k2)
-    for (int64_t k1 = 0; k1 < n1; ++k1) {
-      apply_matrix<T>(m2.data(), 2 * n2, 2 * n2,
-                      Operands<T>{re + k1 * n2, im + k1 * n2, n2, 1, out + k1, out + n + k1, n2, n1});
+  }
+
+  DENSECNN_ALWAYS_INLINE void radix_odd(const Stage& s, const Lanes<T>* x, Lanes<T>* y) const {
+    const int64_t r = s.radix, half = r / 2, m = s.length / r, st = s.stride;
+    Lanes<T> sum_r[kMaxHalf + 1], sum_i[kMaxHalf + 1], diff_r[kMaxHalf + 1], diff_i[kMaxHalf + 1];
+    for (int64_t p = 0; p < m; ++p) {
+      for (int64_t q = 0; q < st; ++q) {
+        const int64_t i0 = q + st * p, out = q + st * r * p;
+        const Lanes<T> x0r = x[i0], x0i = x[n + i0];
+        Lanes<T> total_r = x0r, total_i = x0i;
+        for (int64_t t = 1; t <= half; ++t) {  // pair input t with input r - t
+          const int64_t a = i0 + st * m * t, b = i0 + st * m * (r - t);
+          sum_r[t] = x[a] + x[b];
+          sum_i[t] = x[n + a] + x[n + b];
+          diff_r[t] = x[a] - x[b];
+          diff_i[t] = x[n + a] - x[n + b];
+          total_r += sum_r[t];
+          total_i += sum_i[t];
+        }
+        y[out] = total_r;
+        y[n + out] = total_i;
+        for (int64_t u = 1; u <= half; ++u) {
+          // output u = x0 + Σ_t cos·sum_t + i·Σ_t σ·sin·diff_t; output r - u the same with the second sum negated
+          Lanes<T> c_r = x0r, c_i = x0i, s_r = {}, s_i = {};
+          for (int64_t t = 1; t <= half; ++t) {
+            const T c = s.cos_tu[t * r + u], sn = s.sin_tu[t * r + u];
+            c_r += c * sum_r[t];
+            c_i += c * sum_i[t];
+            s_r += sn * diff_r[t];
+            s_i += sn * diff_i[t];
+          }
+          const int64_t w = p * r;
+          store(y, n, out + st * u, c_r - s_i, c_i + s_r, s.twiddle_re[w + u], s.twiddle_im[w + u]);
+          store(y, n, out + st * (r - u), c_r + s_i, c_i - s_r, s.twiddle_re[w + r - u], s.twiddle_im[w + r - u]);
+        }
+      }
     }
   }
 };
 
-// The DFT matrices of one tile size, computed in double and rounded to T.
+// The length-n real DFT along w on vectors of channel lanes, F = n/2 + 1 frequencies, and its inverse for a real
+// signal (the Hermitian extension of F frequencies; the imaginary parts of the first and, for even n, the last are
+// left out, as a real signal has none). An even n packs the even and odd samples as the real and imaginary parts of
+// n/2 complex ones, takes their length-n/2 DFT (ComplexFft) and splits the two spectra
+// with one butterfly per frequency (the inverse runs the same steps backwards). An odd n keeps the plain matrices.
 template <typename T>
-struct DftMatrices {
-  std::vector<T> row;                // (2F, tw): forward real DFT along w, real parts then imaginary parts
-  ComplexDft<T> col, inv_col;        // the complex DFTs along h, forward and inverse
-  std::vector<T> inv_row;            // (write_w, 2F): the written columns of the real inverse DFT along w, scaled
+struct RealDft {
+  int64_t n, freqs, half;
+  ComplexFft<T> forward_half, inverse_half;  // length n/2 (even n)
+  std::vector<T> cos_k, sin_k;               // cos(2πk/n), sin(2πk/n), k < F
+  std::vector<T> forward_matrix, inverse_matrix;  // odd n: (2F, n) and (n, 2F), the inverse unscaled
+  T scale;                                   // the inverse's factor
 
-  explicit DftMatrices(const FftGeometry& g) : col(g.th, -1), inv_col(g.th, 1) {
-    const int64_t tw = g.tw, f_count = g.freqs, th = g.th;
+  // `scale`: the inverse's factor on top of the DFT's own 1/n.
+  RealDft(int64_t length, double inverse_scale)
+      : n(length), freqs(length / 2 + 1), half(length / 2), forward_half(std::max<int64_t>(half, 1), -1),
+        inverse_half(std::max<int64_t>(half, 1), 1) {
     const double pi = std::acos(-1.0);
-    auto angle_w = [&](int64_t m) { return 2 * pi * static_cast<double>(m % tw) / tw; };
-    row.resize(2 * f_count * tw);
-    for (int64_t f = 0; f < f_count; ++f) {
-      for (int64_t b = 0; b < tw; ++b) {
-        row[f * tw + b] = static_cast<T>(std::cos(angle_w(f * b)));
-        row[(f_count + f) * tw + b] = static_cast<T>(-std::sin(angle_w(f * b)));
-      }
+    auto angle = [&](int64_t m) { return 2 * pi * static_cast<double>(m % n) / n; };
+    cos_k.resize(freqs);
+    sin_k.resize(freqs);
+    for (int64_t k = 0; k < freqs; ++k) {
+      cos_k[k] = static_cast<T>(std::cos(angle(k)));
+      sin_k[k] = static_cast<T>(std::sin(angle(k)));
     }
-    inv_row.resize(g.write_w * 2 * f_count);
-    for (int64_t b = 0; b < g.write_w; ++b) {
-      for (int64_t f = 0; f < f_count; ++f) {
-        const double weight = (f == 0 || 2 * f == tw ? 1.0 : 2.0) / static_cast<double>(th * tw);
-        inv_row[b * 2 * f_count + f] = static_cast<T>(weight * std::cos(angle_w(f * b)));
-        inv_row[b * 2 * f_count + f_count + f] = static_cast<T>(-weight * std::sin(angle_w(f * b)));
+    if (n % 2 == 0) {
+      scale = static_cast<T>(inverse_scale / static_cast<double>(n));
+      return;
+    }
+    scale = T(1);
+    forward_matrix.resize(2 * freqs * n);
+    inverse_matrix.resize(n * 2 * freqs);
+    for (int64_t f = 0; f < freqs; ++f) {
+      for (int64_t b = 0; b < n; ++b) {
+        forward_matrix[f * n + b] = static_cast<T>(std::cos(angle(f * b)));
+        forward_matrix[(freqs + f) * n + b] = static_cast<T>(-std::sin(angle(f * b)));
+        const double weight = (f == 0 ? 1.0 : 2.0) * inverse_scale / static_cast<double>(n);
+        inverse_matrix[b * 2 * freqs + f] = static_cast<T>(weight * std::cos(angle(f * b)));
+        inverse_matrix[b * 2 * freqs + freqs + f] = static_cast<T>(-weight * std::sin(angle(f * b)));
       }
     }
   }
+
+  // Frequency k of the n real vectors `in` to out_re[k·out_stride], out_im[k·out_stride]; `scratch`: 3n vectors.
+  DENSECNN_ALWAYS_INLINE void forward(const Lanes<T>* in, Lanes<T>* out_re, Lanes<T>* out_im, int64_t out_stride,
+                                      Lanes<T>* scratch) const {
+    if (n % 2) {
+      return apply_matrix<T>(forward_matrix.data(), 2 * freqs, n,
+                             Operands<T>{in, in, n, 1, out_re, out_im, freqs, out_stride});
+    }
+    // z = DFT(even + i·odd); frequency k: E = (z[k] + conj z[-k]) / 2, O = (z[k] - conj z[-k]) / 2i, X = E + w^k O
+    Lanes<T>* z_re = scratch;
+    Lanes<T>* z_im = scratch + half;
+    forward_half.run(in, in + 1, 2, z_re, z_im, 1, scratch + 2 * half);
+    for (int64_t k = 0; k < freqs; ++k) {
+      const int64_t p = k % half, q = (half - k) % half;
+      const Lanes<T> a = z_re[p], b = z_im[p], c = z_re[q], d = z_im[q];
+      const Lanes<T> e_re = T(0.5) * (a + c), e_im = T(0.5) * (b - d);
+      const Lanes<T> o_re = T(0.5) * (b + d), o_im = T(0.5) * (c - a);
+      const T wc = cos_k[k], ws = sin_k[k];  // w^k = wc - i·ws
+      out_re[k * out_stride] = e_re + wc * o_re + ws * o_im;
+      out_im[k * out_stride] = e_im + wc * o_im - ws * o_re;
+    }
+  }
+
+  // out[0, count) (n vectors of room) = scale · the inverse DFT of the F frequencies re[k], im[k] (contiguous);
+  // an even n computes all n; `scratch`: 3n vectors.
+  DENSECNN_ALWAYS_INLINE void inverse(const Lanes<T>* re, const Lanes<T>* im, Lanes<T>* out, int64_t count,
+                                      Lanes<T>* scratch) const {
+    if (n % 2) {
+      return apply_matrix<T>(inverse_matrix.data(), count, 2 * freqs, Operands<T>{re, im, freqs, 1, out, out, n, 1});
+    }
+    // Z[k] = E + i·O with E = X[k] + X[k + n/2], O = (X[k] - X[k + n/2]) w^-k and X[k + n/2] = conj X[n/2 - k]; then
+    // even + i·odd = the inverse DFT of Z
+    Lanes<T>* z_re = scratch;
+    Lanes<T>* z_im = scratch + half;
+    for (int64_t k = 0; k < half; ++k) {
+      const Lanes<T> p_re = re[k], q_re = re[half - k];
+      const Lanes<T> p_im = k ? im[k] : Lanes<T>{}, q_im = k ? -im[half - k] : Lanes<T>{};
+      const Lanes<T> e_re = p_re + q_re, e_im = p_im + q_im, d_re = p_re - q_re, d_im = p_im - q_im;
+      const T wc = cos_k[k], ws = sin_k[k];  // w^-k = wc + i·ws
+      const Lanes<T> o_re = d_re * wc - d_im * ws, o_im = d_re * ws + d_im * wc;
+      z_re[k] = scale * (e_re - o_im);
+      z_im[k] = scale * (e_im + o_re);
+    }
+    inverse_half.run(z_re, z_im, 1, out, out + 1, 2, scratch + 2 * half);
+  }
+};
+
+// The transforms of one tile size, their matrices and twiddles computed in double and rounded to T.
+template <typename T>
+struct DftMatrices {
+  ComplexFft<T> col, inv_col;  // the complex DFTs along h, forward and inverse
+  RealDft<T> row;              // the real DFT along w; its inverse scaled by 1/th, the h inverse's share
+
+  explicit DftMatrices(const FftGeometry& g)
+      : col(g.th, -1), inv_col(g.th, 1), row(g.tw, 1.0 / static_cast<double>(g.th)) {}
 };
 
 // Per-thread buffers of the transforms, in vectors of channel lanes (held as scalars: a std::vector of the vector
@@ -199,14 +371,14 @@ struct DftMatrices {
 template <typename T>
 struct TileBuffers {
   std::vector<T> storage;
-  Lanes<T>*row, *stage, *rows, *column, *scratch;
+  Lanes<T>*row, *stage, *rows, *column, *scratch, *row_scratch;
   explicit TileBuffers(const FftGeometry& g) {
-    const int64_t sizes[5] = {std::max<int64_t>(g.tw, g.write_w), g.freqs * 2 * g.th, g.write_h * 2 * g.freqs,
-                              2 * g.th, 2 * g.th};
-    storage.assign((sizes[0] + sizes[1] + sizes[2] + sizes[3] + sizes[4]) * kLanes<T>, T(0));
+    const int64_t sizes[6] = {std::max<int64_t>(g.tw, g.write_w), g.freqs * 2 * g.th, g.write_h * 2 * g.freqs,
+                              2 * g.th, 4 * g.th, 3 * g.tw};
+    storage.assign((sizes[0] + sizes[1] + sizes[2] + sizes[3] + sizes[4] + sizes[5]) * kLanes<T>, T(0));
     Lanes<T>* next = reinterpret_cast<Lanes<T>*>(storage.data());
-    Lanes<T>** slots[5] = {&row, &stage, &rows, &column, &scratch};
-    for (int i = 0; i < 5; ++i) {
+    Lanes<T>** slots[6] = {&row, &stage, &rows, &column, &scratch, &row_scratch};
+    for (int i = 0; i < 6; ++i) {
       *slots[i] = next;
       next += sizes[i];
     }
@@ -260,7 +432,7 @@ DENSECNN_ALWAYS_INLINE void forward_item_impl(const FftGeometry& g, const DftMat
         for (int64_t v = 0; v < lanes; ++v) row[b][v] = src[v * g.x_stride[1]];
       }
     }
-    apply_matrix<T>(dft.row.data(), 2 * f_count, tw, Operands<T>{row, row, tw, 1, stage + a, stage + th + a, f_count, 2 * th});
+    dft.row.forward(row, stage + a, stage + th + a, 2 * th, buf.row_scratch);
   }
   const T sign = g.conjugate ? T(-1) : T(1);
   for (int64_t f = 0; f < f_count; ++f) {  // complex DFT of each column, written as (count, P, C) pairs
@@ -353,7 +525,7 @@ DENSECNN_ALWAYS_INLINE void inverse_item_impl(const FftGeometry& g, const DftMat
     const int64_t r = row0 + a * g.dh - shift_h;
     if (r < 0) continue;
     if (r >= y_rows) break;
-    apply_matrix<T>(dft.inv_row.data(), g.write_w, 2 * f_count, rows + a * 2 * f_count, out, 1);
+    dft.row.inverse(rows + a * 2 * f_count, rows + a * 2 * f_count + f_count, out, g.write_w, buf.row_scratch);
     for (int64_t b = 0; b < g.write_w; ++b) {
       const int64_t c = col0 + b * g.dw - shift_w;
       if (c < 0) continue;

@@ -45,7 +45,7 @@ from ..geometry import output_size
 from . import ext, weight_cache
 
 Pair = tuple[int, int]
-MAX_TILE = 64  # largest tile side considered: the transforms cost O(T) per point
+MAX_TILE = 64  # largest tile side considered
 LANES = 16  # channels the transforms process at once (one AVX-512 vector of float32)
 CACHE_SIZE = 32  # kernel spectra kept (inference), least recently used dropped first
 COMPUTE_DTYPES = (torch.float32, torch.float64)
@@ -251,14 +251,17 @@ def tile_sizes(sub_out: Pair, kernel: Pair, c: int, k: int, grids: int) -> Pair:
     # numpy, not torch: a plain computation on ints, never traced (the backward runs this under torch.compile too)
     th, tw = np.meshgrid(*sides, indexing="ij")  # (Th options, Tw options)
     th, tw = th.astype(np.float64), tw.astype(np.float64)
-    dft_h = np.array([_complex_dft_cost(int(n)) for n in sides[0]], dtype=np.float64)[:, None]
+    dft_h = np.array([_complex_fft_cost(int(n)) for n in sides[0]], dtype=np.float64)[:, None]
     sh, sw = th - kernel[0] + 1, tw - kernel[1] + 1
     tiles = grids * np.ceil(sub_out[0] / sh) * np.ceil(sub_out[1] / sw)
     f = np.floor(tw / 2) + 1
+    dft_w = np.array([_real_fft_cost(int(n)) for n in sides[1]], dtype=np.float64)[None, :]
+    # an odd Tw's inverse along w is a matrix of its written columns
+    inverse_w = np.where(tw % 2 == 1, sw * 2 * f, dft_w)
     # channels padded to whole vectors of lanes
     lanes_in, lanes_out = (LANES * -(-channels // LANES) for channels in (c, k))
-    forward = lanes_in * (th * 2 * f * tw + f * dft_h)
-    inverse = lanes_out * (f * dft_h + sh * sw * 2 * f)
+    forward = lanes_in * (th * dft_w + f * dft_h)
+    inverse = lanes_out * (f * dft_h + sh * inverse_w)
     products = 4 * th * f * c * k
     floats = 2 * th * f * (c + k) + th * tw * c + sh * sw * k  # the spectra, the tile read, its outputs
     cost = tiles * (
@@ -269,11 +272,29 @@ def tile_sizes(sub_out: Pair, kernel: Pair, c: int, k: int, grids: int) -> Pair:
 
 
 @functools.lru_cache(maxsize=256)
-def _complex_dft_cost(n: int) -> int:
-    """Multiply-adds of the kernels' length-n complex DFT of one vector: one level of Cooley-Tukey, n = n1·n2 with
-    n1 the largest factor <= sqrt(n), as (2n1)² and (2n2)² matrices plus twiddles; a prime n is one (2n)² matrix."""
-    n1 = max(d for d in range(1, int(n**0.5) + 1) if n % d == 0)
-    return 4 * n * n if n1 == 1 else 4 * n * (n1 + n // n1) + 4 * n
+def _complex_fft_cost(n: int) -> int:
+    """Vector operations of the kernels' length-n complex FFT (Stockham, radix 4, 2 and odd primes): the copies in
+    and out, and per stage n/r butterflies with their twiddles (radix 4: 16 additions and 3 complex products; 2: 4
+    and 1; an odd r: (r-1)/2 cosine and sine sums of (r-1)/2 terms per output pair)."""
+    cost, rest = 4 * n, n
+    for radix, butterfly in ((4, 34), (2, 10)):
+        while rest % radix == 0:
+            cost, rest = cost + n // radix * butterfly, rest // radix
+    factor = 3
+    while rest > 1:
+        while rest % factor == 0:
+            half = factor // 2
+            cost, rest = cost + n // factor * (10 * half + 4 * half * half + 6 * (factor - 1)), rest // factor
+        factor += 2
+    return cost
+
+
+@functools.lru_cache(maxsize=256)
+def _real_fft_cost(n: int) -> int:
+    """Vector operations of the kernels' length-n real DFT (either direction): an even n as the complex FFT of its
+    n/2 packed sample pairs and a butterfly per frequency; an odd n as its (2F × n) matrix."""
+    freqs = n // 2 + 1
+    return _complex_fft_cost(n // 2) + 12 * freqs + n if n % 2 == 0 else 2 * freqs * n
 
 
 # --- the kernel's spectrum -----------------------------------------------------------------------------------------

@@ -190,6 +190,32 @@ def test_tiles_in_several_groups_equal_the_tap_sum(gpu_loops):
     assert_close_relative(y, _taps(x, op), 1e-10, floor=1.0)
 
 
+@pytest.mark.parametrize("side", range(2, 65))
+def test_every_tile_side_transforms_exactly(side):
+    """The tile transforms on every side the planner may pick, up to 64, by themselves: each side's FFT stages
+    (radix 4, 2, any odd prime up to 61) along h, and along w the packed real FFT (even widths) or the matrix (odd
+    ones), in the forward, the input gradient's adjoint and the weight gradient, against independent references."""
+    tile = (side, 2 + side * 37 % 63)  # widths run through odd and even, small and large
+    kernel, dilation = (2, 2), (1, 2)
+    valid = [t - k + 1 for t, k in zip(tile, kernel)]
+    generator = torch.Generator().manual_seed(side)
+    x = torch.randn(1, 3, tile[0] + 5, 2 * tile[1] + 3, dtype=torch.float64, generator=generator)
+    op = ConvOp(torch.randn(4, 3, *kernel, dtype=torch.float64, generator=generator), None, dilation, 1)
+    spectrum = fft_conv._spectrum(op.weight, tile, torch.float64)
+    y = torch.ops.densecnn.fft_conv2d(x, op.weight, spectrum, None, list(tile), valid, list(dilation))
+    assert_close_relative(y, _taps(x, op), 1e-10, floor=1.0)
+    grad_y = torch.randn(y.shape, dtype=torch.float64, generator=generator)
+    grad_x = torch.ops.densecnn.fft_conv2d_input_grad(
+        grad_y, spectrum, list(x.shape[2:]), list(tile), valid, list(dilation), [0, 0]
+    )
+    x_ = x.clone().requires_grad_()
+    (expected,) = torch.autograd.grad(torch.nn.functional.conv2d(x_, op.weight, dilation=dilation), x_, grad_y)
+    assert_close_relative(grad_x, expected, 1e-10, floor=1.0)
+    weight_spectrum = torch.ops.densecnn.fft_conv2d_weight_spectrum(x, grad_y, list(tile), valid, list(dilation))
+    grad_w = fft_conv._taps(weight_spectrum, tile, kernel)
+    assert_close_relative(grad_w, _tap_weight_gradient(grad_y, x, kernel, dilation), 1e-10, floor=1.0)
+
+
 def _tap_weight_gradient(grad_y: torch.Tensor, x: torch.Tensor, kernel, dilation) -> torch.Tensor:
     """Independent reference: each tap's weight gradient is the sum of the output gradient times the input it read."""
     (kh, kw), (dh, dw) = kernel, dilation
