@@ -249,9 +249,10 @@ def test_fft_weight_gradient_equals_the_tap_sum(problem, gpu_loops, grad_format)
 
 
 @pytest.mark.parametrize("gpu_loops", [False, True])
-def test_fft_weight_gradient_over_several_groups_of_tiles(gpu_loops):
-    """Enough tiles for several groups, summed into one spectrum; the last tiles reach past the output (float32,
-    to its rounding bound)."""
+def test_fft_weight_gradient_over_several_groups_of_tiles(gpu_loops, monkeypatch):
+    """Enough tiles for several groups (a gradient's group holds at least 128), summed into one spectrum; the last
+    tiles reach past the output (float32, to its rounding bound)."""
+    monkeypatch.setattr(fft_conv, "MAX_TILE", 12)  # about 1,000 tiles
     generator = torch.Generator().manual_seed(9)
     x = torch.randn(2, 5, 150, 171, generator=generator)
     grad_y = torch.randn(2, 40, 150 - 4 * 2, 171 - 4 * 3, generator=generator)
