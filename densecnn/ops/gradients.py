@@ -56,6 +56,26 @@ def candidates(op, allowed: set[str]) -> list[str]:
     return [name for name in SOLVERS if name in allowed | {"native"} and applies(name, op)]
 
 
+def bias_gradient(grad_y: torch.Tensor) -> torch.Tensor:
+    """(K,) the bias's gradient: ∂L/∂y (N, K, *S) summed over every axis but the channels.
+
+    A channels-last ∂L/∂y is one (pixels, K) matrix in memory, and torch sums its rows 3-4× slower than those of the
+    same values read as wider rows: it is summed as rows of d pixels' channels (d the largest divisor of the pixels
+    with d·K ≤ 512), then the d partial sums of each channel. The same sum to rounding.
+
+    >>> grad_y = torch.randn(2, 8, 30, 30).contiguous(memory_format=torch.channels_last)
+    >>> bias_gradient(grad_y).shape  # == grad_y.sum((0, 2, 3)) to rounding
+    torch.Size([8])
+    """
+    k = grad_y.shape[1]
+    pixels_last = grad_y.movedim(1, -1)  # (N, *S, K)
+    if grad_y.dim() < 3 or not pixels_last.is_contiguous():
+        return grad_y.sum([0, *range(2, grad_y.dim())])
+    pixels = pixels_last.numel() // max(k, 1)
+    width = next((d for d in range(max(1, 512 // max(k, 1)), 0, -1) if pixels % d == 0), 1)
+    return pixels_last.reshape(pixels // width, width * k).sum(0).view(width, k).sum(0)
+
+
 def input_gradient(name: str, grad_y: torch.Tensor, x: torch.Tensor, op: ConvOp) -> torch.Tensor:
     """∂L/∂x (N, C, *S) from ∂L/∂y (N, K, *S') by gradient solver ``name``."""
     if name == "fft" and not torch.is_grad_enabled():
@@ -130,7 +150,7 @@ class _Conv(torch.autograd.Function):
         ctx.input_spectra = None
         if not together:
             grad_w = weight_gradient(ctx.weight_solver, grad_y, x, op) if needs[1] else None
-        grad_b = grad_y.sum([0, *range(2, grad_y.dim())]) if ctx.has_bias and needs[2] else None
+        grad_b = bias_gradient(grad_y) if ctx.has_bias and needs[2] else None
         return grad_x, grad_w, grad_b, None, None, None, None, None, None
 
 

@@ -20,6 +20,7 @@ import torch
 
 from ..geometry import output_size, reach
 from . import ext, fft_conv, native
+from .gradients import bias_gradient
 from .layout import layout_of
 
 # ---- shapes and layouts, as the kernels see them ----
@@ -268,7 +269,7 @@ def _register_fft_conv2d(ops) -> None:
         elif needs[1]:
             grad_w = fft_conv.weight_gradient(grad_y, input, weight.shape[2:], ctx.dilation)
         if ctx.has_bias and needs[3]:
-            grad_b = grad_y.sum((0, 2, 3))
+            grad_b = bias_gradient(grad_y)
         return grad_x, grad_w, None, grad_b, None, None, None, None
 
     torch.library.register_autograd("densecnn::fft_conv2d", backward, setup_context=setup)

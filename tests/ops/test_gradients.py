@@ -232,3 +232,20 @@ def test_an_unknown_gradient_solver_is_refused_with_the_choices():
         ValueError, match="gradient solver 'direct' is unknown; use one of native, fft, winograd"
     ):
         densecnn.ops.OpsConfig(gradient_solver="direct")
+
+
+@pytest.mark.parametrize(
+    ("shape", "layout"),
+    [
+        ((8, 50, 36, 36), torch.channels_last),  # wide rows of several pixels
+        ((1, 7, 13, 1), torch.channels_last),  # 13 pixels: one pixel a row
+        ((2, 600, 3, 4), torch.channels_last),  # more channels than a row holds
+        ((2, 16, 5, 6, 7), torch.channels_last_3d),
+        ((2, 5, 9, 10), torch.contiguous_format),
+        ((3, 4, 11), torch.contiguous_format),
+    ],
+)
+def test_the_bias_gradient_sums_every_axis_but_the_channels(shape, layout):
+    grad_y = torch.randn(shape, dtype=torch.float64).contiguous(memory_format=layout)
+    expected = torch.stack([grad_y[:, k].sum() for k in range(shape[1])])  # channel by channel
+    assert_close_relative(gradients.bias_gradient(grad_y), expected, 1e-12, floor=1.0)
