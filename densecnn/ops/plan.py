@@ -42,7 +42,7 @@ from . import allocator, costmodel, gradients, solvers
 from .backends import Backend, allowed_solvers, ext_available
 from .config import OpsConfig
 from .layout import memory_format as torch_memory_format
-from .layout import names_for, to_format
+from .layout import contiguous, names_for, to_format
 from .solvers import PoolOp
 from .tune import timing_shape, tuned_gradient_times, tuned_times
 
@@ -95,7 +95,7 @@ class Plan:
 
     def __call__(self, x: torch.Tensor, *, cancel: threading.Event | None = None) -> torch.Tensor:
         layout = torch_memory_format(self.memory_format, x.dim())
-        return run_steps(self.steps, to_format(x, self.memory_format), cancel, layout).contiguous()
+        return contiguous(run_steps(self.steps, to_format(x, self.memory_format), cancel, layout))
 
     def describe(self) -> list[dict]:
         """One row per step: its layers, solver, memory format, where the choice came from ("tuned" timings, the
