@@ -73,4 +73,3 @@ def contiguous(x: torch.Tensor) -> torch.Tensor:
         block = slice(start, start + _BLOCK_PIXELS)
         out[:, :, block].copy_(matrix[:, block].transpose(1, 2))
     return out.view(x.shape)
-

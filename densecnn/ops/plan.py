@@ -41,8 +41,8 @@ from ..geometry import output_size
 from . import allocator, costmodel, gradients, solvers
 from .backends import Backend, allowed_solvers, ext_available
 from .config import OpsConfig
-from .layout import memory_format as torch_memory_format
 from .layout import contiguous, names_for, to_format
+from .layout import memory_format as torch_memory_format
 from .solvers import PoolOp
 from .tune import timing_shape, tuned_gradient_times, tuned_times
 

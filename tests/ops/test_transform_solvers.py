@@ -209,9 +209,13 @@ def test_every_tile_side_transforms_exactly(side):
         grad_y, spectrum, list(x.shape[2:]), list(tile), valid, list(dilation), [0, 0]
     )
     x_ = x.clone().requires_grad_()
-    (expected,) = torch.autograd.grad(torch.nn.functional.conv2d(x_, op.weight, dilation=dilation), x_, grad_y)
+    (expected,) = torch.autograd.grad(
+        torch.nn.functional.conv2d(x_, op.weight, dilation=dilation), x_, grad_y
+    )
     assert_close_relative(grad_x, expected, 1e-10, floor=1.0)
-    weight_spectrum = torch.ops.densecnn.fft_conv2d_weight_spectrum(x, grad_y, list(tile), valid, list(dilation))
+    weight_spectrum = torch.ops.densecnn.fft_conv2d_weight_spectrum(
+        x, grad_y, list(tile), valid, list(dilation)
+    )
     grad_w = fft_conv._taps(weight_spectrum, tile, kernel)
     assert_close_relative(grad_w, _tap_weight_gradient(grad_y, x, kernel, dilation), 1e-10, floor=1.0)
 
