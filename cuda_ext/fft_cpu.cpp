@@ -1,8 +1,8 @@
 // CPU tile transforms of the frequency-domain convolution (fft_driver.h). One work item is one tile and a block of
-// kLanes channels: the tile is read once, and every transform along an axis is a small matrix (the DFT's, in L1)
-// applied to vectors of kLanes channels, so the arithmetic vectorises across channels and the spectrum is written
-// in the GEMM's layout, channels innermost. The inverse reads the product spectrum the same way and writes the
-// valid part of each tile, plus the bias, straight into the output, in either memory format.
+// kLanes channels: the tile is read once, and every transform along an axis is an FFT (its twiddles in L1) on
+// vectors of kLanes channels, so the arithmetic vectorises across channels and the spectrum is written in the
+// GEMM's layout, channels innermost. The inverse reads the product spectrum the same way and writes the valid part
+// of each tile, plus the bias, straight into the output, in either memory format.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
@@ -99,7 +99,8 @@ DENSECNN_ALWAYS_INLINE void apply_matrix(const T* m, int64_t rows, int64_t inner
 // natural order. A stage of length L (n = L·s, s the product of the radices before it) takes, for p < L/r and every
 // q < s, the r inputs q + s(p + t·L/r), their r-point DFT (written out for r = 2 and 4; an odd r pairs t with r - t,
 // so that each output needs (r-1)/2 cosine and sine sums), and writes output u times w_L^(p·u) to q + s(r·p + u).
-// About 5n·Σ(1 + r/4) multiply-adds per vector where a DFT matrix takes 4n².
+// O(n·Σr) operations per vector where a DFT matrix takes 4n² (densecnn/ops/fft_conv.py counts them for the
+// tile-size model).
 template <typename T>
 struct ComplexFft {
   static constexpr int kMaxHalf = 32;  // odd radices up to 65 (tiles are at most 64)
@@ -270,8 +271,8 @@ struct ComplexFft {
 // The length-n real DFT along w on vectors of channel lanes, F = n/2 + 1 frequencies, and its inverse for a real
 // signal (the Hermitian extension of F frequencies; the imaginary parts of the first and, for even n, the last are
 // left out, as a real signal has none). An even n packs the even and odd samples as the real and imaginary parts of
-// n/2 complex ones, takes their length-n/2 DFT (ComplexFft) and splits the two spectra
-// with one butterfly per frequency (the inverse runs the same steps backwards). An odd n keeps the plain matrices.
+// n/2 complex ones, takes their length-n/2 DFT (ComplexFft) and splits the two spectra with one butterfly per
+// frequency (the inverse runs the same steps backwards). An odd n keeps the plain matrices.
 template <typename T>
 struct RealDft {
   int64_t n, freqs, half;
