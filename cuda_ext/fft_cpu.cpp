@@ -94,6 +94,23 @@ DENSECNN_ALWAYS_INLINE void apply_matrix(const T* m, int64_t rows, int64_t inner
   apply_matrix<T>(m, rows, inner, Operands<T>{in, in, inner, 1, out, out, rows, out_stride});
 }
 
+// re[a·cols + b] + i·im[a·cols + b] = e^{direction·2πi·ab/length} for a < rows, b < cols, computed in double and
+// rounded to T: an FFT stage's twiddles, an odd radix's cosines and sines.
+template <typename T>
+void roots_of_unity(int64_t rows, int64_t cols, int64_t length, int direction, std::vector<T>& re,
+                    std::vector<T>& im) {
+  const double pi = std::acos(-1.0);
+  re.resize(rows * cols);
+  im.resize(rows * cols);
+  for (int64_t a = 0; a < rows; ++a) {
+    for (int64_t b = 0; b < cols; ++b) {
+      const double angle = 2 * pi * static_cast<double>(a * b % length) / length;
+      re[a * cols + b] = static_cast<T>(std::cos(angle));
+      im[a * cols + b] = static_cast<T>(direction * std::sin(angle));
+    }
+  }
+}
+
 // A length-n complex DFT with exponent sign σ on vectors of channel lanes, by the Stockham autosort FFT: one stage
 // per factor r of n (fours first, then twos, then odd primes), each reading one buffer and writing the other in
 // natural order. A stage of length L (n = L·s, s the product of the radices before it) takes, for p < L/r and every
@@ -123,31 +140,12 @@ struct ComplexFft {
     }
     TORCH_CHECK(radices.empty() || *std::max_element(radices.begin(), radices.end()) <= 2 * kMaxHalf + 1,
                 "densecnn.fft_conv2d: a tile side of ", n, " has a prime factor above ", 2 * kMaxHalf + 1);
-    const double pi = std::acos(-1.0);
     int64_t stage_length = n, stride = 1;
     for (int64_t r : radices) {
       Stage s{r, stage_length, stride, {}, {}, {}, {}};
       const int64_t m = stage_length / r;
-      s.twiddle_re.resize(m * r);
-      s.twiddle_im.resize(m * r);
-      for (int64_t p = 0; p < m; ++p) {
-        for (int64_t u = 0; u < r; ++u) {
-          const double angle = 2 * pi * static_cast<double>(p * u % stage_length) / stage_length;
-          s.twiddle_re[p * r + u] = static_cast<T>(std::cos(angle));
-          s.twiddle_im[p * r + u] = static_cast<T>(direction * std::sin(angle));
-        }
-      }
-      if (r % 2) {
-        s.cos_tu.resize(r * r);
-        s.sin_tu.resize(r * r);
-        for (int64_t t = 0; t < r; ++t) {
-          for (int64_t u = 0; u < r; ++u) {
-            const double angle = 2 * pi * static_cast<double>(t * u % r) / r;
-            s.cos_tu[t * r + u] = static_cast<T>(std::cos(angle));
-            s.sin_tu[t * r + u] = static_cast<T>(direction * std::sin(angle));
-          }
-        }
-      }
+      roots_of_unity(m, r, stage_length, direction, s.twiddle_re, s.twiddle_im);
+      if (r % 2) roots_of_unity(r, r, r, direction, s.cos_tu, s.sin_tu);
       stages.push_back(std::move(s));
       stage_length = m;
       stride *= r;
