@@ -117,6 +117,10 @@ def multichannel_40(in_channels: int = 3, num_classes: int = 4) -> tuple[nn.Sequ
     return model, 40
 
 
+# the filter bank's scales per number of spatial axes
+BANK_SIGMAS = {2: (1.0, 2.5, 5.0), 3: (1.0, 1.6, 2.5, 5.0)}
+
+
 def filter_bank(in_channels: int = 1, num_classes: int = 3) -> tuple[nn.Sequential, int]:
     """A fixed multi-scale filter bank and a learned per-pixel head, patch 49: the default net for training images
     from strokes (docs/training.md, "Training from strokes").
@@ -137,9 +141,10 @@ def filter_bank(in_channels: int = 1, num_classes: int = 3) -> tuple[nn.Sequenti
 def filter_bank3d(in_channels: int = 1, num_classes: int = 3) -> tuple[nn.Sequential, tuple[int, int, int]]:
     """:func:`filter_bank` for volumes, patch 49³: the default net for training volumes from strokes.
 
-    Layers 0–7 are the fixed filter bank in 3-D (three 1-D convs per filter, 120 maps per channel: the Gaussian,
-    3 first and 6 second derivatives at σ 1, 2.5 and 5 with both signs, each kept and smoothed at σ 3), then the same
-    standardisation, dropout and head.
+    Layers 0–7 are the fixed filter bank in 3-D (three 1-D convs per filter, 160 maps per channel: the Gaussian,
+    3 first and 6 second derivatives at σ 1, 1.6, 2.5 and 5 with both signs, each kept and smoothed at σ 3), then the
+    same standardisation, dropout and head. The σ 1.6 the images' bank lacks finds the one-voxel boundary shells of
+    small nuclei, which are thinner along D than in the plane (docs/training.md, "Training from strokes").
     """
     return _filter_bank(in_channels, num_classes, dims=3)
 
@@ -147,7 +152,7 @@ def filter_bank3d(in_channels: int = 1, num_classes: int = 3) -> tuple[nn.Sequen
 def _filter_bank(in_channels: int, num_classes: int, *, dims: int):
     """(model, patch): the filter bank net in ``dims`` spatial axes, its patch the reach of the fixed layers (an int
     for images, a tuple per axis for volumes)."""
-    derivatives = derivative_layers(in_channels, sigmas=(1.0, 2.5, 5.0), dims=dims)
+    derivatives = derivative_layers(in_channels, sigmas=BANK_SIGMAS[dims], dims=dims)
     smoothing = smoothing_layers(derivatives[-1].out_channels, sigmas=(3.0,), dims=dims)
     features = smoothing[-1].out_channels
     conv = {2: nn.Conv2d, 3: nn.Conv3d}[dims]

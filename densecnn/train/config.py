@@ -156,6 +156,13 @@ class TrainConfig:
         help="end the run after this many seconds (wall clock), writing the model directory as at the end",
         group=RUN,
     )
+    holdout: float = option(
+        0.0,
+        help="the default recipe (no --model): the share of each class's strokes (connected components) held out "
+        "to validate on, stop early and keep the best weights (default 0: every stroke trains, the newest weights "
+        "are kept; docs/training.md says why)",
+        group=RUN,
+    )
     val_every: int = option(0, help="validate every N steps (0: every epoch)", group=RUN, at_least=0)
     checkpoint_every: int = option(0, help="checkpoint every N steps (0: every epoch)", group=RUN, at_least=0)
     keep_checkpoints: int = option(3, help="newest checkpoints kept", group=RUN, at_least=1)
@@ -182,6 +189,15 @@ class TrainConfig:
                 )
         if self.max_seconds is not None and self.max_seconds <= 0:
             raise TrainingError(f"--max-seconds must be > 0, got {self.max_seconds}")
+        if not 0.0 <= self.holdout < 1.0:
+            raise TrainingError(
+                f"--holdout must be in [0, 1) (0.25: a quarter of each class's strokes), got {self.holdout}"
+            )
+        if self.holdout and (self.model or self.resume):
+            raise TrainingError(
+                "--holdout holds out strokes in the default recipe only (no --model, no --resume); with --model, "
+                "give a validation dataset with --val"
+            )
         if self.lr <= 0:
             raise TrainingError(f"--lr must be > 0, got {self.lr}")
         try:

@@ -5,7 +5,7 @@ annotations beside the images, 255 = unlabelled; whole slides and large arrays b
 the margin the net's patch needs: :mod:`densecnn.train.windows`), then :class:`~densecnn.train.strokes.StrokeTrainer`
 trains it: the zoo net for the data's channels and dimensionality (or ``--model``: a model directory to fine-tune,
 or a zoo name), crops around the labelled pixels, every stroke trained on for the recipe's steps, the newest
-weights kept. Each step is logged to ``RUN/metrics.jsonl``; ``RUN/model`` is written when the run ends, when
+weights kept (``--holdout``: a share of each class's strokes validates instead, and the best weights are kept). Each step is logged to ``RUN/metrics.jsonl``; ``RUN/model`` is written when the run ends, when
 ``--max-seconds`` pass, on Ctrl-C and on an error mid-step (the best weights so far), so a stopped run always leaves
 a model that loads.
 
@@ -38,7 +38,7 @@ def train_from_strokes(config: TrainConfig) -> Path:
     """Train ``config.data`` by the default recipe into ``config.out``/model; see the module's docs.
 
     Options of ``config`` it reads: data, out, model (empty: the recipe's net), seed, max_seconds, unlabelled,
-    classes (a fresh net's, when classes.json gives no names); the recipe sets the rest. NaN/±Inf image pixels are
+    holdout, classes (a fresh net's, when classes.json gives no names); the recipe sets the rest. NaN/±Inf image pixels are
     refused (``--nonfinite propagate`` trains with ``--model`` only).
     """
     if config.nonfinite == "propagate":
@@ -73,6 +73,7 @@ def train_from_strokes(config: TrainConfig) -> Path:
         model=fine_tuned or config.model or None,
         class_names=names,
         seed=config.seed,
+        recipe={"holdout": config.holdout},
     )
     palette = info.palette if info.palette and len(info.palette) == len(trainer.class_names) else None
     log = MetricsLog(run_dir / "metrics.jsonl")
@@ -145,6 +146,7 @@ def _write_card(model_dir: Path, config: TrainConfig, trainer: StrokeTrainer, sa
     command += [f"--model {config.model}"] if config.model else []
     command += [f"--max-seconds {config.max_seconds:g}"] if config.max_seconds else []
     command += [f"--unlabelled {config.unlabelled}"] if config.unlabelled is not None else []
+    command += [f"--holdout {config.holdout:g}"] if config.holdout else []
     write_model_card(
         model_dir / "README.md",
         title=f"densecnn model: {', '.join(trainer.class_names)}",

@@ -28,18 +28,19 @@ PosixPath('models/my_cells')
 0..K-1 and ``unlabelled`` elsewhere (with ``unlabelled=0``, napari's "not painted", the ids are 1..K and mean classes
 0..K-1: :func:`densecnn.io.annotations.sparse_labels`). ``model``: None (the recipe's zoo net for the channels and dimensionality), a
 zoo name, a model directory or a :class:`~densecnn.LoadedModel` (fine-tuning: its classes, normalisation and padding
-are kept), or ``(nn.Module, patch_size)``.
+are kept), or ``(nn.Module, patch_size)``. ``recipe``: None (the default recipe for the data), a
+:class:`~densecnn.train.recipe.Recipe`, or a dict of the default recipe's fields to change, e.g. ``{"holdout": 0.25}``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import math
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -66,7 +67,7 @@ VAL_PIXELS = 2048  # held-out pixels scored at each validation, at most
 PREVIEW_PIXELS = 2**16  # pixels the head labels at once in a preview
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class StrokeProgress:
     """One step of a run: ``loss`` of the step's labelled pixels; ``val_miou`` the held-out strokes' mean IoU when
     this step validated (None otherwise, and always without held-out strokes); ``seconds`` since ``run`` began."""
@@ -102,7 +103,7 @@ class StrokeTrainer:
         model=None,
         class_names: list[str] | None = None,
         seed: int = 0,
-        recipe: Recipe | None = None,
+        recipe: Recipe | dict | None = None,
     ):
         images, sparse = _checked(images, labels, unlabelled)
         channels, spatial_dims = images[0].shape[0], images[0].ndim - 1
@@ -131,10 +132,17 @@ class StrokeTrainer:
         self.fixed = fixed_layers(self.model_net)
         # a fresh net's batch norm after its fixed layers: set from the first labelled pixels' features
         self._standardize = fresh and self.fixed > 0 and isinstance(self.model_net[self.fixed], BATCH_NORMS)
-        self.recipe = recipe or default_recipe(
-            [i.shape[1:] for i in images],
-            labelled_pixels=sum(int((s != IGNORE_INDEX).sum()) for s in sparse),
-            per_pixel_head=bool(self.fixed),
+        self.recipe = (
+            recipe
+            if isinstance(recipe, Recipe)
+            else _changed(
+                default_recipe(
+                    [i.shape[1:] for i in images],
+                    labelled_pixels=sum(int((s != IGNORE_INDEX).sum()) for s in sparse),
+                    per_pixel_head=bool(self.fixed),
+                ),
+                recipe or {},
+            )
         )
         trained = [p for p in self.model_net.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(trained, lr=self.recipe.lr)
@@ -521,6 +529,20 @@ def _same_images(images: list[np.ndarray], others: list[np.ndarray]) -> bool:
     return len(images) == len(others) and all(
         a is b or (a.shape == b.shape and np.array_equal(a, b)) for a, b in zip(images, others, strict=True)
     )
+
+
+def _changed(recipe: Recipe, changes: dict) -> Recipe:
+    """``recipe`` with the fields in ``changes`` replaced; an unknown field or a holdout outside [0, 1) is refused."""
+    unknown = sorted(set(changes) - set(vars(recipe)))
+    if unknown:
+        raise TrainingError(
+            f"the recipe has no field {', '.join(unknown)}; its fields: {', '.join(vars(recipe))}"
+        )
+    if not 0.0 <= changes.get("holdout", 0.0) < 1.0:
+        raise TrainingError(
+            f"holdout must be in [0, 1) (0.25: a quarter of each class's strokes), got {changes['holdout']}"
+        )
+    return dataclasses.replace(recipe, **changes)
 
 
 def _checked(images, labels, unlabelled: int) -> tuple[list[np.ndarray], list[np.ndarray]]:

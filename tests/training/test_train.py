@@ -294,6 +294,8 @@ def test_bad_datasets_get_one_line_errors_naming_the_file(toy, tmp_path, capsys,
         (["--batch", "0"], "--batch must be >= 1"),
         (["--crops-per-image", "1", "--batch", "8"], "fewer than --batch"),
         (["--class-weights", "1,2"], "2 values for 3 classes"),
+        (["--holdout", "1"], "--holdout must be in [0, 1)"),
+        (["--holdout", "0.2"], "in the default recipe only"),  # --model runs validate on --val
     ],
 )
 def test_bad_options_get_clear_errors(toy, tmp_path, capsys, extra, message):

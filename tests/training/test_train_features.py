@@ -150,24 +150,27 @@ def test_flips_and_turns_permute_the_filter_banks_features():
     assert torch.allclose(turned[perms[2]], expected, atol=1e-5)  # one quarter turn, no flip
 
 
-def test_every_flip_and_turn_of_the_slices_permutes_a_volume_filter_banks_features():
+def test_every_flip_and_turn_of_the_slices_and_the_flip_along_d_permute_a_volume_filter_banks_features():
     derivative = derivative_layers(1, sigmas=(1.0,), dims=3)  # kernels of 7: patch 13³
     prefix = nn.Sequential(
         *derivative, nn.ReLU(), *smoothing_layers(derivative[-1].out_channels, sigmas=(1.0,), dims=3)
     )
     dense = densecnn.convert(prefix, (13, 13, 13), padding_mode="reflect", verify=False)
     perms = dihedral_permutations(dense, 1)
-    assert len(perms) == 8
+    assert len(perms) == 16
     volume = torch.randn(1, 1, 16, 20, 20, dtype=torch.float64)
     features = prefix.double()(volume)[0]  # (40, 4, 8, 8), computed on its own
 
-    def transform(x, turns, flip):
+    def transform(x, turns, flip, depth_flip):
         x = torch.rot90(x, turns, (-2, -1))
-        return torch.flip(x, (-1,)) if flip else x
+        x = torch.flip(x, (-1,)) if flip else x
+        return torch.flip(x, (-3,)) if depth_flip else x
 
-    for perm, (turns, flip) in zip(perms, itertools.product(range(4), (False, True)), strict=True):
-        moved = prefix.double()(transform(volume, turns, flip))[0]
-        assert torch.allclose(moved[perm], transform(features, turns, flip), atol=1e-5)
+    transforms = [(t, f, d) for d in (False, True) for t, f in itertools.product(range(4), (False, True))]
+    for perm, (turns, flip, depth_flip) in zip(perms, transforms, strict=True):
+        moved = prefix.double()(transform(volume, turns, flip, depth_flip))[0]
+        assert torch.allclose(moved[perm], transform(features, turns, flip, depth_flip), atol=1e-5)
+    assert len({tuple(p.tolist()) for p in perms}) == 16  # 16 different permutations: the group, each once
 
 
 def test_an_asymmetric_fixed_layer_has_only_the_identity():
@@ -329,7 +332,8 @@ def test_a_volumes_blocks_split_every_axis_and_give_the_kept_maps_features(monke
     labels[[0, 2, 5, 5], [7, 0, 3, 7], [1, 6, 4, 7]] = [0, 1, 1, 0]
     kept = PixelFeatures(prefix, patch, "reflect", [padded], margin).gather([labels])
     monkeypatch.setattr(features_module, "KEPT_BYTES", 0)
-    monkeypatch.setattr(features_module, "BLOCK_BYTES", 3 * 4 * 4 * 4 * 120)  # blocks of 3×4×4 voxels
+    features = prefix[-1].out_channels  # per voxel
+    monkeypatch.setattr(features_module, "BLOCK_BYTES", 3 * 4 * 4 * 4 * features)  # blocks of 3×4×4 voxels
     blocked = PixelFeatures(prefix, patch, "reflect", [padded], margin)
     assert blocked._blocks(0)[:2] == [
         (slice(0, 3), slice(0, 4), slice(0, 4)),

@@ -68,6 +68,18 @@ def test_default_recipe_needs_only_data_and_out(strokes_dataset, tmp_path, tiny_
     assert "densecnn train --data" in (out / "model" / "README.md").read_text()
 
 
+def test_holdout_validates_on_held_out_strokes_and_keeps_the_best_weights(
+    strokes_dataset, tmp_path, tiny_recipe
+):
+    out = tmp_path / "run"
+    assert main(["train", "--data", str(strokes_dataset), "--out", str(out), "--holdout", "0.25"]) == 0
+    validated = [r["val_miou"] for r in read_metrics(out / "metrics.jsonl") if r["val_miou"] is not None]
+    assert len(validated) >= 2  # every val_every=2 steps
+    card = (out / "model" / "README.md").read_text()
+    assert "25% of each class's strokes held out" in card and "--holdout 0.25" in card
+    assert f"best held-out mIoU {max(validated):.3f}" in card
+
+
 def test_default_recipe_picks_the_zoo_net_for_the_data(strokes_dataset, tmp_path):
     out = tmp_path / "run"
     assert main(["train", "--data", str(strokes_dataset), "--out", str(out), "--max-seconds", "0.5"]) == 0

@@ -190,6 +190,23 @@ def test_stroke_trainer_names_bad_inputs(images, labels, message):
         StrokeTrainer(images, labels, model="tiny", recipe=TINY)
 
 
+def test_a_dict_changes_fields_of_the_default_recipe():
+    image, truth = discs()
+    trainer = StrokeTrainer([image], [painted(truth)], model="tiny", recipe={"holdout": 0.25, "steps": 3})
+    expected = default_recipe([image.shape[1:]], labelled_pixels=int((painted(truth) != -1).sum()))
+    assert trainer.recipe == replace(expected, holdout=0.25, steps=3)
+    assert trainer.has_val
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"), [({"stride": 2}, "no field stride"), ({"holdout": 1.0}, "in \\[0, 1\\)")]
+)
+def test_unknown_recipe_fields_and_bad_holdouts_are_refused(changes, message):
+    image, truth = discs()
+    with pytest.raises(TrainingError, match=message):
+        StrokeTrainer([image], [painted(truth)], model="tiny", recipe=changes)
+
+
 def test_labels_beyond_the_class_names_are_refused():
     image, truth = discs()
     with pytest.raises(TrainingError, match="class 1"):
