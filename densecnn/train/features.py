@@ -176,26 +176,24 @@ class PixelFeatures:
 
 @torch.no_grad()
 def dihedral_permutations(dense, in_channels: int, *, seed: int = 0) -> list[torch.Tensor]:
-    """The flips and quarter turns of the (H, W) plane (of images, and of each slice of volumes), and in volumes each
-    of them also flipped along D, under which the fixed layers' features only change places: for each such
-    transform T, the (F,) index ``perm`` with ``features(T(image))[perm[i]]`` at T(p) equal to
-    ``features(image)[i]`` at p. The identity is first, then the transforms in the order of :func:`_transform`'s
-    (turns, flip, then in volumes the flip along D).
+    """The flips and quarter turns of the (H, W) plane (of images, and of each slice of volumes) under which the
+    fixed layers' features only change places: for each such transform T, the (F,) index ``perm`` with
+    ``features(T(image))[perm[i]]`` at T(p) equal to ``features(image)[i]`` at p. The identity is first, then the
+    transforms in the order of :func:`_transform`'s (turns, flip).
 
-    The permutations of a quarter turn, of a flip and of a flip along D are found by running ``dense`` (the fixed
-    layers' dense net) on test images (:func:`_probes`) and their transforms; the others are their compositions. A
-    generator whose features are not a permutation of the others is left out, with the transforms it generates.
+    The permutations of a quarter turn and of a flip are found by running ``dense`` (the fixed layers' dense net) on
+    test images (:func:`_probes`) and their transforms; the others are their compositions. A generator whose
+    features are not a permutation of the others is left out, with the transforms it generates.
 
-    Training then augments features as the crop path augments images (flips along every axis, quarter turns in
-    the plane): a pixel's features permuted as a flip or turn of the image would permute them
-    (:class:`~densecnn.train.strokes.StrokeTrainer`)."""
+    Training then augments features as the crop path augments images: a pixel's features permuted as a flip or
+    turn of the image would permute them (:class:`~densecnn.train.strokes.StrokeTrainer`)."""
     field = dense.receptive_field
     identity = torch.arange(dense.num_classes)
     if len(field) not in (2, 3):
         return [identity]
     depth = field[0] + 5 if len(field) == 3 else None
-    image = _probes(in_channels, max(field[-2:]) + 5, seed, depth=depth)  # (N, C, [d,] s, s)
-    plain = dense.run_padded(image)  # (N, F, *spatial)
+    image = _probes(in_channels, max(field[-2:]) + 5, seed, depth=depth)  # (11, C, [d,] s, s)
+    plain = dense.run_padded(image)  # (11, F, *spatial)
     scale = plain.transpose(0, 1).flatten(1).abs().amax(1).clamp(min=1e-12)  # (F,)
     turn, flip = (
         _permutation(dense, image, plain, scale, turns, flipped) for turns, flipped in ((1, False), (0, True))
@@ -203,23 +201,15 @@ def dihedral_permutations(dense, in_channels: int, *, seed: int = 0) -> list[tor
     powers = [identity]  # the permutations of 0..3 quarter turns
     while turn is not None and len(powers) < 4:
         powers.append(turn[powers[-1]])
-    plane = [f for p in powers for f in ([p] if flip is None else [p, flip[p]])]
-    depth_flip = _permutation(dense, image, plain, scale, 0, False, depth_flip=True) if depth else None
-    return plane + ([] if depth_flip is None else [depth_flip[p] for p in plane])
+    return [f for p in powers for f in ([p] if flip is None else [p, flip[p]])]
 
 
-def _permutation(
-    dense, image, plain, scale, turns: int, flip: bool, *, depth_flip: bool = False
-) -> torch.Tensor | None:
-    """(F,) the permutation of the features under :func:`_transform` (``turns``, ``flip``, ``depth_flip``), or None
-    when the transformed image's features are not the plain ones moved and permuted (``scale``: each feature's
-    largest magnitude on the plain images)."""
-    moved = (
-        dense.run_padded(_transform(image, turns, flip, depth_flip)).transpose(0, 1).flatten(1)
-    )  # (F, N·pixels)
-    expected = (
-        _transform(plain, turns, flip, depth_flip).transpose(0, 1).flatten(1)
-    )  # where each feature goes
+def _permutation(dense, image, plain, scale, turns: int, flip: bool) -> torch.Tensor | None:
+    """(F,) the permutation of the features under :func:`_transform` (``turns``, ``flip``), or None when the
+    transformed image's features are not the plain ones moved and permuted (``scale``: each feature's largest
+    magnitude on the plain images)."""
+    moved = dense.run_padded(_transform(image, turns, flip)).transpose(0, 1).flatten(1)  # (F, 11·pixels)
+    expected = _transform(plain, turns, flip).transpose(0, 1).flatten(1)  # where each feature goes
     distance = torch.cdist(moved, expected, p=float("inf")) / scale[None]  # (F moved, F expected)
     perm = distance.argmin(0)  # feature i of the images is feature perm[i] of the transformed images
     # a match within float32 rounding, never another feature (they differ by far more)
@@ -228,23 +218,19 @@ def _permutation(
 
 
 def _probes(channels: int, side: int, seed: int, depth: int | None = None) -> torch.Tensor:
-    """(11, C, side, side) test images, or (15, C, depth, side, side) volumes: noise, and noise plus a constant, a
-    ramp along y or x (and z), a bowl or a saddle in the plane (and one across z) of either sign, so that every
-    feature of a filter bank up to second derivatives, with either sign, is non-zero on one of them and no two of
-    them are equal."""
+    """(11, C, side, side) test images, or (11, C, depth, side, side) volumes: noise, and noise plus a constant, a
+    ramp along y or x, a bowl or a saddle of either sign (the same in every slice), so that every feature of a
+    filter bank up to second derivatives, with either sign, is non-zero on one of them and no two of them are
+    equal."""
     generator = torch.Generator().manual_seed(seed)
     noise = torch.randn(channels, *((depth,) if depth else ()), side, side, generator=generator)
-    axes = [torch.linspace(-1, 1, n) for n in ((depth,) if depth else ()) + (side, side)]
-    *z, y, x = torch.meshgrid(*axes, indexing="ij")
-    shapes = [torch.ones_like(y), y, x, y**2 + x**2, y * x]  # ([depth,] side, side) each
-    if z:
-        shapes += [z[0], z[0] * x]
+    y, x = torch.meshgrid(*(torch.linspace(-1, 1, side),) * 2, indexing="ij")
+    shapes = [torch.ones_like(y), y, x, y**2 + x**2, y * x]  # (side, side) each, broadcast over slices
     return torch.stack([noise, *(noise + sign * 3 * shape for shape in shapes for sign in (1, -1))])
 
 
-def _transform(x: torch.Tensor, turns: int, flip: bool, depth_flip: bool = False) -> torch.Tensor:
-    """(N, C, [D,] H, W) turned by ``turns`` quarter turns in the (H, W) plane, then flipped along W when ``flip``
-    and along D when ``depth_flip``."""
+def _transform(x: torch.Tensor, turns: int, flip: bool) -> torch.Tensor:
+    """(N, C, [D,] H, W) turned by ``turns`` quarter turns in the (H, W) plane, then flipped along W when
+    ``flip``."""
     x = torch.rot90(x, turns, (-2, -1))
-    x = torch.flip(x, (-1,)) if flip else x
-    return torch.flip(x, (-3,)) if depth_flip else x
+    return torch.flip(x, (-1,)) if flip else x

@@ -150,27 +150,24 @@ def test_flips_and_turns_permute_the_filter_banks_features():
     assert torch.allclose(turned[perms[2]], expected, atol=1e-5)  # one quarter turn, no flip
 
 
-def test_every_flip_and_turn_of_the_slices_and_the_flip_along_d_permute_a_volume_filter_banks_features():
+def test_every_flip_and_turn_of_the_slices_permutes_a_volume_filter_banks_features():
     derivative = derivative_layers(1, sigmas=(1.0,), dims=3)  # kernels of 7: patch 13³
     prefix = nn.Sequential(
         *derivative, nn.ReLU(), *smoothing_layers(derivative[-1].out_channels, sigmas=(1.0,), dims=3)
     )
     dense = densecnn.convert(prefix, (13, 13, 13), padding_mode="reflect", verify=False)
     perms = dihedral_permutations(dense, 1)
-    assert len(perms) == 16
+    assert len(perms) == 8
     volume = torch.randn(1, 1, 16, 20, 20, dtype=torch.float64)
     features = prefix.double()(volume)[0]  # (40, 4, 8, 8), computed on its own
 
-    def transform(x, turns, flip, depth_flip):
+    def transform(x, turns, flip):
         x = torch.rot90(x, turns, (-2, -1))
-        x = torch.flip(x, (-1,)) if flip else x
-        return torch.flip(x, (-3,)) if depth_flip else x
+        return torch.flip(x, (-1,)) if flip else x
 
-    transforms = [(t, f, d) for d in (False, True) for t, f in itertools.product(range(4), (False, True))]
-    for perm, (turns, flip, depth_flip) in zip(perms, transforms, strict=True):
-        moved = prefix.double()(transform(volume, turns, flip, depth_flip))[0]
-        assert torch.allclose(moved[perm], transform(features, turns, flip, depth_flip), atol=1e-5)
-    assert len({tuple(p.tolist()) for p in perms}) == 16  # 16 different permutations: the group, each once
+    for perm, (turns, flip) in zip(perms, itertools.product(range(4), (False, True)), strict=True):
+        moved = prefix.double()(transform(volume, turns, flip))[0]
+        assert torch.allclose(moved[perm], transform(features, turns, flip), atol=1e-5)
 
 
 def test_an_asymmetric_fixed_layer_has_only_the_identity():

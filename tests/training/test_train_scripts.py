@@ -141,4 +141,5 @@ def test_shipped_model_card_command_reproduces_its_training_config():
     saved.setdefault(
         "nonfinite", reproduced["nonfinite"]
     )  # and before --nonfinite (a choice the card cannot name)
+    saved.setdefault("holdout", reproduced["holdout"])  # and before --holdout (likewise)
     assert {**reproduced, "command": ""} == {**saved, "command": ""}
