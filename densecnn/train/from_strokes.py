@@ -5,9 +5,10 @@ annotations beside the images, 255 = unlabelled; whole slides and large arrays b
 the margin the net's patch needs: :mod:`densecnn.train.windows`), then :class:`~densecnn.train.strokes.StrokeTrainer`
 trains it: the zoo net for the data's channels and dimensionality (or ``--model``: a model directory to fine-tune,
 or a zoo name), crops around the labelled pixels, every stroke trained on for the recipe's steps, the newest
-weights kept (``--holdout``: a share of each class's strokes validates instead, and the best weights are kept). Each step is logged to ``RUN/metrics.jsonl``; ``RUN/model`` is written when the run ends, when
-``--max-seconds`` pass, on Ctrl-C and on an error mid-step (the best weights so far), so a stopped run always leaves
-a model that loads.
+weights kept (``--holdout``: a share of each class's strokes validates instead, and the best weights are kept).
+Each step is logged to ``RUN/metrics.jsonl``; ``RUN/model`` is written when the run ends, when ``--max-seconds``
+pass, on Ctrl-C and on an error mid-step (the best weights so far), so a stopped run always leaves a model that
+loads.
 
 >>> train_from_strokes(TrainConfig(model="", data="my/strokes", out="runs/strokes", max_seconds=60))
 PosixPath('runs/strokes/model')
@@ -38,8 +39,8 @@ def train_from_strokes(config: TrainConfig) -> Path:
     """Train ``config.data`` by the default recipe into ``config.out``/model; see the module's docs.
 
     Options of ``config`` it reads: data, out, model (empty: the recipe's net), seed, max_seconds, unlabelled,
-    holdout, classes (a fresh net's, when classes.json gives no names); the recipe sets the rest. NaN/±Inf image pixels are
-    refused (``--nonfinite propagate`` trains with ``--model`` only).
+    holdout, classes (a fresh net's, when classes.json gives no names); the recipe sets the rest. NaN/±Inf image
+    pixels are refused (``--nonfinite propagate`` trains with ``--model`` only).
     """
     if config.nonfinite == "propagate":
         raise TrainingError(

@@ -65,6 +65,12 @@ class Recipe:
     smoothness: float = 0.0
     method: str = "auto"
 
+    def __post_init__(self):
+        if not 0.0 <= self.holdout < 1.0:
+            raise TrainingError(
+                f"holdout must be in [0, 1) (0.25: a quarter of each class's strokes), got {self.holdout}"
+            )
+
 
 def default_model(*, channels: int, spatial_dims: int) -> str:
     """The zoo net the default recipe starts from, for any number of ``channels``: ``filter_bank`` (a fixed

@@ -532,15 +532,11 @@ def _same_images(images: list[np.ndarray], others: list[np.ndarray]) -> bool:
 
 
 def _changed(recipe: Recipe, changes: dict) -> Recipe:
-    """``recipe`` with the fields in ``changes`` replaced; an unknown field or a holdout outside [0, 1) is refused."""
+    """``recipe`` with the fields in ``changes`` replaced; an unknown field is refused, naming the fields."""
     unknown = sorted(set(changes) - set(vars(recipe)))
     if unknown:
         raise TrainingError(
             f"the recipe has no field {', '.join(unknown)}; its fields: {', '.join(vars(recipe))}"
-        )
-    if not 0.0 <= changes.get("holdout", 0.0) < 1.0:
-        raise TrainingError(
-            f"holdout must be in [0, 1) (0.25: a quarter of each class's strokes), got {changes['holdout']}"
         )
     return dataclasses.replace(recipe, **changes)
 
