@@ -174,7 +174,8 @@ def _write_card(model_dir: Path, config: TrainConfig, trainer: StrokeTrainer, sa
                 if trainer.fixed
                 else f"{recipe.batch} crops of {'x'.join(map(str, trainer.crop))} per step"
             ),
-            "optimiser": f"adamw, lr {recipe.lr:g} (warm-up {recipe.warmup} steps, cosine)",
+            "optimiser": f"adamw, lr {recipe.lr:g} (warm-up {recipe.warmup} steps, cosine), "
+            f"weight decay {recipe.weight_decay:g}",
             "validation": f"{recipe.holdout:.0%} of each class's strokes held out; best held-out mIoU "
             + (
                 "none (too few strokes to hold out)"

@@ -30,6 +30,7 @@ class Recipe:
         batch: crops per step.
         steps: the most steps of a run (early stopping usually ends it sooner).
         lr: AdamW's peak learning rate, reached after ``warmup`` steps of linear warm-up, then cosine to 0.
+        weight_decay: AdamW's weight decay.
         val_every: steps between validations on the held-out strokes.
         patience: validations without a better held-out mIoU before the run stops (after ``min_steps``).
         min_steps: steps before early stopping may end a run.
@@ -54,6 +55,7 @@ class Recipe:
     batch: int
     steps: int
     lr: float = 2e-3
+    weight_decay: float = 0.01
     warmup: int = 3
     val_every: int = 10
     patience: int = 4
@@ -96,7 +98,7 @@ def default_recipe(
     A ``per_pixel_head`` on fixed layers (the default ``filter_bank``) trains for 1,000 steps at lr 5·10⁻³, each on
     a 64th of the labelled pixels (each drawn about 16 times in the run), at least 256 and at most 1,024, and in
     images on as many pairs of neighbours (the smoothness term, weight 2 times the cube of the unlabelled share): a
-    step costs a few milliseconds.
+    step costs a few milliseconds. In volumes the head's weight decay is 0.1 (AdamW's default 0.01 for images).
 
     >>> default_recipe([(384, 384)], labelled_pixels=4_400, per_pixel_head=True).pixels  # a few strokes
     256
@@ -121,6 +123,7 @@ def default_recipe(
             batch=batch,
             steps=1000,
             lr=5e-3,
+            weight_decay=0.1 if dims == 3 else 0.01,
             intensity_jitter=0.0,
             pixels=pixels,
             smoothness=smoothness,

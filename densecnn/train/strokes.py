@@ -145,7 +145,7 @@ class StrokeTrainer:
             )
         )
         trained = [p for p in self.model_net.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(trained, lr=self.recipe.lr)
+        self.optimizer = torch.optim.AdamW(trained, lr=self.recipe.lr, weight_decay=self.recipe.weight_decay)
         self.features: PixelFeatures | None = None
         self._feature_images: list[np.ndarray] = []  # the images self.features holds
         # (T, F): the features' order after each flip or turn, found with the first features
