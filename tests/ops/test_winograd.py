@@ -106,21 +106,23 @@ def _gpu_loops(enable: bool) -> bool:
 @pytest.mark.parametrize("axes", [2, 3])
 @pytest.mark.parametrize("m", [2, 3, 4])
 @pytest.mark.parametrize("channels_last", [False, True])
-def test_chunks_of_tiles_equal_the_tap_sum_on_cpu_and_gpu_loops(axes, m, channels_last):
+@pytest.mark.parametrize("classes", [40, 42])
+def test_chunks_of_tiles_equal_the_tap_sum_on_cpu_and_gpu_loops(axes, m, channels_last, classes):
     """Enough tiles for several chunks (each at most 1 MB of transformed input and products), the last one partial:
-    the conv equals the tap sum both with the CPU's vectorised loops and with the CUDA kernels' per-element bodies."""
+    the conv equals the tap sum both with the CPU's vectorised loops and with the CUDA kernels' per-element bodies.
+    40 output channels are five vectors of doubles (the CPU's own products of a chunk), 42 are not (MKL's GEMM)."""
     generator = torch.Generator().manual_seed(axes * 10 + m)
     dilation = [3, 2, 1][:axes]
     x = torch.randn(
         2, 21, *((61, 59) if axes == 2 else (19, 17, 15)), dtype=torch.float64, generator=generator
     )
     x = x.contiguous(memory_format=LAYOUTS[axes]) if channels_last else x
-    weight = torch.randn(40, 21, *(3,) * axes, dtype=torch.float64, generator=generator)
-    bias = torch.randn(40, dtype=torch.float64, generator=generator)
+    weight = torch.randn(classes, 21, *(3,) * axes, dtype=torch.float64, generator=generator)
+    bias = torch.randn(classes, dtype=torch.float64, generator=generator)
     expected = _taps(x, ConvOp(weight, bias, tuple(dilation), 1))
     out = [s - 2 * d for s, d in zip(x.shape[2:], dilation)]
     tiles = x.shape[0] * math.prod(winograd.positions(o, d, m) for o, d in zip(out, dilation))
-    chunk_bytes = (m + 2) ** axes * (21 + 40) * x.element_size() * tiles
+    chunk_bytes = (m + 2) ** axes * (21 + classes) * x.element_size() * tiles
     assert chunk_bytes > 2 * 2**20  # at least three chunks
     u = winograd.transformed_kernel(weight, m)
     for gpu_loops in (False, True):
