@@ -11,9 +11,10 @@ from densecnn.ops import layout
 @pytest.mark.parametrize(
     ("shape", "fmt"),
     [
-        ((2, 5, 100, 93), torch.channels_last),  # pixels not a multiple of the block
+        ((2, 20, 100, 93), torch.channels_last),  # pixels not a multiple of the block
         ((1, 32, 160, 160), torch.channels_last),
-        ((2, 3, 20, 30, 40), torch.channels_last_3d),
+        ((2, 17, 20, 30, 40), torch.channels_last_3d),
+        ((2, 3, 20, 30, 40), torch.channels_last_3d),  # few channels: torch's copy
         ((1, 1, 300, 300), torch.channels_last),  # one channel: already NC*
         ((1, 4, 8, 8), torch.channels_last),  # small: torch's copy
     ],
