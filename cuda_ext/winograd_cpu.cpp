@@ -125,6 +125,7 @@ WINOGRAD_INLINE void output_gradient_tiles_loop(const WinogradGeometry& g, const
 // here U[ξ] (C·K values) stays in L1 across the chunk's tiles, and each block of kTileRows tiles and one vector of
 // output channels is kept in registers while the C input channels are summed into it. GCC's vector types compile
 // to one AVX-512 register, two AVX2 ones or four SSE ones in the three clones.
+
 // Tiles summed at once: each vector of U is read once for 6 tiles, and 6 independent sums keep the FMA units busy
 // through their latency (AVX2: 12 of its 16 registers).
 constexpr int kTileRows = 6;
