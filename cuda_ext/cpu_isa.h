@@ -17,6 +17,15 @@
 
 namespace densecnn {
 
+// One 512-bit vector of T (GCC vector extensions: one AVX-512 register, two AVX2 ones or four SSE ones in the
+// clones), and its number of lanes.
+template <typename T>
+using Vec [[gnu::vector_size(64)]] = T;
+template <typename T>
+constexpr int lanes() {
+  return 64 / sizeof(T);
+}
+
 // The clone of DENSECNN_MULTIVERSION functions this CPU runs: the resolver's own test, first match in the list.
 inline const char* dispatched_isa() {
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)

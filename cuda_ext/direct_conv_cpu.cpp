@@ -23,14 +23,6 @@ namespace {
 constexpr int kBlock = 8;           // output channels per register block
 constexpr int64_t kRunCols = 1024;  // columns per work item (long rows, e.g. signals, are split for the threads)
 
-// One 512-bit vector of outputs (GCC vector extensions: two 256-bit registers on AVX2, four 128-bit on baseline).
-template <typename T>
-using Vec [[gnu::vector_size(64)]] = T;
-template <typename T>
-constexpr int lanes() {
-  return 64 / sizeof(T);
-}
-
 // Outputs [w0, w0 + width) of row (n, d, h) for channels [k0, k0 + kBlock) of the padded packed weight
 // (K/kBlock, C·taps, kBlock); kFull: width == lanes (whole-vector loads and stores).
 template <typename T, bool kFull>

@@ -123,26 +123,11 @@ WINOGRAD_INLINE void output_gradient_tiles_loop(const WinogradGeometry& g, const
 // (points, tiles, K), K a multiple of one vector (16 floats, 8 doubles). MKL's batched GEMM packs and scales its
 // operands on every call, which on the few channels of 3-D nets cost as much as its products (docs/performance.md);
 // here U[ξ] (C·K values) stays in L1 across the chunk's tiles, and each block of kTileRows tiles and one vector of
-// output channels is kept in registers while the C input channels are summed into it. GCC's vector types compile
-// to one AVX-512 register, two AVX2 ones or four SSE ones in the three clones.
+// output channels is kept in registers while the C input channels are summed into it (Vec: cpu_isa.h).
 
 // Tiles summed at once: each vector of U is read once for 6 tiles, and 6 independent sums keep the FMA units busy
 // through their latency (AVX2: 12 of its 16 registers).
 constexpr int kTileRows = 6;
-
-// (An alias template would lose the attribute: GCC ignores vector_size on a dependent type.)
-template <typename T>
-struct VectorOf;
-template <>
-struct VectorOf<float> {
-  typedef float type __attribute__((vector_size(64)));
-};
-template <>
-struct VectorOf<double> {
-  typedef double type __attribute__((vector_size(64)));
-};
-template <typename T>
-using Vec = typename VectorOf<T>::type;
 
 // Tiles [0, R) of P for the output channels [k0, k0 + one vector).
 template <int R, typename T>
@@ -159,19 +144,19 @@ DENSECNN_ALWAYS_INLINE void product_rows(const T* v, const T* u, T* p, int64_t c
 template <typename T>
 DENSECNN_ALWAYS_INLINE void chunk_products_loop(const T* v, const T* u, T* p, int64_t points, int64_t tiles,
                                                 int64_t c, int64_t k) {
-  constexpr int64_t lanes = sizeof(Vec<T>) / sizeof(T);
+  constexpr int64_t width = lanes<T>();  // output channels per vector
   for (int64_t xi = 0; xi < points; ++xi) {
     const T* v_point = v + xi * tiles * c;
     const T* u_point = u + xi * c * k;
     T* p_point = p + xi * tiles * k;
     int64_t t = 0;
     for (; t + kTileRows <= tiles; t += kTileRows) {
-      for (int64_t k0 = 0; k0 < k; k0 += lanes) {
+      for (int64_t k0 = 0; k0 < k; k0 += width) {
         product_rows<kTileRows>(v_point + t * c, u_point, p_point + t * k, c, k, k0);
       }
     }
     for (; t < tiles; ++t) {
-      for (int64_t k0 = 0; k0 < k; k0 += lanes) product_rows<1>(v_point + t * c, u_point, p_point + t * k, c, k, k0);
+      for (int64_t k0 = 0; k0 < k; k0 += width) product_rows<1>(v_point + t * c, u_point, p_point + t * k, c, k, k0);
     }
   }
 }
