@@ -23,6 +23,8 @@
 #include <type_traits>
 #include <vector>
 
+#include <unistd.h>
+
 #include "common.h"
 #include "cpu_isa.h"
 #include "elements.h"
@@ -32,9 +34,19 @@
 namespace densecnn {
 namespace {
 
-constexpr int64_t kChunk = 2048;       // output elements of a row handled by one box (and one backward work item)
-constexpr int64_t kBandElems = 32768;  // target size of a box's buffer (values), to stay in L2
-constexpr int64_t kShortRow = 256;     // rows shorter than this (in elements) are pooled in runs of whole rows
+constexpr int64_t kChunk = 2048;  // elements of a row handled by one backward work item (and the grain of a pass)
+constexpr int64_t kMinChunk = 256, kMaxChunk = 16384;  // the forward's inner chunks (values): powers of 2 between
+constexpr double kRowCallCost = 512;  // what a row's call to the doubling loops costs beyond its values, in values
+constexpr int64_t kShortRow = 256;  // rows shorter than this (in elements) are pooled in runs of whole rows
+
+// Bytes of this CPU's L2 cache per core (512 KiB where the system does not say).
+inline int64_t l2_bytes() {
+  static const int64_t bytes = [] {
+    const long size = sysconf(_SC_LEVEL2_CACHE_SIZE);
+    return size > 0 ? static_cast<int64_t>(size) : int64_t{512} << 10;
+  }();
+  return bytes;
+}
 
 // One doubling step: o[j] = max(a[j], a[j + shift]) for j < m, the right operand's tap offset by `tap_shift`.
 // `o` may equal `a` (j only reads positions >= j, so the in-place loop is dependence-free).
@@ -241,28 +253,52 @@ struct Box {
   bool last[kMaxAxes];
 };
 
-// The forward's boxes. The innermost axis is cut into chunks of kChunk outputs; each other axis, from the inside
-// out, into blocks of at least 8 outputs sized so that the box's input (outputs plus the window's reach) stays
-// near kBandElems values.
+// The forward's boxes. The innermost axis is cut into chunks of outputs; each other axis, from the inside out, into
+// blocks of at least 8 outputs sized so that the box's input (outputs plus the window's reach) fills a buffer of
+// `budget` values; a box's `buffers` such buffers take three quarters of the L2 cache. Every box reads its outputs'
+// reach again and the innermost pass costs a call per row, so the chunk is the candidate with the fewest input
+// values read per output, each row's call counted as kRowCallCost values: long chunks when the inner reach is long
+// (channels-last rows, where it spans (k-1)·d·C values), short ones when the outer axes' reach is.
 struct Boxes {
   int axes;
   int64_t planes, block[kMaxAxes], blocks[kMaxAxes], reach[kMaxAxes], out[kMaxAxes];
+  int64_t budget;    // values a box's input may take
   int64_t capacity;  // values in the largest input box
 
-  explicit Boxes(const PoolGeometry& g) : axes(g.axes), planes(g.planes) {
+  Boxes(const PoolGeometry& g, int64_t value_bytes, int buffers)
+      : axes(g.axes), planes(g.planes), budget(l2_bytes() * 3 / 4 / buffers / value_bytes) {
     for (int a = 0; a < axes; ++a) {
       reach[a] = (g.kernel[a] - 1) * g.step[a];
       out[a] = g.out[a];
     }
+    double best = 0;
+    int64_t best_chunk = kMinChunk;
+    for (int64_t chunk = kMinChunk; chunk <= kMaxChunk; chunk *= 2) {
+      const double cost = shape(chunk);
+      if (chunk == kMinChunk || cost < best) {
+        best = cost;
+        best_chunk = chunk;
+      }
+    }
+    shape(best_chunk);
+  }
+
+  // Sizes the blocks for an inner chunk of `chunk` outputs; returns the cost per output of that cut.
+  double shape(int64_t chunk) {
     const int inner_axis = axes - 1;
-    block[inner_axis] = std::max<int64_t>(1, std::min(out[inner_axis], kChunk));
+    block[inner_axis] = std::max<int64_t>(1, std::min(out[inner_axis], chunk));
     capacity = block[inner_axis] + reach[inner_axis];
     for (int a = axes - 2; a >= 0; --a) {
-      const int64_t wanted = std::max<int64_t>(8, kBandElems / capacity - reach[a]);
+      const int64_t wanted = std::max<int64_t>(8, budget / capacity - reach[a]);
       block[a] = std::max<int64_t>(1, std::min(wanted, out[a]));
       capacity *= block[a] + reach[a];
     }
-    for (int a = 0; a < axes; ++a) blocks[a] = (out[a] + block[a] - 1) / block[a];
+    double reads = 1;
+    for (int a = 0; a < axes; ++a) {
+      blocks[a] = (out[a] + block[a] - 1) / block[a];
+      reads *= static_cast<double>(blocks[a] * (block[a] + reach[a])) / out[a];
+    }
+    return reads * (1 + kRowCallCost / (block[inner_axis] + reach[inner_axis]));
   }
 
   int64_t count() const {
@@ -312,7 +348,7 @@ template <typename T, bool kMax, bool kTaps, Activation kAct>
 void pool_forward(const PoolGeometry& g, const T* x, T* y, uint8_t* const* taps, Acc<T> scale) {
   using A = Acc<T>;
   const int axes = g.axes, inner_axis = axes - 1;
-  const Boxes boxes(g);
+  const Boxes boxes(g, sizeof(A), 2 + (kMax ? 1 : 0) + (kTaps ? 2 : 0) + (std::is_same_v<A, T> ? 0 : 1));
   int64_t in_plane = 1, out_plane = 1;
   for (int a = 0; a < axes; ++a) {
     in_plane *= g.size[a];
