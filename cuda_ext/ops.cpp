@@ -103,6 +103,8 @@ TORCH_LIBRARY(densecnn, m) {
   // the tiles of V[ξ]ᵀ z[ξ], (α^n, C, K), V the input's transform and z = A·g·Aᵀ the output gradient's (winograd.h);
   // the weight's gradient is Gᵀ·(it)·G along every axis (densecnn/ops/winograd.py).
   m.def("winograd_conv_weight_grad(Tensor input, Tensor grad_output, int[] dilation, int m) -> Tensor");
+  // x (N, C, ...) in NC* memory, from a channels-last x (CPU: transposed block by block of pixels).
+  m.def("channels_first(Tensor x) -> Tensor");
   // Frees the cached output buffers nothing refers to (output_buffers.h); returns the bytes released.
   m.def("release_output_buffers() -> int", &densecnn::release_output_buffers);
   // An uninitialised contiguous CPU tensor on a block of the output buffers (output_buffers.h), for the large

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from . import ext
+
 NAMES = ("nchw", "nhwc")
 _CHANNELS_LAST = {
     4: torch.channels_last,
@@ -49,31 +51,22 @@ def layout_of(x: torch.Tensor) -> torch.memory_format:
     return _CHANNELS_LAST[x.dim()] if is_channels_last(x) else torch.contiguous_format
 
 
-# pixels per block of a channels-last tensor's conversion to NC* (measured: 1.6× faster than one strided copy)
-_BLOCK_PIXELS = 2048
-# channels up to which torch's own copy is faster (3 classes of a 96³ volume: 0.8 against 4.3 ms blocked; 16 of a
-# 512²: 3.2 against 5.5; 24 of a 512²: 8.8 against 5.0)
-_FEW_CHANNELS = 16
+# pixels per image up to which torch's own copy is as fast (a batch of 64² crops: 0.8 ms for 8 crops of 50 channels,
+# where the thread pool's start costs the kernel more)
+_SMALL_PIXELS = 4096
 
 
 def contiguous(x: torch.Tensor) -> torch.Tensor:
-    """x in NC* memory: a channels-last x, one (pixels, C) matrix in memory, is transposed block by block of
-    pixels (a 32-channel 512² score map in 17 ms where torch's strided copy of the whole takes 29: each block's
-    reads and writes stay in cache). Under autograd, off the CPU, when x is small or has at most
-    :data:`_FEW_CHANNELS` channels (whose rows torch's copy reads fast), torch's own copy.
+    """x in NC* memory: a channels-last x, one (pixels, C) matrix per image in memory, is transposed by densecnn's
+    kernel (``torch.ops.densecnn.channels_first``: block by block of pixels, into a reused output buffer; a
+    32-channel 512² score map in 8.6 ms where torch's strided copy into fresh memory takes 60). Under autograd, off
+    the CPU, without the compiled kernels or for small images, torch's own copy.
 
     >>> x = torch.randn(1, 8, 64, 64).contiguous(memory_format=torch.channels_last)
     >>> torch.equal(contiguous(x), x.contiguous())
     True
     """
-    pixels = x.shape[2:].numel()
-    small = pixels <= 2 * _BLOCK_PIXELS or x.device.type != "cpu" or x.shape[1] <= _FEW_CHANNELS
+    small = x.shape[2:].numel() <= _SMALL_PIXELS or x.device.type != "cpu" or not ext.available()
     if small or not is_channels_last(x) or (torch.is_grad_enabled() and x.requires_grad):
         return x.contiguous()
-    n, c = x.shape[:2]
-    matrix = x.movedim(1, -1).reshape(n, pixels, c)  # (N, pixels, C), a view
-    out = torch.empty(n, c, pixels, dtype=x.dtype, device=x.device)
-    for start in range(0, pixels, _BLOCK_PIXELS):
-        block = slice(start, start + _BLOCK_PIXELS)
-        out[:, :, block].copy_(matrix[:, block].transpose(1, 2))
-    return out.view(x.shape)
+    return torch.ops.densecnn.channels_first(x)

@@ -355,6 +355,17 @@ def _register_winograd_conv_weight_grad(ops) -> None:
         return input.new_empty((points, input.shape[1], grad_output.shape[1]))
 
 
+def _register_channels_first(ops) -> None:
+    @torch.library.register_fake("densecnn::channels_first")
+    def _(x):
+        return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+
+    def backward(ctx, grad):
+        return grad  # the same values in another layout
+
+    torch.library.register_autograd("densecnn::channels_first", backward)
+
+
 if ext.available():
     for _register in (
         _register_max_pool,
@@ -371,5 +382,6 @@ if ext.available():
         _register_fft_conv2d_with_input_spectra,
         _register_winograd_conv,
         _register_winograd_conv_weight_grad,
+        _register_channels_first,
     ):
         _register(torch.ops.densecnn)
