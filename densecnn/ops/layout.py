@@ -59,14 +59,15 @@ _SMALL_PIXELS = 4096
 def contiguous(x: torch.Tensor) -> torch.Tensor:
     """x in NC* memory: a channels-last x, one (pixels, C) matrix per image in memory, is transposed by densecnn's
     kernel (``torch.ops.densecnn.channels_first``: block by block of pixels, into a reused output buffer; a
-    32-channel 512² score map in 8.6 ms where torch's strided copy into fresh memory takes 60). Under autograd, off
-    the CPU, without the compiled kernels or for small images, torch's own copy.
+    32-channel 512² score map in 8.6 ms where torch's strided copy into fresh memory takes 60). Under autograd its
+    gradient goes back channels-last, as x was, so that the net's backward runs in x's layout. Off the CPU, without
+    the compiled kernels or for small images, torch's own copy.
 
     >>> x = torch.randn(1, 8, 64, 64).contiguous(memory_format=torch.channels_last)
     >>> torch.equal(contiguous(x), x.contiguous())
     True
     """
     small = x.shape[2:].numel() <= _SMALL_PIXELS or x.device.type != "cpu" or not ext.available()
-    if small or not is_channels_last(x) or (torch.is_grad_enabled() and x.requires_grad):
+    if small or not is_channels_last(x):
         return x.contiguous()
     return torch.ops.densecnn.channels_first(x)

@@ -361,7 +361,9 @@ def _register_channels_first(ops) -> None:
         return torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
     def backward(ctx, grad):
-        return grad  # the same values in another layout
+        # the same values, laid out as the input was: the gradient flows on through channels-last layers, whose
+        # backward kernels read it without a conversion of their own
+        return grad.movedim(1, -1).contiguous().movedim(-1, 1)
 
     torch.library.register_autograd("densecnn::channels_first", backward)
 
