@@ -37,6 +37,8 @@ namespace {
 constexpr int64_t kChunk = 2048;  // elements of a row handled by one backward work item (and the grain of a pass)
 constexpr int64_t kMinChunk = 256, kMaxChunk = 16384;  // the forward's inner chunks (values): powers of 2 between
 constexpr double kRowCallCost = 512;  // what a row's call to the doubling loops costs beyond its values, in values
+constexpr int64_t kMinBlock = 8;      // outputs per box along an outer axis, at least (where the budget allows)
+constexpr int64_t kOverflow = 4;      // boxes over this many times the budget are cut to fit it
 constexpr int64_t kShortRow = 256;  // rows shorter than this (in elements) are pooled in runs of whole rows
 
 // Bytes of this CPU's L2 cache per core (512 KiB where the system does not say).
@@ -254,10 +256,13 @@ struct Box {
 };
 
 // The forward's boxes. The innermost axis is cut into chunks of outputs; each other axis, from the inside out, into
-// blocks of at least 8 outputs sized so that the box's input (outputs plus the window's reach) fills a buffer of
-// `budget` values; a box's `buffers` such buffers take three quarters of the L2 cache. Every box reads its outputs'
-// reach again and the innermost pass costs a call per row, so the chunk is the candidate with the fewest input
-// values read per output, each row's call counted as kRowCallCost values: long chunks when the inner reach is long
+// blocks of at least kMinBlock outputs sized so that the box's input (outputs plus the window's reach) fills a
+// buffer of `budget` values; a box's `buffers` such buffers take three quarters of the L2 cache. Where those
+// minimum blocks take a box past kOverflow times the budget (long channels-last rows of a volume: 8 planes of 36
+// rows of W·C values), the blocks are cut to fit it instead, room kept for kMinBlock outputs on every axis outside
+// (boxes a little over the budget ran faster than cut ones: volumes in NCDHW). Every box reads its outputs' reach
+// again and the innermost pass costs a call per row, so the chunk is the candidate with the fewest input values
+// read per output, each row's call counted as kRowCallCost values: long chunks when the inner reach is long
 // (channels-last rows, where it spans (k-1)·d·C values), short ones when the outer axes' reach is.
 struct Boxes {
   int axes;
@@ -285,18 +290,26 @@ struct Boxes {
 
   // Sizes the blocks for an inner chunk of `chunk` outputs; returns the cost per output of that cut.
   double shape(int64_t chunk) {
+    const double cost = cut(chunk, false);
+    return capacity > kOverflow * budget ? cut(chunk, true) : cost;
+  }
+
+  // The blocks of `shape`, at least kMinBlock outputs on each outer axis or (`reserve`) within the budget.
+  double cut(int64_t chunk, bool reserve) {
     const int inner_axis = axes - 1;
     block[inner_axis] = std::max<int64_t>(1, std::min(out[inner_axis], chunk));
     capacity = block[inner_axis] + reach[inner_axis];
     for (int a = axes - 2; a >= 0; --a) {
-      const int64_t wanted = std::max<int64_t>(8, budget / capacity - reach[a]);
-      block[a] = std::max<int64_t>(1, std::min(wanted, out[a]));
+      int64_t outside = 1;  // the least the axes outside a take: kMinBlock outputs each (or all), with their reach
+      for (int b = 0; reserve && b < a; ++b) outside *= std::min(kMinBlock, out[b]) + reach[b];
+      const int64_t wanted = budget / (capacity * outside) - reach[a];
+      block[a] = std::max<int64_t>(1, std::min(reserve ? wanted : std::max(kMinBlock, wanted), out[a]));
       capacity *= block[a] + reach[a];
     }
-    double reads = 1;
+    double reads = 1;  // each block reads its outputs and the reach after them
     for (int a = 0; a < axes; ++a) {
       blocks[a] = (out[a] + block[a] - 1) / block[a];
-      reads *= static_cast<double>(blocks[a] * (block[a] + reach[a])) / out[a];
+      reads *= static_cast<double>(out[a] + blocks[a] * reach[a]) / out[a];
     }
     return reads * (1 + kRowCallCost / (block[inner_axis] + reach[inner_axis]));
   }
