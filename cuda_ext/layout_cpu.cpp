@@ -59,8 +59,8 @@ at::Tensor channels_first_cpu(const at::Tensor& x) {
   TORCH_CHECK(x.dim() >= 3, "densecnn.channels_first: expected an (N, C, ...) tensor, got shape ", x.sizes());
   const at::Tensor matrix = in_layout(x, true);  // (N, ..., C) compact in memory: no copy when x already is
   at::Tensor out = empty_output(x.sizes(), x.options());
-  const int64_t images = x.size(0), channels = x.size(1);
-  const int64_t pixels = images * channels == 0 ? 0 : x.numel() / (images * channels);
+  if (x.numel() == 0) return out;
+  const int64_t images = x.size(0), channels = x.size(1), pixels = x.numel() / (images * channels);
   const void* in = matrix.const_data_ptr();
   void* dst = out.mutable_data_ptr();
   switch (x.element_size()) {

@@ -51,15 +51,14 @@ def layout_of(x: torch.Tensor) -> torch.memory_format:
     return _CHANNELS_LAST[x.dim()] if is_channels_last(x) else torch.contiguous_format
 
 
-# pixels per image up to which torch's own copy is as fast (a batch of 64² crops: 0.8 ms for 8 crops of 50 channels,
-# where the thread pool's start costs the kernel more)
+# pixels per image up to which torch's own copy serves (8 crops of 64² with 50 channels: 0.3–1.0 ms either way)
 _SMALL_PIXELS = 4096
 
 
 def contiguous(x: torch.Tensor) -> torch.Tensor:
     """x in NC* memory: a channels-last x, one (pixels, C) matrix per image in memory, is transposed by densecnn's
     kernel (``torch.ops.densecnn.channels_first``: block by block of pixels, into a reused output buffer; a
-    32-channel 512² score map in 8.6 ms where torch's strided copy into fresh memory takes 60). Under autograd its
+    32-channel 632² map in 8.6 ms where torch's strided copy into fresh memory takes 60). Under autograd its
     gradient goes back channels-last, as x was, so that the net's backward runs in x's layout. Off the CPU, without
     the compiled kernels or for small images, torch's own copy.
 
