@@ -61,20 +61,24 @@ at::Tensor channels_first_cpu(const at::Tensor& x) {
   at::Tensor out = empty_output(x.sizes(), x.options());
   if (x.numel() == 0) return out;
   const int64_t images = x.size(0), channels = x.size(1), pixels = x.numel() / (images * channels);
-  const void* in = matrix.const_data_ptr();
-  void* dst = out.mutable_data_ptr();
+  // the elements moved as unsigned integers of their size: any dtype's bits
+  const auto transpose = [&](auto element) {
+    using U = decltype(element);
+    transpose_images(static_cast<const U*>(matrix.const_data_ptr()), static_cast<U*>(out.mutable_data_ptr()), images,
+                     channels, pixels);
+  };
   switch (x.element_size()) {
     case 1:
-      transpose_images(static_cast<const uint8_t*>(in), static_cast<uint8_t*>(dst), images, channels, pixels);
+      transpose(uint8_t{});
       break;
     case 2:
-      transpose_images(static_cast<const uint16_t*>(in), static_cast<uint16_t*>(dst), images, channels, pixels);
+      transpose(uint16_t{});
       break;
     case 4:
-      transpose_images(static_cast<const uint32_t*>(in), static_cast<uint32_t*>(dst), images, channels, pixels);
+      transpose(uint32_t{});
       break;
     case 8:
-      transpose_images(static_cast<const uint64_t*>(in), static_cast<uint64_t*>(dst), images, channels, pixels);
+      transpose(uint64_t{});
       break;
     default:
       TORCH_CHECK(false, "densecnn.channels_first: elements of ", x.element_size(),
