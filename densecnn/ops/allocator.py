@@ -6,7 +6,8 @@ fault per 4 KiB page on every call: a 78 MB conv output about 20 ms. densecnn's 
 (``cuda_ext/output_buffers.h``) and a preloaded caching ``malloc`` (tcmalloc, jemalloc, mimalloc) reuses
 everything, but the ``native`` and ``s2b`` solvers allocate through the system ``malloc``. Tuning and the
 shipped cost model time candidates on bucketed shapes whose buffers mostly stay below 32 MB, so a plan adds
-:func:`fresh_buffers_ms` to those solvers' times where the real layer's buffers would not.
+:func:`fresh_buffers_ms` to those solvers' times where the real layer's buffers would not. A bucketed shape whose
+buffers pass 32 MB paid the page faults in its own timing, and nothing is added to it.
 
 >>> fresh_buffers_ms("native", real_bytes=78 << 20, timed_bytes=14 << 20, train=False)  # system malloc
 3.5
@@ -41,7 +42,7 @@ def fresh_buffers_ms(solver: str, *, real_bytes: int, timed_bytes: int, train: b
     under the system ``malloc``, at the bucketed shape's scale (plans compare candidates there). A training step
     also allocates the input's gradient, about one more such buffer."""
     buffers = TORCH_BUFFERS.get(solver, 0) + (1 if train and solver in TORCH_BUFFERS else 0)
-    if not buffers or real_bytes <= MMAP_THRESHOLD_MAX or name() != "system malloc":
+    if not buffers or not _mapped_beyond_timing(real_bytes, timed_bytes):
         return 0.0
     return buffers * timed_bytes / (1 << 20) * PAGE_FAULT_MS_PER_MB
 
@@ -55,6 +56,12 @@ def fresh_input_gradient_ms(solver: str, *, real_bytes: int, timed_bytes: int) -
     >>> fresh_input_gradient_ms("native", real_bytes=41 << 20, timed_bytes=13 << 20)  # system malloc
     3.25
     """
-    if solver != "native" or real_bytes <= MMAP_THRESHOLD_MAX or name() != "system malloc":
+    if solver != "native" or not _mapped_beyond_timing(real_bytes, timed_bytes):
         return 0.0
     return timed_bytes / (1 << 20) * PAGE_FAULT_MS_PER_MB
+
+
+def _mapped_beyond_timing(real_bytes: int, timed_bytes: int) -> bool:
+    """Whether the system ``malloc`` maps a real buffer of ``real_bytes`` afresh on every call and the timing on the
+    bucketed shape, whose buffer of ``timed_bytes`` its heap served again, did not already pay for that."""
+    return timed_bytes <= MMAP_THRESHOLD_MAX < real_bytes and name() == "system malloc"
