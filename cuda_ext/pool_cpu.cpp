@@ -69,6 +69,23 @@ DENSECNN_ALWAYS_INLINE void max_step_loop(const T* a, const int32_t* a_tap, int6
 template <bool B>
 using Flag = std::integral_constant<bool, B>;
 
+// o[j] = max(a[j], b[j]) by torch's rule (a NaN wins; `o` may be `a`): the streamed outermost pass folds its
+// taps' slices.
+template <typename T>
+DENSECNN_ALWAYS_INLINE void max_of_loop(const T* a, const T* b, T* o, int64_t n) {
+#pragma GCC ivdep
+  for (int64_t j = 0; j < n; ++j) {
+    T best = a[j];
+    int32_t tap = 0;
+    max_update(best, tap, b[j], 1);
+    o[j] = best;
+  }
+}
+DENSECNN_MULTIVERSION void max_of(const float* a, const float* b, float* o, int64_t n) { max_of_loop(a, b, o, n); }
+DENSECNN_MULTIVERSION void max_of(const double* a, const double* b, double* o, int64_t n) {
+  max_of_loop(a, b, o, n);
+}
+
 #define DENSECNN_MAX_STEP(T, TAPS, FIRST)                                                                       \
   DENSECNN_MULTIVERSION void max_step(Flag<TAPS>, Flag<FIRST>, const T* a, const int32_t* a_tap, int64_t shift, \
                                       int32_t tap_shift, int64_t m, T* o, int32_t* o_tap) {                    \
@@ -270,22 +287,68 @@ struct Boxes {
   int64_t budget;    // values a box's input may take
   int64_t capacity;  // values in the largest input box
 
-  Boxes(const PoolGeometry& g, int64_t value_bytes, int buffers)
+  bool streamed = false;  // the outermost axis streamed slice by slice (see stream)
+
+  // `may_stream`: the forward can stream the outermost axis (no taps to keep, rows long enough to go one by one).
+  Boxes(const PoolGeometry& g, int64_t value_bytes, int buffers, bool may_stream)
       : axes(g.axes), planes(g.planes), budget(l2_bytes() * 3 / 4 / buffers / value_bytes) {
     for (int a = 0; a < axes; ++a) {
       reach[a] = (g.kernel[a] - 1) * g.step[a];
       out[a] = g.out[a];
     }
+    // the ring's fold takes k - 1 passes over a slice where the boxes' doubling takes ceil(log2 k): as few up to 3
+    may_stream = may_stream && axes >= 2 && g.size[axes - 1] >= kShortRow && g.kernel[0] <= 3;
     double best = 0;
     int64_t best_chunk = kMinChunk;
+    bool best_streamed = false;
     for (int64_t chunk = kMinChunk; chunk <= kMaxChunk; chunk *= 2) {
-      const double cost = shape(chunk);
-      if (chunk == kMinChunk || cost < best) {
-        best = cost;
-        best_chunk = chunk;
+      for (const bool stream_it : {false, true}) {
+        if (stream_it && !may_stream) continue;
+        const double cost = stream_it ? stream(chunk, budget * buffers) : shape(chunk);
+        if ((chunk == kMinChunk && !stream_it) || cost < best) {
+          best = cost;
+          best_chunk = chunk;
+          best_streamed = stream_it;
+        }
       }
     }
-    shape(best_chunk);
+    streamed = best_streamed;
+    if (streamed) {
+      stream(best_chunk, budget * buffers);
+    } else {
+      shape(best_chunk);
+    }
+  }
+
+  // The values of the ring of slices a streamed box keeps: reach + 1 slices of the outermost axis.
+  int64_t slots() const { return reach[0] + 1; }
+
+  // Sizes a streamed box for an inner chunk of `chunk` outputs within `total` values (the budgets of all the
+  // buffers): along the outermost axis, a segment of many outputs whose input slices each go through the inner
+  // passes once, into a ring of reach + 1 slices that the outermost pass reads; the other axes cut so that a slice,
+  // its passes' two buffers and the ring fit. Segments split the outermost axis only as far as the threads need
+  // work items. Returns the cost per output, as cut's.
+  double stream(int64_t chunk, int64_t total) {
+    const int inner_axis = axes - 1;
+    block[inner_axis] = std::max<int64_t>(1, std::min(out[inner_axis], chunk));
+    capacity = block[inner_axis] + reach[inner_axis];
+    const int64_t slice_budget = total / (3 + slots());
+    int64_t items = planes;
+    for (int a = inner_axis; a >= 1; --a) {
+      if (a < inner_axis) {
+        block[a] = std::max<int64_t>(1, std::min(slice_budget / capacity - reach[a], out[a]));
+        capacity *= block[a] + reach[a];
+      }
+      blocks[a] = (out[a] + block[a] - 1) / block[a];
+      items *= blocks[a];
+    }
+    const int64_t wanted = (8 * static_cast<int64_t>(at::get_num_threads()) + items - 1) / items;
+    const int64_t most = std::max<int64_t>(1, out[0] / (4 * slots()));  // segments of 4 rings' outputs at least
+    block[0] = (out[0] + std::min(wanted, most) - 1) / std::min(wanted, most);
+    blocks[0] = (out[0] + block[0] - 1) / block[0];
+    double reads = 1;
+    for (int a = 0; a < axes; ++a) reads *= static_cast<double>(out[a] + blocks[a] * reach[a]) / out[a];
+    return reads * (1 + kRowCallCost / (block[inner_axis] + reach[inner_axis]));
   }
 
   // Sizes the blocks for an inner chunk of `chunk` outputs; returns the cost per output of that cut.
@@ -356,12 +419,107 @@ inline void store_taps(const Box& box, int axes, int pass_axis, const int64_t* e
   });
 }
 
+// Forward without taps, the outermost axis streamed (Boxes::stream): each input slice of a box's segment goes
+// through the inner passes once, the last of them writing into a ring of reach + 1 slices; each output slice then
+// folds the k slices of its window from the ring, in tap order as the boxes' passes do, and is written out.
+template <typename T, bool kMax, Activation kAct>
+void pool_forward_streamed(const PoolGeometry& g, const Boxes& boxes, const T* x, T* y, Acc<T> scale) {
+  using A = Acc<T>;
+  const int axes = g.axes, inner_axis = axes - 1;
+  int64_t in_plane = 1, out_plane = 1;
+  for (int a = 0; a < axes; ++a) {
+    in_plane *= g.size[a];
+    out_plane *= g.out[a];
+  }
+  const int64_t slots = boxes.slots(), slice_values = boxes.capacity;
+  const int64_t zero[kMaxAxes] = {0, 0, 0};
+  at::parallel_for(0, boxes.count(), 1, [&](int64_t begin, int64_t end) {
+    const int64_t row_in = boxes.block[inner_axis] + boxes.reach[inner_axis];
+    std::vector<A> band(slice_values), other(slice_values), buf(kMax ? slice_values : 0),
+        ring(slots * slice_values), folded(slice_values), row_buf(row_in),
+        widen_buf(std::is_same_v<A, T> ? 0 : row_in);
+    for (int64_t item = begin; item < end; ++item) {
+      const Box box = boxes.at(item);
+      const int64_t w = box.o1[inner_axis] - box.o0[inner_axis], w_in = w + boxes.reach[inner_axis];
+      int64_t slice_out = w;  // values of a slice after its passes
+      for (int a = 1; a < inner_axis; ++a) slice_out *= box.o1[a] - box.o0[a];
+      const T* xp = x + box.plane * in_plane;
+      const int64_t first = box.o0[0], last = box.o1[0] + boxes.reach[0];  // the segment's input slices
+      for (int64_t slice = first; slice < last; ++slice) {
+        int64_t extent[kMaxAxes];  // the slice's local extents along axes 1.., shrinking as the passes pool them
+        for (int a = 1; a < axes; ++a) extent[a] = box.o1[a] - box.o0[a] + (a == inner_axis ? 0 : boxes.reach[a]);
+        A* slot = ring.data() + slice % slots * slice_values;
+        // The innermost pass, row by row of the slice (straight into the ring when there is no pass between).
+        A* rows = inner_axis >= 2 ? band.data() : slot;
+        for_each_index(inner_axis - 1, extent + 1, [&](const int64_t* c) {
+          int64_t row = slice;
+          for (int b = 1; b < inner_axis; ++b) row = row * g.size[b] + box.o0[b] + c[b - 1];
+          const A* src = widened(xp + row * g.size[inner_axis] + box.o0[inner_axis], w_in, widen_buf.data());
+          A* dst = rows + offset_of(inner_axis - 1, c, zero, extent + 1) * w;
+          if constexpr (kMax) {
+            window_max<A, false>(src, w_in, g.kernel[inner_axis], g.step[inner_axis], dst, nullptr,
+                                 row_buf.data(), nullptr);
+          } else {
+            window_sum<A>(src, w_in, g.kernel[inner_axis], g.step[inner_axis], dst);
+          }
+        });
+        // The passes between, each over the slice as (outer, len, inner), the last one into the ring.
+        A* current = band.data();
+        A* next = other.data();
+        for (int a = inner_axis - 1; a >= 1; --a) {
+          int64_t outer = 1, inner = w;
+          for (int b = 1; b < a; ++b) outer *= extent[b];
+          for (int b = a + 1; b < inner_axis; ++b) inner *= extent[b];
+          const int64_t len = extent[a], pooled = box.o1[a] - box.o0[a];
+          A* dst = a == 1 ? slot : next;
+          for (int64_t o = 0; o < outer; ++o) {
+            if constexpr (kMax) {
+              window_max<A, false>(current + o * len * inner, len * inner, g.kernel[a], g.step[a] * inner,
+                                   dst + o * pooled * inner, nullptr, buf.data(), nullptr);
+            } else {
+              window_sum<A>(current + o * len * inner, len * inner, g.kernel[a], g.step[a] * inner,
+                            dst + o * pooled * inner);
+            }
+          }
+          extent[a] = pooled;
+          std::swap(current, next);
+        }
+        // The output slice whose window this slice completes: its k slices folded, then written row by row.
+        const int64_t ready = slice - boxes.reach[0];
+        if (ready < first) continue;
+        const A* window = ring.data() + ready % slots * slice_values;
+        for (int32_t t = 1; t < g.kernel[0]; ++t) {
+          const A* tap = ring.data() + (ready + t * g.step[0]) % slots * slice_values;
+          if constexpr (kMax) {
+            max_of(window, tap, folded.data(), slice_out);
+          } else {
+            if (t == 1) std::copy(window, window + slice_out, folded.data());
+            add(folded.data(), tap, slice_out);
+          }
+          window = folded.data();
+        }
+        for_each_index(inner_axis - 1, extent + 1, [&](const int64_t* c) {
+          int64_t row = ready;
+          for (int b = 1; b < inner_axis; ++b) row = row * g.out[b] + box.o0[b] + c[b - 1];
+          T* dst = y + box.plane * out_plane + row * g.out[inner_axis] + box.o0[inner_axis];
+          store_activated<T, A, kAct>(window + offset_of(inner_axis - 1, c, zero, extent + 1) * w, scale, dst,
+                                      row_buf.data(), w);
+        });
+      }
+    }
+  });
+}
+
 // Forward of max (kMax) or average pooling; `taps[a]` receives the argmax taps of the pass along axis a (kTaps).
 template <typename T, bool kMax, bool kTaps, Activation kAct>
 void pool_forward(const PoolGeometry& g, const T* x, T* y, uint8_t* const* taps, Acc<T> scale) {
   using A = Acc<T>;
   const int axes = g.axes, inner_axis = axes - 1;
-  const Boxes boxes(g, sizeof(A), 2 + (kMax ? 1 : 0) + (kTaps ? 2 : 0) + (std::is_same_v<A, T> ? 0 : 1));
+  const Boxes boxes(g, sizeof(A), 2 + (kMax ? 1 : 0) + (kTaps ? 2 : 0) + (std::is_same_v<A, T> ? 0 : 1),
+                    !kTaps);
+  if constexpr (!kTaps) {
+    if (boxes.streamed) return pool_forward_streamed<T, kMax, kAct>(g, boxes, x, y, scale);
+  }
   int64_t in_plane = 1, out_plane = 1;
   for (int a = 0; a < axes; ++a) {
     in_plane *= g.size[a];

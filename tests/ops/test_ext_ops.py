@@ -244,6 +244,45 @@ def test_max_pool_float32_equals_torch(loops, layout, shape, windows):
         torch.testing.assert_close(y_avg, expected, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(
+    ("shape", "kernel", "dilation"),
+    [
+        ((1, 16, 40, 36, 106), 2, 2),  # a 3-D net's second pool, channels-last: rows of 1,696 values
+        ((2, 8, 31, 20, 300), (3, 2, 2), (3, 1, 4)),
+        ((1, 16, 60, 700), (2, 3), (8, 1)),
+        ((1, 4, 30, 12, 400), (1, 2, 3), (1, 2, 1)),  # nothing to pool along the streamed axis
+    ],
+)
+def test_streamed_pools_equal_torch(threads, shape, kernel, dilation):
+    # Channels-last maps with long rows and a window of at most 3 along the outermost axis, pooled without taps
+    # (inference): the forward streams that axis slice by slice through a ring of slices, in segments that depend
+    # on the threads. A NaN wins its windows; bfloat16 is widened and rounded once; an activation is applied once.
+    generator = torch.Generator().manual_seed(2)
+    x = torch.randn(shape, generator=generator)
+    x.view(-1)[:: x.numel() // 7] = float("nan")
+    x = in_layout(x, "channels_last")
+    axes = x.dim() - 2
+    native = NATIVE_MAX_POOL[axes](x, kernel, 1, 0, dilation)
+    threads_before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        y = ext.pool_activation(x, kernel, dilation, "max", "relu")
+        y_bf16 = ext.pool_activation(x.bfloat16(), kernel, dilation, "max", "none")
+        finite = torch.nan_to_num(x)
+        y_avg = ext.pool_activation(finite, kernel, dilation, "avg", "tanh")
+    finally:
+        torch.set_num_threads(threads_before)
+    assert torch.equal(y.isnan(), native.isnan()) and native.isnan().any()
+    assert torch.equal(y.nan_to_num(), torch.relu(native).nan_to_num()) and has_layout_of(y, x)
+    assert torch.equal(
+        y_bf16.nan_to_num(),
+        NATIVE_MAX_POOL[axes](x.bfloat16().float(), kernel, 1, 0, dilation).bfloat16().nan_to_num(),
+    )
+    expected = torch.tanh(avg_reference(finite, ntuple(kernel, axes), ntuple(dilation, axes)))
+    torch.testing.assert_close(y_avg, expected, rtol=1e-5, atol=1e-6)
+
+
 @LOOPS
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
