@@ -238,11 +238,10 @@ at::Tensor winograd_conv_cpu(const at::Tensor& input, const at::Tensor& weight, 
           WinogradGeometry gi = in, go = out;
           gi.tile_begin = go.tile_begin = c * chunk;
           gi.tile_count = go.tile_count = std::min(chunk, tiles - c * chunk);
-          at::Tensor v_chunk = v.narrow(0, 0, points * gi.tile_count * in.channels)
-                                   .view({points, gi.tile_count, in.channels});  // (α^n, tiles, C)
-          at::Tensor p_chunk = products.narrow(0, 0, points * gi.tile_count * k).view({points, gi.tile_count, k});
-          scalar_t* v_data = v_chunk.mutable_data_ptr<scalar_t>();
-          const scalar_t* p_data = p_chunk.const_data_ptr<scalar_t>();
+          // V (α^n, tiles, C) and the products (α^n, tiles, K) at the buffers' starts: no tensor views made per
+          // chunk (a forward runs hundreds of chunks, and each view costs microseconds of dispatch)
+          scalar_t* v_data = v.mutable_data_ptr<scalar_t>();
+          scalar_t* p_data = products.mutable_data_ptr<scalar_t>();
           if (gpu_loops) {
             for_each_element(gi.tile_count * in.channels,
                              [&](int64_t i) { winograd_input_at<M, AXES>(gi, x, v_data, i); });
@@ -250,10 +249,12 @@ at::Tensor winograd_conv_cpu(const at::Tensor& input, const at::Tensor& weight, 
             input_tiles(m_tag, axes_tag, gi, x, v_data, 0, gi.tile_count);
           }
           if (own_products) {
-            chunk_products(v_data, kernel.const_data_ptr<scalar_t>(), p_chunk.mutable_data_ptr<scalar_t>(), points,
-                           gi.tile_count, in.channels, k);
+            chunk_products(v_data, kernel.const_data_ptr<scalar_t>(), p_data, points, gi.tile_count, in.channels, k);
           } else {
-            at::bmm_out(p_chunk, v_chunk, kernel);  // (α^n, tiles, K)
+            at::Tensor p_chunk = products.narrow(0, 0, points * gi.tile_count * k).view({points, gi.tile_count, k});
+            at::bmm_out(p_chunk, v.narrow(0, 0, points * gi.tile_count * in.channels)
+                                     .view({points, gi.tile_count, in.channels}),
+                        kernel);  // (α^n, tiles, K)
           }
           if (gpu_loops) {
             for_each_element(go.tile_count * k,
