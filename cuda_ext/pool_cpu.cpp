@@ -191,6 +191,18 @@ void store_activated(const A* src, A scale, T* dst, A* buffer, int64_t n) {
   }
 }
 
+constexpr int kMaxLevels = 40;
+
+// The tap shifts of a k-tap max by doubling — 1, 2, 4, ..., then the remainder, summing to k - 1 — into `shifts`;
+// returns how many (0 for k = 1).
+inline int doubling_shifts(int32_t k, int32_t* shifts) {
+  int levels = 0;
+  int32_t p = 1;
+  for (; 2 * p <= k; p *= 2) shifts[levels++] = p;
+  if (p < k) shifts[levels++] = k - p;
+  return levels;
+}
+
 // out[j] = max over taps t < k of src[j + t·step], and the winning t, for j < n - (k-1)·step, by doubling.
 // `buf` has room for n elements.
 template <typename T, bool kTaps>
@@ -201,10 +213,8 @@ void window_max(const T* src, int64_t n, int32_t k, int64_t step, T* out, int32_
     if (kTaps) std::fill(out_tap, out_tap + n, 0);
     return;
   }
-  int32_t shifts[40];  // tap shifts of the doubling steps: 1, 2, 4, ..., then the remainder
-  int levels = 0, p = 1;
-  for (; 2 * p <= k; p *= 2) shifts[levels++] = p;
-  if (p < k) shifts[levels++] = k - p;
+  int32_t shifts[kMaxLevels];
+  const int levels = doubling_shifts(k, shifts);
   int64_t len = n;
   for (int level = 0; level < levels; ++level) {
     const int64_t shift = shifts[level] * step;
@@ -288,6 +298,7 @@ struct Boxes {
   int64_t capacity;  // values in the largest input box
 
   bool streamed = false;  // the outermost axis streamed slice by slice (see stream)
+  int32_t kernel0 = 1;    // the window's taps along the outermost axis
 
   // `may_stream`: the forward can stream the outermost axis (no taps to keep, rows long enough to go one by one).
   Boxes(const PoolGeometry& g, int64_t value_bytes, int buffers, bool may_stream)
@@ -296,8 +307,8 @@ struct Boxes {
       reach[a] = (g.kernel[a] - 1) * g.step[a];
       out[a] = g.out[a];
     }
-    // the ring's fold takes k - 1 passes over a slice where the boxes' doubling takes ceil(log2 k): as few up to 3
-    may_stream = may_stream && axes >= 2 && g.size[axes - 1] >= kShortRow && g.kernel[0] <= 3;
+    kernel0 = g.kernel[0];
+    may_stream = may_stream && axes >= 2 && g.size[axes - 1] >= kShortRow;
     double best = 0;
     int64_t best_chunk = kMinChunk;
     bool best_streamed = false;
@@ -320,8 +331,13 @@ struct Boxes {
     }
   }
 
-  // The values of the ring of slices a streamed box keeps: reach + 1 slices of the outermost axis.
-  int64_t slots() const { return reach[0] + 1; }
+  // The slices a streamed box keeps in its rings: per doubling step of the outermost axis's max, its shift·step + 1
+  // (reach + levels in all; an average's fold needs reach + 1 of them).
+  int64_t slots() const {
+    int32_t shifts[kMaxLevels];
+    const int levels = doubling_shifts(kernel0, shifts);
+    return reach[0] + std::max(levels, 1);
+  }
 
   // Sizes a streamed box for an inner chunk of `chunk` outputs within `total` values (the budgets of all the
   // buffers): along the outermost axis, a segment of many outputs whose input slices each go through the inner
@@ -347,8 +363,14 @@ struct Boxes {
     block[0] = (out[0] + std::min(wanted, most) - 1) / std::min(wanted, most);
     blocks[0] = (out[0] + block[0] - 1) / block[0];
     double reads = 1;
-    for (int a = 0; a < axes; ++a) reads *= static_cast<double>(out[a] + blocks[a] * reach[a]) / out[a];
-    return reads * (1 + kRowCallCost / (block[inner_axis] + reach[inner_axis]));
+    int64_t slice_out = 1;  // an output slice's values
+    for (int a = 0; a < axes; ++a) {
+      reads *= static_cast<double>(out[a] + blocks[a] * reach[a]) / out[a];
+      if (a > 0) slice_out *= block[a];
+    }
+    // besides the rows' calls, a call per slice for each step along the outermost axis and its store
+    const double slice_calls = kRowCallCost * (slots() - reach[0] + 1) / slice_out;
+    return reads * (1 + kRowCallCost / (block[inner_axis] + reach[inner_axis]) + slice_calls);
   }
 
   // Sizes the blocks for an inner chunk of `chunk` outputs; returns the cost per output of that cut.
@@ -420,8 +442,11 @@ inline void store_taps(const Box& box, int axes, int pass_axis, const int64_t* e
 }
 
 // Forward without taps, the outermost axis streamed (Boxes::stream): each input slice of a box's segment goes
-// through the inner passes once, the last of them writing into a ring of reach + 1 slices; each output slice then
-// folds the k slices of its window from the ring, in tap order as the boxes' passes do, and is written out.
+// through the inner passes once, the last of them writing into a ring of slices. A max then runs the outermost
+// axis's doubling steps as slices arrive, each step on a ring of its own (its input's newest slice and the one
+// shift·step before it), the last step giving an output slice: ceil(log2 k) passes a slice, as the boxes' doubling.
+// An average folds the k slices of its window from the ring in tap order, as the boxes' sums do. Either way the
+// output slice is then written out.
 template <typename T, bool kMax, Activation kAct>
 void pool_forward_streamed(const PoolGeometry& g, const Boxes& boxes, const T* x, T* y, Acc<T> scale) {
   using A = Acc<T>;
@@ -431,12 +456,23 @@ void pool_forward_streamed(const PoolGeometry& g, const Boxes& boxes, const T* x
     in_plane *= g.size[a];
     out_plane *= g.out[a];
   }
-  const int64_t slots = boxes.slots(), slice_values = boxes.capacity;
+  const int64_t slice_values = boxes.capacity, step0 = g.step[0], reach0 = boxes.reach[0];
   const int64_t zero[kMaxAxes] = {0, 0, 0};
+  // The rings, one after the other in `ring`: a max's doubling steps' inputs (the slices themselves first), or an
+  // average's (and a 1-tap window's) one ring of reach + 1 slices.
+  int32_t shifts[kMaxLevels];
+  const int levels = kMax ? doubling_shifts(g.kernel[0], shifts) : 0;
+  const int rings = std::max(levels, 1);
+  int64_t ring_size[kMaxLevels], ring_start[kMaxLevels], ring_slices = 0;
+  for (int l = 0; l < rings; ++l) {
+    ring_size[l] = levels > 0 ? shifts[l] * step0 + 1 : reach0 + 1;
+    ring_start[l] = ring_slices;
+    ring_slices += ring_size[l];
+  }
   at::parallel_for(0, boxes.count(), 1, [&](int64_t begin, int64_t end) {
     const int64_t row_in = boxes.block[inner_axis] + boxes.reach[inner_axis];
     std::vector<A> band(slice_values), other(slice_values), buf(kMax ? slice_values : 0),
-        ring(slots * slice_values), folded(slice_values), row_buf(row_in),
+        ring(ring_slices * slice_values), folded(slice_values), row_buf(row_in),
         widen_buf(std::is_same_v<A, T> ? 0 : row_in);
     for (int64_t item = begin; item < end; ++item) {
       const Box box = boxes.at(item);
@@ -448,7 +484,10 @@ void pool_forward_streamed(const PoolGeometry& g, const Boxes& boxes, const T* x
       for (int64_t slice = first; slice < last; ++slice) {
         int64_t extent[kMaxAxes];  // the slice's local extents along axes 1.., shrinking as the passes pool them
         for (int a = 1; a < axes; ++a) extent[a] = box.o1[a] - box.o0[a] + (a == inner_axis ? 0 : boxes.reach[a]);
-        A* slot = ring.data() + slice % slots * slice_values;
+        const auto in_ring = [&](int l, int64_t index) {
+          return ring.data() + (ring_start[l] + index % ring_size[l]) * slice_values;
+        };
+        A* slot = in_ring(0, slice);
         // The innermost pass, row by row of the slice (straight into the ring when there is no pass between).
         A* rows = inner_axis >= 2 ? band.data() : slot;
         for_each_index(inner_axis - 1, extent + 1, [&](const int64_t* c) {
@@ -484,19 +523,28 @@ void pool_forward_streamed(const PoolGeometry& g, const Boxes& boxes, const T* x
           extent[a] = pooled;
           std::swap(current, next);
         }
-        // The output slice whose window this slice completes: its k slices folded, then written row by row.
-        const int64_t ready = slice - boxes.reach[0];
-        if (ready < first) continue;
-        const A* window = ring.data() + ready % slots * slice_values;
-        for (int32_t t = 1; t < g.kernel[0]; ++t) {
-          const A* tap = ring.data() + (ready + t * g.step[0]) % slots * slice_values;
-          if constexpr (kMax) {
-            max_of(window, tap, folded.data(), slice_out);
-          } else {
-            if (t == 1) std::copy(window, window + slice_out, folded.data());
-            add(folded.data(), tap, slice_out);
+        // The output slice whose window this slice completes: the max's doubling steps this slice makes possible
+        // (each step's newest output, shift·step before its newest input), or the average's fold of its k slices.
+        const int64_t ready = slice - reach0;
+        const A* window = slot;
+        if constexpr (kMax) {
+          int64_t index = slice;
+          for (int l = 0; l < levels; ++l) {
+            index -= shifts[l] * step0;
+            if (index < first) break;  // before the segment: no output of it needs this step's result
+            A* dst = l + 1 < levels ? in_ring(l + 1, index) : folded.data();
+            max_of(in_ring(l, index), in_ring(l, index + shifts[l] * step0), dst, slice_out);
+            window = dst;
           }
-          window = folded.data();
+          if (ready < first) continue;
+        } else {
+          if (ready < first) continue;
+          window = in_ring(0, ready);
+          for (int32_t t = 1; t < g.kernel[0]; ++t) {
+            if (t == 1) std::copy(window, window + slice_out, folded.data());
+            add(folded.data(), in_ring(0, ready + t * step0), slice_out);
+            window = folded.data();
+          }
         }
         for_each_index(inner_axis - 1, extent + 1, [&](const int64_t* c) {
           int64_t row = ready;

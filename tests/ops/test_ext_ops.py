@@ -252,11 +252,13 @@ def test_max_pool_float32_equals_torch(loops, layout, shape, windows):
         ((2, 8, 31, 20, 300), (3, 2, 2), (3, 1, 4)),
         ((1, 16, 60, 700), (2, 3), (8, 1)),
         ((1, 4, 30, 12, 400), (1, 2, 3), (1, 2, 1)),  # nothing to pool along the streamed axis
+        ((1, 50, 70, 639), 8, 1),  # a doubling of three steps along the streamed axis
+        ((1, 8, 44, 20, 300), (5, 2, 2), (2, 1, 3)),  # and of two steps and a remainder
     ],
 )
 def test_streamed_pools_equal_torch(threads, shape, kernel, dilation):
-    # Channels-last maps with long rows and a window of at most 3 along the outermost axis, pooled without taps
-    # (inference): the forward streams that axis slice by slice through a ring of slices, in segments that depend
+    # Channels-last maps with long rows, pooled without taps (inference): the forward streams the outermost axis
+    # slice by slice through rings of slices (a max's doubling steps, an average's fold), in segments that depend
     # on the threads. A NaN wins its windows; bfloat16 is widened and rounded once; an activation is applied once.
     generator = torch.Generator().manual_seed(2)
     x = torch.randn(shape, generator=generator)
