@@ -341,9 +341,9 @@ struct Boxes {
 
   // Sizes a streamed box for an inner chunk of `chunk` outputs within `total` values (the budgets of all the
   // buffers): along the outermost axis, a segment of many outputs whose input slices each go through the inner
-  // passes once, into a ring of reach + 1 slices that the outermost pass reads; the other axes cut so that a slice,
-  // its passes' two buffers and the ring fit. Segments split the outermost axis only as far as the threads need
-  // work items. Returns the cost per output, as cut's.
+  // passes once, into the rings that the outermost axis's steps read (slots()); the other axes cut so that a slice,
+  // its passes' two buffers and the rings fit. Segments split the outermost axis only as far as the threads need
+  // work items. Returns the cost per output, as cut's, with a call per slice for each outermost step and its store.
   double stream(int64_t chunk, int64_t total) {
     const int inner_axis = axes - 1;
     block[inner_axis] = std::max<int64_t>(1, std::min(out[inner_axis], chunk));
