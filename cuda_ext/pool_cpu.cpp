@@ -298,7 +298,9 @@ struct Boxes {
   int64_t capacity;  // values in the largest input box
 
   bool streamed = false;  // the outermost axis streamed slice by slice (see stream)
-  int32_t kernel0 = 1;    // the window's taps along the outermost axis
+  // The slices a streamed box keeps in its rings: per doubling step of the outermost axis's max, its shift·step + 1
+  // (reach + steps in all; an average's fold needs reach + 1 of them); and those steps, at least one.
+  int64_t ring_slices = 0, outer_steps = 1;
 
   // `may_stream`: the forward can stream the outermost axis (no taps to keep, rows long enough to go one by one).
   Boxes(const PoolGeometry& g, int64_t value_bytes, int buffers, bool may_stream)
@@ -307,7 +309,9 @@ struct Boxes {
       reach[a] = (g.kernel[a] - 1) * g.step[a];
       out[a] = g.out[a];
     }
-    kernel0 = g.kernel[0];
+    int32_t shifts[kMaxLevels];
+    outer_steps = std::max(doubling_shifts(g.kernel[0], shifts), 1);
+    ring_slices = reach[0] + outer_steps;
     may_stream = may_stream && axes >= 2 && g.size[axes - 1] >= kShortRow;
     double best = 0;
     int64_t best_chunk = kMinChunk;
@@ -331,24 +335,16 @@ struct Boxes {
     }
   }
 
-  // The slices a streamed box keeps in its rings: per doubling step of the outermost axis's max, its shift·step + 1
-  // (reach + levels in all; an average's fold needs reach + 1 of them).
-  int64_t slots() const {
-    int32_t shifts[kMaxLevels];
-    const int levels = doubling_shifts(kernel0, shifts);
-    return reach[0] + std::max(levels, 1);
-  }
-
   // Sizes a streamed box for an inner chunk of `chunk` outputs within `total` values (the budgets of all the
   // buffers): along the outermost axis, a segment of many outputs whose input slices each go through the inner
-  // passes once, into the rings that the outermost axis's steps read (slots()); the other axes cut so that a slice,
-  // its passes' two buffers and the rings fit. Segments split the outermost axis only as far as the threads need
+  // passes once, into the rings that the outermost axis's steps read (ring_slices); the other axes cut so that a
+  // slice, its passes' two buffers and the rings fit. Segments split the outermost axis only as far as the threads need
   // work items. Returns the cost per output, as cut's, with a call per slice for each outermost step and its store.
   double stream(int64_t chunk, int64_t total) {
     const int inner_axis = axes - 1;
     block[inner_axis] = std::max<int64_t>(1, std::min(out[inner_axis], chunk));
     capacity = block[inner_axis] + reach[inner_axis];
-    const int64_t slice_budget = total / (3 + slots());
+    const int64_t slice_budget = total / (3 + ring_slices);
     int64_t items = planes;
     for (int a = inner_axis; a >= 1; --a) {
       if (a < inner_axis) {
@@ -359,7 +355,7 @@ struct Boxes {
       items *= blocks[a];
     }
     const int64_t wanted = (8 * static_cast<int64_t>(at::get_num_threads()) + items - 1) / items;
-    const int64_t most = std::max<int64_t>(1, out[0] / (4 * slots()));  // segments of 4 rings' outputs at least
+    const int64_t most = std::max<int64_t>(1, out[0] / (4 * ring_slices));  // segments of 4 rings' outputs at least
     block[0] = (out[0] + std::min(wanted, most) - 1) / std::min(wanted, most);
     blocks[0] = (out[0] + block[0] - 1) / block[0];
     double reads = 1;
@@ -369,7 +365,7 @@ struct Boxes {
       if (a > 0) slice_out *= block[a];
     }
     // besides the rows' calls, a call per slice for each step along the outermost axis and its store
-    const double slice_calls = kRowCallCost * (slots() - reach[0] + 1) / slice_out;
+    const double slice_calls = kRowCallCost * (outer_steps + 1) / slice_out;
     return reads * (1 + kRowCallCost / (block[inner_axis] + reach[inner_axis]) + slice_calls);
   }
 
@@ -474,6 +470,9 @@ void pool_forward_streamed(const PoolGeometry& g, const Boxes& boxes, const T* x
     std::vector<A> band(slice_values), other(slice_values), buf(kMax ? slice_values : 0),
         ring(ring_slices * slice_values), folded(slice_values), row_buf(row_in),
         widen_buf(std::is_same_v<A, T> ? 0 : row_in);
+    const auto in_ring = [&](int l, int64_t index) {  // slice `index` of ring l
+      return ring.data() + (ring_start[l] + index % ring_size[l]) * slice_values;
+    };
     for (int64_t item = begin; item < end; ++item) {
       const Box box = boxes.at(item);
       const int64_t w = box.o1[inner_axis] - box.o0[inner_axis], w_in = w + boxes.reach[inner_axis];
@@ -484,9 +483,6 @@ void pool_forward_streamed(const PoolGeometry& g, const Boxes& boxes, const T* x
       for (int64_t slice = first; slice < last; ++slice) {
         int64_t extent[kMaxAxes];  // the slice's local extents along axes 1.., shrinking as the passes pool them
         for (int a = 1; a < axes; ++a) extent[a] = box.o1[a] - box.o0[a] + (a == inner_axis ? 0 : boxes.reach[a]);
-        const auto in_ring = [&](int l, int64_t index) {
-          return ring.data() + (ring_start[l] + index % ring_size[l]) * slice_values;
-        };
         A* slot = in_ring(0, slice);
         // The innermost pass, row by row of the slice (straight into the ring when there is no pass between).
         A* rows = inner_axis >= 2 ? band.data() : slot;
