@@ -678,10 +678,9 @@ std::tuple<at::Tensor, at::Tensor> fft_conv2d_with_input_spectra_cpu(const at::T
   return fft_conv2d_tiles<CpuTransforms>(input, weight, spectrum, bias, tile, valid, dilation, {0, 0}, true);
 }
 
-std::tuple<at::Tensor, at::Tensor> fft_conv2d_backward_cpu(const at::Tensor& input, const at::Tensor& grad_output,
-                                                           const at::Tensor& spectrum, at::IntArrayRef tile,
-                                                           at::IntArrayRef valid, at::IntArrayRef dilation,
-                                                           const c10::optional<at::Tensor>& input_spectra) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor> fft_conv2d_backward_cpu(
+    const at::Tensor& input, const at::Tensor& grad_output, const at::Tensor& spectrum, at::IntArrayRef tile,
+    at::IntArrayRef valid, at::IntArrayRef dilation, const c10::optional<at::Tensor>& input_spectra) {
   return fft_conv2d_backward_tiles<CpuTransforms>(input, grad_output, spectrum, tile, valid, dilation, input_spectra);
 }
 

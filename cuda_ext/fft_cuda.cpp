@@ -75,10 +75,9 @@ std::tuple<at::Tensor, at::Tensor> fft_conv2d_with_input_spectra_cuda(const at::
   return fft_conv2d_tiles<CudaTransforms>(input, weight, spectrum, bias, tile, valid, dilation, {0, 0}, true);
 }
 
-std::tuple<at::Tensor, at::Tensor> fft_conv2d_backward_cuda(const at::Tensor& input, const at::Tensor& grad_output,
-                                                            const at::Tensor& spectrum, at::IntArrayRef tile,
-                                                            at::IntArrayRef valid, at::IntArrayRef dilation,
-                                                            const c10::optional<at::Tensor>& input_spectra) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor> fft_conv2d_backward_cuda(
+    const at::Tensor& input, const at::Tensor& grad_output, const at::Tensor& spectrum, at::IntArrayRef tile,
+    at::IntArrayRef valid, at::IntArrayRef dilation, const c10::optional<at::Tensor>& input_spectra) {
   const c10::cuda::CUDAGuard guard(input.device());
   return fft_conv2d_backward_tiles<CudaTransforms>(input, grad_output, spectrum, tile, valid, dilation, input_spectra);
 }

@@ -170,7 +170,9 @@ std::tuple<at::Tensor, at::Tensor> fft_conv2d_tiles(const at::Tensor& input, con
   }
   at::Tensor y = empty_in_layout({g.batch, g.out_channels, g.out_rows, g.out_cols}, input.options(),
                                  is_channels_last(input));
-  const int64_t group = fft_group_tiles(g, input.element_size());
+  // a training step's forward writes every tile's spectra out anyway: its groups as long as the gradients'
+  const int64_t group =
+      fft_group_tiles(g, input.element_size(), keep_input_spectra ? kMinGradientGroupTiles : kMinGroupTiles);
   const int64_t points = fft_points(g);
   // the input's spectra: one group's reused workspace, or every tile's when kept
   at::Tensor x_spectrum =
@@ -305,16 +307,18 @@ at::Tensor fft_conv2d_input_grad_tiles(const at::Tensor& grad_output, const at::
 }
 
 // Both gradients of an unpadded fft_conv2d in one pass over the tiles: (the input's gradient, as
-// fft_conv2d_input_grad; the weight gradient's spectrum, as fft_conv2d_weight_spectrum), equal to those two ops'
-// results. Each group's output-gradient spectra conj(G) are transformed once and serve both: the input gradient's
-// product with Sᵀ and the weight gradient's sum of X · conj(G).
+// fft_conv2d_input_grad; the weight gradient's spectrum, as fft_conv2d_weight_spectrum; the output gradient summed
+// over all but its channels, the bias's gradient (K,)), equal to those two ops' results and to that sum. Each group's
+// output-gradient spectra conj(G) are transformed once and serve all three: the input gradient's product with Sᵀ,
+// the weight gradient's sum of X · conj(G), and the bias's sum of the tiles' DC terms (point 0 of a tile's spectrum
+// is the sum of its values; the tiles' valid parts do not overlap and cover the output gradient), so the output
+// gradient is not read again for it.
 // input_spectra: the input's tile spectra fft_conv2d_with_input_spectra kept, taken instead of transforming the
 // input again.
 template <class Transforms>
-std::tuple<at::Tensor, at::Tensor> fft_conv2d_backward_tiles(const at::Tensor& input, const at::Tensor& grad_output,
-                                                             const at::Tensor& spectrum, at::IntArrayRef tile,
-                                                             at::IntArrayRef valid, at::IntArrayRef dilation,
-                                                             const c10::optional<at::Tensor>& input_spectra) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor> fft_conv2d_backward_tiles(
+    const at::Tensor& input, const at::Tensor& grad_output, const at::Tensor& spectrum, at::IntArrayRef tile,
+    at::IntArrayRef valid, at::IntArrayRef dilation, const c10::optional<at::Tensor>& input_spectra) {
   TORCH_CHECK(grad_output.dim() == 4 && spectrum.dim() == 3, "densecnn.fft_conv2d_backward: expected a 4-D "
               "(N, K, H', W') output gradient and a complex (th·(tw/2+1), C, K) kernel spectrum, got ",
               grad_output.sizes(), " and ", spectrum.sizes());
@@ -331,8 +335,12 @@ std::tuple<at::Tensor, at::Tensor> fft_conv2d_backward_tiles(const at::Tensor& i
   grad_input.zero_();
   const int64_t points = fft_points(g);
   const auto complex_options = input.options().dtype(c10::toComplexType(input.scalar_type()));
-  if (g.tiles == 0) return {grad_input, at::zeros({points, g.channels, g.out_channels}, complex_options)};
+  if (g.tiles == 0) {
+    return {grad_input, at::zeros({points, g.channels, g.out_channels}, complex_options),
+            at::zeros({g.out_channels}, grad_output.options())};
+  }
   at::Tensor result = empty_output({points, g.channels, g.out_channels}, complex_options);
+  at::Tensor grad_bias = at::zeros({g.out_channels}, grad_output.options());
   const FftGeometry gg = fft_gradient_geometry(g, grad_output), ga = fft_adjoint_geometry(g, grad_input);
   const at::Tensor twiddles = fft_twiddle_table(g, input);
   const int64_t group = fft_group_tiles(g, input.element_size(), kMinGradientGroupTiles);
@@ -345,8 +353,9 @@ std::tuple<at::Tensor, at::Tensor> fft_conv2d_backward_tiles(const at::Tensor& i
     const at::Tensor gs = output_gradient_spectra<Transforms>(grad_output, gg, first, count, twiddles, g_spectrum);
     add_input_gradient<Transforms>(ga, first, count, twiddles, gs, weights, product, grad_input);
     add_weight_spectrum<Transforms>(input, g, first, count, twiddles, x_spectrum, gs, result, kept);
+    grad_bias.add_(gs.select(1, 0).select(2, 0).sum(0));  // the real parts of the tiles' DC terms, (count, K) -> (K,)
   }
-  return {grad_input, result};
+  return {grad_input, result, grad_bias};
 }
 
 }  // namespace densecnn

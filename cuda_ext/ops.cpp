@@ -85,12 +85,12 @@ TORCH_LIBRARY(densecnn, m) {
   m.def(
       "fft_conv2d_with_input_spectra(Tensor input, Tensor weight, Tensor spectrum, Tensor? bias, int[2] tile, "
       "int[2] valid, int[2] dilation) -> (Tensor, Tensor)");
-  // Both gradients of an unpadded fft_conv2d at once: (fft_conv2d_input_grad's, fft_conv2d_weight_spectrum's), the
-  // output gradient's tiles transformed once for the two, the input's taken from input_spectra when the forward
-  // kept them (fft_driver.h).
+  // Both gradients of an unpadded fft_conv2d at once: (fft_conv2d_input_grad's, fft_conv2d_weight_spectrum's, and
+  // the output gradient summed over all but its channels: the bias's gradient (K,)), the output gradient's tiles
+  // transformed once for the three, the input's taken from input_spectra when the forward kept them (fft_driver.h).
   m.def(
       "fft_conv2d_backward(Tensor input, Tensor grad_output, Tensor spectrum, int[2] tile, int[2] valid, "
-      "int[2] dilation, Tensor? input_spectra=None) -> (Tensor, Tensor)");
+      "int[2] dilation, Tensor? input_spectra=None) -> (Tensor, Tensor, Tensor)");
   // Stride-1 dilated 3×3 / 3×3×3 convolution by Winograd's F(m, 3) (winograd.h), chunk by chunk of tiles: input
   // transform, V[ξ] @ kernel[ξ] against the transformed kernel (α^n, C, K), α = m + 2, output transform (+ bias)
   // -> (N, K, ...) in the input's memory format. `weight` (K, C, 3, ...) is the weight the kernel was transformed

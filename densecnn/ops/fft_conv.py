@@ -158,7 +158,7 @@ def conv2d_keeping_spectra(op, x: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
 
     >>> op, x = ConvOp(torch.randn(8, 3, 7, 7), None, (4, 4), 1), torch.randn(1, 3, 64, 64)
     >>> y, spectra = conv2d_keeping_spectra(op, x)
-    >>> grad_x, grad_w = gradients(torch.ones_like(y), x, op.weight, (4, 4), input_spectra=spectra)
+    >>> grad_x, grad_w, grad_b = gradients(torch.ones_like(y), x, op.weight, (4, 4), input_spectra=spectra)
     """
     kernel, dilation = tuple(int(s) for s in op.weight.shape[2:]), tuple(int(d) for d in op.dilation)
     c, k = int(x.shape[1]), int(op.weight.shape[0])
@@ -193,28 +193,28 @@ def gradients(
     *,
     input_spectra: torch.Tensor | None = None,
 ):
-    """(∂L/∂x (N, C, H, W), ∂L/∂w (K, C, kh, kw)) of the unpadded conv from the output's gradient (N, K, H', W'), in
-    one pass over the forward's tiles: equal to :func:`input_gradient` and :func:`weight_gradient`, with each tile of
-    the output gradient transformed once for both instead of once each; ``input_spectra`` (from
-    :func:`conv2d_keeping_spectra` on this x and weight) spares transforming the input again.
+    """(∂L/∂x (N, C, H, W), ∂L/∂w (K, C, kh, kw), ∂L/∂b (K,)) of the unpadded conv from the output's gradient
+    (N, K, H', W'), in one pass over the forward's tiles: equal to :func:`input_gradient`, :func:`weight_gradient`
+    and the output gradient's sum over all but its channels, with each tile of the output gradient transformed once
+    for all three (the bias's gradient is the sum of the tiles' DC terms) instead of read once each;
+    ``input_spectra`` (from :func:`conv2d_keeping_spectra` on this x and weight) spares transforming the input again.
 
     >>> w, x, grad_y = torch.randn(8, 3, 7, 7), torch.randn(1, 3, 40, 40), torch.randn(1, 8, 16, 16)
-    >>> grad_x, grad_w = gradients(grad_y, x, w, (4, 4))  # == torch's conv gradients to rounding
-    >>> grad_x.shape, grad_w.shape
-    (torch.Size([1, 3, 40, 40]), torch.Size([8, 3, 7, 7]))
+    >>> grad_x, grad_w, grad_b = gradients(grad_y, x, w, (4, 4))  # == torch's conv gradients to rounding
+    >>> grad_x.shape, grad_w.shape, grad_b.shape
+    (torch.Size([1, 3, 40, 40]), torch.Size([8, 3, 7, 7]), torch.Size([8]))
     """
     if x.dtype not in COMPUTE_DTYPES:  # computed in float32, as the forward (which kept no spectra)
-        grad_x, grad_w = gradients(grad_y.float(), x.float(), weight, dilation)
-        return grad_x.to(x.dtype), grad_w.to(x.dtype)
+        return tuple(g.to(x.dtype) for g in gradients(grad_y.float(), x.float(), weight, dilation))
     kernel, dilation = tuple(int(s) for s in weight.shape[2:]), tuple(int(d) for d in dilation)
     c, k = int(x.shape[1]), int(grad_y.shape[1])
     tile = _tile(x.shape, kernel, dilation, c, k)  # the forward's
     valid = tuple(t - kk + 1 for t, kk in zip(tile, kernel))
     spectrum = step_spectrum(weight.to(x.dtype), tile, x.dtype)
-    grad_x, weight_spectrum = torch.ops.densecnn.fft_conv2d_backward(
+    grad_x, weight_spectrum, grad_b = torch.ops.densecnn.fft_conv2d_backward(
         x, grad_y.to(x.dtype), spectrum, list(tile), list(valid), list(dilation), input_spectra
     )
-    return grad_x, _taps(weight_spectrum, tile, kernel)  # (N, C, H, W), (K, C, kh, kw)
+    return grad_x, _taps(weight_spectrum, tile, kernel), grad_b  # (N, C, H, W), (K, C, kh, kw), (K,)
 
 
 def _tile(shape, kernel: Pair, dilation: Pair, c: int, k: int) -> Pair:
@@ -370,7 +370,8 @@ def spectrum_key(weight: torch.Tensor, tile: Pair, dtype) -> tuple:
 
 def _spectrum(weight: torch.Tensor, tile: Pair, dtype) -> torch.Tensor:
     """The kernel's spectrum as two small DFT matrices applied to its kh×kw taps (the zero padding to the tile is
-    never materialised), one matrix product each, the second writing the (Th·F, C, K) layout directly.
+    never materialised), one matrix product each on the weight's taps moved first, (kh, kw, C, K): the first
+    writes (kh, F, C·K), the second the (Th·F, C, K) layout, and no complex intermediate is permuted.
 
     The weight is real, so conj(DFT(w)) is the DFT with conjugate matrices: no conjugate view is left for the GEMM
     to resolve (a copy of the whole spectrum on every call).
@@ -382,8 +383,8 @@ def _spectrum(weight: torch.Tensor, tile: Pair, dtype) -> torch.Tensor:
     with torch.no_grad():
         dft_h = _dft_matrix(tile_h, tile_h, kernel_h, weight.device).conj().to(complex_dtype)  # (Th, kh)
         dft_w = _dft_matrix(freqs, tile_w, kernel_w, weight.device).conj().to(complex_dtype)  # (F, kw)
-        along_w = weight.to(complex_dtype) @ dft_w.T  # (K, C, kh, F)
-        along_w = along_w.permute(2, 3, 1, 0).reshape(kernel_h, freqs * c * k)  # (kh, F·C·K)
+        taps = weight.permute(2, 3, 1, 0).to(complex_dtype, memory_format=torch.contiguous_format)  # (kh, kw, C, K)
+        along_w = (dft_w @ taps.view(kernel_h, kernel_w, c * k)).view(kernel_h, freqs * c * k)  # (kh, F·C·K)
         if not _eager_on_cpu(weight):
             return (dft_h @ along_w).view(tile_h * freqs, c, k)  # (Th·F, C, K)
         # on a reused buffer: a training step computes spectra of tens of MB on every call
@@ -410,9 +411,9 @@ def eager(tensor: torch.Tensor) -> bool:
 
 def _taps(spectrum: torch.Tensor, tile: Pair, kernel: Pair) -> torch.Tensor:
     """The kh×kw taps of the real inverse DFT of a (Th·F, C, K) half spectrum (F = Tw//2 + 1) -> (K, C, kh, kw):
-    the adjoint of :func:`_spectrum`, as two small DFT matrices (float64-built), the second writing the weight's
-    layout. The frequencies f of the missing half are conjugates of those present: each f other than 0 and Tw/2
-    counts twice."""
+    the adjoint of :func:`_spectrum`, as two small DFT matrices (float64-built), the second batched over the kh rows
+    of the first's (kh, F, C·K) product, so that nothing complex is permuted. The frequencies f of the missing half
+    are conjugates of those present: each f other than 0 and Tw/2 counts twice."""
     tile_h, tile_w = tile
     kernel_h, kernel_w = kernel
     freqs = tile_w // 2 + 1
@@ -427,9 +428,8 @@ def _taps(spectrum: torch.Tensor, tile: Pair, kernel: Pair) -> torch.Tensor:
             counts[-1] = 1.0
         inverse_w = inverse_w * counts / (tile_h * tile_w)
         along_h = inverse_h.to(spectrum.dtype) @ spectrum.view(tile_h, freqs * c * k)  # (kh, F·C·K)
-        along_h = along_h.view(kernel_h, freqs, c * k).transpose(0, 1).reshape(freqs, kernel_h * c * k)
-        taps = (inverse_w.to(spectrum.dtype) @ along_h).real  # (kw, kh·C·K)
-        return taps.view(kernel_w, kernel_h, c, k).permute(3, 2, 1, 0)  # (K, C, kh, kw)
+        taps = (inverse_w.to(spectrum.dtype) @ along_h.view(kernel_h, freqs, c * k)).real  # (kh, kw, C·K)
+        return taps.view(kernel_h, kernel_w, c, k).permute(3, 2, 0, 1)  # (K, C, kh, kw)
 
 
 def _dft_matrix(frequencies: int, length: int, taps: int, device) -> torch.Tensor:

@@ -139,9 +139,10 @@ class _Conv(torch.autograd.Function):
         # input gradient in it (the score map's gradient arrives NC*, converting the larger input gradient costs more)
         grad_y = grad_y.contiguous(memory_format=layout_of(x))
         together = _both_by_fft(ctx.input_solver, ctx.weight_solver, needs)
+        wants_bias = ctx.has_bias and needs[2]
         with fft_conv.shared_spectra(ctx.spectra):
-            if together:
-                grad_x, grad_w = fft_conv.gradients(
+            if together:  # the bias's gradient too, from the output gradient's transformed tiles
+                grad_x, grad_w, grad_b = fft_conv.gradients(
                     grad_y, x, op.weight, op.dilation, input_spectra=ctx.input_spectra
                 )
             else:
@@ -150,8 +151,8 @@ class _Conv(torch.autograd.Function):
         ctx.input_spectra = None
         if not together:
             grad_w = weight_gradient(ctx.weight_solver, grad_y, x, op) if needs[1] else None
-        grad_b = bias_gradient(grad_y) if ctx.has_bias and needs[2] else None
-        return grad_x, grad_w, grad_b, None, None, None, None, None, None
+            grad_b = bias_gradient(grad_y) if wants_bias else None
+        return grad_x, grad_w, grad_b if wants_bias else None, None, None, None, None, None, None
 
 
 def conv(

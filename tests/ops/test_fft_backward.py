@@ -1,6 +1,7 @@
-"""The fft solver's two gradients in one pass over the tiles (``fft_conv2d_backward``, :func:`fft_conv.gradients`)
-against torch's conv gradients and against the two ops that compute them apart, with and without the input's tile
-spectra kept by the forward; the training step takes them when both gradients of a conv are the fft solver's."""
+"""The fft solver's two gradients (and the bias's) in one pass over the tiles (``fft_conv2d_backward``,
+:func:`fft_conv.gradients`) against torch's conv gradients and against the two ops that compute them apart, with and
+without the input's tile spectra kept by the forward; the training step takes them when both gradients of a conv are
+the fft solver's."""
 
 from __future__ import annotations
 
@@ -34,8 +35,10 @@ def _problem(problem, dtype):
 
 
 def _torch_gradients(x, weight, grad_y, dilation):
+    """torch's (∂L/∂x, ∂L/∂w, ∂L/∂b) of a conv with a bias."""
+    bias = torch.zeros(weight.shape[0], dtype=weight.dtype, requires_grad=True)
     x, weight = x.detach().requires_grad_(), weight.detach().requires_grad_()
-    return torch.autograd.grad(F.conv2d(x, weight, dilation=dilation), (x, weight), grad_y)
+    return torch.autograd.grad(F.conv2d(x, weight, bias, dilation=dilation), (x, weight, bias), grad_y)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
@@ -43,15 +46,15 @@ def _torch_gradients(x, weight, grad_y, dilation):
 @pytest.mark.parametrize("problem", PROBLEMS)
 def test_both_gradients_equal_torchs(problem, gpu_loops, dtype):
     x, weight, grad_y, dilation = _problem(problem, dtype)
-    expected_x, expected_w = _torch_gradients(x, weight, grad_y, dilation)
+    expected = _torch_gradients(x, weight, grad_y, dilation)
     previous = torch.ops.densecnn._use_gpu_loops_on_cpu(gpu_loops)
     try:
-        grad_x, grad_w = fft_conv.gradients(grad_y, x, weight, dilation)
+        got = fft_conv.gradients(grad_y, x, weight, dilation)
     finally:
         torch.ops.densecnn._use_gpu_loops_on_cpu(previous)
-    assert grad_x.is_contiguous(memory_format=_layout(grad_y))  # written in the output gradient's layout
-    assert_close_relative(grad_x, expected_x, RELATIVE[dtype], floor=1.0)
-    assert_close_relative(grad_w, expected_w, RELATIVE[dtype], floor=1.0)
+    assert got[0].is_contiguous(memory_format=_layout(grad_y))  # written in the output gradient's layout
+    for grad, torchs in zip(got, expected, strict=True):  # ∂L/∂x, ∂L/∂w, ∂L/∂b
+        assert_close_relative(grad, torchs, RELATIVE[dtype], floor=1.0)
 
 
 @pytest.mark.parametrize("problem", PROBLEMS)
@@ -59,11 +62,12 @@ def test_equal_to_the_two_ops_apart(problem):
     """The same transforms and products as fft_conv2d_input_grad and fft_conv2d_weight_spectrum, the output
     gradient's transformed once: equal to rounding (float64)."""
     x, weight, grad_y, dilation = _problem(problem, torch.float64)
-    grad_x, grad_w = fft_conv.gradients(grad_y, x, weight, dilation)
+    grad_x, grad_w, grad_b = fft_conv.gradients(grad_y, x, weight, dilation)
     apart_x = fft_conv.input_gradient(grad_y, weight, dilation)
     apart_w = fft_conv.weight_gradient(grad_y, x, tuple(weight.shape[2:]), dilation)
     assert_close_relative(grad_x, apart_x, 1e-13, floor=1.0)
     assert_close_relative(grad_w, apart_w, 1e-13, floor=1.0)
+    assert_close_relative(grad_b, grad_y.sum((0, 2, 3)), 1e-13, floor=1.0)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
@@ -91,19 +95,19 @@ def test_spectra_past_the_limit_are_not_kept(monkeypatch):
 
 
 def test_tiles_in_several_groups(monkeypatch):
-    """Hundreds of tiles over several groups of the kernels: the overlap-add across group borders and the weight
-    spectrum summed over the groups."""
+    """Hundreds of tiles over several groups of the kernels: the overlap-add across group borders, and the weight
+    spectrum and the bias's gradient summed over the groups."""
     generator = torch.Generator().manual_seed(3)
     x = torch.randn(2, 16, 120, 110, dtype=torch.float64, generator=generator)
     weight = torch.randn(8, 16, 5, 5, dtype=torch.float64, generator=generator)
     grad_y = torch.randn(2, 8, 104, 94, dtype=torch.float64, generator=generator)
     monkeypatch.setattr(fft_conv, "MAX_TILE", 9)  # small tiles
-    expected_x, expected_w = _torch_gradients(x, weight, grad_y, (4, 4))
+    expected = _torch_gradients(x, weight, grad_y, (4, 4))
     _, spectra = fft_conv.conv2d_keeping_spectra(ConvOp(weight, None, (4, 4), 1), x)
     for input_spectra in (None, spectra):
-        grad_x, grad_w = fft_conv.gradients(grad_y, x, weight, (4, 4), input_spectra=input_spectra)
-        assert_close_relative(grad_x, expected_x, 1e-12, floor=1.0)
-        assert_close_relative(grad_w, expected_w, 1e-12, floor=1.0)
+        got = fft_conv.gradients(grad_y, x, weight, (4, 4), input_spectra=input_spectra)
+        for grad, torchs in zip(got, expected, strict=True):
+            assert_close_relative(grad, torchs, 1e-12, floor=1.0)
 
 
 @pytest.mark.parametrize("channels_last", [False, True])
@@ -138,18 +142,19 @@ def test_the_op_checks_its_arguments():
 
 @pytest.mark.parametrize("channels_last", [False, True])
 def test_a_training_step_takes_both_gradients_in_one_pass(channels_last, monkeypatch):
-    """A conv whose input and weight gradients are both the fft solver's gets them from the one-pass op, equal to
-    torch's."""
+    """A conv whose input and weight gradients are both the fft solver's gets them and its bias's from the one-pass
+    op, equal to torch's."""
     x, weight, grad_y, dilation = _problem(PROBLEMS[1][:5] + (channels_last, 1), torch.float64)
     calls = []
     monkeypatch.setattr(fft_conv, "gradients", _counting(fft_conv.gradients, calls))
+    monkeypatch.setattr(gradients, "bias_gradient", None)  # not called: the one-pass op gives the bias's
     x, w = x.detach().requires_grad_(), weight.detach().requires_grad_()
-    y = gradients.conv(ConvOp(w, None, dilation, 1), x, "fft", input_solver="fft", weight_solver="fft")
-    grad_x, grad_w = torch.autograd.grad(y, (x, w), grad_y)
+    b = torch.zeros(weight.shape[0], dtype=weight.dtype, requires_grad=True)
+    y = gradients.conv(ConvOp(w, b, dilation, 1), x, "fft", input_solver="fft", weight_solver="fft")
+    got = torch.autograd.grad(y, (x, w, b), grad_y)
     assert len(calls) == 1 and calls[0][1]["input_spectra"] is not None  # the forward's, kept
-    expected_x, expected_w = _torch_gradients(x, weight, grad_y, dilation)
-    assert_close_relative(grad_x, expected_x, 1e-10, floor=1.0)
-    assert_close_relative(grad_w, expected_w, 1e-10, floor=1.0)
+    for grad, torchs in zip(got, _torch_gradients(x, weight, grad_y, dilation), strict=True):
+        assert_close_relative(grad, torchs, 1e-10, floor=1.0)
 
 
 def _counting(function, calls):
