@@ -298,7 +298,9 @@ def _register_fft_conv2d_backward(ops) -> None:
     def _(input, grad_output, spectrum, tile, valid, dilation, input_spectra=None):
         grad_input = _empty(grad_output, input.shape, _is_channels_last(grad_output))
         points = tile[0] * (tile[1] // 2 + 1)
-        weight_spectrum = input.new_empty((points, input.shape[1], grad_output.shape[1]), dtype=spectrum.dtype)
+        weight_spectrum = input.new_empty(
+            (points, input.shape[1], grad_output.shape[1]), dtype=spectrum.dtype
+        )
         return grad_input, weight_spectrum, grad_output.new_empty((grad_output.shape[1],))
 
 
