@@ -238,7 +238,8 @@ def test_an_unknown_gradient_solver_is_refused_with_the_choices():
     ("shape", "layout"),
     [
         ((8, 50, 36, 36), torch.channels_last),  # wide rows of several pixels
-        ((1, 7, 13, 1), torch.channels_last),  # 13 pixels: one pixel a row
+        ((1, 7, 13, 1), torch.channels_last),  # 13 pixels: fewer than a row holds
+        ((1, 50, 23, 23), torch.channels_last),  # 529 pixels: rows of 10 and 9 left over
         ((2, 600, 3, 4), torch.channels_last),  # more channels than a row holds
         ((2, 16, 5, 6, 7), torch.channels_last_3d),
         ((2, 5, 9, 10), torch.contiguous_format),
