@@ -383,10 +383,9 @@ def _spectrum(weight: torch.Tensor, tile: Pair, dtype) -> torch.Tensor:
     with torch.no_grad():
         dft_h = _dft_matrix(tile_h, tile_h, kernel_h, weight.device).conj().to(complex_dtype)  # (Th, kh)
         dft_w = _dft_matrix(freqs, tile_w, kernel_w, weight.device).conj().to(complex_dtype)  # (F, kw)
-        taps = weight.permute(2, 3, 1, 0).to(
-            complex_dtype, memory_format=torch.contiguous_format
-        )  # (kh, kw, C, K)
-        along_w = (dft_w @ taps.view(kernel_h, kernel_w, c * k)).view(kernel_h, freqs * c * k)  # (kh, F·C·K)
+        by_tap = weight.permute(2, 3, 1, 0).to(complex_dtype, memory_format=torch.contiguous_format)
+        by_tap = by_tap.view(kernel_h, kernel_w, c * k)  # (kh, kw, C·K)
+        along_w = (dft_w @ by_tap).view(kernel_h, freqs * c * k)  # (kh, F·C·K)
         if not _eager_on_cpu(weight):
             return (dft_h @ along_w).view(tile_h * freqs, c, k)  # (Th·F, C, K)
         # on a reused buffer: a training step computes spectra of tens of MB on every call
