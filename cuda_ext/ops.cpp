@@ -105,6 +105,8 @@ TORCH_LIBRARY(densecnn, m) {
   m.def("winograd_conv_weight_grad(Tensor input, Tensor grad_output, int[] dilation, int m) -> Tensor");
   // x (N, C, ...) in NC* memory, from a channels-last x (CPU: transposed block by block of pixels).
   m.def("channels_first(Tensor x) -> Tensor");
+  // x (N, C, ...) in channels-last memory, from an NC* x (CPU: the same blocks, the other way).
+  m.def("channels_last(Tensor x) -> Tensor");
   // Frees the cached output buffers nothing refers to (output_buffers.h); returns the bytes released.
   m.def("release_output_buffers() -> int", &densecnn::release_output_buffers);
   // An uninitialised contiguous CPU tensor on a block of the output buffers (output_buffers.h), for the large

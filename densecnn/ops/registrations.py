@@ -19,9 +19,8 @@ import math
 import torch
 
 from ..geometry import output_size, reach
-from . import ext, fft_conv, native
+from . import ext, fft_conv, layout, native
 from .gradients import bias_gradient
-from .layout import layout_of
 
 # ---- shapes and layouts, as the kernels see them ----
 
@@ -337,7 +336,7 @@ def _register_winograd_conv(ops) -> None:
         input, weight = ctx.saved_tensors
         needs = ctx.needs_input_grad
         grad_x, grad_w, grad_b = native.conv_backward(
-            grad_y.contiguous(memory_format=layout_of(input)),
+            grad_y.contiguous(memory_format=layout.layout_of(input)),
             input,
             weight,
             ctx.dilation,
@@ -364,9 +363,20 @@ def _register_channels_first(ops) -> None:
     def backward(ctx, grad):
         # the same values, laid out as the input was: the gradient flows on through channels-last layers, whose
         # backward kernels read it without a conversion of their own
-        return grad.movedim(1, -1).contiguous().movedim(-1, 1)
+        return layout.channels_last(grad)
 
     torch.library.register_autograd("densecnn::channels_first", backward)
+
+
+def _register_channels_last(ops) -> None:
+    @torch.library.register_fake("densecnn::channels_last")
+    def _(x):
+        return _empty(x, x.shape, True)
+
+    def backward(ctx, grad):
+        return layout.contiguous(grad)
+
+    torch.library.register_autograd("densecnn::channels_last", backward)
 
 
 if ext.available():
@@ -386,5 +396,6 @@ if ext.available():
         _register_winograd_conv,
         _register_winograd_conv_weight_grad,
         _register_channels_first,
+        _register_channels_last,
     ):
         _register(torch.ops.densecnn)
