@@ -39,6 +39,9 @@ namespace densecnn {
 struct WinogradGeometry {
   int32_t axes;                 // spatial axes: 2 or 3
   int64_t channels;             // C (input transform) or K (output transform): the lanes
+  // Values per tile in the transformed layouts (α^n, tiles, ·): the channels, or more where the CPU pads the
+  // products to whole vectors (winograd_cpu.cpp)
+  int64_t transformed_channels;
   int64_t size[kMaxAxes];       // map extent per axis: the input's (input transform) or the output's (output)
   int64_t out[kMaxAxes];        // output extent per axis: input - 2·d
   int64_t dilation[kMaxAxes];
@@ -370,7 +373,8 @@ WINOGRAD_INLINE void winograd_input_tile(const WinogradGeometry& g, const T* x, 
   GatherInput<L, kUnitLanes, T, A> gather{x, g.stride_c, lanes, buffer};
   for_each_point<kAlpha, AXES>(g, origin, g.size, g.pad, n * g.stride_n + c0 * g.stride_c, gather);
   const A* result = transform_axes<AXES, L>(buffer, buffer + kPoints * L, kAlpha, kAlpha, InputStep<M, L>{});
-  store_transformed<kPoints, L>(result, v + local * g.channels + c0, g.tile_count * g.channels, lanes);
+  store_transformed<kPoints, L>(result, v + local * g.transformed_channels + c0,
+                                g.tile_count * g.transformed_channels, lanes);
 }
 
 // The output-gradient transform of tile `local` (the weight gradient) for output channels [k0, k0 + lanes): gathers
@@ -388,7 +392,8 @@ WINOGRAD_INLINE void winograd_output_gradient_tile(const WinogradGeometry& g, co
   const int64_t unpadded[3] = {0, 0, 0};
   for_each_point<M, AXES>(g, origin, g.out, unpadded, n * g.stride_n + k0 * g.stride_c, gather);
   const A* result = transform_axes<AXES, L>(buffer, buffer + kPoints * L, M, kAlpha, OutputGradientStep<M, L>{});
-  store_transformed<kPoints, L>(result, z + local * g.channels + k0, g.tile_count * g.channels, lanes);
+  store_transformed<kPoints, L>(result, z + local * g.transformed_channels + k0,
+                                g.tile_count * g.transformed_channels, lanes);
 }
 
 // The output transform of tile `local` for output channels [k0, k0 + lanes): reads m[(ξ·tile_count + local)·K + k],
@@ -398,8 +403,8 @@ WINOGRAD_INLINE void winograd_output_tile(const WinogradGeometry& g, const T* m,
                                              int64_t local, int64_t k0, int lanes, A* buffer) {
   constexpr int kAlpha = WinogradTile<M>::kAlpha;
   constexpr int kPoints = AXES == 2 ? kAlpha * kAlpha : kAlpha * kAlpha * kAlpha;
-  const int64_t plane = g.tile_count * g.channels;
-  const T* base = m + local * g.channels + k0;
+  const int64_t plane = g.tile_count * g.transformed_channels;
+  const T* base = m + local * g.transformed_channels + k0;
   if (lanes == L) {
     for (int point = 0; point < kPoints; ++point) {
       WINOGRAD_IVDEP

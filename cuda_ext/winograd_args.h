@@ -35,6 +35,7 @@ inline WinogradGeometry winograd_geometry(const at::Tensor& map, at::IntArrayRef
   WinogradGeometry g;
   g.axes = static_cast<int32_t>(map.dim() - 2);
   g.channels = map.size(1);
+  g.transformed_channels = g.channels;
   g.stride_n = map.stride(0);
   g.stride_c = map.stride(1);
   for (int a = 0; a < g.axes; ++a) {

@@ -123,20 +123,26 @@ WINOGRAD_INLINE void output_gradient_tiles_loop(const WinogradGeometry& g, const
 // (points, tiles, K), K a multiple of one vector (16 floats, 8 doubles). MKL's batched GEMM packs and scales its
 // operands on every call, which on the few channels of 3-D nets cost as much as its products (docs/performance.md);
 // here U[ξ] (C·K values) stays in L1 across the chunk's tiles, and each block of kTileRows tiles and one vector of
-// output channels is kept in registers while the C input channels are summed into it (Vec: cpu_isa.h).
+// output channels is kept in registers while the C input channels are summed into it (Vec: cpu_isa.h). The weight
+// gradient's Σ over tiles of V[ξ]ᵀ z[ξ] runs on the same block, its rows input channels and its sum over tiles.
 
-// Tiles summed at once: each vector of U is read once for 6 tiles, and 6 independent sums keep the FMA units busy
-// through their latency (AVX2: 12 of its 16 registers).
+// Rows summed at once: each vector of the right operand is read once for 6 rows, and 6 independent sums keep the FMA
+// units busy through their latency (AVX2: 12 of its 16 registers).
 constexpr int kTileRows = 6;
 
-// Tiles [0, R) of P for the output channels [k0, k0 + one vector).
-template <int R, typename T>
-DENSECNN_ALWAYS_INLINE void product_rows(const T* v, const T* u, T* p, int64_t c, int64_t k, int64_t k0) {
+// Rows [0, R) of a product for the columns [k0, k0 + one vector): row r is Σ over s < sums of
+// a[r · row_step + s · sum_step] · b[s · k + k0], written to p[r · k + k0] (added to it when kAccumulate).
+template <int R, bool kAccumulate, typename T>
+DENSECNN_ALWAYS_INLINE void product_rows(const T* a, int64_t row_step, int64_t sum_step, const T* b, int64_t sums,
+                                         T* p, int64_t k, int64_t k0) {
   Vec<T> acc[R] = {};
-  for (int64_t ci = 0; ci < c; ++ci) {
+  if constexpr (kAccumulate) {
+    for (int r = 0; r < R; ++r) memcpy(&acc[r], p + r * k + k0, sizeof(acc[r]));
+  }
+  for (int64_t s = 0; s < sums; ++s) {
     Vec<T> row;
-    memcpy(&row, u + ci * k + k0, sizeof(row));
-    for (int r = 0; r < R; ++r) acc[r] += v[r * c + ci] * row;
+    memcpy(&row, b + s * k + k0, sizeof(row));
+    for (int r = 0; r < R; ++r) acc[r] += a[r * row_step + s * sum_step] * row;
   }
   for (int r = 0; r < R; ++r) memcpy(p + r * k + k0, &acc[r], sizeof(acc[r]));
 }
@@ -152,11 +158,42 @@ DENSECNN_ALWAYS_INLINE void chunk_products_loop(const T* v, const T* u, T* p, in
     int64_t t = 0;
     for (; t + kTileRows <= tiles; t += kTileRows) {
       for (int64_t k0 = 0; k0 < k; k0 += width) {
-        product_rows<kTileRows>(v_point + t * c, u_point, p_point + t * k, c, k, k0);
+        product_rows<kTileRows, false>(v_point + t * c, c, 1, u_point, c, p_point + t * k, k, k0);
       }
     }
     for (; t < tiles; ++t) {
-      for (int64_t k0 = 0; k0 < k; k0 += width) product_rows<1>(v_point + t * c, u_point, p_point + t * k, c, k, k0);
+      for (int64_t k0 = 0; k0 < k; k0 += width) {
+        product_rows<1, false>(v_point + t * c, c, 1, u_point, c, p_point + t * k, k, k0);
+      }
+    }
+  }
+}
+
+// R[ξ] += V[ξ]ᵀ z[ξ] for the points [first, last): V (points, tiles, C), z (points, tiles, K) and R (points, C, K),
+// K a multiple of one vector; each block of kTileRows input channels and one vector of output channels is kept in
+// registers while the chunk's tiles are summed into it.
+template <typename T>
+DENSECNN_ALWAYS_INLINE void chunk_gradient_products_loop(const T* v, const T* z, T* r, int64_t first, int64_t last,
+                                                         int64_t tiles, int64_t c, int64_t k) {
+  constexpr int64_t width = lanes<T>();
+  for (int64_t xi = first; xi < last; ++xi) {
+    const T* v_point = v + xi * tiles * c;
+    const T* z_point = z + xi * tiles * k;
+    T* r_point = r + xi * c * k;
+    for (int64_t ci = 0; ci < c; ci += kTileRows) {
+      const auto rows = [&](auto r_tag) {
+        for (int64_t k0 = 0; k0 < k; k0 += width) {
+          product_rows<decltype(r_tag)::value, true>(v_point + ci, 1, c, z_point, tiles, r_point + ci * k, k, k0);
+        }
+      };
+      switch (std::min<int64_t>(kTileRows, c - ci)) {  // the last block's rows: each pass over z sums them all
+        case 1: rows(Int<1>{}); break;
+        case 2: rows(Int<2>{}); break;
+        case 3: rows(Int<3>{}); break;
+        case 4: rows(Int<4>{}); break;
+        case 5: rows(Int<5>{}); break;
+        default: rows(Int<kTileRows>{});
+      }
     }
   }
 }
@@ -168,6 +205,14 @@ DENSECNN_MULTIVERSION void chunk_products(const float* v, const float* u, float*
 DENSECNN_MULTIVERSION void chunk_products(const double* v, const double* u, double* p, int64_t points,
                                           int64_t tiles, int64_t c, int64_t k) {
   chunk_products_loop(v, u, p, points, tiles, c, k);
+}
+DENSECNN_MULTIVERSION void chunk_gradient_products(const float* v, const float* z, float* r, int64_t first,
+                                                   int64_t last, int64_t tiles, int64_t c, int64_t k) {
+  chunk_gradient_products_loop(v, z, r, first, last, tiles, c, k);
+}
+DENSECNN_MULTIVERSION void chunk_gradient_products(const double* v, const double* z, double* r, int64_t first,
+                                                   int64_t last, int64_t tiles, int64_t c, int64_t k) {
+  chunk_gradient_products_loop(v, z, r, first, last, tiles, c, k);
 }
 
 #define DENSECNN_WINOGRAD_LOOPS(M, AXES, T)                                                                    \
@@ -220,10 +265,18 @@ at::Tensor winograd_conv_cpu(const at::Tensor& input, const at::Tensor& weight, 
   WinogradGeometry out = winograd_output_geometry(y, transformed, bias, dilation, m, 0);
   const int64_t tiles = winograd_tiles(in, input.size(0));
   if (y.numel() == 0 || tiles == 0) return y;
-  const int64_t chunk = std::max<int64_t>(1, kChunkBytes / (points * (in.channels + k) * input.element_size()));
-  const int64_t chunks = (tiles + chunk - 1) / chunk;
   const bool gpu_loops = gpu_loops_on_cpu();
-  const bool own_products = k * input.element_size() % 64 == 0 && in.channels * k <= kOwnProductsMax;
+  // The own products take K in whole vectors: U and the products are padded with zero channels up to them (the
+  // output transform reads the first K). Even 2 channels padded to 16 took 0.6× MKL's time (docs/performance.md).
+  const int64_t vector = 64 / input.element_size();
+  const int64_t k_padded = (k + vector - 1) / vector * vector;
+  const bool own_products = in.channels * k_padded <= kOwnProductsMax;
+  const int64_t k_products = own_products ? k_padded : k;
+  out.transformed_channels = k_products;
+  const at::Tensor u = k_products == k ? kernel : at::constant_pad_nd(kernel, {0, k_products - k});
+  const int64_t chunk =
+      std::max<int64_t>(1, kChunkBytes / (points * (in.channels + k_products) * input.element_size()));
+  const int64_t chunks = (tiles + chunk - 1) / chunk;
   AT_DISPATCH_FLOATING_TYPES(input.scalar_type(), "densecnn_winograd_conv", [&] {
     const scalar_t* x = input.const_data_ptr<scalar_t>();
     const scalar_t* b = bias.has_value() ? bias->const_data_ptr<scalar_t>() : nullptr;
@@ -233,7 +286,7 @@ at::Tensor winograd_conv_cpu(const at::Tensor& input, const at::Tensor& weight, 
       at::parallel_for(0, chunks, 1, [&](int64_t first, int64_t last) {
         // Chunks are sized to stay under 1 MB, so these come from the cache only for layers too wide for that.
         at::Tensor v = empty_output({points * chunk * in.channels}, input.options());
-        at::Tensor products = empty_output({points * chunk * k}, input.options());
+        at::Tensor products = empty_output({points * chunk * k_products}, input.options());
         for (int64_t c = first; c < last; ++c) {
           WinogradGeometry gi = in, go = out;
           gi.tile_begin = go.tile_begin = c * chunk;
@@ -249,7 +302,8 @@ at::Tensor winograd_conv_cpu(const at::Tensor& input, const at::Tensor& weight, 
             input_tiles(m_tag, axes_tag, gi, x, v_data, 0, gi.tile_count);
           }
           if (own_products) {
-            chunk_products(v_data, kernel.const_data_ptr<scalar_t>(), p_data, points, gi.tile_count, in.channels, k);
+            chunk_products(v_data, u.const_data_ptr<scalar_t>(), p_data, points, gi.tile_count, in.channels,
+                           k_products);
           } else {
             at::Tensor p_chunk = products.narrow(0, 0, points * gi.tile_count * k).view({points, gi.tile_count, k});
             at::bmm_out(p_chunk, v.narrow(0, 0, points * gi.tile_count * in.channels)
@@ -270,33 +324,42 @@ at::Tensor winograd_conv_cpu(const at::Tensor& input, const at::Tensor& weight, 
 }
 
 // The weight gradient's transformed form, Σ over tiles of V[ξ]ᵀ z[ξ] (α^n, C, K): chunk by chunk of tiles, the
-// two transforms parallel over the chunk's tiles, then one batched GEMM (MKL's threads) summed into the result.
+// two transforms parallel over the chunk's tiles, then the products parallel over the points ξ, summed into the
+// result: by chunk_gradient_products, with z and the result padded with zero channels up to whole vectors, or by
+// MKL's batched GEMM where C·K is too large for it (kOwnProductsMax).
 at::Tensor winograd_conv_weight_grad_cpu(const at::Tensor& input, const at::Tensor& grad_output,
                                          at::IntArrayRef dilation, int64_t m) {
   const WinogradGeometry in = winograd_input_geometry(input, dilation, m, 0, 0);
-  const WinogradGeometry out = winograd_output_gradient_geometry(grad_output, input, in, dilation, m);
+  WinogradGeometry out = winograd_output_gradient_geometry(grad_output, input, in, dilation, m);
   const int64_t c = in.channels, k = out.channels;
   const int64_t points = in.axes == 2 ? (m + 2) * (m + 2) : (m + 2) * (m + 2) * (m + 2);
   const int64_t tiles = winograd_tiles(in, input.size(0));
   if (tiles == 0) return at::zeros({points, c, k}, input.options());
-  const int64_t chunk = std::min(tiles, std::max<int64_t>(64, kGradientChunkBytes / (points * (c + k) * input.element_size())));
-  at::Tensor result = at::empty({points, c, k}, input.options());
+  const int64_t vector = 64 / input.element_size();
+  const int64_t k_padded = (k + vector - 1) / vector * vector;
+  const bool own_products = c * k_padded <= kOwnProductsMax;
+  const int64_t k_products = own_products ? k_padded : k;
+  out.transformed_channels = k_products;
+  const int64_t chunk = std::min(
+      tiles, std::max<int64_t>(64, kGradientChunkBytes / (points * (c + k_products) * input.element_size())));
+  at::Tensor result = own_products ? at::zeros({points, c, k_products}, input.options())
+                                   : at::empty({points, c, k}, input.options());
   at::Tensor v = empty_output({points * chunk * c}, input.options());
-  at::Tensor z = empty_output({points * chunk * k}, input.options());
+  at::Tensor z = empty_output({points * chunk * k_products}, input.options());
+  // The padding channels, which the transform never writes: zero, so that what they add up stays finite
+  if (k_products > k) z.view({points * chunk, k_products}).narrow(1, k, k_products - k).zero_();
   const bool gpu_loops = gpu_loops_on_cpu();
   AT_DISPATCH_FLOATING_TYPES(input.scalar_type(), "densecnn_winograd_conv_weight_grad", [&] {
     const scalar_t* x = input.const_data_ptr<scalar_t>();
     const scalar_t* gy = grad_output.const_data_ptr<scalar_t>();
+    scalar_t* v_data = v.mutable_data_ptr<scalar_t>();
+    scalar_t* z_data = z.mutable_data_ptr<scalar_t>();
     dispatch_winograd(m, in.axes, [&](auto m_tag, auto axes_tag) {
       constexpr int M = decltype(m_tag)::value, AXES = decltype(axes_tag)::value;
       for (int64_t first = 0; first < tiles; first += chunk) {
         WinogradGeometry gi = in, go = out;
         gi.tile_begin = go.tile_begin = first;
         gi.tile_count = go.tile_count = std::min(chunk, tiles - first);
-        at::Tensor v_chunk = v.narrow(0, 0, points * gi.tile_count * c).view({points, gi.tile_count, c});
-        at::Tensor z_chunk = z.narrow(0, 0, points * go.tile_count * k).view({points, go.tile_count, k});
-        scalar_t* v_data = v_chunk.mutable_data_ptr<scalar_t>();
-        scalar_t* z_data = z_chunk.mutable_data_ptr<scalar_t>();
         if (gpu_loops) {
           for_each_element(gi.tile_count * c, [&](int64_t i) { winograd_input_at<M, AXES>(gi, x, v_data, i); });
           for_each_element(go.tile_count * k,
@@ -307,7 +370,17 @@ at::Tensor winograd_conv_weight_grad_cpu(const at::Tensor& input, const at::Tens
             output_gradient_tiles(m_tag, axes_tag, go, gy, z_data, begin, end);
           });
         }
-        const at::Tensor v_t = v_chunk.transpose(1, 2);  // (α^n, C, tiles)
+        if (own_products) {
+          at::parallel_for(0, points, 1, [&](int64_t begin, int64_t end) {
+            chunk_gradient_products(v_data, z_data, result.mutable_data_ptr<scalar_t>(), begin, end, gi.tile_count,
+                                    c, k_products);
+          });
+          continue;
+        }
+        const at::Tensor v_t = v.narrow(0, 0, points * gi.tile_count * c)
+                                   .view({points, gi.tile_count, c})
+                                   .transpose(1, 2);  // (α^n, C, tiles)
+        const at::Tensor z_chunk = z.narrow(0, 0, points * go.tile_count * k).view({points, go.tile_count, k});
         if (first == 0) {
           at::bmm_out(result, v_t, z_chunk);  // (α^n, C, tiles) @ (α^n, tiles, K)
         } else {
@@ -316,7 +389,7 @@ at::Tensor winograd_conv_weight_grad_cpu(const at::Tensor& input, const at::Tens
       }
     });
   });
-  return result;
+  return k_products == k ? result : result.narrow(2, 0, k).contiguous();
 }
 
 }  // namespace

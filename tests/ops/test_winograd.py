@@ -106,11 +106,13 @@ def _gpu_loops(enable: bool) -> bool:
 @pytest.mark.parametrize("axes", [2, 3])
 @pytest.mark.parametrize("m", [2, 3, 4])
 @pytest.mark.parametrize("channels_last", [False, True])
-@pytest.mark.parametrize("classes", [40, 42])
+@pytest.mark.parametrize("classes", [40, 42, 800])
 def test_chunks_of_tiles_equal_the_tap_sum_on_cpu_and_gpu_loops(axes, m, channels_last, classes):
     """Enough tiles for several chunks (each at most 1 MB of transformed input and products), the last one partial:
     the conv equals the tap sum both with the CPU's vectorised loops and with the CUDA kernels' per-element bodies.
-    40 output channels are five vectors of doubles (the CPU's own products of a chunk), 42 are not (MKL's GEMM)."""
+    40 output channels are five vectors of doubles (the CPU's own products of a chunk), 42 are padded with zero
+    channels to six (the products' rows 48 wide, the output transform reading the first 42), and 21 · 800 channel
+    pairs are too many for the own products' kernel to stay in L1 (MKL's GEMM)."""
     generator = torch.Generator().manual_seed(axes * 10 + m)
     dilation = [3, 2, 1][:axes]
     x = torch.randn(
@@ -274,6 +276,36 @@ def test_the_weight_gradient_by_winograd_equals_the_tap_sum(problem, gpu_loops):
     finally:
         torch.ops.densecnn._use_gpu_loops_on_cpu(previous)
     assert_close_relative(got, _tap_weight_gradient(grad_y, x, op.dilation), 1e-10, floor=1.0)
+
+
+@pytest.mark.parametrize("axes", [2, 3])
+@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize("classes", [40, 42, 800])
+def test_the_weight_gradient_over_chunks_of_tiles_equals_the_tap_sum(axes, channels_last, classes):
+    """Enough tiles for several of the weight gradient's chunks, the last one partial, summed into one result: 40
+    output channels are five vectors of doubles (the CPU's own products), 42 are padded with zero channels to six
+    (the result's padding dropped), and 21 · 800 channel pairs take MKL's GEMM; the CPU loops and the CUDA kernels'
+    per-element bodies alike."""
+    generator = torch.Generator().manual_seed(axes * 100 + classes)
+    dilation = [3, 2, 1][:axes]
+    x = torch.randn(
+        2, 21, *((100, 100) if axes == 2 else (19, 17, 15)), dtype=torch.float64, generator=generator
+    )
+    out = [s - 2 * d for s, d in zip(x.shape[2:], dilation)]
+    grad_y = torch.randn(2, classes, *out, dtype=torch.float64, generator=generator)
+    if channels_last:
+        x, grad_y = (t.contiguous(memory_format=LAYOUTS[axes]) for t in (x, grad_y))
+    m = winograd.tile_size(axes, 21)
+    tiles = x.shape[0] * math.prod(winograd.positions(o, d, m) for o, d in zip(out, dilation))
+    assert tiles * (m + 2) ** axes * (21 + classes) * x.element_size() > 16 * 2**20  # at least three chunks
+    expected = _tap_weight_gradient(grad_y, x, dilation)
+    for gpu_loops in (False, True):
+        previous = _gpu_loops(gpu_loops)
+        try:
+            got = winograd.weight_gradient(grad_y, x, dilation)
+        finally:
+            _gpu_loops(previous)
+        assert_close_relative(got, expected, 1e-10, floor=1.0)
 
 
 @pytest.mark.parametrize("axes, channels", [(2, 50), (2, 130), (3, 16)])
