@@ -191,6 +191,20 @@ def check_max_pool(case, activation, with_nan):
     torch.testing.assert_close(grad_x, expected, rtol=1e-12, atol=1e-12, equal_nan=True)
 
 
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
+@pytest.mark.parametrize(
+    "kernel, dilation, shape",
+    [
+        ((8, 8), (1, 1), (1, 3, 30, 2100)),  # rows of several backward work items
+        ((2, 3), (40, 2), (1, 2, 45, 2100)),  # windows 41 rows tall
+    ],
+)
+def test_max_pool_backward_over_row_chunks_and_wide_dilations(kernel, dilation, shape, layout):
+    """The fused backward (tanh's gradient and both gathers) on maps whose rows span several of its work items and
+    on windows many rows tall, which the drawn cases' small maps never reach."""
+    check_max_pool((kernel, dilation, shape, layout, 3), "tanh", with_nan=False)
+
+
 @LOOPS
 @settings(max_examples=40, deadline=None)
 @given(pool_cases(), st.sampled_from(ext.ACTIVATIONS), st.sampled_from([None, 1, 5]))
