@@ -30,7 +30,7 @@ DENSECNN_ALWAYS_INLINE void transpose_block_loop(const U* in, U* out, int64_t ch
   for (int64_t c = 0; c < channels; ++c) {
     const U* src = kToChannelsLast ? in + c * pixels + p0 : in + p0 * channels + c;
     U* dst = kToChannelsLast ? out + p0 * channels + c : out + c * pixels + p0;
-    if (kToChannelsLast) {
+    if constexpr (kToChannelsLast) {
 #pragma GCC ivdep
       for (int64_t p = 0; p < count; ++p) dst[p * channels] = src[p];
     } else {

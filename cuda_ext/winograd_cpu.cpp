@@ -147,54 +147,45 @@ DENSECNN_ALWAYS_INLINE void product_rows(const T* a, int64_t row_step, int64_t s
   for (int r = 0; r < R; ++r) memcpy(p + r * k + k0, &acc[r], sizeof(acc[r]));
 }
 
-template <typename T>
-DENSECNN_ALWAYS_INLINE void chunk_products_loop(const T* v, const T* u, T* p, int64_t points, int64_t tiles,
-                                                int64_t c, int64_t k) {
-  constexpr int64_t width = lanes<T>();  // output channels per vector
-  for (int64_t xi = 0; xi < points; ++xi) {
-    const T* v_point = v + xi * tiles * c;
-    const T* u_point = u + xi * c * k;
-    T* p_point = p + xi * tiles * k;
-    int64_t t = 0;
-    for (; t + kTileRows <= tiles; t += kTileRows) {
+// Rows [0, rows) of a product (as product_rows), in blocks of kTileRows and a last block of what is left.
+template <bool kAccumulate, typename T>
+DENSECNN_ALWAYS_INLINE void product_blocks(const T* a, int64_t row_step, int64_t sum_step, const T* b, int64_t sums,
+                                           T* p, int64_t rows, int64_t k) {
+  constexpr int64_t width = lanes<T>();  // columns per vector
+  for (int64_t r0 = 0; r0 < rows; r0 += kTileRows) {
+    const auto block = [&](auto rows_tag) {
       for (int64_t k0 = 0; k0 < k; k0 += width) {
-        product_rows<kTileRows, false>(v_point + t * c, c, 1, u_point, c, p_point + t * k, k, k0);
+        product_rows<decltype(rows_tag)::value, kAccumulate>(a + r0 * row_step, row_step, sum_step, b, sums,
+                                                             p + r0 * k, k, k0);
       }
-    }
-    for (; t < tiles; ++t) {
-      for (int64_t k0 = 0; k0 < k; k0 += width) {
-        product_rows<1, false>(v_point + t * c, c, 1, u_point, c, p_point + t * k, k, k0);
-      }
+    };
+    switch (std::min<int64_t>(kTileRows, rows - r0)) {  // each pass over b sums all of the last block's rows
+      case 1: block(Int<1>{}); break;
+      case 2: block(Int<2>{}); break;
+      case 3: block(Int<3>{}); break;
+      case 4: block(Int<4>{}); break;
+      case 5: block(Int<5>{}); break;
+      default: block(Int<kTileRows>{});
     }
   }
 }
 
+// P[ξ] = V[ξ] @ U[ξ] for every point ξ: rows the chunk's tiles, sums over the C input channels.
+template <typename T>
+DENSECNN_ALWAYS_INLINE void chunk_products_loop(const T* v, const T* u, T* p, int64_t points, int64_t tiles,
+                                                int64_t c, int64_t k) {
+  for (int64_t xi = 0; xi < points; ++xi) {
+    product_blocks<false>(v + xi * tiles * c, c, 1, u + xi * c * k, c, p + xi * tiles * k, tiles, k);
+  }
+}
+
 // R[ξ] += V[ξ]ᵀ z[ξ] for the points [first, last): V (points, tiles, C), z (points, tiles, K) and R (points, C, K),
-// K a multiple of one vector; each block of kTileRows input channels and one vector of output channels is kept in
-// registers while the chunk's tiles are summed into it.
+// K a multiple of one vector: rows the C input channels, sums over the chunk's tiles.
 template <typename T>
 DENSECNN_ALWAYS_INLINE void chunk_gradient_products_loop(const T* v, const T* z, T* r, int64_t first, int64_t last,
                                                          int64_t tiles, int64_t c, int64_t k) {
-  constexpr int64_t width = lanes<T>();
   for (int64_t xi = first; xi < last; ++xi) {
-    const T* v_point = v + xi * tiles * c;
-    const T* z_point = z + xi * tiles * k;
-    T* r_point = r + xi * c * k;
-    for (int64_t ci = 0; ci < c; ci += kTileRows) {
-      const auto rows = [&](auto r_tag) {
-        for (int64_t k0 = 0; k0 < k; k0 += width) {
-          product_rows<decltype(r_tag)::value, true>(v_point + ci, 1, c, z_point, tiles, r_point + ci * k, k, k0);
-        }
-      };
-      switch (std::min<int64_t>(kTileRows, c - ci)) {  // the last block's rows: each pass over z sums them all
-        case 1: rows(Int<1>{}); break;
-        case 2: rows(Int<2>{}); break;
-        case 3: rows(Int<3>{}); break;
-        case 4: rows(Int<4>{}); break;
-        case 5: rows(Int<5>{}); break;
-        default: rows(Int<kTileRows>{});
-      }
-    }
+    product_blocks<true>(v + xi * tiles * c, 1, c, z + xi * tiles * k, tiles, r + xi * c * k, c, k);
   }
 }
 
