@@ -332,10 +332,13 @@ class DenseCNN(nn.Module):
         halo = tuple(r - 1 for r in self.receptive_field)
         return tiling.MemoryEstimate(held=result, tile=tile, halo=halo)
 
-    def run_padded(self, padded: torch.Tensor, *, cancel: threading.Event | None = None) -> torch.Tensor:
+    def run_padded(
+        self, padded: torch.Tensor, *, cancel: threading.Event | None = None, keep_layout: bool = False
+    ) -> torch.Tensor:
         """Run the dense layers on an already padded (N, C, *(S+R-1)) input -> (N, K, *S); ``cancel`` as in
-        :meth:`forward`."""
-        return self.plan(padded)(padded, cancel=cancel)
+        :meth:`forward`. The scores are NC* in memory, or with ``keep_layout`` in the layout the plan computes in
+        (channels-last for most plans on the CPU): what a loss reads without a transposing copy."""
+        return self.plan(padded)(padded, cancel=cancel, keep_layout=keep_layout)
 
     def _trains(self, x: torch.Tensor) -> bool:
         return torch.is_grad_enabled() and (

@@ -98,7 +98,7 @@ def masked_terms(
         estimates = costs(dense, tuple(padded.shape), chosen)
         method = min(METHODS, key=estimates.__getitem__)
     if method == "dense":
-        scores, targets, kept = dense.run_padded(padded), labels, mask
+        scores, targets, kept = dense.run_padded(padded, keep_layout=True), labels, mask
     elif method == "region":
         scores, targets, kept = _region(dense, padded, labels, mask, chosen)
     else:
@@ -131,7 +131,7 @@ def _region(dense, padded, labels, mask, chosen):
         box = tuple((0, 1) for _ in dense.receptive_field)
     window = tuple(slice(b0, b1) for b0, b1 in box)
     halo = tuple(slice(b0, b1 + r - 1) for (b0, b1), r in zip(box, dense.receptive_field))
-    scores = dense.run_padded(padded[(slice(None), slice(None), *halo)])  # (N, K, *box)
+    scores = dense.run_padded(padded[(slice(None), slice(None), *halo)], keep_layout=True)  # (N, K, *box)
     return scores, labels[(slice(None), *window)], chosen[(slice(None), *window)]
 
 

@@ -16,19 +16,10 @@ import torch
 
 import densecnn
 from densecnn.bench import machine
-from densecnn.bench.timing import elapsed, interleave
+from densecnn.bench.timing import interleave
 from densecnn.bench.workloads import LAYOUTS, Workload
-from densecnn.losses import masked_cross_entropy
 
 PATCH_BATCH = 64  # patches per timed batch of the patch minibatch
-
-
-def _step(net, model, x, labels, mask):
-    def run():
-        model.zero_grad(set_to_none=True)
-        masked_cross_entropy(net(x), labels, mask).backward()
-
-    return lambda: elapsed(run)
 
 
 def crops_step(name: str, size: int, crops: int, fractions: list[float], rounds: int) -> list[str]:
@@ -41,13 +32,11 @@ def crops_step(name: str, size: int, crops: int, fractions: list[float], rounds:
     contenders = {}
     for fraction in fractions:
         mask = random < fraction
-        contenders[f"densecnn {fraction:.0%}"] = _step(work.dense, model, work.x, labels, mask)
+        contenders[f"densecnn {fraction:.0%}"] = work.masked_step("densecnn", labels, mask)
         for fmt in LAYOUTS:
             contenders[f"patch {fraction:.0%}/{fmt}"] = work.patch_train(PATCH_BATCH, int(mask.sum()), fmt)
     half = random < 0.5
-    contenders.update(
-        {f"native/{fmt}": _step(work.natives[fmt], model, work.x, labels, half) for fmt in LAYOUTS}
-    )
+    contenders.update({f"native/{fmt}": work.masked_step(f"native/{fmt}", labels, half) for fmt in LAYOUTS})
     samples = interleave(contenders, rounds, warm_up=tuple(contenders))
 
     def best(prefix):

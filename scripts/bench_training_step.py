@@ -18,21 +18,19 @@ import torch
 
 import densecnn
 from densecnn.bench import machine
-from densecnn.bench.timing import elapsed, interleave
+from densecnn.bench.timing import interleave
 from densecnn.bench.workloads import LAYOUTS, Workload
-from densecnn.losses import masked_cross_entropy
 from densecnn.ops.config import use_config
 
 NATIVE_GRADIENTS = "densecnn, torch's gradients"
 
 
-def _step(net, model, x, labels, mask, config=None):
+def _under(config: dict, step):
     def run():
-        model.zero_grad(set_to_none=True)
-        with use_config(**(config or {})):
-            masked_cross_entropy(net(x), labels, mask).backward()
+        with use_config(**config):
+            step()
 
-    return lambda: elapsed(run)
+    return run
 
 
 def whole_steps(name: str, size: int, rounds: int) -> list[str]:
@@ -40,14 +38,10 @@ def whole_steps(name: str, size: int, rounds: int) -> list[str]:
     generator = torch.Generator().manual_seed(0)
     labels = torch.randint(0, work.dense.num_classes, (1, size, size), generator=generator)
     mask = torch.rand(1, size, size, generator=generator) < 0.5
-    model = work.model
-    contenders = {"densecnn": _step(work.dense, model, work.x, labels, mask)}
-    contenders[NATIVE_GRADIENTS] = _step(
-        work.dense, model, work.x, labels, mask, {"gradient_solver": "native"}
-    )
-    contenders.update(
-        {f"native/{fmt}": _step(work.natives[fmt], model, work.x, labels, mask) for fmt in LAYOUTS}
-    )
+    densecnn_step = work.masked_step("densecnn", labels, mask)
+    contenders = {"densecnn": densecnn_step}
+    contenders[NATIVE_GRADIENTS] = _under({"gradient_solver": "native"}, densecnn_step)
+    contenders.update({f"native/{fmt}": work.masked_step(f"native/{fmt}", labels, mask) for fmt in LAYOUTS})
     samples = interleave(contenders, rounds, warm_up=tuple(contenders))
     best_native = [min(a, b) for a, b in zip(samples["native/nchw"], samples["native/nhwc"], strict=True)]
     lines = [f"## {name}, {size}² RGB, training step ({rounds} interleaved rounds, medians)", ""]

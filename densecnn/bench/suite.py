@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 import torch
 
 import densecnn
-from densecnn.losses import masked_cross_entropy
 from densecnn.ops import allocator, calibration, ext_available, solvers
 from densecnn.ops.config import get_config
 from densecnn.ops.layout import to_format
@@ -234,7 +233,7 @@ def masked_backward(config: Config) -> dict:
     for count in [c for c in config.masked_counts if c <= n * h * w]:
         mask = torch.zeros(n * h * w, dtype=torch.bool)
         mask[torch.randperm(n * h * w)[:count]] = True
-        contenders[f"densecnn_{count}"] = _masked_step(work, labels, mask.view(n, h, w))
+        contenders[f"densecnn_{count}"] = work.masked_step("densecnn", labels, mask.view(n, h, w))
         for fmt in LAYOUTS:
             contenders[f"patch_{count}/{fmt}"] = work.patch_train(config.patch_batch, count, fmt)
     samples = interleave(contenders, config.repeats)
@@ -251,14 +250,6 @@ def masked_backward(config: Config) -> dict:
             }
         )
     return {"model": work.name, "image": list(work.x.shape), "rows": rows}
-
-
-def _masked_step(work: Workload, labels, mask):
-    def step():
-        work.model.zero_grad(set_to_none=True)
-        masked_cross_entropy(work.dense(work.x), labels, mask).backward()
-
-    return step
 
 
 def conv_limit(name: str, config: Config) -> dict:

@@ -93,6 +93,17 @@ class Workload:
 
         return step
 
+    def masked_step(self, which: str, labels: torch.Tensor, mask: torch.Tensor) -> Callable:
+        """A training step of the mean cross-entropy over the pixels ``mask`` selects ((N, H, W) labels and mask)
+        as users run it, ``masked_loss`` by the dense pass, on the dense net of ``which`` (as in :meth:`forward`)."""
+        net = self.dense if which == "densecnn" else self.natives[which.split("/")[1]]
+
+        def step():
+            self.model.zero_grad(set_to_none=True)
+            net.masked_loss(self.x, labels, mask, method="dense").backward()
+
+        return step
+
     def fast_scan(self, layout: str = "nchw") -> Callable:
         x = to_format(self.x, layout)
         return lambda: densecnn.fast_scan(self.model, x, self.patch)

@@ -93,9 +93,13 @@ class Plan:
     memory_format: str  # "nchw" or "nhwc"
     steps: list[Step]
 
-    def __call__(self, x: torch.Tensor, *, cancel: threading.Event | None = None) -> torch.Tensor:
+    def __call__(
+        self, x: torch.Tensor, *, cancel: threading.Event | None = None, keep_layout: bool = False
+    ) -> torch.Tensor:
+        """The steps on x; the output NC*, or with ``keep_layout`` in the layout the plan computes in."""
         layout = torch_memory_format(self.memory_format, x.dim())
-        return contiguous(run_steps(self.steps, to_format(x, self.memory_format), cancel, layout))
+        y = run_steps(self.steps, to_format(x, self.memory_format), cancel, layout)
+        return y if keep_layout else contiguous(y)
 
     def describe(self) -> list[dict]:
         """One row per step: its layers, solver, memory format, where the choice came from ("tuned" timings, the

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 import densecnn
-from densecnn.losses import masked_cross_entropy_terms, pixel_cross_entropy
+from densecnn.losses import MIN_CLASSES_LAST, masked_cross_entropy_terms, pixel_cross_entropy
 
 IGNORE = 255
 
@@ -258,3 +258,77 @@ def test_pixel_cross_entropy_keeps_the_spatial_shape(shape):
     labels.view(-1)[0] = IGNORE
     loss = pixel_cross_entropy(scores, labels)
     assert loss.shape == labels.shape and loss.view(-1)[0] == 0 and (loss.view(-1)[1:] > 0).all()
+
+
+# --- the loss's own gradient: any layout, class weights and focal weighting --------------------------------------
+
+CHANNELS_LAST = {4: torch.channels_last, 5: torch.channels_last_3d}
+
+
+def focal_reference(scores, labels, mask, class_weights, gamma):
+    """Σ w·(1 - p_y)^γ·(-log p_y) / Σ w written out pixel by pixel from the softmax's definition."""
+    counted = mask & (labels != IGNORE)
+    total, weights = 0, 0
+    for n, *position in counted.nonzero().tolist():
+        z = scores[(n, slice(None), *position)]  # (K,)
+        y = labels[(n, *position)]
+        p_y = torch.exp(z[y]) / torch.exp(z).sum()
+        w = 1.0 if class_weights is None else class_weights[y]
+        total = total + w * (1 - p_y) ** gamma * -torch.log(p_y)
+        weights = weights + w
+    return total / weights
+
+
+@pytest.mark.parametrize("spatial", [(9,), (5, 6), (3, 4, 5)], ids=["signal", "image", "volume"])
+@pytest.mark.parametrize("channels_last", [False, True], ids=["nc*", "channels-last"])
+@pytest.mark.parametrize("gamma", [0.0, 0.5, 2.0])
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("k", [4, 17], ids=["few-classes", "classes-last"])
+def test_loss_and_gradient_in_any_layout_equal_the_pixel_by_pixel_formula(
+    spatial, channels_last, gamma, weighted, k
+):
+    """The loss computes its gradient with the softmax it already has; both equal autograd through the formula
+    written pixel by pixel (17 classes: the softmax along channels-last rows, the gradient written in them; 4:
+    on the map moved to NC*)."""
+    g = torch.Generator().manual_seed(len(spatial) * 10 + int(gamma * 2) + k)
+    n = 2
+    scores = 3 * torch.randn(n, k, *spatial, generator=g, dtype=torch.float64)
+    if channels_last and scores.dim() in CHANNELS_LAST:
+        scores = scores.contiguous(memory_format=CHANNELS_LAST[scores.dim()])
+    scores.requires_grad_()
+    labels = torch.randint(0, k, (n, *spatial), generator=g)
+    labels[torch.rand(n, *spatial, generator=g) < 0.2] = IGNORE
+    mask = torch.rand(n, *spatial, generator=g) < 0.7
+    class_weights = torch.rand(k, generator=g, dtype=torch.float64) + 0.1 if weighted else None
+
+    loss = densecnn.masked_cross_entropy(scores, labels, mask, class_weights=class_weights, focal_gamma=gamma)
+    (got,) = torch.autograd.grad(loss, scores)
+    reference = focal_reference(scores, labels, mask, class_weights, gamma)
+    (want,) = torch.autograd.grad(reference, scores)
+    assert abs(loss.item() - reference.item()) <= 1e-12 * max(1.0, abs(reference.item()))
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+    if k >= MIN_CLASSES_LAST:
+        assert got.stride() == scores.stride()  # read, and written, as (N, *S, K) rows
+    assert torch.autograd.gradcheck(
+        lambda s: densecnn.masked_cross_entropy(
+            s, labels, mask, class_weights=class_weights, focal_gamma=gamma
+        ),
+        (scores,),
+    )
+
+
+def test_a_certain_pixel_has_a_finite_focal_gradient():
+    """p_y = 1 in float64 (a score margin of 200): (1 - p_y)^(γ-1) would be infinite for γ < 1; its term is 0."""
+    scores = (
+        torch.tensor([[[100.0, 0.0]], [[-100.0, 0.0]]], dtype=torch.float64).unsqueeze(0).requires_grad_()
+    )
+    labels = torch.zeros(1, 1, 2, dtype=torch.long)
+    densecnn.masked_cross_entropy(scores, labels, focal_gamma=0.5).backward()
+    assert torch.isfinite(scores.grad).all() and scores.grad[0, :, 0, 0].abs().max() < 1e-40
+
+
+def test_a_double_backward_through_the_loss_is_refused_clearly():
+    scores = torch.randn(1, 3, 4, 4, requires_grad=True)
+    labels = torch.zeros(1, 4, 4, dtype=torch.long)
+    with pytest.raises(NotImplementedError, match="differentiable once"):
+        torch.autograd.grad(densecnn.masked_cross_entropy(scores, labels), scores, create_graph=True)

@@ -276,7 +276,7 @@ class StrideOneDense(nn.Module):
         padded = pad_spatial(x.flatten(0, 1), before, after, self.padding_mode)  # (N·C, *(spatial + P - 1))
         return padded.view(*x.shape[:2], *padded.shape[1:])
 
-    def run_padded(self, padded):
+    def run_padded(self, padded, keep_layout=False):  # NC* either way
         return self.features(padded)
 
     def forward(self, x):
