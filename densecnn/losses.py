@@ -71,8 +71,8 @@ def masked_cross_entropy_terms(
 class _CrossEntropySum(torch.autograd.Function):
     """``Σ w · (1 - p_y)^γ · (-log p_y)`` over the pixels, its gradient computed with it from the same softmax.
 
-    One log-softmax serves the loss and the gradient ``(p - onehot(y)) · f`` (f = w for γ = 0), which is kept
-    and scaled in the backward: no second pass over the scores, no gather-scatter of torch's NLL backward. The
+    One log-softmax serves the loss and, kept, the gradient ``(p - onehot(y)) · f`` (f = w for γ = 0, the loss's
+    own gradient folded into f): two passes over it in the backward, no gather-scatter of torch's NLL backward. The
     softmax runs along the class axis where it lies: a channels-last score map (classes innermost in memory, what
     densecnn's nets compute in) of at least ``MIN_CLASSES_LAST`` classes is read as (N, *spatial, K) rows, never
     transposed. The gradient keeps the scores' layout. Differentiable once (a double backward through the loss
@@ -98,10 +98,8 @@ class _CrossEntropySum(torch.autograd.Function):
         else:
             per_pixel, factor = weight * -log_p_y, weight
         if ctx.needs_input_grad[0]:
-            factor = factor.unsqueeze(axis)
-            grad = log_p.exp_().mul_(factor).scatter_add_(axis, index, -factor)  # (p - onehot(y)) · f
-            ctx.save_for_backward(grad)
-            ctx.classes_last = classes_last
+            ctx.save_for_backward(log_p, index, factor.unsqueeze(axis))
+            ctx.axis, ctx.classes_last = axis, classes_last
         return per_pixel.sum()
 
     @staticmethod
@@ -112,8 +110,9 @@ class _CrossEntropySum(torch.autograd.Function):
                 "graph of its own (create_graph=True asked for one); take second derivatives through "
                 "F.cross_entropy on the scores instead"
             )
-        (grad,) = ctx.saved_tensors
-        grad = grad * grad_sum
+        log_p, index, factor = ctx.saved_tensors
+        factor = factor * grad_sum  # (N, *S) with a 1 on the class axis: the loss's scale folded in
+        grad = log_p.exp().mul_(factor).scatter_add_(ctx.axis, index, -factor)  # (p - onehot(y)) · f
         return grad.movedim(-1, 1) if ctx.classes_last else grad, None, None, None, None
 
 
