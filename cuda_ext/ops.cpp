@@ -101,8 +101,9 @@ TORCH_LIBRARY(densecnn, m) {
       "int[] padding=[]) -> Tensor");
   // The transformed form of winograd_conv's weight gradient for the output gradient grad_output (N, K, *O): Σ over
   // the tiles of V[ξ]ᵀ z[ξ], (α^n, C, K), V the input's transform and z = A·g·Aᵀ the output gradient's (winograd.h);
-  // the weight's gradient is Gᵀ·(it)·G along every axis (densecnn/ops/winograd.py).
-  m.def("winograd_conv_weight_grad(Tensor input, Tensor grad_output, int[] dilation, int m) -> Tensor");
+  // the weight's gradient is Gᵀ·(it)·G along every axis (densecnn/ops/winograd.py). Second, the bias's gradient
+  // (K,): Σ over the tiles of z at winograd_sum_point, the output gradient's sum, read off the tiles' transforms.
+  m.def("winograd_conv_weight_grad(Tensor input, Tensor grad_output, int[] dilation, int m) -> (Tensor, Tensor)");
   // x (N, C, ...) in NC* memory, from a channels-last x (CPU: transposed block by block of pixels).
   m.def("channels_first(Tensor x) -> Tensor");
   // x (N, C, ...) in channels-last memory, from an NC* x (CPU: the same blocks, the other way).

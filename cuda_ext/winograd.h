@@ -170,6 +170,13 @@ WINOGRAD_INLINE void output_gradient_transform_1d(const A* __restrict__ in, A* _
   }
 }
 
+// The point (1, ..., 1) of α^n, row-major: there the output gradient's transform is the tile's sum (row +1 of A, the
+// point +1 of every F(m, 3) here, is all ones), so z at it, summed over the tiles, is the bias's gradient.
+WINOGRAD_INLINE int64_t winograd_sum_point(int64_t axes, int64_t m) {
+  const int64_t alpha = m + 2;
+  return axes == 2 ? alpha + 1 : (alpha + 1) * alpha + 1;
+}
+
 // The 1-D transforms as function objects, for transform_axes.
 template <int M, int L>
 struct InputStep {

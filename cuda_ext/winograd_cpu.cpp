@@ -7,6 +7,8 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <tuple>
+#include <vector>
 
 #include "common.h"
 #include "cpu_isa.h"
@@ -317,15 +319,17 @@ at::Tensor winograd_conv_cpu(const at::Tensor& input, const at::Tensor& weight, 
 // The weight gradient's transformed form, Σ over tiles of V[ξ]ᵀ z[ξ] (α^n, C, K): chunk by chunk of tiles, the
 // two transforms parallel over the chunk's tiles, then the products parallel over the points ξ, summed into the
 // result: by chunk_gradient_products, with z and the result padded with zero channels up to whole vectors, or by
-// MKL's batched GEMM where C·K is too large for it (kOwnProductsMax).
-at::Tensor winograd_conv_weight_grad_cpu(const at::Tensor& input, const at::Tensor& grad_output,
-                                         at::IntArrayRef dilation, int64_t m) {
+// MKL's batched GEMM where C·K is too large for it (kOwnProductsMax). And the bias's gradient, the chunks' z at
+// the sum point added up (in double: a few thousand tiles' sums).
+std::tuple<at::Tensor, at::Tensor> winograd_conv_weight_grad_cpu(const at::Tensor& input,
+                                                                 const at::Tensor& grad_output,
+                                                                 at::IntArrayRef dilation, int64_t m) {
   const WinogradGeometry in = winograd_input_geometry(input, dilation, m, 0, 0);
   WinogradGeometry out = winograd_output_gradient_geometry(grad_output, input, in, dilation, m);
   const int64_t c = in.channels, k = out.channels;
   const int64_t points = in.axes == 2 ? (m + 2) * (m + 2) : (m + 2) * (m + 2) * (m + 2);
   const int64_t tiles = winograd_tiles(in, input.size(0));
-  if (tiles == 0) return at::zeros({points, c, k}, input.options());
+  if (tiles == 0) return {at::zeros({points, c, k}, input.options()), at::zeros({k}, input.options())};
   const int64_t vector = 64 / input.element_size();
   const int64_t k_padded = (k + vector - 1) / vector * vector;
   const bool own_products = c * k_padded <= kOwnProductsMax;
@@ -340,6 +344,8 @@ at::Tensor winograd_conv_weight_grad_cpu(const at::Tensor& input, const at::Tens
   // The padding channels, which the transform never writes: zero, so that what they add up stays finite
   if (k_products > k) z.view({points * chunk, k_products}).narrow(1, k, k_products - k).zero_();
   const bool gpu_loops = gpu_loops_on_cpu();
+  const int64_t sum_point = winograd_sum_point(in.axes, m);
+  std::vector<double> bias_sums(k, 0.0);
   AT_DISPATCH_FLOATING_TYPES(input.scalar_type(), "densecnn_winograd_conv_weight_grad", [&] {
     const scalar_t* x = input.const_data_ptr<scalar_t>();
     const scalar_t* gy = grad_output.const_data_ptr<scalar_t>();
@@ -361,6 +367,10 @@ at::Tensor winograd_conv_weight_grad_cpu(const at::Tensor& input, const at::Tens
             output_gradient_tiles(m_tag, axes_tag, go, gy, z_data, begin, end);
           });
         }
+        const scalar_t* sums = z_data + sum_point * go.tile_count * k_products;  // (tiles, K_products)
+        for (int64_t tile = 0; tile < go.tile_count; ++tile) {
+          for (int64_t j = 0; j < k; ++j) bias_sums[j] += sums[tile * k_products + j];
+        }
         if (own_products) {
           at::parallel_for(0, points, 1, [&](int64_t begin, int64_t end) {
             chunk_gradient_products(v_data, z_data, result.mutable_data_ptr<scalar_t>(), begin, end, gi.tile_count,
@@ -380,7 +390,8 @@ at::Tensor winograd_conv_weight_grad_cpu(const at::Tensor& input, const at::Tens
       }
     });
   });
-  return k_products == k ? result : result.narrow(2, 0, k).contiguous();
+  const at::Tensor bias = at::tensor(bias_sums, at::TensorOptions().dtype(at::kDouble)).to(input.scalar_type());
+  return {k_products == k ? result : result.narrow(2, 0, k).contiguous(), bias};
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <tuple>
 #include <vector>
 
 #include "common.h"
@@ -74,14 +75,17 @@ at::Tensor winograd_conv_cuda(const at::Tensor& input, const at::Tensor& weight,
 }
 
 // The weight gradient's transformed form, chunk by chunk: V and z by the transform kernels, V[ξ]ᵀ z[ξ] summed on
-// cuBLAS.
-at::Tensor winograd_conv_weight_grad_cuda(const at::Tensor& input, const at::Tensor& grad_output,
-                                          at::IntArrayRef dilation, int64_t m) {
+// cuBLAS; and the bias's gradient, z at the sum point summed over the tiles.
+std::tuple<at::Tensor, at::Tensor> winograd_conv_weight_grad_cuda(const at::Tensor& input,
+                                                                  const at::Tensor& grad_output,
+                                                                  at::IntArrayRef dilation, int64_t m) {
   const c10::cuda::CUDAGuard guard(input.device());
   const WinogradGeometry in = winograd_input_geometry(input, dilation, m, 0, 0);
   const WinogradGeometry out = winograd_output_gradient_geometry(grad_output, input, in, dilation, m);
   const int64_t points = points_of(in.axes, m), c = in.channels, k = out.channels;
   at::Tensor result = at::zeros({points, c, k}, input.options());
+  at::Tensor bias = at::zeros({k}, input.options());
+  const int64_t sum_point = winograd_sum_point(in.axes, m);
   const int64_t tiles = winograd_tiles(in, input.size(0));
   const int64_t chunk = std::max<int64_t>(1, kChunkBytes / (points * (c + k) * input.element_size()));
   for (int64_t begin = 0; begin < tiles; begin += chunk) {
@@ -98,8 +102,9 @@ at::Tensor winograd_conv_weight_grad_cuda(const at::Tensor& input, const at::Ten
                                                                at::cuda::getCurrentCUDAStream()));
     });
     result.baddbmm_(v.transpose(1, 2), z);
+    bias.add_(z.select(0, sum_point).sum(0));  // (count, K) -> (K,)
   }
-  return result;
+  return {result, bias};
 }
 
 }  // namespace

@@ -89,14 +89,17 @@ def input_gradient(name: str, grad_y: torch.Tensor, x: torch.Tensor, op: ConvOp)
     return grad_x
 
 
-def weight_gradient(name: str, grad_y: torch.Tensor, x: torch.Tensor, op: ConvOp) -> torch.Tensor:
-    """∂L/∂w (K, C/groups, *k) from ∂L/∂y and the input x, by gradient solver ``name``."""
+def weight_gradient(
+    name: str, grad_y: torch.Tensor, x: torch.Tensor, op: ConvOp
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """∂L/∂w (K, C/groups, *k) from ∂L/∂y and the input x, by gradient solver ``name``; and ∂L/∂b (K,) where the
+    solver has it on the way (None: sum ∂L/∂y, :func:`bias_gradient`)."""
     if name == "fft" and not torch.is_grad_enabled():
-        return fft_conv.weight_gradient(grad_y, x, op.kernel, op.dilation)
+        return fft_conv.weight_gradient(grad_y, x, op.kernel, op.dilation), None
     if name == "winograd" and not torch.is_grad_enabled():
         return winograd.weight_gradient(grad_y, x, op.dilation)
     _, grad_w, _ = native.conv_backward(grad_y, x, op.weight, op.dilation, (False, True, False))
-    return grad_w
+    return grad_w, None
 
 
 def _both_by_fft(input_solver: str, weight_solver: str, needs) -> bool:
@@ -153,8 +156,9 @@ class _Conv(torch.autograd.Function):
         ctx.spectra.clear()  # the spectrum's buffer free for the weight gradient's
         ctx.input_spectra = None
         if not together:
-            grad_w = weight_gradient(ctx.weight_solver, grad_y, x, op) if needs[1] else None
-            grad_b = bias_gradient(grad_y) if wants_bias else None
+            grad_w, grad_b = weight_gradient(ctx.weight_solver, grad_y, x, op) if needs[1] else (None, None)
+            if wants_bias and grad_b is None:
+                grad_b = bias_gradient(grad_y)
         return grad_x, grad_w, grad_b if wants_bias else None, None, None, None, None, None, None
 
 

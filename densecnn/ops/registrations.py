@@ -352,7 +352,8 @@ def _register_winograd_conv_weight_grad(ops) -> None:
     @torch.library.register_fake("densecnn::winograd_conv_weight_grad")
     def _(input, grad_output, dilation, m):
         points = (m + 2) ** (input.dim() - 2)
-        return input.new_empty((points, input.shape[1], grad_output.shape[1]))
+        k = grad_output.shape[1]
+        return input.new_empty((points, input.shape[1], k)), input.new_empty((k,))
 
 
 def _register_channels_first(ops) -> None:

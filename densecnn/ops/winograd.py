@@ -85,30 +85,37 @@ def input_gradient(grad_y: torch.Tensor, weight: torch.Tensor, dilation) -> torc
     return _conv(grad_y, flipped, None, tuple(dilation), None, [2 * d for d in dilation], cached=False)
 
 
-def weight_gradient(grad_y: torch.Tensor, x: torch.Tensor, dilation, m: int | None = None) -> torch.Tensor:
+def weight_gradient(
+    grad_y: torch.Tensor, x: torch.Tensor, dilation, m: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The weight gradient (K, C, 3, ...) of a 3×3 (3×3×3) conv from its output gradient (N, K, *(S - 2·d)) and
-    input x (N, C, *S): the kernels sum V[ξ]ᵀ z[ξ] over the tiles (V the input's transform, z = A·g·Aᵀ the output
-    gradient's): the gradient of the transformed kernel U = G·w·Gᵀ, from which the weight's is Gᵀ·(it)·G along
-    every axis, here in float64. ``m`` of F(m, 3): by default the forward's (:func:`tile_size`), whose float32
-    error the weight gradient's stays within (measured in tests/ops/test_winograd.py).
+    input x (N, C, *S), and the bias's (K,). The kernels sum V[ξ]ᵀ z[ξ] over the tiles (V the input's transform,
+    z = A·g·Aᵀ the output gradient's): the gradient of the transformed kernel U = G·w·Gᵀ, from which the weight's is
+    Gᵀ·(it)·G along every axis, here in float64. The bias's is the output gradient's sum, read off z where A's row
+    is all ones: the output gradient is not read again for it. ``m`` of F(m, 3): by default the forward's
+    (:func:`tile_size`), whose float32 error the weight gradient's stays within (measured in
+    tests/ops/test_winograd.py).
 
-    >>> grad = weight_gradient(torch.randn(1, 8, 32, 32), torch.randn(1, 4, 40, 40), (4, 4))  # (8, 4, 3, 3)
+    >>> grad_w, grad_b = weight_gradient(torch.randn(1, 8, 32, 32), torch.randn(1, 4, 40, 40), (4, 4))
+    >>> grad_w.shape, grad_b.shape
+    (torch.Size([8, 4, 3, 3]), torch.Size([8]))
     """
     if x.dtype not in COMPUTE_DTYPES:
-        return weight_gradient(grad_y.float(), x.float(), dilation, m).to(x.dtype)
+        grad_w, grad_b = weight_gradient(grad_y.float(), x.float(), dilation, m)
+        return grad_w.to(x.dtype), grad_b.to(x.dtype)
     axes, c, k = x.dim() - 2, int(x.shape[1]), int(grad_y.shape[1])
     m = m or tile_size(axes, c)
     dilation = [int(d) for d in dilation]
-    transformed = torch.ops.densecnn.winograd_conv_weight_grad(
+    transformed, grad_b = torch.ops.densecnn.winograd_conv_weight_grad(
         x, grad_y.to(x.dtype), dilation, m
-    )  # (α^n, C, K)
+    )  # (α^n, C, K), (K,)
     g = torch.tensor(_KERNEL_TRANSFORMS[m], dtype=torch.float64, device=x.device)  # (α, 3)
     t = transformed.double().view(*(m + 2,) * axes, c, k)
     if axes == 2:
         grad = torch.einsum("ia,jb,ijck->kcab", g, g, t)
     else:
         grad = torch.einsum("ia,jb,lz,ijlck->kcabz", g, g, g, t)
-    return grad.to(x.dtype)
+    return grad.to(x.dtype), grad_b
 
 
 def _conv(

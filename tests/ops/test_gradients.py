@@ -65,6 +65,26 @@ def test_every_combination_gives_torchs_gradients(memory_format, forward, input_
         assert_close_relative(got, want, 1e-10, floor=1.0)
 
 
+@pytest.mark.parametrize("memory_format", list(FORMATS))
+def test_the_winograd_weight_gradient_gives_the_bias_gradient_too(memory_format, monkeypatch):
+    """The Winograd weight gradient reads the bias's gradient off the output gradient's transformed tiles: the
+    output gradient is not summed again, and the result is torch's."""
+    monkeypatch.setattr(gradients, "bias_gradient", None)  # not called
+    x, weight, bias, upstream = _problem(memory_format, kernel=(3, 3))
+    expected = _torch_gradients(x, weight, bias, upstream)
+    leaves = [t.clone().requires_grad_() for t in (x, weight, bias)]
+    y = gradients.conv(
+        ConvOp(leaves[1], leaves[2], (3, 2), 1),
+        leaves[0],
+        "winograd",
+        input_solver="native",
+        weight_solver="winograd",
+    )
+    (y * upstream).sum().backward()
+    for got, want in zip((leaf.grad for leaf in leaves), expected, strict=True):
+        assert_close_relative(got, want, 1e-10, floor=1.0)
+
+
 def test_a_double_backward_through_the_fft_gradients_equals_torchs():
     x, weight, _, _ = _problem("nchw", seed=1)
     results = []

@@ -259,11 +259,17 @@ def _tap_weight_gradient(grad_y: torch.Tensor, x: torch.Tensor, dilation) -> tor
     return grad
 
 
+def _bias_gradient(grad_y):
+    """The output gradient summed over every axis but the channels, pixel by pixel in float64."""
+    return grad_y.double().movedim(1, -1).reshape(-1, grad_y.shape[1]).sum(0)
+
+
 @settings(max_examples=80, deadline=None)
 @given(problem=conv_problems(), gpu_loops=st.booleans())
 def test_the_weight_gradient_by_winograd_equals_the_tap_sum(problem, gpu_loops):
-    """Σ over tiles of V[ξ]ᵀ z[ξ], then Gᵀ·G, equals the tap-by-tap weight gradient (the CPU loops or the CUDA
-    kernels' per-element bodies; float64, 2-D and 3-D, every m, either memory format)."""
+    """Σ over tiles of V[ξ]ᵀ z[ξ], then Gᵀ·G, equals the tap-by-tap weight gradient, and the sum of z at the point
+    where A's row is all ones the output gradient's sum (the CPU loops or the CUDA kernels' per-element bodies;
+    float64, 2-D and 3-D, every m, either memory format)."""
     op, x, m = problem
     out = [s - 2 * d for s, d in zip(x.shape[2:], op.dilation)]
     generator = torch.Generator().manual_seed(sum(x.shape) + 1)
@@ -272,10 +278,11 @@ def test_the_weight_gradient_by_winograd_equals_the_tap_sum(problem, gpu_loops):
         grad_y = grad_y.contiguous(memory_format=LAYOUTS[x.dim() - 2])
     previous = torch.ops.densecnn._use_gpu_loops_on_cpu(gpu_loops)
     try:
-        got = winograd.weight_gradient(grad_y, x, op.dilation, m)
+        got, got_bias = winograd.weight_gradient(grad_y, x, op.dilation, m)
     finally:
         torch.ops.densecnn._use_gpu_loops_on_cpu(previous)
     assert_close_relative(got, _tap_weight_gradient(grad_y, x, op.dilation), 1e-10, floor=1.0)
+    assert_close_relative(got_bias, _bias_gradient(grad_y), 1e-10, floor=1.0)
 
 
 @pytest.mark.parametrize("axes", [2, 3])
@@ -302,10 +309,11 @@ def test_the_weight_gradient_over_chunks_of_tiles_equals_the_tap_sum(axes, chann
     for gpu_loops in (False, True):
         previous = _gpu_loops(gpu_loops)
         try:
-            got = winograd.weight_gradient(grad_y, x, dilation)
+            got, got_bias = winograd.weight_gradient(grad_y, x, dilation)
         finally:
             _gpu_loops(previous)
         assert_close_relative(got, expected, 1e-10, floor=1.0)
+        assert_close_relative(got_bias, _bias_gradient(grad_y), 1e-10, floor=1.0)
 
 
 @pytest.mark.parametrize("axes, channels", [(2, 50), (2, 130), (3, 16)])
@@ -316,10 +324,12 @@ def test_the_weight_gradients_float32_error_stays_within_the_bound(axes, channel
     size = [60, 64] if axes == 2 else [20, 22, 24]
     x = torch.rand(1, channels, *size, dtype=torch.float64, generator=generator)
     grad_y = torch.rand(1, 8, *[s - 2 * 2 for s in size], dtype=torch.float64, generator=generator)
-    exact = winograd.weight_gradient(grad_y, x, [2] * axes)
-    single = winograd.weight_gradient(grad_y.float(), x.float(), [2] * axes)
+    exact, exact_bias = winograd.weight_gradient(grad_y, x, [2] * axes)
+    single, single_bias = winograd.weight_gradient(grad_y.float(), x.float(), [2] * axes)
     error = (single.double() - exact).abs().max() / exact.abs().max()
     assert error < 1e-5, f"float32 error {error:.2e} of the largest gradient"
+    bias_error = (single_bias.double() - exact_bias).abs().max() / exact_bias.abs().max()
+    assert bias_error < 1e-6, f"float32 error {bias_error:.2e} of the bias's largest gradient"
 
 
 @pytest.mark.parametrize("axes", [2, 3])
