@@ -36,7 +36,9 @@ def train(config: TrainConfig) -> Path:
     config.check()
     distributed = setup(config.device)
     try:
-        return Trainer(config, distributed).run()
+        model_dir = Trainer(config, distributed).run()
+        distributed.barrier()  # every process done before the group goes: gloo aborts one whose peer left first
+        return model_dir
     finally:
         teardown(distributed)
 
