@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from .errors import InvalidInputError, InvalidTypeError
-from .ops.layout import contiguous
+from .ops.layout import contiguous, is_channels_last
 
 IGNORE_INDEX = 255  # the label of pixels that are never counted: the dataset convention, declared once
 # Fewer classes than this, innermost in memory, are moved to NC* for the softmax: torch's softmax along an innermost
@@ -56,7 +56,7 @@ def masked_cross_entropy_terms(
         counted &= mask  # unselected pixels count like ignored ones
     compute_dtype = torch.float64 if scores.dtype == torch.float64 else torch.float32
     scores = scores.to(compute_dtype)
-    classes_last = scores.dim() > 2 and scores.shape[1] > 1 and scores.stride(1) == 1  # (N, *S, K) in memory
+    classes_last = is_channels_last(scores)  # (N, *S, K) in memory
     if classes_last and scores.shape[1] < MIN_CLASSES_LAST:
         scores, classes_last = contiguous(scores), False
     targets = targets.masked_fill(~counted, 0)  # any class: their weight is 0
