@@ -1,7 +1,8 @@
 """Running jobs: a bounded executor (``max_running_jobs`` threads, never the event loop) that labels each job's input
 with :func:`densecnn.blockwise.predict_to_disk`, the engine of ``densecnn predict``, on a local Dask cluster or a scheduler.
 
-Progress is written to the database at most every :data:`REPORT_SECONDS`; a cancel (from this worker or, through
+Progress is written to the database at most every :data:`REPORT_SECONDS`, with the job's heartbeat (renewed
+also by each maintenance period, for a job whose blocks are long); a cancel (from this worker or, through
 the database, from another) stops a job after the blocks in flight; a server that stops releases its unfinished jobs,
 and the next one to start resumes them from the chunks already written (the engine skips them). A finished zarr
 result small enough for the image limits is also written as a label PNG (2-D) or TIFF.
@@ -389,6 +390,9 @@ class _Reporter:
             self.stop.set()  # the blocks in flight write no further chunk
             raise Cancelled(f"job {self.job_id} was cancelled")
         self.final(summary)
+        # the job's own thread says it is alive too: a maintenance period slowed by a loaded machine or a busy
+        # database then does not let another worker take over a job that is making progress
+        self.runner.store.renew([self.job_id], self.runner.name)
 
     def final(self, summary) -> None:
         self.runner.store.set(

@@ -18,7 +18,15 @@ zarr = pytest.importorskip("zarr")
 
 
 from tests.app_support import blobs, encode  # noqa: E402
-from tests.jobs_support import download_zarr, job_settings, reference_labels, serving, wait_for, write_zarr  # noqa: E402
+from tests.jobs_support import (  # noqa: E402
+    FINISHED,
+    download_zarr,
+    job_settings,
+    reference_labels,
+    serving,
+    wait_for,
+    write_zarr,
+)
 
 pytestmark = pytest.mark.xdist_group("jobs")  # Dask clusters: one test at a time
 
@@ -222,6 +230,24 @@ def test_workers_sharing_a_database_see_and_cancel_each_others_jobs(tmp_path):
         assert other.delete(location).status_code == 202
         job = wait_for(names[runner], location)
         assert job["state"] == "cancelled" and job["progress"]["blocks_done"] < 256, job
+
+
+def test_a_running_job_renews_its_heartbeat_with_its_progress(tmp_path):
+    """Between two maintenance periods (here a minute apart) the job's own progress reports keep its heartbeat
+    fresh, so a worker whose maintenance runs late on a loaded machine does not lose a job it is advancing."""
+    write_zarr(tmp_path / "data" / "big.zarr", 256, 256, chunks=16)
+    settings = job_settings(tmp_path, job_block=16, job_poll_seconds=60)
+    with serving(settings) as client:
+        location = client.post("/v1/jobs", json={"model": "cells", "input": "big.zarr", "chunk": 16}).headers[
+            "location"
+        ]
+        job_id = wait_for(client, location, until=lambda job: job["progress"]["blocks_done"] >= 1)["id"]
+        store = client.app.state.jobs.store
+        first = store.get(job_id).heartbeat
+        job = wait_for(client, location, until=lambda job: store.get(job_id).heartbeat > first + 0.4 or
+                       job["state"] in FINISHED)  # fmt: skip
+        assert job["state"] == "running", job
+        assert client.delete(location).status_code == 202
 
 
 def test_finished_jobs_expire_with_their_files(tmp_path):
