@@ -234,8 +234,9 @@ def test_workers_sharing_a_database_see_and_cancel_each_others_jobs(tmp_path):
 
 def test_a_running_job_renews_its_heartbeat_with_its_progress(tmp_path):
     """Between two maintenance periods (here a minute apart) the job's own progress reports keep its heartbeat
-    fresh, so a worker whose maintenance runs late on a loaded machine does not lose a job it is advancing."""
-    write_zarr(tmp_path / "data" / "big.zarr", 256, 256, chunks=16)
+    fresh, so a worker whose maintenance runs late on a loaded machine does not lose a job it is advancing (1,024
+    blocks: seconds of work even on a fast CPU; cancelled once seen)."""
+    write_zarr(tmp_path / "data" / "big.zarr", 512, 512, chunks=16)
     settings = job_settings(tmp_path, job_block=16, job_poll_seconds=60)
     with serving(settings) as client:
         location = client.post("/v1/jobs", json={"model": "cells", "input": "big.zarr", "chunk": 16}).headers[
