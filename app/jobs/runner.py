@@ -390,16 +390,17 @@ class _Reporter:
             self.stop.set()  # the blocks in flight write no further chunk
             raise Cancelled(f"job {self.job_id} was cancelled")
         self.final(summary)
-        # the job's own thread says it is alive too: a maintenance period slowed by a loaded machine or a busy
-        # database then does not let another worker take over a job that is making progress
-        self.runner.store.renew([self.job_id], self.runner.name)
 
     def final(self, summary) -> None:
+        now = time.time()
         self.runner.store.set(
             self.job_id,
             blocks_done=summary.skipped + summary.computed,
             blocks_total=summary.total,
             blocks_computed=summary.computed,
             pixels=summary.pixels,
-            run_seconds=time.time() - self.started,
+            run_seconds=now - self.started,
+            # the job's own thread says it is alive too, in the same write: a maintenance period slowed by a loaded
+            # machine or a busy database then does not let another worker take over a job that is making progress
+            heartbeat=now,
         )
