@@ -1,8 +1,12 @@
 // CPU direct convolution for few input channels (the first layer of most nets: 1 or 3 channels), where torch's
-// convolutions reach a fraction of the FMA rate their GEMMs reach on wide layers. Each work item is one output row
-// (n, d, h) (or a run of kRunCols columns of it) of a block of kBlock output channels: registers hold kBlock × one
-// vector of outputs, and every input vector
-// loaded is multiplied into all kBlock channels (a broadcast weight each), so no im2col buffer is written.
+// convolutions reach a fraction of the FMA rate their GEMMs reach on wide layers. No im2col buffer is written: each
+// work item is one output row (n, d, h) (or a run of kRunCols columns of it), its outputs kept in registers while
+// the channels and taps are summed into them, blocked to suit the output's layout:
+// - NC* outputs: kBlock output channels × one vector of a row's outputs, every input vector loaded multiplied into
+//   all kBlock channels (a broadcast weight each), each channel's vector stored whole;
+// - channels-last outputs: kPixels output pixels × one vector of output channels, every weight vector loaded
+//   multiplied into all kPixels pixels (a broadcast input each), each pixel's channels stored whole (blocking as for
+//   NC* would leave every output a scalar store at a stride of K).
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
@@ -20,11 +24,24 @@
 namespace densecnn {
 namespace {
 
-constexpr int kBlock = 8;           // output channels per register block
+constexpr int kBlock = 8;           // output channels per register block (NC* outputs)
+constexpr int kPixels = 6;          // output pixels per register block (channels-last outputs; 12 AVX2 registers)
 constexpr int64_t kRunCols = 1024;  // columns per work item (long rows, e.g. signals, are split for the threads)
 
-// Outputs [w0, w0 + width) of row (n, d, h) for channels [k0, k0 + kBlock) of the padded packed weight
-// (K/kBlock, C·taps, kBlock); kFull: width == lanes (whole-vector loads and stores).
+// W lanes of T: a whole vector (Vec) or half of one, for the last block of a channels-last output's channels.
+template <typename T, int W>
+using Lanes [[gnu::vector_size(W * sizeof(T))]] = T;
+
+// The register blocks of output channels, [k0, k0 + block_width(g, k0)) each: kBlock wide for NC* outputs; for
+// channels-last ones whole vectors, and half of one for a last block of at most that many channels.
+template <typename T>
+DENSECNN_ALWAYS_INLINE int64_t block_width(const DirectConvGeometry& g, int64_t k0) {
+  if (!g.channels_last) return kBlock;
+  return g.out_channels - k0 > lanes<T>() / 2 ? lanes<T>() : lanes<T>() / 2;
+}
+
+// NC* outputs [w0, w0 + width) of row (n, d, h) for channels [k0, k0 + kBlock) of the packed weight (blocks of
+// (C·taps, kBlock)); kFull: width == lanes (whole-vector loads and stores).
 template <typename T, bool kFull>
 DENSECNN_ALWAYS_INLINE void row_block(const DirectConvGeometry& g, const T* x, const T* packed, const T* bias,
                                       T* y, int64_t n, int64_t k0, int64_t d, int64_t h, int64_t w0, int64_t width) {
@@ -52,12 +69,6 @@ DENSECNN_ALWAYS_INLINE void row_block(const DirectConvGeometry& g, const T* x, c
   }
   const int64_t channels = std::min<int64_t>(kBlock, g.out_channels - k0);
   T* out = y + direct_conv_offset(g, n, k0, d, h, w0);
-  if (g.channels_last) {  // (.., W', K): each output pixel's block of channels is contiguous
-    for (int64_t l = 0; l < width; ++l) {
-      for (int64_t k = 0; k < channels; ++k) out[l * g.out_channels + k] = acc[k][l];
-    }
-    return;
-  }
   const int64_t plane = g.out_depth * g.out_rows * g.out_cols;
   for (int64_t k = 0; k < channels; ++k) {
     if (kFull) {
@@ -68,21 +79,88 @@ DENSECNN_ALWAYS_INLINE void row_block(const DirectConvGeometry& g, const T* x, c
   }
 }
 
+// Channels-last outputs [w0, w0 + R) of row (n, d, h) for channels [k0, k0 + W) of the packed weight (a block of
+// (C·taps, W)).
+template <int R, int W, typename T>
+DENSECNN_ALWAYS_INLINE void pixels_block(const DirectConvGeometry& g, const T* x, const T* packed, const T* bias,
+                                         T* y, int64_t n, int64_t k0, int64_t d, int64_t h, int64_t w0) {
+  using V = Lanes<T, W>;
+  V acc[R];
+  V b;
+  __builtin_memcpy(&b, bias + k0, sizeof(b));
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) acc[r] = b;
+  const T* wk = packed + k0 * g.channels * g.kd * g.kh * g.kw;
+  for (int64_t c = 0; c < g.channels; ++c) {
+    for (int32_t a = 0; a < g.kd; ++a) {
+      for (int32_t b = 0; b < g.kh; ++b) {
+        const T* src = x + (((n * g.channels + c) * g.depth + d + a * g.dd) * g.rows + h + b * g.dh) * g.cols + w0;
+        for (int32_t t = 0; t < g.kw; ++t, wk += W) {
+          const T* tap = src + int64_t(t) * g.dw;  // the R pixels' inputs under tap t
+          V weights;
+          __builtin_memcpy(&weights, wk, sizeof(weights));
+#pragma GCC unroll 8
+          for (int r = 0; r < R; ++r) acc[r] += tap[r] * weights;
+        }
+      }
+    }
+  }
+  const int64_t channels = std::min<int64_t>(W, g.out_channels - k0);
+  T* out = y + direct_conv_offset(g, n, k0, d, h, w0);  // (.., W', K): a pixel's channels are contiguous
+  for (int r = 0; r < R; ++r) {
+    if (channels == W) {
+      __builtin_memcpy(out + r * g.out_channels, &acc[r], sizeof(acc[r]));
+    } else {
+      for (int64_t k = 0; k < channels; ++k) out[r * g.out_channels + k] = acc[r][k];
+    }
+  }
+}
+
+// Channels-last outputs [begin, end) of row (n, d, h) for channels [k0, k0 + W): blocks of kPixels and a last
+// block of what is left.
+template <int W, typename T>
+DENSECNN_ALWAYS_INLINE void pixels_run(const DirectConvGeometry& g, const T* x, const T* packed, const T* bias, T* y,
+                                       int64_t n, int64_t k0, int64_t d, int64_t h, int64_t begin, int64_t end) {
+  int64_t w0 = begin;
+  for (; w0 + kPixels <= end; w0 += kPixels) pixels_block<kPixels, W>(g, x, packed, bias, y, n, k0, d, h, w0);
+  switch (end - w0) {
+    case 0: break;
+    case 1: pixels_block<1, W>(g, x, packed, bias, y, n, k0, d, h, w0); break;
+    case 2: pixels_block<2, W>(g, x, packed, bias, y, n, k0, d, h, w0); break;
+    case 3: pixels_block<3, W>(g, x, packed, bias, y, n, k0, d, h, w0); break;
+    case 4: pixels_block<4, W>(g, x, packed, bias, y, n, k0, d, h, w0); break;
+    default: pixels_block<5, W>(g, x, packed, bias, y, n, k0, d, h, w0);
+  }
+}
+
 template <typename T>
 DENSECNN_ALWAYS_INLINE void rows_loop(const DirectConvGeometry& g, const T* x, const T* packed, const T* bias, T* y,
                                       int64_t begin, int64_t end) {
   constexpr int L = lanes<T>();
-  const int64_t blocks = (g.out_channels + kBlock - 1) / kBlock, runs = (g.out_cols + kRunCols - 1) / kRunCols;
+  // NC* outputs: one block of kBlock channels per item; channels-last ones: all of a pixel's channels in one item
+  const int64_t blocks = g.channels_last ? 1 : (g.out_channels + kBlock - 1) / kBlock;
+  const int64_t runs = (g.out_cols + kRunCols - 1) / kRunCols;
   for (int64_t item = begin; item < end; ++item) {  // item = (((n · D' + d) · H' + h) · runs + run) · blocks + block
-    const int64_t k0 = item % blocks * kBlock, run = item / blocks % runs, h = item / (blocks * runs) % g.out_rows;
+    const int64_t block = item % blocks, run = item / blocks % runs, h = item / (blocks * runs) % g.out_rows;
     const int64_t d = item / (blocks * runs * g.out_rows) % g.out_depth;
     const int64_t n = item / (blocks * runs * g.out_rows * g.out_depth);
+    const int64_t stop = std::min(g.out_cols, (run + 1) * kRunCols);
+    if (g.channels_last) {
+      for (int64_t k0 = 0; k0 < g.out_channels; k0 += block_width<T>(g, k0)) {
+        if (block_width<T>(g, k0) == L) {
+          pixels_run<L>(g, x, packed, bias, y, n, k0, d, h, run * kRunCols, stop);
+        } else {
+          pixels_run<L / 2>(g, x, packed, bias, y, n, k0, d, h, run * kRunCols, stop);
+        }
+      }
+      continue;
+    }
+    const int64_t k0 = block * kBlock;
     if (g.out_cols < L) {
       row_block<T, false>(g, x, packed, bias, y, n, k0, d, h, 0, g.out_cols);
       continue;
     }
     // Whole vectors; the last one ends at the row's end, recomputing (identically) some of its neighbour's outputs.
-    const int64_t stop = std::min(g.out_cols, (run + 1) * kRunCols);
     for (int64_t w0 = run * kRunCols; w0 < stop; w0 += L) {
       row_block<T, true>(g, x, packed, bias, y, n, k0, d, h, std::min<int64_t>(w0, g.out_cols - L), L);
     }
@@ -114,17 +192,22 @@ at::Tensor direct_conv_cpu(const at::Tensor& input_, const at::Tensor& weight_, 
       for_each_element(direct_conv_size(g), [&](int64_t e) { direct_conv_at(g, x, w, b_data, out_data, e); });
       return;
     }
-    // Weight packed as (K/kBlock, C·taps, kBlock), zero-padded to whole blocks; bias padded alike.
-    const int64_t blocks = (g.out_channels + kBlock - 1) / kBlock;
-    std::vector<scalar_t> packed(blocks * kBlock * taps, scalar_t(0)), padded_bias(blocks * kBlock, scalar_t(0));
-    for (int64_t k = 0; k < g.out_channels; ++k) {
-      for (int64_t t = 0; t < taps; ++t) packed[(k / kBlock * taps + t) * kBlock + k % kBlock] = w[k * taps + t];
+    // Weight packed in the register blocks of output channels, [k0, k0 + width) a (C·taps, width) matrix at
+    // k0 · taps, zero-padded past K; the bias padded alike.
+    int64_t padded = 0;
+    while (padded < g.out_channels) padded += block_width<scalar_t>(g, padded);
+    std::vector<scalar_t> packed(padded * taps, scalar_t(0)), padded_bias(padded, scalar_t(0));
+    for (int64_t k0 = 0; k0 < g.out_channels; k0 += block_width<scalar_t>(g, k0)) {
+      const int64_t width = block_width<scalar_t>(g, k0);
+      for (int64_t k = k0; k < std::min(k0 + width, g.out_channels); ++k) {
+        for (int64_t t = 0; t < taps; ++t) packed[k0 * taps + t * width + k - k0] = w[k * taps + t];
+      }
     }
     if (b.defined()) {
       std::copy(b.const_data_ptr<scalar_t>(), b.const_data_ptr<scalar_t>() + g.out_channels, padded_bias.begin());
     }
     const int64_t runs = (g.out_cols + kRunCols - 1) / kRunCols;
-    const int64_t items = g.batch * g.out_depth * g.out_rows * runs * blocks;
+    const int64_t items = g.batch * g.out_depth * g.out_rows * runs * (g.channels_last ? 1 : padded / kBlock);
     at::parallel_for(0, items, 1, [&](int64_t begin, int64_t end) {
       rows(g, x, packed.data(), padded_bias.data(), out_data, begin, end);
     });

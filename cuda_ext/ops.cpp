@@ -117,7 +117,7 @@ TORCH_LIBRARY(densecnn, m) {
   // fresh ones advised onto huge pages or not. The library reads no environment: densecnn.ops.config calls this
   // when the library loads and whenever the config changes.
   m.def("set_output_buffers(int max_free_bytes, bool huge_pages) -> ()", &densecnn::set_output_buffers);
-  // The instruction set the CPU loops dispatched to on this CPU (cpu_isa.h): "avx512f", "avx2" or "x86-64".
+  // The instruction set the CPU loops dispatched to on this CPU (cpu_isa.h): "x86-64-v4", "x86-64-v3" or "x86-64".
   m.def("cpu_isa() -> str", &densecnn::cpu_isa);
   // Tests only: run the CUDA kernels' per-element bodies on the CPU (gpu_loops.h). Returns the previous setting.
   m.def("_use_gpu_loops_on_cpu(bool enable) -> bool", &densecnn::use_gpu_loops_on_cpu);

@@ -582,8 +582,8 @@ void pool_forward(const PoolGeometry& g, const T* x, T* y, uint8_t* const* taps,
         row_buf_tap(kTaps ? row_in : 0);
     for (int64_t item = begin; item < end; ++item) {
       const Box box = boxes.at(item);
-      int64_t extent[kMaxAxes];  // the box's local extents, shrinking as the passes pool their axes
-      int64_t global[kMaxAxes];  // the extents of the current pass's output over the whole plane
+      int64_t extent[kMaxAxes] = {};  // the box's local extents, shrinking as the passes pool their axes
+      int64_t global[kMaxAxes] = {};  // the extents of the current pass's output over the whole plane
       const int64_t w = box.o1[inner_axis] - box.o0[inner_axis], w_in = w + boxes.reach[inner_axis];
       for (int a = 0; a < axes; ++a) {
         extent[a] = box.o1[a] - box.o0[a] + (a == inner_axis && !whole_rows ? 0 : boxes.reach[a]);
