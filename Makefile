@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
 
-.PHONY: venv test lint serve bench cuda-check gpu-check docker-check browser qt-libs clean
+.PHONY: venv test lint serve bench cuda-check level-check gpu-check docker-check browser qt-libs clean
 
 venv: $(STAMP)
 
@@ -57,6 +57,12 @@ bench: venv
 
 cuda-check:
 	bash scripts/cuda_check.sh
+
+# The kernels' tests on the loops of a lower x86-64 level than this CPU's (LEVEL=v3: AVX2, or baseline), built in a
+# copy of the tree (docs/kernels.md, "Build flags").
+LEVEL ?= v3
+level-check: venv
+	bash scripts/level_check.sh $(LEVEL)
 
 # On a machine with a GPU and a CUDA build of torch (not the venv: it holds the CPU wheel): build the extension with
 # CUDA in place, run the tests with the CUDA cases and the CUDA benchmark; results in gpu-check/ (docs/cuda.md).

@@ -10,10 +10,21 @@ import os
 from setuptools import find_packages, setup
 from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension
 
-# No -march: the build must run on any x86-64 CPU torch runs on; the hot loops pick AVX-512/AVX2 at load time
-# (target_clones in cuda_ext/pool_cpu.cpp). -fopenmp makes at::parallel_for use torch's OpenMP thread pool.
-# No -std either: torch's cpp_extension passes the standard its headers need (C++17 for 2.13, C++20 for 2.14).
+# No -march: the build must run on any x86-64 CPU torch runs on; the hot loops are compiled per x86-64 level
+# (AVX-512, AVX2, baseline) and pick one at load time (cuda_ext/cpu_isa.h). -fopenmp makes at::parallel_for use
+# torch's OpenMP thread pool. No -std either: torch's cpp_extension passes the standard its headers need (C++17 for
+# 2.13, C++20 for 2.14).
 CXX_FLAGS = ["-O3", "-fopenmp"]
+# DENSECNN_CPU_LEVEL=v3 (AVX2) or baseline builds only the levels up to that one, so that a CPU of a higher level
+# runs them: how the tests check the loops an older CPU runs (make level-check).
+TOP_LEVELS = {"v4": 4, "v3": 3, "baseline": 1}
+
+
+def _top_level() -> int:
+    name = os.environ.get("DENSECNN_CPU_LEVEL", "v4")
+    if name not in TOP_LEVELS:
+        raise SystemExit(f"DENSECNN_CPU_LEVEL={name!r} is not a level; use one of {', '.join(TOP_LEVELS)}")
+    return TOP_LEVELS[name]
 
 
 def _cuda_include_dirs() -> list[str]:
@@ -33,13 +44,14 @@ def _extension():
             "densecnn._C",
             sources + sorted(glob.glob("cuda_ext/*.cu")),
             include_dirs=[os.path.abspath("cuda_ext"), *_cuda_include_dirs()],
-            define_macros=[("WITH_CUDA", None)],
+            define_macros=[("WITH_CUDA", None), ("DENSECNN_TOP_LEVEL", str(_top_level()))],
             extra_compile_args={"cxx": CXX_FLAGS, "nvcc": ["-O3"]},
         )
     return CppExtension(
         "densecnn._C",
         cpu_sources,
         include_dirs=[os.path.abspath("cuda_ext")],
+        define_macros=[("DENSECNN_TOP_LEVEL", str(_top_level()))],
         extra_compile_args={"cxx": CXX_FLAGS},
     )
 

@@ -25,40 +25,39 @@ namespace densecnn {
 namespace {
 
 constexpr int kBlock = 8;           // output channels per register block (NC* outputs)
-constexpr int kPixels = 6;          // output pixels per register block (channels-last outputs; 12 AVX2 registers)
+constexpr int kPixels = 6;          // output pixels per register block (channels-last outputs)
 constexpr int64_t kRunCols = 1024;  // columns per work item (long rows, e.g. signals, are split for the threads)
 
-// W lanes of T: a whole vector (Vec) or half of one, for the last block of a channels-last output's channels.
-template <typename T, int W>
-using Lanes [[gnu::vector_size(W * sizeof(T))]] = T;
-
-// The register blocks of output channels, [k0, k0 + block_width(g, k0)) each: kBlock wide for NC* outputs; for
-// channels-last ones whole vectors, and half of one for a last block of at most that many channels.
+// The register blocks of output channels, [k0, k0 + block_width(g, k0, bytes)) each: kBlock wide for NC* outputs;
+// for channels-last ones whole vectors of `bytes` (kVecBytes: cpu_isa.h), and half of one for a last block of at
+// most that many channels.
 template <typename T>
-DENSECNN_ALWAYS_INLINE int64_t block_width(const DirectConvGeometry& g, int64_t k0) {
+DENSECNN_ALWAYS_INLINE int64_t block_width(const DirectConvGeometry& g, int64_t k0, int bytes) {
   if (!g.channels_last) return kBlock;
-  return g.out_channels - k0 > lanes<T>() / 2 ? lanes<T>() : lanes<T>() / 2;
+  const int64_t whole = bytes / sizeof(T);
+  return g.out_channels - k0 > whole / 2 ? whole : whole / 2;
 }
 
 // NC* outputs [w0, w0 + width) of row (n, d, h) for channels [k0, k0 + kBlock) of the packed weight (blocks of
-// (C·taps, kBlock)); kFull: width == lanes (whole-vector loads and stores).
-template <typename T, bool kFull>
+// (C·taps, kBlock)), in vectors of B bytes; kFull: width == their lanes (whole-vector loads and stores).
+template <int B, typename T, bool kFull>
 DENSECNN_ALWAYS_INLINE void row_block(const DirectConvGeometry& g, const T* x, const T* packed, const T* bias,
                                       T* y, int64_t n, int64_t k0, int64_t d, int64_t h, int64_t w0, int64_t width) {
-  Vec<T> acc[kBlock];
+  using V = Vec<T, B>;
+  V acc[kBlock];
 #pragma GCC unroll 8
-  for (int k = 0; k < kBlock; ++k) acc[k] = Vec<T>{} + bias[k0 + k];
+  for (int k = 0; k < kBlock; ++k) acc[k] = V{} + bias[k0 + k];
   const T* wk = packed + k0 * g.channels * g.kd * g.kh * g.kw;
   for (int64_t c = 0; c < g.channels; ++c) {
     for (int32_t a = 0; a < g.kd; ++a) {
       for (int32_t b = 0; b < g.kh; ++b) {
         const T* src = x + (((n * g.channels + c) * g.depth + d + a * g.dd) * g.rows + h + b * g.dh) * g.cols + w0;
         for (int32_t t = 0; t < g.kw; ++t, wk += kBlock) {
-          Vec<T> v;
+          V v;
           if (kFull) {
             __builtin_memcpy(&v, src + t * g.dw, sizeof(v));
           } else {
-            v = Vec<T>{};
+            v = V{};
             for (int64_t l = 0; l < width; ++l) v[l] = src[t * g.dw + l];
           }
 #pragma GCC unroll 8
@@ -84,7 +83,7 @@ DENSECNN_ALWAYS_INLINE void row_block(const DirectConvGeometry& g, const T* x, c
 template <int R, int W, typename T>
 DENSECNN_ALWAYS_INLINE void pixels_block(const DirectConvGeometry& g, const T* x, const T* packed, const T* bias,
                                          T* y, int64_t n, int64_t k0, int64_t d, int64_t h, int64_t w0) {
-  using V = Lanes<T, W>;
+  using V = Vec<T, int(W * sizeof(T))>;
   V acc[R];
   V b;
   __builtin_memcpy(&b, bias + k0, sizeof(b));
@@ -133,10 +132,11 @@ DENSECNN_ALWAYS_INLINE void pixels_run(const DirectConvGeometry& g, const T* x, 
   }
 }
 
-template <typename T>
+// Work items [begin, end), in vectors of B bytes.
+template <int B, typename T>
 DENSECNN_ALWAYS_INLINE void rows_loop(const DirectConvGeometry& g, const T* x, const T* packed, const T* bias, T* y,
                                       int64_t begin, int64_t end) {
-  constexpr int L = lanes<T>();
+  constexpr int L = lanes<T, B>();
   // NC* outputs: one block of kBlock channels per item; channels-last ones: all of a pixel's channels in one item
   const int64_t blocks = g.channels_last ? 1 : (g.out_channels + kBlock - 1) / kBlock;
   const int64_t runs = (g.out_cols + kRunCols - 1) / kRunCols;
@@ -146,8 +146,8 @@ DENSECNN_ALWAYS_INLINE void rows_loop(const DirectConvGeometry& g, const T* x, c
     const int64_t n = item / (blocks * runs * g.out_rows * g.out_depth);
     const int64_t stop = std::min(g.out_cols, (run + 1) * kRunCols);
     if (g.channels_last) {
-      for (int64_t k0 = 0; k0 < g.out_channels; k0 += block_width<T>(g, k0)) {
-        if (block_width<T>(g, k0) == L) {
+      for (int64_t k0 = 0; k0 < g.out_channels; k0 += block_width<T>(g, k0, B)) {
+        if (block_width<T>(g, k0, B) == L) {
           pixels_run<L>(g, x, packed, bias, y, n, k0, d, h, run * kRunCols, stop);
         } else {
           pixels_run<L / 2>(g, x, packed, bias, y, n, k0, d, h, run * kRunCols, stop);
@@ -157,24 +157,22 @@ DENSECNN_ALWAYS_INLINE void rows_loop(const DirectConvGeometry& g, const T* x, c
     }
     const int64_t k0 = block * kBlock;
     if (g.out_cols < L) {
-      row_block<T, false>(g, x, packed, bias, y, n, k0, d, h, 0, g.out_cols);
+      row_block<B, T, false>(g, x, packed, bias, y, n, k0, d, h, 0, g.out_cols);
       continue;
     }
     // Whole vectors; the last one ends at the row's end, recomputing (identically) some of its neighbour's outputs.
     for (int64_t w0 = run * kRunCols; w0 < stop; w0 += L) {
-      row_block<T, true>(g, x, packed, bias, y, n, k0, d, h, std::min<int64_t>(w0, g.out_cols - L), L);
+      row_block<B, T, true>(g, x, packed, bias, y, n, k0, d, h, std::min<int64_t>(w0, g.out_cols - L), L);
     }
   }
 }
 
-DENSECNN_MULTIVERSION void rows(const DirectConvGeometry& g, const float* x, const float* packed, const float* bias,
-                                float* y, int64_t begin, int64_t end) {
-  rows_loop(g, x, packed, bias, y, begin, end);
-}
-DENSECNN_MULTIVERSION void rows(const DirectConvGeometry& g, const double* x, const double* packed,
-                                const double* bias, double* y, int64_t begin, int64_t end) {
-  rows_loop(g, x, packed, bias, y, begin, end);
-}
+#define DENSECNN_DIRECT_ROWS(T)                                                                               \
+  DENSECNN_PER_LEVEL((void rows(const DirectConvGeometry& g, const T* x, const T* packed, const T* bias, T* y,  \
+                                int64_t begin, int64_t end)),                                                  \
+                     rows_loop<kVecBytes>(g, x, packed, bias, y, begin, end);)
+DENSECNN_DIRECT_ROWS(float)
+DENSECNN_DIRECT_ROWS(double)
 
 at::Tensor direct_conv_cpu(const at::Tensor& input_, const at::Tensor& weight_, const c10::optional<at::Tensor>& bias,
                            at::IntArrayRef dilation) {
@@ -192,13 +190,14 @@ at::Tensor direct_conv_cpu(const at::Tensor& input_, const at::Tensor& weight_, 
       for_each_element(direct_conv_size(g), [&](int64_t e) { direct_conv_at(g, x, w, b_data, out_data, e); });
       return;
     }
-    // Weight packed in the register blocks of output channels, [k0, k0 + width) a (C·taps, width) matrix at
-    // k0 · taps, zero-padded past K; the bias padded alike.
+    // Weight packed in the register blocks of output channels of the rows this CPU runs, [k0, k0 + width) a
+    // (C·taps, width) matrix at k0 · taps, zero-padded past K; the bias padded alike.
+    const int bytes = dispatched_vector_bytes();
     int64_t padded = 0;
-    while (padded < g.out_channels) padded += block_width<scalar_t>(g, padded);
+    while (padded < g.out_channels) padded += block_width<scalar_t>(g, padded, bytes);
     std::vector<scalar_t> packed(padded * taps, scalar_t(0)), padded_bias(padded, scalar_t(0));
-    for (int64_t k0 = 0; k0 < g.out_channels; k0 += block_width<scalar_t>(g, k0)) {
-      const int64_t width = block_width<scalar_t>(g, k0);
+    for (int64_t k0 = 0; k0 < g.out_channels; k0 += block_width<scalar_t>(g, k0, bytes)) {
+      const int64_t width = block_width<scalar_t>(g, k0, bytes);
       for (int64_t k = k0; k < std::min(k0 + width, g.out_channels); ++k) {
         for (int64_t t = 0; t < taps; ++t) packed[k0 * taps + t * width + k - k0] = w[k * taps + t];
       }

@@ -21,77 +21,63 @@
 namespace densecnn {
 namespace {
 
-// A vector of channel lanes (GCC/Clang vector extension): 512 bits, i.e. one AVX-512 register, two AVX2 registers
-// or four SSE registers, whichever clone runs. Aligned like its elements (buffers need no over-aligned allocation;
-// loads and stores are the unaligned kind).
-typedef float FloatLanes __attribute__((vector_size(64), aligned(alignof(float))));
-typedef double DoubleLanes __attribute__((vector_size(64), aligned(alignof(double))));
+// A vector of channel lanes, B bytes (kVecBytes of the level that runs: cpu_isa.h). A work item takes kLanes
+// channels, one 64-byte vector's worth, in vectors of its level's width.
+template <typename T, int B>
+using Lanes = Vec<T, B>;
 template <typename T>
-struct LanesOf;
-template <>
-struct LanesOf<float> {
-  using type = FloatLanes;
-};
-template <>
-struct LanesOf<double> {
-  using type = DoubleLanes;
-};
-template <typename T>
-using Lanes = typename LanesOf<T>::type;
-template <typename T>
-constexpr int kLanes = sizeof(Lanes<T>) / sizeof(T);  // channels per work item
+constexpr int kLanes = lanes<T>();  // channels per work item
 
 // Where a small matrix reads its input vectors and writes its output vectors: input j is in_a[j·in_stride] for
 // j < in_split, else in_b[(j - in_split)·in_stride]; output row r goes to out_a[r·out_stride] for r < out_split,
 // else out_b[(r - out_split)·out_stride] (the real and imaginary halves of a complex vector may lie apart).
-template <typename T>
+template <typename T, int B>
 struct Operands {
-  const Lanes<T>* in_a;
-  const Lanes<T>* in_b;
+  const Lanes<T, B>* in_a;
+  const Lanes<T, B>* in_b;
   int64_t in_split, in_stride;
-  Lanes<T>* out_a;
-  Lanes<T>* out_b;
+  Lanes<T, B>* out_a;
+  Lanes<T, B>* out_b;
   int64_t out_split, out_stride;
 };
 
 // Rows [r, r + K) of out = m · in (m is rows × inner), K independent sums in flight.
-template <typename T, int K>
-DENSECNN_ALWAYS_INLINE void apply_rows(const T* m, int64_t r, int64_t inner, const Operands<T>& o) {
-  Lanes<T> acc[K] = {};
+template <typename T, int B, int K>
+DENSECNN_ALWAYS_INLINE void apply_rows(const T* m, int64_t r, int64_t inner, const Operands<T, B>& o) {
+  Lanes<T, B> acc[K] = {};
   for (int64_t j = 0; j < o.in_split; ++j) {
-    const Lanes<T> x = o.in_a[j * o.in_stride];
+    const Lanes<T, B> x = o.in_a[j * o.in_stride];
 #pragma GCC unroll 8
     for (int i = 0; i < K; ++i) acc[i] += m[(r + i) * inner + j] * x;
   }
   for (int64_t j = o.in_split; j < inner; ++j) {
-    const Lanes<T> x = o.in_b[(j - o.in_split) * o.in_stride];
+    const Lanes<T, B> x = o.in_b[(j - o.in_split) * o.in_stride];
 #pragma GCC unroll 8
     for (int i = 0; i < K; ++i) acc[i] += m[(r + i) * inner + j] * x;
   }
 #pragma GCC unroll 8
   for (int i = 0; i < K; ++i) {
     const int64_t row = r + i;
-    Lanes<T>* dst = row < o.out_split ? o.out_a + row * o.out_stride : o.out_b + (row - o.out_split) * o.out_stride;
+    Lanes<T, B>* dst = row < o.out_split ? o.out_a + row * o.out_stride : o.out_b + (row - o.out_split) * o.out_stride;
     *dst = acc[i];
   }
 }
 
 // out = m · in for a (rows × inner) matrix m on vectors of channel lanes: blocks of 8 rows, then 4, 2, 1.
-template <typename T>
-DENSECNN_ALWAYS_INLINE void apply_matrix(const T* m, int64_t rows, int64_t inner,
-                                                        const Operands<T>& o) {
+template <typename T, int B>
+DENSECNN_ALWAYS_INLINE void apply_matrix(const T* m, int64_t rows, int64_t inner, const Operands<T, B>& o) {
   int64_t r = 0;
-  for (; r + 8 <= rows; r += 8) apply_rows<T, 8>(m, r, inner, o);
-  if (r + 4 <= rows) apply_rows<T, 4>(m, r, inner, o), r += 4;
-  if (r + 2 <= rows) apply_rows<T, 2>(m, r, inner, o), r += 2;
-  if (r < rows) apply_rows<T, 1>(m, r, inner, o);
+  for (; r + 8 <= rows; r += 8) apply_rows<T, B, 8>(m, r, inner, o);
+  if (r + 4 <= rows) apply_rows<T, B, 4>(m, r, inner, o), r += 4;
+  if (r + 2 <= rows) apply_rows<T, B, 2>(m, r, inner, o), r += 2;
+  if (r < rows) apply_rows<T, B, 1>(m, r, inner, o);
 }
 
 // The common case: contiguous input, output rows out_stride apart.
-template <typename T>
-DENSECNN_ALWAYS_INLINE void apply_matrix(const T* m, int64_t rows, int64_t inner, const Lanes<T>* in,
-                                                        Lanes<T>* out, int64_t out_stride) {
-  apply_matrix<T>(m, rows, inner, Operands<T>{in, in, inner, 1, out, out, rows, out_stride});
+template <typename T, int B>
+DENSECNN_ALWAYS_INLINE void apply_matrix(const T* m, int64_t rows, int64_t inner, const Lanes<T, B>* in,
+                                                        Lanes<T, B>* out, int64_t out_stride) {
+  apply_matrix<T, B>(m, rows, inner, Operands<T, B>{in, in, inner, 1, out, out, rows, out_stride});
 }
 
 // re[a·cols + b] + i·im[a·cols + b] = e^{direction·2πi·ab/length} for a < rows, b < cols, computed in double and
@@ -154,21 +140,22 @@ struct ComplexFft {
 
   // out = DFT(in): input m's parts at in_re[m·in_stride], in_im[m·in_stride], output k's at out_re[k·out_stride],
   // out_im[k·out_stride]; `scratch` holds 4n vectors.
-  DENSECNN_ALWAYS_INLINE void run(const Lanes<T>* in_re, const Lanes<T>* in_im, int64_t in_stride, Lanes<T>* out_re,
-                                  Lanes<T>* out_im, int64_t out_stride, Lanes<T>* scratch) const {
-    Lanes<T>* x = scratch;      // re block of n, then im block of n
-    Lanes<T>* y = scratch + 2 * n;
+  template <int B>
+  DENSECNN_ALWAYS_INLINE void run(const Lanes<T, B>* in_re, const Lanes<T, B>* in_im, int64_t in_stride, Lanes<T, B>* out_re,
+                                  Lanes<T, B>* out_im, int64_t out_stride, Lanes<T, B>* scratch) const {
+    Lanes<T, B>* x = scratch;      // re block of n, then im block of n
+    Lanes<T, B>* y = scratch + 2 * n;
     for (int64_t m = 0; m < n; ++m) {
       x[m] = in_re[m * in_stride];
       x[n + m] = in_im[m * in_stride];
     }
     for (const Stage& s : stages) {
       if (s.radix == 4) {
-        radix4(s, x, y);
+        radix4<B>(s, x, y);
       } else if (s.radix == 2) {
-        radix2(s, x, y);
+        radix2<B>(s, x, y);
       } else {
-        radix_odd(s, x, y);
+        radix_odd<B>(s, x, y);
       }
       std::swap(x, y);
     }
@@ -179,33 +166,37 @@ struct ComplexFft {
   }
 
   // out (re block of n, im block of n) = DFT(in) (same layout).
-  DENSECNN_ALWAYS_INLINE void run(const Lanes<T>* in, Lanes<T>* out, Lanes<T>* scratch) const {
-    run(in, in + n, 1, out, out + n, 1, scratch);
+  template <int B>
+  DENSECNN_ALWAYS_INLINE void run(const Lanes<T, B>* in, Lanes<T, B>* out, Lanes<T, B>* scratch) const {
+    run<B>(in, in + n, 1, out, out + n, 1, scratch);
   }
 
  private:
   // y[at] = (re, im) · w, w = (wr, wi)
-  static DENSECNN_ALWAYS_INLINE void store(Lanes<T>* y, int64_t n_, int64_t at, Lanes<T> re, Lanes<T> im, T wr,
+  template <int B>
+  static DENSECNN_ALWAYS_INLINE void store(Lanes<T, B>* y, int64_t n_, int64_t at, Lanes<T, B> re, Lanes<T, B> im, T wr,
                                            T wi) {
     y[at] = re * wr - im * wi;
     y[n_ + at] = re * wi + im * wr;
   }
 
-  DENSECNN_ALWAYS_INLINE void radix2(const Stage& s, const Lanes<T>* x, Lanes<T>* y) const {
+  template <int B>
+  DENSECNN_ALWAYS_INLINE void radix2(const Stage& s, const Lanes<T, B>* x, Lanes<T, B>* y) const {
     const int64_t m = s.length / 2, st = s.stride;
     for (int64_t p = 0; p < m; ++p) {
       const T wr = s.twiddle_re[2 * p + 1], wi = s.twiddle_im[2 * p + 1];
       for (int64_t q = 0; q < st; ++q) {
         const int64_t a = q + st * p, b = a + st * m, out = q + st * 2 * p;
-        const Lanes<T> ar = x[a], ai = x[n + a], br = x[b], bi = x[n + b];
+        const Lanes<T, B> ar = x[a], ai = x[n + a], br = x[b], bi = x[n + b];
         y[out] = ar + br;
         y[n + out] = ai + bi;
-        store(y, n, out + st, ar - br, ai - bi, wr, wi);
+        store<B>(y, n, out + st, ar - br, ai - bi, wr, wi);
       }
     }
   }
 
-  DENSECNN_ALWAYS_INLINE void radix4(const Stage& s, const Lanes<T>* x, Lanes<T>* y) const {
+  template <int B>
+  DENSECNN_ALWAYS_INLINE void radix4(const Stage& s, const Lanes<T, B>* x, Lanes<T, B>* y) const {
     const int64_t m = s.length / 4, st = s.stride;
     for (int64_t p = 0; p < m; ++p) {
       const T* wr = &s.twiddle_re[4 * p];
@@ -213,29 +204,30 @@ struct ComplexFft {
       for (int64_t q = 0; q < st; ++q) {
         const int64_t i0 = q + st * p, out = q + st * 4 * p;
         const int64_t i1 = i0 + st * m, i2 = i1 + st * m, i3 = i2 + st * m;
-        const Lanes<T> s02r = x[i0] + x[i2], s02i = x[n + i0] + x[n + i2];
-        const Lanes<T> d02r = x[i0] - x[i2], d02i = x[n + i0] - x[n + i2];
-        const Lanes<T> s13r = x[i1] + x[i3], s13i = x[n + i1] + x[n + i3];
-        const Lanes<T> d13r = x[i1] - x[i3], d13i = x[n + i1] - x[n + i3];
+        const Lanes<T, B> s02r = x[i0] + x[i2], s02i = x[n + i0] + x[n + i2];
+        const Lanes<T, B> d02r = x[i0] - x[i2], d02i = x[n + i0] - x[n + i2];
+        const Lanes<T, B> s13r = x[i1] + x[i3], s13i = x[n + i1] + x[n + i3];
+        const Lanes<T, B> d13r = x[i1] - x[i3], d13i = x[n + i1] - x[n + i3];
         // σi·(d13): (-σ·d13i, σ·d13r)
-        const Lanes<T> rot_r = -sign * d13i, rot_i = sign * d13r;
+        const Lanes<T, B> rot_r = -sign * d13i, rot_i = sign * d13r;
         y[out] = s02r + s13r;
         y[n + out] = s02i + s13i;
-        store(y, n, out + st, d02r + rot_r, d02i + rot_i, wr[1], wi[1]);
-        store(y, n, out + 2 * st, s02r - s13r, s02i - s13i, wr[2], wi[2]);
-        store(y, n, out + 3 * st, d02r - rot_r, d02i - rot_i, wr[3], wi[3]);
+        store<B>(y, n, out + st, d02r + rot_r, d02i + rot_i, wr[1], wi[1]);
+        store<B>(y, n, out + 2 * st, s02r - s13r, s02i - s13i, wr[2], wi[2]);
+        store<B>(y, n, out + 3 * st, d02r - rot_r, d02i - rot_i, wr[3], wi[3]);
       }
     }
   }
 
-  DENSECNN_ALWAYS_INLINE void radix_odd(const Stage& s, const Lanes<T>* x, Lanes<T>* y) const {
+  template <int B>
+  DENSECNN_ALWAYS_INLINE void radix_odd(const Stage& s, const Lanes<T, B>* x, Lanes<T, B>* y) const {
     const int64_t r = s.radix, half = r / 2, m = s.length / r, st = s.stride;
-    Lanes<T> sum_r[kMaxHalf + 1], sum_i[kMaxHalf + 1], diff_r[kMaxHalf + 1], diff_i[kMaxHalf + 1];
+    Lanes<T, B> sum_r[kMaxHalf + 1], sum_i[kMaxHalf + 1], diff_r[kMaxHalf + 1], diff_i[kMaxHalf + 1];
     for (int64_t p = 0; p < m; ++p) {
       for (int64_t q = 0; q < st; ++q) {
         const int64_t i0 = q + st * p, out = q + st * r * p;
-        const Lanes<T> x0r = x[i0], x0i = x[n + i0];
-        Lanes<T> total_r = x0r, total_i = x0i;
+        const Lanes<T, B> x0r = x[i0], x0i = x[n + i0];
+        Lanes<T, B> total_r = x0r, total_i = x0i;
         for (int64_t t = 1; t <= half; ++t) {  // pair input t with input r - t
           const int64_t a = i0 + st * m * t, b = i0 + st * m * (r - t);
           sum_r[t] = x[a] + x[b];
@@ -249,7 +241,7 @@ struct ComplexFft {
         y[n + out] = total_i;
         for (int64_t u = 1; u <= half; ++u) {
           // output u = x0 + Σ_t cos·sum_t + i·Σ_t σ·sin·diff_t; output r - u the same with the second sum negated
-          Lanes<T> c_r = x0r, c_i = x0i, s_r = {}, s_i = {};
+          Lanes<T, B> c_r = x0r, c_i = x0i, s_r = {}, s_i = {};
           for (int64_t t = 1; t <= half; ++t) {
             const T c = s.cos_tu[t * r + u], sn = s.sin_tu[t * r + u];
             c_r += c * sum_r[t];
@@ -258,8 +250,8 @@ struct ComplexFft {
             s_i += sn * diff_i[t];
           }
           const int64_t w = p * r;
-          store(y, n, out + st * u, c_r - s_i, c_i + s_r, s.twiddle_re[w + u], s.twiddle_im[w + u]);
-          store(y, n, out + st * (r - u), c_r + s_i, c_i - s_r, s.twiddle_re[w + r - u], s.twiddle_im[w + r - u]);
+          store<B>(y, n, out + st * u, c_r - s_i, c_i + s_r, s.twiddle_re[w + u], s.twiddle_im[w + u]);
+          store<B>(y, n, out + st * (r - u), c_r + s_i, c_i - s_r, s.twiddle_re[w + r - u], s.twiddle_im[w + r - u]);
         }
       }
     }
@@ -310,21 +302,22 @@ struct RealDft {
   }
 
   // Frequency k of the n real vectors `in` to out_re[k·out_stride], out_im[k·out_stride]; `scratch`: 3n vectors.
-  DENSECNN_ALWAYS_INLINE void forward(const Lanes<T>* in, Lanes<T>* out_re, Lanes<T>* out_im, int64_t out_stride,
-                                      Lanes<T>* scratch) const {
+  template <int B>
+  DENSECNN_ALWAYS_INLINE void forward(const Lanes<T, B>* in, Lanes<T, B>* out_re, Lanes<T, B>* out_im, int64_t out_stride,
+                                      Lanes<T, B>* scratch) const {
     if (n % 2) {
-      return apply_matrix<T>(forward_matrix.data(), 2 * freqs, n,
-                             Operands<T>{in, in, n, 1, out_re, out_im, freqs, out_stride});
+      return apply_matrix<T, B>(forward_matrix.data(), 2 * freqs, n,
+                                Operands<T, B>{in, in, n, 1, out_re, out_im, freqs, out_stride});
     }
     // z = DFT(even + i·odd); frequency k: E = (z[k] + conj z[-k]) / 2, O = (z[k] - conj z[-k]) / 2i, X = E + w^k O
-    Lanes<T>* z_re = scratch;
-    Lanes<T>* z_im = scratch + half;
-    forward_half.run(in, in + 1, 2, z_re, z_im, 1, scratch + 2 * half);
+    Lanes<T, B>* z_re = scratch;
+    Lanes<T, B>* z_im = scratch + half;
+    forward_half.template run<B>(in, in + 1, 2, z_re, z_im, 1, scratch + 2 * half);
     for (int64_t k = 0; k < freqs; ++k) {
       const int64_t p = k % half, q = (half - k) % half;
-      const Lanes<T> a = z_re[p], b = z_im[p], c = z_re[q], d = z_im[q];
-      const Lanes<T> e_re = T(0.5) * (a + c), e_im = T(0.5) * (b - d);
-      const Lanes<T> o_re = T(0.5) * (b + d), o_im = T(0.5) * (c - a);
+      const Lanes<T, B> a = z_re[p], b = z_im[p], c = z_re[q], d = z_im[q];
+      const Lanes<T, B> e_re = T(0.5) * (a + c), e_im = T(0.5) * (b - d);
+      const Lanes<T, B> o_re = T(0.5) * (b + d), o_im = T(0.5) * (c - a);
       const T wc = cos_k[k], ws = sin_k[k];  // w^k = wc - i·ws
       out_re[k * out_stride] = e_re + wc * o_re + ws * o_im;
       out_im[k * out_stride] = e_im + wc * o_im - ws * o_re;
@@ -333,25 +326,27 @@ struct RealDft {
 
   // out[0, count) (n vectors of room) = scale · the inverse DFT of the F frequencies re[k], im[k] (contiguous);
   // an even n computes all n; `scratch`: 3n vectors.
-  DENSECNN_ALWAYS_INLINE void inverse(const Lanes<T>* re, const Lanes<T>* im, Lanes<T>* out, int64_t count,
-                                      Lanes<T>* scratch) const {
+  template <int B>
+  DENSECNN_ALWAYS_INLINE void inverse(const Lanes<T, B>* re, const Lanes<T, B>* im, Lanes<T, B>* out, int64_t count,
+                                      Lanes<T, B>* scratch) const {
     if (n % 2) {
-      return apply_matrix<T>(inverse_matrix.data(), count, 2 * freqs, Operands<T>{re, im, freqs, 1, out, out, n, 1});
+      return apply_matrix<T, B>(inverse_matrix.data(), count, 2 * freqs,
+                                Operands<T, B>{re, im, freqs, 1, out, out, n, 1});
     }
     // Z[k] = E + i·O with E = X[k] + X[k + n/2], O = (X[k] - X[k + n/2]) w^-k and X[k + n/2] = conj X[n/2 - k]; then
     // even + i·odd = the inverse DFT of Z
-    Lanes<T>* z_re = scratch;
-    Lanes<T>* z_im = scratch + half;
+    Lanes<T, B>* z_re = scratch;
+    Lanes<T, B>* z_im = scratch + half;
     for (int64_t k = 0; k < half; ++k) {
-      const Lanes<T> p_re = re[k], q_re = re[half - k];
-      const Lanes<T> p_im = k ? im[k] : Lanes<T>{}, q_im = k ? -im[half - k] : Lanes<T>{};
-      const Lanes<T> e_re = p_re + q_re, e_im = p_im + q_im, d_re = p_re - q_re, d_im = p_im - q_im;
+      const Lanes<T, B> p_re = re[k], q_re = re[half - k];
+      const Lanes<T, B> p_im = k ? im[k] : Lanes<T, B>{}, q_im = k ? -im[half - k] : Lanes<T, B>{};
+      const Lanes<T, B> e_re = p_re + q_re, e_im = p_im + q_im, d_re = p_re - q_re, d_im = p_im - q_im;
       const T wc = cos_k[k], ws = sin_k[k];  // w^-k = wc + i·ws
-      const Lanes<T> o_re = d_re * wc - d_im * ws, o_im = d_re * ws + d_im * wc;
+      const Lanes<T, B> o_re = d_re * wc - d_im * ws, o_im = d_re * ws + d_im * wc;
       z_re[k] = scale * (e_re - o_im);
       z_im[k] = scale * (e_im + o_re);
     }
-    inverse_half.run(z_re, z_im, 1, out, out + 1, 2, scratch + 2 * half);
+    inverse_half.template run<B>(z_re, z_im, 1, out, out + 1, 2, scratch + 2 * half);
   }
 };
 
@@ -365,39 +360,49 @@ struct DftMatrices {
       : col(g.th, -1), inv_col(g.th, 1), row(g.tw, 1.0 / static_cast<double>(g.th)) {}
 };
 
-// Per-thread buffers of the transforms, in vectors of channel lanes (held as scalars: a std::vector of the vector
-// type would drop its alignment attribute).
+// Per-thread buffers of the transforms, each sized in 64-byte vectors of channel lanes (held as scalars: a
+// std::vector of the vector type would drop its alignment attribute); a level with narrower vectors uses part of each
+// (at<B>).
 template <typename T>
 struct TileBuffers {
   std::vector<T> storage;
-  Lanes<T>*row, *stage, *rows, *column, *scratch, *row_scratch;
+  T *row, *stage, *rows, *column, *scratch, *row_scratch;
   explicit TileBuffers(const FftGeometry& g) {
     const int64_t sizes[6] = {std::max<int64_t>(g.tw, g.write_w), g.freqs * 2 * g.th, g.write_h * 2 * g.freqs,
                               2 * g.th, 4 * g.th, 3 * g.tw};
     storage.assign((sizes[0] + sizes[1] + sizes[2] + sizes[3] + sizes[4] + sizes[5]) * kLanes<T>, T(0));
-    Lanes<T>* next = reinterpret_cast<Lanes<T>*>(storage.data());
-    Lanes<T>** slots[6] = {&row, &stage, &rows, &column, &scratch, &row_scratch};
+    T* next = storage.data();
+    T** slots[6] = {&row, &stage, &rows, &column, &scratch, &row_scratch};
     for (int i = 0; i < 6; ++i) {
       *slots[i] = next;
-      next += sizes[i];
+      next += sizes[i] * kLanes<T>;
     }
+  }
+  // A buffer as vectors of B bytes.
+  template <int B>
+  static DENSECNN_ALWAYS_INLINE Lanes<T, B>* at(T* buffer) {
+    return reinterpret_cast<Lanes<T, B>*>(buffer);
   }
 };
 
 // Work item (tile t of the group, channels [c0, c0 + kLanes)) of the forward transform: spectrum (count, P, C, 2),
 // each tile's spectrum in one block (the GEMM reads it per frequency with a row stride of P·C).
-template <typename T>
+template <typename T, int B>
 DENSECNN_ALWAYS_INLINE void forward_item_impl(const FftGeometry& g, const DftMatrices<T>& dft,
                                                              const T* x, int64_t first, int64_t count, T* spectrum,
                                                              int64_t t, int64_t c0, TileBuffers<T>& buf) {
-  constexpr int V = kLanes<T>;
+  constexpr int V = lanes<T, B>();
   const int64_t th = g.th, tw = g.tw, f_count = g.freqs, lanes = std::min<int64_t>(V, g.channels - c0);
   const bool whole = lanes == V && g.x_stride[1] == 1;  // channels_last with a full block: one vector load
   int64_t n, row0, col0;
   tile_origin(g, first + t, n, row0, col0);
   const T* image = x + n * g.x_stride[0] + c0 * g.x_stride[1];
-  Lanes<T>* row = buf.row;
-  Lanes<T>* stage = buf.stage;
+  using Buffers = TileBuffers<T>;
+  Lanes<T, B>* row = Buffers::template at<B>(buf.row);
+  Lanes<T, B>* stage = Buffers::template at<B>(buf.stage);
+  Lanes<T, B>* column = Buffers::template at<B>(buf.column);
+  Lanes<T, B>* scratch = Buffers::template at<B>(buf.scratch);
+  Lanes<T, B>* row_scratch = Buffers::template at<B>(buf.row_scratch);
   // The tile's pixels lie dw pixels apart, too far for the hardware prefetcher: each row asks for the one two rows
   // on (its pixel's lanes; in channels_last, the first block asks for all channels of the pixel).
   const int64_t span = whole && c0 == 0 ? g.channels : lanes;
@@ -415,30 +420,30 @@ DENSECNN_ALWAYS_INLINE void forward_item_impl(const FftGeometry& g, const DftMat
   for (int64_t a = 0; a < th; ++a) {  // real DFT of each row: stage[f][re|im][a]
     const int64_t r = row0 + a * g.dh - g.pad_h;
     if (a >= g.read_h || r < 0 || r >= g.rows) {  // a row of zeros
-      for (int64_t f = 0; f < f_count; ++f) stage[f * 2 * th + a] = stage[f * 2 * th + th + a] = Lanes<T>{};
+      for (int64_t f = 0; f < f_count; ++f) stage[f * 2 * th + a] = stage[f * 2 * th + th + a] = Lanes<T, B>{};
       continue;
     }
     prefetch_row(a + 2);
-    std::fill(row, row + tw, Lanes<T>{});
+    std::fill(row, row + tw, Lanes<T, B>{});
     for (int64_t b = 0; b < g.read_w; ++b) {
       const int64_t c = col0 + b * g.dw - g.pad_w;
       if (c < 0) continue;
       if (c >= g.cols) break;
       const T* src = image + r * g.x_stride[2] + c * g.x_stride[3];
       if (whole) {
-        std::memcpy(&row[b], src, sizeof(Lanes<T>));
+        std::memcpy(&row[b], src, sizeof(Lanes<T, B>));
       } else {
         for (int64_t v = 0; v < lanes; ++v) row[b][v] = src[v * g.x_stride[1]];
       }
     }
-    dft.row.forward(row, stage + a, stage + th + a, 2 * th, buf.row_scratch);
+    dft.row.template forward<B>(row, stage + a, stage + th + a, 2 * th, row_scratch);
   }
   const T sign = g.conjugate ? T(-1) : T(1);
   for (int64_t f = 0; f < f_count; ++f) {  // complex DFT of each column, written as (count, P, C) pairs
-    dft.col.run(stage + f * 2 * th, buf.column, buf.scratch);
+    dft.col.template run<B>(stage + f * 2 * th, column, scratch);
     for (int64_t u = 0; u < th; ++u) {
       T* dst = spectrum + 2 * ((t * th * f_count + u * f_count + f) * g.channels + c0);
-      const Lanes<T> re = buf.column[u], im = sign * buf.column[th + u];
+      const Lanes<T, B> re = column[u], im = sign * column[th + u];
       if (lanes == V) {
         T pairs[2 * V];
         for (int v = 0; v < V; ++v) {
@@ -458,17 +463,21 @@ DENSECNN_ALWAYS_INLINE void forward_item_impl(const FftGeometry& g, const DftMat
 
 // Work item (tile t of the group, output channels [k0, k0 + kLanes)) of the inverse transform: the valid part of
 // the tile, plus the bias, into y; in the adjoint, the whole tile added into the input gradient y.
-template <typename T>
+template <typename T, int B>
 DENSECNN_ALWAYS_INLINE void inverse_item_impl(const FftGeometry& g, const DftMatrices<T>& dft,
                                                              const T* product, const T* bias, int64_t first,
                                                              int64_t count, T* y, int64_t t, int64_t k0,
                                                              TileBuffers<T>& buf) {
-  constexpr int V = kLanes<T>;
+  constexpr int V = lanes<T, B>();
   const int64_t th = g.th, f_count = g.freqs, lanes = std::min<int64_t>(V, g.out_channels - k0);
   int64_t n, row0, col0;
   tile_origin(g, first + t, n, row0, col0);
-  Lanes<T>* stage = buf.stage;
-  Lanes<T>* rows = buf.rows;
+  using Buffers = TileBuffers<T>;
+  Lanes<T, B>* stage = Buffers::template at<B>(buf.stage);
+  Lanes<T, B>* rows = Buffers::template at<B>(buf.rows);
+  Lanes<T, B>* column = Buffers::template at<B>(buf.column);
+  Lanes<T, B>* scratch = Buffers::template at<B>(buf.scratch);
+  Lanes<T, B>* row_scratch = Buffers::template at<B>(buf.row_scratch);
   constexpr int64_t kAhead = 16;  // frequencies lie count·K values apart: ask for the data that far ahead
   for (int64_t p = 0; p < th * f_count; ++p) {  // stage[f][re|im][u]
     const int64_t u = p / f_count, f = p % f_count;
@@ -478,8 +487,8 @@ DENSECNN_ALWAYS_INLINE void inverse_item_impl(const FftGeometry& g, const DftMat
       __builtin_prefetch(next);
       __builtin_prefetch(next + 2 * lanes - 1);
     }
-    Lanes<T>& re = stage[f * 2 * th + u];
-    Lanes<T>& im = stage[f * 2 * th + th + u];
+    Lanes<T, B>& re = stage[f * 2 * th + u];
+    Lanes<T, B>& im = stage[f * 2 * th + th + u];
     if (lanes == V) {
       T pairs[2 * V];
       std::memcpy(pairs, src, sizeof(pairs));
@@ -496,13 +505,13 @@ DENSECNN_ALWAYS_INLINE void inverse_item_impl(const FftGeometry& g, const DftMat
     if (g.conjugate) im = -im;
   }
   for (int64_t f = 0; f < f_count; ++f) {  // inverse DFT along h, written rows: rows[a][re|im][f]
-    dft.inv_col.run(stage + f * 2 * th, buf.column, buf.scratch);
+    dft.inv_col.template run<B>(stage + f * 2 * th, column, scratch);
     for (int64_t a = 0; a < g.write_h; ++a) {
-      rows[a * 2 * f_count + f] = buf.column[a];
-      rows[a * 2 * f_count + f_count + f] = buf.column[th + a];
+      rows[a * 2 * f_count + f] = column[a];
+      rows[a * 2 * f_count + f_count + f] = column[th + a];
     }
   }
-  Lanes<T> offset = {};
+  Lanes<T, B> offset = {};
   for (int64_t v = 0; v < lanes && bias != nullptr; ++v) offset[v] = bias[k0 + v];
   // y's geometry: the output's, or in the adjoint the (unpadded) input's, whose pixel is the tile's less the padding
   const int64_t* stride = g.adjoint ? g.x_stride : g.y_stride;
@@ -510,7 +519,7 @@ DENSECNN_ALWAYS_INLINE void inverse_item_impl(const FftGeometry& g, const DftMat
   const int64_t shift_h = g.adjoint ? g.pad_h : 0, shift_w = g.adjoint ? g.pad_w : 0;
   const bool whole = lanes == V && stride[1] == 1;
   T* image = y + n * stride[0] + k0 * stride[1];
-  Lanes<T>* out = buf.row;
+  Lanes<T, B>* out = Buffers::template at<B>(buf.row);
   auto prefetch_row = [&](int64_t a) {  // for writing, as in the forward transform
     const int64_t r = row0 + a * g.dh - shift_h;
     if (a >= g.write_h || r < 0 || r >= y_rows) return;
@@ -524,16 +533,17 @@ DENSECNN_ALWAYS_INLINE void inverse_item_impl(const FftGeometry& g, const DftMat
     const int64_t r = row0 + a * g.dh - shift_h;
     if (r < 0) continue;
     if (r >= y_rows) break;
-    dft.row.inverse(rows + a * 2 * f_count, rows + a * 2 * f_count + f_count, out, g.write_w, buf.row_scratch);
+    dft.row.template inverse<B>(rows + a * 2 * f_count, rows + a * 2 * f_count + f_count, out, g.write_w,
+                                row_scratch);
     for (int64_t b = 0; b < g.write_w; ++b) {
       const int64_t c = col0 + b * g.dw - shift_w;
       if (c < 0) continue;
       if (c >= y_cols) break;
       T* dst = image + r * stride[2] + c * stride[3];
-      Lanes<T> value = out[b] + offset;
+      Lanes<T, B> value = out[b] + offset;
       if (whole) {
         if (g.adjoint) {  // overlap-add: overlapping tiles (one sub-grid's) run in turn, never two at once
-          Lanes<T> sum;
+          Lanes<T, B> sum;
           std::memcpy(&sum, dst, sizeof(sum));
           value += sum;
         }
@@ -547,18 +557,22 @@ DENSECNN_ALWAYS_INLINE void inverse_item_impl(const FftGeometry& g, const DftMat
   }
 }
 
-// The work items compiled for each ISA (everything they call is inlined into the clone).
-#define DENSECNN_FFT_ITEMS(T)                                                                                     \
-  DENSECNN_MULTIVERSION void forward_item(const FftGeometry& g, const DftMatrices<T>& dft, const T* x,            \
-                                          int64_t first, int64_t count, T* spectrum, int64_t t, int64_t c0,       \
-                                          TileBuffers<T>& buf) {                                                  \
-    forward_item_impl<T>(g, dft, x, first, count, spectrum, t, c0, buf);                                          \
-  }                                                                                                               \
-  DENSECNN_MULTIVERSION void inverse_item(const FftGeometry& g, const DftMatrices<T>& dft, const T* product,      \
-                                          const T* bias, int64_t first, int64_t count, T* y, int64_t t,           \
-                                          int64_t k0, TileBuffers<T>& buf) {                                      \
-    inverse_item_impl<T>(g, dft, product, bias, first, count, y, t, k0, buf);                                     \
-  }
+// The work items compiled for each level (everything they call is inlined into them): the item's kLanes channels
+// in vectors of the level's width.
+#define DENSECNN_FFT_ITEMS(T)                                                                                      \
+  DENSECNN_PER_LEVEL((void forward_item(const FftGeometry& g, const DftMatrices<T>& dft, const T* x, int64_t first, \
+                                        int64_t count, T* spectrum, int64_t t, int64_t c0, TileBuffers<T>& buf)), \
+                     const int64_t end = std::min<int64_t>(c0 + kLanes<T>, g.channels);                           \
+                     for (int64_t c = c0; c < end; c += lanes<T, kVecBytes>()) {                                  \
+                       forward_item_impl<T, kVecBytes>(g, dft, x, first, count, spectrum, t, c, buf);             \
+                     })                                                                                           \
+  DENSECNN_PER_LEVEL((void inverse_item(const FftGeometry& g, const DftMatrices<T>& dft, const T* product,         \
+                                        const T* bias, int64_t first, int64_t count, T* y, int64_t t, int64_t k0, \
+                                        TileBuffers<T>& buf)),                                                    \
+                     const int64_t end = std::min<int64_t>(k0 + kLanes<T>, g.out_channels);                       \
+                     for (int64_t k = k0; k < end; k += lanes<T, kVecBytes>()) {                                  \
+                       inverse_item_impl<T, kVecBytes>(g, dft, product, bias, first, count, y, t, k, buf);        \
+                     })
 DENSECNN_FFT_ITEMS(float)
 DENSECNN_FFT_ITEMS(double)
 

@@ -122,27 +122,28 @@ WINOGRAD_INLINE void output_gradient_tiles_loop(const WinogradGeometry& g, const
 }
 
 // The chunk's products P[ξ] = V[ξ] @ U[ξ] for every point ξ: V (points, tiles, C), U (points, C, K) and P
-// (points, tiles, K), K a multiple of one vector (16 floats, 8 doubles). MKL's batched GEMM packs and scales its
-// operands on every call, which on the few channels of 3-D nets cost as much as its products (docs/performance.md);
-// here U[ξ] (C·K values) stays in L1 across the chunk's tiles, and each block of kTileRows tiles and one vector of
-// output channels is kept in registers while the C input channels are summed into it (Vec: cpu_isa.h). The weight
-// gradient's Σ over tiles of V[ξ]ᵀ z[ξ] runs on the same block, its rows input channels and its sum over tiles.
+// (points, tiles, K), K a multiple of 64 bytes (16 floats, 8 doubles), so of every level's vector. MKL's batched
+// GEMM packs and scales its operands on every call, which on the few channels of 3-D nets cost as much as its
+// products (docs/performance.md); here U[ξ] (C·K values) stays in L1 across the chunk's tiles, and each block of
+// kTileRows tiles and one vector of output channels is kept in registers while the C input channels are summed into
+// it (Vec, kVecBytes: cpu_isa.h). The weight gradient's Σ over tiles of V[ξ]ᵀ z[ξ] runs on the same block, its rows
+// input channels and its sum over tiles.
 
 // Rows summed at once: each vector of the right operand is read once for 6 rows, and 6 independent sums keep the FMA
-// units busy through their latency (AVX2: 12 of its 16 registers).
+// units busy through their latency (7 of the 16 or 32 vector registers).
 constexpr int kTileRows = 6;
 
-// Rows [0, R) of a product for the columns [k0, k0 + one vector): row r is Σ over s < sums of
+// Rows [0, R) of a product for the columns [k0, k0 + one vector of B bytes): row r is Σ over s < sums of
 // a[r · row_step + s · sum_step] · b[s · k + k0], written to p[r · k + k0] (added to it when kAccumulate).
-template <int R, bool kAccumulate, typename T>
+template <int R, bool kAccumulate, int B, typename T>
 DENSECNN_ALWAYS_INLINE void product_rows(const T* a, int64_t row_step, int64_t sum_step, const T* b, int64_t sums,
                                          T* p, int64_t k, int64_t k0) {
-  Vec<T> acc[R] = {};
+  Vec<T, B> acc[R] = {};
   if constexpr (kAccumulate) {
     for (int r = 0; r < R; ++r) memcpy(&acc[r], p + r * k + k0, sizeof(acc[r]));
   }
   for (int64_t s = 0; s < sums; ++s) {
-    Vec<T> row;
+    Vec<T, B> row;
     memcpy(&row, b + s * k + k0, sizeof(row));
     for (int r = 0; r < R; ++r) acc[r] += a[r * row_step + s * sum_step] * row;
   }
@@ -150,14 +151,14 @@ DENSECNN_ALWAYS_INLINE void product_rows(const T* a, int64_t row_step, int64_t s
 }
 
 // Rows [0, rows) of a product (as product_rows), in blocks of kTileRows and a last block of what is left.
-template <bool kAccumulate, typename T>
+template <bool kAccumulate, int B, typename T>
 DENSECNN_ALWAYS_INLINE void product_blocks(const T* a, int64_t row_step, int64_t sum_step, const T* b, int64_t sums,
                                            T* p, int64_t rows, int64_t k) {
-  constexpr int64_t width = lanes<T>();  // columns per vector
+  constexpr int64_t width = lanes<T, B>();  // columns per vector
   for (int64_t r0 = 0; r0 < rows; r0 += kTileRows) {
     const auto block = [&](auto rows_tag) {
       for (int64_t k0 = 0; k0 < k; k0 += width) {
-        product_rows<decltype(rows_tag)::value, kAccumulate>(a + r0 * row_step, row_step, sum_step, b, sums,
+        product_rows<decltype(rows_tag)::value, kAccumulate, B>(a + r0 * row_step, row_step, sum_step, b, sums,
                                                              p + r0 * k, k, k0);
       }
     };
@@ -173,40 +174,33 @@ DENSECNN_ALWAYS_INLINE void product_blocks(const T* a, int64_t row_step, int64_t
 }
 
 // P[ξ] = V[ξ] @ U[ξ] for every point ξ: rows the chunk's tiles, sums over the C input channels.
-template <typename T>
+template <int B, typename T>
 DENSECNN_ALWAYS_INLINE void chunk_products_loop(const T* v, const T* u, T* p, int64_t points, int64_t tiles,
                                                 int64_t c, int64_t k) {
   for (int64_t xi = 0; xi < points; ++xi) {
-    product_blocks<false>(v + xi * tiles * c, c, 1, u + xi * c * k, c, p + xi * tiles * k, tiles, k);
+    product_blocks<false, B>(v + xi * tiles * c, c, 1, u + xi * c * k, c, p + xi * tiles * k, tiles, k);
   }
 }
 
 // R[ξ] += V[ξ]ᵀ z[ξ] for the points [first, last): V (points, tiles, C), z (points, tiles, K) and R (points, C, K),
 // K a multiple of one vector: rows the C input channels, sums over the chunk's tiles.
-template <typename T>
+template <int B, typename T>
 DENSECNN_ALWAYS_INLINE void chunk_gradient_products_loop(const T* v, const T* z, T* r, int64_t first, int64_t last,
                                                          int64_t tiles, int64_t c, int64_t k) {
   for (int64_t xi = first; xi < last; ++xi) {
-    product_blocks<true>(v + xi * tiles * c, 1, c, z + xi * tiles * k, tiles, r + xi * c * k, c, k);
+    product_blocks<true, B>(v + xi * tiles * c, 1, c, z + xi * tiles * k, tiles, r + xi * c * k, c, k);
   }
 }
 
-DENSECNN_MULTIVERSION void chunk_products(const float* v, const float* u, float* p, int64_t points, int64_t tiles,
-                                          int64_t c, int64_t k) {
-  chunk_products_loop(v, u, p, points, tiles, c, k);
-}
-DENSECNN_MULTIVERSION void chunk_products(const double* v, const double* u, double* p, int64_t points,
-                                          int64_t tiles, int64_t c, int64_t k) {
-  chunk_products_loop(v, u, p, points, tiles, c, k);
-}
-DENSECNN_MULTIVERSION void chunk_gradient_products(const float* v, const float* z, float* r, int64_t first,
-                                                   int64_t last, int64_t tiles, int64_t c, int64_t k) {
-  chunk_gradient_products_loop(v, z, r, first, last, tiles, c, k);
-}
-DENSECNN_MULTIVERSION void chunk_gradient_products(const double* v, const double* z, double* r, int64_t first,
-                                                   int64_t last, int64_t tiles, int64_t c, int64_t k) {
-  chunk_gradient_products_loop(v, z, r, first, last, tiles, c, k);
-}
+#define DENSECNN_WINOGRAD_PRODUCTS(T)                                                                          \
+  DENSECNN_PER_LEVEL((void chunk_products(const T* v, const T* u, T* p, int64_t points, int64_t tiles, int64_t c, \
+                                          int64_t k)),                                                           \
+                     chunk_products_loop<kVecBytes>(v, u, p, points, tiles, c, k);)                              \
+  DENSECNN_PER_LEVEL((void chunk_gradient_products(const T* v, const T* z, T* r, int64_t first, int64_t last,     \
+                                                   int64_t tiles, int64_t c, int64_t k)),                        \
+                     chunk_gradient_products_loop<kVecBytes>(v, z, r, first, last, tiles, c, k);)
+DENSECNN_WINOGRAD_PRODUCTS(float)
+DENSECNN_WINOGRAD_PRODUCTS(double)
 
 #define DENSECNN_WINOGRAD_LOOPS(M, AXES, T)                                                                    \
   DENSECNN_MULTIVERSION void input_tiles(Int<M>, Int<AXES>, const WinogradGeometry& g, const T* x,             \

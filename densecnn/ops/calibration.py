@@ -156,7 +156,8 @@ def cpu_model() -> str:
 
 @functools.cache
 def kernel_isa() -> str:
-    """The instruction set densecnn's CPU loops run here ("x86-64-v4": AVX-512 with FMA; "x86-64-v3": AVX2 with FMA; "x86-64"), or why none run."""
+    """The instruction set densecnn's CPU loops run here ("x86-64-v4": AVX-512, "x86-64-v3": AVX2, both with FMA;
+    "x86-64"), or why none run."""
     if not ext.available():
         return "kernels not built"
     if not hasattr(torch.ops.densecnn, "cpu_isa"):

@@ -47,24 +47,33 @@ CASES = [
     ((1, 1, 7, 9, 21), (16, 1, 3, 3, 3), (1, 1, 1)),
     ((1, 4, 9, 6, 19), (3, 4, 2, 1, 3), (3, 2, 4)),
     ((1, 16, 5, 6, 20), (3, 16, 1, 1, 1), (1, 1, 1)),  # a pointwise head: many input channels, one tap
+    ((1, 3, 8, 31), (40, 3, 3, 3), (2, 2)),  # channels-last: two whole vectors of channels and half of one
 ]
 
 
+def _channels_last(x: torch.Tensor) -> torch.Tensor:
+    """x with a channel stride of 1 (what the kernels take as channels-last, signals included)."""
+    return torch.empty_like(x.movedim(1, -1), memory_format=torch.contiguous_format).movedim(-1, 1).copy_(x)
+
+
 @pytest.mark.parametrize("loops", ["cpu", "gpu"])
+@pytest.mark.parametrize("channels_last", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("case", CASES)
-def test_direct_conv_matches_a_literal_loop(case, dtype, loops):
-    """Both the vectorised CPU loops and the CUDA kernel's per-element body (run on the CPU)."""
+def test_direct_conv_matches_a_literal_loop(case, dtype, channels_last, loops):
+    """Both the vectorised CPU loops (their NC* and channels-last blockings: output channels in blocks of whole and
+    half vectors, rows in blocks of pixels and what is left) and the CUDA kernel's per-element body (on the CPU)."""
     shape, weight_shape, dilation = case
     torch.manual_seed(0)
     x, w = torch.randn(shape, dtype=torch.float64), torch.randn(weight_shape, dtype=torch.float64)
     b = torch.randn(weight_shape[0], dtype=torch.float64)
+    layout = _channels_last if channels_last else torch.Tensor.contiguous
     previous = ops._use_gpu_loops_on_cpu(loops == "gpu")
     try:
         for bias in (b, None):
-            y = ext.direct_conv(x.to(dtype), w.to(dtype), None if bias is None else bias.to(dtype), dilation)
+            y = ext.direct_conv(layout(x.to(dtype)), w.to(dtype), None if bias is None else bias.to(dtype), dilation)
             expected = _literal_conv(x, w, bias, dilation)
-            assert y.dtype == dtype and y.is_contiguous()
+            assert y.dtype == dtype and (y.stride(1) == 1) == channels_last
             assert_close_relative(y.double(), expected, 1e-12 if dtype == torch.float64 else 1e-5, 1.0)
     finally:
         ops._use_gpu_loops_on_cpu(previous)
