@@ -71,7 +71,9 @@ def test_direct_conv_matches_a_literal_loop(case, dtype, channels_last, loops):
     previous = ops._use_gpu_loops_on_cpu(loops == "gpu")
     try:
         for bias in (b, None):
-            y = ext.direct_conv(layout(x.to(dtype)), w.to(dtype), None if bias is None else bias.to(dtype), dilation)
+            y = ext.direct_conv(
+                layout(x.to(dtype)), w.to(dtype), None if bias is None else bias.to(dtype), dilation
+            )
             expected = _literal_conv(x, w, bias, dilation)
             assert y.dtype == dtype and (y.stride(1) == 1) == channels_last
             assert_close_relative(y.double(), expected, 1e-12 if dtype == torch.float64 else 1e-5, 1.0)
