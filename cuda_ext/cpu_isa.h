@@ -60,27 +60,36 @@ constexpr int lanes() {
   return Bytes / sizeof(T);
 }
 
-// The level whose versions of DENSECNN_MULTIVERSION and DENSECNN_PER_LEVEL functions this CPU runs: the resolver's
-// own test, first match in the list.
-inline const char* dispatched_isa() {
+// The x86-64 level whose versions of DENSECNN_MULTIVERSION and DENSECNN_PER_LEVEL functions this CPU runs: the
+// resolver's own test, first match in the list (4, 3 or 1; 0 where the build has no levels).
+inline int dispatched_level() {
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
   __builtin_cpu_init();
-  if (DENSECNN_TOP_LEVEL >= 4 && __builtin_cpu_supports("x86-64-v4")) return "x86-64-v4";
-  if (DENSECNN_TOP_LEVEL >= 3 && __builtin_cpu_supports("x86-64-v3")) return "x86-64-v3";
-  return "x86-64";
+  if (DENSECNN_TOP_LEVEL >= 4 && __builtin_cpu_supports("x86-64-v4")) return 4;
+  if (DENSECNN_TOP_LEVEL >= 3 && __builtin_cpu_supports("x86-64-v3")) return 3;
+  return 1;
 #else
-  return "generic";
+  return 0;
 #endif
+}
+
+// That level's name, as cpu_isa() reports it.
+inline const char* dispatched_isa() {
+  switch (dispatched_level()) {
+    case 4: return "x86-64-v4";
+    case 3: return "x86-64-v3";
+    case 1: return "x86-64";
+    default: return "generic";
+  }
 }
 
 // kVecBytes of the DENSECNN_PER_LEVEL versions this CPU runs, for host code that lays data out for them.
 inline int dispatched_vector_bytes() {
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-  __builtin_cpu_init();
-  if (DENSECNN_TOP_LEVEL >= 4 && __builtin_cpu_supports("x86-64-v4")) return 64;
-  if (DENSECNN_TOP_LEVEL >= 3 && __builtin_cpu_supports("x86-64-v3")) return 32;
-#endif
-  return 16;
+  switch (dispatched_level()) {
+    case 4: return 64;
+    case 3: return 32;
+    default: return 16;
+  }
 }
 
 }  // namespace densecnn

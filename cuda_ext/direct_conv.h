@@ -25,6 +25,12 @@ HOST_DEVICE_INLINE int64_t direct_conv_offset(const DirectConvGeometry& g, int64
   return (((n * g.out_channels + k) * g.out_depth + d) * g.out_rows + h) * g.out_cols + w;
 }
 
+// Memory offset of input element (n, c, d, h, w) of the contiguous (N, C, D, H, W) input.
+HOST_DEVICE_INLINE int64_t direct_conv_input_offset(const DirectConvGeometry& g, int64_t n, int64_t c, int64_t d,
+                                                    int64_t h, int64_t w) {
+  return (((n * g.channels + c) * g.depth + d) * g.rows + h) * g.cols + w;
+}
+
 HOST_DEVICE_INLINE int64_t direct_conv_size(const DirectConvGeometry& g) {
   return g.batch * g.out_channels * g.out_depth * g.out_rows * g.out_cols;
 }
@@ -43,7 +49,7 @@ HOST_DEVICE_INLINE void direct_conv_at(const DirectConvGeometry& g, const T* x, 
   for (int64_t c = 0; c < g.channels; ++c) {
     for (int32_t a = 0; a < g.kd; ++a) {
       for (int32_t b = 0; b < g.kh; ++b) {
-        const T* src = x + (((n * g.channels + c) * g.depth + d + a * g.dd) * g.rows + h + b * g.dh) * g.cols + w;
+        const T* src = x + direct_conv_input_offset(g, n, c, d + a * g.dd, h + b * g.dh, w);
         for (int32_t t = 0; t < g.kw; ++t) sum += *tap++ * src[t * g.dw];
       }
     }

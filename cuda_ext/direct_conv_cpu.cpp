@@ -51,7 +51,7 @@ DENSECNN_ALWAYS_INLINE void row_block(const DirectConvGeometry& g, const T* x, c
   for (int64_t c = 0; c < g.channels; ++c) {
     for (int32_t a = 0; a < g.kd; ++a) {
       for (int32_t b = 0; b < g.kh; ++b) {
-        const T* src = x + (((n * g.channels + c) * g.depth + d + a * g.dd) * g.rows + h + b * g.dh) * g.cols + w0;
+        const T* src = x + direct_conv_input_offset(g, n, c, d + a * g.dd, h + b * g.dh, w0);
         for (int32_t t = 0; t < g.kw; ++t, wk += kBlock) {
           V v;
           if (kFull) {
@@ -93,7 +93,7 @@ DENSECNN_ALWAYS_INLINE void pixels_block(const DirectConvGeometry& g, const T* x
   for (int64_t c = 0; c < g.channels; ++c) {
     for (int32_t a = 0; a < g.kd; ++a) {
       for (int32_t b = 0; b < g.kh; ++b) {
-        const T* src = x + (((n * g.channels + c) * g.depth + d + a * g.dd) * g.rows + h + b * g.dh) * g.cols + w0;
+        const T* src = x + direct_conv_input_offset(g, n, c, d + a * g.dd, h + b * g.dh, w0);
         for (int32_t t = 0; t < g.kw; ++t, wk += W) {
           const T* tap = src + int64_t(t) * g.dw;  // the R pixels' inputs under tap t
           V weights;

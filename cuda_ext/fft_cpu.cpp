@@ -362,7 +362,7 @@ struct DftMatrices {
 
 // Per-thread buffers of the transforms, each sized in 64-byte vectors of channel lanes (held as scalars: a
 // std::vector of the vector type would drop its alignment attribute); a level with narrower vectors uses part of each
-// (at<B>).
+// (as<B>).
 template <typename T>
 struct TileBuffers {
   std::vector<T> storage;
@@ -378,10 +378,15 @@ struct TileBuffers {
       next += sizes[i] * kLanes<T>;
     }
   }
-  // A buffer as vectors of B bytes.
+  // The buffers as vectors of B bytes, in the order of the members above.
   template <int B>
-  static DENSECNN_ALWAYS_INLINE Lanes<T, B>* at(T* buffer) {
-    return reinterpret_cast<Lanes<T, B>*>(buffer);
+  struct Views {
+    Lanes<T, B> *row, *stage, *rows, *column, *scratch, *row_scratch;
+  };
+  template <int B>
+  DENSECNN_ALWAYS_INLINE Views<B> as() {
+    auto view = [](T* buffer) { return reinterpret_cast<Lanes<T, B>*>(buffer); };
+    return {view(row), view(stage), view(rows), view(column), view(scratch), view(row_scratch)};
   }
 };
 
@@ -397,12 +402,7 @@ DENSECNN_ALWAYS_INLINE void forward_item_impl(const FftGeometry& g, const DftMat
   int64_t n, row0, col0;
   tile_origin(g, first + t, n, row0, col0);
   const T* image = x + n * g.x_stride[0] + c0 * g.x_stride[1];
-  using Buffers = TileBuffers<T>;
-  Lanes<T, B>* row = Buffers::template at<B>(buf.row);
-  Lanes<T, B>* stage = Buffers::template at<B>(buf.stage);
-  Lanes<T, B>* column = Buffers::template at<B>(buf.column);
-  Lanes<T, B>* scratch = Buffers::template at<B>(buf.scratch);
-  Lanes<T, B>* row_scratch = Buffers::template at<B>(buf.row_scratch);
+  const auto [row, stage, rows, column, scratch, row_scratch] = buf.template as<B>();
   // The tile's pixels lie dw pixels apart, too far for the hardware prefetcher: each row asks for the one two rows
   // on (its pixel's lanes; in channels_last, the first block asks for all channels of the pixel).
   const int64_t span = whole && c0 == 0 ? g.channels : lanes;
@@ -472,12 +472,7 @@ DENSECNN_ALWAYS_INLINE void inverse_item_impl(const FftGeometry& g, const DftMat
   const int64_t th = g.th, f_count = g.freqs, lanes = std::min<int64_t>(V, g.out_channels - k0);
   int64_t n, row0, col0;
   tile_origin(g, first + t, n, row0, col0);
-  using Buffers = TileBuffers<T>;
-  Lanes<T, B>* stage = Buffers::template at<B>(buf.stage);
-  Lanes<T, B>* rows = Buffers::template at<B>(buf.rows);
-  Lanes<T, B>* column = Buffers::template at<B>(buf.column);
-  Lanes<T, B>* scratch = Buffers::template at<B>(buf.scratch);
-  Lanes<T, B>* row_scratch = Buffers::template at<B>(buf.row_scratch);
+  const auto [out, stage, rows, column, scratch, row_scratch] = buf.template as<B>();  // out: the row buffer
   constexpr int64_t kAhead = 16;  // frequencies lie count·K values apart: ask for the data that far ahead
   for (int64_t p = 0; p < th * f_count; ++p) {  // stage[f][re|im][u]
     const int64_t u = p / f_count, f = p % f_count;
@@ -519,7 +514,6 @@ DENSECNN_ALWAYS_INLINE void inverse_item_impl(const FftGeometry& g, const DftMat
   const int64_t shift_h = g.adjoint ? g.pad_h : 0, shift_w = g.adjoint ? g.pad_w : 0;
   const bool whole = lanes == V && stride[1] == 1;
   T* image = y + n * stride[0] + k0 * stride[1];
-  Lanes<T, B>* out = Buffers::template at<B>(buf.row);
   auto prefetch_row = [&](int64_t a) {  // for writing, as in the forward transform
     const int64_t r = row0 + a * g.dh - shift_h;
     if (a >= g.write_h || r < 0 || r >= y_rows) return;

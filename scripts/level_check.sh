@@ -15,7 +15,10 @@ fi
 
 copy="$(mktemp -d)"
 trap 'rm -rf "$copy"' EXIT
-git ls-files -z --cached --others --exclude-standard | xargs -0 cp --parents -t "$copy" 2>/dev/null || true
+# the working tree's files, tracked and untracked but not ignored; a tracked file deleted in the tree is skipped
+git ls-files -z --cached --others --exclude-standard |
+  while IFS= read -r -d '' file; do if [[ -e "$file" ]]; then printf '%s\0' "$file"; fi; done |
+  xargs -0 cp --parents -t "$copy"
 cd "$copy"
 echo "level-check: building the extension for $level in $copy"
 DENSECNN_CPU_LEVEL="$level" "$python" setup.py -q build_ext --inplace >build.log 2>&1 || { tail -40 build.log; exit 1; }
