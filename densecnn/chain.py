@@ -19,7 +19,7 @@ import torch.fx
 from torch import nn
 
 from . import functional_weights
-from .errors import ConversionError
+from .errors import ConversionError, InvalidTypeError
 from .hooks import check_global_hooks, check_modules
 from .rules import aliases, find_record, module_type, unconvertible_subclass
 from .rules.registry import overrides
@@ -67,6 +67,11 @@ def check_readable(model: nn.Module) -> None:
     Raises:
         ConversionError: naming the module's dotted path, what it is, and the eager model to pass.
     """
+    if not isinstance(model, nn.Module):
+        raise InvalidTypeError(
+            f"the model is a {type(model).__name__}, not a torch.nn.Module; densecnn converts the layers of a module. "
+            "Pass the nn.Module patch classifier itself (wrap a function's layers in an nn.Sequential)"
+        )
     if type(model).__name__ == "OptimizedModule" and isinstance(getattr(model, "_orig_mod", None), nn.Module):
         raise ConversionError(
             f"the model is a torch.compile'd module ({type(model).__name__}), whose forward runs generated code. "
@@ -146,6 +151,14 @@ def _trace_chain(model: nn.Module, prefix: str) -> Chain:
             continue  # the model's own tensors, read by the op that uses them
         if _is_shape_query(node):
             continue
+        if functional_weights.input_of(node, current) is not current and _map_after_constant(
+            node, current, constants
+        ):
+            raise ConversionError(
+                f"{op} takes the map as another argument than its input ({_target_name(node)}(c, x), c - x, c / x): "
+                "arithmetic on the map that no layer computes. Write it as a layer with a conversion rule "
+                "(@densecnn.register_rule), or fold the constant into the weights of the layer before it"
+            )
         if functional_weights.input_of(node, current) is not current or _adds_another_map(
             node, current, constants
         ):
@@ -154,7 +167,10 @@ def _trace_chain(model: nn.Module, prefix: str) -> Chain:
                 "branches, skips or extra inputs). Write the model as an nn.Sequential of the layers it runs"
             )
         if node.target in functional_weights.ADDS and chain and _constant_operand(node, current, constants):
-            functional_weights.with_bias(chain[-1][1], model, node, current, constants, op)
+            chain[-1] = (
+                chain[-1][0],
+                functional_weights.with_bias(chain[-1][1], model, node, current, constants, op),
+            )
         elif functional_weights.is_weight_op(node) and node.target not in functional_weights.ADDS:
             flat = any(isinstance(m, (nn.Flatten, nn.Linear)) for _, m in chain)
             module = functional_weights.weight_layer(model, node, constants, op, flat=flat, dims=dims)
@@ -204,6 +220,12 @@ def _other_operand(node: torch.fx.Node, current: torch.fx.Node):
 
 def _constant_operand(node: torch.fx.Node, current: torch.fx.Node, constants: set) -> bool:
     return _other_operand(node, current) in constants
+
+
+def _map_after_constant(node: torch.fx.Node, current: torch.fx.Node, constants: set) -> bool:
+    """An op on a constant first and the map after it (``c - x``, ``torch.div(c, x)``)."""
+    first = node.args[0] if node.args else None
+    return current in node.args[1:] and (not isinstance(first, torch.fx.Node) or first in constants)
 
 
 def _adds_another_map(node: torch.fx.Node, current: torch.fx.Node, constants: set) -> bool:

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from torch import nn
 from torch.nn.modules.lazy import LazyModuleMixin
 
+from . import functional_weights
 from .chain import Chain, extract_chain
 from .dense import DenseCNN
 from .errors import ConversionError, DenseCNNError, DenseEquivalenceWarning, PatchSizeError, PatchSizeWarning
@@ -147,6 +148,7 @@ def convert(
         [layer.dense for layer in converted if layer.dense is not None],
         patch_size=patch, in_channels=ctx.in_channels, num_classes=ctx.channels, padding_mode=padding_mode,
         backend=backend.value, tune=tune, patch_modules=tuple(model.named_modules()),
+        shared_tensors=functional_weights.shared_tensors(module for _, module in chain),
     )  # fmt: skip
     if verify:
         verify_conversion(model, dense, converted)

@@ -13,6 +13,7 @@ from torch import nn
 
 from . import tiling
 from .errors import DenseEquivalenceWarning, InvalidInputError, InvalidTypeError
+from .functional_weights import SharedTensor
 from .geometry import Size, reach
 from .hooks import check_modules
 from .layers import WindowLayer, output_shape
@@ -101,6 +102,7 @@ class DenseCNN(nn.Module):
         backend: str = "auto",
         tune: bool = False,
         patch_modules: tuple[tuple[str, nn.Module], ...] = (),
+        shared_tensors: tuple[SharedTensor, ...] = (),
     ):
         super().__init__()
         self.features = nn.Sequential(*layers)
@@ -108,7 +110,7 @@ class DenseCNN(nn.Module):
         # or a layer replaced after conversion would change the patch model but not this net (a plain tuple: not
         # submodules of the dense net)
         self._patch_modules = patch_modules
-        self.structure = Structure(patch_modules)
+        self.structure = Structure(patch_modules, shared_tensors)
         self.patch_size = patch_size
         self.in_channels = in_channels
         self.num_classes = num_classes

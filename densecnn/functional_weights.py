@@ -18,11 +18,13 @@ holding the very same tensors (no copies: values and gradients are shared), whic
 from __future__ import annotations
 
 import operator
+from typing import NamedTuple
 
 import torch
 import torch.fx
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.utils import parametrize
 
 from .errors import ConversionError
 
@@ -132,7 +134,50 @@ def _arguments(node: torch.fx.Node, names: tuple[str, ...], start: int) -> list:
     return [node.kwargs.get(name, values[i]) for i, name in enumerate(names)]
 
 
-def _tensor(model: nn.Module, node, constants, op: str, what: str) -> torch.Tensor:
+class Read(NamedTuple):
+    """One of the model's tensors as a ``get_attr`` node read it: ``owner.attribute`` (a parameter, a buffer or a
+    plain tensor attribute) was ``tensor``."""
+
+    tensor: torch.Tensor
+    owner: nn.Module
+    attribute: str
+
+
+class SharedTensor:
+    """A tensor of the model that a layer built here holds as its own (``layer.name`` is ``owner.attribute``).
+
+    The model may replace it after conversion: ``model.W = nn.Parameter(...)``, or ``model.double()``, which
+    replaces buffers. :meth:`follow` then shares the new tensor if it has the same shape, as a module's replaced
+    parameter is followed, and says what changed otherwise.
+    """
+
+    __slots__ = ("layer", "name", "read")
+
+    def __init__(self, layer: nn.Module, name: str, read: Read):
+        self.layer, self.name, self.read = layer, name, read
+
+    def follow(self) -> str | None:
+        """None if the layer holds the model's tensor (again), else what changed (for a ModelChangedError)."""
+        read = self.read
+        now = getattr(read.owner, read.attribute, None)
+        if now is read.tensor:
+            return None
+        where = f"the tensor {read.attribute!r} of {type(read.owner).__name__} that a functional op reads"
+        if not isinstance(now, torch.Tensor):
+            return f"{where} was replaced by {type(now).__name__}"
+        if now.shape != read.tensor.shape:
+            return f"{where} had shape {tuple(read.tensor.shape)}, has {tuple(now.shape)}"
+        self.read = read._replace(tensor=now)
+        _set(self.layer, self.name, now)
+        return None
+
+
+def shared_tensors(layers) -> tuple[SharedTensor, ...]:
+    """The model's tensors the ``layers`` built here hold (:class:`SharedTensor`), to follow after conversion."""
+    return tuple(shared for layer in layers for shared in getattr(layer, "_densecnn_shared", {}).values())
+
+
+def _tensor(model: nn.Module, node, constants, op: str, what: str) -> Read:
     """The model's own parameter or buffer a ``get_attr`` node reads."""
     if not isinstance(node, torch.fx.Node) or node.op != "get_attr":
         computed = "computed in forward()" if node in constants else "not one of the model's own tensors"
@@ -141,14 +186,16 @@ def _tensor(model: nn.Module, node, constants, op: str, what: str) -> torch.Tens
             "buffer itself (self.weight), or compute the weight outside forward (torch.nn.utils.parametrize "
             "registers such a computation)"
         )
-    return _attribute(model, node.target)
+    owner, _, name = node.target.rpartition(".")
+    owner = model.get_submodule(owner) if owner else model
+    return Read(getattr(owner, name), owner, name)
 
 
-def _optional(model, node, constants, op: str) -> torch.Tensor | None:
+def _optional(model, node, constants, op: str) -> Read | None:
     return None if node is None else _tensor(model, node, constants, op, "bias")
 
 
-def _transposed(model, node, constants, op: str) -> torch.Tensor:
+def _transposed(model, node, constants, op: str) -> Read:
     """W for ``x @ W.t()`` (a Linear's (out, in) weight)."""
     if isinstance(node, torch.fx.Node) and node.target in _TRANSPOSES and node.args[0] in constants:
         return _tensor(model, node.args[0], constants, op, "weight")
@@ -158,16 +205,20 @@ def _transposed(model, node, constants, op: str) -> torch.Tensor:
     )
 
 
-def _attribute(model: nn.Module, target: str) -> torch.Tensor:
-    owner, _, name = target.rpartition(".")
-    return getattr(model.get_submodule(owner) if owner else model, name)
-
-
-def _share(layer: nn.Module, name: str, tensor: torch.Tensor | None) -> None:
-    """Make ``layer.name`` the model's very tensor: a parameter as a parameter, a buffer as a buffer."""
-    if tensor is None:
+def _share(layer: nn.Module, name: str, read: Read | None) -> None:
+    """Make ``layer.name`` the model's very tensor, recorded in the layer's ``_densecnn_shared``
+    (:func:`shared_tensors`)."""
+    shared = layer.__dict__.setdefault("_densecnn_shared", {})
+    if read is None:
         setattr(layer, name, None)
+        shared.pop(name, None)
         return
+    _set(layer, name, read.tensor)
+    shared[name] = SharedTensor(layer, name, read)
+
+
+def _set(layer: nn.Module, name: str, tensor: torch.Tensor) -> None:
+    """``layer.name = tensor``: a parameter as a parameter, anything else as a buffer."""
     if isinstance(tensor, nn.Parameter):
         setattr(layer, name, tensor)
         return
@@ -182,10 +233,11 @@ def _conv(model, node, constants, op: str, dims: int) -> nn.Module:
     )
     weight = _tensor(model, weight, constants, op, "weight")
     groups = 1 if groups is None else groups
+    shape = weight.tensor.shape
     layer = getattr(nn, f"Conv{dims}d")(
-        weight.shape[1] * groups,
-        weight.shape[0],
-        tuple(weight.shape[2:]),
+        shape[1] * groups,
+        shape[0],
+        tuple(shape[2:]),
         stride=1 if stride is None else stride,
         padding=0 if padding is None else padding,
         dilation=1 if dilation is None else dilation,
@@ -198,27 +250,40 @@ def _conv(model, node, constants, op: str, dims: int) -> nn.Module:
     return layer.train(model.training)
 
 
-def _linear(weight: torch.Tensor, bias: torch.Tensor | None) -> nn.Module:
-    layer = nn.Linear(weight.shape[1], weight.shape[0], bias=False, device="meta")
+def _linear(weight: Read, bias: Read | None) -> nn.Module:
+    layer = nn.Linear(weight.tensor.shape[1], weight.tensor.shape[0], bias=False, device="meta")
     _share(layer, "weight", weight)
     _share(layer, "bias", bias)
     return layer
 
 
-def with_bias(layer: nn.Module, model: nn.Module, node: torch.fx.Node, current, constants, op: str) -> None:
-    """Add the constant operand of ``current + b`` to the bias-less Linear ``layer`` that computed ``current``."""
+def with_bias(
+    layer: nn.Module, model: nn.Module, node: torch.fx.Node, current, constants, op: str
+) -> nn.Module:
+    """The bias-less Linear ``layer`` that computed ``current``, with the constant operand of ``current + b`` as its
+    bias: ``layer`` itself if it was built here, else a Linear sharing the model's Linear's weight (the model's own
+    modules are never changed)."""
     other = node.args[1] if node.args[0] is current else node.args[0]
     bias = _tensor(model, other, constants, op, "added bias")
     if (
         not isinstance(layer, nn.Linear)
         or layer.bias is not None
-        or tuple(bias.shape) != (layer.out_features,)
+        or tuple(bias.tensor.shape) != (layer.out_features,)
     ):
         raise ConversionError(
-            f"{op}: adds a tensor of shape {tuple(bias.shape)} to the map; densecnn reads such an add only as the "
-            "bias of the matrix product before it (x @ self.W.t() + self.b). Use nn.Linear, or F.linear(x, W, b)"
+            f"{op}: adds a tensor of shape {tuple(bias.tensor.shape)} to the map; densecnn reads such an add only as "
+            "the bias of the matrix product before it (x @ self.W.t() + self.b). Use nn.Linear, or F.linear(x, W, b)"
         )
+    if "_densecnn_shared" not in layer.__dict__:  # the model's own nn.Linear(bias=False)
+        if type(layer) is not nn.Linear or parametrize.is_parametrized(layer) or layer._forward_pre_hooks:
+            raise ConversionError(
+                f"{op}: adds a bias to the output of a {type(layer).__name__} whose weight is computed when it runs "
+                "(a parametrization or weight norm), which densecnn cannot share. Give the Linear its own bias "
+                "(nn.Linear(..., bias=True)) instead of adding one after it"
+            )
+        layer = _linear(Read(layer.weight, layer, "weight"), None)
     _share(layer, "bias", bias)
+    return layer
 
 
 def _batch_norm(model, node, constants, op: str, *, flat: bool, dims: int) -> nn.Module:
@@ -238,7 +303,7 @@ def _batch_norm(model, node, constants, op: str, *, flat: bool, dims: int) -> nn
     weight = _optional(model, weight, constants, op)
     kind = 1 if flat else dims
     layer = getattr(nn, f"BatchNorm{kind}d")(
-        mean.shape[0],
+        mean.tensor.shape[0],
         eps=1e-5 if eps is None else eps,
         momentum=0.1 if momentum is None else momentum,
         affine=weight is not None,

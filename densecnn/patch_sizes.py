@@ -18,6 +18,7 @@ or the map a Linear reads. Valid sizes and their neighbours thus cost O(layers),
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -174,6 +175,16 @@ def _divisors(n: int) -> list[int]:
 def nearest(steps: list[Step], size: Size, moving: tuple[int, ...]) -> list[int]:
     """The valid sizes just below and just above ``size`` when the ``moving`` axes (equal steps, equal sizes) vary
     together and the others stay put."""
+
+    def with_moving(p: int) -> Size:
+        return tuple(p if axis in moving else n for axis, n in enumerate(size))
+
+    return [p for p in _candidates(steps, size, moving) if accepts(steps, with_moving(p))]
+
+
+def _candidates(steps: list[Step], size: Size, moving: tuple[int, ...]) -> list[int]:
+    """The sizes just below and just above ``size`` along the ``moving`` axes that their own layers take (the other
+    axes may still be invalid)."""
     prefix = _prefix(_axis(steps, moving[0]))
     targets = _targets(steps, moving, size)
     reached = _forward(prefix, size[moving[0]])
@@ -183,11 +194,7 @@ def nearest(steps: list[Step], size: Size, moving: tuple[int, ...]) -> list[int]
         found.append(min(preimage(prefix, below)[1], size[moving[0]]))
     if above is not None:
         found.append(preimage(prefix, above)[0])
-
-    def with_moving(p: int) -> Size:
-        return tuple(p if axis in moving else n for axis, n in enumerate(size))
-
-    return [p for p in found if p != size[moving[0]] and accepts(steps, with_moving(p))]
+    return [p for p in found if p != size[moving[0]]]
 
 
 def smallest_equivalent(steps: list[Step], size: Size) -> Size:
@@ -215,15 +222,31 @@ def describe_nearest(steps: list[Step], size: Size) -> str:
             texts.append(str(p) if low == p else f"{low} to {p} (one net; most likely trained with {low})")
         return texts
 
-    if len(set(size)) == 1 and len({tuple(_axis(steps, a)) for a in range(len(size))}) == 1:
+    alike = len({tuple(_axis(steps, a)) for a in range(len(size))}) == 1  # every axis has the same layers
+    if len(set(size)) == 1 and alike:
         moving = tuple(range(len(size)))
         found = phrase(nearest(steps, size, moving), moving)
         return f"Nearest valid patch sizes: {' and '.join(found)}" if found else "No valid size is near it"
     names = {1: ("length",), 2: ("height", "width"), 3: ("depth", "height", "width")}[len(size)]
+    per_axis = [nearest(steps, size, (axis,)) for axis in range(len(size))]
+    if not all(per_axis):  # more than one axis is off: no single axis fixes it, so name whole sizes
+        everywhere = tuple(
+            range(len(size))
+        )  # axes alike: each axis's sizes near its own, as a square's sides
+        around = [
+            (nearest(steps, (n,) * len(size), everywhere) if alike else _candidates(steps, size, (axis,)))
+            or [n]
+            for axis, n in enumerate(size)
+        ]
+        sizes = [s for s in itertools.product(*around) if accepts(steps, s)]
+        return (
+            f"Nearest valid patch sizes: {', '.join('x'.join(map(str, s)) for s in sizes)}"
+            if sizes
+            else "No valid size is near it"
+        )
     parts = []
-    for axis, name in enumerate(names):
+    for axis, (name, found) in enumerate(zip(names, per_axis)):
         held = ", ".join(f"{names[a]} {n}" for a, n in enumerate(size) if a != axis)
-        found = phrase(nearest(steps, size, (axis,)), (axis,))
-        parts.append(f"nearest valid {name}s ({held}): {', '.join(found) or 'none'}")
+        parts.append(f"nearest valid {name}s ({held}): {', '.join(phrase(found, (axis,)))}")
     text = "; ".join(parts)
     return text[:1].upper() + text[1:]

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from .errors import ModelChangedError
+from .functional_weights import SharedTensor
 
 _PLAIN = (int, float, complex, bool, str, bytes, type(None), torch.dtype, torch.device, torch.Size, enum.Enum)
 _CODE = (types.FunctionType, types.BuiltinFunctionType, type)  # compared by identity
@@ -127,18 +128,24 @@ class Structure:
     >>> structure.check()                                     # on every call: raises if the structure changed
     """
 
-    def __init__(self, modules: tuple[tuple[str, nn.Module], ...]):
+    def __init__(self, modules: tuple[tuple[str, nn.Module], ...], shared: tuple[SharedTensor, ...] = ()):
         self.modules = modules
         self.snapshots = tuple(_Snapshot(module) for _, module in modules)
+        self.shared = shared
 
     def changed(self) -> str | None:
         """The first difference from the recorded structure ("layer '1' (MaxPool2d): kernel_size was 2, is 3"), or
-        None."""
+        None. A tensor that a functional op of a traced forward reads (``shared``), replaced by one of the same shape,
+        is followed, as a module's replaced parameter is."""
         for (path, module), snapshot in zip(self.modules, self.snapshots):
             if not snapshot.unchanged():
                 now = _state(module)
                 if now != snapshot.state:
                     return f"{_where(path, module)}: {_difference(snapshot.state, now)}"
+        for tensor in self.shared:
+            change = tensor.follow()
+            if change is not None:
+                return change
         return None
 
     def check(self) -> None:

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..errors import Cancelled
+from ..errors import Cancelled, InvalidTypeError
 from ..geometry import output_size
 from . import allocator, costmodel, gradients, solvers
 from .backends import Backend, allowed_solvers, ext_available
@@ -74,7 +74,7 @@ class Step:
 
     def __call__(self, x: torch.Tensor, memory_format: torch.memory_format | None = None) -> torch.Tensor:
         if self.solver is None:
-            return self.layers[0](x)
+            return run_in_dtype(self.layers[0], x)
         if self.gradients is not None and torch.is_grad_enabled():
             input_solver, weight_solver = self.gradients
             return gradients.conv(
@@ -122,6 +122,29 @@ class Plan:
                 row["gradient_times_ms"] = step.gradient_times.get(self.memory_format, {})
             rows.append(row)
         return rows
+
+
+def run_in_dtype(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """A layer without a dense op (a norm, PReLU, an activation) on x in x's dtype, the compute dtype of the whole
+    net (as the windowed layers' solvers cast their weights): its floating-point tensors of another dtype are cast
+    for the call, so that ``predict(x.bfloat16())`` runs a model with BatchNorm or PReLU too.
+
+    Raises:
+        InvalidTypeError: torch has no kernel of the layer for x's dtype on x's device.
+    """
+    cast = {
+        name: t.to(x.dtype)
+        for name, t in (*layer.named_parameters(), *layer.named_buffers())
+        if t.is_floating_point() and t.dtype != x.dtype
+    }
+    try:
+        return torch.func.functional_call(layer, cast, (x,)) if cast else layer(x)
+    except NotImplementedError as exc:
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise InvalidTypeError(
+            f"the layer {type(layer).__name__} cannot compute in {x.dtype} on {x.device.type} ({reason}); "
+            "give the images in float32 (x.float())"
+        ) from None
 
 
 def run_steps(

@@ -264,6 +264,14 @@ SCRIPTED_SEQUENTIAL = torch.jit.script(nn.Sequential(nn.Conv2d(2, 3, 3), nn.ReLU
 
 # ---- idioms refused: (model factory, patch size, convert keyword arguments, the path or model its message names)
 REFUSED = {
+    "a constant minus the map": (
+        lambda: Functional(
+            lambda s, x: s.b(1.0 - s.a(x)).flatten(1), a=nn.Conv2d(2, 4, 3), b=nn.Conv2d(4, 3, 3)
+        ),
+        5,
+        {},
+        "takes the map as another argument than its input",
+    ),  # fmt: skip
     "conv2d computed weight": (
         lambda: Functional(lambda s, x: F.conv2d(x, s.w * 2).flatten(1), w=P(3, 2, 5, 5)),
         5,
@@ -649,3 +657,38 @@ def test_a_rule_that_fails_is_reported_naming_the_layer():
 
 def test_the_table_is_large():
     assert len(EXACT) + len(REFUSED) >= 60
+
+
+class LinearThenBias(nn.Module):
+    """``self.fc(h) + self.bias`` with a bias-less nn.Linear: the add is read as the Linear's bias."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(2, 4, 5)
+        self.fc = nn.Linear(4, 3, bias=False)
+        self.bias = nn.Parameter(torch.randn(3))
+
+    def forward(self, x):
+        return self.fc(torch.relu(self.conv(x)).flatten(1)) + self.bias
+
+
+def test_a_bias_added_after_a_bias_less_linear_leaves_the_model_as_it_was():
+    torch.manual_seed(0)
+    model = LinearThenBias().double().eval()
+    patches = torch.rand(4, 2, 5, 5, dtype=torch.float64)
+    with torch.no_grad():
+        before = model(patches)
+    keys = list(model.state_dict())
+    dense = densecnn.convert(model, 5)
+    assert model.fc.bias is None and list(model.state_dict()) == keys
+    x = torch.rand(1, 2, 9, 11, dtype=torch.float64)
+    with torch.no_grad():
+        assert torch.equal(model(patches), before)
+        model.bias.add_(1.5)  # the shared bias, trained on
+        model.fc.weight.mul_(-1)
+        assert_equal_to_rounding(dense(x), densecnn.scan_patches(model, x, 5))
+
+
+def test_a_model_that_is_not_a_module_is_refused_by_type():
+    with pytest.raises(densecnn.errors.InvalidTypeError, match="not a torch.nn.Module"):
+        densecnn.convert(lambda x: x, 5)

@@ -5,6 +5,7 @@ import time
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
+from torch import nn
 
 import densecnn
 from densecnn.chain import extract_chain
@@ -123,3 +124,17 @@ def test_converting_a_valid_model_does_not_warn_or_search(recwarn):
     model, patch = densecnn.zoo.stages_46()
     densecnn.convert(model.eval(), patch)
     assert not [w for w in recwarn if issubclass(w.category, densecnn.PatchSizeWarning)]
+
+
+@pytest.mark.parametrize(
+    "patch, named",
+    [((20, 30), "6x6"), ((17, 5), "6x5"), ((5, 30), "5x6")],
+)
+def test_a_size_off_on_two_axes_names_whole_valid_sizes(patch, named):
+    model = nn.Sequential(
+        nn.Conv2d(1, 3, 2), nn.ReLU(), nn.AvgPool2d(2), nn.Conv2d(3, 2, 2)
+    )  # valid: 5-6 per axis
+    with pytest.raises(densecnn.PatchSizeError, match=f"Nearest valid patch sizes: {named}") as info:
+        densecnn.convert(model.eval(), patch)
+    assert "none" not in str(info.value)
+    densecnn.convert(model.eval(), tuple(int(n) for n in named.split("x")))  # and the size named converts

@@ -7,6 +7,7 @@ import copy
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 import densecnn
@@ -140,3 +141,62 @@ def test_the_structure_names_what_changed():
     assert structure.changed() is None
     model[1].kernel_size = 3
     assert structure.changed() == "layer '1' (MaxPool2d): kernel_size was 2, is 3"
+
+
+class FunctionalWeights(nn.Module):
+    """Tensors read by functional ops in a traced forward: a parameter, a buffer and a plain tensor attribute."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(2, 4, 3)
+        self.register_buffer("mean", torch.randn(4))
+        self.register_buffer("var", torch.rand(4) + 0.5)
+        self.kernel = torch.randn(4, 4, 3, 3)  # neither parameter nor buffer
+        self.w = nn.Parameter(torch.randn(3, 4))
+        self.b = nn.Parameter(torch.randn(3))
+
+    def forward(self, x):
+        x = F.batch_norm(self.conv(x), self.mean, self.var, None, None, self.training)
+        return F.linear(torch.relu(F.conv2d(x, self.kernel)).flatten(1), self.w, self.b)
+
+
+@pytest.mark.parametrize("replace", ["parameter", "buffer", "plain tensor", "model.double()"])
+def test_tensors_of_functional_ops_replaced_by_the_same_shape_are_followed(replace):
+    torch.manual_seed(0)
+    model = FunctionalWeights().double().eval()
+    model.kernel = model.kernel.double()
+    dense = densecnn.convert(model, 5)
+    if replace == "parameter":
+        model.w = nn.Parameter(torch.randn(3, 4, dtype=torch.float64))
+        model.b = nn.Parameter(torch.randn(3, dtype=torch.float64))
+    elif replace == "buffer":
+        model.mean = torch.randn(4, dtype=torch.float64)
+    elif replace == "plain tensor":
+        model.kernel = torch.randn(4, 4, 3, 3, dtype=torch.float64)
+    else:  # float and back: .double() replaces every buffer, the plain attribute is set anew
+        model.float().double()
+        model.kernel = model.kernel.double()
+        model.mean.add_(1.0)  # the new buffer's values
+    x = torch.rand(1, 2, 9, 10, dtype=torch.float64)
+    with torch.no_grad():
+        assert_equal_to_rounding(dense(x), densecnn.scan_patches(model, x, 5))
+
+
+@pytest.mark.parametrize(
+    "attribute, value, change",
+    [
+        (
+            "w",
+            nn.Parameter(torch.randn(5, 4)),
+            "parameters or buffers changed shape",
+        ),  # the module's own record
+        ("kernel", torch.randn(4, 4, 5, 5), r"'kernel' .* had shape \(4, 4, 3, 3\), has \(4, 4, 5, 5\)"),
+        ("kernel", None, "'kernel' .* was replaced by NoneType"),
+    ],
+)
+def test_a_tensor_of_a_functional_op_replaced_by_another_shape_is_refused(attribute, value, change):
+    model = FunctionalWeights().eval()
+    dense = densecnn.convert(model, 5)
+    setattr(model, attribute, value)
+    with pytest.raises(ModelChangedError, match=change):
+        dense(torch.rand(1, 2, 9, 10))
