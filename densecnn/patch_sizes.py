@@ -229,7 +229,7 @@ def describe_nearest(steps: list[Step], size: Size) -> str:
         return f"Nearest valid patch sizes: {' and '.join(found)}" if found else "No valid size is near it"
     names = {1: ("length",), 2: ("height", "width"), 3: ("depth", "height", "width")}[len(size)]
     per_axis = [nearest(steps, size, (axis,)) for axis in range(len(size))]
-    if not all(per_axis):  # more than one axis is off: no single axis fixes it, so name whole sizes
+    if not any(per_axis):  # no single axis fixes it (more than one is off): name whole sizes
         everywhere = tuple(
             range(len(size))
         )  # axes alike: each axis's sizes near its own, as a square's sides
@@ -246,7 +246,8 @@ def describe_nearest(steps: list[Step], size: Size) -> str:
         )
     parts = []
     for axis, (name, found) in enumerate(zip(names, per_axis)):
-        held = ", ".join(f"{names[a]} {n}" for a, n in enumerate(size) if a != axis)
-        parts.append(f"nearest valid {name}s ({held}): {', '.join(phrase(found, (axis,)))}")
+        if found:  # the axes that alone fix it
+            held = ", ".join(f"{names[a]} {n}" for a, n in enumerate(size) if a != axis)
+            parts.append(f"nearest valid {name}s ({held}): {', '.join(phrase(found, (axis,)))}")
     text = "; ".join(parts)
     return text[:1].upper() + text[1:]

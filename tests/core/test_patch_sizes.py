@@ -127,14 +127,18 @@ def test_converting_a_valid_model_does_not_warn_or_search(recwarn):
 
 
 @pytest.mark.parametrize(
-    "patch, named",
-    [((20, 30), "6x6"), ((17, 5), "6x5"), ((5, 30), "5x6")],
+    "patch, hint, valid",
+    [
+        ((20, 30), r"Nearest valid patch sizes: 6x6$", (6, 6)),  # both axes off: whole sizes
+        ((17, 5), r"Nearest valid heights \(width 5\): 5 to 6 \(one net", (5, 5)),  # one axis off: that axis
+        ((5, 30), r"Nearest valid widths \(height 5\): 5 to 6 \(one net", (5, 6)),
+    ],
 )
-def test_a_size_off_on_two_axes_names_whole_valid_sizes(patch, named):
+def test_a_wrong_size_names_valid_sizes_on_one_or_both_axes(patch, hint, valid):
     model = nn.Sequential(
         nn.Conv2d(1, 3, 2), nn.ReLU(), nn.AvgPool2d(2), nn.Conv2d(3, 2, 2)
     )  # valid: 5-6 per axis
-    with pytest.raises(densecnn.PatchSizeError, match=f"Nearest valid patch sizes: {named}") as info:
+    with pytest.raises(densecnn.PatchSizeError, match=hint) as info:
         densecnn.convert(model.eval(), patch)
     assert "none" not in str(info.value)
-    densecnn.convert(model.eval(), tuple(int(n) for n in named.split("x")))  # and the size named converts
+    densecnn.convert(model.eval(), valid)
