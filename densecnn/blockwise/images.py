@@ -4,10 +4,11 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
-from ..errors import BlockFailedError, DenseCNNError, PredictInputError
+from ..errors import BlockFailedError, DenseCNNError, ImageTooLargeError, PredictInputError
 from ..io import decode_array, write_labels
 from ..io.labels import check_label_path, labels_file_name
 from .cancel import stop_name
@@ -17,6 +18,7 @@ from .options import BlockwiseOptions
 from .scheduling import is_storage_error, run_tasks
 from .sinks import storage_problem
 from .summary import Summary
+from .worker import model_on
 
 
 def label_image_set(
@@ -54,12 +56,23 @@ def label_image_set(
     )
 
 
+def _decodable_bytes() -> int:
+    """A quarter of this machine's memory: an image decoded whole, its float input and the net's maps fit beside."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4
+
+
 def label_one_image(loaded, input: Path, output: Path, options: BlockwiseOptions) -> Summary:
     """Write the label map of the image file ``input`` to ``output``, in this process (no cluster)."""
     check_label_path(output)
     started = time.perf_counter()
-    dense = loaded.dense().to(options.device).eval()
-    pixels = decode_array(input)  # (H, W[, C])
+    dense = model_on(loaded, options.device)
+    try:
+        pixels = decode_array(input, max_bytes=_decodable_bytes())  # (H, W[, C])
+    except ImageTooLargeError as exc:
+        raise PredictInputError(
+            f"{exc}. An image this large is labelled block by block: write its labels to a .zarr output (a TIFF "
+            "is read a block at a time)"
+        ) from None
     scaling = loaded.scaling(pixels, intensity=options.intensity, nonfinite=options.nonfinite)
     x = loaded.input(pixels, scaling=scaling, nonfinite=options.nonfinite)  # (1, C, H, W)
     run = dict(max_memory=options.max_memory, dense=dense, nonfinite=options.nonfinite)

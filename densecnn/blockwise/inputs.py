@@ -95,7 +95,7 @@ def chunked_source(input: Path, channel_axis: int | None, spatial_dims: int, lev
 def check_channels(have: int, want: int, where: str) -> None:
     """Refuse an input of ``have`` channels that cannot be converted to the model's ``want``."""
     try:
-        unit_planes(np.zeros((1, 1, have), np.float32), want)
+        unit_planes(np.zeros((1, 1, have), np.float32), want, alpha=False)  # as array_input converts blocks
     except ImageReadError:
         raise PredictInputError(
             f"{where}: {have} channels cannot feed a model of {want}",

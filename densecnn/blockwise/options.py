@@ -10,6 +10,8 @@ from collections.abc import Callable
 from dataclasses import MISSING, dataclass, field
 from pathlib import Path
 
+import torch
+
 from ..errors import InvalidInputError
 from ..io.intensity import Intensity
 from ..nonfinite import check_policy
@@ -43,6 +45,22 @@ def parse_bytes(text: str) -> int:
         return int(float(text[:-1]) * _UNITS[text[-1]]) if text and text[-1] in _UNITS else int(text)
     except ValueError:
         raise InvalidInputError(f"expected bytes such as 2000000000 or 2GiB, got {text!r}") from None
+
+
+def parse_device(text: str) -> str:
+    """A torch device, checked for its form (``"cpu"``, ``"cuda"``, ``"cuda:1"``); whether the workers have it is
+    checked where they load the model (:func:`~densecnn.blockwise.worker.model_on`).
+
+    >>> parse_device("cuda:1")
+    'cuda:1'
+    """
+    try:
+        torch.device(text)
+    except RuntimeError:
+        raise InvalidInputError(
+            f"expected a torch device such as cpu, cuda or cuda:1, got {text!r}"
+        ) from None
+    return text
 
 
 def option(default=MISSING, *, help: str, parse: Callable[[str], object] | None = None, metavar: str | None = None,
@@ -103,7 +121,9 @@ class BlockwiseOptions:
     max_memory: int | None = option(
         None, parse=parse_bytes, metavar="BYTES", help="bytes per task, e.g. 2GiB (default: from the workers)"
     )
-    device: str = option("cpu", flag="--model-device", help="torch device the workers run the model on")
+    device: str = option(
+        "cpu", parse=parse_device, flag="--model-device", help="torch device the workers run the model on"
+    )
     channel_axis: int | None = option(
         None, metavar="AXIS", help="the input array's channel axis when it is not first"
     )

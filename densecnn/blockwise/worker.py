@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..errors import DenseCNNError
+from ..errors import DenseCNNError, InvalidInputError
 
 _LOCK = threading.Lock()
 
@@ -25,8 +25,23 @@ def _load(path: str, device: str, threads: int | None):
     if threads is not None:
         torch.set_num_threads(threads)
     loaded = load(path)
-    dense = loaded.dense().to(device).eval()
-    return loaded, dense
+    return loaded, model_on(loaded, device)
+
+
+def model_on(loaded, device: str):
+    """The dense net of ``loaded`` on ``device``, in eval mode.
+
+    Raises:
+        InvalidInputError: this process's torch cannot use ``device`` (no CUDA build, no such GPU).
+    """
+    try:
+        return loaded.dense().to(device).eval()
+    except (AssertionError, RuntimeError) as exc:  # torch's words for a device it lacks
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise InvalidInputError(
+            f"the model cannot run on device {device!r} here ({reason}); choose --model-device cpu, or run on "
+            "workers that have that device"
+        ) from None
 
 
 def worker_model(path: str, device: str = "cpu", threads: int | None = None):

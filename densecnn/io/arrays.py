@@ -258,6 +258,11 @@ def open_lazy_array(
 def _checked(array: LazyArray) -> LazyArray:
     if np.dtype(array.dtype).kind not in NPY_KINDS:
         raise ImageReadError(f"{array.path}: holds {array.dtype} values; save numbers (integers or floats)")
+    if 0 in array.shape:
+        raise ImageReadError(
+            f"{array.path}: holds no pixels (shape {array.shape}); give an array with at least one pixel along every "
+            "axis"
+        )
     return array
 
 
@@ -395,7 +400,14 @@ def _tiff_array(path: Path, channel_axis: int | None, spatial_dims: int) -> Lazy
         resolution = _tiff_pixel_size(tiff, page)
     if channel_axis is None and len(shape) > spatial_dims:  # a (D, H, W) stack may be tagged as samples
         samples = [i for i, a in enumerate(axes) if a in "SC"]
-        channel_axis = samples[0] if samples else None
+        if not samples:  # planes (pages, z, time), not channels: never guessed to be channels
+            what = {1: "signals", 2: "planes", 3: "volumes"}[spatial_dims]
+            raise ImageReadError(
+                f"{path}: a stack of {shape[0]} {what} (TIFF axes {axes!r}, shape {shape}), not channels; one "
+                f"{what[:-1]} is read at a time. Save one {what[:-1]} per file, or, if the stack's first axis holds "
+                "the channels of one image, name it (densecnn predict's --channel-axis 0)"
+            )
+        channel_axis = samples[0]
     layout = _layout(shape, channel_axis, path, spatial_dims)
     pixel_size = None
     if resolution is not None:

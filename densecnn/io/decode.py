@@ -9,12 +9,14 @@ signals, .npy files) are decoded by :mod:`densecnn.io.decode_nd`.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
+import imagecodecs
 import numpy as np
 import tifffile
 from PIL import Image, ImageOps
@@ -135,6 +137,12 @@ def _pillow_header(image: Image.Image, fmt: str) -> ImageHeader:
     return ImageHeader(fmt, image.width, image.height, samples, size)
 
 
+def _is_16_bit_colour_png(data: bytes) -> bool:
+    """A PNG of 16 bits per sample in colour (RGB, RGBA) or gray with alpha, which Pillow decodes to 8 bits
+    (dropping the low byte; 16-bit gray it decodes whole): its IHDR chunk, first after the signature."""
+    return data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) >= 26 and data[24] == 16 and data[25] in (2, 4, 6)
+
+
 def source_name(source, name: str | None = None) -> str:
     """How messages name a source: ``name`` if given (an upload's file name), its path, or "the upload" for bytes."""
     return name or ("the upload" if isinstance(source, bytes) else str(source))
@@ -193,9 +201,15 @@ def _read(data: bytes, name: str, *, decode: bool, **limits):
     try:
         with Image.open(io.BytesIO(data)) as image:
             header = _pillow_header(image, (image.format or "image").lower())
+            if _is_16_bit_colour_png(data):
+                header = dataclasses.replace(header, bytes_per_sample=2)
             if not decode:
                 return header
             header.check(name, **limits)
+            if _is_16_bit_colour_png(
+                data
+            ):  # Pillow would keep 8 of the 16 bits: decoded whole by imagecodecs
+                return oriented(imagecodecs.png_decode(data), image.getexif().get(274, 1))
             image = ImageOps.exif_transpose(image)
             if image.mode == "1":
                 image = image.convert("L")

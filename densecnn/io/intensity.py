@@ -121,6 +121,14 @@ class Intensity:
             raise IntensityError(f"intensity low must be below high, got low={self.low}, high={self.high}")
         if self.mode == "percentiles" and not 0 <= self.low < self.high <= 100:
             raise IntensityError(f"percentiles must lie in [0, 100], got {self.low}, {self.high}")
+        scale = 1 / (self.high - self.low) if self.high - self.low > 0 else math.inf
+        if self.mode == "range" and not scale * max(abs(self.low), abs(self.high), 1) < float(
+            np.finfo(np.float32).max
+        ):
+            raise IntensityError(
+                f"intensity range {self.low:g}..{self.high:g} is too narrow to scale in float32 (1 / (high - low) = "
+                f"{scale:.3g}); give the range the image's values span, e.g. range:0,4095 for 12-bit data"
+            )
 
     @classmethod
     def parse(cls, text: str) -> Intensity:

@@ -21,11 +21,22 @@ def dtype_scaling(dtype: np.dtype) -> Scaling:
     return Scaling(0.0, float(np.iinfo(dtype).max)) if np.issubdtype(dtype, np.integer) else Scaling(0.0, 1.0)
 
 
-def unit_planes(image: np.ndarray, channels: int, scaling: Scaling | None = None) -> np.ndarray:
+def colour_samples(image: np.ndarray, channels: int, *, alpha: bool = True) -> np.ndarray:
+    """The samples of decoded pixels (H, W, C) that carry the image: all of them for a model of C channels, else,
+    if ``alpha`` (an image file's samples), without the alpha of gray + alpha or RGBA."""
+    have = image.shape[-1] if image.ndim == 3 else 1
+    return image[..., :-1] if alpha and have != channels and have in (2, 4) else image
+
+
+def unit_planes(
+    image: np.ndarray, channels: int, scaling: Scaling | None = None, *, alpha: bool = True
+) -> np.ndarray:
     """Decoded pixels (H, W) or (H, W, C), any dtype -> (``channels``, H, W) float32, by ``scaling`` (by default
-    :func:`dtype_scaling`: integers by their dtype's range, floats kept). As many samples as the model's channels are taken as
-    they are; otherwise alpha is dropped, gray is replicated to RGB and RGB turned to gray by luminance
-    (0.299 R + 0.587 G + 0.114 B).
+    :func:`dtype_scaling`: integers by their dtype's range, floats kept). As many samples as the model's channels are
+    taken as they are; otherwise, for an image's samples (``alpha``), alpha is dropped (:func:`colour_samples`), and
+    gray is replicated to RGB and RGB turned to gray by luminance (0.299 R + 0.587 G + 0.114 B). Any other pair of
+    counts is refused (a 2-channel array for a 1-channel model: an array's channels, ``alpha=False``, hold no
+    alpha).
 
     Works one plane at a time: besides the result it holds at most one float plane, whatever the image's dtype.
     """
@@ -33,16 +44,17 @@ def unit_planes(image: np.ndarray, channels: int, scaling: Scaling | None = None
         image = image[:, :, None]
     if image.ndim != 3:
         raise ImageReadError(f"expected a 2-D image (H, W[, C]), got an array of shape {image.shape}")
-    height, width, have = image.shape
+    have = image.shape[2]
+    image = colour_samples(image, channels, alpha=alpha)
+    height, width, colour = image.shape
     out = np.empty((channels, height, width), np.float32)  # (C, H, W)
-    colour = have if have == channels else have - 1 if have in (2, 4) else have  # alpha dropped unless taken
     scaling = scaling or dtype_scaling(image.dtype)
 
     def plane(k: int, into: np.ndarray) -> np.ndarray:
         into[...] = image[:, :, k]  # cast to float32
         return scaling.apply_(into)
 
-    if colour == channels or colour == 1:
+    if colour == channels or (colour == 1 and channels == 3):
         for c in range(channels):
             plane(c if colour == channels else 0, out[c])
     elif colour == 3 and channels == 1:
@@ -51,7 +63,15 @@ def unit_planes(image: np.ndarray, channels: int, scaling: Scaling | None = None
         for k, weight in enumerate((0.299, 0.587, 0.114)):
             out[0] += np.float32(weight) * plane(k, scratch)
     else:
-        raise ImageReadError(f"cannot convert an image with {colour} channels to the model's {channels}")
+        what = (
+            f"{have} samples ({colour} without alpha)"
+            if colour != have
+            else f"{have} channel{'s' * (have > 1)}"
+        )
+        raise ImageReadError(
+            f"the image has {what} and the model takes {channels}; only gray and RGB are converted to each other. "
+            "Give the model's channels (or name the channel axis: densecnn predict's --channel-axis)"
+        )
     return out
 
 
@@ -96,8 +116,9 @@ def model_input(image: np.ndarray, model, scaling: Scaling | None = None) -> tor
     >>> model_input(decode_array("cells.png"), loaded).shape
     torch.Size([1, 1, 512, 512])
     """
-    scaling = scaling or image_scaling(image, model.intensity)
-    x = torch.from_numpy(unit_planes(image, model.in_channels, scaling))[None]  # (1, C, H, W)
+    colour = colour_samples(image, model.in_channels)  # alpha is not scaled with the colours
+    scaling = scaling or image_scaling(colour, model.intensity)
+    x = torch.from_numpy(unit_planes(colour, model.in_channels, scaling, alpha=False))[None]  # (1, C, H, W)
     for row in range(0, x.shape[2], _NORMALIZE_ROWS):
         band = x[:, :, row : row + _NORMALIZE_ROWS]
         band.copy_(model.normalize(band))
@@ -123,7 +144,9 @@ def array_input(
     spatial = array.shape[1:]
     scaling = scaling or image_scaling(array, model.intensity, tuple(range(1, array.ndim)), finite=finite)
     rows = np.moveaxis(array, 0, -1).reshape(-1, spatial[-1], array.shape[0])  # (rows, last axis, C)
-    x = torch.from_numpy(unit_planes(rows, model.in_channels, scaling))[None]  # (1, C', rows, last axis)
+    x = torch.from_numpy(unit_planes(rows, model.in_channels, scaling, alpha=False))[
+        None
+    ]  # (1, C', rows, last)
     for row in range(0, x.shape[2], _NORMALIZE_ROWS):
         band = x[:, :, row : row + _NORMALIZE_ROWS]
         band.copy_(model.normalize(band))

@@ -23,7 +23,7 @@ from ..dense import DenseCNN
 from ..errors import ConversionError, InvalidInputError
 from ..io.intensity import Intensity, Scaling
 from ..io.labels import class_probabilities, label_dtype
-from ..io.pixels import array_input, image_scaling
+from ..io.pixels import array_input, colour_samples, image_scaling
 from ..padding import check_padding_mode
 from ..tiling import class_labels
 from .check import TensorInfo, check_directory, check_weights
@@ -241,6 +241,8 @@ class LoadedModel:
         if channel_axis is None:
             if raw.ndim == dims:
                 return raw[None]
+            if dims == 2 and raw.ndim == 3:  # an image's samples as decoded (H, W, S): alpha is no channel
+                raw = colour_samples(raw, self.in_channels)
             channel_axis = -1 if dims == 2 else 0  # images decode (H, W, C); arrays read (C, *spatial)
         if raw.ndim != dims + 1:
             raise InvalidInputError(

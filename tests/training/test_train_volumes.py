@@ -242,7 +242,7 @@ def test_signal_datasets_read_npy(tmp_path):
         (lambda r: (r / "images" / "a.tif").write_bytes(b"II*\x00 garbage"), "a.tif: cannot read it as an array"),
         (lambda r: (r / "labels" / "a.tif").unlink(), "a.tif: no label file; expected"),
         (lambda r: write(r / "images" / "a.tif", np.zeros((7, 6), np.uint8)), "is not (D, H, W) or (C, D, H, W)"),
-        (lambda r: write(r / "labels" / "a.tif", np.zeros((2, 5, 7, 6), np.uint8)), "single-channel map"),
+        (lambda r: write(r / "labels" / "a.tif", np.zeros((2, 5, 7, 6), np.uint8)), "a.tif: a stack of 2 volumes"),
         (lambda r: write(r / "labels" / "a.tif", np.zeros((5, 7, 6), np.float32)), "must hold integers"),
         (lambda r: write(r / "masks" / "a.npy", np.zeros((5, 7), np.uint8)), "a.npy: shape (5, 7) is not"),
     ],

@@ -1,0 +1,98 @@
+"""What the readers never guess: planes of a TIFF stack as channels, channels an array does not have, an alpha
+sample as a colour or as part of the intensity range, 8 bits of a 16-bit colour PNG; and the front ends'
+errors for empty arrays, devices torch lacks and ranges too narrow for float32."""
+
+from __future__ import annotations
+
+import imagecodecs
+import numpy as np
+import pytest
+import tifffile
+import torch
+
+import densecnn
+from densecnn.blockwise.options import parse_device
+from densecnn.blockwise.worker import model_on
+from densecnn.errors import ImageReadError, IntensityError, InvalidInputError
+from densecnn.io import decode_array, open_lazy_array, read_header
+from densecnn.io.intensity import Intensity
+
+
+@pytest.fixture(scope="module")
+def nuclei():
+    return densecnn.load("models/nuclei")  # one channel, 2-D
+
+
+def test_a_tiff_stack_is_not_read_as_channels(tmp_path):
+    tifffile.imwrite(tmp_path / "stack.tif", np.zeros((3, 20, 20), np.uint8), photometric="minisblack")
+    with pytest.raises(ImageReadError, match=r"a stack of 3 planes .* not channels.*--channel-axis 0"):
+        open_lazy_array(tmp_path / "stack.tif", spatial_dims=2)
+    named = open_lazy_array(tmp_path / "stack.tif", spatial_dims=2, channel_axis=0)  # the user says they are
+    assert named.channels == 3
+
+
+@pytest.mark.parametrize("samples", [3, 4, 2])
+def test_a_16_bit_colour_png_keeps_its_16_bits(samples):
+    rng = np.random.default_rng(0)
+    pixels = rng.integers(0, 4096, (5, 6, samples)).astype(np.uint16)  # 12-bit data, as a camera stores it
+    png = imagecodecs.png_encode(pixels)
+    assert png[24] == 16
+    decoded = decode_array(png)
+    assert decoded.dtype == np.uint16 and np.array_equal(decoded, pixels)
+    assert read_header(png).bytes_per_sample == 2
+
+
+def test_an_opaque_alpha_changes_neither_the_scaling_nor_the_labels(nuclei):
+    rng = np.random.default_rng(0)
+    gray = rng.integers(1, 200, (48, 48), dtype=np.uint8)
+    with_alpha = np.stack([gray, np.full_like(gray, 255)], axis=-1)  # (H, W, 2): gray + alpha
+    percentiles = Intensity("percentiles", 1, 99)
+    assert nuclei.scaling(with_alpha, intensity=percentiles) == nuclei.scaling(gray, intensity=percentiles)
+    x_gray = nuclei.input(gray, intensity=percentiles)
+    assert torch.equal(nuclei.input(with_alpha, intensity=percentiles), x_gray)
+
+
+@pytest.mark.parametrize(
+    "array, model",
+    [
+        (
+            np.zeros((2, 20, 20), np.float32),
+            "models/nuclei",
+        ),  # two channels for a 1-channel model: none is alpha
+        (np.zeros((4, 20, 20), np.float32), "models/nuclei"),
+        (np.zeros((2, 6, 20, 20), np.float32), "models/nuclei3d"),
+    ],
+)
+def test_an_array_s_channels_are_never_dropped_or_guessed(array, model):
+    loaded = densecnn.load(model)
+    with pytest.raises(ImageReadError, match=rf"has {array.shape[0]} channels and the model takes 1"):
+        loaded.input(array, channel_axis=0)
+
+
+def test_gray_and_rgb_are_still_converted_to_each_other(nuclei):
+    rgb = np.repeat(np.arange(400, dtype=np.uint8).reshape(20, 20)[..., None], 3, axis=-1)
+    assert nuclei.input(rgb).shape == (1, 1, 20, 20)
+
+
+@pytest.mark.parametrize("shape", [(0, 4), (3, 0, 5)])
+def test_an_empty_array_is_refused_naming_it(tmp_path, shape):
+    np.save(tmp_path / "empty.npy", np.zeros(shape, np.float32))
+    with pytest.raises(ImageReadError, match=r"empty.npy: holds no pixels"):
+        open_lazy_array(tmp_path / "empty.npy", spatial_dims=2)
+
+
+def test_a_device_is_checked_for_its_form_and_where_the_model_loads(nuclei):
+    assert parse_device("cuda:1") == "cuda:1"
+    with pytest.raises(InvalidInputError, match="expected a torch device .* got 'bogus'"):
+        parse_device("bogus")
+    if not torch.cuda.is_available():
+        with pytest.raises(
+            InvalidInputError, match=r"cannot run on device 'cuda' here .* --model-device cpu"
+        ):
+            model_on(nuclei, "cuda")
+
+
+def test_a_range_too_narrow_for_float32_is_refused():
+    with pytest.raises(IntensityError, match="too narrow to scale in float32"):
+        Intensity.parse("range:0,1e-40")
+    assert Intensity.parse("range:0,4095").high == 4095
