@@ -85,6 +85,12 @@ def matching_level(input: Path, loaded) -> int:
 def chunked_source(input: Path, channel_axis: int | None, spatial_dims: int, level: int = 0) -> LazyArray:
     """``input`` opened lazily as a chunked array at ``level``; an image format that is decoded whole is refused."""
     if input.is_file() and input.suffix.lower() in set(IMAGE_SUFFIXES) - set(TIFF_SUFFIXES):
+        if spatial_dims != 2:
+            kind = {1: "signal", 3: "volume"}[spatial_dims]
+            raise PredictInputError(
+                f"{input}: a {input.suffix} image is 2-D and the model labels {kind}s; give the {kind} as a zarr "
+                "array, OME-Zarr group, TIFF or .npy file"
+            )
         raise PredictInputError(
             f"{input}: a {input.suffix} image is decoded whole; write its labels to a .png/.tif/.npy file, or give "
             "a zarr array or TIFF for chunked output"

@@ -31,6 +31,8 @@ def parse_sizes(text: str) -> int | tuple[int, ...]:
         sizes = tuple(int(part) for part in text.split(","))
     except ValueError:
         raise InvalidInputError(f"expected N, H,W or D,H,W, got {text!r}") from None
+    if min(sizes) < 1:
+        raise InvalidInputError(f"sizes must be at least 1 pixel, got {text!r}")
     return sizes[0] if len(sizes) == 1 else sizes
 
 

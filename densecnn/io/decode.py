@@ -226,6 +226,11 @@ def _read(data: bytes, name: str, *, decode: bool, **limits):
         raise ImageTooLargeError(
             f"{name}: {size} is more than {limit_text}; downscale or crop the image"
         ) from None
+    except Image.UnidentifiedImageError:
+        what = "it is empty" if not data else "its bytes are no image format densecnn reads"
+        raise ImageReadError(
+            f"{name}: not a readable image ({what}); give a PNG, JPEG, TIFF, WebP, BMP or GIF file"
+        ) from None
     except (OSError, SyntaxError, ValueError, EOFError) as exc:
         raise ImageReadError(f"{name}: not a readable image ({exc})") from None
 

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import tifffile
 import torch
+from PIL import Image
 
 import densecnn
 from densecnn.blockwise.options import parse_device
@@ -96,3 +97,23 @@ def test_a_range_too_narrow_for_float32_is_refused():
     with pytest.raises(IntensityError, match="too narrow to scale in float32"):
         Intensity.parse("range:0,1e-40")
     assert Intensity.parse("range:0,4095").high == 4095
+
+
+@pytest.mark.parametrize("data, why", [(b"", "it is empty"), (b"garbage", "no image format densecnn reads")])
+def test_an_unreadable_image_says_why_and_what_to_give(data, why):
+    with pytest.raises(ImageReadError, match=rf"upload: not a readable image \({why}\); give a PNG"):
+        decode_array(data)
+
+
+def test_predict_options_and_inputs_a_model_cannot_take_are_refused(tmp_path):
+    from densecnn.blockwise.inputs import chunked_source
+    from densecnn.blockwise.options import parse_sizes
+    from densecnn.errors import PredictInputError
+
+    with pytest.raises(InvalidInputError, match="at least 1 pixel, got '0'"):
+        parse_sizes("0")
+    Image.fromarray(np.zeros((8, 8), np.uint8)).save(tmp_path / "plane.png")
+    with pytest.raises(
+        PredictInputError, match=r"plane.png: a .png image is 2-D and the model labels volumes"
+    ):
+        chunked_source(tmp_path / "plane.png", None, spatial_dims=3)
