@@ -48,3 +48,14 @@ def assert_labels_equal_except_ties(labels: torch.Tensor, scores: torch.Tensor, 
     decided = (top2[:, 0] - top2[:, 1]) > 2 * bound(scores)
     disagree = (labels != scores.argmax(1)) & decided
     assert not disagree.any(), f"{what} {int(disagree.sum())} decided pixels disagree"
+
+
+def assert_within_rounding_of_terms(
+    actual: torch.Tensor, expected: torch.Tensor, terms: torch.Tensor, rel: float, what: str = ""
+) -> None:
+    """|actual − expected| <= rel · terms element by element, ``terms`` the sum of the absolute values of the
+    products each output sums (the same op on |x| and |w|): rounding follows the terms, which an output that cancels
+    to a small value (one pixel of few classes) does not show."""
+    assert actual.shape == expected.shape == terms.shape, (actual.shape, expected.shape, terms.shape)
+    ratio = ((actual - expected).abs() / terms.clamp(min=torch.finfo(terms.dtype).tiny)).max().item()
+    assert ratio <= rel, f"{what} max error {ratio:.3g} of its terms' magnitude > {rel:g}"

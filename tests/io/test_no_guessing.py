@@ -99,7 +99,9 @@ def test_a_range_too_narrow_for_float32_is_refused():
     assert Intensity.parse("range:0,4095").high == 4095
 
 
-@pytest.mark.parametrize("data, why", [(b"", "it is empty"), (b"garbage", "its bytes are no image format densecnn reads")])
+@pytest.mark.parametrize(
+    "data, why", [(b"", "it is empty"), (b"garbage", "its bytes are no image format densecnn reads")]
+)
 def test_an_unreadable_image_says_why_and_what_to_give(data, why):
     with pytest.raises(ImageReadError, match=rf"upload: not a readable image \({why}\); give a PNG"):
         decode_array(data)
