@@ -144,9 +144,8 @@ def array_input(
     spatial = array.shape[1:]
     scaling = scaling or image_scaling(array, model.intensity, tuple(range(1, array.ndim)), finite=finite)
     rows = np.moveaxis(array, 0, -1).reshape(-1, spatial[-1], array.shape[0])  # (rows, last axis, C)
-    x = torch.from_numpy(unit_planes(rows, model.in_channels, scaling, alpha=False))[
-        None
-    ]  # (1, C', rows, last)
+    planes = unit_planes(rows, model.in_channels, scaling, alpha=False)  # (C', rows, last axis)
+    x = torch.from_numpy(planes)[None]
     for row in range(0, x.shape[2], _NORMALIZE_ROWS):
         band = x[:, :, row : row + _NORMALIZE_ROWS]
         band.copy_(model.normalize(band))
