@@ -230,9 +230,8 @@ def describe_nearest(steps: list[Step], size: Size) -> str:
     names = {1: ("length",), 2: ("height", "width"), 3: ("depth", "height", "width")}[len(size)]
     per_axis = [nearest(steps, size, (axis,)) for axis in range(len(size))]
     if not any(per_axis):  # no single axis fixes it (more than one is off): name whole sizes
-        everywhere = tuple(
-            range(len(size))
-        )  # axes alike: each axis's sizes near its own, as a square's sides
+        # axes alike: each axis's sizes near its own, found as a square's sides
+        everywhere = tuple(range(len(size)))
         around = [
             (nearest(steps, (n,) * len(size), everywhere) if alike else _candidates(steps, size, (axis,)))
             or [n]

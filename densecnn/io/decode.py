@@ -206,9 +206,7 @@ def _read(data: bytes, name: str, *, decode: bool, **limits):
             if not decode:
                 return header
             header.check(name, **limits)
-            if _is_16_bit_colour_png(
-                data
-            ):  # Pillow would keep 8 of the 16 bits: decoded whole by imagecodecs
+            if _is_16_bit_colour_png(data):  # Pillow would keep 8 of the 16 bits: imagecodecs keeps them all
                 return oriented(imagecodecs.png_decode(data), image.getexif().get(274, 1))
             image = ImageOps.exif_transpose(image)
             if image.mode == "1":
