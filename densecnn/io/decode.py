@@ -201,12 +201,14 @@ def _read(data: bytes, name: str, *, decode: bool, **limits):
     try:
         with Image.open(io.BytesIO(data)) as image:
             header = _pillow_header(image, (image.format or "image").lower())
-            if _is_16_bit_colour_png(data):
+            # Pillow would keep 8 of a 16-bit colour PNG's 16 bits: imagecodecs keeps them all
+            wide_png = _is_16_bit_colour_png(data)
+            if wide_png:
                 header = dataclasses.replace(header, bytes_per_sample=2)
             if not decode:
                 return header
             header.check(name, **limits)
-            if _is_16_bit_colour_png(data):  # Pillow would keep 8 of the 16 bits: imagecodecs keeps them all
+            if wide_png:
                 return oriented(imagecodecs.png_decode(data), image.getexif().get(274, 1))
             image = ImageOps.exif_transpose(image)
             if image.mode == "1":

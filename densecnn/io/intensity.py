@@ -121,8 +121,8 @@ class Intensity:
             raise IntensityError(f"intensity low must be below high, got low={self.low}, high={self.high}")
         if self.mode == "percentiles" and not 0 <= self.low < self.high <= 100:
             raise IntensityError(f"percentiles must lie in [0, 100], got {self.low}, {self.high}")
-        scale = 1 / (self.high - self.low) if self.high - self.low > 0 else math.inf
-        if self.mode == "range" and not scale * max(abs(self.low), abs(self.high), 1) < float(
+        scale = 1 / (self.high - self.low)  # low < high, checked above
+        if self.mode == "range" and scale * max(abs(self.low), abs(self.high), 1) >= float(
             np.finfo(np.float32).max
         ):
             raise IntensityError(
