@@ -8,6 +8,9 @@ Works on the layer's attributes alone (no Qt, no viewer), so it is tested withou
   RGB, RGB turned to gray as :func:`densecnn.io.pixels.unit_planes` does);
 - every other axis indexes planes (a 2-D model labels each plane of a stack or time series), each one scaled and
   labelled as an image of its own;
+- axes the layer names (napari's ``axis_labels``: ``c``/``channel`` for channels) are read as named: a named channel
+  axis is the model's channel axis, and one among the axes the model convolves over (a ZCYX layer for a 3-D model)
+  or of another length than the model's channels is refused, since it cannot be read right;
 - of a multiscale layer, the level at the model's pixel size (``pixel_size`` in model.json, closest within 20%,
   the layer's ``scale`` read as micrometres), else level 0.
 
@@ -28,6 +31,7 @@ import numpy as np
 from ..errors import InvalidInputError
 
 PIXEL_SIZE_TOLERANCE = 0.2  # a level within 20% of the model's pixel size along every spatial axis matches it
+CHANNEL_AXIS_NAMES = frozenset({"c", "ch", "channel", "channels"})  # napari axis labels read as the channel axis
 
 
 @dataclass(frozen=True)
@@ -61,12 +65,14 @@ class LayerSource:
         spatial_dims: int,
         channels: int,
         pixel_size: Sequence[float] | None = None,
+        axis_labels: Sequence[str] | None = None,
     ) -> LayerSource:
-        """The source of a layer's ``data`` (a list of levels if ``multiscale``), with napari's ``rgb`` and level-0
-        ``scale``, for a model of ``spatial_dims`` axes and ``channels`` input channels.
+        """The source of a layer's ``data`` (a list of levels if ``multiscale``), with napari's ``rgb``, level-0
+        ``scale`` and ``axis_labels``, for a model of ``spatial_dims`` axes and ``channels`` input channels.
 
         Raises:
-            InvalidInputError: the layer has fewer axes than the model convolves over.
+            InvalidInputError: the layer has fewer axes than the model convolves over, or a channel axis it names
+                cannot be the model's.
         """
         levels = list(data) if multiscale else [data]
         ndim = len(levels[0].shape) - rgb
@@ -78,8 +84,11 @@ class LayerSource:
             )
         spatial = tuple(range(ndim - spatial_dims, ndim))
         level, factor = _level(levels, ndim, spatial, scale, pixel_size)
+        named = _named_channel_axis(levels[0].shape[:ndim], axis_labels, spatial, channels, rgb)
         channel_axis = None
-        if channels > 1 and not rgb:
+        if named is not None and levels[0].shape[named] > 1:
+            channel_axis = named
+        elif channels > 1 and not rgb and named is None:
             candidates = [a for a in range(spatial[0]) if levels[level].shape[a] == channels]
             channel_axis = candidates[-1] if candidates else None
         labels_scale = tuple(s * f for a, (s, f) in enumerate(zip(scale, factor)) if a != channel_axis)
@@ -121,6 +130,36 @@ class LayerSource:
         if self.channel_axis is not None:  # after the planes' integer indices, it is the first axis left
             return np.moveaxis(pixels, 0, -1)
         return pixels if self.rgb else pixels[..., None]
+
+
+def _named_channel_axis(
+    shape: tuple[int, ...], axis_labels: Sequence[str] | None, spatial: tuple[int, ...], channels: int, rgb: bool
+) -> int | None:
+    """The axis ``axis_labels`` names as channels (None: none named), checked against the model's ``channels``.
+
+    >>> _named_channel_axis((2, 5, 64, 64), ("c", "z", "y", "x"), (1, 2, 3), 2, False)
+    0
+    """
+    names = [str(label).strip().lower() for label in axis_labels or ()]
+    named = [a for a, name in enumerate(names[: len(shape)]) if name in CHANNEL_AXIS_NAMES]
+    if not named:
+        return None
+    axis = named[-1]
+    described = "x".join(f"{names[a]}={n}" for a, n in enumerate(shape))
+    if axis in spatial:
+        raise InvalidInputError(
+            f"the layer's axes are {described}: its channel axis '{names[axis]}' is among the last {len(spatial)} "
+            f"axes, which the model convolves over; move the channels before them (e.g. CZYX) or split the layer's "
+            "channels into layers of their own"
+        )
+    wanted = 1 if rgb else channels  # an RGB layer's colours are its channels
+    if shape[axis] != wanted:
+        raise InvalidInputError(
+            f"the layer's axes are {described}: it has {shape[axis]} channels on axis '{names[axis]}' but the model "
+            f"reads {wanted} there; pick a layer with {wanted} channel{'s' if wanted > 1 else ''} on that axis"
+            + (" or split the layer's channels into layers of their own" if wanted == 1 else "")
+        )
+    return axis
 
 
 def _level(levels: list, ndim: int, spatial: tuple[int, ...], scale, pixel_size) -> tuple[int, list[float]]:

@@ -227,7 +227,7 @@ class TrainPanel(Container):
         channels = start.in_channels if start else 3 if image.rgb else self._channels.value
         source = LayerSource.of(
             image.data, rgb=image.rgb, multiscale=image.multiscale, scale=image.scale, spatial_dims=spatial_dims,
-            channels=channels, pixel_size=start.pixel_size if start else None,
+            channels=channels, pixel_size=start.pixel_size if start else None, axis_labels=image.axis_labels,
         )  # fmt: skip
         strokes = StrokeSet.of(strokes_layer.data, source, image_shape=_level0_shape(image))
         if not self._classes.value.strip():

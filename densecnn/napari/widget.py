@@ -211,6 +211,7 @@ def _job(model_dir: Path, layer, intensity: str | None, **options):
         spatial_dims=len(loaded.patch_size),
         channels=loaded.in_channels,
         pixel_size=loaded.pixel_size,
+        axis_labels=layer.axis_labels,
     )
     try:
         result = yield from engine.predict_layer(loaded, source, **options)

@@ -268,6 +268,30 @@ def test_a_layer_with_too_few_axes_is_explained_and_adds_nothing(viewer_and_widg
     assert widget._run.enabled
 
 
+def test_a_channel_axis_among_the_volumes_axes_is_refused_and_adds_nothing(viewer_and_widget, qtbot):
+    viewer, widget = viewer_and_widget
+    zcyx = np.zeros((6, 2, 40, 40), np.uint8)  # read unnamed, its C would be the volume's depth
+    layer = viewer.add_image(zcyx, name="zcyx", axis_labels=("z", "c", "y", "x"))
+    widget._model.value = NUCLEI3D
+    _run(widget, qtbot, layer, 16)
+    assert "channel axis 'c' is among the last 3 axes" in widget._status.value
+    assert [layer.name for layer in viewer.layers] == ["zcyx"]
+
+
+def test_a_named_channel_axis_is_the_models_channels():
+    """Of two axes as long as the model's channels, the one named 'c' holds them; unnamed, the one nearest space."""
+    czyx = np.zeros((2, 2, 16, 16))
+    options = dict(rgb=False, multiscale=False, scale=(1, 1, 1, 1), spatial_dims=2, channels=2)
+    assert LayerSource.of(czyx, **options, axis_labels=("c", "z", "y", "x")).channel_axis == 0
+    assert LayerSource.of(czyx, **options, axis_labels=("-4", "-3", "-2", "-1")).channel_axis == 1
+    with pytest.raises(densecnn.InvalidInputError, match="it has 3 channels on axis 'channel' but the model reads 2"):
+        LayerSource.of(np.zeros((3, 16, 16)), **options | dict(scale=(1, 1, 1)), axis_labels=("channel", "y", "x"))
+    with pytest.raises(densecnn.InvalidInputError, match="split the layer's channels into layers of their own"):
+        LayerSource.of(czyx, **options | dict(channels=1), axis_labels=("c", "z", "y", "x"))
+    one = LayerSource.of(czyx[:1], **options | dict(channels=1), axis_labels=("c", "z", "y", "x"))
+    assert one.channel_axis is None and one.labels_shape == (1, 2, 16, 16)
+
+
 def test_a_cap_below_the_labels_and_one_tile_is_explained():
     source = LayerSource.of(
         nuclei()[0][0], rgb=False, multiscale=False, scale=(1, 1), spatial_dims=2, channels=1
