@@ -43,6 +43,9 @@ if TYPE_CHECKING:
 INSTALL = "pip install 'densecnn[bioimageio]'"
 INPUT, OUTPUT = "image", "scores"  # the tensor ids, the ONNX graph's names too
 SPATIAL_AXES = {1: ("x",), 2: ("y", "x"), 3: ("z", "y", "x")}
+# scale_range's eps: far below any float32 rounding, and a float whose YAML has a decimal point (9.09...e-13),
+# which YAML 1.1 readers (PyYAML, deepImageJ's SnakeYAML) need to read it as a number: 1e-12 reads as a string
+SCALE_RANGE_EPS = 2.0**-40
 CITATION = (
     "Li, Zhao & Wang (2014), Highly efficient forward and backward propagation of convolutional neural networks "
     "for pixelwise classification",
@@ -87,13 +90,13 @@ def preprocessing(loaded: LoadedModel, dtype: np.dtype) -> list[dict]:
                 "scale_range takes upper percentiles above 1 only (so that fractions are not mistaken for "
                 "percentiles): this scaling cannot be written as bioimage.io preprocessing"
             )
-        # over all channels of one image together, as densecnn takes them; eps far below any float32 rounding
+        # over all channels of one image together, as densecnn takes them
         axes = ["channel", *SPATIAL_AXES[len(loaded.patch_size)]]
         kwargs = {
             "axes": axes,
             "min_percentile": intensity.low,
             "max_percentile": intensity.high,
-            "eps": 1e-12,
+            "eps": SCALE_RANGE_EPS,
         }
         steps.append({"id": "scale_range", "kwargs": kwargs})
     else:

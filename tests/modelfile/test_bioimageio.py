@@ -33,6 +33,12 @@ def _rdf(package: Path) -> dict:
         return ruyaml.YAML(typ="safe", pure=True).load(archive.read("rdf.yaml"))
 
 
+def _read_as_yaml_1_1(package: Path) -> dict:
+    yaml = pytest.importorskip("yaml")
+    with zipfile.ZipFile(package) as archive:
+        return yaml.safe_load(archive.read("rdf.yaml"))
+
+
 def _array(package: Path, name: str) -> np.ndarray:
     with zipfile.ZipFile(package) as archive, archive.open(name) as stream:
         return np.load(stream)
@@ -230,6 +236,7 @@ def test_intensity_and_normalisation_become_preprocessing(
     )
     _valid(package)
     rdf = _rdf(package)
+    assert _read_as_yaml_1_1(package) == rdf  # PyYAML and deepImageJ read YAML 1.1, where "1e-12" is a string
     assert rdf["outputs"][0]["axes"][1]["channel_names"] == ["bg", "cell_body", "edge"]
     assert rdf["authors"] == [{"name": "A. Author"}]
     steps = rdf["inputs"][0]["preprocessing"]
