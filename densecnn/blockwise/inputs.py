@@ -111,7 +111,7 @@ def check_channels(have: int, want: int, where: str) -> None:
 
 def check_image_files(input: Path, output: Path, spatial_dims: int, options: BlockwiseOptions) -> None:
     """Refuse what image files cannot be labelled with: a model that is not 2-D, options for zarr outputs only,
-    an input whose labels must go to a zarr array, and an input that does not exist."""
+    an input whose labels must go to a zarr array, an input that does not exist, and a cluster for one image."""
     if spatial_dims != 2:
         kind = {1: "signal", 3: "volume"}[spatial_dims]
         raise PredictInputError(
@@ -128,3 +128,9 @@ def check_image_files(input: Path, output: Path, spatial_dims: int, options: Blo
         )
     if not is_image_set(input) and not input.is_file():
         raise PredictInputError(f"{input}: no such file, directory or zarr array")
+    if not is_image_set(input) and (options.scheduler is not None or options.client is not None):
+        cluster = f"the Dask scheduler at {options.scheduler}" if options.scheduler else "the given Dask client"
+        raise PredictInputError(
+            f"{input} is one image file, which is labelled in this process, not on {cluster}: give no "
+            "scheduler or client, or a directory or glob of images to label them on the cluster"
+        )
