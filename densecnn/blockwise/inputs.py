@@ -129,7 +129,9 @@ def check_image_files(input: Path, output: Path, spatial_dims: int, options: Blo
     if not is_image_set(input) and not input.is_file():
         raise PredictInputError(f"{input}: no such file, directory or zarr array")
     if not is_image_set(input) and (options.scheduler is not None or options.client is not None):
-        cluster = f"the Dask scheduler at {options.scheduler}" if options.scheduler else "the given Dask client"
+        cluster = (
+            f"the Dask scheduler at {options.scheduler}" if options.scheduler else "the given Dask client"
+        )
         raise PredictInputError(
             f"{input} is one image file, which is labelled in this process, not on {cluster}: give no "
             "scheduler or client, or a directory or glob of images to label them on the cluster"

@@ -31,7 +31,8 @@ import numpy as np
 from ..errors import InvalidInputError
 
 PIXEL_SIZE_TOLERANCE = 0.2  # a level within 20% of the model's pixel size along every spatial axis matches it
-CHANNEL_AXIS_NAMES = frozenset({"c", "ch", "channel", "channels"})  # napari axis labels read as the channel axis
+# napari axis labels read as the channel axis
+CHANNEL_AXIS_NAMES = frozenset({"c", "ch", "channel", "channels"})
 
 
 @dataclass(frozen=True)
@@ -133,7 +134,11 @@ class LayerSource:
 
 
 def _named_channel_axis(
-    shape: tuple[int, ...], axis_labels: Sequence[str] | None, spatial: tuple[int, ...], channels: int, rgb: bool
+    shape: tuple[int, ...],
+    axis_labels: Sequence[str] | None,
+    spatial: tuple[int, ...],
+    channels: int,
+    rgb: bool,
 ) -> int | None:
     """The axis ``axis_labels`` names as channels (None: none named), checked against the model's ``channels``.
 

@@ -340,9 +340,14 @@ def test_inputs_and_outputs_that_do_not_fit_get_clear_errors(tmp_path):
     with pytest.raises(PredictInputError, match="no image files"):
         predict_to_disk(model_dir, tmp_path / "*.bmp", tmp_path / "out")
     # a cluster would be ignored: one image file is labelled in the calling process
-    with pytest.raises(PredictInputError, match="one image file, which is labelled in this process, not on the Dask"):
+    with pytest.raises(
+        PredictInputError, match="one image file, which is labelled in this process, not on the Dask"
+    ):
         predict_to_disk(
-            model_dir, tmp_path / "cells.png", tmp_path / "out.png", BlockwiseOptions(scheduler="tcp://10.0.0.1:8786")
+            model_dir,
+            tmp_path / "cells.png",
+            tmp_path / "out.png",
+            BlockwiseOptions(scheduler="tcp://10.0.0.1:8786"),
         )
 
 

@@ -284,9 +284,15 @@ def test_a_named_channel_axis_is_the_models_channels():
     options = dict(rgb=False, multiscale=False, scale=(1, 1, 1, 1), spatial_dims=2, channels=2)
     assert LayerSource.of(czyx, **options, axis_labels=("c", "z", "y", "x")).channel_axis == 0
     assert LayerSource.of(czyx, **options, axis_labels=("-4", "-3", "-2", "-1")).channel_axis == 1
-    with pytest.raises(densecnn.InvalidInputError, match="it has 3 channels on axis 'channel' but the model reads 2"):
-        LayerSource.of(np.zeros((3, 16, 16)), **options | dict(scale=(1, 1, 1)), axis_labels=("channel", "y", "x"))
-    with pytest.raises(densecnn.InvalidInputError, match="split the layer's channels into layers of their own"):
+    with pytest.raises(
+        densecnn.InvalidInputError, match="it has 3 channels on axis 'channel' but the model reads 2"
+    ):
+        LayerSource.of(
+            np.zeros((3, 16, 16)), **options | dict(scale=(1, 1, 1)), axis_labels=("channel", "y", "x")
+        )
+    with pytest.raises(
+        densecnn.InvalidInputError, match="split the layer's channels into layers of their own"
+    ):
         LayerSource.of(czyx, **options | dict(channels=1), axis_labels=("c", "z", "y", "x"))
     one = LayerSource.of(czyx[:1], **options | dict(channels=1), axis_labels=("c", "z", "y", "x"))
     assert one.channel_axis is None and one.labels_shape == (1, 2, 16, 16)
