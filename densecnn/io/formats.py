@@ -59,11 +59,19 @@ def image_files(spec: str | Path) -> list[Path]:
     [PosixPath('fields/a.png'), PosixPath('fields/b.png')]
 
     Raises:
-        ImageReadError: nothing matched.
+        ImageReadError: nothing matched, or a directory holds arrays (.npy, zarr) beside its images, which would
+            be left unlabelled.
     """
     path = Path(spec)
     if path.is_dir():
         found = [p for p in path.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES]
+        arrays = sorted(p.name for p in path.iterdir() if p.suffix.lower() == ".npy" or is_zarr(p))
+        if found and arrays:
+            raise ImageReadError(
+                f"{spec}: besides its images it holds arrays ({', '.join(arrays[:3])}"
+                f"{', ...' if len(arrays) > 3 else ''}), which are labelled one at a time to a .zarr output, not "
+                "with the images; move them out, or give a glob of the images such as 'fields/*.png'"
+            )
     else:
         found = [Path(p) for p in glob.glob(str(spec)) if Path(p).is_file()]
     if not found:

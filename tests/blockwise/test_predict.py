@@ -339,6 +339,12 @@ def test_inputs_and_outputs_that_do_not_fit_get_clear_errors(tmp_path):
         predict_to_disk(model_dir, tmp_path / "cells.png", tmp_path / "out.jpg")
     with pytest.raises(PredictInputError, match="no image files"):
         predict_to_disk(model_dir, tmp_path / "*.bmp", tmp_path / "out")
+    # arrays beside the images would be left unlabelled
+    (tmp_path / "fields").mkdir()
+    Image.fromarray(nuclei_pixels()[:20, :20]).save(tmp_path / "fields" / "a.png")
+    np.save(tmp_path / "fields" / "b.npy", nuclei_pixels()[:20, :20])
+    with pytest.raises(PredictInputError, match=r"besides its images it holds arrays \(b\.npy\)"):
+        predict_to_disk(model_dir, tmp_path / "fields", tmp_path / "out")
     # a cluster would be ignored: one image file is labelled in the calling process
     with pytest.raises(
         PredictInputError, match="one image file, which is labelled in this process, not on the Dask"
