@@ -239,10 +239,13 @@ def require_finite(
     *,
     channel_axis: int | None = None,
     origin: tuple[int, ...] | None = None,
+    scaled_by: Scaling | None = None,
 ) -> None:
     """Refuse ``values`` holding NaN or infinite entries (in float64 arrays, also values beyond float32's range,
     which the model's input cannot hold), naming how many pixels and the first one's position: in the spatial axes
-    (``channel_axis`` left out), shifted by ``origin`` (a window's first pixel in the whole image)."""
+    (``channel_axis`` left out), shifted by ``origin`` (a window's first pixel in the whole image). ``scaled_by``:
+    the values are a finite image scaled by it (and normalised), so what is not finite overflowed there
+    (:class:`~densecnn.errors.IntensityError`, naming the scaling)."""
     if isinstance(values, torch.Tensor):
         bad = ~torch.isfinite(values)
         if channel_axis is not None:
@@ -264,6 +267,12 @@ def require_finite(
         count, first = int(bad.sum()), [int(i) for i in np.argwhere(bad)[0]]
     if origin is not None:
         first = [i + o for i, o in zip(first, origin)]
+    if scaled_by is not None:
+        raise IntensityError(
+            f"scaled by {scaled_by.low:g}..{scaled_by.high:g} -> 0..1 (and normalised), {count:,} pixels go beyond "
+            f"float32's range, the first at position {tuple(first)}: the image's values lie far outside that "
+            "range; give the intensity range the image's values span"
+        )
     raise NonFiniteInputError(
         f"the image has {count:,} pixels holding NaN or infinite values (beyond float32's range counts too), the "
         f"first at position {tuple(first)}; no label map computed from them means anything: send finite values",

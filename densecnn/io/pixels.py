@@ -117,12 +117,15 @@ def model_input(image: np.ndarray, model, scaling: Scaling | None = None) -> tor
     torch.Size([1, 1, 512, 512])
     """
     colour = colour_samples(image, model.in_channels)  # alpha is not scaled with the colours
-    scaling = scaling or image_scaling(colour, model.intensity)
+    if scaling is None:
+        scaling = image_scaling(colour, model.intensity)  # the image checked finite first
+    else:
+        require_finite(colour, channel_axis=2 if colour.ndim == 3 else None)
     x = torch.from_numpy(unit_planes(colour, model.in_channels, scaling, alpha=False))[None]  # (1, C, H, W)
     for row in range(0, x.shape[2], _NORMALIZE_ROWS):
         band = x[:, :, row : row + _NORMALIZE_ROWS]
         band.copy_(model.normalize(band))
-    require_finite(x[0], channel_axis=0)  # NaN/Inf in the image, or values beyond float32's range
+    require_finite(x[0], channel_axis=0, scaled_by=scaling)  # a finite image overflowing in the scaling
     return x
 
 
@@ -142,7 +145,10 @@ def array_input(
     torch.Size([1, 1, 12, 64, 64])
     """
     spatial = array.shape[1:]
-    scaling = scaling or image_scaling(array, model.intensity, tuple(range(1, array.ndim)), finite=finite)
+    if scaling is None:
+        scaling = image_scaling(array, model.intensity, tuple(range(1, array.ndim)), finite=finite)
+    elif finite:
+        require_finite(array, channel_axis=0)
     rows = np.moveaxis(array, 0, -1).reshape(-1, spatial[-1], array.shape[0])  # (rows, last axis, C)
     planes = unit_planes(rows, model.in_channels, scaling, alpha=False)  # (C', rows, last axis)
     x = torch.from_numpy(planes)[None]
@@ -150,5 +156,5 @@ def array_input(
         band = x[:, :, row : row + _NORMALIZE_ROWS]
         band.copy_(model.normalize(band))
     if finite:
-        require_finite(x[0], channel_axis=0)
+        require_finite(x[0], channel_axis=0, scaled_by=scaling)
     return x.view(1, model.in_channels, *spatial)  # (1, C', *spatial)

@@ -99,6 +99,21 @@ def test_a_range_too_narrow_for_float32_is_refused():
     assert Intensity.parse("range:0,4095").high == 4095
 
 
+def test_values_overflowing_a_narrow_range_blame_the_range_not_the_image(nuclei):
+    """A range float32 can scale by, but whose scaling takes the image's finite values past float32's range."""
+    image = np.full((20, 20), 1e6, np.float32)
+    scaling = Intensity.parse("range:0,1e-34").scaling(image.ravel())
+    for to_input in (lambda: densecnn.io.model_input(image, nuclei, scaling),
+                     lambda: densecnn.io.array_input(image[None], nuclei, scaling)):  # fmt: skip
+        with pytest.raises(
+            IntensityError, match=r"scaled by 0\.\.1e-34 -> 0\.\.1 .* 400 pixels go beyond float32"
+        ):
+            to_input()
+    image[3, 4] = np.nan  # an image that is not finite is still named as such
+    with pytest.raises(densecnn.errors.NonFiniteInputError, match=r"1 pixels .* position \(3, 4\)"):
+        densecnn.io.model_input(image, nuclei, scaling)
+
+
 @pytest.mark.parametrize(
     "data, why", [(b"", "it is empty"), (b"garbage", "its bytes are no image format densecnn reads")]
 )
