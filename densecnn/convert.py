@@ -172,7 +172,7 @@ def _warn_if_random_in_training(chain) -> None:
 def _refuse_changed_by_running(dense: DenseCNN) -> None:
     """Raise if running the model (in the verification pass) changed its structure: a forward that sets its own
     attributes or resizes its buffers, which the dense net (that never runs it) cannot follow."""
-    change = dense.structure.changed()
+    change = dense.structure.follow()
     if change is not None:
         raise ConversionError(
             f"the model changes its own state when it runs ({change}), which a dense net, computed from the layers "

@@ -133,10 +133,11 @@ class Structure:
         self.snapshots = tuple(_Snapshot(module) for _, module in modules)
         self.shared = shared
 
-    def changed(self) -> str | None:
-        """The first difference from the recorded structure ("layer '1' (MaxPool2d): kernel_size was 2, is 3"), or
-        None. A tensor that a functional op of a traced forward reads (``shared``), replaced by one of the same shape,
-        is followed, as a module's replaced parameter is."""
+    def follow(self) -> str | None:
+        """Follow the model where the dense net can, and return the first change it cannot follow ("layer '1'
+        (MaxPool2d): kernel_size was 2, is 3"), or None. Followed: a tensor that a functional op of a traced forward
+        reads (``shared``), replaced by one of the same shape, which the dense net's layer then holds instead, as a
+        module's replaced parameter is shared."""
         for (path, module), snapshot in zip(self.modules, self.snapshots):
             if not snapshot.unchanged():
                 now = _state(module)
@@ -154,7 +155,7 @@ class Structure:
         Raises:
             ModelChangedError: naming the module and what changed, and saying to convert again.
         """
-        change = self.changed()
+        change = self.follow()
         if change is not None:
             raise ModelChangedError(
                 f"the model changed since it was converted ({change}); the dense net was built from the model as it "

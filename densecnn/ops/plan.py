@@ -141,9 +141,8 @@ def run_in_dtype(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
         return torch.func.functional_call(layer, cast, (x,)) if cast else layer(x)
     except NotImplementedError as exc:
         reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        if (
-            "not implemented for" not in reason
-        ):  # torch's words for a kernel missing for a dtype; else the layer's own
+        # torch's words for a kernel missing for a dtype; any other NotImplementedError is the layer's own
+        if "not implemented for" not in reason:
             raise
         raise InvalidTypeError(
             f"the layer {type(layer).__name__} cannot compute in {x.dtype} on {x.device.type} ({reason}); "

@@ -138,9 +138,9 @@ def test_a_forward_that_changes_its_own_attributes_is_refused_at_conversion():
 def test_the_structure_names_what_changed():
     model, patch = _model()
     structure = densecnn.structure.Structure(tuple(model.named_modules()))
-    assert structure.changed() is None
+    assert structure.follow() is None
     model[1].kernel_size = 3
-    assert structure.changed() == "layer '1' (MaxPool2d): kernel_size was 2, is 3"
+    assert structure.follow() == "layer '1' (MaxPool2d): kernel_size was 2, is 3"
 
 
 class FunctionalWeights(nn.Module):
