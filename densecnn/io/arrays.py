@@ -37,6 +37,7 @@ from ..errors import ImageReadError
 from .beneath import PathRefusedError, open_beneath
 from .formats import NPY_KINDS, TIFF_SUFFIXES, is_zarr
 from .orientation import oriented, stored_window, transposes
+from .photometric import invert, white_value
 from .slides import SLIDE_SUFFIXES, open_level
 
 SPATIAL_NAMES = ("z", "y", "x")  # the last n name the axes of an n-D model
@@ -59,6 +60,7 @@ class LazyArray:
         orientation: the TIFF Orientation tag (1-8; 1 as stored), applied to the last two spatial axes.
         pixel_size: micrometres per pixel along each spatial axis as displayed, or None where the file does not
             say it for every axis.
+        white: the value white is stored as in a white-is-zero TIFF, whose samples are read inverted; else None.
 
     >>> volume = open_lazy_array("stack.ome.zarr", spatial_dims=3)
     >>> volume.axes, volume.spatial_shape, volume.pixel_size
@@ -76,6 +78,7 @@ class LazyArray:
     layout: str
     orientation: int = 1
     pixel_size: tuple[float, ...] | None = None
+    white: int | None = None
 
     @property
     def axes(self) -> str:
@@ -115,7 +118,7 @@ class LazyArray:
         pixels = np.moveaxis(pixels, kept.index("c"), 0) if "c" in kept else pixels[None]
         if pixels.ndim >= 3:  # (C, ..., H, W): rows and columns are the last two axes
             pixels = oriented(pixels, self.orientation, rows=pixels.ndim - 2)
-        return pixels
+        return pixels if self.white is None else invert(pixels, self.white)
 
 
 def _read_file(array: LazyArray) -> np.ndarray:
@@ -217,11 +220,18 @@ def _zarr(path):
 
 
 def open_lazy_array(
-    path: str | Path, *, spatial_dims: int, channel_axis: int | None = None, level: int = 0
+    path: str | Path,
+    *,
+    spatial_dims: int,
+    channel_axis: int | None = None,
+    level: int = 0,
+    as_stored: bool = False,
 ) -> LazyArray:
     """Describe the array at ``path`` (zarr array, OME-Zarr group, TIFF, whole-slide image or .npy) for a model of
     ``spatial_dims`` axes; nothing but metadata is read. ``level``: an OME-Zarr image's resolution level (its
-    ``level``-th dataset; 0, the full resolution, by default; :func:`ome_levels` lists them).
+    ``level``-th dataset; 0, the full resolution, by default; :func:`ome_levels` lists them). A TIFF's samples are
+    read as displayed (:mod:`~densecnn.io.photometric`), or ``as_stored``: a class map's ids, whatever its
+    photometric tag says (tifffile writes bool arrays as white-is-zero).
 
     Without ``channel_axis``: OME-Zarr axis names say which axis it is; a TIFF's samples (S) or ImageJ channels
     (C) axis is it; otherwise an array with ``spatial_dims + 1`` axes has channels first.
@@ -238,7 +248,7 @@ def open_lazy_array(
         raise ImageReadError(f"{path}: no such file or directory")
     try:
         if path.is_file() and path.suffix.lower() in TIFF_SUFFIXES:
-            return _tiff_array(path, channel_axis, spatial_dims)
+            return _tiff_array(path, channel_axis, spatial_dims, as_stored)
         if path.is_file() and path.suffix.lower() == ".npy":
             return _npy_array(path, channel_axis, spatial_dims)
         if path.is_file() and path.suffix.lower() in SLIDE_SUFFIXES:
@@ -388,13 +398,14 @@ def _layout(shape: tuple[int, ...], channel_axis: int | None, path, spatial_dims
     return "".join("c" if axis == channel_axis else "s" for axis in range(len(shape)))
 
 
-def _tiff_array(path: Path, channel_axis: int | None, spatial_dims: int) -> LazyArray:
+def _tiff_array(path: Path, channel_axis: int | None, spatial_dims: int, as_stored: bool) -> LazyArray:
     import tifffile
 
     with tifffile.TiffFile(path) as tiff:
         series, page = tiff.series[0], tiff.pages[0]
         axes, shape, dtype = series.axes, tuple(series.shape), str(series.dtype)
         orientation = page.tags.valueof(274, 1)
+        white = None if as_stored else white_value(page, str(path), palette=False)
         chunks = tuple(page.chunks) if len(page.chunks) == len(page.shape) else tuple(page.shape)
         chunks = (1,) * (len(shape) - len(chunks)) + chunks if len(chunks) <= len(shape) else shape
         resolution = _tiff_pixel_size(tiff, page)
@@ -415,7 +426,7 @@ def _tiff_array(path: Path, channel_axis: int | None, spatial_dims: int) -> Lazy
         rows, columns = (x, y) if transposes(orientation) else (y, x)
         pixel_size = {1: (columns,), 2: (rows, columns), 3: (z, rows, columns)}[spatial_dims]
         pixel_size = None if any(s is None for s in pixel_size) else pixel_size
-    array = LazyArray(str(path), "tiff", "0", shape, chunks, dtype, layout, orientation, pixel_size)
+    array = LazyArray(str(path), "tiff", "0", shape, chunks, dtype, layout, orientation, pixel_size, white)
     return _checked(array)
 
 

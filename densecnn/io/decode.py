@@ -22,8 +22,9 @@ import tifffile
 from PIL import Image, ImageOps
 
 from ..errors import ImageReadError, ImageStackError, ImageTooLargeError
-from .formats import image_format
+from .formats import NPY_KINDS, image_format
 from .orientation import oriented
+from .photometric import PALETTE, as_displayed, white_value
 from .pixels import unit_planes
 
 # Pillow modes read as they are -> (samples, bytes per sample); bilevel is read as gray, any other mode (palette,
@@ -94,9 +95,10 @@ def tiff_header(tiff: tifffile.TiffFile) -> ImageHeader:
     layout = f"axes {series.axes}, shape {'x'.join(map(str, series.shape))}"
     height, width = page.imagelength, page.imagewidth
     samples = math.prod(page.shape) // max(1, height * width * max(1, page.imagedepth))
-    return ImageHeader(
-        "tiff", width, height, samples, page.dtype.itemsize, max(planes, page.imagedepth), layout
-    )
+    bytes_per_sample = page.dtype.itemsize
+    if int(page.photometric) == PALETTE:  # indices decode to their colour map's 16-bit RGB
+        samples, bytes_per_sample = 3, 2
+    return ImageHeader("tiff", width, height, samples, bytes_per_sample, max(planes, page.imagedepth), layout)
 
 
 TILE_EXCESS = 16  # a tile may decode to this many times its page's own bytes (small images in standard tiles)
@@ -165,9 +167,12 @@ def decode_array(
     max_pixels: int | None = None,
     max_bytes: int | None = None,
     name: str | None = None,
+    as_stored: bool = False,
 ) -> np.ndarray:
     """The pixel array of an image file or its bytes, decoded whole into memory, as displayed: (H, W) or (H, W, C),
-    in the file's dtype (:func:`~densecnn.io.open_lazy_array` opens an array on disk lazily instead).
+    in the file's dtype (:func:`~densecnn.io.open_lazy_array` opens an array on disk lazily instead). ``as_stored``:
+    the values stored, for a class map's ids: a TIFF's photometric tag ignored, a palette PNG's indices, a 1-bit
+    PNG's 0 and 1.
 
     Raises, from the header and before decoding: ImageStackError for a stack of planes (a multi-page or volumetric
     TIFF), ImageTooLargeError for more than ``max_pixels`` pixels or ``max_bytes`` decoded bytes (width × height ×
@@ -175,10 +180,17 @@ def decode_array(
     file by ``name`` (an upload's file name) or its path.
     """
     data = source if isinstance(source, bytes) else Path(source).read_bytes()
-    return _read(data, source_name(source, name), decode=True, max_pixels=max_pixels, max_bytes=max_bytes)
+    return _read(
+        data,
+        source_name(source, name),
+        decode=True,
+        as_stored=as_stored,
+        max_pixels=max_pixels,
+        max_bytes=max_bytes,
+    )
 
 
-def _read(data: bytes, name: str, *, decode: bool, **limits):
+def _read(data: bytes, name: str, *, decode: bool, as_stored: bool = False, **limits):
     if image_format(data) == "npy":
         raise ImageReadError(f"{name}: a .npy array is not an image file; read it with densecnn.io.read_nd")
     if image_format(data) == "tiff":
@@ -190,9 +202,16 @@ def _read(data: bytes, name: str, *, decode: bool, **limits):
                 header.check(name, **limits)
                 check_tiff_tiles(tiff, name, limits.get("max_bytes"))
                 page = tiff.pages[0]
+                if not as_stored:
+                    white_value(page, name)  # refused before decoding if a viewer would show other values
                 array = page.asarray(maxworkers=1)  # one decoding thread: memory is the array's
                 if page.axes.startswith("S"):  # planar configuration "separate": samples first
                     array = np.moveaxis(array, 0, -1)
+                if array.dtype.kind not in NPY_KINDS:
+                    raise ImageReadError(
+                        f"{name}: holds {array.dtype} values; save numbers (integers or floats)"
+                    )
+                array = array if as_stored else as_displayed(page, array, name)
                 return oriented(array, page.tags.valueof(274, 1))
         except ImageReadError:
             raise
@@ -211,6 +230,8 @@ def _read(data: bytes, name: str, *, decode: bool, **limits):
             if wide_png:
                 return oriented(imagecodecs.png_decode(data), image.getexif().get(274, 1))
             image = ImageOps.exif_transpose(image)
+            if as_stored and image.mode in ("1", "P", "L", "I", "I;16", "I;16B", "I;16L"):
+                return np.asarray(image)  # ids as stored: a palette's indices, bits as bool
             if image.mode == "1":
                 image = image.convert("L")
             elif image.mode not in _PILLOW_KEPT:

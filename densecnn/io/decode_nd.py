@@ -18,6 +18,7 @@ from ..errors import ImageDimensionsError, ImageReadError, ImageTooLargeError
 from .decode import check_tiff_tiles, decode_array, source_name, tiff_header
 from .formats import NPY_KINDS, image_format
 from .orientation import oriented
+from .photometric import invert, white_value
 
 # What a model of 1, 2 or 3 spatial axes takes, for messages.
 _TAKES = {
@@ -105,7 +106,9 @@ def _tiff_stack(data: bytes, name: str, **limits) -> np.ndarray:
                 shape = (shape[0], shape[1] // shape[0], *shape[2:])  # ImageJ channels are counted as planes
             _check_nd(name, shape, 3, header.decoded_bytes, **limits)
             check_tiff_tiles(tiff, name, limits.get("max_bytes"))
+            white = white_value(tiff.pages[0], name, palette=False)
             array = series.asarray(maxworkers=1)
+            array = array if white is None else invert(array, white)
             orientation = tiff.pages[0].tags.valueof(274, 1)
     except ImageReadError:
         raise

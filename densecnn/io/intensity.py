@@ -163,8 +163,10 @@ class Intensity:
         """The scaling of an image from a ``sample`` of its raw values (any shape, the image's dtype), after the
         checks above (NaN and infinite values are left out of it); ``floats_in_unit_range``: whether mode "dtype"
         expects floats in [0, 1] (images and volumes; not signals). Raises :class:`~densecnn.errors.IntensityError`."""
-        if sample.dtype == np.bool_:
+        if sample.dtype == np.bool_:  # False and True are 0 and 1, as they are as floats
             sample = sample.view(np.uint8)
+            if self.mode == "dtype":
+                return Scaling(0.0, 1.0, _constant(sample))
         if sample.dtype.kind == "f":  # non-finite values are refused with their positions once scaled
             sample = sample[np.isfinite(sample)]
         if self.mode == "range":

@@ -292,17 +292,18 @@ def _read_image(
         raise DatasetError(f"{problem}; fix or remove the file", fix=exc.fix) from None
 
 
-def _open_nd(path: Path, spatial_dims: int):
-    """The signal or volume file ``path``, opened lazily (:class:`densecnn.io.LazyArray`)."""
+def _open_nd(path: Path, spatial_dims: int, *, as_stored: bool = False):
+    """The signal or volume file ``path``, opened lazily (:class:`densecnn.io.LazyArray`); ``as_stored``: a class
+    map's ids."""
     try:
-        return open_lazy_array(path, spatial_dims=spatial_dims)
+        return open_lazy_array(path, spatial_dims=spatial_dims, as_stored=as_stored)
     except ImageReadError as exc:
         raise DatasetError(f"{exc}; fix or remove the file") from None
 
 
-def _read_nd(path: Path, spatial_dims: int) -> np.ndarray:
+def _read_nd(path: Path, spatial_dims: int, *, as_stored: bool = False) -> np.ndarray:
     """The signal or volume file ``path``, channels first: (C, *spatial) in the file's dtype."""
-    array = _open_nd(path, spatial_dims)
+    array = _open_nd(path, spatial_dims, as_stored=as_stored)
     try:
         return array.read()
     except Exception as exc:  # a chunk or page that cannot be decoded
@@ -371,14 +372,14 @@ def _read_class_map(
     """A single-channel integer map of ``shape``, as int64."""
     if spatial_dims == 2:
         try:
-            array = decode_array(path)
+            array = decode_array(path, as_stored=True)  # ids as stored, whatever a viewer would show
         except ImageReadError as exc:
             raise DatasetError(f"{exc}; fix or remove the file") from None
         if array.ndim == 3 and array.shape[2] == 1:
             array = array[:, :, 0]
         hint = "colour labels are not read; save the ids as an 8-bit grayscale PNG"
     else:
-        array = _read_nd(path, spatial_dims)  # (C, *spatial)
+        array = _read_nd(path, spatial_dims, as_stored=True)  # (C, *spatial)
         if array.shape[0] == 1:
             array = array[0]
         hint = "save the class ids as one array of the image's spatial shape, without a channel axis"

@@ -219,16 +219,16 @@ def check_window_budget(plans: dict[Path, WindowPlan], limit: int = WINDOW_PIXEL
     )
 
 
-def open_windowed(path: Path) -> LazyArray:
-    """The 2-D image or label array at ``path``, opened lazily at full resolution."""
+def open_windowed(path: Path, *, as_stored: bool = False) -> LazyArray:
+    """The 2-D image or (``as_stored``) class map at ``path``, opened lazily at full resolution."""
     try:
-        return open_lazy_array(path, spatial_dims=2)
+        return open_lazy_array(path, spatial_dims=2, as_stored=as_stored)
     except ImageReadError as exc:
         raise DatasetError(f"{exc}; fix or remove the file") from None
 
 
 def _companion_array(path: Path, image_path: Path, shape: tuple[int, int]) -> LazyArray:
-    array = open_windowed(path)
+    array = open_windowed(path, as_stored=True)
     if array.channels != 1 or array.spatial_shape != tuple(shape):
         raise DatasetError(
             f"{path}: a single-channel map of {array.spatial_shape[0]}x{array.spatial_shape[1]} with "

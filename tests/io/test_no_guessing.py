@@ -4,6 +4,8 @@ errors for empty arrays, devices torch lacks and ranges too narrow for float32."
 
 from __future__ import annotations
 
+import io
+
 import imagecodecs
 import numpy as np
 import pytest
@@ -15,8 +17,9 @@ import densecnn
 from densecnn.blockwise.options import parse_device
 from densecnn.blockwise.worker import model_on
 from densecnn.errors import ImageReadError, IntensityError, InvalidInputError
-from densecnn.io import decode_array, open_lazy_array, read_header
+from densecnn.io import decode_array, open_lazy_array, read_header, read_nd
 from densecnn.io.intensity import Intensity
+from tests.tolerances import assert_close_relative
 
 
 @pytest.fixture(scope="module")
@@ -30,6 +33,84 @@ def test_a_tiff_stack_is_not_read_as_channels(tmp_path):
         open_lazy_array(tmp_path / "stack.tif", spatial_dims=2)
     named = open_lazy_array(tmp_path / "stack.tif", spatial_dims=2, channel_axis=0)  # the user says they are
     assert named.channels == 3
+
+
+@pytest.mark.parametrize("dtype, bits", [(np.uint8, 8), (np.uint16, 12), (np.bool_, 1)])
+def test_white_is_zero_tiffs_are_read_inverted_on_every_path(tmp_path, dtype, bits):
+    rng = np.random.default_rng(0)
+    shown = rng.integers(0, 2**bits, (3, 20, 24)).astype(dtype)  # as a viewer shows it: (D, H, W)
+    white = ~shown if dtype == np.bool_ else (2**bits - 1 - shown).astype(dtype)
+    tifffile.imwrite(tmp_path / "plane.tif", white[0], photometric="miniswhite", bitspersample=bits)
+    tifffile.imwrite(tmp_path / "stack.tif", white, photometric="miniswhite", bitspersample=bits)
+    assert np.array_equal(decode_array(tmp_path / "plane.tif"), shown[0])
+    assert np.array_equal(open_lazy_array(tmp_path / "plane.tif", spatial_dims=2).read()[0], shown[0])
+    assert np.array_equal(read_nd(tmp_path / "stack.tif", 3)[0], shown)
+    assert np.array_equal(open_lazy_array(tmp_path / "stack.tif", spatial_dims=3).read()[0], shown)
+
+
+def test_a_palette_tiff_is_read_as_its_colours_and_others_are_refused(tmp_path, nuclei):
+    rng = np.random.default_rng(0)
+    indices = rng.integers(0, 256, (20, 24), dtype=np.uint8)
+    colours = rng.integers(0, 256, (3, 256), dtype=np.uint16)
+    tifffile.imwrite(tmp_path / "palette.tif", indices, photometric="palette", colormap=colours * 257)
+    rgb = np.moveaxis(colours[:, indices], 0, -1).astype(np.uint8)  # (H, W, 3): what a viewer shows
+    decoded = decode_array(tmp_path / "palette.tif")
+    assert decoded.dtype == np.uint16 and np.array_equal(decoded, rgb.astype(np.uint16) * 257)
+    assert read_header((tmp_path / "palette.tif").read_bytes()).decoded_bytes == 20 * 24 * 6
+    assert_close_relative(nuclei.input(decoded), nuclei.input(rgb), 1e-6)
+    with pytest.raises(ImageReadError, match="palette .* a window at a time"):
+        open_lazy_array(tmp_path / "palette.tif", spatial_dims=2)
+    tifffile.imwrite(tmp_path / "cmyk.tif", np.zeros((20, 24, 4), np.uint8), photometric="separated")
+    tifffile.imwrite(tmp_path / "complex.tif", np.zeros((20, 24), np.complex64))
+    with pytest.raises(
+        ImageReadError, match=r"separated \(CMYK\).* save it as gray \(black is zero\) or RGB"
+    ):
+        decode_array(tmp_path / "cmyk.tif")
+    with pytest.raises(ImageReadError, match="separated"):
+        open_lazy_array(tmp_path / "cmyk.tif", spatial_dims=2)
+    with pytest.raises(ImageReadError, match="holds complex64 values"):
+        decode_array(tmp_path / "complex.tif")
+
+
+@pytest.mark.parametrize("spatial_dims", [2, 3])
+def test_class_maps_are_read_as_stored_whatever_their_photometric_tag(tmp_path, spatial_dims):
+    """tifffile writes bool arrays white-is-zero: a mask or label map so written keeps its ids, and a palette PNG
+    (as densecnn writes label maps) gives its indices."""
+    from densecnn.train.dataset import read_dataset
+
+    rng = np.random.default_rng(0)
+    shape = (20, 24) if spatial_dims == 2 else (3, 20, 24)
+    for folder in ("images", "labels", "masks"):
+        (tmp_path / folder).mkdir()
+    ids = rng.integers(0, 2, shape).astype(np.uint8)
+    mask = rng.random(shape) > 0.3
+    tifffile.imwrite(tmp_path / "images" / "a.tif", rng.integers(0, 255, shape, dtype=np.uint8))
+    tifffile.imwrite(tmp_path / "masks" / "a.tif", mask)  # bool: written MINISWHITE
+    if spatial_dims == 2:
+        palette = Image.fromarray(ids, mode="P")
+        palette.putpalette([0, 0, 0, 255, 0, 0])
+        palette.save(tmp_path / "labels" / "a.png")
+        assert np.array_equal(decode_array(tmp_path / "labels" / "a.png", as_stored=True), ids)
+    else:
+        tifffile.imwrite(tmp_path / "labels" / "a.tif", ids.astype(bool))
+    if spatial_dims == 2:
+        assert np.array_equal(decode_array(tmp_path / "masks" / "a.tif", as_stored=True), mask)
+        assert np.array_equal(decode_array(tmp_path / "masks" / "a.tif"), ~mask)  # as displayed
+    (sample,) = read_dataset(tmp_path, channels=1, num_classes=2, spatial_dims=spatial_dims)
+    expected = np.where(mask, ids, 255)
+    assert np.array_equal(np.asarray(sample.labels), expected)
+
+
+def test_black_and_white_are_0_and_1_as_bits_bools_and_bytes(nuclei):
+    rng = np.random.default_rng(0)
+    bits = rng.random((30, 30)) > 0.5
+    png = io.BytesIO()
+    Image.fromarray(bits).save(png, format="PNG")  # a 1-bit PNG, which Pillow decodes to 0 and 255
+    tiff = io.BytesIO()
+    tifffile.imwrite(tiff, bits, photometric="minisblack")
+    x = nuclei.input(decode_array(png.getvalue()))
+    assert torch.equal(nuclei.input(decode_array(tiff.getvalue())), x)
+    assert torch.equal(nuclei.input(bits), x)
 
 
 @pytest.mark.parametrize("samples", [3, 4, 2])

@@ -421,6 +421,25 @@ def test_truncated_png_is_400(client):
     assert_next_request_succeeds(client)
 
 
+def test_tiffs_a_viewer_shows_otherwise_are_read_as_shown_or_refused(client):
+    """White-is-zero gray is labelled as the same picture stored black-is-zero; CMYK and complex samples are 400."""
+    gray = (IMAGE[..., 0] if IMAGE.ndim == 3 else IMAGE).astype(np.uint8)
+    stored = [io.BytesIO(), io.BytesIO()]
+    tifffile.imwrite(stored[0], gray, photometric="minisblack")
+    tifffile.imwrite(stored[1], 255 - gray, photometric="miniswhite")
+    black, white = (png_labels(post_raw(client, s.getvalue(), "image/tiff").content) for s in stored)
+    np.testing.assert_array_equal(white, black)
+    for data, photometric, why in [
+        (np.stack([gray] * 4, -1), "separated", "separated \\(CMYK\\)"),
+        (gray.astype(np.complex64), "minisblack", "holds complex64 values"),
+    ]:
+        tiff = io.BytesIO()
+        tifffile.imwrite(tiff, data, photometric=photometric)
+        error = assert_error(post_raw(client, tiff.getvalue(), "image/tiff"), 400, "invalid_image")
+        assert re.search(why, error["message"]), error["message"]
+    assert_next_request_succeeds(client)
+
+
 def test_corrupt_tiff_is_400(client):
     assert_error(post_raw(client, b"II*\x00" + b"\xff" * 40, "image/tiff"), 400, "invalid_image")
     assert_next_request_succeeds(client)
