@@ -9,6 +9,7 @@ from fastapi import Depends, Path, Request
 from .errors import ApiError
 from .executor import InferencePool
 from .prometheus import Metrics
+from .receiving import ReceivingLimit
 from .registry import ServedModel
 from .settings import Settings
 from .state import ServiceState
@@ -48,6 +49,13 @@ def get_pool(service: ReadyServiceDep) -> InferencePool:
 
 
 PoolDep = Annotated[InferencePool, Depends(get_pool)]
+
+
+def get_receiving(service: ReadyServiceDep) -> ReceivingLimit:
+    return service.receiving
+
+
+ReceivingDep = Annotated[ReceivingLimit, Depends(get_receiving)]
 
 
 def get_model(

@@ -2,8 +2,8 @@
 
 At most ``workers`` jobs run at once and at most ``queue_size`` more wait; a request beyond that is refused at once
 (:class:`Overloaded`, which the API answers with 503 + Retry-After), so load never piles up into timeouts or 500s.
-A request takes its place (:meth:`InferencePool.admit`) before its body is read, so at most ``workers + queue_size``
-uploads are held in memory at once.
+A request takes its place (:meth:`InferencePool.admit`) once its body has arrived (:mod:`.receiving` bounds the
+bodies being received), so a client sending slowly holds no place.
 A job whose client has gone, or whose deadline has passed, gives its slot back: a queued one never starts, a running
 one stops at its next layer or tile (its ``cancel`` event is set; the job must pass it to the dense net).
 """

@@ -29,6 +29,7 @@ from .keys import KeyStore
 from .limits import BodySizeLimitMiddleware
 from .privacy import private_database, private_directory
 from .prometheus import Metrics, MetricsMiddleware, multiprocess
+from .receiving import ReceivingLimit
 from .registry import load_models
 from .requestid import RequestIdMiddleware
 from .routers import health, jobs, models, page, segment, uploads
@@ -115,6 +116,7 @@ def _lifespan(settings: Settings, service: ServiceState, metrics: Metrics):
         )
         service.loading, service.draining, service.load_error = True, False, None
         service.pool = _inference_pool(settings, metrics)
+        service.receiving = ReceivingLimit(settings.max_receiving_uploads, settings.max_receiving_per_client)
         drain_on_signals(service)
         loading = asyncio.create_task(_load_models(service, settings))
         engine, runner = await _start_jobs(app, settings, metrics)

@@ -12,7 +12,7 @@ from .registry import ServedModel
 AXES = {1: ("length",), 2: ("height", "width"), 3: ("depth", "height", "width")}
 ACCEPTS = {
     1: ("application/x-npy",),
-    2: ("image/png", "image/jpeg", "image/tiff", "image/bmp", "image/gif", "application/x-npy"),
+    2: ("image/png", "image/jpeg", "image/tiff", "image/webp", "image/bmp", "image/gif", "application/x-npy"),
     3: ("image/tiff", "application/x-npy"),
 }
 

@@ -58,6 +58,15 @@ class Settings(BaseSettings):
     # --- how much work the process accepts ---
     max_concurrent_inferences: int = Field(1, gt=0, description="inferences running at once per worker")
     queue_size: int = Field(4, ge=0, description="requests waiting for an inference slot; beyond: 503")
+    max_receiving_uploads: int = Field(
+        8,
+        gt=0,
+        description="segment request bodies being received at once per worker (before they take an inference "
+        "place, so that slow senders hold none); beyond: 503",
+    )
+    max_receiving_per_client: int = Field(
+        4, gt=0, description="of those, from one client address; beyond: 503"
+    )
     request_timeout: float = Field(
         60.0, gt=0, description="seconds a request may wait and run; beyond: 503, and its job is abandoned"
     )
@@ -174,6 +183,7 @@ class Settings(BaseSettings):
         "turns it on when it binds to a non-loopback address",
     )
     max_jobs_per_key: int = Field(4, gt=0, description="queued and running jobs per key; beyond: 429")
+    max_uploads_per_key: int = Field(4, gt=0, description="unfinished resumable uploads per key; beyond: 429")
     requests_per_minute: int = Field(
         600, gt=0, description="/v1 requests per key (or client address without keys) per worker; beyond: 429"
     )

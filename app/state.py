@@ -7,6 +7,7 @@ import threading
 from dataclasses import dataclass, field
 
 from .executor import InferencePool
+from .receiving import ReceivingLimit
 from .registry import ServedModel
 
 
@@ -17,6 +18,7 @@ class ServiceState:
     models: dict[str, ServedModel] = field(default_factory=dict)
     default_model: str | None = None
     pool: InferencePool | None = None
+    receiving: ReceivingLimit | None = None
     loading: bool = True
     load_error: str | None = None
     draining: bool = False

@@ -25,10 +25,10 @@ from ..errors import ApiError
 from ..registry import ServedModel
 from ..settings import Settings
 from .inputs import JobInput
+from .quota import disk_blocks
 
 MIN_CHUNK = 16  # an output chunk's least side: smaller ones make a file and a task per few pixels
 MAX_CHUNK = 16384  # and its largest; memory bounds it further (max_job_memory)
-BLOCK = 4096  # bytes of a file system block: the least a file takes
 METADATA_BYTES = 64 * 1024  # a result store's zarr.json and directories, at most
 WINDOW_SHARE = 0.5  # of a block task's memory, what its window and output buffer may take
 MAX_LEVEL = 64  # an OME-Zarr level (the levels a store really has are checked when it is opened)
@@ -115,11 +115,6 @@ def _admit(job_input: JobInput, served: ServedModel, settings: Settings, level, 
                        f"for those; {advice}")  # fmt: skip
     memory = settings.request_memory_bound(loaded.in_channels)
     return JobPlan("png", None, memory, disk_blocks(header.pixels * labels))
-
-
-def disk_blocks(nbytes: int) -> int:
-    """The disk ``nbytes`` take at most: whole blocks of :data:`BLOCK` bytes."""
-    return -(-nbytes // BLOCK) * BLOCK
 
 
 def _store_bytes(shape: tuple[int, ...], side: int, itemsize: int) -> int:

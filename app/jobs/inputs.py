@@ -30,7 +30,7 @@ from densecnn.io.slides import SLIDE_SUFFIXES
 from ..errors import ApiError
 from ..request_image import RAW_TYPES
 from .multipart import ImagePart
-from .quota import QuotaExceeded
+from .quota import GrowingReservation, QuotaExceeded, disk_blocks
 
 SUFFIXES = {"png": ".png", "jpeg": ".jpg", "tiff": ".tif", "bmp": ".bmp", "gif": ".gif", "npy": ".npy",
             "webp": ".webp"}  # fmt: skip
@@ -129,43 +129,67 @@ def _link(fd: int, name: str, directory: Path) -> Path:
     return link
 
 
-async def save_upload(request: Request, directory: Path, *, room: int) -> JobInput:
-    """Stream the request's image (multipart field ``image``, or the raw body) to ``directory/input.<suffix>``.
+async def save_upload(
+    request: Request, directory: Path, *, room: int, reservation: GrowingReservation, idle_seconds: float
+) -> JobInput:
+    """Stream the request's image (multipart field ``image``, or the raw body) to ``directory/input.<suffix>``,
+    each write covered by ``reservation`` first.
 
-    Raises QuotaExceeded when more than ``room`` bytes arrive (a declared Content-Length over it before any byte is
-    read); ApiError for a body that is not an image read here.
+    Raises QuotaExceeded for a declared Content-Length over ``room`` (before any byte is read) and when the quota
+    cannot cover the bytes that arrive; ApiError 408 when no bytes arrive for ``idle_seconds``, and for a body that
+    is not an image read here.
     """
     declared = request.headers.get("content-length", "")
     if declared.isascii() and declared.isdigit() and int(declared) > room:
         raise QuotaExceeded(room)
     content_type = request.headers.get("content-type", "")
     media_type = content_type.partition(";")[0].strip().lower()
+    stream = _within(request.stream(), idle_seconds)
     if media_type == "multipart/form-data":
-        part = ImagePart(request.stream(), content_type)
-        return await _write(part.chunks(), directory, part.name, room)
+        part = ImagePart(stream, content_type)
+        return await _write(part.chunks(), directory, part.name, reservation)
     if media_type.startswith("image/") or media_type in RAW_TYPES:
-        return await _write(request.stream(), directory, lambda: "the upload", room)
+        return await _write(stream, directory, lambda: "the upload", reservation)
     raise ApiError(415, "unsupported_media_type",
                    f"Content-Type {media_type[:100] or '(none)'} is not accepted: upload the image as "
                    "multipart/form-data field 'image' or as a raw image/* or application/octet-stream body, or send "
                    "JSON naming a server-side input")  # fmt: skip
 
 
-async def _write(chunks: AsyncIterator[bytes], directory: Path, name, room: int) -> JobInput:
-    """Write ``chunks`` to ``directory/input.part``, batched, each write off the event loop; rename it after the
-    format its first bytes show. ``name()`` names the upload once its bytes have arrived."""
+async def _within(chunks: AsyncIterator[bytes], idle_seconds: float) -> AsyncIterator[bytes]:
+    """``chunks``, each within ``idle_seconds`` of the one before (408 otherwise: a client that stalls)."""
+    iterator = aiter(chunks)
+    while True:
+        try:
+            yield await asyncio.wait_for(anext(iterator), idle_seconds)
+        except StopAsyncIteration:
+            return
+        except TimeoutError:
+            raise ApiError(408, "upload_timeout",
+                           f"no bytes of the upload arrived for {idle_seconds:g} s; send it again") from None  # fmt: skip
+
+
+async def _write(
+    chunks: AsyncIterator[bytes], directory: Path, name, reservation: GrowingReservation
+) -> JobInput:
+    """Write ``chunks`` to ``directory/input.part``, batched, each write off the event loop and covered by
+    ``reservation`` first; rename it after the format its first bytes show. ``name()`` names the upload once its
+    bytes have arrived."""
     part = directory / "input.part"
     received, batch = 0, bytearray()
+
+    async def write(data: bytes) -> None:
+        await asyncio.to_thread(reservation.cover, disk_blocks(received))
+        await asyncio.to_thread(out.write, data)
+
     with part.open("wb") as out:
         async for chunk in chunks:
             received += len(chunk)
-            if received > room:
-                raise QuotaExceeded(room)
             batch += chunk
             if len(batch) >= WRITE_BATCH:
-                await asyncio.to_thread(out.write, bytes(batch))
+                await write(bytes(batch))
                 batch.clear()
-        await asyncio.to_thread(out.write, bytes(batch))
+        await write(bytes(batch))
     with part.open("rb") as head:
         fmt = image_format(head.read(16))
     if not received:

@@ -3,6 +3,9 @@ declared length, a streamed job upload's declared or maximal length, a job's est
 granted atomically only while the sum stays within ``disk_quota_bytes``, and trued up to the disk blocks the files
 really take once they are written. Admission never walks the jobs' directory.
 
+Bytes whose length is not known up front (a resumable upload's PATCHes, a chunked job upload) are reserved as they
+arrive (:class:`GrowingReservation`), so an upload that sends nothing holds no quota.
+
 >>> quota = Quota(engine, 8_000_000)
 >>> quota.reserve("upload-ab12", 6_000_000)      # granted
 >>> quota.reserve("upload-cd34", 6_000_000)      # QuotaExceeded: 2,000,000 bytes left
@@ -81,6 +84,11 @@ class Quota:
         if not done:
             raise QuotaExceeded(self.room())
 
+    def reserved(self, name: str) -> int:
+        """Bytes reserved under ``name`` (0 for none)."""
+        with Session(self.engine) as session:
+            return int(session.scalar(select(Reservation.bytes).where(Reservation.id == name)) or 0)
+
     def set(self, name: str, nbytes: int) -> None:
         """The reservation ``name`` becomes ``nbytes`` (what its files were measured to take)."""
         with Session(self.engine) as session:
@@ -103,6 +111,42 @@ class Quota:
     def names(self) -> set[str]:
         with Session(self.engine) as session:
             return set(session.scalars(select(Reservation.id)))
+
+
+BLOCK = 4096  # bytes of a file system block: the least a file takes
+GROWTH_STEP = 64 << 20  # a growing reservation takes this many bytes more at a time (fewer database writes)
+
+
+def disk_blocks(nbytes: int) -> int:
+    """The disk ``nbytes`` take at most: whole blocks of :data:`BLOCK` bytes."""
+    return -(-nbytes // BLOCK) * BLOCK
+
+
+class GrowingReservation:
+    """The reservation ``name``, grown ahead of the bytes written under it, at most to ``limit`` bytes.
+
+    >>> reservation = GrowingReservation(quota, "job-ab12", limit=4 << 30)   # reserved (0 bytes) already
+    >>> reservation.cover(disk_blocks(received))   # before writing: QuotaExceeded when the quota has no room
+    """
+
+    def __init__(self, quota: Quota, name: str, limit: int):
+        self.quota, self.name, self.limit = quota, name, limit
+        self.held = quota.reserved(name)
+
+    def cover(self, nbytes: int) -> None:
+        """Hold at least ``nbytes`` (the disk they take), growing by :data:`GROWTH_STEP` at a time where the quota
+        and ``limit`` leave room for it, else by just what is needed."""
+        needed = nbytes - self.held
+        if needed <= 0:
+            return
+        step = min(max(needed, GROWTH_STEP), max(self.limit - self.held, needed))
+        try:
+            self.quota.grow(self.name, step)
+        except QuotaExceeded:
+            if step == needed:
+                raise
+            self.quota.grow(self.name, step := needed)
+        self.held += step
 
 
 def disk_usage(path: Path) -> int:

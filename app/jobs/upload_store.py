@@ -53,6 +53,15 @@ def create(jobs_root: Path, upload_id: str, owner: str, length: int, name: str) 
     (directory / "upload.json").write_text(json.dumps(asdict(info)))
 
 
+def count(jobs_root: Path, owner: str) -> int:
+    """How many unfinished uploads ``owner`` has."""
+    owned = 0
+    for directory in _entries(uploads_root(jobs_root)):
+        with contextlib.suppress(OSError, ValueError, TypeError):
+            owned += json.loads((directory / "upload.json").read_text())["owner"] == owner
+    return owned
+
+
 def new_id() -> str:
     return uuid.uuid4().hex
 

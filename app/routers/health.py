@@ -7,20 +7,19 @@ from fastapi import APIRouter
 from ..dependencies import ReadyServiceDep
 from ..errors import ErrorBody
 from ..responses import Health, Readiness
+from .get_and_head import get_and_head
 
 router = APIRouter(tags=["health"])
 
 
-@router.api_route(
-    "/healthz", methods=["GET", "HEAD"], response_model=Health, summary="Liveness: the process answers"
-)
+@get_and_head(router, "/healthz", response_model=Health, summary="Liveness: the process answers")
 async def healthz() -> Health:
     return Health(status="ok")
 
 
-@router.api_route(
+@get_and_head(
+    router,
     "/readyz",
-    methods=["GET", "HEAD"],
     response_model=Readiness,
     summary="Readiness: 200 once the models are loaded; 503 while loading or draining",
     responses={503: {"model": ErrorBody, "description": "loading, draining, or no model could be loaded"}},

@@ -30,9 +30,10 @@ from ..jobs import upload_store
 from ..jobs.admission import MAX_CHUNK, MAX_LEVEL, MIN_CHUNK, admit
 from ..jobs.db import UNFINISHED, JobRecord, State
 from ..jobs.inputs import JobInput, opened_server_input, save_upload
-from ..jobs.quota import disk_usage
+from ..jobs.quota import GrowingReservation, disk_usage
 from ..jobs.runner import LABELS_PNG, LABELS_TIFF, LABELS_ZARR, JobRunner
 from ..jobs.schemas import Job, JobList, JobRequest
+from .get_and_head import get_and_head
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
@@ -187,15 +188,14 @@ async def _job_input(
 
 
 async def _receive_upload(request: Request, runner: JobRunner, settings, job_id: str, directory) -> JobInput:
-    """Reserve the upload's declared length (or, without one, the most it may be) and stream it to the job's
-    directory within it; the reservation then becomes the disk its file takes."""
-    declared = request.headers.get("content-length", "")
-    if re.fullmatch(r"[0-9]{1,19}", declared):
-        amount = min(int(declared), settings.max_job_upload_bytes)
-    else:
-        amount = min(settings.max_job_upload_bytes, await asyncio.to_thread(runner.quota.room))
-    await asyncio.to_thread(runner.quota.reserve, job_id, amount)
-    job_input = await save_upload(request, directory, room=amount)
+    """Stream the upload to the job's directory, reserving its disk as its bytes arrive (a declared length the
+    quota has no room for is refused at once), within ``upload_timeout`` seconds between any two of its chunks;
+    the reservation then becomes the disk its file takes."""
+    await asyncio.to_thread(runner.quota.reserve, job_id, 0)
+    reservation = GrowingReservation(runner.quota, job_id, limit=settings.max_job_upload_bytes)
+    room = await asyncio.to_thread(runner.quota.room)
+    job_input = await save_upload(request, directory, room=room, reservation=reservation,
+                                  idle_seconds=settings.upload_timeout)  # fmt: skip
     await asyncio.to_thread(runner.quota.set, job_id, disk_usage(job_input.path))
     return job_input
 
@@ -270,9 +270,6 @@ def _finished(runner: JobRunner, job_id: str, owner: str, kind: str) -> FilePath
     return runner.directory(job_id)
 
 
-RESULT_METHODS = ["GET", "HEAD"]
-
-
 def _file(path: FilePath, request: Request, media_type: str, filename: str | None = None) -> FileResponse:
     """``path`` as a response (HEAD: its headers only), a ``Range`` refused in the JSON error shape: 400 when it is
     malformed, 416 when it starts past the end."""
@@ -289,6 +286,7 @@ def _file(path: FilePath, request: Request, media_type: str, filename: str | Non
                 (start == end == "")
                 or (start and int(start) >= size)
                 or (start and end and int(end) < int(start))
+                or (not start and int(end) == 0)  # a suffix of no bytes
             ):
                 raise ApiError(416, "range_not_satisfiable",
                                f"the file has {size:,} bytes; ask for a range within them",
@@ -299,19 +297,19 @@ def _file(path: FilePath, request: Request, media_type: str, filename: str | Non
 RANGE = re.compile(r"bytes=((?:\d{0,19}-\d{0,19})(?:\s*,\s*\d{0,19}-\d{0,19}){0,15})")
 
 
-@router.api_route("/{job_id}/result.png", methods=RESULT_METHODS,
-                  summary="The labels as one palette PNG (results within the image limits)",
-                  response_class=FileResponse, responses={200: {"content": {"image/png": BINARY}},
-                                                          404: _error("none"), 409: _error("not finished")})  # fmt: skip
+@get_and_head(router, "/{job_id}/result.png",
+              summary="The labels as one palette PNG (results within the image limits)",
+              response_class=FileResponse, responses={200: {"content": {"image/png": BINARY}},
+                                                      404: _error("none"), 409: _error("not finished")})  # fmt: skip
 def result_png(job_id: JobId, request: Request, caller: CallerDep, runner: RunnerDep) -> FileResponse:
     directory = _finished(runner, job_id, caller.owner, "png")
     return _file(directory / LABELS_PNG, request, "image/png", f"{job_id}-labels.png")
 
 
-@router.api_route("/{job_id}/result.tif", methods=RESULT_METHODS,
-                  summary="The labels as one TIFF of class ids (results within the image limits)",
-                  response_class=Response, responses={200: {"content": {"image/tiff": BINARY}}, 404: _error("none"),
-                                                      409: _error("not finished")})  # fmt: skip
+@get_and_head(router, "/{job_id}/result.tif",
+              summary="The labels as one TIFF of class ids (results within the image limits)",
+              response_class=Response, responses={200: {"content": {"image/tiff": BINARY}}, 404: _error("none"),
+                                                  409: _error("not finished")})  # fmt: skip
 def result_tiff(job_id: JobId, request: Request, caller: CallerDep, runner: RunnerDep) -> Response:
     job = _owned(runner, job_id, caller.owner)
     directory = _finished(runner, job_id, caller.owner, "tiff" if "tiff" in job.result else "png")
@@ -322,12 +320,12 @@ def result_tiff(job_id: JobId, request: Request, caller: CallerDep, runner: Runn
     return _file(directory / LABELS_TIFF, request, "image/tiff", f"{job_id}-labels.tif")
 
 
-@router.api_route("/{job_id}/result.geojson", methods=RESULT_METHODS,
-                  summary="The labels as GeoJSON polygons: one feature per connected region of a class (QuPath "
-                          "reads them: File > Import objects)",
-                  response_class=StreamingResponse,
-                  responses={200: {"content": {GEOJSON: {"schema": {"type": "object"}}}}, 404: _error("none"),
-                             409: _error("not finished")})  # fmt: skip
+@get_and_head(router, "/{job_id}/result.geojson",
+              summary="The labels as GeoJSON polygons: one feature per connected region of a class (QuPath "
+                      "reads them: File > Import objects)",
+              response_class=StreamingResponse,
+              responses={200: {"content": {GEOJSON: {"schema": {"type": "object"}}}}, 404: _error("none"),
+                         409: _error("not finished")})  # fmt: skip
 def result_geojson(
     job_id: JobId,
     request: Request,
@@ -346,9 +344,9 @@ def result_geojson(
     return StreamingResponse(iterate_in_threadpool(features), media_type=GEOJSON, headers=headers)
 
 
-@router.api_route(
+@get_and_head(
+    router,
     "/{job_id}/result.zarr/{key:path}",
-    methods=RESULT_METHODS,
     summary="A file of the labels' zarr store (zarr.json, chunks), for zarr clients reading over HTTP",
     response_class=FileResponse,
     responses={200: {"content": {"application/octet-stream": BINARY}}, 404: _error("no such file"),

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Query, Request, Response
 
 from densecnn.io import Intensity
 
-from ..dependencies import MetricsDep, ModelDep, PoolDep, SettingsDep
+from ..dependencies import MetricsDep, ModelDep, PoolDep, ReceivingDep, SettingsDep
 from ..errors import ClientGone, ErrorBody, InferenceTimeout
 from ..negotiation import View, choose_output
 from ..request_image import read_upload
@@ -97,6 +97,7 @@ async def segment_image(
     request: Request,
     served: ModelDep,
     pool: PoolDep,
+    receiving: ReceivingDep,
     settings: SettingsDep,
     metrics: MetricsDep,
     view: View | None = None,
@@ -122,8 +123,10 @@ async def segment_image(
     scaling = (
         None if intensity is None else Intensity.parse(intensity)
     )  # 400 intensity_out_of_range if unreadable
-    with pool.admit() as place:  # 503 at once when full, before the body is read
+    # the body first, so that a client sending slowly holds no inference place; 503 at once past the bounds
+    with receiving.hold(request.client.host if request.client else "?"):
         upload = await read_upload(request, timeout=settings.upload_timeout)
+    with pool.admit() as place:  # 503 at once when full
         limits = RequestLimits(
             settings.max_image_pixels, settings.max_decode_bytes, settings.max_inference_memory
         )

@@ -20,9 +20,8 @@ from ..auth import CallerDep
 from ..dependencies import SettingsDep
 from ..errors import ApiError, ErrorBody
 from ..jobs import upload_store
-from ..jobs.admission import disk_blocks
 from ..jobs.inputs import WRITE_BATCH
-from ..jobs.quota import upload_reservation
+from ..jobs.quota import GrowingReservation, QuotaExceeded, disk_blocks, upload_reservation
 from .jobs import RunnerDep
 
 router = APIRouter(prefix="/v1/uploads", tags=["uploads"])
@@ -89,8 +88,15 @@ def create_upload(
                        f"an upload is at most {settings.max_job_upload_bytes:,} bytes (max_job_upload_bytes); this "
                        f"one declares {length:,}")  # fmt: skip
     name = upload_store.file_name(upload_metadata)
+    if upload_store.count(runner.root, caller.owner) >= settings.max_uploads_per_key:
+        raise ApiError(429, "too_many_uploads",
+                       f"you have {settings.max_uploads_per_key} unfinished uploads (max_uploads_per_key); finish, "
+                       "use or delete one (DELETE /v1/uploads/ID) first")  # fmt: skip
+    room = runner.quota.room()
+    if disk_blocks(length) > room:  # refused at once; the bytes are reserved as they arrive
+        raise QuotaExceeded(room)
     upload_id = upload_store.new_id()
-    runner.quota.reserve(upload_reservation(upload_id), disk_blocks(length))  # 507 when it does not fit
+    runner.quota.reserve(upload_reservation(upload_id), 0)
     try:
         upload_store.create(runner.root, upload_id, caller.owner, length, name)
     except BaseException:
@@ -136,6 +142,14 @@ async def send_bytes(
     described, offset = await asyncio.to_thread(upload_store.info, runner.root, upload_id, caller.owner)
     if given != offset:
         raise upload_store.offset_mismatch(upload_id, given, offset)
+    reservation = await asyncio.to_thread(
+        GrowingReservation, runner.quota, upload_reservation(upload_id), disk_blocks(described.length)
+    )
+
+    async def append(data: bytes) -> int:  # the disk reserved first (507 past the quota), then written
+        await asyncio.to_thread(reservation.cover, disk_blocks(offset + len(data)))
+        return await asyncio.to_thread(upload_store.append, runner.root, upload_id, offset, data)
+
     batch = bytearray()
     try:
         async for chunk in request.stream():
@@ -144,15 +158,11 @@ async def send_bytes(
                                f"upload {upload_id} declared {described.length:,} bytes; these go past it")  # fmt: skip
             batch += chunk
             if len(batch) >= WRITE_BATCH:
-                offset = await asyncio.to_thread(
-                    upload_store.append, runner.root, upload_id, offset, bytes(batch)
-                )
+                offset = await append(bytes(batch))
                 batch.clear()
     finally:  # what arrived before a cut-off or a refusal is kept: the client resumes after it
         if batch:
-            offset = await asyncio.to_thread(
-                upload_store.append, runner.root, upload_id, offset, bytes(batch)
-            )
+            offset = await append(bytes(batch))
     return Response(status_code=204, headers={**TUS, "Upload-Offset": str(offset)})
 
 

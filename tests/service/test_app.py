@@ -5,6 +5,7 @@ After each error the next good request must still succeed.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
 import re
@@ -748,6 +749,37 @@ def test_full_queue_is_503_with_retry_after_at_once(model_root, monkeypatch):
         worker.join(10)
         assert first[0].status_code == 200 and first[0].content == b"done"
         monkeypatch.undo()
+        assert post_raw(client, PNG).status_code == 200
+
+
+def test_clients_sending_slowly_hold_no_inference_place(model_root, monkeypatch):
+    """Bodies still arriving take receiving places (two per address), not the one inference place."""
+    import densecnn_app.routers.segment
+
+    arrived, release = threading.Semaphore(0), threading.Event()
+    read_upload = densecnn_app.routers.segment.read_upload
+
+    async def slow_read_upload(request, *, timeout):
+        if "x-slow" in request.headers:  # a client still sending its body
+            arrived.release()
+            await asyncio.to_thread(release.wait, 10)
+        return await read_upload(request, timeout=timeout)
+
+    monkeypatch.setattr(densecnn_app.routers.segment, "read_upload", slow_read_upload)
+    settings = dict(max_concurrent_inferences=1, queue_size=0, max_receiving_per_client=2)
+    with TestClient(make_app(model_root, **settings)) as client:
+        wait_ready(client.get)
+        slow = [
+            threading.Thread(target=lambda: post_raw(client, PNG, headers={"X-Slow": "1"})) for _ in range(2)
+        ]
+        for thread in slow:
+            thread.start()
+        assert arrived.acquire(timeout=10) and arrived.acquire(timeout=10)
+        third = assert_error(post_raw(client, PNG, headers={"X-Slow": "1"}), 503, "overloaded")
+        assert "2 uploads from your address are being received" in third["message"]
+        release.set()  # (a client from another address would have been received meanwhile)
+        for thread in slow:
+            thread.join(10)
         assert post_raw(client, PNG).status_code == 200
 
 

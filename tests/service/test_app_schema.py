@@ -78,3 +78,20 @@ def test_api_conforms_to_its_schema(api_schema):
     assert 404 in segment and segment - {404}, (
         seen
     )  # both the unknown-model and the real-model paths were exercised
+
+
+def test_every_operation_has_its_own_id_and_head_still_answers(tmp_path):
+    save_brightness_model(tmp_path, "cells")
+    app = create_app(Settings(model_dir=tmp_path, torch_threads=1, backend="native", warm_sizes=[]))
+    with TestClient(app) as client:
+        wait_ready(client.get)
+        spec = client.get("/openapi.json").json()
+        ids = [
+            op["operationId"]
+            for path in spec["paths"].values()
+            for op in path.values()
+            if "operationId" in op
+        ]
+        assert len(ids) == len(set(ids)), sorted(i for i in ids if ids.count(i) > 1)
+        assert client.head("/healthz").status_code == 200 and client.head("/readyz").status_code == 200
+        assert "image/webp" in client.get("/v1/models/cells").json()["accepts"]

@@ -263,6 +263,17 @@ def test_slow_body_is_408(strict_server):
     assert json.loads(body)["error"]["code"] == "upload_timeout"
 
 
+def test_a_stalled_job_upload_is_408(strict_server):
+    """A job upload has no deadline as a whole (it may be large), but a pause of upload_timeout ends it."""
+    with raw_connection(strict_server) as sock:
+        sock.sendall(b"POST /v1/jobs?model=cells HTTP/1.1\r\nHost: x\r\nContent-Type: image/tiff\r\n"
+                     b"Transfer-Encoding: chunked\r\n\r\n64\r\nII*\x00" + b"\x00" * 96 + b"\r\n")  # fmt: skip
+        answer = read_until_closed(sock, 10)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408"), answer[:300]
+    assert b"upload_timeout" in body
+
+
 def test_client_leaving_mid_upload_is_one_log_line_and_499(strict_server):
     before = metric(
         strict_server.url,

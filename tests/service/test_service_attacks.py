@@ -138,13 +138,45 @@ def test_a_zarr_store_of_one_huge_chunk_is_refused_like_a_tile_bomb(tmp_path):
 # --- 3. a quota that holds ---
 
 
-def test_declared_upload_lengths_are_reserved(tmp_path):
+def test_upload_bytes_are_reserved_as_they_arrive_so_empty_uploads_hold_no_quota(tmp_path):
     with serving(job_settings(tmp_path, disk_quota_bytes=8_000_000)) as client:
-        first = create(client, 6_000_000)
-        assert first.status_code == 201, first.text
-        error_of(create(client, 6_000_000), 507, "quota_exceeded")
+        error_of(create(client, 9_000_000), 507, "quota_exceeded")  # more than the quota can ever hold
+        first, second = (create(client, 6_000_000) for _ in range(2))  # nothing sent: nothing held
+        assert first.status_code == second.status_code == 201, second.text
+        assert patch(client, first.headers["location"], 0, b"\0" * 6_000_000).status_code == 204
+        error_of(patch(client, second.headers["location"], 0, b"\0" * 6_000_000), 507, "quota_exceeded")
+        held = int(client.head(second.headers["location"], headers=TUS).headers["upload-offset"])
+        assert held < 2_000_000  # what fitted before the quota ran out is kept
         assert client.delete(first.headers["location"], headers=TUS).status_code == 204
-        assert create(client, 6_000_000).status_code == 201  # deleting gave the room back
+        rest = patch(client, second.headers["location"], held, b"\0" * (6_000_000 - held))
+        assert rest.status_code == 204  # deleting gave the room back: the upload resumes
+
+
+def test_one_key_cannot_take_the_quota_with_unfinished_uploads(tmp_path):
+    with serving(job_settings(tmp_path, max_uploads_per_key=2)) as client:
+        assert [create(client, 4_000_000).status_code for _ in range(2)] == [201, 201]
+        error_of(create(client, 4_000_000), 429, "too_many_uploads")
+
+
+def test_bytes_of_unknown_length_are_reserved_as_they_arrive(tmp_path):
+    """A growing reservation takes a step at a time, within the quota and the upload's limit, and just what is
+    needed when a whole step does not fit."""
+    from densecnn_app.jobs.quota import GROWTH_STEP, GrowingReservation, QuotaExceeded
+
+    with serving(job_settings(tmp_path, disk_quota_bytes=GROWTH_STEP + 8192)) as client:
+        quota = client.app.state.jobs.quota
+        quota.reserve("job-a", 0)
+        reservation = GrowingReservation(quota, "job-a", limit=4 << 30)
+        reservation.cover(4096)
+        assert quota.reserved("job-a") == GROWTH_STEP  # one step ahead, not the limit (4 GiB)
+        reservation.cover(GROWTH_STEP + 4096)  # a second step does not fit: just what is needed
+        assert quota.reserved("job-a") == GROWTH_STEP + 4096
+        with pytest.raises(QuotaExceeded):
+            reservation.cover(GROWTH_STEP + 3 * 4096)
+        quota.reserve("job-b", 0)
+        small = GrowingReservation(quota, "job-b", limit=4096)
+        small.cover(10)
+        assert quota.reserved("job-b") == 4096  # never past its limit
 
 
 def test_a_job_upload_over_the_quota_is_refused_before_its_body_is_read(tmp_path):
@@ -503,6 +535,9 @@ def test_result_routes_answer_head_and_range_errors_in_the_json_shape(tmp_path):
         past = client.get(f"{base}/result.png", headers={"Range": "bytes=99999999-"})
         error_of(past, 416, "range_not_satisfiable")
         assert past.headers["content-range"].startswith("bytes */")
+        error_of(
+            client.get(f"{base}/result.png", headers={"Range": "bytes=-0"}), 416, "range_not_satisfiable"
+        )
         assert client.get(f"{base}/result.png", headers={"Range": "bytes=0-3"}).content == b"\x89PNG"
 
 
