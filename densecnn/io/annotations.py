@@ -4,7 +4,9 @@ GeoJSON is what QuPath exports (File > Export objects as GeoJSON: a ``FeatureCol
 features in older versions) and what napari's Shapes layer is saved as by GeoJSON writers. Each feature's class is
 ``properties.classification.name`` (QuPath; its colour, ``colorRGB`` as a packed signed integer or ``color`` as
 ``[r, g, b]``, is read too), coordinates are pixels of the full-resolution image, ``[x, y]`` = ``[column, row]``
-with the origin at the top-left corner. A QuPath class named ``Ignore*`` marks pixels as unlabelled.
+with the origin at the top-left corner: pixel (row i, column j) is the square [j, j + 1] x [i, i + 1], as QuPath and
+:mod:`densecnn.io.geojson` have it (see :func:`rasterize`). A QuPath class named ``Ignore*`` marks pixels as
+unlabelled.
 
 Geometries: ``Polygon`` / ``MultiPolygon`` (filled; holes, the rings after the first, are cut out), ``LineString`` /
 ``MultiLineString`` (strokes, ``line_width`` pixels wide), ``Point`` / ``MultiPoint`` (a disc of ``point_radius``),
@@ -90,35 +92,38 @@ def rasterize(
     offset: tuple[int, int] = (0, 0),
 ) -> np.ndarray:
     """A (H, W) int64 label map of ``shape``: each annotation's pixels set to ``class_ids[class_name]``, the rest
-    :data:`UNLABELLED`. ``offset`` (row, column), whole pixels, is subtracted from every coordinate: rasterise the
-    window of a whole slide that starts there (the window of the whole slide's map, exactly: line and point vertices
-    are rounded before the offset is taken off). A pixel belongs to a polygon when its centre lies inside it.
+    :data:`UNLABELLED`. ``offset`` (row, column), whole pixels, is subtracted from every pixel: rasterise the window
+    of a whole slide that starts there (the window of the whole slide's map, exactly).
+
+    Pixels are QuPath's (and :mod:`densecnn.io.geojson`'s): pixel (row i, column j) is the square
+    [j, j + 1] x [i, i + 1] in (x, y), the origin at the image's top-left corner, its centre at (j + 0.5, i + 0.5).
+    A pixel belongs to a polygon when its centre lies inside it (a centre on an edge counts for the polygon on its
+    right / below, so polygons sharing an edge share no pixel): the square x from 10 to 20, y from 10 to 20 is
+    rows and columns 10..19, and a label map written as GeoJSON reads back as itself. A polygon too thin to hold any
+    pixel centre (over the whole image, not just this window) is not dropped: its outline's pixels are labelled.
+    A point or line vertex at (x, y) is the pixel (floor(y), floor(x)) it lies in; lines join those pixels.
 
     Raises:
         DatasetError: an annotation's class is not in ``class_ids`` (and not an ``Ignore*`` class).
     """
-    from skimage import draw
-
     labels = np.full(shape, UNLABELLED, np.int64)
     areas = sorted((a for a in annotations if a.kind == "area"), key=lambda a: -_ring_area(a.parts[0]))
     others = [a for a in annotations if a.kind != "area"]
+    shift = np.asarray(offset, int)
     for annotation in areas + others:
         value = _class_id(annotation.class_name, class_ids)
-        parts = [part - np.asarray(offset) for part in annotation.parts]
-        vertices = np.rint(annotation.parts[0]).astype(int) - np.asarray(offset, int)  # (n, 2) pixels
         if annotation.kind == "area":
-            inside = np.zeros(shape, bool)
-            rows, cols = draw.polygon(parts[0][:, 0], parts[0][:, 1], shape)
-            inside[rows, cols] = True
-            for hole in parts[1:]:
-                rows, cols = draw.polygon(hole[:, 0], hole[:, 1], shape)
-                inside[rows, cols] = False
-            labels[inside] = value
+            spans = _polygon_spans(annotation.parts, rows=(shift[0], shift[0] + shape[0]))
+            if not len(spans) and not _holds_a_centre(annotation.parts):  # anywhere, not only in this window
+                for ring in annotation.parts:
+                    vertices = _pixels(ring) - shift
+                    _paint_path(labels, np.concatenate([vertices, vertices[:1]]), value, 0)
+                continue
+            _paint_spans(labels, spans - shift[[0, 1, 1]], value)
         elif annotation.kind == "line":
-            for (r0, c0), (r1, c1) in zip(vertices[:-1], vertices[1:], strict=True):
-                rows, cols = draw.line(r0, c0, r1, c1)
-                _paint(labels, rows, cols, value, (line_width - 1) // 2)
+            _paint_path(labels, _pixels(annotation.parts[0]) - shift, value, (line_width - 1) // 2)
         else:
+            vertices = _pixels(annotation.parts[0]) - shift
             _paint(labels, vertices[:, 0], vertices[:, 1], value, point_radius)
     return labels
 
@@ -167,6 +172,92 @@ def sparse_labels(label_map: np.ndarray, unlabelled: int) -> np.ndarray:
         out = out - 1
     out[unpainted] = UNLABELLED
     return out
+
+
+def _pixels(points: np.ndarray) -> np.ndarray:
+    """(n, 2) int: the pixel (row, column) each (row, column) point lies in, floor of its coordinates."""
+    return np.floor(points).astype(np.int64)
+
+
+def _paint_path(labels: np.ndarray, vertices: np.ndarray, value: int, radius: int) -> None:
+    """Paint the pixels on the straight lines joining consecutive ``vertices`` ((n, 2) int pixels), a disc of
+    ``radius`` around each."""
+    from skimage import draw
+
+    if len(vertices) == 1:
+        _paint(labels, vertices[:, 0], vertices[:, 1], value, radius)
+    for (r0, c0), (r1, c1) in zip(vertices[:-1], vertices[1:], strict=True):
+        rows, cols = draw.line(int(r0), int(c0), int(r1), int(c1))
+        _paint(labels, rows, cols, value, radius)
+
+
+def _ring_spans(ring: np.ndarray, rows: tuple[int, int] | None) -> np.ndarray:
+    """(k, 3) int (row, first column, stop column) runs of the pixels whose centres lie inside a closed ring of
+    (row, column) vertices (even-odd rule), in ``rows`` [start, stop) or all rows; runs may be empty.
+
+    Scanlines through the centres, half-open: an edge from y0 to y1 crosses the centre line y when
+    min(y0, y1) <= y < max, and a centre x between crossings xa and xb is inside when xa <= x < xb.
+    """
+    # the edges, the ring closed whether or not it repeats its start
+    start, stop = ring, np.roll(ring, -1, axis=0)
+    low, high = np.minimum(start[:, 0], stop[:, 0]), np.maximum(start[:, 0], stop[:, 0])
+    first = np.ceil(low - 0.5).astype(np.int64)  # the first row whose centre the edge crosses
+    last = np.ceil(high - 0.5).astype(np.int64)  # ... and the one after its last
+    if rows is not None:
+        first, last = np.maximum(first, rows[0]), np.minimum(last, rows[1])
+    count = np.maximum(last - first, 0)
+    edge = np.repeat(np.arange(len(ring)), count)
+    if not len(edge):
+        return np.zeros((0, 3), np.int64)
+    row = first[edge] + (np.arange(len(edge)) - np.repeat(np.cumsum(count) - count, count))
+    (y0, x0), (y1, x1) = start[edge].T, stop[edge].T
+    x = x0 + (row + 0.5 - y0) * (x1 - x0) / (y1 - y0)
+    order = np.lexsort((x, row))
+    row, x = row[order], x[order]  # an even number of crossings per row: pair them in order
+    columns = np.ceil(x - 0.5).astype(np.int64)  # the first column whose centre is at or right of it
+    return np.stack([row[0::2], columns[0::2], columns[1::2]], axis=1)
+
+
+def _polygon_spans(parts: tuple[np.ndarray, ...], rows: tuple[int, int] | None = None) -> np.ndarray:
+    """(k, 3) int (row, first column, stop column) non-empty runs of the pixels whose centres are inside the
+    polygon's exterior ring ``parts[0]`` and in none of its holes ``parts[1:]``, in ``rows`` or all rows."""
+    events = []  # (row, column, exterior depth change, hole depth change)
+    for n, ring in enumerate(parts):
+        runs = _ring_spans(ring, rows)
+        ones = np.ones(len(runs), np.int64)
+        zeros = np.zeros(len(runs), np.int64)
+        inside, hole = (ones, zeros) if n == 0 else (zeros, ones)
+        events += [
+            np.stack([runs[:, 0], runs[:, 1], inside, hole], 1),
+            np.stack([runs[:, 0], runs[:, 2], -inside, -hole], 1),
+        ]
+    events = np.concatenate(events)
+    events = events[np.lexsort((events[:, 1], events[:, 0]))]
+    depth = np.cumsum(events[:, 2:], axis=0)  # each row's events sum to nothing: depths after each event
+    keep = (depth[:-1, 0] > 0) & (depth[:-1, 1] == 0) & (events[1:, 1] > events[:-1, 1])
+    keep &= events[1:, 0] == events[:-1, 0]
+    return np.stack([events[:-1, 0][keep], events[:-1, 1][keep], events[1:, 1][keep]], axis=1)
+
+
+def _holds_a_centre(parts: tuple[np.ndarray, ...], block: int = 4096) -> bool:
+    """Whether the polygon holds any pixel centre, its rows scanned ``block`` at a time (memory bounded)."""
+    low, high = np.floor(parts[0][:, 0].min()), np.ceil(parts[0][:, 0].max())
+    for top in np.arange(low, high + 1, block).astype(np.int64):
+        if len(_polygon_spans(parts, rows=(int(top), int(top) + block))):
+            return True
+    return False
+
+
+def _paint_spans(labels: np.ndarray, spans: np.ndarray, value: int) -> None:
+    """Set the pixels of each (row, first column, stop column) run that lie inside ``labels`` to ``value``."""
+    height, width = labels.shape
+    spans = spans[(spans[:, 0] >= 0) & (spans[:, 0] < height)]
+    first, stop = np.clip(spans[:, 1], 0, width), np.clip(spans[:, 2], 0, width)
+    runs = stop > first
+    change = np.zeros((height, width + 1), np.int32)
+    np.add.at(change, (spans[runs, 0], first[runs]), 1)
+    np.add.at(change, (spans[runs, 0], stop[runs]), -1)
+    labels[np.cumsum(change[:, :width], axis=1) > 0] = value
 
 
 def _paint(labels: np.ndarray, rows: np.ndarray, cols: np.ndarray, value: int, radius: int) -> None:
@@ -234,8 +325,8 @@ def _geometries(geometry: dict, where: str, n: int) -> list[tuple[str, tuple[np.
 def _points(coordinates) -> np.ndarray:
     """[[x, y], ...] -> (n, 2) float (row, column)."""
     array = np.asarray(coordinates, dtype=np.float64)
-    if array.ndim != 2 or array.shape[1] < 2 or not len(array):
-        raise ValueError("not a list of [x, y] points")
+    if array.ndim != 2 or array.shape[1] < 2 or not len(array) or not np.isfinite(array).all():
+        raise ValueError("not a list of finite [x, y] points")
     return array[:, [1, 0]]
 
 

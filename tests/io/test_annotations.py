@@ -32,9 +32,10 @@ def rectangle(x0: float, y0: float, x1: float, y1: float) -> list[list[float]]:
 
 
 def centres_inside(shape, x0, y0, x1, y1) -> np.ndarray:
-    """The reference: pixels whose centre (column, row) lies strictly inside the rectangle."""
-    rows, cols = np.mgrid[: shape[0], : shape[1]]
-    return (cols > x0) & (cols < x1) & (rows > y0) & (rows < y1)
+    """The reference: pixels whose centre (column + 0.5, row + 0.5) lies inside the rectangle, a centre on its left
+    or top edge in, on its right or bottom edge out."""
+    rows, cols = np.mgrid[: shape[0], : shape[1]] + 0.5
+    return (cols >= x0) & (cols < x1) & (rows >= y0) & (rows < y1)
 
 
 def test_a_polygon_with_a_hole_fills_the_pixels_whose_centres_are_inside_it_and_not_in_the_hole():
@@ -51,10 +52,8 @@ def test_a_polygon_with_a_hole_fills_the_pixels_whose_centres_are_inside_it_and_
 
 def test_lines_and_points_are_drawn_over_areas_and_nested_areas_keep_their_class():
     features = [
-        feature(
-            {"type": "Polygon", "coordinates": [rectangle(4.5, 4.5, 8.5, 8.5)]}, "Tumor"
-        ),  # inside the tissue
-        feature({"type": "Polygon", "coordinates": [rectangle(0.5, 0.5, 14.5, 14.5)]}, "Tissue"),
+        feature({"type": "Polygon", "coordinates": [rectangle(5, 5, 9, 9)]}, "Tumor"),  # inside the tissue
+        feature({"type": "Polygon", "coordinates": [rectangle(1, 1, 15, 15)]}, "Tissue"),
         feature({"type": "LineString", "coordinates": [[1, 12], [10, 12]]}, "Edge"),
         feature({"type": "MultiPoint", "coordinates": [[13, 2], [2, 13]]}, "Cell"),
     ]
@@ -81,8 +80,8 @@ def test_line_width_and_point_radius_widen_strokes():
 
 def test_ignore_classes_unlabel_and_an_offset_reads_a_window():
     features = [
-        feature({"type": "Polygon", "coordinates": [rectangle(100.5, 200.5, 110.5, 210.5)]}, "Stroma"),
-        feature({"type": "Polygon", "coordinates": [rectangle(102.5, 202.5, 104.5, 204.5)]}, "Ignore*"),
+        feature({"type": "Polygon", "coordinates": [rectangle(101, 201, 111, 211)]}, "Stroma"),
+        feature({"type": "Polygon", "coordinates": [rectangle(103, 203, 105, 205)]}, "Ignore*"),
     ]
     annotations = parse_geojson(features)
     assert class_names_of(annotations) == ["Stroma"]
