@@ -11,6 +11,7 @@ import asyncio
 from dataclasses import dataclass
 
 from starlette.datastructures import UploadFile
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 
 from densecnn.io import ACCEPTED, image_format
@@ -66,11 +67,21 @@ async def _image_bytes(request: Request) -> Upload:
                 f"the multipart body ({len(body):,} bytes) ends before its closing boundary: the upload was cut "
                 "off; send it again",
             )
-        async with request.form(max_files=1, max_fields=8) as form:
+        try:
+            form = await request.form(max_files=1, max_fields=8)
+        except (
+            HTTPException
+        ) as exc:  # Starlette's multipart errors, in the codes job uploads answer them with
+            raise ApiError(
+                400, _multipart_code(str(exc.detail)), f"the multipart body: {exc.detail}"
+            ) from None
+        try:
             upload = form.get("image")
             if not isinstance(upload, UploadFile):
                 raise ApiError(400, "missing_image", "the multipart body has no file field named 'image'")
             return Upload(await upload.read(), printable_name(upload.filename) or "the upload")
+        finally:
+            await form.close()
     if content_type.startswith("image/") or content_type in RAW_TYPES:
         return Upload(await request.body())
     raise ApiError(
@@ -78,6 +89,17 @@ async def _image_bytes(request: Request) -> Upload:
         "unsupported_media_type",
         f"Content-Type {content_type[:100] or '(none)'} is not accepted: send the image as multipart/form-data "
         "field 'image' or as a raw image/* or application/x-npy body",
+    )
+
+
+def _multipart_code(detail: str) -> str:
+    lowered = detail.lower()
+    return (
+        "too_many_files"
+        if "files" in lowered
+        else "too_many_fields"
+        if "fields" in lowered
+        else "invalid_multipart"
     )
 
 

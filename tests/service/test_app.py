@@ -483,6 +483,14 @@ def test_a_multipart_body_with_another_boundary_is_named_as_such_not_as_cut_off(
     assert_next_request_succeeds(client)
 
 
+def test_malformed_multipart_bodies_get_the_codes_job_uploads_give(client):
+    two = [("image", ("a.png", PNG, "image/png")), ("other", ("b.png", PNG, "image/png"))]
+    assert_error(client.post("/v1/models/cells/segment", files=two), 400, "too_many_files")
+    no_boundary = post_raw(client, PNG, "multipart/form-data")
+    assert no_boundary.status_code == 400 and no_boundary.json()["error"]["code"] != "bad_request"
+    assert_next_request_succeeds(client)
+
+
 def test_messages_name_the_uploaded_file(client):
     broken = ("../../etc/scan.png", b"\x89PNG\r\n\x1a\n" + b"\x00" * 40, "image/png")
     error = assert_error(
