@@ -10,7 +10,6 @@ import dataclasses
 import os
 import sys
 import typing
-from pathlib import Path
 
 EPILOG = """\
 dataset layout: DIR/images/NAME.(png|tif|jpg...), DIR/labels/NAME.(png|tif) with class ids 0..K-1 and 255 = ignore,
@@ -20,8 +19,11 @@ signals: .npy arrays (L,) / (C, L); --crop then takes one size per axis, e.g. --
 
 sparse labels (strokes, points, outlines): label images with an unlabelled value ("unlabelled" in classes.json, or
 --unlabelled), or GeoJSON annotations (QuPath, napari) as DIR/annotations/NAME.geojson instead of a label image.
-Without --model, the default recipe trains them: it picks the net, crops around the labels, holds out a share of
-the strokes for early stopping and keeps the best model (docs/training.md, "Training from strokes").
+Without --model, the default recipe trains them: it picks the net, trains on every stroke and keeps the newest
+weights; --holdout S instead holds out a share S of each class's strokes (at least one stroke of each class still
+trains) for early stopping and keeps the best weights (docs/training.md, "Training from strokes").
+A run stopped by --max-seconds, Ctrl-C (exit 130) or an error writes OUT/model from the steps taken; a run whose
+--max-seconds ran out before the first step writes an untrained model and warns.
 
 examples:
   densecnn train --data my/strokes --out runs/strokes --max-seconds 120      # the default recipe
@@ -110,25 +112,44 @@ def config_from_args(args: argparse.Namespace, launcher: str | None = None):
 def run(args: argparse.Namespace, launcher: str | None = None) -> int:
     from ..train import train
     from ..train.from_strokes import train_from_strokes
+    from ..train.interrupts import TrainingInterrupted
 
     config = config_from_args(args, launcher)
     recipe = not config.model and not config.resume  # no --model: the default recipe for sparse labels
     main_process = int(os.environ.get("RANK", "0")) == 0
     try:
         model_dir = train_from_strokes(config.check()) if recipe else train(config)
-    except KeyboardInterrupt:
-        if main_process:
-            written = (Path(args.out) / "model" / "model.json").is_file()
-            where = (
-                f"the model so far is in {args.out}/model"
-                if written
-                else "no step was taken, no model written"
+    except KeyboardInterrupt as exc:
+        if main_process:  # the steps taken and the model written, as the run says them
+            said = (
+                exc.message()
+                if isinstance(exc, TrainingInterrupted)
+                else "interrupted before the first step; no model written"
             )
-            print(f"densecnn train: interrupted; {where}", file=sys.stderr)
+            print(f"densecnn train: {said}", file=sys.stderr)
         return 130
     if main_process:
-        print(f"model written to {model_dir} (model card: {model_dir / 'README.md'})")
+        if _steps_taken(model_dir) == 0:  # --max-seconds ran out before the first step
+            why = f" (--max-seconds {config.max_seconds:g} ended the run first)" if config.max_seconds else ""
+            print(
+                f"densecnn train: warning: no training step ran{why}: {model_dir} holds an UNTRAINED model, which "
+                "loads but does not label your classes; give more --max-seconds",
+                file=sys.stderr,
+            )
+            print(f"untrained model written to {model_dir} (model card: {model_dir / 'README.md'})")
+        else:
+            print(f"model written to {model_dir} (model card: {model_dir / 'README.md'})")
     return 0
+
+
+def _steps_taken(model_dir) -> int | None:
+    """The training steps the model directory's record holds (None when it holds none)."""
+    import json
+
+    try:
+        return json.loads((model_dir / "model.json").read_text())["extra"]["training"]["steps"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def main(argv: list[str] | None = None) -> int:

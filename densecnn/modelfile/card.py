@@ -21,15 +21,18 @@ def write_model_card(
     training_summary: dict,
     val_scores: dict | None,
     class_names: list[str],
+    validation_note: str | None = None,
 ) -> Path:
     """Write the card to ``path`` (a README.md) and return it. ``command`` is the full command of the run (every
-    option written, defaults included); a run started from Python gets the equivalent ``densecnn train`` command."""
+    option written, defaults included); a run started from Python gets the equivalent ``densecnn train`` command.
+    ``validation_note``: what the validation section says when there are no ``val_scores`` (by default, that no
+    validation set was given)."""
     lines = [f"# {title}", "", "A densecnn patch classifier: it labels the centre pixel of a patch; "]
     lines[-1] += "`densecnn` runs it on whole images in one exact dense pass."
     lines += ["", *_listing("Model", model_summary), "", *_listing("Data", data_summary), ""]
     lines += _command_section(command, from_command_line=bool(config.get("command")))
     lines += [*_listing("Training", training_summary), ""]
-    lines += _validation_section(val_scores, config.get("val"), class_names)
+    lines += _validation_section(val_scores, config.get("val"), class_names, validation_note)
     lines += _limitations_section(model_summary.get("patch size", "patch"))
     lines += USE_SECTION
     path = Path(path)
@@ -57,12 +60,14 @@ def _command_section(command: str, *, from_command_line: bool) -> list[str]:
     ]
 
 
-def _validation_section(val_scores: dict | None, val: str | None, class_names: list[str]) -> list[str]:
+def _validation_section(
+    val_scores: dict | None, val: str | None, class_names: list[str], note: str | None = None
+) -> list[str]:
     lines = ["## Validation metrics", ""]
     if val_scores is None:
         return [
             *lines,
-            "No validation set was given (`--val`): there are no held-out metrics for this model.",
+            note or "No validation set was given (`--val`): there are no held-out metrics for this model.",
             "",
         ]
     lines += [f"Whole-image dense prediction on `{val}`, every labelled pixel counted.", ""]

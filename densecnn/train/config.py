@@ -71,7 +71,8 @@ class TrainConfig:
     )
     channels: int | None = option(
         None,
-        help="input channels of a fresh zoo model (default: from the first image)",
+        help="input channels of a fresh zoo model (default: 3 if any image is colour, else 1; for arrays, the "
+        "first one's channel axis)",
         group=DATA,
         at_least=1,
     )

@@ -6,16 +6,17 @@ The number of spatial axes is the model's (``len(patch_size)``): images, signals
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import torch
 from torch.utils.data.distributed import DistributedSampler
 
 from ..errors import TrainingError
 from ..geometry import Size, ntuple
-from ..modelfile import LoadedModel
+from ..modelfile import CONFIG_FILE, LoadedModel
 from .config import MIN_STEPS_PER_EPOCH, TrainConfig
 from .crops import CropSampler
-from .dataset import Sample, normalization_stats, read_dataset
+from .dataset import Sample, check_labelled_classes, normalization_stats, read_dataset
 from .distributed import Distributed
 
 
@@ -42,8 +43,14 @@ class TrainingData:
             "intensity": model.intensity,
             "unlabelled": config.unlabelled,
             "nonfinite": config.nonfinite,
+            # a model directory being fine-tuned: annotations and classes.json's names matched to its classes
+            "class_names": model.class_names if (Path(config.model) / CONFIG_FILE).is_file() else None,
         }
         self.train = read_dataset(config.data, **read)
+        # at least 2 classes with labelled pixels (a class the data does not show is the user's --classes to keep)
+        check_labelled_classes(
+            config.data, self.train, model.class_names, unlabelled=config.unlabelled, fine_tuning=True
+        )
         self.val: list[Sample] = read_dataset(config.val, **read) if config.val else []
         if model.normalization is None:
             model.normalization = normalization_stats(self.train)

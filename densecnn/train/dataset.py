@@ -45,7 +45,7 @@ from ..io import (
     read_header,
     unit_planes,
 )
-from ..io.annotations import class_names_of, rasterize, read_geojson, sparse_labels
+from ..io.annotations import IGNORED_CLASS_PREFIX, class_names_of, rasterize, read_geojson, sparse_labels
 from ..io.formats import ARRAY_SUFFIXES, IMAGE_SUFFIXES, LABEL_IMAGE_SUFFIXES, TIFF_SUFFIXES
 from ..io.slides import SLIDE_SUFFIXES
 from ..losses import IGNORE_INDEX
@@ -80,6 +80,7 @@ class ClassInfo:
     names: list[str] | None = None
     palette: list[list[int]] | None = None
     unlabelled: int | None = None  # the label files' value of unlabelled pixels
+    path: Path | None = None  # the classes.json read (None: the names, if any, are the annotations')
 
 
 def image_files(directory: str | Path, spatial_dims: int = 2) -> list[Path]:
@@ -93,23 +94,46 @@ def image_files(directory: str | Path, spatial_dims: int = 2) -> list[Path]:
     files = sorted(p for p in folder.iterdir() if p.suffix.lower() in suffixes)
     if not files:
         raise DatasetError(f"{folder}: no images found (looked for {', '.join(suffixes)})")
+    flat = sorted(
+        p.name for p in folder.iterdir() if p.suffix.lower() in _image_suffixes(2) and p not in files
+    )
+    if flat:  # 2-D images beside the arrays of a run of signals or volumes: never skipped unsaid
+        kind = "volumes" if spatial_dims == 3 else "signals"
+        raise DatasetError(
+            f"{folder}: {', '.join(flat[:3])}{' ...' if len(flat) > 3 else ''} are 2-D images, and the run trains "
+            f"on {kind} ({files[0].name}); a dataset holds one kind: move them to a dataset of their own"
+        )
     return files
 
 
 def infer_channels(directory: str | Path, spatial_dims: int = 2) -> int:
-    """The input channels of a fresh model: 1 for a gray first image, 3 for colour; for signals and volumes the
-    first array's channel axis (1 without one)."""
-    first = image_files(directory, spatial_dims)[0]
+    """The input channels of a fresh model: 1 when every image is gray, 3 when any is colour (gray images are then
+    read as colour, their three channels equal); for signals and volumes the first array's channel axis (1 without
+    one). Images of other channel counts (more than four) must all have the same count."""
+    files = image_files(directory, spatial_dims)
     if spatial_dims != 2:
-        return _open_nd(first, spatial_dims).channels
-    if is_large(first):  # alpha dropped, as for decoded images; more than four channels kept
-        samples = open_windowed(first).channels
-        return 1 if samples in (1, 2) else 3 if samples in (3, 4) else samples
-    try:
-        array = decode_array(first)
-    except ImageReadError as exc:
-        raise DatasetError(str(exc)) from None
-    return 1 if array.ndim == 2 or array.shape[2] in (1, 2) else 3
+        return _open_nd(files[0], spatial_dims).channels
+    found = {path: _image_channels(path) for path in files}
+    counts = set(found.values())
+    if counts <= {1, 3}:
+        return max(counts)
+    examples = {c: next(p.name for p, k in found.items() if k == c) for c in sorted(counts)}
+    raise DatasetError(
+        f"{Path(directory) / 'images'}: images of {' and '.join(map(str, sorted(counts)))} channels "
+        f"({', '.join(f'{name}: {c}' for c, name in examples.items())}); give every image the same channels"
+    )
+
+
+def _image_channels(path: Path) -> int:
+    """A 2-D image's channels as training reads it: 1 for gray, 3 for colour (alpha dropped), else the count."""
+    if is_large(path):
+        samples = open_windowed(path).channels
+    else:
+        try:
+            samples = read_header(path).samples  # from the header: nothing decoded
+        except ImageReadError as exc:
+            raise DatasetError(str(exc)) from None
+    return 1 if samples in (1, 2) else 3 if samples in (3, 4) else samples
 
 
 def read_class_info(directory: str | Path) -> ClassInfo:
@@ -119,15 +143,62 @@ def read_class_info(directory: str | Path) -> ClassInfo:
             try:
                 info = json.loads(candidate.read_text())
                 unlabelled = info.get("unlabelled")
-                if unlabelled is not None and not isinstance(unlabelled, int):
-                    raise DatasetError(
-                        f"{candidate}: unlabelled must be an integer label value, got {unlabelled!r}"
-                    )
-                return ClassInfo(names=info.get("names"), palette=info.get("palette"), unlabelled=unlabelled)
+                names, palette = info.get("names"), info.get("palette")
             except (json.JSONDecodeError, AttributeError) as exc:
                 raise DatasetError(f"{candidate}: not a JSON object with names/palette ({exc})") from None
+            if unlabelled is not None and (isinstance(unlabelled, bool) or not isinstance(unlabelled, int)):
+                raise DatasetError(
+                    f'{candidate}: unlabelled must be an integer label value (e.g. 0 for napari\'s "not painted"), '
+                    f"got {json.dumps(unlabelled)}"
+                )
+            _check_names(candidate, names)
+            _check_palette(candidate, palette, names)
+            return ClassInfo(names=names, palette=palette, unlabelled=unlabelled, path=candidate)
     names = _annotation_classes(Path(directory))
     return ClassInfo(names=names or None)
+
+
+def _check_names(path: Path, names) -> None:
+    """classes.json's names: a list of 2 or more distinct, non-empty strings (or absent)."""
+    if names is None:
+        return
+    if not isinstance(names, list) or not all(isinstance(n, str) and n.strip() for n in names):
+        raise DatasetError(
+            f"{path}: names must be a list of class names, one non-empty string per class "
+            f'(e.g. ["background", "cell"]), got {json.dumps(names)}'
+        )
+    if len(names) < 2:
+        raise DatasetError(
+            f"{path}: names lists {len(names)} class(es); a model tells at least 2 classes apart: name every class "
+            '(e.g. ["background", "cell"])'
+        )
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise DatasetError(
+            f"{path}: names repeats {', '.join(map(repr, repeated))}; give each class its own name"
+        )
+
+
+def _check_palette(path: Path, palette, names) -> None:
+    """classes.json's palette: one [r, g, b] of integers in 0..255 per name (or absent)."""
+    if palette is None:
+        return
+    if not isinstance(palette, list):
+        raise DatasetError(f"{path}: palette must be a list of [r, g, b] colours, got {json.dumps(palette)}")
+    for k, colour in enumerate(palette):
+        if (
+            not isinstance(colour, list)
+            or len(colour) != 3
+            or not all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 255 for v in colour)
+        ):
+            raise DatasetError(
+                f"{path}: palette[{k}] must be [r, g, b] with integers in 0..255, got {json.dumps(colour)}"
+            )
+    if names is not None and len(palette) != len(names):
+        raise DatasetError(
+            f"{path}: palette has {len(palette)} colours for {len(names)} names; give one [r, g, b] per class, "
+            "or leave the palette out for the default colours"
+        )
 
 
 def _annotation_classes(directory: Path) -> list[str]:
@@ -149,6 +220,7 @@ def read_dataset(
     unlabelled: int | None = None,
     nonfinite: str = "refuse",
     margin: int = DEFAULT_WINDOW_MARGIN,
+    class_names: list[str] | None = None,
 ) -> list[Sample]:
     """Every image of ``directory`` with its labels (masked and unlabelled pixels set to 255), checked against the
     model. ``unlabelled``: the label files' value of unlabelled pixels (None: classes.json's, if it gives one).
@@ -160,12 +232,17 @@ def read_dataset(
     A large image gives one sample per window around its labels, each window ``margin`` pixels beyond them
     (:func:`~densecnn.train.windows.window_margin` of the trainer's patch; by default the default net's).
 
+    ``class_names``: the classes of a model being fine-tuned. Annotation classes are matched to them by name, and
+    label files whose classes.json names them in another order are renumbered to the model's ids; a class the model
+    does not have is refused, naming the file. None: the classes are classes.json's names (else the annotations').
+
     >>> [s.image.shape for s in read_dataset("data/nuclei3d/train", channels=1, num_classes=3, spatial_dims=3)]
     [(1, 31, 61, 40)]
     """
     directory = Path(directory)
     info = read_class_info(directory)
     unlabelled = info.unlabelled if unlabelled is None else unlabelled
+    classes = _Classes(directory, info, class_names, num_classes)
     files = image_files(directory, spatial_dims)
     plans = {
         path: _plan_windows(directory, path, margin, unlabelled)
@@ -176,7 +253,9 @@ def read_dataset(
     samples = []
     for image_path in files:
         if image_path in plans:
-            names = info.names or _annotation_classes(directory)
+            annotation_path = directory / ANNOTATIONS / f"{image_path.stem}.geojson"
+            if annotation_path.is_file():
+                classes.check_annotations(annotation_path)
             samples += _window_samples(
                 plans[image_path],
                 image_path,
@@ -184,7 +263,7 @@ def read_dataset(
                 num_classes=num_classes,
                 intensity=intensity or Intensity(),
                 unlabelled=unlabelled,
-                class_ids={n: k for k, n in enumerate(names)},
+                class_ids=classes.ids,
                 finite=nonfinite != "propagate",
             )
             continue
@@ -192,17 +271,75 @@ def read_dataset(
             image_path, channels, spatial_dims, intensity or Intensity(), finite=nonfinite != "propagate"
         )  # (C, *spatial)
         labels = _read_masked_labels(
-            directory, image_path, image.shape[1:], num_classes, spatial_dims, unlabelled, info
+            directory, image_path, image.shape[1:], num_classes, spatial_dims, unlabelled, classes
         )
         samples.append(Sample(image_path.stem, image, labels))
     return samples
 
 
+class _Classes:
+    """Which class id each name or label value of a dataset is: classes.json's names (or the annotations'), or a
+    fine-tuned model's ``class_names``, matched to them by name."""
+
+    def __init__(self, directory: Path, info: ClassInfo, class_names: list[str] | None, num_classes: int):
+        if class_names is not None and list(class_names) == [f"class_{k}" for k in range(len(class_names))]:
+            class_names = None  # a model trained without names: its ids are taken as they are
+        self.info, self.model_names, self.num_classes = info, class_names, num_classes
+        names = class_names or info.names or _annotation_classes(directory)
+        self.ids = {n: k for k, n in enumerate(names)}
+        self.lookup: np.ndarray | None = (
+            None  # classes.json's ids -> the fine-tuned model's, when they differ
+        )
+        if class_names is not None and info.path is not None and info.names not in (None, list(class_names)):
+            unknown = [n for n in info.names if n not in class_names]
+            if unknown:
+                raise DatasetError(
+                    f"{info.path}: names {', '.join(map(repr, unknown))} are not classes of the model being "
+                    f"fine-tuned ({', '.join(map(repr, class_names))}); name its classes in classes.json, or train "
+                    "a fresh model (without --model) for new classes"
+                )
+            self.lookup = np.array([list(class_names).index(n) for n in info.names], np.int64)
+
+    def check_annotations(self, path: Path) -> None:
+        """Refuse annotation classes that are not classes, naming ``path``."""
+        unknown = [
+            n
+            for n in class_names_of(read_geojson(path))
+            if n not in self.ids and not n.startswith(IGNORED_CLASS_PREFIX)
+        ]
+        if not unknown:
+            return
+        where = (
+            "the model being fine-tuned has"
+            if self.model_names is not None
+            else f"{self.info.path} names"
+            if self.info.path is not None
+            else "the classes are"
+        )
+        fix = (
+            "rename the annotations to its classes"
+            if self.model_names is not None
+            else "add them to classes.json's names or rename the annotations"
+        )
+        raise DatasetError(
+            f"{path}: annotation class(es) {', '.join(map(repr, unknown))} are not classes ({where} "
+            f"{', '.join(map(repr, self.ids))}); {fix} (a class named {IGNORED_CLASS_PREFIX}* unlabels what it covers)"
+        )
+
+    def hint(self) -> str:
+        """How to fix label values beyond the classes."""
+        if self.model_names is not None:
+            return "fix the labels: the model being fine-tuned has these classes"
+        if self.info.path is not None and self.info.names is not None:
+            return f"fix the labels or add the classes to the names in {self.info.path}"
+        return "fix the labels or use --classes"
+
+
 def _read_masked_labels(
-    directory, image_path, shape, num_classes, spatial_dims, unlabelled, info
+    directory, image_path, shape, num_classes, spatial_dims, unlabelled, classes: _Classes
 ) -> np.ndarray:
     """The labels of a whole image, 255 where its mask (``masks/NAME.*``, if there is one) is 0."""
-    labels = _read_labels(directory, image_path, shape, num_classes, spatial_dims, unlabelled, info)
+    labels = _read_labels(directory, image_path, shape, num_classes, spatial_dims, unlabelled, classes)
     mask_path = _companion(directory / "masks", image_path.stem, _label_suffixes(spatial_dims))
     if mask_path is not None:
         mask = _read_class_map(mask_path, image_path, shape, spatial_dims, what="mask")
@@ -325,13 +462,13 @@ def _read_labels(
     num_classes: int,
     spatial_dims: int,
     unlabelled: int | None,
-    info: ClassInfo,
+    classes: _Classes,
 ) -> np.ndarray:
     label_path = _companion(directory / "labels", image_path.stem, _label_suffixes(spatial_dims))
     annotation_path = directory / ANNOTATIONS / f"{image_path.stem}.geojson"
     if label_path is None and annotation_path.is_file() and spatial_dims == 2:
-        names = info.names or _annotation_classes(directory)
-        return rasterize(read_geojson(annotation_path), shape, class_ids={n: k for k, n in enumerate(names)})
+        classes.check_annotations(annotation_path)
+        return rasterize(read_geojson(annotation_path), shape, class_ids=classes.ids)
     if label_path is None:
         raise _no_labels(
             directory,
@@ -339,10 +476,16 @@ def _read_labels(
             _label_suffixes(spatial_dims),
             annotation_path if spatial_dims == 2 else None,
         )
-    labels = _read_class_map(label_path, image_path, shape, spatial_dims, what="label")
+    stored = _read_class_map(label_path, image_path, shape, spatial_dims, what="label", unlabelled=unlabelled)
+    labels = stored
     if unlabelled is not None:
-        labels = sparse_labels(labels, unlabelled)
-    _check_ids(labels, label_path, num_classes)
+        labels = sparse_labels(stored, unlabelled)
+        labels[stored == IGNORE_INDEX] = IGNORE_INDEX  # 255 means unlabelled whatever the value declared
+    if classes.lookup is not None:  # classes.json's ids, renumbered to the fine-tuned model's
+        _check_ids(labels, label_path, len(classes.lookup), stored, unlabelled, classes.hint())
+        labels, labelled = labels.copy(), labels != IGNORE_INDEX
+        labels[labelled] = classes.lookup[labels[labelled]]
+    _check_ids(labels, label_path, num_classes, stored, unlabelled, classes.hint())
     return labels
 
 
@@ -356,20 +499,41 @@ def _no_labels(
     )
 
 
-def _check_ids(labels: np.ndarray, label_path: Path, num_classes: int) -> None:
+def _check_ids(
+    labels: np.ndarray,
+    label_path: Path,
+    num_classes: int,
+    stored: np.ndarray | None = None,
+    unlabelled: int | None = None,
+    hint: str = "fix the labels or use --classes",
+) -> None:
+    """Refuse class ids beyond ``num_classes``, reporting them as ``stored`` in the file."""
     bad = (labels != IGNORE_INDEX) & (labels >= num_classes)
     if bad.any():
-        values = sorted(set(np.unique(labels[bad]).tolist()))
+        values = sorted(set(np.unique((labels if stored is None else stored)[bad]).tolist()))
+        shifted = (
+            f" (with unlabelled value 0 the file's values 1..{num_classes} are the classes 0..{num_classes - 1})"
+            if unlabelled == 0
+            else f" (valid: 0..{num_classes - 1}, {IGNORE_INDEX} = unlabelled"
+            + (f", {unlabelled} = unlabelled" if unlabelled not in (None, IGNORE_INDEX) else "")
+            + ")"
+        )
         raise DatasetError(
-            f"{label_path}: label ids {values[:5]} are >= the model's {num_classes} classes "
-            f"(valid: 0..{num_classes - 1}, {IGNORE_INDEX} = ignore); fix the labels or use --classes"
+            f"{label_path}: label ids {values[:5]} in the file are beyond the model's {num_classes} classes"
+            f"{shifted}; {hint}"
         )
 
 
 def _read_class_map(
-    path: Path, image_path: Path, shape: tuple[int, ...], spatial_dims: int, *, what: str
+    path: Path,
+    image_path: Path,
+    shape: tuple[int, ...],
+    spatial_dims: int,
+    *,
+    what: str,
+    unlabelled: int | None = None,
 ) -> np.ndarray:
-    """A single-channel integer map of ``shape``, as int64."""
+    """A single-channel integer map of ``shape``, as int64; negative values refused, but for ``unlabelled``."""
     if spatial_dims == 2:
         try:
             array = decode_array(path, as_stored=True)  # ids as stored, whatever a viewer would show
@@ -394,9 +558,15 @@ def _read_class_map(
             f"{path}: {what} size {_size(array.shape)} does not match its image {image_path} ({_size(shape)}); "
             f"give the {what}s the image's size"
         )
-    if array.size and array.min() < 0:
-        raise DatasetError(f"{path}: negative {what} values")
-    return array.astype(np.int64)
+    array = array.astype(np.int64)
+    negative = (array < 0) & (array != (unlabelled if unlabelled is not None else 0))
+    if negative.any():
+        values = sorted(set(np.unique(array[negative]).tolist()))[:5]
+        raise DatasetError(
+            f"{path}: negative {what} values {values}"
+            + (" (declare the unlabelled value with --unlabelled or classes.json)" if what == "label" else "")
+        )
+    return array
 
 
 def _size(shape) -> str:
@@ -419,3 +589,78 @@ def normalization_stats(samples: list[Sample]) -> dict[str, list[float]]:
     mean = total / count
     std = np.sqrt(np.maximum(squares / count - mean**2, 0.0))
     return {"mean": mean.tolist(), "std": np.maximum(std, 1e-6).tolist()}
+
+
+def check_labelled_classes(
+    directory: str | Path,
+    samples: list[Sample],
+    names: list[str] | None,
+    *,
+    unlabelled: int | None = None,
+    fine_tuning: bool = False,
+) -> list[str]:
+    """Refuse a dataset whose labels leave classes without a pixel; returns the names of the classes without one
+    (only ever non-empty when ``fine_tuning``: a fine-tuned model keeps classes the new labels do not show).
+
+    At least 2 classes need labelled pixels. For a fresh model every class needs some: ``names`` (classes.json's,
+    the annotations' or ``--classes``'s), or without names every id from 0 to the highest labelled. ``unlabelled``:
+    the value declared for the label files (None: none was, and 255 alone meant unlabelled).
+    """
+    directory = Path(directory)
+    labelled = [s.labels[s.labels != IGNORE_INDEX].ravel() for s in samples]
+    counts = np.bincount(np.concatenate(labelled).astype(np.int64) if labelled else np.zeros(0, np.int64))
+    classes = list(names) if names is not None else [f"class_{k}" for k in range(len(counts))]
+    counts = np.pad(counts, (0, max(0, len(classes) - len(counts))))
+    present = [k for k in range(len(classes)) if counts[k]]
+    empty = [k for k in range(len(classes)) if not counts[k]]
+    info = read_class_info(directory)
+    from_annotations = (directory / ANNOTATIONS).is_dir() and info.path is None and names is not None
+    label_names = ", ".join(f"{k} {classes[k]!r}" for k in empty)
+    if len(present) < 2:
+        shown = ", ".join(f"{k} {classes[k]!r}" for k in present) or "none"
+        problem = (
+            f"{directory}: labelled pixels of {len(present)} class(es) ({shown}); a model needs at least 2"
+        )
+        if present == [0] and unlabelled is None and not from_annotations:
+            fix = (
+                "the labels hold only 0 and 255, and 255 always means unlabelled: save a two-class mask as 0/1 "
+                "(0 background, 1 foreground), or paint strokes of both classes"
+            )
+        elif from_annotations and len(info.names or []) <= 1:
+            fix = (
+                f"the annotations name {len(info.names or [])} class(es) ({', '.join(info.names or [])}): annotate "
+                "another class too (e.g. the background), or list every class in classes.json's names"
+            )
+        elif from_annotations and present:
+            fix = f"the annotations of {label_names} cover no pixel of the images: annotate them inside the images"
+        else:
+            fix = f"label pixels of {'another class' if present else 'at least 2 classes'} too" + (
+                f" (no pixels: {label_names})" if empty else ""
+            )
+        raise DatasetError(f"{problem}: {fix}")
+    if not empty or fine_tuning:
+        return [classes[k] for k in empty]
+    if names is None:
+        raise DatasetError(
+            f"{directory}: the labels hold class ids {present} and none of {empty}; without names every id from 0 "
+            "to the highest is a class, so these would be classes without a pixel: number the classes 0..K-1 "
+            "without gaps, or name them in classes.json"
+        )
+    if info.path is not None and info.names == list(names):
+        where = f"{info.path} names {len(names)} classes"
+        fix = "label some of their pixels, or take them out of the names (and renumber the labels)"
+        if (
+            info.unlabelled is not None
+            and unlabelled == info.unlabelled
+            and info.unlabelled in range(len(names))
+        ):
+            fix += f"; note that unlabelled = {info.unlabelled} there makes every pixel of value {info.unlabelled} unlabelled"
+    elif from_annotations:
+        where = "the annotations name them"
+        fix = (
+            "their annotations cover no pixel of the images: annotate them inside the images, or remove them"
+        )
+    else:
+        where = f"--classes {len(names)}"
+        fix = "label some of their pixels, or lower --classes"
+    raise DatasetError(f"{directory}: class(es) {label_names} have no labelled pixels ({where}); {fix}")

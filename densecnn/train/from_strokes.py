@@ -28,7 +28,8 @@ from ..losses import IGNORE_INDEX
 from ..modelfile import CONFIG_FILE, load
 from ..modelfile.card import write_model_card
 from .config import TrainConfig
-from .dataset import infer_channels, read_class_info, read_dataset
+from .dataset import check_labelled_classes, infer_channels, read_class_info, read_dataset
+from .interrupts import TrainingInterrupted, interrupts_deferred
 from .metrics import MetricsLog
 from .recipe import default_model
 from .strokes import StrokeTrainer
@@ -64,9 +65,19 @@ def train_from_strokes(config: TrainConfig) -> Path:
         intensity=fine_tuned.intensity if fine_tuned else Intensity(),
         unlabelled=config.unlabelled,
         margin=window_margin(_patch_size(config, fine_tuned, channels, spatial_dims)),
+        class_names=fine_tuned.class_names if fine_tuned else None,
     )
     if names is None and config.classes:
         names = [f"class_{k}" for k in range(config.classes)]
+    unlabelled = config.unlabelled if config.unlabelled is not None else info.unlabelled
+    missing = check_labelled_classes(
+        config.data, samples, names, unlabelled=unlabelled, fine_tuning=fine_tuned is not None
+    )
+    if missing:
+        print(
+            f"densecnn train: note: the labels hold no pixels of {', '.join(map(repr, missing))}; fine-tuning keeps "
+            "these classes as the model has them, and trains the others"
+        )
     trainer = StrokeTrainer(
         [s.image for s in samples],
         [s.labels for s in samples],
@@ -76,15 +87,26 @@ def train_from_strokes(config: TrainConfig) -> Path:
         seed=config.seed,
         recipe={"holdout": config.holdout},
     )
-    palette = info.palette if info.palette and len(info.palette) == len(trainer.class_names) else None
+    palette = info.palette if info.palette and info.names in (None, trainer.class_names) else None
+    if palette is not None and len(palette) != len(trainer.class_names):
+        raise TrainingError(
+            f"{info.path}: palette has {len(palette)} colours for the model's {len(trainer.class_names)} classes; "
+            "give one [r, g, b] per class, or leave the palette out for the default colours"
+        )
     log = MetricsLog(run_dir / "metrics.jsonl")
     model_dir = run_dir / "model"
+    written = None
     try:
-        for progress in trainer.run(max_seconds=config.max_seconds):
-            log.write({"kind": "train", **dataclasses.asdict(progress)})
-    finally:  # the best weights so far, whatever ended the run
-        trainer.save(model_dir, palette=palette)
-        _write_card(model_dir, config, trainer, samples)
+        try:
+            for progress in trainer.run(max_seconds=config.max_seconds):
+                log.write({"kind": "train", **dataclasses.asdict(progress)})
+        finally:  # the best weights so far, whatever ended the run; a Ctrl-C meanwhile waits until they are
+            with interrupts_deferred():
+                trainer.save(model_dir, palette=palette)
+                _write_card(model_dir, config, trainer, samples)
+                written = model_dir
+    except KeyboardInterrupt:
+        raise TrainingInterrupted(trainer.step, written) from None
     return model_dir
 
 
@@ -176,14 +198,34 @@ def _write_card(model_dir: Path, config: TrainConfig, trainer: StrokeTrainer, sa
             ),
             "optimiser": f"adamw, lr {recipe.lr:g} (warm-up {recipe.warmup} steps, cosine), "
             f"weight decay {recipe.weight_decay:g}",
-            "validation": f"{recipe.holdout:.0%} of each class's strokes held out; best held-out mIoU "
-            + (
-                "none (too few strokes to hold out)"
-                if trainer.best_val_miou is None
-                else f"{trainer.best_val_miou:.3f}"
-            ),
+            "validation": _validation_text(trainer),
             "seed": config.seed,
         },
         val_scores=None,
         class_names=trainer.class_names,
+        validation_note=_validation_text(trainer, section=True),
     )
+
+
+def _validation_text(trainer: StrokeTrainer, *, section: bool = False) -> str:
+    """What the card says of validation: none without held-out strokes, else the share and the best mIoU."""
+    share = trainer.recipe.holdout
+    if not share:
+        return (
+            "No held-out strokes (`--holdout 0`, the default) and no validation set: every stroke trained, the newest "
+            "weights are the model, and there are no held-out metrics for it."
+            if section
+            else "none: every stroke trained (--holdout 0) and the newest weights kept"
+        )
+    best = trainer.best_val_miou
+    score = (
+        "none (every class had a single stroke: nothing was held out)"
+        if best is None
+        else f"{best:.3f} (the model's weights are those of that validation)"
+    )
+    if section:
+        return (
+            f"{share:.0%} of each class's strokes were held out (at least one stroke of each class trained) and "
+            f"validated on during the run: best held-out mIoU {score}. No separate validation set was given."
+        )
+    return f"{share:.0%} of each class's strokes held out; best held-out mIoU {score}"

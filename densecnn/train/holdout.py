@@ -57,8 +57,9 @@ def split_strokes(
     labels: list[np.ndarray], *, share: float = 0.25, seed: int = 0
 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """``(train, val)`` label maps: about ``share`` of each class's strokes (by count, at most ``share`` of its
-    pixels plus one stroke) moved to ``val``, the rest kept in ``train``. A class with a single stroke keeps it for
-    training (it has nothing to spare); ``val`` is then unlabelled for that class.
+    pixels plus one stroke) moved to ``val``, the rest kept in ``train``. At least one stroke of each class stays in
+    ``train``, whatever the share: a class with a single stroke keeps it for training (it has nothing to spare; ``val``
+    is then unlabelled for that class), and a high share of a class with few strokes holds out all but one.
 
     Every pixel labelled in ``labels`` is labelled in exactly one of the two.
     """
@@ -72,7 +73,7 @@ def split_strokes(
         if len(own) < 2 or share == 0.0:
             continue
         budget = share * sum(s.pixels for s in own)
-        wanted = max(1, round(share * len(own)))
+        wanted = min(max(1, round(share * len(own))), len(own) - 1)  # one stroke of each class always trains
         taken_strokes, taken_pixels = 0, 0
         for position in rng.permutation(len(own)).tolist():
             if taken_strokes >= wanted or taken_pixels >= budget:

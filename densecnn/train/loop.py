@@ -17,6 +17,7 @@ from .checkpoint import Progress, resume_state, save_checkpoint
 from .config import TrainConfig
 from .data import TrainingData
 from .distributed import Distributed, setup, teardown
+from .interrupts import TrainingInterrupted, interrupts_deferred
 from .metrics import MetricsLog
 from .model import start_model
 from .optim import build_optimizer
@@ -73,6 +74,7 @@ class Trainer:
             self.scheduler.load_state_dict(state["scheduler"])
             torch.set_rng_state(state["rng"]["torch"])
         self.log = None
+        self.written: Path | None = None  # the model directory, once written
         if dist.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             keep_until = self.progress.step if state is not None else None
@@ -84,15 +86,18 @@ class Trainer:
         goes on, so every run that took a step leaves a model directory that loads."""
         bar = self._progress_bar()
         try:
-            val_scores = self._steps(bar)
-        except BaseException:
-            if self.dist.is_main and self.progress.step > 0:
-                self._save(self.last_val_scores)
-            raise
-        finally:
-            if bar is not None:
-                bar.close()
-        return self._finish(val_scores)
+            try:
+                val_scores = self._steps(bar)
+            except BaseException:
+                if self.dist.is_main and self.progress.step > 0:
+                    self._save(self.last_val_scores)
+                raise
+            finally:
+                if bar is not None:
+                    bar.close()
+            return self._finish(val_scores)
+        except KeyboardInterrupt:
+            raise TrainingInterrupted(self.progress.step, self.written) from None
 
     def _steps(self, bar) -> dict | None:
         config, progress, data = self.config, self.progress, self.data
@@ -196,16 +201,18 @@ class Trainer:
         return model_dir
 
     def _save(self, val_scores: dict | None) -> Path:
-        return save_trained_model(
-            self.run_dir / "model",
-            config=self.config,
-            model=self.model,
-            dense=self.dense,
-            data=self.data,
-            progress=self.progress,
-            processes=self.dist.world_size,
-            val_scores=val_scores,
-        )
+        with interrupts_deferred():  # a Ctrl-C meanwhile waits until the directory is whole
+            self.written = save_trained_model(
+                self.run_dir / "model",
+                config=self.config,
+                model=self.model,
+                dense=self.dense,
+                data=self.data,
+                progress=self.progress,
+                processes=self.dist.world_size,
+                val_scores=val_scores,
+            )
+            return self.written
 
 
 def _due(step: int, every: int, epoch_done: bool) -> bool:

@@ -19,9 +19,9 @@ def start_model(config: TrainConfig) -> LoadedModel:
 
     A model directory keeps its classes, palette, normalisation and padding mode (and its intensity scaling unless
     ``--intensity`` says otherwise). A zoo name gets ``--classes`` (or the names in the data's classes.json),
-    ``--channels`` (or the first image's), ``--padding-mode``, ``--intensity`` (default: by the dtype's range),
-    weights initialised from ``--seed`` (the same on every process), and normalisation None: the training images
-    give it.
+    ``--channels`` (or the images': :func:`~densecnn.train.dataset.infer_channels`), ``--padding-mode``,
+    ``--intensity`` (default: by the dtype's range), weights initialised from ``--seed`` (the same on every process),
+    and normalisation None: the training images give it.
 
     >>> start_model(TrainConfig(model="tiny", classes=3, data="data/toy/train", out="runs/toy")).patch_size
     (12, 12)

@@ -179,7 +179,7 @@ class StrokeTrainer:
         if any(i.shape[0] != self.loaded.in_channels for i in images):
             raise TrainingError(f"every image needs the model's {self.loaded.in_channels} channels")
         train, self.val_labels = split_strokes(sparse, share=self.recipe.holdout, seed=self.seed + self.step)
-        if not any((t != IGNORE_INDEX).any() for t in train):
+        if not any((s != IGNORE_INDEX).any() for s in sparse):
             raise TrainingError("no labelled pixels: paint at least one stroke of each class to train from")
         crop = tuple(min(c, s) for c, s in zip(self.recipe.crop, _smallest(images), strict=True))
         tensors = [self.loaded.normalize(torch.from_numpy(i)[None])[0] for i in images]  # (C, *spatial) each
