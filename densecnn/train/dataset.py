@@ -256,6 +256,14 @@ def read_dataset(
             annotation_path = directory / ANNOTATIONS / f"{image_path.stem}.geojson"
             if annotation_path.is_file():
                 classes.check_annotations(annotation_path)
+            elif (
+                classes.lookup is not None
+            ):  # a label array read by windows is not renumbered: never mixed up
+                raise DatasetError(
+                    f"{classes.info.path} names the classes in another order than the model being fine-tuned "
+                    f"({', '.join(classes.ids)}), and {image_path.name} is read in windows, whose label array is "
+                    "not renumbered; number its labels as the model's classes and list them in that order"
+                )
             samples += _window_samples(
                 plans[image_path],
                 image_path,

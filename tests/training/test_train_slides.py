@@ -225,6 +225,12 @@ def test_a_zarr_image_is_read_by_windows_around_its_label_arrays_strokes(zarr_da
     assert sorted(r for r in image_reads if r not in intensity_sample) == sorted(regions(windows))
 
 
+def test_fine_tuning_a_label_array_named_in_another_order_is_refused_not_mixed_up(zarr_dataset, tmp_path):
+    data, _, _ = zarr_dataset
+    with pytest.raises(DatasetError, match=r"another order than the model .* field\.zarr is read in windows"):
+        read_dataset(data, channels=1, num_classes=2, class_names=["cell", "background"])
+
+
 def test_densecnn_train_on_a_zarr_image_leaves_a_model_that_loads(zarr_dataset, tmp_path):
     data, _, _ = zarr_dataset
     out = tmp_path / "run"
