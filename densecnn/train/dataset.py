@@ -363,6 +363,7 @@ def _plan_windows(directory: Path, image_path: Path, margin: int, unlabelled: in
     """The windows of a large image around its label array's labelled pixels or its annotations."""
     label_path = _companion(directory / "labels", image_path.stem, LARGE_LABEL_SUFFIXES)
     annotation_path = directory / ANNOTATIONS / f"{image_path.stem}.geojson"
+    _refuse_both(image_path, label_path, annotation_path)
     if label_path is None and not annotation_path.is_file():
         raise _no_labels(directory, image_path, LARGE_LABEL_SUFFIXES, annotation_path)
     return plan_windows(
@@ -474,6 +475,7 @@ def _read_labels(
 ) -> np.ndarray:
     label_path = _companion(directory / "labels", image_path.stem, _label_suffixes(spatial_dims))
     annotation_path = directory / ANNOTATIONS / f"{image_path.stem}.geojson"
+    _refuse_both(image_path, label_path, annotation_path)
     if label_path is None and annotation_path.is_file() and spatial_dims == 2:
         classes.check_annotations(annotation_path)
         return rasterize(read_geojson(annotation_path), shape, class_ids=classes.ids)
@@ -495,6 +497,15 @@ def _read_labels(
         labels[labelled] = classes.lookup[labels[labelled]]
     _check_ids(labels, label_path, num_classes, stored, unlabelled, classes.hint())
     return labels
+
+
+def _refuse_both(image_path: Path, label_path: Path | None, annotation_path: Path) -> None:
+    """An image's labels come from a label file or from annotations, never both (one would be left out)."""
+    if label_path is not None and annotation_path.is_file():
+        raise DatasetError(
+            f"{image_path.name} has both a label file ({label_path}) and annotations ({annotation_path}); one of "
+            "them would be left out: keep one (paint the annotations into the label file, or move it away)"
+        )
 
 
 def _no_labels(

@@ -317,3 +317,10 @@ def test_a_holdout_runs_card_does_not_say_no_validation_was_done(tmp_path, tiny_
     card = (out / "model" / "README.md").read_text()
     assert "No validation set was given (`--val`): there are no held-out metrics" not in card
     assert "strokes were held out" in card
+
+
+def test_a_label_file_beside_annotations_of_the_same_image_is_refused(tmp_path):
+    data = dataset(tmp_path / "data", halves(0, 1), {"names": ["background", "cell"]})
+    geojson(data / "annotations" / "im0.geojson", [("cell", square(2, 2, 6, 6))])
+    with pytest.raises(DatasetError, match=r"im0\.png has both a label file .* and annotations"):
+        read_dataset(data, channels=1, num_classes=2)
