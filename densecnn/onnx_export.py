@@ -211,11 +211,20 @@ def export_onnx(dense: DenseCNN, path) -> Path:
 
     >>> export_onnx(densecnn.load("models/nuclei").dense(), "nuclei.onnx")
     PosixPath('nuclei.onnx')
+
+    Raises:
+        OnnxExportError: onnx is missing, or the net's weights are not float32.
     """
     try:
         import onnx
     except ImportError:
         raise OnnxExportError("ONNX export needs the onnx package: pip install onnx") from None
+    dtypes = {t.dtype for t in (*dense.parameters(), *dense.buffers()) if t.is_floating_point()}
+    if dtypes - {torch.float32}:
+        raise OnnxExportError(
+            f"the net's weights are {', '.join(sorted(map(str, dtypes)))}, and the ONNX graph takes float32 images: "
+            "export a float32 copy (model.float(), then convert or save it again)"
+        )
     module = exportable(dense)
     example = torch.zeros(1, dense.in_channels, *(max(r, 8) for r in dense.receptive_field))
     axes = {0: "N", **dict(zip(range(2, dense.dims + 2), {1: "L", 2: "HW", 3: "DHW"}[dense.dims]))}

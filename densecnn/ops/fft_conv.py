@@ -34,15 +34,13 @@ import contextlib
 import contextvars
 import functools
 import math
-import threading
-from collections import OrderedDict
 
 import numpy as np
 import torch
-from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
 from ..geometry import output_size
 from . import ext, weight_cache
+from .weight_cache import eager
 
 Pair = tuple[int, int]
 MAX_TILE = 64  # largest tile side considered
@@ -299,31 +297,16 @@ def _real_fft_cost(n: int) -> int:
 
 # --- the kernel's spectrum -----------------------------------------------------------------------------------------
 
-_spectra: OrderedDict[tuple, tuple] = OrderedDict()
-_spectra_lock = threading.Lock()
+_spectra = weight_cache.TransformCache(CACHE_SIZE)
 
 
 def kernel_spectrum(weight: torch.Tensor, tile: Pair, dtype) -> torch.Tensor:
     """conj(DFT) of the kernel zero-padded to the tile, complex (Th·F, C, K), F = Tw//2 + 1.
 
-    Cached per weight version when no gradient is wanted (the cached entry holds the weight, so its memory cannot be
-    reused by another tensor while the entry lives); in training it is computed on every call.
+    Cached while the weight's values are unchanged when no gradient is wanted
+    (:class:`~densecnn.ops.weight_cache.TransformCache`); in training it is computed on every call.
     """
-    try:
-        version = weight._version
-    except RuntimeError:  # inference tensors have no version counter
-        return _spectrum(weight, tile, dtype)
-    key = (weight.data_ptr(), version, tuple(weight.shape), weight.stride(), weight.device, tile, dtype)
-    with _spectra_lock:  # served models run in several threads
-        if key in _spectra:
-            _spectra.move_to_end(key)
-            return _spectra[key][1]
-    spectrum = _spectrum(weight, tile, dtype)
-    with _spectra_lock:
-        _spectra[key] = (weight, spectrum)
-        if len(_spectra) > CACHE_SIZE:
-            _spectra.popitem(last=False)
-    return spectrum
+    return _spectra.get(weight, (tile, dtype), lambda: _spectrum(weight, tile, dtype))
 
 
 _step_spectra: contextvars.ContextVar[dict | None] = contextvars.ContextVar(
@@ -398,16 +381,6 @@ def _eager_on_cpu(weight: torch.Tensor) -> bool:
     """Whether ``weight`` is a plain CPU tensor used eagerly, so its spectrum may be written into a buffer of the
     kernels' cache."""
     return weight.device.type == "cpu" and eager(weight)
-
-
-def eager(tensor: torch.Tensor) -> bool:
-    """Whether ``tensor`` is a plain tensor used eagerly, with memory of its own (traced calls — torch.compile, fake
-    tensors, dispatch modes — have none to key a spectrum by or to write into)."""
-    return (
-        type(tensor) in (torch.Tensor, torch.nn.Parameter)
-        and not torch.compiler.is_compiling()
-        and not is_in_torch_dispatch_mode()
-    )
 
 
 def _taps(spectrum: torch.Tensor, tile: Pair, kernel: Pair) -> torch.Tensor:

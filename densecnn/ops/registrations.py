@@ -19,7 +19,7 @@ import math
 import torch
 
 from ..geometry import output_size, reach
-from . import ext, fft_conv, layout, native
+from . import ext, fft_conv, layout, native, weight_cache
 from .gradients import bias_gradient
 
 # ---- shapes and layouts, as the kernels see them ----
@@ -244,7 +244,7 @@ def _register_fft_conv2d(ops) -> None:
         input, weight, spectrum, bias, tile, _valid, ctx.dilation, *padding = inputs
         ctx.padding = tuple(padding[0]) if padding else (0, 0)
         # the input gradient reuses the forward's kernel spectrum (on the same tile)
-        eager = fft_conv.eager(weight) and fft_conv.eager(spectrum)
+        eager = weight_cache.eager(weight) and weight_cache.eager(spectrum)
         ctx.spectra = {fft_conv.spectrum_key(weight, tile, input.dtype): spectrum} if eager else {}
         ctx.has_bias = bias is not None
         ctx.save_for_backward(input, weight)

@@ -29,7 +29,6 @@ Which solver runs each layer is the plan's choice (:mod:`densecnn.ops.plan`): fr
 from __future__ import annotations
 
 import math
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -285,30 +284,29 @@ def candidates(op: DenseOp, *, ext_available: bool, dtype: torch.dtype | None = 
 
 # id(weight) -> ((its version, the compute dtype), the weight with its subnormal entries zero, or None where it has
 # none), for the weights no gradient is asked of; an entry goes with its weight.
-_normal_weights: dict[int, tuple[tuple, torch.Tensor | None]] = {}
+_normal_weights = weight_cache.TransformCache(64)
 
 
 def normal_weight(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """``weight`` with its subnormal entries in ``dtype`` (nonzero, below ``torch.finfo(dtype).tiny``) set to zero,
     at inference and eagerly (:func:`densecnn.ops.weight_cache.cacheable`; else ``weight`` as it is), computed once
-    per weight version. A product with a subnormal factor takes a slow microcode path on x86 CPUs: the Gaussian tails
-    of a fixed filter bank (1e-43 in float32, 54 of 5,859 taps) made its first two convs 2–6× slower. What such a
-    weight adds to an output is below ``tiny`` times the input, under float32's rounding of any normal output.
+    while the weight's values are unchanged. A product with a subnormal factor takes a slow microcode path on x86
+    CPUs: the Gaussian tails of a fixed filter bank (1e-43 in float32, 54 of 5,859 taps) made its first two convs
+    2–6× slower. What such a weight adds to an output is below ``tiny`` times the input, under float32's rounding of
+    any normal output.
 
     >>> normal_weight(torch.tensor([1.0, 1e-40, 0.0]), torch.float32)
     tensor([1., 0., 0.])
     """
-    if not (weight.is_floating_point() and weight_cache.cacheable(weight) and fft_conv.eager(weight)):
+    if not (weight.is_floating_point() and weight_cache.cacheable(weight) and weight_cache.eager(weight)):
         return weight  # training, or traced (torch.compile, fake tensors): nothing to key a copy by
-    key = (weight._version, dtype)
-    cached = _normal_weights.get(id(weight))
-    if cached is None or cached[0] != key:
-        if cached is None:
-            weakref.finalize(weight, _normal_weights.pop, id(weight), None)
+
+    def normal() -> torch.Tensor | None:
         subnormal = (weight != 0) & (weight.abs() < torch.finfo(dtype).tiny)
-        cached = key, weight.masked_fill(subnormal, 0) if bool(subnormal.any()) else None
-        _normal_weights[id(weight)] = cached
-    return weight if cached[1] is None else cached[1]
+        return weight.masked_fill(subnormal, 0) if bool(subnormal.any()) else None
+
+    cached = _normal_weights.get(weight, (dtype,), normal)
+    return weight if cached is None else cached
 
 
 def run(

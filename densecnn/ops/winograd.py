@@ -30,9 +30,6 @@ torch.Size([1, 8, 32, 32])
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
-
 import torch
 
 from ..geometry import output_size
@@ -150,34 +147,19 @@ def positions(out: int, dilation: int, m: int) -> int:
 
 # --- the transformed kernel ----------------------------------------------------------------------------------------
 
-_kernels: OrderedDict[tuple, tuple] = OrderedDict()
-_kernels_lock = threading.Lock()
+_kernels = weight_cache.TransformCache(CACHE_SIZE)
 
 
 def transformed_kernel(weight: torch.Tensor, m: int) -> torch.Tensor:
     """U = G g Gᵀ along every axis, (α^n, C, K), computed in float64 and cast to the weight's dtype.
 
-    Cached per weight version when no gradient is wanted (the entry holds the weight, so its memory cannot be
-    reused by another tensor while the entry lives); computed afresh in training, whose weights change every step,
-    and for inference tensors, which have no version counter.
+    Cached while the weight's values are unchanged when no gradient is wanted
+    (:class:`~densecnn.ops.weight_cache.TransformCache`); computed afresh in training, whose weights change every
+    step.
     """
     if not weight_cache.cacheable(weight):
         return _transform_kernel(weight, m)
-    try:
-        key = (weight.data_ptr(), weight._version, tuple(weight.shape), weight.stride(), weight.device, m)
-        key += (weight.dtype,)
-    except RuntimeError:  # inference tensors have no version counter
-        return _transform_kernel(weight, m)
-    with _kernels_lock:  # served models run in several threads
-        if key in _kernels:
-            _kernels.move_to_end(key)
-            return _kernels[key][1]
-    u = _transform_kernel(weight, m)
-    with _kernels_lock:
-        _kernels[key] = (weight, u)
-        if len(_kernels) > CACHE_SIZE:
-            _kernels.popitem(last=False)
-    return u
+    return _kernels.get(weight, (m,), lambda: _transform_kernel(weight, m))
 
 
 def _transform_kernel(weight: torch.Tensor, m: int) -> torch.Tensor:

@@ -12,6 +12,7 @@ from torch import nn
 
 import densecnn
 from densecnn.errors import ModelChangedError
+from tests.naive import literal_scan
 from tests.tolerances import assert_equal_to_rounding
 
 
@@ -107,6 +108,31 @@ def test_parameter_values_modes_and_same_shape_parameters_are_followed():
     model.eval()
     with torch.no_grad():
         assert_equal_to_rounding(dense(x), densecnn.scan_patches(model, x, patch))
+
+
+@pytest.mark.parametrize("solver, zoo_net", [("fft", "stages_46"), ("winograd", "nuclei"), ("ext", "nuclei")])
+@pytest.mark.parametrize("how", ["data in place", "data replaced"])
+def test_values_changed_through_data_are_followed_by_the_cached_kernel_transforms(
+    ops_config, solver, zoo_net, how
+):
+    """``p.data.mul_()`` and ``p.data = t`` change values without a version counter seeing it: the solvers' cached
+    transforms of the kernels (spectra, Winograd kernels) must not serve the old values."""
+    ops_config(solver=solver)
+    torch.manual_seed(0)
+    model, patch = getattr(densecnn.zoo, zoo_net)(in_channels=1, num_classes=3)
+    model.eval()
+    dense = densecnn.convert(model, patch)
+    x = torch.rand(1, 1, 24, 24)
+    patch = (patch, patch) if isinstance(patch, int) else patch
+    with torch.no_grad():
+        dense(x)  # the transforms of the first values are cached now
+        for _ in range(2):
+            for p in model.parameters():
+                if how == "data in place":
+                    p.data.mul_(-1.5)
+                else:
+                    p.data = p.data * -1.5
+            assert_equal_to_rounding(dense(x), literal_scan(model, x, patch), f"{solver}, {how}")
 
 
 def test_a_deep_copy_checks_its_own_copy_of_the_model():

@@ -91,6 +91,16 @@ def test_export_onnx_command_reports_a_missing_model(tmp_path, capsys):
     assert "model.json is missing" in capsys.readouterr().err
 
 
+def test_a_net_of_other_weights_than_float32_is_refused_naming_the_fix(tmp_path, capsys):
+    torch.manual_seed(0)
+    model, patch = densecnn.zoo.tiny(in_channels=1, num_classes=2)
+    with pytest.raises(densecnn.errors.OnnxExportError, match=r"torch.float64.*model\.float\(\)"):
+        export_onnx(densecnn.convert(model.double().eval(), patch), tmp_path / "x.onnx")
+    directory = densecnn.save(model.double().eval(), tmp_path / "f64", patch_size=patch)
+    assert main(["export-onnx", str(directory), str(tmp_path / "x.onnx")]) == 2
+    assert "ONNX graph takes float32 images" in capsys.readouterr().err
+
+
 SHIPPED = Path(__file__).resolve().parents[2] / "models" / "nuclei"
 
 
