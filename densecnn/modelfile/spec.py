@@ -49,6 +49,29 @@ def _json_value(name: str, value: Any) -> Any:
     return value
 
 
+def _refuse_computed_weights(path: str, module: nn.Module) -> None:
+    """A layer whose weight is computed on each call (a parametrization, ``weight_norm``, pruning's mask) is saved
+    only once the weight is made a plain parameter again: the file holds a layer's own parameters."""
+    from torch.nn.utils import parametrize
+
+    if parametrize.is_parametrized(module):
+        names = ", ".join(module.parametrizations.keys())
+        raise ModelFileError(
+            f"layer {path!r} ({type(module).__name__}) computes its {names} by a parametrization (weight_norm, "
+            f"spectral_norm, ...); a model file holds plain parameters: bake it in first with "
+            f"torch.nn.utils.parametrize.remove_parametrizations(layer, {next(iter(module.parametrizations))!r}), "
+            "which keeps the values"
+        )
+    if module._forward_pre_hooks:
+        hooks = ", ".join(sorted({type(h).__name__ for h in module._forward_pre_hooks.values()}))
+        raise ModelFileError(
+            f"layer {path!r} ({type(module).__name__}) recomputes its weights before each call ({hooks}: the old "
+            "weight_norm or pruning); a model file holds plain parameters: remove the hook first with "
+            "torch.nn.utils.remove_weight_norm(layer) or torch.nn.utils.prune.remove(layer, 'weight'), which keep "
+            "the values"
+        )
+
+
 def to_spec(model: nn.Module) -> list[dict[str, Any]]:
     """The layer spec of ``model`` (an ``nn.Sequential`` or a traceable chain), one dict per use of a layer."""
     spec: list[dict[str, Any]] = []
@@ -63,6 +86,7 @@ def to_spec(model: nn.Module) -> list[dict[str, Any]]:
 
 
 def _layer_entry(path: str, module: nn.Module) -> dict[str, Any]:
+    _refuse_computed_weights(path, module)
     record = saved_record(type(module))
     if record is None:
         raise ModelFileError(

@@ -303,3 +303,22 @@ def test_server_skips_a_broken_model_with_one_log_line(base, broken, tmp_path, c
     [record] = [r for r in caplog.records if r.levelno == logging.ERROR]
     assert "bad/model.json: palette: 1 colours for num_classes=3" in record.getMessage()
     assert record.exc_info is None
+
+
+@pytest.mark.parametrize(
+    "computed, fix",
+    [
+        (lambda conv: torch.nn.utils.parametrizations.weight_norm(conv), "remove_parametrizations"),
+        (lambda conv: torch.nn.utils.weight_norm(conv), "remove_weight_norm"),
+        (lambda conv: torch.nn.utils.prune.l1_unstructured(conv, "weight", amount=0.5), "prune.remove"),
+    ],
+)
+def test_a_layer_computing_its_weight_each_call_is_refused_naming_the_fix(tmp_path, computed, fix):
+    import torch.nn.utils.prune  # noqa: F401  (the submodule the case uses)
+
+    conv = torch.nn.Conv2d(1, 4, 3)
+    conv = computed(conv) or conv
+    model = torch.nn.Sequential(conv, torch.nn.ReLU(), torch.nn.Conv2d(4, 3, 3), torch.nn.Flatten()).eval()
+    with pytest.raises(densecnn.errors.ModelFileError, match=re.escape(fix)):
+        densecnn.save(model, tmp_path / "m", patch_size=5)
+    assert not (tmp_path / "m" / "model.json").exists()
