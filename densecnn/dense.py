@@ -306,7 +306,7 @@ class DenseCNN(nn.Module):
         cancel: threading.Event | None,
         nonfinite: str,
     ) -> torch.Tensor:
-        tiling.check_max_memory(max_memory)
+        max_memory = tiling.check_max_memory(max_memory)
         estimate = self.memory_estimate(x.shape, x.element_size(), labels=labels, train=self._trains(x))
         tile = tiling.choose_tile(x.shape, max_memory, estimate, labels=labels)
         # checks ``cancel`` before each layer of each tile; a tile's no-data pixels are found in its own window

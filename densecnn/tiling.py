@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import numbers
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -62,9 +63,10 @@ def tile_peak_bytes(sizes: list[int], itemsize: int, *, train: bool) -> int:
 
 
 def check_max_memory(max_memory) -> int:
-    if isinstance(max_memory, bool) or not isinstance(max_memory, int) or max_memory <= 0:
+    """``max_memory`` as an int: a positive integer (numpy's too; not a bool or a float)."""
+    if isinstance(max_memory, bool) or not isinstance(max_memory, numbers.Integral) or max_memory <= 0:
         raise InvalidInputError(f"max_memory must be a positive number of bytes (int), got {max_memory!r}")
-    return max_memory
+    return int(max_memory)
 
 
 def choose_tile(shape, max_memory: int, estimate: MemoryEstimate, *, labels: bool) -> Size:

@@ -11,6 +11,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -102,6 +103,9 @@ def test_bad_max_memory_is_explained():
     for bad in (0, -5, 1.5e9, True):
         with pytest.raises(ValueError, match="positive number of bytes"):
             dense.predict(x, max_memory=bad)
+    assert torch.equal(
+        dense.predict(x, max_memory=np.int64(10**8)), dense.predict(x)
+    )  # numpy's ints are ints
 
 
 def test_tile_estimate_grows_with_the_tile_and_the_cap_bounds_it():
