@@ -154,8 +154,9 @@ def read_class_info(directory: str | Path) -> ClassInfo:
             _check_names(candidate, names)
             _check_palette(candidate, palette, names)
             return ClassInfo(names=names, palette=palette, unlabelled=unlabelled, path=candidate)
-    names = _annotation_classes(Path(directory))
-    return ClassInfo(names=names or None)
+    names, colours = _annotation_classes(Path(directory))
+    palette = [list(colours[n]) for n in names] if names and all(n in colours for n in names) else None
+    return ClassInfo(names=names or None, palette=palette)
 
 
 def _check_names(path: Path, names) -> None:
@@ -201,13 +202,19 @@ def _check_palette(path: Path, palette, names) -> None:
         )
 
 
-def _annotation_classes(directory: Path) -> list[str]:
-    """The classes the dataset's GeoJSON annotations name, in order of appearance (none without annotations)."""
+def _annotation_classes(directory: Path) -> tuple[list[str], dict[str, tuple[int, int, int]]]:
+    """The classes the dataset's GeoJSON annotations name, in order of appearance (none without annotations), and
+    the colour each is first given (QuPath's classification colours, the model's palette when every class has one)."""
     names: list[str] = []
+    colours: dict[str, tuple[int, int, int]] = {}
     folder = directory / ANNOTATIONS
     for path in sorted(folder.glob("*.geojson")) if folder.is_dir() else []:
-        names += [n for n in class_names_of(read_geojson(path)) if n not in names]
-    return names
+        annotations = read_geojson(path)
+        names += [n for n in class_names_of(annotations) if n not in names]
+        for annotation in annotations:
+            if annotation.color is not None:
+                colours.setdefault(annotation.class_name, annotation.color)
+    return names, colours
 
 
 def read_dataset(
@@ -293,7 +300,7 @@ class _Classes:
         if class_names is not None and list(class_names) == [f"class_{k}" for k in range(len(class_names))]:
             class_names = None  # a model trained without names: its ids are taken as they are
         self.info, self.model_names, self.num_classes = info, class_names, num_classes
-        names = class_names or info.names or _annotation_classes(directory)
+        names = class_names or info.names or _annotation_classes(directory)[0]
         self.ids = {n: k for k, n in enumerate(names)}
         self.lookup: np.ndarray | None = (
             None  # classes.json's ids -> the fine-tuned model's, when they differ

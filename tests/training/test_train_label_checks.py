@@ -324,3 +324,20 @@ def test_a_label_file_beside_annotations_of_the_same_image_is_refused(tmp_path):
     geojson(data / "annotations" / "im0.geojson", [("cell", square(2, 2, 6, 6))])
     with pytest.raises(DatasetError, match=r"im0\.png has both a label file .* and annotations"):
         read_dataset(data, channels=1, num_classes=2)
+
+
+def test_qupath_class_colours_become_the_palette_without_classes_json(tmp_path):
+    annotations = tmp_path / "annotations" / "im0.geojson"
+    annotations.parent.mkdir(parents=True)
+    features = [
+        ("Tumor", {"colorRGB": -3670016}, square(2, 2, 6, 6)),  # Java's packed ARGB: (200, 0, 0)
+        ("Stroma", {"color": [0, 150, 200]}, square(20, 20, 30, 30)),
+    ]
+    annotations.write_text(json.dumps({"type": "FeatureCollection", "features": [
+        {"type": "Feature", "geometry": {"type": "Polygon", "coordinates": [ring]},
+         "properties": {"classification": {"name": name, **colour}}} for name, colour, ring in features
+    ]}))  # fmt: skip
+    info = read_class_info(tmp_path)
+    assert info.names == ["Tumor", "Stroma"] and info.palette == [[200, 0, 0], [0, 150, 200]]
+    geojson(annotations, [("Tumor", square(2, 2, 6, 6)), ("Stroma", square(20, 20, 30, 30))])  # no colours
+    assert read_class_info(tmp_path).palette is None  # the default colours
