@@ -10,8 +10,6 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from starlette.datastructures import UploadFile
-from starlette.exceptions import HTTPException
 from starlette.requests import Request
 
 from densecnn.io import ACCEPTED, image_format
@@ -67,21 +65,12 @@ async def _image_bytes(request: Request) -> Upload:
                 f"the multipart body ({len(body):,} bytes) ends before its closing boundary: the upload was cut "
                 "off; send it again",
             )
-        try:
-            form = await request.form(max_files=1, max_fields=8)
-        except (
-            HTTPException
-        ) as exc:  # Starlette's multipart errors, in the codes job uploads answer them with
-            raise ApiError(
-                400, _multipart_code(str(exc.detail)), f"the multipart body: {exc.detail}"
-            ) from None
-        try:
-            upload = form.get("image")
-            if not isinstance(upload, UploadFile):
-                raise ApiError(400, "missing_image", "the multipart body has no file field named 'image'")
-            return Upload(await upload.read(), printable_name(upload.filename) or "the upload")
-        finally:
-            await form.close()
+        # the one multipart parser, of job uploads too (imported here: it imports this module)
+        from .jobs.multipart import ImagePart
+
+        part = ImagePart(_whole(body), request.headers.get("content-type", ""))
+        data = b"".join([chunk async for chunk in part.chunks()])
+        return Upload(data, part.name())
     if content_type.startswith("image/") or content_type in RAW_TYPES:
         return Upload(await request.body())
     raise ApiError(
@@ -92,15 +81,9 @@ async def _image_bytes(request: Request) -> Upload:
     )
 
 
-def _multipart_code(detail: str) -> str:
-    lowered = detail.lower()
-    return (
-        "too_many_files"
-        if "files" in lowered
-        else "too_many_fields"
-        if "fields" in lowered
-        else "invalid_multipart"
-    )
+async def _whole(body: bytes):
+    """A body already received, as the stream of one piece a parser reads."""
+    yield body
 
 
 def printable_name(filename: str | None) -> str | None:

@@ -1,6 +1,7 @@
-"""A multipart/form-data body read as a stream: the bytes of its file field ``image`` are yielded as they arrive,
-to be written where they belong (the job's directory, within its quota), never spooled whole to a temporary file
-first; every other field is skipped, at most :data:`MAX_FIELDS` of them."""
+"""A multipart/form-data body read as a stream: the bytes of its field ``image`` (a file, or a part without a file
+name) are yielded as they arrive, to be written where they belong (the job's directory, within its quota), never
+spooled whole to a temporary file first; every other field is skipped, at most :data:`MAX_FIELDS` of them. Segment
+requests parse their (whole) bodies with it too, so both answer a multipart body alike."""
 
 from __future__ import annotations
 
@@ -61,7 +62,7 @@ class ImagePart:
     def _begin(self) -> None:
         self._parts += 1
         if self._parts > MAX_FIELDS:
-            raise ApiError(400, "too_many_fields", f"a job upload has at most {MAX_FIELDS} multipart fields")
+            raise ApiError(400, "too_many_fields", f"a multipart body has at most {MAX_FIELDS} fields here")
         self._current = None
 
     def _header_field(self, data: bytes, start: int, end: int) -> None:

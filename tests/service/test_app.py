@@ -484,8 +484,13 @@ def test_a_multipart_body_with_another_boundary_is_named_as_such_not_as_cut_off(
 
 
 def test_malformed_multipart_bodies_get_the_codes_job_uploads_give(client):
-    two = [("image", ("a.png", PNG, "image/png")), ("other", ("b.png", PNG, "image/png"))]
+    two = [("image", ("a.png", PNG, "image/png")), ("image", ("b.png", PNG, "image/png"))]
     assert_error(client.post("/v1/models/cells/segment", files=two), 400, "too_many_files")
+    nameless = b'--B\r\nContent-Disposition: form-data; name="image"\r\n\r\n' + PNG + b"\r\n--B--\r\n"
+    answer = post_raw(
+        client, nameless, "multipart/form-data; boundary=B"
+    )  # a part without filename=, as jobs take
+    assert answer.status_code == 200, answer.text
     no_boundary = post_raw(client, PNG, "multipart/form-data")
     assert no_boundary.status_code == 400 and no_boundary.json()["error"]["code"] != "bad_request"
     assert_next_request_succeeds(client)
