@@ -62,6 +62,9 @@ class TransformCache:
         self._entries: OrderedDict[tuple, tuple[torch.Tensor, object]] = OrderedDict()
         self._lock = threading.Lock()  # served models run in several threads
 
+    def __len__(self) -> int:
+        return len(self._entries)
+
     def get(self, weight: torch.Tensor, extra: tuple, compute: Callable[[], object]):
         """The transform ``compute()`` of ``weight`` (``extra``: what else it depends on), from the cache while the
         weight's values are those it was computed from (a traced call's weight, without values: computed)."""
