@@ -8,7 +8,8 @@ write.
   SIDE x SIDE zarr array with the largest chunk the API schema takes (16384: one task for the whole image), and the
   answer to the chunk that grew the server by 9.5 GiB before (100000);
 - quota: jobs of small chunks (each chunk file takes a whole disk block) and a resumable upload: the bytes reserved
-  at admission against the disk blocks the files take once written; and four 6 MB uploads under an 8 MB quota;
+  at admission against the disk blocks the files take once written; and five 6 MB uploads under an 8 MB quota,
+  created, then sent;
 - cancel: a job of many small chunks cancelled mid-run; the time from the DELETE to the newest file of its store.
 
 Prints one JSON line. Not a CI test.
@@ -98,11 +99,15 @@ def quota(url: str, service: Path, model: str, source: str) -> dict:
         overshoots.append({"chunk": chunk, "reserved": planned, "taken": taken, "overshoot": taken - planned})
         httpx.delete(f"{url}/v1/jobs/{job_id}", timeout=30)
     name = base64.b64encode(b"x.tif").decode()
-    uploads = [httpx.post(f"{url}/v1/uploads", headers={**TUS, "Upload-Length": str(6_000_000),
-                                                         "Upload-Metadata": f"filename {name}"}).status_code
-               for _ in range(4)]  # fmt: skip
+    created = [httpx.post(f"{url}/v1/uploads", headers={**TUS, "Upload-Length": str(6_000_000),
+                                                         "Upload-Metadata": f"filename {name}"})
+               for _ in range(5)]  # fmt: skip
+    sent = [httpx.patch(f"{url}{c.headers['location']}", content=b"\0" * 6_000_000, timeout=60,
+                        headers={**TUS, "Upload-Offset": "0", "Content-Type": "application/offset+octet-stream"})
+            for c in created if c.status_code == 201]  # fmt: skip
     return {"jobs": overshoots, "worst_overshoot_bytes": max(o["overshoot"] for o in overshoots),
-            "uploads_of_6MB_under_8MB": uploads}  # fmt: skip
+            "uploads_of_6MB_under_8MB": {"created": [c.status_code for c in created],
+                                         "sent": [r.status_code for r in sent]}}  # fmt: skip
 
 
 def cancel(url: str, service: Path, model: str, source: str) -> dict:
