@@ -518,10 +518,13 @@ def _refuse_both(image_path: Path, label_path: Path | None, annotation_path: Pat
 def _no_labels(
     directory: Path, image_path: Path, suffixes: tuple[str, ...], annotation_path: Path | None
 ) -> DatasetError:
+    folder = directory / "labels"
+    others = sorted(p.name for p in folder.glob(f"{image_path.stem}.*")) if folder.is_dir() else []
     return DatasetError(
-        f"{image_path}: no label file; expected {directory / 'labels' / image_path.stem}{suffixes[0]} "
+        f"{image_path}: no label file; expected {folder / image_path.stem}{suffixes[0]} "
         f"(or {', '.join(suffixes[1:]) or suffixes[0]}), a class-id map of the same size"
         + (f", or annotations in {annotation_path}" if annotation_path is not None else "")
+        + (f" ({', '.join(others)} in labels/ is not one of these)" if others else "")
     )
 
 

@@ -241,6 +241,7 @@ def test_signal_datasets_read_npy(tmp_path):
         (lambda r: write(r / "labels" / "a.tif", np.full((5, 7, 6), 3, np.uint8)), "label ids [3]"),
         (lambda r: (r / "images" / "a.tif").write_bytes(b"II*\x00 garbage"), "a.tif: cannot read it as an array"),
         (lambda r: (r / "labels" / "a.tif").unlink(), "a.tif: no label file; expected"),
+        (lambda r: (r / "labels" / "a.tif").rename(r / "labels" / "a.png"), "(a.png in labels/ is not one of these)"),
         (lambda r: write(r / "images" / "a.tif", np.zeros((7, 6), np.uint8)), "is not (D, H, W) or (C, D, H, W)"),
         (lambda r: write(r / "labels" / "a.tif", np.zeros((2, 5, 7, 6), np.uint8)), "a.tif: a stack of 2 volumes"),
         (lambda r: write(r / "labels" / "a.tif", np.zeros((5, 7, 6), np.float32)), "must hold integers"),
