@@ -43,7 +43,9 @@ def _functions(name: str) -> dict[int, object]:
 
 def conv(conv: nn.modules.conv._ConvNd, ctx: ConversionContext):
     name = type(conv).__name__
-    if conv.padding != "valid" and any(conv.padding):
+    # "same" pads a kernel of no reach (1x1, 1x1x1) by nothing: it is "valid" there
+    no_reach = all((k - 1) * d == 0 for k, d in zip(conv.kernel_size, conv.dilation, strict=True))
+    if conv.padding != "valid" and not (conv.padding == "same" and no_reach) and any(conv.padding):
         raise ctx.error(
             f"padding={conv.padding} makes the output depend on where the patch border falls, "
             "so no whole-image net can reproduce it exactly",

@@ -10,7 +10,8 @@ from torch import nn
 import densecnn
 from densecnn.layers import ChannelSoftmax, DenseAvgPool, DenseLinear
 from densecnn.rules import aliases
-from tests.tolerances import assert_close_relative
+from tests.naive import literal_scan
+from tests.tolerances import assert_close_relative, assert_equal_to_rounding
 
 torch.manual_seed(0)
 
@@ -414,6 +415,18 @@ def test_conversion_errors_name_layer_reason_and_fix(layer, message):
     model = nn.Sequential(nn.Conv2d(1, 2, 3), layer, nn.AdaptiveAvgPool2d(1), nn.Conv2d(2, 2, 1))
     with pytest.raises(densecnn.ConversionError, match=message):
         densecnn.convert(model, 10)
+
+
+def test_same_padding_of_a_kernel_without_reach_pads_nothing_and_converts():
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(1, 4, 3), nn.ReLU(), nn.Conv2d(4, 2, 1, padding="same"), nn.Flatten()
+    ).eval()
+    x = torch.rand(1, 1, 9, 8, dtype=torch.float64)
+    dense = densecnn.convert(model.double(), 3)
+    assert_equal_to_rounding(dense(x), literal_scan(model, x, (3, 3)))
+    with pytest.raises(densecnn.ConversionError, match="padding=same"):
+        densecnn.convert(nn.Sequential(nn.Conv2d(1, 2, 3, padding="same"), nn.Flatten()), 3)
 
 
 def test_wrong_patch_size_names_the_nearest_valid_sizes():
