@@ -22,17 +22,8 @@ from densecnn.losses import IGNORE_INDEX
 from densecnn.train import strokes as strokes_module
 from densecnn.train.dataset import image_files, infer_channels, read_class_info, read_dataset
 from densecnn.train.holdout import split_strokes
-from densecnn.train.recipe import Recipe
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
-
-
-@pytest.fixture
-def tiny_recipe(monkeypatch):
-    recipe = Recipe(crop=(16, 16), batch=2, steps=8, val_every=2, min_steps=0, warmup=2)
-    monkeypatch.setattr(strokes_module, "default_recipe", lambda *args, **kwargs: recipe)
-    monkeypatch.setattr(strokes_module, "default_model", lambda **kwargs: "tiny")
-    return recipe
 
 
 def dataset(root, labels: np.ndarray, classes: dict | None = None, image: np.ndarray | None = None):
@@ -77,6 +68,14 @@ def geojson(path, features: list[tuple[str, list]]) -> None:
 
 def square(x0, y0, x1, y1) -> list:
     return [[x0, y0], [x1, y0], [x1, y1], [x0, y1], [x0, y0]]
+
+
+def annotated(data, features: list[tuple[str, list]]):
+    """A dataset of one blank 32x32 image, im0.png, with GeoJSON ``features`` as its labels."""
+    (data / "images").mkdir(parents=True)
+    Image.fromarray(np.zeros((32, 32), np.uint8)).save(data / "images" / "im0.png")
+    geojson(data / "annotations" / "im0.geojson", features)
+    return data
 
 
 def train_error(data, tmp_path, capsys, *extra) -> str:
@@ -151,10 +150,7 @@ def test_ids_with_gaps_without_classes_json_are_refused_naming_the_empty_ids(tmp
 
 
 def test_annotations_of_a_single_class_are_refused(tmp_path, capsys):
-    data = tmp_path / "data"
-    (data / "images").mkdir(parents=True)
-    Image.fromarray(np.zeros((32, 32), np.uint8)).save(data / "images" / "im0.png")
-    geojson(data / "annotations" / "im0.geojson", [("Tumor", square(2, 2, 12, 12))])
+    data = annotated(tmp_path / "data", [("Tumor", square(2, 2, 12, 12))])
     error = train_error(data, tmp_path, capsys)
     assert "labelled pixels of 1 class(es) (0 'Tumor')" in error and "annotate another class" in error
 
@@ -177,13 +173,9 @@ def test_a_high_holdout_keeps_a_stroke_of_each_class_for_training():
 
 
 def test_fine_tuning_matches_annotation_classes_to_the_models_names(tmp_path):
-    data = tmp_path / "data"
-    (data / "images").mkdir(parents=True)
-    Image.fromarray(np.zeros((32, 32), np.uint8)).save(data / "images" / "im0.png")
     # "cell" appears first: by appearance it would be class 0, and the model's class 0 is "background"
-    geojson(
-        data / "annotations" / "im0.geojson",
-        [("cell", square(2, 2, 6, 6)), ("background", square(20, 20, 30, 30))],
+    data = annotated(
+        tmp_path / "data", [("cell", square(2, 2, 6, 6)), ("background", square(20, 20, 30, 30))]
     )
     (sample,) = read_dataset(data, channels=1, num_classes=2, class_names=["background", "cell"])
     assert sample.labels[3, 3] == 1 and sample.labels[25, 25] == 0
@@ -208,13 +200,7 @@ def test_fine_tuning_on_the_command_line_matches_annotations_by_name(tmp_path, c
         model="tiny",
         class_names=["background", "cell"],
     ).save(model)
-    data = tmp_path / "data"
-    (data / "images").mkdir(parents=True)
-    Image.fromarray(np.zeros((32, 32), np.uint8)).save(data / "images" / "im0.png")
-    geojson(
-        data / "annotations" / "im0.geojson",
-        [("cell", square(2, 2, 6, 6)), ("Tumor", square(20, 20, 30, 30))],
-    )
+    data = annotated(tmp_path / "data", [("cell", square(2, 2, 6, 6)), ("Tumor", square(20, 20, 30, 30))])
     argv = [
         "train",
         "--model",

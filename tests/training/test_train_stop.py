@@ -19,7 +19,6 @@ from densecnn.train import loop as loop_module
 from densecnn.train import strokes as strokes_module
 from densecnn.train.config import MIN_STEPS_PER_EPOCH
 from densecnn.train.metrics import read_metrics
-from densecnn.train.recipe import Recipe
 from densecnn.train.step import Step
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -35,14 +34,6 @@ def strokes_dataset(tmp_path_factory):
     Image.fromarray(painted).save(root / "labels" / "im0.png")
     (root / "classes.json").write_text(json.dumps({"names": ["bg", "disc", "square"], "unlabelled": 0}))
     return root
-
-
-@pytest.fixture
-def tiny_recipe(monkeypatch):
-    recipe = Recipe(crop=(16, 16), batch=2, steps=8, val_every=2, min_steps=0, warmup=2)
-    monkeypatch.setattr(strokes_module, "default_recipe", lambda *args, **kwargs: recipe)
-    monkeypatch.setattr(strokes_module, "default_model", lambda **kwargs: "tiny")
-    return recipe
 
 
 def failing_after(calls: int, error: BaseException, original):
