@@ -109,6 +109,16 @@ def check_global_hooks() -> None:
             )
 
 
+def weight_hook_removal(hook) -> str:
+    """The call that makes the weight a weight-recomputing pre-hook (:data:`WEIGHT_HOOKS`) sets a plain parameter
+    again, with the same values."""
+    if isinstance(hook, WeightNorm):
+        return "torch.nn.utils.remove_weight_norm(layer)"
+    if isinstance(hook, SpectralNorm):
+        return "torch.nn.utils.remove_spectral_norm(layer)"
+    return f"torch.nn.utils.prune.remove(layer, {hook._tensor_name!r})"
+
+
 def recompute_weights(module: nn.Module) -> None:
     """Run ``module``'s weight-recomputing pre-hooks (:data:`WEIGHT_HOOKS`), as its forward would before computing:
     the dense layers call this before they read the weight."""

@@ -27,6 +27,7 @@ from torch import nn
 
 from ..chain import extract_chain
 from ..errors import ModelFileError
+from ..hooks import WEIGHT_HOOKS, weight_hook_removal
 from ..rules import LayerRecord, saved_record, saved_types
 from ..rules.registry import REUSE
 
@@ -62,13 +63,13 @@ def _refuse_computed_weights(path: str, module: nn.Module) -> None:
             f"torch.nn.utils.parametrize.remove_parametrizations(layer, {next(iter(module.parametrizations))!r}), "
             "which keeps the values"
         )
-    if module._forward_pre_hooks:
-        hooks = ", ".join(sorted({type(h).__name__ for h in module._forward_pre_hooks.values()}))
+    weight_hooks = [h for h in module._forward_pre_hooks.values() if isinstance(h, WEIGHT_HOOKS)]
+    if weight_hooks:
         raise ModelFileError(
-            f"layer {path!r} ({type(module).__name__}) recomputes its weights before each call ({hooks}: the old "
-            "weight_norm or pruning); a model file holds plain parameters: remove the hook first with "
-            "torch.nn.utils.remove_weight_norm(layer) or torch.nn.utils.prune.remove(layer, 'weight'), which keep "
-            "the values"
+            f"layer {path!r} ({type(module).__name__}) recomputes its weights before each call "
+            f"({', '.join(type(h).__name__ for h in weight_hooks)}: the old weight_norm, spectral_norm or pruning); a "
+            "model file holds plain parameters: remove the hook first with "
+            f"{' and '.join(weight_hook_removal(h) for h in weight_hooks)}, which keeps the values"
         )
 
 
