@@ -202,8 +202,8 @@ def _read(data: bytes, name: str, *, decode: bool, as_stored: bool = False, **li
                 header.check(name, **limits)
                 check_tiff_tiles(tiff, name, limits.get("max_bytes"))
                 page = tiff.pages[0]
-                if not as_stored:
-                    white_value(page, name)  # refused before decoding if a viewer would show other values
+                # refused before decoding if a viewer would show other values
+                white = None if as_stored else white_value(page, name)
                 array = page.asarray(maxworkers=1)  # one decoding thread: memory is the array's
                 if page.axes.startswith("S"):  # planar configuration "separate": samples first
                     array = np.moveaxis(array, 0, -1)
@@ -211,7 +211,7 @@ def _read(data: bytes, name: str, *, decode: bool, as_stored: bool = False, **li
                     raise ImageReadError(
                         f"{name}: holds {array.dtype} values; save numbers (integers or floats)"
                     )
-                array = array if as_stored else as_displayed(page, array, name)
+                array = array if as_stored else as_displayed(page, array, name, white)
                 return oriented(array, page.tags.valueof(274, 1))
         except ImageReadError:
             raise

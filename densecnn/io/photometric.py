@@ -6,7 +6,8 @@ gray or RGB values (CMYK, CIE L*a*b*, YCbCr that is not JPEG-compressed, masks, 
 interpretation: read as they are stored, they would be labelled as another image than the one the user sees.
 
 >>> page = tifffile.TiffFile("scan.tif").pages[0]      # a 1-bit MINISWHITE scan
->>> as_displayed(page, page.asarray(), "scan.tif")     # white paper becomes True
+>>> white = white_value(page, "scan.tif")              # 1; refused here if no viewer value can be read
+>>> as_displayed(page, page.asarray(), "scan.tif", white)   # white paper becomes True
 """
 
 from __future__ import annotations
@@ -47,10 +48,9 @@ def white_value(page, name: str, *, palette: bool = True) -> int | None:
     )
 
 
-def as_displayed(page, array: np.ndarray, name: str) -> np.ndarray:
-    """``array`` (the ``page``'s samples, as tifffile decodes them) as displayed: inverted if MINISWHITE, a
-    palette's colours (H, W, 3) uint16 for a palette image; refused as :func:`white_value` refuses."""
-    white = white_value(page, name)
+def as_displayed(page, array: np.ndarray, name: str, white: int | None) -> np.ndarray:
+    """``array`` (the ``page``'s samples, as tifffile decodes them) as displayed: inverted if MINISWHITE (``white``,
+    from :func:`white_value`, checked before decoding), a palette's colours (H, W, 3) uint16 for a palette image."""
     if white is not None:
         return invert(array, white)
     if int(page.photometric) == PALETTE:
