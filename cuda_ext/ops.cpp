@@ -104,6 +104,10 @@ TORCH_LIBRARY(densecnn, m) {
   // the weight's gradient is Gᵀ·(it)·G along every axis (densecnn/ops/winograd.py). Second, the bias's gradient
   // (K,): Σ over the tiles of z at winograd_sum_point, the output gradient's sum, read off the tiles' transforms.
   m.def("winograd_conv_weight_grad(Tensor input, Tensor grad_output, int[] dilation, int m) -> (Tensor, Tensor)");
+  // out[a', b', n] = Σ_a Σ_b first[a', a] · second[b', b] · x[a, b, n] for complex x (A, B, N), first (A', A),
+  // second (B', B), written into the contiguous out (A', B', N) (CPU only): the FFT conv's kernel spectrum from its
+  // taps and the weight gradient's taps from its spectrum (densecnn/ops/fft_conv.py).
+  m.def("axes_transform(Tensor x, Tensor first, Tensor second, Tensor(a!) out) -> ()");
   // x (N, C, ...) in NC* memory, from a channels-last x (CPU: transposed block by block of pixels).
   m.def("channels_first(Tensor x) -> Tensor");
   // x (N, C, ...) in channels-last memory, from an NC* x (CPU: the same blocks, the other way).

@@ -353,8 +353,9 @@ def spectrum_key(weight: torch.Tensor, tile: Pair, dtype) -> tuple:
 
 def _spectrum(weight: torch.Tensor, tile: Pair, dtype) -> torch.Tensor:
     """The kernel's spectrum as two small DFT matrices applied to its kh×kw taps (the zero padding to the tile is
-    never materialised), one matrix product each on the weight's taps moved first, (kh, kw, C, K): the first
-    writes (kh, F, C·K), the second the (Th·F, C, K) layout, and no complex intermediate is permuted.
+    never materialised), on the weight's taps moved first, (kh, kw, C·K), into the (Th·F, C, K) layout, so that no
+    complex intermediate is permuted: on the CPU by the extension's ``axes_transform`` into a reused buffer (a
+    training step computes spectra of tens of MB on every call), elsewhere as two matrix products.
 
     The weight is real, so conj(DFT(w)) is the DFT with conjugate matrices: no conjugate view is left for the GEMM
     to resolve (a copy of the whole spectrum on every call).
@@ -368,42 +369,46 @@ def _spectrum(weight: torch.Tensor, tile: Pair, dtype) -> torch.Tensor:
         dft_w = _dft_matrix(freqs, tile_w, kernel_w, weight.device).conj().to(complex_dtype)  # (F, kw)
         by_tap = weight.permute(2, 3, 1, 0).to(complex_dtype, memory_format=torch.contiguous_format)
         by_tap = by_tap.view(kernel_h, kernel_w, c * k)  # (kh, kw, C·K)
-        along_w = (dft_w @ by_tap).view(kernel_h, freqs * c * k)  # (kh, F·C·K)
         if not _eager_on_cpu(weight):
+            along_w = (dft_w @ by_tap).view(kernel_h, freqs * c * k)  # (kh, F·C·K)
             return (dft_h @ along_w).view(tile_h * freqs, c, k)  # (Th·F, C, K)
-        # on a reused buffer: a training step computes spectra of tens of MB on every call
-        spectrum = ext.empty_buffer((tile_h, freqs * c * k), complex_dtype)
-        torch.matmul(dft_h, along_w, out=spectrum)
+        spectrum = ext.empty_buffer((tile_h, freqs, c * k), complex_dtype)
+        torch.ops.densecnn.axes_transform(by_tap, dft_h, dft_w, spectrum)  # (Th, F, C·K)
         return spectrum.view(tile_h * freqs, c, k)  # (Th·F, C, K)
 
 
-def _eager_on_cpu(weight: torch.Tensor) -> bool:
-    """Whether ``weight`` is a plain CPU tensor used eagerly, so its spectrum may be written into a buffer of the
-    kernels' cache."""
-    return weight.device.type == "cpu" and eager(weight)
+def _eager_on_cpu(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` is a plain CPU tensor used eagerly, so the extension's ``axes_transform`` may transform it
+    (into a buffer of the kernels' cache)."""
+    return tensor.device.type == "cpu" and eager(tensor)
 
 
 def _taps(spectrum: torch.Tensor, tile: Pair, kernel: Pair) -> torch.Tensor:
     """The kh×kw taps of the real inverse DFT of a (Th·F, C, K) half spectrum (F = Tw//2 + 1) -> (K, C, kh, kw):
-    the adjoint of :func:`_spectrum`, as two small DFT matrices (float64-built), the second batched over the kh rows
-    of the first's (kh, F, C·K) product, so that nothing complex is permuted. The frequencies f of the missing half
-    are conjugates of those present: each f other than 0 and Tw/2 counts twice."""
+    the adjoint of :func:`_spectrum`, as two small DFT matrices (float64-built) along the (Th, F) axes, so that
+    nothing complex is permuted (on the CPU one ``axes_transform``, which reads the spectrum once). The frequencies
+    f of the missing half are conjugates of those present: each f other than 0 and Tw/2 counts twice."""
     tile_h, tile_w = tile
     kernel_h, kernel_w = kernel
     freqs = tile_w // 2 + 1
     _, c, k = spectrum.shape
     with torch.no_grad():
         # (kh, Th) and (kw, F): e^{+2πi u·i/Th}, e^{+2πi f·j/Tw}
-        inverse_h = _dft_matrix(tile_h, tile_h, kernel_h, spectrum.device).T.conj()
+        inverse_h = _dft_matrix(tile_h, tile_h, kernel_h, spectrum.device).T.conj().to(spectrum.dtype)
         inverse_w = _dft_matrix(freqs, tile_w, kernel_w, spectrum.device).T.conj()
         counts = torch.full((freqs,), 2.0, dtype=torch.float64, device=spectrum.device)
         counts[0] = 1.0
         if tile_w % 2 == 0:
             counts[-1] = 1.0
-        inverse_w = inverse_w * counts / (tile_h * tile_w)
-        along_h = inverse_h.to(spectrum.dtype) @ spectrum.view(tile_h, freqs * c * k)  # (kh, F·C·K)
-        taps = (inverse_w.to(spectrum.dtype) @ along_h.view(kernel_h, freqs, c * k)).real  # (kh, kw, C·K)
-        return taps.view(kernel_h, kernel_w, c, k).permute(3, 2, 0, 1)  # (K, C, kh, kw)
+        inverse_w = (inverse_w * counts / (tile_h * tile_w)).to(spectrum.dtype)
+        by_frequency = spectrum.view(tile_h, freqs, c * k)  # (Th, F, C·K)
+        if _eager_on_cpu(spectrum):
+            taps = torch.empty((kernel_h, kernel_w, c * k), dtype=spectrum.dtype)
+            torch.ops.densecnn.axes_transform(by_frequency, inverse_h, inverse_w, taps)  # (kh, kw, C·K)
+        else:
+            along_h = inverse_h @ by_frequency.view(tile_h, freqs * c * k)  # (kh, F·C·K)
+            taps = inverse_w @ along_h.view(kernel_h, freqs, c * k)  # (kh, kw, C·K)
+        return taps.real.view(kernel_h, kernel_w, c, k).permute(3, 2, 0, 1)  # (K, C, kh, kw)
 
 
 def _dft_matrix(frequencies: int, length: int, taps: int, device) -> torch.Tensor:
