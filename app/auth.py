@@ -62,19 +62,20 @@ def _refused_too_often(request: Request) -> None:
     """429 for a client address out of failed-authentication tokens (``failed_auth_per_minute``): keys cannot be
     guessed at speed."""
     limiter: RateLimiter = request.app.state.auth_failures
-    wait = limiter.wait(_address(request), count=False)
+    wait = limiter.wait(client_address(request), count=False)
     if wait > 0:
         raise ApiError(429, "too_many_failed_keys",
                        "too many requests with a wrong or missing key from your address; retry after the time in "
                        "the Retry-After header, with a valid key", {"Retry-After": str(math.ceil(wait))})  # fmt: skip
 
 
-def _address(request: Request) -> str:
+def client_address(request: Request) -> str:
+    """The client's address, the key of the per-address limits (failed keys, bodies being received)."""
     return request.client.host if request.client else "?"
 
 
 def _failed(request: Request, error: ApiError) -> ApiError:
-    request.app.state.auth_failures.wait(_address(request))  # counts the failure
+    request.app.state.auth_failures.wait(client_address(request))  # counts the failure
     return error
 
 

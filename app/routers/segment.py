@@ -10,6 +10,7 @@ from fastapi import APIRouter, Query, Request, Response
 
 from densecnn.io import Intensity
 
+from ..auth import client_address
 from ..dependencies import MetricsDep, ModelDep, PoolDep, ReceivingDep, SettingsDep
 from ..errors import ClientGone, ErrorBody, InferenceTimeout
 from ..negotiation import View, choose_output
@@ -124,7 +125,7 @@ async def segment_image(
         None if intensity is None else Intensity.parse(intensity)
     )  # 400 intensity_out_of_range if unreadable
     # the body first, so that a client sending slowly holds no inference place; 503 at once past the bounds
-    with receiving.hold(request.client.host if request.client else "?"):
+    with receiving.hold(client_address(request)):
         upload = await read_upload(request, timeout=settings.upload_timeout)
     with pool.admit() as place:  # 503 at once when full
         limits = RequestLimits(
