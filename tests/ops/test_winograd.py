@@ -75,15 +75,85 @@ def test_winograd_equals_the_tap_sum_float64(problem):
     )
 
 
+# Bᵀ (α × α) and Aᵀ (m × α) of F(m, 3) as cuda_ext/winograd.h applies them (input_transform_1d,
+# output_transform_1d); G is winograd._KERNEL_TRANSFORMS.
+_INPUT_TRANSFORMS = {
+    2: [[1, 0, -1, 0], [0, 1, 1, 0], [0, -1, 1, 0], [0, 1, 0, -1]],
+    3: [
+        [1 / 2, -1, -1 / 2, 1, 0],
+        [0, -1 / 2, 1 / 2, 1, 0],
+        [0, 1 / 2, -3 / 2, 1, 0],
+        [0, -1, 0, 1, 0],
+        [0, 1 / 2, -1, -1 / 2, 1],
+    ],
+    4: [
+        [4, 0, -5, 0, 1, 0],
+        [0, -4, -4, 1, 1, 0],
+        [0, 4, -4, -1, 1, 0],
+        [0, -2, -1, 2, 1, 0],
+        [0, 2, -1, -2, 1, 0],
+        [0, 4, 0, -5, 0, 1],
+    ],
+}
+_OUTPUT_TRANSFORMS = {
+    2: [[1, 1, 1, 0], [0, 1, -1, -1]],
+    3: [[1, 1, 1, 1, 0], [0, 1, -1, 1 / 2, 0], [0, 1, 1, 1 / 4, 1]],
+    4: [[1, 1, 1, 1, 1, 0], [0, 1, -1, 2, -2, 0], [0, 1, 1, 4, 4, 0], [0, 1, -1, 8, -8, 1]],
+}
+
+
+def _transforms(m: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Aᵀ (m, α), G (α, 3) and Bᵀ (α, α) of F(m, 3), in float64."""
+    return tuple(
+        torch.tensor(t[m], dtype=torch.float64)
+        for t in (_OUTPUT_TRANSFORMS, winograd._KERNEL_TRANSFORMS, _INPUT_TRANSFORMS)
+    )
+
+
+def float32_rounding_bound(m: int, axes: int, channels: int) -> float:
+    """The float32 error of F(m, 3) over ``axes`` axes and ``channels`` input channels, as a fraction of an output's
+    terms (the sum of |w|·|x| over its window and channels, bias included), from the transforms' constants.
+
+    Every stage rounds each value it computes, by at most u = 2⁻²⁴ relative: Bᵀ along each axis (at most k_B
+    roundings on a term's way, k_B the most nonzeros in a row of Bᵀ), U = G g Gᵀ computed in float64 and rounded
+    once, the products summed over the C channels (C), Aᵀ along each axis (k_A), the bias added (1). To first order
+    the error is at most (n·(k_B + k_A) + C + 2)·u times the magnitude of the Winograd path, Σ_c |Aᵀ|[(|G| |g|) ⊙
+    (|Bᵀ| |x|)] along every axis. Where |g| is one size over the kernel and |x| over the tile, that magnitude is at
+    most ρⁿ times the terms, with ρ = max_i Σ_ξ |Aᵀ_iξ| ‖G_ξ‖₁ ‖Bᵀ_ξ‖₁ / 3 (the 3 taps an output sums along an
+    axis): the growth of the transforms, 8/3 for F(2, 3), 73/9 for F(3, 3), 16 for F(4, 3). Random inputs scatter
+    around that size, which the first-order count's worst case (every rounding at its largest, all of one sign)
+    leaves ample room for.
+    """
+    output, kernel, input_ = (t.abs() for t in _transforms(m))
+    growth = (output @ (kernel.sum(1) * input_.sum(1))).max().item() / 3
+    roundings = axes * ((input_ > 0).sum(1).max().item() + (output > 0).sum(1).max().item()) + channels + 2
+    return growth**axes * roundings * 2.0**-24
+
+
+@pytest.mark.parametrize("m", [2, 3, 4])
+def test_the_transform_constants_compute_the_three_tap_correlation(m):
+    """The constants the rounding bound is derived from are F(m, 3)'s: Aᵀ[(G g) ⊙ (Bᵀ x)] is the 3-tap correlation
+    of the α inputs, output by output (float64)."""
+    output, kernel, input_ = _transforms(m)
+    generator = torch.Generator().manual_seed(m)
+    g = torch.randn(3, dtype=torch.float64, generator=generator)
+    x = torch.randn(m + 2, dtype=torch.float64, generator=generator)
+    correlation = torch.stack([x[i : i + 3] @ g for i in range(m)])  # (m,)
+    assert_close_relative(output @ ((kernel @ g) * (input_ @ x)), correlation, 1e-14, floor=1.0)
+
+
 @settings(max_examples=60, deadline=None)
 @given(problem=conv_problems(dtype=torch.float32))
 def test_winograd_equals_the_tap_sum_float32(problem):
+    """The default tile's float32 result is within :func:`float32_rounding_bound` of its terms' magnitude."""
     op, x, _ = problem
+    axes, channels = x.dim() - 2, x.shape[1]
     bias = None if op.bias is None else op.bias.double()
     expected = _taps(x.double(), ConvOp(op.weight.double(), bias, op.dilation, 1))
     magnitude = ConvOp(op.weight.double().abs(), None if bias is None else bias.abs(), op.dilation, 1)
     terms = _taps(x.double().abs(), magnitude)
-    assert_within_rounding_of_terms(solvers.run("winograd", op, x).double(), expected, terms, 1e-5)
+    rel = float32_rounding_bound(winograd.tile_size(axes, channels), axes, channels)
+    assert_within_rounding_of_terms(solvers.run("winograd", op, x).double(), expected, terms, rel)
 
 
 @pytest.mark.parametrize(
