@@ -13,16 +13,21 @@ names there still resolve).
 >>> scores = dense(torch.rand(1, 3, 256, 256))   # (1, 32, 256, 256): model(patch) at every pixel
 """
 
-from . import errors, masks, zoo
+from . import errors
 from ._version import __version__ as __version__
-from .bioimageio_export import export_bioimageio
-from .convert import convert
-from .dense import DenseCNN
+from .command_interrupts import quiet_interrupt_while_starting as _quiet_interrupt_while_starting
 from .errors import DenseCNNError
-from .losses import masked_cross_entropy
-from .modelfile import LoadedModel, load, save
-from .rules import register_rule
-from .scan import fast_scan, scan_patches
+
+# torch and the rest: the seconds the densecnn command takes to start
+with _quiet_interrupt_while_starting():
+    from . import masks, zoo
+    from .bioimageio_export import export_bioimageio
+    from .convert import convert
+    from .dense import DenseCNN
+    from .losses import masked_cross_entropy
+    from .modelfile import LoadedModel, load, save
+    from .rules import register_rule
+    from .scan import fast_scan, scan_patches
 
 __all__ = [
     "DenseCNN",

@@ -7,6 +7,8 @@ import importlib
 import logging
 import sys
 
+from .command_interrupts import INTERRUPTED
+
 # subcommand modules, in the order `densecnn --help` lists them
 COMMANDS = [
     "densecnn.commands.info",
@@ -33,7 +35,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Parse ``argv`` and run the chosen subcommand; errors a user can fix print one line, not a traceback."""
+    """Parse ``argv`` and run the chosen subcommand; errors a user can fix print one line, not a traceback, and so
+    does Ctrl-C where the subcommand does not say more itself (exit status :data:`INTERRUPTED`)."""
+    try:
+        return _parse_and_run(argv)
+    except KeyboardInterrupt:
+        print("densecnn: interrupted", file=sys.stderr)
+        return INTERRUPTED
+
+
+def _parse_and_run(argv: list[str] | None) -> int:
     from .errors import DenseCNNError, cli_option, render
 
     # a corrupt TIFF is reported once, as densecnn's own error naming the file, not also as tifffile's log line

@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import typing
 
+from ..command_interrupts import INTERRUPTED
 from ..errors import DenseCNNError, cli_option
 
 EPILOG = """\
@@ -124,7 +125,7 @@ def run(args) -> int:
             "densecnn predict: interrupted; what was written is kept: run the same command again to resume",
             file=sys.stderr,
         )
-        return 130
+        return INTERRUPTED
     for what, note in summary.warnings:
         print(f"densecnn predict: warning: {what}: {note}", file=sys.stderr)
     if args.geojson and not summary.failures:

@@ -11,6 +11,8 @@ import os
 import sys
 import typing
 
+from ..command_interrupts import INTERRUPTED
+
 EPILOG = """\
 dataset layout: DIR/images/NAME.(png|tif|jpg...), DIR/labels/NAME.(png|tif) with class ids 0..K-1 and 255 = ignore,
 optional DIR/masks/NAME.(png|tif) (nonzero = labels count), optional classes.json {"names", "palette"} in DIR or
@@ -127,7 +129,7 @@ def run(args: argparse.Namespace, launcher: str | None = None) -> int:
                 else "interrupted before the first step; no model written"
             )
             print(f"densecnn train: {said}", file=sys.stderr)
-        return 130
+        return INTERRUPTED
     if main_process:
         if _steps_taken(model_dir) == 0:  # --max-seconds ran out before the first step
             why = f" (--max-seconds {config.max_seconds:g} ended the run first)" if config.max_seconds else ""
