@@ -159,6 +159,12 @@ def _trace_chain(model: nn.Module, prefix: str) -> Chain:
                 "arithmetic on the map that no layer computes. Write it as a layer with a conversion rule "
                 "(@densecnn.register_rule), or fold the constant into the weights of the layer before it"
             )
+        if _reads_what_an_in_place_op_changed(node, current):
+            raise ConversionError(
+                f"{where}: op {current.name!r} ({current.op} {_target_name(current)}) changes its input in place "
+                f"and {node.name!r} reads that input instead of its result; densecnn follows the values ops return. "
+                "Pass the op's result on (y = F.relu(y), not a bare F.relu(y, inplace=True))"
+            )
         if functional_weights.input_of(node, current) is not current or _adds_another_map(
             node, current, constants
         ):
@@ -179,6 +185,22 @@ def _trace_chain(model: nn.Module, prefix: str) -> Chain:
             chain.append(_node_layer(model, node, prefix, where))
         current = node
     return [(path, module) for path, module in chain if module is not None]
+
+
+def _reads_what_an_in_place_op_changed(node: torch.fx.Node, current: torch.fx.Node | None) -> bool:
+    """Whether ``current`` updates its input in place (``inplace=True``, ``x.relu_()``, ``torch.relu_``) and ``node``
+    takes that input rather than ``current``'s result, as after ``F.relu(y, inplace=True)`` with the result unused."""
+    if current is None or current.op not in ("call_function", "call_method") or not current.args:
+        return False
+    in_place = current.kwargs.get("inplace") is True or str(
+        getattr(current.target, "__name__", current.target)
+    ).endswith("_")
+    changed = current.args[0]
+    return (
+        in_place
+        and isinstance(changed, torch.fx.Node)
+        and functional_weights.input_of(node, changed) is changed
+    )
 
 
 def _refuse_randomness_and_state(graph: torch.fx.Graph, constants: set, where: str) -> None:

@@ -4,7 +4,9 @@ A module may hold its weights itself and call the functional form of a layer: ``
 self.bias)``, ``F.linear(x, self.w)``, ``x @ self.W.t() + self.b``, ``torch.addmm(self.b, x, self.W.t())``,
 ``F.batch_norm(x, self.mean, self.var, self.w, self.b, self.training)``. In its ``torch.fx`` trace the tensors are
 ``get_attr`` nodes feeding the op; they are no branch. :func:`weight_layer` builds the torch layer the call stands for,
-holding the very same tensors (no copies: values and gradients are shared), which then converts by its rule.
+holding the very same tensors (no copies: values and gradients are shared), which then converts by its rule. A
+Linear's bias may be any shape that broadcasts to its ``(out_features,)`` as the op reads it (``(1, K)``, a scalar):
+the layer reads it through :class:`BroadcastBias`. :func:`saved_layer` is the layer as a model file holds it.
 
 >>> class Net(nn.Module):
 ...     def __init__(self):
@@ -109,9 +111,11 @@ def weight_layer(
         return _conv(model, node, constants, op, CONVS[target])
     if target is F.linear:
         weight, bias = _arguments(node, ("weight", "bias"), 1)
-        return _linear(_tensor(model, weight, constants, op, "weight"), _optional(model, bias, constants, op))
+        return _linear(
+            _tensor(model, weight, constants, op, "weight"), _optional(model, bias, constants, op), op
+        )
     if target in MATMULS:
-        return _linear(_transposed(model, node.args[1], constants, op), None)
+        return _linear(_transposed(model, node.args[1], constants, op), None, op)
     if target is torch.addmm:
         if node.kwargs.get("beta", 1) != 1 or node.kwargs.get("alpha", 1) != 1:
             raise ConversionError(
@@ -122,6 +126,7 @@ def weight_layer(
         return _linear(
             _transposed(model, node.args[2], constants, op),
             _tensor(model, node.args[0], constants, op, "bias"),
+            op,
         )
     if target is F.batch_norm:
         return _batch_norm(model, node, constants, op, flat=flat, dims=dims)
@@ -250,11 +255,55 @@ def _conv(model, node, constants, op: str, dims: int) -> nn.Module:
     return layer.train(model.training)
 
 
-def _linear(weight: Read, bias: Read | None) -> nn.Module:
+def _linear(weight: Read, bias: Read | None, op: str) -> nn.Module:
     layer = nn.Linear(weight.tensor.shape[1], weight.tensor.shape[0], bias=False, device="meta")
     _share(layer, "weight", weight)
-    _share(layer, "bias", bias)
+    _share_linear_bias(layer, bias, op)
     return layer
+
+
+class BroadcastBias(nn.Module):
+    """A parametrization of a Linear built here whose bias is the model's tensor of a shape that broadcasts to
+    ``(out_features,)`` (``(1, K)``, ``(1,)``, a scalar): the layer's bias is that tensor broadcast, computed from it
+    on every read, so values and gradients stay the model's tensor's."""
+
+    def __init__(self, features: int):
+        super().__init__()
+        self.features = features
+
+    def forward(self, bias: torch.Tensor) -> torch.Tensor:
+        return bias.broadcast_to(1, self.features).reshape(self.features).contiguous()
+
+
+def _share_linear_bias(layer: nn.Linear, bias: Read | None, op: str) -> None:
+    """Make ``bias`` the Linear's bias: shared as it is if it has shape ``(out_features,)``, else read through
+    :class:`BroadcastBias` (the model's tensor is the parametrization's original, followed as :func:`_share` does).
+
+    Raises:
+        ConversionError: the bias does not broadcast to ``(1, out_features)``, the shape of one patch's scores.
+    """
+    features = layer.out_features
+    if bias is None or tuple(bias.tensor.shape) == (features,):
+        _share(layer, "bias", bias)
+        return
+    if not _broadcasts_to_scores(tuple(bias.tensor.shape), features):
+        raise ConversionError(
+            f"{op}: its bias has shape {tuple(bias.tensor.shape)}, which does not broadcast to one patch's "
+            f"({features},) scores, so each patch's scores would depend on the batch. Give the bias shape "
+            f"({features},) (self.b = nn.Parameter(torch.zeros({features})))"
+        )
+    _set(layer, "bias", bias.tensor)
+    parametrize.register_parametrization(layer, "bias", BroadcastBias(features), unsafe=True)
+    originals = layer.parametrizations.bias
+    layer.__dict__.setdefault("_densecnn_shared", {})["bias"] = SharedTensor(originals, "original", bias)
+
+
+def _broadcasts_to_scores(shape: tuple[int, ...], features: int) -> bool:
+    """Whether a bias of ``shape`` broadcasts to ``(1, features)`` and leaves it so (a patch's row of scores)."""
+    try:
+        return torch.broadcast_shapes(shape, (1, features)) == (1, features)
+    except RuntimeError:
+        return False
 
 
 def with_bias(
@@ -262,13 +311,20 @@ def with_bias(
 ) -> nn.Module:
     """The bias-less Linear ``layer`` that computed ``current``, with the constant operand of ``current + b`` as its
     bias: ``layer`` itself if it was built here, else a Linear sharing the model's Linear's weight (the model's own
-    modules are never changed)."""
+    modules are never changed).
+
+    Raises:
+        ConversionError: the add scales an operand (``alpha``) or takes another keyword (``out=``), the added tensor
+            is not one of the model's own or has a shape no bias of ``layer`` has, or ``layer`` already has a bias or
+            computes its weight.
+    """
+    _refuse_add_keywords(node, op)
     other = node.args[1] if node.args[0] is current else node.args[0]
     bias = _tensor(model, other, constants, op, "added bias")
     if (
         not isinstance(layer, nn.Linear)
         or layer.bias is not None
-        or tuple(bias.tensor.shape) != (layer.out_features,)
+        or not _broadcasts_to_scores(tuple(bias.tensor.shape), layer.out_features)
     ):
         raise ConversionError(
             f"{op}: adds a tensor of shape {tuple(bias.tensor.shape)} to the map; densecnn reads such an add only as "
@@ -281,9 +337,27 @@ def with_bias(
                 "(a parametrization or weight norm), which densecnn cannot share. Give the Linear its own bias "
                 "(nn.Linear(..., bias=True)) instead of adding one after it"
             )
-        layer = _linear(Read(layer.weight, layer, "weight"), None)
-    _share(layer, "bias", bias)
+        layer = _linear(Read(layer.weight, layer, "weight"), None, op)
+    _share_linear_bias(layer, bias, op)
     return layer
+
+
+def _refuse_add_keywords(node: torch.fx.Node, op: str) -> None:
+    """Raise for ``torch.add(x, b, alpha=a)`` with ``a`` other than 1, which scales ``b`` (or the map: ``torch.add(b,
+    x, alpha=a)``), and for any other keyword (``out=``): no Linear's bias computes them."""
+    alpha = node.kwargs.get("alpha", 1)
+    if isinstance(alpha, torch.fx.Node) or alpha != 1:
+        raise ConversionError(
+            f"{op}: torch.add with alpha other than 1 scales the added bias (or the map), which no Linear computes. "
+            "Write it x @ self.W.t() + self.b (or F.linear(x, self.W, self.b)), with the scale folded into the "
+            "parameters"
+        )
+    others = sorted(set(node.kwargs) - {"alpha"})
+    if others:
+        raise ConversionError(
+            f"{op}: torch.add with {', '.join(f'{name}=' for name in others)} is not a bias a Linear adds. Write it "
+            "x @ self.W.t() + self.b (or F.linear(x, self.W, self.b)), without those arguments"
+        )
 
 
 def _batch_norm(model, node, constants, op: str, *, flat: bool, dims: int) -> nn.Module:
@@ -300,19 +374,54 @@ def _batch_norm(model, node, constants, op: str, *, flat: bool, dims: int) -> nn
             "with each batch's statistics. Pass training=self.training"
         )
     mean = _tensor(model, mean, constants, op, "running_mean")
-    weight = _optional(model, weight, constants, op)
+    weight, bias = _optional(model, weight, constants, op), _optional(model, bias, constants, op)
     kind = 1 if flat else dims
     layer = getattr(nn, f"BatchNorm{kind}d")(
         mean.tensor.shape[0],
         eps=1e-5 if eps is None else eps,
         momentum=0.1 if momentum is None else momentum,
-        affine=weight is not None,
+        affine=weight is not None or bias is not None,
         device="meta",
     )
     _share(layer, "running_mean", mean)
     _share(layer, "running_var", _tensor(model, var, constants, op, "running_var"))
-    layer.num_batches_tracked = None
-    if weight is not None:
-        _share(layer, "weight", weight)
-        _share(layer, "bias", _optional(model, bias, constants, op))
+    layer.num_batches_tracked = None  # F.batch_norm keeps no counter
+    _share(layer, "weight", weight)  # either may be None, as F.batch_norm takes them
+    _share(layer, "bias", bias)
     return layer.train(model.training)
+
+
+def saved_layer(layer: nn.Module) -> nn.Module:
+    """``layer`` as a model file holds it: the layer itself, unless it was built here for a functional op and lacks
+    a tensor its torch class holds once saved. Then a layer of that class sharing its tensors, with the missing ones
+    filled in as they act: a batch norm's weight of ones, bias of zeros and batch counter at 0 (F.batch_norm keeps
+    none), a Linear's bias broadcast to ``(out_features,)`` (detached: a file holds values)."""
+    if "_densecnn_shared" not in layer.__dict__:
+        return layer
+    if isinstance(layer, nn.modules.batchnorm._BatchNorm):
+        return _saved_batch_norm(layer)
+    if isinstance(layer, nn.Linear) and parametrize.is_parametrized(layer, "bias"):
+        saved = nn.Linear(layer.in_features, layer.out_features, bias=False, device="meta")
+        _set(saved, "weight", layer.weight)
+        _set(saved, "bias", layer.bias.detach())
+        return saved
+    return layer
+
+
+def _saved_batch_norm(layer: nn.modules.batchnorm._BatchNorm) -> nn.Module:
+    """A batch norm of ``layer``'s class sharing its tensors, with a counter at 0 and, if it is affine, a weight of
+    ones or a bias of zeros where ``layer`` has none."""
+    like = layer.running_mean
+    saved = type(layer)(
+        layer.num_features,
+        layer.eps,
+        layer.momentum,
+        affine=layer.affine,
+        device=like.device,
+        dtype=like.dtype,
+    )
+    for name in ("running_mean", "running_var", "weight", "bias"):
+        tensor = getattr(layer, name)
+        if tensor is not None:
+            _set(saved, name, tensor)
+    return saved.train(layer.training)

@@ -47,3 +47,19 @@ def reach(kernel: Size, dilation: Size) -> Size:
 def output_size(size: Size, kernel: Size, dilation: Size) -> Size:
     """Spatial size after a stride-1 dilated window without padding: size - (k - 1)·d per axis."""
     return tuple(s - r for s, r in zip(size, reach(kernel, dilation), strict=True))
+
+
+def pooled_length(length: int, extent: int, stride: int, ceil_mode: bool) -> int:
+    """The outputs of an unpadded pool of ``extent``-pixel windows moved by ``stride`` along an axis of ``length``
+    pixels (length >= extent), as torch counts them: ``ceil_mode`` adds a last, partial window, but only one that
+    starts inside the axis.
+
+    >>> pooled_length(9, 2, 2, ceil_mode=False), pooled_length(9, 2, 2, ceil_mode=True)
+    (4, 5)
+    >>> pooled_length(6, 2, 3, ceil_mode=True)  # a third window would start at 6, past the axis
+    2
+    """
+    if not ceil_mode:
+        return (length - extent) // stride + 1
+    outputs = -(-(length - extent) // stride) + 1
+    return outputs - 1 if (outputs - 1) * stride >= length else outputs

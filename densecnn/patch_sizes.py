@@ -197,6 +197,31 @@ def _candidates(steps: list[Step], size: Size, moving: tuple[int, ...]) -> list[
     return [p for p in found if p != size[moving[0]]]
 
 
+def nearest_whole_sizes(steps: list[Step], size: Size, alike: bool) -> list[Size]:
+    """The valid whole sizes made of sizes near ``size`` along every axis, for when no single axis fixes it.
+
+    Axes with the same layers (``alike``) take the sizes near their own as a square's sides; otherwise an axis keeps
+    its size if its own layers take it, else offers the sizes just below and above that they take
+    (:func:`_sizes_along`), whatever the other axes are.
+    """
+    everywhere = tuple(range(len(size)))
+    around = [
+        (nearest(steps, (n,) * len(size), everywhere) or [n]) if alike else _sizes_along(steps, size, axis)
+        for axis, n in enumerate(size)
+    ]
+    return [s for s in itertools.product(*around) if accepts(steps, s)]
+
+
+def _sizes_along(steps: list[Step], size: Size, axis: int) -> list[int]:
+    """``[size[axis]]`` if the layers of ``axis`` take it, else the sizes just below and above it that they take, the
+    other axes left out (a Linear head then takes any size that divides its input features)."""
+    along = [
+        Features(step.in_features, None) if isinstance(step, Features) else (step[axis],) for step in steps
+    ]
+    n = size[axis]
+    return [n] if accepts(along, (n,)) else nearest(along, (n,), (0,))
+
+
 def smallest_equivalent(steps: list[Step], size: Size) -> Size:
     """The smallest patch size that the net reduces exactly like ``size`` (per axis: the pooling floors drop the rest)."""
     smallest = []
@@ -230,14 +255,7 @@ def describe_nearest(steps: list[Step], size: Size) -> str:
     names = {1: ("length",), 2: ("height", "width"), 3: ("depth", "height", "width")}[len(size)]
     per_axis = [nearest(steps, size, (axis,)) for axis in range(len(size))]
     if not any(per_axis):  # no single axis fixes it (more than one is off): name whole sizes
-        # axes alike: each axis's sizes near its own, found as a square's sides
-        everywhere = tuple(range(len(size)))
-        around = [
-            (nearest(steps, (n,) * len(size), everywhere) if alike else _candidates(steps, size, (axis,)))
-            or [n]
-            for axis, n in enumerate(size)
-        ]
-        sizes = [s for s in itertools.product(*around) if accepts(steps, s)]
+        sizes = nearest_whole_sizes(steps, size, alike)
         return (
             f"Nearest valid patch sizes: {', '.join('x'.join(map(str, s)) for s in sizes)}"
             if sizes

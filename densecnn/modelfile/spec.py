@@ -27,6 +27,7 @@ from torch import nn
 
 from ..chain import extract_chain
 from ..errors import ModelFileError
+from ..functional_weights import saved_layer
 from ..hooks import WEIGHT_HOOKS, weight_hook_removal
 from ..rules import LayerRecord, saved_record, saved_types
 from ..rules.registry import REUSE
@@ -74,7 +75,8 @@ def _refuse_computed_weights(path: str, module: nn.Module) -> None:
 
 
 def to_spec(model: nn.Module) -> list[dict[str, Any]]:
-    """The layer spec of ``model`` (an ``nn.Sequential`` or a traceable chain), one dict per use of a layer."""
+    """The layer spec of ``model`` (an ``nn.Sequential`` or a traceable chain), one dict per use of a layer (a layer
+    built for a functional op as a file holds it: :func:`~densecnn.functional_weights.saved_layer`)."""
     spec: list[dict[str, Any]] = []
     first_use: dict[nn.Module, int] = {}
     for index, (path, module) in enumerate(extract_chain(model)):
@@ -82,7 +84,7 @@ def to_spec(model: nn.Module) -> list[dict[str, Any]]:
             spec.append({"type": REUSE, "layer": first_use[module]})
             continue
         first_use[module] = index
-        spec.append(_layer_entry(path, module))
+        spec.append(_layer_entry(path, saved_layer(module)))
     return spec
 
 

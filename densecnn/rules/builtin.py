@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..geometry import pooled_length, reach
 from ..layers import (
     ChannelSoftmax,
     DenseAvgPool,
@@ -76,21 +77,54 @@ for _dims, _layer in _by_dims("Conv").items():
     )(conv)
 
 
-def _check_pool(pool, ctx: ConversionContext) -> tuple[tuple[int, ...], tuple[int, ...]]:
+def _check_pool(
+    pool, ctx: ConversionContext, source_dilation: tuple[int, ...] | None = None
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(kernel, stride) of a max or average pool the dense net reproduces; raises for one it cannot."""
     ctx.require_map("pooling")
-    if pool.ceil_mode:
-        raise ctx.error(
-            "ceil_mode=True pools a partial window at the patch border, which a whole-image net cannot reproduce",
-            "use ceil_mode=False (and a patch size that the pools divide)",
-        )
     if any(ctx.ntuple(pool.padding, "padding")):
         raise ctx.error(
             f"padding={pool.padding} pools values outside the patch",
             "use padding=0 (the patch supplies the context)",
         )
     kernel = ctx.ntuple(pool.kernel_size, "kernel_size")
-    stride = ctx.ntuple(pool.stride, "stride") if pool.stride is not None else kernel
+    # torch reads a stride of None or an empty one, () or [], as the kernel size
+    stride = kernel if pool.stride is None or pool.stride in ((), []) else ctx.ntuple(pool.stride, "stride")
+    if pool.ceil_mode:
+        _check_ceil_mode(reach(kernel, source_dilation or (1,) * ctx.dims), stride, ctx)
     return kernel, stride
+
+
+def _check_ceil_mode(reaches: tuple[int, ...], stride: tuple[int, ...], ctx: ConversionContext) -> None:
+    """Raise unless ceil_mode=True pools the map entering the layer on the patch as ceil_mode=False does (the same
+    number of windows, all whole: the dense net's). Skipped while probing patch sizes and for a window larger than
+    the map (:meth:`ConversionContext.slide` names the sizes that fit)."""
+    # (length, extent, stride) per axis
+    axes = [(n, r + 1, s) for n, r, s in zip(ctx.size, reaches, stride)]
+    if not ctx.strict or any(extent > n for n, extent, _ in axes):
+        return
+    floor = tuple(pooled_length(*axis, ceil_mode=False) for axis in axes)
+    ceil = tuple(pooled_length(*axis, ceil_mode=True) for axis in axes)
+    if ceil == floor:
+        return
+    below, above = zip(*(_tiled_lengths(*axis) for axis in axes))
+    raise ctx.error(
+        f"ceil_mode=True pools a partial window at the border of the {_x(ctx.size)} map this patch size leaves "
+        f"({_x(ceil)} outputs, {_x(floor)} with ceil_mode=False), which a whole-image net cannot reproduce",
+        f"use ceil_mode=False, or a patch size that leaves a map its windows tile exactly ({_x(below)} or "
+        f"{_x(above)})",
+    )
+
+
+def _tiled_lengths(length: int, extent: int, stride: int) -> tuple[int, int]:
+    """The map lengths nearest ``length``, at or below it and at or above it, whose last window ends at the border."""
+    below = (length - extent) // stride * stride + extent
+    return below, below if below == length else below + stride
+
+
+def _x(size: tuple[int, ...]) -> str:
+    """A size as users write it: 9x65x65."""
+    return "x".join(map(str, size))
 
 
 def _no_indices(pool, ctx: ConversionContext) -> None:
@@ -100,8 +134,8 @@ def _no_indices(pool, ctx: ConversionContext) -> None:
 
 def max_pool(pool: nn.modules.pooling._MaxPoolNd, ctx: ConversionContext):
     _no_indices(pool, ctx)
-    kernel, stride = _check_pool(pool, ctx)
     source_dilation = ctx.ntuple(pool.dilation, "dilation")
+    kernel, stride = _check_pool(pool, ctx, source_dilation)
     input_dilation = ctx.dilation
     ctx.slide(kernel, stride, source_dilation)
     return DenseMaxPool(kernel, stride, source_dilation, input_dilation)

@@ -38,6 +38,7 @@ import numpy as np
 from ..errors import DatasetError, ImageReadError, IntensityError, NonFiniteInputError
 from ..io import (
     Intensity,
+    LazyArray,
     array_scaling,
     decode_array,
     image_scaling,
@@ -60,6 +61,8 @@ from .windows import (
 )
 
 ANNOTATIONS = "annotations"  # the folder of GeoJSON annotation files beside images/
+# a map's spatial axes, for messages
+_AXES = {1: "(L)", 2: "(H, W)", 3: "(D, H, W)"}
 DEFAULT_WINDOW_MARGIN = window_margin((49, 49))  # windows' margin for the default net's patch (filter_bank's)
 
 
@@ -445,22 +448,59 @@ def _read_image(
         raise DatasetError(f"{problem}; fix or remove the file", fix=exc.fix) from None
 
 
-def _open_nd(path: Path, spatial_dims: int, *, as_stored: bool = False):
-    """The signal or volume file ``path``, opened lazily (:class:`densecnn.io.LazyArray`); ``as_stored``: a class
-    map's ids."""
+def _open_nd(path: Path, spatial_dims: int):
+    """The signal or volume file ``path``, opened lazily (:class:`densecnn.io.LazyArray`)."""
     try:
-        return open_lazy_array(path, spatial_dims=spatial_dims, as_stored=as_stored)
+        return open_lazy_array(path, spatial_dims=spatial_dims)
     except ImageReadError as exc:
         raise DatasetError(f"{exc}; fix or remove the file") from None
 
 
-def _read_nd(path: Path, spatial_dims: int, *, as_stored: bool = False) -> np.ndarray:
+def _read_nd(path: Path, spatial_dims: int) -> np.ndarray:
     """The signal or volume file ``path``, channels first: (C, *spatial) in the file's dtype."""
-    array = _open_nd(path, spatial_dims, as_stored=as_stored)
+    return _read_whole(_open_nd(path, spatial_dims))
+
+
+def _read_nd_class_map(path: Path, image_path: Path, image_shape: tuple[int, ...], what: str) -> np.ndarray:
+    """The ids of a signal's or volume's class map ``path`` as stored, (C, *spatial). A map with fewer axes than its
+    image is refused as such: the array reader's own message is about images (it names a channel axis)."""
+    try:
+        array = open_lazy_array(path, spatial_dims=len(image_shape), as_stored=True)
+    except ImageReadError as exc:
+        fewer_axes = _fewer_axes_error(path, image_path, image_shape, what)
+        raise fewer_axes or DatasetError(f"{exc}; fix or remove the file") from None
+    return _read_whole(array)
+
+
+def _fewer_axes_error(
+    path: Path, image_path: Path, image_shape: tuple[int, ...], what: str
+) -> DatasetError | None:
+    """The error for a class map that reads as a map of fewer axes than its image (a 2-D label slice of a volume),
+    else None."""
+    dims = len(image_shape)
+    for fewer in range(dims - 1, 0, -1):
+        try:
+            stored = open_lazy_array(path, spatial_dims=fewer, as_stored=True)
+        except ImageReadError:
+            continue
+        # every axis spatial: no channel axis taken for one
+        if stored.layout == "s" * fewer:
+            kind = "volume" if dims == 3 else "signal"
+            return DatasetError(
+                f"{path}: the {what}s of {image_path.name} are {fewer}-D {_AXES[fewer]}, {_size(stored.shape)}, but "
+                f"the {kind} is {dims}-D {_AXES[dims]}, {_size(image_shape)}: give a {what} {kind} of the same shape"
+            )
+    return None
+
+
+def _read_whole(array: LazyArray) -> np.ndarray:
+    """Every value of a lazily opened array, channels first: (C, *spatial) in the file's dtype."""
     try:
         return array.read()
     except Exception as exc:  # a chunk or page that cannot be decoded
-        raise DatasetError(f"{path}: cannot read it as an array ({exc}); fix or remove the file") from None
+        raise DatasetError(
+            f"{array.path}: cannot read it as an array ({exc}); fix or remove the file"
+        ) from None
 
 
 def _companion(folder: Path, stem: str, suffixes: tuple[str, ...]) -> Path | None:
@@ -572,7 +612,7 @@ def _read_class_map(
             array = array[:, :, 0]
         hint = "colour labels are not read; save the ids as an 8-bit grayscale PNG"
     else:
-        array = _read_nd(path, spatial_dims, as_stored=True)  # (C, *spatial)
+        array = _read_nd_class_map(path, image_path, shape, what)  # (C, *spatial)
         if array.shape[0] == 1:
             array = array[0]
         hint = "save the class ids as one array of the image's spatial shape, without a channel axis"

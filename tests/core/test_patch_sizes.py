@@ -1,5 +1,6 @@
 """Valid patch sizes in closed form: checked against brute force and against the converter itself."""
 
+import itertools
 import time
 
 import pytest
@@ -10,7 +11,16 @@ from torch import nn
 import densecnn
 from densecnn.chain import extract_chain
 from densecnn.convert import _convert_chain
-from densecnn.patch_sizes import Adaptive, Features, Window, accepts, nearest, preimage, smallest_equivalent
+from densecnn.patch_sizes import (
+    Adaptive,
+    Features,
+    Window,
+    accepts,
+    nearest,
+    nearest_whole_sizes,
+    preimage,
+    smallest_equivalent,
+)
 from tests.core.test_equivalence import patch_nets
 
 SEARCH = 400  # brute force looks this far
@@ -142,3 +152,56 @@ def test_a_wrong_size_names_valid_sizes_on_one_or_both_axes(patch, hint, valid):
         densecnn.convert(model.eval(), patch)
     assert "none" not in str(info.value)
     densecnn.convert(model.eval(), valid)
+
+
+def _takes_along(steps, axis, n):
+    """Whether the layers of ``axis`` alone bring ``n`` pixels to one output (windows and adaptive pools only)."""
+    for step in steps:
+        axis_step = step[axis]
+        if isinstance(axis_step, Adaptive):
+            if n < 1 or n % axis_step.output:
+                return False
+            n = axis_step.output
+        else:
+            n = (n - axis_step.extent) // axis_step.stride + 1
+            if n < 1:
+                return False
+    return n == 1
+
+
+def _near_along(steps, axis, n):
+    """Brute force: ``[n]`` if the axis takes it, else the nearest sizes below and above that it takes."""
+    if _takes_along(steps, axis, n):
+        return [n]
+    below = next((p for p in range(n - 1, 0, -1) if _takes_along(steps, axis, p)), None)
+    above = next((p for p in range(n + 1, SEARCH) if _takes_along(steps, axis, p)), None)
+    return [p for p in (below, above) if p is not None]
+
+
+@settings(max_examples=300)
+@given(steps=step_chains(), size=st.tuples(st.integers(1, 40), st.integers(1, 40)))
+def test_whole_sizes_of_axes_with_different_layers_equal_brute_force(steps, size):
+    """Without a Linear head the axes are independent: the valid whole sizes near ``size`` combine, per axis, its own
+    size if that axis takes it, else its nearest valid sizes, whatever the other axis is."""
+    assume(not any(isinstance(step, Features) for step in steps))
+    assume(not accepts(steps, size))
+    expected = list(itertools.product(*(_near_along(steps, axis, n) for axis, n in enumerate(size))))
+    assert nearest_whole_sizes(steps, size, alike=False) == expected
+
+
+@pytest.mark.parametrize(
+    "model, patch, hint, valid",
+    [
+        (nn.Sequential(nn.Conv2d(1, 2, (3, 5))), (4, 6), r"Nearest valid patch sizes: 3x5$", (3, 5)),
+        (
+            nn.Sequential(nn.Conv3d(1, 4, 2), nn.MaxPool3d(2, stride=(2, 1, 1)), nn.Conv3d(4, 3, 1)),
+            (3, 2, 2),
+            r"Nearest valid patch sizes: 3x3x3$",
+            (3, 3, 3),
+        ),
+    ],
+)
+def test_several_axes_off_with_different_layers_name_the_nearest_whole_sizes(model, patch, hint, valid):
+    with pytest.raises(densecnn.PatchSizeError, match=hint):
+        densecnn.convert(model.eval(), patch)
+    assert densecnn.convert(model.eval(), valid).patch_size == valid

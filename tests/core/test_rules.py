@@ -1,5 +1,6 @@
 """One test per conversion rule and per conversion error."""
 
+import itertools
 import warnings
 
 import pytest
@@ -8,6 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import densecnn
+from densecnn.geometry import pooled_length
 from densecnn.layers import ChannelSoftmax, DenseAvgPool, DenseLinear
 from densecnn.rules import aliases
 from tests.naive import literal_scan
@@ -64,6 +66,70 @@ def test_max_pool_rule_overlapping_and_dilated(pool):
 def test_avg_pool_rule(pool):
     model = nn.Sequential(nn.Conv2d(1, 2, 2), nn.MaxPool2d(2, 2), pool, nn.Flatten(), nn.LazyLinear(2))
     _matches_scan(model, 12)
+
+
+@pytest.mark.parametrize(
+    ("pool", "patch"),
+    [
+        # the 8x8 map in 4x4 whole windows
+        (nn.MaxPool2d(2, ceil_mode=True), 10),
+        (nn.AvgPool2d(2, ceil_mode=True), 10),
+        (nn.AvgPool2d(2, ceil_mode=True, count_include_pad=False), 10),
+        # the 9x9 map in 2x2 windows of 5 taps
+        (nn.MaxPool2d(3, 2, dilation=2, ceil_mode=True), 11),
+    ],
+    ids=["max", "avg", "avg-count-exclude-pad", "max-dilated"],
+)
+def test_a_ceil_mode_pool_whose_windows_tile_the_patch_map_converts(pool, patch):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(1, 2, 3), pool, nn.Conv2d(2, 2, 1), nn.Flatten(), nn.LazyLinear(2))
+    # materialises the LazyLinear head
+    model(torch.zeros(1, 1, patch, patch))
+    model = model.double().eval()
+    x = torch.randn(2, 1, 7, 9, dtype=torch.float64)
+    assert_equal_to_rounding(densecnn.convert(model, patch)(x), literal_scan(model, x, (patch, patch)))
+
+
+def test_a_ceil_mode_pool_whose_partial_window_would_start_past_the_map_converts():
+    """torch drops a last window that would start at or past the map's end: on a 6x6 map, windows of 2 moved by 3
+    are two with ceil_mode=True as with ceil_mode=False (the last row is read by neither)."""
+    torch.manual_seed(0)
+    pool = nn.MaxPool2d(2, 3, ceil_mode=True)
+    model = nn.Sequential(nn.Conv2d(1, 2, 3), pool, nn.Flatten(), nn.LazyLinear(2))
+    model(torch.zeros(1, 1, 8, 8))
+    model = model.double().eval()
+    x = torch.randn(1, 1, 6, 7, dtype=torch.float64)
+    with pytest.warns(densecnn.PatchSizeWarning, match="last 1 row"):
+        dense = densecnn.convert(model, 8)
+    assert_equal_to_rounding(dense(x), literal_scan(model, x, (8, 8)))
+
+
+@pytest.mark.parametrize(
+    ("pool", "patch", "message"),
+    [
+        (nn.MaxPool2d(2, ceil_mode=True), 11, r"9x9 map .* \(5x5 outputs, 4x4 with .* \(8x8 or 10x10\)"),
+        (nn.AvgPool2d(2, ceil_mode=True), (11, 10), r"9x8 map .* \(5x4 outputs, 4x4 with .* \(8x8 or 10x8\)"),
+        (nn.MaxPool2d(2, 3, ceil_mode=True), 9, r"7x7 map .* \(3x3 outputs, 2x2 with .* \(5x5 or 8x8\)"),
+    ],
+    ids=["max", "avg", "max-stride-3"],
+)
+def test_a_ceil_mode_pool_with_a_partial_window_on_the_patch_map_is_refused(pool, patch, message):
+    model = nn.Sequential(nn.Conv2d(1, 2, 3), pool, nn.AdaptiveAvgPool2d(1), nn.Conv2d(2, 2, 1))
+    layer = rf"'1' \({type(pool).__name__}\)"
+    with pytest.raises(
+        densecnn.ConversionError, match=rf"{layer}: ceil_mode=True pools a partial .*{message}$"
+    ):
+        densecnn.convert(model, patch)
+
+
+def test_pooled_lengths_are_torchs():
+    for length, kernel, stride, dilation, ceil_mode in itertools.product(
+        range(1, 14), range(1, 4), range(1, 4), range(1, 3), (False, True)
+    ):
+        extent = (kernel - 1) * dilation + 1
+        if extent <= length:
+            pooled = F.max_pool1d(torch.zeros(1, 1, length), kernel, stride, 0, dilation, ceil_mode)
+            assert pooled_length(length, extent, stride, ceil_mode=ceil_mode) == pooled.shape[-1]
 
 
 def test_dilated_avg_pool_is_the_mean_of_its_dilated_taps():
@@ -403,7 +469,7 @@ def test_training_mode_warns():
     ("layer", "message"),
     [
         (nn.Conv2d(2, 2, 3, padding=1), r"'1' \(Conv2d\): padding=\(1, 1\).*padding=0"),
-        (nn.MaxPool2d(2, ceil_mode=True), r"'1' \(MaxPool2d\): ceil_mode=True.*ceil_mode=False"),
+        (nn.MaxPool2d(3, ceil_mode=True), r"'1' \(MaxPool2d\): ceil_mode=True.*8x8 map.*ceil_mode=False"),
         (nn.AvgPool2d(2, padding=1), r"'1' \(AvgPool2d\): padding=1"),
         (nn.MaxPool2d(2, return_indices=True), r"return_indices"),
         (nn.Upsample(scale_factor=2), r"'1' \(Upsample\): has no conversion rule.*register_rule"),
@@ -475,6 +541,26 @@ def test_branching_model_is_rejected():
         densecnn.convert(Residual(), 1)
 
 
+class _BareInPlaceRelu(nn.Module):
+    """F.relu(y, inplace=True) with its result unused: the next conv reads y, changed in place."""
+
+    def __init__(self):
+        super().__init__()
+        self.first, self.second = nn.Conv2d(1, 4, 3), nn.Conv2d(4, 2, 3)
+
+    def forward(self, x):
+        y = self.first(x)
+        F.relu(y, inplace=True)
+        return self.second(y).flatten(1)
+
+
+def test_an_in_place_op_whose_result_is_unused_is_refused_naming_it():
+    with pytest.raises(
+        densecnn.ConversionError, match=r"'relu' .* changes its input in place and 'second' reads"
+    ):
+        densecnn.convert(_BareInPlaceRelu().eval(), 5)
+
+
 def test_bad_arguments_and_inputs():
     model, patch = densecnn.zoo.tiny(in_channels=1, num_classes=3)
     with pytest.raises(ValueError, match="patch_size"):
@@ -502,3 +588,15 @@ def test_a_one_tap_axis_has_dilation_one():
     x = torch.rand(1, 1, 9, 11, dtype=torch.float64)
     with torch.no_grad():
         assert_close_relative(dense(x), densecnn.scan_patches(model, x, (4, 6)), 1e-10)
+
+
+@pytest.mark.parametrize(
+    "pool",
+    [nn.MaxPool2d(2, stride=()), nn.AvgPool2d(2, stride=[]), nn.MaxPool2d(2, stride=None)],
+    ids=["max-()", "avg-[]", "max-None"],
+)
+def test_an_empty_pool_stride_is_the_kernel_size_as_torch_reads_it(pool):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(1, 4, 3), pool, nn.Conv2d(4, 2, 2)).double().eval()
+    x = torch.randn(1, 1, 9, 8, dtype=torch.float64)
+    assert_equal_to_rounding(densecnn.convert(model, 6)(x), literal_scan(model, x, (6, 6)))

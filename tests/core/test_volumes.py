@@ -295,7 +295,7 @@ def test_refusals_carry_over():
         densecnn.convert(nn.Sequential(nn.Conv1d(1, 2, 3, padding=1)), 3)
     with pytest.raises(densecnn.ConversionError, match="ceil_mode"):
         densecnn.convert(
-            nn.Sequential(nn.Conv3d(1, 2, 1), nn.MaxPool3d(2, ceil_mode=True), nn.Conv3d(2, 2, 2)), 4
+            nn.Sequential(nn.Conv3d(1, 2, 1), nn.MaxPool3d(2, ceil_mode=True), nn.Conv3d(2, 2, 2)), 5
         )
 
 

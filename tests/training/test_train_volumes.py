@@ -245,7 +245,8 @@ def test_signal_datasets_read_npy(tmp_path):
         (lambda r: write(r / "images" / "a.tif", np.zeros((7, 6), np.uint8)), "is not (D, H, W) or (C, D, H, W)"),
         (lambda r: write(r / "labels" / "a.tif", np.zeros((2, 5, 7, 6), np.uint8)), "a.tif: a stack of 2 volumes"),
         (lambda r: write(r / "labels" / "a.tif", np.zeros((5, 7, 6), np.float32)), "must hold integers"),
-        (lambda r: write(r / "masks" / "a.npy", np.zeros((5, 7), np.uint8)), "a.npy: shape (5, 7) is not"),
+        (lambda r: write(r / "masks" / "a.npy", np.zeros((5, 7), np.uint8)),
+         "a.npy: the masks of a.tif are 2-D (H, W), 5x7, but the volume is 3-D (D, H, W), 5x7x6: give a mask volume"),
     ],
 )  # fmt: skip
 def test_bad_volume_datasets_name_the_file_and_the_fix(tmp_path, breakage, message):
@@ -256,6 +257,21 @@ def test_bad_volume_datasets_name_the_file_and_the_fix(tmp_path, breakage, messa
     with pytest.raises(DatasetError) as error:
         read_dataset(tmp_path, channels=1, num_classes=3, spatial_dims=3)
     assert message in str(error.value), str(error.value)
+
+
+@pytest.mark.parametrize("suffix", [".tif", ".npy"])
+def test_a_2d_label_file_for_a_volume_says_what_is_wrong_with_it(tmp_path, suffix):
+    """A label file of one slice for a volume is refused as a label file: no hint to name a channel axis (an option
+    for images, not for labels)."""
+    volume, labels = volume_and_labels()
+    write(tmp_path / "images" / "a.tif", volume)
+    write(tmp_path / "labels" / f"a{suffix}", labels[0])
+    with pytest.raises(DatasetError) as error:
+        read_dataset(tmp_path, channels=1, num_classes=3, spatial_dims=3)
+    assert str(error.value) == (
+        f"{tmp_path / 'labels' / f'a{suffix}'}: the labels of a.tif are 2-D (H, W), 7x6, but the volume is 3-D "
+        "(D, H, W), 5x7x6: give a label volume of the same shape"
+    )
 
 
 # --- whole steps of the trainer in 1-D and 3-D ---------------------------------------------------------------------
@@ -270,6 +286,7 @@ class StrideOneDense(nn.Module):
         super().__init__()
         self.features, self.patch_size, self.padding_mode = model, tuple(patch_size), padding_mode
         self.receptive_field = self.patch_size
+        self.num_classes = model[-1].out_channels
 
     def pad(self, x):  # (N, C, *spatial) -> (N, C, *(spatial + P - 1))
         before = tuple((p - 1) // 2 for p in self.patch_size)
