@@ -8,6 +8,7 @@ import math
 import threading
 import warnings
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -17,7 +18,7 @@ from .functional_weights import SharedTensor
 from .geometry import Size, reach
 from .hooks import check_modules
 from .layers import WindowLayer, output_shape
-from .losses import IGNORE_INDEX
+from .losses import IGNORE_INDEX, check_targets
 from .masked import masked_terms
 from .nonfinite import (
     check_finite,
@@ -231,10 +232,7 @@ class DenseCNN(nn.Module):
         no_data = no_data_input(padded) if nonfinite == "propagate" else None
         if no_data is not None:
             counted = ~no_data_pixels(self.features, no_data)  # (N, *S)
-            if mask is not None and mask.shape != counted.shape:
-                raise InvalidInputError(
-                    f"mask must be (N, *S) = {tuple(counted.shape)}, got {tuple(mask.shape)}"
-                )
+            check_targets(labels, mask, tuple(counted.shape), self.num_classes, ignore_index)
             mask = counted if mask is None else mask & counted
             padded = zero_filled(padded, no_data)
         terms = masked_terms(
@@ -399,15 +397,22 @@ class DenseCNN(nn.Module):
         return plan
 
     def _check_input(self, x: torch.Tensor) -> None:
-        if not isinstance(x, torch.Tensor) or x.dim() != self.dims + 2:
-            shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-            what, layout = _INPUTS[self.dims]
-            fix = "add a batch axis with x[None]"
-            if isinstance(x, torch.Tensor) and x.dim() == self.dims + 1:
+        what, layout = _INPUTS[self.dims]
+        if not isinstance(x, torch.Tensor):
+            fix = "torch.from_numpy(x)" if isinstance(x, np.ndarray) else "torch.as_tensor(x)"
+            raise InvalidTypeError(
+                f"expected {what} as an {layout} torch tensor, got {type(x).__name__}; convert it with {fix}"
+            )
+        if x.is_meta:
+            raise InvalidInputError(
+                "x is on the meta device, which holds no values to score; move it to the CPU or a GPU"
+            )
+        if x.dim() != self.dims + 2:
+            if x.dim() == self.dims + 1:
                 fix = f"add the batch axis with x[None] (a single {what[:-1]})"
-            elif isinstance(x, torch.Tensor):
+            else:
                 fix = f"this model has {self.dims} spatial axis/axes (patch size {self.patch_size})"
-            raise InvalidInputError(f"expected {what} as an {layout} tensor, got {shape}; {fix}")
+            raise InvalidInputError(f"expected {what} as an {layout} tensor, got {tuple(x.shape)}; {fix}")
         if not x.is_floating_point():
             raise InvalidTypeError(f"expected a floating-point tensor, got {x.dtype}; convert with x.float()")
         weight = next(self.parameters(), None)
@@ -421,7 +426,6 @@ class DenseCNN(nn.Module):
                 f"the model takes {self.in_channels} input channels, the images have {x.shape[1]}"
             )
         if min(x.shape[2:]) < 1:
-            what = _INPUTS[self.dims][0]
             raise InvalidInputError(
                 f"{what} must have at least 1 pixel per axis, got {'x'.join(map(str, x.shape[2:]))}"
             )

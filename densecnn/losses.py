@@ -13,6 +13,7 @@ element of the spatial grid (a sample of a signal, a voxel of a volume).
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -179,29 +180,57 @@ def _check(scores, labels, mask, ignore_index, class_weights) -> torch.Tensor:
             f"got shape {tuple(scores.shape)}"
         )
     k = scores.shape[1]
-    expected = (scores.shape[0], *scores.shape[2:])  # (N, *spatial)
-    axes = "(N, " + ", ".join(SPATIAL_AXES[scores.dim() - 2]) + ")"
-    if tuple(labels.shape) != expected:
-        raise InvalidInputError(
-            f"labels must be {axes} = {expected} to match the scores, got {tuple(labels.shape)}"
-        )
-    if labels.is_floating_point() or labels.dtype == torch.bool:
-        raise InvalidTypeError(f"labels must be an integer tensor of class ids, got {labels.dtype}")
-    if mask is not None:
-        if tuple(mask.shape) != expected:
-            raise InvalidInputError(f"mask must be {axes} = {expected}, got {tuple(mask.shape)}")
-        if mask.dtype != torch.bool:
-            raise InvalidTypeError(f"mask must be a bool tensor, got {mask.dtype}; use mask.bool()")
     if class_weights is not None and tuple(class_weights.shape) != (k,):
         raise InvalidInputError(
             f"class_weights must have one weight per class, shape ({k},), got {tuple(class_weights.shape)}"
         )
+    return check_targets(labels, mask, (scores.shape[0], *scores.shape[2:]), k, ignore_index)
+
+
+def check_targets(
+    labels: torch.Tensor,
+    mask: torch.Tensor | None,
+    shape: tuple[int, ...],
+    num_classes: int,
+    ignore_index: int,
+) -> torch.Tensor:
+    """Check (N, *spatial) ``labels`` and ``mask`` against the (N, *spatial) ``shape`` the scores have; return the
+    labels as int64.
+
+    Raises:
+        InvalidInputError: labels or mask of another shape, or a label neither a class id nor ``ignore_index``.
+        InvalidTypeError: labels that are not integers, or a mask that is not bool.
+    """
+    _require_tensor(labels, "labels")
+    if mask is not None:
+        _require_tensor(mask, "mask")
+    axes = "(N, " + ", ".join(SPATIAL_AXES[len(shape) - 1]) + ")"
+    if tuple(labels.shape) != shape:
+        raise InvalidInputError(
+            f"labels must be {axes} = {shape} to match the scores, got {tuple(labels.shape)}"
+        )
+    if labels.is_floating_point() or labels.dtype == torch.bool:
+        raise InvalidTypeError(f"labels must be an integer tensor of class ids, got {labels.dtype}")
+    if mask is not None:
+        if tuple(mask.shape) != shape:
+            raise InvalidInputError(f"mask must be {axes} = {shape}, got {tuple(mask.shape)}")
+        if mask.dtype != torch.bool:
+            raise InvalidTypeError(f"mask must be a bool tensor, got {mask.dtype}; use mask.bool()")
     labels = labels.long()
-    bad = (labels != ignore_index) & ((labels < 0) | (labels >= k))
+    bad = (labels != ignore_index) & ((labels < 0) | (labels >= num_classes))
     if bad.any():
         value = labels[bad][0].item()
         raise InvalidInputError(
-            f"label {value} is out of range for {k} classes "
-            f"(valid: 0..{k - 1}, or {ignore_index} to ignore a pixel)"
+            f"label {value} is out of range for {num_classes} classes "
+            f"(valid: 0..{num_classes - 1}, or {ignore_index} to ignore a pixel)"
         )
     return labels
+
+
+def _require_tensor(value, name: str) -> None:
+    """Raise unless ``value`` is a torch tensor, naming the conversion."""
+    if not isinstance(value, torch.Tensor):
+        fix = f"torch.from_numpy({name})" if isinstance(value, np.ndarray) else f"torch.as_tensor({name})"
+        raise InvalidTypeError(
+            f"{name} must be a torch tensor, got {type(value).__name__}; convert it with {fix}"
+        )

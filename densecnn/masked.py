@@ -25,7 +25,7 @@ from torch import nn
 
 from .errors import InvalidInputError
 from .layers import DenseAvgPool, DenseConv, DenseLinear, DenseMaxPool, WindowLayer
-from .losses import IGNORE_INDEX, masked_cross_entropy_terms
+from .losses import IGNORE_INDEX, check_targets, masked_cross_entropy_terms
 
 METHODS = ("dense", "region", "patches")
 # a multiply-add of the dense pass, in multiply-adds of the patch pass (its solvers' speed on whole maps; the patch
@@ -83,16 +83,16 @@ def masked_terms(
     """The masked cross-entropy terms of ``dense`` on an already padded (N, C, *(S+R-1)) input, by ``method`` ("auto":
     the cheapest by :func:`costs`).
 
+    Labels and mask are checked first, whatever the method, as :func:`~densecnn.masked_cross_entropy` checks them.
+
     Raises:
-        InvalidInputError: an unknown method, or labels and mask that do not match the input.
+        InvalidInputError: an unknown method, labels or a mask that do not match the input, or a label out of range.
+        InvalidTypeError: labels that are not integers, or a mask that is not bool.
     """
     if method not in ("auto", *METHODS):
         raise InvalidInputError(f"method must be 'auto' or one of {', '.join(METHODS)}, got {method!r}")
     size = tuple(p - r + 1 for p, r in zip(padded.shape[2:], dense.receptive_field))
-    if tuple(labels.shape) != (padded.shape[0], *size):
-        raise InvalidInputError(
-            f"labels must be (N, *S) = {(padded.shape[0], *size)} for this input, got {tuple(labels.shape)}"
-        )
+    labels = check_targets(labels, mask, (padded.shape[0], *size), dense.num_classes, ignore_index)
     chosen = selected(labels, mask, ignore_index)
     if method == "auto":
         estimates = costs(dense, tuple(padded.shape), chosen)

@@ -21,6 +21,7 @@ from ..chain import extract_chain
 from ..convert import convert
 from ..dense import DenseCNN
 from ..errors import ConversionError, InvalidInputError
+from ..functional_weights import saved_layer
 from ..io.intensity import Intensity, Scaling
 from ..io.labels import class_probabilities, label_dtype
 from ..io.pixels import array_input, colour_samples, image_scaling
@@ -172,7 +173,7 @@ class LoadedModel:
         x = self._as_input(raw_or_input, intensity, channel_axis, nonfinite)
         net = dense or self._dense()
         with torch.inference_mode():
-            labels = net.predict(x.to(_device(net)), max_memory, cancel=cancel, **_policy(net, nonfinite))
+            labels = net.predict(_on_device(x, net), max_memory, cancel=cancel, **_policy(net, nonfinite))
         out = self._label_array(labels, nonfinite)  # (N, *spatial)
         return out if isinstance(raw_or_input, torch.Tensor) else out[0]
 
@@ -189,7 +190,8 @@ class LoadedModel:
     ) -> torch.Tensor:
         """Class probabilities of every pixel, float32: raw pixels -> (K, *spatial), a model input (N, C, *spatial)
         -> (N, K, *spatial). The softmax of the scores, unless the net already ends in ``nn.Softmax`` (its scores
-        are the probabilities) or ``nn.LogSoftmax`` (their exp). Arguments as :meth:`labels`."""
+        are the probabilities) or ``nn.LogSoftmax`` (their exp), dropout after it included
+        (:func:`~densecnn.io.labels.score_kind`). Arguments as :meth:`labels`."""
         options = dict(intensity=intensity, channel_axis=channel_axis, max_memory=max_memory, cancel=cancel)
         return self.classify(raw_or_input, nonfinite=nonfinite, dense=dense, **options)[1]
 
@@ -209,7 +211,7 @@ class LoadedModel:
         x = self._as_input(raw_or_input, intensity, channel_axis, nonfinite)
         net = dense or self._dense()
         with torch.inference_mode():
-            scores = net(x.to(_device(net)), max_memory, cancel=cancel, **_policy(net, nonfinite))
+            scores = net(_on_device(x, net), max_memory, cancel=cancel, **_policy(net, nonfinite))
             labels = self._label_array(class_labels(scores), nonfinite)  # (N, *spatial)
             probabilities = class_probabilities(scores, net).float().cpu()  # (N, K, *spatial)
         if isinstance(raw_or_input, torch.Tensor):
@@ -252,8 +254,10 @@ class LoadedModel:
         return np.moveaxis(raw, channel_axis, 0)
 
 
-def _device(net: DenseCNN) -> torch.device:
-    return next((p.device for p in net.parameters()), torch.device("cpu"))
+def _on_device(x: torch.Tensor, net: DenseCNN) -> torch.Tensor:
+    """``x`` on the device of ``net``'s parameters; a meta tensor (no values to move) as it is, for the net to
+    refuse naming its device."""
+    return x if x.is_meta else x.to(next((p.device for p in net.parameters()), torch.device("cpu")))
 
 
 def _policy(net: DenseCNN, nonfinite: str | None) -> dict:
@@ -294,7 +298,7 @@ def save(
     dense = convert(model, patch_size, padding_mode=padding_mode)  # validates that the model converts exactly
     patch = dense.patch_size
     num_classes, in_channels = dense.num_classes, dense.in_channels
-    state = saved_state(nn.Sequential(*[module for _, module in extract_chain(model)]))
+    state = saved_state(nn.Sequential(*[saved_layer(module) for _, module in extract_chain(model)]))
     class_names = list(class_names) if class_names is not None else [f"class_{k}" for k in range(num_classes)]
     palette = [list(map(int, c)) for c in palette] if palette is not None else default_palette(num_classes)
     config = {

@@ -129,5 +129,64 @@ def test_masked_loss_refuses_an_unknown_method_and_mismatched_labels():
         densecnn.InvalidInputError, match="method must be 'auto' or one of dense, region, patches"
     ):
         dense.masked_loss(x, torch.zeros(1, 9, 9, dtype=torch.long), method="fastest")
-    with pytest.raises(densecnn.InvalidInputError, match=r"labels must be \(N, \*S\) = \(1, 9, 9\)"):
+    with pytest.raises(densecnn.InvalidInputError, match=r"labels must be \(N, H, W\) = \(1, 9, 9\)"):
         dense.masked_loss(x, torch.zeros(1, 9, 8, dtype=torch.long))
+
+
+def _bad_targets(name):
+    """(labels, mask) for a 1x9x9 input of a 3-class net, wrong in the way ``name`` says."""
+    labels, mask = torch.zeros(1, 9, 9, dtype=torch.long), torch.zeros(1, 9, 9, dtype=torch.bool)
+    mask[0, 2, 3] = mask[0, 7, 1] = True  # a sparse selection: "auto" takes the patch pass
+    return {
+        "int mask of 0 and 2": (labels, mask.long() * 2),
+        "float mask": (labels, mask.double()),
+        "mask of another shape": (labels, mask[:, :, :8]),
+        "float labels": (labels.double(), mask),
+        "labels of another shape": (labels[:, :8], mask),
+        "label out of range where unselected": (
+            labels.index_put((torch.tensor([0]),) * 3, torch.tensor(7)),
+            mask,
+        ),
+        "numpy labels": (labels.numpy(), mask),
+    }[name]
+
+
+BAD_TARGETS = [
+    "int mask of 0 and 2",
+    "float mask",
+    "mask of another shape",
+    "float labels",
+    "labels of another shape",
+    "label out of range where unselected",
+    "numpy labels",
+]
+
+
+@pytest.mark.parametrize("method", ["dense", "region", "patches", "auto"])
+@pytest.mark.parametrize("bad", BAD_TARGETS)
+def test_every_method_refuses_the_labels_and_masks_masked_cross_entropy_refuses(method, bad):
+    """Each method checks labels and mask up front, as densecnn.masked_cross_entropy does on the scores: the same
+    error, never a raw torch error or a mask read differently by one method (a mask of 2s selecting nothing)."""
+    model, patch = _net(2)
+    dense = densecnn.convert(model, patch)
+    x = torch.randn(1, 2, 9, 9, dtype=torch.float64)
+    labels, mask = _bad_targets(bad)
+    with pytest.raises(densecnn.DenseCNNError) as reference:
+        densecnn.masked_cross_entropy(dense(x), labels, mask)
+    with pytest.raises(type(reference.value)) as got:
+        dense.masked_loss(x, labels, mask, method=method)
+    assert str(got.value) == str(reference.value)
+
+
+@pytest.mark.parametrize("bad", ["int mask of 0 and 2", "float mask", "mask of another shape"])
+def test_a_bad_mask_is_refused_alike_when_no_data_pixels_leave_the_mask(bad):
+    model, patch = _net(2)
+    dense = densecnn.convert(model, patch)
+    x = torch.randn(1, 2, 9, 9, dtype=torch.float64)
+    labels, mask = _bad_targets(bad)
+    with pytest.raises(densecnn.DenseCNNError) as reference:
+        densecnn.masked_cross_entropy(dense(x), labels, mask)
+    x[0, 0, 4, 4] = float("nan")
+    with pytest.raises(type(reference.value)) as got:
+        dense.masked_loss(x, labels, mask, nonfinite="propagate")
+    assert str(got.value) == str(reference.value)
