@@ -5,7 +5,8 @@ What the package holds (``docs/bioimageio.md`` has the details):
 
 - input ``image`` (batch, channel, [z,] y, x) in the test image's dtype, every spatial axis any size from
   ``max(patch, 2 * halo + 1)`` in steps of 1; output ``scores`` (batch, channel, [z,] y, x) float32 of the same
-  size: the dense net's per-pixel class scores (logits, before softmax), one channel per class name;
+  size: the dense net's per-pixel class scores (logits, or the probabilities of a net ending in a softmax), one
+  channel per class name;
 - preprocessing: the model's intensity (``dtype`` or ``range``: ``scale_linear``; ``percentiles``:
   ``scale_range``), then its normalisation ``(x - mean) / std`` as a ``scale_linear`` per channel;
 - a halo on each output spatial axis: the farthest pixel the net reads from its centre, so tiles cropped by it
@@ -32,6 +33,7 @@ from ._version import __version__
 from .dense import DenseCNN
 from .errors import BioimageioExportError
 from .io.decode_nd import read_nd
+from .io.labels import score_kind
 from .io.pixels import array_input
 from .modelfile import LoadedModel, load
 from .onnx_export import OPSET, export_onnx, exportable
@@ -194,6 +196,15 @@ def _cover(raw: np.ndarray, scores: np.ndarray, palette: list[list[int]]) -> PIL
     return Image.fromarray(np.concatenate([grey, colours], axis=1))
 
 
+# what the README says the scores are, by score_kind
+_SCORES_ARE = {
+    "logits": "These are logits: the argmax is the label, a softmax over the channels gives class probabilities.",
+    "probabilities": "The net ends in a softmax: these are class probabilities, and their argmax is the label.",
+    "log-probabilities": "The net ends in a log-softmax: these are log class probabilities (their exp the "
+    "probabilities), and their argmax is the label.",
+}
+
+
 def _readme(loaded: LoadedModel, dense: DenseCNN, name: str, dtype: np.dtype, steps: list[dict]) -> str:
     axes = ", ".join(SPATIAL_AXES[dense.dims])
     classes = ", ".join(f"{k} {c}" for k, c in enumerate(loaded.class_names))
@@ -220,8 +231,8 @@ def _readme(loaded: LoadedModel, dense: DenseCNN, name: str, dtype: np.dtype, st
             "",
             "## Output",
             "",
-            f"`{OUTPUT}` (batch, channel, {axes}) float32, the input's size: one score per class ({classes}). These "
-            "are logits: the argmax is the label, a softmax over the channels gives class probabilities.",
+            f"`{OUTPUT}` (batch, channel, {axes}) float32, the input's size: one score per class ({classes}). "
+            f"{_SCORES_ARE[score_kind(dense)]}",
             "",
             f"Halo {halo(dense)} ({axes}): an output pixel reads the input at most that far away. Predict tiles "
             "overlapping by twice the halo and crop the halo from each tile: the tiles join into the whole-image "
@@ -431,7 +442,7 @@ def _tensors(v0_5, tmp: Path, loaded, dense, raw: np.ndarray, steps: list) -> tu
         v0_5.OutputTensorDescr(
             id=OUTPUT,
             axes=output_axes,
-            description="per-pixel class scores (logits)",
+            description=f"per-pixel class scores ({score_kind(dense)})",
             test_tensor=v0_5.FileDescr(source=tmp / "test_output.npy"),
             sample_tensor=v0_5.FileDescr(source=tmp / "sample_output.tif"),
         )

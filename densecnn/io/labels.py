@@ -19,12 +19,16 @@ import numpy as np
 import tifffile
 import torch
 from PIL import Image
+from torch import nn
 
 from ..atomic import atomic_write
 from ..errors import ImageReadError
 from ..layers import ChannelSoftmax
 from ..nonfinite import NO_DATA_LABEL
 from .formats import LABEL_SUFFIXES
+
+# layers that pass their input on unchanged in eval mode, where a dense net scores
+_IDENTITY_IN_EVAL = (nn.Identity, nn.modules.dropout._DropoutNd)
 
 
 def label_dtype(num_classes: int) -> np.dtype:
@@ -127,12 +131,29 @@ def write_labels(path: str | Path, labels: np.ndarray, palette: list[list[int]])
     atomic_write(path, lambda tmp: tmp.write_bytes(data))
 
 
+def score_kind(dense) -> str:
+    """What the scores of ``dense`` (in eval mode) are: "probabilities" when its last layer that changes them is a
+    softmax over the classes, "log-probabilities" when it is a log-softmax, else "logits". Layers that are the identity
+    in eval mode (dropout of any kind, ``nn.Identity``) after the softmax change nothing.
+
+    >>> score_kind(densecnn.convert(nn.Sequential(nn.Conv2d(1, 3, 5), nn.Softmax(1), nn.Dropout(0.2)).eval(), 5))
+    'probabilities'
+    """
+    for layer in reversed(dense.features):
+        if isinstance(layer, ChannelSoftmax):
+            return "log-probabilities" if layer.log else "probabilities"
+        if not isinstance(layer, _IDENTITY_IN_EVAL):
+            return "logits"
+    return "logits"
+
+
 def class_probabilities(scores: torch.Tensor, dense) -> torch.Tensor:
-    """(N, K, ...) scores of ``dense`` -> class probabilities; a net ending in (log-)softmax already gives them.
+    """(N, K, ...) scores of ``dense`` -> class probabilities, by what the scores are (:func:`score_kind`): the
+    softmax of logits, the exp of log-probabilities, probabilities as they are.
 
     >>> class_probabilities(dense(x), dense).sum(1)      # ones, (N, *spatial)
     """
-    last = dense.features[-1]
-    if isinstance(last, ChannelSoftmax):
-        return scores.exp() if last.log else scores
-    return scores.softmax(1)
+    kind = score_kind(dense)
+    if kind == "probabilities":
+        return scores
+    return scores.exp() if kind == "log-probabilities" else scores.softmax(1)

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from torch import nn
 
 import densecnn
 from densecnn.bioimageio_export import export_bioimageio, halo
@@ -269,6 +270,27 @@ def test_volume_package(tmp_path):
     assert [a.get("id", a["type"]) for a in rdf["inputs"][0]["axes"]] == ["batch", "channel", "z", "y", "x"]
     assert [a["halo"] for a in rdf["outputs"][0]["axes"][2:]] == list(halo(densecnn.load(NUCLEI3D).dense()))
     _check_weights_reproduce(package, tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("ending", "kind"),
+    [
+        ((), "logits"),
+        ((nn.Softmax(1), nn.Dropout(0.2)), "probabilities"),
+        ((nn.LogSoftmax(1),), "log-probabilities"),
+    ],
+    ids=["logits", "softmax-dropout", "log-softmax"],
+)
+def test_the_package_says_what_its_scores_are(tmp_path, ending, kind):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(1, 4, 5), nn.ReLU(), nn.Conv2d(4, 3, 5), *ending).eval()
+    directory = densecnn.save(model, tmp_path / "model", patch_size=9)
+    image = np.random.default_rng(0).integers(0, 256, (1, 20, 20), dtype=np.uint8)
+    package = export_bioimageio(directory, tmp_path / "p.zip", image=image, maintainers=[MAINTAINER])
+    assert _rdf(package)["outputs"][0]["description"] == f"per-pixel class scores ({kind})"
+    with zipfile.ZipFile(package) as archive:
+        readme = archive.read("README.md").decode()
+    assert ("softmax over the channels gives class probabilities" in readme) == (kind == "logits")
 
 
 def test_refusals_name_the_problem(tmp_path):
