@@ -1,15 +1,17 @@
 // CPU op applying a small complex matrix along each of the two leading axes of a complex (A, B, N) array:
 // out[a', b', n] = Σ_a Σ_b first[a', a] · second[b', b] · x[a, b, n]. The FFT conv's kernel spectrum is this on the
 // kernel's taps (the DFT matrices of the tile, (Th, kh) and (F, kw)), and the weight gradient's taps are its adjoint
-// on the gradient's spectrum. Both are tall and thin — a few terms per output over tens of MB — where a BLAS GEMM
-// with an inner dimension of 5 runs at a third of the memory's speed. Each work item here takes a chunk of n: the
-// cheaper axis first into an intermediate that stays in L2, then the other axis, each output chunk summed in L1 and
-// written once.
+// on the gradient's spectrum. Both are tall and thin — a few terms per output over tens of MB — where MKL's complex
+// GEMM with an inner dimension of 5 runs far below the cores' speed. Each work item here takes a chunk of n: the
+// cheaper axis first into an intermediate that stays in L2, then the other axis, blocks of up to 8 output rows
+// summed in registers (mix_block) and written once.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "cpu_isa.h"
@@ -17,56 +19,79 @@
 namespace densecnn {
 namespace {
 
-constexpr int64_t kChunk = 256;  // complex values of n per work item
+constexpr int64_t kChunk = 512;  // complex values of n per work item
 
-// acc[j] (=, or += when kAdd) m · x[j] for j < n complex values, both interleaved (re, im).
-template <typename T, bool kAdd>
-DENSECNN_ALWAYS_INLINE void scaled_loop(T* acc, const T* x, T mr, T mi, int64_t n) {
-#pragma GCC ivdep
-  for (int64_t j = 0; j < n; ++j) {
-    const T xr = x[2 * j], xi = x[2 * j + 1];
-    const T re = mr * xr - mi * xi, im = mr * xi + mi * xr;
-    acc[2 * j] = kAdd ? acc[2 * j] + re : re;
-    acc[2 * j + 1] = kAdd ? acc[2 * j + 1] + im : im;
+// Rows [r0, r0 + R) of dst = m · src over the first `reals` reals (a whole number of vectors) of each row: the R
+// sums of a vector held in registers while the terms stream through, each source vector read once for the R rows.
+// A complex product m·x is mr·x + mi·(-x.im, x.re) on interleaved pairs: two FMAs a vector, one swap a term.
+template <typename T, int B, int R>
+DENSECNN_ALWAYS_INLINE void mix_block(const T* m, int64_t r0, int64_t terms, const T* src, int64_t src_stride,
+                                      T* dst, int64_t dst_stride, int64_t reals) {
+  using V = Vec<T, B>;
+  constexpr int kLanes = lanes<T, B>();
+  V sign;                                                             // -1, 1, -1, 1, ...
+  Vec<std::conditional_t<sizeof(T) == 4, int32_t, int64_t>, B> partner;  // 1, 0, 3, 2, ...: each pair swapped
+  for (int i = 0; i < kLanes; ++i) {
+    sign[i] = i % 2 == 0 ? T(-1) : T(1);
+    partner[i] = i ^ 1;
   }
-}
-
-#define DENSECNN_SCALED(T)                                                                                    \
-  DENSECNN_MULTIVERSION void scaled(std::false_type, T* acc, const T* x, T mr, T mi, int64_t n) {             \
-    scaled_loop<T, false>(acc, x, mr, mi, n);                                                                 \
-  }                                                                                                           \
-  DENSECNN_MULTIVERSION void scaled(std::true_type, T* acc, const T* x, T mr, T mi, int64_t n) {              \
-    scaled_loop<T, true>(acc, x, mr, mi, n);                                                                  \
-  }
-DENSECNN_SCALED(float)
-DENSECNN_SCALED(double)
-
-// dst row r = Σ_t m[r, t] · src row t, for `rows` rows of a (rows × terms) complex matrix m; rows of n complex
-// values, src row t at src + t·src_stride, dst row r at dst + r·dst_stride (strides in reals). Whichever side has
-// more rows is gone through once, the other's rows staying in cache: each output row summed whole in turn when
-// there are more of them (the spectrum: 5 taps to 38 frequencies, the outputs leaving cache once written), each
-// source row read once into all the sums when there are more of those (the taps: 38 frequencies to 5 taps).
-template <typename T>
-void mix_rows(const T* m, int64_t rows, int64_t terms, const T* src, int64_t src_stride, T* dst, int64_t dst_stride,
-              int64_t n) {
-  const auto term = [&](int64_t r, int64_t t) {
-    const T mr = m[2 * (r * terms + t)], mi = m[2 * (r * terms + t) + 1];
-    if (t == 0) {
-      scaled(std::false_type{}, dst + r * dst_stride, src + t * src_stride, mr, mi, n);
-    } else {
-      scaled(std::true_type{}, dst + r * dst_stride, src + t * src_stride, mr, mi, n);
-    }
-  };
-  if (rows >= terms) {
-    for (int64_t r = 0; r < rows; ++r) {
-      for (int64_t t = 0; t < terms; ++t) term(r, t);
-    }
-  } else {
+  for (int64_t j = 0; j < reals; j += kLanes) {
+    V acc[R] = {};
     for (int64_t t = 0; t < terms; ++t) {
-      for (int64_t r = 0; r < rows; ++r) term(r, t);
+      V x;
+      std::memcpy(&x, src + t * src_stride + j, sizeof(V));
+      const V turned = __builtin_shuffle(x, partner) * sign;  // (-im, re) pairs: x times i
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r) {
+        const T* c = m + 2 * ((r0 + r) * terms + t);
+        acc[r] += c[0] * x + c[1] * turned;
+      }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) std::memcpy(dst + (r0 + r) * dst_stride + j, &acc[r], sizeof(V));
+  }
+}
+
+// The last values of each row (fewer than a vector's), one complex product at a time.
+template <typename T>
+DENSECNN_ALWAYS_INLINE void mix_tail(const T* m, int64_t rows, int64_t terms, const T* src, int64_t src_stride,
+                                     T* dst, int64_t dst_stride, int64_t from, int64_t reals) {
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t j = from; j < reals; j += 2) {
+      T re = 0, im = 0;
+      for (int64_t t = 0; t < terms; ++t) {
+        const T mr = m[2 * (r * terms + t)], mi = m[2 * (r * terms + t) + 1];
+        const T xr = src[t * src_stride + j], xi = src[t * src_stride + j + 1];
+        re += mr * xr - mi * xi;
+        im += mr * xi + mi * xr;
+      }
+      dst[r * dst_stride + j] = re;
+      dst[r * dst_stride + j + 1] = im;
     }
   }
 }
+
+// dst row r = Σ_t m[r, t] · src row t, for the `rows` rows of a (rows × terms) complex matrix m; rows of n complex
+// values, src row t at src + t·src_stride, dst row r at dst + r·dst_stride (strides in reals): blocks of 8 rows,
+// then 4, 2 and 1, each summed in registers.
+template <typename T, int B>
+DENSECNN_ALWAYS_INLINE void mix_rows_impl(const T* m, int64_t rows, int64_t terms, const T* src, int64_t src_stride,
+                                          T* dst, int64_t dst_stride, int64_t n) {
+  const int64_t reals = 2 * n, whole = reals / lanes<T, B>() * lanes<T, B>();
+  int64_t r = 0;
+  for (; r + 8 <= rows; r += 8) mix_block<T, B, 8>(m, r, terms, src, src_stride, dst, dst_stride, whole);
+  if (r + 4 <= rows) mix_block<T, B, 4>(m, r, terms, src, src_stride, dst, dst_stride, whole), r += 4;
+  if (r + 2 <= rows) mix_block<T, B, 2>(m, r, terms, src, src_stride, dst, dst_stride, whole), r += 2;
+  if (r < rows) mix_block<T, B, 1>(m, r, terms, src, src_stride, dst, dst_stride, whole);
+  mix_tail(m, rows, terms, src, src_stride, dst, dst_stride, whole, reals);
+}
+
+#define DENSECNN_MIX_ROWS(T)                                                                                   \
+  DENSECNN_PER_LEVEL((void mix_rows(const T* m, int64_t rows, int64_t terms, const T* src, int64_t src_stride, \
+                                    T* dst, int64_t dst_stride, int64_t n)),                                  \
+                     mix_rows_impl<T, kVecBytes>(m, rows, terms, src, src_stride, dst, dst_stride, n);)
+DENSECNN_MIX_ROWS(float)
+DENSECNN_MIX_ROWS(double)
 
 template <typename T>
 void axes_transform_impl(const T* x, const T* first, const T* second, T* out, int64_t a_in, int64_t b_in,
