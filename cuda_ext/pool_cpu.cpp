@@ -53,13 +53,13 @@ inline int64_t l2_bytes() {
 // One doubling step: o[j] = max(a[j], a[j + shift]) for j < m, the right operand's tap offset by `tap_shift`.
 // `o` may equal `a` (j only reads positions >= j, so the in-place loop is dependence-free).
 template <typename T, bool kTaps, bool kFirst>
-DENSECNN_ALWAYS_INLINE void max_step_loop(const T* a, const int32_t* a_tap, int64_t shift, int32_t tap_shift,
-                                          int64_t m, T* o, int32_t* o_tap) {
+DENSECNN_ALWAYS_INLINE void max_step_loop(const T* a, const uint8_t* a_tap, int64_t shift, int32_t tap_shift,
+                                          int64_t m, T* o, uint8_t* o_tap) {
 #pragma GCC ivdep
   for (int64_t j = 0; j < m; ++j) {
     T best = a[j];
-    int32_t best_tap = kFirst ? 0 : (kTaps ? a_tap[j] : 0);
-    const int32_t right_tap = (kFirst ? 0 : (kTaps ? a_tap[j + shift] : 0)) + tap_shift;
+    uint8_t best_tap = kFirst ? 0 : (kTaps ? a_tap[j] : 0);
+    const uint8_t right_tap = static_cast<uint8_t>((kFirst ? 0 : (kTaps ? a_tap[j + shift] : 0)) + tap_shift);
     max_update(best, best_tap, a[j + shift], right_tap);
     o[j] = best;
     if (kTaps) o_tap[j] = best_tap;
@@ -87,8 +87,8 @@ DENSECNN_MULTIVERSION void max_of(const double* a, const double* b, double* o, i
 }
 
 #define DENSECNN_MAX_STEP(T, TAPS, FIRST)                                                                       \
-  DENSECNN_MULTIVERSION void max_step(Flag<TAPS>, Flag<FIRST>, const T* a, const int32_t* a_tap, int64_t shift, \
-                                      int32_t tap_shift, int64_t m, T* o, int32_t* o_tap) {                    \
+  DENSECNN_MULTIVERSION void max_step(Flag<TAPS>, Flag<FIRST>, const T* a, const uint8_t* a_tap, int64_t shift, \
+                                      int32_t tap_shift, int64_t m, T* o, uint8_t* o_tap) {                    \
     max_step_loop<T, TAPS, FIRST>(a, a_tap, shift, tap_shift, m, o, o_tap);                                     \
   }
 DENSECNN_MAX_STEP(float, false, false)
@@ -123,10 +123,6 @@ DENSECNN_ALWAYS_INLINE void add_loop(T* acc, const T* src, int64_t n) {
 }
 DENSECNN_MULTIVERSION void add(float* acc, const float* src, int64_t n) { add_loop(acc, src, n); }
 DENSECNN_MULTIVERSION void add(double* acc, const double* src, int64_t n) { add_loop(acc, src, n); }
-
-DENSECNN_MULTIVERSION void narrow_taps(const int32_t* src, uint8_t* dst, int64_t n) {
-  for (int64_t j = 0; j < n; ++j) dst[j] = static_cast<uint8_t>(src[j]);
-}
 
 // Rows of reduced-precision storage widened to float on reading and rounded (to nearest even) on writing.
 template <typename S, typename D>
@@ -206,8 +202,8 @@ inline int doubling_shifts(int32_t k, int32_t* shifts) {
 // out[j] = max over taps t < k of src[j + t·step], and the winning t, for j < n - (k-1)·step, by doubling.
 // `buf` has room for n elements.
 template <typename T, bool kTaps>
-void window_max(const T* src, int64_t n, int32_t k, int64_t step, T* out, int32_t* out_tap, T* buf,
-                int32_t* buf_tap) {
+void window_max(const T* src, int64_t n, int32_t k, int64_t step, T* out, uint8_t* out_tap, T* buf,
+                uint8_t* buf_tap) {
   if (k == 1) {
     std::copy(src, src + n, out);
     if (kTaps) std::fill(out_tap, out_tap + n, 0);
@@ -220,7 +216,7 @@ void window_max(const T* src, int64_t n, int32_t k, int64_t step, T* out, int32_
     const int64_t shift = shifts[level] * step;
     len -= shift;
     T* o = level == levels - 1 ? out : buf;
-    int32_t* o_tap = level == levels - 1 ? out_tap : buf_tap;
+    uint8_t* o_tap = level == levels - 1 ? out_tap : buf_tap;
     if (level == 0) {
       max_step(Flag<kTaps>{}, Flag<true>{}, src, nullptr, shift, shifts[level], len, o, o_tap);
     } else {
@@ -302,9 +298,10 @@ struct Boxes {
   // (reach + steps in all; an average's fold needs reach + 1 of them); and those steps, at least one.
   int64_t ring_slices = 0, outer_steps = 1;
 
-  // `may_stream`: the forward can stream the outermost axis (no taps to keep, rows long enough to go one by one).
-  Boxes(const PoolGeometry& g, int64_t value_bytes, int buffers, bool may_stream)
-      : axes(g.axes), planes(g.planes), budget(l2_bytes() * 3 / 4 / buffers / value_bytes) {
+  // `buffers` of values of `value_bytes` each and `tap_buffers` of one-byte taps share the budget; `may_stream`: the
+  // forward can stream the outermost axis (no taps to keep, rows long enough to go one by one).
+  Boxes(const PoolGeometry& g, int64_t value_bytes, int buffers, int tap_buffers, bool may_stream)
+      : axes(g.axes), planes(g.planes), budget(l2_bytes() * 3 / 4 / (buffers * value_bytes + tap_buffers)) {
     for (int a = 0; a < axes; ++a) {
       reach[a] = (g.kernel[a] - 1) * g.step[a];
       out[a] = g.out[a];
@@ -415,12 +412,12 @@ struct Boxes {
   }
 };
 
-// Stores the int32 taps of a pass (local box layout, `extent`; rows of `width` valid elements) as uint8 into the
+// Stores the taps of a pass (local box layout, `extent`; rows of `width` valid elements) into the
 // pass's global tap array (extents `global`), for the positions this box owns: its outputs along pooled axes; along
 // axes not pooled yet, its outputs' first taps, or everything up to the end of the axis when the box is the axis's
 // last.
 inline void store_taps(const Box& box, int axes, int pass_axis, const int64_t* extent, int64_t width,
-                       const int64_t* global, const int32_t* local_taps, uint8_t* taps) {
+                       const int64_t* global, const uint8_t* local_taps, uint8_t* taps) {
   const int rows_axes = axes - 1;
   int64_t owned[kMaxAxes];
   for (int b = 0; b < rows_axes; ++b) {
@@ -433,7 +430,8 @@ inline void store_taps(const Box& box, int axes, int pass_axis, const int64_t* e
   for_each_index(rows_axes, owned, [&](const int64_t* c) {
     const int64_t local = offset_of(rows_axes, c, zero, extent);
     const int64_t row = box.plane * plane_rows + offset_of(rows_axes, c, box.o0, global);
-    narrow_taps(local_taps + local * row_stride, taps + row * global[axes - 1] + box.o0[axes - 1], width);
+    const uint8_t* from = local_taps + local * row_stride;
+    std::copy(from, from + width, taps + row * global[axes - 1] + box.o0[axes - 1]);
   });
 }
 
@@ -559,8 +557,7 @@ template <typename T, bool kMax, bool kTaps, Activation kAct>
 void pool_forward(const PoolGeometry& g, const T* x, T* y, uint8_t* const* taps, Acc<T> scale) {
   using A = Acc<T>;
   const int axes = g.axes, inner_axis = axes - 1;
-  const Boxes boxes(g, sizeof(A), 2 + (kMax ? 1 : 0) + (kTaps ? 2 : 0) + (std::is_same_v<A, T> ? 0 : 1),
-                    !kTaps);
+  const Boxes boxes(g, sizeof(A), 2 + (kMax ? 1 : 0) + (std::is_same_v<A, T> ? 0 : 1), kTaps ? 2 : 0, !kTaps);
   if constexpr (!kTaps) {
     if (boxes.streamed) return pool_forward_streamed<T, kMax, kAct>(g, boxes, x, y, scale);
   }
@@ -578,7 +575,7 @@ void pool_forward(const PoolGeometry& g, const T* x, T* y, uint8_t* const* taps,
     const int64_t row_in = boxes.block[inner_axis] + boxes.reach[inner_axis];
     std::vector<A> band(boxes.capacity), other(boxes.capacity), buf(kMax ? boxes.capacity : 0), row_buf(row_in),
         widen_buf(std::is_same_v<A, T> ? 0 : boxes.capacity);
-    std::vector<int32_t> tap_out(kTaps ? boxes.capacity : 0), tap_buf(kTaps ? boxes.capacity : 0),
+    std::vector<uint8_t> tap_out(kTaps ? boxes.capacity : 0), tap_buf(kTaps ? boxes.capacity : 0),
         row_buf_tap(kTaps ? row_in : 0);
     for (int64_t item = begin; item < end; ++item) {
       const Box box = boxes.at(item);
@@ -746,7 +743,9 @@ void gather_last_two(const PoolGeometry& g, const A* grad, const A* y, Activatio
 template <typename T>
 bool needs_incoming(const PoolGeometry& g, Activation activation, Acc<T> scale) {
   const bool factor = activation != Activation::kNone || scale != Acc<T>(1);
-  const bool inline_factor = std::is_same_v<Acc<T>, T> && g.axes == 2;  // gather_last_two applies it
+  // gather_last_two applies it to each row it gathers, once per tap of the window along the rows: for 2 taps
+  // cheaper than a pass of its own, for more (plain_133's 8 × 8 pool: 8 times each row) not
+  const bool inline_factor = std::is_same_v<Acc<T>, T> && g.axes == 2 && g.kernel[0] <= 2;
   return !std::is_same_v<Acc<T>, T> || (factor && !inline_factor);
 }
 
