@@ -14,29 +14,16 @@ import torch.nn.functional as F
 from torch import nn
 
 import densecnn
+from tests.functional_support import Functional
 from tests.naive import literal_scan, numpy_pad_for_patches
 from tests.tolerances import assert_equal_to_rounding
 
 PATCH = (5, 5)
 
 
-class Functional(nn.Module):
+def conv_then(head_fn, **tensors) -> Functional:
     """A conv (4 channels, 3×3) then ``head_fn(self, conv_output)``, with the tensors the head reads."""
-
-    def __init__(self, head_fn, **tensors):
-        super().__init__()
-        self.head_fn = head_fn
-        self.conv = nn.Conv2d(2, 4, 3)
-        for name, tensor in tensors.items():
-            if isinstance(tensor, nn.Parameter):
-                self.register_parameter(name, tensor)
-            elif isinstance(tensor, nn.Module):
-                self.add_module(name, tensor)
-            else:
-                self.register_buffer(name, tensor)
-
-    def forward(self, x):
-        return self.head_fn(self, self.conv(x))
+    return Functional(lambda model, x: head_fn(model, model.conv(x)), conv=nn.Conv2d(2, 4, 3), **tensors)
 
 
 def _zeros(*shape):
@@ -119,13 +106,13 @@ SCALED_ADDS = {
 
 @pytest.mark.parametrize("name", SCALED_ADDS)
 def test_an_add_with_alpha_is_refused_naming_alpha_and_the_fix(name):
-    model = Functional(SCALED_ADDS[name], w=_weight(), b=_zeros(3), fc=nn.Linear(36, 3, bias=False))
+    model = conv_then(SCALED_ADDS[name], w=_weight(), b=_zeros(3), fc=nn.Linear(36, 3, bias=False))
     with pytest.raises(densecnn.ConversionError, match=r"op 'add.*alpha other than 1 .* Write it"):
         densecnn.convert(model.eval(), PATCH)
 
 
 def test_an_add_into_out_is_refused_naming_the_argument():
-    model = Functional(
+    model = conv_then(
         lambda s, h: torch.add(h.flatten(1) @ s.w.t(), s.b, out=s.scores),
         w=_weight(),
         b=_zeros(3),
@@ -137,7 +124,7 @@ def test_an_add_into_out_is_refused_naming_the_argument():
 
 def test_an_add_with_alpha_1_is_the_bias_and_trains_like_the_patch_model():
     assert_exact_and_trains_like_the_patch_model(
-        lambda: Functional(
+        lambda: conv_then(
             lambda s, h: torch.add(h.flatten(1) @ s.w.t(), s.b, alpha=1), w=_weight(), b=_zeros(3)
         )
     )
@@ -145,28 +132,28 @@ def test_an_add_with_alpha_1_is_the_bias_and_trains_like_the_patch_model():
 
 # ---- F.batch_norm with a bias and no weight, or a weight and no bias
 BATCH_NORMS = {
-    "bias without weight": lambda: Functional(
+    "bias without weight": lambda: conv_then(
         lambda s, h: s.h(F.batch_norm(h, s.m, s.v, None, s.b, s.training)).flatten(1),
         b=_zeros(4),
         **_statistics(),
     ),
-    "bias by keyword": lambda: Functional(
+    "bias by keyword": lambda: conv_then(
         lambda s, h: s.h(F.batch_norm(h, s.m, s.v, bias=s.b, training=False)).flatten(1),
         b=_zeros(4),
         **_statistics(),
     ),
-    "weight without bias": lambda: Functional(
+    "weight without bias": lambda: conv_then(
         lambda s, h: s.h(F.batch_norm(h, s.m, s.v, s.g, None, s.training)).flatten(1),
         g=_zeros(4),
         **_statistics(),
     ),
-    "weight and bias": lambda: Functional(
+    "weight and bias": lambda: conv_then(
         lambda s, h: s.h(F.batch_norm(h, s.m, s.v, s.g, s.b, s.training)).flatten(1),
         g=_zeros(4),
         b=_zeros(4),
         **_statistics(),
     ),
-    "of features, bias without weight": lambda: Functional(
+    "of features, bias without weight": lambda: conv_then(
         lambda s, h: F.batch_norm(F.linear(h.flatten(1), s.w), s.f, s.u, None, s.b, s.training),
         w=_weight(),
         f=torch.randn(3),
@@ -188,25 +175,25 @@ def test_a_functional_batch_norm_saves_and_loads_to_the_same_scores(name, tmp_pa
 
 # ---- a Linear's bias in a shape that broadcasts to the scores
 BROADCAST_BIASES = {
-    "F.linear (1, K)": lambda: Functional(
+    "F.linear (1, K)": lambda: conv_then(
         lambda s, h: F.linear(h.flatten(1), s.w, s.b), w=_weight(), b=_zeros(1, 3)
     ),
-    "F.linear scalar": lambda: Functional(
+    "F.linear scalar": lambda: conv_then(
         lambda s, h: F.linear(h.flatten(1), s.w, s.b), w=_weight(), b=_zeros(())
     ),
-    "F.linear (1,)": lambda: Functional(
+    "F.linear (1,)": lambda: conv_then(
         lambda s, h: F.linear(h.flatten(1), s.w, s.b), w=_weight(), b=_zeros(1)
     ),
-    "F.linear (1, 1) buffer": lambda: Functional(
+    "F.linear (1, 1) buffer": lambda: conv_then(
         lambda s, h: F.linear(h.flatten(1), s.w, s.b), w=_weight(), b=torch.randn(1, 1)
     ),
-    "addmm (1, K)": lambda: Functional(
+    "addmm (1, K)": lambda: conv_then(
         lambda s, h: torch.addmm(s.b, h.flatten(1), s.w.t()), w=_weight(), b=_zeros(1, 3)
     ),
-    "matmul plus (1, K)": lambda: Functional(
+    "matmul plus (1, K)": lambda: conv_then(
         lambda s, h: h.flatten(1) @ s.w.t() + s.b, w=_weight(), b=_zeros(1, 3)
     ),
-    "bias-less nn.Linear plus scalar": lambda: Functional(
+    "bias-less nn.Linear plus scalar": lambda: conv_then(
         lambda s, h: s.fc(h.flatten(1)) + s.b, fc=nn.Linear(36, 3, bias=False), b=_zeros(())
     ),
 }
@@ -241,7 +228,7 @@ def test_a_broadcast_bias_replaced_after_conversion_is_followed():
     ids=["F.linear", "addmm"],
 )
 def test_a_bias_that_does_not_broadcast_to_the_scores_is_refused_naming_its_shape(forward):
-    model = Functional(forward, w=_weight(), b=_zeros(3, 1))
+    model = conv_then(forward, w=_weight(), b=_zeros(3, 1))
     with pytest.raises(
         densecnn.ConversionError, match=r"bias has shape \(3, 1\).* Give the bias shape \(3,\)"
     ):

@@ -15,6 +15,7 @@ from torch import nn
 
 import densecnn
 from densecnn import ops
+from tests.functional_support import Functional
 from tests.tolerances import assert_equal_to_rounding
 
 FIX = re.compile(
@@ -22,25 +23,6 @@ FIX = re.compile(
     r"replace|apply|correct|cast)\b",
     re.IGNORECASE,
 )
-
-
-class Functional(nn.Module):
-    """A module holding its tensors and calling ``forward_fn(self, x)``."""
-
-    def __init__(self, forward_fn, **tensors):
-        super().__init__()
-        self.forward_fn = forward_fn
-        self.conv_out = nn.Identity()
-        for name, tensor in tensors.items():
-            if isinstance(tensor, nn.Parameter):
-                self.register_parameter(name, tensor)
-            elif isinstance(tensor, nn.Module):
-                self.add_module(name, tensor)
-            else:
-                self.register_buffer(name, tensor)
-
-    def forward(self, x):
-        return self.forward_fn(self, x)
 
 
 def P(*shape):  # noqa: N802 - a parameter, as the table reads
