@@ -7,6 +7,7 @@ answers itself, before the app sees a request (malformed HTTP, headers over the 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 
@@ -19,6 +20,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from densecnn.errors import (
+    DenseCNNError,
     ImageDimensionsError,
     ImageReadError,
     ImageStackError,
@@ -109,6 +111,24 @@ _HTTP_CODES = {
 _RETRY = {429, 503}  # statuses that carry Retry-After
 
 
+# the options a fix may name that the service takes, as query parameters: POST /segment's, and the jobs' (also
+# fields of a JSON job request); a fix naming any other option (channel_axis, a command line's) is not offered
+SEGMENT_OPTIONS = frozenset({"intensity", "nonfinite"})
+JOB_OPTIONS = SEGMENT_OPTIONS | {"chunk", "level"}
+
+
+def service_message(error: BaseException, options: frozenset[str]) -> str:
+    """``error``'s message for a caller of the service: its fix, if it has one, spelled as query parameters and
+    kept to the settings among ``options`` (those the endpoint takes); a fix with none of them is left out, the
+    problem's own advice standing."""
+    if not isinstance(error, DenseCNNError) or error.fix is None:
+        return render(error, query_option)
+    settings = tuple((option, value) for option, value in error.fix.settings if option in options)
+    if not settings:
+        return error.problem
+    return f"{error.problem}; {dataclasses.replace(error.fix, settings=settings).render(query_option)}"
+
+
 # densecnn's errors about an input, as the status and code they are answered with
 INPUT_ERRORS = {
     ImageTooLargeError: (413, "image_too_large"),
@@ -133,7 +153,9 @@ def install_error_handlers(app: FastAPI, *, retry_after: int) -> None:
     for error_type, (status, code) in INPUT_ERRORS.items():
 
         async def input_error(request: Request, exc: Exception, status=status, code=code):
-            message = OBJECT_REPR.sub("the image", render(exc, query_option))  # a decoder quoting its buffer
+            options = JOB_OPTIONS if request.url.path.startswith("/v1/jobs") else SEGMENT_OPTIONS
+            # a decoder may quote its buffer
+            message = OBJECT_REPR.sub("the image", service_message(exc, options))
             return error_response(status, code, message, request_id=_id(request))
 
         app.add_exception_handler(error_type, input_error)  # the most specific type's handler answers

@@ -10,7 +10,6 @@ from contextlib import asynccontextmanager
 
 import torch
 from fastapi import Depends, FastAPI
-from fastapi.middleware.cors import CORSMiddleware
 from fastapi.staticfiles import StaticFiles
 from fastapi_offline import FastAPIOffline
 from prometheus_client.multiprocess import mark_process_dead
@@ -19,6 +18,7 @@ from sqlalchemy.engine import Engine
 import densecnn
 
 from .auth import RateLimiter, get_caller
+from .cors import JsonCORSMiddleware
 from .errors import install_error_handlers
 from .executor import InferencePool
 from .jobs.db import make_engine
@@ -178,7 +178,7 @@ def _add_middleware(app: FastAPI, settings: Settings, metrics: Metrics) -> None:
     )  # fmt: skip
     if settings.cors_origins:
         app.add_middleware(
-            CORSMiddleware, allow_origins=settings.cors_origins,
+            JsonCORSMiddleware, allow_origins=settings.cors_origins,
             allow_methods=["GET", "HEAD", "POST", "PATCH", "DELETE", "OPTIONS"],
             allow_headers=["Authorization", "Content-Type", "X-Request-ID", *TUS_REQUEST_HEADERS],
             expose_headers=["Location", "Retry-After", "X-Request-ID", "Server-Timing", *TUS_RESPONSE_HEADERS],

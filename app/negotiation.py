@@ -32,37 +32,65 @@ ECHO_LIMIT = 200  # characters of the Accept header quoted back in a 406
 ALIASES = {"application/npy": Output.NPY}
 
 
-def _preferences(accept: str) -> list[str]:
-    """Media ranges of an Accept header, most preferred first (by q, then by order); q=0 ranges dropped."""
-    ranked = []
-    for position, part in enumerate(accept.split(",")):
+def _media_ranges(accept: str) -> list[tuple[str, float]]:
+    """The media ranges of an Accept header with their quality (``q``, its name in any case; 1 when absent, 0 when
+    unreadable or outside 0 to 1), in the header's order."""
+    ranges = []
+    for part in accept.split(","):
         media, *params = (p.strip() for p in part.split(";"))
         q = 1.0
         for param in params:
-            if param.startswith("q="):
+            name, _, value = param.partition("=")
+            if name.strip().lower() == "q":
                 try:
-                    q = float(param[2:])
+                    q = float(value)
                 except ValueError:
                     q = 0.0
-        if media and q > 0:
-            ranked.append((-q, position, media.lower()))
-    return [media for _, _, media in sorted(ranked)]
+                q = q if 0.0 <= q <= 1.0 else 0.0  # NaN too
+        if media:
+            ranges.append((media.lower(), q))
+    return ranges
+
+
+def _specificity(media: str, output: Output) -> int:
+    """How closely the media range ``media`` names ``output``: 3 by its type (or an alias), 2 by ``type/*``, 1 by
+    ``*/*``, 0 not at all."""
+    if media == output.value or ALIASES.get(media) is output:
+        return 3
+    if media == f"{output.value.split('/')[0]}/*":
+        return 2
+    return 1 if media == "*/*" else 0
+
+
+def _quality(ranges: list[tuple[str, float]], output: Output) -> tuple[float, int]:
+    """``output``'s quality and the position of the range that gives it: the most specific range naming it decides
+    (RFC 9110, 12.5.1), so ``image/png;q=0, */*`` refuses PNG; (0, 0) when no range names it."""
+    best = (0, 0.0, 0)  # specificity, quality, position
+    for position, (media, q) in enumerate(ranges):
+        specificity = _specificity(media, output)
+        if specificity > best[0]:
+            best = (specificity, q, position)
+    return best[1], best[2]
 
 
 def choose_output(accept: str | None, view: View | None, dims: int = 2) -> Output:
     """The response format for a model of ``dims`` spatial axes: the first of ``OFFERED[dims]`` when nothing is
-    asked; 422 for ``?view=overlay`` on a volume or signal; 406 (with ``Vary: Accept``) when nothing offered fits."""
+    asked; 422 for ``?view=overlay`` on a volume or signal; 406 (with ``Vary: Accept``) when nothing offered fits.
+
+    Of the formats offered, the one of the highest quality wins (a type's quality is its most specific range's,
+    so ``q=0`` refuses it even where a wildcard would take it); ties go to the range named first in the header,
+    then to the order of ``OFFERED``."""
     if view is View.overlay and dims != 2:
         raise ApiError(422, "overlay_needs_image", "?view=overlay is for 2-D images; this model is not 2-D")
     offered = [o for o in OFFERED[dims] if not (view is View.overlay and o is Output.NPY)]
-    ranges = {"*/*": offered[0], "application/*": Output.JSON}
-    ranges["image/*"] = next((o for o in offered if o.value.startswith("image/")), None)
-    for media in _preferences(accept or "*/*"):
-        output = (
-            ranges.get(media) or ALIASES.get(media) or next((o for o in Output if o.value == media), None)
-        )
-        if output in offered:
-            return output
+    ranges = _media_ranges(accept or "*/*")
+    ranked = []
+    for order, output in enumerate(offered):
+        q, position = _quality(ranges, output)
+        if q > 0:
+            ranked.append((-q, position, order, output))
+    if ranked:
+        return min(ranked)[-1]
     names = ", ".join(o.value for o in offered)
     why = f" ({_WHAT[dims]})" if dims in _WHAT else ""
     echoed = (

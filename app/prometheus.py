@@ -6,6 +6,9 @@ worker writes its values to files under ``PROMETHEUS_MULTIPROC_DIR`` and /metric
 them (gauges of work in flight: the live workers' sum).
 
 A request whose client disconnected before its answer is counted with status "499" (no answer is sent).
+
+Every label takes a bounded set of values, whatever clients send: a route is a template of the app's (or
+"unmatched"), a method one of :data:`STANDARD_METHODS` (or "other"), a status one the app answers.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Proc
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.multiprocess import MultiProcessCollector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+STANDARD_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
 
 def multiprocess() -> bool:
@@ -104,8 +109,14 @@ class Metrics:
         return registry
 
 
+def method_label(method: str) -> str:
+    """The method a request is counted under: a standard one as sent, any other token (HTTP allows any) "other"."""
+    return method if method in STANDARD_METHODS else "other"
+
+
 class MetricsMiddleware:
-    """Count every HTTP request under its route template (``/v1/models/{name}/segment``), never the raw path."""
+    """Count every HTTP request under its route template (``/v1/models/{name}/segment``), never the raw path, and
+    its method under :func:`method_label`, never an arbitrary token."""
 
     def __init__(self, app: ASGIApp, metrics: Metrics):
         self.app, self.metrics = app, metrics
@@ -127,5 +138,5 @@ class MetricsMiddleware:
             await self.app(scope, receive, recording_send)
         finally:
             route = getattr(scope.get("route"), "path", None) or "unmatched"
-            self.metrics.requests.labels(route, scope["method"], str(status)).inc()
+            self.metrics.requests.labels(route, method_label(scope["method"]), str(status)).inc()
             self.metrics.latency.labels(route).observe(time.perf_counter() - start)

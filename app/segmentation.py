@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from PIL import Image
 
-from densecnn.errors import DenseCNNError, ImageTooLargeError
+from densecnn.errors import DenseCNNError, ImageReadError, ImageTooLargeError
 from densecnn.io import decode_array, image_format, labels_png, labels_tiff, read_nd, unit_planes
 from densecnn.io.intensity import Intensity
 from densecnn.io.labels import file_labels, no_data_value
@@ -110,8 +110,13 @@ def segment(
     timings = {}
     start = time.perf_counter()
     raw, channel_axis, pixels = _decode(served.dense.dims, data, limits, name)
-    scaling = loaded.scaling(raw, intensity=intensity, channel_axis=channel_axis, nonfinite=nonfinite)
-    x = loaded.input(raw, channel_axis=channel_axis, scaling=scaling, nonfinite=nonfinite)  # (1, C, *spatial)
+    try:
+        scaling = loaded.scaling(raw, intensity=intensity, channel_axis=channel_axis, nonfinite=nonfinite)
+        # (1, C, *spatial)
+        x = loaded.input(raw, channel_axis=channel_axis, scaling=scaling, nonfinite=nonfinite)
+    except ImageReadError as exc:
+        # the pixels do not fit the model (its channels): the message names the file
+        raise type(exc)(f"{name}: {exc.problem}", fix=exc.fix) from None
     del raw
     shape = tuple(x.shape[2:])
     timings["decode"] = time.perf_counter() - start

@@ -79,7 +79,7 @@ def admit(
     try:
         return _admit(job_input, served, settings, level, chunk)
     except ImageReadError as exc:
-        exc.args = (str(exc).replace(str(job_input.path), job_input.name),)
+        exc.args = (exc.problem.replace(str(job_input.path), job_input.name),)  # its fix kept apart
         raise exc from None
 
 

@@ -30,16 +30,17 @@ from pathlib import Path
 import numpy as np
 from sqlalchemy.exc import SQLAlchemyError
 
-from densecnn.errors import Cancelled, DenseCNNError, query_option, render
+from densecnn.atomic import atomic_write
+from densecnn.errors import Cancelled, DenseCNNError
 from densecnn.modelfile import read_classes
 
-from ..errors import ApiError
+from ..errors import JOB_OPTIONS, ApiError, service_message
 from ..prometheus import Metrics
 from ..settings import Settings
 from . import upload_store
 from .admission import task_memory
 from .db import JobRecord, State
-from .inputs import JobInput, opened_server_input
+from .inputs import JobInput, fingerprint, opened_server_input
 from .quota import Quota, disk_usage, upload_reservation
 from .store import JobStore
 
@@ -48,6 +49,7 @@ logger = logging.getLogger("densecnn.app")
 REPORT_SECONDS = 0.5  # between two progress writes of a job
 STALE_PERIODS = 3  # a job whose worker's heartbeat is older than this many poll periods is taken over
 LABELS_ZARR, LABELS_PNG, LABELS_TIFF = "labels.zarr", "labels.png", "labels.tif"
+INPUT_FINGERPRINT = "input.fingerprint"  # in the job's directory: its input as the job first read it
 
 
 class JobRunner:
@@ -209,9 +211,11 @@ class JobRunner:
         try:
             with self._input(job) as job_input:
                 where = str(job_input.path)
+                self._check_input_unchanged(job, job_input)
                 summary = predict_to_disk(
                     self.settings.model_dir / job.model, job_input.path, output, options
                 )
+                self._check_input_unchanged(job, job_input)
             if summary.failures:
                 raise DenseCNNError("; ".join(why for _, why in summary.failures))
             extra = self._finish_result(job, output) if chunked else _image_shape(output)
@@ -232,7 +236,9 @@ class JobRunner:
             DenseCNNError
         ) as exc:  # its message names the input as the caller knows it, not where it lies here
             message = (
-                render(exc, query_option).replace(where, job.input_name).replace(str(directory), "the job")
+                service_message(exc, JOB_OPTIONS)
+                .replace(where, job.input_name)
+                .replace(str(directory), "the job")
             )
             self._finish(job.id, State.failed, error=message)
         except (
@@ -241,6 +247,21 @@ class JobRunner:
             logger.exception("job %s failed", job.id)
             self._finish(job.id, State.failed, error=f"the job failed unexpectedly ({_scrubbed(exc, where, job)}); it "
                          "was logged")  # fmt: skip
+
+    def _check_input_unchanged(self, job: JobRecord, job_input: JobInput) -> None:
+        """Fail the job when its input is not what it was when the job first started (a chunk of a zarr store
+        deleted or rewritten while its blocks were read, a file cut): read from the pieces of two inputs, or a
+        missing chunk's fill value, its labels would be wrong. The first start records the input's fingerprint in
+        the job's directory; each start and the end of each run compare it (a resumed job's earlier blocks count)."""
+        recorded = self.directory(job.id) / INPUT_FINGERPRINT
+        now = fingerprint(job_input.path)
+        if not recorded.exists():
+            atomic_write(recorded, lambda tmp: tmp.write_text(now))
+        elif recorded.read_text() != now:
+            raise ApiError(409, "input_changed",
+                           f"{job_input.name} changed or vanished while the job read it (files of it were deleted, "
+                           "added or rewritten), so its labels would not be those of one input; submit the job "
+                           "again once the input is complete and stays unchanged")  # fmt: skip
 
     def _options(self, job: JobRecord, stop: threading.Event, report: _Reporter):
         """The engine's options for ``job``: its own (level, chunk, intensity, nonfinite) and the server's."""

@@ -19,6 +19,7 @@ import os
 import shutil
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -38,19 +39,38 @@ class UploadInfo:
 
 
 UPLOADS = "uploads"
+CREATION_LOCK = "creation.lock"  # a file among the uploads' directories
 
 
 def uploads_root(jobs_root: Path) -> Path:
     return jobs_root / UPLOADS
 
 
-def create(jobs_root: Path, upload_id: str, owner: str, length: int, name: str) -> None:
-    """A new, empty upload ``upload_id`` (from :func:`new_id`) of ``length`` bytes."""
-    directory = uploads_root(jobs_root) / upload_id
-    directory.mkdir(mode=0o700, parents=True)
-    (directory / "data").touch(mode=0o600)
-    info = UploadInfo(owner, length, name, time.time())
-    (directory / "upload.json").write_text(json.dumps(asdict(info)))
+def create(jobs_root: Path, upload_id: str, owner: str, length: int, name: str, *, most: int) -> None:
+    """A new, empty upload ``upload_id`` (from :func:`new_id`) of ``length`` bytes; 429 when ``owner`` already has
+    ``most`` unfinished uploads. The count and the creation are one step (:func:`_creation_lock`): simultaneous
+    requests, in any thread or worker process, cannot all pass the count."""
+    with _creation_lock(jobs_root):
+        if count(jobs_root, owner) >= most:
+            raise ApiError(429, "too_many_uploads",
+                           f"you have {most} unfinished uploads (max_uploads_per_key); finish, use or delete one "
+                           "(DELETE /v1/uploads/ID) first")  # fmt: skip
+        directory = uploads_root(jobs_root) / upload_id
+        directory.mkdir(mode=0o700)
+        (directory / "data").touch(mode=0o600)
+        info = UploadInfo(owner, length, name, time.time())
+        (directory / "upload.json").write_text(json.dumps(asdict(info)))
+
+
+@contextlib.contextmanager
+def _creation_lock(jobs_root: Path) -> Iterator[None]:
+    """Held while an upload is counted and created: an exclusive lock on a file beside the uploads, which every
+    thread and worker process serving this data dir takes in turn."""
+    root = uploads_root(jobs_root)
+    root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    with (root / CREATION_LOCK).open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def count(jobs_root: Path, owner: str) -> int:
@@ -173,7 +193,8 @@ def remove_idle(jobs_root: Path, active_before: float) -> list[str]:
 
 
 def _entries(path: Path) -> list[Path]:
+    """The uploads' directories under ``path`` (not :data:`CREATION_LOCK`)."""
     try:
-        return list(path.iterdir())
+        return [entry for entry in path.iterdir() if entry.is_dir()]
     except FileNotFoundError:
         return []

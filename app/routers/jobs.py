@@ -256,10 +256,7 @@ def _finished(runner: JobRunner, job_id: str, owner: str, kind: str) -> FilePath
     """The directory of the caller's succeeded job, which has a ``kind`` result; 409 or 404 otherwise."""
     job = _owned(runner, job_id, owner)
     if job.state != State.succeeded.value:
-        raise ApiError(
-            409, "job_not_finished",
-            f"job {job_id} is {job.state}; results exist once it has succeeded (poll GET /v1/jobs/{job_id})",
-        )  # fmt: skip
+        raise ApiError(409, "job_not_finished", _no_results_yet(job))
     if kind not in job.result.split("+"):
         if kind == "zarr":
             why = f"job {job_id} labelled an image file: get /v1/jobs/{job_id}/result.png"
@@ -268,6 +265,20 @@ def _finished(runner: JobRunner, job_id: str, owner: str, kind: str) -> FilePath
                    f"/v1/jobs/{job_id}/result.zarr/ (e.g. zarr.open_array over HTTP)")  # fmt: skip
         raise ApiError(404, "no_such_result", why)
     return runner.directory(job_id)
+
+
+def _no_results_yet(job: JobRecord) -> str:
+    """Why a job that has not succeeded has no results, and what to do: wait for one queued or running; submit a
+    failed or cancelled one again (it never will succeed)."""
+    if job.state in UNFINISHED:
+        return (
+            f"job {job.id} is {job.state}; results exist once it has succeeded (poll GET /v1/jobs/{job.id})"
+        )
+    if job.state == State.failed.value:
+        return (f"job {job.id} failed, so it has no results (its error, in GET /v1/jobs/{job.id}, says why); fix "
+                "what the error names and submit the job again (POST /v1/jobs)")  # fmt: skip
+    return (f"job {job.id} was cancelled, so it has no results; submit the job again (POST /v1/jobs) to label "
+            "its input")  # fmt: skip
 
 
 def _file(path: FilePath, request: Request, media_type: str, filename: str | None = None) -> FileResponse:
@@ -336,8 +347,8 @@ def result_geojson(
     job = _owned(runner, job_id, caller.owner)
     _finished(runner, job_id, caller.owner, "zarr" if "zarr" in job.result else "png")
     headers = {"Content-Disposition": f'attachment; filename="{job_id}-labels.geojson"'}
-    if request.method == "HEAD":
-        return Response(media_type=GEOJSON, headers=headers)
+    if request.method == "HEAD":  # GET's headers: streamed, of no length known beforehand
+        return StreamingResponse(iter(()), media_type=GEOJSON, headers=headers)
     labels = runner.result_labels(job)
     classes = runner.classes(job)
     features = geojson_text(labels, classes, skip=() if background else (0,))

@@ -68,7 +68,8 @@ def capabilities(settings: SettingsDep) -> Response:
     summary="Create an upload of Upload-Length bytes (tus creation)",
     responses={201: {"description": "created; send its bytes to the Location with PATCH"},
                400: _error("no valid Upload-Length or Upload-Metadata"), 412: _error("not tus 1.0.0"),
-               413: _error("over max_job_upload_bytes"), 507: _error("over the jobs' disk quota")},
+               413: _error("over max_job_upload_bytes"), 429: _error("max_uploads_per_key unfinished uploads"),
+               507: _error("over the jobs' disk quota")},
 )  # fmt: skip
 def create_upload(
     caller: CallerDep,
@@ -88,17 +89,15 @@ def create_upload(
                        f"an upload is at most {settings.max_job_upload_bytes:,} bytes (max_job_upload_bytes); this "
                        f"one declares {length:,}")  # fmt: skip
     name = upload_store.file_name(upload_metadata)
-    if upload_store.count(runner.root, caller.owner) >= settings.max_uploads_per_key:
-        raise ApiError(429, "too_many_uploads",
-                       f"you have {settings.max_uploads_per_key} unfinished uploads (max_uploads_per_key); finish, "
-                       "use or delete one (DELETE /v1/uploads/ID) first")  # fmt: skip
     room = runner.quota.room()
     if disk_blocks(length) > room:  # refused at once; the bytes are reserved as they arrive
         raise QuotaExceeded(room)
     upload_id = upload_store.new_id()
     runner.quota.reserve(upload_reservation(upload_id), 0)
     try:
-        upload_store.create(runner.root, upload_id, caller.owner, length, name)
+        upload_store.create(
+            runner.root, upload_id, caller.owner, length, name, most=settings.max_uploads_per_key
+        )
     except BaseException:
         runner.quota.release(upload_reservation(upload_id))
         raise

@@ -15,6 +15,7 @@ from ..errors import Fix, ImageReadError, PredictInputError
 from ..io import LazyArray, is_zarr, open_lazy_array, unit_planes
 from ..io.arrays import ome_levels
 from ..io.formats import IMAGE_SUFFIXES, TIFF_SUFFIXES
+from ..io.pixels import CHANNEL_AXIS_FIX
 from ..io.slides import SLIDE_SUFFIXES
 from .options import BlockwiseOptions
 
@@ -57,7 +58,9 @@ def open_chunked(input: Path, loaded, options: BlockwiseOptions) -> tuple[LazyAr
     with input_errors():
         level = options.level if options.level is not None else matching_level(input, loaded)
         source = chunked_source(input, options.channel_axis, len(loaded.patch_size), level)
-    check_channels(source.channels, loaded.in_channels, source.path)
+    # an image's alpha is dropped, as where image files are decoded whole
+    source = source.for_model(loaded.in_channels)
+    check_channels(source, loaded.in_channels)
     return source, level
 
 
@@ -98,14 +101,18 @@ def chunked_source(input: Path, channel_axis: int | None, spatial_dims: int, lev
     return open_lazy_array(input, channel_axis=channel_axis, spatial_dims=spatial_dims, level=level)
 
 
-def check_channels(have: int, want: int, where: str) -> None:
-    """Refuse an input of ``have`` channels that cannot be converted to the model's ``want``."""
+def check_channels(source: LazyArray, want: int) -> None:
+    """Refuse an input whose channels (an image's samples without alpha: :meth:`LazyArray.for_model`) cannot be
+    converted to the model's ``want``."""
+    have = source.channels
     try:
         unit_planes(np.zeros((1, 1, have), np.float32), want, alpha=False)  # as array_input converts blocks
     except ImageReadError:
+        laid_out = "" if source.samples else " as its first axis, (C, H, W) (a volume (C, D, H, W))"
         raise PredictInputError(
-            f"{where}: {have} channels cannot feed a model of {want}",
-            fix=Fix("if the channels are not the first axis, name their axis", (("channel_axis", "N"),)),
+            f"{source.path}: {have} channels cannot feed a model of {want} (only gray and RGB are converted to "
+            f"each other); save it with the model's channels{laid_out}",
+            fix=CHANNEL_AXIS_FIX,
         ) from None
 
 

@@ -23,6 +23,7 @@ with ImageReadError instead of being read (or waited on forever).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import math
 import os
@@ -33,11 +34,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import ImageReadError
+from ..errors import Fix, ImageReadError
 from .beneath import PathRefusedError, open_beneath
 from .formats import NPY_KINDS, TIFF_SUFFIXES, is_zarr
 from .orientation import oriented, stored_window, transposes
 from .photometric import invert, white_value
+from .pixels import CHANNEL_AXIS_FIX, colour_count
 from .slides import SLIDE_SUFFIXES, open_level
 
 SPATIAL_NAMES = ("z", "y", "x")  # the last n name the axes of an n-D model
@@ -61,6 +63,9 @@ class LazyArray:
         pixel_size: micrometres per pixel along each spatial axis as displayed, or None where the file does not
             say it for every axis.
         white: the value white is stored as in a white-is-zero TIFF, whose samples are read inverted; else None.
+        samples: whether the channel axis holds a 2-D image's samples per pixel (a TIFF's S axis), whose alpha a
+            model of other channels does not read (:meth:`for_model`), as where image files are decoded whole.
+        colours: how many of the channels are read (the first ones: an image's samples without alpha); None: all.
 
     >>> volume = open_lazy_array("stack.ome.zarr", spatial_dims=3)
     >>> volume.axes, volume.spatial_shape, volume.pixel_size
@@ -79,6 +84,8 @@ class LazyArray:
     orientation: int = 1
     pixel_size: tuple[float, ...] | None = None
     white: int | None = None
+    samples: bool = False
+    colours: int | None = None
 
     @property
     def axes(self) -> str:
@@ -96,7 +103,18 @@ class LazyArray:
 
     @property
     def channels(self) -> int:
+        """The channels :meth:`read` returns."""
+        if self.colours is not None:
+            return self.colours
         return self.shape[self.layout.index("c")] if "c" in self.layout else 1
+
+    def for_model(self, channels: int) -> LazyArray:
+        """This array as a model of ``channels`` channels reads it: an image's samples without their alpha where the
+        model takes another count (gray + alpha, RGBA: :func:`~densecnn.io.pixels.colour_count`), so a block-wise
+        run scales and labels the colours alone, as the whole image decoded would be; any other array as it is."""
+        if not self.samples:
+            return self
+        return dataclasses.replace(self, colours=colour_count(self.channels, channels))
 
     def _displayed(self, spatial: tuple[int, ...]) -> tuple[int, ...]:
         if len(spatial) >= 2 and transposes(self.orientation):
@@ -110,7 +128,9 @@ class LazyArray:
         if whole:
             window = tuple(slice(0, n) for n in self.spatial_shape)
         spatial = iter(stored_window(window, self.spatial_shape, self.orientation))
-        index = tuple(next(spatial) if a == "s" else slice(None) if a == "c" else 0 for a in self.layout)
+        index = tuple(
+            next(spatial) if a == "s" else slice(self.colours) if a == "c" else 0 for a in self.layout
+        )
         # a whole file is read at once: no store kept open, no zarr needed for a TIFF
         stored = _read_file(self) if whole and self.kind in ("tiff", "npy") else _open(self)
         pixels = np.asarray(stored[index])
@@ -392,8 +412,8 @@ def _layout(shape: tuple[int, ...], channel_axis: int | None, path, spatial_dims
         )
         raise ImageReadError(
             f"{path}: shape {shape} is not {axes} or (C, {axes[1:]}{named}, so it does not fit a {spatial_dims}-D "
-            f"model; save it as {axes} or (C, {axes[1:]} (channels first), or name its channel axis "
-            "(densecnn predict's --channel-axis)"
+            f"model; save it as {axes} or (C, {axes[1:]} (channels first)",
+            fix=CHANNEL_AXIS_FIX,
         )
     return "".join("c" if axis == channel_axis else "s" for axis in range(len(shape)))
 
@@ -415,9 +435,10 @@ def _tiff_array(path: Path, channel_axis: int | None, spatial_dims: int, as_stor
             what = {1: "signals", 2: "planes", 3: "volumes"}[spatial_dims]
             raise ImageReadError(
                 f"{path}: a stack of {shape[0]} {what} (TIFF axes {axes!r}, shape {shape}), not channels; one "
-                f"{what[:-1]} is read at a time. Save one {what[:-1]} per file, or, if the stack's first axis holds "
-                "the channels of one image, name it (densecnn predict's --channel-axis 0)"
-            )
+                f"{what[:-1]} is read at a time: save one {what[:-1]} per file",
+                fix=Fix("or, if the stack's first axis holds the channels of one image, name it",
+                        (("channel_axis", "0"),)),
+            )  # fmt: skip
         channel_axis = samples[0]
     layout = _layout(shape, channel_axis, path, spatial_dims)
     pixel_size = None
@@ -426,7 +447,11 @@ def _tiff_array(path: Path, channel_axis: int | None, spatial_dims: int, as_stor
         rows, columns = (x, y) if transposes(orientation) else (y, x)
         pixel_size = {1: (columns,), 2: (rows, columns), 3: (z, rows, columns)}[spatial_dims]
         pixel_size = None if any(s is None for s in pixel_size) else pixel_size
-    array = LazyArray(str(path), "tiff", "0", shape, chunks, dtype, layout, orientation, pixel_size, white)
+    # the samples of a 2-D image, as decode_array reads the file whole
+    image_samples = spatial_dims == 2 and "S" in axes and layout.find("c") == axes.index("S")
+    array = LazyArray(
+        str(path), "tiff", "0", shape, chunks, dtype, layout, orientation, pixel_size, white, image_samples
+    )
     return _checked(array)
 
 

@@ -67,7 +67,13 @@ class ImageHeader:
         return self.plane_bytes * self.planes
 
     def check(self, name: str, *, max_pixels: int | None = None, max_bytes: int | None = None) -> None:
-        """Raise ImageStackError for a stack, ImageTooLargeError past a limit; both say what was received."""
+        """Raise ImageReadError for an image of no pixels, ImageStackError for a stack, ImageTooLargeError past a
+        limit; each says what was received."""
+        if self.pixels == 0:
+            raise ImageReadError(
+                f"{name}: the image is empty ({self.layout or f'{self.width}x{self.height}'}: no pixels); send an "
+                "image of at least one pixel"
+            )
         if self.planes > 1:
             raise ImageStackError(
                 f"{name}: received a stack of {self.planes} slices ({self.layout}); the model takes one 2-D image "

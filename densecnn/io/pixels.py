@@ -10,10 +10,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..errors import ImageReadError
+from ..errors import Fix, ImageReadError
 from .intensity import Intensity, Scaling, require_finite, sample_windows
 
 _NORMALIZE_ROWS = 256  # the normalisation runs on bands of rows, so its temporaries stay small
+# an array's channels on another axis than the first: named where the caller can name it (the CLI, the library)
+CHANNEL_AXIS_FIX = Fix("or, if its channels are on another axis, name it", (("channel_axis", "N"),))
 
 
 def dtype_scaling(dtype: np.dtype) -> Scaling:
@@ -21,11 +23,18 @@ def dtype_scaling(dtype: np.dtype) -> Scaling:
     return Scaling(0.0, float(np.iinfo(dtype).max)) if np.issubdtype(dtype, np.integer) else Scaling(0.0, 1.0)
 
 
+def colour_count(samples: int, channels: int) -> int:
+    """How many of an image's ``samples`` per pixel carry its colours for a model of ``channels``: all of them when
+    the counts agree, else all but the alpha of gray + alpha or RGBA (the last sample)."""
+    return samples - 1 if samples != channels and samples in (2, 4) else samples
+
+
 def colour_samples(image: np.ndarray, channels: int, *, alpha: bool = True) -> np.ndarray:
     """The samples of decoded pixels (H, W, C) that carry the image: all of them for a model of C channels, else,
-    if ``alpha`` (an image file's samples), without the alpha of gray + alpha or RGBA."""
-    have = image.shape[-1] if image.ndim == 3 else 1
-    return image[..., :-1] if alpha and have != channels and have in (2, 4) else image
+    if ``alpha`` (an image file's samples), without the alpha of gray + alpha or RGBA (:func:`colour_count`)."""
+    if not alpha or image.ndim != 3:
+        return image
+    return image[..., : colour_count(image.shape[-1], channels)]
 
 
 def unit_planes(
@@ -63,16 +72,25 @@ def unit_planes(
         for k, weight in enumerate((0.299, 0.587, 0.114)):
             out[0] += np.float32(weight) * plane(k, scratch)
     else:
-        what = (
-            f"{have} samples ({colour} without alpha)"
-            if colour != have
-            else f"{have} channel{'s' * (have > 1)}"
-        )
-        raise ImageReadError(
-            f"the image has {what} and the model takes {channels}; only gray and RGB are converted to each other. "
-            "Give the model's channels (or name the channel axis: densecnn predict's --channel-axis)"
-        )
+        raise _channel_mismatch(have, colour, channels, alpha=alpha)
     return out
+
+
+def _channel_mismatch(have: int, colour: int, channels: int, *, alpha: bool) -> ImageReadError:
+    """The error for samples (``alpha``: an image's, ``colour`` of them without alpha) or an array's channels that
+    cannot be converted to a model's ``channels``; an array's says it was read channel first, and that a command-line
+    or library caller may name its channel axis instead (a fix each front end spells, or leaves out, its own way)."""
+    converts = "only gray and RGB are converted to each other"
+    if alpha:
+        what = f"{have} samples ({colour} without alpha)" if colour != have else f"{have} samples"
+        return ImageReadError(
+            f"the image has {what} and the model takes {channels}; {converts}: give an image of the model's channels"
+        )
+    return ImageReadError(
+        f"the array has {have} channel{'s' * (have > 1)} and the model takes {channels}; {converts}. Arrays (.npy, "
+        "zarr) are read channel first, (C, H, W) (a volume (C, D, H, W)): save it so, with the model's channels",
+        fix=CHANNEL_AXIS_FIX,
+    )
 
 
 def image_scaling(

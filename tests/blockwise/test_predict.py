@@ -23,7 +23,7 @@ from densecnn.blockwise import chunked as blockwise_chunked
 from densecnn.blockwise.blocks import halo, label_block, tight_window, window, window_size
 from densecnn.cli import main as cli_main
 from densecnn.errors import BlockFailedError, Cancelled, PredictInputError, cli_option
-from densecnn.io import array_input, model_input
+from densecnn.io import Intensity, array_input, model_input
 from tests.naive import literal_scan
 from tests.predict_support import (
     nuclei_pixels,
@@ -191,6 +191,26 @@ def test_tiled_rgb_tiff_is_read_lazily_and_labelled_like_the_whole_image(tmp_pat
     assert_labels_equal_except_ties(labels[None], whole_image_scores(model_dir, pixels)[None])
 
 
+def test_an_rgba_tiff_is_labelled_by_blocks_as_the_whole_image_without_its_alpha(tmp_path):
+    model, patch = _odd(3)
+    model_dir = save_model(model, tmp_path / "model", patch, "reflect", 3)
+    rgb = np.stack([tiled_nuclei(90, 70), tiled_nuclei(90, 70)[::-1], tiled_nuclei(90, 70)[:, ::-1]], -1)
+    alpha = np.linspace(0, 255, 90 * 70).astype(np.uint8).reshape(90, 70)  # a mask: no colour
+    rgba = np.dstack([rgb, alpha])
+    tifffile.imwrite(
+        tmp_path / "rgba.tif", rgba, tile=(32, 32), photometric="rgb", extrasamples=["unassalpha"]
+    )
+    options = BlockwiseOptions(chunk=32, intensity=Intensity.parse("percentiles:1,99"), progress=False)
+    predict_to_disk(model_dir, tmp_path / "rgba.tif", tmp_path / "blocks.zarr", options)
+    predict_to_disk(model_dir, tmp_path / "rgba.tif", tmp_path / "whole.tif", options)
+    blocks = zarr.open_array(str(tmp_path / "blocks.zarr"))[:]
+    np.testing.assert_array_equal(blocks, tifffile.imread(tmp_path / "whole.tif"))
+    # the alpha is neither a channel nor part of the intensity sample: the labels of the RGB pixels alone
+    loaded = densecnn.load(model_dir)
+    rgb_labels = loaded.labels(rgb, intensity=Intensity.parse("percentiles:1,99"))
+    np.testing.assert_array_equal(blocks, rgb_labels)
+
+
 @pytest.mark.parametrize("suffix", [".png", ".tif", ".npy"])
 def test_image_file_gives_a_label_file(tmp_path, suffix):
     model, patch = _tiny(1)
@@ -334,7 +354,7 @@ def test_inputs_and_outputs_that_do_not_fit_get_clear_errors(tmp_path):
         predict_to_disk(model_dir, tmp_path / "rgb.zarr", tmp_path / "out.png")
     with pytest.raises(PredictInputError, match="channels cannot feed") as refused:
         predict_to_disk(model_dir, tmp_path / "rgb.zarr", tmp_path / "out.zarr")
-    assert refused.value.render(cli_option).endswith("name their axis: --channel-axis N")
+    assert refused.value.render(cli_option).endswith("on another axis, name it: --channel-axis N")
     with pytest.raises(PredictInputError, match="label map is written as"):
         predict_to_disk(model_dir, tmp_path / "cells.png", tmp_path / "out.jpg")
     with pytest.raises(PredictInputError, match="no image files"):

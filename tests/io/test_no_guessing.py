@@ -16,7 +16,7 @@ from PIL import Image
 import densecnn
 from densecnn.blockwise.options import parse_device
 from densecnn.blockwise.worker import model_on
-from densecnn.errors import ImageReadError, IntensityError, InvalidInputError
+from densecnn.errors import ImageReadError, IntensityError, InvalidInputError, cli_option
 from densecnn.io import decode_array, open_lazy_array, read_header, read_nd
 from densecnn.io.intensity import Intensity
 from tests.tolerances import assert_close_relative
@@ -29,8 +29,9 @@ def nuclei():
 
 def test_a_tiff_stack_is_not_read_as_channels(tmp_path):
     tifffile.imwrite(tmp_path / "stack.tif", np.zeros((3, 20, 20), np.uint8), photometric="minisblack")
-    with pytest.raises(ImageReadError, match=r"a stack of 3 planes .* not channels.*--channel-axis 0"):
+    with pytest.raises(ImageReadError, match=r"a stack of 3 planes .* not channels") as refused:
         open_lazy_array(tmp_path / "stack.tif", spatial_dims=2)
+    assert refused.value.render(cli_option).endswith("channels of one image, name it: --channel-axis 0")
     named = open_lazy_array(tmp_path / "stack.tif", spatial_dims=2, channel_axis=0)  # the user says they are
     assert named.channels == 3
 
@@ -149,6 +150,15 @@ def test_an_array_s_channels_are_never_dropped_or_guessed(array, model):
     loaded = densecnn.load(model)
     with pytest.raises(ImageReadError, match=rf"has {array.shape[0]} channels and the model takes 1"):
         loaded.input(array, channel_axis=0)
+
+
+def test_an_array_of_other_channels_says_it_is_read_channel_first_and_names_the_axis_option_apart(nuclei):
+    with pytest.raises(ImageReadError) as refused:
+        nuclei.input(np.zeros((20, 24, 3), np.uint8), channel_axis=0)  # channels last, read first
+    problem = refused.value.problem
+    assert "the array has 20 channels" in problem and "read channel first, (C, H, W)" in problem
+    assert refused.value.render(cli_option).endswith("on another axis, name it: --channel-axis N")
+    assert "channel_axis" not in problem and "--channel-axis" not in problem  # each front end names its own
 
 
 def test_gray_and_rgb_are_still_converted_to_each_other(nuclei):

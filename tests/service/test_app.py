@@ -136,6 +136,17 @@ def test_unknown_model_is_404(client):
     assert_next_request_succeeds(client)
 
 
+def test_a_channel_last_npy_is_refused_saying_arrays_are_read_channel_first(client):
+    array = io.BytesIO()
+    np.save(array, blobs(16, 20))  # (H, W, 3): read as 16 channels of 20x3
+    error = assert_error(client.post("/v1/models/cells/segment", files={"image": ("hwc.npy", array.getvalue())}),
+                         400, "invalid_image")  # fmt: skip
+    assert error["message"].startswith("hwc.npy: the array has 16 channels and the model takes 3")
+    assert "read channel first, (C, H, W)" in error["message"]
+    assert "channel_axis" not in error["message"] and "channel-axis" not in error["message"]
+    assert_next_request_succeeds(client)
+
+
 def test_framework_errors_use_the_error_shape(client):
     assert_error(client.get("/no/such/path"), 404, "not_found")
     assert_error(client.delete("/healthz"), 405, "method_not_allowed")
@@ -185,6 +196,28 @@ def test_metrics_count_routes_statuses_and_inference(client):
     assert "densecnn_inference_queue_depth 0.0" in text
     assert "densecnn_image_pixels_count" in text
     assert 'densecnn_http_request_duration_seconds_count{route="/v1/models/{name}/segment"}' in text
+
+
+def test_metrics_series_stay_bounded_whatever_methods_and_paths_clients_send(client):
+    def series() -> set[str]:
+        text = client.get("/metrics").text
+        return {
+            line.rsplit(" ", 1)[0] for line in text.splitlines() if line.startswith("densecnn_http_requests")
+        }
+
+    client.request("M000001X", "/healthz")
+    client.get("/no/such/path/1")
+    series()  # /metrics itself counted
+    before = series()
+    for i in range(2, 12):
+        assert client.request(f"M{i:06d}X", "/healthz").status_code == 405
+        assert client.get(f"/no/such/path/{i}").status_code == 404
+    added = series() - before
+    assert not added, added
+    text = client.get("/metrics").text
+    assert 'method="other",route="/healthz",status="405"' in text
+    assert 'method="GET",route="unmatched",status="404"' in text
+    assert "M000001X" not in text and "/no/such/path" not in text
 
 
 def test_metrics_report_the_process_memory(client):
@@ -273,6 +306,10 @@ def test_more_than_256_classes_give_a_16_bit_png(client, model_root):
         ("text/html, application/json", "application/json"),
         ("image/png;q=0, application/*", "application/json"),
         ("application/npy", "application/x-npy"),  # the name uploads take too
+        ("image/png;q=0, */*", "application/json"),  # q=0 refuses PNG, even where */* would take it
+        ("image/png; Q=0, application/json", "application/json"),  # parameter names in any case
+        ("image/*;q=0, image/png", "image/png"),  # the most specific range decides
+        ("*/*;q=0.1, application/x-npy;q=0.5", "application/x-npy"),
     ],
 )
 def test_accept_negotiation(client, accept, media_type):
@@ -300,6 +337,16 @@ def test_406_quotes_a_long_accept_header_truncated(client):
 
 
 # --- image inputs ---
+
+
+@pytest.mark.parametrize("shape", [(0, 5), (5, 0), (0, 0)])
+def test_a_tiff_of_no_pixels_is_empty_not_a_stack(client, shape):
+    tiff = io.BytesIO()
+    tifffile.imwrite(tiff, np.zeros(shape, np.uint8))
+    error = assert_error(client.post("/v1/models/cells/segment", files={"image": ("empty.tif", tiff.getvalue())}),
+                         400, "invalid_image")  # fmt: skip
+    assert error["message"].startswith("empty.tif: the image is empty") and "stack" not in error["message"]
+    assert_next_request_succeeds(client)
 
 
 def test_one_pixel_image(client, model_root):

@@ -158,6 +158,19 @@ def test_one_key_cannot_take_the_quota_with_unfinished_uploads(tmp_path):
         error_of(create(client, 4_000_000), 429, "too_many_uploads")
 
 
+def test_simultaneous_upload_creations_cannot_pass_the_limit_together(tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    settings = job_settings(tmp_path, require_keys=True, max_uploads_per_key=2, requests_per_minute=10_000)
+    key = keys_for(settings, "alice")["alice"]
+    with serving(settings) as client:
+        with ThreadPoolExecutor(16) as pool:
+            created = list(pool.map(lambda _: create(client, 1000, **key), range(16)))
+        statuses = sorted(response.status_code for response in created)
+        assert statuses == [201] * 2 + [429] * 14, statuses
+        assert len([d for d in (tmp_path / "service" / "jobs" / "uploads").iterdir() if d.is_dir()]) == 2
+
+
 def test_bytes_of_unknown_length_are_reserved_as_they_arrive(tmp_path):
     """A growing reservation takes a step at a time, within the quota and the upload's limit, and just what is
     needed when a whole step does not fit."""
@@ -529,8 +542,11 @@ def test_result_routes_answer_head_and_range_errors_in_the_json_shape(tmp_path):
             "location"])  # fmt: skip
         base = f"/v1/jobs/{job['id']}"
         for route in ("result.png", "result.tif", "result.geojson", "result.zarr/zarr.json"):
-            head = client.head(f"{base}/{route}")
+            head, get = client.head(f"{base}/{route}"), client.get(f"{base}/{route}")
             assert head.status_code == 200 and head.content == b"", route
+            for header in ("content-type", "content-length", "content-disposition", "accept-ranges"):
+                assert head.headers.get(header) == get.headers.get(header), (route, header)
+            assert int(get.headers.get("content-length", len(get.content))) == len(get.content), route
         error_of(client.get(f"{base}/result.png", headers={"Range": "bytes=abc"}), 400, "invalid_range")
         past = client.get(f"{base}/result.png", headers={"Range": "bytes=99999999-"})
         error_of(past, 416, "range_not_satisfiable")

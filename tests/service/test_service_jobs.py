@@ -136,7 +136,9 @@ def test_cancelling_a_running_job_frees_its_slot(tmp_path):
         assert cancelling.status_code == 202 and cancelling.json()["cancel_requested"]
         job = wait_for(client, location)
         assert job["state"] == "cancelled" and job["progress"]["blocks_done"] < 256, job
-        error_of(client.get(f"{location}/result.png"), 409, "job_not_finished")
+        message = error_of(client.get(f"{location}/result.png"), 409, "job_not_finished")["message"]
+        assert "was cancelled, so it has no results; submit the job again" in message
+        assert "poll" not in message
         second = client.post("/v1/jobs", json={"model": "cells", "input": "small.zarr"})
         assert second.status_code == 202, second.text
         assert wait_for(client, second.headers["location"])["state"] == "succeeded"
@@ -211,6 +213,61 @@ def test_a_failing_job_says_why(tmp_path):
         assert response.status_code == 202, response.text
         job = wait_for(client, response.headers["location"])
         assert job["state"] == "failed" and "channels" in job["error"], job
+
+
+def test_an_rgba_tiff_job_is_labelled_as_segment_labels_it(tmp_path):
+    rgb = blobs(40, 56, seed=5)
+    alpha = np.linspace(0, 255, 40 * 56).astype(np.uint8).reshape(40, 56)
+    tiff = io.BytesIO()
+    tifffile.imwrite(tiff, np.dstack([rgb, alpha]), photometric="rgb", extrasamples=["unassalpha"])
+    options = {"model": "cells", "intensity": "percentiles:1,99"}  # a sample of the colours, not of the alpha
+    with serving(job_settings(tmp_path)) as client:
+        segmented = client.post("/v1/models/cells/segment", params={"intensity": options["intensity"]},
+                                files={"image": ("rgba.tif", tiff.getvalue())})  # fmt: skip
+        assert segmented.status_code == 200, segmented.text
+        response = client.post("/v1/jobs", params=options, files={"image": ("rgba.tif", tiff.getvalue())})
+        job = wait_for(client, response.headers["location"])
+        assert job["state"] == "succeeded", job["error"]
+        labels = client.get(job["results"]["png"]).content
+        np.testing.assert_array_equal(
+            np.asarray(Image.open(io.BytesIO(labels))), np.asarray(Image.open(io.BytesIO(segmented.content)))
+        )
+
+
+def test_a_job_error_offers_no_option_the_jobs_api_lacks(tmp_path):
+    settings = job_settings(tmp_path)
+    np.save(tmp_path / "data" / "hwc.npy", blobs(40, 56))  # channels last: read as 40 channels of 56x3
+    with serving(settings) as client:
+        response = client.post("/v1/jobs", json={"model": "cells", "input": "hwc.npy"})
+        job = wait_for(client, response.headers["location"])
+    assert job["state"] == "failed", job
+    assert job["error"].startswith("hwc.npy: 40 channels cannot feed a model of 3"), job["error"]
+    assert "as its first axis, (C, H, W)" in job["error"]
+    assert "channel_axis" not in job["error"] and "channel-axis" not in job["error"]
+
+
+def test_a_job_whose_zarr_input_loses_a_chunk_while_it_runs_fails_saying_so(tmp_path, monkeypatch):
+    from densecnn_app.jobs import runner
+
+    settings = job_settings(tmp_path)
+    write_zarr(tmp_path / "data" / "blobs.zarr", 128, 128, chunks=16)
+    report = runner._Reporter.__call__
+
+    def deleting_a_chunk(self, summary):  # after a first task: a chunk not read yet, most likely
+        (tmp_path / "data" / "blobs.zarr" / "c" / "0" / "7" / "7").unlink(missing_ok=True)
+        report(self, summary)
+
+    monkeypatch.setattr(runner._Reporter, "__call__", deleting_a_chunk)
+    with serving(settings) as client:
+        response = client.post("/v1/jobs", json={"model": "cells", "input": "blobs.zarr", "chunk": 16})
+        job = wait_for(client, response.headers["location"])
+        assert job["state"] == "failed", job
+        assert job["error"].startswith("blobs.zarr changed or vanished while the job read it"), job["error"]
+        assert "submit the job again" in job["error"]
+        message = error_of(
+            client.get(f"/v1/jobs/{job['id']}/result.zarr/zarr.json"), 409, "job_not_finished"
+        )["message"]
+        assert "failed, so it has no results (its error" in message and "poll" not in message
 
 
 def test_workers_sharing_a_database_see_and_cancel_each_others_jobs(tmp_path):

@@ -143,6 +143,19 @@ def test_request_ids_and_cors(tmp_path):
         assert "access-control-allow-origin" not in other.headers
 
 
+def test_a_refused_cors_preflight_answers_in_the_error_shape(tmp_path):
+    with serving(job_settings(tmp_path, cors_origins=["https://lab.example"])) as client:
+        asking = {"Access-Control-Request-Method": "POST"}
+        evil = client.options("/v1/jobs", headers={"Origin": "https://evil.example", **asking})
+        message = error_of(evil, 400, "cors_origin_not_allowed")["message"]
+        assert "'https://evil.example'" in message and "cors_origins" in message
+        assert "access-control-allow-origin" not in evil.headers
+        odd = client.options("/v1/jobs", headers={"Origin": "https://lab.example", **asking,
+                                                  "Access-Control-Request-Headers": "x-secret"})  # fmt: skip
+        assert "header" in error_of(odd, 400, "cors_request_not_allowed")["message"]
+        assert odd.headers["access-control-allow-origin"] == "https://lab.example"
+
+
 def _serve_args(host: str, model_dir) -> argparse.Namespace:
     return argparse.Namespace(host=host, port=0, model_dir=str(model_dir), workers=1)
 
