@@ -7,7 +7,6 @@ answers itself, before the app sees a request (malformed HTTP, headers over the 
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import re
 
@@ -123,10 +122,8 @@ def service_message(error: BaseException, options: frozenset[str]) -> str:
     problem's own advice standing."""
     if not isinstance(error, DenseCNNError) or error.fix is None:
         return render(error, query_option)
-    settings = tuple((option, value) for option, value in error.fix.settings if option in options)
-    if not settings:
-        return error.problem
-    return f"{error.problem}; {dataclasses.replace(error.fix, settings=settings).render(query_option)}"
+    fix = error.fix.within(options)
+    return error.problem if fix is None else f"{error.problem}; {fix.render(query_option)}"
 
 
 # densecnn's errors about an input, as the status and code they are answered with

@@ -18,7 +18,8 @@ front end names the option in its own words: ``str(error)`` spells it as the lib
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 OptionSpelling = Callable[[str, str], str]  # (option, value) -> how a front end writes that setting
@@ -61,6 +62,16 @@ class Fix:
     def values(self) -> tuple[str, ...]:
         """The values suggested (for every option)."""
         return tuple(value for _, value in self.settings)
+
+    def within(self, options: Collection[str]) -> Fix | None:
+        """This fix kept to the settings among ``options`` (those a front end takes), or None when none is: a caller
+        is never told to give an option it cannot give.
+
+        >>> Fix("name it", (("channel_axis", "N"),)).within({"intensity"}) is None
+        True
+        """
+        settings = tuple((option, value) for option, value in self.settings if option in options)
+        return dataclasses.replace(self, settings=settings) if settings else None
 
 
 class DenseCNNError(Exception):

@@ -30,12 +30,12 @@ Every problem raises :class:`DatasetError` naming the file and the fix.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import numpy as np
 
-from ..errors import DatasetError, ImageReadError, IntensityError, NonFiniteInputError
+from ..errors import DatasetError, DenseCNNError, Fix, ImageReadError, IntensityError, NonFiniteInputError
 from ..io import (
     Intensity,
     LazyArray,
@@ -50,6 +50,7 @@ from ..io.annotations import IGNORED_CLASS_PREFIX, class_names_of, rasterize, re
 from ..io.formats import ARRAY_SUFFIXES, IMAGE_SUFFIXES, LABEL_IMAGE_SUFFIXES, TIFF_SUFFIXES
 from ..io.slides import SLIDE_SUFFIXES
 from ..losses import IGNORE_INDEX
+from .config import TrainConfig
 from .windows import (
     LARGE_LABEL_SUFFIXES,
     WindowPlan,
@@ -410,7 +411,7 @@ def _window_samples(
                 samples.append(Sample(image_path.stem, image, labels, (window[0].start, window[1].start)))
     except (ImageReadError, IntensityError, NonFiniteInputError) as exc:
         problem = exc.problem if str(image_path) in exc.problem else f"{image_path}: {exc.problem}"
-        raise DatasetError(f"{problem}; fix or remove the file", fix=exc.fix) from None
+        raise DatasetError(f"{problem}; fix or remove the file", fix=training_fix(exc)) from None
     return samples
 
 
@@ -445,7 +446,13 @@ def _read_image(
         return scaling.apply_(np.array(array, dtype=np.float32, order="C"))
     except (ImageReadError, IntensityError, NonFiniteInputError) as exc:
         problem = exc.problem if str(path) in exc.problem else f"{path}: {exc.problem}"
-        raise DatasetError(f"{problem}; fix or remove the file", fix=exc.fix) from None
+        raise DatasetError(f"{problem}; fix or remove the file", fix=training_fix(exc)) from None
+
+
+def training_fix(error: DenseCNNError) -> Fix | None:
+    """``error``'s fix kept to the options ``densecnn train`` takes (a reader's advice to name a channel axis, which
+    only predict and the service take, is left out)."""
+    return None if error.fix is None else error.fix.within({spec.name for spec in fields(TrainConfig)})
 
 
 def _open_nd(path: Path, spatial_dims: int):

@@ -18,9 +18,11 @@ import densecnn
 from densecnn import DatasetError
 from densecnn.cli import main
 from densecnn.commands.train import EPILOG
+from densecnn.errors import Fix, ImageReadError, IntensityError, cli_option
+from densecnn.io.pixels import CHANNEL_AXIS_FIX
 from densecnn.losses import IGNORE_INDEX
 from densecnn.train import strokes as strokes_module
-from densecnn.train.dataset import image_files, infer_channels, read_class_info, read_dataset
+from densecnn.train.dataset import image_files, infer_channels, read_class_info, read_dataset, training_fix
 from densecnn.train.holdout import split_strokes
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
@@ -327,3 +329,13 @@ def test_qupath_class_colours_become_the_palette_without_classes_json(tmp_path):
     assert info.names == ["Tumor", "Stroma"] and info.palette == [[200, 0, 0], [0, 150, 200]]
     geojson(annotations, [("Tumor", square(2, 2, 6, 6)), ("Stroma", square(20, 20, 30, 30))])  # no colours
     assert read_class_info(tmp_path).palette is None  # the default colours
+
+
+def test_a_training_error_offers_only_the_options_train_takes():
+    """A reader's advice to name a channel axis (predict's and the service's option) is left out of a training
+    error; an intensity that fixes it (train's --intensity too) stays."""
+    assert training_fix(ImageReadError("a.npy: 5 channels, the model takes 2", fix=CHANNEL_AXIS_FIX)) is None
+    kept = training_fix(
+        IntensityError("a.tif: values past 1", fix=Fix("give a range", (("intensity", "range:0,4095"),)))
+    )
+    assert kept.render(cli_option) == "give a range: --intensity range:0,4095"
