@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 
 from .command_interrupts import INTERRUPTED
@@ -34,14 +35,40 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# the exit status of a command whose output's reader went away (``densecnn info MODEL | head -1``): 128 + SIGPIPE,
+# as shells report cat, grep or git ended by it
+CLOSED_PIPE = 141
+
+
 def main(argv: list[str] | None = None) -> int:
     """Parse ``argv`` and run the chosen subcommand; errors a user can fix print one line, not a traceback, and so
-    does Ctrl-C where the subcommand does not say more itself (exit status :data:`INTERRUPTED`)."""
+    does Ctrl-C where the subcommand does not say more itself (exit status :data:`INTERRUPTED`). Output to a pipe
+    whose reader closed it ends the command quietly (exit status :data:`CLOSED_PIPE`)."""
     try:
-        return _parse_and_run(argv)
+        try:
+            return _parse_and_run(argv)
+        finally:
+            # a reader gone is found here, not at exit, where Python would report it with a traceback
+            sys.stdout.flush()
     except KeyboardInterrupt:
         print("densecnn: interrupted", file=sys.stderr)
         return INTERRUPTED
+    except BrokenPipeError:
+        _discard_stdout()
+        return CLOSED_PIPE
+
+
+def _discard_stdout() -> None:
+    """Point standard output at the null device, so that what is still buffered for the closed pipe is dropped
+    when Python flushes it at exit (Python's own advice for SIGPIPE)."""
+    try:
+        descriptor = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        # not a file (a test's capture): nothing of it is flushed to the pipe
+        return
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, descriptor)
+    os.close(null)
 
 
 def _parse_and_run(argv: list[str] | None) -> int:

@@ -6,6 +6,9 @@ Needs the ``dist`` extra (``pip install 'densecnn[dist]'``: dask, distributed, z
 - :mod:`~densecnn.blockwise.options`: :class:`BlockwiseOptions`, from which ``densecnn predict``'s CLI is generated.
 - :mod:`~densecnn.blockwise.run`: the driver, :func:`predict_to_disk`.
 - :mod:`~densecnn.blockwise.inputs`: what the input is (file, set, chunked array; its level and channels).
+- :mod:`~densecnn.blockwise.destinations`: no output is an input, holds one, or shares a path with another.
+- :mod:`~densecnn.blockwise.provenance`: what an output was made from (model, options, the input as stored),
+  checked before a re-run keeps it.
 - :mod:`~densecnn.blockwise.cluster`: the Dask cluster joined or started, and the memory of a task there.
 - :mod:`~densecnn.blockwise.scheduling`: tasks in flight, distributed's retries, failures, cancel, the counts.
 - :mod:`~densecnn.blockwise.chunked`: a chunked array labelled (plan, outputs, blocks, pyramid);

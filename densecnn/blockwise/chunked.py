@@ -6,7 +6,6 @@ multiscale outputs' further levels and write their metadata.
 from __future__ import annotations
 
 import functools
-import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,15 +13,16 @@ import numpy as np
 
 from ..errors import BlockFailedError, DenseCNNError, NonFiniteInputError, PredictInputError
 from ..io import LazyArray, Scaling, array_scaling, label_dtype
-from ..modelfile.format import WEIGHTS_FILE
 from .blocks import BlockJob, bounding_region, label_block
 from .cancel import stop_name
 from .cluster import task_memory, worker_count
+from .foreground import MODES as FOREGROUND_MODES
 from .foreground import foreground
 from .inputs import input_errors
 from .ngff import NgffTarget, PyramidJob, create_levels, downsample_chunk, standalone_target, write_metadata
 from .options import BlockwiseOptions
 from .planning import TaskPlan, plan_tasks
+from .provenance import config_digest, input_identity, weights_digest
 from .scheduling import is_storage_error, run_tasks
 from .sinks import create_output, storage_problem, written_chunks
 from .summary import Summary
@@ -57,7 +57,7 @@ def label_array(
                         describe=describe)  # fmt: skip
     for pyramid in outputs.pyramids:  # the metadata last: until then readers see no image
         build_pyramid(client, pyramid, source.spatial_shape, plan, options)
-        write_metadata(pyramid.target, len(pyramid.levels), **pyramid.metadata)
+        write_metadata(pyramid.target, len(pyramid.levels), mean=pyramid.mean, **pyramid.metadata)
     return summary
 
 
@@ -74,22 +74,18 @@ def whole_image_scaling(source: LazyArray, intensity) -> Scaling:
         ) from None
 
 
-def weights_digest(model_dir: Path) -> str:
-    """The SHA-256 of a model directory's weights file: what a resumed output must have been computed with."""
-    digest = hashlib.sha256()
-    with (model_dir / WEIGHTS_FILE).open("rb") as weights:
-        for block in iter(lambda: weights.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _description(loaded, model: str, source: LazyArray, scaling: Scaling, options: BlockwiseOptions) -> dict:
     """What the output is computed from: resuming with other weights (a model retrained in place), another
-    intensity scaling or another foreground is refused."""
+    ``model.json``, an input changed since (:func:`~densecnn.blockwise.provenance.input_identity`), another
+    intensity scaling or another foreground (or mask) is refused."""
+    mask = options.foreground not in (None, *FOREGROUND_MODES)
     return {
-        "model": model, "weights": weights_digest(Path(model)), "input": str(Path(source.path).resolve()),
-        "array": source.key, "classes": list(loaded.class_names), "intensity": [scaling.low, scaling.high],
+        "model": model, "weights": weights_digest(Path(model)), "config": config_digest(Path(model)),
+        "input": str(Path(source.path).resolve()), "array": source.key,
+        "input_identity": input_identity(source.path, source.key if source.kind == "zarr" else ""),
+        "classes": list(loaded.class_names), "intensity": [scaling.low, scaling.high],
         "foreground": options.foreground,
+        "foreground_identity": input_identity(options.foreground) if mask else None,
     }  # fmt: skip
 
 

@@ -1,11 +1,14 @@
 """Labelling image files: one image in this process, or a set of images on the cluster, one task per image
-(:mod:`~densecnn.blockwise.files`); an image that cannot be read is listed in the summary and the set goes on.
+(:mod:`~densecnn.blockwise.files`); an image that cannot be read is listed in the summary and the set goes on. A
+folder of label maps records what they were made from (:mod:`~densecnn.blockwise.provenance`), so that a re-run
+keeps only maps it would make itself.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import BlockFailedError, DenseCNNError, ImageTooLargeError, PredictInputError
@@ -15,16 +18,28 @@ from .cancel import stop_name
 from .cluster import task_memory, worker_count
 from .files import FileJob, label_file
 from .options import BlockwiseOptions
+from .provenance import ImageSetRecord
 from .scheduling import is_storage_error, run_tasks
 from .sinks import storage_problem
 from .summary import Summary
 from .worker import model_on
 
 
-def label_image_set(
-    client, threads: int | None, model: str, images: list[Path], output: Path, options: BlockwiseOptions
-) -> Summary:
-    """Write the label map of each of ``images`` into the directory ``output``, under the image's name."""
+@dataclass(frozen=True)
+class ImageSetPlan:
+    """An image set's run, checked and recorded: the ``output`` folder, how many images in ``total``, and the
+    (image, label map) pairs ``todo`` (the others' maps are written already)."""
+
+    output: Path
+    total: int
+    todo: list[tuple[str, str]]
+
+
+def plan_image_set(model: str, images: list[Path], output: Path, options: BlockwiseOptions) -> ImageSetPlan:
+    """Check and record, before any work, a run writing the label map of each of ``images`` into the folder
+    ``output`` under the image's name: maps already there are kept only if the folder's record says this model and
+    these options made them from the images as they are (:class:`~densecnn.blockwise.provenance.ImageSetRecord`);
+    ``options.overwrite`` removes them instead."""
     targets = [output / labels_file_name(image) for image in images]
     clashes = {t for t in targets if targets.count(t) > 1}
     if clashes:
@@ -32,27 +47,38 @@ def label_image_set(
             f"images would write the same label map ({', '.join(sorted(t.name for t in clashes))}); "
             "give images with distinct names"
         )
-    try:
-        output.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise PredictInputError(f"{output}: {storage_problem(exc)}") from None
+    record = ImageSetRecord.for_run(model, images, targets, options)
     if options.overwrite:
         for target in targets:
             target.unlink(missing_ok=True)
+    else:
+        record.check_resumes(output, [t for t in targets if t.exists()])
+    try:
+        output.mkdir(parents=True, exist_ok=True)
+        record.merged_into(output).write(output)
+    except OSError as exc:
+        raise PredictInputError(f"{output}: {storage_problem(exc)}") from None
     todo = [(str(i), str(t)) for i, t in zip(images, targets) if not t.exists()]
+    return ImageSetPlan(output, len(images), todo)
+
+
+def label_image_set(
+    client, threads: int | None, model: str, plan: ImageSetPlan, options: BlockwiseOptions
+) -> Summary:
+    """Write the label maps ``plan`` has to do, one task per image on ``client``'s cluster."""
     job = FileJob(model, options.device, threads, task_memory(client, options.max_memory), options.intensity,
                   options.nonfinite, stop_name())  # fmt: skip
     start = Summary(
-        "images", total=len(images), skipped=len(images) - len(todo), workers=worker_count(client)
+        "images", total=plan.total, skipped=plan.total - len(plan.todo), workers=worker_count(client)
     )
 
     def failed(item: tuple, exc: BaseException, attempts: int) -> DenseCNNError:
         if is_storage_error(exc):  # every other image would fail alike: the run stops
-            return BlockFailedError(f"{output}: {storage_problem(exc)}")
+            return BlockFailedError(f"{plan.output}: {storage_problem(exc)}")
         return BlockFailedError(f"failed {attempts} times: {exc}")
 
     return run_tasks(
-        client, label_file, job, todo, start, options, stop=job.stop, describe=failed, keep_going=True
+        client, label_file, job, plan.todo, start, options, stop=job.stop, describe=failed, keep_going=True
     )
 
 

@@ -40,6 +40,7 @@ class NgffTarget:
         axes: the NGFF axes of every level; the spatial ones last.
         lead: the sizes of the leading, non-spatial axes (1 for a label image's, K for probabilities' ``c``).
         scale: level 0's scale per axis (spatial: the pixel size, where known).
+        translation: level 0's translation per axis: where its first pixel's centre lies.
         labels_of: for ``--labels-into``: the image group whose ``labels/`` holds the output.
     """
 
@@ -48,6 +49,7 @@ class NgffTarget:
     axes: tuple[dict, ...]
     lead: tuple[int, ...]
     scale: tuple[float, ...]
+    translation: tuple[float, ...]
     labels_of: str | None = None
 
     def level(self, k: int) -> str:
@@ -81,28 +83,102 @@ def labels_target(input: Path, name: str, source: LazyArray, level: int = 0) -> 
             "write them to an output ending in .ome.zarr instead"
         )
     first = multiscales[0]
-    axes = tuple(a if isinstance(a, dict) else {"name": a} for a in first["axes"])
-    transforms = first["datasets"][level].get("coordinateTransformations", [])
-    scales = [t["scale"] for t in transforms if t.get("type") == "scale"]
-    scale = tuple(float(s) for s in scales[0]) if scales else (1.0,) * len(axes)
+    axes = _axes(first)
+    scale, translation = level_transform(first, level, where=input)
     spatial = len(source.spatial_shape)
     lead = (1,) * (len(axes) - spatial)
     return NgffTarget(
-        str(input / "labels" / name), image.metadata.zarr_format, axes, lead, scale, labels_of=str(input)
-    )
+        str(input / "labels" / name), image.metadata.zarr_format, axes, lead, scale, translation,
+        labels_of=str(input),
+    )  # fmt: skip
 
 
 def standalone_target(output: Path, source: LazyArray, *, channels: int | None = None) -> NgffTarget:
-    """A standalone OME-Zarr (NGFF 0.5) at ``output``: spatial axes (``c`` first for ``channels``), the input's
+    """A standalone OME-Zarr (NGFF 0.5) at ``output``: spatial axes (``c`` first for ``channels``); an OME-Zarr
+    input's spatial axes (their units) and coordinate transformations for the level computed, else the input's
     pixel size in micrometres where it is known."""
-    spatial = len(source.spatial_shape)
-    names = SPATIAL_NAMES[-spatial:]
-    unit = {"unit": "micrometer"} if source.pixel_size is not None else {}
-    axes = tuple({"name": n, "type": "space", **unit} for n in names)
-    scale = tuple(source.pixel_size) if source.pixel_size is not None else (1.0,) * spatial
+    placed = _placement(source)
+    if placed is None:
+        spatial = len(source.spatial_shape)
+        unit = {"unit": "micrometer"} if source.pixel_size is not None else {}
+        axes = tuple({"name": n, "type": "space", **unit} for n in SPATIAL_NAMES[-spatial:])
+        scale = tuple(source.pixel_size) if source.pixel_size is not None else (1.0,) * spatial
+        placed = axes, scale, (0.0,) * spatial
+    axes, scale, translation = placed
     if channels is not None:
-        axes, scale = ({"name": "c", "type": "channel"}, *axes), (1.0, *scale)
-    return NgffTarget(str(output), 3, axes, () if channels is None else (channels,), scale)
+        axes, scale, translation = (
+            ({"name": "c", "type": "channel"}, *axes),
+            (1.0, *scale),
+            (0.0, *translation),
+        )
+    return NgffTarget(str(output), 3, axes, () if channels is None else (channels,), scale, translation)
+
+
+def _placement(source: LazyArray) -> tuple[tuple[dict, ...], tuple[float, ...], tuple[float, ...]] | None:
+    """The spatial axes of an OME-Zarr ``source`` and the scale and translation of the level read; None for any
+    other input (an array without multiscales, a TIFF, a slide)."""
+    import zarr
+
+    if source.kind != "zarr" or not source.key:
+        return None
+    try:
+        group = zarr.open_group(source.path, mode="r")
+    except Exception:  # not a group: an array given by its own path
+        return None
+    multiscales = _multiscales(group)
+    if not multiscales:
+        return None
+    first = multiscales[0]
+    paths = [dataset["path"] for dataset in first["datasets"]]
+    if source.key not in paths:
+        return None
+    scale, translation = level_transform(first, paths.index(source.key), where=Path(source.path))
+    spatial = [k for k, letter in enumerate(source.layout) if letter == "s"]
+    axes = _axes(first)
+    return (
+        tuple(axes[k] for k in spatial),
+        tuple(scale[k] for k in spatial),
+        tuple(translation[k] for k in spatial),
+    )
+
+
+def level_transform(
+    multiscale: dict, level: int, *, where: Path
+) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """The scale and translation per axis that place a multiscale image's ``level`` (NGFF 0.4 and 0.5): the
+    dataset's scale and translation, then the multiscale's own coordinate transformations (applied after them),
+    composed into one scale and one translation.
+
+    Raises:
+        PredictInputError: a transformation is of another type, stored in a file, or not one value per axis.
+    """
+    count = len(multiscale["axes"])
+    scale, translation = [1.0] * count, [0.0] * count
+    dataset = multiscale["datasets"][level]
+    for transform in [
+        *dataset.get("coordinateTransformations", []),
+        *multiscale.get("coordinateTransformations", []),
+    ]:
+        kind = transform.get("type")
+        if kind == "identity":
+            continue
+        values = transform.get(kind) if kind in ("scale", "translation") else None
+        if not isinstance(values, list) or len(values) != count:
+            raise PredictInputError(
+                f"{where}: a coordinate transformation of level {level} ({transform}) is not a scale or translation "
+                f"of {count} values, one per axis; give them as values in the image's metadata"
+            )
+        if kind == "scale":
+            scale = [a * float(b) for a, b in zip(scale, values)]
+            translation = [a * float(b) for a, b in zip(translation, values)]
+        else:
+            translation = [a + float(b) for a, b in zip(translation, values)]
+    return tuple(scale), tuple(translation)
+
+
+def _axes(multiscale: dict) -> tuple[dict, ...]:
+    """A multiscale image's axes as dictionaries (NGFF 0.3 named them as strings)."""
+    return tuple(a if isinstance(a, dict) else {"name": a} for a in multiscale["axes"])
 
 
 def _multiscales(group) -> list | None:
@@ -131,24 +207,36 @@ def create_levels(target: NgffTarget, shape, chunks, dtype, attributes: dict, *,
     ]
 
 
-def write_metadata(target: NgffTarget, levels: int, *, palette=None, class_names=None) -> None:
-    """The multiscales metadata (and, for labels, ``image-label``: colours, class names, source) of ``target``."""
+def level_transforms(target: NgffTarget, k: int, *, mean: bool) -> list[dict]:
+    """The coordinate transformations of ``target``'s level ``k``: every spatial axis's scale doubled per level;
+    the translation level 0's where a level's pixel is the first of the 2 (2x2, 2x2x2) it is made from (labels,
+    nearest), moved to the middle of them where it is their ``mean`` (probabilities). A translation is written
+    only where one is not zero."""
+    spatial = len(target.axes) - len(target.lead)
+    lead = len(target.axes) - spatial
+    factor = 2**k
+    scale = [*target.scale[:lead], *(s * factor for s in target.scale[lead:])]
+    shift = (factor - 1) / 2 if mean else 0.0
+    translation = [*target.translation[:lead],
+                   *(t + s * shift for s, t in zip(target.scale[lead:], target.translation[lead:]))]  # fmt: skip
+    transforms = [{"type": "scale", "scale": scale}]
+    if any(translation):
+        transforms.append({"type": "translation", "translation": translation})
+    return transforms
+
+
+def write_metadata(
+    target: NgffTarget, levels: int, *, palette=None, class_names=None, mean: bool = False
+) -> None:
+    """The multiscales metadata (and, for labels, ``image-label``: colours, class names, source) of ``target``;
+    ``mean``: whether each level is the mean of the one before (:func:`level_transforms`)."""
     import zarr
     from ome_zarr import format as ngff_format
     from ome_zarr import writer
 
     fmt = ngff_format.FormatV05() if target.zarr_format == 3 else ngff_format.FormatV04()
-    spatial = len(target.axes) - len(target.lead)
     datasets = [
-        {
-            "path": str(k),
-            "coordinateTransformations": [
-                {
-                    "type": "scale",
-                    "scale": [*target.scale[:-spatial], *(s * 2**k for s in target.scale[-spatial:])],
-                }
-            ],
-        }
+        {"path": str(k), "coordinateTransformations": level_transforms(target, k, mean=mean)}
         for k in range(levels)
     ]
     root = zarr.open_group(target.root, mode="a", zarr_format=target.zarr_format)

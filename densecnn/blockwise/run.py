@@ -15,7 +15,8 @@ from ..errors import Fix, PredictInputError
 from ..io import image_files
 from .chunked import label_array
 from .cluster import connect
-from .images import label_image_set, label_one_image
+from .destinations import check_destinations
+from .images import label_image_set, label_one_image, plan_image_set
 from .inputs import check_image_files, input_errors, is_image_set, open_chunked, require_dist, writes_chunked
 from .ngff import labels_target, standalone_target
 from .options import BlockwiseOptions
@@ -48,6 +49,9 @@ def predict_to_disk(
     >>> summary = predict_to_disk("models/nuclei", "slide.ome.zarr", "slide-labels.zarr", BlockwiseOptions(workers=2))
     >>> print(summary.pixels_per_second)
 
+    No output may be an input, hold one or share a path with another output: such a run is refused before any
+    work (:func:`~densecnn.blockwise.destinations.check_destinations`).
+
     Raises:
         PredictInputError: the input or output cannot be used (the message says what to give instead).
         BlockFailedError: a block kept failing; the message names its chunk and pixel coordinates.
@@ -69,6 +73,7 @@ def predict_to_disk(
             f"the labels go into {input}/labels/{options.labels_into}: give no output besides"
         )
     output = None if output is None else Path(output)
+    check_destinations(model, input, output, options)
     if writes_chunked(output):
         return _label_chunked(loaded, model, input, output, options)
     return _label_files(loaded, model, input, output, options)
@@ -94,7 +99,8 @@ def _label_files(loaded, model: str, input: Path, output: Path, options: Blockwi
     if is_image_set(input):
         with input_errors():
             images = image_files(input)
+        plan = plan_image_set(model, images, output, options)
         with connect(options) as (client, threads):
-            return label_image_set(client, threads, model, images, output, options)
+            return label_image_set(client, threads, model, plan, options)
     with input_errors():
         return label_one_image(loaded, input, output, options)

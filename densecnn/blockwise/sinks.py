@@ -96,10 +96,23 @@ def storage_problem(exc: OSError) -> str:
     return f"cannot be written ({what}); choose another output"
 
 
+# what an output's record differing in a digest means (the digests themselves say nothing to a reader)
+CHANGED_SINCE = {
+    "weights": "the model's weights changed since the partial run (retrained in place?)",
+    "input_identity": "the input changed since the partial run (or was not recorded)",
+    "foreground_identity": "the foreground mask changed since the partial run (or was not recorded)",
+    "config": "the model's model.json changed since the partial run (or was not recorded)",
+}
+
+
 def _differences(found: dict, wanted: dict, existing, attributes: dict) -> str:
     diffs = [f"{k} {found[k]} vs {wanted[k]}" for k in found if found[k] != wanted[k]]
     stored = existing.attrs.get("densecnn") or {}
-    diffs += [f"{k} {stored.get(k)!r} vs {v!r}" for k, v in attributes.items() if stored.get(k) != v]
+    diffs += [
+        CHANGED_SINCE.get(k, f"{k} {stored.get(k)!r} vs {v!r}")
+        for k, v in attributes.items()
+        if stored.get(k) != v
+    ]
     return "; ".join(diffs) or "written by something else"
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import typing
+from pathlib import Path
 
 from ..command_interrupts import INTERRUPTED
 from ..errors import DenseCNNError, cli_option
@@ -27,7 +28,9 @@ examples:
   densecnn predict models/nuclei slide.tif labels.zarr --scheduler tcp://scheduler:8786 --chunk 2048
   densecnn predict models/he tissue.svs tissue-labels.ome.zarr --foreground auto
 
-A re-run with the same arguments skips chunks and images already written (--overwrite starts over).
+A re-run with the same arguments skips chunks and images already written by the same model and options from
+the input as it is now, and refuses any others (--overwrite starts over). No output may be an input, hold one,
+or share a path with another output.
 """
 
 
@@ -107,14 +110,13 @@ def run(args) -> int:
     os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "error")
 
     from ..blockwise import BlockwiseOptions, predict_to_disk
+    from ..blockwise.destinations import check_destinations
     from ..errors import BlockFailedError
 
-    if args.geojson and args.output is None:
-        print(
-            "densecnn predict: error: --geojson writes the regions of OUTPUT: give an OUTPUT", file=sys.stderr
-        )
-        return 2
     options = BlockwiseOptions(**{spec.name: getattr(args, spec.name) for spec in _cli_fields()})
+    if args.geojson is not None:
+        check_geojson(args.model, Path(args.input), args.output, Path(args.geojson))
+    check_destinations(args.model, args.input, args.output, options, geojson=args.geojson)
     try:
         summary = predict_to_disk(args.model, args.input, args.output, options)
     except BlockFailedError as exc:
@@ -129,13 +131,57 @@ def run(args) -> int:
     for what, note in summary.warnings:
         print(f"densecnn predict: warning: {what}: {note}", file=sys.stderr)
     if args.geojson and not summary.failures:
-        from ..io.geojson import read_label_map, write_geojson
-        from ..io.labels import no_data_value
-        from ..modelfile import read_classes
-
-        classes = read_classes(args.model)
-        no_regions = (0, no_data_value(classes.num_classes))  # background and no-data
-        write_geojson(args.geojson, read_label_map(args.output), list(zip(classes.class_names, classes.palette)),
-                      skip=no_regions)  # fmt: skip
+        write_regions(args.model, Path(args.output), Path(args.geojson))
     print(summary.render(cli_option))
     return 1 if summary.failures else 0
+
+
+def check_geojson(model: str, input: Path, output: str | None, geojson: Path) -> None:
+    """Refuse, before any work, a ``--geojson`` that cannot be written: no OUTPUT, an image set (GeoJSON holds
+    one label map), a model that is not 2-D (GeoJSON holds 2-D polygons), or a path whose folder is missing or
+    read-only."""
+    import os
+
+    from ..blockwise.destinations import is_set_of_images
+    from ..errors import PredictInputError
+    from ..modelfile import load
+
+    if output is None:
+        raise PredictInputError("--geojson writes the regions of OUTPUT: give an OUTPUT")
+    if is_set_of_images(input):
+        raise PredictInputError(
+            f"--geojson writes the regions of one label map, and {input} is a set of images; give one image or "
+            "array as INPUT, or leave out --geojson"
+        )
+    dims = len(load(model).patch_size)
+    if dims != 2:
+        raise PredictInputError(
+            f"--geojson writes 2-D polygons, and the model labels {dims}-D inputs; leave out --geojson"
+        )
+    folder = geojson.parent
+    if not folder.is_dir():
+        raise PredictInputError(
+            f"--geojson {geojson}: its folder {folder} does not exist; create it or choose another path"
+        )
+    if not os.access(folder, os.W_OK):
+        raise PredictInputError(
+            f"--geojson {geojson}: its folder {folder} is not writable; choose another path"
+        )
+
+
+def write_regions(model: str, output: Path, geojson: Path) -> None:
+    """Write the regions of the label map ``output`` to ``geojson``, one feature per connected region of a class
+    (background and no-data have none)."""
+    from ..blockwise.sinks import storage_problem
+    from ..errors import PredictInputError
+    from ..io.geojson import read_label_map, write_geojson
+    from ..io.labels import no_data_value
+    from ..modelfile import read_classes
+
+    classes = read_classes(model)
+    no_regions = (0, no_data_value(classes.num_classes))  # background and no-data
+    try:
+        write_geojson(geojson, read_label_map(output), list(zip(classes.class_names, classes.palette)),
+                      skip=no_regions)  # fmt: skip
+    except OSError as exc:
+        raise PredictInputError(f"--geojson {geojson}: {storage_problem(exc)}") from None

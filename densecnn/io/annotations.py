@@ -33,6 +33,8 @@ from ..errors import DatasetError
 
 UNLABELLED = 255  # the value of unlabelled pixels in the maps this module returns (the loss's ignore index)
 IGNORED_CLASS_PREFIX = "Ignore"  # QuPath's convention for regions that must not be learnt from
+# pixels: beyond any image, and whole pixels there still count exactly in int64 and float64
+MAX_COORDINATE = 1e15
 
 
 @dataclass(frozen=True)
@@ -114,12 +116,13 @@ def rasterize(
         value = _class_id(annotation.class_name, class_ids)
         if annotation.kind == "area":
             spans = _polygon_spans(annotation.parts, rows=(shift[0], shift[0] + shape[0]))
-            if not len(spans) and not _holds_a_centre(annotation.parts):  # anywhere, not only in this window
+            if len(spans):
+                _paint_spans(labels, spans - shift[[0, 1, 1]], value)
+            # too thin to hold a pixel centre anywhere, not only in this window: its outline
+            elif _reaches(annotation, shift, shape) and not _holds_a_centre(annotation.parts):
                 for ring in annotation.parts:
                     vertices = _pixels(ring) - shift
                     _paint_path(labels, np.concatenate([vertices, vertices[:1]]), value, 0)
-                continue
-            _paint_spans(labels, spans - shift[[0, 1, 1]], value)
         elif annotation.kind == "line":
             _paint_path(labels, _pixels(annotation.parts[0]) - shift, value, (line_width - 1) // 2)
         else:
@@ -181,14 +184,39 @@ def _pixels(points: np.ndarray) -> np.ndarray:
 
 def _paint_path(labels: np.ndarray, vertices: np.ndarray, value: int, radius: int) -> None:
     """Paint the pixels on the straight lines joining consecutive ``vertices`` ((n, 2) int pixels), a disc of
-    ``radius`` around each."""
-    from skimage import draw
-
+    ``radius`` around each; only the lines' pixels within ``radius`` of ``labels`` are computed, so a line reaching
+    far outside costs what its part inside does."""
     if len(vertices) == 1:
         _paint(labels, vertices[:, 0], vertices[:, 1], value, radius)
-    for (r0, c0), (r1, c1) in zip(vertices[:-1], vertices[1:], strict=True):
-        rows, cols = draw.line(int(r0), int(c0), int(r1), int(c1))
+    window = ((-radius, labels.shape[0] + radius), (-radius, labels.shape[1] + radius))
+    for start, stop in zip(vertices[:-1], vertices[1:], strict=True):
+        rows, cols = _line_within(start, stop, window)
         _paint(labels, rows, cols, value, radius)
+
+
+def _line_within(start, stop, window) -> tuple[np.ndarray, np.ndarray]:
+    """The pixels (rows, columns) of the line from ``start`` to ``stop`` (int (row, column)) that lie in
+    ``window`` ((row start, stop), (column start, stop)), exactly those ``skimage.draw.line`` draws there.
+
+    Bresenham's line, in closed form: along the axis the line moves most on (columns on a tie), the i-th pixel
+    is i steps from the start, and along the other it is round-half-up(i * minor / major) steps, so only the steps
+    whose pixel lies in the window's span of the major axis are computed.
+    """
+    steep = abs(int(stop[0]) - int(start[0])) > abs(int(stop[1]) - int(start[1]))
+    major, minor = (0, 1) if steep else (1, 0)
+    m0, n0 = int(start[major]), int(start[minor])
+    span_m, span_n = int(stop[major]) - m0, int(stop[minor]) - n0
+    step_m, step_n = (1 if span_m > 0 else -1), (1 if span_n > 0 else -1)
+    low, high = window[major]
+    first, last = (low - m0, high - 1 - m0) if step_m > 0 else (m0 - high + 1, m0 - low)
+    steps = np.arange(max(first, 0), min(last, abs(span_m)) + 1, dtype=np.int64)
+    wide = 2 * abs(span_n) * (abs(span_m) + 1) >= 2**62  # int64 would overflow: exact integers instead
+    ratio = steps.astype(object) if wide else steps
+    offsets = np.asarray((2 * abs(span_n) * ratio + abs(span_m)) // max(2 * abs(span_m), 1), np.int64)
+    along, across = m0 + step_m * steps, n0 + step_n * offsets
+    inside = (across >= window[minor][0]) & (across < window[minor][1])
+    along, across = along[inside], across[inside]
+    return (along, across) if steep else (across, along)
 
 
 def _ring_spans(ring: np.ndarray, rows: tuple[int, int] | None) -> np.ndarray:
@@ -237,6 +265,17 @@ def _polygon_spans(parts: tuple[np.ndarray, ...], rows: tuple[int, int] | None =
     keep = (depth[:-1, 0] > 0) & (depth[:-1, 1] == 0) & (events[1:, 1] > events[:-1, 1])
     keep &= events[1:, 0] == events[:-1, 0]
     return np.stack([events[:-1, 0][keep], events[:-1, 1][keep], events[1:, 1][keep]], axis=1)
+
+
+def _reaches(annotation: Annotation, offset: np.ndarray, shape: tuple[int, int]) -> bool:
+    """Whether the :func:`bounding_box` of ``annotation`` meets the window of ``shape`` starting at ``offset``."""
+    top, left, bottom, right = bounding_box(annotation)
+    return (
+        top < offset[0] + shape[0]
+        and bottom > offset[0]
+        and left < offset[1] + shape[1]
+        and right > offset[1]
+    )
 
 
 def _holds_a_centre(parts: tuple[np.ndarray, ...], block: int = 4096) -> bool:
@@ -298,8 +337,14 @@ def _classification(properties: dict, where: str, n: int) -> tuple[str, tuple[in
 
 
 def _geometries(geometry: dict, where: str, n: int) -> list[tuple[str, tuple[np.ndarray, ...]]]:
-    """(kind, parts) of each simple geometry in ``geometry``; coordinates turned from (x, y) into (row, column)."""
+    """(kind, parts) of each simple geometry in ``geometry``; coordinates turned from (x, y) into (row, column).
+    An empty geometry (GeoJSON allows them) is refused: it labels nothing, and is most often an export gone wrong.
+    """
     kind, coordinates = geometry.get("type"), geometry.get("coordinates")
+    if _is_empty(kind, geometry):
+        raise DatasetError(
+            f"{where}: feature {n}'s {kind} is empty (it has no coordinates); remove the feature or draw it again"
+        )
     try:
         if kind == "GeometryCollection":
             return [part for g in geometry.get("geometries", []) for part in _geometries(g, where, n)]
@@ -316,10 +361,24 @@ def _geometries(geometry: dict, where: str, n: int) -> list[tuple[str, tuple[np.
         if kind == "MultiPoint":
             return [("point", (_points(coordinates),))]
     except (TypeError, ValueError, IndexError):
-        raise DatasetError(f"{where}: feature {n}'s {kind} coordinates are malformed") from None
+        raise DatasetError(
+            f"{where}: feature {n}'s {kind} coordinates are malformed (each point an [x, y] of finite numbers "
+            f"within ±{MAX_COORDINATE:.0e} pixels)"
+        ) from None
     raise DatasetError(
         f"{where}: feature {n} is a {kind!r}; annotations must be Polygons, LineStrings or Points (or Multi-)"
     )
+
+
+def _is_empty(kind: str, geometry: dict) -> bool:
+    """Whether a geometry holds no point: ``[]`` as its coordinates, a Multi- geometry's part, or a
+    GeometryCollection's geometries."""
+    if kind == "GeometryCollection":
+        return geometry.get("geometries") == []
+    coordinates = geometry.get("coordinates")
+    if coordinates == []:
+        return True
+    return kind in ("MultiPolygon", "MultiLineString") and isinstance(coordinates, list) and [] in coordinates
 
 
 def _points(coordinates) -> np.ndarray:
@@ -327,6 +386,8 @@ def _points(coordinates) -> np.ndarray:
     array = np.asarray(coordinates, dtype=np.float64)
     if array.ndim != 2 or array.shape[1] < 2 or not len(array) or not np.isfinite(array).all():
         raise ValueError("not a list of finite [x, y] points")
+    if np.abs(array).max() > MAX_COORDINATE:
+        raise ValueError("a coordinate beyond any image")
     return array[:, [1, 0]]
 
 
