@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import os
 import stat
 from collections.abc import AsyncIterator, Iterator
@@ -128,41 +127,6 @@ def _link(fd: int, name: str, directory: Path) -> Path:
     link.unlink(missing_ok=True)
     link.symlink_to(target)
     return link
-
-
-def fingerprint(path: Path) -> str:
-    """A digest of what the input at ``path`` holds, from its metadata alone (one ``stat`` per file, no byte read):
-    a file's device, inode, size and modification time; a directory's (a zarr store's) those of every file beneath
-    it, with their paths. It changes when the input, or any chunk of it, is rewritten, added, cut or deleted."""
-    digest = hashlib.sha256()
-    if not path.is_dir():
-        digest.update(_file_identity(path))
-        return digest.hexdigest()
-    pending = [path]
-    while pending:
-        directory = pending.pop()
-        try:
-            entries = sorted(os.scandir(directory), key=lambda entry: entry.name)
-        except FileNotFoundError:  # deleted meanwhile: its files are missing from the digest
-            continue
-        for entry in entries:
-            if entry.is_dir(follow_symlinks=False):
-                pending.append(Path(entry.path))
-            else:
-                digest.update(
-                    os.fsencode(os.path.relpath(entry.path, path)) + b"\0" + _file_identity(entry.path)
-                )
-    return digest.hexdigest()
-
-
-def _file_identity(path) -> bytes:
-    """A file's device, inode, size and modification time in nanoseconds ("missing" when it is gone)."""
-    try:
-        stat_result = os.stat(path)
-    except FileNotFoundError:
-        return b"missing\0"
-    identity = (stat_result.st_dev, stat_result.st_ino, stat_result.st_size, stat_result.st_mtime_ns)
-    return ",".join(map(str, identity)).encode() + b"\0"
 
 
 async def save_upload(

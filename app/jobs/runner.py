@@ -40,7 +40,7 @@ from ..settings import Settings
 from . import upload_store
 from .admission import task_memory
 from .db import JobRecord, State
-from .inputs import JobInput, fingerprint, opened_server_input
+from .inputs import JobInput, opened_server_input
 from .quota import Quota, disk_usage, upload_reservation
 from .store import JobStore
 
@@ -251,10 +251,12 @@ class JobRunner:
     def _check_input_unchanged(self, job: JobRecord, job_input: JobInput) -> None:
         """Fail the job when its input is not what it was when the job first started (a chunk of a zarr store
         deleted or rewritten while its blocks were read, a file cut): read from the pieces of two inputs, or a
-        missing chunk's fill value, its labels would be wrong. The first start records the input's fingerprint in
+        missing chunk's fill value, its labels would be wrong. The first start records the input's identity in
         the job's directory; each start and the end of each run compare it (a resumed job's earlier blocks count)."""
+        from densecnn.blockwise.provenance import input_identity
+
         recorded = self.directory(job.id) / INPUT_FINGERPRINT
-        now = fingerprint(job_input.path)
+        now = input_identity(job_input.path)["digest"]
         if not recorded.exists():
             atomic_write(recorded, lambda tmp: tmp.write_text(now))
         elif recorded.read_text() != now:

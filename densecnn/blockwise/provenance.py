@@ -50,8 +50,11 @@ def input_identity(path: str | Path, key: str = "") -> dict:
     """An input as stored, without reading its pixels: how many files, their bytes, and a digest of each file's
     path, size and modification time (nanoseconds). ``path`` a file (TIFF, slide, .npy, image), or a zarr store
     with ``key`` the array inside it (only that array's files: a labels group written beside it does not count).
-    A file rewritten, even with the same size, gets another identity."""
+    A file rewritten, even with the same size, gets another identity; so do files deleted or added, and an input
+    gone altogether (no files)."""
     root = Path(path) / key if key else Path(path)
+    if not root.exists():
+        return {"files": 0, "bytes": 0, "digest": hashlib.sha256(b"missing").hexdigest()}
     files = _stat_files(root) if root.is_dir() else [("", os.stat(root))]
     # MIRAX: its pixels in the folder beside the .mrxs file
     if root.suffix.lower() == ".mrxs" and root.with_suffix("").is_dir():
@@ -67,15 +70,19 @@ def input_identity(path: str | Path, key: str = "") -> dict:
 
 
 def _stat_files(root: Path) -> list[tuple[str, os.stat_result]]:
-    """(path relative to ``root``, stat) of every file under the directory ``root``."""
+    """(path relative to ``root``, stat) of every file under the directory ``root``; a folder or file deleted while
+    they are listed is left out, as it is gone."""
     found, folders = [], [root]
     while folders:
-        with os.scandir(folders.pop()) as entries:
-            for entry in entries:
-                if entry.is_dir(follow_symlinks=True):
-                    folders.append(Path(entry.path))
-                else:
-                    found.append((os.path.relpath(entry.path, root), entry.stat(follow_symlinks=True)))
+        try:
+            with os.scandir(folders.pop()) as entries:
+                for entry in entries:
+                    if entry.is_dir(follow_symlinks=True):
+                        folders.append(Path(entry.path))
+                    else:
+                        found.append((os.path.relpath(entry.path, root), entry.stat(follow_symlinks=True)))
+        except FileNotFoundError:
+            continue
     return found
 
 
