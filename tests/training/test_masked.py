@@ -162,31 +162,33 @@ BAD_TARGETS = [
 ]
 
 
+def _refused_by_masked_cross_entropy(bad: str):
+    """A dense net, an input, the ``bad`` labels and mask, and the error densecnn.masked_cross_entropy raises for
+    them on the net's scores: the refusal every masked_loss method must give alike."""
+    model, patch = _net(2)
+    dense = densecnn.convert(model, patch)
+    x = torch.randn(1, 2, 9, 9, dtype=torch.float64)
+    labels, mask = _bad_targets(bad)
+    with pytest.raises(densecnn.DenseCNNError) as reference:
+        densecnn.masked_cross_entropy(dense(x), labels, mask)
+    return dense, x, labels, mask, reference.value
+
+
 @pytest.mark.parametrize("method", ["dense", "region", "patches", "auto"])
 @pytest.mark.parametrize("bad", BAD_TARGETS)
 def test_every_method_refuses_the_labels_and_masks_masked_cross_entropy_refuses(method, bad):
     """Each method checks labels and mask up front, as densecnn.masked_cross_entropy does on the scores: the same
     error, never a raw torch error or a mask read differently by one method (a mask of 2s selecting nothing)."""
-    model, patch = _net(2)
-    dense = densecnn.convert(model, patch)
-    x = torch.randn(1, 2, 9, 9, dtype=torch.float64)
-    labels, mask = _bad_targets(bad)
-    with pytest.raises(densecnn.DenseCNNError) as reference:
-        densecnn.masked_cross_entropy(dense(x), labels, mask)
-    with pytest.raises(type(reference.value)) as got:
+    dense, x, labels, mask, reference = _refused_by_masked_cross_entropy(bad)
+    with pytest.raises(type(reference)) as got:
         dense.masked_loss(x, labels, mask, method=method)
-    assert str(got.value) == str(reference.value)
+    assert str(got.value) == str(reference)
 
 
 @pytest.mark.parametrize("bad", ["int mask of 0 and 2", "float mask", "mask of another shape"])
 def test_a_bad_mask_is_refused_alike_when_no_data_pixels_leave_the_mask(bad):
-    model, patch = _net(2)
-    dense = densecnn.convert(model, patch)
-    x = torch.randn(1, 2, 9, 9, dtype=torch.float64)
-    labels, mask = _bad_targets(bad)
-    with pytest.raises(densecnn.DenseCNNError) as reference:
-        densecnn.masked_cross_entropy(dense(x), labels, mask)
+    dense, x, labels, mask, reference = _refused_by_masked_cross_entropy(bad)
     x[0, 0, 4, 4] = float("nan")
-    with pytest.raises(type(reference.value)) as got:
+    with pytest.raises(type(reference)) as got:
         dense.masked_loss(x, labels, mask, nonfinite="propagate")
-    assert str(got.value) == str(reference.value)
+    assert str(got.value) == str(reference)
