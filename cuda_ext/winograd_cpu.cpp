@@ -182,13 +182,24 @@ DENSECNN_ALWAYS_INLINE void chunk_products_loop(const T* v, const T* u, T* p, in
   }
 }
 
+// Tiles summed per pass of the weight gradient's products: their rows of V[ξ] and z[ξ] (a few KB) stay in L1 while
+// every block of R[ξ]'s rows and columns is summed over them; summed over a whole chunk of hundreds of tiles at once,
+// each of those passes read them from L2 again, and the step's time varied by half with where the chunk's buffers
+// lay in memory (docs/performance.md). The sums' order is the same either way: each block of R picks up from the
+// last.
+constexpr int64_t kGradientTileBlock = 32;
+
 // R[ξ] += V[ξ]ᵀ z[ξ] for the points [first, last): V (points, tiles, C), z (points, tiles, K) and R (points, C, K),
-// K a multiple of one vector: rows the C input channels, sums over the chunk's tiles.
+// K a multiple of one vector: rows the C input channels, sums over the chunk's tiles, kGradientTileBlock at a time.
 template <int B, typename T>
 DENSECNN_ALWAYS_INLINE void chunk_gradient_products_loop(const T* v, const T* z, T* r, int64_t first, int64_t last,
                                                          int64_t tiles, int64_t c, int64_t k) {
   for (int64_t xi = first; xi < last; ++xi) {
-    product_blocks<true, B>(v + xi * tiles * c, 1, c, z + xi * tiles * k, tiles, r + xi * c * k, c, k);
+    for (int64_t t0 = 0; t0 < tiles; t0 += kGradientTileBlock) {
+      const int64_t block = std::min(kGradientTileBlock, tiles - t0);
+      product_blocks<true, B>(v + (xi * tiles + t0) * c, 1, c, z + (xi * tiles + t0) * k, block, r + xi * c * k,
+                              c, k);
+    }
   }
 }
 
