@@ -23,7 +23,8 @@ import numpy as np
 
 from ..errors import Fix, PredictInputError
 from ..io import LazyArray
-from ..io.arrays import SPATIAL_NAMES
+from ..io.arrays import SPATIAL_NAMES, level_transform, ome_multiscales
+from .inputs import input_errors
 from .sinks import chunk_written, create_output, open_output, persist_chunk
 from .worker import TaskResult
 
@@ -76,7 +77,7 @@ def labels_target(input: Path, name: str, source: LazyArray, level: int = 0) -> 
         image = zarr.open_group(str(input), mode="r")
     except Exception:  # not a group
         image = None
-    multiscales = _multiscales(image) if image is not None else None
+    multiscales = ome_multiscales(image) if image is not None else None
     if not multiscales:
         raise PredictInputError(
             f"labels are written into an OME-Zarr image only (a group with multiscales metadata); {input} is not one: "
@@ -84,7 +85,8 @@ def labels_target(input: Path, name: str, source: LazyArray, level: int = 0) -> 
         )
     first = multiscales[0]
     axes = _axes(first)
-    scale, translation = level_transform(first, level, where=input)
+    with input_errors():  # a transformation densecnn cannot read
+        scale, translation = level_transform(first, level, where=input)
     spatial = len(source.spatial_shape)
     lead = (1,) * (len(axes) - spatial)
     return NgffTarget(
@@ -125,14 +127,15 @@ def _placement(source: LazyArray) -> tuple[tuple[dict, ...], tuple[float, ...], 
         group = zarr.open_group(source.path, mode="r")
     except Exception:  # not a group: an array given by its own path
         return None
-    multiscales = _multiscales(group)
+    multiscales = ome_multiscales(group)
     if not multiscales:
         return None
     first = multiscales[0]
     paths = [dataset["path"] for dataset in first["datasets"]]
     if source.key not in paths:
         return None
-    scale, translation = level_transform(first, paths.index(source.key), where=Path(source.path))
+    with input_errors():
+        scale, translation = level_transform(first, paths.index(source.key), where=Path(source.path))
     spatial = [k for k, letter in enumerate(source.layout) if letter == "s"]
     axes = _axes(first)
     return (
@@ -142,48 +145,9 @@ def _placement(source: LazyArray) -> tuple[tuple[dict, ...], tuple[float, ...], 
     )
 
 
-def level_transform(
-    multiscale: dict, level: int, *, where: Path
-) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """The scale and translation per axis that place a multiscale image's ``level`` (NGFF 0.4 and 0.5): the
-    dataset's scale and translation, then the multiscale's own coordinate transformations (applied after them),
-    composed into one scale and one translation.
-
-    Raises:
-        PredictInputError: a transformation is of another type, stored in a file, or not one value per axis.
-    """
-    count = len(multiscale["axes"])
-    scale, translation = [1.0] * count, [0.0] * count
-    dataset = multiscale["datasets"][level]
-    for transform in [
-        *dataset.get("coordinateTransformations", []),
-        *multiscale.get("coordinateTransformations", []),
-    ]:
-        kind = transform.get("type")
-        if kind == "identity":
-            continue
-        values = transform.get(kind) if kind in ("scale", "translation") else None
-        if not isinstance(values, list) or len(values) != count:
-            raise PredictInputError(
-                f"{where}: a coordinate transformation of level {level} ({transform}) is not a scale or translation "
-                f"of {count} values, one per axis; give them as values in the image's metadata"
-            )
-        if kind == "scale":
-            scale = [a * float(b) for a, b in zip(scale, values)]
-            translation = [a * float(b) for a, b in zip(translation, values)]
-        else:
-            translation = [a + float(b) for a, b in zip(translation, values)]
-    return tuple(scale), tuple(translation)
-
-
 def _axes(multiscale: dict) -> tuple[dict, ...]:
     """A multiscale image's axes as dictionaries (NGFF 0.3 named them as strings)."""
     return tuple(a if isinstance(a, dict) else {"name": a} for a in multiscale["axes"])
-
-
-def _multiscales(group) -> list | None:
-    attrs = dict(group.attrs)
-    return attrs.get("multiscales") or attrs.get("ome", {}).get("multiscales")
 
 
 def create_levels(target: NgffTarget, shape, chunks, dtype, attributes: dict, *, resume: bool) -> list:

@@ -6,7 +6,8 @@ a window (or the whole array) channel first, as displayed. Each process opens a 
 reads whole arrays through the same call.
 
 - zarr arrays (v2 or v3); an OME-Zarr group is read at its full-resolution level, the first dataset of its first
-  multiscale (v0.4 or v0.5 metadata), whose axis names say which axes are spatial and which holds the channels.
+  multiscale (v0.4 or v0.5 metadata), whose axis names say which axes are spatial and which holds the channels,
+  and whose scale (the dataset's, then the multiscale's own, composed) gives the pixel size.
 - TIFF files (BigTIFF, tiled or striped, multi-page stacks, ImageJ hyperstacks, Philips TIFF slides) through
   tifffile's zarr interface, at the first series' level 0, the Orientation tag applied (windows are mapped to the
   stored pixels first).
@@ -331,8 +332,10 @@ def _zarr_array(path: Path, channel_axis: int | None, spatial_dims: int, level: 
 
 
 def _level(group, path: Path, level: int = 0):
-    """An OME-Zarr group's ``level`` (v0.4 or v0.5 metadata): its key, axis names, scale and units per axis."""
-    multiscales = _multiscales(group)
+    """An OME-Zarr group's ``level`` (v0.4 or v0.5 metadata): its key, axis names, scale and units per axis; the
+    scale is the dataset's composed with the multiscale's own (:func:`level_transform`), None where neither has one.
+    """
+    multiscales = ome_multiscales(group)
     if not multiscales:
         arrays = sorted(name for name, _ in group.arrays())
         raise ImageReadError(
@@ -348,19 +351,81 @@ def _level(group, path: Path, level: int = 0):
     axes = first.get("axes")
     names = [a["name"] if isinstance(a, dict) else a for a in axes] if axes else None
     units = [a.get("unit") if isinstance(a, dict) else None for a in axes] if axes else None
-    chosen = datasets[level]
-    scales = [t["scale"] for t in chosen.get("coordinateTransformations", []) if t.get("type") == "scale"]
-    return chosen["path"], names, (scales[0] if scales else None), units
+    scale = None
+    if axes and any(_kind(t) == "scale" for t in _transformations(first, level)):
+        scale = level_transform(first, level, where=path)[0]
+    return datasets[level]["path"], names, scale, units
 
 
-def _multiscales(group) -> list | None:
+def ome_multiscales(group) -> list | None:
+    """The ``multiscales`` metadata of an OME-Zarr group: NGFF 0.4's attribute, or 0.5's under ``ome``; None (or
+    empty) for a group without it."""
     attrs = dict(group.attrs)
     return attrs.get("multiscales") or attrs.get("ome", {}).get("multiscales")
 
 
+def level_transform(
+    multiscale: dict, level: int, *, where: str | Path
+) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """The scale and translation per axis that place a multiscale image's ``level`` (NGFF 0.4 and 0.5): the
+    dataset's scale and translation, then the multiscale's own coordinate transformations (applied after them, to
+    every level), composed into one scale and one translation. A level's pixel size is its composed scale.
+
+    >>> level_transform({"axes": ["y", "x"], "datasets": [{"path": "0", "coordinateTransformations":
+    ...     [{"type": "scale", "scale": [1, 1]}]}], "coordinateTransformations":
+    ...     [{"type": "scale", "scale": [0.5, 0.5]}]}, 0, where="image.ome.zarr")
+    ((0.5, 0.5), (0.0, 0.0))
+
+    Raises:
+        ImageReadError: a transformation is of another type, stored in a file, or not one number per axis.
+    """
+    count = len(multiscale["axes"])
+    scale, translation = [1.0] * count, [0.0] * count
+    for transform in _transformations(multiscale, level):
+        kind = _kind(transform)
+        if kind == "identity":
+            continue
+        values = _transform_values(transform, count, level, where)
+        if kind == "scale":
+            scale = [a * b for a, b in zip(scale, values)]
+            translation = [a * b for a, b in zip(translation, values)]
+        else:
+            translation = [a + b for a, b in zip(translation, values)]
+    return tuple(scale), tuple(translation)
+
+
+def _transformations(multiscale: dict, level: int) -> list:
+    """The coordinate transformations of a multiscale image's ``level`` in the order they apply: its dataset's,
+    then the multiscale's own."""
+    dataset = multiscale["datasets"][level]
+    return [*dataset.get("coordinateTransformations", []), *multiscale.get("coordinateTransformations", [])]
+
+
+def _kind(transform) -> str | None:
+    """A coordinate transformation's type ("scale", "translation", "identity", ...); None for no dictionary."""
+    return transform.get("type") if isinstance(transform, dict) else None
+
+
+def _transform_values(transform, count: int, level: int, where: str | Path) -> list[float]:
+    """The ``count`` numbers of a scale or translation, one per axis; anything else refused naming it."""
+    kind = _kind(transform)
+    values = transform.get(kind) if kind in ("scale", "translation") else None
+    numbers = isinstance(values, list) and all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) for v in values
+    )
+    if not numbers or len(values) != count:
+        raise ImageReadError(
+            f"{where}: a coordinate transformation of level {level} ({transform}) is not a scale or translation "
+            f"of {count} values, one per axis; give them as numbers in the image's metadata (densecnn reads no "
+            "other transformations, nor values stored in a file)"
+        )
+    return [float(v) for v in values]
+
+
 def ome_levels(path: str | Path, *, spatial_dims: int) -> list[tuple[float, ...] | None]:
     """The pixel size (micrometres per spatial axis, or None where unknown) of each level of the OME-Zarr image
-    at ``path``; ``[]`` for anything else.
+    at ``path``: the level's scale composed with the multiscale's own (:func:`level_transform`); ``[]`` for anything
+    else.
 
     >>> ome_levels("slide.ome.zarr", spatial_dims=2)
     [(0.25, 0.25), (0.5, 0.5), (1.0, 1.0)]
@@ -370,11 +435,12 @@ def ome_levels(path: str | Path, *, spatial_dims: int) -> list[tuple[float, ...]
         return []
     zarr = _zarr(path)
     group = zarr.open(confined_store(path), mode="r")
-    if not isinstance(group, zarr.Group) or not _multiscales(group):
+    multiscales = ome_multiscales(group) if isinstance(group, zarr.Group) else None
+    if not multiscales:
         return []
     return [
         _zarr_array(path, None, spatial_dims, level).pixel_size
-        for level in range(len(_multiscales(group)[0]["datasets"]))
+        for level in range(len(multiscales[0]["datasets"]))
     ]
 
 

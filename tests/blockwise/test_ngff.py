@@ -21,6 +21,7 @@ from ome_zarr.io import parse_url  # noqa: E402
 from ome_zarr.reader import Label, Multiscales, Reader  # noqa: E402
 
 from densecnn.blockwise import BlockwiseOptions, predict_to_disk  # noqa: E402
+from densecnn.blockwise.inputs import matching_level  # noqa: E402
 
 PIXEL_SIZE = 0.5
 
@@ -49,6 +50,21 @@ def write_image(path, pixels: np.ndarray, zarr_format: int) -> None:
         for k in range(len(levels))
     ]
     write_multiscales_metadata(group, datasets, fmt=fmt, axes=axes)
+
+
+def write_image_scaled_as_a_whole(path, pixels: np.ndarray, zarr_format: int) -> None:
+    """:func:`write_image`'s image with its pixel size given once for the whole image: each dataset's scale counts
+    level-0 pixels (1, then 2) and the multiscale's own scale, which NGFF applies after them, is 0.5 um per pixel;
+    the levels are at 0.5 and 1.0 um per pixel still."""
+    write_image(path, pixels, zarr_format)
+    group = zarr.open_group(str(path), mode="r+")
+    ome = zarr_format == 3  # NGFF 0.5 keeps the multiscales under "ome"
+    metadata = dict(group.attrs["ome"] if ome else group.attrs)
+    multiscale = metadata["multiscales"][0]
+    for k, dataset in enumerate(multiscale["datasets"]):
+        dataset["coordinateTransformations"] = [{"type": "scale", "scale": [1, 1, 1, 2**k, 2**k]}]
+    multiscale["coordinateTransformations"] = [{"type": "scale", "scale": [1, 1, 1, PIXEL_SIZE, PIXEL_SIZE]}]
+    group.attrs.update({"ome": metadata} if ome else metadata)
 
 
 @pytest.fixture(scope="module")
@@ -211,6 +227,29 @@ def test_the_level_is_chosen_by_index_or_by_the_models_pixel_size(model_dir, tmp
         predict_to_disk(
             fine, tmp_path / "image.ome.zarr", tmp_path / "f.zarr", BlockwiseOptions(level=2, progress=False)
         )
+
+
+@pytest.mark.parametrize("zarr_format", [2, 3], ids=["ngff-0.4", "ngff-0.5"])
+def test_the_level_at_the_models_pixel_size_counts_the_images_own_scale(model_dir, tmp_path, zarr_format):
+    image = tmp_path / "image.ome.zarr"
+    # levels at 0.5 and 1.0 um per pixel
+    write_image_scaled_as_a_whole(image, tiled_nuclei(128, 96), zarr_format)
+    loaded = densecnn.load(model_dir)
+    models = {}
+    for name, pixel_size in (("fine", (0.5, 0.5)), ("coarse", (1.05, 1.05))):
+        models[name] = tmp_path / name
+        densecnn.save(loaded.model, models[name], patch_size=loaded.patch_size, normalization=loaded.normalization,
+                      padding_mode="reflect", pixel_size=pixel_size)  # fmt: skip
+    # the datasets' scales alone would put the levels at 1.0 and 2.0 um per pixel: level 0 for the coarse model
+    assert matching_level(image, densecnn.load(models["coarse"])) == 1
+    assert matching_level(image, densecnn.load(models["fine"])) == 0
+
+    predict_to_disk(models["coarse"], image, None, BlockwiseOptions(labels_into="coarse", progress=False))
+    labels = zarr.open_group(str(image / "labels" / "coarse"), mode="r")
+    assert labels["0"].shape == (1, 1, 1, 64, 48)  # read at level 1
+    metadata = dict(labels.attrs) if zarr_format == 2 else labels.attrs["ome"]
+    (multiscale,) = metadata["multiscales"]
+    assert multiscale["datasets"][0]["coordinateTransformations"][0]["scale"] == [1, 1, 1, 1.0, 1.0]
 
 
 def test_ngff_05_outputs_pass_ome_zarr_models_validation(model_dir, tmp_path):
