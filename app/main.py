@@ -29,6 +29,7 @@ from .keys import KeyStore
 from .limits import BodySizeLimitMiddleware
 from .privacy import private_database, private_directory
 from .prometheus import Metrics, MetricsMiddleware, multiprocess
+from .query_parameters import refuse_unknown_query_parameters
 from .receiving import ReceivingLimit
 from .registry import load_models
 from .requestid import RequestIdMiddleware
@@ -92,10 +93,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.auth_failures = RateLimiter(settings.failed_auth_per_minute)
     install_error_handlers(app, retry_after=settings.retry_after)
     _add_middleware(app, settings, metrics)
-    for router in (health.router, metrics_router.router, page.router, jobs.router, uploads.router):
+    # 422 for a query parameter the endpoint does not take; the web page leaves a link's own (utm_..., cache-busting)
+    # and /metrics a scrape configuration's (Prometheus's `params`), where nothing is computed from them
+    checked = [Depends(refuse_unknown_query_parameters)]
+    for router in (health.router, jobs.router, uploads.router):
+        app.include_router(router, dependencies=checked)
+    for router in (page.router, metrics_router.router):
         app.include_router(router)
     for router in (models.router, segment.router):  # keys and rate limits as for jobs
-        app.include_router(router, dependencies=[Depends(get_caller)])
+        app.include_router(router, dependencies=[*checked, Depends(get_caller)])
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     return app
 

@@ -94,7 +94,7 @@ def _owned(runner: JobRunner, job_id: str, owner: str) -> JobRecord:
             "the upload is over max_job_upload_bytes, or an image decoded whole is over the image limits"
         ),
         415: _error("not an image in a format read here"),
-        422: _error("invalid options, or an input of other dimensions than the model's"),
+        422: _error("invalid or unknown options, or an input of other dimensions than the model's"),
         429: _error("the key has max_jobs_per_key jobs queued or running, or is over its request rate"),
         507: _error("the jobs' disk quota is used up"),
     },

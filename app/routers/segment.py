@@ -89,8 +89,9 @@ def _error(description: str) -> dict:
         408: _error("the request body did not arrive within the upload timeout"),
         413: _error("the body is over the byte limit, or the image over the pixel or decoded-byte limit"),
         415: _error("not an image in a format read here"),
-        422: _error("invalid query parameter, a stack of planes sent to a model of 2-D images, a 2-D image sent "
-                    "to a volume model (other axes than the model takes), or ?view=overlay for a volume or signal"),
+        422: _error("an invalid or unknown query parameter, a stack of planes sent to a model of 2-D images, a "
+                    "2-D image sent to a volume model (other axes than the model takes), or ?view=overlay for a "
+                    "volume or signal"),
         503: _error("busy (queue full), timed out, loading or draining; see Retry-After"),
     },
 )  # fmt: skip
