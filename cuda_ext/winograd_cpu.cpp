@@ -122,12 +122,17 @@ WINOGRAD_INLINE void output_gradient_tiles_loop(const WinogradGeometry& g, const
 }
 
 // The chunk's products P[ξ] = V[ξ] @ U[ξ] for every point ξ: V (points, tiles, C), U (points, C, K) and P
-// (points, tiles, K), K a multiple of 64 bytes (16 floats, 8 doubles), so of every level's vector. MKL's batched
-// GEMM packs and scales its operands on every call, which on the few channels of 3-D nets cost as much as its
-// products (docs/performance.md); here U[ξ] (C·K values) stays in L1 across the chunk's tiles, and each block of
-// kTileRows tiles and one vector of output channels is kept in registers while the C input channels are summed into
-// it (Vec, kVecBytes: cpu_isa.h). The weight gradient's Σ over tiles of V[ξ]ᵀ z[ξ] runs on the same block, its rows
-// input channels and its sum over tiles.
+// (points, tiles, K), K a multiple of kPaddedBytes (below). MKL's batched GEMM packs and scales its operands on
+// every call, which on the few channels of 3-D nets cost as much as its products (docs/performance.md); here U[ξ]
+// (C·K values) stays in L1 across the chunk's tiles, and each block of kTileRows tiles and one vector of output
+// channels is kept in registers while the C input channels are summed into it (Vec, kVecBytes: cpu_isa.h). The
+// weight gradient's Σ over tiles of V[ξ]ᵀ z[ξ] runs on the same block, its rows input channels and its sum over
+// tiles.
+
+// The products' columns (K) are padded with zero channels to whole kPaddedBytes: half an AVX-512 vector, whose
+// last columns a half vector sums (K = 50 floats: 56 columns, where whole AVX-512 vectors took 64), and whole AVX2
+// and baseline vectors.
+constexpr int kPaddedBytes = 32;
 
 // Rows summed at once: each vector of the right operand is read once for 6 rows, and 6 independent sums keep the FMA
 // units busy through their latency (7 of the 16 or 32 vector registers).
@@ -150,16 +155,21 @@ DENSECNN_ALWAYS_INLINE void product_rows(const T* a, int64_t row_step, int64_t s
   for (int r = 0; r < R; ++r) memcpy(p + r * k + k0, &acc[r], sizeof(acc[r]));
 }
 
-// Rows [0, rows) of a product (as product_rows), in blocks of kTileRows and a last block of what is left.
+// Rows [0, rows) of a product (as product_rows), in blocks of kTileRows and a last block of what is left; the
+// columns in whole vectors, and where k leaves half of one (k is padded to whole kPaddedBytes), a half vector.
 template <bool kAccumulate, int B, typename T>
 DENSECNN_ALWAYS_INLINE void product_blocks(const T* a, int64_t row_step, int64_t sum_step, const T* b, int64_t sums,
                                            T* p, int64_t rows, int64_t k) {
   constexpr int64_t width = lanes<T, B>();  // columns per vector
   for (int64_t r0 = 0; r0 < rows; r0 += kTileRows) {
     const auto block = [&](auto rows_tag) {
-      for (int64_t k0 = 0; k0 < k; k0 += width) {
-        product_rows<decltype(rows_tag)::value, kAccumulate, B>(a + r0 * row_step, row_step, sum_step, b, sums,
-                                                             p + r0 * k, k, k0);
+      constexpr int R = decltype(rows_tag)::value;
+      int64_t k0 = 0;
+      for (; k0 + width <= k; k0 += width) {
+        product_rows<R, kAccumulate, B>(a + r0 * row_step, row_step, sum_step, b, sums, p + r0 * k, k, k0);
+      }
+      if constexpr (B > kPaddedBytes) {
+        if (k0 < k) product_rows<R, kAccumulate, B / 2>(a + r0 * row_step, row_step, sum_step, b, sums, p + r0 * k, k, k0);
       }
     };
     switch (std::min<int64_t>(kTileRows, rows - r0)) {  // each pass over b sums all of the last block's rows
@@ -190,7 +200,7 @@ DENSECNN_ALWAYS_INLINE void chunk_products_loop(const T* v, const T* u, T* p, in
 constexpr int64_t kGradientTileBlock = 32;
 
 // R[ξ] += V[ξ]ᵀ z[ξ] for the points [first, last): V (points, tiles, C), z (points, tiles, K) and R (points, C, K),
-// K a multiple of one vector: rows the C input channels, sums over the chunk's tiles, kGradientTileBlock at a time.
+// K a multiple of kPaddedBytes: rows the C input channels, sums over the chunk's tiles, kGradientTileBlock at a time.
 template <int B, typename T>
 DENSECNN_ALWAYS_INLINE void chunk_gradient_products_loop(const T* v, const T* z, T* r, int64_t first, int64_t last,
                                                          int64_t tiles, int64_t c, int64_t k) {
@@ -264,9 +274,9 @@ at::Tensor winograd_conv_cpu(const at::Tensor& input, const at::Tensor& weight, 
   const int64_t tiles = winograd_tiles(in, input.size(0));
   if (y.numel() == 0 || tiles == 0) return y;
   const bool gpu_loops = gpu_loops_on_cpu();
-  // The own products take K in whole vectors: U and the products are padded with zero channels up to them (the
+  // The own products take K in whole kPaddedBytes: U and the products are padded with zero channels up to them (the
   // output transform reads the first K). Even 2 channels padded to 16 took 0.6× MKL's time (docs/performance.md).
-  const int64_t vector = 64 / input.element_size();
+  const int64_t vector = kPaddedBytes / input.element_size();
   const int64_t k_padded = (k + vector - 1) / vector * vector;
   const bool own_products = in.channels * k_padded <= kOwnProductsMax;
   const int64_t k_products = own_products ? k_padded : k;
@@ -323,7 +333,7 @@ at::Tensor winograd_conv_cpu(const at::Tensor& input, const at::Tensor& weight, 
 
 // The weight gradient's transformed form, Σ over tiles of V[ξ]ᵀ z[ξ] (α^n, C, K): chunk by chunk of tiles, the
 // two transforms parallel over the chunk's tiles, then the products parallel over the points ξ, summed into the
-// result: by chunk_gradient_products, with z and the result padded with zero channels up to whole vectors, or by
+// result: by chunk_gradient_products, with z and the result padded with zero channels up to whole kPaddedBytes, or by
 // MKL's batched GEMM where C·K is too large for it (kOwnProductsMax). And the bias's gradient, the chunks' z at
 // the sum point added up (in double: a few thousand tiles' sums).
 std::tuple<at::Tensor, at::Tensor> winograd_conv_weight_grad_cpu(const at::Tensor& input,
@@ -335,7 +345,7 @@ std::tuple<at::Tensor, at::Tensor> winograd_conv_weight_grad_cpu(const at::Tenso
   const int64_t points = in.axes == 2 ? (m + 2) * (m + 2) : (m + 2) * (m + 2) * (m + 2);
   const int64_t tiles = winograd_tiles(in, input.size(0));
   if (tiles == 0) return {at::zeros({points, c, k}, input.options()), at::zeros({k}, input.options())};
-  const int64_t vector = 64 / input.element_size();
+  const int64_t vector = kPaddedBytes / input.element_size();
   const int64_t k_padded = (k + vector - 1) / vector * vector;
   const bool own_products = c * k_padded <= kOwnProductsMax;
   const int64_t k_products = own_products ? k_padded : k;

@@ -183,8 +183,9 @@ def test_chunks_of_tiles_equal_the_tap_sum_on_cpu_and_gpu_loops(axes, m, channel
     """Enough tiles for several chunks (each at most 1 MB of transformed input and products), the last one partial:
     the conv equals the tap sum both with the CPU's vectorised loops and with the CUDA kernels' per-element bodies.
     40 output channels are five vectors of doubles (the CPU's own products of a chunk), 42 are padded with zero
-    channels to six (the products' rows 48 wide, the output transform reading the first 42), and 21 · 800 channel
-    pairs are too many for the own products' kernel to stay in L1 (MKL's GEMM)."""
+    channels to 44 (the products' rows five vectors and, with AVX-512, a half one wide, the output transform reading
+    the first 42), and 21 · 800 channel pairs are too many for the own products' kernel to stay in L1 (MKL's
+    GEMM)."""
     generator = torch.Generator().manual_seed(axes * 10 + m)
     dilation = [3, 2, 1][:axes]
     x = torch.randn(
@@ -362,8 +363,8 @@ def test_the_weight_gradient_by_winograd_equals_the_tap_sum(problem, gpu_loops):
 @pytest.mark.parametrize("classes", [40, 42, 800])
 def test_the_weight_gradient_over_chunks_of_tiles_equals_the_tap_sum(axes, channels_last, classes):
     """Enough tiles for several of the weight gradient's chunks, the last one partial, summed into one result: 40
-    output channels are five vectors of doubles (the CPU's own products), 42 are padded with zero channels to six
-    (the result's padding dropped), and 21 · 800 channel pairs take MKL's GEMM; the CPU loops and the CUDA kernels'
+    output channels are five vectors of doubles (the CPU's own products), 42 are padded with zero channels to 44
+    (five vectors and, with AVX-512, a half one; the result's padding dropped), and 21 · 800 channel pairs take MKL's GEMM; the CPU loops and the CUDA kernels'
     per-element bodies alike."""
     generator = torch.Generator().manual_seed(axes * 100 + classes)
     dilation = [3, 2, 1][:axes]
