@@ -14,7 +14,7 @@ from .chain import Chain, extract_chain
 from .dense import DenseCNN
 from .errors import ConversionError, DenseCNNError, DenseEquivalenceWarning, PatchSizeError, PatchSizeWarning
 from .geometry import Size, ntuple
-from .materialised import check_materialised
+from .materialised import check_finite, check_materialised
 from .ops import check_backend
 from .ops.backends import Backend, allowed_solvers, ext_available
 from .ops.solvers import candidates
@@ -120,7 +120,8 @@ def convert(
 
     Raises:
         ConversionError: a layer cannot be converted exactly (the message names it and says what to do), a tensor
-            holds no values (the meta device, a lazy layer not yet run), no solver of ``backend`` runs a layer, or
+            holds no values (the meta device, a lazy layer not yet run) or NaN/±Inf ones (a diverged training run's
+            weights: the message names the tensor and counts them), no solver of ``backend`` runs a layer, or
             the verification pass found the dense net and the model disagreeing (the message names the first layer
             whose outputs differ).
         PatchSizeError: the patch size does not bring the net to one output, or has a number of entries other than
@@ -142,6 +143,7 @@ def convert(
     backend = check_backend(backend)
     chain, converted, ctx, patch = _converted_layers(model, patch_size)
     check_materialised(model)
+    check_finite(model)
     _warn_if_random_in_training(chain)
     _check_solvers(converted, backend, model)
     dense = DenseCNN(

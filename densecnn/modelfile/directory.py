@@ -25,6 +25,7 @@ from ..functional_weights import saved_layer
 from ..io.intensity import Intensity, Scaling
 from ..io.labels import class_probabilities, label_dtype
 from ..io.pixels import array_input, colour_samples, image_scaling
+from ..materialised import NONFINITE_WEIGHTS_FIX, first_nonfinite
 from ..padding import check_padding_mode
 from ..tiling import class_labels
 from .check import TensorInfo, check_directory, check_weights
@@ -284,7 +285,7 @@ def save(
 ) -> Path:
     """Write ``model`` to the directory ``path`` as ``model.json`` + ``weights.safetensors``.
 
-    The model must convert at ``patch_size`` (checked before anything is written). ``normalization`` is
+    The model must convert at ``patch_size``, its weights finite (checked before anything is written). ``normalization`` is
     ``{"mean": [...], "std": [...]}`` per input channel, applied to images scaled to [0, 1]; ``intensity`` says how
     raw pixel values are scaled to [0, 1] (:class:`~densecnn.io.intensity.Intensity`; by default by their dtype's
     range, and then the key is left out); ``pixel_size`` the micrometres per pixel of the training images, one per
@@ -369,7 +370,8 @@ def load(path) -> LoadedModel:
     The whole directory is validated before any tensor is allocated: ``model.json`` against the format (types,
     ranges, layer types and arguments, lengths of class names, palette and normalisation), the layers against
     each other and the patch size (on the meta device), and every tensor's name, shape and dtype against the
-    weights file's header. Only then are the weights read, straight into the layers.
+    weights file's header. Only then are the weights read, straight into the layers, and refused if one holds NaN or
+    ±Inf (the weights of a diverged training run, which would label every pixel no-data).
 
     Once per directory and process (again if a file changes), the dense net is checked against the patch model on
     random patches (:mod:`densecnn.verify`).
@@ -391,6 +393,10 @@ def load(path) -> LoadedModel:
             f"cannot be read ({exc})",
             "write the model again with densecnn.save",
         ) from None
+    broken = first_nonfinite(state.items())  # NaN/±Inf weights: every score NaN, every pixel no-data
+    if broken is not None:
+        name, found = broken
+        raise file_error(directory / WEIGHTS_FILE, f"tensor {name!r}", f"has {found}", NONFINITE_WEIGHTS_FIX)
     # the file's tensors become the parameters (no copy, no cast); a reused layer shares its first use's
     model.load_state_dict(full_state(model, state), assign=True)
     _verify_once(directory, model, config)

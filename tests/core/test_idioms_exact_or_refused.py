@@ -495,6 +495,34 @@ REFUSED = {
         {},
         "'2'",
     ),
+    # a diverged training run's weights: the scores they feed are NaN, every pixel no-data (verification agrees)
+    "NaN weights": (
+        lambda: _poisoned(
+            nn.Sequential(nn.Conv2d(2, 3, 3), nn.ReLU(), nn.Conv2d(3, 3, 3)), "0.weight", "nan"
+        ),
+        5,
+        {},
+        "'0.weight' has 54 NaN values (of 54)",
+    ),
+    "infinite batch norm statistics": (
+        lambda: _poisoned(
+            nn.Sequential(nn.Conv2d(2, 3, 3), nn.BatchNorm2d(3), nn.Conv2d(3, 3, 3)), "1.running_var", "inf"
+        ),
+        5,
+        {},
+        "buffer '1.running_var' has 3 infinite values",
+    ),
+    "one NaN in a nested layer's bias": (
+        lambda: _poisoned(
+            nn.Sequential(nn.Conv2d(2, 3, 3), nn.Sequential(nn.ReLU(), nn.Conv2d(3, 3, 3))),
+            "1.1.bias",
+            "nan",
+            1,
+        ),
+        5,
+        {},
+        "'1.1.bias' has 1 NaN value (of 3)",
+    ),
     "group norm in a signal net": (
         lambda: nn.Sequential(nn.Conv1d(2, 4, 3), nn.GroupNorm(2, 4), nn.Conv1d(4, 3, 3)),
         5,
@@ -540,6 +568,14 @@ class Scriptable(nn.Module):
 def _on_meta(factory):
     with torch.device("meta"):
         return factory()
+
+
+def _poisoned(model: nn.Module, name: str, value: str, count: int | None = None) -> nn.Module:
+    """``model`` with the first ``count`` values (None: all) of its parameter or buffer ``name`` set to ``value``."""
+    tensor = dict([*model.named_parameters(), *model.named_buffers()])[name]
+    with torch.no_grad():
+        tensor.view(-1)[:count].fill_(float(value))
+    return model
 
 
 def _meta_buffers(model: nn.Module) -> nn.Module:

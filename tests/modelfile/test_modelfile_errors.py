@@ -175,6 +175,11 @@ WEIGHT_CASES = {
     "header not JSON": (lambda p: (p / "weights.safetensors").write_bytes((8).to_bytes(8, "little") + b"nonsense"),
                         None, "not a safetensors file"),
     "missing file": (lambda p: (p / "weights.safetensors").unlink(), None, "missing; put the model's weights"),
+    # a diverged training run's weights: every score NaN, every pixel no-data, were they loaded
+    "NaN weights": (lambda p: _weights(p, lambda t: t["0.weight"].view(-1)[:12].fill_(float("nan"))),
+                    "tensor '0.weight'", r"has 12 NaN values \(of \d+\); these weights are broken.*lower learning rate"),
+    "infinite bias": (lambda p: _weights(p, lambda t: t["9.bias"].__setitem__(1, float("-inf"))), "tensor '9.bias'",
+                      r"has 1 infinite value \(of 3\)"),
 }  # fmt: skip
 
 
@@ -322,3 +327,15 @@ def test_a_layer_computing_its_weight_each_call_is_refused_naming_the_fix(tmp_pa
     with pytest.raises(densecnn.errors.ModelFileError, match=re.escape(fix)):
         densecnn.save(model, tmp_path / "m", patch_size=5)
     assert not (tmp_path / "m" / "model.json").exists()
+
+
+def test_a_model_with_nan_weights_is_not_saved_naming_the_tensor(tmp_path):
+    """A diverged training run's weights would label every pixel no-data: save refuses them and writes nothing."""
+    model = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3), torch.nn.ReLU(), torch.nn.Conv2d(4, 2, 5)).eval()
+    with torch.no_grad():
+        model[0].weight.view(-1)[:12] = float("nan")
+    with pytest.raises(
+        densecnn.ConversionError, match=r"'0\.weight' has 12 NaN values \(of 36\).*learning rate"
+    ):
+        densecnn.save(model, tmp_path / "m", patch_size=7)
+    assert not (tmp_path / "m").exists()
