@@ -423,7 +423,9 @@ class DenseCNN(nn.Module):
             )
         if self.in_channels is not None and x.shape[1] != self.in_channels:
             raise InvalidInputError(
-                f"the model takes {self.in_channels} input channels, the images have {x.shape[1]}"
+                f"the model takes {self.in_channels} input channels, the images have {x.shape[1]}: give images of "
+                f"{self.in_channels} channel(s) (axis 1 of the (N, C, ...) input), or a model trained on "
+                f"{x.shape[1]}-channel ones"
             )
         if min(x.shape[2:]) < 1:
             raise InvalidInputError(

@@ -23,7 +23,10 @@ sparse labels (strokes, points, outlines): label images with an unlabelled value
 --unlabelled), or GeoJSON annotations (QuPath, napari) as DIR/annotations/NAME.geojson instead of a label image.
 Without --model, the default recipe trains them: it picks the net, trains on every stroke and keeps the newest
 weights; --holdout S instead holds out a share S of each class's strokes (at least one stroke of each class still
-trains) for early stopping and keeps the best weights (docs/training.md, "Training from strokes").
+trains) for early stopping and keeps the best weights (docs/training.md, "Training from strokes"). It takes --lr
+and --weight-decay; the other schedule and optimiser options are --model runs' and refused without it.
+--resume takes --max-seconds, --val-every, --checkpoint-every, --keep-checkpoints and --device for the session,
+and refuses other options that differ from the run's. An --out that holds a run is never overwritten.
 A run stopped by --max-seconds, Ctrl-C (exit 130) or an error writes OUT/model from the steps taken; a run whose
 --max-seconds ran out before the first step writes an untrained model and warns.
 
@@ -64,9 +67,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         kinds = [t for t in (*typing.get_args(hints[spec.name]), hints[spec.name]) if t is not type(None)]
         kind = list[int] if list[int] in kinds else kinds[0]  # an int or per-axis ints: "64" or "8,64,64"
         default = None if spec.default is dataclasses.MISSING else spec.default
-        kwargs = {"help": meta["help"], "default": default}
+        kwargs = {"help": meta["help"], "default": default, "action": _Given}
         if kind is bool:
-            kwargs["action"] = argparse.BooleanOptionalAction  # --flip / --no-flip
+            kwargs["action"] = _GivenSwitch  # --flip / --no-flip
             kwargs["help"] += f" (default {'on' if default else 'off'})"
         else:
             kwargs["type"] = {list[int]: _ints, list[float]: _floats}.get(kind, kind)
@@ -77,6 +80,42 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         if spec.name == "out":
             kwargs["required"] = True  # --model and --data may come from the checkpoint with --resume
         groups[meta["group"]].add_argument(flag(spec.name), **kwargs)
+
+
+# the parsed namespace's attribute: the set of the options (TrainConfig fields) the command line gave
+GIVEN = "given_options"
+
+
+def _note_given(namespace: argparse.Namespace, dest: str) -> None:
+    given = getattr(namespace, GIVEN, None)
+    if given is None:
+        given = set()
+        setattr(namespace, GIVEN, given)
+    given.add(dest)
+
+
+class _Given(argparse.Action):
+    """Stores an option's value and notes it as given: an option given with its default's value is told apart from
+    one left out (a resumed run and the default recipe refuse what they would ignore, and only what was given)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, values)
+        _note_given(namespace, self.dest)
+
+
+class _GivenSwitch(argparse.BooleanOptionalAction):
+    """``--flip`` / ``--no-flip``, noted as given (:class:`_Given`)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        super().__call__(parser, namespace, values, option_string)
+        _note_given(namespace, self.dest)
+
+
+def given_options(args: argparse.Namespace) -> set[str] | None:
+    """The TrainConfig fields the command line gave (None for a namespace not parsed by :func:`add_arguments`'s
+    options: then the options whose value differs from the default count as given)."""
+    given = getattr(args, GIVEN, None)
+    return set(given) if given is not None else None
 
 
 def _ints(text: str) -> int | list[int]:
@@ -116,11 +155,11 @@ def run(args: argparse.Namespace, launcher: str | None = None) -> int:
     from ..train.from_strokes import train_from_strokes
     from ..train.interrupts import TrainingInterrupted
 
-    config = config_from_args(args, launcher)
+    config, given = config_from_args(args, launcher), given_options(args)
     recipe = not config.model and not config.resume  # no --model: the default recipe for sparse labels
     main_process = int(os.environ.get("RANK", "0")) == 0
     try:
-        model_dir = train_from_strokes(config.check()) if recipe else train(config)
+        model_dir = train_from_strokes(config.check(), given) if recipe else train(config, given)
     except KeyboardInterrupt as exc:
         if main_process:  # the steps taken and the model written, as the run says them
             said = (

@@ -3,7 +3,8 @@
 GeoJSON is what QuPath exports (File > Export objects as GeoJSON: a ``FeatureCollection``, or a bare list of
 features in older versions) and what napari's Shapes layer is saved as by GeoJSON writers. Each feature's class is
 ``properties.classification.name`` (QuPath; its colour, ``colorRGB`` as a packed signed integer or ``color`` as
-``[r, g, b]``, is read too), coordinates are pixels of the full-resolution image, ``[x, y]`` = ``[column, row]``
+``[r, g, b]``, is read too; a QuPath derived class, ``"names": ["Tumor", "Positive"]``, is "Tumor: Positive", as
+QuPath names it; an empty name is refused), coordinates are pixels of the full-resolution image, ``[x, y]`` = ``[column, row]``
 with the origin at the top-left corner: pixel (row i, column j) is the square [j, j + 1] x [i, i + 1], as QuPath and
 :mod:`densecnn.io.geojson` have it (see :func:`rasterize`). A QuPath class named ``Ignore*`` marks pixels as
 unlabelled.
@@ -323,17 +324,42 @@ def _class_id(name: str, class_ids: dict[str, int]) -> int:
 
 
 def _classification(properties: dict, where: str, n: int) -> tuple[str, tuple[int, int, int] | None]:
+    """A feature's class name and colour. QuPath writes a class as ``{"name": "Tumor"}``, a derived class (0.4 and
+    later) as ``{"names": ["Tumor", "Positive"]}`` and before 0.4 as ``{"name": "Positive", "parentClass": {"name":
+    "Tumor", ...}}``, and reads a bare string too: a derived class is its names joined by ": " ("Tumor: Positive"), as
+    QuPath names it."""
     classification = properties.get("classification")
-    if not isinstance(classification, dict) or not isinstance(classification.get("name"), str):
+    if isinstance(classification, str):
+        classification = {"name": classification}
+    name = _class_name(classification) if isinstance(classification, dict) else None
+    if name is None:
         raise DatasetError(
-            f"{where}: feature {n} has no class (properties.classification.name); classify every annotation "
-            "(in QuPath: set its class before exporting)"
+            f"{where}: feature {n} has no class (properties.classification.name, or names for a derived class); "
+            "classify every annotation (in QuPath: set its class before exporting)"
+        )
+    if not all(part.strip() for part in name.split(": ")):
+        raise DatasetError(
+            f"{where}: feature {n}'s class name {name!r} is empty (properties.classification); give every class a "
+            "name (in QuPath: set a named class before exporting)"
         )
     color = classification.get("color")
     if isinstance(classification.get("colorRGB"), int):
         packed = classification["colorRGB"] & 0xFFFFFF  # Java's packed ARGB, signed
         color = [(packed >> 16) & 255, (packed >> 8) & 255, packed & 255]
-    return classification["name"], tuple(int(c) for c in color[:3]) if isinstance(color, list) else None
+    return name, tuple(int(c) for c in color[:3]) if isinstance(color, list) else None
+
+
+def _class_name(classification: dict) -> str | None:
+    """The class name of a QuPath classification (see :func:`_classification`), or None when it names none."""
+    names = classification.get("names")
+    if isinstance(classification.get("name"), str):
+        name = classification["name"]
+        parent = classification.get("parentClass")
+        above = _class_name(parent) if isinstance(parent, dict) else None
+        return f"{above}: {name}" if above is not None else name
+    if isinstance(names, list) and names and all(isinstance(part, str) for part in names):
+        return ": ".join(names)
+    return None
 
 
 def _geometries(geometry: dict, where: str, n: int) -> list[tuple[str, tuple[np.ndarray, ...]]]:

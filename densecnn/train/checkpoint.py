@@ -7,7 +7,8 @@ uses ``torch.load(weights_only=True)``: checkpoints hold tensors and plain value
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from collections.abc import Collection
+from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 
 import torch
@@ -73,14 +74,106 @@ def load_checkpoint(path: str | Path) -> dict:
 def resume_state(run_dir: str | Path, resume: bool) -> dict | None:
     """The latest checkpoint of ``run_dir`` when resuming, None for a new run; refuses to overwrite a run, or to
     resume one that has no checkpoint."""
-    latest = latest_checkpoint(run_dir)
     if not resume:
-        if latest is not None:
-            raise TrainingError(
-                f"{run_dir} already holds a run (checkpoint {latest.name}); "
-                "continue it with --resume, or choose a new --out"
-            )
+        refuse_existing_run(run_dir)
         return None
+    latest = latest_checkpoint(run_dir)
     if latest is None:
-        raise TrainingError(f"--resume: {run_dir} has no checkpoint to resume from")
+        model = Path(run_dir) / "model"
+        # a default-recipe run (which keeps none), or one that stopped before its first checkpoint
+        if (model / "model.json").is_file():
+            raise TrainingError(
+                f"--resume: {run_dir} has no checkpoint to resume from, only its model (a run of the default recipe, "
+                "without --model, keeps no checkpoints); to train on from that model, fine-tune it in a new run: "
+                f"--model {model} --data DIR --out NEW_RUN"
+            )
+        raise TrainingError(
+            f"--resume: {run_dir} has no checkpoint to resume from (no run was started there); start the run "
+            "without --resume"
+        )
     return load_checkpoint(latest)
+
+
+def refuse_existing_run(run_dir: str | Path) -> None:
+    """Refuse to start a run in ``run_dir`` when it already holds one (a checkpoint, a model or a metrics log): a new
+    run would overwrite it."""
+    latest = latest_checkpoint(run_dir)
+    if latest is not None:
+        raise TrainingError(
+            f"{run_dir} already holds a run (checkpoint {latest.name}); "
+            "continue it with --resume, or choose a new --out"
+        )
+    model, metrics = Path(run_dir) / "model", Path(run_dir) / "metrics.jsonl"
+    held = [model.name] if model.exists() else []
+    if metrics.is_file() and metrics.stat().st_size > 0:  # empty: a run that failed before its first step
+        held.append(metrics.name)
+    if held:
+        raise TrainingError(
+            f"{run_dir} already holds a run ({' and '.join(held)}, no checkpoint to resume from); choose a new --out "
+            f"(or delete {run_dir} to train it again)"
+            + (
+                f", or fine-tune its model in a new run: --model {model} --data DIR --out NEW_RUN"
+                if "model" in held
+                else ""
+            )
+        )
+
+
+# options that say how this session of a run goes, not what it trains: a resumed run takes them from its command
+SESSION_OPTIONS = ("max_seconds", "val_every", "checkpoint_every", "keep_checkpoints", "device")
+
+
+def resumed_config(saved: dict, config, given: Collection[str] | None = None):
+    """The configuration a resumed run continues with: the checkpoint's (``saved``), with the options of
+    :data:`SESSION_OPTIONS` that ``config`` (the command's) gives. Any other option ``given`` with another value
+    than the run's is refused, naming it: a resumed run trains as it started, and nothing given is dropped unsaid.
+
+    ``given``: the TrainConfig fields the command line gave (None: those whose value differs from the default, and
+    ``model`` and ``data`` when set, as a TrainConfig built in Python says them).
+    """
+    from .config import NOT_IN_COMMAND, TrainConfig, flag
+
+    specs = {spec.name: spec for spec in fields(TrainConfig)}
+    if given is None:
+        given = {
+            name
+            for name, spec in specs.items()
+            if (getattr(config, name) if spec.default is MISSING else getattr(config, name) != spec.default)
+        }
+    run = TrainConfig.from_dict(saved)
+    skip = {"out", "resume", "command", *NOT_IN_COMMAND, *SESSION_OPTIONS}
+    differing = [
+        name
+        for name in specs
+        if name in given and name not in skip and getattr(config, name) != getattr(run, name)
+    ]
+    if differing:
+        shown = ", ".join(
+            f"{option_text(name, getattr(config, name))} (the run's: {option_text(name, getattr(run, name))})"
+            for name in differing
+        )
+        takes = ", ".join(flag(name) for name in SESSION_OPTIONS)
+        data = config.data if "data" in differing else run.data
+        options = " ".join(
+            option_text(name, getattr(config, name)) for name in differing if name not in ("model", "data")
+        )
+        raise TrainingError(
+            f"--resume continues the run in {config.out} with its own options, and {shown} differ from them; leave "
+            f"them out (a resumed run takes only {takes}), or train with them in a new run that fine-tunes this "
+            f"one's model: --model {Path(config.out) / 'model'} --data {data} --out NEW_RUN {options}".rstrip()
+        )
+    session = {name: getattr(config, name) for name in SESSION_OPTIONS if name in given}
+    return TrainConfig.from_dict({**saved, **session, "resume": True, "out": config.out})
+
+
+def option_text(name: str, value) -> str:
+    """TrainConfig field ``name`` at ``value`` as the command line writes it: ``--lr 0.5``, ``--no-flip``,
+    ``--crop 16,64,64``."""
+    from .config import flag
+
+    option = flag(name)
+    if isinstance(value, bool):
+        return option if value else "--no-" + option[2:]
+    if isinstance(value, list):
+        return f"{option} {','.join(map(str, value))}"
+    return f"{option} {value}" if value not in (None, "") else f"{option} (not set)"

@@ -7,6 +7,7 @@ model card and this class's docstring are all generated from it.
 
 from __future__ import annotations
 
+import math
 import shlex
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
@@ -180,6 +181,10 @@ class TrainConfig:
         for field_ in fields(self):
             value, least = getattr(self, field_.name), field_.metadata["at_least"]
             values = value if isinstance(value, list) else [value]
+            # NaN passes every comparison below: refused first
+            if any(isinstance(v, float) and not math.isfinite(v) for v in values):
+                what = "finite numbers" if isinstance(value, list) else "a finite number"
+                raise TrainingError(f"{flag(field_.name)} must be {what}, got {','.join(map(str, values))}")
             if least is not None and value is not None and any(v < least for v in values):
                 meaning = " (0: every epoch)" if least == 0 else ""
                 raise TrainingError(f"{flag(field_.name)} must be >= {least}{meaning}, got {value}")
@@ -201,6 +206,12 @@ class TrainConfig:
             )
         if self.lr <= 0:
             raise TrainingError(f"--lr must be > 0, got {self.lr}")
+        if self.weight_decay < 0:
+            raise TrainingError(f"--weight-decay must be >= 0 (0: none), got {self.weight_decay}")
+        if not 0.0 <= self.momentum < 1.0:
+            raise TrainingError(
+                f"--momentum must be in [0, 1) (0.9 is the usual choice), got {self.momentum}"
+            )
         try:
             strategy = masks.parse(self.mask)
         except ValueError as exc:
@@ -215,6 +226,11 @@ class TrainConfig:
             )
         if self.class_weights is not None and any(w < 0 for w in self.class_weights):
             raise TrainingError(f"--class-weights must be >= 0, got {self.class_weights}")
+        if self.class_weights is not None and not any(self.class_weights):
+            raise TrainingError(
+                f"--class-weights are all 0, so no pixel would count in the loss; give the classes to train a weight "
+                f"above 0, got {self.class_weights}"
+            )
         for name in ("data", "val"):
             path = getattr(self, name)
             if path is not None and not Path(path).is_dir():

@@ -459,8 +459,25 @@ def _open_nd(path: Path, spatial_dims: int):
     """The signal or volume file ``path``, opened lazily (:class:`densecnn.io.LazyArray`)."""
     try:
         return open_lazy_array(path, spatial_dims=spatial_dims)
-    except ImageReadError as exc:
-        raise DatasetError(f"{exc}; fix or remove the file") from None
+    except ImageReadError as exc:  # its fix kept to the options a run takes (no channel axis to name)
+        hint = _flat_array_hint(path, spatial_dims)
+        raise DatasetError(f"{exc.problem}{hint}; fix or remove the file", fix=training_fix(exc)) from None
+
+
+def _flat_array_hint(path: Path, spatial_dims: int) -> str:
+    """How to give a 2-D image that was saved as a .npy array among volumes ("" for any other file)."""
+    if spatial_dims != 3 or path.suffix.lower() != ".npy":
+        return ""
+    try:
+        flat = np.load(path, mmap_mode="r", allow_pickle=False).ndim == 2
+    except (OSError, ValueError):
+        return ""
+    return (
+        "; a dataset's .npy arrays are volumes (or signals, with a 1-D --model): to train on a 2-D image (H, W), "
+        "save it as .tif or .png instead"
+        if flat
+        else ""
+    )
 
 
 def _read_nd(path: Path, spatial_dims: int) -> np.ndarray:

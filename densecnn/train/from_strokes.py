@@ -17,17 +17,19 @@ PosixPath('runs/strokes/model')
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Collection
 from pathlib import Path
 
 import numpy as np
 
-from ..errors import ImageReadError, TrainingError
+from ..errors import DatasetError, ImageReadError, TrainingError
 from ..geometry import ntuple
 from ..io import Intensity, open_lazy_array
 from ..losses import IGNORE_INDEX
 from ..modelfile import CONFIG_FILE, load
 from ..modelfile.card import write_model_card
-from .config import TrainConfig
+from .checkpoint import option_text, refuse_existing_run
+from .config import TrainConfig, flag
 from .dataset import check_labelled_classes, infer_channels, read_class_info, read_dataset
 from .interrupts import TrainingInterrupted, interrupts_deferred
 from .metrics import MetricsLog
@@ -36,18 +38,23 @@ from .strokes import StrokeTrainer
 from .windows import window_margin
 
 
-def train_from_strokes(config: TrainConfig) -> Path:
+def train_from_strokes(config: TrainConfig, given: Collection[str] | None = None) -> Path:
     """Train ``config.data`` by the default recipe into ``config.out``/model; see the module's docs.
 
     Options of ``config`` it reads: data, out, model (empty: the recipe's net), seed, max_seconds, unlabelled,
-    holdout, classes (a fresh net's, when classes.json gives no names); the recipe sets the rest. NaN/±Inf image
-    pixels are refused (``--nonfinite propagate`` trains with ``--model`` only).
+    holdout, classes (a fresh net's, when classes.json gives no names), channels, and lr and weight_decay (the
+    recipe's AdamW, in place of its own); the recipe sets the rest, and refuses any other option given
+    (:func:`recipe_changes`; ``given``: the options the command line gave). NaN/±Inf image pixels are refused
+    (``--nonfinite propagate`` trains with ``--model`` only). An ``out`` that already holds a run is refused.
     """
+    changes = recipe_changes(config, given)
     if config.nonfinite == "propagate":
         raise TrainingError(
-            "the default recipe refuses NaN/±Inf image pixels: replace them, or train with --model (a zoo name or "
-            "a model directory) and --nonfinite propagate to leave the pixels whose patch reads one out of the loss"
+            "the default recipe refuses NaN/±Inf image pixels: replace them, or train with --model filter_bank (the "
+            "recipe's net; filter_bank3d for volumes; or another zoo name or a model directory) and --nonfinite "
+            "propagate to leave the pixels whose patch reads one out of the loss"
         )
+    refuse_existing_run(config.out)
     run_dir = Path(config.out)
     run_dir.mkdir(parents=True, exist_ok=True)
     fine_tuned = load(config.model) if config.model and (Path(config.model) / CONFIG_FILE).is_file() else None
@@ -57,16 +64,27 @@ def train_from_strokes(config: TrainConfig) -> Path:
         fine_tuned.in_channels if fine_tuned else config.channels or infer_channels(config.data, spatial_dims)
     )
     names = fine_tuned.class_names if fine_tuned else info.names
-    samples = read_dataset(
-        config.data,
-        channels=channels,
-        num_classes=len(names) if names else config.classes or IGNORE_INDEX,
-        spatial_dims=spatial_dims,
-        intensity=fine_tuned.intensity if fine_tuned else Intensity(),
-        unlabelled=config.unlabelled,
-        margin=window_margin(_patch_size(config, fine_tuned, channels, spatial_dims)),
-        class_names=fine_tuned.class_names if fine_tuned else None,
-    )
+    try:
+        samples = read_dataset(
+            config.data,
+            channels=channels,
+            num_classes=len(names) if names else config.classes or IGNORE_INDEX,
+            spatial_dims=spatial_dims,
+            intensity=fine_tuned.intensity if fine_tuned else Intensity(),
+            unlabelled=config.unlabelled,
+            margin=window_margin(_patch_size(config, fine_tuned, channels, spatial_dims)),
+            class_names=fine_tuned.class_names if fine_tuned else None,
+        )
+    except DatasetError as exc:
+        if exc.fix is None or ("nonfinite", "propagate") not in exc.fix.settings:
+            raise
+        # the reader's fix, --nonfinite propagate, is refused here: name the run that takes it
+        net = config.model or default_model(channels=channels, spatial_dims=spatial_dims)
+        raise DatasetError(
+            f"{exc.problem}; if they mark missing data, train with --model {net} --nonfinite propagate (the "
+            "default recipe's net, trained with options: the pixels whose patch reads one are left out of the "
+            "loss; the default recipe itself refuses them)"
+        ) from None
     if names is None and config.classes:
         names = [f"class_{k}" for k in range(config.classes)]
     unlabelled = config.unlabelled if config.unlabelled is not None else info.unlabelled
@@ -85,7 +103,7 @@ def train_from_strokes(config: TrainConfig) -> Path:
         model=fine_tuned or config.model or None,
         class_names=names,
         seed=config.seed,
-        recipe={"holdout": config.holdout},
+        recipe={"holdout": config.holdout, **changes},
     )
     palette = info.palette if info.palette and info.names in (None, trainer.class_names) else None
     if palette is not None and len(palette) != len(trainer.class_names):
@@ -103,11 +121,63 @@ def train_from_strokes(config: TrainConfig) -> Path:
         finally:  # the best weights so far, whatever ended the run; a Ctrl-C meanwhile waits until they are
             with interrupts_deferred():
                 trainer.save(model_dir, palette=palette)
-                _write_card(model_dir, config, trainer, samples)
+                _write_card(model_dir, config, trainer, samples, changes)
                 written = model_dir
     except KeyboardInterrupt:
         raise TrainingInterrupted(trainer.step, written) from None
     return model_dir
+
+
+# the TrainConfig fields the default recipe reads (the others are runs with --model's)
+RECIPE_OPTIONS = (
+    "model", "data", "out", "classes", "channels", "nonfinite", "seed", "unlabelled", "max_seconds", "holdout",
+    "resume", "command",
+)  # fmt: skip
+# the options the recipe takes in place of its own choice: its AdamW's (Recipe fields of the same names)
+RECIPE_FIELDS = ("lr", "weight_decay")
+# options whose value(s) here are what the recipe does anyway (AdamW, warm-up and cosine, flips and turns, reflect
+# padding, on the CPU)
+RECIPE_VALUES = {
+    "optimizer": ("adamw",), "schedule": ("cosine",), "flip": (True,), "rot90": (True,),
+    "padding_mode": ("reflect",), "device": ("auto", "cpu"),
+}  # fmt: skip
+
+
+def recipe_changes(config: TrainConfig, given: Collection[str] | None = None) -> dict:
+    """The :class:`~densecnn.train.recipe.Recipe` fields the options change (``--lr``, ``--weight-decay``); any
+    other option given that the recipe chooses itself (``--epochs``, ``--crop``, ``--optimizer sgd``, ``--val``
+    ...) is refused, naming each and the fix: nothing given is dropped unsaid.
+
+    ``given``: the TrainConfig fields the command line gave (None: those whose value differs from the default, as a
+    TrainConfig built in Python says them).
+    """
+    specs = dataclasses.fields(TrainConfig)
+    if given is None:
+        given = {
+            s.name
+            for s in specs
+            if s.default is not dataclasses.MISSING and getattr(config, s.name) != s.default
+        }
+    ignored = [
+        s.name
+        for s in specs
+        if s.name in given
+        and s.name not in (*RECIPE_OPTIONS, *RECIPE_FIELDS)
+        and getattr(config, s.name) not in RECIPE_VALUES.get(s.name, ())
+    ]
+    if ignored:
+        shown = ", ".join(option_text(name, getattr(config, name)) for name in ignored)
+        val = (
+            "; for --val, the recipe validates on held-out strokes instead: --holdout 0.25"
+            if "val" in ignored
+            else ""
+        )
+        raise TrainingError(
+            f"without --model, the default recipe chooses these itself and would ignore them: {shown}{val}; leave them out, "
+            "or train with them by giving --model (filter_bank is the recipe's net; filter_bank3d for volumes; or "
+            "another zoo name or a model directory)"
+        )
+    return {name: getattr(config, name) for name in RECIPE_FIELDS if name in given}
 
 
 def _patch_size(config: TrainConfig, fine_tuned, channels: int, spatial_dims: int) -> tuple[int, ...]:
@@ -128,12 +198,19 @@ def _spatial_dims(config: TrainConfig) -> int:
     """3 for a zoo net of volumes or a dataset of arrays (.npy, .zarr, TIFF stacks), else 2."""
     from .. import zoo
     from ..io import read_header
-    from ..io.formats import TIFF_SUFFIXES
-    from .dataset import image_files
+    from ..io.formats import ARRAY_SUFFIXES, TIFF_SUFFIXES
 
     if config.model:
         return zoo.spatial_dims(config.model)
-    first = image_files(config.data, 3)[0] if _has_arrays(config.data) else None
+    # the first array (2-D images beside it are refused by the reader when it is a volume, not here: a 2-D TIFF
+    # beside PNGs is a dataset of images)
+    folder = Path(config.data) / "images"
+    arrays = (
+        sorted(p for p in folder.iterdir() if p.suffix.lower() in ARRAY_SUFFIXES[3])
+        if folder.is_dir()
+        else []
+    )
+    first = arrays[0] if arrays else None
     if first is None:
         return 2
     if first.suffix.lower() in TIFF_SUFFIXES:
@@ -151,14 +228,9 @@ def _zarr_spatial_dims(path: Path) -> int:
         return 2
 
 
-def _has_arrays(directory: str) -> bool:
-    folder = Path(directory) / "images"
-    return folder.is_dir() and any(
-        p.suffix.lower() in (".npy", ".zarr", ".tif", ".tiff") for p in folder.iterdir()
-    )
-
-
-def _write_card(model_dir: Path, config: TrainConfig, trainer: StrokeTrainer, samples) -> None:
+def _write_card(
+    model_dir: Path, config: TrainConfig, trainer: StrokeTrainer, samples, changes: dict | None = None
+) -> None:
     labelled = np.bincount(
         np.concatenate([s.labels[s.labels != IGNORE_INDEX].ravel() for s in samples]),
         minlength=len(trainer.class_names),
@@ -170,6 +242,7 @@ def _write_card(model_dir: Path, config: TrainConfig, trainer: StrokeTrainer, sa
     command += [f"--max-seconds {config.max_seconds:g}"] if config.max_seconds else []
     command += [f"--unlabelled {config.unlabelled}"] if config.unlabelled is not None else []
     command += [f"--holdout {config.holdout:g}"] if config.holdout else []
+    command += [f"{flag(name)} {value:g}" for name, value in (changes or {}).items()]  # --lr, --weight-decay
     write_model_card(
         model_dir / "README.md",
         title=f"densecnn model: {', '.join(trainer.class_names)}",

@@ -8,15 +8,18 @@ have drawn.
 from __future__ import annotations
 
 import time
+from collections.abc import Collection
 from pathlib import Path
 
 import torch
 
 from ..convert import convert
-from .checkpoint import Progress, resume_state, save_checkpoint
+from ..errors import TrainingError
+from .checkpoint import Progress, resume_state, resumed_config, save_checkpoint
 from .config import TrainConfig
 from .data import TrainingData
 from .distributed import Distributed, setup, teardown
+from .diverged import Diverged
 from .interrupts import TrainingInterrupted, interrupts_deferred
 from .metrics import MetricsLog
 from .model import start_model
@@ -27,8 +30,11 @@ from .step import Step
 from .validation import validate
 
 
-def train(config: TrainConfig) -> Path:
+def train(config: TrainConfig, given: Collection[str] | None = None) -> Path:
     """Run (or resume) a training run; returns the final model directory ``OUT/model``.
+
+    ``given``: the options the command line gave (:func:`~densecnn.train.checkpoint.resumed_config`: a resumed
+    run refuses those that would change it).
 
     >>> from densecnn.train import TrainConfig, train
     >>> train(TrainConfig(model="tiny", classes=3, data="data/toy/train", val="data/toy/val", out="runs/toy"))
@@ -37,7 +43,7 @@ def train(config: TrainConfig) -> Path:
     config.check()
     distributed = setup(config.device)
     try:
-        model_dir = Trainer(config, distributed).run()
+        model_dir = Trainer(config, distributed, given).run()
         distributed.barrier()  # every process done before the group goes: gloo aborts one whose peer left first
         return model_dir
     finally:
@@ -47,11 +53,11 @@ def train(config: TrainConfig) -> Path:
 class Trainer:
     """A run set up from its config (or its latest checkpoint, with ``resume``): model, data, optimiser, step."""
 
-    def __init__(self, config: TrainConfig, dist: Distributed):
+    def __init__(self, config: TrainConfig, dist: Distributed, given: Collection[str] | None = None):
         self.dist, self.run_dir = dist, Path(config.out)
         state = resume_state(config.out, config.resume)
-        if state is not None:
-            config = TrainConfig.from_dict({**state["config"], "resume": True, "out": config.out})
+        if state is not None:  # the run's options, and those of this session the command gives
+            config = resumed_config(state["config"], config, given)
         self.config, self.progress = config, Progress.from_state(state)
         self.model = start_model(config)
         if state is not None:
@@ -83,11 +89,15 @@ class Trainer:
     def run(self) -> Path:
         """Train to the end of the schedule or of ``--max-seconds``, then write ``OUT/model``. Interrupted (Ctrl-C)
         or failing mid-run, it writes ``OUT/model`` from the weights of the last completed step before the error
-        goes on, so every run that took a step leaves a model directory that loads."""
+        goes on, so every run that took a step leaves a model directory that loads. A run whose loss or weights
+        become NaN/±Inf stops with a :class:`~densecnn.errors.TrainingError` naming the step, and writes ``OUT/model``
+        from the last weights whose loss was finite (:mod:`densecnn.train.diverged`)."""
         bar = self._progress_bar()
         try:
             try:
                 val_scores = self._steps(bar)
+            except Diverged as exc:
+                raise self._diverged(exc) from None
             except BaseException:
                 if self.dist.is_main and self.progress.step > 0:
                     self._save(self.last_val_scores)
@@ -98,6 +108,27 @@ class Trainer:
             return self._finish(val_scores)
         except KeyboardInterrupt:
             raise TrainingInterrupted(self.progress.step, self.written) from None
+
+    def _diverged(self, exc: Diverged) -> TrainingError:
+        """Write ``OUT/model`` from the weights the diverged step put back (the last whose loss was finite, if the run
+        had any); the error that says so."""
+        step = self.progress.step + 1
+        self.progress.step -= exc.rewound
+        kept = self.progress.step if exc.kept_finite else 0
+        if kept > 0 and self.dist.is_main:  # validated weights that were undone have no scores in the model
+            self._save(self.last_val_scores if not exc.rewound else None)
+        if kept > 0:
+            where = (
+                f"{self.run_dir / 'model'} holds the weights of step {kept}, the last whose loss was finite"
+            )
+        elif exc.kept_finite:
+            where = "no model written (the run's first update already diverged)"
+        else:
+            where = "no model written (the weights the run started from give a non-finite loss)"
+        return TrainingError(
+            f"training diverged at step {step}: {exc.what}; {where}. Train again with a lower --lr (this run's: "
+            f"{self.config.lr:g}), or check the images and labels for extreme values"
+        )
 
     def _steps(self, bar) -> dict | None:
         config, progress, data = self.config, self.progress, self.data

@@ -12,6 +12,8 @@ The values are the winners of the short experiments in docs/training.md ("Traini
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
 
 from ..errors import TrainingError
@@ -20,10 +22,30 @@ from ..geometry import Size
 # spatial axes -> zoo name (their first layers take any number of channels)
 DEFAULT_MODELS = {2: "filter_bank", 3: "filter_bank3d"}
 
+# a Recipe's numeric field -> (integers only?, the test its value passes, the range in words): NaN passes no
+# comparison, so a bad value is refused by name when the recipe is made, not met as an optimiser's error or NaN losses
+_RANGES = {
+    "batch": (True, lambda v: v >= 1, ">= 1"),
+    "steps": (True, lambda v: v >= 1, ">= 1"),
+    "lr": (False, lambda v: v > 0, "> 0"),
+    "weight_decay": (False, lambda v: v >= 0, ">= 0"),
+    "warmup": (True, lambda v: v >= 0, ">= 0"),
+    "val_every": (True, lambda v: v >= 1, ">= 1"),
+    "patience": (True, lambda v: v >= 0, ">= 0"),
+    "min_steps": (True, lambda v: v >= 0, ">= 0"),
+    "holdout": (False, lambda v: 0 <= v < 1, "in [0, 1) (0.25: a quarter of each class's strokes)"),
+    "intensity_jitter": (False, lambda v: 0 <= v < 1, "in [0, 1)"),
+    "focal_gamma": (False, lambda v: 0 <= v <= 10, "in [0, 10]"),
+    "pixels": (True, lambda v: v >= 1, ">= 1"),
+    "smoothness": (False, lambda v: v >= 0, ">= 0"),
+}
+
 
 @dataclass(frozen=True)
 class Recipe:
-    """How a run from strokes trains.
+    """How a run from strokes trains. Each numeric field is checked when the recipe is made (a dict of changes given
+    to :class:`~densecnn.train.strokes.StrokeTrainer` too): NaN, ±Inf or a value out of its range raises a
+    :class:`~densecnn.errors.TrainingError` naming the field.
 
     Attributes:
         crop: crop size per spatial axis, drawn around labelled pixels.
@@ -68,10 +90,17 @@ class Recipe:
     method: str = "auto"
 
     def __post_init__(self):
-        if not 0.0 <= self.holdout < 1.0:
-            raise TrainingError(
-                f"holdout must be in [0, 1) (0.25: a quarter of each class's strokes), got {self.holdout}"
-            )
+        for name, (integral, within, allowed) in _RANGES.items():
+            value = getattr(self, name)
+            kind = numbers.Integral if integral else numbers.Real
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, kind)
+                or not math.isfinite(value)
+                or not within(value)
+            ):
+                what = "an integer" if integral else "a finite number"
+                raise TrainingError(f"recipe {name} must be {what} {allowed}, got {value!r}")
 
 
 def default_model(*, channels: int, spatial_dims: int) -> str:

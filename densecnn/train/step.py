@@ -9,6 +9,8 @@ processes.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
@@ -20,6 +22,7 @@ from ..losses import IGNORE_INDEX, masked_cross_entropy_terms, pixel_cross_entro
 from ..masked import masked_terms
 from ..ops.precision import full_float32
 from .crops import sample_generator
+from .diverged import Diverged, LastFinite
 from .no_data import without_no_data
 
 # the training methods, name -> what a step computes: the one list, read by the CLI and the model card
@@ -64,11 +67,17 @@ class Step:
         optimizer, scheduler: stepped once per call.
         dist: where this process stands.
         num_classes: the model's classes (``--class-weights`` must give one weight each).
+
+    Raises:
+        Diverged: the step's loss, or the weights after its update, are NaN/±Inf; the weights are put back at the
+            last ones whose loss was finite (:mod:`densecnn.train.diverged`).
     """
 
     def __init__(self, config, model, dense, data, optimizer, scheduler, dist, num_classes: int):
         self.config, self.dense, self.data, self.dist = config, dense, data, dist
         self.optimizer, self.scheduler = optimizer, scheduler
+        # the weights before the latest update, put back when a loss or an update is not finite
+        self.last_finite = LastFinite(p for group in optimizer.param_groups for p in group["params"])
         self.strategy = masks.parse(config.mask)
         scorer = Scorer(model, dense)
         self.net = scorer
@@ -147,6 +156,11 @@ class Step:
                 f"--method patches: this step selects {len(image)} labelled pixels, one patch each (at most "
                 f"{MAX_PATCHES}); choose how many patches per crop with --mask random:K (or balanced:K)"
             )
+        none = len(image) == 0
+        if none:  # no crop of the batch has a labelled pixel: one patch that counts for nothing keeps a loss to step
+            image, *position = (
+                torch.zeros(1, dtype=torch.long, device=labels.device) for _ in range(labels.dim())
+            )
         windows = images
         for axis, p in enumerate(self.dense.patch_size, start=2):
             windows = windows.unfold(axis, p, 1)  # finally (B, C, *c, *P)
@@ -155,7 +169,7 @@ class Step:
         targets = labels[(image, *position)].view(
             -1, *(1,) * len(position)
         )  # (M, 1, ..., 1): every patch counts
-        return scores, targets, None
+        return scores, targets.fill_(IGNORE_INDEX) if none else targets, None
 
     def _terms(self, scores, targets, mask):
         return masked_cross_entropy_terms(
@@ -180,12 +194,22 @@ class Step:
         totals = self.dist.sum(
             torch.stack([loss_sum.detach(), weight_sum, correct.float(), counted.sum().float()])
         )
+        # the global batch's loss (all-reduced: every process stops at the same step), before any update from it:
+        # not finite, it came from the weights of the previous update, which are undone
+        loss_sum_value = totals[0].item()
+        if not math.isfinite(loss_sum_value):
+            rewound = self.last_finite.restore()
+            raise Diverged(f"its loss is {loss_sum_value}", rewound=rewound, kept_finite=rewound > 0)
         # DDP averages gradients over processes: scale so the result is the global-batch mean
         loss = loss_sum * self.dist.world_size / totals[1].clamp(min=torch.finfo(totals.dtype).tiny)
+        self.last_finite.keep()
         self.optimizer.zero_grad(set_to_none=True)
         with full_float32(loss.device):  # torch's conv gradients without TF32 on a GPU
             loss.backward()
         self.optimizer.step()
+        if not self.last_finite.finite():  # the same on every process: DDP averaged the gradients
+            self.last_finite.restore()
+            raise Diverged("its update made the weights NaN or infinite", rewound=0, kept_finite=True)
         self.scheduler.step()
         return {
             "loss": (totals[0] / totals[1].clamp(min=1e-12)).item(),

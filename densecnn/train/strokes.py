@@ -48,15 +48,17 @@ import torch
 from torch import nn
 
 from .. import zoo
-from ..convert import convert
-from ..errors import TrainingError
+from ..convert import convert, layer_channels
+from ..errors import DenseCNNError, NonFiniteInputError, TrainingError
 from ..geometry import ntuple
 from ..io.annotations import sparse_labels
+from ..io.intensity import require_finite
 from ..losses import IGNORE_INDEX
 from ..masked import masked_terms, patch_scores
 from ..modelfile import CONFIG_FILE, LoadedModel, default_palette, load, save
 from ..ops.precision import full_float32
 from .crops import CropSampler
+from .diverged import Diverged, LastFinite
 from .features import BATCH_NORMS, PixelFeatures, dihedral_permutations, fix_layers, fixed_layers, standardize
 from .holdout import split_strokes
 from .metrics import confusion_matrix
@@ -117,6 +119,8 @@ class StrokeTrainer:
                 f"labels hold class {highest}, and the model has {self.loaded.num_classes} classes "
                 f"(0..{self.loaded.num_classes - 1}); fix the labels or give class_names for every class"
             )
+        if fresh and highest >= 0:
+            _check_fresh_classes(self.loaded.class_names, labelled, named=class_names is not None)
         if len(self.loaded.patch_size) != spatial_dims or self.loaded.in_channels != channels:
             raise TrainingError(
                 f"the images are {spatial_dims}-D with {channels} channels, and the model takes "
@@ -177,7 +181,10 @@ class StrokeTrainer:
         ``recipe.steps`` steps (warm-up only on the first), a new held-out split and a new best score."""
         images, sparse = _checked(images, labels, unlabelled)
         if any(i.shape[0] != self.loaded.in_channels for i in images):
-            raise TrainingError(f"every image needs the model's {self.loaded.in_channels} channels")
+            raise TrainingError(
+                f"the images have {images[0].shape[0]} channel(s), and the model takes {self.loaded.in_channels}: "
+                f"give images of {self.loaded.in_channels} channel(s), as the trainer started with"
+            )
         train, self.val_labels = split_strokes(sparse, share=self.recipe.holdout, seed=self.seed + self.step)
         if not any((s != IGNORE_INDEX).any() for s in sparse):
             raise TrainingError("no labelled pixels: paint at least one stroke of each class to train from")
@@ -219,7 +226,11 @@ class StrokeTrainer:
     ) -> Iterator[StrokeProgress]:
         """Take steps until the schedule ends, early stopping ends it, ``max_seconds`` (wall clock) pass or ``stop``
         is set; yields one :class:`StrokeProgress` per step. The best weights are kept whenever it ends, also when
-        the caller stops iterating."""
+        the caller stops iterating.
+
+        Raises:
+            TrainingError: a step's loss, or the weights after its update, are NaN/±Inf (the run diverged): the
+                message names the step; the weights are put back at the last ones whose loss was finite."""
         started = time.monotonic()
         while self.step < self.total_steps:
             if stop is not None and stop.is_set():
@@ -284,20 +295,58 @@ class StrokeTrainer:
             else None
         )
 
+    # the weights before the latest update, put back when a loss or an update is not finite (made at the first step)
+    _last_finite: LastFinite | None = None
+
     def _take_step(self) -> float:
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.step)
+        if self._last_finite is None:
+            self._last_finite = LastFinite(
+                p for group in self.optimizer.param_groups for p in group["params"]
+            )
+        kept = self._last_finite
         # a head step on gathered features is a few products of a millisecond: on one thread, none waits for a
         # second thread that busy cores have not scheduled (about 90 ms a step under load, against 1.4)
         with (
             _torch_threads(1) if self.fixed and self.recipe.method != "patches" else contextlib.nullcontext()
         ):
             loss = self._head_loss(generator) if self.fixed else self._crops_loss(generator)
+            value = float(loss.detach())
+            if not math.isfinite(value):  # from the weights of the previous update, which are undone
+                rewound = kept.restore()
+                raise self._diverged(
+                    Diverged(f"its loss is {value}", rewound=rewound, kept_finite=rewound > 0)
+                )
+            kept.keep()
             self.optimizer.zero_grad(set_to_none=True)
             with full_float32(loss.device):  # torch's conv gradients without TF32 on a GPU
                 loss.backward()
             self.optimizer.step()
+            if not kept.finite():
+                kept.restore()
+                raise self._diverged(Diverged("its update made the weights NaN or infinite", 0, True))
         self.scheduler.step()
-        return float(loss.detach())
+        return value
+
+    def _diverged(self, exc: Diverged) -> TrainingError:
+        """The error of a step whose loss or update was not finite (the weights already put back): the step count
+        goes back with the weights, and the optimiser starts afresh (its moments took the diverging steps)."""
+        step = self.step + 1
+        self.step -= exc.rewound
+        self.optimizer.state.clear()
+        if not exc.kept_finite:
+            kept = "the weights it started from give a non-finite loss already"
+        elif self.step == 0:
+            kept = "the weights are back at the ones it started from (its first update already diverged)"
+        else:
+            kept = (
+                f"the weights are back at step {self.step}'s, the last whose loss was finite (what trainer.model and "
+                "trainer.save give; densecnn train writes them to RUN/model)"
+            )
+        return TrainingError(
+            f"training diverged at step {step}: {exc.what}; {kept}. Lower the learning rate (densecnn train: --lr; "
+            f"StrokeTrainer: recipe={{'lr': ...}}; this run's: {self.recipe.lr:g}), or check the images for extreme values"
+        )
 
     def _head_loss(self, generator: torch.Generator) -> torch.Tensor:
         """The cross-entropy of ``recipe.pixels`` labelled pixels drawn uniformly (each class as often as it is
@@ -549,7 +598,7 @@ def _checked(images, labels, unlabelled: int) -> tuple[list[np.ndarray], list[np
         )
     checked_images, sparse = [], []
     for n, (image, label_map) in enumerate(zip(images, labels, strict=True)):
-        image = np.ascontiguousarray(image, dtype=np.float32)
+        image = np.asarray(image)
         label_map = np.asarray(label_map)
         if image.ndim not in (3, 4) or image.shape[1:] != label_map.shape:
             raise TrainingError(
@@ -558,6 +607,18 @@ def _checked(images, labels, unlabelled: int) -> tuple[list[np.ndarray], list[np
             )
         if checked_images and image.ndim != checked_images[0].ndim:
             raise TrainingError("mix of 2-D images and 3-D volumes: train them apart")
+        if checked_images and image.shape[0] != checked_images[0].shape[0]:
+            raise TrainingError(
+                f"image {n} has {image.shape[0]} channel(s) and image 0 has {checked_images[0].shape[0]}: give every "
+                "image the same channels (a gray image as colour: np.repeat(image, 3, axis=0))"
+            )
+        try:  # before float32: a float64 value beyond its range is refused, not turned into inf
+            require_finite(image, channel_axis=0)
+        except NonFiniteInputError as exc:
+            raise TrainingError(
+                f"image {n}: {exc.problem}; replace them (numpy.nan_to_num) or leave the image out"
+            ) from None
+        image = np.ascontiguousarray(image, dtype=np.float32)
         if not np.issubdtype(label_map.dtype, np.integer):
             raise TrainingError(f"labels {n}: integer class ids needed, got {label_map.dtype}")
         out = sparse_labels(label_map, unlabelled)
@@ -583,6 +644,10 @@ def _start_model(
         model = copy.deepcopy(model)
         # what training left as it was stays so
         fix_layers(model.model, int(model.extra.get("fixed_layers", 0)))
+        if class_names is not None and list(class_names) != model.class_names:
+            if model.class_names != _unnamed(model.num_classes) or len(class_names) != model.num_classes:
+                raise TrainingError(_other_classes(list(class_names), model.class_names))
+            model.class_names = list(class_names)  # a model trained without names gets them
         return model, False
     fresh = model is None or isinstance(model, str)
     if fresh:
@@ -598,7 +663,10 @@ def _start_model(
             "model must be None, a zoo name, a model directory, a densecnn.LoadedModel or (nn.Module, patch_size)"
         )
     patch = ntuple(patch, spatial_dims, "patch_size")
-    names = list(class_names) if class_names is not None else [f"class_{k}" for k in range(num_classes)]
+    # the caller's module: its layers say what it takes and gives (convert refuses what it cannot convert)
+    if not fresh:
+        num_classes = _module_classes(net, patch, channels, num_classes, class_names)
+    names = list(class_names) if class_names is not None else _unnamed(num_classes)
     return LoadedModel(
         model=net,
         patch_size=patch,
@@ -609,6 +677,72 @@ def _start_model(
         normalization=None,
         padding_mode="reflect",
     ), fresh
+
+
+def _unnamed(num_classes: int) -> list[str]:
+    """The names of classes no one named: ``class_0`` ..."""
+    return [f"class_{k}" for k in range(num_classes)]
+
+
+def _other_classes(names: list[str], model_names: list[str]) -> str:
+    """Why ``class_names`` cannot name the classes of a model being fine-tuned, and the fix (as ``densecnn train``
+    refuses a classes.json naming other classes than the model's)."""
+    unknown = [n for n in names if n not in model_names]
+    listed = ", ".join(map(repr, model_names))
+    problem = (
+        f"class_names {', '.join(map(repr, unknown))} are not classes of the model being fine-tuned ({listed})"
+        if unknown
+        else f"class_names {names} are not the classes of the model being fine-tuned in its order ({listed})"
+    )
+    return (
+        f"{problem}; give the model's class names in its order (label ids are its class ids), leave class_names "
+        "out, or train a fresh model (model=None) for new classes"
+    )
+
+
+def _module_classes(net: nn.Module, patch, channels: int, num_classes: int, class_names) -> int:
+    """The number of classes of the caller's module ``net``, checked against the images' ``channels`` and
+    ``class_names`` (``num_classes``, the labels' count, when its layers do not say)."""
+    try:
+        takes, gives = layer_channels(net, patch)
+    except DenseCNNError:
+        return num_classes  # convert names what it cannot convert, a few lines on
+    if takes is not None and takes != channels:
+        raise TrainingError(
+            f"the model takes {takes} input channel(s), and the images have {channels}; give a model of {channels} "
+            f"input channel(s) (zoo nets: in_channels={channels}), or images of {takes}"
+        )
+    if class_names is not None and len(class_names) != gives:
+        raise TrainingError(
+            f"the model gives {gives} class scores, and class_names names {len(class_names)} classes; give one name "
+            "per class of the model"
+        )
+    return gives
+
+
+def _check_fresh_classes(names: list[str], labelled: list[np.ndarray], *, named: bool) -> None:
+    """Refuse a fresh model with a class no label shows, or fewer than 2 classes (``densecnn train`` refuses a
+    classes.json name no label uses): a fresh net never learns a class it sees no pixel of."""
+    present = set(np.concatenate(labelled).tolist()) if labelled else set()
+    empty = [k for k in range(len(names)) if k not in present]
+    if len(names) < 2:
+        raise TrainingError(
+            f"class_names names {len(names)} class; a model needs at least 2: label pixels of another class too, "
+            "and name it"
+        )
+    if not empty:
+        return
+    shown = ", ".join(f"{k} {names[k]!r}" for k in empty)
+    if named:
+        raise TrainingError(
+            f"class_names names {len(names)} classes, and the labels hold no pixels of {shown}; label some of their "
+            "pixels, or take them out of class_names (and renumber the labels)"
+        )
+    raise TrainingError(
+        f"the labels hold class ids {sorted(present)} and none of {empty}; without class_names every id from 0 to "
+        "the highest is a class (at least 2), so these would be classes without a pixel: label them, or number the "
+        "classes 0..K-1 without gaps"
+    )
 
 
 def _normalization(images: list[np.ndarray]) -> dict[str, list[float]]:

@@ -117,6 +117,50 @@ def test_bad_geojson_is_named(document, message):
         parse_geojson(document)
 
 
+def classified(classification) -> dict:
+    """A point feature with ``classification`` as it is."""
+    return {
+        "type": "Feature",
+        "geometry": {"type": "Point", "coordinates": [1, 1]},
+        "properties": {"objectType": "annotation", "classification": classification},
+    }
+
+
+@pytest.mark.parametrize(
+    ("classification", "name", "color"),
+    [
+        # QuPath 0.4 and later: a derived class as its names
+        ({"names": ["Tumor", "Positive"], "color": [200, 0, 0]}, "Tumor: Positive", (200, 0, 0)),
+        ({"names": ["Tumor"]}, "Tumor", None),
+        # before 0.4: the class and its parent class
+        (
+            {"name": "Positive", "colorRGB": -65536, "parentClass": {"name": "Tumor", "colorRGB": -16776961}},
+            "Tumor: Positive",
+            (255, 0, 0),
+        ),
+        ("Stroma", "Stroma", None),  # a bare string, which QuPath reads too
+    ],
+)
+def test_qupath_derived_classes_are_named_as_qupath_names_them(classification, name, color):
+    (annotation,) = parse_geojson([classified(classification)])
+    assert (annotation.class_name, annotation.color) == (name, color)
+
+
+@pytest.mark.parametrize(
+    ("classification", "message"),
+    [
+        ({"name": ""}, "class name '' is empty"),
+        ({"name": "  "}, "is empty"),
+        ({"names": ["Tumor", ""]}, "'Tumor: ' is empty"),
+        ({"names": []}, "has no class"),
+        ({"color": [1, 2, 3]}, "has no class"),
+    ],
+)
+def test_empty_class_names_are_refused_as_classes_json_refuses_them(classification, message):
+    with pytest.raises(DatasetError, match=message):
+        parse_geojson([classified(classification)])
+
+
 def test_an_unknown_class_names_the_fix():
     annotations = parse_geojson([feature({"type": "Point", "coordinates": [1, 1]}, "Necrosis")])
     with pytest.raises(DatasetError, match="Necrosis.*classes.json"):

@@ -343,3 +343,19 @@ def test_training_errors_are_densecnn_errors(toy, tmp_path):
         small(toy, tmp_path / "run", optimizer="lion").check()
     with pytest.raises(densecnn.DatasetError, match="no images/ folder"):
         train(small(toy, tmp_path / "run", data=str(tmp_path)))
+
+
+def test_a_patch_step_whose_crops_hold_no_labelled_pixel_is_a_zero_loss_not_a_crash(toy, tmp_path):
+    """Sparse labels: with --method patches, a batch of crops may select no labelled pixel; its step is a zero loss
+    (no patch counts), not a crash."""
+    train_dir = tmp_path / "sparse"
+    shutil.copytree(toy[0], train_dir)
+    for i, path in enumerate(sorted((train_dir / "labels").glob("*.png"))):
+        labels = np.full(np.asarray(Image.open(path)).shape, 255, np.uint8)  # unlabelled
+        labels[4, 4] = i % 3  # one labelled pixel an image, in a corner most crops miss
+        Image.fromarray(labels).save(path)
+    config = small(toy, tmp_path / "run", data=str(train_dir), val=None, method="patches", epochs=3)
+    model_dir = train(config)
+    steps = [r for r in read_metrics(tmp_path / "run" / "metrics.jsonl") if r["kind"] == "train"]
+    assert any(r["selected_pixels"] == 0 for r in steps) and any(r["selected_pixels"] > 0 for r in steps)
+    assert densecnn.load(model_dir).dense() is not None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 from dataclasses import replace
 
@@ -222,3 +223,77 @@ def test_labels_beyond_the_class_names_are_refused():
     image, truth = discs()
     with pytest.raises(TrainingError, match="class 1"):
         StrokeTrainer([image], [painted(truth)], model="tiny", class_names=["only"], recipe=TINY)
+
+
+@pytest.mark.parametrize(
+    ("value", "dtype", "position"),
+    [(np.nan, np.float32, "(3, 4)"), (np.inf, np.float32, "(3, 4)"), (1e39, np.float64, "(3, 4)")],
+)
+def test_non_finite_image_pixels_are_refused_before_training_naming_the_first(value, dtype, position):
+    image, truth = discs()
+    bad = image.astype(dtype)
+    bad[0, 3, 4] = value  # 1e39: finite in float64, beyond the float32 the model reads
+    with pytest.raises(
+        TrainingError, match=rf"image 1: the image has 1 pixels .*NaN.* {re.escape(position)}.*nan_to_num"
+    ):
+        StrokeTrainer([image, bad], [painted(truth), painted(truth)], model="tiny", recipe=TINY)
+    trainer = StrokeTrainer([image], [painted(truth)], model="tiny", recipe=TINY)
+    with pytest.raises(
+        TrainingError, match="image 0: the image has 1 pixels"
+    ):  # new strokes, as napari sends them
+        trainer.set_labels([bad], [painted(truth)])
+
+
+def test_images_of_different_channels_are_refused_with_the_fix():
+    image, truth = discs()
+    with pytest.raises(TrainingError, match=r"image 1 has 3 channel\(s\) and image 0 has 1.*np.repeat"):
+        StrokeTrainer([image, np.repeat(image, 3, 0)], [painted(truth)] * 2, recipe=TINY)
+
+
+def test_a_modules_channels_and_classes_are_checked_when_the_trainer_is_made():
+    image, truth = discs()
+    colour = densecnn.zoo.tiny(in_channels=3, num_classes=2)
+    with pytest.raises(TrainingError, match=r"the model takes 3 input channel\(s\), and the images have 1"):
+        StrokeTrainer([image], [painted(truth)], model=colour, class_names=["bg", "disc"], recipe=TINY)
+    three = densecnn.zoo.tiny(in_channels=1, num_classes=3)
+    with pytest.raises(TrainingError, match="the model gives 3 class scores, and class_names names 2"):
+        StrokeTrainer([image], [painted(truth)], model=three, class_names=["bg", "disc"], recipe=TINY)
+    trainer = StrokeTrainer(
+        [image], [painted(truth)], model=three, recipe=TINY
+    )  # its classes from its layers
+    assert trainer.loaded.num_classes == 3 and trainer.class_names == ["class_0", "class_1", "class_2"]
+
+
+def test_fine_tuning_refuses_class_names_the_model_does_not_have(tmp_path):
+    image, truth = discs()
+    first = StrokeTrainer([image], [painted(truth)], model="tiny", class_names=["bg", "disc"], recipe=TINY)
+    loaded = densecnn.load(first.save(tmp_path / "m"))
+    with pytest.raises(
+        TrainingError, match="class_names 'cell' are not classes of the model being fine-tuned"
+    ):
+        StrokeTrainer([image], [painted(truth)], model=loaded, class_names=["bg", "cell"], recipe=TINY)
+    with pytest.raises(TrainingError, match="in its order"):
+        StrokeTrainer([image], [painted(truth)], model=loaded, class_names=["disc", "bg"], recipe=TINY)
+    same = StrokeTrainer([image], [painted(truth)], model=loaded, class_names=["bg", "disc"], recipe=TINY)
+    assert same.class_names == ["bg", "disc"]
+    unnamed = densecnn.load(
+        StrokeTrainer([image], [painted(truth)], model="tiny", recipe=TINY).save(tmp_path / "unnamed")
+    )
+    named = StrokeTrainer([image], [painted(truth)], model=unnamed, class_names=["bg", "disc"], recipe=TINY)
+    assert named.class_names == ["bg", "disc"]  # a model trained without names takes them
+
+
+def test_a_fresh_models_class_without_labelled_pixels_is_refused():
+    image, truth = discs()
+    with pytest.raises(
+        TrainingError, match="labels hold no pixels of 2 'edge'.*take them out of class_names"
+    ):
+        StrokeTrainer(
+            [image], [painted(truth)], model="tiny", class_names=["bg", "disc", "edge"], recipe=TINY
+        )
+    gaps = np.where(painted(truth) == 1, 2, painted(truth))  # ids 0 and 2
+    with pytest.raises(TrainingError, match=r"class ids \[0, 2\] and none of \[1\]"):
+        StrokeTrainer([image], [gaps], model="tiny", recipe=TINY)
+    only = np.where(painted(truth) == 1, -1, painted(truth))  # class 0 alone
+    with pytest.raises(TrainingError, match="needs at least 2"):
+        StrokeTrainer([image], [only], model="tiny", class_names=["bg"], recipe=TINY)
