@@ -26,6 +26,7 @@ using Int = std::integral_constant<int, N>;
 constexpr int kLanes = 16;                // channels per vectorised block at most: one AVX-512 float vector
 constexpr int64_t kChunkBytes = 1 << 20;  // one thread's chunk of transformed input + products: within its L2
 constexpr int64_t kGradientChunkBytes = 8 << 20;  // the weight gradient's chunk of V and z, for both threads' GEMM
+constexpr int64_t kThreadGradientChunkBytes = 512 << 10;  // one thread's chunk of V and z (own products): in its L2
 constexpr int64_t kOwnProductsMax = 128 * 128;    // C·K up to which chunk_products beats MKL's batched GEMM
 
 // One tile's transform for channels [c0, c0 + L); channels-last maps (unit channel stride) take the
@@ -331,11 +332,55 @@ at::Tensor winograd_conv_cpu(const at::Tensor& input, const at::Tensor& weight, 
   return y;
 }
 
-// The weight gradient's transformed form, Σ over tiles of V[ξ]ᵀ z[ξ] (α^n, C, K): chunk by chunk of tiles, the
-// two transforms parallel over the chunk's tiles, then the products parallel over the points ξ, summed into the
-// result: by chunk_gradient_products, with z and the result padded with zero channels up to whole kPaddedBytes, or by
-// MKL's batched GEMM where C·K is too large for it (kOwnProductsMax). And the bias's gradient, the chunks' z at
-// the sum point added up (in double: a few thousand tiles' sums).
+// The weight gradient's own products on each thread's chunks of tiles, as the forward runs them: a thread
+// transforms a chunk small enough for its L2 (V and z of kThreadGradientChunkBytes) and sums V[ξ]ᵀ z[ξ] into its own
+// result (α^n, C, K_products), and the bias's gradient into its own sums (z at the sum point, in double); the
+// threads' results are added up in thread order at the end. Chunks of megabytes shared by both threads, with the
+// transforms, the products and a barrier each in turn, were slowed by half in some processes: their V and z were
+// written by 36 streams at once (one per point ξ), however the process's pages lay in L2.
+template <int M, int AXES, typename T>
+void weight_gradient_by_threads(const WinogradGeometry& in, const WinogradGeometry& out, const T* x, const T* gy,
+                                int64_t tiles, int64_t points, int64_t sum_point, T* result, double* bias) {
+  const int64_t c = in.channels, k = out.channels, k_products = out.transformed_channels;
+  const int64_t chunk = std::max<int64_t>(
+      8, kThreadGradientChunkBytes / (points * (c + k_products) * static_cast<int64_t>(sizeof(T))));
+  const int64_t chunks = (tiles + chunk - 1) / chunk;
+  std::vector<std::vector<T>> results(at::get_num_threads());
+  std::vector<std::vector<double>> bias_sums(results.size());
+  at::parallel_for(0, chunks, 1, [&](int64_t first, int64_t last) {
+    // z's padding channels, which the transform never writes, stay zero: what they add up stays finite
+    std::vector<T> v(points * chunk * c), z(points * chunk * k_products, T(0)), r(points * c * k_products, T(0));
+    std::vector<double> b(k, 0.0);
+    for (int64_t index = first; index < last; ++index) {
+      WinogradGeometry gi = in, go = out;
+      gi.tile_begin = go.tile_begin = index * chunk;
+      gi.tile_count = go.tile_count = std::min(chunk, tiles - index * chunk);
+      input_tiles(Int<M>{}, Int<AXES>{}, gi, x, v.data(), 0, gi.tile_count);
+      output_gradient_tiles(Int<M>{}, Int<AXES>{}, go, gy, z.data(), 0, go.tile_count);
+      const T* sums = z.data() + sum_point * go.tile_count * k_products;  // (tiles, K_products)
+      for (int64_t tile = 0; tile < go.tile_count; ++tile) {
+        for (int64_t j = 0; j < k; ++j) b[j] += sums[tile * k_products + j];
+      }
+      chunk_gradient_products(v.data(), z.data(), r.data(), 0, points, gi.tile_count, c, k_products);
+    }
+    const size_t thread = static_cast<size_t>(at::get_thread_num());
+    TORCH_INTERNAL_ASSERT(thread < results.size() && results[thread].empty());
+    results[thread] = std::move(r);
+    bias_sums[thread] = std::move(b);
+  });
+  for (size_t thread = 0; thread < results.size(); ++thread) {
+    if (results[thread].empty()) continue;
+    for (int64_t i = 0; i < points * c * k_products; ++i) result[i] += results[thread][i];
+    for (int64_t j = 0; j < k; ++j) bias[j] += bias_sums[thread][j];
+  }
+}
+
+// The weight gradient's transformed form, Σ over tiles of V[ξ]ᵀ z[ξ] (α^n, C, K), and the bias's gradient (z at
+// the sum point added up, in double: a few thousand tiles' sums): by weight_gradient_by_threads where the own
+// products take C·K (z and the result padded with zero channels up to whole kPaddedBytes); else chunk by chunk of
+// tiles, the two transforms parallel over the chunk's tiles, then MKL's batched GEMM (C·K too large for the own
+// products, kOwnProductsMax) or, with the CUDA kernels' per-element bodies on (tests), the own products parallel
+// over the points ξ.
 std::tuple<at::Tensor, at::Tensor> winograd_conv_weight_grad_cpu(const at::Tensor& input,
                                                                  const at::Tensor& grad_output,
                                                                  at::IntArrayRef dilation, int64_t m) {
@@ -350,17 +395,28 @@ std::tuple<at::Tensor, at::Tensor> winograd_conv_weight_grad_cpu(const at::Tenso
   const bool own_products = c * k_padded <= kOwnProductsMax;
   const int64_t k_products = own_products ? k_padded : k;
   out.transformed_channels = k_products;
-  const int64_t chunk = std::min(
-      tiles, std::max<int64_t>(64, kGradientChunkBytes / (points * (c + k_products) * input.element_size())));
   at::Tensor result = own_products ? at::zeros({points, c, k_products}, input.options())
                                    : at::empty({points, c, k}, input.options());
+  const bool gpu_loops = gpu_loops_on_cpu();
+  const int64_t sum_point = winograd_sum_point(in.axes, m);
+  std::vector<double> bias_sums(k, 0.0);
+  if (own_products && !gpu_loops) {
+    AT_DISPATCH_FLOATING_TYPES(input.scalar_type(), "densecnn_winograd_conv_weight_grad", [&] {
+      dispatch_winograd(m, in.axes, [&](auto m_tag, auto axes_tag) {
+        weight_gradient_by_threads<decltype(m_tag)::value, decltype(axes_tag)::value>(
+            in, out, input.const_data_ptr<scalar_t>(), grad_output.const_data_ptr<scalar_t>(), tiles, points,
+            sum_point, result.mutable_data_ptr<scalar_t>(), bias_sums.data());
+      });
+    });
+    const at::Tensor bias = at::tensor(bias_sums, at::TensorOptions().dtype(at::kDouble)).to(input.scalar_type());
+    return {k_products == k ? result : result.narrow(2, 0, k).contiguous(), bias};
+  }
+  const int64_t chunk = std::min(
+      tiles, std::max<int64_t>(64, kGradientChunkBytes / (points * (c + k_products) * input.element_size())));
   at::Tensor v = empty_output({points * chunk * c}, input.options());
   at::Tensor z = empty_output({points * chunk * k_products}, input.options());
   // The padding channels, which the transform never writes: zero, so that what they add up stays finite
   if (k_products > k) z.view({points * chunk, k_products}).narrow(1, k, k_products - k).zero_();
-  const bool gpu_loops = gpu_loops_on_cpu();
-  const int64_t sum_point = winograd_sum_point(in.axes, m);
-  std::vector<double> bias_sums(k, 0.0);
   AT_DISPATCH_FLOATING_TYPES(input.scalar_type(), "densecnn_winograd_conv_weight_grad", [&] {
     const scalar_t* x = input.const_data_ptr<scalar_t>();
     const scalar_t* gy = grad_output.const_data_ptr<scalar_t>();
