@@ -14,11 +14,12 @@ from dataclasses import dataclass, field
 import numpy as np
 from PIL import Image
 
-from densecnn.errors import DenseCNNError, ImageReadError, ImageTooLargeError
+from densecnn.errors import DenseCNNError, ImageReadError, ImageTooLargeError, ScoresNotFiniteError
 from densecnn.io import decode_array, image_format, labels_png, labels_tiff, read_nd, unit_planes
 from densecnn.io.intensity import Intensity
 from densecnn.io.labels import file_labels, no_data_value
 
+from .errors import ApiError
 from .negotiation import Output
 from .registry import ServedModel
 
@@ -152,6 +153,10 @@ def _infer(served: ServedModel, x, output: Output, **run) -> np.ndarray:
         if output is Output.NPY:
             return served.loaded.probabilities(x, dense=served.dense, **run)[0].numpy()
         return served.loaded.labels(x, dense=served.dense, **run)[0]
+    except ScoresNotFiniteError as exc:  # the model, not the request: no label map rather than a wrong one
+        raise ApiError(
+            500, "model_scores_not_finite", f"{exc}; the request was valid: tell the server's operator"
+        ) from None
     except DenseCNNError as exc:  # the input is valid by now: only the memory budget can refuse it
         raise ImageTooLargeError(
             f"an input of shape {'x'.join(map(str, x.shape[2:]))} needs more memory than this server allows per "

@@ -195,10 +195,12 @@ class DenseCNN(nn.Module):
         With backend "auto" the images' dtype is the compute dtype: ``predict(x.bfloat16())`` is bf16 inference.
         ``cancel`` stops it as in :meth:`forward`. With ``nonfinite="propagate"`` a pixel whose patch reads a
         NaN/±Inf input pixel is labelled :data:`densecnn.nonfinite.NO_DATA_LABEL` (-1), as is any pixel whose scores
-        are NaN.
+        are NaN; with "refuse", NaN scores (the net overflowing on a finite input) raise
+        :class:`~densecnn.errors.ScoresNotFiniteError`.
         """
         if max_memory is None:
-            return tiling.class_labels(self.forward(x, cancel=cancel, nonfinite=nonfinite))
+            scores = self.forward(x, cancel=cancel, nonfinite=nonfinite)
+            return tiling.class_labels(scores, no_data=nonfinite == "propagate")
         self._check_call(x, nonfinite)
         self._warn_if_stochastic()
         return self._run_tiled(x, max_memory, labels=True, cancel=cancel, nonfinite=nonfinite)
@@ -311,7 +313,10 @@ class DenseCNN(nn.Module):
         run = functools.partial(self._run, cancel=cancel, nonfinite=nonfinite)
         before, _ = dense_padding(self.patch_size, self.receptive_field)
         window_of = functools.partial(padded_window, x, before, padding_mode=self.padding_mode)
-        return tiling.run_tiled(run, window_of, tuple(x.shape[2:]), tile, self.receptive_field, labels=labels)
+        return tiling.run_tiled(
+            run, window_of, tuple(x.shape[2:]), tile, self.receptive_field, labels=labels,
+            no_data=nonfinite == "propagate",
+        )  # fmt: skip
 
     def memory_estimate(self, shape, itemsize: int, *, labels: bool, train: bool) -> tiling.MemoryEstimate:
         """Bytes a tiled call on (N, C, H, W) images of ``shape`` holds, and needs per output tile (from the layer

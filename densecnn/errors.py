@@ -147,6 +147,11 @@ class LabellingFailed(DenseCNNError, RuntimeError):
     so it is passed on as this)."""
 
 
+class ScoresNotFiniteError(DenseCNNError, RuntimeError):
+    """A model's scores are NaN on an input it was given as finite: the net overflowed (its weights or activations
+    beyond float range), so no label of those pixels is known; never written as no-data."""
+
+
 class OnnxExportError(DenseCNNError, ValueError):
     """A dense net holds a layer the ONNX exporter does not know how to write."""
 

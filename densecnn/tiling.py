@@ -24,21 +24,34 @@ from dataclasses import dataclass
 import torch
 from tqdm.auto import tqdm
 
-from .errors import InvalidInputError
+from .errors import InvalidInputError, ScoresNotFiniteError
 from .geometry import Size
 from .nonfinite import NO_DATA_LABEL
 
 
-def class_labels(scores: torch.Tensor) -> torch.Tensor:
+def class_labels(scores: torch.Tensor, *, no_data: bool = False) -> torch.Tensor:
     """(N, K, *S) scores -> (N, *S) int64 labels: the first class with the highest score, as ``argmax(1)`` gives,
-    through ``max(1)``, which torch runs several times faster on the CPU for few classes; a pixel whose scores hold
-    NaN (no-data, :mod:`densecnn.nonfinite`) gets :data:`~densecnn.nonfinite.NO_DATA_LABEL`.
+    through ``max(1)``, which torch runs several times faster on the CPU for few classes.
 
-    >>> class_labels(torch.tensor([[[0.0, float("nan")], [1.0, 0.0]]]))
+    ``no_data``: the input may hold no-data pixels (``nonfinite="propagate"``, :mod:`densecnn.nonfinite`), and a
+    pixel whose scores hold NaN gets :data:`~densecnn.nonfinite.NO_DATA_LABEL`. Otherwise the input was finite, and a
+    NaN score is the net overflowing, which is refused rather than labelled.
+
+    >>> class_labels(torch.tensor([[[0.0, float("nan")], [1.0, 0.0]]]), no_data=True)
     tensor([[ 1, -1]])
+
+    Raises:
+        ScoresNotFiniteError: NaN scores without ``no_data``.
     """
     best, labels = scores.max(1)  # max propagates NaN: a pixel with a NaN score has a NaN best
-    return labels.masked_fill_(best.isnan(), NO_DATA_LABEL)
+    missing = best.isnan()
+    if not no_data and missing.any():
+        raise ScoresNotFiniteError(
+            f"the model's scores are NaN at {int(missing.sum())} of the {missing.numel()} pixels scored at once, on a "
+            "finite input: the net overflows there (weights or activations beyond float range), so those pixels have no label; check "
+            "the model (a training run that diverged?) and how its inputs are scaled"
+        )
+    return labels.masked_fill_(missing, NO_DATA_LABEL)
 
 
 WORKSPACE = 3.0  # solver buffers: space-to-batch holds two extra copies of a layer's input and output
@@ -161,9 +174,10 @@ def tiles(
     receptive_field: Size,
     *,
     labels: bool,
+    no_data: bool = False,
 ) -> Iterator[tuple[tuple[slice, ...], torch.Tensor]]:
     """Each output tile in turn, as (its region in the output's spatial axes, its (N, K, *t) scores or (N, *t)
-    int64 labels if ``labels``), computed as :func:`run_tiled` computes it. Lazy: a consumer that stops asking
+    int64 labels if ``labels`` (``no_data`` as :func:`class_labels` takes it), computed as :func:`run_tiled` computes it. Lazy: a consumer that stops asking
     stops the work within one tile, and may put each tile where it likes (a progress bar, a file) instead of
     holding the whole output.
 
@@ -174,7 +188,7 @@ def tiles(
         spans = tuple((s, s + t + r - 1) for s, t, r in zip(start, tile, receptive_field))
         scores = run_padded(window_of(spans))  # (N, K, th, tw)
         region = tuple(slice(s, s + t) for s, t in zip(start, tile))
-        yield region, class_labels(scores) if labels else scores
+        yield region, class_labels(scores, no_data=no_data) if labels else scores
         del scores
 
 
@@ -186,6 +200,7 @@ def run_tiled(
     receptive_field: Size,
     *,
     labels: bool,
+    no_data: bool = False,
 ) -> torch.Tensor:
     """(N, K, *S) scores of an input of spatial ``size`` S, or (N, *S) int64 labels if ``labels``, computed tile by
     tile with ``run_padded`` ((N, C, th+Rh-1, tw+Rw-1) -> (N, K, th, tw)). ``window_of(spans)`` gives a tile's
@@ -194,7 +209,7 @@ def run_tiled(
     """
     count = tile_count(size, tile)
     progress = tqdm(
-        tiles(run_padded, window_of, size, tile, receptive_field, labels=labels),
+        tiles(run_padded, window_of, size, tile, receptive_field, labels=labels, no_data=no_data),
         total=count,
         desc="densecnn tiles",
         unit="tile",

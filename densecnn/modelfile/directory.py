@@ -213,7 +213,8 @@ class LoadedModel:
         net = dense or self._dense()
         with torch.inference_mode():
             scores = net(_on_device(x, net), max_memory, cancel=cancel, **_policy(net, nonfinite))
-            labels = self._label_array(class_labels(scores), nonfinite)  # (N, *spatial)
+            labels = class_labels(scores, no_data=nonfinite == "propagate")
+            labels = self._label_array(labels, nonfinite)  # (N, *spatial)
             probabilities = class_probabilities(scores, net).float().cpu()  # (N, K, *spatial)
         if isinstance(raw_or_input, torch.Tensor):
             return labels, probabilities

@@ -112,12 +112,13 @@ def predict_layer(
         if scaling.constant is not None:
             warnings.append(f"plane {plane}: {scaling.note()}" if plane else scaling.note())
         window_of = functools.partial(_window, loaded, source, plane, scaling, before, nonfinite == "refuse")
+        no_data = nonfinite == "propagate"
         for region, out in tiling.tiles(
-            run, window_of, spatial, tile, dense.receptive_field, labels=not probabilities
+            run, window_of, spatial, tile, dense.receptive_field, labels=not probabilities, no_data=no_data
         ):
             if probabilities:  # out: (1, K, *t) scores
                 probs[(slice(None), *plane, *region)] = class_probabilities(out, dense)[0].float().numpy()
-                out = tiling.class_labels(out)
+                out = tiling.class_labels(out, no_data=no_data)
             labels[(*plane, *region)] = file_labels(out[0].numpy(), classes)  # (1, *t) labels, no-data as max
             done += 1
             yield Progress(done, total)

@@ -13,7 +13,7 @@ from torch import nn
 
 import densecnn
 from densecnn import ops
-from densecnn.errors import NonFiniteInputError
+from densecnn.errors import NonFiniteInputError, ScoresNotFiniteError
 from densecnn.nonfinite import NO_DATA_LABEL, all_finite
 from densecnn.ops import solvers
 from tests.tolerances import assert_equal_to_rounding
@@ -203,3 +203,36 @@ def test_finite_values_whose_sum_overflows_are_finite():
     assert not all_finite(large)
     large[0, 0, 1, 2] = -float("inf")
     assert not all_finite(large)
+
+
+def _overflowing_net() -> tuple[nn.Sequential, int]:
+    """Finite weights that send a finite pixel of 2 to +inf and -inf, then add them: NaN scores for class 0."""
+    first, second = nn.Conv2d(1, 2, 3), nn.Conv2d(2, 2, 1)
+    with torch.no_grad():
+        first.weight.zero_()
+        first.weight[0, 0, 1, 1], first.weight[1, 0, 1, 1] = 3e38, -3e38
+        first.bias.zero_()
+        second.weight.copy_(torch.tensor([[1.0, 1.0], [1.0, 0.0]]).view(2, 2, 1, 1))
+        second.bias.zero_()
+    return nn.Sequential(first, second), 3
+
+
+@pytest.mark.parametrize("max_memory", [None, 30_000])
+def test_nan_scores_on_a_finite_input_are_refused_not_labelled_no_data(max_memory, tmp_path):
+    """The net overflowing on a finite input has no label for those pixels: predict, LoadedModel.labels and
+    classify (whole or tiled) raise, where ``nonfinite="propagate"`` (an input with holes) labels them -1."""
+    model, patch = _overflowing_net()
+    x = torch.full((1, 1, 40, 40), 2.0)
+    dense = densecnn.convert(model, patch, verify=False)
+    assert dense(x).isnan().any()  # the scores themselves are what the net computes
+    with pytest.raises(
+        ScoresNotFiniteError,
+        match=r"scores are NaN at \d+ of the \d+ pixels scored at once, on a finite input",
+    ):
+        dense.predict(x, max_memory)
+    assert (dense.predict(x, max_memory, nonfinite="propagate") == NO_DATA_LABEL).all()
+    densecnn.save(model, tmp_path / "model", patch_size=patch)
+    loaded = densecnn.load(tmp_path / "model")
+    for call in (loaded.labels, loaded.classify):
+        with pytest.raises(ScoresNotFiniteError):
+            call(x, max_memory=max_memory)

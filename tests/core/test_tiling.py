@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 import densecnn
 from densecnn import tiling
+from densecnn.errors import ScoresNotFiniteError
 from densecnn.nonfinite import NO_DATA_LABEL
 from densecnn.padding import dense_padding, pad_image, padded_window
 from tests.tolerances import assert_equal_to_rounding, assert_labels_equal_except_ties
@@ -188,8 +189,11 @@ def test_class_labels_are_argmax_with_ties_and_no_data_at_nan():
     scores[0, 1, 0, 0] = float("nan")
     expected = scores.argmax(1)
     expected[0, 0, 0] = NO_DATA_LABEL
-    assert torch.equal(tiling.class_labels(scores), expected)
-    assert torch.equal(tiling.class_labels(scores.float()), expected)
+    assert torch.equal(tiling.class_labels(scores, no_data=True), expected)
+    assert torch.equal(tiling.class_labels(scores.float(), no_data=True), expected)
+    with pytest.raises(ScoresNotFiniteError, match="at 1 of the 126 pixels scored at once"):
+        tiling.class_labels(scores)  # a finite input: NaN scores are the net overflowing
+    assert torch.equal(tiling.class_labels(scores.nan_to_num()), scores.nan_to_num().argmax(1))
 
 
 def _anisotropic(kernel_d: int, kernel_hw: int):
