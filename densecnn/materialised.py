@@ -101,12 +101,12 @@ def check_finite(model: nn.Module) -> None:
     Raises:
         ConversionError: naming the first tensor holding NaN or ±Inf and how many it holds.
     """
-    tensors = [("parameter", name, t) for name, t in model.named_parameters()]
-    tensors += [("buffer", name, t) for name, t in model.named_buffers()]
-    for kind, name, tensor in tensors:
-        found = nonfinite_values(tensor)
-        if found is not None:
-            raise ConversionError(
-                f"the model's {kind} {name!r} has {found}: the scores it feeds would be NaN or infinite, so the "
-                f"labels no-data or meaningless; {NONFINITE_WEIGHTS_FIX}"
-            )
+    named = [(f"parameter {name!r}", t) for name, t in model.named_parameters()]
+    named += [(f"buffer {name!r}", t) for name, t in model.named_buffers()]
+    broken = first_nonfinite(named)
+    if broken is not None:
+        what, found = broken
+        raise ConversionError(
+            f"the model's {what} has {found}: the scores it feeds would be NaN or infinite, so the labels no-data "
+            f"or meaningless; {NONFINITE_WEIGHTS_FIX}"
+        )

@@ -8,20 +8,19 @@ labels every pixel no-data. Each step therefore checks its loss before its updat
 those weights as the model, as on any error mid-step, and say so.
 
 >>> kept = LastFinite(model.parameters())
->>> kept.keep()            # before each update: the weights whose loss was just found finite
->>> optimizer.step()
->>> kept.finite()          # after it: one reduction, one synchronisation
-True
+>>> kept.update(loss, float(loss), optimizer)  # backward and step, or Diverged with the weights put back
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 import torch
 from torch import nn
 
 from ..errors import TrainingError
+from ..ops.precision import full_float32
 
 
 class Diverged(TrainingError):
@@ -52,6 +51,26 @@ class LastFinite:
     def held(self) -> bool:
         """Whether a copy was kept (none before the first update)."""
         return self._copies is not None
+
+    def update(self, loss: torch.Tensor, loss_value: float, optimizer: torch.optim.Optimizer) -> None:
+        """One update from ``loss`` (``loss_value``: the loss whose finiteness decides, e.g. all-reduced), guarded:
+        a non-finite ``loss_value`` came from the weights of the previous update, which are put back; weights the
+        update makes non-finite are put back to those before it.
+
+        Raises:
+            Diverged: either case, the weights already put back.
+        """
+        if not math.isfinite(loss_value):
+            rewound = self.restore()
+            raise Diverged(f"its loss is {loss_value}", rewound=rewound, kept_finite=rewound > 0)
+        self.keep()
+        optimizer.zero_grad(set_to_none=True)
+        with full_float32(loss.device):  # torch's conv gradients without TF32 on a GPU
+            loss.backward()
+        optimizer.step()
+        if not self.finite():  # the same on every process under DDP: it averaged the gradients
+            self.restore()
+            raise Diverged("its update made the weights NaN or infinite", rewound=0, kept_finite=True)
 
     @torch.no_grad()
     def keep(self) -> None:

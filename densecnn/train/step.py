@@ -9,8 +9,6 @@ processes.
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
@@ -20,9 +18,8 @@ from ..dense import DenseCNN
 from ..errors import TrainingError
 from ..losses import IGNORE_INDEX, masked_cross_entropy_terms, pixel_cross_entropy
 from ..masked import masked_terms
-from ..ops.precision import full_float32
 from .crops import sample_generator
-from .diverged import Diverged, LastFinite
+from .diverged import LastFinite
 from .no_data import without_no_data
 
 # the training methods, name -> what a step computes: the one list, read by the CLI and the model card
@@ -194,22 +191,10 @@ class Step:
         totals = self.dist.sum(
             torch.stack([loss_sum.detach(), weight_sum, correct.float(), counted.sum().float()])
         )
-        # the global batch's loss (all-reduced: every process stops at the same step), before any update from it:
-        # not finite, it came from the weights of the previous update, which are undone
-        loss_sum_value = totals[0].item()
-        if not math.isfinite(loss_sum_value):
-            rewound = self.last_finite.restore()
-            raise Diverged(f"its loss is {loss_sum_value}", rewound=rewound, kept_finite=rewound > 0)
         # DDP averages gradients over processes: scale so the result is the global-batch mean
         loss = loss_sum * self.dist.world_size / totals[1].clamp(min=torch.finfo(totals.dtype).tiny)
-        self.last_finite.keep()
-        self.optimizer.zero_grad(set_to_none=True)
-        with full_float32(loss.device):  # torch's conv gradients without TF32 on a GPU
-            loss.backward()
-        self.optimizer.step()
-        if not self.last_finite.finite():  # the same on every process: DDP averaged the gradients
-            self.last_finite.restore()
-            raise Diverged("its update made the weights NaN or infinite", rewound=0, kept_finite=True)
+        # guarded by the global batch's loss (all-reduced: every process stops at the same step)
+        self.last_finite.update(loss, totals[0].item(), self.optimizer)
         self.scheduler.step()
         return {
             "loss": (totals[0] / totals[1].clamp(min=1e-12)).item(),

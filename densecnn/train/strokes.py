@@ -56,7 +56,6 @@ from ..io.intensity import require_finite
 from ..losses import IGNORE_INDEX
 from ..masked import masked_terms, patch_scores
 from ..modelfile import CONFIG_FILE, LoadedModel, default_palette, load, save
-from ..ops.precision import full_float32
 from .crops import CropSampler
 from .diverged import Diverged, LastFinite
 from .features import BATCH_NORMS, PixelFeatures, dihedral_permutations, fix_layers, fixed_layers, standardize
@@ -150,6 +149,8 @@ class StrokeTrainer:
         )
         trained = [p for p in self.model_net.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(trained, lr=self.recipe.lr, weight_decay=self.recipe.weight_decay)
+        # the weights before the latest update, put back when a loss or an update is not finite
+        self.last_finite = LastFinite(trained)
         self.features: PixelFeatures | None = None
         self._feature_images: list[np.ndarray] = []  # the images self.features holds
         # (T, F): the features' order after each flip or turn, found with the first features
@@ -295,16 +296,8 @@ class StrokeTrainer:
             else None
         )
 
-    # the weights before the latest update, put back when a loss or an update is not finite (made at the first step)
-    _last_finite: LastFinite | None = None
-
     def _take_step(self) -> float:
         generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.step)
-        if self._last_finite is None:
-            self._last_finite = LastFinite(
-                p for group in self.optimizer.param_groups for p in group["params"]
-            )
-        kept = self._last_finite
         # a head step on gathered features is a few products of a millisecond: on one thread, none waits for a
         # second thread that busy cores have not scheduled (about 90 ms a step under load, against 1.4)
         with (
@@ -312,19 +305,10 @@ class StrokeTrainer:
         ):
             loss = self._head_loss(generator) if self.fixed else self._crops_loss(generator)
             value = float(loss.detach())
-            if not math.isfinite(value):  # from the weights of the previous update, which are undone
-                rewound = kept.restore()
-                raise self._diverged(
-                    Diverged(f"its loss is {value}", rewound=rewound, kept_finite=rewound > 0)
-                )
-            kept.keep()
-            self.optimizer.zero_grad(set_to_none=True)
-            with full_float32(loss.device):  # torch's conv gradients without TF32 on a GPU
-                loss.backward()
-            self.optimizer.step()
-            if not kept.finite():
-                kept.restore()
-                raise self._diverged(Diverged("its update made the weights NaN or infinite", 0, True))
+            try:
+                self.last_finite.update(loss, value, self.optimizer)
+            except Diverged as exc:
+                raise self._diverged(exc) from None
         self.scheduler.step()
         return value
 
