@@ -131,7 +131,7 @@ def resumed_config(saved: dict, config, given: Collection[str] | None = None):
     ``given``: the TrainConfig fields the command line gave (None: those whose value differs from the default, and
     ``model`` and ``data`` when set, as a TrainConfig built in Python says them).
     """
-    from .config import NOT_IN_COMMAND, TrainConfig, flag
+    from .config import NOT_IN_COMMAND, TrainConfig, flag, option_text
 
     specs = {spec.name: spec for spec in fields(TrainConfig)}
     if given is None:
@@ -164,16 +164,3 @@ def resumed_config(saved: dict, config, given: Collection[str] | None = None):
         )
     session = {name: getattr(config, name) for name in SESSION_OPTIONS if name in given}
     return TrainConfig.from_dict({**saved, **session, "resume": True, "out": config.out})
-
-
-def option_text(name: str, value) -> str:
-    """TrainConfig field ``name`` at ``value`` as the command line writes it: ``--lr 0.5``, ``--no-flip``,
-    ``--crop 16,64,64``."""
-    from .config import flag
-
-    option = flag(name)
-    if isinstance(value, bool):
-        return option if value else "--no-" + option[2:]
-    if isinstance(value, list):
-        return f"{option} {','.join(map(str, value))}"
-    return f"{option} {value}" if value not in (None, "") else f"{option} (not set)"

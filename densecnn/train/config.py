@@ -255,15 +255,7 @@ class TrainConfig:
                 continue
             if when is not None and getattr(self, when[0]) != when[1]:
                 continue
-            if isinstance(value, bool):
-                words.append(flag(field_.name) if value else "--no-" + flag(field_.name)[2:])
-            elif isinstance(value, list):
-                words += [
-                    flag(field_.name),
-                    ",".join(str(v) if isinstance(v, int) else repr(float(v)) for v in value),
-                ]
-            else:
-                words += [flag(field_.name), str(value)]
+            words += option_words(field_.name, value)
         return shlex.join(words)
 
     def launcher(self) -> str:
@@ -283,6 +275,22 @@ class TrainConfig:
 def flag(name: str) -> str:
     """The command-line flag of a TrainConfig field: ``crops_per_image`` -> ``--crops-per-image``."""
     return "--" + name.replace("_", "-")
+
+
+def option_words(name: str, value) -> list[str]:
+    """TrainConfig field ``name`` at ``value`` (not None) as command-line words: ``["--lr", "0.5"]``,
+    ``["--no-flip"]``, ``["--crop", "16,64,64"]``."""
+    if isinstance(value, bool):
+        return [flag(name) if value else "--no-" + flag(name)[2:]]
+    if isinstance(value, list):
+        return [flag(name), ",".join(str(v) if isinstance(v, int) else repr(float(v)) for v in value)]
+    return [flag(name), str(value)]
+
+
+def option_text(name: str, value) -> str:
+    """TrainConfig field ``name`` at ``value`` as a message writes it: ``--lr 0.5``, ``--no-flip``, ``--crop
+    16,64,64``, ``--val (not set)``."""
+    return " ".join(option_words(name, value)) if value not in (None, "") else f"{flag(name)} (not set)"
 
 
 def _attribute_docs() -> str:

@@ -28,8 +28,8 @@ from ..io import Intensity, open_lazy_array
 from ..losses import IGNORE_INDEX
 from ..modelfile import CONFIG_FILE, load
 from ..modelfile.card import write_model_card
-from .checkpoint import option_text, refuse_existing_run
-from .config import TrainConfig, flag
+from .checkpoint import refuse_existing_run
+from .config import TrainConfig, flag, option_text
 from .dataset import check_labelled_classes, infer_channels, read_class_info, read_dataset
 from .interrupts import TrainingInterrupted, interrupts_deferred
 from .metrics import MetricsLog
