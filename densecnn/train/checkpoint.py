@@ -8,7 +8,7 @@ uses ``torch.load(weights_only=True)``: checkpoints hold tensors and plain value
 from __future__ import annotations
 
 from collections.abc import Collection
-from dataclasses import MISSING, asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import torch
@@ -128,23 +128,17 @@ def resumed_config(saved: dict, config, given: Collection[str] | None = None):
     :data:`SESSION_OPTIONS` that ``config`` (the command's) gives. Any other option ``given`` with another value
     than the run's is refused, naming it: a resumed run trains as it started, and nothing given is dropped unsaid.
 
-    ``given``: the TrainConfig fields the command line gave (None: those whose value differs from the default, and
-    ``model`` and ``data`` when set, as a TrainConfig built in Python says them).
+    ``given``: the TrainConfig fields the command line gave (None: :func:`~densecnn.train.config.set_in_python`).
     """
-    from .config import NOT_IN_COMMAND, TrainConfig, flag, option_text
+    from .config import NOT_IN_COMMAND, TrainConfig, flag, option_text, set_in_python
 
-    specs = {spec.name: spec for spec in fields(TrainConfig)}
-    if given is None:
-        given = {
-            name
-            for name, spec in specs.items()
-            if (getattr(config, name) if spec.default is MISSING else getattr(config, name) != spec.default)
-        }
+    names = [spec.name for spec in fields(TrainConfig)]
+    given = set_in_python(config) if given is None else given
     run = TrainConfig.from_dict(saved)
     skip = {"out", "resume", "command", *NOT_IN_COMMAND, *SESSION_OPTIONS}
     differing = [
         name
-        for name in specs
+        for name in names
         if name in given and name not in skip and getattr(config, name) != getattr(run, name)
     ]
     if differing:

@@ -277,6 +277,20 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+def set_in_python(config: TrainConfig) -> set[str]:
+    """The fields a TrainConfig built in Python gives, standing for the options a command line gave: those set
+    otherwise than their defaults, and those without a default (``model``, ``data``, ``out``) when set."""
+    return {
+        spec.name
+        for spec in fields(config)
+        if (
+            getattr(config, spec.name)
+            if spec.default is MISSING
+            else getattr(config, spec.name) != spec.default
+        )
+    }
+
+
 def option_words(name: str, value) -> list[str]:
     """TrainConfig field ``name`` at ``value`` (not None) as command-line words: ``["--lr", "0.5"]``,
     ``["--no-flip"]``, ``["--crop", "16,64,64"]``."""

@@ -29,7 +29,7 @@ from ..losses import IGNORE_INDEX
 from ..modelfile import CONFIG_FILE, load
 from ..modelfile.card import write_model_card
 from .checkpoint import refuse_existing_run
-from .config import TrainConfig, flag, option_text
+from .config import TrainConfig, flag, option_text, set_in_python
 from .dataset import check_labelled_classes, infer_channels, read_class_info, read_dataset
 from .interrupts import TrainingInterrupted, interrupts_deferred
 from .metrics import MetricsLog
@@ -148,16 +148,10 @@ def recipe_changes(config: TrainConfig, given: Collection[str] | None = None) ->
     other option given that the recipe chooses itself (``--epochs``, ``--crop``, ``--optimizer sgd``, ``--val``
     ...) is refused, naming each and the fix: nothing given is dropped unsaid.
 
-    ``given``: the TrainConfig fields the command line gave (None: those whose value differs from the default, as a
-    TrainConfig built in Python says them).
+    ``given``: the TrainConfig fields the command line gave (None: :func:`~densecnn.train.config.set_in_python`).
     """
     specs = dataclasses.fields(TrainConfig)
-    if given is None:
-        given = {
-            s.name
-            for s in specs
-            if s.default is not dataclasses.MISSING and getattr(config, s.name) != s.default
-        }
+    given = set_in_python(config) if given is None else given
     ignored = [
         s.name
         for s in specs
