@@ -6,6 +6,7 @@ and the live layer. No Qt here.
 (['background', 'cell'], [[0, 0, 0], [60, 200, 90]])
 >>> format_classes(["background", "cell"], [[0, 0, 0], [60, 200, 90]])
 'background #000000, cell #3cc85a'
+>>> check_painted(["background", "cell"], [1, 2])  # every class painted, no other value
 """
 
 from __future__ import annotations
@@ -50,3 +51,25 @@ def fresh_classes(values: list[int]) -> tuple[list[str], list[list[int]]]:
     value (at least two), named ``class_1`` ... after their stroke values, in the default palette."""
     count = max([2, *values])
     return [f"class_{v}" for v in range(1, count + 1)], default_palette(count)
+
+
+def check_painted(names: list[str], values: list[int]) -> None:
+    """Refuse strokes that do not paint the classes field's classes for a new model: a stroke value past the field's
+    classes, or a class no stroke paints (a new model never learns a class it sees no pixel of).
+
+    Raises:
+        InvalidInputError: naming the values and classes, and the fix.
+    """
+    beyond = [v for v in values if v > len(names)]
+    if beyond:
+        raise InvalidInputError(
+            f"strokes are painted with value {', '.join(map(str, beyond))} but the classes field lists "
+            f"{len(names)} classes: add a class to the field for each value, or repaint those strokes"
+        )
+    unpainted = [k for k in range(len(names)) if k + 1 not in values]
+    if unpainted:
+        shown = ", ".join(f"{k + 1} ({names[k]})" for k in unpainted)
+        raise InvalidInputError(
+            f"no strokes are painted with value {shown}, and a new model learns only the classes it sees: paint "
+            "some, or take the class out of the classes field and repaint the later classes' strokes one value lower"
+        )

@@ -40,7 +40,7 @@ from qtpy.QtCore import QTimer
 from ..errors import DenseCNNError, InvalidInputError
 from ..io.intensity import Intensity
 from ..modelfile import LoadedModel, load
-from .classes import format_classes, fresh_classes, parse_classes
+from .classes import check_painted, format_classes, fresh_classes, parse_classes
 from .models import shipped_models
 from .source import LayerSource
 from .strokes import StrokeSet, paint_geojson, paint_shapes
@@ -139,6 +139,8 @@ class TrainPanel(Container):
                 raise InvalidInputError(
                     "the strokes hold fewer than two classes: paint strokes of at least two values (1, 2, ...)"
                 )
+            if self.session.start is None:
+                check_painted(self.session.class_names, strokes.values)
         except DenseCNNError as exc:
             self._status.value = str(exc)
             return None

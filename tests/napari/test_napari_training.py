@@ -23,7 +23,7 @@ import densecnn  # noqa: E402
 from densecnn.io.intensity import Intensity  # noqa: E402
 from densecnn.io.pixels import unit_planes  # noqa: E402
 from densecnn.napari import engine  # noqa: E402
-from densecnn.napari.classes import format_classes, fresh_classes, parse_classes  # noqa: E402
+from densecnn.napari.classes import check_painted, format_classes, fresh_classes, parse_classes  # noqa: E402
 from densecnn.napari.sample import nuclei  # noqa: E402
 from densecnn.napari.source import LayerSource  # noqa: E402
 from densecnn.napari.strokes import UNLABELLED, WHOLE_PLANE_PIXELS, StrokeSet, training_windows  # noqa: E402
@@ -147,6 +147,17 @@ def test_the_classes_field_reads_names_and_colours():
         parse_classes("a, #00ff00")
 
 
+def test_a_new_model_refuses_a_class_no_stroke_paints_in_the_panels_words():
+    check_painted(["a", "b", "c"], [1, 2, 3])
+    names, _ = fresh_classes([1, 3])  # values 1 and 3 painted, 2 not
+    with pytest.raises(densecnn.InvalidInputError, match=r"no strokes are painted with value 2 \(class_2\)"):
+        check_painted(names, [1, 3])
+    with pytest.raises(
+        densecnn.InvalidInputError, match="painted with value 4 but the classes field lists 3"
+    ):
+        check_painted(["a", "b", "c"], [1, 2, 4])
+
+
 def test_a_live_region_is_labelled_as_its_whole_plane(tmp_path):
     image = _cells(200)
     source = _source(image)
@@ -196,6 +207,22 @@ def _choose(panel, image, strokes, *, max_seconds):
 def _train(panel, qtbot):
     assert panel.train() is not None, panel._status.value
     qtbot.waitUntil(lambda: panel.worker is None, timeout=180_000)
+
+
+@needs_display
+def test_strokes_that_skip_a_value_are_refused_before_training(viewer_and_panel):
+    viewer, panel = viewer_and_panel
+    image_data = _cells()
+    image = viewer.add_image(image_data, name="cells")
+    painted = _strokes(image_data, range(5, 160, 40))
+    strokes = viewer.add_labels(
+        np.where(painted == 2, 3, painted).astype(np.uint8), name="strokes"
+    )  # 1 and 3
+    _choose(panel, image, strokes, max_seconds=3)
+    assert panel.train() is None and panel.worker is None
+    assert panel._status.value.startswith("no strokes are painted with value 2 (class_2)"), (
+        panel._status.value
+    )
 
 
 @needs_display
