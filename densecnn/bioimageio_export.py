@@ -36,7 +36,7 @@ from .io.decode_nd import read_nd
 from .io.labels import score_kind
 from .io.pixels import array_input
 from .modelfile import LoadedModel, load
-from .onnx_export import OPSET, export_onnx, exportable
+from .onnx_export import OPSET, evaluating, export_onnx, exportable
 from .padding import dense_padding
 
 if TYPE_CHECKING:
@@ -391,10 +391,10 @@ def _write_files(tmp: Path, loaded, dense, raw: np.ndarray, x: torch.Tensor, sco
     # for people: the same tensors, in a format imageio reads
     tifffile.imwrite(tmp / "sample_input.tif", raw, photometric="minisblack")
     tifffile.imwrite(tmp / "sample_output.tif", scores[0], photometric="minisblack")
-    with warnings.catch_warnings(), torch.no_grad():
+    with evaluating(exportable(dense)) as module, warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")  # TorchScript's deprecation notice; the format bioimage.io reads
         # traced on a corner of the smallest input: the padding reads the input's size, so any size runs
-        traced = torch.jit.trace(exportable(dense), x[(..., *(slice(0, m) for m in min_size(dense)))])
+        traced = torch.jit.trace(module, x[(..., *(slice(0, m) for m in min_size(dense)))])
     traced.save(str(tmp / "weights.pt"))
     export_onnx(dense, tmp / "weights.onnx")
     (tmp / "README.md").write_text(_readme(loaded, dense, name, raw.dtype, steps))

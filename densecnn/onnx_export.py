@@ -13,9 +13,10 @@ dynamic.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -28,6 +29,7 @@ from .layers import DenseAvgPool, DenseConv, DenseLinear, DenseMaxPool, WindowLa
 from .padding import dense_padding, source_index
 
 OPSET = 17  # dilated MaxPool needs >= 10
+SCORE_TOLERANCE = 1e-4  # the exported graph's scores against the dense net's, relative to the largest score
 IR_VERSION = 8  # the IR version that goes with opset 17; onnxruntime >= 1.14 loads it
 
 
@@ -137,6 +139,20 @@ def export_threshold(layer: nn.Threshold, channels: int) -> nn.Module:
     return _Threshold(layer.threshold, layer.value)
 
 
+class _Softplus(nn.Module):
+    def __init__(self, beta: float, threshold: float):
+        super().__init__()
+        self.beta, self.threshold = beta, threshold
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.where(x * self.beta > self.threshold, x, F.softplus(x, self.beta))
+
+
+def export_softplus(layer: nn.Softplus, channels: int) -> nn.Module:
+    """``nn.Softplus`` with its linear part above ``threshold`` as a ``Where`` (torch's export drops the threshold)."""
+    return _Softplus(layer.beta, layer.threshold)
+
+
 # dense layer type -> (dense layer, channels entering it) -> an ONNX-friendly module; a layer of another type is
 # written as it is (torch.onnx traces its forward: activations, per-pixel BatchNorm, channel softmax)
 Export = Callable[[nn.Module, int], nn.Module]
@@ -149,6 +165,7 @@ _EXPORTS: dict[type, Export] = {
     nn.InstanceNorm2d: export_running_norm,
     nn.InstanceNorm3d: export_running_norm,
     nn.Threshold: export_threshold,
+    nn.Softplus: export_softplus,
 }
 
 
@@ -173,8 +190,14 @@ def exportable(dense: DenseCNN) -> nn.Sequential:
     """The dense net rebuilt from ONNX-friendly modules (padding first); same outputs as ``dense.forward``.
 
     Each dense layer is written by the export registered for its type (:func:`register_export`); layers without
-    one (activations, per-pixel BatchNorm, channel softmax) are written as they are.
+    one (activations, per-pixel BatchNorm, channel softmax) are written as they are, shared with the patch model:
+    run it under :func:`evaluating`, which leaves their modes as it found them.
+
+    Raises:
+        OnnxExportError: the net does not know its input channels, or a windowed layer has no export.
+        ModelChangedError: the patch model changed since conversion (as ``dense(x)`` raises).
     """
+    dense.check_model()
     if dense.in_channels is None:
         raise OnnxExportError(
             "the dense net does not know its input channels; convert a model that starts with Conv2d"
@@ -199,7 +222,20 @@ def exportable(dense: DenseCNN) -> nn.Sequential:
             modules.append(layer)
         op = layer.dense_op() if isinstance(layer, WindowLayer) else None
         channels = op.weight.shape[0] if op is not None and hasattr(op, "weight") else channels
-    return nn.Sequential(*modules).eval()
+    return nn.Sequential(*modules)
+
+
+@contextlib.contextmanager
+def evaluating(module: nn.Module) -> Iterator[nn.Module]:
+    """``module`` and its submodules in eval mode inside the block, each back in its own mode after it (an
+    exportable net shares layers with the patch model, which may be in the middle of training)."""
+    modes = [(m, m.training) for m in module.modules()]
+    module.eval()
+    try:
+        yield module
+    finally:
+        for m, training in modes:
+            m.training = training
 
 
 def export_onnx(dense: DenseCNN, path) -> Path:
@@ -213,7 +249,9 @@ def export_onnx(dense: DenseCNN, path) -> Path:
     PosixPath('nuclei.onnx')
 
     Raises:
-        OnnxExportError: onnx is missing, or the net's weights are not float32.
+        OnnxExportError: onnx is missing, the net's weights are not float32, or (where onnxruntime is
+            installed) the graph's scores on a test image differ from the net's (:func:`check_scores`).
+        ModelChangedError: the patch model changed since conversion.
     """
     try:
         import onnx
@@ -225,11 +263,10 @@ def export_onnx(dense: DenseCNN, path) -> Path:
             f"the net's weights are {', '.join(sorted(map(str, dtypes)))}, and the ONNX graph takes float32 images: "
             "export a float32 copy (model.float(), then convert or save it again)"
         )
-    module = exportable(dense)
     example = torch.zeros(1, dense.in_channels, *(max(r, 8) for r in dense.receptive_field))
     axes = {0: "N", **dict(zip(range(2, dense.dims + 2), {1: "L", 2: "HW", 3: "DHW"}[dense.dims]))}
     out = Path(path)
-    with warnings.catch_warnings(), torch.no_grad():
+    with evaluating(exportable(dense)) as module, warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter(
             "ignore"
         )  # the TorchScript exporter's deprecation notice; it is the one that works here
@@ -247,4 +284,33 @@ def export_onnx(dense: DenseCNN, path) -> Path:
     model.ir_version = IR_VERSION
     onnx.checker.check_model(model)
     onnx.save(model, str(out))
+    check_scores(dense, out)
     return out
+
+
+def check_scores(dense: DenseCNN, path: Path) -> None:
+    """Run the ONNX model at ``path`` with onnxruntime (where it is installed) on a random image and compare its
+    scores with ``dense``'s: a layer that torch's exporter writes wrongly is refused, not shipped.
+
+    Raises:
+        OnnxExportError: the scores differ beyond float32 rounding (the file is removed).
+    """
+    try:
+        import onnxruntime
+    except ImportError:
+        return
+    generator = torch.Generator().manual_seed(0)
+    image = torch.randn(2, dense.in_channels, *(r + 5 for r in dense.receptive_field), generator=generator)
+    with evaluating(dense), torch.no_grad():
+        expected = dense(image)
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    got = torch.from_numpy(session.run(None, {"image": image.numpy()})[0])
+    scale = max(1.0, expected.abs().max().item())
+    difference = (got - expected).abs().max().item() if got.shape == expected.shape else math.inf
+    if not difference <= SCORE_TOLERANCE * scale:
+        path.unlink()
+        raise OnnxExportError(
+            f"the exported graph's scores differ from the dense net's by {difference:.3g} (largest score "
+            f"{scale:.3g}) on a test image: a layer is written to ONNX wrongly. Register an export for it with "
+            "@densecnn.onnx_export.register_export, or report it"
+        )

@@ -281,15 +281,16 @@ def save(
     normalization: dict[str, list[float]] | None = None,
     padding_mode: str = "zeros",
     extra: dict | None = None,
-    intensity: Intensity | None = None,
+    intensity: Intensity | str | None = None,
     pixel_size=None,
 ) -> Path:
     """Write ``model`` to the directory ``path`` as ``model.json`` + ``weights.safetensors``.
 
     The model must convert at ``patch_size``, its weights finite (checked before anything is written). ``normalization`` is
     ``{"mean": [...], "std": [...]}`` per input channel, applied to images scaled to [0, 1]; ``intensity`` says how
-    raw pixel values are scaled to [0, 1] (:class:`~densecnn.io.intensity.Intensity`; by default by their dtype's
-    range, and then the key is left out); ``pixel_size`` the micrometres per pixel of the training images, one per
+    raw pixel values are scaled to [0, 1] (:class:`~densecnn.io.intensity.Intensity`, or its text as the command line
+    takes it: ``"range:0,4095"``, ``"percentiles:1,99.8"``; by default by their dtype's range, and then the key is
+    left out); ``pixel_size`` the micrometres per pixel of the training images, one per
     axis (optional). ``extra`` is free-form JSON metadata kept in ``model.json``.
 
     >>> model, patch = densecnn.zoo.tiny(in_channels=1, num_classes=3)
@@ -297,6 +298,13 @@ def save(
     PosixPath('models/tiny')
     """
     check_padding_mode(padding_mode)
+    if isinstance(intensity, str):
+        intensity = Intensity.parse(intensity)
+    elif intensity is not None and not isinstance(intensity, Intensity):
+        raise InvalidInputError(
+            f"intensity is a {type(intensity).__name__}; give a densecnn.io.intensity.Intensity or its text: "
+            "'dtype', 'range:LOW,HIGH' or 'percentiles:LOW,HIGH'"
+        )
     dense = convert(model, patch_size, padding_mode=padding_mode)  # validates that the model converts exactly
     patch = dense.patch_size
     num_classes, in_channels = dense.num_classes, dense.in_channels
@@ -398,6 +406,15 @@ def load(path) -> LoadedModel:
     if broken is not None:
         name, found = broken
         raise file_error(directory / WEIGHTS_FILE, f"tensor {name!r}", f"has {found}", NONFINITE_WEIGHTS_FIX)
+    for name, tensor in state.items():  # a normalisation's running variance: negative, every score NaN
+        negative = int((tensor < 0).sum()) if name.endswith("running_var") else 0
+        if negative:
+            raise file_error(
+                directory / WEIGHTS_FILE, f"tensor {name!r}",
+                f"has {negative} negative value(s); a variance is never negative, and the normalisation would "
+                "make every score NaN",
+                "write the model again from a good checkpoint",
+            )  # fmt: skip
     # the file's tensors become the parameters (no copy, no cast); a reused layer shares its first use's
     model.load_state_dict(full_state(model, state), assign=True)
     _verify_once(directory, model, config)

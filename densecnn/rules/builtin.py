@@ -336,6 +336,17 @@ def _require_running_stats(module: nn.Module, ctx: ConversionContext) -> None:
             "output depends on the other patches in its batch, and a whole image is one batch of a different size",
             "train with track_running_stats=True (the default) so that eval mode uses the running statistics",
         )
+    variance = module.running_var
+    if not variance.is_meta:
+        nonpositive = int((variance.detach().double() + module.eps <= 0).sum())
+        if nonpositive:
+            raise ctx.error(
+                f"running_var + eps is not positive in {nonpositive} of its {variance.numel()} channels (a "
+                "variance is never negative), so their normalisation divides by the square root of a negative "
+                "number: every score would be NaN",
+                "restore the statistics from a good checkpoint, or recompute them (a few batches in train mode); "
+                "eps must be positive",
+            )
 
 
 def batch_norm(module: nn.Module, ctx: ConversionContext):

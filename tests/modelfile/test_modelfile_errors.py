@@ -339,3 +339,44 @@ def test_a_model_with_nan_weights_is_not_saved_naming_the_tensor(tmp_path):
     ):
         densecnn.save(model, tmp_path / "m", patch_size=7)
     assert not (tmp_path / "m").exists()
+
+
+def _batch_norm_net(dims: int) -> torch.nn.Sequential:
+    conv, norm = {2: (torch.nn.Conv2d, torch.nn.BatchNorm2d), 3: (torch.nn.Conv3d, torch.nn.BatchNorm3d)}[
+        dims
+    ]
+    return torch.nn.Sequential(conv(1, 4, 3), norm(4), torch.nn.ReLU(), conv(4, 2, 3)).eval()
+
+
+@pytest.mark.parametrize("dims", [2, 3])
+def test_a_negative_running_variance_is_refused_at_convert_and_load(tmp_path, dims):
+    """A corrupt BatchNorm variance makes every score NaN: convert refuses it, and load names the tensor."""
+    model = _batch_norm_net(dims)
+    densecnn.save(model, tmp_path / "m", patch_size=5)
+    weights = tmp_path / "m" / "weights.safetensors"
+    state = load_file(weights)
+    state["1.running_var"][2] = -1.0
+    save_file(state, weights)
+    with pytest.raises(
+        densecnn.errors.ModelFileError, match=r"tensor '1\.running_var': has 1 negative value"
+    ):
+        densecnn.load(tmp_path / "m")
+    with torch.no_grad():
+        model[1].running_var[2] = -1.0
+    with pytest.raises(
+        densecnn.ConversionError, match=r"running_var \+ eps is not positive in 1 of its 4 channels"
+    ):
+        densecnn.convert(model, 5)
+
+
+def test_save_takes_the_intensity_as_text_and_refuses_other_types(tmp_path):
+    model = _batch_norm_net(2)
+    densecnn.save(model, tmp_path / "m", patch_size=5, intensity="percentiles:1,99.8")
+    assert str(densecnn.load(tmp_path / "m").intensity) == "percentiles:1,99.8"
+    with pytest.raises(
+        densecnn.InvalidInputError, match="intensity is a int; give a densecnn.io.intensity.Intensity"
+    ):
+        densecnn.save(model, tmp_path / "n", patch_size=5, intensity=3)
+    with pytest.raises(densecnn.DenseCNNError, match="not understood"):
+        densecnn.save(model, tmp_path / "n", patch_size=5, intensity="percentile 1 99")
+    assert not (tmp_path / "n").exists()

@@ -162,3 +162,44 @@ def test_a_users_windowed_dense_op_exports_once_its_export_is_registered(tmp_pat
     (scores,) = _session(export_onnx(dense, tmp_path / "b.onnx")).run(None, {"image": x.numpy()})
     expected = densecnn.scan_patches(model, x, (6, 8)).numpy()  # independent of the export
     np.testing.assert_allclose(scores, expected, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("dims", [1, 2])
+def test_softplus_keeps_its_threshold(tmp_path, dims):
+    torch.manual_seed(0)
+    conv = (torch.nn.Conv1d, torch.nn.Conv2d)[dims - 1]
+    net = torch.nn.Sequential(conv(1, 4, 3), torch.nn.Softplus(beta=2, threshold=1), conv(4, 2, 1)).eval()
+    with torch.no_grad():
+        net[0].weight.mul_(4)  # pre-activations of ±3: both sides of the threshold
+    dense = densecnn.convert(net, 3, backend="native")
+    x = torch.randn(1, 1, *(16,) * dims)
+    (scores,) = _session(export_onnx(dense, tmp_path / "softplus.onnx")).run(None, {"image": x.numpy()})
+    np.testing.assert_allclose(scores, densecnn.scan_patches(net, x, 3).numpy(), rtol=0, atol=1e-5)
+
+
+def test_a_layer_written_wrongly_is_refused_and_no_file_is_left(tmp_path, monkeypatch):
+    net = torch.nn.Sequential(
+        torch.nn.Conv2d(1, 4, 3), torch.nn.Softplus(threshold=0.5), torch.nn.Conv2d(4, 2, 1)
+    )
+    dense = densecnn.convert(net.eval(), 3, backend="native")
+    # torch's own export of Softplus, which drops the threshold
+    monkeypatch.setitem(densecnn.onnx_export._EXPORTS, torch.nn.Softplus, lambda layer, channels: layer)
+    with pytest.raises(
+        densecnn.OnnxExportError, match="scores differ from the dense net's by .* written to ONNX"
+    ):
+        export_onnx(dense, tmp_path / "wrong.onnx")
+    assert not (tmp_path / "wrong.onnx").exists()
+
+
+def test_export_leaves_the_models_modes_and_refuses_a_changed_model(tmp_path):
+    net = torch.nn.Sequential(
+        torch.nn.Conv2d(1, 3, 3), torch.nn.BatchNorm2d(3), torch.nn.ReLU(), torch.nn.Dropout(0.5),
+        torch.nn.Conv2d(3, 2, 3),
+    )  # fmt: skip
+    dense = densecnn.convert(net.eval(), 5, backend="native")
+    net.train()  # a checkpoint exported in the middle of training
+    export_onnx(dense, tmp_path / "mid.onnx")
+    assert all(module.training for module in net.modules())
+    net[2] = torch.nn.Tanh()
+    with pytest.raises(densecnn.ModelChangedError):
+        export_onnx(dense, tmp_path / "changed.onnx")
