@@ -154,7 +154,9 @@ def create_levels(target: NgffTarget, shape, chunks, dtype, attributes: dict, *,
     """Create (or, resuming, reopen) every level's array; the first is returned first."""
     import zarr
 
-    zarr.open_group(target.root, mode="a", zarr_format=target.zarr_format)
+    root = zarr.open_group(target.root, mode="a", zarr_format=target.zarr_format)
+    if not resume:
+        unpublish(target, root)
     lead_chunks = target.lead  # a whole leading axis per chunk (1, or all K classes)
     return [
         create_output(
@@ -169,6 +171,38 @@ def create_levels(target: NgffTarget, shape, chunks, dtype, attributes: dict, *,
         )
         for k, level_shape in enumerate(target.level_shapes(shape, chunks))
     ]
+
+
+IMAGE_KEYS = (
+    "multiscales",
+    "image-label",
+    "ome",
+)  # what makes a group an image to readers (NGFF 0.4; 0.5's "ome")
+
+
+def unpublish(target: NgffTarget, root) -> None:
+    """Starting over on a finished image: take away what makes readers open it (its multiscales and image-label
+    metadata, and its name in the labels group's list) before any chunk is replaced. Until :func:`write_metadata`
+    publishes the new one, a run stopped midway leaves no image, rather than a finished-looking one whose replaced
+    levels read their missing chunks as background."""
+    import zarr
+
+    for key in IMAGE_KEYS:
+        if key in root.attrs:
+            del root.attrs[key]
+    if target.labels_of is None:
+        return
+    try:
+        labels = zarr.open_group(f"{target.labels_of}/labels", mode="r+", zarr_format=target.zarr_format)
+    except FileNotFoundError:
+        return
+    name = Path(target.root).name.removesuffix(".ome.zarr")  # as write_metadata lists it
+    attributes = dict(labels.attrs)
+    if name in attributes.get("labels", []):
+        labels.attrs["labels"] = [n for n in attributes["labels"] if n != name]
+    ome = attributes.get("ome", {})
+    if name in ome.get("labels", []):
+        labels.attrs["ome"] = {**ome, "labels": [n for n in ome["labels"] if n != name]}
 
 
 def level_transforms(target: NgffTarget, k: int, *, mean: bool) -> list[dict]:

@@ -301,3 +301,43 @@ def test_an_interrupted_run_is_no_label_image_until_it_finishes(model_dir, tmp_p
     (node,) = _read_labels(image)
     labels = torch.from_numpy(np.asarray(node.data[0])[0, 0, 0].astype(np.int64))
     assert_labels_equal_except_ties(labels[None], whole_image_scores(model_dir, pixels)[None])
+
+
+@pytest.mark.parametrize("zarr_format", [2, 3], ids=["ngff-0.4", "ngff-0.5"])
+def test_starting_over_takes_the_finished_image_away_until_it_is_rewritten(model_dir, tmp_path, zarr_format):
+    """``overwrite`` on a finished label image, stopped midway: readers see no label image (not the old metadata
+    over replaced levels whose missing chunks read as background); in the image's labels group and standalone."""
+    import threading
+
+    from densecnn.errors import Cancelled
+
+    pixels = tiled_nuclei(150, 130)
+    image = tmp_path / "image.ome.zarr"
+    write_image(image, pixels, zarr_format)
+    standalone = tmp_path / "labels.ome.zarr"
+    runs = {"labels_into": (image, None), "standalone": (image, standalone)}
+    for name, (source, out) in runs.items():
+        options = BlockwiseOptions(
+            labels_into="cells" if out is None else None, chunk=32, block=32, progress=False
+        )
+        predict_to_disk(model_dir, source, out, options)
+        cancel = threading.Event()
+        stop_after_one = {
+            "cancel": cancel,
+            "on_progress": lambda summary, cancel=cancel: summary.computed and cancel.set(),
+        }
+        with pytest.raises(Cancelled):
+            predict_to_disk(model_dir, source, out, BlockwiseOptions(**{**vars(options), "overwrite": True,
+                                                                     **stop_after_one}))  # fmt: skip
+        if out is None:
+            assert _read_labels(image) == [], name
+            labels_group = dict(zarr.open_group(str(image / "labels"), mode="r").attrs)
+            assert "cells" not in labels_group.get("labels", labels_group.get("ome", {}).get("labels", []))
+        else:
+            assert list(Reader(parse_url(str(out)))()) == [], name
+            assert not {"multiscales", "ome"} & set(zarr.open_group(str(out), mode="r").attrs), name
+        predict_to_disk(model_dir, source, out, options)  # resumes the new run and publishes it
+    (node,) = _read_labels(image)
+    labels = torch.from_numpy(np.asarray(node.data[0])[0, 0, 0].astype(np.int64))
+    assert_labels_equal_except_ties(labels[None], whole_image_scores(model_dir, pixels)[None])
+    assert len(list(Reader(parse_url(str(standalone)))())) == 1
