@@ -53,15 +53,30 @@ def is_image_set(input: Path) -> bool:
 
 
 def open_chunked(input: Path, loaded, options: BlockwiseOptions) -> tuple[LazyArray, int]:
-    """The chunked array to label, opened lazily, and its level: ``options.level``, else the OME-Zarr level at the
-    model's pixel size (:func:`matching_level`); its channels checked against the model's."""
+    """The chunked array to label, opened lazily, and its level (:func:`chosen_level`); its channels checked against
+    the model's."""
     with input_errors():
-        level = options.level if options.level is not None else matching_level(input, loaded)
+        level = chosen_level(input, loaded, options.level)
         source = chunked_source(input, options.channel_axis, len(loaded.patch_size), level)
     # an image's alpha is dropped, as where image files are decoded whole
     source = source.for_model(loaded.in_channels)
     check_channels(source, loaded.in_channels)
     return source, level
+
+
+def chosen_level(input: Path, loaded, level: int | None) -> int:
+    """The level of ``input`` to label: ``level`` where given, which only an OME-Zarr image has past 0 (refused for
+    an input without pyramid levels, which would otherwise be read at full resolution all the same), else the level
+    at the model's pixel size (:func:`matching_level`)."""
+    if level is None:
+        return matching_level(input, loaded)
+    if level and input.exists() and not ome_levels(input, spatial_dims=len(loaded.patch_size)):
+        raise PredictInputError(
+            f"{input} is not an OME-Zarr image (a zarr group with multiscales metadata), and a level selects one "
+            "resolution of an OME-Zarr image's pyramid; it is read at its full resolution only: leave out the "
+            "level, or convert it to OME-Zarr to read another level"
+        )
+    return level
 
 
 def matching_level(input: Path, loaded) -> int:
@@ -71,7 +86,7 @@ def matching_level(input: Path, loaded) -> int:
     if loaded.pixel_size is None or not levels:
         return 0
     wanted = np.array(loaded.pixel_size)
-    errors = [np.abs(np.log(np.array(p) / wanted)).max() if p is not None else np.inf for p in levels]
+    errors = [size_mismatch(p, wanted) for p in levels]
     best = int(np.argmin(errors))
     if errors[best] > np.log1p(PIXEL_SIZE_TOLERANCE):
         sizes = ", ".join(
@@ -83,6 +98,16 @@ def matching_level(input: Path, loaded) -> int:
             fix=Fix("choose one (the labels are then at that level's resolution)", (("level", "N"),)),
         )
     return best
+
+
+def size_mismatch(pixel_size: tuple[float, ...] | None, wanted: np.ndarray) -> float:
+    """How far ``pixel_size`` is from ``wanted``: the largest ratio between them along an axis, as a |log|;
+    infinite where the size is unknown or not finite and positive, so such a level never matches (a NaN would
+    win :func:`numpy.argmin`)."""
+    sizes = np.array(pixel_size if pixel_size is not None else np.nan, dtype=float)
+    if not np.all((sizes > 0) & np.isfinite(sizes)):
+        return np.inf
+    return float(np.abs(np.log(sizes / wanted)).max())
 
 
 def chunked_source(input: Path, channel_axis: int | None, spatial_dims: int, level: int = 0) -> LazyArray:
@@ -118,7 +143,8 @@ def check_channels(source: LazyArray, want: int) -> None:
 
 def check_image_files(input: Path, output: Path, spatial_dims: int, options: BlockwiseOptions) -> None:
     """Refuse what image files cannot be labelled with: a model that is not 2-D, options for zarr outputs only,
-    an input whose labels must go to a zarr array, an input that does not exist, and a cluster for one image."""
+    an input whose labels must go to a zarr array, an input that does not exist, a level (image files have no
+    pyramid levels to choose from) and a cluster for one image."""
     if spatial_dims != 2:
         kind = {1: "signal", 3: "volume"}[spatial_dims]
         raise PredictInputError(
@@ -135,6 +161,11 @@ def check_image_files(input: Path, output: Path, spatial_dims: int, options: Blo
         )
     if not is_image_set(input) and not input.is_file():
         raise PredictInputError(f"{input}: no such file, directory or zarr array")
+    if options.level:  # level 0, the full resolution, is the one there is
+        raise PredictInputError(
+            f"{input}: a level selects one resolution of an OME-Zarr image's pyramid, and image files have none; "
+            "leave out the level"
+        )
     if not is_image_set(input) and (options.scheduler is not None or options.client is not None):
         cluster = (
             f"the Dask scheduler at {options.scheduler}" if options.scheduler else "the given Dask client"

@@ -26,8 +26,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
+import json
 import math
 import os
+import reprlib
 import stat
 import threading
 from dataclasses import dataclass
@@ -45,6 +47,7 @@ from .slides import SLIDE_SUFFIXES, open_level
 
 SPATIAL_NAMES = ("z", "y", "x")  # the last n name the axes of an n-D model
 _AXES = {1: "(L)", 2: "(H, W)", 3: "(D, H, W)"}
+_METADATA_FILES = ("zarr.json", ".zarray", ".zgroup", ".zattrs")  # a zarr v3 node's metadata file, then v2's
 _MICROMETRES = {"micrometer": 1.0, "micron": 1.0, "um": 1.0, "\u00b5m": 1.0, "nanometer": 1e-3, "nm": 1e-3,
                 "millimeter": 1e3, "mm": 1e3, "centimeter": 1e4, "cm": 1e4, "inch": 25400.0}  # fmt: skip
 
@@ -306,11 +309,11 @@ def _npy_array(path: Path, channel_axis: int | None, spatial_dims: int) -> LazyA
 
 def _zarr_array(path: Path, channel_axis: int | None, spatial_dims: int, level: int = 0) -> LazyArray:
     zarr = _zarr(path)
-    node = zarr.open(confined_store(path), mode="r")
+    node = _zarr_node(lambda: zarr.open(confined_store(path), mode="r"), path)
     key, names, scale, units = "", None, None, None
     if isinstance(node, zarr.Group):
         key, names, scale, units = _level(node, path, level)
-        node = node[key]
+        node = _level_array(node, key, level, path)
     elif level:
         raise ImageReadError(
             f"{path} is a zarr array, not an OME-Zarr image with levels: leave out the level"
@@ -329,6 +332,60 @@ def _zarr_array(path: Path, channel_axis: int | None, spatial_dims: int, level: 
         str(path), "zarr", key, shape, tuple(node.chunks), str(node.dtype), layout, 1, pixel_size
     )
     return _checked(array)
+
+
+def _zarr_node(open_node, root: Path, key: str = ""):
+    """``open_node()``: the zarr array or group at ``key`` of the store at ``root``; metadata that is not valid JSON
+    refused, naming its file (:func:`_damaged_metadata`)."""
+    try:
+        return open_node()
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise _damaged_metadata(root, key, exc) from None
+
+
+def _damaged_metadata(root: Path, key: str, exc: ValueError) -> ImageReadError:
+    """The error for a zarr node's metadata that does not parse: the first of its metadata files that is not valid
+    JSON named, with where the parse stopped."""
+    parsed = isinstance(exc, json.JSONDecodeError)
+    detail = f"(line {exc.lineno} column {exc.colno}): {exc.msg}" if parsed else f"(not UTF-8 text): {exc}"
+    damaged = next((name for name in _METADATA_FILES if not _parses(root, f"{key}/{name}".lstrip("/"))), None)
+    where = root / key / damaged if damaged else f"the zarr metadata of {root / key}"
+    return ImageReadError(f"{where} is not valid JSON {detail}; the store is damaged: copy it again")
+
+
+def _parses(root: Path, key: str) -> bool:
+    """Whether the file ``key`` of the store at ``root`` is valid JSON, or not a file there (opened beneath the
+    root, as the store reads it)."""
+    try:
+        fd = open_beneath(root, key)
+    except PathRefusedError:
+        return True
+    with os.fdopen(fd, "rb") as stored:
+        if stat.S_ISDIR(os.fstat(stored.fileno()).st_mode):
+            return True
+        try:
+            json.loads(stored.read())
+        except ValueError:  # not JSON, or not UTF-8 text
+            return False
+    return True
+
+
+def _level_array(group, key: str, level: int, path: Path):
+    """The array of an OME-Zarr group's ``level`` (its dataset's path ``key``); refused, naming the level, where it
+    is missing, is no array or its metadata does not parse."""
+    try:
+        node = _zarr_node(lambda: group[key], path, key)
+    except KeyError:
+        raise ImageReadError(
+            f"{path / key}: level {level}, listed in the image's multiscales metadata, is missing; the store is "
+            "incomplete: copy it again"
+        ) from None
+    if not hasattr(node, "shape"):
+        raise ImageReadError(
+            f"{path / key}: level {level} of the image is a zarr group, not an array; give each level's array as "
+            "its dataset's path"
+        )
+    return node
 
 
 def _level(group, path: Path, level: int = 0):
@@ -359,9 +416,56 @@ def _level(group, path: Path, level: int = 0):
 
 def ome_multiscales(group) -> list | None:
     """The ``multiscales`` metadata of an OME-Zarr group: NGFF 0.4's attribute, or 0.5's under ``ome``; None (or
-    empty) for a group without it."""
+    empty) for a group without it.
+
+    Raises:
+        ImageReadError: the metadata is not a list of multiscale images whose first lists its levels, each with its
+            array's path, and names its axes (:func:`_check_multiscales`).
+    """
     attrs = dict(group.attrs)
-    return attrs.get("multiscales") or attrs.get("ome", {}).get("multiscales")
+    ome = attrs.get("ome")
+    multiscales = attrs.get("multiscales") or (ome.get("multiscales") if isinstance(ome, dict) else None)
+    if multiscales:
+        _check_multiscales(multiscales, _group_path(group))
+    return multiscales
+
+
+def _group_path(group) -> Path | str:
+    """Where a zarr group lies: its store's directory and its path in the store (the store itself if not local)."""
+    root = getattr(group.store, "root", None)
+    return Path(root) / group.path if root is not None else str(group.store)
+
+
+def _check_multiscales(multiscales, where: Path | str) -> None:
+    """Refuse ``multiscales`` metadata whose levels cannot be read: not a list of multiscale images (objects), or a
+    first one without levels (datasets), with a level whose array's path is missing, or with axes not named."""
+    if not isinstance(multiscales, list) or not all(isinstance(m, dict) for m in multiscales):
+        raise ImageReadError(
+            f"{where}: its OME-Zarr multiscales metadata ({reprlib.repr(multiscales)}) is not a list of multiscale "
+            "images; write it as NGFF 0.4 and 0.5 define it (a list of objects, each with its axes and datasets)"
+        )
+    first = multiscales[0]
+    datasets = first.get("datasets")
+    if not isinstance(datasets, list) or not datasets:
+        raise ImageReadError(
+            f"{where}: its OME-Zarr multiscales metadata lists no levels (datasets: {reprlib.repr(datasets)}); "
+            'list each level\'s array in its datasets, e.g. [{"path": "0"}], or give the array itself'
+        )
+    for level, dataset in enumerate(datasets):
+        if not isinstance(dataset, dict) or not isinstance(dataset.get("path"), str) or not dataset["path"]:
+            raise ImageReadError(
+                f"{where}: level {level} in its OME-Zarr multiscales metadata ({reprlib.repr(dataset)}) has no "
+                f'array path; give each level\'s dataset the path of its array, e.g. {{"path": "{level}"}}'
+            )
+    axes = first.get("axes")
+    named = isinstance(axes, list) and all(
+        isinstance(a, str) or isinstance(a, dict) and isinstance(a.get("name"), str) for a in axes
+    )
+    if axes is not None and not named:
+        raise ImageReadError(
+            f"{where}: the axes in its OME-Zarr multiscales metadata ({reprlib.repr(axes)}) are not a list of "
+            'named axes; name each, e.g. {"name": "y", "type": "space"}'
+        )
 
 
 def level_transform(
@@ -391,6 +495,8 @@ def level_transform(
             translation = [a * b for a, b in zip(translation, values)]
         else:
             translation = [a + b for a, b in zip(translation, values)]
+    _check_values("scale", scale, level, where)  # composed: past the largest float, or below the smallest
+    _check_values("translation", translation, level, where)
     return tuple(scale), tuple(translation)
 
 
@@ -419,7 +525,21 @@ def _transform_values(transform, count: int, level: int, where: str | Path) -> l
             f"of {count} values, one per axis; give them as numbers in the image's metadata (densecnn reads no "
             "other transformations, nor values stored in a file)"
         )
+    _check_values(kind, values, level, where)
     return [float(v) for v in values]
+
+
+def _check_values(kind: str, values: list, level: int, where: str | Path) -> None:
+    """Refuse a scale of ``level`` that is not finite and positive along every axis (a pixel's size: a NaN, zero or
+    negative one would pick or place a level wrongly), or a translation that is not finite."""
+    valid = (lambda v: 0 < v < math.inf) if kind == "scale" else math.isfinite
+    bad = [v for v in values if not valid(v)]
+    if bad:
+        what = "finite and positive (a pixel's size)" if kind == "scale" else "finite"
+        raise ImageReadError(
+            f"{where}: the {kind} of level {level} ({', '.join(f'{v:g}' for v in values)}) has {bad[0]:g}, and "
+            f"each value must be {what}; fix the {kind} in the image's metadata"
+        )
 
 
 def ome_levels(path: str | Path, *, spatial_dims: int) -> list[tuple[float, ...] | None]:
@@ -434,12 +554,17 @@ def ome_levels(path: str | Path, *, spatial_dims: int) -> list[tuple[float, ...]
     if not is_zarr(path):
         return []
     zarr = _zarr(path)
-    group = zarr.open(confined_store(path), mode="r")
+    try:
+        group = _zarr_node(lambda: zarr.open(confined_store(path), mode="r"), path)
+    except ImageReadError:
+        raise
+    except Exception as exc:  # zarr raises many types on damaged metadata
+        raise ImageReadError(f"{path}: cannot read it as a zarr array or group ({exc})") from None
     multiscales = ome_multiscales(group) if isinstance(group, zarr.Group) else None
     if not multiscales:
         return []
     return [
-        _zarr_array(path, None, spatial_dims, level).pixel_size
+        open_lazy_array(path, spatial_dims=spatial_dims, level=level).pixel_size
         for level in range(len(multiscales[0]["datasets"]))
     ]
 
