@@ -239,6 +239,30 @@ class Settings(BaseSettings):
             )
         return value
 
+    @field_validator("database_url")
+    @classmethod
+    def _database_url_usable(cls, value: str | None) -> str | None:
+        """A URL SQLAlchemy reads, of a database whose driver is installed (else the first request would fail)."""
+        if value is None:
+            return value
+        from sqlalchemy.engine import make_url
+        from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+
+        try:
+            url = make_url(value)
+            url.get_dialect().import_dbapi()
+        except (ArgumentError, NoSuchModuleError, ValueError):
+            raise ValueError(
+                f"{value!r} is not a database URL SQLAlchemy reads; give one such as "
+                "sqlite:////var/lib/densecnn/jobs.db or postgresql+psycopg://user@host/densecnn"
+            ) from None
+        except ImportError as exc:
+            raise ValueError(
+                f"the driver of {url.drivername} is not installed ({exc.name or exc}); install it (e.g. pip install "
+                "'psycopg[binary]' for postgresql+psycopg), or name an installed one in the URL"
+            ) from None
+        return value
+
     @field_validator("model_dir")
     @classmethod
     def _model_dir_exists(cls, value: Path) -> Path:

@@ -27,9 +27,11 @@ def run(args) -> int:
     from densecnn_app.jobs.db import make_engine
     from densecnn_app.keys import KeyStore
     from densecnn_app.privacy import private_database, private_directory
-    from densecnn_app.settings import Settings
 
-    settings = Settings()
+    from .serve import environment_settings, make_data_dir
+
+    settings = environment_settings()
+    make_data_dir(settings)
     private_directory(settings.data_dir)
     keys = KeyStore(make_engine(settings.database))
     private_database(settings)

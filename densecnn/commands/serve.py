@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import ipaddress
 import os
 import signal
@@ -20,10 +21,21 @@ def add_parser(subparsers) -> None:
         "browser. Other settings come from DENSECNN_* environment variables (see docs/service.md).",
     )
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
+    parser.add_argument("--port", type=_port, default=8000, help="port (default: 8000)")
     parser.add_argument("--model-dir", help="directory of model directories (default: models/)")
     parser.add_argument("--workers", type=int, default=1, help="worker processes (default: 1)")
     parser.set_defaults(run=run)
+
+
+def _port(text: str) -> int:
+    """A TCP port number, 0 (any free port) to 65535."""
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number: give 0 to 65535 (e.g. 8000)")
+    return port
 
 
 def run(args) -> int:
@@ -33,7 +45,7 @@ def run(args) -> int:
         raise InvalidInputError(f"--workers must be at least 1, got {args.workers}")
     public = not _loopback(args.host)
     settings = _settings(args, public)
-    _make_data_dir(settings)
+    make_data_dir(settings)
     if settings.require_keys:
         _check_keys(settings)
     elif public:
@@ -60,18 +72,7 @@ def run(args) -> int:
 def _settings(args, public: bool):
     """The service's settings: the DENSECNN_* environment's, ``--model-dir``, and the command's defaults where the
     environment leaves a setting unset (threads shared by the workers; keys when reachable from other machines)."""
-    from densecnn_app.settings import Settings
-    from pydantic import ValidationError
-
-    given = {"model_dir": args.model_dir} if args.model_dir else {}
-    try:
-        settings = Settings(**given)  # fails here, with the reason, on bad settings
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(map(str, error['loc']))}: {error['msg'].removeprefix('Value error, ')}"
-            for error in exc.errors()
-        )
-        raise InvalidInputError(f"invalid service settings: {problems}") from None
+    settings = environment_settings(**({"model_dir": args.model_dir} if args.model_dir else {}))
     defaults = {}
     if args.workers > 1 and "torch_threads" not in settings.model_fields_set:
         defaults["torch_threads"] = max(1, (os.cpu_count() or 1) // args.workers)
@@ -80,7 +81,34 @@ def _settings(args, public: bool):
     return settings.model_copy(update=defaults)
 
 
-def _make_data_dir(settings) -> None:
+def environment_settings(**given):
+    """The service's settings from the DENSECNN_* environment and ``given`` ones; bad ones refused in one line
+    naming each (what ``serve`` and ``keys`` read).
+
+    Raises:
+        InvalidInputError: a setting is not valid, or a variable's value does not parse.
+    """
+    from densecnn_app.settings import Settings
+    from pydantic import ValidationError
+    from pydantic_settings import SettingsError
+
+    try:
+        return Settings(**given)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(map(str, error['loc']))}: {error['msg'].removeprefix('Value error, ')}"
+            for error in exc.errors()
+        )
+        raise InvalidInputError(f"invalid service settings: {problems}") from None
+    except SettingsError as exc:  # a list or object variable (DENSECNN_WARM_SIZES) that is not JSON
+        reason = f" ({exc.__cause__})" if exc.__cause__ else ""
+        raise InvalidInputError(
+            f"invalid service settings: {exc}{reason}; give lists and objects as JSON, e.g. "
+            "DENSECNN_WARM_SIZES='[[512, 512]]'"
+        ) from None
+
+
+def make_data_dir(settings) -> None:
     try:
         settings.data_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:

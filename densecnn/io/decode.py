@@ -198,7 +198,10 @@ def decode_array(
 
 def _read(data: bytes, name: str, *, decode: bool, as_stored: bool = False, **limits):
     if image_format(data) == "npy":
-        raise ImageReadError(f"{name}: a .npy array is not an image file; read it with densecnn.io.read_nd")
+        raise ImageReadError(
+            f"{name}: a .npy array is not an image file; label it into a zarr output (densecnn predict MODEL "
+            f"{Path(name).name} OUT.zarr), or read it with densecnn.io.read_nd"
+        )
     if image_format(data) == "tiff":
         try:
             with tifffile.TiffFile(io.BytesIO(data)) as tiff:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import stat
 import warnings
 from pathlib import Path
 from typing import Annotated, NamedTuple
@@ -75,7 +77,7 @@ def _header_bytes(path: Path) -> bytes:
     """The JSON header of a safetensors file: its first 8 bytes are the header's length (little-endian), then that
     many bytes of JSON object. A file without that shape is named by its own first bytes."""
     fix = "write the model again with densecnn.save"
-    size = path.stat().st_size
+    size = _regular_file(path).st_size
     with path.open("rb") as file:
         start = file.read(9)
         if len(start) < 9:
@@ -180,8 +182,21 @@ def check_directory(directory: Path) -> tuple[BaseModel, nn.Sequential]:
     return config, layers
 
 
+def _regular_file(path: Path) -> os.stat_result:
+    """``path``'s status; refused unless it is a regular file (a FIFO or a device would block the read, or never
+    end it)."""
+    status = path.stat()
+    if not stat.S_ISREG(status.st_mode):
+        kind = "a directory" if stat.S_ISDIR(status.st_mode) else "a FIFO, socket or device"
+        raise file_error(
+            path, None, f"not a regular file ({kind})", "give a model directory written by densecnn.save"
+        )
+    return status
+
+
 def _read_text(config_path: Path) -> str:
     try:
+        _regular_file(config_path)
         return config_path.read_text(encoding="utf-8")
     except FileNotFoundError:
         absent = "" if config_path.parent.is_dir() else " (no such directory)"

@@ -174,3 +174,14 @@ def test_geojson_that_cannot_be_written_is_refused_before_any_work(tmp_path, ima
         assert main(["predict", *argv, "--no-progress"]) == 2
         error = capsys.readouterr().err
         assert message in error and error.count("\n") == 1, error
+
+
+def test_a_npy_input_to_an_image_file_names_the_zarr_output_that_takes_it(tmp_path, capsys):
+    np.save(tmp_path / "cells.npy", tiled_nuclei(40, 40))
+    assert (
+        main(["predict", str(NUCLEI_MODEL), str(tmp_path / "cells.npy"), str(tmp_path / "labels.png")]) == 2
+    )
+    assert (
+        "cells.npy: a .npy array is not an image file; label it into a zarr output (densecnn predict MODEL "
+        "cells.npy OUT.zarr)" in capsys.readouterr().err
+    )

@@ -3,11 +3,13 @@ any tensor is allocated."""
 
 import json
 import logging
+import os
 import re
 import shutil
 import subprocess
 import sys
 import textwrap
+import threading
 
 import numpy
 import pytest
@@ -380,3 +382,20 @@ def test_save_takes_the_intensity_as_text_and_refuses_other_types(tmp_path):
     with pytest.raises(densecnn.DenseCNNError, match="not understood"):
         densecnn.save(model, tmp_path / "n", patch_size=5, intensity="percentile 1 99")
     assert not (tmp_path / "n").exists()
+
+
+@pytest.mark.parametrize("file", ["model.json", "weights.safetensors"])
+def test_a_fifo_in_a_model_directory_is_refused_not_read_forever(tmp_path, file):
+    """Reading a FIFO blocks until something writes to it: load (and so info and serve) would hang."""
+    densecnn.save(_batch_norm_net(2), tmp_path / "m", patch_size=5)
+    fifo = tmp_path / "m" / file
+    fifo.unlink()
+    os.mkfifo(fifo)
+    # a read that blocks anyway ends after 10 s (with an empty file, another error) rather than hanging the suite
+    unblock = threading.Timer(10, lambda: os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)))
+    unblock.start()
+    try:
+        with pytest.raises(densecnn.errors.ModelFileError, match=rf"{file}: not a regular file \(a FIFO"):
+            densecnn.load(tmp_path / "m")
+    finally:
+        unblock.cancel()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sqlite3
 import time
 from pathlib import Path
@@ -232,3 +233,44 @@ def test_serve_says_when_its_data_directory_cannot_be_made(tmp_path, monkeypatch
     monkeypatch.setenv("DENSECNN_DATA_DIR", str(tmp_path / "a-file" / "data"))
     with pytest.raises(InvalidInputError, match="cannot be created.*set DENSECNN_DATA_DIR to a writable"):
         serve.run(_serve_args("127.0.0.1", settings.model_dir))
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "message"),
+    [
+        (
+            "DENSECNN_DATABASE_URL",
+            "garbage",
+            "database_url: 'garbage' is not a database URL SQLAlchemy reads",
+        ),
+        (
+            "DENSECNN_DATABASE_URL",
+            "mssql+pymssql://u@h/x",
+            "database_url: the driver of mssql.pymssql is not installed",
+        ),
+        ("DENSECNN_WARM_SIZES", "garbage", "warm_sizes.*give lists and objects as JSON"),
+        ("DENSECNN_MAX_UPLOAD_BYTES", "-5", "max_upload_bytes: Input should be greater than 0"),
+    ],
+)
+@pytest.mark.parametrize("command", [["serve"], ["keys", "list"]])
+def test_bad_settings_stop_serve_and_keys_in_one_line(
+    tmp_path, monkeypatch, capsys, command, variable, value, message
+):
+    monkeypatch.setenv("DENSECNN_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("DENSECNN_MODEL_DIR", str(job_settings(tmp_path).model_dir))
+    monkeypatch.setenv(variable, value)
+    assert cli(command) == 2
+    err = capsys.readouterr().err
+    assert f"densecnn {command[0]}: error: invalid service settings:" in err and "Traceback" not in err
+    assert re.search(message, err), err
+
+
+def test_a_data_directory_that_is_a_file_and_a_port_out_of_range_are_refused(tmp_path, monkeypatch, capsys):
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("DENSECNN_DATA_DIR", str(tmp_path / "file"))
+    monkeypatch.setenv("DENSECNN_MODEL_DIR", str(job_settings(tmp_path).model_dir))
+    assert cli(["keys", "list"]) == 2
+    assert "cannot be created (File exists); set DENSECNN_DATA_DIR" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli(["serve", "--port", "99999"])
+    assert "argument --port: '99999' is not a port number: give 0 to 65535" in capsys.readouterr().err
