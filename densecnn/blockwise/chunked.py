@@ -109,7 +109,12 @@ def _block_failed(
         return BlockFailedError(f"{output}: {storage_problem(exc)}")
     if isinstance(exc, NonFiniteInputError):  # the window's pixels, not the task: its fix is an option
         return BlockFailedError(f"the block of chunks {list(chunks)} ({where}): {exc.problem}", fix=exc.fix)
-    return BlockFailedError(f"the block of chunks {list(chunks)} ({where}) failed {attempts} times: {exc}")
+    return BlockFailedError(f"the block of chunks {list(chunks)} ({where}) {failed_after(attempts)}: {exc}")
+
+
+def failed_after(attempts: int) -> str:
+    """"failed", or "failed N times" after retries."""
+    return "failed" if attempts == 1 else f"failed {attempts} times"
 
 
 def _axis_names(n: int) -> tuple[str, ...]:
@@ -186,7 +191,7 @@ def build_pyramid(client, pyramid: Pyramid, shape, plan: TaskPlan, options: Bloc
 
         def failed(item, exc, attempts, k=k) -> DenseCNNError:
             return BlockFailedError(
-                f"{target.root}: level {k}'s chunk {item[0]} failed {attempts} times: {exc}"
+                f"{target.root}: level {k}'s chunk {item[0]} {failed_after(attempts)}: {exc}"
             )
 
         run_tasks(

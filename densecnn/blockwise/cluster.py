@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
+import threading
 from collections.abc import Iterator
 
 from ..errors import PredictInputError
@@ -66,16 +68,52 @@ def _local_client(workers: int) -> Iterator[tuple[object, int | None]]:
     # Dask's scheduler and workers always serve HTTP (health, metrics; the dashboard when bokeh is installed), on
     # every interface unless told otherwise: a local cluster listens on loopback only, on free ports
     loopback = {"dashboard_address": "127.0.0.1:0", "worker_dashboard_address": "127.0.0.1:0"}
-    if workers == 1:  # one worker thread in this process, with this process's torch threads
-        cluster = LocalCluster(n_workers=1, threads_per_worker=1, processes=False, **loopback)
-        threads = None
-    else:  # Dask starts worker processes with one OpenMP thread: share the cores out
-        cluster = LocalCluster(
-            n_workers=workers, threads_per_worker=1, processes=True, host="127.0.0.1", **loopback
-        )
-        threads = max(1, (os.cpu_count() or 1) // workers)
-    with cluster, Client(cluster) as client:
-        yield client, threads
+    with ctrl_c_held() as pressed, _interrupted_if(pressed):
+        if workers == 1:  # one worker thread in this process, with this process's torch threads
+            cluster = LocalCluster(n_workers=1, threads_per_worker=1, processes=False, **loopback)
+            threads = None
+        else:  # Dask starts worker processes with one OpenMP thread: share the cores out
+            cluster = LocalCluster(
+                n_workers=workers, threads_per_worker=1, processes=True, host="127.0.0.1", **loopback
+            )
+            threads = max(1, (os.cpu_count() or 1) // workers)
+    with cluster:
+        if pressed.is_set():
+            raise KeyboardInterrupt  # once the cluster started: it closes whole
+        with Client(cluster) as client:
+            yield client, threads
+
+
+@contextlib.contextmanager
+def _interrupted_if(pressed: threading.Event) -> Iterator[None]:
+    """A cluster failing to start after Ctrl-C (a worker process it reached first) raises KeyboardInterrupt."""
+    try:
+        yield
+    except Exception:
+        if pressed.is_set():
+            raise KeyboardInterrupt from None
+        raise
+
+
+@contextlib.contextmanager
+def ctrl_c_held() -> Iterator[threading.Event]:
+    """Run the block with Ctrl-C held back, the event set if it was pressed meanwhile (for the caller to act on).
+
+    A local cluster cut short while it starts leaves nannies half started, which distributed fails to close at exit
+    with tracebacks. Held only in the main thread, and only where Ctrl-C raises KeyboardInterrupt (Python's own
+    handler): a caller's handler is left alone.
+    """
+    pressed = threading.Event()
+    if threading.current_thread() is not threading.main_thread() or (
+        signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    ):
+        yield pressed
+        return
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: pressed.set())
+    try:
+        yield pressed
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def task_memory(client, max_memory: int | None) -> int:

@@ -21,6 +21,7 @@ from .inputs import check_image_files, input_errors, is_image_set, open_chunked,
 from .ngff import labels_target, standalone_target
 from .options import BlockwiseOptions
 from .summary import Summary
+from .worker import check_device
 
 
 def predict_to_disk(
@@ -60,6 +61,7 @@ def predict_to_disk(
 
     require_dist()
     options = options or BlockwiseOptions()
+    check_options(options)
     loaded = load(model)
     model = str(Path(model).resolve())
     input = Path(input)
@@ -77,6 +79,18 @@ def predict_to_disk(
     if writes_chunked(output):
         return _label_chunked(loaded, model, input, output, options)
     return _label_files(loaded, model, input, output, options)
+
+
+def check_options(options: BlockwiseOptions) -> None:
+    """Refuse, before any work, options no run can use: negative retries, or a device that the local cluster (or
+    this process, for one image) does not have; a scheduler's workers are not checked from here."""
+    if options.retries < 0:
+        raise PredictInputError(
+            f"retries must be 0 or more, got {options.retries}",
+            fix=Fix("give how many times a failing task is run again", (("retries", "0"),)),
+        )
+    if options.client is None and options.scheduler is None:
+        check_device(options.device)
 
 
 def _label_chunked(

@@ -16,7 +16,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from ..errors import Cancelled, DenseCNNError, NonFiniteInputError
+from ..errors import Cancelled, DenseCNNError, ImageReadError
+from ..io import LazyArray
 from .cancel import watching
 from .cluster import task_slots
 from .options import BlockwiseOptions
@@ -24,6 +25,9 @@ from .sinks import STORAGE_ERRORS
 from .summary import Summary
 from .worker import TaskResult
 
+# the modules whose errors, raised while an input window is read, are of the stored bytes themselves
+_DECODERS = ("zarr.codecs", "numcodecs", "imagecodecs", "tifffile")
+SETTLE_SECONDS = 5  # for the reads a failed read left running to end
 Describe = Callable[[tuple, BaseException, int], DenseCNNError]  # (item, error, attempts) -> the run's error
 
 
@@ -70,7 +74,9 @@ def run_tasks(
 @dataclasses.dataclass(frozen=True)
 class Unretryable:
     """What a task returns in place of an error that running it again cannot fix: its output cannot be written
-    (a full disk, no permission), or its pixels hold NaN under the refuse policy.
+    (a full disk, no permission), its pixels hold NaN under the refuse policy, densecnn refused its input (its own
+    error: a device the worker lacks, a store key refused), or the input's stored data cannot be decoded (a damaged
+    chunk reads the same every time).
 
     distributed retries every exception a task raises, so such an error is handed back as a value; the driver then
     fails at its first attempt instead of after ``retries`` more.
@@ -83,10 +89,62 @@ def attempt(task: Callable, job, *item) -> Any:
     """In a Dask task: ``task(job, *item)``, an error that retrying cannot fix returned as :class:`Unretryable`."""
     try:
         return task(job, *item)
-    except (OSError, NonFiniteInputError) as exc:
-        if isinstance(exc, OSError) and exc.errno not in STORAGE_ERRORS:
+    except OSError as exc:
+        if exc.errno not in STORAGE_ERRORS:
             raise  # a transient read error: distributed retries it
         return Unretryable(exc)
+    except DenseCNNError as exc:
+        return Unretryable(exc)
+    except Exception as exc:
+        array = _array_decoding(exc)
+        if array is None:
+            raise  # distributed retries it
+        _settle_reads()
+        return Unretryable(
+            ImageReadError(
+                f"{array.path}: a chunk of it that this block reads cannot be decoded ({_first_line(exc)}); "
+                "the input is damaged: check it was written completely, or write it again"
+            )
+        )
+
+
+def _array_decoding(exc: BaseException) -> LazyArray | None:
+    """The input array whose :meth:`~densecnn.io.LazyArray.read` raised ``exc`` in a decoder (zarr's codecs,
+    numcodecs, imagecodecs, tifffile), or None: an error of the stored bytes themselves, not of reading them."""
+    if isinstance(exc, MemoryError):
+        return None
+    array, decoding = None, False
+    tb = exc.__traceback__
+    while tb is not None:
+        frame = tb.tb_frame
+        if frame.f_code is LazyArray.read.__code__:
+            array = frame.f_locals.get("self")
+        elif array is not None:
+            decoding = decoding or str(frame.f_globals.get("__name__", "")).startswith(_DECODERS)
+        tb = tb.tb_next
+    return array if decoding else None
+
+
+def _settle_reads() -> None:
+    """Wait (a few seconds at most) for the reads still running on zarr's event loop: a read that failed leaves
+    the other chunks of its window being read, and those left pending when the process ends are each printed
+    with a traceback ("Task was destroyed but it is pending!")."""
+    import asyncio
+
+    from zarr.core import sync
+
+    async def others() -> None:
+        current = asyncio.current_task()
+        await asyncio.gather(*(t for t in asyncio.all_tasks() if t is not current), return_exceptions=True)
+
+    loop = sync.loop[0]
+    if loop is not None and loop.is_running():
+        with contextlib.suppress(Exception):
+            asyncio.run_coroutine_threadsafe(others(), loop).result(timeout=SETTLE_SECONDS)
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
 def is_storage_error(exc: BaseException) -> bool:

@@ -37,11 +37,28 @@ def model_on(loaded, device: str):
     try:
         return loaded.dense().to(device).eval()
     except (AssertionError, RuntimeError) as exc:  # torch's words for a device it lacks
-        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise InvalidInputError(
-            f"the model cannot run on device {device!r} here ({reason}); choose --model-device cpu, or run on "
-            "workers that have that device"
-        ) from None
+        raise _device_missing(device, exc) from None
+
+
+def check_device(device: str) -> None:
+    """Refuse a ``device`` this process's torch cannot use, before any task is sent (a local cluster's workers run
+    this torch on this machine).
+
+    Raises:
+        InvalidInputError: no CUDA build, no such GPU.
+    """
+    try:
+        torch.empty(0, device=device)
+    except (AssertionError, RuntimeError) as exc:
+        raise _device_missing(device, exc) from None
+
+
+def _device_missing(device: str, exc: BaseException) -> InvalidInputError:
+    reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return InvalidInputError(
+        f"the model cannot run on device {device!r} here ({reason}); choose --model-device cpu, or run on "
+        "workers that have that device"
+    )
 
 
 def worker_model(path: str, device: str = "cpu", threads: int | None = None):

@@ -102,12 +102,9 @@ def _argument_type(parse):
 
 
 def run(args) -> int:
-    import os
     import sys
 
-    # a failing task is reported once, in the summary or the error; not also as Dask's log of every attempt, with
-    # tracebacks, from each worker process (which reads this when it starts)
-    os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "error")
+    quiet_dask_logs()
 
     from ..blockwise import BlockwiseOptions, predict_to_disk
     from ..blockwise.destinations import check_destinations
@@ -134,6 +131,24 @@ def run(args) -> int:
         write_regions(args.model, Path(args.output), Path(args.geojson))
     print(summary.render(cli_option))
     return 1 if summary.failures else 0
+
+
+def quiet_dask_logs() -> None:
+    """A failing task is reported once, in the summary or the error; not also as Dask's log of every attempt
+    ("Compute Failed", logged as an error, with its traceback), from this process and from each worker process
+    (which reads the environment when it starts)."""
+    import contextlib
+    import logging
+    import os
+
+    if "DASK_LOGGING__DISTRIBUTED" in os.environ:
+        return  # the user's own choice
+    os.environ["DASK_LOGGING__DISTRIBUTED"] = "critical"
+    with contextlib.suppress(ImportError):  # it sets its loggers' levels when first imported
+        import distributed  # noqa: F401
+    # tornado's log holds the errors of distributed's callbacks cut short by Ctrl-C
+    for name in ("distributed", "tornado.application"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
 def check_geojson(model: str, input: Path, output: str | None, geojson: Path) -> None:
