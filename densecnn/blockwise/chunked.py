@@ -113,7 +113,7 @@ def _block_failed(
 
 
 def failed_after(attempts: int) -> str:
-    """"failed", or "failed N times" after retries."""
+    """ "failed", or "failed N times" after retries."""
     return "failed" if attempts == 1 else f"failed {attempts} times"
 
 
