@@ -137,3 +137,28 @@ def test_parameters_of_dependencies_and_aliases_count_as_known():
         assert client.get("/items?size=3&order=name").json() == {"size": 3, "sort": "name"}
         message = refused(client.get("/items?sort=name"))  # the field's name, not the alias FastAPI reads
         assert "'sort': GET /items takes the query parameters order, size" in message
+
+
+def test_a_parameter_given_twice_is_refused_unless_it_takes_a_list(client):
+    for response in (
+        segment(client, "intensity=dtype&intensity=range:0,1"),
+        segment(client, "nonfinite=propagate&view=labels&nonfinite=refuse"),
+        client.post(
+            "/v1/jobs?model=cells&chunk=16&chunk=17", content=PNG, headers={"content-type": "image/png"}
+        ),
+    ):
+        assert response.status_code == 422, response.text
+        error = response.json()["error"]
+        assert error["code"] == "repeated_query_parameter"
+        assert "given more than once: '" in error["message"] and "(2 times)" in error["message"]
+    app = FastAPI(dependencies=[Depends(refuse_unknown_query_parameters)])
+    install_error_handlers(app, retry_after=1)
+
+    @app.get("/items")
+    def items(id: Annotated[list[int] | None, Query()] = None, sort: str = "id") -> dict:
+        return {"id": id, "sort": sort}
+
+    with TestClient(app) as own:
+        assert own.get("/items?id=1&id=2").json() == {"id": [1, 2], "sort": "id"}
+        response = own.get("/items?id=1&sort=a&sort=b")
+        assert response.status_code == 422 and "'sort' (2 times)" in response.json()["error"]["message"]
