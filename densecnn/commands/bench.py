@@ -11,7 +11,11 @@ def add_parser(subparsers) -> None:
     parser = subparsers.add_parser(
         "bench", help="benchmark densecnn against patch-by-patch, fast scanning and native dilated conversion"
     )
-    parser.add_argument("--out", default="docs/benchmarks", help="output folder (default: docs/benchmarks)")
+    parser.add_argument(
+        "--out",
+        default="bench-results",
+        help="output folder (default: bench-results in the current folder; make bench writes docs/benchmarks)",
+    )
     parser.add_argument(
         "--quick", action="store_true", help="tiny sizes, seconds in all: checks the pipeline, not the speed"
     )
