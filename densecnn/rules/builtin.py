@@ -97,11 +97,18 @@ def _check_pool(
 
 def _check_ceil_mode(reaches: tuple[int, ...], stride: tuple[int, ...], ctx: ConversionContext) -> None:
     """Raise unless ceil_mode=True pools the map entering the layer on the patch as ceil_mode=False does (the same
-    number of windows, all whole: the dense net's). Skipped while probing patch sizes and for a window larger than
-    the map (:meth:`ConversionContext.slide` names the sizes that fit)."""
+    number of windows, all whole: the dense net's). Skipped while probing patch sizes; a window larger than the map,
+    which torch pools as one partial window, is a patch size error (the sizes that fit are named with it)."""
     # (length, extent, stride) per axis
     axes = [(n, r + 1, s) for n, r, s in zip(ctx.size, reaches, stride)]
-    if not ctx.strict or any(extent > n for n, extent, _ in axes):
+    if not ctx.strict:
+        return
+    if any(extent > n for n, extent, _ in axes):
+        ctx.size_error(
+            f"its {_x(tuple(extent for _, extent, _ in axes))} window does not fit the {_x(ctx.size)} map this "
+            "patch size leaves; ceil_mode=True lets torch pool a partial window there, which a whole-image net "
+            "cannot reproduce"
+        )
         return
     floor = tuple(pooled_length(*axis, ceil_mode=False) for axis in axes)
     ceil = tuple(pooled_length(*axis, ceil_mode=True) for axis in axes)

@@ -122,6 +122,19 @@ def test_a_ceil_mode_pool_with_a_partial_window_on_the_patch_map_is_refused(pool
         densecnn.convert(model, patch)
 
 
+def test_a_ceil_mode_window_larger_than_the_map_names_ceil_mode_and_the_sizes_that_fit():
+    """torch pools one partial window where the window is larger than the map: the patch size is refused for it."""
+    model = nn.Sequential(nn.Conv1d(1, 3, 2), nn.ReLU(), nn.MaxPool1d(3, 3, ceil_mode=True), nn.Flatten(),
+                          nn.Linear(3, 2)).eval()  # fmt: skip
+    assert model(torch.zeros(1, 1, 3)).shape == (1, 2)  # torch runs it on 3-sample patches
+    with pytest.raises(
+        densecnn.PatchSizeError,
+        match=r"'2' \(MaxPool1d\): its 3 window does not fit the 2 map .* ceil_mode=True lets torch pool a partial "
+        r"window there.*Nearest valid patch sizes: 4",
+    ):
+        densecnn.convert(model, 3)
+
+
 def test_pooled_lengths_are_torchs():
     for length, kernel, stride, dilation, ceil_mode in itertools.product(
         range(1, 14), range(1, 4), range(1, 4), range(1, 3), (False, True)
