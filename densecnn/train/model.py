@@ -12,13 +12,15 @@ from ..io import Intensity
 from ..modelfile import CONFIG_FILE, LoadedModel, default_palette, load
 from .config import TrainConfig
 from .dataset import infer_channels, read_class_info
+from .features import fix_layers
 
 
 def start_model(config: TrainConfig) -> LoadedModel:
     """The patch model of ``config.model`` with its metadata, on the CPU.
 
     A model directory keeps its classes, palette, normalisation and padding mode (and its intensity scaling unless
-    ``--intensity`` says otherwise). A zoo name gets ``--classes`` (or the names in the data's classes.json),
+    ``--intensity`` says otherwise), and its fixed layers (``extra["fixed_layers"]``: the default recipe's filter
+    bank) stay fixed. A zoo name gets ``--classes`` (or the names in the data's classes.json),
     ``--channels`` (or the images': :func:`~densecnn.train.dataset.infer_channels`), ``--padding-mode``,
     ``--intensity`` (default: by the dtype's range), weights initialised from ``--seed`` (the same on every process),
     and normalisation None: the training images give it.
@@ -28,6 +30,9 @@ def start_model(config: TrainConfig) -> LoadedModel:
     """
     if (Path(config.model) / CONFIG_FILE).is_file():
         loaded = load(config.model)
+        fix_layers(
+            loaded.model, int(loaded.extra.get("fixed_layers", 0))
+        )  # what training left as it was stays so
         if config.classes is not None and config.classes != loaded.num_classes:
             raise TrainingError(
                 f"--classes {config.classes}: {config.model} predicts {loaded.num_classes} classes; "

@@ -16,6 +16,7 @@ from ..modelfile.card import write_model_card
 from .checkpoint import Progress
 from .config import TrainConfig
 from .data import TrainingData
+from .features import fixed_layers
 from .step import METHODS
 
 
@@ -51,7 +52,11 @@ def save_trained_model(
         palette=model.palette,
         normalization=model.normalization,
         padding_mode=model.padding_mode,
-        extra={"training": training},
+        # the layers training left as they are (the default recipe's filter bank), for a fine-tune to leave too
+        extra={
+            "training": training,
+            **({"fixed_layers": fixed} if (fixed := fixed_layers(model.model)) else {}),
+        },
         intensity=model.intensity,
     )
     model.model.to(device)
