@@ -12,7 +12,8 @@ unlabelled.
 Geometries: ``Polygon`` / ``MultiPolygon`` (filled; holes, the rings after the first, are cut out), ``LineString`` /
 ``MultiLineString`` (strokes, ``line_width`` pixels wide), ``Point`` / ``MultiPoint`` (a disc of ``point_radius``),
 ``GeometryCollection``. Filled areas are drawn largest first, so an annotation inside another (a tumour region
-inside a tissue outline) keeps its own class; strokes and points are drawn last, over areas.
+inside a tissue outline) keeps its own class; strokes and points are drawn over areas, and ``Ignore*`` annotations
+last, so that whatever they cover (an artefact outlined to exclude, with the strokes inside it) stays unlabelled.
 
 >>> annotations = read_geojson("slide_01.geojson")
 >>> [a.class_name for a in annotations][:3]
@@ -110,10 +111,12 @@ def rasterize(
         DatasetError: an annotation's class is not in ``class_ids`` (and not an ``Ignore*`` class).
     """
     labels = np.full(shape, UNLABELLED, np.int64)
-    areas = sorted((a for a in annotations if a.kind == "area"), key=lambda a: -_ring_area(a.parts[0]))
-    others = [a for a in annotations if a.kind != "area"]
+    ignored = [a for a in annotations if a.class_name.startswith(IGNORED_CLASS_PREFIX)]
+    kept = [a for a in annotations if not a.class_name.startswith(IGNORED_CLASS_PREFIX)]
+    areas = sorted((a for a in kept if a.kind == "area"), key=lambda a: -_ring_area(a.parts[0]))
+    others = [a for a in kept if a.kind != "area"]
     shift = np.asarray(offset, int)
-    for annotation in areas + others:
+    for annotation in areas + others + ignored:  # Ignore* last: what it covers stays unlabelled
         value = _class_id(annotation.class_name, class_ids)
         if annotation.kind == "area":
             spans = _polygon_spans(annotation.parts, rows=(shift[0], shift[0] + shape[0]))

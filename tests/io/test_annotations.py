@@ -90,6 +90,19 @@ def test_ignore_classes_unlabel_and_an_offset_reads_a_window():
     assert (window[3:5, 3:5] == UNLABELLED).all()
 
 
+def test_an_ignore_area_unlabels_the_smaller_areas_and_the_strokes_inside_it():
+    """An artefact outlined as Ignore* around annotations drawn earlier: none of it is learnt from."""
+    features = [
+        feature({"type": "Polygon", "coordinates": [rectangle(0, 0, 30, 30)]}, "Ignore*"),
+        feature({"type": "Polygon", "coordinates": [rectangle(5, 5, 15, 15)]}, "Tumor"),
+        feature({"type": "LineString", "coordinates": [[20, 2], [20, 28]]}, "Stroma"),
+        feature({"type": "Point", "coordinates": [40.5, 40.5]}, "Stroma"),  # outside it
+    ]
+    labels = rasterize(parse_geojson(features), (50, 50), class_ids={"Stroma": 0, "Tumor": 1})
+    assert (labels[:30, :30] == UNLABELLED).all()
+    assert labels[40, 40] == 0 and (labels != UNLABELLED).sum() == 1
+
+
 def test_qupath_colours_are_read_from_packed_and_list_forms(tmp_path):
     path = tmp_path / "a.geojson"
     features = [
