@@ -173,7 +173,7 @@ class DenseCNN(nn.Module):
         >>> dense(torch.rand(1, 1, 300, 200), max_memory=50_000_000).shape
         torch.Size([1, 3, 300, 200])
         """
-        self._check_call(x, nonfinite)
+        self._check_call(x, nonfinite, cancel)
         self._warn_if_stochastic()
         if max_memory is not None:
             return self._run_tiled(x, max_memory, labels=False, cancel=cancel, nonfinite=nonfinite)
@@ -201,7 +201,7 @@ class DenseCNN(nn.Module):
         if max_memory is None:
             scores = self.forward(x, cancel=cancel, nonfinite=nonfinite)
             return tiling.class_labels(scores, no_data=nonfinite == "propagate")
-        self._check_call(x, nonfinite)
+        self._check_call(x, nonfinite, cancel)
         self._warn_if_stochastic()
         return self._run_tiled(x, max_memory, labels=True, cancel=cancel, nonfinite=nonfinite)
 
@@ -284,9 +284,15 @@ class DenseCNN(nn.Module):
         check_modules(self._patch_modules)
         self.structure.check()
 
-    def _check_call(self, x: torch.Tensor, nonfinite: str) -> None:
-        """What every scoring call checks first: the input, the non-finite policy, the patch model."""
+    def _check_call(self, x: torch.Tensor, nonfinite: str, cancel: threading.Event | None = None) -> None:
+        """What every scoring call checks first: the input, the non-finite policy, the cancel event, the patch
+        model."""
         self._check_input(x)
+        if cancel is not None and not callable(getattr(cancel, "is_set", None)):
+            raise InvalidInputError(
+                f"cancel must be a threading.Event (or None), got {type(cancel).__name__}; set the event from another "
+                "thread to stop the call"
+            )
         if check_policy(nonfinite) == "refuse":
             check_finite(x)
         self.check_model()
@@ -419,7 +425,10 @@ class DenseCNN(nn.Module):
                 fix = f"this model has {self.dims} spatial axis/axes (patch size {self.patch_size})"
             raise InvalidInputError(f"expected {what} as an {layout} tensor, got {tuple(x.shape)}; {fix}")
         if not x.is_floating_point():
-            raise InvalidTypeError(f"expected a floating-point tensor, got {x.dtype}; convert with x.float()")
+            raise InvalidTypeError(
+                f"expected a floating-point tensor, got {x.dtype}; convert it with x.float(), scaled and normalised "
+                "as the model's training images were (a LoadedModel takes raw pixels as a numpy array and does both)"
+            )
         weight = next(self.parameters(), None)
         if self.backend is Backend.NATIVE and weight is not None and x.dtype != weight.dtype:
             raise InvalidTypeError(

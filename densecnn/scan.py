@@ -32,6 +32,7 @@ def scan_patches(
     >>> densecnn.scan_patches(model.eval(), torch.rand(1, 1, 8, 9), patch).shape
     torch.Size([1, 3, 8, 9])
     """
+    _check_tensor(x)
     patch = as_patch_size(patch_size, x.dim() - 2)
     check_padding_mode(padding_mode)
     if batch_size < 1:
@@ -43,11 +44,45 @@ def scan_patches(
     pixels = torch.arange(n * math.prod(size), device=x.device)
     scores = []
     with full_float32(x):  # the reference in IEEE float32 on a GPU too (no TF32)
+        if not len(pixels):  # no pixel to label: the classes from one patch of zeros
+            return x.new_zeros(n, _patch_scores(model, x.new_zeros(1, x.shape[1], *patch)).shape[1], *size)
         for chunk in pixels.split(batch_size):
             index = torch.unravel_index(chunk, (n, *size))  # (image, *position)
             patches = windows[(index[0], slice(None), *index[1:])]  # (B, C, *P)
-            scores.append(model(patches).reshape(len(chunk), -1))  # (B, K)
+            scores.append(_patch_scores(model, patches))  # (B, K)
     return torch.cat(scores).view(n, *size, -1).movedim(-1, 1)  # (N, K, *S)
+
+
+def _check_tensor(x, spatial_dims: int | None = None) -> None:
+    """Refuse an ``x`` that is not an (N, C, *S) tensor (of ``spatial_dims`` axes S, where given)."""
+    dims = x.dim() if isinstance(x, torch.Tensor) else None
+    if dims is not None and dims >= 3 and spatial_dims in (None, dims - 2):
+        return
+    shape = f" of shape {tuple(x.shape)}" if hasattr(x, "shape") else ""
+    axes = {1: "(N, C, L)", 2: "(N, C, H, W)", 3: "(N, C, D, H, W)"}.get(spatial_dims, "(N, C, *S)")
+    raise InvalidInputError(
+        f"x must be an {axes} torch tensor for this model, got {type(x).__name__}{shape}; e.g. "
+        "torch.from_numpy(image)[None, None] for one gray image"
+    )
+
+
+def _patch_scores(model: nn.Module, patches: torch.Tensor) -> torch.Tensor:
+    """(B, K) class scores of (B, C, *P) ``patches``: the model's output per patch must be one score vector (or a
+    map of one pixel); a larger map means the patch is not the size the model labels one pixel from."""
+    try:
+        out = model(patches)
+    except RuntimeError as exc:
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise InvalidInputError(
+            f"the model cannot run on patches of shape {tuple(patches.shape[1:])} ({reason}); give the patch size, "
+            "channels and dtype it takes"
+        ) from None
+    if out.dim() > 2 and math.prod(out.shape[2:]) > 1:
+        raise InvalidInputError(
+            f"the model maps a {'x'.join(map(str, patches.shape[2:]))} patch to a {tuple(out.shape[1:])} map, not "
+            "one score vector: give the patch size it labels one pixel from (its output one score per class)"
+        )
+    return out.reshape(len(patches), -1)
 
 
 @torch.no_grad()
@@ -59,6 +94,7 @@ def fast_scan(model: nn.Module, x: torch.Tensor, patch_size, *, padding_mode: st
     (N, C, *S) -> (N, K, *S), equal to :func:`scan_patches`.
     """
     patch = as_patch_size(patch_size, spatial_dims_of(extract_chain(model), patch_size))
+    _check_tensor(x, len(patch))
     dense = convert(model, patch, padding_mode=padding_mode, backend="native")
     n, _, *size = x.shape
     total_stride = [math.prod(axis) for axis in zip(*(layer.stride for layer in dense.window_layers()))]

@@ -20,7 +20,7 @@ from ..atomic import atomic_write
 from ..chain import extract_chain
 from ..convert import convert
 from ..dense import DenseCNN
-from ..errors import ConversionError, InvalidInputError
+from ..errors import ConversionError, InvalidInputError, InvalidTypeError
 from ..functional_weights import saved_layer
 from ..io.intensity import Intensity, Scaling
 from ..io.labels import class_probabilities, label_dtype
@@ -100,7 +100,13 @@ class LoadedModel:
 
     def normalize(self, x: torch.Tensor) -> torch.Tensor:
         """(N, C, H, W) images scaled to [0, 1] -> the model's input: ``(x - mean) / std`` per channel, in the
-        model's dtype (computed in the wider of the two). Signals (N, C, L) and volumes (N, C, D, H, W) alike."""
+        model's dtype (computed in the wider of the two). Signals (N, C, L) and volumes (N, C, D, H, W) alike.
+
+        Raises:
+            InvalidTypeError: integer pixels, which are not scaled to [0, 1] (:meth:`input` scales raw pixels).
+        """
+        if not x.is_floating_point():
+            raise InvalidTypeError(_RAW_TENSOR.format(dtype=x.dtype))
         x = x.to(torch.promote_types(x.dtype, self.dtype))
         if self.normalization:
             per_channel = (1, -1) + (1,) * (x.dim() - 2)  # broadcast over N and every spatial axis
@@ -230,7 +236,14 @@ class LoadedModel:
         self, raw_or_input, intensity: Intensity | None, channel_axis: int | None, nonfinite: str | None
     ) -> torch.Tensor:
         if isinstance(raw_or_input, torch.Tensor):
+            if not raw_or_input.is_floating_point():
+                raise InvalidTypeError(_RAW_TENSOR.format(dtype=raw_or_input.dtype))
             return raw_or_input
+        if not isinstance(raw_or_input, np.ndarray):
+            raise InvalidInputError(
+                f"expected raw pixels as a numpy array (or the model's input as a float tensor), got "
+                f"{type(raw_or_input).__name__}; e.g. numpy.asarray(pixels)"
+            )
         return self.input(raw_or_input, intensity=intensity, channel_axis=channel_axis, nonfinite=nonfinite)
 
     def _dense(self) -> DenseCNN:
@@ -254,6 +267,13 @@ class LoadedModel:
                 "channels"
             )
         return np.moveaxis(raw, channel_axis, 0)
+
+
+# an integer tensor given where the model's input (scaled to [0, 1], normalised) is expected
+_RAW_TENSOR = (
+    "a {dtype} tensor holds raw pixels, not scaled to [0, 1] nor normalised; give them as a numpy array "
+    "(x.numpy()): the model scales them by its intensity rule (loaded.input does the same)"
+)
 
 
 def _on_device(x: torch.Tensor, net: DenseCNN) -> torch.Tensor:

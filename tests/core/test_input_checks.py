@@ -56,3 +56,31 @@ def test_a_saved_model_refuses_a_meta_tensor_naming_the_device(tmp_path, method)
     loaded = densecnn.load(densecnn.save(model, tmp_path / "model", patch_size=5))
     with pytest.raises(densecnn.InvalidInputError, match="meta device, which holds no values"):
         getattr(loaded, method)(torch.empty(1, 1, 12, 12, device="meta"))
+
+
+def test_a_cancel_that_is_no_event_is_refused(dense):
+    for call in (lambda: dense(torch.rand(1, 1, 8, 8), cancel=True), lambda: dense.predict(torch.rand(1, 1, 8, 8),
+                                                                                             cancel="stop")):  # fmt: skip
+        with pytest.raises(densecnn.InvalidInputError, match="cancel must be a threading.Event"):
+            call()
+
+
+def test_a_saved_model_refuses_integer_tensors_that_hold_raw_pixels(tmp_path):
+    """A uint8 tensor is neither scaled nor normalised: taking it (or its x.float()) as the input mislabels it."""
+    model = nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU(), nn.Conv2d(4, 2, 1)).eval()
+    densecnn.save(model, tmp_path / "m", patch_size=3, normalization={"mean": [0.4], "std": [0.2]})
+    loaded = densecnn.load(tmp_path / "m")
+    pixels = (np.random.default_rng(0).random((12, 10)) * 255).astype(np.uint8)
+    raw = torch.from_numpy(pixels)[None, None]
+    for call in (
+        lambda: loaded.normalize(raw),
+        lambda: loaded.labels(raw),
+        lambda: loaded.probabilities(raw),
+    ):
+        with pytest.raises(
+            densecnn.errors.InvalidTypeError, match=r"torch.uint8 tensor holds raw pixels.*x.numpy\(\)"
+        ):
+            call()
+    with pytest.raises(densecnn.InvalidInputError, match="expected raw pixels as a numpy array .* got list"):
+        loaded.labels(pixels.tolist())
+    np.testing.assert_array_equal(loaded.labels(raw.numpy()[0, 0]), loaded.labels(pixels))

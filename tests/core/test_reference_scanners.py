@@ -94,3 +94,33 @@ def test_padding_makes_one_copy(mode):
         [sys.executable, "-c", PAD_PEAK_SCRIPT, mode], capture_output=True, text=True, check=True
     )
     assert float(result.stdout.strip().splitlines()[-1]) < 1.3
+
+
+def test_scan_patches_refuses_a_patch_the_model_does_not_label_one_pixel_from():
+    """At another patch size the patch model outputs a map, not one score vector: flattening it would give as many
+    "classes" as the map has values."""
+    net = torch.nn.Sequential(
+        torch.nn.Conv2d(1, 4, 3), torch.nn.MaxPool2d(2), torch.nn.ReLU(), torch.nn.Conv2d(4, 2, 3)
+    )
+    x = torch.rand(1, 1, 10, 10)
+    assert densecnn.scan_patches(net.eval(), x, 8).shape == (1, 2, 10, 10)
+    with pytest.raises(
+        densecnn.InvalidInputError, match=r"maps a 12x12 patch to a \(2, 3, 3\) map, not one score"
+    ):
+        densecnn.scan_patches(net, x, 12)
+    with pytest.raises(densecnn.InvalidInputError, match="cannot run on patches of shape \\(3, 8, 8\\)"):
+        densecnn.scan_patches(net, torch.rand(1, 3, 10, 10), 8)
+    with pytest.raises(
+        densecnn.InvalidInputError, match=r"x must be an \(N, C, \*S\) torch tensor .* got ndarray"
+    ):
+        densecnn.scan_patches(net, x.numpy(), 8)
+    with pytest.raises(
+        densecnn.InvalidInputError, match=r"x must be an \(N, C, H, W\) torch tensor .* \(1, 10, 10\)"
+    ):
+        densecnn.fast_scan(net, x[0], 8)
+    assert densecnn.scan_patches(net, x[:0], 8).shape == (
+        0,
+        2,
+        10,
+        10,
+    )  # no image: no pixel, the classes known
