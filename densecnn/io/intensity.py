@@ -220,7 +220,8 @@ def _integer_scaling(dtype: np.dtype, lowest: int, highest: int, constant: int |
     used = (highest - min(lowest, 0)) / info.max
     if info.bits > 8 and constant is None and used < MIN_RANGE_USE:
         raise IntensityError(
-            f"the image uses {lowest}..{highest} of {dtype}'s 0..{info.max} ({100 * used:.2g}% of the range): "
+            f"the image uses {lowest}..{highest} of {dtype}'s {min(info.min, 0)}..{info.max} ({100 * used:.2g}% of "
+            "the range): "
             "scaled by its dtype's range it is all but black, and would be labelled as such",
             fix=intensity_fix(ADVICE, _bit_depth_range(lowest, highest), PERCENTILES),
         )
