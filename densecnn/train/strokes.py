@@ -38,6 +38,7 @@ import contextlib
 import copy
 import dataclasses
 import math
+import numbers
 import threading
 import time
 from collections.abc import Iterator
@@ -52,7 +53,7 @@ from ..convert import convert, layer_channels
 from ..errors import DenseCNNError, NonFiniteInputError, TrainingError
 from ..geometry import ntuple
 from ..io.annotations import sparse_labels
-from ..io.intensity import require_finite
+from ..io.intensity import FLOAT_SLACK, require_finite
 from ..losses import IGNORE_INDEX
 from ..masked import masked_terms, patch_scores
 from ..modelfile import CONFIG_FILE, LoadedModel, default_palette, load, save
@@ -66,6 +67,7 @@ from .smoothness import NeighbourPairs, potts
 
 VAL_PIXELS = 2048  # held-out pixels scored at each validation, at most
 PREVIEW_PIXELS = 2**16  # pixels the head labels at once in a preview
+SCALE_FIX = "scale it to [0, 1]: image / 255 for 8-bit values, or densecnn.io.unit_planes for decoded pixels"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,18 +108,17 @@ class StrokeTrainer:
         seed: int = 0,
         recipe: Recipe | dict | None = None,
     ):
-        images, sparse = _checked(images, labels, unlabelled)
+        images, sparse, unscaled = _checked(images, labels, unlabelled)
         channels, spatial_dims = images[0].shape[0], images[0].ndim - 1
         labelled = [np.unique(s[s != IGNORE_INDEX]) for s in sparse]
         highest = max((int(v.max()) for v in labelled if v.size), default=-1)
         num_classes = len(class_names) if class_names is not None else max(highest + 1, 2)
         torch.manual_seed(seed)
         self.loaded, fresh = _start_model(model, channels, spatial_dims, num_classes, class_names)
-        if highest >= self.loaded.num_classes:
-            raise TrainingError(
-                f"labels hold class {highest}, and the model has {self.loaded.num_classes} classes "
-                f"(0..{self.loaded.num_classes - 1}); fix the labels or give class_names for every class"
-            )
+        unknown = _unknown_ids(labels, sparse, unlabelled, self.loaded.class_names)
+        if unknown:
+            fix = "give class_names for every class" if fresh else "train a fresh model (model=None) for them"
+            raise TrainingError(f"{unknown}; label only the model's classes, or {fix}")
         if fresh and highest >= 0:
             _check_fresh_classes(self.loaded.class_names, labelled, named=class_names is not None)
         if len(self.loaded.patch_size) != spatial_dims or self.loaded.in_channels != channels:
@@ -156,7 +157,9 @@ class StrokeTrainer:
         # (T, F): the features' order after each flip or turn, found with the first features
         self._feature_gathers: torch.Tensor | None = None
         self.pairs: NeighbourPairs | None = None  # the smoothness term's (a per-pixel head's)
-        self.set_labels(images, labels, unlabelled=unlabelled)
+        # images beyond [0, 1] are refused when a run or save starts: the caller may declare their scaling meanwhile
+        # (napari sets ``loaded.intensity`` to the layer's rule, e.g. percentiles, once the trainer is made)
+        self._set_labels(images, sparse, unscaled)
 
     @property
     def patch_size(self) -> tuple[int, ...]:
@@ -179,16 +182,32 @@ class StrokeTrainer:
 
     def set_labels(self, images: list[np.ndarray], labels: list[np.ndarray], *, unlabelled: int = -1) -> None:
         """New images or strokes: the next :meth:`run` continues from the current weights with a fresh schedule of
-        ``recipe.steps`` steps (warm-up only on the first), a new held-out split and a new best score."""
-        images, sparse = _checked(images, labels, unlabelled)
+        ``recipe.steps`` steps (warm-up only on the first), a new held-out split and a new best score. Refused, with
+        the trainer left as it was: images as the constructor refuses them, of other channels than the model's, not
+        scaled to [0, 1] (unless ``loaded.intensity`` declares another rule), or label ids the model has no class
+        for (a trainer keeps its model's classes)."""
+        images, sparse, unscaled = _checked(images, labels, unlabelled)
         if any(i.shape[0] != self.loaded.in_channels for i in images):
             raise TrainingError(
                 f"the images have {images[0].shape[0]} channel(s), and the model takes {self.loaded.in_channels}: "
                 f"give images of {self.loaded.in_channels} channel(s), as the trainer started with"
             )
-        train, self.val_labels = split_strokes(sparse, share=self.recipe.holdout, seed=self.seed + self.step)
+        unknown = _unknown_ids(labels, sparse, unlabelled, self.loaded.class_names)
+        if unknown:
+            raise TrainingError(
+                f"{unknown}; a trainer keeps its model's classes: label only them, or start a new StrokeTrainer "
+                "with class_names for every class"
+            )
+        self._require_unit_range(unscaled)
+        self._set_labels(images, sparse, unscaled)
+
+    def _set_labels(self, images: list[np.ndarray], sparse: list[np.ndarray], unscaled: str | None) -> None:
+        """:meth:`set_labels` of checked images and label maps (:func:`_checked`); ``unscaled``: why an image is
+        not in [0, 1], kept for :meth:`_require_unit_range` when a run or save starts."""
         if not any((s != IGNORE_INDEX).any() for s in sparse):
             raise TrainingError("no labelled pixels: paint at least one stroke of each class to train from")
+        self._unscaled = unscaled
+        train, self.val_labels = split_strokes(sparse, share=self.recipe.holdout, seed=self.seed + self.step)
         crop = tuple(min(c, s) for c, s in zip(self.recipe.crop, _smallest(images), strict=True))
         tensors = [self.loaded.normalize(torch.from_numpy(i)[None])[0] for i in images]  # (C, *spatial) each
         self.crops = CropSampler(
@@ -227,11 +246,19 @@ class StrokeTrainer:
     ) -> Iterator[StrokeProgress]:
         """Take steps until the schedule ends, early stopping ends it, ``max_seconds`` (wall clock) pass or ``stop``
         is set; yields one :class:`StrokeProgress` per step. The best weights are kept whenever it ends, also when
-        the caller stops iterating.
+        the caller stops iterating. ``max_seconds`` 0 takes no step; None: no time limit.
 
         Raises:
-            TrainingError: a step's loss, or the weights after its update, are NaN/±Inf (the run diverged): the
+            TrainingError: at the call, ``max_seconds`` is negative, NaN or infinite, or an image is not scaled to
+                [0, 1] while ``loaded.intensity`` takes floats as they are (see :meth:`set_labels`); while
+                iterating, a step's loss, or the weights after its update, are NaN/±Inf (the run diverged): the
                 message names the step; the weights are put back at the last ones whose loss was finite."""
+        _check_max_seconds(max_seconds)
+        self._require_unit_range(self._unscaled)
+        return self._steps(max_seconds, stop)
+
+    def _steps(self, max_seconds: float | None, stop: threading.Event | None) -> Iterator[StrokeProgress]:
+        """The steps of :meth:`run`, its arguments checked."""
         started = time.monotonic()
         while self.step < self.total_steps:
             if stop is not None and stop.is_set():
@@ -254,6 +281,17 @@ class StrokeTrainer:
             )
             if self._stale >= self.recipe.patience and done >= self.recipe.min_steps:
                 return
+
+    def _require_unit_range(self, unscaled: str | None) -> None:
+        """Refuse images not scaled to [0, 1] (``unscaled`` says which and how: :func:`_checked`) while the model
+        takes floats as they are (intensity mode "dtype", a fresh model's): the saved model would scale the same
+        pixels otherwise than training did, and label its own training images wrong."""
+        if unscaled is not None and self.loaded.intensity.mode == "dtype":
+            raise TrainingError(
+                f"{unscaled}, and the model takes images scaled to [0, 1] (its intensity rule is dtype: integers by "
+                f"their dtype's range, floats as they are); {SCALE_FIX}, or declare the rule the images were scaled "
+                "by as trainer.loaded.intensity (densecnn.io.Intensity) before the run"
+            )
 
     def _gather_features(
         self, images: list[np.ndarray], train: list[np.ndarray], tensors: list[torch.Tensor]
@@ -519,7 +557,9 @@ class StrokeTrainer:
         self, directory, class_names: list[str] | None = None, palette: list[list[int]] | None = None
     ) -> Path:
         """Write the best model into ``directory`` (a model directory :func:`densecnn.load` reads), with the run's
-        normalisation and padding, and a training record in model.json's ``extra``."""
+        normalisation and padding, and a training record in model.json's ``extra``. Refuses images not scaled to
+        [0, 1] as :meth:`run` does."""
+        self._require_unit_range(self._unscaled)
         training = {
             "method": "strokes",
             "steps": self.step,
@@ -574,13 +614,14 @@ def _changed(recipe: Recipe, changes: dict) -> Recipe:
     return dataclasses.replace(recipe, **changes)
 
 
-def _checked(images, labels, unlabelled: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """float32 (C, *spatial) images and int64 label maps with 255 where unlabelled, checked against each other."""
+def _checked(images, labels, unlabelled: int) -> tuple[list[np.ndarray], list[np.ndarray], str | None]:
+    """float32 (C, *spatial) images and int64 label maps with 255 where unlabelled, checked against each other, and
+    why the first image whose values lie beyond [0, 1] is not scaled to it (None when all are in [0, 1])."""
     if len(images) != len(labels) or not images:
         raise TrainingError(
             f"give one label map per image: got {len(images)} images and {len(labels)} label maps"
         )
-    checked_images, sparse = [], []
+    checked_images, sparse, unscaled = [], [], None
     for n, (image, label_map) in enumerate(zip(images, labels, strict=True)):
         image = np.asarray(image)
         label_map = np.asarray(label_map)
@@ -596,12 +637,15 @@ def _checked(images, labels, unlabelled: int) -> tuple[list[np.ndarray], list[np
                 f"image {n} has {image.shape[0]} channel(s) and image 0 has {checked_images[0].shape[0]}: give every "
                 "image the same channels (a gray image as colour: np.repeat(image, 3, axis=0))"
             )
+        if not np.issubdtype(image.dtype, np.floating):
+            raise TrainingError(f"image {n}: {_values(image)}, and images are floats in [0, 1]; {SCALE_FIX}")
         try:  # before float32: a float64 value beyond its range is refused, not turned into inf
             require_finite(image, channel_axis=0)
         except NonFiniteInputError as exc:
             raise TrainingError(
                 f"image {n}: {exc.problem}; replace them (numpy.nan_to_num) or leave the image out"
             ) from None
+        unscaled = unscaled or _beyond_unit_range(n, image)
         image = np.ascontiguousarray(image, dtype=np.float32)
         if not np.issubdtype(label_map.dtype, np.integer):
             raise TrainingError(f"labels {n}: integer class ids needed, got {label_map.dtype}")
@@ -614,7 +658,53 @@ def _checked(images, labels, unlabelled: int) -> tuple[list[np.ndarray], list[np
             )
         checked_images.append(image)
         sparse.append(out)
-    return checked_images, sparse
+    return checked_images, sparse, unscaled
+
+
+def _values(image: np.ndarray) -> str:
+    """An image's dtype and range of values, for a message: ``uint8 values 0..255``."""
+    if image.size == 0:
+        return f"{image.dtype}, no values"
+    return f"{image.dtype} values {image.min().item():.4g}..{image.max().item():.4g}"
+
+
+def _beyond_unit_range(n: int, image: np.ndarray) -> str | None:
+    """Why float image ``n`` (finite) is not scaled to [0, 1]: values more than :data:`FLOAT_SLACK` beyond it (the
+    slack ``densecnn train`` and ``densecnn predict`` give a rescale's rounding), or None."""
+    if image.size and (image.min() < -FLOAT_SLACK or image.max() > 1 + FLOAT_SLACK):
+        return f"image {n}: {_values(image)}"
+    return None
+
+
+def _unknown_ids(labels, sparse: list[np.ndarray], unlabelled: int, class_names: list[str]) -> str | None:
+    """The label ids (as given: with ``unlabelled`` 0 the classes' ids are 1..K) of classes beyond the model's
+    ``class_names``, and the model's classes by the same ids; None when every id is one of them."""
+    beyond = [
+        np.unique(np.asarray(given)[(s != IGNORE_INDEX) & (s >= len(class_names))])
+        for given, s in zip(labels, sparse, strict=True)
+    ]
+    ids = sorted(set(np.concatenate(beyond).tolist()))
+    if not ids:
+        return None
+    first = 1 if unlabelled == 0 else 0
+    classes = ", ".join(f"{first + k} {name!r}" for k, name in enumerate(class_names))
+    shown = ", ".join(map(str, ids[:10])) + (", ..." if len(ids) > 10 else "")
+    held = f"class {shown}" if len(ids) == 1 else f"classes {shown}"
+    has = f"{len(class_names)} class" if len(class_names) == 1 else f"{len(class_names)} classes"
+    return f"the labels hold {held}, and the model has {has}: {classes}"
+
+
+def _check_max_seconds(max_seconds) -> None:
+    """Refuse a time budget that is not a number of seconds >= 0 (None: no limit)."""
+    if max_seconds is None:
+        return
+    if isinstance(max_seconds, bool) or not isinstance(max_seconds, numbers.Real):
+        raise TrainingError(f"max_seconds must be a number of seconds or None, got {max_seconds!r}")
+    if not math.isfinite(max_seconds) or max_seconds < 0:
+        raise TrainingError(
+            f"max_seconds is {max_seconds}; give a number of seconds >= 0 (0 takes no step), or None for no time "
+            "limit"
+        )
 
 
 def _start_model(
