@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import errno
 import os
 import sys
 import typing
+from pathlib import Path
 
 from ..command_interrupts import INTERRUPTED
 
@@ -158,8 +160,14 @@ def run(args: argparse.Namespace, launcher: str | None = None) -> int:
     config, given = config_from_args(args, launcher), given_options(args)
     recipe = not config.model and not config.resume  # no --model: the default recipe for sparse labels
     main_process = int(os.environ.get("RANK", "0")) == 0
+    check_out(config.out)
     try:
         model_dir = train_from_strokes(config.check(), given) if recipe else train(config, given)
+    except Exception as exc:
+        failed = _failed_write(exc)
+        if failed is None:
+            raise
+        raise write_error(failed, config.out) from None
     except KeyboardInterrupt as exc:
         if main_process:  # the steps taken and the model written, as the run says them
             said = (
@@ -181,6 +189,111 @@ def run(args: argparse.Namespace, launcher: str | None = None) -> int:
         else:
             print(f"model written to {model_dir} (model card: {model_dir / 'README.md'})")
     return 0
+
+
+# the errors of a write the user can fix (space, permissions, a file where a folder goes): said in one line
+WRITE_ERRORS = {
+    errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.EISDIR,
+}  # fmt: skip
+
+
+def check_out(out: str) -> None:
+    """Refuse an ``--out`` the run cannot make or write its directory in (a file, a read-only folder), before
+    anything is read or trained."""
+    from ..errors import TrainingError
+
+    path = Path(out)
+    if path.exists() and not path.is_dir():
+        raise TrainingError(
+            f"--out {out} is a file, not a folder; give --out a new folder (or the folder of a run, with --resume)"
+        )
+    existing = path.absolute()
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise TrainingError(
+            f"--out {out}: {existing} is a file, so the run's folder cannot be made under it; choose another --out"
+        )
+    if not os.access(existing, os.W_OK | os.X_OK):
+        why = (
+            "on a read-only file system"
+            if os.statvfs(existing).f_flag & os.ST_RDONLY
+            else "permission denied"
+        )
+        raise TrainingError(
+            f"--out {out}: cannot write in {existing} ({why}); choose an --out in a folder you can write to"
+        )
+
+
+def _failed_write(exc: BaseException | None) -> OSError | None:
+    """The failed write (:data:`WRITE_ERRORS`) that ``exc`` is or follows from (a writer's own error for it, such as
+    safetensors' "... (os error 28)", read as the OSError it names), else None."""
+    import re
+
+    from ..errors import DenseCNNError
+
+    if isinstance(exc, DenseCNNError):  # it says its problem and fix itself
+        return None
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and not isinstance(exc, FileNotFoundError) and exc.errno in WRITE_ERRORS:
+            return exc
+        found = None if isinstance(exc, OSError) else re.search(r"os error (\d+)", str(exc))
+        if found is not None and int(found.group(1)) in WRITE_ERRORS:
+            number = int(found.group(1))
+            return OSError(number, os.strerror(number))
+        exc = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
+    return None
+
+
+def write_error(exc: OSError, out: str):
+    """The one-line error of a write that failed mid-run (a full disk): the path, the problem, what the run kept
+    (its latest checkpoint, its model) and how to go on."""
+    from ..errors import TrainingError
+    from ..train.checkpoint import latest_checkpoint
+
+    where = Path(exc.filename) if exc.filename else Path(out)
+    while where.name.startswith("."):  # a file or folder being written atomically: name the folder it goes to
+        where = where.parent
+    problem = exc.strerror or os.strerror(exc.errno)
+    inside = Path(where).absolute().is_relative_to(Path(out).absolute())
+    if exc.errno in (errno.EACCES, errno.EPERM) and not inside:  # not the run's own file: an input
+        return TrainingError(f"cannot read {where}: {problem}; make it readable, or leave it out of the data")
+    fix = {
+        errno.ENOSPC: "free some space there (or train in a new --out on another disk)",
+        errno.EDQUOT: "free some of your quota there (or train in a new --out on another disk)",
+        errno.EFBIG: "train in a new --out on a file system that takes larger files",
+    }.get(exc.errno, "make it writable (or train in a new --out)")
+    try:
+        latest = latest_checkpoint(out)
+    except Exception:  # a damaged pointer: no checkpoint to offer
+        latest = None
+    kept, model_dir = "", Path(out) / "model"
+    _remove_unloadable(model_dir)
+    steps = _steps_taken(model_dir)
+    if steps is not None:
+        kept += f"; {model_dir} holds the model of step {steps}"
+    if latest is not None:
+        kept += (
+            f"; the run's checkpoint {latest} is kept: once that is done, continue the run with "
+            f"densecnn train --out {out} --resume"
+        )
+    return TrainingError(f"cannot write {where}: {problem}; {fix}{kept}")
+
+
+def _remove_unloadable(model_dir: Path) -> None:
+    """Remove the run's model directory if a failed write left it without a model that loads (an empty folder)."""
+    import shutil
+
+    from ..modelfile import load
+
+    if not model_dir.is_dir():
+        return
+    try:
+        load(model_dir)
+    except Exception:
+        shutil.rmtree(model_dir, ignore_errors=True)
 
 
 def _steps_taken(model_dir) -> int | None:

@@ -24,7 +24,7 @@ from PIL import Image, ImageOps
 from ..errors import ImageReadError, ImageStackError, ImageTooLargeError
 from .formats import NPY_KINDS, image_format
 from .orientation import oriented
-from .photometric import PALETTE, as_displayed, white_value
+from .photometric import ASSOCIATED_ALPHA, PALETTE, UNASSOCIATED_ALPHA, as_displayed, white_value
 from .pixels import unit_planes
 
 # Pillow modes read as they are -> (samples, bytes per sample); bilevel is read as gray, any other mode (palette,
@@ -51,6 +51,9 @@ class ImageHeader:
     bytes_per_sample: int
     planes: int = 1
     layout: str = ""  # the stack's axes and shape, e.g. "axes ZYX, shape 12x512x512"
+    # whether 2 or 4 samples are gray or colour with alpha (a PNG's LA, RGBA); False for a TIFF whose extra samples
+    # are not alpha (unspecified: the channels of a fluorescence image)
+    alpha: bool = True
 
     @property
     def pixels(self) -> int:
@@ -104,7 +107,9 @@ def tiff_header(tiff: tifffile.TiffFile) -> ImageHeader:
     bytes_per_sample = page.dtype.itemsize
     if int(page.photometric) == PALETTE:  # indices decode to their colour map's 16-bit RGB
         samples, bytes_per_sample = 3, 2
-    return ImageHeader("tiff", width, height, samples, bytes_per_sample, max(planes, page.imagedepth), layout)
+    alpha = any(int(kind) in (ASSOCIATED_ALPHA, UNASSOCIATED_ALPHA) for kind in page.extrasamples or ())
+    depth = max(planes, page.imagedepth)
+    return ImageHeader("tiff", width, height, samples, bytes_per_sample, depth, layout, alpha=alpha)
 
 
 TILE_EXCESS = 16  # a tile may decode to this many times its page's own bytes (small images in standard tiles)

@@ -17,6 +17,7 @@ import numpy as np
 from ..errors import ImageReadError
 
 MINISWHITE, MINISBLACK, RGB, PALETTE, YCBCR = 0, 1, 2, 3, 6
+ASSOCIATED_ALPHA, UNASSOCIATED_ALPHA = 1, 2  # TIFF ExtraSamples values (0: unspecified, not alpha)
 JPEG_COMPRESSION = (6, 7)  # old-style and new-style JPEG: tifffile decodes their YCbCr to RGB
 _NAMES = {4: "transparency mask", 5: "separated (CMYK)", 8: "CIE L*a*b*", 9: "ICC L*a*b*", 10: "ITU L*a*b*"}
 

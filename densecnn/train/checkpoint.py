@@ -3,6 +3,9 @@
 A checkpoint is written to a temporary file and renamed into place, then ``latest`` is replaced the same way, so
 a run killed at any moment leaves the previous checkpoint intact and ``latest`` naming a complete file. Loading
 uses ``torch.load(weights_only=True)``: checkpoints hold tensors and plain values only, never pickled objects.
+
+A checkpoint also records the run's data as stored (:func:`data_record`): a run resumed after its images or labels
+changed is refused (:func:`check_data_unchanged`), as it would go on training on other data than its record says.
 """
 
 from __future__ import annotations
@@ -14,9 +17,12 @@ from pathlib import Path
 import torch
 
 from ..atomic import atomic_write
+from ..blockwise.provenance import input_identity
 from ..errors import TrainingError
 
 LATEST = "latest"
+# a dataset's folders whose files a run reads (densecnn.train.dataset's layout)
+DATA_FOLDERS = ("images", "labels", "masks", "annotations")
 
 
 @dataclass
@@ -46,11 +52,18 @@ def save_checkpoint(run_dir: str | Path, state: dict, *, step: int, keep: int) -
     folder = checkpoint_dir(run_dir)
     folder.mkdir(parents=True, exist_ok=True)
     target = folder / f"step-{step:08d}.pt"
-    atomic_write(target, lambda tmp: torch.save(state, tmp))
+    atomic_write(target, lambda tmp: _save(state, tmp))
     atomic_write(folder / LATEST, lambda tmp: tmp.write_text(target.name + "\n"))
     for old in sorted(folder.glob("step-*.pt"))[:-keep]:
         old.unlink()
     return target
+
+
+def _save(state: dict, path: Path) -> None:
+    """``torch.save`` through a Python file, so that a failed write (a full disk) raises its OSError, not torch's
+    RuntimeError of the archive writer."""
+    with path.open("wb") as stream:
+        torch.save(state, stream)
 
 
 def latest_checkpoint(run_dir: str | Path) -> Path | None:
@@ -158,3 +171,68 @@ def resumed_config(saved: dict, config, given: Collection[str] | None = None):
         )
     session = {name: getattr(config, name) for name in SESSION_OPTIONS if name in given}
     return TrainConfig.from_dict({**saved, **session, "resume": True, "out": config.out})
+
+
+def data_record(data: str | Path, val: str | Path | None) -> dict:
+    """What a run's training and validation data are, as stored: for each file (or zarr store) of their images/,
+    labels/, masks/ and annotations/ folders and their classes.json, a digest of its size and modification time
+    (:func:`~densecnn.blockwise.provenance.input_identity`; no pixel is read)."""
+    return {"train": _folder_record(Path(data)), "val": _folder_record(Path(val)) if val else {}}
+
+
+def _folder_record(directory: Path) -> dict[str, str]:
+    record = {}
+    for name in DATA_FOLDERS:
+        folder = directory / name
+        for entry in sorted(folder.iterdir()) if folder.is_dir() else []:
+            if entry.name.startswith("."):  # a viewer's or the system's hidden file: not read
+                continue
+            record[f"{name}/{entry.name}"] = input_identity(entry)["digest"]
+    # the classes.json the dataset reads: its own, else its parent's (densecnn.train.dataset.read_class_info)
+    for key, path in (
+        ("classes.json", directory / "classes.json"),
+        ("../classes.json", directory.parent / "classes.json"),
+    ):
+        if path.is_file():
+            record[key] = input_identity(path)["digest"]
+            break
+    return record
+
+
+def check_data_unchanged(saved: dict | None, config) -> None:
+    """Refuse to resume the run of ``config`` (its options as the checkpoint holds them) when its data differ from
+    ``saved``, the checkpoint's :func:`data_record`, naming the files that changed. A checkpoint without a record
+    (written before runs recorded their data) is resumed as it is."""
+    if not saved:
+        return
+    current = data_record(config.data, config.val)
+    changes = []
+    for which, folder in (("train", config.data), ("val", config.val)):
+        before, now = saved.get(which, {}), current[which]
+        kinds = (
+            ("changed", [n for n in before if n in now and before[n] != now[n]]),
+            ("added", [n for n in now if n not in before]),
+            ("removed", [n for n in before if n not in now]),
+        )
+        said = "; ".join(f"{_some(names)} {kind}" for kind, names in kinds if names)
+        if said:
+            changes.append(f"{folder}: {said}")
+    if not changes:
+        return
+    model = Path(config.out) / "model"
+    fine_tune = (
+        f"fine-tune this run's model in a new run (--model {model} --data {config.data} --out NEW_RUN), or "
+        if (model / "model.json").is_file()
+        else ""
+    )
+    raise TrainingError(
+        f"--resume: the data of the run in {config.out} changed since it started ({'; '.join(changes)}); a resumed "
+        "run goes on with the data it started with: put the files back as they were, or train on the new data: "
+        f"{fine_tune}start a new run with another --out"
+    )
+
+
+def _some(names: list[str], shown: int = 4) -> str:
+    return ", ".join(sorted(names)[:shown]) + (
+        f" (and {len(names) - shown} more)" if len(names) > shown else ""
+    )

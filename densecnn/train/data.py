@@ -43,15 +43,21 @@ class TrainingData:
             "intensity": model.intensity,
             "unlabelled": config.unlabelled,
             "nonfinite": config.nonfinite,
-            # a model directory being fine-tuned: annotations and classes.json's names matched to its classes
-            "class_names": model.class_names if (Path(config.model) / CONFIG_FILE).is_file() else None,
         }
-        self.train = read_dataset(config.data, **read)
+        # a model directory being fine-tuned: annotations and classes.json's names matched to its classes
+        fine_tuning = (Path(config.model) / CONFIG_FILE).is_file()
+        self.train = read_dataset(config.data, **read, class_names=model.class_names if fine_tuning else None)
         # at least 2 classes with labelled pixels (a class the data does not show is the user's --classes to keep)
         check_labelled_classes(
             config.data, self.train, model.class_names, unlabelled=config.unlabelled, fine_tuning=True
         )
-        self.val: list[Sample] = read_dataset(config.val, **read) if config.val else []
+        # the validation set's classes matched to the model's by name (a fresh model's are the training set's), so
+        # that classes listed in another order are scored as the classes they are
+        self.val: list[Sample] = (
+            read_dataset(config.val, **read, class_names=model.class_names, validation=True)
+            if config.val
+            else []
+        )
         if model.normalization is None:
             model.normalization = normalization_stats(self.train)
         self.crop = crop_size(config.crop, [s.labels.shape for s in self.train], rot90=config.rot90)

@@ -113,18 +113,20 @@ def image_files(directory: str | Path, spatial_dims: int = 2) -> list[Path]:
 def infer_channels(directory: str | Path, spatial_dims: int = 2) -> int:
     """The input channels of a fresh model: 1 when every image is gray, 3 when any is colour (gray images are then
     read as colour, their three channels equal); for signals and volumes the first array's channel axis (1 without
-    one). Images of other channel counts (more than four) must all have the same count."""
+    one). Images of other channel counts (a TIFF's channels that are not alpha) must all have the same count, which
+    is the model's."""
     files = image_files(directory, spatial_dims)
     if spatial_dims != 2:
         return _open_nd(files[0], spatial_dims).channels
     found = {path: _image_channels(path) for path in files}
     counts = set(found.values())
-    if counts <= {1, 3}:
+    if counts <= {1, 3} or len(counts) == 1:
         return max(counts)
     examples = {c: next(p.name for p, k in found.items() if k == c) for c in sorted(counts)}
     raise DatasetError(
         f"{Path(directory) / 'images'}: images of {' and '.join(map(str, sorted(counts)))} channels "
-        f"({', '.join(f'{name}: {c}' for c, name in examples.items())}); give every image the same channels"
+        f"({', '.join(f'{name}: {c}' for c, name in examples.items())}); give every image the same channels "
+        "(or give the model's with --channels)"
     )
 
 
@@ -134,9 +136,12 @@ def _image_channels(path: Path) -> int:
         samples = open_windowed(path).channels
     else:
         try:
-            samples = read_header(path).samples  # from the header: nothing decoded
+            header = read_header(path)  # from the header: nothing decoded
         except ImageReadError as exc:
             raise DatasetError(str(exc)) from None
+        samples = header.samples
+        if samples in (2, 4) and not getattr(header, "alpha", True):  # a TIFF's channels, none of them alpha
+            return samples
     return 1 if samples in (1, 2) else 3 if samples in (3, 4) else samples
 
 
@@ -232,6 +237,7 @@ def read_dataset(
     nonfinite: str = "refuse",
     margin: int = DEFAULT_WINDOW_MARGIN,
     class_names: list[str] | None = None,
+    validation: bool = False,
 ) -> list[Sample]:
     """Every image of ``directory`` with its labels (masked and unlabelled pixels set to 255), checked against the
     model. ``unlabelled``: the label files' value of unlabelled pixels (None: classes.json's, if it gives one).
@@ -246,6 +252,8 @@ def read_dataset(
     ``class_names``: the classes of a model being fine-tuned. Annotation classes are matched to them by name, and
     label files whose classes.json names them in another order are renumbered to the model's ids; a class the model
     does not have is refused, naming the file. None: the classes are classes.json's names (else the annotations').
+    ``validation``: the dataset is a run's validation set, and ``class_names`` the classes of the model it scores
+    (a fresh model's are the training set's); the same matching, the messages saying so.
 
     >>> [s.image.shape for s in read_dataset("data/nuclei3d/train", channels=1, num_classes=3, spatial_dims=3)]
     [(1, 31, 61, 40)]
@@ -253,7 +261,7 @@ def read_dataset(
     directory = Path(directory)
     info = read_class_info(directory)
     unlabelled = info.unlabelled if unlabelled is None else unlabelled
-    classes = _Classes(directory, info, class_names, num_classes)
+    classes = _Classes(directory, info, class_names, num_classes, validation=validation)
     files = image_files(directory, spatial_dims)
     plans = {
         path: _plan_windows(directory, path, margin, unlabelled)
@@ -271,7 +279,7 @@ def read_dataset(
                 classes.lookup is not None
             ):  # a label array read by windows is not renumbered: never mixed up
                 raise DatasetError(
-                    f"{classes.info.path} names the classes in another order than the model being fine-tuned "
+                    f"{classes.info.path} names the classes in another order than {classes.model} "
                     f"({', '.join(classes.ids)}), and {image_path.name} is read in windows, whose label array is "
                     "not renumbered; number its labels as the model's classes and list them in that order"
                 )
@@ -300,7 +308,17 @@ class _Classes:
     """Which class id each name or label value of a dataset is: classes.json's names (or the annotations'), or a
     fine-tuned model's ``class_names``, matched to them by name."""
 
-    def __init__(self, directory: Path, info: ClassInfo, class_names: list[str] | None, num_classes: int):
+    def __init__(
+        self,
+        directory: Path,
+        info: ClassInfo,
+        class_names: list[str] | None,
+        num_classes: int,
+        *,
+        validation: bool = False,
+    ):
+        self.validation = validation
+        self.model = "the model being trained" if validation else "the model being fine-tuned"
         if class_names is not None and list(class_names) == [f"class_{k}" for k in range(len(class_names))]:
             class_names = None  # a model trained without names: its ids are taken as they are
         self.info, self.model_names, self.num_classes = info, class_names, num_classes
@@ -312,10 +330,14 @@ class _Classes:
         if class_names is not None and info.path is not None and info.names not in (None, list(class_names)):
             unknown = [n for n in info.names if n not in class_names]
             if unknown:
+                fix = (
+                    "a validation set scores the model's classes: name them as the training set does"
+                    if validation
+                    else "name its classes in classes.json, or train a fresh model (without --model) for new classes"
+                )
                 raise DatasetError(
-                    f"{info.path}: names {', '.join(map(repr, unknown))} are not classes of the model being "
-                    f"fine-tuned ({', '.join(map(repr, class_names))}); name its classes in classes.json, or train "
-                    "a fresh model (without --model) for new classes"
+                    f"{info.path}: names {', '.join(map(repr, unknown))} are not classes of {self.model} "
+                    f"({', '.join(map(repr, class_names))}); {fix}"
                 )
             self.lookup = np.array([list(class_names).index(n) for n in info.names], np.int64)
 
@@ -329,14 +351,16 @@ class _Classes:
         if not unknown:
             return
         where = (
-            "the model being fine-tuned has"
+            f"{self.model} has"
             if self.model_names is not None
             else f"{self.info.path} names"
             if self.info.path is not None
             else "the classes are"
         )
         fix = (
-            "rename the annotations to its classes"
+            "rename the annotations to the training set's classes"
+            if self.validation and self.model_names is not None
+            else "rename the annotations to its classes"
             if self.model_names is not None
             else "add them to classes.json's names or rename the annotations"
         )
@@ -348,7 +372,7 @@ class _Classes:
     def hint(self) -> str:
         """How to fix label values beyond the classes."""
         if self.model_names is not None:
-            return "fix the labels: the model being fine-tuned has these classes"
+            return f"fix the labels: {self.model} has these classes"
         if self.info.path is not None and self.info.names is not None:
             return f"fix the labels or add the classes to the names in {self.info.path}"
         return "fix the labels or use --classes"
@@ -729,6 +753,16 @@ def check_labelled_classes(
         else:
             fix = f"label pixels of {'another class' if present else 'at least 2 classes'} too" + (
                 f" (no pixels: {label_names})" if empty else ""
+            )
+        if unlabelled is not None and 0 < unlabelled < IGNORE_INDEX:
+            declared = (
+                f"unlabelled = {unlabelled} in {info.path}"
+                if info.path is not None and info.unlabelled == unlabelled
+                else f"--unlabelled {unlabelled}"
+            )
+            fix += (
+                f"; note that {declared} turned every pixel of label value {unlabelled} into an unlabelled "
+                "one: declare the value your label files leave unlabelled, or leave it out"
             )
         raise DatasetError(f"{problem}: {fix}")
     if not empty or fine_tuning:

@@ -13,9 +13,18 @@ from pathlib import Path
 
 import torch
 
+from .. import zoo
 from ..convert import convert
 from ..errors import TrainingError
-from .checkpoint import Progress, resume_state, resumed_config, save_checkpoint
+from ..modelfile import CONFIG_FILE
+from .checkpoint import (
+    Progress,
+    check_data_unchanged,
+    data_record,
+    resume_state,
+    resumed_config,
+    save_checkpoint,
+)
 from .config import TrainConfig
 from .data import TrainingData
 from .distributed import Distributed, setup, teardown
@@ -58,7 +67,12 @@ class Trainer:
         state = resume_state(config.out, config.resume)
         if state is not None:  # the run's options, and those of this session the command gives
             config = resumed_config(state["config"], config, given)
+            check_data_unchanged(state.get("data"), config)  # before a file is read
+        # the data as stored, kept in every checkpoint: a resume on changed data is refused
+        self.data_record = data_record(config.data, config.val)
         self.config, self.progress = config, Progress.from_state(state)
+        if config.classes is None:  # with --classes, the zoo says it (start_model)
+            check_model_option(config.model)
         self.model = start_model(config)
         if state is not None:
             self.model.model.load_state_dict(state["model"])
@@ -220,6 +234,7 @@ class Trainer:
                 "rng": {"torch": torch.get_rng_state()},
                 "normalization": self.model.normalization,
                 "config": self.config.to_dict(),
+                "data": self.data_record,
             }
             save_checkpoint(self.run_dir, state, step=self.progress.step, keep=self.config.keep_checkpoints)
         self.dist.barrier()
@@ -233,7 +248,7 @@ class Trainer:
 
     def _save(self, val_scores: dict | None) -> Path:
         with interrupts_deferred():  # a Ctrl-C meanwhile waits until the directory is whole
-            self.written = save_trained_model(
+            save_trained_model(
                 self.run_dir / "model",
                 config=self.config,
                 model=self.model,
@@ -243,7 +258,22 @@ class Trainer:
                 processes=self.dist.world_size,
                 val_scores=val_scores,
             )
+            self.written = self.run_dir / "model"
             return self.written
+
+
+def check_model_option(model: str) -> None:
+    """Refuse a ``--model`` that is neither a model directory nor a zoo name, saying which it is not."""
+    if (Path(model) / CONFIG_FILE).is_file() or model in zoo.list_models():
+        return
+    what = f"a folder without {CONFIG_FILE}" if Path(model).is_dir() else "no such directory"
+    try:
+        zoo.spatial_dims(model)
+    except ValueError as exc:  # the zoo's own words: "Unknown model ...; the zoo has ..."
+        raise TrainingError(
+            f"--model {model}: not a model directory ({what}), and {exc}; give a model directory (written by "
+            f"densecnn train or densecnn.save: {CONFIG_FILE} + weights) or a zoo name"
+        ) from None
 
 
 def _due(step: int, every: int, epoch_done: bool) -> bool:

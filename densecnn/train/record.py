@@ -1,9 +1,16 @@
 """A run's final model directory: the weights, model.json with the training record, and the README.md model card
-(data, the full training command, metrics, limitations)."""
+(data, the full training command, metrics, limitations).
+
+The directory is written whole beside its place and then moved there, so that a write that fails (a full disk)
+leaves the model directory as it was (the previous one, or none), never one that does not load."""
 
 from __future__ import annotations
 
 import dataclasses
+import os
+import re
+import shutil
+import uuid
 from pathlib import Path
 
 import numpy as np
@@ -31,7 +38,38 @@ def save_trained_model(
     processes: int,
     val_scores: dict | None,
 ) -> Path:
-    """Save ``model`` (moved to the CPU and back) with its training record into ``model_dir``, and its card."""
+    """Save ``model`` (moved to the CPU and back) with its training record into ``model_dir``, and its card; returns
+    the card's path. ``model_dir`` is replaced whole (see the module's docstring)."""
+    model_dir = Path(model_dir)
+    staging = model_dir.with_name(f".{model_dir.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        try:
+            card = _write_model_dir(staging, config, model, dense, data, progress, processes, val_scores)
+        except OSError:
+            raise
+        except Exception as exc:  # a writer's own error for an OSError (safetensors': "... (os error 28)")
+            found = re.search(r"os error (\d+)", str(exc))
+            if found is None:
+                raise
+            number = int(found.group(1))
+            raise OSError(number, os.strerror(number), str(model_dir)) from None
+        _replace_dir(staging, model_dir)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return model_dir / card.name
+
+
+def _replace_dir(new: Path, target: Path) -> None:
+    """Move the directory ``new`` to ``target``, in place of the directory there (if any)."""
+    old = target.with_name(f"{new.name}.old")
+    if target.exists():
+        os.replace(target, old)
+    os.replace(new, target)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _write_model_dir(model_dir, config, model, dense, data, progress, processes, val_scores) -> Path:
+    """The model directory of :func:`save_trained_model`, written at ``model_dir``; returns its card's path."""
     training = {
         "method": config.method,
         "mask": str(masks.parse(config.mask)),
