@@ -230,14 +230,34 @@ def _digest(value) -> str:
 
 
 def load(key: dict, path: Path) -> Calibration | None:
-    """The calibration cached in ``path`` for ``key``, or None (missing, unreadable or another machine's)."""
+    """The calibration cached in ``path`` for ``key``, or None (missing, unreadable, another machine's, or not what
+    :func:`store` writes: a file of another shape counts as absent, and the next :func:`current` calibrates anew).
+    """
     try:
         entry = json.loads(path.read_text())
-        if entry.get("key") != key:
-            return None
-        return Calibration(entry["factors"], entry["seconds"], entry["rounds"])
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError):
         return None
+    if not isinstance(entry, dict) or entry.get("key") != key:
+        return None
+    factors, seconds, rounds = entry.get("factors"), entry.get("seconds"), entry.get("rounds")
+    if not (_factors_ok(factors) and _number(seconds) and seconds >= 0):
+        return None
+    if not (isinstance(rounds, int) and not isinstance(rounds, bool) and rounds >= 0):
+        return None
+    return Calibration(factors, seconds, rounds)
+
+
+def _number(value) -> bool:
+    """Whether ``value`` (read from JSON) is a finite number (not a bool)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _factors_ok(factors) -> bool:
+    """Whether ``factors`` is what :func:`fit_factors` makes: family names to factors within the clamp."""
+    return isinstance(factors, dict) and all(
+        isinstance(name, str) and _number(value) and 1 / MAX_FACTOR <= value <= MAX_FACTOR
+        for name, value in factors.items()
+    )
 
 
 def store(calibration: Calibration, key: dict, path: Path) -> Calibration:

@@ -234,10 +234,13 @@ def make_plan(
         fmt_forced = "nchw"  # signals have no channels-last format
     allowed = allowed_solvers(backend, forced)
     ext = ext_available()
+    position = 0  # of the step's first layer in the net
     for index, step in enumerate(steps):
         if hasattr(step.layers[0], "dense_op"):
             op = step.dense_op()
             names = [n for n in solvers.candidates(op, ext_available=ext, dtype=dtype) if n in allowed]
+            if not names and backend is Backend.EXT:
+                raise _no_ext_solver(step.layers[0], position, allowed, dtype)
             needs_grad = input_grad or index > 0  # every later layer's input comes from parameters
             gradient_names = gradients.candidates(op, allowed) if train else []
             step.source, step.times = _times(
@@ -259,10 +262,25 @@ def make_plan(
                 if config.gradient_solver in gradient_names:
                     step.gradient_source = "forced"
         shape = next_shape(step, shape)
+        position += len(step.layers)
     # A format is a choice when every step has times in it (the cost model may have measured only NC* for an op).
     timed = [f for f in names_for(len(shape)) if all(step.times is None or f in step.times for step in steps)]
     formats = [fmt_forced] if fmt_forced else timed or ["nchw"]
     return Plan(_choose(steps, formats, allowed, forced, config.gradient_solver), steps)
+
+
+def _no_ext_solver(
+    layer: nn.Module, position: int, allowed: set[str], dtype: torch.dtype
+) -> InvalidTypeError:
+    """The error for a layer none of densecnn's own kernels (``backend="ext"``) runs on inputs of ``dtype``."""
+    source = getattr(layer, "source", None)
+    what = type(layer).__name__ + (f" of a {type(source).__name__}" if isinstance(source, nn.Module) else "")
+    return InvalidTypeError(
+        f"the dense net's layer features[{position}] ({what}): none of densecnn's own kernels "
+        f"(backend='ext': {', '.join(sorted(allowed))}) runs it in {str(dtype).removeprefix('torch.')}. Convert "
+        "with backend='auto' (densecnn's kernels where they apply, torch's elsewhere) or backend='native', or give "
+        "the images in float32 or float64 (x.float())"
+    )
 
 
 def _choose(

@@ -93,13 +93,48 @@ def _cache_file(key: dict, cache_dir: Path) -> Path:
     return cache_dir / "solvers" / f"{digest}.json"
 
 
-def load_times(key: dict, cache_dir: Path) -> dict[str, dict[str, float | None]] | None:
-    """The table cached under ``cache_dir`` for ``key``, or None (missing, unreadable or for another key)."""
+def load_times(key: dict, cache_dir: Path, valid=None) -> dict[str, dict[str, float | None]] | None:
+    """The table cached under ``cache_dir`` for ``key``, or None (missing, unreadable, for another key, or, where
+    ``valid`` is given, a table it rejects: a cache file of another shape counts as absent)."""
     try:
         entry = json.loads(_cache_file(key, cache_dir).read_text())
     except (OSError, ValueError):
         return None
-    return entry.get("times_ms") if entry.get("key") == key else None
+    if not isinstance(entry, dict) or entry.get("key") != key:
+        return None
+    times = entry.get("times_ms")
+    return times if valid is None or valid(times) else None
+
+
+def _is_ms(value) -> bool:
+    """Whether ``value`` (read from JSON) is a time a timing records: a finite, non-negative number."""
+    return (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and value >= 0
+    )
+
+
+def _solver_times_ok(table, names) -> bool:
+    """Whether ``table`` is ``{solver: ms or None}`` of solvers among ``names``, at least one of them timed."""
+    return (
+        isinstance(table, dict)
+        and set(table) <= set(names)
+        and all(ms is None or _is_ms(ms) for ms in table.values())
+        and any(ms is not None for ms in table.values())
+    )
+
+
+def _formats_ok(times, shape, entry_ok) -> bool:
+    """Whether ``times`` is ``{memory_format: entry}`` over memory formats of inputs of ``shape``, each entry as
+    ``entry_ok`` accepts."""
+    return (
+        isinstance(times, dict)
+        and bool(times)
+        and set(times) <= set(layout.names_for(len(shape)))
+        and all(entry_ok(entry) for entry in times.values())
+    )
 
 
 def store_times(key: dict, times: dict, cache_dir: Path) -> None:
@@ -129,10 +164,14 @@ def tuned_times(
 
     ``input_grad``: in training, whether the input needs a gradient (not for the first layer's image), which both
     changes the work and must be supported. A solver that fails on this problem (e.g. an unsupported dtype) is
-    recorded as None and never chosen.
+    recorded as None and never chosen. A cached table that names a solver which does not run ``op`` here, or that
+    is not a table of times, is timed anew (or, with ``time_missing`` False, None).
     """
     key = problem_key(op, shape, dtype, device, train=train, ext=ext, input_grad=input_grad)
-    times = load_times(key, cache_dir)
+    names = solvers.candidates(op, ext_available=ext, dtype=dtype)
+    times = load_times(
+        key, cache_dir, lambda t: _formats_ok(t, key["input"], lambda e: _solver_times_ok(e, names))
+    )
     if times is None and time_missing:
         times = time_candidates(op, key["input"], dtype, device, train=train, ext=ext, input_grad=input_grad)
         store_times(key, times, cache_dir)
@@ -192,10 +231,20 @@ def tuned_gradient_times(
 ) -> dict[str, dict[str, dict[str, float | None]]] | None:
     """``{memory_format: {"grad_input" | "grad_weight": {gradient solver: ms}}}`` for a conv on inputs of
     ``shape`` (:mod:`densecnn.ops.gradients`), cached like :func:`tuned_times`'s tables; "grad_input" only when the input
-    needs a gradient. With ``time_missing`` False, None when not cached."""
+    needs a gradient. With ``time_missing`` False, None when not cached (or cached in another shape)."""
     key = problem_key(op, shape, dtype, device, train=True, ext=ext, input_grad=input_grad)
     key["direction"] = "gradients" if input_grad else "weight_gradient"
-    times = load_times(key, cache_dir)
+    names = [name for name in gradients.SOLVERS if gradients.applies(name, op)]
+    directions = {"grad_weight", "grad_input"} if input_grad else {"grad_weight"}
+
+    def directions_ok(entry) -> bool:
+        return (
+            isinstance(entry, dict)
+            and set(entry) == directions
+            and all(_solver_times_ok(table, names) for table in entry.values())
+        )
+
+    times = load_times(key, cache_dir, lambda t: _formats_ok(t, key["input"], directions_ok))
     if times is None and time_missing:
         times = time_gradients(op, key["input"], dtype, device, input_grad=input_grad)
         store_times(key, times, cache_dir)
