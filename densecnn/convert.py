@@ -16,7 +16,7 @@ from .errors import ConversionError, DenseCNNError, DenseEquivalenceWarning, Pat
 from .geometry import Size, ntuple
 from .materialised import check_finite, check_materialised
 from .ops import check_backend
-from .ops.backends import Backend, allowed_solvers, ext_available
+from .ops.backends import Backend, allowed_solvers, ext_available, no_ext_kernel
 from .ops.solvers import candidates
 from .padding import check_padding_mode
 from .patch_sizes import describe_nearest, smallest_equivalent
@@ -237,10 +237,7 @@ def _check_solvers(converted: list[ConvertedLayer], backend: Backend, model: nn.
         runs = set(candidates(layer.dense.dense_op(), ext_available=ext_available(), dtype=dtype)) & allowed
         if not runs:
             raise ConversionError(
-                f"layer {layer.path!r} ({type(layer.module).__name__}): none of densecnn's own kernels "
-                f"(backend='ext': {', '.join(sorted(allowed))}) runs it"
-                f"{f' in {dtype}'.replace('torch.', '') if dtype is not None else ''}. Convert with backend='auto' "
-                "(densecnn's kernels where they apply, torch's elsewhere) or backend='native'"
+                no_ext_kernel(f"layer {layer.path!r} ({type(layer.module).__name__})", allowed, dtype)
             )
 
 

@@ -19,6 +19,18 @@ from . import ext
 from .solvers import SOLVERS
 
 
+def no_ext_kernel(layer: str, allowed: set[str], dtype, *, images: bool = False) -> str:
+    """The refusal of a ``layer`` (named as the caller names it) that none of densecnn's own kernels runs under
+    ``backend="ext"`` (in ``dtype`` where that is why: the images' when ``images``), with the fix."""
+    in_dtype = f" in {str(dtype).removeprefix('torch.')}" if dtype is not None else ""
+    images = ", or give the images in float32 or float64 (x.float())" if images else ""
+    return (
+        f"{layer}: none of densecnn's own kernels (backend='ext': {', '.join(sorted(allowed))}) runs it{in_dtype}. "
+        f"Convert with backend='auto' (densecnn's kernels where they apply, torch's elsewhere) or backend='native'"
+        f"{images}"
+    )
+
+
 class Backend(str, enum.Enum):
     """The ``backend`` argument of :func:`densecnn.convert` (and the service's setting of the same name)."""
 

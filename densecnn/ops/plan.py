@@ -39,7 +39,7 @@ from torch import nn
 from ..errors import Cancelled, InvalidTypeError
 from ..geometry import output_size
 from . import allocator, costmodel, gradients, solvers
-from .backends import Backend, allowed_solvers, ext_available
+from .backends import Backend, allowed_solvers, ext_available, no_ext_kernel
 from .config import OpsConfig
 from .layout import contiguous, names_for, to_format
 from .layout import memory_format as torch_memory_format
@@ -276,10 +276,7 @@ def _no_ext_solver(
     source = getattr(layer, "source", None)
     what = type(layer).__name__ + (f" of a {type(source).__name__}" if isinstance(source, nn.Module) else "")
     return InvalidTypeError(
-        f"the dense net's layer features[{position}] ({what}): none of densecnn's own kernels "
-        f"(backend='ext': {', '.join(sorted(allowed))}) runs it in {str(dtype).removeprefix('torch.')}. Convert "
-        "with backend='auto' (densecnn's kernels where they apply, torch's elsewhere) or backend='native', or give "
-        "the images in float32 or float64 (x.float())"
+        no_ext_kernel(f"the dense net's layer features[{position}] ({what})", allowed, dtype, images=True)
     )
 
 
