@@ -5,7 +5,6 @@ kernels do not run names the layer, the dtype and the fix."""
 from __future__ import annotations
 
 import json
-import math
 
 import pytest
 import torch
@@ -14,8 +13,7 @@ from torch import nn
 import densecnn
 from densecnn import ops
 from densecnn.errors import InvalidTypeError
-from densecnn.ops import calibration, solvers, tune
-from densecnn.ops.calibration import Calibration
+from densecnn.ops import solvers, tune
 from densecnn.ops.solvers import ConvOp
 
 
@@ -29,66 +27,6 @@ def cache(tmp_path, ops_config):
 def _skip_without_ext() -> None:
     if not ops.ext_available():
         pytest.skip(f"densecnn's kernels are not built ({ops.ext.load_error()})")
-
-
-@pytest.fixture
-def calibrating(monkeypatch, cache):
-    """Calibration on; ``calibrate`` returns fixed factors and counts its calls."""
-    monkeypatch.setenv(calibration.ENVIRONMENT, "1")
-    calls = []
-
-    def calibrate(**_):
-        calls.append(1)
-        return Calibration({"conv/fft": 1.5}, 0.5, 3)
-
-    monkeypatch.setattr(calibration, "calibrate", calibrate)
-    return calls
-
-
-def _good_calibration() -> dict:
-    return {"key": calibration.machine_key(), "factors": {"conv/fft": 3.0}, "seconds": 1.0, "rounds": 3}
-
-
-BAD_CALIBRATIONS = {
-    "a list": lambda entry: [1],
-    "factors null": lambda entry: entry | {"factors": None},
-    "factors a list": lambda entry: entry | {"factors": [1, 2]},
-    "factors strings": lambda entry: entry | {"factors": {"conv/fft": "2"}},
-    "factors NaN": lambda entry: entry | {"factors": {"conv/fft": math.nan}},
-    "factors zero": lambda entry: entry | {"factors": {"conv/fft": 0}},
-    "rounds a string": lambda entry: entry | {"rounds": "3"},
-    "seconds missing": lambda entry: {k: v for k, v in entry.items() if k != "seconds"},
-}
-
-
-@pytest.mark.parametrize("corrupt", BAD_CALIBRATIONS.values(), ids=BAD_CALIBRATIONS.keys())
-def test_a_calibration_file_of_another_shape_is_calibrated_anew(calibrating, cache, corrupt):
-    path = calibration.cache_file(calibration.machine_key(), cache)
-    path.parent.mkdir(parents=True)
-    path.write_text(json.dumps(corrupt(_good_calibration())))
-    assert calibration.load(calibration.machine_key(), path) is None
-    assert calibration.current().factors == {"conv/fft": 1.5}
-    assert len(calibrating) == 1
-    assert json.loads(path.read_text())["factors"] == {"conv/fft": 1.5}  # replaced by the new calibration
-
-
-def test_a_well_formed_calibration_file_is_used(calibrating, cache):
-    path = calibration.cache_file(calibration.machine_key(), cache)
-    path.parent.mkdir(parents=True)
-    path.write_text(json.dumps(_good_calibration()))
-    assert calibration.current().factors == {"conv/fft": 3.0}
-    assert not calibrating
-
-
-def test_a_model_converts_and_runs_over_a_calibration_with_null_factors(calibrating, cache):
-    path = calibration.cache_file(calibration.machine_key(), cache)
-    path.parent.mkdir(parents=True)
-    path.write_text(json.dumps(_good_calibration() | {"factors": None}))
-    torch.manual_seed(0)
-    net = nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU(), nn.Conv2d(4, 2, 1)).eval()
-    x = torch.rand(1, 1, 12, 12)
-    with torch.no_grad():
-        torch.testing.assert_close(densecnn.convert(net, 3)(x), densecnn.scan_patches(net, x, 3))
 
 
 OP = ConvOp(torch.randn(2, 2, 2, 4), None, (2, 2), 1)  # a 2×4 kernel: no winograd

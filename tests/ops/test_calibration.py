@@ -8,7 +8,9 @@ import math
 
 import pytest
 import torch
+from torch import nn
 
+import densecnn
 from densecnn.cli import main
 from densecnn.errors import InvalidInputError
 from densecnn.ops import calibration, costmodel, layout, solvers
@@ -104,6 +106,52 @@ def calibrating(monkeypatch, ops_config, tmp_path):
 
     monkeypatch.setattr(calibration, "calibrate", calibrate)
     return calls
+
+
+def _good_calibration() -> dict:
+    return {"key": calibration.machine_key(), "factors": {"conv/fft": 3.0}, "seconds": 1.0, "rounds": 3}
+
+
+BAD_CALIBRATIONS = {
+    "a list": lambda entry: [1],
+    "factors null": lambda entry: entry | {"factors": None},
+    "factors a list": lambda entry: entry | {"factors": [1, 2]},
+    "factors strings": lambda entry: entry | {"factors": {"conv/fft": "2"}},
+    "factors NaN": lambda entry: entry | {"factors": {"conv/fft": math.nan}},
+    "factors zero": lambda entry: entry | {"factors": {"conv/fft": 0}},
+    "rounds a string": lambda entry: entry | {"rounds": "3"},
+    "seconds missing": lambda entry: {k: v for k, v in entry.items() if k != "seconds"},
+}
+
+
+@pytest.mark.parametrize("corrupt", BAD_CALIBRATIONS.values(), ids=BAD_CALIBRATIONS.keys())
+def test_a_calibration_file_of_another_shape_is_calibrated_anew(calibrating, tmp_path, corrupt):
+    path = calibration.cache_file(calibration.machine_key(), tmp_path)
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(corrupt(_good_calibration())))
+    assert calibration.load(calibration.machine_key(), path) is None
+    assert calibration.current().factors == {"conv/fft": 1.5}
+    assert len(calibrating) == 1
+    assert json.loads(path.read_text())["factors"] == {"conv/fft": 1.5}  # replaced by the new calibration
+
+
+def test_a_well_formed_calibration_file_is_used(calibrating, tmp_path):
+    path = calibration.cache_file(calibration.machine_key(), tmp_path)
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(_good_calibration()))
+    assert calibration.current().factors == {"conv/fft": 3.0}
+    assert not calibrating
+
+
+def test_a_model_converts_and_runs_over_a_calibration_with_null_factors(calibrating, tmp_path):
+    path = calibration.cache_file(calibration.machine_key(), tmp_path)
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(_good_calibration() | {"factors": None}))
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU(), nn.Conv2d(4, 2, 1)).eval()
+    x = torch.rand(1, 1, 12, 12)
+    with torch.no_grad():
+        torch.testing.assert_close(densecnn.convert(net, 3)(x), densecnn.scan_patches(net, x, 3))
 
 
 CONV = {"op": "conv2d", "input": [1, 32, 64, 64], "groups": 1}
