@@ -1,6 +1,6 @@
-"""Cache files of the wrong shape count as absent (the calibration is redone, the tuning's timings taken anew or
-predicted), a cached solver that does not run the layer is never chosen, and ``backend="ext"`` on a dtype its
-kernels do not run names the layer, the dtype and the fix."""
+"""Tuning cache entries of the wrong shape count as absent (the timings taken anew or predicted; a calibration file of
+the wrong shape: tests/ops/test_calibration.py), a cached solver that does not run the layer is never chosen, and
+``backend="ext"`` on a dtype its kernels do not run names the layer, the dtype and the fix."""
 
 from __future__ import annotations
 
