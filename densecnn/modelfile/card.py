@@ -22,18 +22,19 @@ def write_model_card(
     val_scores: dict | None,
     class_names: list[str],
     validation_note: str | None = None,
+    intensity: str = "dtype",
 ) -> Path:
     """Write the card to ``path`` (a README.md) and return it. ``command`` is the full command of the run (every
     option written, defaults included); a run started from Python gets the equivalent ``densecnn train`` command.
     ``validation_note``: what the validation section says when there are no ``val_scores`` (by default, that no
-    validation set was given)."""
+    validation set was given); ``intensity``: the model's intensity rule as text (``"range:0,4095"``)."""
     lines = [f"# {title}", "", "A densecnn patch classifier: it labels the centre pixel of a patch; "]
     lines[-1] += "`densecnn` runs it on whole images in one exact dense pass."
     lines += ["", *_listing("Model", model_summary), "", *_listing("Data", data_summary), ""]
     lines += _command_section(command, from_command_line=bool(config.get("command")))
     lines += [*_listing("Training", training_summary), ""]
     lines += _validation_section(val_scores, config.get("val"), class_names, validation_note)
-    lines += _limitations_section(model_summary.get("patch size", "patch"))
+    lines += _limitations_section(model_summary.get("patch size", "patch"), intensity)
     lines += USE_SECTION
     path = Path(path)
     path.write_text("\n".join(lines))
@@ -82,7 +83,18 @@ def _validation_section(
     ]
 
 
-def _limitations_section(patch_size) -> list[str]:
+def _scaled_by(intensity: str) -> str:
+    """How the intensity rule ``intensity`` (``"dtype"``, ``"range:L,H"``, ``"percentiles:L,H"``) scales values."""
+    mode, _, values = intensity.partition(":")
+    low, _, high = values.partition(",")
+    if mode == "range":
+        return f"from the range {low}..{high}"
+    if mode == "percentiles":
+        return f"from each image's percentiles {low} to {high}"
+    return "by their bit depth"
+
+
+def _limitations_section(patch_size, intensity: str) -> list[str]:
     return [
         "## Limitations",
         "",
@@ -91,7 +103,7 @@ def _limitations_section(patch_size) -> list[str]:
         f"- Each pixel's label depends only on its {patch_size} patch: structures "
         "larger than the patch are judged from partial context.",
         "- Input is normalised with the stored per-channel mean/std of the training images (values scaled to "
-        "[0, 1] by their bit depth); images with a very different intensity distribution need fine-tuning.",
+        f"[0, 1] {_scaled_by(intensity)}); images with a very different intensity distribution need fine-tuning.",
         "- Pixels near the image border see padded context (the stored padding mode).",
         "",
     ]

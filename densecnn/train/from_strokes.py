@@ -240,6 +240,7 @@ def _write_card(
     write_model_card(
         model_dir / "README.md",
         title=f"densecnn model: {', '.join(trainer.class_names)}",
+        intensity=str(trainer.loaded.intensity),
         config=config.to_dict(),
         command=" ".join(command),
         model_summary={

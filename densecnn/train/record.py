@@ -115,6 +115,7 @@ def _write_model_dir(model_dir, config, model, dense, data, progress, processes,
         **summaries,
         val_scores=val_scores,
         class_names=model.class_names,
+        intensity=str(model.intensity),
     )
 
 

@@ -24,6 +24,7 @@ from densecnn.train.data import TrainingData
 from densecnn.train.dataset import infer_channels
 from densecnn.train.distributed import Distributed
 from densecnn.train.model import start_model
+from tests.train_support import make_dataset
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -251,3 +252,14 @@ def test_an_unlabelled_value_that_is_a_class_is_named(tmp_path, capsys):
     assert main(["train", "--data", str(data), "--out", str(tmp_path / "run"), "--unlabelled", "1"]) == 2
     err = capsys.readouterr().err
     assert "--unlabelled 1 turned every pixel of label value 1 into an unlabelled one" in err
+
+
+def test_the_cards_limitations_name_the_models_intensity_rule(tmp_path):
+    data = make_dataset(tmp_path / "data", images=2)
+    for intensity, said in (("percentiles:1,99.8", "from each image's percentiles 1 to 99.8"),
+                            (None, "by their bit depth")):  # fmt: skip
+        out = tmp_path / f"run-{said[:4]}"
+        extra = ["--intensity", intensity] if intensity else []
+        assert main(["train", "--model", "tiny", "--classes", "3", "--data", str(data), "--out", str(out),
+                     "--epochs", "1", "--crops-per-image", "2", "--batch", "2", "--crop", "16", *extra]) == 0  # fmt: skip
+        assert f"(values scaled to [0, 1] {said})" in (out / "model" / "README.md").read_text()
