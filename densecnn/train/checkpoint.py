@@ -78,10 +78,20 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
 
 
 def load_checkpoint(path: str | Path) -> dict:
+    """A checkpoint's state; a damaged one refused naming the run's other checkpoints to resume from."""
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises many types on corrupt or foreign files
-        raise TrainingError(f"cannot read checkpoint {path}: {exc}") from None
+        path = Path(path)
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        others = sorted(p.name for p in path.parent.glob("step-*.pt") if p != path)
+        fix = (
+            f"resume from an earlier one of the run ({', '.join(others)}): write its name into "
+            f"{path.parent / LATEST}"
+            if others
+            else "start the run again in a new --out"
+        )
+        raise TrainingError(f"cannot read checkpoint {path} ({reason}): it is damaged; {fix}") from None
 
 
 def resume_state(run_dir: str | Path, resume: bool) -> dict | None:

@@ -263,3 +263,18 @@ def test_the_cards_limitations_name_the_models_intensity_rule(tmp_path):
         assert main(["train", "--model", "tiny", "--classes", "3", "--data", str(data), "--out", str(out),
                      "--epochs", "1", "--crops-per-image", "2", "--batch", "2", "--crop", "16", *extra]) == 0  # fmt: skip
         assert f"(values scaled to [0, 1] {said})" in (out / "model" / "README.md").read_text()
+
+
+def test_a_damaged_checkpoint_names_the_earlier_ones_to_resume_from(tmp_path, capsys):
+    data = make_dataset(tmp_path / "data", images=2)
+    out = tmp_path / "run"
+    assert main(["train", "--model", "tiny", "--classes", "3", "--data", str(data), "--out", str(out), "--epochs",
+                 "2", "--crops-per-image", "2", "--batch", "2", "--crop", "16", "--checkpoint-every", "1"]) == 0  # fmt: skip
+    folder = checkpoint_dir(out)
+    latest = folder / (folder / "latest").read_text().strip()
+    latest.write_bytes(latest.read_bytes()[:100])  # a copy cut short
+    capsys.readouterr()
+    assert main(["train", "--out", str(out), "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert f"cannot read checkpoint {latest} (" in err and "it is damaged; resume from an earlier one" in err
+    assert "Traceback" not in err
