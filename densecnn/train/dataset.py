@@ -107,6 +107,15 @@ def image_files(directory: str | Path, spatial_dims: int = 2) -> list[Path]:
             f"{folder}: {', '.join(flat[:3])}{' ...' if len(flat) > 3 else ''} are 2-D images, and the run trains "
             f"on {kind} ({files[0].name}); a dataset holds one kind: move them to a dataset of their own"
         )
+    by_name: dict[str, list[str]] = {}
+    for path in files:
+        by_name.setdefault(path.stem, []).append(path.name)
+    shared = [names for names in by_name.values() if len(names) > 1]
+    if shared:  # labels/NAME.* would label both: never trained twice unsaid
+        raise DatasetError(
+            f"{folder}: {' and '.join(shared[0])} share the name {Path(shared[0][0]).stem!r}, and a label file is "
+            "matched to its image by name: rename one (and give it its own labels), or move it out"
+        )
     return files
 
 

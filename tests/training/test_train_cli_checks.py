@@ -278,3 +278,11 @@ def test_a_damaged_checkpoint_names_the_earlier_ones_to_resume_from(tmp_path, ca
     err = capsys.readouterr().err
     assert f"cannot read checkpoint {latest} (" in err and "it is damaged; resume from an earlier one" in err
     assert "Traceback" not in err
+
+
+def test_two_images_of_one_name_are_refused(tmp_path):
+    data = make_dataset(tmp_path / "data", images=1)
+    image = next((data / "images").iterdir())
+    Image.open(image).save(image.with_suffix(".tif"))
+    with pytest.raises(densecnn.errors.DatasetError, match=r"share the name .* rename one"):
+        infer_channels(data)
