@@ -253,7 +253,7 @@ class JobRunner:
         deleted or rewritten while its blocks were read, a file cut): read from the pieces of two inputs, or a
         missing chunk's fill value, its labels would be wrong. The first start records the input's identity in
         the job's directory; each start and the end of each run compare it (a resumed job's earlier blocks count)."""
-        from densecnn.blockwise.provenance import input_identity
+        from densecnn.io.identity import input_identity
 
         recorded = self.directory(job.id) / INPUT_FINGERPRINT
         now = input_identity(job_input.path)["digest"]

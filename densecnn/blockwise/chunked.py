@@ -13,6 +13,7 @@ import numpy as np
 
 from ..errors import BlockFailedError, DenseCNNError, NonFiniteInputError, PredictInputError
 from ..io import LazyArray, Scaling, array_scaling, label_dtype
+from ..io.identity import input_identity
 from .blocks import BlockJob, bounding_region, label_block
 from .cancel import stop_name
 from .cluster import task_memory, worker_count
@@ -22,7 +23,7 @@ from .inputs import input_errors
 from .ngff import NgffTarget, PyramidJob, create_levels, downsample_chunk, standalone_target, write_metadata
 from .options import BlockwiseOptions
 from .planning import TaskPlan, plan_tasks
-from .provenance import config_digest, input_identity, weights_digest
+from .provenance import config_digest, weights_digest
 from .scheduling import is_storage_error, run_tasks
 from .sinks import create_output, storage_problem, written_chunks
 from .summary import Summary
@@ -76,7 +77,7 @@ def whole_image_scaling(source: LazyArray, intensity) -> Scaling:
 
 def _description(loaded, model: str, source: LazyArray, scaling: Scaling, options: BlockwiseOptions) -> dict:
     """What the output is computed from: resuming with other weights (a model retrained in place), another
-    ``model.json``, an input changed since (:func:`~densecnn.blockwise.provenance.input_identity`), another
+    ``model.json``, an input changed since (:func:`~densecnn.io.identity.input_identity`), another
     intensity scaling or another foreground (or mask) is refused."""
     mask = options.foreground not in (None, *FOREGROUND_MODES)
     return {

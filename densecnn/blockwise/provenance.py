@@ -3,8 +3,7 @@ and options from the same input, and refuses the rest (``overwrite`` starts over
 
 - :func:`weights_digest` and :func:`config_digest`: the model, by content (a model retrained or edited in place is
   another model).
-- :func:`input_identity`: an input as stored, cheaply: each of its files' size and modification time (a file; every
-  file of a zarr array, its metadata and chunks), digested. Reading no pixel, it costs one ``stat`` per file.
+- :func:`~densecnn.io.identity.input_identity`: an input as stored, cheaply (one ``stat`` per file).
 - :class:`ImageSetRecord`: a folder of label maps' record, the file :data:`RECORD_FILE` in the folder: the model,
   the options that change labels, and the identity of the image each map was made from.
 """
@@ -13,12 +12,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..atomic import atomic_write
 from ..errors import Fix, PredictInputError
+from ..io.identity import input_identity
 from ..modelfile.format import CONFIG_FILE, WEIGHTS_FILE
 from .options import BlockwiseOptions
 
@@ -44,46 +43,6 @@ def weights_digest(model_dir: Path) -> str:
 def config_digest(model_dir: Path) -> str:
     """The SHA-256 of a model directory's ``model.json`` (its layers, normalisation and intensity scaling)."""
     return file_digest(Path(model_dir) / CONFIG_FILE)
-
-
-def input_identity(path: str | Path, key: str = "") -> dict:
-    """An input as stored, without reading its pixels: how many files, their bytes, and a digest of each file's
-    path, size and modification time (nanoseconds). ``path`` a file (TIFF, slide, .npy, image), or a zarr store
-    with ``key`` the array inside it (only that array's files: a labels group written beside it does not count).
-    A file rewritten, even with the same size, gets another identity; so do files deleted or added, and an input
-    gone altogether (no files)."""
-    root = Path(path) / key if key else Path(path)
-    if not root.exists():
-        return {"files": 0, "bytes": 0, "digest": hashlib.sha256(b"missing").hexdigest()}
-    files = _stat_files(root) if root.is_dir() else [("", os.stat(root))]
-    # MIRAX: its pixels in the folder beside the .mrxs file
-    if root.suffix.lower() == ".mrxs" and root.with_suffix("").is_dir():
-        files += [(f"data/{name}", stat) for name, stat in _stat_files(root.with_suffix(""))]
-    digest = hashlib.sha256()
-    for name, stat in sorted(files, key=lambda item: item[0]):
-        digest.update(f"{name}\t{stat.st_size}\t{stat.st_mtime_ns}\n".encode())
-    return {
-        "files": len(files),
-        "bytes": sum(stat.st_size for _, stat in files),
-        "digest": digest.hexdigest(),
-    }
-
-
-def _stat_files(root: Path) -> list[tuple[str, os.stat_result]]:
-    """(path relative to ``root``, stat) of every file under the directory ``root``; a folder or file deleted while
-    they are listed is left out, as it is gone."""
-    found, folders = [], [root]
-    while folders:
-        try:
-            with os.scandir(folders.pop()) as entries:
-                for entry in entries:
-                    if entry.is_dir(follow_symlinks=True):
-                        folders.append(Path(entry.path))
-                    else:
-                        found.append((os.path.relpath(entry.path, root), entry.stat(follow_symlinks=True)))
-        except FileNotFoundError:
-            continue
-    return found
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 
 from ..atomic import atomic_write
-from ..blockwise.provenance import input_identity
 from ..errors import TrainingError
+from ..io.identity import input_identity
 
 LATEST = "latest"
 # a dataset's folders whose files a run reads (densecnn.train.dataset's layout)
@@ -186,7 +186,7 @@ def resumed_config(saved: dict, config, given: Collection[str] | None = None):
 def data_record(data: str | Path, val: str | Path | None) -> dict:
     """What a run's training and validation data are, as stored: for each file (or zarr store) of their images/,
     labels/, masks/ and annotations/ folders and their classes.json, a digest of its size and modification time
-    (:func:`~densecnn.blockwise.provenance.input_identity`; no pixel is read)."""
+    (:func:`~densecnn.io.identity.input_identity`; no pixel is read)."""
     return {"train": _folder_record(Path(data)), "val": _folder_record(Path(val)) if val else {}}
 
 

@@ -21,7 +21,8 @@ zarr = pytest.importorskip("zarr")
 pytest.importorskip("distributed")
 
 from densecnn.blockwise import BlockwiseOptions, predict_to_disk  # noqa: E402
-from densecnn.blockwise.provenance import RECORD_FILE, input_identity  # noqa: E402
+from densecnn.blockwise.provenance import RECORD_FILE  # noqa: E402
+from densecnn.io.identity import input_identity  # noqa: E402
 
 CHUNKED = BlockwiseOptions(chunk=16, block=16, progress=False)
 QUIET = BlockwiseOptions(progress=False)
