@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -24,6 +25,16 @@ def atomic_write(target: str | Path, write: Callable[[Path], object]) -> None:
         os.replace(tmp, target)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def named_os_error(exc: BaseException) -> OSError | None:
+    """The OSError a writer's own error stands for, where its message names one (safetensors: "... (os error 28)"),
+    else None."""
+    found = None if isinstance(exc, OSError) else re.search(r"os error (\d+)", str(exc))
+    if found is None:
+        return None
+    number = int(found.group(1))
+    return OSError(number, os.strerror(number))
 
 
 def _umask() -> int:

@@ -228,8 +228,7 @@ def check_out(out: str) -> None:
 def _failed_write(exc: BaseException | None) -> OSError | None:
     """The failed write (:data:`WRITE_ERRORS`) that ``exc`` is or follows from (a writer's own error for it, such as
     safetensors' "... (os error 28)", read as the OSError it names), else None."""
-    import re
-
+    from ..atomic import named_os_error
     from ..errors import DenseCNNError
 
     if isinstance(exc, DenseCNNError):  # it says its problem and fix itself
@@ -239,10 +238,9 @@ def _failed_write(exc: BaseException | None) -> OSError | None:
         seen.add(id(exc))
         if isinstance(exc, OSError) and not isinstance(exc, FileNotFoundError) and exc.errno in WRITE_ERRORS:
             return exc
-        found = None if isinstance(exc, OSError) else re.search(r"os error (\d+)", str(exc))
-        if found is not None and int(found.group(1)) in WRITE_ERRORS:
-            number = int(found.group(1))
-            return OSError(number, os.strerror(number))
+        named = named_os_error(exc)
+        if named is not None and named.errno in WRITE_ERRORS:
+            return named
         exc = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
     return None
 

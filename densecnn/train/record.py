@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 import shutil
 import uuid
 from pathlib import Path
@@ -16,6 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import masks
+from ..atomic import named_os_error
 from ..dense import DenseCNN
 from ..losses import IGNORE_INDEX
 from ..modelfile import LoadedModel, save
@@ -48,11 +48,10 @@ def save_trained_model(
         except OSError:
             raise
         except Exception as exc:  # a writer's own error for an OSError (safetensors': "... (os error 28)")
-            found = re.search(r"os error (\d+)", str(exc))
-            if found is None:
+            named = named_os_error(exc)
+            if named is None:
                 raise
-            number = int(found.group(1))
-            raise OSError(number, os.strerror(number), str(model_dir)) from None
+            raise OSError(named.errno, named.strerror, str(model_dir)) from None
         _replace_dir(staging, model_dir)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
