@@ -149,7 +149,7 @@ def _image_channels(path: Path) -> int:
         except ImageReadError as exc:
             raise DatasetError(str(exc)) from None
         samples = header.samples
-        if samples in (2, 4) and not getattr(header, "alpha", True):  # a TIFF's channels, none of them alpha
+        if samples in (2, 4) and not header.alpha:  # a TIFF's channels, none of them alpha
             return samples
     return 1 if samples in (1, 2) else 3 if samples in (3, 4) else samples
 
