@@ -1,11 +1,13 @@
-"""Atomic file writes: a reader sees the old file or the new one, never half of one."""
+"""Atomic writes: a reader sees the old file (or directory) or the new one, never half of one."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import shutil
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 
@@ -25,6 +27,30 @@ def atomic_write(target: str | Path, write: Callable[[Path], object]) -> None:
         os.replace(tmp, target)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def staged_directory(target: str | Path) -> Iterator[Path]:
+    """A new, empty directory beside ``target`` to write into; when the block ends without an error it replaces
+    ``target`` whole (the directory there, if any, removed), and on an error it is removed and ``target`` is left
+    as it was. So a write that fails half-way (a full disk, Ctrl-C) never leaves a directory of mixed or missing
+    files.
+
+    >>> with staged_directory("runs/1/model") as staging:
+    ...     (staging / "model.json").write_text("{}")
+    """
+    target = Path(target)
+    staging = target.with_name(f".{target.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    staging.mkdir(parents=True)
+    try:
+        yield staging
+        old = target.with_name(f"{staging.name}.old")
+        if target.exists():
+            os.replace(target, old)
+        os.replace(staging, target)
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def named_os_error(exc: BaseException) -> OSError | None:

@@ -268,7 +268,6 @@ def write_error(exc: OSError, out: str):
     except Exception:  # a damaged pointer: no checkpoint to offer
         latest = None
     kept, model_dir = "", Path(out) / "model"
-    _remove_unloadable(model_dir)
     steps = _steps_taken(model_dir)
     if steps is not None:
         kept += f"; {model_dir} holds the model of step {steps}"
@@ -278,20 +277,6 @@ def write_error(exc: OSError, out: str):
             f"densecnn train --out {out} --resume"
         )
     return TrainingError(f"cannot write {where}: {problem}; {fix}{kept}")
-
-
-def _remove_unloadable(model_dir: Path) -> None:
-    """Remove the run's model directory if a failed write left it without a model that loads (an empty folder)."""
-    import shutil
-
-    from ..modelfile import load
-
-    if not model_dir.is_dir():
-        return
-    try:
-        load(model_dir)
-    except Exception:
-        shutil.rmtree(model_dir, ignore_errors=True)
 
 
 def _steps_taken(model_dir) -> int | None:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..atomic import staged_directory
 from ..errors import DatasetError, ImageReadError, TrainingError
 from ..geometry import ntuple
 from ..io import Intensity, open_lazy_array
@@ -120,8 +121,11 @@ def train_from_strokes(config: TrainConfig, given: Collection[str] | None = None
                 log.write({"kind": "train", **dataclasses.asdict(progress)})
         finally:  # the best weights so far, whatever ended the run; a Ctrl-C meanwhile waits until they are
             with interrupts_deferred():
-                trainer.save(model_dir, palette=palette)
-                _write_card(model_dir, config, trainer, samples, changes)
+                with staged_directory(
+                    model_dir
+                ) as staging:  # a write that fails leaves the last model as it was
+                    trainer.save(staging, palette=palette)
+                    _write_card(staging, config, trainer, samples, changes)
                 written = model_dir
     except KeyboardInterrupt:
         raise TrainingInterrupted(trainer.step, written) from None

@@ -7,15 +7,12 @@ leaves the model directory as it was (the previous one, or none), never one that
 from __future__ import annotations
 
 import dataclasses
-import os
-import shutil
-import uuid
 from pathlib import Path
 
 import numpy as np
 
 from .. import masks
-from ..atomic import named_os_error
+from ..atomic import named_os_error, staged_directory
 from ..dense import DenseCNN
 from ..losses import IGNORE_INDEX
 from ..modelfile import LoadedModel, save
@@ -41,30 +38,17 @@ def save_trained_model(
     """Save ``model`` (moved to the CPU and back) with its training record into ``model_dir``, and its card; returns
     the card's path. ``model_dir`` is replaced whole (see the module's docstring)."""
     model_dir = Path(model_dir)
-    staging = model_dir.with_name(f".{model_dir.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
     try:
-        try:
+        with staged_directory(model_dir) as staging:
             card = _write_model_dir(staging, config, model, dense, data, progress, processes, val_scores)
-        except OSError:
+    except OSError:
+        raise
+    except Exception as exc:  # a writer's own error for an OSError (safetensors': "... (os error 28)")
+        named = named_os_error(exc)
+        if named is None:
             raise
-        except Exception as exc:  # a writer's own error for an OSError (safetensors': "... (os error 28)")
-            named = named_os_error(exc)
-            if named is None:
-                raise
-            raise OSError(named.errno, named.strerror, str(model_dir)) from None
-        _replace_dir(staging, model_dir)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        raise OSError(named.errno, named.strerror, str(model_dir)) from None
     return model_dir / card.name
-
-
-def _replace_dir(new: Path, target: Path) -> None:
-    """Move the directory ``new`` to ``target``, in place of the directory there (if any)."""
-    old = target.with_name(f"{new.name}.old")
-    if target.exists():
-        os.replace(target, old)
-    os.replace(new, target)
-    shutil.rmtree(old, ignore_errors=True)
 
 
 def _write_model_dir(model_dir, config, model, dense, data, progress, processes, val_scores) -> Path:
