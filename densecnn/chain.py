@@ -28,7 +28,12 @@ Chain = list[tuple[str, nn.Module]]
 
 
 class _RuleLeafTracer(torch.fx.Tracer):
-    """Stops at every layer (a module densecnn has a rule for, or refuses by name), so rules apply to it whole."""
+    """Stops at every layer (a module densecnn has a rule for, or refuses by name), so rules apply to it whole.
+    Buffers are traced as the model's tensors, as parameters are: read by value while tracing, one that forward
+    updates in place (``self.count.add_(1)``) or branches on (``if self.flag:``) would leave no op in the trace to
+    refuse, and the dense net would keep the value it had at conversion."""
+
+    proxy_buffer_attributes = True
 
     def is_leaf_module(self, module: nn.Module, qualname: str) -> bool:
         return _is_layer(module) or super().is_leaf_module(module, qualname)
@@ -204,8 +209,19 @@ def _reads_what_an_in_place_op_changed(node: torch.fx.Node, current: torch.fx.No
 
 
 def _refuse_randomness_and_state(graph: torch.fx.Graph, constants: set, where: str) -> None:
-    """Raise for an op anywhere in the trace that draws random numbers or updates one of the model's tensors in
-    place: no dense net reproduces either, whatever else the forward does."""
+    """Raise for an op anywhere in the trace that draws random numbers, or that updates one of the model's tensors in
+    place from the map or where the forward reads that tensor too: no dense net reproduces either, whatever else the
+    forward does. (A tensor forward only updates by constants, a call counter, changes no score.)"""
+    updates = [
+        node
+        for node in graph.nodes
+        if node.op == "call_method" and str(node.target).endswith("_") and node.args[0] in constants
+    ]
+    read = {
+        str(node.target)
+        for node in graph.nodes
+        if node.op == "get_attr" and any(user not in updates or user.users for user in node.users)
+    }
     for node in graph.nodes:
         op = f"{where}: op {node.name!r} ({node.op} {_target_name(node)})"
         if functional_weights.is_random(node):
@@ -214,7 +230,7 @@ def _refuse_randomness_and_state(graph: torch.fx.Graph, constants: set, where: s
                 "reproduce it. Remove the noise from forward (add it to the training data), or apply it only "
                 "under `if self.training:` and convert the model in eval mode"
             )
-        if node.op == "call_method" and str(node.target).endswith("_") and node.args[0] in constants:
+        if node in updates and (node not in constants or _root_attribute(node) in read):
             raise ConversionError(
                 f"{op} updates the model's tensor {_root_attribute(node)!r} in place in forward(), state that a dense "
                 "net (which never runs forward) cannot follow. Update it outside forward (in the training loop), or "
@@ -229,6 +245,13 @@ def _untraceable(where: str, exc: Exception) -> ConversionError:
             f"{where}: its forward() assigns one of the model's tensors ({reason}), state that a dense net (which "
             "never runs forward) cannot follow. Update it outside forward (in the training loop), or keep it out "
             "of the model"
+        )
+    if "control flow" in reason:
+        return ConversionError(
+            f"{where}: its forward() branches on a tensor's value (`if self.flag:` on a buffer, `if x.sum() > 0:`), "
+            "which no dense net can follow: the branch taken would be fixed at conversion. Keep such a switch in a "
+            "plain Python attribute (self.use_relu = True), which densecnn reads at conversion and checks on every "
+            "call, or register a rule for the layer with @densecnn.register_rule"
         )
     return ConversionError(
         f"{where}: has no conversion rule and torch.fx cannot trace it ({reason}). Register a rule with "

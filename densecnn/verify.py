@@ -242,7 +242,15 @@ class _Check:
             if layer.dense is None:
                 continue
             x = layer.dense(x)
-            channels = expected.numel() // (len(self.patches) * math.prod(layer.size))
+            channels, extra = divmod(expected.numel(), len(self.patches) * math.prod(layer.size))
+            if channels == 0 or extra:
+                return (
+                    f"The first layer whose output differs is {layer.path!r} ({type(layer.module).__name__}): the "
+                    f"patch model's map there has shape {tuple(expected.shape[1:])}, not the size "
+                    f"{'x'.join(map(str, layer.size))} its conversion rule ({layer.record.name}) gave it, so the rule "
+                    "is not exact for this layer. If you registered that rule, "
+                    "correct it or remove it; otherwise report this as a densecnn bug"
+                )
             expected = expected.reshape(len(self.patches), channels, *layer.size)  # (B, C, *size)
             actual, expected = self._at_patch_positions(x, expected, layer.dilation)
             error = self.error(actual, expected)

@@ -24,6 +24,7 @@ from torch.nn.utils import parametrizations, parametrize, prune
 
 import densecnn
 from densecnn.convert import MAX_PATCH_PIXELS
+from densecnn.layers import DenseConv
 from tests.tolerances import assert_close_relative
 
 REL = 1e-10  # float64
@@ -544,6 +545,29 @@ def test_verification_names_where_the_model_computes_what_its_trace_does_not_sho
 
     message = refused(TracesDifferently(), 5, "verification failed", by_reader=False)
     assert "first layer whose output differs is 'head' (Conv2d)" in message
+
+
+class StridedConv(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 3, 2, stride=2)
+
+    def forward(self, x):
+        return self.conv(x)
+
+
+@densecnn.register_rule(StridedConv)
+def _forgets_the_stride(module, ctx):  # a wrong registration: the layer's map is half the size it says
+    dense = DenseConv(module.conv, ctx.dilation)
+    ctx.slide((2, 2), (1, 1))
+    return dense
+
+
+def test_verification_names_a_rule_that_gives_its_layer_the_wrong_map_size():
+    model = nn.Sequential(nn.Conv2d(1, 3, 3), StridedConv(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(3, 2))
+    message = refused(model.eval(), 12, "verification failed", by_reader=False)
+    assert "first layer whose output differs is '1' (StridedConv)" in message
+    assert "shape (3, 5, 5), not the size 9x9 its conversion rule (StridedConv) gave it" in message
 
 
 def test_verification_leaves_the_random_stream_the_modes_and_the_statistics_as_they_were():

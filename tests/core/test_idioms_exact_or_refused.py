@@ -393,6 +393,23 @@ REFUSED = {
         {},
         _op("copy_"),
     ),  # fmt: skip
+    "buffer updated by a constant and read": (
+        lambda: Functional(
+            lambda s, x: s.c(x + s.m.add_(1.0)).flatten(1), c=nn.Conv2d(2, 3, 5), m=torch.zeros(())
+        ),
+        5,
+        {},
+        _op("add_"),
+    ),  # fmt: skip
+    "branch on a buffer's value": (
+        lambda: Functional(
+            lambda s, x: (F.relu(s.c(x)) if s.flag else s.c(x)).flatten(1), c=nn.Conv2d(2, 3, 5),
+            flag=torch.tensor(True),
+        ),
+        5,
+        {},
+        "branches on a tensor's value",
+    ),  # fmt: skip
     "buffer updated by the map": (
         lambda: Functional(
             lambda s, x: (s.m.add_(x.sum()), s.c(x).flatten(1))[1], c=nn.Conv2d(2, 3, 5), m=torch.zeros(())
