@@ -110,7 +110,7 @@ def segment(
     loaded = served.loaded
     timings = {}
     start = time.perf_counter()
-    raw, channel_axis, pixels = _decode(served.dense.dims, data, limits, name)
+    raw, channel_axis, pixels = _decode(served.dense.dims, loaded.in_channels, data, limits, name)
     try:
         scaling = loaded.scaling(raw, intensity=intensity, channel_axis=channel_axis, nonfinite=nonfinite)
         # (1, C, *spatial)
@@ -134,13 +134,13 @@ def segment(
 
 
 def _decode(
-    dims: int, data: bytes, limits: RequestLimits, name: str
+    dims: int, channels: int, data: bytes, limits: RequestLimits, name: str
 ) -> tuple[np.ndarray, int | None, np.ndarray | None]:
     """(the decoded array, its channel axis or None for a displayed image's (H, W[, S]), its (H, W, C) pixels for an
-    overlay: None for volumes and signals)."""
+    overlay: None for volumes and signals), for a model of ``channels``."""
     limits_kw = dict(max_pixels=limits.max_pixels, max_bytes=limits.max_decode_bytes, name=name)
     if dims == 2 and image_format(data) != "npy":
-        pixels = decode_array(data, **limits_kw)  # (H, W[, S]) as displayed
+        pixels = decode_array(data, **limits_kw, channels=channels)  # (H, W[, S]) as displayed
         return pixels, None, pixels
     raw = read_nd(data, dims, **limits_kw)  # (C, *spatial), channel first
     return raw, 0, np.moveaxis(raw, 0, -1) if dims == 2 else None

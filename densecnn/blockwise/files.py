@@ -37,7 +37,7 @@ def label_file(job: FileJob, image: str, output: str) -> TaskResult:
         return TaskResult(image, 0, 0, 0.0)
     loaded, dense = worker_model(job.model, job.device, job.threads)
     try:
-        pixels = decode_array(image)  # (H, W[, C])
+        pixels = decode_array(image, channels=loaded.in_channels)  # (H, W[, C])
         scaling = loaded.scaling(pixels, intensity=job.intensity, nonfinite=job.nonfinite)
         x = loaded.input(pixels, scaling=scaling, nonfinite=job.nonfinite)  # (1, C, H, W)
     except (ImageReadError, IntensityError, NonFiniteInputError) as exc:

@@ -93,7 +93,7 @@ def label_one_image(loaded, input: Path, output: Path, options: BlockwiseOptions
     started = time.perf_counter()
     dense = model_on(loaded, options.device)
     try:
-        pixels = decode_array(input, max_bytes=_decodable_bytes())  # (H, W[, C])
+        pixels = decode_array(input, max_bytes=_decodable_bytes(), channels=loaded.in_channels)  # (H, W[, C])
     except ImageTooLargeError as exc:
         raise PredictInputError(
             f"{exc}. An image this large is labelled block by block: write its labels to a .zarr output (a TIFF "

@@ -133,11 +133,13 @@ def check_channels(source: LazyArray, want: int) -> None:
     try:
         unit_planes(np.zeros((1, 1, have), np.float32), want, alpha=False)  # as array_input converts blocks
     except ImageReadError:
-        laid_out = "" if source.samples else " as its first axis, (C, H, W) (a volume (C, D, H, W))"
+        tiff_samples = source.kind == "tiff" and source.layout.endswith("c")  # a TIFF's samples per pixel
+        what = " (its extra samples are not alpha)" if tiff_samples and not source.samples else ""
+        laid_out = "" if tiff_samples else " as its first axis, (C, H, W) (a volume (C, D, H, W))"
         raise PredictInputError(
-            f"{source.path}: {have} channels cannot feed a model of {want} (only gray and RGB are converted to "
-            f"each other); save it with the model's channels{laid_out}",
-            fix=CHANNEL_AXIS_FIX,
+            f"{source.path}: {have} channels{what} cannot feed a model of {want} (only gray and RGB are converted "
+            f"to each other); save it with the model's channels{laid_out}",
+            fix=None if tiff_samples else CHANNEL_AXIS_FIX,
         ) from None
 
 

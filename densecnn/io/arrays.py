@@ -39,6 +39,7 @@ import numpy as np
 
 from ..errors import Fix, ImageReadError
 from .beneath import PathRefusedError, open_beneath
+from .decode import tiff_header
 from .formats import NPY_KINDS, TIFF_SUFFIXES, is_zarr
 from .orientation import oriented, stored_window, transposes
 from .photometric import invert, white_value
@@ -620,6 +621,7 @@ def _tiff_array(path: Path, channel_axis: int | None, spatial_dims: int, as_stor
         chunks = tuple(page.chunks) if len(page.chunks) == len(page.shape) else tuple(page.shape)
         chunks = (1,) * (len(shape) - len(chunks)) + chunks if len(chunks) <= len(shape) else shape
         resolution = _tiff_pixel_size(tiff, page)
+        alpha = tiff_header(tiff).alpha
     if channel_axis is None and len(shape) > spatial_dims:  # a (D, H, W) stack may be tagged as samples
         samples = [i for i, a in enumerate(axes) if a in "SC"]
         if not samples:  # planes (pages, z, time), not channels: never guessed to be channels
@@ -638,8 +640,10 @@ def _tiff_array(path: Path, channel_axis: int | None, spatial_dims: int, as_stor
         rows, columns = (x, y) if transposes(orientation) else (y, x)
         pixel_size = {1: (columns,), 2: (rows, columns), 3: (z, rows, columns)}[spatial_dims]
         pixel_size = None if any(s is None for s in pixel_size) else pixel_size
-    # the samples of a 2-D image, as decode_array reads the file whole
+    # the samples of a 2-D image, as decode_array reads the file whole: 2 or 4 of them end with alpha unless its
+    # extra samples say they are channels
     image_samples = spatial_dims == 2 and "S" in axes and layout.find("c") == axes.index("S")
+    image_samples = image_samples and (alpha or shape[layout.index("c")] not in (2, 4))
     array = LazyArray(
         str(path), "tiff", "0", shape, chunks, dtype, layout, orientation, pixel_size, white, image_samples
     )

@@ -69,9 +69,24 @@ class ImageHeader:
         """Bytes the whole decoded image holds: one plane's bytes × planes."""
         return self.plane_bytes * self.planes
 
-    def check(self, name: str, *, max_pixels: int | None = None, max_bytes: int | None = None) -> None:
+    def check(
+        self,
+        name: str,
+        *,
+        max_pixels: int | None = None,
+        max_bytes: int | None = None,
+        channels: int | None = None,
+    ) -> None:
         """Raise ImageReadError for an image of no pixels, ImageStackError for a stack, ImageTooLargeError past a
-        limit; each says what was received."""
+        limit; each says what was received. ``channels``: those of the model the image is for, refusing 2 or 4
+        samples that are not gray or colour with alpha (a TIFF's channels) unless the model takes as many, as
+        dropping the last sample as alpha would label the image from part of it."""
+        if channels is not None and self.samples in (2, 4) and not self.alpha and self.samples != channels:
+            raise ImageReadError(
+                f"{name}: the image has {self.samples} channels (its extra samples are not alpha) and the model takes "
+                f"{channels}; give an image of the model's channels, or a model trained on {self.samples}-channel "
+                "images"
+            )
         if self.pixels == 0:
             raise ImageReadError(
                 f"{name}: the image is empty ({self.layout or f'{self.width}x{self.height}'}: no pixels); send an "
@@ -107,7 +122,8 @@ def tiff_header(tiff: tifffile.TiffFile) -> ImageHeader:
     bytes_per_sample = page.dtype.itemsize
     if int(page.photometric) == PALETTE:  # indices decode to their colour map's 16-bit RGB
         samples, bytes_per_sample = 3, 2
-    alpha = any(int(kind) in (ASSOCIATED_ALPHA, UNASSOCIATED_ALPHA) for kind in page.extrasamples or ())
+    extras = page.extrasamples or ()  # none: the samples are the colour space's own (gray, RGB, CMYK)
+    alpha = not extras or any(int(kind) in (ASSOCIATED_ALPHA, UNASSOCIATED_ALPHA) for kind in extras)
     depth = max(planes, page.imagedepth)
     return ImageHeader("tiff", width, height, samples, bytes_per_sample, depth, layout, alpha=alpha)
 
@@ -179,6 +195,7 @@ def decode_array(
     max_bytes: int | None = None,
     name: str | None = None,
     as_stored: bool = False,
+    channels: int | None = None,
 ) -> np.ndarray:
     """The pixel array of an image file or its bytes, decoded whole into memory, as displayed: (H, W) or (H, W, C),
     in the file's dtype (:func:`~densecnn.io.open_lazy_array` opens an array on disk lazily instead). ``as_stored``:
@@ -187,8 +204,9 @@ def decode_array(
 
     Raises, from the header and before decoding: ImageStackError for a stack of planes (a multi-page or volumetric
     TIFF), ImageTooLargeError for more than ``max_pixels`` pixels or ``max_bytes`` decoded bytes (width × height ×
-    samples × planes × bytes per sample). ImageReadError for anything that cannot be decoded. Messages name the
-    file by ``name`` (an upload's file name) or its path.
+    samples × planes × bytes per sample), ImageReadError for a TIFF whose 2 or 4 samples are channels, none of them
+    alpha, where ``channels`` (those of the model the image is for) differ, and for anything that cannot be decoded.
+    Messages name the file by ``name`` (an upload's file name) or its path.
     """
     data = source if isinstance(source, bytes) else Path(source).read_bytes()
     return _read(
@@ -198,6 +216,7 @@ def decode_array(
         as_stored=as_stored,
         max_pixels=max_pixels,
         max_bytes=max_bytes,
+        channels=channels,
     )
 
 
@@ -276,4 +295,4 @@ def read_image(source: str | Path | bytes, channels: int) -> np.ndarray:
     >>> read_image("cells.png", channels=1).shape
     (1, 512, 512)
     """
-    return unit_planes(decode_array(source), channels)
+    return unit_planes(decode_array(source, channels=channels), channels)
