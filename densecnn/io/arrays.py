@@ -215,7 +215,9 @@ def confined_store(path: str | Path):
 
 
 @functools.lru_cache(maxsize=8)
-def _open_cached(array: LazyArray):
+def _open_cached(array: LazyArray, state: tuple[int, int, int]):
+    """The stored array of ``array`` whose path's ``os.stat`` is ``state`` (a file replaced by another since is
+    opened anew: a memory map or TIFF index keeps reading the file it was opened on)."""
     if array.kind == "npy":
         return np.load(array.path, mmap_mode="r", allow_pickle=False)
     zarr = _zarr(array.path)
@@ -229,9 +231,10 @@ def _open_cached(array: LazyArray):
 
 
 def _open(array: LazyArray):
-    """The stored array of ``array`` (zarr array or memory map), opened once per process."""
+    """The stored array of ``array`` (zarr array or memory map), opened once per process and file."""
+    found = os.stat(array.path)
     with _OPEN_LOCK:
-        return _open_cached(array)
+        return _open_cached(array, (found.st_ino, found.st_mtime_ns, found.st_size))
 
 
 def _zarr(path):

@@ -8,6 +8,7 @@ zarr and OME-Zarr stores are directories, never uploads: they go through predict
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -181,3 +182,23 @@ def test_a_philips_tiffs_pixel_size_comes_from_its_xml(tmp_path, wsi_spacing, ex
     lazy = open_lazy_array(path, spatial_dims=2)
     assert lazy.pixel_size == (None if expected is None else pytest.approx(expected, rel=1e-9))
     np.testing.assert_array_equal(lazy.read(), IMAGE)
+
+
+@pytest.mark.parametrize("suffix", [".npy", ".tif"])
+def test_a_file_replaced_by_another_is_read_anew_in_the_same_process(tmp_path, suffix):
+    path = tmp_path / f"labels{suffix}"
+
+    def replace_with(value: int) -> None:  # a new file moved over the old one, as savers and git do
+        new = tmp_path / f"new{suffix}"
+        array = np.full((16, 16), value, np.uint8)
+        if suffix == ".npy":
+            np.save(new, array)
+        else:
+            tifffile.imwrite(new, array)
+        os.replace(new, path)
+
+    replace_with(1)
+    window = (slice(0, 8), slice(0, 8))
+    assert open_lazy_array(path, spatial_dims=2).read(window).max() == 1
+    replace_with(2)
+    assert open_lazy_array(path, spatial_dims=2).read(window).max() == 2
