@@ -146,6 +146,22 @@ class Intensity:
         return cls(mode, low, high)
 
     @classmethod
+    def of(cls, value: Intensity | str | None) -> Intensity | None:
+        """``value`` as an Intensity: one as it is, its text parsed (:meth:`parse`), None kept.
+
+        >>> Intensity.of("range:0,4095")
+        Intensity(mode='range', low=0.0, high=4095.0)
+        """
+        if value is None or isinstance(value, Intensity):
+            return value
+        if isinstance(value, str):
+            return cls.parse(value)
+        raise IntensityError(
+            f"intensity is a {type(value).__name__}; give a densecnn.io.intensity.Intensity or its text: 'dtype', "
+            "'range:LOW,HIGH' or 'percentiles:LOW,HIGH'"
+        )
+
+    @classmethod
     def from_json(cls, value: dict | None) -> Intensity:
         return cls() if value is None else cls(value["mode"], value.get("low"), value.get("high"))
 

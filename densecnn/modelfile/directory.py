@@ -124,7 +124,7 @@ class LoadedModel:
         self,
         raw: np.ndarray,
         *,
-        intensity: Intensity | None = None,
+        intensity: Intensity | str | None = None,
         channel_axis: int | None = None,
         nonfinite: str | None = None,
     ) -> Scaling:
@@ -138,13 +138,14 @@ class LoadedModel:
         """
         array = self._channels_first(raw, channel_axis)  # (C, *spatial)
         spatial = tuple(range(1, array.ndim))
-        return image_scaling(array, intensity or self.intensity, spatial, finite=nonfinite != "propagate")
+        rule = Intensity.of(intensity) or self.intensity
+        return image_scaling(array, rule, spatial, finite=nonfinite != "propagate")
 
     def input(
         self,
         raw: np.ndarray,
         *,
-        intensity: Intensity | None = None,
+        intensity: Intensity | str | None = None,
         channel_axis: int | None = None,
         scaling: Scaling | None = None,
         nonfinite: str | None = None,
@@ -166,7 +167,7 @@ class LoadedModel:
         self,
         raw_or_input: np.ndarray | torch.Tensor,
         *,
-        intensity: Intensity | None = None,
+        intensity: Intensity | str | None = None,
         channel_axis: int | None = None,
         max_memory: int | None = None,
         cancel: threading.Event | None = None,
@@ -188,7 +189,7 @@ class LoadedModel:
         self,
         raw_or_input: np.ndarray | torch.Tensor,
         *,
-        intensity: Intensity | None = None,
+        intensity: Intensity | str | None = None,
         channel_axis: int | None = None,
         max_memory: int | None = None,
         cancel: threading.Event | None = None,
@@ -206,7 +207,7 @@ class LoadedModel:
         self,
         raw_or_input: np.ndarray | torch.Tensor,
         *,
-        intensity: Intensity | None = None,
+        intensity: Intensity | str | None = None,
         channel_axis: int | None = None,
         max_memory: int | None = None,
         cancel: threading.Event | None = None,
@@ -233,7 +234,7 @@ class LoadedModel:
         return labels.cpu().numpy().astype(self.label_dtype)
 
     def _as_input(
-        self, raw_or_input, intensity: Intensity | None, channel_axis: int | None, nonfinite: str | None
+        self, raw_or_input, intensity: Intensity | str | None, channel_axis: int | None, nonfinite: str | None
     ) -> torch.Tensor:
         if isinstance(raw_or_input, torch.Tensor):
             if not raw_or_input.is_floating_point():
@@ -318,13 +319,7 @@ def save(
     PosixPath('models/tiny')
     """
     check_padding_mode(padding_mode)
-    if isinstance(intensity, str):
-        intensity = Intensity.parse(intensity)
-    elif intensity is not None and not isinstance(intensity, Intensity):
-        raise InvalidInputError(
-            f"intensity is a {type(intensity).__name__}; give a densecnn.io.intensity.Intensity or its text: "
-            "'dtype', 'range:LOW,HIGH' or 'percentiles:LOW,HIGH'"
-        )
+    intensity = Intensity.of(intensity)
     dense = convert(model, patch_size, padding_mode=padding_mode)  # validates that the model converts exactly
     patch = dense.patch_size
     num_classes, in_channels = dense.num_classes, dense.in_channels

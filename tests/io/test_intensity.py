@@ -70,6 +70,18 @@ def test_sixteen_bit_data_using_a_sliver_of_its_range_is_refused_with_the_number
     assert model_input(dark * 200, loaded).shape == (1, 1, 40, 52)  # 75% of the range: fine
 
 
+def test_the_fix_a_refusal_spells_works_as_spelled(gray_model):
+    loaded = densecnn.load(gray_model)
+    dark = GRAY.astype(np.uint16)
+    with pytest.raises(IntensityError) as refused:
+        loaded.input(dark)
+    assert 'intensity="range:0,255"' in str(refused.value)
+    torch.testing.assert_close(loaded.input(dark, intensity="range:0,255"), model_input(GRAY, loaded))
+    assert np.array_equal(loaded.labels(dark, intensity="range:0,255"), loaded.labels(GRAY))
+    with pytest.raises(IntensityError, match="intensity is a int; give a densecnn.io.intensity.Intensity"):
+        loaded.input(dark, intensity=255)
+
+
 def test_image_floats_outside_unit_range_are_refused_and_a_signals_are_not(gray_model):
     loaded = densecnn.load(gray_model)
     with pytest.raises(
