@@ -596,6 +596,11 @@ def _layout(shape: tuple[int, ...], channel_axis: int | None, path, spatial_dims
     """The layout of an array whose axes are named by position: ``channel_axis`` (if any), the rest spatial."""
     if channel_axis is None and len(shape) == spatial_dims + 1:
         channel_axis = 0
+    if channel_axis is not None and len(shape) == spatial_dims:
+        raise ImageReadError(
+            f"{path}: shape {shape} has only its {spatial_dims} spatial axes, so there is no channel axis to name "
+            "(it is one channel): give no channel axis"
+        )
     if channel_axis is not None:
         if not -len(shape) <= channel_axis < len(shape):
             raise ImageReadError(f"{path}: channel axis {channel_axis} is out of range for shape {shape}")
@@ -617,6 +622,7 @@ def _tiff_array(path: Path, channel_axis: int | None, spatial_dims: int, as_stor
     import tifffile
 
     with tifffile.TiffFile(path) as tiff:
+        alpha = tiff_header(tiff).alpha  # refuses a TIFF without a readable page first
         series, page = tiff.series[0], tiff.pages[0]
         axes, shape, dtype = series.axes, tuple(series.shape), str(series.dtype)
         orientation = page.tags.valueof(274, 1)
@@ -624,7 +630,6 @@ def _tiff_array(path: Path, channel_axis: int | None, spatial_dims: int, as_stor
         chunks = tuple(page.chunks) if len(page.chunks) == len(page.shape) else tuple(page.shape)
         chunks = (1,) * (len(shape) - len(chunks)) + chunks if len(chunks) <= len(shape) else shape
         resolution = _tiff_pixel_size(tiff, page)
-        alpha = tiff_header(tiff).alpha
     if channel_axis is None and len(shape) > spatial_dims:  # a (D, H, W) stack may be tagged as samples
         samples = [i for i, a in enumerate(axes) if a in "SC"]
         if not samples:  # planes (pages, z, time), not channels: never guessed to be channels

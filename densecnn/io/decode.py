@@ -92,6 +92,12 @@ class ImageHeader:
                 f"{name}: the image is empty ({self.layout or f'{self.width}x{self.height}'}: no pixels); send an "
                 "image of at least one pixel"
             )
+        if self.planes > 1 and self.layout.startswith("axes C"):  # an OME-TIFF's channels, stored as planes
+            raise ImageStackError(
+                f"{name}: holds {self.planes} channels stored as planes ({self.layout}), which an image decoded "
+                "whole does not read; save the channels as samples per pixel (height x width x channels), or, with "
+                "densecnn predict, write the labels to a .zarr output, which reads channel-first TIFFs"
+            )
         if self.planes > 1:
             raise ImageStackError(
                 f"{name}: received a stack of {self.planes} slices ({self.layout}); the model takes one 2-D image "
