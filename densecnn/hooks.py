@@ -60,19 +60,29 @@ def _name(hook) -> str:
 
 
 def module_problem(module: nn.Module) -> str | None:
-    """Why ``module``'s own hooks or instance attributes keep the dense net from reproducing it, else None."""
+    """Why ``module``'s own hooks or instance attributes keep the dense net from reproducing it, and the fix; else
+    None."""
     if "forward" in vars(module):
-        return "has its forward replaced on the instance (layer.forward = ...), which densecnn cannot read"
+        return (
+            "has its forward replaced on the instance (layer.forward = ...), which densecnn cannot read. Delete the "
+            "replacement before converting (del layer.forward restores the class's); to change the layer's output, "
+            "write the change as a layer of the model"
+        )
     cls = type(module)
     if cls.__call__ is not nn.Module.__call__ or cls._call_impl is not nn.Module._call_impl:
         return (
-            "redefines __call__, so calling it may do more than its forward, which is all densecnn can read"
+            "redefines __call__, so calling it may do more than its forward, which is all densecnn can read. Write "
+            "what its __call__ adds as a layer of the model, or register a rule for the class with "
+            "@densecnn.register_rule"
         )
     for attribute, what in _MODULE_HOOKS:
         for hook in getattr(module, attribute, {}).values():
             if attribute == "_forward_pre_hooks" and (isinstance(hook, WEIGHT_HOOKS) or _is_lazy_setup(hook)):
                 continue
-            return f"has a {what} ({_name(hook)}), which changes what it computes in a way a dense net cannot see"
+            return (
+                f"has a {what} ({_name(hook)}), which changes what it computes in a way a dense net cannot see. "
+                f"{_REMOVE}"
+            )
     return None
 
 
@@ -93,7 +103,7 @@ def check_modules(modules: Iterable[tuple[str, nn.Module]]) -> None:
         problem = module_problem(module)
         if problem is not None:
             where = f"layer {path!r}" if path else "the model"
-            raise ConversionError(f"{where} ({type(module).__name__}) {problem}. {_REMOVE}")
+            raise ConversionError(f"{where} ({type(module).__name__}) {problem}")
 
 
 def check_global_hooks() -> None:
