@@ -84,14 +84,16 @@ def input_of(node: torch.fx.Node, current: torch.fx.Node) -> torch.fx.Node | Non
 
 
 def constant_nodes(graph: torch.fx.Graph) -> set[torch.fx.Node]:
-    """The nodes computed from the model's tensors alone (``get_attr`` and ops on them only), not from the input."""
+    """The nodes computed from the model's tensors alone (``get_attr``, ops on them only, and modules called without
+    the map), not from the input."""
     constants: set[torch.fx.Node] = set()
     for node in graph.nodes:
         if node.op == "get_attr":
             constants.add(node)
-        elif node.op in ("call_function", "call_method") and not is_random(node):
+        elif node.op in ("call_function", "call_method", "call_module") and not is_random(node):
             inputs = node.all_input_nodes
-            if inputs and all(n in constants for n in inputs):
+            # a module called on none of the map (a parametrisation computing a weight) reads its own tensors
+            if (inputs or node.op == "call_module") and all(n in constants for n in inputs):
                 constants.add(node)
     return constants
 
@@ -184,6 +186,17 @@ def shared_tensors(layers) -> tuple[SharedTensor, ...]:
 
 def _tensor(model: nn.Module, node, constants, op: str, what: str) -> Read:
     """The model's own parameter or buffer a ``get_attr`` node reads."""
+    if (
+        isinstance(node, torch.fx.Node)
+        and node.op == "call_module"
+        and ".parametrizations." in str(node.target)
+    ):
+        layer = str(node.target).split(".parametrizations.")[0]
+        raise ConversionError(
+            f"{op}: its {what} is the parametrised {what} of layer {layer!r} (torch.nn.utils.parametrize), recomputed "
+            f"on every read, which a functional call does not share with the dense net. Call the layer itself "
+            f"(self.{layer}(x)): densecnn converts a parametrised layer exactly"
+        )
     if not isinstance(node, torch.fx.Node) or node.op != "get_attr":
         computed = "computed in forward()" if node in constants else "not one of the model's own tensors"
         raise ConversionError(

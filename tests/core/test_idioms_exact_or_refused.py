@@ -393,6 +393,15 @@ REFUSED = {
         {},
         _op("copy_"),
     ),  # fmt: skip
+    "functional conv on a parametrised layer's weight": (
+        lambda: Functional(
+            lambda s, x: F.conv2d(x, s.c.weight, s.c.bias).flatten(1),
+            c=torch.nn.utils.parametrizations.weight_norm(nn.Conv2d(2, 3, 5)),
+        ),
+        5,
+        {},
+        "the parametrised weight of layer 'c'",
+    ),  # fmt: skip
     "buffer updated by a constant and read": (
         lambda: Functional(
             lambda s, x: s.c(x + s.m.add_(1.0)).flatten(1), c=nn.Conv2d(2, 3, 5), m=torch.zeros(())
@@ -403,7 +412,8 @@ REFUSED = {
     ),  # fmt: skip
     "branch on a buffer's value": (
         lambda: Functional(
-            lambda s, x: (F.relu(s.c(x)) if s.flag else s.c(x)).flatten(1), c=nn.Conv2d(2, 3, 5),
+            lambda s, x: (F.relu(s.c(x)) if s.flag else s.c(x)).flatten(1),
+            c=nn.Conv2d(2, 3, 5),
             flag=torch.tensor(True),
         ),
         5,
