@@ -3,7 +3,8 @@ model's input scaling as preprocessing, the receptive field as the output's halo
 
 What the package holds (``docs/bioimageio.md`` has the details):
 
-- input ``image`` (batch, channel, [z,] y, x) in the test image's dtype, every spatial axis any size from
+- input ``image`` (batch, channel, [z,] y, x) in the test image's dtype (float32 where that dtype cannot hold the
+  raw value of a zero-padded model's padding, :func:`input_dtype`), every spatial axis any size from
   ``max(patch, 2 * halo + 1)`` in steps of 1; output ``scores`` (batch, channel, [z,] y, x) float32 of the same
   size: the dense net's per-pixel class scores (logits, or the probabilities of a net ending in a softmax), one
   channel per class name;
@@ -11,7 +12,9 @@ What the package holds (``docs/bioimageio.md`` has the details):
   ``scale_range``), then its normalisation ``(x - mean) / std`` as a ``scale_linear`` per channel;
 - a halo on each output spatial axis: the farthest pixel the net reads from its centre, so tiles cropped by it
   join into exactly the whole-image output; ``pad`` names the net's own padding mode, so a consumer that pads the
-  image's border pads it as the net does.
+  image's border pads it as the net does. Where it cannot (:func:`differences`: zeros under unequal channel means
+  or percentile scaling, and percentile scaling itself, which consumers take over the padded image), the export
+  warns (:class:`BioimageioExportWarning`) and the package's README says where scores differ.
 
 >>> densecnn.export_bioimageio("models/nuclei", "nuclei.zip", image="tests/images/nuclei.png")
 PosixPath('nuclei.zip')
@@ -31,7 +34,7 @@ import torch
 
 from ._version import __version__
 from .dense import DenseCNN
-from .errors import BioimageioExportError
+from .errors import BioimageioExportError, BioimageioExportWarning
 from .io.decode_nd import read_nd
 from .io.labels import score_kind
 from .io.pixels import array_input
@@ -136,7 +139,12 @@ def padding(loaded: LoadedModel, dtype: np.dtype) -> dict | None:
     """How a consumer pads the raw image's border so the net sees what it pads itself: ``reflect`` and ``edge``
     (replicate) as they are; zeros as the raw value that preprocessing maps to 0 in every channel, where there is
     one (a fixed intensity and equal channel means); otherwise None (the spec's default, symmetric: pixels within
-    a halo of the image's border may then differ from densecnn's)."""
+    a halo of the image's border then differ from densecnn's). ``dtype``: the test image's, whose range a model
+    with intensity ``dtype`` scales by; the value may be one that ``dtype`` cannot hold (see :func:`input_dtype`).
+
+    >>> padding(densecnn.load("models/nuclei"), np.dtype("uint8"))
+    {'mode': 'reflect'}
+    """
     if loaded.padding_mode == "reflect":
         return {"mode": "reflect"}
     if loaded.padding_mode == "replicate":
@@ -146,6 +154,80 @@ def padding(loaded: LoadedModel, dtype: np.dtype) -> dict | None:
     low, high = _range(loaded, dtype)
     means = set(loaded.normalization["mean"]) if loaded.normalization else {0.0}
     return {"mode": "constant", "value": low + means.pop() * (high - low)} if len(means) == 1 else None
+
+
+def input_dtype(loaded: LoadedModel, dtype: np.dtype) -> np.dtype:
+    """The package input's dtype: the test image's ``dtype``, or float32 where the model pads with zeros and
+    ``dtype`` cannot hold the raw pad value (:func:`padding`; 32.55 for uint8 under nuclei's mean): consumers pad
+    the raw image before any preprocessing, in its own dtype (bioimageio.core casts 32.55 to 32), so the package
+    takes the raw values as float32 (0..255 for a uint8 image: the scaling stays the test image's dtype's).
+
+    >>> input_dtype(densecnn.load("models/nuclei"), np.dtype("uint8"))   # reflect padding: any value is fine
+    dtype('uint8')
+    """
+    pad = padding(loaded, dtype)
+    if pad is None or pad["mode"] != "constant" or _holds(dtype, pad["value"]):
+        return np.dtype(dtype)
+    return np.dtype(np.float32)
+
+
+def _holds(dtype: np.dtype, value: float) -> bool:
+    """Whether an array of ``dtype`` holds ``value`` exactly (floats: to their precision, which is enough)."""
+    if not np.issubdtype(dtype, np.integer):
+        return True
+    info = np.iinfo(dtype)
+    return float(value).is_integer() and info.min <= value <= info.max
+
+
+def differences(loaded: LoadedModel, dense: DenseCNN, dtype: np.dtype) -> list[str]:
+    """What a bioimage.io consumer computes otherwise than densecnn for a package exported with a test image of
+    ``dtype``, one line each with its fix (empty when the package computes densecnn's scores, border included):
+
+    - a zero-padded model whose raw pad value ``dtype`` cannot hold: the input is float32, and integer images
+      (which bioimageio.core pads in their own dtype) get other scores within a halo of the border;
+    - zeros that ``pad`` cannot express (channel means that differ, or percentile scaling): the consumer pads
+      symmetrically, and scores within a halo of the border differ;
+    - percentile scaling: bioimageio.core pads the image by the halo before it takes the percentiles (unless it
+      predicts blockwise), so the whole image is scaled otherwise and scores differ everywhere.
+    """
+    h = max(halo(dense), default=0)
+    if h == 0:  # consumers pad nothing: the net's own padding and the image's own percentiles
+        return []
+    lines = []
+    pad = padding(loaded, dtype)
+    if input_dtype(loaded, dtype) != dtype:
+        value = pad["value"]
+        lines.append(
+            f"the model pads with zeros, the raw value {value:.6g}, which {dtype} cannot hold, so the package's input "
+            f"is float32 ({dtype} values as floats): give consumers float32 images, as an integer image is padded in "
+            f"its own dtype (bioimageio.core casts {value:.6g} to {_cast(value, dtype):g}) and its scores within {h} "
+            "px of the border differ"
+        )
+    if loaded.padding_mode == "zeros" and pad is None:
+        why = (
+            "the scaling is per image"
+            if loaded.intensity.mode == "percentiles"
+            else "the channel means differ"
+        )
+        lines.append(
+            f"the model pads with zeros, which bioimage.io's pad cannot express ({why}): consumers pad "
+            f"symmetrically, so scores within {h} px of the image border differ from densecnn's; for equal scores "
+            "save the model with padding_mode='reflect' or 'replicate'"
+        )
+    if loaded.intensity.mode == "percentiles":
+        lines.append(
+            "the model scales each image by its own percentiles, which bioimageio.core's whole-image predict takes "
+            f"over the image padded by the {h} px halo, so its scores differ from densecnn's everywhere, not only "
+            "at the border; for equal scores export a model saved with a fixed intensity (intensity='range:L,H')"
+        )
+    return lines
+
+
+def _cast(value: float, dtype: np.dtype) -> float:
+    """``value`` as numpy pads an array of ``dtype`` with it (as bioimageio.core does): cast, not rounded."""
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return float(np.array([value]).astype(dtype)[0])
 
 
 def read_test_image(image, loaded: LoadedModel, smallest: tuple[int, ...]) -> np.ndarray:
@@ -211,6 +293,11 @@ def _readme(loaded: LoadedModel, dense: DenseCNN, name: str, dtype: np.dtype, st
     size = "x".join(map(str, dense.patch_size))
     preprocessing_lines = [f"  - `{s['id']}` {s['kwargs']}" for s in steps]
     card = loaded.path / "README.md" if loaded.path is not None else None
+    declared = input_dtype(loaded, dtype)
+    as_floats = ""
+    if declared != dtype:  # the test image's values as floats, for the zero padding's sake: said below
+        as_floats = f" (the raw {dtype} values as floats: cast {dtype} images to float32, see below)"
+    differ = differences(loaded, dense, dtype)
     return "\n".join(
         [
             f"# {name}",
@@ -221,13 +308,25 @@ def _readme(loaded: LoadedModel, dense: DenseCNN, name: str, dtype: np.dtype, st
             "",
             "## Input",
             "",
-            f"`{INPUT}` (batch, channel, {axes}), {dtype}, {loaded.in_channels} channel(s), each spatial axis any size "
+            f"`{INPUT}` (batch, channel, {axes}), {declared}{as_floats}, {loaded.in_channels} channel(s), each "
+            "spatial axis any size "
             f"from {min_size(dense)}. Preprocessing (densecnn's intensity `{loaded.intensity}`, then the "
             "normalisation of the training images):",
             "",
             *preprocessing_lines,
             "",
             f"The net pads the image itself ({dense.padding_mode} padding), so the output has the input's size.",
+            "",
+            "## Where a consumer's scores differ from densecnn's",
+            "",
+            *(
+                [f"- {line}." for line in differ]
+                if differ
+                else [
+                    "Nowhere: the declared padding is the net's own, and the preprocessing is densecnn's scaling, so "
+                    "whole-image and tiled predictions give densecnn's scores, border included."
+                ]
+            ),
             "",
             "## Output",
             "",
@@ -298,6 +397,10 @@ def export_bioimageio(
     ...                   maintainers=["ada-lovelace"])
     PosixPath('nuclei.zip')
 
+    Warns:
+        BioimageioExportWarning: one line per place where a consumer's scores differ from densecnn's
+            (:func:`differences`), each with its fix; the package's README lists them too.
+
     Raises:
         BioimageioExportError: bioimage.io's spec is not installed, the model's input scaling cannot be written
             as preprocessing, or the test image does not fit the model.
@@ -312,6 +415,8 @@ def export_bioimageio(
     raw = read_test_image(image, loaded, min_size(dense))
     steps = preprocessing(loaded, raw.dtype)
     x = array_input(raw, loaded)  # (1, C, *spatial): scaled and normalised as densecnn does
+    for line in differences(loaded, dense, raw.dtype):
+        warnings.warn(line, BioimageioExportWarning, stacklevel=2)
     with torch.no_grad():
         scores = dense(x).numpy()  # (1, K, *spatial) float32
     name = name or _package_name(loaded)
@@ -320,7 +425,7 @@ def export_bioimageio(
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         attachments, covers = _write_files(tmp, loaded, dense, raw, x, scores, name, steps)
-        inputs, outputs = _tensors(v0_5, tmp, loaded, dense, raw, steps)
+        inputs, outputs = _tensors(v0_5, tmp, loaded, dense, raw.dtype, steps)
         descr = _description(
             v0_5, tmp, loaded, dense,
             name=name, description=description, authors=authors, maintainers=maintainers or [], license=license,
@@ -386,10 +491,12 @@ def _write_files(tmp: Path, loaded, dense, raw: np.ndarray, x: torch.Tensor, sco
                  steps: list) -> tuple[list, list]:  # fmt: skip
     """The package's files in ``tmp``: test and sample tensors, both weights, the README, the model card and a
     cover; returns (attachments, cover paths)."""
-    np.save(tmp / "test_input.npy", raw[None])
+    # the raw values, as the package takes them (as floats where its dtype cannot hold the zero padding)
+    stored = raw.astype(input_dtype(loaded, raw.dtype), copy=False)
+    np.save(tmp / "test_input.npy", stored[None])
     np.save(tmp / "test_output.npy", scores)
     # for people: the same tensors, in a format imageio reads
-    tifffile.imwrite(tmp / "sample_input.tif", raw, photometric="minisblack")
+    tifffile.imwrite(tmp / "sample_input.tif", stored, photometric="minisblack")
     tifffile.imwrite(tmp / "sample_output.tif", scores[0], photometric="minisblack")
     with evaluating(exportable(dense)) as module, warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")  # TorchScript's deprecation notice; the format bioimage.io reads
@@ -409,9 +516,9 @@ def _write_files(tmp: Path, loaded, dense, raw: np.ndarray, x: torch.Tensor, sco
     return attachments, covers
 
 
-def _tensors(v0_5, tmp: Path, loaded, dense, raw: np.ndarray, steps: list) -> tuple[list, list]:
+def _tensors(v0_5, tmp: Path, loaded, dense, dtype: np.dtype, steps: list) -> tuple[list, list]:
     """The input and output tensor descriptions: axes (the input's least size, the output's halo), test and
-    sample tensors, the preprocessing ``steps`` and the padding."""
+    sample tensors, the preprocessing ``steps`` and the padding, for a test image of ``dtype``."""
     spatial = SPATIAL_AXES[dense.dims]
     input_axes = [
         v0_5.BatchAxis(),
@@ -426,12 +533,16 @@ def _tensors(v0_5, tmp: Path, loaded, dense, raw: np.ndarray, steps: list) -> tu
         v0_5.ChannelAxis(channel_names=[identifier(c) for c in loaded.class_names]),
         *(_output_axis(v0_5, a, h) for a, h in zip(spatial, halo(dense))),
     ]
-    pad = padding(loaded, raw.dtype)
+    pad = padding(loaded, dtype)
+    declared = input_dtype(loaded, dtype)
+    data = {"type": str(declared)}
+    if declared != dtype and np.issubdtype(dtype, np.integer):  # the test image's integers, as floats
+        data["range"] = (float(np.iinfo(dtype).min), float(np.iinfo(dtype).max))
     inputs = [
         v0_5.InputTensorDescr(
             id=INPUT,
             axes=input_axes,
-            data=v0_5.IntervalOrRatioDataDescr(type=str(raw.dtype)),
+            data=v0_5.IntervalOrRatioDataDescr(**data),
             test_tensor=v0_5.FileDescr(source=tmp / "test_input.npy"),
             sample_tensor=v0_5.FileDescr(source=tmp / "sample_input.tif"),
             preprocessing=steps,

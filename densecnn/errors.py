@@ -160,6 +160,11 @@ class DenseEquivalenceWarning(UserWarning):
     """The dense net will not match patch-by-patch scanning (e.g. BatchNorm/Dropout in training mode)."""
 
 
+class BioimageioExportWarning(UserWarning):
+    """A bioimage.io consumer's scores for an exported package differ from densecnn's somewhere, or do unless it
+    heeds what the spec cannot enforce (an input's declared dtype): the message says where and the fix."""
+
+
 class PatchSizeWarning(UserWarning):
     """The patch size converts, but a smaller size gives the same net: the extra rows or columns of every patch are
     never read (pooling floors them away), so the size was most likely not the one the model was trained with."""

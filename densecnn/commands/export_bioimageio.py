@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+import warnings
+
 
 def add_parser(subparsers) -> None:
     parser = subparsers.add_parser(
@@ -18,7 +21,8 @@ def add_parser(subparsers) -> None:
         "--image",
         required=True,
         help="the test image: an image file, a TIFF stack or a .npy array (channel first), raw as the model reads "
-        "it; its dtype becomes the package's input dtype",
+        "it; its dtype becomes the package's input dtype (float32, its values as floats, where that dtype cannot hold "
+        "a zero-padded model's padding)",
     )
     parser.add_argument("--name", help="the package's name (default: the model directory's name)")
     parser.add_argument("--description", help="one line on what the model does")
@@ -42,17 +46,20 @@ def add_parser(subparsers) -> None:
 
 def run(args) -> int:
     from ..bioimageio_export import export_bioimageio
+    from ..errors import BioimageioExportWarning
 
-    path = export_bioimageio(
-        args.model,
-        args.out,
-        image=args.image,
-        name=args.name,
-        description=args.description,
-        authors=args.authors,
-        maintainers=args.maintainers,
-        license=args.license,
-    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", BioimageioExportWarning)
+        path = export_bioimageio(
+            args.model,
+            args.out,
+            image=args.image,
+            name=args.name,
+            description=args.description,
+            authors=args.authors,
+            maintainers=args.maintainers,
+            license=args.license,
+        )
     from bioimageio.spec import load_description  # installed: the export needs it too
 
     summary = load_description(path).validation_summary  # the spec's own validator, on the written package
@@ -60,4 +67,14 @@ def run(args) -> int:
     for warning in summary.warnings:
         where = ".".join(map(str, warning.loc))
         print(f"  warning: {where + ': ' if where else ''}{warning.msg}")
+    for caught_warning in caught:  # where consumers' scores differ from densecnn's: said once, on stderr
+        if issubclass(caught_warning.category, BioimageioExportWarning):
+            print(f"densecnn export-bioimageio: warning: {caught_warning.message}", file=sys.stderr)
+        else:  # anything else as Python shows it
+            warnings.showwarning(
+                caught_warning.message,
+                caught_warning.category,
+                caught_warning.filename,
+                caught_warning.lineno,
+            )
     return 0
