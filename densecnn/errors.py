@@ -142,9 +142,10 @@ class BioimageioExportError(DenseCNNError, ValueError):
     the spec cannot express, a test image that does not fit the model); the message names the problem and fix."""
 
 
-class LabellingFailed(DenseCNNError, RuntimeError):
-    """The napari plugin's labelling thread failed with a RuntimeError (superqt's workers signal no RuntimeError,
-    so it is passed on as this)."""
+class LabellingFailed(DenseCNNError):
+    """The napari plugin's labelling thread failed with a RuntimeError (torch's, or a densecnn error such as
+    :class:`ScoresNotFiniteError`): superqt's workers drop a RuntimeError without any signal, so it is passed on as
+    this, which is not one, keeping a densecnn error's fix."""
 
 
 class ScoresNotFiniteError(DenseCNNError, RuntimeError):

@@ -4,8 +4,9 @@ them up from its current weights), save the model directory.
 
 Everything long (reading the windows around the strokes, training steps, live labelling, saving) runs in
 :meth:`densecnn.napari.training.TrainingSession.train` on a napari worker; the main thread only copies the strokes'
-coordinates and writes the live labels into their layer. Cancel stops the run between two steps (or within a tile
-of a live prediction) and keeps the best weights.
+coordinates and writes the live labels into their layer. Cancel stops the training between two steps (or within a
+tile of a live prediction) and keeps the best weights, which the run's last live labels then show. Closing the panel
+or the viewer stops the run, its last labelling too.
 
 >>> panel = TrainPanel(viewer)
 >>> viewer.window.add_dock_widget(panel)           # or Plugins > densecnn > Train with densecnn
@@ -45,7 +46,7 @@ from .models import shipped_models
 from .source import LayerSource
 from .strokes import StrokeSet, paint_geojson, paint_shapes
 from .training import LivePrediction, TrainingSession, TrainingStep, View
-from .widget import DEFAULT_MAX_MEMORY_MIB, MIB, palette_colormap
+from .widget import DEFAULT_MAX_MEMORY_MIB, MIB, palette_colormap, while_open
 
 NEW_MODEL = "new model"
 MODEL_DIRECTORY = "model directory below"
@@ -113,6 +114,8 @@ class TrainPanel(Container):
         self.live_updates: list[tuple[float, int, tuple[slice, ...]]] = []
         self._key: tuple | None = None
         self._stop = threading.Event()
+        self._closed = threading.Event()
+        self.native.destroyed.connect(lambda *_: self._close())
         self._watched = None
         self._settle = QTimer()
         self._settle.setSingleShot(True)
@@ -149,19 +152,23 @@ class TrainPanel(Container):
         max_seconds = self._max_seconds.value or None
         self.worker = create_worker(
             _train_job, self.session, strokes, stop=self._stop, max_memory=self._max_memory.value * MIB,
-            max_seconds=max_seconds, _ignore_errors=True,
+            max_seconds=max_seconds, abort=self._closed, _ignore_errors=True,
         )  # fmt: skip
         self.worker.yielded.connect(self._show)
+        self.worker.returned.connect(self._trained)
         self.worker.errored.connect(self._show_error)
-        self.worker.finished.connect(self._finish)
+        self.worker.finished.connect(self._idle)
         self._train.enabled, self._cancel.enabled, self._save.enabled = False, True, False
         self._status.value = f"training on {len(strokes.points)} labelled pixels of {image.name} ..."
         self.worker.start()
         return self.worker
 
     def cancel(self) -> None:
-        """Stop the run between two steps (the Cancel button); the best weights so far are kept."""
+        """Stop the training between two steps (the Cancel button); the best weights so far are kept, and the run
+        ends by labelling the live layer with them."""
         self._stop.set()
+        if not self._closed.is_set():
+            self._cancel.enabled = False
 
     def add_shapes(self) -> int:
         """Paint the chosen Shapes layer into the strokes layer (the button); returns the pixels painted."""
@@ -214,11 +221,9 @@ class TrainPanel(Container):
         self.worker = create_worker(
             self.session.save, Path(directory), class_names=names, palette=palette, _ignore_errors=True
         )
-        self.worker.returned.connect(
-            lambda path: setattr(self._status, "value", f"saved the model to {path}")
-        )
+        self.worker.returned.connect(self._saved)
         self.worker.errored.connect(self._show_error)
-        self.worker.finished.connect(self._finish)
+        self.worker.finished.connect(self._idle)
         self._train.enabled = self._save.enabled = False
         self.worker.start()
         return self.worker
@@ -269,6 +274,7 @@ class TrainPanel(Container):
             region.append(slice(lo, hi) if hi > lo else slice(0, n))
         return View(plane, tuple(region))
 
+    @while_open
     def _show(self, update) -> None:
         if isinstance(update, TrainingStep):
             self.last_step = update
@@ -330,10 +336,12 @@ class TrainPanel(Container):
             layer.events.data.connect(self._strokes_changed)
             self._recolour()
 
+    @while_open
     def _strokes_changed(self, event=None) -> None:
         if self.worker is not None and self.session is not None:
             self._settle.start()  # read once painting pauses
 
+    @while_open
     def _offer_strokes(self) -> None:
         if self.worker is None or self.session is None or self._strokes.value is None:
             return
@@ -346,21 +354,38 @@ class TrainPanel(Container):
             return
         self.session.offer(strokes)
 
+    @while_open
     def _show_error(self, exc: Exception) -> None:
         if isinstance(exc, DenseCNNError):
             self._status.value = str(exc)
         else:
             self._status.value = f"failed: {type(exc).__name__}: {exc}"
 
-    def _finish(self) -> None:
-        if self._stop.is_set() and self.last_step is not None:
-            best = self.last_step.best_val_miou
-            kept = "" if best is None else f" (held-out mIoU {best:.3f})"
-            self._status.value = (
-                f"cancelled after step {self.last_step.step}; the best weights are kept{kept}"
-            )
+    @while_open
+    def _saved(self, path: Path) -> None:
+        self._status.value = f"saved the model to {path}"
+
+    @while_open
+    def _trained(self, _=None) -> None:
+        """A run ended without an error: say so when Cancel ended it (the last step's status stands otherwise)."""
+        if self._stop.is_set():
+            trainer = self.session.trainer
+            kept = "" if trainer.best_val_miou is None else f" (held-out mIoU {trainer.best_val_miou:.3f})"
+            self._status.value = f"cancelled after step {trainer.step}; the best weights are kept{kept}"
+
+    @while_open
+    def _idle(self) -> None:
+        """No run or save under way: the buttons as they start one."""
         self._train.enabled, self._cancel.enabled, self._save.enabled = True, False, True
         self.worker = None
+
+    def _close(self) -> None:
+        """The panel's Qt widgets are deleted (its dock widget or the viewer closed): stop the run, its last
+        labelling too, whose signals then touch nothing, and stop watching the strokes."""
+        self._closed.set()
+        self.cancel()
+        self._settle.stop()
+        self._watch_strokes(None)
 
 
 class TrainingFailed(DenseCNNError):

@@ -4,8 +4,9 @@ A :class:`TrainingSession` trains a :class:`densecnn.train.strokes.StrokeTrainer
 strokes (:mod:`~densecnn.napari.strokes`) and, whenever its best weights changed (at most every
 :data:`REFRESH_SECONDS`), labels the region the viewer shows and then the rest of its plane with them (the best on
 the held-out strokes, the ones Save writes); while a head on fixed layers trains, a plane that trains whole is
-relabelled from the features training keeps. Strokes added while it trains are taken up between two steps: the run
-continues from the current weights on the new strokes.
+relabelled from the features training keeps. However training ended (its schedule, its time, a stop, a failure),
+the run then labels the view from the pixels with the weights Save writes. Strokes added while it trains are taken up
+between two steps: the run continues from the current weights on the new strokes.
 
 >>> session = TrainingSession(source, intensity=Intensity(), start=None, class_names=["background", "cell"])
 >>> for update in session.train(strokes, stop=threading.Event(), max_memory=1 << 30):
@@ -26,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import Cancelled
+from ..errors import Cancelled, DenseCNNError
 from ..io.intensity import Intensity
 from ..modelfile import LoadedModel
 from ..padding import dense_padding
@@ -122,14 +123,32 @@ class TrainingSession:
         max_memory: int,
         max_seconds: float | None = None,
         refresh_seconds: float = REFRESH_SECONDS,
+        abort: threading.Event | None = None,
     ) -> Iterator[TrainingStep | LivePrediction]:
         """Train on ``strokes`` (continuing from the current weights after a first run), yielding its steps (at most
         every :data:`REPORT_SECONDS`, and every validation and last step of a schedule) and the live predictions of
-        :meth:`predict` whenever the best weights or the view changed, at most every ``refresh_seconds``; ends when
-        the schedule or early stopping ends it, ``max_seconds`` pass, or ``stop`` is set (between two steps, or
-        within a tile of a prediction). Strokes :meth:`offer`-ed meanwhile restart the schedule on them from the
-        current weights."""
+        :meth:`predict` whenever the best weights or the view changed, at most every ``refresh_seconds``; training
+        ends when the schedule or early stopping ends it, ``max_seconds`` pass, ``stop`` is set (between two steps,
+        or within a tile of a prediction) or it fails (a diverged run, strokes refused). Strokes :meth:`offer`-ed
+        meanwhile restart the schedule on them from the current weights.
+
+        Whatever ended training, the run ends with a :meth:`predict` of the view by the weights :meth:`save` writes,
+        so the last live labels are the saved model's; only ``abort`` (the panel was closed) stops that too."""
+        abort = abort or threading.Event()
         self._read(strokes)
+        try:
+            yield from self._steps(
+                stop=stop, max_memory=max_memory, max_seconds=max_seconds, refresh_seconds=refresh_seconds
+            )
+        except DenseCNNError:  # the weights kept, as Save writes them, labelled before the error goes on
+            yield from self.predict(stop=abort, max_memory=max_memory)
+            raise
+        yield from self.predict(stop=abort, max_memory=max_memory)
+
+    def _steps(
+        self, *, stop: threading.Event, max_memory: int, max_seconds: float | None, refresh_seconds: float
+    ) -> Iterator[TrainingStep | LivePrediction]:
+        """The training of :meth:`train` once its strokes are read, up to its last prediction."""
         started = refreshed = time.monotonic()
         reported = -math.inf
         shown = (self.best_step, self.view)  # what the live labels show: the weights' step and the view
@@ -158,7 +177,6 @@ class TrainingSession:
             with self._lock:
                 strokes, self._pending = self._pending, None
             self._read(strokes)
-        yield from self.predict(stop=stop, max_memory=max_memory)
 
     def predict(
         self, *, stop: threading.Event, max_memory: int, preview: bool = False

@@ -4,7 +4,8 @@ the layer's features) and optionally one probability layer per class.
 
 The work runs in :func:`densecnn.napari.engine.predict_layer` on a napari worker: it reads the layer's pixels one tile
 window at a time under the memory cap (the widget's field, in MiB), and Cancel stops it within one tile (at the
-next layer of the tile being computed); a cancelled or failed run adds no layer.
+next layer of the tile being computed); a cancelled or failed run adds no layer, and a failure's message is the
+status line. Closing the widget or the viewer cancels the run.
 
 >>> widget = DenseCNNWidget(viewer)
 >>> viewer.window.add_dock_widget(widget)           # or Plugins > densecnn > Label with densecnn
@@ -13,8 +14,10 @@ next layer of the tile being computed); a cancelled or failed run adds no layer.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import napari
@@ -42,6 +45,18 @@ from .source import LayerSource
 
 MIB = 1 << 20
 DEFAULT_MAX_MEMORY_MIB = 2048
+
+
+def while_open(method: Callable) -> Callable:
+    """``method`` of a dock widget (a magicgui Container with a ``_closed`` event, set when its Qt widgets are
+    deleted) made to do nothing once they are: a worker's signals still arrive after the widget or viewer closed."""
+
+    @functools.wraps(method)
+    def guarded(widget, *args):
+        if not widget._closed.is_set():
+            method(widget, *args)
+
+    return guarded
 
 
 class DenseCNNWidget(Container):
@@ -96,6 +111,8 @@ class DenseCNNWidget(Container):
         self.worker: GeneratorWorker | None = None
         self.last_progress: engine.Progress | None = None
         self._stop = threading.Event()
+        self._closed = threading.Event()
+        self.native.destroyed.connect(lambda *_: self._close())
 
     def run(self) -> GeneratorWorker | None:
         """Start labelling the selected layer (the Run button); returns the worker, or None when nothing could
@@ -135,15 +152,23 @@ class DenseCNNWidget(Container):
         if self.worker is not None:
             self.worker.quit()
 
+    def _close(self) -> None:
+        """The widget's Qt widgets are deleted (its dock widget or the viewer closed): cancel the run, whose signals
+        then touch nothing."""
+        self._closed.set()
+        self.cancel()
+
     def _pick_shipped(self, path: Path | None) -> None:
         if path is not None:
             self._model.value = path
 
+    @while_open
     def _show_progress(self, progress: engine.Progress) -> None:
         self.last_progress = progress
         self._progress.max = max(progress.total, 1)
         self._progress.value = progress.done
 
+    @while_open
     def _finished_run(self, image, done: tuple | None, seconds: float) -> None:
         if done is not None:  # None: cancelled
             self._add_layers(image, *done, seconds)
@@ -178,12 +203,14 @@ class DenseCNNWidget(Container):
             [f"labelled {shape} (level {source.level}) in {tiles} tiles, {seconds:.1f} s", *result.warnings]
         )
 
+    @while_open
     def _show_error(self, exc: Exception) -> None:
         if isinstance(exc, DenseCNNError):
             self._status.value = exc.render(engine.napari_option)
         else:
             self._status.value = f"failed: {type(exc).__name__}: {exc}"
 
+    @while_open
     def _finish(self) -> None:
         if self._stop.is_set():
             progress = self.last_progress or engine.Progress(0, 0)
@@ -200,23 +227,28 @@ def palette_colormap(palette: list[list[int]]) -> DirectLabelColormap:
 
 def _job(model_dir: Path, layer, intensity: str | None, **options):
     """The worker's generator: load the model, pick the layer's pixels, label them (``intensity``: the field's
-    text, None: as the model declares); returns what the layers need, or None once cancelled."""
-    loaded = load(model_dir)
-    options["intensity"] = None if intensity is None else Intensity.parse(intensity)
-    source = LayerSource.of(
-        layer.data,
-        rgb=layer.rgb,
-        multiscale=layer.multiscale,
-        scale=layer.scale,
-        spatial_dims=len(loaded.patch_size),
-        channels=loaded.in_channels,
-        pixel_size=loaded.pixel_size,
-        axis_labels=layer.axis_labels,
-    )
+    text, None: as the model declares); returns what the layers need, or None once cancelled. Raises no
+    RuntimeError (see :class:`LabellingFailed`)."""
     try:
+        loaded = load(model_dir)
+        options["intensity"] = None if intensity is None else Intensity.parse(intensity)
+        source = LayerSource.of(
+            layer.data,
+            rgb=layer.rgb,
+            multiscale=layer.multiscale,
+            scale=layer.scale,
+            spatial_dims=len(loaded.patch_size),
+            channels=loaded.in_channels,
+            pixel_size=loaded.pixel_size,
+            axis_labels=layer.axis_labels,
+        )
         result = yield from engine.predict_layer(loaded, source, **options)
     except Cancelled:
         return None
-    except RuntimeError as exc:  # torch's errors are RuntimeErrors, which superqt drops without any signal
+    except (
+        RuntimeError
+    ) as exc:  # torch's and some of densecnn's errors: superqt drops them without any signal
+        if isinstance(exc, DenseCNNError):
+            raise LabellingFailed(f"labelling failed: {exc.problem}", fix=exc.fix) from exc
         raise LabellingFailed(f"labelling failed: {exc}") from exc
     return loaded, source, result

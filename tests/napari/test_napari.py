@@ -136,6 +136,52 @@ def test_cancel_stops_within_one_tile_and_adds_no_layer(viewer_and_widget, qtbot
     assert widget._run.enabled and not widget._cancel.enabled
 
 
+def test_a_model_whose_scores_overflow_is_explained_and_the_buttons_come_back(
+    viewer_and_widget, qtbot, tmp_path
+):
+    # ScoresNotFiniteError is a RuntimeError, which superqt's workers drop without a signal: the widget waited forever
+    viewer, widget = viewer_and_widget
+    nuclei_model = densecnn.load(NUCLEI)
+    with torch.no_grad():
+        for layer in nuclei_model.model.modules():
+            if isinstance(layer, torch.nn.Conv2d):
+                layer.weight.mul_(1e7)  # the net overflows: NaN scores on a finite image
+    overflow = densecnn.save(
+        nuclei_model.model, tmp_path / "overflow", patch_size=nuclei_model.patch_size,
+        class_names=nuclei_model.class_names, normalization=nuclei_model.normalization,
+        padding_mode=nuclei_model.padding_mode,
+    )  # fmt: skip
+    image = viewer.add_image(nuclei()[0][0][:100, :100], name="corner")
+    widget._model.value = overflow
+    widget._image.reset_choices()
+    widget._image.value = image
+    assert widget.run() is not None
+    qtbot.waitUntil(lambda: widget.worker is None, timeout=30_000)
+    assert widget._status.value.startswith("labelling failed: the model's scores are NaN"), (
+        widget._status.value
+    )
+    assert widget._run.enabled and not widget._cancel.enabled
+    assert [layer.name for layer in viewer.layers] == ["corner"]
+
+
+def test_closing_the_viewer_cancels_the_run_and_touches_no_deleted_widget(make_napari_viewer, qtbot):
+    viewer = make_napari_viewer()  # closed below, as a user closes it; the fixture copes with a closed viewer
+    try:
+        widget = DenseCNNWidget(viewer)
+        viewer.window.add_dock_widget(widget)
+        (image,) = viewer.open_sample("densecnn", "nuclei")
+        widget._image.reset_choices()
+        widget._image.value = image
+        widget._max_memory.value = 16
+        worker = widget.run()
+        qtbot.waitUntil(lambda: widget.last_progress is not None, timeout=60_000)
+    finally:
+        viewer.close()  # pytest-qt fails the test on an exception a Qt signal's slot raises from here on
+    qtbot.waitUntil(lambda: not worker.is_running, timeout=10_000)
+    qtbot.wait(100)  # the signals queued before the worker ended
+    assert widget._stop.is_set() and worker.abort_requested
+
+
 def test_an_rgb_layer_is_read_as_the_model_reads_rgb(viewer_and_widget, qtbot):
     viewer, widget = viewer_and_widget
     gray = nuclei()[0][0][:200, :150]

@@ -184,6 +184,62 @@ def test_a_live_region_is_labelled_as_its_whole_plane(tmp_path):
     assert list(session.predict(stop=stop, max_memory=1 << 30)) == []
 
 
+def _updates_until(updates, stop_after: int, then) -> list:
+    """The updates of a run, calling ``then()`` at its ``stop_after``-th step reported; an error ends the list."""
+    seen, steps = [], 0
+    try:
+        for update in updates:
+            seen.append(update)
+            steps += isinstance(update, TrainingStep)
+            if steps == stop_after:
+                then()
+    except densecnn.DenseCNNError as exc:
+        seen.append(exc)
+    return seen
+
+
+def _assert_the_saved_models_labels(update, session, image, tmp_path):
+    """``update`` is a live prediction of the whole plane by the weights Save writes."""
+    from densecnn.napari.training import LivePrediction
+
+    assert isinstance(update, LivePrediction) and update.region == (slice(0, 160), slice(0, 160)), update
+    saved = densecnn.load(session.save(tmp_path / "saved"))
+    scores = _scores(saved, image)
+    assert_labels_equal_except_ties(torch.from_numpy(update.labels.astype(np.int64))[None], scores)
+
+
+def test_a_stopped_run_ends_with_the_live_labels_of_the_weights_it_keeps(tmp_path):
+    image = _cells()
+    source = _source(image)
+    session = TrainingSession(source, intensity=Intensity(), start=None, class_names=["bg", "cell"])
+    strokes = StrokeSet.of(_strokes(image, range(10, 160, 30)), source, image_shape=image.shape)
+    list(session.train(strokes, stop=threading.Event(), max_memory=1 << 30, max_seconds=0.5))
+    first = session.trainer.step
+    more = StrokeSet.of(_strokes(image, range(10, 160, 15)), source, image_shape=image.shape)
+    stop = threading.Event()
+    updates = _updates_until(session.train(more, stop=stop, max_memory=1 << 30), stop_after=2, then=stop.set)
+    assert session.trainer.step > first and session.trainer.step < session.trainer.total_steps  # stopped
+    assert updates[-1].step == session.best_step == session.trainer.step  # no strokes held out: the newest
+    _assert_the_saved_models_labels(updates[-1], session, image, tmp_path)
+
+
+def test_a_failed_run_ends_with_the_live_labels_of_the_weights_it_keeps(tmp_path):
+    image = _cells()
+    source = _source(image)
+    session = TrainingSession(source, intensity=Intensity(), start=None, class_names=["bg", "cell"])
+    strokes = _strokes(image, range(10, 160, 30))
+    stop = threading.Event()
+    unknown = np.where(strokes == 2, 3, strokes)  # value 3: a class the two-class model does not have
+
+    def offer_unknown_strokes():
+        session.offer(StrokeSet.of(unknown, source, image_shape=image.shape))
+
+    run = session.train(StrokeSet.of(strokes, source, image_shape=image.shape), stop=stop, max_memory=1 << 30)
+    updates = _updates_until(run, stop_after=2, then=offer_unknown_strokes)
+    assert isinstance(updates[-1], densecnn.TrainingError) and "keeps its model's classes" in str(updates[-1])
+    _assert_the_saved_models_labels(updates[-2], session, image, tmp_path)
+
+
 # ---- the Train panel in a viewer ----
 
 
@@ -295,15 +351,62 @@ def test_cancel_stops_within_one_step_and_keeps_the_best_weights(viewer_and_pane
     qtbot.waitUntil(lambda: panel.worker is None, timeout=120_000)
     trainer = panel.session.trainer
     assert trainer.step <= cancelled_at[0] + 1 < trainer.total_steps
-    assert panel._status.value.startswith(f"cancelled after step {panel.last_step.step}")
+    assert panel._status.value.startswith(f"cancelled after step {trainer.step}")
     panel.save(tmp_path / "kept")
     qtbot.waitUntil(lambda: panel.worker is None, timeout=60_000)
+    assert panel._status.value == f"saved the model to {tmp_path / 'kept'}"  # not the cancel's message again
     kept = densecnn.load(tmp_path / "kept")
     best = trainer.model.state_dict()
     for name, tensor in kept.model.state_dict().items():
         torch.testing.assert_close(tensor, best[name], rtol=0, atol=0)
     record = json.loads((tmp_path / "kept" / "model.json").read_text())["extra"]["training"]
     assert record["best_val_miou"] == trainer.best_val_miou
+
+
+@needs_display
+def test_a_continued_run_cancelled_shows_the_labels_of_the_model_it_saves(viewer_and_panel, qtbot, tmp_path):
+    viewer, panel = viewer_and_panel
+    image_data = _cells()
+    image = viewer.add_image(image_data, name="cells")
+    strokes = viewer.add_labels(_strokes(image_data, range(5, 160, 30)), name="strokes")
+    _choose(panel, image, strokes, max_seconds=1)
+    _train(panel, qtbot)
+    strokes.data = np.maximum(strokes.data, _strokes(image_data, range(20, 160, 30)))  # more strokes
+    panel._max_seconds.value = 120
+    worker = panel.train()  # continues the session's weights
+    worker.yielded.connect(lambda u: panel.cancel() if isinstance(u, TrainingStep) else None)
+    qtbot.waitUntil(lambda: panel.worker is None, timeout=120_000)
+    trainer = panel.session.trainer
+    assert trainer.step < trainer.total_steps and not panel._cancel.enabled
+    assert panel._status.value.startswith(f"cancelled after step {trainer.step}"), panel._status.value
+    panel.save(tmp_path / "kept")
+    qtbot.waitUntil(lambda: panel.worker is None, timeout=60_000)
+    assert panel._status.value == f"saved the model to {tmp_path / 'kept'}"
+    scores = _scores(densecnn.load(tmp_path / "kept"), image_data)
+    live = viewer.layers["cells live"].data  # the run's last live labels: the saved model's
+    assert_labels_equal_except_ties(torch.from_numpy(live.astype(np.int64))[None], scores)
+
+
+@needs_display
+def test_closing_the_viewer_stops_the_run_and_touches_no_deleted_widget(make_napari_viewer, qtbot):
+    from densecnn.napari.train_panel import TrainPanel
+
+    viewer = make_napari_viewer()  # closed below, as a user closes it; the fixture copes with a closed viewer
+    try:
+        panel = TrainPanel(viewer)
+        viewer.window.add_dock_widget(panel)
+        image_data = _cells()
+        image = viewer.add_image(image_data, name="cells")
+        strokes = viewer.add_labels(_strokes(image_data, range(5, 160, 20)), name="strokes")
+        _choose(panel, image, strokes, max_seconds=120)
+        worker = panel.train()
+        qtbot.waitUntil(lambda: panel.last_step is not None, timeout=60_000)
+    finally:
+        viewer.close()  # pytest-qt fails the test on an exception a Qt signal's slot raises from here on
+    qtbot.waitUntil(lambda: not worker.is_running, timeout=10_000)
+    qtbot.wait(100)  # the signals queued before the worker ended
+    trainer = panel.session.trainer
+    assert trainer.step < trainer.total_steps  # stopped, not run to the end of its schedule
 
 
 @needs_display
