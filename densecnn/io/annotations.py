@@ -4,10 +4,13 @@ GeoJSON is what QuPath exports (File > Export objects as GeoJSON: a ``FeatureCol
 features in older versions) and what napari's Shapes layer is saved as by GeoJSON writers. Each feature's class is
 ``properties.classification.name`` (QuPath; its colour, ``colorRGB`` as a packed signed integer or ``color`` as
 ``[r, g, b]``, is read too; a QuPath derived class, ``"names": ["Tumor", "Positive"]``, is "Tumor: Positive", as
-QuPath names it; an empty name is refused), coordinates are pixels of the full-resolution image, ``[x, y]`` = ``[column, row]``
+QuPath names it; an empty name is refused; names are compared in Unicode's NFC form, so a name typed on macOS
+matches the same name typed elsewhere), coordinates are pixels of the full-resolution image, ``[x, y]`` = ``[column, row]``
 with the origin at the top-left corner: pixel (row i, column j) is the square [j, j + 1] x [i, i + 1], as QuPath and
 :mod:`densecnn.io.geojson` have it (see :func:`rasterize`). A QuPath class named ``Ignore*`` marks pixels as
-unlabelled.
+unlabelled. A file is read as UTF-8 (RFC 7946; a UTF-8 byte-order mark is skipped), and its annotations must lie on
+one plane of a z-stack or time series (QuPath's ``geometry.plane``, or a third coordinate ``[x, y, z]``): the image
+they label is that plane.
 
 Geometries: ``Polygon`` / ``MultiPolygon`` (filled; holes, the rings after the first, are cut out), ``LineString`` /
 ``MultiLineString`` (strokes, ``line_width`` pixels wide), ``Point`` / ``MultiPoint`` (a disc of ``point_radius``),
@@ -26,6 +29,7 @@ True
 from __future__ import annotations
 
 import json
+import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,38 +56,119 @@ class Annotation:
 
 
 def read_geojson(path: str | Path) -> list[Annotation]:
-    """The annotations of a GeoJSON file (a FeatureCollection, a Feature, or a list of Features).
+    """The annotations of a GeoJSON file (a FeatureCollection, a Feature, or a list of Features), read as UTF-8
+    (RFC 7946; a UTF-8 byte-order mark is skipped) whatever the locale.
 
     Raises:
-        DatasetError: the file is not GeoJSON, a feature has no class, or a geometry type is unknown.
+        DatasetError: the file is not UTF-8 GeoJSON, a feature has no class, a bad colour or a malformed part, a
+            geometry type is unknown, or its annotations lie on more than one plane.
     """
     path = Path(path)
     try:
-        document = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise DatasetError(f"{path}: not a readable GeoJSON file ({exc}); export it again") from None
+    text = _utf8_text(data, str(path))
+    try:
+        document = json.loads(text)
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, and numbers too long to convert
         raise DatasetError(f"{path}: not a readable GeoJSON file ({exc}); export it again") from None
     return parse_geojson(document, where=str(path))
 
 
+def _utf8_text(data: bytes, where: str) -> str:
+    """``data`` decoded as UTF-8, a leading byte-order mark skipped; other encodings refused naming the fix."""
+    encoding = json.detect_encoding(data)  # a UTF-16 or UTF-32 BOM, or the NUL bytes of either without one
+    if encoding.startswith(("utf-16", "utf-32")):
+        raise DatasetError(
+            f"{where}: the file is {encoding.upper()} text, not UTF-8 as GeoJSON is (RFC 7946); save it as UTF-8 "
+            "(as QuPath exports it)"
+        )
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise DatasetError(
+            f"{where}: not UTF-8 text (byte 0x{data[exc.start]:02x} on line {line}), as GeoJSON is (RFC 7946); save "
+            "it as UTF-8 (as QuPath exports it), or convert it from the encoding it was saved in (e.g. iconv -f "
+            "latin1 -t utf-8)"
+        ) from None
+
+
 def parse_geojson(document, *, where: str = "GeoJSON") -> list[Annotation]:
-    """The annotations of a parsed GeoJSON document (see :func:`read_geojson`)."""
+    """The annotations of a parsed GeoJSON document (see :func:`read_geojson`).
+
+    All of them must lie on one plane: QuPath writes ``"plane": {"c": C, "z": Z, "t": T}`` in the geometry of an
+    annotation drawn on another plane than z = 0, t = 0 of a z-stack or time series (none for that one), and
+    napari's GeoJSON writer a third coordinate ``[x, y, z]`` for a shape of a 3-D layer. A document whose annotations
+    lie on two planes is refused (painting them into one 2-D image would mix the planes); one whose annotations all
+    lie on one plane labels the image of that plane. The channel ``c`` is not a plane: it is ignored.
+    """
     if isinstance(document, dict) and document.get("type") == "FeatureCollection":
         features = document.get("features", [])
+        if not isinstance(features, list):
+            raise DatasetError(
+                f"{where}: the FeatureCollection's features is {_shown(features)}, not a list of Features; export it "
+                'again (a FeatureCollection of no annotation has "features": [])'
+            )
     elif isinstance(document, dict) and document.get("type") == "Feature":
         features = [document]
     elif isinstance(document, list):
         features = document
     else:
-        raise DatasetError(f"{where}: expected a GeoJSON FeatureCollection, Feature or list of Features")
+        raise DatasetError(
+            f"{where}: expected a GeoJSON FeatureCollection, Feature or list of Features; export the annotations as "
+            "GeoJSON (in QuPath: File > Export objects as GeoJSON)"
+        )
     annotations = []
+    first: dict[str, tuple] = {}  # per kind of plane ("plane", "z"): (its value, feature number, class name)
     for n, feature in enumerate(features):
         if not isinstance(feature, dict) or not isinstance(feature.get("geometry"), dict):
-            raise DatasetError(f"{where}: feature {n} has no geometry")
-        name, color = _classification(feature.get("properties") or {}, where, n)
-        annotations += [
-            Annotation(kind, parts, name, color) for kind, parts in _geometries(feature["geometry"], where, n)
-        ]
+            raise DatasetError(
+                f"{where}: feature {n} has no geometry (a GeoJSON Feature's geometry object); remove it or export "
+                "it again"
+            )
+        properties = feature.get("properties")
+        if properties is not None and not isinstance(properties, dict):
+            raise DatasetError(
+                f"{where}: feature {n}'s properties is {_shown(properties)}, not an object; give its class as "
+                '"properties": {"classification": {"name": ...}} (as QuPath exports it)'
+            )
+        name, color = _classification(properties or {}, where, n)
+        for kind, parts, plane, depth in _geometries(feature["geometry"], where, n):
+            _one_plane(first, "plane", plane, where, n, name)
+            if depth is not None:
+                _one_plane(first, "z", depth, where, n, name)
+            annotations.append(Annotation(kind, parts, name, color))
     return annotations
+
+
+def _one_plane(first: dict[str, tuple], what: str, value, where: str, n: int, name: str) -> None:
+    """Refuse feature ``n`` (class ``name``) when its plane ``value`` (``what``: ``"plane"``, QuPath's (z, t), or
+    ``"z"``, a third coordinate) is not the first feature's, recorded in ``first``."""
+    seen, m, first_name = first.setdefault(what, (value, n, name))
+    if value == seen:
+        return
+    if what == "plane":
+        problem = (
+            f"feature {n} ({name!r}) is on plane z={value[0]}, t={value[1]} and feature {m} ({first_name!r}) on "
+            f"z={seen[0]}, t={seen[1]} (QuPath's geometry.plane; without one, z=0, t=0)"
+        )
+    else:
+        problem = (
+            f"feature {n} ({name!r}) lies at z={value:g} and feature {m} ({first_name!r}) at z={seen:g} (the third "
+            "coordinate of [x, y, z])"
+        )
+    raise DatasetError(
+        f"{where}: {problem}; a 2-D image takes the annotations of one plane: export the annotations of one plane "
+        "(or of a 2-D image)"
+    )
+
+
+def _shown(value) -> str:
+    """``value`` as JSON, shortened for a message."""
+    text = json.dumps(value, default=repr)
+    return text if len(text) <= 40 else f"{text[:37]}..."
 
 
 def rasterize(
@@ -94,18 +179,22 @@ def rasterize(
     line_width: int = 1,
     point_radius: int = 0,
     offset: tuple[int, int] = (0, 0),
+    image_shape: tuple[int, int] | None = None,
 ) -> np.ndarray:
     """A (H, W) int64 label map of ``shape``: each annotation's pixels set to ``class_ids[class_name]``, the rest
     :data:`UNLABELLED`. ``offset`` (row, column), whole pixels, is subtracted from every pixel: rasterise the window
-    of a whole slide that starts there (the window of the whole slide's map, exactly).
+    of a whole slide that starts there, and give the slide's (H, W) as ``image_shape`` (None: the window is the
+    image), and it is the window of the whole slide's map, exactly.
 
     Pixels are QuPath's (and :mod:`densecnn.io.geojson`'s): pixel (row i, column j) is the square
     [j, j + 1] x [i, i + 1] in (x, y), the origin at the image's top-left corner, its centre at (j + 0.5, i + 0.5).
     A pixel belongs to a polygon when its centre lies inside it (a centre on an edge counts for the polygon on its
     right / below, so polygons sharing an edge share no pixel): the square x from 10 to 20, y from 10 to 20 is
     rows and columns 10..19, and a label map written as GeoJSON reads back as itself. A polygon too thin to hold any
-    pixel centre (over the whole image, not just this window) is not dropped: its outline's pixels are labelled.
-    A point or line vertex at (x, y) is the pixel (floor(y), floor(x)) it lies in; lines join those pixels.
+    pixel centre of the image (``image_shape``, not just this window; what it holds outside the image does not
+    count) is not dropped: its outline's pixels are labelled. A point or line vertex at (x, y) is the pixel
+    (floor(y), floor(x)) it lies in; lines join those pixels. What lies outside the window costs nothing: the time
+    taken depends on the parts inside it (or inside the image, for a polygon that holds no centre in the window).
 
     Raises:
         DatasetError: an annotation's class is not in ``class_ids`` (and not an ``Ignore*`` class).
@@ -116,14 +205,18 @@ def rasterize(
     areas = sorted((a for a in kept if a.kind == "area"), key=lambda a: -_ring_area(a.parts[0]))
     others = [a for a in kept if a.kind != "area"]
     shift = np.asarray(offset, int)
+    window = (int(shift[0]), int(shift[0]) + shape[0], int(shift[1]), int(shift[1]) + shape[1])
+    image = None if image_shape is None else (0, image_shape[0], 0, image_shape[1])
     for annotation in areas + others + ignored:  # Ignore* last: what it covers stays unlabelled
         value = _class_id(annotation.class_name, class_ids)
         if annotation.kind == "area":
-            spans = _polygon_spans(annotation.parts, rows=(shift[0], shift[0] + shape[0]))
+            spans = _within(_polygon_spans(annotation.parts, rows=window[:2]), window[2:])
             if len(spans):
                 _paint_spans(labels, spans - shift[[0, 1, 1]], value)
-            # too thin to hold a pixel centre anywhere, not only in this window: its outline
-            elif _reaches(annotation, shift, shape) and not _holds_a_centre(annotation.parts):
+            # too thin to hold a pixel centre of the image, not only of this window: its outline
+            elif _reaches(annotation, shift, shape) and not (
+                image and _holds_a_centre(annotation.parts, image)
+            ):
                 for ring in annotation.parts:
                     vertices = _pixels(ring) - shift
                     _paint_path(labels, np.concatenate([vertices, vertices[:1]]), value, 0)
@@ -282,13 +375,21 @@ def _reaches(annotation: Annotation, offset: np.ndarray, shape: tuple[int, int])
     )
 
 
-def _holds_a_centre(parts: tuple[np.ndarray, ...], block: int = 4096) -> bool:
-    """Whether the polygon holds any pixel centre, its rows scanned ``block`` at a time (memory bounded)."""
-    low, high = np.floor(parts[0][:, 0].min()), np.ceil(parts[0][:, 0].max())
-    for top in np.arange(low, high + 1, block).astype(np.int64):
-        if len(_polygon_spans(parts, rows=(int(top), int(top) + block))):
+def _holds_a_centre(parts: tuple[np.ndarray, ...], box: tuple[int, int, int, int], block: int = 4096) -> bool:
+    """Whether the polygon holds a pixel centre in ``box`` (row start, stop, column start, stop), its rows there
+    scanned ``block`` at a time (memory bounded): the time taken depends on the box, never on how far the polygon
+    reaches outside it."""
+    low = max(int(np.floor(parts[0][:, 0].min())), box[0])
+    high = min(int(np.ceil(parts[0][:, 0].max())) + 1, box[1])
+    for top in range(low, high, block):
+        if len(_within(_polygon_spans(parts, rows=(top, min(top + block, high))), box[2:])):
             return True
     return False
+
+
+def _within(spans: np.ndarray, columns: tuple[int, int]) -> np.ndarray:
+    """The (row, first column, stop column) runs of ``spans`` that hold a column of ``columns`` [start, stop)."""
+    return spans[(np.maximum(spans[:, 1], columns[0]) < np.minimum(spans[:, 2], columns[1]))]
 
 
 def _paint_spans(labels: np.ndarray, spans: np.ndarray, value: int) -> None:
@@ -330,11 +431,14 @@ def _classification(properties: dict, where: str, n: int) -> tuple[str, tuple[in
     """A feature's class name and colour. QuPath writes a class as ``{"name": "Tumor"}``, a derived class (0.4 and
     later) as ``{"names": ["Tumor", "Positive"]}`` and before 0.4 as ``{"name": "Positive", "parentClass": {"name":
     "Tumor", ...}}``, and reads a bare string too: a derived class is its names joined by ": " ("Tumor: Positive"), as
-    QuPath names it."""
+    QuPath names it. The name is in Unicode's NFC form (macOS may write an accented letter as NFD: a letter and a
+    combining accent), so the same name typed anywhere is one class."""
     classification = properties.get("classification")
     if isinstance(classification, str):
         classification = {"name": classification}
     name = _class_name(classification) if isinstance(classification, dict) else None
+    if name is not None:
+        name = unicodedata.normalize("NFC", name)
     if name is None:
         raise DatasetError(
             f"{where}: feature {n} has no class (properties.classification.name, or names for a derived class); "
@@ -345,11 +449,51 @@ def _classification(properties: dict, where: str, n: int) -> tuple[str, tuple[in
             f"{where}: feature {n}'s class name {name!r} is empty (properties.classification); give every class a "
             "name (in QuPath: set a named class before exporting)"
         )
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate escape ("\\ud800"): no file could hold the name
+        raise DatasetError(
+            f"{where}: feature {n}'s class name {name!r} holds an unpaired surrogate (a broken \\u escape); correct "
+            "the name"
+        ) from None
+    return name, _colour(classification, where, n)
+
+
+def _colour(classification: dict, where: str, n: int) -> tuple[int, int, int] | None:
+    """A classification's colour: ``colorRGB`` (QuPath's packed ARGB, a signed 32-bit integer) or ``color``
+    (``[r, g, b]``, an alpha after them ignored), each of 0..255; None without one. A colour given but not one is
+    refused here, not when the model (whose palette the colours become) is written after training."""
+    packed = classification.get("colorRGB")
+    if packed is not None:
+        if not _is_whole(packed) or not -(2**31) <= packed < 2**32:
+            raise DatasetError(
+                f"{where}: feature {n}'s class colour colorRGB {_shown(packed)} is not a packed RGB integer (as "
+                "QuPath writes it); correct it, or remove it"
+            )
+        packed = int(packed) & 0xFFFFFF  # Java's packed ARGB, signed
+        return (packed >> 16) & 255, (packed >> 8) & 255, packed & 255
     color = classification.get("color")
-    if isinstance(classification.get("colorRGB"), int):
-        packed = classification["colorRGB"] & 0xFFFFFF  # Java's packed ARGB, signed
-        color = [(packed >> 16) & 255, (packed >> 8) & 255, packed & 255]
-    return name, tuple(int(c) for c in color[:3]) if isinstance(color, list) else None
+    if color is None:
+        return None
+    if (
+        not isinstance(color, list)
+        or len(color) not in (3, 4)
+        or not all(_is_whole(v) and 0 <= v <= 255 for v in color)
+    ):
+        raise DatasetError(
+            f"{where}: feature {n}'s class colour {_shown(color)} is not an [r, g, b] of whole numbers 0..255; "
+            "correct it, or remove it"
+        )
+    return int(color[0]), int(color[1]), int(color[2])
+
+
+def _is_whole(value) -> bool:
+    """Whether ``value`` is a whole number (an integer, or a float without a fraction), not a bool."""
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, int | np.integer):
+        return True
+    return isinstance(value, float | np.floating) and bool(np.isfinite(value)) and float(value).is_integer()
 
 
 def _class_name(classification: dict) -> str | None:
@@ -365,38 +509,92 @@ def _class_name(classification: dict) -> str | None:
     return None
 
 
-def _geometries(geometry: dict, where: str, n: int) -> list[tuple[str, tuple[np.ndarray, ...]]]:
-    """(kind, parts) of each simple geometry in ``geometry``; coordinates turned from (x, y) into (row, column).
-    An empty geometry (GeoJSON allows them) is refused: it labels nothing, and is most often an export gone wrong.
+Plane = tuple[int, int]  # QuPath's (z, t) of an annotation; (0, 0) when the geometry names none
+
+
+def _geometries(
+    geometry: dict, where: str, n: int, plane: Plane = (0, 0)
+) -> list[tuple[str, tuple[np.ndarray, ...], Plane, float | None]]:
+    """(kind, parts, plane, z) of each simple geometry in ``geometry``: coordinates turned from (x, y) into (row,
+    column), its QuPath ``plane`` (z, t) (a GeometryCollection's, unless a member names its own) and the third
+    coordinate of its vertices (None without one; differing ones are refused). An empty geometry (GeoJSON allows
+    them) is refused: it labels nothing, and is most often an export gone wrong.
     """
     kind, coordinates = geometry.get("type"), geometry.get("coordinates")
+    plane = _plane(geometry, plane, where, n)
     if _is_empty(kind, geometry):
         raise DatasetError(
             f"{where}: feature {n}'s {kind} is empty (it has no coordinates); remove the feature or draw it again"
         )
+    if kind == "GeometryCollection":
+        members = geometry.get("geometries")
+        if not isinstance(members, list):
+            raise DatasetError(
+                f"{where}: feature {n}'s GeometryCollection has geometries {_shown(members)}, not a list of "
+                "geometries; export the feature again"
+            )
+        found = []
+        for k, member in enumerate(members):
+            if not isinstance(member, dict):
+                raise DatasetError(
+                    f"{where}: feature {n}'s GeometryCollection member {k} is {_shown(member)}, not a geometry "
+                    '(an object such as {"type": "Polygon", "coordinates": ...}); remove it or export the feature again'
+                )
+            found += _geometries(member, where, n, plane)
+        return found
+    depths: set[float] = set()  # the third coordinates of the vertices
     try:
-        if kind == "GeometryCollection":
-            return [part for g in geometry.get("geometries", []) for part in _geometries(g, where, n)]
         if kind == "Polygon":
-            return [("area", tuple(_points(ring) for ring in coordinates))]
-        if kind == "MultiPolygon":
-            return [("area", tuple(_points(ring) for ring in polygon)) for polygon in coordinates]
-        if kind == "LineString":
-            return [("line", (_points(coordinates),))]
-        if kind == "MultiLineString":
-            return [("line", (_points(line),)) for line in coordinates]
-        if kind == "Point":
-            return [("point", (_points([coordinates]),))]
-        if kind == "MultiPoint":
-            return [("point", (_points(coordinates),))]
-    except (TypeError, ValueError, IndexError):
+            found = [("area", tuple(_points(ring, depths) for ring in _listed(coordinates)))]
+        elif kind == "MultiPolygon":
+            found = [
+                ("area", tuple(_points(ring, depths) for ring in _listed(polygon)))
+                for polygon in _listed(coordinates)
+            ]
+        elif kind == "LineString":
+            found = [("line", (_points(coordinates, depths),))]
+        elif kind == "MultiLineString":
+            found = [("line", (_points(line, depths),)) for line in _listed(coordinates)]
+        elif kind == "Point":
+            found = [("point", (_points([coordinates], depths),))]
+        elif kind == "MultiPoint":
+            found = [("point", (_points(coordinates, depths),))]
+        else:
+            found = None
+    except (TypeError, ValueError, IndexError, OverflowError):
         raise DatasetError(
             f"{where}: feature {n}'s {kind} coordinates are malformed (each point an [x, y] of finite numbers "
-            f"within ±{MAX_COORDINATE:.0e} pixels)"
+            f"within ±{MAX_COORDINATE:.0e} pixels); correct the feature or remove it"
         ) from None
-    raise DatasetError(
-        f"{where}: feature {n} is a {kind!r}; annotations must be Polygons, LineStrings or Points (or Multi-)"
-    )
+    if found is None:
+        raise DatasetError(
+            f"{where}: feature {n} is a {kind!r}; annotations must be Polygons, LineStrings or Points (or Multi-)"
+        )
+    if len(depths) > 1:
+        low, high = sorted(depths)[:: len(depths) - 1]
+        raise DatasetError(
+            f"{where}: feature {n}'s {kind} has vertices at z={low:g} and at z={high:g} (the third coordinate of "
+            "[x, y, z]); a 2-D image takes the annotations of one plane: export the annotations of one plane (or "
+            "of a 2-D image)"
+        )
+    depth = depths.pop() if depths else None
+    return [(part_kind, parts, plane, depth) for part_kind, parts in found]
+
+
+def _plane(geometry: dict, plane: Plane, where: str, n: int) -> Plane:
+    """The (z, t) of QuPath's ``"plane": {"c": C, "z": Z, "t": T}`` in ``geometry`` (z, t default 0), else
+    ``plane``."""
+    value = geometry.get("plane")
+    if value is None:
+        return plane
+    if not isinstance(value, dict) or not all(
+        _is_whole(value.get(axis, 0)) and value.get(axis, 0) >= 0 for axis in ("z", "t")
+    ):
+        raise DatasetError(
+            f"{where}: feature {n}'s geometry plane {_shown(value)} is not QuPath's "
+            '{"c": C, "z": Z, "t": T} with whole z and t of 0 or more; correct it, or export the feature again'
+        )
+    return int(value.get("z", 0)), int(value.get("t", 0))
 
 
 def _is_empty(kind: str, geometry: dict) -> bool:
@@ -410,13 +608,23 @@ def _is_empty(kind: str, geometry: dict) -> bool:
     return kind in ("MultiPolygon", "MultiLineString") and isinstance(coordinates, list) and [] in coordinates
 
 
-def _points(coordinates) -> np.ndarray:
-    """[[x, y], ...] -> (n, 2) float (row, column)."""
+def _listed(value) -> list:
+    """``value``, a non-empty list (of rings, polygons or lines)."""
+    if not isinstance(value, list) or not value:
+        raise ValueError("not a list of parts")
+    return value
+
+
+def _points(coordinates, depths: set[float]) -> np.ndarray:
+    """[[x, y], ...] -> (n, 2) float (row, column); the third coordinates of [x, y, z, ...] points added to
+    ``depths``."""
     array = np.asarray(coordinates, dtype=np.float64)
     if array.ndim != 2 or array.shape[1] < 2 or not len(array) or not np.isfinite(array).all():
         raise ValueError("not a list of finite [x, y] points")
     if np.abs(array).max() > MAX_COORDINATE:
         raise ValueError("a coordinate beyond any image")
+    if array.shape[1] > 2:
+        depths.update(float(z) for z in np.unique(array[:, 2]))
     return array[:, [1, 0]]
 
 

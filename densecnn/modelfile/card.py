@@ -37,7 +37,7 @@ def write_model_card(
     lines += _limitations_section(model_summary.get("patch size", "patch"), intensity)
     lines += USE_SECTION
     path = Path(path)
-    path.write_text("\n".join(lines))
+    path.write_text("\n".join(lines), encoding="utf-8")  # class names and paths in any script, any locale
     return path
 
 

@@ -7,13 +7,15 @@ Layout::
     DIR/labels/NAME.png|.tif|.tiff            class-id maps, same height and width: 0..K-1, 255 = ignore
     DIR/masks/NAME.png|.tif|.tiff             optional: nonzero where labels count (others are ignored)
     DIR/annotations/NAME.geojson              instead of a label file: GeoJSON annotations (QuPath, napari),
-                                              rasterised to sparse labels (:mod:`densecnn.io.annotations`)
-    DIR/classes.json (or DIR/../classes.json) optional: {"names": [...], "palette": [[r, g, b], ...],
-                                              "unlabelled": V}
+                                              rasterised to sparse labels (:mod:`densecnn.io.annotations`); for
+                                              2-D images only (a volume's or signal's labels are a label file)
+    DIR/classes.json (or DIR/../classes.json) optional, UTF-8: {"names": [...], "palette": [[r, g, b], ...],
+                                              "unlabelled": V}; names are read in Unicode NFC
 
 Sparse labels (strokes, points, outlined regions): the label files' value V (``"unlabelled"`` in classes.json, or
 ``densecnn train --unlabelled V``) marks unlabelled pixels; with V = 0 (napari's "not painted") the ids 1..K mean
-classes 0..K-1. 255 always means unlabelled. Annotation classes are matched to classes.json's names (without one,
+classes 0..K-1. 255 always means unlabelled, and a value beyond the classes is refused (a 16-bit 256 is never
+shifted onto 255). Annotation classes are matched to classes.json's names (without one,
 the classes are the annotations' names in order of appearance).
 
 For a model of volumes the files are TIFF stacks, .npy or .zarr arrays ((D, H, W), or (C, D, H, W) for images;
@@ -22,7 +24,8 @@ the image's spatial shape.
 
 A large 2-D image (a whole slide, a zarr array, a TIFF above 64 Mpixel) is never read whole: each cluster of its
 annotations or labelled pixels becomes one sample, a window around it (:mod:`densecnn.train.windows`); its label
-and mask files may be TIFF, zarr or .npy arrays, read by windows too.
+and mask files may be TIFF, zarr or .npy arrays, read by windows too, their values read as a whole label file's
+(:func:`~densecnn.train.windows.class_targets`).
 
 Every problem raises :class:`DatasetError` naming the file and the fix.
 """
@@ -30,6 +33,7 @@ Every problem raises :class:`DatasetError` naming the file and the fix.
 from __future__ import annotations
 
 import json
+import unicodedata
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -46,18 +50,21 @@ from ..io import (
     read_header,
     unit_planes,
 )
-from ..io.annotations import IGNORED_CLASS_PREFIX, class_names_of, rasterize, read_geojson, sparse_labels
+from ..io.annotations import IGNORED_CLASS_PREFIX, class_names_of, rasterize, read_geojson
 from ..io.formats import ARRAY_SUFFIXES, IMAGE_SUFFIXES, LABEL_IMAGE_SUFFIXES, TIFF_SUFFIXES
 from ..io.slides import SLIDE_SUFFIXES
 from ..losses import IGNORE_INDEX
 from .config import TrainConfig
 from .windows import (
+    BEYOND_CLASSES_HINT,
     LARGE_LABEL_SUFFIXES,
     WindowPlan,
     check_window_budget,
+    class_targets,
     is_large,
     open_windowed,
     plan_windows,
+    stored_class_map,
     window_margin,
 )
 
@@ -159,11 +166,13 @@ def read_class_info(directory: str | Path) -> ClassInfo:
     for candidate in (Path(directory) / "classes.json", Path(directory).parent / "classes.json"):
         if candidate.is_file():
             try:
-                info = json.loads(candidate.read_text())
+                info = json.loads(_utf8_text(candidate))
                 unlabelled = info.get("unlabelled")
                 names, palette = info.get("names"), info.get("palette")
             except (json.JSONDecodeError, AttributeError) as exc:
                 raise DatasetError(f"{candidate}: not a JSON object with names/palette ({exc})") from None
+            if isinstance(names, list):  # one spelling of each name, whatever the editor wrote (macOS: NFD)
+                names = [unicodedata.normalize("NFC", n) if isinstance(n, str) else n for n in names]
             if unlabelled is not None and (isinstance(unlabelled, bool) or not isinstance(unlabelled, int)):
                 raise DatasetError(
                     f'{candidate}: unlabelled must be an integer label value (e.g. 0 for napari\'s "not painted"), '
@@ -175,6 +184,26 @@ def read_class_info(directory: str | Path) -> ClassInfo:
     names, colours = _annotation_classes(Path(directory))
     palette = [list(colours[n]) for n in names] if names and all(n in colours for n in names) else None
     return ClassInfo(names=names or None, palette=palette)
+
+
+def _utf8_text(path: Path) -> str:
+    """The text of the JSON file ``path``, read as UTF-8 (JSON's encoding, RFC 8259; a byte-order mark skipped)
+    whatever the locale; another encoding refused, naming the file and the fix."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise DatasetError(f"{path}: cannot read it ({exc.strerror or exc}); make it readable") from None
+    encoding = json.detect_encoding(data)  # a UTF-16 or UTF-32 byte-order mark, or the NUL bytes of either
+    if encoding.startswith(("utf-16", "utf-32")):
+        raise DatasetError(f"{path}: the file is {encoding.upper()} text, not UTF-8; save it as UTF-8")
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise DatasetError(
+            f"{path}: not UTF-8 text (byte 0x{data[exc.start]:02x} on line {line}); save it as UTF-8, or convert it "
+            "from the encoding it was saved in (e.g. iconv -f latin1 -t utf-8)"
+        ) from None
 
 
 def _check_names(path: Path, names) -> None:
@@ -260,7 +289,10 @@ def read_dataset(
 
     ``class_names``: the classes of a model being fine-tuned. Annotation classes are matched to them by name, and
     label files whose classes.json names them in another order are renumbered to the model's ids; a class the model
-    does not have is refused, naming the file. None: the classes are classes.json's names (else the annotations').
+    does not have is refused, naming the file. A model's default names (class_0..class_K-1, a model saved without
+    names) are matched like any others; data that names none of them keeps the label files' ids (in classes.json's
+    order), and annotation classes without a classes.json are refused (their order of appearance is no match).
+    None: the classes are classes.json's names (else the annotations').
     ``validation``: the dataset is a run's validation set, and ``class_names`` the classes of the model it scores
     (a fresh model's are the training set's); the same matching, the messages saying so.
 
@@ -299,7 +331,7 @@ def read_dataset(
                 num_classes=num_classes,
                 intensity=intensity or Intensity(),
                 unlabelled=unlabelled,
-                class_ids=classes.ids,
+                classes=classes,
                 finite=nonfinite != "propagate",
             )
             continue
@@ -311,6 +343,11 @@ def read_dataset(
         )
         samples.append(Sample(image_path.stem, image, labels))
     return samples
+
+
+def _unnamed(count: int) -> list[str]:
+    """The names of a model saved without class names (:func:`densecnn.save`'s default): class_0..class_{count-1}."""
+    return [f"class_{k}" for k in range(count)]
 
 
 class _Classes:
@@ -328,10 +365,22 @@ class _Classes:
     ):
         self.validation = validation
         self.model = "the model being trained" if validation else "the model being fine-tuned"
-        if class_names is not None and list(class_names) == [f"class_{k}" for k in range(len(class_names))]:
-            class_names = None  # a model trained without names: its ids are taken as they are
+        if class_names is not None:  # matched to the data's names (classes.json's NFC) in one spelling
+            class_names = [unicodedata.normalize("NFC", n) for n in class_names]
+        data_names = info.names if info.names is not None else _annotation_classes(directory)[0]
+        if class_names == _unnamed(len(class_names or ())) and not set(data_names or ()) & set(class_names):
+            # a model trained without names (class_0..class_K-1) and data naming none of them: the label files'
+            # ids (and classes.json's order) are the model's as they are; annotation classes have no order to keep
+            if data_names and (info.path is None or info.names is None):
+                raise DatasetError(
+                    f"{directory / ANNOTATIONS}: {self.model} has no class names of its own "
+                    f"({', '.join(class_names)}), so the annotation classes {', '.join(map(repr, data_names))} "
+                    "cannot be matched to its classes by name; name the annotations as its classes, or list their "
+                    "classes in a classes.json's names in the order of the model's class ids"
+                )
+            class_names = None
         self.info, self.model_names, self.num_classes = info, class_names, num_classes
-        names = class_names or info.names or _annotation_classes(directory)[0]
+        names = class_names or data_names or []
         self.ids = {n: k for k, n in enumerate(names)}
         self.lookup: np.ndarray | None = (
             None  # classes.json's ids -> the fine-tuned model's, when they differ
@@ -384,7 +433,7 @@ class _Classes:
             return f"fix the labels: {self.model} has these classes"
         if self.info.path is not None and self.info.names is not None:
             return f"fix the labels or add the classes to the names in {self.info.path}"
-        return "fix the labels or use --classes"
+        return BEYOND_CLASSES_HINT
 
 
 def _read_masked_labels(
@@ -428,17 +477,16 @@ def _window_samples(
     num_classes: int,
     intensity: Intensity,
     unlabelled: int | None,
-    class_ids: dict[str, int],
+    classes: _Classes,
     finite: bool,
 ) -> list[Sample]:
-    """One sample per window of ``plan`` that holds labels; the image scaled as a whole (its intensity sample)."""
+    """One sample per window of ``plan`` that holds labels; the image scaled as a whole (its intensity sample), the
+    label array's values read as a whole label image's are."""
     samples = []
     try:
         scaling = array_scaling(plan.image, intensity)
         for window in plan.windows:
-            labels = plan.read_labels(window, class_ids, unlabelled)  # (h, w)
-            if plan.labels is not None:
-                _check_ids(labels, Path(plan.labels.path), num_classes)
+            labels = plan.read_labels(window, classes.ids, unlabelled, num_classes, classes.hint())  # (h, w)
             if (labels != IGNORE_INDEX).any():
                 image = plan.read_image(window, channels, scaling, finite=finite)  # (C, h, w)
                 samples.append(Sample(image_path.stem, image, labels, (window[0].start, window[1].start)))
@@ -580,7 +628,9 @@ def _read_labels(
     label_path = _companion(directory / "labels", image_path.stem, _label_suffixes(spatial_dims))
     annotation_path = directory / ANNOTATIONS / f"{image_path.stem}.geojson"
     _refuse_both(image_path, label_path, annotation_path)
-    if label_path is None and annotation_path.is_file() and spatial_dims == 2:
+    if label_path is None and annotation_path.is_file():
+        if spatial_dims != 2:
+            raise _annotations_of_nd(directory, image_path, annotation_path, spatial_dims)
         classes.check_annotations(annotation_path)
         return rasterize(read_geojson(annotation_path), shape, class_ids=classes.ids)
     if label_path is None:
@@ -591,16 +641,23 @@ def _read_labels(
             annotation_path if spatial_dims == 2 else None,
         )
     stored = _read_class_map(label_path, image_path, shape, spatial_dims, what="label", unlabelled=unlabelled)
-    labels = stored
-    if unlabelled is not None:
-        labels = sparse_labels(stored, unlabelled)
-        labels[stored == IGNORE_INDEX] = IGNORE_INDEX  # 255 means unlabelled whatever the value declared
-    if classes.lookup is not None:  # classes.json's ids, renumbered to the fine-tuned model's
-        _check_ids(labels, label_path, len(classes.lookup), stored, unlabelled, classes.hint())
-        labels, labelled = labels.copy(), labels != IGNORE_INDEX
-        labels[labelled] = classes.lookup[labels[labelled]]
-    _check_ids(labels, label_path, num_classes, stored, unlabelled, classes.hint())
-    return labels
+    # 255 and the declared value unlabelled, ids beyond the classes refused: as a large image's windows are read
+    return class_targets(
+        stored, label_path, num_classes, unlabelled, lookup=classes.lookup, hint=classes.hint()
+    )
+
+
+def _annotations_of_nd(
+    directory: Path, image_path: Path, annotation_path: Path, spatial_dims: int
+) -> DatasetError:
+    """The error for GeoJSON annotations of a volume or signal, which are read for 2-D images only."""
+    kind = "volume" if spatial_dims == 3 else "signal"
+    return DatasetError(
+        f"{annotation_path}: GeoJSON annotations are read for 2-D images only, and {image_path.name} is a {kind} "
+        f"{_AXES[spatial_dims]}; give its labels as a label {kind} of its shape instead, "
+        f"{directory / 'labels' / image_path.stem}{_label_suffixes(spatial_dims)[0]} (or "
+        f"{', '.join(_label_suffixes(spatial_dims)[1:])}: class ids 0..K-1, 255 = unlabelled)"
+    )
 
 
 def _refuse_both(image_path: Path, label_path: Path | None, annotation_path: Path) -> None:
@@ -625,31 +682,6 @@ def _no_labels(
     )
 
 
-def _check_ids(
-    labels: np.ndarray,
-    label_path: Path,
-    num_classes: int,
-    stored: np.ndarray | None = None,
-    unlabelled: int | None = None,
-    hint: str = "fix the labels or use --classes",
-) -> None:
-    """Refuse class ids beyond ``num_classes``, reporting them as ``stored`` in the file."""
-    bad = (labels != IGNORE_INDEX) & (labels >= num_classes)
-    if bad.any():
-        values = sorted(set(np.unique((labels if stored is None else stored)[bad]).tolist()))
-        shifted = (
-            f" (with unlabelled value 0 the file's values 1..{num_classes} are the classes 0..{num_classes - 1})"
-            if unlabelled == 0
-            else f" (valid: 0..{num_classes - 1}, {IGNORE_INDEX} = unlabelled"
-            + (f", {unlabelled} = unlabelled" if unlabelled not in (None, IGNORE_INDEX) else "")
-            + ")"
-        )
-        raise DatasetError(
-            f"{label_path}: label ids {values[:5]} in the file are beyond the model's {num_classes} classes"
-            f"{shifted}; {hint}"
-        )
-
-
 def _read_class_map(
     path: Path,
     image_path: Path,
@@ -659,7 +691,8 @@ def _read_class_map(
     what: str,
     unlabelled: int | None = None,
 ) -> np.ndarray:
-    """A single-channel integer map of ``shape``, as int64; negative values refused, but for ``unlabelled``."""
+    """A single-channel integer map of ``shape``, as int64; negative values refused, but for ``unlabelled``
+    (:func:`~densecnn.train.windows.stored_class_map`)."""
     if spatial_dims == 2:
         try:
             array = decode_array(path, as_stored=True)  # ids as stored, whatever a viewer would show
@@ -677,22 +710,13 @@ def _read_class_map(
         raise DatasetError(
             f"{path}: a {what} file must be a single-channel map of class ids, got shape {array.shape} ({hint})"
         )
-    if not np.issubdtype(array.dtype, np.integer) and array.dtype != np.bool_:
-        raise DatasetError(f"{path}: a {what} file must hold integers, got {array.dtype}")
     if array.shape != tuple(shape):
         raise DatasetError(
             f"{path}: {what} size {_size(array.shape)} does not match its image {image_path} ({_size(shape)}); "
             f"give the {what}s the image's size"
         )
-    array = array.astype(np.int64)
-    negative = (array < 0) & (array != (unlabelled if unlabelled is not None else 0))
-    if negative.any():
-        values = sorted(set(np.unique(array[negative]).tolist()))[:5]
-        raise DatasetError(
-            f"{path}: negative {what} values {values}"
-            + (" (declare the unlabelled value with --unlabelled or classes.json)" if what == "label" else "")
-        )
-    return array
+    # integers, negative values refused but for unlabelled: as a large image's windows are read
+    return stored_class_map(array, path, what=what, unlabelled=unlabelled)
 
 
 def _size(shape) -> str:

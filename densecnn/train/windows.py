@@ -5,7 +5,8 @@ read whole. Its labelled places (the bounding boxes of its GeoJSON annotations, 
 array scanned block by block) are grouped into clusters: two clusters merge while their windows would overlap, so
 no pixel is in two windows. Each window is its cluster's bounding box grown by a margin and clipped to the image;
 it becomes one training sample, its pixels read at full resolution (level 0) and its labels rasterised with the
-window's offset (or sliced from the label array).
+window's offset (or sliced from the label array, whose values are read as a whole label image's are:
+:func:`class_targets`, the one reading of label values for both).
 
 The margin is :func:`window_margin` of the trainer's patch: half the patch (the trainer pads a sample's border by
 reflection, so a label at least that far inside its window has a patch of true pixels, as in the whole image) plus
@@ -46,6 +47,91 @@ LARGE_LABEL_SUFFIXES = (".tif", ".tiff", ".zarr", ".npy", ".png")  # a large ima
 
 Box = tuple[int, int, int, int]  # (row start, column start, row stop, column stop), stops excluded
 Window = tuple[slice, slice]  # (rows, columns) of the full-resolution image
+
+
+# the fix for label values beyond the classes, by default
+BEYOND_CLASSES_HINT = "fix the labels or use --classes"
+
+
+def stored_class_map(
+    values: np.ndarray, path, *, what: str = "label", unlabelled: int | None = None
+) -> np.ndarray:
+    """A label or mask map's values as the file stores them, as int64: a map of other than integers (or bools) is
+    refused, and so are negative values, but for a negative ``unlabelled`` (the value declared for unlabelled pixels).
+    Whole label images and the windows of a large image's label array are both read by it."""
+    if not np.issubdtype(values.dtype, np.integer) and values.dtype != np.bool_:
+        raise DatasetError(f"{path}: a {what} file must hold integers, got {values.dtype}")
+    values = values.astype(np.int64)
+    negative = (values < 0) & (values != (unlabelled if unlabelled is not None else 0))
+    if negative.any():
+        found = sorted(set(np.unique(values[negative]).tolist()))[:5]
+        fix = (
+            "class ids are 0 or more: fix the labels, or declare the value that marks unlabelled pixels with "
+            '--unlabelled or classes.json\'s "unlabelled"'
+            if what == "label"
+            else "a mask is nonzero where labels count and 0 elsewhere: fix it"
+        )
+        raise DatasetError(f"{path}: negative {what} values {found}; {fix}")
+    return values
+
+
+def labelled_values(stored: np.ndarray, unlabelled: int | None) -> np.ndarray:
+    """Where a label map's ``stored`` values are labels: every value but 255 (always unlabelled) and ``unlabelled``."""
+    labelled = stored != IGNORE_INDEX
+    if unlabelled is not None:
+        labelled &= stored != unlabelled
+    return labelled
+
+
+def class_targets(
+    stored: np.ndarray,
+    path,
+    num_classes: int,
+    unlabelled: int | None = None,
+    *,
+    lookup: np.ndarray | None = None,
+    hint: str = BEYOND_CLASSES_HINT,
+) -> np.ndarray:
+    """The training targets of a label map's ``stored`` values (int64, :func:`stored_class_map`), the one reading of
+    label values for whole label images and the windows of a large image's label array alike.
+
+    255 and the declared ``unlabelled`` value are :data:`~densecnn.losses.IGNORE_INDEX`; with ``unlabelled`` 0 the
+    values 1..K are the classes 0..K-1 (:func:`~densecnn.io.annotations.sparse_labels`); ``lookup`` renumbers the
+    file's class ids to a fine-tuned model's (classes.json's names in another order). A labelled value beyond the
+    classes is refused (so a 16-bit 256 is never shifted onto 255, the ignore index), named as the file stores it,
+    with ``hint`` as the fix.
+
+    >>> class_targets(np.array([[0, 1, 2, 255]]), "a.png", 2, unlabelled=0)
+    array([[255,   0,   1, 255]])
+    """
+    labelled = labelled_values(stored, unlabelled)
+    targets = stored.copy() if unlabelled is None else sparse_labels(stored, unlabelled)
+    targets[~labelled] = IGNORE_INDEX
+    if lookup is not None:  # the file's ids checked against its own classes, then renumbered
+        _refuse_beyond(targets, labelled, stored, path, len(lookup), unlabelled, hint)
+        targets[labelled] = lookup[targets[labelled]]
+    _refuse_beyond(targets, labelled, stored, path, num_classes, unlabelled, hint)
+    return targets
+
+
+def _refuse_beyond(
+    targets, labelled, stored, path, num_classes: int, unlabelled: int | None, hint: str
+) -> None:
+    """Refuse labelled ``targets`` beyond ``num_classes``, reporting them as ``stored`` in the file."""
+    bad = labelled & (targets >= num_classes)
+    if not bad.any():
+        return
+    values = sorted(set(np.unique(stored[bad]).tolist()))
+    shifted = (
+        f" (with unlabelled value 0 the file's values 1..{num_classes} are the classes 0..{num_classes - 1})"
+        if unlabelled == 0
+        else f" (valid: 0..{num_classes - 1}, {IGNORE_INDEX} = unlabelled"
+        + (f", {unlabelled} = unlabelled" if unlabelled not in (None, IGNORE_INDEX) else "")
+        + ")"
+    )
+    raise DatasetError(
+        f"{path}: label ids {values[:5]} in the file are beyond the model's {num_classes} classes{shifted}; {hint}"
+    )
 
 
 def window_margin(patch_size: tuple[int, ...]) -> int:
@@ -93,18 +179,33 @@ class WindowPlan:
             require_finite(pixels, channel_axis=2)
         return unit_planes(pixels, channels, scaling)  # (C, h, w)
 
-    def read_labels(self, window: Window, class_ids: dict[str, int], unlabelled: int | None) -> np.ndarray:
-        """The window's (h, w) int64 labels, :data:`~densecnn.losses.IGNORE_INDEX` where unlabelled or masked."""
+    def read_labels(
+        self,
+        window: Window,
+        class_ids: dict[str, int],
+        unlabelled: int | None,
+        num_classes: int,
+        hint: str = BEYOND_CLASSES_HINT,
+    ) -> np.ndarray:
+        """The window's (h, w) int64 labels, :data:`~densecnn.losses.IGNORE_INDEX` where unlabelled or masked: the
+        annotations rasterised, or the label array's values read as a whole label image's are
+        (:func:`class_targets`: ``unlabelled`` and 255 unlabelled, values beyond ``num_classes`` refused with
+        ``hint``)."""
         shape = (window[0].stop - window[0].start, window[1].stop - window[1].start)
         if self.annotations is not None:
             touching = [a for a in self.annotations if _overlaps(bounding_box(a), _box(window))]
             labels = rasterize(
-                touching, shape, class_ids=class_ids, offset=(window[0].start, window[1].start)
+                touching,
+                shape,
+                class_ids=class_ids,
+                offset=(window[0].start, window[1].start),
+                image_shape=self.image.spatial_shape,
             )
         else:
-            labels = _class_map(self.labels, window, unlabelled)
+            stored = _stored(self.labels, window, "label", unlabelled)
+            labels = class_targets(stored, self.labels.path, num_classes, unlabelled, hint=hint)
         if self.mask is not None:
-            labels[_class_map(self.mask, window, None) == 0] = IGNORE_INDEX
+            labels[_stored(self.mask, window, "mask") == 0] = IGNORE_INDEX
         return labels
 
 
@@ -181,7 +282,7 @@ def labelled_boxes(labels: LazyArray, unlabelled: int | None) -> list[Box]:
     for r in range(0, height, LABEL_BLOCK):
         for c in range(0, width, LABEL_BLOCK):
             window = (slice(r, min(r + LABEL_BLOCK, height)), slice(c, min(c + LABEL_BLOCK, width)))
-            labelled = _class_map(labels, window, unlabelled) != IGNORE_INDEX  # (h, w)
+            labelled = labelled_values(_stored(labels, window, "label", unlabelled), unlabelled)  # (h, w)
             h, w = labelled.shape
             padded = np.zeros(
                 (math.ceil(h / LABEL_CELL) * LABEL_CELL, math.ceil(w / LABEL_CELL) * LABEL_CELL), bool
@@ -238,14 +339,9 @@ def _companion_array(path: Path, image_path: Path, shape: tuple[int, int]) -> La
     return array
 
 
-def _class_map(array: LazyArray, window: Window, unlabelled: int | None) -> np.ndarray:
-    """The (h, w) int64 values of a label or mask array in ``window`` (``unlabelled`` set to IGNORE_INDEX)."""
-    values = array.read(window)[0]  # (h, w)
-    if not np.issubdtype(values.dtype, np.integer) and values.dtype != np.bool_:
-        raise DatasetError(f"{array.path}: a label or mask array must hold integers, got {values.dtype}")
-    if values.size and values.min() < 0:
-        raise DatasetError(f"{array.path}: negative values; class ids are 0 or more")
-    return values.astype(np.int64) if unlabelled is None else sparse_labels(values, unlabelled)
+def _stored(array: LazyArray, window: Window, what: str, unlabelled: int | None = None) -> np.ndarray:
+    """The (h, w) values of a label or mask array in ``window`` as stored (:func:`stored_class_map`)."""
+    return stored_class_map(array.read(window)[0], array.path, what=what, unlabelled=unlabelled)
 
 
 def _box(window: Window) -> Box:

@@ -105,3 +105,47 @@ def test_a_coordinate_beyond_any_image_is_refused_not_wrapped_around():
         DatasetError, match=r"feature 0's LineString coordinates are malformed .*within ±1e\+15"
     ):
         parse_geojson([feature({"type": "LineString", "coordinates": [[5, 5], [1e20, 5]]}, "Edge")])
+
+
+def _thin(far_y: float) -> list:
+    """A polygon 0.3 pixels wide (between the centres of columns 10 and 11) from row 30 up to ``far_y``."""
+    ring = [[10.6, far_y], [10.9, far_y], [10.9, 30], [10.6, 30], [10.6, far_y]]
+    return parse_geojson([feature({"type": "Polygon", "coordinates": [ring]}, "Edge")])
+
+
+@pytest.mark.parametrize("far_y", [-1e9, 1e12, -1e15])
+def test_a_thin_polygon_reaching_far_outside_costs_what_its_part_inside_does(far_y):
+    """It holds no pixel centre in the image: its outline is drawn, and finding that out scans the image's rows, not
+    the polygon's (a stray vertex a trillion rows away took days)."""
+    near = _thin(-100.0 if far_y < 0 else 100.0)
+    for shape, offset, image in [((40, 50), (0, 0), {}), ((16, 16), (20, 4), {"image_shape": (64, 64)})]:
+        started = time.perf_counter()
+        labels = _window(_thin(far_y), shape, offset, **image)
+        assert time.perf_counter() - started < 1.0
+        np.testing.assert_array_equal(labels, _window(near, shape, offset, **image))
+    whole = _window(_thin(far_y), (40, 50), (0, 0))
+    rows = range(0, 31) if far_y < 0 else range(30, 40)
+    assert {(int(r), int(c)) for r, c in np.argwhere(whole == 1)} == {(r, 10) for r in rows}
+
+
+def test_a_window_given_its_image_is_that_window_of_the_whole_image_when_a_polygon_is_thin_in_it():
+    """A wedge: wide in rows 0..10, a tip too thin to hold a pixel centre below. The whole image holds centres of it
+    (so its tip is not outlined); a window of the tip, told the image's shape, is that window of the whole image."""
+    wedge = [[2, 0], [30, 0], [30, 10], [20.6, 10], [20.6, 38], [20.9, 38], [20.9, 10.2], [2, 10.2], [2, 0]]
+    annotations = parse_geojson([feature({"type": "Polygon", "coordinates": [wedge]}, "Edge")])
+    whole = _window(annotations, (40, 40), (0, 0))
+    assert (whole[:10, 2:30] == 1).all() and (whole[11:] == UNLABELLED).all()
+    for top in range(0, 30, 7):
+        window = _window(annotations, (10, 40), (top, 0), image_shape=(40, 40))
+        np.testing.assert_array_equal(window, whole[top : top + 10])
+
+
+def test_a_polygon_holding_pixel_centres_only_outside_the_image_labels_its_outline_inside_it():
+    """Parts outside the image do not count: a strip 0.2 pixels high across the image, wide only far to its left,
+    is thin in the image and is outlined there (it labelled nothing)."""
+    ring = [[-1e9, -1e9], [-50, -1e9], [-50, 5.2], [30.5, 5.2], [30.5, 5.4], [-1e9, 5.4], [-1e9, -1e9]]
+    annotations = parse_geojson([feature({"type": "Polygon", "coordinates": [ring]}, "Edge")])
+    started = time.perf_counter()
+    labels = _window(annotations, (12, 40), (0, 0))
+    assert time.perf_counter() - started < 1.0
+    assert {(int(r), int(c)) for r, c in np.argwhere(labels == 1)} == {(5, c) for c in range(31)}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import unicodedata
 
 import numpy as np
 import pytest
@@ -185,3 +186,134 @@ def test_sparse_labels_replace_the_unlabelled_value():
     assert np.array_equal(sparse_labels(np.array([[0, 1], [2, 0]]), 0), [[UNLABELLED, 0], [1, UNLABELLED]])
     with pytest.raises(DatasetError, match="integers"):
         sparse_labels(np.array([[0.5]]), 0)
+
+
+SQUARE = {"type": "Polygon", "coordinates": [rectangle(10, 10, 20, 20)]}
+GOOD = feature({"type": "Point", "coordinates": [1, 1]}, "B")
+
+
+@pytest.mark.parametrize(
+    ("document", "message"),
+    [
+        (
+            [GOOD, {"type": "Feature", "geometry": SQUARE, "properties": "Tumor"}],
+            'feature 1\'s properties is "Tumor", not an object; give its class as "properties": '
+            '{"classification": {"name": ...}} (as QuPath exports it)',
+        ),
+        (
+            [GOOD, {"type": "Feature", "geometry": SQUARE, "properties": [1, 2]}],
+            "feature 1's properties is [1, 2], not an object",
+        ),
+        (
+            [GOOD, feature({"type": "GeometryCollection", "geometries": [SQUARE, [1, 2]]}, "A")],
+            "feature 1's GeometryCollection member 1 is [1, 2], not a geometry (an object such as "
+            '{"type": "Polygon", "coordinates": ...}); remove it or export the feature again',
+        ),
+        (
+            [feature({"type": "GeometryCollection", "geometries": None}, "A")],
+            "feature 0's GeometryCollection has geometries null, not a list of geometries; export the feature again",
+        ),
+        (
+            {"type": "FeatureCollection", "features": None},
+            "the FeatureCollection's features is null, not a list of Features; export it again (a FeatureCollection "
+            'of no annotation has "features": [])',
+        ),
+        (
+            {"type": "FeatureCollection", "features": {"0": GOOD}},
+            'the FeatureCollection\'s features is {"0": {"type": ',
+        ),
+        (
+            [GOOD, feature({"type": "Polygon", "coordinates": {}}, "A")],
+            "feature 1's Polygon coordinates are malformed",
+        ),
+        (
+            [feature({"type": "MultiPolygon", "coordinates": [[rectangle(1, 1, 2, 2)], "x"]}, "A")],
+            "feature 0's MultiPolygon coordinates are malformed",
+        ),
+        (
+            [GOOD, {"type": "Feature", "geometry": None}],
+            "feature 1 has no geometry (a GeoJSON Feature's geometry",
+        ),
+    ],
+    ids=[
+        "properties-str",
+        "properties-list",
+        "collection-member",
+        "collection-null",
+        "features-null",
+        "features-object",
+        "polygon-object",
+        "multipolygon-str",
+        "geometry-null",
+    ],  # fmt: skip
+)
+def test_malformed_geojson_is_refused_in_one_line_naming_the_file_the_feature_and_the_fix(
+    tmp_path, document, message
+):
+    """Each of these gave a Python traceback (AttributeError, TypeError, IndexError) instead of the file's name."""
+    path = tmp_path / "a.geojson"
+    path.write_text(json.dumps(document))
+    with pytest.raises(DatasetError) as refused:
+        read_geojson(path)
+    assert str(refused.value).startswith(f"{path}: {message}")
+    assert "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("classification", "shown"),
+    [
+        ({"color": [255, 0]}, "[255, 0]"),  # too few entries
+        ({"color": [300, 0, 0]}, "[300, 0, 0]"),
+        ({"color": [-1, 0, 0]}, "[-1, 0, 0]"),
+        ({"color": [255, "x", 0]}, '[255, "x", 0]'),
+        ({"color": [0.5, 0, 0]}, "[0.5, 0, 0]"),
+        ({"color": [True, 0, 0]}, "[true, 0, 0]"),
+        ({"color": [1, 2, 3, 4, 5]}, "[1, 2, 3, 4, 5]"),
+        ({"color": "red"}, '"red"'),
+        ({"colorRGB": "x"}, 'colorRGB "x"'),
+        ({"colorRGB": 1.5}, "colorRGB 1.5"),
+        ({"colorRGB": True}, "colorRGB true"),
+        ({"colorRGB": 2**40}, f"colorRGB {2**40}"),
+    ],
+)
+def test_a_bad_class_colour_is_refused_when_read_not_when_the_model_is_written(classification, shown):
+    """The colours become the model's palette: a bad one failed only after the whole training run."""
+    with pytest.raises(DatasetError) as refused:
+        parse_geojson([GOOD, classified({"name": "A", **classification})], where="a.geojson")
+    assert str(refused.value).startswith(f"a.geojson: feature 1's class colour {shown} is not ")
+    assert str(refused.value).endswith("; correct it, or remove it")
+
+
+@pytest.mark.parametrize(
+    ("classification", "color"),
+    [
+        ({"color": [0, 128, 255]}, (0, 128, 255)),
+        ({"color": [0, 128, 255, 64]}, (0, 128, 255)),  # an alpha after them
+        ({"color": [0.0, 128.0, 255.0]}, (0, 128, 255)),
+        ({"color": None}, None),
+        ({"colorRGB": -16744193}, (0, 128, 255)),  # Java's packed ARGB, signed
+        ({"colorRGB": 0xFF0080FF}, (0, 128, 255)),  # and unsigned
+        ({"colorRGB": -65536, "color": "ignored: colorRGB is read"}, (255, 0, 0)),
+    ],
+)
+def test_class_colours_are_read_from_their_forms(classification, color):
+    (annotation,) = parse_geojson([classified({"name": "A", **classification})])
+    assert annotation.color == color
+
+
+def test_class_names_are_read_in_nfc_form_so_one_name_typed_on_macos_and_elsewhere_is_one_class():
+    nfc, nfd = unicodedata.normalize("NFC", "Tumör"), unicodedata.normalize("NFD", "Tumör")
+    assert nfc != nfd
+    annotations = parse_geojson(
+        [classified(nfd), classified({"name": nfc}), classified({"names": [nfd, "Pos"]})]
+    )
+    assert [a.class_name for a in annotations] == [nfc, nfc, f"{nfc}: Pos"]
+    assert class_names_of(annotations) == [nfc, f"{nfc}: Pos"]
+    labels = rasterize(annotations, (4, 4), class_ids={nfc: 0, f"{nfc}: Pos": 1})  # classes.json's NFC names
+    assert labels[1, 1] == 1
+
+
+def test_a_class_name_no_file_can_hold_is_refused():
+    with pytest.raises(DatasetError, match=r"feature 0's class name 'T\\ud800' holds an unpaired surrogate"):
+        parse_geojson(json.loads('[{"type": "Feature", "geometry": {"type": "Point", "coordinates": [1, 1]}, '
+                                 '"properties": {"classification": {"name": "T\\ud800"}}}]'))  # fmt: skip
