@@ -157,6 +157,11 @@ class OnnxExportError(DenseCNNError, ValueError):
     """A dense net holds a layer the ONNX exporter does not know how to write."""
 
 
+class ModelOverflowError(ConversionError):
+    """The model's own scores are NaN or ±Inf on the verification's random patches: its weights or activations
+    overflow the float range (a diverged training run), so no dense net can be checked against it."""
+
+
 class DenseEquivalenceWarning(UserWarning):
     """The dense net will not match patch-by-patch scanning (e.g. BatchNorm/Dropout in training mode)."""
 

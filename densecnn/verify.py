@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .errors import ConversionError, DenseCNNError
+from .errors import ConversionError, DenseCNNError, ModelOverflowError
 from .ops.precision import full_float32
 from .rules import LayerRecord
 
@@ -87,7 +87,7 @@ def verify_conversion(model: nn.Module, dense: nn.Module, layers: list[Converted
             ) from None
         error = check.error(scores, check.expected)
         if error is not None:
-            raise ConversionError(check.diagnose(error))
+            raise (ModelOverflowError if check.overflowed else ConversionError)(check.diagnose(error))
 
 
 @contextlib.contextmanager
@@ -170,17 +170,34 @@ class _Check:
             return math.inf
         if actual.numel() == 0:
             return None
-        both_nan = actual.isnan() & expected.isnan()
-        difference = torch.where(both_nan, 0, (actual - expected).abs()).max().item()
-        scale = max(expected.abs().nan_to_num(0).max().item(), 1.0)
+        # equal values (infinities of one sign included: their difference would be NaN) and NaN in both agree
+        same = (actual == expected) | (actual.isnan() & expected.isnan())
+        difference = torch.where(same, 0, (actual - expected).abs()).max().item()
+        finite = expected[expected.isfinite()]
+        scale = max(finite.abs().max().item() if finite.numel() else 0.0, 1.0)
         error = difference / scale
         return None if error <= TOLERANCE[self.dtype] else (math.inf if math.isnan(error) else error)
+
+    @property
+    def overflowed(self) -> bool:
+        """Whether the model itself scores some patch NaN or ±Inf (its weights or activations overflow)."""
+        return not bool(self.expected.isfinite().all())
 
     def diagnose(self, total: float) -> str:
         summary = (
             f"verification failed: the dense net and the model disagree on random patches (relative error "
             f"{total:.3g}, bound {TOLERANCE[self.dtype]:g})"
         )
+        if self.overflowed:
+            overflowed = (~self.expected.isfinite()).any(
+                1
+            )  # (B,) patches the model itself scores NaN or ±Inf
+            return (
+                f"{summary}. The model's own scores are NaN or ±Inf on {int(overflowed.sum())} of "
+                f"{len(overflowed)} random patches: its weights or activations overflow the {str(self.dtype).removeprefix('torch.')} range, so "
+                "they label nothing and no dense net can be checked against them. Check the weights (a diverged "
+                "training run leaves them huge) and retrain or rescale them"
+            )
         chain_outputs = self._run_chain()
         mismatch = self.error(chain_outputs[-1].reshape(len(self.patches), -1), self.expected)
         if mismatch is not None:

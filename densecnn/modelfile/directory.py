@@ -20,7 +20,7 @@ from ..atomic import atomic_write
 from ..chain import extract_chain
 from ..convert import convert
 from ..dense import DenseCNN
-from ..errors import ConversionError, InvalidInputError, InvalidTypeError
+from ..errors import ConversionError, InvalidInputError, InvalidTypeError, ModelOverflowError
 from ..functional_weights import saved_layer
 from ..io.intensity import Intensity, Scaling
 from ..io.labels import class_probabilities, label_dtype
@@ -380,6 +380,10 @@ def _verify_once(directory: Path, model: nn.Sequential, config) -> None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the model's warnings are for dense(), which converts it again
             convert(model, config.patch_size, padding_mode=config.padding_mode)
+    except ModelOverflowError as exc:
+        raise file_error(
+            directory, None, f"its weights overflow ({exc})", "retrain the model, or load another"
+        ) from None
     except ConversionError as exc:
         raise file_error(
             directory, None, f"its dense net does not reproduce its patch model ({exc})",

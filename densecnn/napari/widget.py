@@ -245,9 +245,8 @@ def _job(model_dir: Path, layer, intensity: str | None, **options):
         result = yield from engine.predict_layer(loaded, source, **options)
     except Cancelled:
         return None
-    except (
-        RuntimeError
-    ) as exc:  # torch's and some of densecnn's errors: superqt drops them without any signal
+    # torch's and some of densecnn's errors, which superqt drops without any signal
+    except RuntimeError as exc:
         if isinstance(exc, DenseCNNError):
             raise LabellingFailed(f"labelling failed: {exc.problem}", fix=exc.fix) from exc
         raise LabellingFailed(f"labelling failed: {exc}") from exc

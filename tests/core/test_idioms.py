@@ -25,6 +25,7 @@ from torch.nn.utils import parametrizations, parametrize, prune
 import densecnn
 from densecnn.convert import MAX_PATCH_PIXELS
 from densecnn.layers import DenseConv
+from densecnn.verify import verify_conversion
 from tests.tolerances import assert_close_relative
 
 REL = 1e-10  # float64
@@ -575,6 +576,29 @@ def test_verification_names_a_rule_that_gives_its_layer_the_wrong_map_size():
     message = refused(model.eval(), 12, "verification failed", by_reader=False)
     assert "first layer whose output differs is '1' (StridedConv)" in message
     assert "shape (3, 5, 5), not the size 9x9 its conversion rule (StridedConv) gave it" in message
+
+
+def test_a_mismatch_where_the_model_itself_overflows_is_reported_as_its_overflow_not_a_layers_fault():
+    # which solver spreads an Inf into NaN differs with the threads and the CPU: the decision is tested on its own,
+    # a model that overflows on some patches against the dense net of one that does not
+    finite = nn.Sequential(nn.Conv2d(1, 2, 3), nn.Flatten()).eval()
+    overflowing = nn.Sequential(finite, Scale(torch.tensor([1.0, float("inf")]))).eval()
+    dense = densecnn.convert(finite, 3)
+    with pytest.raises(
+        densecnn.ModelOverflowError, match=r"model's own scores are NaN or ±Inf on \d+ of \d+"
+    ) as info:
+        verify_conversion(overflowing, dense, layers=[])
+    assert "first layer whose output differs" not in str(info.value) and "float32 range" in str(info.value)
+    verify_conversion(finite, dense, layers=[])  # agreeing nets pass
+
+
+class Scale(nn.Module):
+    def __init__(self, factor: torch.Tensor):
+        super().__init__()
+        self.register_buffer("factor", factor)
+
+    def forward(self, x):
+        return x * self.factor
 
 
 def test_verification_leaves_the_random_stream_the_modes_and_the_statistics_as_they_were():
