@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import DatasetError
+from .utf8 import utf8_text
 
 UNLABELLED = 255  # the value of unlabelled pixels in the maps this module returns (the loss's ignore index)
 IGNORED_CLASS_PREFIX = "Ignore"  # QuPath's convention for regions that must not be learnt from
@@ -68,31 +69,12 @@ def read_geojson(path: str | Path) -> list[Annotation]:
         data = path.read_bytes()
     except OSError as exc:
         raise DatasetError(f"{path}: not a readable GeoJSON file ({exc}); export it again") from None
-    text = _utf8_text(data, str(path))
+    text = utf8_text(data, str(path), standard="GeoJSON is (RFC 7946)", writer="QuPath exports it")
     try:
         document = json.loads(text)
     except (ValueError, RecursionError) as exc:  # JSONDecodeError, and numbers too long to convert
         raise DatasetError(f"{path}: not a readable GeoJSON file ({exc}); export it again") from None
     return parse_geojson(document, where=str(path))
-
-
-def _utf8_text(data: bytes, where: str) -> str:
-    """``data`` decoded as UTF-8, a leading byte-order mark skipped; other encodings refused naming the fix."""
-    encoding = json.detect_encoding(data)  # a UTF-16 or UTF-32 BOM, or the NUL bytes of either without one
-    if encoding.startswith(("utf-16", "utf-32")):
-        raise DatasetError(
-            f"{where}: the file is {encoding.upper()} text, not UTF-8 as GeoJSON is (RFC 7946); save it as UTF-8 "
-            "(as QuPath exports it)"
-        )
-    try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        line = data[: exc.start].count(b"\n") + 1
-        raise DatasetError(
-            f"{where}: not UTF-8 text (byte 0x{data[exc.start]:02x} on line {line}), as GeoJSON is (RFC 7946); save "
-            "it as UTF-8 (as QuPath exports it), or convert it from the encoding it was saved in (e.g. iconv -f "
-            "latin1 -t utf-8)"
-        ) from None
 
 
 def parse_geojson(document, *, where: str = "GeoJSON") -> list[Annotation]:

@@ -53,6 +53,7 @@ from ..io import (
 from ..io.annotations import IGNORED_CLASS_PREFIX, class_names_of, rasterize, read_geojson
 from ..io.formats import ARRAY_SUFFIXES, IMAGE_SUFFIXES, LABEL_IMAGE_SUFFIXES, TIFF_SUFFIXES
 from ..io.slides import SLIDE_SUFFIXES
+from ..io.utf8 import utf8_text
 from ..losses import IGNORE_INDEX
 from .config import TrainConfig
 from .windows import (
@@ -193,6 +194,7 @@ def _utf8_text(path: Path) -> str:
         data = path.read_bytes()
     except OSError as exc:
         raise DatasetError(f"{path}: cannot read it ({exc.strerror or exc}); make it readable") from None
+    return utf8_text(data, str(path))
     encoding = json.detect_encoding(data)  # a UTF-16 or UTF-32 byte-order mark, or the NUL bytes of either
     if encoding.startswith(("utf-16", "utf-32")):
         raise DatasetError(f"{path}: the file is {encoding.upper()} text, not UTF-8; save it as UTF-8")

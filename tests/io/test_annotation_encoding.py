@@ -71,5 +71,5 @@ def test_a_utf16_or_utf32_file_is_refused_naming_its_encoding(tmp_path, encoding
     with pytest.raises(DatasetError) as refused:
         read_geojson(path)
     assert str(refused.value) == (
-        f"{path}: the file is {named} text, not UTF-8 as GeoJSON is (RFC 7946); save it as UTF-8 (as QuPath exports it)"
+        f"{path}: the file is {named} text, not UTF-8, as GeoJSON is (RFC 7946); save it as UTF-8 (as QuPath exports it)"
     )
