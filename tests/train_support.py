@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 from pathlib import Path
 
@@ -98,3 +99,27 @@ def discs_and_strokes(seed: int = 0):
     """48² bright discs, their truth, and strokes on every 6th row."""
     image, truth = discs(seed, size=48)
     return image, truth, painted(truth, every=6)
+
+
+def geojson(path, features: list[tuple[str, list]]) -> None:
+    """A FeatureCollection of polygons (outer rings) with their class names."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(
+        json.dumps(
+            {
+                "type": "FeatureCollection",
+                "features": [
+                    {
+                        "type": "Feature",
+                        "geometry": {"type": "Polygon", "coordinates": [ring]},
+                        "properties": {"classification": {"name": name}},
+                    }
+                    for name, ring in features
+                ],
+            }
+        )
+    )
+
+
+def square(x0, y0, x1, y1) -> list:
+    return [[x0, y0], [x1, y0], [x1, y1], [x0, y1], [x0, y0]]

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import tifffile
 from PIL import Image
+from train_support import geojson, square
 
 from densecnn import DatasetError
 from densecnn.losses import IGNORE_INDEX
@@ -26,27 +27,12 @@ pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 NFC, NFD = unicodedata.normalize("NFC", "Tumör"), unicodedata.normalize("NFD", "Tumör")
 
 
-def square(x0, y0, x1, y1) -> list:
-    return [[x0, y0], [x1, y0], [x1, y1], [x0, y1], [x0, y0]]
-
-
 def annotated(data, features: list[tuple[str, list]], classes: dict | None = None):
     """One blank 32x32 image, im0.png, with GeoJSON polygons ``features`` (class name, ring) as its labels."""
     (data / "images").mkdir(parents=True)
     (data / "annotations").mkdir()
     Image.fromarray(np.zeros((32, 32), np.uint8)).save(data / "images" / "im0.png")
-    document = {
-        "type": "FeatureCollection",
-        "features": [
-            {
-                "type": "Feature",
-                "geometry": {"type": "Polygon", "coordinates": [ring]},
-                "properties": {"classification": {"name": name}},
-            }
-            for name, ring in features
-        ],
-    }
-    (data / "annotations" / "im0.geojson").write_text(json.dumps(document), encoding="utf-8")
+    geojson(data / "annotations" / "im0.geojson", features)
     if classes is not None:
         (data / "classes.json").write_text(json.dumps(classes), encoding="utf-8")
     return data

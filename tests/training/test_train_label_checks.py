@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import tifffile
 from PIL import Image
-from train_support import make_dataset
+from train_support import geojson, make_dataset, square
 
 import densecnn
 from densecnn import DatasetError
@@ -46,30 +46,6 @@ def halves(low: int, high: int, unlabelled: int = 255) -> np.ndarray:
     labels = np.full((32, 32), unlabelled, np.uint8)
     labels[:4], labels[-4:] = low, high
     return labels
-
-
-def geojson(path, features: list[tuple[str, list]]) -> None:
-    """A FeatureCollection of polygons (outer rings) with their class names."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(
-        json.dumps(
-            {
-                "type": "FeatureCollection",
-                "features": [
-                    {
-                        "type": "Feature",
-                        "geometry": {"type": "Polygon", "coordinates": [ring]},
-                        "properties": {"classification": {"name": name}},
-                    }
-                    for name, ring in features
-                ],
-            }
-        )
-    )
-
-
-def square(x0, y0, x1, y1) -> list:
-    return [[x0, y0], [x1, y0], [x1, y1], [x0, y1], [x0, y0]]
 
 
 def annotated(data, features: list[tuple[str, list]]):
