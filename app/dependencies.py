@@ -61,10 +61,16 @@ ReceivingDep = Annotated[ReceivingLimit, Depends(get_receiving)]
 def get_model(
     name: Annotated[str, Path(description="model name, see GET /v1/models")], service: ReadyServiceDep
 ):
-    """The served model called ``name``, or 404 naming the ones that exist."""
-    if name not in service.models:
-        raise ApiError(404, "unknown_model", f"no model named {name!r}; models: {', '.join(service.models)}")
-    return service.models[name]
+    """The served model called ``name`` as its files are now, or 404 naming the ones that exist (a sync
+    dependency: a model whose files changed is loaded again off the event loop)."""
+    served = service.model(name)
+    if served is None:
+        raise unknown_model(service, name)
+    return served
+
+
+def unknown_model(service: ServiceState, name: str) -> ApiError:
+    return ApiError(404, "unknown_model", f"no model named {name!r}; models: {', '.join(service.models)}")
 
 
 ModelDep = Annotated[ServedModel, Depends(get_model)]

@@ -181,10 +181,7 @@ def install_error_handlers(app: FastAPI, *, retry_after: int) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, exc: RequestValidationError):
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in error.get('loc', ()))}: {error.get('msg', '')}"
-            for error in exc.errors()
-        )
+        problems = "; ".join(_validation_problem(error) for error in exc.errors())
         return error_response(422, "invalid_request", problems or "invalid request", request_id=_id(request))
 
     @app.exception_handler(Exception)
@@ -196,6 +193,14 @@ def install_error_handlers(app: FastAPI, *, retry_after: int) -> None:
             500, "internal_error", "the server failed on this request; it was logged under its request id",
             request_id=_id(request),
         )  # fmt: skip
+
+
+def _validation_problem(error: dict) -> str:
+    """One validation error as "where: what" (just "what" where it concerns the whole body), without pydantic's
+    "Value error, " prefix."""
+    where = ".".join(str(part) for part in error.get("loc", ()))
+    what = str(error.get("msg", "")).removeprefix("Value error, ")
+    return f"{where}: {what}" if where else what
 
 
 def _id(request: Request) -> str | None:

@@ -54,6 +54,7 @@ async def _load_models(service: ServiceState, settings: Settings) -> None:
             warm_sizes=settings.warm_sizes,
             max_memory=settings.max_inference_memory,
         )
+        service.model_dir, service.backend = settings.model_dir, settings.backend
         default = settings.default_model
         service.default_model = default if default in service.models else next(iter(service.models))
     except densecnn.DenseCNNError as exc:  # a model directory refused (ModelFileError), no model at all, ...

@@ -19,6 +19,22 @@ class ServedModel:
     name: str
     loaded: LoadedModel
     dense: DenseCNN
+    identity: str = ""  # the digest of its directory's files (path, size, mtime) when it was loaded
+
+
+def model_identity(directory: Path) -> str:
+    """The digest of a model directory's files as stored (a file replaced, added or deleted changes it)."""
+    from densecnn.io.identity import input_identity
+
+    return input_identity(directory)["digest"]
+
+
+def load_model(directory: Path, *, backend: str = "auto") -> ServedModel:
+    """The model in ``directory``, with the identity its files had before it was read (files changed while it
+    loads give another identity at the next check, so it is loaded again)."""
+    identity = model_identity(directory)
+    loaded = load(directory)
+    return ServedModel(directory.name, loaded, loaded.dense(backend=backend), identity)
 
 
 def model_dirs(root: Path) -> list[Path]:
@@ -38,8 +54,7 @@ def load_models(
     models, failures = {}, []
     for directory in model_dirs(root):
         try:
-            loaded = load(directory)
-            models[directory.name] = ServedModel(directory.name, loaded, loaded.dense(backend=backend))
+            models[directory.name] = load_model(directory, backend=backend)
         except DenseCNNError as exc:
             failures.append(f"{directory.name}: {exc}")
             logger.error("cannot load model %s: %s", directory, exc)

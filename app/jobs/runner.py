@@ -16,6 +16,8 @@ without a record (a killed upload, a job deleted while its last block was writte
 from __future__ import annotations
 
 import contextlib
+import errno
+import json
 import logging
 import os
 import shutil
@@ -32,7 +34,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from densecnn.atomic import atomic_write
 from densecnn.errors import Cancelled, DenseCNNError
-from densecnn.modelfile import read_classes
+from densecnn.modelfile import CONFIG_FILE, read_classes
 
 from ..errors import JOB_OPTIONS, ApiError, service_message
 from ..prometheus import Metrics
@@ -50,6 +52,7 @@ REPORT_SECONDS = 0.5  # between two progress writes of a job
 STALE_PERIODS = 3  # a job whose worker's heartbeat is older than this many poll periods is taken over
 LABELS_ZARR, LABELS_PNG, LABELS_TIFF = "labels.zarr", "labels.png", "labels.tif"
 INPUT_FINGERPRINT = "input.fingerprint"  # in the job's directory: its input as the job first read it
+CLASSES_JSON = "classes.json"  # in the job's directory: its model's classes, kept for its results
 
 
 class JobRunner:
@@ -209,6 +212,7 @@ class JobRunner:
         options = self._options(job, stop, report)
         where = str(directory)
         try:
+            self._keep_classes(job)  # its results then never need the model's directory again
             with self._input(job) as job_input:
                 where = str(job_input.path)
                 self._check_input_unchanged(job, job_input)
@@ -230,23 +234,65 @@ class JobRunner:
                 logger.info("job %s stopped with the server; the next start resumes it", job.id)
                 return  # released by stop()
             self._finish(job.id, State.cancelled)
-        except ApiError as exc:  # the server-side input is no longer there, or no longer inside its root
+        except ApiError as exc:  # the server-side input or the model is no longer there
             self._finish(job.id, State.failed, error=exc.message)
-        except (
-            DenseCNNError
-        ) as exc:  # its message names the input as the caller knows it, not where it lies here
-            message = (
-                service_message(exc, JOB_OPTIONS)
-                .replace(where, job.input_name)
-                .replace(str(directory), "the job")
-            )
-            self._finish(job.id, State.failed, error=message)
-        except (
-            Exception
-        ) as exc:  # a bug, or an error of a library (a full disk); the job says so, the server goes on
-            logger.exception("job %s failed", job.id)
-            self._finish(job.id, State.failed, error=f"the job failed unexpectedly ({_scrubbed(exc, where, job)}); it "
-                         "was logged")  # fmt: skip
+        except Exception as exc:
+            storage = _storage_problem(exc)
+            if storage is not None:  # the server's disk: nothing the caller's options can fix
+                logger.error("job %s: cannot write its files: %s", job.id, exc)
+                self._finish(job.id, State.failed, error=storage)
+            elif not self._model_present(job):  # removed while the job ran
+                self._finish(job.id, State.failed, error=_model_gone(job.model))
+            elif isinstance(exc, DenseCNNError):  # named as the caller knows it, not where it lies here
+                message = self._scrubbed(service_message(exc, JOB_OPTIONS), where, job)
+                self._finish(job.id, State.failed, error=message)
+            else:  # a bug, or an error of a library; the job says so, the server goes on
+                logger.exception("job %s failed", job.id)
+                self._finish(job.id, State.failed, error=f"the job failed unexpectedly "
+                             f"({self._scrubbed(str(exc), where, job)}); it was logged")  # fmt: skip
+
+    def _scrubbed(self, message: str, where: str, job: JobRecord) -> str:
+        """``message`` without the server's paths: the input as the caller named it, the job's directory as "the
+        job", the model's directory as the model's name."""
+        model = self.settings.model_dir / job.model
+        for path, name in ((where, job.input_name), (str(model.resolve()), f"model {job.model!r}"),
+                           (str(model), f"model {job.model!r}"), (str(self.directory(job.id)), "the job")):  # fmt: skip
+            message = message.replace(path, name)
+        return message
+
+    def _model_present(self, job: JobRecord) -> bool:
+        return (self.settings.model_dir / job.model / CONFIG_FILE).is_file()
+
+    def _keep_classes(self, job: JobRecord) -> None:
+        """Write the model's class count, names and colours into the job's directory (once), so that its results
+        (TIFF, GeoJSON) are read without the model, which may be removed or replaced later; 410 when the model's
+        directory is gone."""
+        path = self.directory(job.id) / CLASSES_JSON
+        if path.exists():
+            return
+        if not self._model_present(job):
+            raise ApiError(410, "model_removed", _model_gone(job.model))
+        classes = read_classes(self.settings.model_dir / job.model)
+        path.parent.mkdir(
+            mode=0o700, parents=True, exist_ok=True
+        )  # a server-side input's job: made when it runs
+        described = {"num_classes": classes.num_classes, "names": list(classes.class_names),
+                     "palette": [list(map(int, colour)) for colour in classes.palette]}  # fmt: skip
+        atomic_write(path, lambda tmp: tmp.write_text(json.dumps(described)))
+
+    def _classes(self, job: JobRecord) -> dict:
+        """The job's classes as kept in its directory (for a job finished before they were kept: its model's, or
+        410 ``model_removed`` when the model is gone)."""
+        with contextlib.suppress(FileNotFoundError):
+            return json.loads((self.directory(job.id) / CLASSES_JSON).read_text())
+        try:
+            classes = read_classes(self.settings.model_dir / job.model)
+        except DenseCNNError:
+            raise ApiError(410, "model_removed",
+                           f"job {job.id}'s model {job.model!r} was removed from the server, and this result needs "
+                           "its classes; download result.png or result.zarr instead") from None  # fmt: skip
+        return {"num_classes": classes.num_classes, "names": list(classes.class_names),
+                "palette": [list(map(int, colour)) for colour in classes.palette]}  # fmt: skip
 
     def _check_input_unchanged(self, job: JobRecord, job_input: JobInput) -> None:
         """Fail the job when its input is not what it was when the job first started (a chunk of a zarr store
@@ -286,8 +332,8 @@ class JobRunner:
 
     def classes(self, job: JobRecord) -> list[tuple[str, list[int]]]:
         """The job's model's classes: name and colour per class id."""
-        classes = read_classes(self.settings.model_dir / job.model)
-        return list(zip(classes.class_names, classes.palette))
+        classes = self._classes(job)
+        return list(zip(classes["names"], classes["palette"]))
 
     def result_labels(self, job: JobRecord):
         """A succeeded job's labels, read lazily where they are a zarr store: (H, W) or (D, H, W)."""
@@ -307,7 +353,7 @@ class JobRunner:
         from densecnn.io import labels_tiff
 
         labels = self.result_labels(job)[...]  # within the image limits
-        data = labels_tiff(labels, read_classes(self.settings.model_dir / job.model).num_classes)
+        data = labels_tiff(labels, self._classes(job)["num_classes"])
         atomic_write(self.directory(job.id) / LABELS_TIFF, lambda tmp: tmp.write_bytes(data))
 
     @contextlib.contextmanager
@@ -356,16 +402,40 @@ class JobRunner:
         if int(np.prod(array.shape)) > self.settings.max_image_pixels:
             return shape
         labels = array[...]
-        classes = read_classes(self.settings.model_dir / job.model)
+        classes = self._classes(job)
         if labels.ndim == 2:
-            write_labels(self.directory(job.id) / LABELS_PNG, labels, classes.palette)
+            write_labels(self.directory(job.id) / LABELS_PNG, labels, [tuple(c) for c in classes["palette"]])
             return {**shape, "result": "zarr+png"}
-        (self.directory(job.id) / LABELS_TIFF).write_bytes(labels_tiff(labels, classes.num_classes))
+        (self.directory(job.id) / LABELS_TIFF).write_bytes(labels_tiff(labels, classes["num_classes"]))
         return {**shape, "result": "zarr+tiff"}
 
 
-def _scrubbed(exc: Exception, where: str, job: JobRecord) -> str:
-    return str(exc).replace(where, job.input_name)
+def _model_gone(model: str) -> str:
+    return (f"model {model!r} was removed from the server after the job was submitted; submit the job again with a "
+            "model the server serves (GET /v1/models)")  # fmt: skip
+
+
+DISK_FULL = {errno.ENOSPC, errno.EDQUOT}
+NOT_WRITABLE = {errno.EACCES, errno.EPERM, errno.EROFS}
+
+
+def _storage_problem(exc: BaseException) -> str | None:
+    """A caller's message for a job the server's disk stopped (full, or not writable), None for another error:
+    what the caller can do (submit again later) and that the server's operator must act."""
+    seen, errors, depth = exc, set(), 0
+    while seen is not None and depth < 20:  # the error and what it was raised from or during
+        if isinstance(seen, OSError) and seen.errno is not None:
+            errors.add(seen.errno)
+        seen, depth = seen.__cause__ or seen.__context__, depth + 1
+    text = str(exc)
+    written = "cannot be written (" in text  # densecnn's own words for an output it could not write
+    if errors & DISK_FULL or (written and any(os.strerror(code) in text for code in DISK_FULL)):
+        return ("the server ran out of disk space while writing the job's labels; submit the job again later "
+                "(POST /v1/jobs), once the server's operator has freed space on its disk")  # fmt: skip
+    if written and any(os.strerror(code) in text for code in NOT_WRITABLE):
+        return ("the server cannot write the job's labels (its data directory is not writable); tell the server's "
+                "operator, then submit the job again (POST /v1/jobs)")  # fmt: skip
+    return None
 
 
 def _image_shape(path: Path) -> dict:

@@ -56,6 +56,13 @@ class JobRequest(BaseModel):
             raise ValueError(
                 "name the input: either 'input' (a server-side path) or 'upload' (an upload's id)"
             )
+        if self.input is not None and not self.input.strip():
+            raise ValueError(
+                "'input' is empty; give the path of an image, TIFF, .npy or zarr store under one of the "
+                "server's data roots"
+            )
+        if self.upload is not None and not self.upload.strip():
+            raise ValueError("'upload' is empty; give the id of a complete upload (POST /v1/uploads)")
         return self
 
 

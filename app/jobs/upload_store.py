@@ -158,12 +158,18 @@ def take(jobs_root: Path, upload_id: str, owner: str, job_directory: Path) -> Jo
                        f"upload {upload_id} holds {offset:,} of its {described.length:,} bytes; send the rest "
                        "(PATCH with Upload-Offset, see HEAD for the offset), then create the job")  # fmt: skip
     directory = uploads_root(jobs_root) / upload_id
-    with (directory / "data").open("rb") as head:
-        fmt = image_format(head.read(16))
-    if fmt is None:
-        raise ApiError(415, "unsupported_image_type",
-                       f"{described.name} is not an image in a format read here: {ACCEPTED}")  # fmt: skip
-    path = (directory / "data").rename(job_directory / f"input{SUFFIXES[fmt]}")
+    try:
+        with (directory / "data").open("rb") as head:
+            fmt = image_format(head.read(16))
+        if fmt is None:
+            raise ApiError(415, "unsupported_image_type",
+                           f"{described.name} is not an image in a format read here: {ACCEPTED}")  # fmt: skip
+        # one rename wins: of two jobs created on one upload at once, the other finds no data
+        path = (directory / "data").rename(job_directory / f"input{SUFFIXES[fmt]}")
+    except FileNotFoundError:
+        raise ApiError(404, "unknown_upload",
+                       f"upload {upload_id} was taken by another job (or deleted) meanwhile; GET /v1/jobs lists your "
+                       "jobs, or create a new upload with POST /v1/uploads") from None  # fmt: skip
     return JobInput(path, described.name)
 
 

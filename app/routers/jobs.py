@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import json
 import os
 import re
 import stat
@@ -13,6 +15,7 @@ import uuid
 from pathlib import Path as FilePath
 from typing import Annotated, Literal
 
+import anyio
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
@@ -24,7 +27,7 @@ from densecnn.io.beneath import PathRefusedError, open_beneath
 from densecnn.io.geojson import GEOJSON, geojson_text
 
 from ..auth import CallerDep
-from ..dependencies import ReadyServiceDep, SettingsDep
+from ..dependencies import ReadyServiceDep, SettingsDep, unknown_model
 from ..errors import ApiError, ErrorBody
 from ..jobs import upload_store
 from ..jobs.admission import MAX_CHUNK, MAX_LEVEL, MIN_CHUNK, admit
@@ -116,9 +119,7 @@ async def create_job(
 ) -> JSONResponse:
     if await asyncio.to_thread(runner.store.unfinished, caller.owner) >= settings.max_jobs_per_key:
         raise _too_many_jobs(settings)  # before any byte of an upload is read
-    json_body = (
-        request.headers.get("content-type", "").partition(";")[0].strip().lower() == "application/json"
-    )
+    json_body = _is_json(request.headers.get("content-type", ""))
     spec = await _json_request(request) if json_body else None
     if spec is not None:
         model, chunk, level, intensity, nonfinite = (
@@ -128,7 +129,7 @@ async def create_job(
             spec.intensity,
             spec.nonfinite,
         )
-    _check_model_and_intensity(service, model, intensity)
+    served = await asyncio.to_thread(_check_model_and_intensity, service, model, intensity)
     job_id = uuid.uuid4().hex
     directory = runner.directory(job_id)
     directory.mkdir(mode=0o700, parents=True)
@@ -136,7 +137,6 @@ async def create_job(
     try:
         with contextlib.ExitStack() as held:
             job_input, taken = await _job_input(request, spec, caller, settings, runner, job_id, held)
-            served = service.models[model]
             plan = await asyncio.to_thread(admit, job_input, served, settings, level=level, chunk=chunk)
         await asyncio.to_thread(runner.quota.grow, job_id, plan.output_bytes)
         record = JobRecord(
@@ -159,14 +159,17 @@ async def create_job(
     return JSONResponse(Job.of(recorded).model_dump(mode="json"), status_code=202, headers=headers)
 
 
-def _check_model_and_intensity(service, model: str | None, intensity: str | None) -> None:
-    """422 without a model, 404 for one not served, 400 for an intensity rule that cannot be read."""
+def _check_model_and_intensity(service, model: str | None, intensity: str | None):
+    """The served model, as its files are now (blocking); 422 without a model, 404 for one not served (its
+    directory removed included), 400 for an intensity rule that cannot be read."""
     if model is None:
         raise ApiError(422, "missing_model", "name the model: ?model=NAME (see GET /v1/models)")
-    if model not in service.models:
-        raise ApiError(404, "unknown_model", f"no model named {model!r}; models: {', '.join(service.models)}")
+    served = service.model(model)
+    if served is None:
+        raise unknown_model(service, model)
     if intensity is not None:
         Intensity.parse(intensity)  # 400 intensity_out_of_range when unreadable
+    return served
 
 
 async def _job_input(
@@ -215,10 +218,41 @@ async def _json_request(request: Request) -> JobRequest:
             raise ApiError(
                 413, "payload_too_large", f"a JSON job request is at most {MAX_JSON_BYTES:,} bytes"
             )
+    example = '{"model": "nuclei", "input": "slide.tif"} or {"model": "nuclei", "upload": "ID"}'
     try:
-        return JobRequest.model_validate_json(bytes(body))
+        parsed = json.loads(bytes(body))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        why = (
+            f"{exc.msg} at line {exc.lineno} column {exc.colno}"
+            if isinstance(exc, json.JSONDecodeError)
+            else exc
+        )
+        raise ApiError(422, "invalid_request",
+                       f"the body is not valid JSON ({why}); send a JSON object such as {example}") from None  # fmt: skip
+    if not isinstance(parsed, dict):
+        raise ApiError(422, "invalid_request",
+                       f"the body is a JSON {_JSON_TYPES.get(type(parsed), type(parsed).__name__)}, not an object; "
+                       f"send one job as a JSON object such as {example}")  # fmt: skip
+    try:
+        return JobRequest.model_validate(parsed)
     except ValidationError as exc:
         raise RequestValidationError(exc.errors()) from None
+
+
+_JSON_TYPES = {
+    list: "array",
+    str: "string",
+    int: "number",
+    float: "number",
+    bool: "boolean",
+    type(None): "null",
+}
+
+
+def _is_json(content_type: str) -> bool:
+    """``application/json`` or any JSON media type (``application/vnd.api+json``, ``...+json``)."""
+    media = content_type.partition(";")[0].strip().lower()
+    return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
 
 
 @router.get("", response_model=JobList, summary="Your jobs, newest first (at most 100)")
@@ -281,10 +315,62 @@ def _no_results_yet(job: JobRecord) -> str:
             "its input")  # fmt: skip
 
 
-def _file(path: FilePath, request: Request, media_type: str, filename: str | None = None) -> FileResponse:
-    """``path`` as a response (HEAD: its headers only), a ``Range`` refused in the JSON error shape: 400 when it is
-    malformed, 416 when it starts past the end."""
-    size = path.stat().st_size
+def _vanished(runner: JobRunner, job_id: str, owner: str, what: str) -> ApiError:
+    """What a result that vanished while it was read means: 404 ``unknown_job`` for a job deleted meanwhile (its
+    results go with it), else 404 ``no_such_result``."""
+    _owned(runner, job_id, owner)  # 404 unknown_job when it was deleted
+    return ApiError(404, "no_such_result", f"job {job_id}'s {what} is no longer on the server; submit the job again "
+                    "(POST /v1/jobs)")  # fmt: skip
+
+
+class _OpenedFileResponse(FileResponse):
+    """A file response that sends a file already open: a file deleted after the route found it (its job deleted
+    meanwhile) is still sent whole, never a failure half-way."""
+
+    def __init__(self, file, path: FilePath, **kwargs):
+        super().__init__(path, stat_result=os.fstat(file.fileno()), **kwargs)
+        self._file = file
+
+    async def __call__(self, scope, receive, send) -> None:
+        extensions = {k: v for k, v in scope.get("extensions", {}).items() if k != "http.response.pathsend"}
+        try:
+            await super().__call__({**scope, "extensions": extensions}, receive, send)
+        finally:
+            self._file.close()
+
+    @contextlib.asynccontextmanager
+    async def _open_file(self):
+        self._file.seek(0)
+        yield anyio.wrap_file(self._file)
+
+
+def _file(
+    path: FilePath,
+    request: Request,
+    media_type: str,
+    filename: str | None = None,
+    *,
+    gone,
+    fd: int | None = None,
+) -> FileResponse:
+    """``path`` (or the file open as ``fd``, which it then owns) as a response (HEAD: its headers only), opened
+    now (``gone()``, the error to raise, when it has vanished), a ``Range`` refused in the JSON error shape: 400 when
+    it is malformed, 416 when it starts past the end."""
+    try:
+        file = os.fdopen(fd, "rb") if fd is not None else open(path, "rb")  # noqa: SIM115 (the response closes it)
+    except FileNotFoundError:
+        raise gone() from None
+    try:
+        return _range_checked(file, path, request, media_type, filename)
+    except BaseException:
+        file.close()
+        raise
+
+
+def _range_checked(
+    file, path: FilePath, request: Request, media_type: str, filename: str | None
+) -> FileResponse:
+    size = os.fstat(file.fileno()).st_size
     requested = request.headers.get("range")
     if requested is not None:
         ranges = RANGE.fullmatch(requested.strip())
@@ -302,7 +388,7 @@ def _file(path: FilePath, request: Request, media_type: str, filename: str | Non
                 raise ApiError(416, "range_not_satisfiable",
                                f"the file has {size:,} bytes; ask for a range within them",
                                {"Content-Range": f"bytes */{size}"})  # fmt: skip
-    return FileResponse(path, media_type=media_type, filename=filename)
+    return _OpenedFileResponse(file, path, media_type=media_type, filename=filename)
 
 
 RANGE = re.compile(r"bytes=((?:\d{0,19}-\d{0,19})(?:\s*,\s*\d{0,19}-\d{0,19}){0,15})")
@@ -314,7 +400,8 @@ RANGE = re.compile(r"bytes=((?:\d{0,19}-\d{0,19})(?:\s*,\s*\d{0,19}-\d{0,19}){0,
                                                       404: _error("none"), 409: _error("not finished")})  # fmt: skip
 def result_png(job_id: JobId, request: Request, caller: CallerDep, runner: RunnerDep) -> FileResponse:
     directory = _finished(runner, job_id, caller.owner, "png")
-    return _file(directory / LABELS_PNG, request, "image/png", f"{job_id}-labels.png")
+    gone = functools.partial(_vanished, runner, job_id, caller.owner, "label PNG")
+    return _file(directory / LABELS_PNG, request, "image/png", f"{job_id}-labels.png", gone=gone)
 
 
 @get_and_head(router, "/{job_id}/result.tif",
@@ -324,11 +411,19 @@ def result_png(job_id: JobId, request: Request, caller: CallerDep, runner: Runne
 def result_tiff(job_id: JobId, request: Request, caller: CallerDep, runner: RunnerDep) -> Response:
     job = _owned(runner, job_id, caller.owner)
     directory = _finished(runner, job_id, caller.owner, "tiff" if "tiff" in job.result else "png")
+    gone = functools.partial(_vanished, runner, job_id, caller.owner, "label TIFF")
     if not (
         directory / LABELS_TIFF
     ).is_file():  # written once, from the PNG (its pixel values are the class ids)
-        runner.tiff_of_png(job)
-    return _file(directory / LABELS_TIFF, request, "image/tiff", f"{job_id}-labels.tif")
+        try:
+            runner.tiff_of_png(job)
+        except ApiError:
+            raise
+        except Exception:  # its files deleted meanwhile (the job deleted): 404; anything else is a bug
+            if not directory.is_dir():
+                raise gone() from None
+            raise
+    return _file(directory / LABELS_TIFF, request, "image/tiff", f"{job_id}-labels.tif", gone=gone)
 
 
 @get_and_head(router, "/{job_id}/result.geojson",
@@ -349,8 +444,15 @@ def result_geojson(
     headers = {"Content-Disposition": f'attachment; filename="{job_id}-labels.geojson"'}
     if request.method == "HEAD":  # GET's headers: streamed, of no length known beforehand
         return StreamingResponse(iter(()), media_type=GEOJSON, headers=headers)
-    labels = runner.result_labels(job)
-    classes = runner.classes(job)
+    try:
+        labels = runner.result_labels(job)
+        classes = runner.classes(job)
+    except ApiError:
+        raise
+    except Exception:  # its files deleted meanwhile (the job deleted): 404; anything else is a bug
+        if not runner.directory(job_id).is_dir():
+            raise _vanished(runner, job_id, caller.owner, "label map") from None
+        raise
     features = geojson_text(labels, classes, skip=() if background else (0,))
     return StreamingResponse(iterate_in_threadpool(features), media_type=GEOJSON, headers=headers)
 
@@ -376,6 +478,7 @@ def result_zarr(
     if fd is None or not stat.S_ISREG(os.fstat(fd).st_mode):
         if fd is not None:
             os.close(fd)
+        _owned(runner, job_id, caller.owner)  # a job deleted meanwhile: 404 unknown_job
         raise ApiError(404, "no_such_key", f"the store has no {key[:200]!r}")
-    os.close(fd)
-    return _file(store / key, request, "application/octet-stream")
+    gone = functools.partial(_vanished, runner, job_id, caller.owner, "zarr store")
+    return _file(store / key, request, "application/octet-stream", gone=gone, fd=fd)

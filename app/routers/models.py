@@ -14,8 +14,10 @@ NOT_READY = {503: {"model": ErrorBody, "description": "models are loading or the
 
 
 @router.get("", response_model=ModelList, summary="The served models", responses=NOT_READY)
-async def list_models(service: ReadyServiceDep) -> ModelList:
-    return ModelList(default=service.default_model, models=[ModelInfo.of(m) for m in service.models.values()])
+def list_models(service: ReadyServiceDep) -> ModelList:
+    # as the models' files are now (a model updated in place is described as segment and jobs will run it)
+    current = service.current_models()
+    return ModelList(default=service.default_model, models=[ModelInfo.of(m) for m in current.values()])
 
 
 @router.get(
@@ -28,5 +30,5 @@ async def list_models(service: ReadyServiceDep) -> ModelList:
         **NOT_READY,
     },
 )
-async def get_model(served: ModelDep) -> ModelInfo:
+def get_model(served: ModelDep) -> ModelInfo:
     return ModelInfo.of(served)

@@ -109,12 +109,28 @@ def environment_settings(**given):
 
 
 def make_data_dir(settings) -> None:
+    """Make the data directory, mode 0700 (as the server keeps it), and check that files can be written in it: a
+    directory that cannot be created or written (a volume mounted read-only, another user's) is one line naming it,
+    before any model is loaded."""
+    import tempfile
+
+    from densecnn_app.privacy import private_directory
+
+    fix = "set DENSECNN_DATA_DIR to a writable directory for the jobs and the key database"
     try:
         settings.data_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise InvalidInputError(
-            f"{settings.data_dir}: cannot be created ({exc.strerror}); set DENSECNN_DATA_DIR to a writable directory "
-            "for the jobs and the key database"
+            f"invalid service settings: data_dir: {settings.data_dir}: cannot be created ({exc.strerror}); {fix}"
+        ) from None
+    try:
+        private_directory(settings.data_dir)
+        with tempfile.TemporaryFile(dir=settings.data_dir):
+            pass
+    except OSError as exc:
+        raise InvalidInputError(
+            f"invalid service settings: data_dir: {settings.data_dir}: cannot be written ({exc.strerror}); {fix} "
+            "(a volume mounted read-write, owned by the server's user)"
         ) from None
 
 
