@@ -67,3 +67,37 @@ def _umask() -> int:
     umask = os.umask(0)  # the only portable way to read it is to set it
     os.umask(umask)
     return umask
+
+
+def unwritable_file(target: str | Path) -> str | None:
+    """Why :func:`atomic_write` could not write ``target`` (a folder, a device, a missing or read-only folder), in
+    a few words naming the path, or None where it can: checked before a long job, not found after it.
+
+    >>> unwritable_file("/tmp")
+    '/tmp is a folder, not a file'
+    """
+    target = Path(target)
+    if target.is_dir():
+        return f"{target} is a folder, not a file"
+    if target.exists() and not target.is_file():
+        return f"{target} is not a regular file"
+    return unwritable_folder(target.parent)
+
+
+def unwritable_folder(folder: str | Path) -> str | None:
+    """Why no file can be created in ``folder`` (missing, not a folder, read-only, full), in a few words naming
+    it, or None where one can: a small file is created there and removed again."""
+    folder = Path(folder)
+    if not folder.exists():
+        return f"the folder {folder} does not exist"
+    if not folder.is_dir():
+        return f"{folder} is not a folder"
+    probe = folder / f".densecnn-write-check.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
+    try:
+        probe.write_bytes(b"\0")
+    except OSError as exc:
+        return f"cannot write in {folder}: {exc.strerror or exc}"
+    finally:
+        with contextlib.suppress(OSError):
+            probe.unlink()
+    return None

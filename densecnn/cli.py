@@ -76,12 +76,26 @@ def _parse_and_run(argv: list[str] | None) -> int:
 
     # a corrupt TIFF is reported once, as densecnn's own error naming the file, not also as tifffile's log line
     logging.getLogger("tifffile").setLevel(logging.ERROR)
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        # named by the subcommand they were given to, with its usage (argparse would name the top level's)
+        _chosen(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return args.run(args) or 0
     except (DenseCNNError, FileNotFoundError) as exc:
         print(f"densecnn {args.command}: error: {render(exc, cli_option)}", file=sys.stderr)
         return 2
+
+
+def _chosen(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The (sub)parser of the command ``args`` chose: ``densecnn keys add``'s, not ``densecnn``'s."""
+    while True:
+        found = [action for action in parser._actions if isinstance(action, argparse._SubParsersAction)]
+        name = getattr(args, found[0].dest, None) if found else None
+        if name not in (found[0].choices if found else {}):
+            return parser
+        parser = found[0].choices[name]
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .atomic import atomic_write
 from .dense import DenseCNN
 from .errors import OnnxExportError
 from .layers import DenseAvgPool, DenseConv, DenseLinear, DenseMaxPool, WindowLayer, functional
@@ -266,25 +267,31 @@ def export_onnx(dense: DenseCNN, path) -> Path:
     example = torch.zeros(1, dense.in_channels, *(max(r, 8) for r in dense.receptive_field))
     axes = {0: "N", **dict(zip(range(2, dense.dims + 2), {1: "L", 2: "HW", 3: "DHW"}[dense.dims]))}
     out = Path(path)
-    with evaluating(exportable(dense)) as module, warnings.catch_warnings(), torch.no_grad():
-        warnings.simplefilter(
-            "ignore"
-        )  # the TorchScript exporter's deprecation notice; it is the one that works here
-        torch.onnx.export(
-            module,
-            (example,),
-            str(out),
-            dynamo=False,
-            opset_version=OPSET,
-            input_names=["image"],
-            output_names=["scores"],
-            dynamic_axes={"image": axes, "scores": axes},
-        )
-    model = onnx.load(str(out))
-    model.ir_version = IR_VERSION
-    onnx.checker.check_model(model)
-    onnx.save(model, str(out))
-    check_scores(dense, out)
+
+    def write(tmp: Path) -> None:
+        # the graph is written and checked beside ``out`` and then moved over it: a failed or interrupted export
+        # (a full disk, Ctrl-C) leaves the file that was there, never a cut-off one
+        with evaluating(exportable(dense)) as module, warnings.catch_warnings(), torch.no_grad():
+            warnings.simplefilter(
+                "ignore"
+            )  # the TorchScript exporter's deprecation notice; it is the one that works here
+            torch.onnx.export(
+                module,
+                (example,),
+                str(tmp),
+                dynamo=False,
+                opset_version=OPSET,
+                input_names=["image"],
+                output_names=["scores"],
+                dynamic_axes={"image": axes, "scores": axes},
+            )
+        model = onnx.load(str(tmp))
+        model.ir_version = IR_VERSION
+        onnx.checker.check_model(model)
+        onnx.save(model, str(tmp))
+        check_scores(dense, tmp)
+
+    atomic_write(out, write)
     return out
 
 
@@ -308,7 +315,7 @@ def check_scores(dense: DenseCNN, path: Path) -> None:
     scale = max(1.0, expected.abs().max().item())
     difference = (got - expected).abs().max().item() if got.shape == expected.shape else math.inf
     if not difference <= SCORE_TOLERANCE * scale:
-        path.unlink()
+        path.unlink(missing_ok=True)
         raise OnnxExportError(
             f"the exported graph's scores differ from the dense net's by {difference:.3g} (largest score "
             f"{scale:.3g}) on a test image: a layer is written to ONNX wrongly. Register an export for it with "

@@ -11,6 +11,7 @@ import json
 import time
 from pathlib import Path
 
+from ..atomic import atomic_write
 from ..errors import InvalidInputError
 from . import firstcall, machine, memory, report, suite, third_party
 from .suite import Config
@@ -87,7 +88,10 @@ def run(out: Path, *, quick: bool = False, only: list[str] | None = None, log=pr
         dict(zip(("measurement", "value", "baseline"), row)) for row in report.summary(results)
     ]
     results["plots"] = report.plots(results, out)
-    (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
-    (out / "results.md").write_text(report.markdown(results))
-    log(f"[{results['seconds']:6.1f}s] wrote {out}/results.json, results.md, {', '.join(results['plots'])}")
+    # each replaced whole: a write that fails (a full disk, Ctrl-C) leaves the previous run's file as it was
+    atomic_write(out / "results.json", lambda tmp: tmp.write_text(json.dumps(results, indent=1) + "\n"))
+    atomic_write(out / "results.md", lambda tmp: tmp.write_text(report.markdown(results)))
+    log(
+        f"[{results['seconds']:6.1f}s] wrote {', '.join([f'{out}/results.json', 'results.md', *results['plots']])}"
+    )
     return results

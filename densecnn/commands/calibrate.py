@@ -15,21 +15,46 @@ def add_parser(subparsers) -> None:
 
 
 def run(args) -> int:
+    from ..errors import DenseCNNError
     from ..ops import calibration, get_config
 
+    switched_on = calibration.enabled()  # an invalid DENSECNN_CALIBRATE is refused before anything is timed
     key = calibration.machine_key()
     path = calibration.cache_file(key, get_config().cache_dir)
     found = calibration.load(key, path) if args.show else calibration.recalibrate()
+    if not args.show and calibration.load(key, path) != found:
+        raise DenseCNNError(
+            f"the calibration could not be cached in {path.parent} ({_why_unwritten(path)}); make that folder "
+            "writable or free space there, or set DENSECNN_CACHE_DIR to a folder you can write to"
+        )
     print(f"machine: {key['cpu']}, kernels {key['isa']}, torch {key['torch']} ({key['torch_isa']})")
     if found is None:
-        print(f"not calibrated yet (no {path}); run `densecnn calibrate`")
+        if path.exists():
+            print(f"not calibrated yet ({path} is unreadable or not a calibration); run `densecnn calibrate`")
+        else:
+            print(f"not calibrated yet (no {path}); run `densecnn calibrate`")
         return 0
     print(f"calibration: {found.seconds:.2f} s, {found.rounds} rounds; cached in {path}")
     print("predicted times are multiplied by (1: as measured where the cost model was fitted):")
     for family, factor in found.factors.items():
         print(f"  {family:<28} {factor:.2f}")
-    if not calibration.enabled():
+    if not switched_on:
         print(
             f"{calibration.ENVIRONMENT}=0: plans use the shipped predictions as they are, not these factors"
         )
     return 0
+
+
+def _why_unwritten(path) -> str:
+    """Why the calibration file at ``path`` was not written, in a few words."""
+    from ..atomic import unwritable_folder
+
+    folder = path.parent
+    for parent in (folder, *folder.parents):
+        if parent.exists():
+            if parent != folder:
+                if not parent.is_dir():
+                    return f"{parent} is not a folder"
+                return unwritable_folder(parent) or f"{folder} could not be created"
+            return unwritable_folder(folder) or "the file was not written"
+    return "the file was not written"

@@ -17,12 +17,25 @@ def add_parser(subparsers) -> None:
 
 
 def run(args) -> int:
+    from ..atomic import unwritable_file
+    from ..errors import InvalidInputError
     from ..modelfile import load
     from ..onnx_export import export_onnx
 
+    problem = unwritable_file(args.out)
+    if problem is not None:
+        raise InvalidInputError(
+            f"cannot write OUT: {problem}; give a .onnx file in a folder you can write to"
+        )
     loaded = load(args.model)
     dense = loaded.dense(backend="native")
-    path = export_onnx(dense, args.out)
+    try:
+        path = export_onnx(dense, args.out)
+    except OSError as exc:
+        # e.g. a full disk: the file that was there is left as it was
+        raise InvalidInputError(
+            f"could not write {args.out}: {exc.strerror or exc}; free space there or give another OUT"
+        ) from exc
     axes = ", ".join({1: "L", 2: "HW", 3: "DHW"}[dense.dims])
     channels, classes = dense.in_channels, dense.num_classes
     print(f"wrote {path}: input 'image' (N, {channels}, {axes}) -> output 'scores' (N, {classes}, {axes})")

@@ -22,6 +22,26 @@ def add_parser(subparsers) -> None:
 
 
 def run(args) -> int:
+    from sqlalchemy.exc import DatabaseError
+
+    from ..errors import DenseCNNError
+
+    try:
+        return _run(args)
+    except DatabaseError as exc:  # not a database, read-only, locked: one line, not SQLAlchemy's traceback
+        from sqlalchemy.engine import make_url
+
+        from .serve import environment_settings
+
+        database = make_url(environment_settings().database).render_as_string(hide_password=True)
+        reason = str(getattr(exc, "orig", None) or exc).splitlines()[0]
+        raise DenseCNNError(
+            f"the key database {database} cannot be used ({reason}); make it a writable database of "
+            "`densecnn serve`, or point DENSECNN_DATABASE_URL or DENSECNN_DATA_DIR at one"
+        ) from None
+
+
+def _run(args) -> int:
     import sys
 
     from densecnn_app.jobs.db import make_engine

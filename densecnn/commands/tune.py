@@ -3,7 +3,9 @@ runs use them instead of the cost model's predictions) and show the chosen plan.
 
 from __future__ import annotations
 
-from ..errors import InvalidInputError
+import os
+
+from ..errors import DenseCNNError, InvalidInputError
 
 
 def add_parser(subparsers) -> None:
@@ -57,12 +59,30 @@ def run(args) -> int:
         estimate = dense.memory_estimate(shape, 4, labels=True, train=False)
         size = tuple(choose_tile(shape, args.max_memory, estimate, labels=True))
         print(f"tile for max_memory={args.max_memory:,}: {_text(size)}")
-    padded = torch.zeros(
-        args.batch, loaded.in_channels, *(s + r - 1 for s, r in zip(size, dense.receptive_field))
-    )
-    for train in (False, True) if args.train else (False,):
-        with torch.set_grad_enabled(train):
-            plan = dense.plan(padded)
+    cache = dense.ops_config().cache_dir / "solvers"
+    _check_cache(cache)
+    tuned = (args.batch, loaded.in_channels, *size)
+    estimate = dense.memory_estimate(tuned, 4, labels=True, train=args.train)
+    needed, memory = estimate.held + estimate.tile(size), _physical_memory()
+    if memory is not None and needed > memory:
+        raise InvalidInputError(_too_large(args.batch, size, f"needs about {_gb(needed)}, more than this "
+                                           f"machine's {_gb(memory)}"))  # fmt: skip
+    from ..ops import tune as solver_cache
+
+    solver_cache.store_error = None
+    try:
+        padded = torch.zeros(
+            args.batch, loaded.in_channels, *(s + r - 1 for s, r in zip(size, dense.receptive_field))
+        )
+        plans = []
+        for train in (False, True) if args.train else (False,):
+            with torch.set_grad_enabled(train):
+                plans.append((train, dense.plan(padded)))
+    except (MemoryError, RuntimeError) as exc:
+        if not isinstance(exc, MemoryError) and "allocate" not in str(exc):
+            raise
+        raise InvalidInputError(_too_large(args.batch, size, "does not fit in memory")) from None
+    for train, plan in plans:
         print(
             f"{'training' if train else 'inference'} plan for {args.batch}x{_text(size)}, "
             f"memory format {plan.memory_format}:"
@@ -71,8 +91,50 @@ def run(args) -> int:
             times = ", ".join(f"{name} {ms:.2f}" for name, ms in row["times_ms"].items() if ms is not None)
             source = f" ({row['source']}: {times} ms)" if row["source"] else ""
             print(f"  {' + '.join(row['layers']):<32} {row['solver']:<10}{source}")
-    print(f"solver timings cached in {dense.ops_config().cache_dir / 'solvers'}")
+    if solver_cache.store_error is not None:
+        path, exc = solver_cache.store_error
+        raise DenseCNNError(_uncached(cache, f"{path.name}: {exc.strerror or exc}"))
+    print(f"solver timings cached in {cache}")
     return 0
+
+
+def _check_cache(cache) -> None:
+    """Refuse, before timing anything, a solver cache folder that cannot be written (DENSECNN_CACHE_DIR a file, a
+    read-only or full folder)."""
+    from ..atomic import unwritable_folder
+
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise DenseCNNError(_uncached(cache, exc.strerror or str(exc))) from None
+    problem = unwritable_folder(cache)
+    if problem is not None:
+        raise DenseCNNError(_uncached(cache, problem))
+
+
+def _uncached(cache, reason: str) -> str:
+    return (
+        f"the solver timings could not be cached in {cache} ({reason}); make that folder writable or free space "
+        "there, or set DENSECNN_CACHE_DIR to a folder you can write to"
+    )
+
+
+def _too_large(batch: int, size, why: str) -> str:
+    return (
+        f"tuning --size {' '.join(map(str, size))} with --batch {batch} {why}; tune a smaller --size or --batch, or "
+        "give --max-memory BYTES to tune the tile predict(max_memory=BYTES) would use"
+    )
+
+
+def _physical_memory() -> int | None:
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def _gb(size: int) -> str:
+    return f"{size / 1e9:,.1f} GB"
 
 
 def _text(size) -> str:

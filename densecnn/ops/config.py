@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import sys
 import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -220,5 +221,22 @@ def _apply(config: OpsConfig) -> None:
         ext.set_output_buffers(max_free_bytes=config.output_cache_mb << 20, huge_pages=config.huge_pages)
 
 
-_current = OpsConfig.from_environ()
+def _running_the_command() -> bool:
+    """Whether this process is the ``densecnn`` command (its script, or ``python -m densecnn.cli``)."""
+    argv = list(getattr(sys, "orig_argv", ()))
+    script = Path(sys.argv[0]).name if sys.argv else ""
+    return script in ("densecnn", "densecnn.exe") or any(
+        flag == "-m" and module == "densecnn.cli" for flag, module in zip(argv, argv[1:])
+    )
+
+
+try:
+    _current = OpsConfig.from_environ()
+except InvalidInputError as exc:
+    if not _running_the_command():
+        raise
+    # the command imports densecnn before its own error handling can run: it says what is wrong in one line and
+    # exits as for any other invalid setting (status 2), even for `densecnn --help`, not with the import's traceback
+    print(f"densecnn: error: {exc}", file=sys.stderr)
+    raise SystemExit(2) from None
 _apply(_current)

@@ -137,14 +137,20 @@ def _formats_ok(times, shape, entry_ok) -> bool:
     )
 
 
+# the last OSError that kept :func:`store_times` from caching a table, with the file it was for; ``densecnn tune``,
+# whose whole point is the cache, reports it (set it to None first), where a plan just goes on without the cache
+store_error: tuple[Path, OSError] | None = None
+
+
 def store_times(key: dict, times: dict, cache_dir: Path) -> None:
+    global store_error
     path = _cache_file(key, cache_dir)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         text = json.dumps({"key": key, "times_ms": times}, indent=1, sort_keys=True)
         atomic_write(path, lambda tmp: tmp.write_text(text))  # concurrent tuners never see half a file
-    except OSError:
-        pass  # a read-only cache only costs a tuning per process
+    except OSError as exc:
+        store_error = (path, exc)  # a read-only cache only costs a tuning per process
 
 
 def tuned_times(
