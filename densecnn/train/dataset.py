@@ -195,17 +195,6 @@ def _utf8_text(path: Path) -> str:
     except OSError as exc:
         raise DatasetError(f"{path}: cannot read it ({exc.strerror or exc}); make it readable") from None
     return utf8_text(data, str(path))
-    encoding = json.detect_encoding(data)  # a UTF-16 or UTF-32 byte-order mark, or the NUL bytes of either
-    if encoding.startswith(("utf-16", "utf-32")):
-        raise DatasetError(f"{path}: the file is {encoding.upper()} text, not UTF-8; save it as UTF-8")
-    try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        line = data[: exc.start].count(b"\n") + 1
-        raise DatasetError(
-            f"{path}: not UTF-8 text (byte 0x{data[exc.start]:02x} on line {line}); save it as UTF-8, or convert it "
-            "from the encoding it was saved in (e.g. iconv -f latin1 -t utf-8)"
-        ) from None
 
 
 def _check_names(path: Path, names) -> None:
