@@ -84,6 +84,17 @@ def unwritable_file(target: str | Path) -> str | None:
     return unwritable_folder(target.parent)
 
 
+def unwritable_cache(folder: str | Path) -> str | None:
+    """Why no file can be written in the cache ``folder``, created first with its parents where missing (one of
+    them a file, read-only, full), in a few words naming the path, or None where one can."""
+    folder = Path(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        return f"cannot create {folder}: {exc.strerror or exc}"
+    return unwritable_folder(folder)
+
+
 def unwritable_folder(folder: str | Path) -> str | None:
     """Why no file can be created in ``folder`` (missing, not a folder, read-only, full), in a few words naming
     it, or None where one can: a small file is created there and removed again."""

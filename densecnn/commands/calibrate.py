@@ -15,18 +15,20 @@ def add_parser(subparsers) -> None:
 
 
 def run(args) -> int:
+    from ..atomic import unwritable_cache
     from ..errors import DenseCNNError
     from ..ops import calibration, get_config
 
     switched_on = calibration.enabled()  # an invalid DENSECNN_CALIBRATE is refused before anything is timed
     key = calibration.machine_key()
     path = calibration.cache_file(key, get_config().cache_dir)
+    if not args.show:  # a cache that cannot be written is refused before anything is timed, too
+        problem = unwritable_cache(path.parent)
+        if problem is not None:
+            raise DenseCNNError(_uncached(path, problem))
     found = calibration.load(key, path) if args.show else calibration.recalibrate()
-    if not args.show and calibration.load(key, path) != found:
-        raise DenseCNNError(
-            f"the calibration could not be cached in {path.parent} ({_why_unwritten(path)}); make that folder "
-            "writable or free space there, or set DENSECNN_CACHE_DIR to a folder you can write to"
-        )
+    if not args.show and calibration.load(key, path) != found:  # the disk filled meanwhile
+        raise DenseCNNError(_uncached(path, "the file was not written"))
     print(f"machine: {key['cpu']}, kernels {key['isa']}, torch {key['torch']} ({key['torch_isa']})")
     if found is None:
         if path.exists():
@@ -45,16 +47,8 @@ def run(args) -> int:
     return 0
 
 
-def _why_unwritten(path) -> str:
-    """Why the calibration file at ``path`` was not written, in a few words."""
-    from ..atomic import unwritable_folder
-
-    folder = path.parent
-    for parent in (folder, *folder.parents):
-        if parent.exists():
-            if parent != folder:
-                if not parent.is_dir():
-                    return f"{parent} is not a folder"
-                return unwritable_folder(parent) or f"{folder} could not be created"
-            return unwritable_folder(folder) or "the file was not written"
-    return "the file was not written"
+def _uncached(path, reason: str) -> str:
+    return (
+        f"the calibration could not be cached in {path.parent} ({reason}); make that folder writable or free space "
+        "there, or set DENSECNN_CACHE_DIR to a folder you can write to"
+    )

@@ -101,13 +101,9 @@ def run(args) -> int:
 def _check_cache(cache) -> None:
     """Refuse, before timing anything, a solver cache folder that cannot be written (DENSECNN_CACHE_DIR a file, a
     read-only or full folder)."""
-    from ..atomic import unwritable_folder
+    from ..atomic import unwritable_cache
 
-    try:
-        cache.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise DenseCNNError(_uncached(cache, exc.strerror or str(exc))) from None
-    problem = unwritable_folder(cache)
+    problem = unwritable_cache(cache)
     if problem is not None:
         raise DenseCNNError(_uncached(cache, problem))
 
