@@ -272,12 +272,9 @@ class JobRunner:
             return
         if not self._model_present(job):
             raise ApiError(410, "model_removed", _model_gone(job.model))
-        classes = read_classes(self.settings.model_dir / job.model)
-        path.parent.mkdir(
-            mode=0o700, parents=True, exist_ok=True
-        )  # a server-side input's job: made when it runs
-        described = {"num_classes": classes.num_classes, "names": list(classes.class_names),
-                     "palette": [list(map(int, colour)) for colour in classes.palette]}  # fmt: skip
+        described = _described_classes(self.settings.model_dir / job.model)
+        # a server-side input's job: its directory is made when it runs
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         atomic_write(path, lambda tmp: tmp.write_text(json.dumps(described)))
 
     def _classes(self, job: JobRecord) -> dict:
@@ -286,13 +283,11 @@ class JobRunner:
         with contextlib.suppress(FileNotFoundError):
             return json.loads((self.directory(job.id) / CLASSES_JSON).read_text())
         try:
-            classes = read_classes(self.settings.model_dir / job.model)
+            return _described_classes(self.settings.model_dir / job.model)
         except DenseCNNError:
             raise ApiError(410, "model_removed",
                            f"job {job.id}'s model {job.model!r} was removed from the server, and this result needs "
                            "its classes; download result.png or result.zarr instead") from None  # fmt: skip
-        return {"num_classes": classes.num_classes, "names": list(classes.class_names),
-                "palette": [list(map(int, colour)) for colour in classes.palette]}  # fmt: skip
 
     def _check_input_unchanged(self, job: JobRecord, job_input: JobInput) -> None:
         """Fail the job when its input is not what it was when the job first started (a chunk of a zarr store
@@ -408,6 +403,13 @@ class JobRunner:
             return {**shape, "result": "zarr+png"}
         (self.directory(job.id) / LABELS_TIFF).write_bytes(labels_tiff(labels, classes["num_classes"]))
         return {**shape, "result": "zarr+tiff"}
+
+
+def _described_classes(model_dir: Path) -> dict:
+    """A model's class count, names and colours, as a job's directory keeps them (JSON)."""
+    classes = read_classes(model_dir)
+    return {"num_classes": classes.num_classes, "names": list(classes.class_names),
+            "palette": [list(map(int, colour)) for colour in classes.palette]}  # fmt: skip
 
 
 def _model_gone(model: str) -> str:
