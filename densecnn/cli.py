@@ -72,8 +72,14 @@ def _discard_stdout() -> None:
 
 
 def _parse_and_run(argv: list[str] | None) -> int:
-    from .errors import DenseCNNError, cli_option, render
+    from .errors import DenseCNNError, InvalidInputError, cli_option, render
+    from .ops.config import get_config
 
+    try:
+        get_config()  # an invalid DENSECNN_* setting is said first, in one line, whatever the command (--help too)
+    except InvalidInputError as exc:
+        print(f"densecnn: error: {exc}", file=sys.stderr)
+        return 2
     # a corrupt TIFF is reported once, as densecnn's own error naming the file, not also as tifffile's log line
     logging.getLogger("tifffile").setLevel(logging.ERROR)
     parser = build_parser()

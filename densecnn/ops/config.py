@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import sys
 import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -179,6 +178,8 @@ def get_config() -> OpsConfig:
     >>> get_config().solver is None  # unless DENSECNN_SOLVER is set
     True
     """
+    if _current is None:
+        raise _environment_error.with_traceback(None)
     return _current
 
 
@@ -208,9 +209,9 @@ def use_config(**changes) -> Iterator[OpsConfig]:
     ...     config.tune
     True
     """
-    previous = set_config(_current.replace(**changes))
+    previous = set_config(get_config().replace(**changes))
     try:
-        yield _current
+        yield get_config()
     finally:
         set_config(previous)
 
@@ -221,22 +222,11 @@ def _apply(config: OpsConfig) -> None:
         ext.set_output_buffers(max_free_bytes=config.output_cache_mb << 20, huge_pages=config.huge_pages)
 
 
-def _running_the_command() -> bool:
-    """Whether this process is the ``densecnn`` command (its script, or ``python -m densecnn.cli``)."""
-    argv = list(getattr(sys, "orig_argv", ()))
-    script = Path(sys.argv[0]).name if sys.argv else ""
-    return script in ("densecnn", "densecnn.exe") or any(
-        flag == "-m" and module == "densecnn.cli" for flag, module in zip(argv, argv[1:])
-    )
-
-
 try:
-    _current = OpsConfig.from_environ()
+    _current: OpsConfig | None = OpsConfig.from_environ()
+    _environment_error: InvalidInputError | None = None
+    _apply(_current)
 except InvalidInputError as exc:
-    if not _running_the_command():
-        raise
-    # the command imports densecnn before its own error handling can run: it says what is wrong in one line and
-    # exits as for any other invalid setting (status 2), even for `densecnn --help`, not with the import's traceback
-    print(f"densecnn: error: {exc}", file=sys.stderr)
-    raise SystemExit(2) from None
-_apply(_current)
+    # an invalid DENSECNN_* setting is raised where the config is first asked for, not by the import: so that the
+    # ``densecnn`` command, which checks it first, says what is wrong in one line (exit status 2), even for --help
+    _current, _environment_error = None, exc

@@ -1,6 +1,6 @@
-"""The ops settings: one OpsConfig, read from the environment once (at import), overridable in code (the process's
-config, then a net's own attributes), invalid values refused naming the variable, and the kernels' output buffers
-following it."""
+"""The ops settings: one OpsConfig, read from the environment once (at import; an invalid value is raised at first
+use), overridable in code (the process's config, then a net's own attributes), invalid values refused naming the
+variable, and the kernels' output buffers following it."""
 
 from __future__ import annotations
 
@@ -156,9 +156,15 @@ def test_an_invalid_environment_value_is_refused_naming_the_variable(variable, v
     assert str(error.value).endswith(f"({variable})")
 
 
-def test_an_invalid_environment_value_stops_the_import_with_the_fix():
-    result = _run("import densecnn", DENSECNN_SOLVER="fastest")
-    assert result.returncode != 0
+def test_an_invalid_environment_value_stops_the_first_use_with_the_fix():
+    code = """
+import densecnn
+print("imported")
+model, patch = densecnn.zoo.create("tiny", in_channels=1, num_classes=3)
+densecnn.convert(model.eval(), patch)
+"""
+    result = _run(code, DENSECNN_SOLVER="fastest")
+    assert result.returncode != 0 and result.stdout == "imported\n"
     assert "InvalidInputError: solver 'fastest' is unknown; use one of native" in result.stderr
     assert "(DENSECNN_SOLVER)" in result.stderr
 
