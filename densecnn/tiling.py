@@ -18,6 +18,7 @@ from __future__ import annotations
 import itertools
 import math
 import numbers
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -73,6 +74,14 @@ def tile_peak_bytes(sizes: list[int], itemsize: int, *, train: bool) -> int:
     """Estimated peak bytes of one tile, from the element counts of its input and of every layer's output."""
     peak = max(a + b for a, b in itertools.pairwise(sizes))
     return int(itemsize * ((sum(sizes) if train else 0) + WORKSPACE * peak))
+
+
+def physical_memory() -> int | None:
+    """This machine's memory in bytes, or None where the system does not say."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, OSError, ValueError):
+        return None
 
 
 def check_max_memory(max_memory) -> int:

@@ -6,7 +6,6 @@ keeps only maps it would make itself.
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +13,7 @@ from pathlib import Path
 from ..errors import BlockFailedError, DenseCNNError, ImageTooLargeError, PredictInputError
 from ..io import decode_array, write_labels
 from ..io.labels import check_label_path, labels_file_name
+from ..tiling import physical_memory
 from .cancel import stop_name
 from .cluster import task_memory, worker_count
 from .files import FileJob, label_file
@@ -82,9 +82,10 @@ def label_image_set(
     )
 
 
-def _decodable_bytes() -> int:
+def _decodable_bytes() -> int | None:
     """A quarter of this machine's memory: an image decoded whole, its float input and the net's maps fit beside."""
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4
+    memory = physical_memory()
+    return None if memory is None else memory // 4
 
 
 def label_one_image(loaded, input: Path, output: Path, options: BlockwiseOptions) -> Summary:

@@ -3,8 +3,6 @@ runs use them instead of the cost model's predictions) and show the chosen plan.
 
 from __future__ import annotations
 
-import os
-
 from ..errors import DenseCNNError, InvalidInputError
 
 
@@ -38,7 +36,7 @@ def run(args) -> int:
     import torch
 
     from ..modelfile import load
-    from ..tiling import choose_tile
+    from ..tiling import choose_tile, physical_memory
 
     size = tuple(args.size)
     if min(size) < 1 or args.batch < 1:
@@ -63,7 +61,7 @@ def run(args) -> int:
     _check_cache(cache)
     tuned = (args.batch, loaded.in_channels, *size)
     estimate = dense.memory_estimate(tuned, 4, labels=True, train=args.train)
-    needed, memory = estimate.held + estimate.tile(size), _physical_memory()
+    needed, memory = estimate.held + estimate.tile(size), physical_memory()
     if memory is not None and needed > memory:
         raise InvalidInputError(_too_large(args.batch, size, f"needs about {_gb(needed)}, more than this "
                                            f"machine's {_gb(memory)}"))  # fmt: skip
@@ -120,13 +118,6 @@ def _too_large(batch: int, size, why: str) -> str:
         f"tuning --size {' '.join(map(str, size))} with --batch {batch} {why}; tune a smaller --size or --batch, or "
         "give --max-memory BYTES to tune the tile predict(max_memory=BYTES) would use"
     )
-
-
-def _physical_memory() -> int | None:
-    try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (AttributeError, OSError, ValueError):
-        return None
 
 
 def _gb(size: int) -> str:
