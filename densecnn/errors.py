@@ -142,10 +142,20 @@ class BioimageioExportError(DenseCNNError, ValueError):
     the spec cannot express, a test image that does not fit the model); the message names the problem and fix."""
 
 
-class LabellingFailed(DenseCNNError):
-    """The napari plugin's labelling thread failed with a RuntimeError (torch's, or a densecnn error such as
-    :class:`ScoresNotFiniteError`): superqt's workers drop a RuntimeError without any signal, so it is passed on as
-    this, which is not one, keeping a densecnn error's fix."""
+class WorkerFailed(DenseCNNError):
+    """A napari plugin's thread (labelling, training) failed with a RuntimeError (torch's, or a densecnn error such
+    as :class:`ScoresNotFiniteError`): superqt's workers drop a RuntimeError without any signal, so it is passed on
+    as this, which is not one, keeping a densecnn error's fix.
+
+    >>> str(WorkerFailed.passing_on(RuntimeError("out of memory"), "labelling"))
+    'labelling failed: out of memory'
+    """
+
+    @classmethod
+    def passing_on(cls, exc: RuntimeError, doing: str) -> WorkerFailed:
+        if isinstance(exc, DenseCNNError):
+            return cls(f"{doing} failed: {exc.problem}", fix=exc.fix)
+        return cls(f"{doing} failed: {exc}")
 
 
 class ScoresNotFiniteError(DenseCNNError, RuntimeError):

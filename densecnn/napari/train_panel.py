@@ -38,7 +38,7 @@ from napari.qt.threading import GeneratorWorker, create_worker
 from napari.utils.colormaps import DirectLabelColormap
 from qtpy.QtCore import QTimer
 
-from ..errors import DenseCNNError, InvalidInputError
+from ..errors import DenseCNNError, InvalidInputError, WorkerFailed
 from ..io.intensity import Intensity
 from ..modelfile import LoadedModel, load
 from .classes import check_painted, format_classes, fresh_classes, parse_classes
@@ -388,17 +388,12 @@ class TrainPanel(Container):
         self._watch_strokes(None)
 
 
-class TrainingFailed(DenseCNNError):
-    """The training thread failed with a RuntimeError (superqt's workers signal no RuntimeError, so it is passed on
-    as this)."""
-
-
 def _train_job(session: TrainingSession, strokes: StrokeSet, **options):
     """The worker's generator: the session's steps and live predictions."""
     try:
         yield from session.train(strokes, **options)
     except RuntimeError as exc:  # torch's errors are RuntimeErrors, which superqt drops without any signal
-        raise TrainingFailed(f"training failed: {exc}") from exc
+        raise WorkerFailed.passing_on(exc, "training") from exc
 
 
 def stroke_colormap(palette: list[list[int]]) -> DirectLabelColormap:

@@ -36,7 +36,7 @@ from magicgui.widgets import (
 from napari.qt.threading import GeneratorWorker, create_worker
 from napari.utils.colormaps import DirectLabelColormap
 
-from ..errors import Cancelled, DenseCNNError, LabellingFailed
+from ..errors import Cancelled, DenseCNNError, WorkerFailed
 from ..io.intensity import Intensity
 from ..modelfile import LoadedModel, load
 from . import engine
@@ -228,7 +228,7 @@ def palette_colormap(palette: list[list[int]]) -> DirectLabelColormap:
 def _job(model_dir: Path, layer, intensity: str | None, **options):
     """The worker's generator: load the model, pick the layer's pixels, label them (``intensity``: the field's
     text, None: as the model declares); returns what the layers need, or None once cancelled. Raises no
-    RuntimeError (see :class:`LabellingFailed`)."""
+    RuntimeError (see :class:`~densecnn.errors.WorkerFailed`)."""
     try:
         loaded = load(model_dir)
         options["intensity"] = None if intensity is None else Intensity.parse(intensity)
@@ -247,7 +247,5 @@ def _job(model_dir: Path, layer, intensity: str | None, **options):
         return None
     # torch's and some of densecnn's errors, which superqt drops without any signal
     except RuntimeError as exc:
-        if isinstance(exc, DenseCNNError):
-            raise LabellingFailed(f"labelling failed: {exc.problem}", fix=exc.fix) from exc
-        raise LabellingFailed(f"labelling failed: {exc}") from exc
+        raise WorkerFailed.passing_on(exc, "labelling") from exc
     return loaded, source, result

@@ -282,6 +282,27 @@ def test_strokes_that_skip_a_value_are_refused_before_training(viewer_and_panel)
 
 
 @needs_display
+def test_a_run_that_fails_with_a_runtime_error_is_explained_and_the_buttons_come_back(
+    viewer_and_panel, qtbot, monkeypatch
+):
+    # torch's errors are RuntimeErrors, which superqt's workers drop without a signal: the panel would wait forever
+    viewer, panel = viewer_and_panel
+
+    def out_of_memory(self, strokes, **options):
+        raise RuntimeError("DefaultCPUAllocator: not enough memory")
+        yield
+
+    monkeypatch.setattr(TrainingSession, "train", out_of_memory)
+    image_data = _cells()
+    image = viewer.add_image(image_data, name="cells")
+    strokes = viewer.add_labels(_strokes(image_data, range(5, 160, 40)), name="strokes")
+    _choose(panel, image, strokes, max_seconds=3)
+    _train(panel, qtbot)
+    assert panel._status.value == "training failed: DefaultCPUAllocator: not enough memory", panel._status.value
+    assert panel._train.enabled and not panel._cancel.enabled
+
+
+@needs_display
 def test_a_session_trains_continues_saves_and_its_model_labels_like_predict(
     viewer_and_panel, qtbot, tmp_path
 ):
