@@ -298,7 +298,9 @@ def test_a_run_that_fails_with_a_runtime_error_is_explained_and_the_buttons_come
     strokes = viewer.add_labels(_strokes(image_data, range(5, 160, 40)), name="strokes")
     _choose(panel, image, strokes, max_seconds=3)
     _train(panel, qtbot)
-    assert panel._status.value == "training failed: DefaultCPUAllocator: not enough memory", panel._status.value
+    assert panel._status.value == "training failed: DefaultCPUAllocator: not enough memory", (
+        panel._status.value
+    )
     assert panel._train.enabled and not panel._cancel.enabled
 
 
