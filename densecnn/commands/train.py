@@ -200,6 +200,7 @@ WRITE_ERRORS = {
 def check_out(out: str) -> None:
     """Refuse an ``--out`` the run cannot make or write its directory in (a file, a read-only folder), before
     anything is read or trained."""
+    from ..atomic import unwritable_folder
     from ..errors import TrainingError
 
     path = Path(out)
@@ -214,15 +215,9 @@ def check_out(out: str) -> None:
         raise TrainingError(
             f"--out {out}: {existing} is a file, so the run's folder cannot be made under it; choose another --out"
         )
-    if not os.access(existing, os.W_OK | os.X_OK):
-        why = (
-            "on a read-only file system"
-            if os.statvfs(existing).f_flag & os.ST_RDONLY
-            else "permission denied"
-        )
-        raise TrainingError(
-            f"--out {out}: cannot write in {existing} ({why}); choose an --out in a folder you can write to"
-        )
+    why = unwritable_folder(existing)
+    if why is not None:
+        raise TrainingError(f"--out {out}: {why}; choose an --out in a folder you can write to")
 
 
 def _failed_write(exc: BaseException | None) -> OSError | None:

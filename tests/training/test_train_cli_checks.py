@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -154,10 +155,14 @@ def test_an_out_that_is_a_file_or_read_only_is_refused_before_training(tmp_path,
         assert main(["train", "--data", str(data), "--out", str(out)]) == 2
         err = capsys.readouterr().err
         assert said in err and err.count("\n") == 1
-    monkeypatch.setattr(os, "access", lambda path, mode: False)  # root may write anywhere: as if it may not
+
+    def denied(path, data):  # root may write anywhere: as if it may not
+        raise PermissionError(errno.EACCES, "Permission denied", str(path))
+
+    monkeypatch.setattr(Path, "write_bytes", denied)
     assert main(run_argv(data, tmp_path / "ro" / "run")) == 2
     err = capsys.readouterr().err
-    assert f"cannot write in {tmp_path}" in err and "choose an --out" in err
+    assert f"cannot write in {tmp_path}: Permission denied; choose an --out" in err
     assert not (tmp_path / "ro").exists()
 
 
