@@ -307,14 +307,6 @@ def read_dataset(
             annotation_path = directory / ANNOTATIONS / f"{image_path.stem}.geojson"
             if annotation_path.is_file():
                 classes.check_annotations(annotation_path)
-            elif (
-                classes.lookup is not None
-            ):  # a label array read by windows is not renumbered: never mixed up
-                raise DatasetError(
-                    f"{classes.info.path} names the classes in another order than {classes.model} "
-                    f"({', '.join(classes.ids)}), and {image_path.name} is read in windows, whose label array is "
-                    "not renumbered; number its labels as the model's classes and list them in that order"
-                )
             samples += _window_samples(
                 plans[image_path],
                 image_path,
@@ -477,7 +469,9 @@ def _window_samples(
     try:
         scaling = array_scaling(plan.image, intensity)
         for window in plan.windows:
-            labels = plan.read_labels(window, classes.ids, unlabelled, num_classes, classes.hint())  # (h, w)
+            labels = plan.read_labels(
+                window, classes.ids, unlabelled, num_classes, classes.hint(), classes.lookup
+            )  # (h, w)
             if (labels != IGNORE_INDEX).any():
                 image = plan.read_image(window, channels, scaling, finite=finite)  # (C, h, w)
                 samples.append(Sample(image_path.stem, image, labels, (window[0].start, window[1].start)))

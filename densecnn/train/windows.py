@@ -186,11 +186,12 @@ class WindowPlan:
         unlabelled: int | None,
         num_classes: int,
         hint: str = BEYOND_CLASSES_HINT,
+        lookup: np.ndarray | None = None,
     ) -> np.ndarray:
         """The window's (h, w) int64 labels, :data:`~densecnn.losses.IGNORE_INDEX` where unlabelled or masked: the
         annotations rasterised, or the label array's values read as a whole label image's are
-        (:func:`class_targets`: ``unlabelled`` and 255 unlabelled, values beyond ``num_classes`` refused with
-        ``hint``)."""
+        (:func:`class_targets`: ``unlabelled`` and 255 unlabelled, ids renumbered by ``lookup``, values beyond
+        ``num_classes`` refused with ``hint``)."""
         shape = (window[0].stop - window[0].start, window[1].stop - window[1].start)
         if self.annotations is not None:
             touching = [a for a in self.annotations if _overlaps(bounding_box(a), _box(window))]
@@ -203,7 +204,9 @@ class WindowPlan:
             )
         else:
             stored = _stored(self.labels, window, "label", unlabelled)
-            labels = class_targets(stored, self.labels.path, num_classes, unlabelled, hint=hint)
+            labels = class_targets(
+                stored, self.labels.path, num_classes, unlabelled, lookup=lookup, hint=hint
+            )
         if self.mask is not None:
             labels[_stored(self.mask, window, "mask") == 0] = IGNORE_INDEX
         return labels

@@ -225,10 +225,18 @@ def test_a_zarr_image_is_read_by_windows_around_its_label_arrays_strokes(zarr_da
     assert sorted(r for r in image_reads if r not in intensity_sample) == sorted(regions(windows))
 
 
-def test_fine_tuning_a_label_array_named_in_another_order_is_refused_not_mixed_up(zarr_dataset, tmp_path):
-    data, _, _ = zarr_dataset
-    with pytest.raises(DatasetError, match=r"another order than the model .* field\.zarr is read in windows"):
-        read_dataset(data, channels=1, num_classes=2, class_names=["cell", "background"])
+def test_fine_tuning_renumbers_a_label_array_read_by_windows_whose_classes_json_orders_the_names_otherwise(
+    zarr_dataset,
+):
+    data, _, labels = zarr_dataset  # classes.json: background, cell; the model: cell, background
+    samples = read_dataset(data, channels=1, num_classes=2, class_names=["cell", "background"])
+    stored_classes = sparse_labels(labels, 0)  # 0 background, 1 cell, 255 unlabelled
+    model_ids = np.where(stored_classes == 255, 255, 1 - stored_classes)
+    assert len(samples) == 2
+    for sample in samples:
+        rows, columns = sample.offset
+        h, w = sample.labels.shape
+        np.testing.assert_array_equal(sample.labels, model_ids[rows : rows + h, columns : columns + w])
 
 
 def test_densecnn_train_on_a_zarr_image_leaves_a_model_that_loads(zarr_dataset, tmp_path):
