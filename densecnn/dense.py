@@ -230,6 +230,7 @@ class DenseCNN(nn.Module):
         >>> dense.masked_loss(images, labels, densecnn.masks.random(64)(labels, generator=g)).backward()
         """
         self._check_call(x, nonfinite)
+        self._warn_if_stochastic()
         padded = self.pad(x)
         no_data = no_data_input(padded) if nonfinite == "propagate" else None
         if no_data is not None:

@@ -258,6 +258,20 @@ def test_functional_dropout_follows_the_model_mode_and_the_dense_nets():
     assert trained.features[3].training and not trained.eval().features[3].training
 
 
+@pytest.mark.parametrize("method", ["dense", "region", "patches"])
+def test_a_masked_loss_in_training_mode_warns_as_a_forward_does(method):
+    # batch statistics of the whole image, of a region or of the patches: each method's gradient differs
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Conv2d(4, 2, 3)).double()
+    dense = densecnn.convert(model.eval(), 5)
+    x, labels = torch.rand(2, 1, 12, 12, dtype=torch.float64), torch.randint(0, 2, (2, 12, 12))
+    mask = torch.zeros(2, 12, 12, dtype=torch.bool)
+    mask[0, 3, 3] = mask[1, 7, 8] = True
+    model.train()
+    with pytest.warns(densecnn.DenseEquivalenceWarning, match="training mode"):
+        dense.masked_loss(x, labels, mask, method=method)
+
+
 def test_functional_dropout_that_ignores_the_mode_is_refused():
     with pytest.raises(
         densecnn.ConversionError, match="training=True while the model is in eval mode.*self.training"
