@@ -13,7 +13,8 @@ from pathlib import Path
 import numpy as np
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load as load_weights
+from safetensors.torch import save_file
 from torch import nn
 
 from ..atomic import atomic_write
@@ -413,7 +414,8 @@ def load(path) -> LoadedModel:
     directory = Path(path)
     config, model = check_directory(directory)
     try:
-        state = load_file(directory / WEIGHTS_FILE)
+        # read into memory, not mapped: a mapped file's tensors would change with the file (a copy over it)
+        state = load_weights((directory / WEIGHTS_FILE).read_bytes())
     except (SafetensorError, OSError) as exc:
         raise file_error(
             directory / WEIGHTS_FILE,

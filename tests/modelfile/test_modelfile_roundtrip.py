@@ -82,3 +82,19 @@ def saveable_nets(draw):
 def test_save_load_round_trips_random_nets(net, tmp_path_factory):
     model, patch = net
     _round_trip(model, patch, tmp_path_factory.mktemp("net"))
+
+
+def test_a_loaded_model_keeps_its_weights_when_its_file_is_written_over(tmp_path):
+    # a weights file mapped into memory lends its tensors the file's pages: a copy over it changed a loaded model
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU(), nn.Conv2d(4, 2, 3))
+    first = densecnn.save(model, tmp_path / "first", patch_size=5)
+    with torch.no_grad():
+        model[0].weight.mul_(3)
+    second = densecnn.save(model, tmp_path / "second", patch_size=5)
+    loaded = densecnn.load(first)
+    kept = {name: tensor.clone() for name, tensor in loaded.model.state_dict().items()}
+    with open(first / "weights.safetensors", "r+b") as weights:  # in place, as cp or shutil.copyfile write
+        weights.write((second / "weights.safetensors").read_bytes())
+    for name, tensor in loaded.model.state_dict().items():
+        assert torch.equal(tensor, kept[name]), name
