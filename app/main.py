@@ -55,6 +55,7 @@ async def _load_models(service: ServiceState, settings: Settings) -> None:
             max_memory=settings.max_inference_memory,
         )
         service.model_dir, service.backend = settings.model_dir, settings.backend
+        service.warm_sizes, service.max_memory = settings.warm_sizes, settings.max_inference_memory
         default = settings.default_model
         service.default_model = default if default in service.models else next(iter(service.models))
     except densecnn.DenseCNNError as exc:  # a model directory refused (ModelFileError), no model at all, ...
@@ -126,7 +127,7 @@ def _lifespan(settings: Settings, service: ServiceState, metrics: Metrics):
         service.receiving = ReceivingLimit(settings.max_receiving_uploads, settings.max_receiving_per_client)
         drain_on_signals(service)
         loading = asyncio.create_task(_load_models(service, settings))
-        engine, runner = await _start_jobs(app, settings, metrics)
+        engine, runner = await _start_jobs(app, settings, service, metrics)
         maintenance = asyncio.create_task(_maintain_jobs(runner, settings.job_poll_seconds))
         try:
             yield
@@ -162,16 +163,20 @@ def _inference_pool(settings: Settings, metrics: Metrics) -> InferencePool:
     )
 
 
-async def _start_jobs(app: FastAPI, settings: Settings, metrics: Metrics) -> tuple[Engine, JobRunner]:
-    """Open the (private) data directory and database, the key store and the job runner, which resumes the jobs a
-    stopped server left; returns the database engine and the runner."""
+async def _start_jobs(
+    app: FastAPI, settings: Settings, service: ServiceState, metrics: Metrics
+) -> tuple[Engine, JobRunner]:
+    """Open the (private) data directory and database, the key store and the job runner (its jobs run the models
+    ``service`` serves), which resumes the jobs a stopped server left; returns the database engine and the
+    runner."""
     await asyncio.to_thread(private_directory, settings.data_dir)
     engine = await asyncio.to_thread(make_engine, settings.database)
     await asyncio.to_thread(private_database, settings)
     app.state.keys = KeyStore(engine)
     await asyncio.to_thread(app.state.keys.adopt_named_jobs)
     store = JobStore(engine)
-    app.state.jobs = runner = JobRunner(settings, store, Quota(engine, settings.disk_quota_bytes), metrics)
+    quota = Quota(engine, settings.disk_quota_bytes)
+    app.state.jobs = runner = JobRunner(settings, store, quota, metrics, service)
     metrics.watch_jobs(store.count_by_state)
     await asyncio.to_thread(runner.maintain)  # resumes the jobs a stopped server left
     return engine, runner

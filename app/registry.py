@@ -45,12 +45,8 @@ def model_dirs(root: Path) -> list[Path]:
 def load_models(
     root: Path, *, backend: str = "auto", warm_sizes: list[list[int]] = (), max_memory: int | None = None
 ) -> dict[str, ServedModel]:
-    """Load every model under ``root``; a broken one is logged and skipped; none at all is an error.
-
-    Each model then runs once on zeros of every size in ``warm_sizes`` with as many axes as it has (under the
-    inference memory cap ``max_memory``, so its tile shape is the one requests will use): plans and torch's
-    first-call work are done before the service reports ready.
-    """
+    """Load every model under ``root``, each warmed (:func:`warm_model`); a broken one is logged and skipped; none
+    at all is an error."""
     models, failures = {}, []
     for directory in model_dirs(root):
         try:
@@ -59,18 +55,23 @@ def load_models(
             failures.append(f"{directory.name}: {exc}")
             logger.error("cannot load model %s: %s", directory, exc)
     for served in models.values():
-        for size in warm_sizes:
-            if len(size) != served.dense.dims:
-                continue
-            try:
-                served.dense.warm((1, served.loaded.in_channels, *size), max_memory=max_memory)
-                logger.info("warmed model %s for size %s", served.name, "x".join(map(str, size)))
-            except (
-                DenseCNNError
-            ) as exc:  # e.g. the size does not fit max_memory: requests of it get 413 anyway
-                logger.warning("cannot warm model %s for size %s: %s", served.name, size, exc)
+        warm_model(served, warm_sizes, max_memory=max_memory)
     if not models:
         why = "; ".join(failures) or f"no subdirectory of {root} holds a {CONFIG_FILE}"
         raise ModelFileError(f"no model could be loaded from {root} ({why})")
     logger.info("loaded models: %s", ", ".join(models))
     return models
+
+
+def warm_model(served: ServedModel, warm_sizes: list[list[int]], *, max_memory: int | None) -> None:
+    """Run ``served`` once on zeros of every size in ``warm_sizes`` with as many axes as it has (under the
+    inference memory cap ``max_memory``, so its tile shape is the one requests will use): its plans and torch's
+    first-call work are done before a request needs them. A size that cannot be warmed is logged and skipped."""
+    for size in warm_sizes:
+        if len(size) != served.dense.dims:
+            continue
+        try:
+            served.dense.warm((1, served.loaded.in_channels, *size), max_memory=max_memory)
+            logger.info("warmed model %s for size %s", served.name, "x".join(map(str, size)))
+        except DenseCNNError as exc:  # e.g. the size does not fit max_memory: requests of it get 413 anyway
+            logger.warning("cannot warm model %s for size %s: %s", served.name, size, exc)

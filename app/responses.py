@@ -30,6 +30,10 @@ class Normalization(BaseModel):
 
 class ModelInfo(BaseModel):
     name: str
+    version: str = Field(
+        description="the version served now: a digest of the model's files (paths, sizes, modification times); "
+        "it changes when they are replaced, and a job's `model_version` is the one it ran with"
+    )
     dims: int = Field(description="spatial axes: 1 (signals), 2 (images), 3 (volumes)")
     axes: list[str] = Field(
         description='the names of the spatial axes: ["length"], ["height", "width"] or '
@@ -57,6 +61,7 @@ class ModelInfo(BaseModel):
         dims = served.dense.dims
         return cls(
             name=served.name,
+            version=served.identity,
             dims=dims,
             axes=list(AXES[dims]),
             accepts=list(ACCEPTS[dims]),

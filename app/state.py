@@ -14,7 +14,7 @@ from densecnn.modelfile import CONFIG_FILE
 from .errors import ApiError
 from .executor import InferencePool
 from .receiving import ReceivingLimit
-from .registry import ServedModel, load_model, model_dirs, model_identity
+from .registry import ServedModel, load_model, model_dirs, model_identity, warm_model
 
 logger = logging.getLogger("densecnn.app")
 
@@ -27,12 +27,31 @@ class ServiceState:
     default_model: str | None = None
     pool: InferencePool | None = None
     receiving: ReceivingLimit | None = None
-    loading: bool = True
     load_error: str | None = None
     draining: bool = False
     model_dir: Path | None = None  # where the models are read from (set once they are loaded)
     backend: str = "auto"
+    # the sizes a model loaded or reloaded runs on before it serves, under the inference memory cap, as at start-up
+    warm_sizes: list[list[int]] = field(default_factory=list)
+    max_memory: int | None = None
     _reloading: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _loaded: threading.Event = field(default_factory=threading.Event, repr=False)
+
+    @property
+    def loading(self) -> bool:
+        """True until the lifespan has loaded the models (or given up on them)."""
+        return not self._loaded.is_set()
+
+    @loading.setter
+    def loading(self, loading: bool) -> None:
+        if loading:
+            self._loaded.clear()
+        else:
+            self._loaded.set()
+
+    def wait_loaded(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for the models to be loaded (or given up on); whether they are."""
+        return self._loaded.wait(timeout)
 
     @property
     def ready(self) -> bool:
@@ -40,9 +59,10 @@ class ServiceState:
 
     def model(self, name: str) -> ServedModel | None:
         """The served model ``name`` as its files are now, so that every path (segment, jobs, the model list)
-        serves the same model: loaded again when its directory's files changed since it was loaded, None when its
-        directory (or its model.json) is gone; 503 ``model_unavailable`` while its files cannot be loaded (being
-        replaced, or broken). Blocking: call it off the event loop."""
+        serves the same model: loaded again (and warmed as at start-up) when its directory's files changed since it
+        was loaded, None when its directory (or its model.json) is gone; 503 ``model_unavailable`` while its files
+        cannot be loaded (being replaced, or broken). Its ``identity`` is the version it is. Blocking: call it off
+        the event loop."""
         if self.model_dir is None:
             return self.models.get(name)
         if name in ("", ".", "..") or any(c in name for c in "/\\\0"):
@@ -67,6 +87,7 @@ class ServiceState:
                                f"model {name!r} is being updated on the server or its files are broken; try again "
                                "in a moment, or choose another model (GET /v1/models)",
                                {"Retry-After": "1"}) from None  # fmt: skip
+            warm_model(fresh, self.warm_sizes, max_memory=self.max_memory)  # before any request gets it
             self.models = {**self.models, name: fresh}  # replaced, never changed in place: readers iterate it
             logger.info("model %s %s from %s", name, "reloaded" if served else "loaded", directory)
             if self.default_model is None:

@@ -35,6 +35,8 @@ class JobRecord(Base):
         String(200), index=True
     )  # the key's id (keys.owner_id), or "" without keys
     model: Mapped[str] = mapped_column(String(200))
+    # the version of the model it runs with (the served model's identity when it first started; "" until then)
+    model_version: Mapped[str] = mapped_column(String(64), default="", server_default="")
     input: Mapped[str] = mapped_column(Text)  # the input's path on the server
     input_name: Mapped[str] = mapped_column(
         Text

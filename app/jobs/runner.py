@@ -7,6 +7,14 @@ the database, from another) stops a job after the blocks in flight; a server tha
 and the next one to start resumes them from the chunks already written (the engine skips them). A finished zarr
 result small enough for the image limits is also written as a label PNG (2-D) or TIFF.
 
+A job runs the model the service serves under its name when it first starts (:meth:`ServiceState.model`: the same
+reload-on-change rule as ``/segment``, gone or unloadable alike), and records that version (the served model's
+identity) in its record. The engine's tasks load a model from a directory, in this process or in Dask's worker
+processes, so the served object itself cannot be handed to them: the job copies that version's files into its own
+directory, checked to be the version served, and the engine reads that copy, for this run and any resumed run; a
+model replaced on the server meanwhile cannot change the weights of a job in flight, and the copy is deleted when
+the job ends.
+
 Every job ends: an outcome the database cannot take (its disk is full) is kept in memory, shown by the API, and
 written by the next maintenance that can. Maintenance also deletes what nobody owns any more: directories of jobs
 without a record (a killed upload, a job deleted while its last block was written), uploads idle for
@@ -34,11 +42,13 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from densecnn.atomic import atomic_write
 from densecnn.errors import Cancelled, DenseCNNError
-from densecnn.modelfile import CONFIG_FILE, read_classes
+from densecnn.modelfile import CONFIG_FILE, WEIGHTS_FILE, read_classes
 
 from ..errors import JOB_OPTIONS, ApiError, service_message
 from ..prometheus import Metrics
+from ..registry import ServedModel, model_identity
 from ..settings import Settings
+from ..state import ServiceState
 from . import upload_store
 from .admission import task_memory
 from .db import JobRecord, State
@@ -53,15 +63,22 @@ STALE_PERIODS = 3  # a job whose worker's heartbeat is older than this many poll
 LABELS_ZARR, LABELS_PNG, LABELS_TIFF = "labels.zarr", "labels.png", "labels.tif"
 INPUT_FINGERPRINT = "input.fingerprint"  # in the job's directory: its input as the job first read it
 CLASSES_JSON = "classes.json"  # in the job's directory: its model's classes, kept for its results
+MODEL_COPY = "model"  # in the job's directory: the files of the model version it runs with, until it ends
+MODEL_COPY_ATTEMPTS = 3  # copies of a model whose files change while they are copied, before the job fails
+LOADED_WAIT_SECONDS = 0.1  # between two checks, while the models load, that the job has not been stopped
 
 
 class JobRunner:
     """Runs the jobs this worker process holds; one per process, in ``app.state.jobs``."""
 
-    def __init__(self, settings: Settings, store: JobStore, quota: Quota, metrics: Metrics):
+    def __init__(
+        self, settings: Settings, store: JobStore, quota: Quota, metrics: Metrics, service: ServiceState
+    ):
+        """``service``: the models the jobs run, as ``/segment`` serves them."""
         # a failing block is reported once, in the job's error, not as Dask's log of every attempt
         os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "error")
         self.settings, self.store, self.quota, self.metrics = settings, store, quota, metrics
+        self.service = service
         self.name = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.root = settings.data_dir / "jobs"
         self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -188,6 +205,8 @@ class JobRunner:
 
     def _run(self, job_id: str) -> None:
         try:
+            if not self._models_loaded(job_id):
+                return  # the server stops
             job = self.store.get(job_id)
             if job is None or job.state != State.queued.value or job.runner != self.name or self._stopping:
                 return  # cancelled or deleted while queued, or taken over, or the server stops
@@ -197,6 +216,15 @@ class JobRunner:
         finally:
             with self._lock:
                 self._held.pop(job_id, None)
+
+    def _models_loaded(self, job_id: str) -> bool:
+        """Wait until the service has loaded its models (a job resumed at start-up runs the models it serves, not
+        none); False when the job is stopped meanwhile."""
+        stop = self._held[job_id]
+        while not self.service.wait_loaded(LOADED_WAIT_SECONDS):
+            if stop.is_set():
+                return False
+        return True
 
     def _label(self, job: JobRecord) -> None:
         from densecnn.blockwise import predict_to_disk
@@ -212,20 +240,18 @@ class JobRunner:
         options = self._options(job, stop, report)
         where = str(directory)
         try:
-            self._keep_classes(job)  # its results then never need the model's directory again
+            model = self._job_model(job)
             with self._input(job) as job_input:
                 where = str(job_input.path)
                 self._check_input_unchanged(job, job_input)
-                summary = predict_to_disk(
-                    self.settings.model_dir / job.model, job_input.path, output, options
-                )
+                summary = predict_to_disk(model, job_input.path, output, options)
                 self._check_input_unchanged(job, job_input)
             if summary.failures:
                 raise DenseCNNError("; ".join(why for _, why in summary.failures))
             extra = self._finish_result(job, output) if chunked else _image_shape(output)
             report.final(summary)
-            self.quota.set(job.id, disk_usage(directory))  # the reservation becomes the blocks really taken
             self._finish(job.id, State.succeeded, **extra)
+            self.quota.set(job.id, disk_usage(directory))  # the reservation becomes the blocks really taken
         except Cancelled:
             current = self.store.get(job.id)
             if current is None:  # deleted meanwhile
@@ -241,8 +267,6 @@ class JobRunner:
             if storage is not None:  # the server's disk: nothing the caller's options can fix
                 logger.error("job %s: cannot write its files: %s", job.id, exc)
                 self._finish(job.id, State.failed, error=storage)
-            elif not self._model_present(job):  # removed while the job ran
-                self._finish(job.id, State.failed, error=_model_gone(job.model))
             elif isinstance(exc, DenseCNNError):  # named as the caller knows it, not where it lies here
                 message = self._scrubbed(service_message(exc, JOB_OPTIONS), where, job)
                 self._finish(job.id, State.failed, error=message)
@@ -252,30 +276,51 @@ class JobRunner:
                              f"({self._scrubbed(str(exc), where, job)}); it was logged")  # fmt: skip
 
     def _scrubbed(self, message: str, where: str, job: JobRecord) -> str:
-        """``message`` without the server's paths: the input as the caller named it, the job's directory as "the
-        job", the model's directory as the model's name."""
-        model = self.settings.model_dir / job.model
-        for path, name in ((where, job.input_name), (str(model.resolve()), f"model {job.model!r}"),
-                           (str(model), f"model {job.model!r}"), (str(self.directory(job.id)), "the job")):  # fmt: skip
+        """``message`` without the server's paths: the input as the caller named it, the job's copy of its model
+        and the model's directory as the model's name, the job's directory as "the job"."""
+        named = f"model {job.model!r}"
+        copy, model = self.directory(job.id) / MODEL_COPY, self.settings.model_dir / job.model
+        for path, name in ((where, job.input_name), (str(copy.resolve()), named), (str(copy), named),
+                           (str(model.resolve()), named), (str(model), named),
+                           (str(self.directory(job.id)), "the job")):  # fmt: skip
             message = message.replace(path, name)
         return message
 
-    def _model_present(self, job: JobRecord) -> bool:
-        return (self.settings.model_dir / job.model / CONFIG_FILE).is_file()
-
-    def _keep_classes(self, job: JobRecord) -> None:
-        """Write the model's class count, names and colours into the job's directory (once), so that its results
-        (TIFF, GeoJSON) are read without the model, which may be removed or replaced later; 410 when the model's
-        directory is gone."""
-        path = self.directory(job.id) / CLASSES_JSON
-        if path.exists():
-            return
-        if not self._model_present(job):
-            raise ApiError(410, "model_removed", _model_gone(job.model))
-        described = _described_classes(self.settings.model_dir / job.model)
+    def _job_model(self, job: JobRecord) -> Path:
+        """The directory of the model version the job runs with: the job's own copy of the model the service
+        served under its name when the job first started (that version recorded in the job), kept for its resumed
+        runs. 410 when the model is gone, 503 while its files cannot be loaded or keep changing."""
+        copy = self.directory(job.id) / MODEL_COPY
+        if job.model_version and (copy / CONFIG_FILE).is_file():
+            return copy  # a resumed run: the version its first run started with
         # a server-side input's job: its directory is made when it runs
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        atomic_write(path, lambda tmp: tmp.write_text(json.dumps(described)))
+        copy.parent.mkdir(mode=0o700, exist_ok=True)
+        for _ in range(MODEL_COPY_ATTEMPTS):
+            served = self._served_model(job)
+            if _copied_model(served, copy):
+                self._keep_classes(job, copy)
+                self.store.set(job.id, model_version=served.identity)
+                return copy
+        raise ApiError(503, "model_unavailable", _model_unloadable(job.model, "its files kept changing"))
+
+    def _served_model(self, job: JobRecord) -> ServedModel:
+        """The model the service serves under the job's model name now, as ``/segment`` gets it; 410 when it is
+        gone, 503 while its files cannot be loaded."""
+        try:
+            served = self.service.model(job.model)
+        except ApiError:  # 503 model_unavailable, said as a job's caller can act on it
+            why = "its files are being updated on the server, or are broken"
+            raise ApiError(503, "model_unavailable", _model_unloadable(job.model, why)) from None
+        if served is None:
+            raise ApiError(410, "model_removed", _model_gone(job.model))
+        return served
+
+    def _keep_classes(self, job: JobRecord, model: Path) -> None:
+        """Write the class count, names and colours of the model in ``model`` (the job's copy) into the job's
+        directory, so that its results (TIFF, GeoJSON) are read without the model, which may be removed or
+        replaced later."""
+        described = _described_classes(model)
+        atomic_write(self.directory(job.id) / CLASSES_JSON, lambda tmp: tmp.write_text(json.dumps(described)))
 
     def _classes(self, job: JobRecord) -> dict:
         """The job's classes as kept in its directory (for a job finished before they were kept: its model's, or
@@ -365,8 +410,9 @@ class JobRunner:
             yield job_input
 
     def _finish(self, job_id: str, state: State, **values) -> None:
-        """End the job in ``state``; when the database cannot take it (a full disk), keep it in memory until the
-        next maintenance writes it: the job never stays running."""
+        """End the job in ``state`` and delete its copy of its model; when the database cannot take it (a full
+        disk), keep it in memory until the next maintenance writes it: the job never stays running."""
+        shutil.rmtree(self.directory(job_id) / MODEL_COPY, ignore_errors=True)
         values = {"state": state.value, "finished": time.time(), "runner": None, **values}
         try:
             self.store.set(job_id, **values)
@@ -415,6 +461,33 @@ def _described_classes(model_dir: Path) -> dict:
 def _model_gone(model: str) -> str:
     return (f"model {model!r} was removed from the server after the job was submitted; submit the job again with a "
             "model the server serves (GET /v1/models)")  # fmt: skip
+
+
+def _model_unloadable(model: str, why: str) -> str:
+    return (f"model {model!r} could not be loaded when the job started ({why}); submit the job again in a "
+            "moment, or with another model (GET /v1/models)")  # fmt: skip
+
+
+def _copied_model(served: ServedModel, copy: Path) -> bool:
+    """Copy the files of ``served``'s model directory that make the model (model.json and its weights) to the
+    directory ``copy``: True when the directory's files are still the version ``served`` is once they are copied
+    (so the copy is that version), else False (changed meanwhile, or removed) with nothing left at ``copy``."""
+    source = served.loaded.path
+    partial = copy.with_name(f"{copy.name}.partial")
+    for stale in (copy, partial):
+        shutil.rmtree(stale, ignore_errors=True)
+    partial.mkdir(mode=0o700)
+    try:
+        for name in (CONFIG_FILE, WEIGHTS_FILE):
+            shutil.copyfile(source / name, partial / name)
+    except FileNotFoundError:
+        shutil.rmtree(partial)
+        return False
+    if model_identity(source) != served.identity:
+        shutil.rmtree(partial)
+        return False
+    partial.rename(copy)
+    return True
 
 
 DISK_FULL = {errno.ENOSPC, errno.EDQUOT}

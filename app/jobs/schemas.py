@@ -78,6 +78,10 @@ class Job(BaseModel):
     id: str
     state: State
     model: str
+    model_version: str | None = Field(
+        description="the version of the model the job runs with: the model's `version` (GET /v1/models/NAME) "
+        "when the job first started, kept for the whole job; null until it starts"
+    )
     input: str = Field(description="the upload's file name, or the server-side path as given")
     created: float = Field(description="Unix time")
     started: float | None
@@ -106,7 +110,8 @@ class Job(BaseModel):
             if "tiff" in kinds:
                 results["tiff"] = f"{base}.tif"
         return cls(
-            id=job.id, state=State(job.state), model=job.model, input=job.input_name, created=job.created,
+            id=job.id, state=State(job.state), model=job.model, model_version=job.model_version or None,
+            input=job.input_name, created=job.created,
             started=job.started, finished=job.finished, error=job.error, cancel_requested=job.cancel_requested,
             shape=[job.height, job.width] if job.height is not None else None, results=results,
             progress=Progress(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import io
+import re
 import shutil
 import threading
 
@@ -21,7 +22,14 @@ pytest.importorskip("zarr")
 import densecnn  # noqa: E402
 from densecnn.errors import InvalidInputError, PredictInputError  # noqa: E402
 from tests.app_support import CLASS_NAMES, blobs, brightness_model, encode  # noqa: E402
-from tests.jobs_support import job_settings, reference_labels, serving, wait_for  # noqa: E402
+from tests.jobs_support import (  # noqa: E402
+    download_zarr,
+    job_settings,
+    reference_labels,
+    serving,
+    wait_for,
+    write_zarr,
+)
 
 pytestmark = pytest.mark.xdist_group("jobs")  # Dask clusters: one test at a time
 
@@ -74,6 +82,168 @@ def test_a_model_replaced_in_place_is_served_alike_by_segment_jobs_and_the_model
         described = client.get("/v1/models/cells").json()
         assert described["classes"] == client.get("/v1/models").json()["models"][0]["classes"]
         assert len(described["classes"]) == loaded.num_classes
+
+
+def _held_job(client, request: dict) -> tuple[dict, object]:
+    """A job created from the JSON ``request`` but not yet run, and the function that runs it."""
+    runner = client.app.state.jobs
+    original = runner.submit
+    runner.submit = lambda job_id: None  # held back until the caller runs it
+    try:
+        created = client.post("/v1/jobs", json=request)
+    finally:
+        runner.submit = original
+    assert created.status_code == 202, created.text
+    return created.json(), lambda: runner.submit(created.json()["id"])
+
+
+def test_a_job_runs_the_model_segment_serves_when_it_starts_and_records_its_version(tmp_path):
+    """A model replaced (as densecnn.save writes it: new files renamed into place) after a job on it ran and before
+    the next one starts: the next job labels with the new weights, as /segment then does, and says which version it
+    ran with (the one /v1/models gives)."""
+    pixels = write_zarr(tmp_path / "data" / "blobs.zarr", 48, 64, seed=11)
+    settings = job_settings(tmp_path)
+    model_dir = settings.model_dir / "cells"
+    request = {"model": "cells", "input": "blobs.zarr"}
+    with serving(settings) as client:
+        first = wait_for(client, client.post("/v1/jobs", json=request).headers["location"])
+        assert first["state"] == "succeeded", first
+        versions = [client.get("/v1/models/cells").json().get("version")]
+        held, run = _held_job(client, request)
+        _save_other_model(model_dir)  # between the job's submission and its start
+        run()
+        job = wait_for(client, f"/v1/jobs/{held['id']}")
+        assert job["state"] == "succeeded", job
+        versions.append(client.get("/v1/models/cells").json().get("version"))
+        segment = client.post("/v1/models/cells/segment", files={"image": ("a.png", encode(pixels))})
+        from_job = download_zarr(client, job["id"], tmp_path / "copy.zarr")
+    np.testing.assert_array_equal(_png_labels(segment), reference_labels(model_dir, pixels))
+    np.testing.assert_array_equal(from_job, _png_labels(segment))
+    assert held["model_version"] is None  # not started yet when it was created
+    assert [first["model_version"], job["model_version"]] == versions and versions[0] != versions[1]
+
+
+def test_a_model_replaced_while_its_job_runs_leaves_the_job_on_the_version_it_started_with(
+    tmp_path, monkeypatch
+):
+    import densecnn.blockwise
+
+    settings = job_settings(tmp_path)
+    pixels = blobs(40, 48, seed=5)
+    model_dir = settings.model_dir / "cells"
+    kept = tmp_path / "kept"
+    shutil.copytree(model_dir, kept)
+    engine = densecnn.blockwise.predict_to_disk
+
+    def replaced_first(*args, **kwargs):  # the model's files change once the job has chosen its model
+        _save_other_model(model_dir)
+        return engine(*args, **kwargs)
+
+    monkeypatch.setattr(densecnn.blockwise, "predict_to_disk", replaced_first)
+    with serving(settings) as client:
+        before = client.get("/v1/models/cells").json()["version"]
+        created = client.post(
+            "/v1/jobs", params={"model": "cells"}, files={"image": ("a.png", encode(pixels))}
+        )
+        job = wait_for(client, created.headers["location"])
+        assert job["state"] == "succeeded", job
+        from_job = _png_labels(client.get(job["results"]["png"]))
+        after = client.get("/v1/models/cells").json()["version"]
+    old, new = reference_labels(kept, pixels), reference_labels(model_dir, pixels)
+    assert (old != new).any(), "the replacement model must label the image otherwise"
+    np.testing.assert_array_equal(from_job, old)
+    assert job["model_version"] == before != after
+    assert not (settings.data_dir / "jobs" / job["id"] / "model").exists()  # its copy goes with the run
+
+
+def test_a_job_resumed_after_its_model_was_replaced_finishes_on_the_version_it_started_with(tmp_path):
+    pixels = write_zarr(tmp_path / "data" / "big.zarr", 256, 256, seed=7, chunks=16)
+    settings = job_settings(tmp_path, job_block=16)
+    model_dir = settings.model_dir / "cells"
+    kept = tmp_path / "kept"
+    shutil.copytree(model_dir, kept)
+    with serving(settings) as client:
+        request = {"model": "cells", "input": "big.zarr", "chunk": 16}
+        location = client.post("/v1/jobs", json=request).headers["location"]
+        started = wait_for(client, location, until=lambda job: job["progress"]["blocks_done"] >= 8)
+    _save_other_model(model_dir)  # while the server is stopped, the job's first run half done
+    with serving(settings) as client:
+        job = wait_for(client, location)
+        assert job["state"] == "succeeded", job
+        served = client.get("/v1/models/cells").json()["version"]
+        metrics = client.get("/metrics").text
+        stored = download_zarr(client, job["id"], tmp_path / "copy.zarr")
+    computed = float(re.search(r"^densecnn_job_blocks_total (\S+)$", metrics, re.MULTILINE).group(1))
+    assert 0 < computed < 256, computed  # the second run resumed from the first one's chunks
+    np.testing.assert_array_equal(stored, reference_labels(kept, pixels))
+    assert job["model_version"] == started["model_version"] != served
+
+
+def test_a_job_whose_model_is_broken_when_it_starts_fails_saying_so(tmp_path):
+    settings = job_settings(tmp_path)
+    with serving(settings) as client:
+        (tmp_path / "data" / "a.png").write_bytes(encode(blobs()))
+        held, run = _held_job(client, {"model": "cells", "input": "a.png"})
+        (settings.model_dir / "cells" / "model.json").write_text("{ half-copied")
+        run()
+        job = wait_for(client, f"/v1/jobs/{held['id']}")
+    assert job["state"] == "failed" and "model 'cells' could not be loaded" in job["error"], job
+    assert "submit the job again" in job["error"] and str(tmp_path) not in job["error"]
+    assert job["model_version"] is None
+
+
+def test_a_job_taken_over_while_the_models_load_waits_for_them(tmp_path, monkeypatch):
+    """A job resumed at start-up runs once the models are loaded, with the model they serve (not failed as removed
+    because the service had not loaded it yet)."""
+    import time
+
+    import densecnn_app.main
+    from densecnn_app.jobs.db import JobRecord, make_engine
+    from densecnn_app.jobs.store import JobStore
+
+    pixels = write_zarr(tmp_path / "data" / "blobs.zarr", 32, 32)
+    settings = job_settings(tmp_path)
+    settings.data_dir.mkdir(parents=True)
+    engine = make_engine(settings.database)
+    JobStore(engine).add(JobRecord(
+        id="d1ed", owner="", model="cells", input=str(tmp_path / "data" / "blobs.zarr"), input_name="blobs.zarr",
+        result="zarr", state="queued", runner=None, heartbeat=0.0, created=time.time(),
+    ), max_unfinished=4)  # fmt: skip
+    engine.dispose()
+    load_models = densecnn_app.main.load_models
+
+    def slow_load(*args, **kwargs):
+        time.sleep(1.0)
+        return load_models(*args, **kwargs)
+
+    monkeypatch.setattr(densecnn_app.main, "load_models", slow_load)
+    with serving(settings) as client:
+        job = wait_for(client, "/v1/jobs/d1ed")
+        assert job["state"] == "succeeded", job
+        assert job["model_version"] == client.get("/v1/models/cells").json()["version"]
+        stored = download_zarr(client, "d1ed", tmp_path / "copy.zarr")
+    np.testing.assert_array_equal(stored, reference_labels(settings.model_dir / "cells", pixels))
+
+
+def test_a_reloaded_model_is_warmed_as_at_start_up(tmp_path, monkeypatch):
+    from densecnn.dense import DenseCNN
+
+    warmed = []
+    warm = DenseCNN.warm
+
+    def recorded(self, shape, **kwargs):
+        warmed.append((self, tuple(shape), kwargs.get("max_memory")))
+        return warm(self, shape, **kwargs)
+
+    monkeypatch.setattr(DenseCNN, "warm", recorded)
+    settings = job_settings(tmp_path, warm_sizes=[[24, 24], [8, 8, 8]])
+    with serving(settings) as client:
+        service = client.app.state.service
+        assert warmed == [(service.models["cells"].dense, (1, 3, 24, 24), settings.max_inference_memory)]
+        warmed.clear()
+        _save_other_model(settings.model_dir / "cells")
+        assert client.get("/v1/models/cells").status_code == 200  # reloaded
+        assert warmed == [(service.models["cells"].dense, (1, 3, 24, 24), settings.max_inference_memory)]
 
 
 def test_a_removed_model_keeps_finished_results_and_refuses_new_jobs_at_once(tmp_path):
