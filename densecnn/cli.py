@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import logging
 import os
 import sys
+import warnings
 
 from .command_interrupts import INTERRUPTED
 
@@ -88,10 +90,31 @@ def _parse_and_run(argv: list[str] | None) -> int:
         # named by the subcommand they were given to, with its usage (argparse would name the top level's)
         _chosen(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
     try:
-        return args.run(args) or 0
+        with _warnings_as_lines(f"densecnn {args.command}"):
+            return args.run(args) or 0
     except (DenseCNNError, FileNotFoundError) as exc:
         print(f"densecnn {args.command}: error: {render(exc, cli_option)}", file=sys.stderr)
         return 2
+
+
+@contextlib.contextmanager
+def _warnings_as_lines(prefix: str):
+    """densecnn's own warnings said as one line each on stderr, ``densecnn predict: warning: ...``, once per
+    message (a model loaded twice warns once); others as Python shows them."""
+    show_python_warning, said = warnings.showwarning, set()
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if not category.__module__.startswith("densecnn."):
+            show_python_warning(message, category, filename, lineno, file, line)
+        elif str(message) not in said:
+            said.add(str(message))
+            print(f"{prefix}: warning: {message}", file=sys.stderr)
+
+    warnings.showwarning = show
+    try:
+        yield
+    finally:
+        warnings.showwarning = show_python_warning
 
 
 def _chosen(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:

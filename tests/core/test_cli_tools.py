@@ -1,6 +1,7 @@
 """The command-line tools besides train/predict/serve (export-onnx, bench, tune, calibrate, keys): files written whole
 or not at all, a cache that could not be written reported as such, and user mistakes (an unwritable output, too
-large a size, a bad database, an invalid DENSECNN_* setting, an unknown option) as one line with exit status 2."""
+large a size, a bad database, an invalid DENSECNN_* setting, an unknown option) as one line with exit status 2;
+densecnn's warnings as one line each."""
 
 from __future__ import annotations
 
@@ -224,3 +225,27 @@ def test_an_invalid_setting_is_one_line_even_for_help(variable, value):
     assert done.stdout == ""
     assert done.stderr.startswith("densecnn: error: ") and f"({variable})" in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_densecnn_warnings_are_one_line_each_said_once(tmp_path, capsys):
+    import warnings
+
+    import numpy as np
+    import torch
+    from PIL import Image
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(4, 3, 2)).eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        densecnn.save(model, tmp_path / "model", patch_size=7)  # its pool floors the 7th row away: it warns
+    pixels = np.random.default_rng(0).integers(0, 256, (20, 20), dtype=np.uint8)
+    Image.fromarray(pixels).save(tmp_path / "image.png")
+    # predict loads the model twice (to check the input, then to label it), warning each time
+    assert main(["predict", str(tmp_path / "model"), str(tmp_path / "image.png"), str(tmp_path / "labels.png"),
+                 "--no-progress"]) == 0  # fmt: skip
+    err = capsys.readouterr().err
+    said = [line for line in err.splitlines() if "warning" in line]
+    assert len(said) == 1 and said[0].startswith("densecnn predict: warning: patch size 7x7"), err
+    assert "PatchSizeWarning" not in err and "return convert(" not in err
