@@ -36,6 +36,7 @@ _RANGES = {
     "holdout": (False, lambda v: 0 <= v < 1, "in [0, 1) (0.25: a quarter of each class's strokes)"),
     "intensity_jitter": (False, lambda v: 0 <= v < 1, "in [0, 1)"),
     "focal_gamma": (False, lambda v: 0 <= v <= 10, "in [0, 10]"),
+    "label_smoothing": (False, lambda v: 0 <= v < 1, "in [0, 1)"),
     "pixels": (True, lambda v: v >= 1, ">= 1"),
     "smoothness": (False, lambda v: v >= 0, ">= 0"),
 }
@@ -61,6 +62,8 @@ class Recipe:
             weights).
         intensity_jitter: each crop's values scaled by 1 ± this and shifted by ± this (in normalised units).
         focal_gamma: the focal weighting of the loss (0: plain cross-entropy).
+        label_smoothing: a per-pixel head's cross-entropy against targets that give this share of their weight
+            to all classes evenly (0: none), which keeps the head from growing sure of the few places strokes show.
         pixels: labelled pixels a step trains on when the net is a per-pixel head on fixed layers
             (:func:`densecnn.train.features.fixed_layers`), drawn from the features of all of them; as many pairs
             of neighbouring pixels feed the smoothness term.
@@ -85,6 +88,7 @@ class Recipe:
     holdout: float = 0.0
     intensity_jitter: float = 0.1
     focal_gamma: float = 0.0
+    label_smoothing: float = 0.0
     pixels: int = 256
     smoothness: float = 0.0
     method: str = "auto"
@@ -127,7 +131,8 @@ def default_recipe(
     A ``per_pixel_head`` on fixed layers (the default ``filter_bank``) trains for 1,000 steps at lr 5·10⁻³, each on
     a 64th of the labelled pixels (each drawn about 16 times in the run), at least 256 and at most 1,024, and in
     images on as many pairs of neighbours (the smoothness term, weight 2 times the cube of the unlabelled share): a
-    step costs a few milliseconds. In volumes the head's weight decay is 0.1 (AdamW's default 0.01 for images).
+    step costs a few milliseconds. In volumes the head's weight decay is 0.1 (AdamW's default 0.01 for images) and
+    its cross-entropy is label-smoothed by 0.1.
 
     >>> default_recipe([(384, 384)], labelled_pixels=4_400, per_pixel_head=True).pixels  # a few strokes
     256
@@ -153,6 +158,7 @@ def default_recipe(
             steps=1000,
             lr=5e-3,
             weight_decay=0.1 if dims == 3 else 0.01,
+            label_smoothing=0.1 if dims == 3 else 0.0,
             intensity_jitter=0.0,
             pixels=pixels,
             smoothness=smoothness,

@@ -389,7 +389,9 @@ class StrokeTrainer:
             first, second, weights, pair_turn = pairs
             x, turn = torch.cat([x, first, second]), torch.cat([turn, pair_turn, pair_turn])  # (B + 2M, F)
         scores = self._head(torch.gather(x, 1, self._feature_gathers[turn]), training=True)  # (B [+ 2M], K)
-        loss = nn.functional.cross_entropy(scores[:count], self.train_y[picked])
+        loss = nn.functional.cross_entropy(
+            scores[:count], self.train_y[picked], label_smoothing=self.recipe.label_smoothing
+        )
         if pairs is not None:
             loss = loss + self.smoothness * potts(*scores[count:].softmax(1).chunk(2), weights)
         return loss

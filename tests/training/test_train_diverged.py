@@ -202,6 +202,7 @@ def test_nan_infinite_and_out_of_range_options_are_refused_up_front(
         ({"weight_decay": float("nan")}, "recipe weight_decay must be a finite number >= 0"),
         ({"smoothness": -1.0}, "recipe smoothness must be a finite number >= 0"),
         ({"focal_gamma": float("nan")}, "recipe focal_gamma must be a finite number in [0, 10]"),
+        ({"label_smoothing": 1.0}, "recipe label_smoothing must be a finite number in [0, 1)"),
         ({"intensity_jitter": float("inf")}, "recipe intensity_jitter must be a finite number in [0, 1)"),
         ({"holdout": float("nan")}, "recipe holdout must be a finite number in [0, 1)"),
         ({"steps": 0}, "recipe steps must be an integer >= 1"),

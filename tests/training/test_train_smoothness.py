@@ -93,6 +93,28 @@ def test_the_smoothness_term_adds_to_the_labelled_pixels_loss():
     assert not math.isclose(with_term, without)
 
 
+def test_label_smoothing_moves_a_share_of_each_target_to_all_classes_evenly():
+    image, _, labels = discs_and_strokes(2)
+    recipe = replace(SMOOTH, smoothness=0.0)
+    plain = StrokeTrainer([image], [labels], recipe=recipe)
+    smoothed = StrokeTrainer([image], [labels], recipe=replace(recipe, label_smoothing=0.1))
+    for trainer in (plain, smoothed):
+        for layer in trainer.model_net:
+            if isinstance(layer, nn.Dropout):
+                layer.p = 0.0
+    generator = torch.Generator().manual_seed(5)  # the step's draws: its pixels, then their flips and turns
+    picked = torch.randint(len(plain.train_y), (recipe.pixels,), generator=generator)
+    turn = torch.randint(len(plain._feature_gathers), (recipe.pixels,), generator=generator)
+    features = torch.gather(plain.train_x[picked], 1, plain._feature_gathers[turn])  # (B, F)
+    log_p = plain._head(features, training=True).log_softmax(1)  # (B, K)
+    uniform = float(-log_p.mean())  # the cross-entropy against every class evenly
+    without = float(plain._head_loss(torch.Generator().manual_seed(5)))
+    assert without == pytest.approx(float(-log_p.gather(1, plain.train_y[picked, None]).mean()), rel=1e-5)
+    assert float(smoothed._head_loss(torch.Generator().manual_seed(5))) == pytest.approx(
+        0.9 * without + 0.1 * uniform, rel=1e-5
+    )
+
+
 def test_the_terms_weight_shrinks_with_the_labelled_share():
     image, _, labels = discs_and_strokes(3)
     trainer = StrokeTrainer([image], [labels], recipe=SMOOTH)

@@ -90,12 +90,13 @@ def test_default_recipe_clips_crops_to_the_smallest_image_and_scales_steps_with_
     assert few < many
 
 
-def test_a_volumes_head_decays_its_weights_more_and_the_optimiser_takes_the_recipes_decay():
+def test_a_volumes_head_decays_its_weights_more_and_smooths_its_labels_and_the_optimiser_takes_the_decay():
     head = {
         dims: default_recipe([(24, 96, 96)[-dims:]], labelled_pixels=2000, per_pixel_head=True)
         for dims in (2, 3)
     }
     assert (head[2].weight_decay, head[3].weight_decay) == (0.01, 0.1)
+    assert (head[2].label_smoothing, head[3].label_smoothing) == (0.0, 0.1)
     image, truth = discs()
     trainer = StrokeTrainer([image], [painted(truth)], model="tiny", recipe=replace(TINY, weight_decay=0.2))
     assert trainer.optimizer.param_groups[0]["weight_decay"] == 0.2
