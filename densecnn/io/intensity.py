@@ -221,13 +221,32 @@ def _dtype_scaling(sample: np.ndarray, floats_in_unit_range: bool) -> Scaling:
     if sample.dtype.kind in "ui":
         return _integer_scaling(sample.dtype, lowest, highest, constant)
     if floats_in_unit_range and (lowest < -FLOAT_SLACK or highest > 1 + FLOAT_SLACK):
-        suggestion = "range:0,255" if lowest >= 0 and highest <= 255 else "range:LOW,HIGH"
         raise IntensityError(
             f"the float image holds values in [{lowest:.4g}, {highest:.4g}], but the model expects floats in [0, 1] "
             "(its intensity mode is dtype)",
-            fix=intensity_fix(ADVICE, suggestion, PERCENTILES),
+            fix=intensity_fix(ADVICE, _float_range(lowest, highest), PERCENTILES),
         )
     return Scaling(0.0, 1.0, constant)
+
+
+def _float_range(lowest: float, highest: float) -> str:
+    """The range to suggest for floats beyond [0, 1]: that of the fewest bits holding non-negative values beyond
+    25.5 (camera data stored as floats: 0..255, 0..4095, ...), else the values' own bounds rounded outwards to two
+    significant digits, so that the image spans the model's [0, 1] rather than a sliver of it.
+
+    >>> _float_range(0.001, 4.998), _float_range(0.0, 200.0), _float_range(0.0, 3000.0), _float_range(-3.2, 7.01)
+    ('range:0,5', 'range:0,255', 'range:0,4095', 'range:-3.2,7.1')
+    """
+    if lowest >= 0 and highest > 25.5:
+        return _bit_depth_range(0, math.ceil(highest))
+    low = 0.0 if lowest >= 0 else -_round_up(-lowest)
+    return f"range:{low:g},{_round_up(highest):g}"
+
+
+def _round_up(value: float) -> float:
+    """``value`` > 0 rounded up to two significant digits."""
+    step = 10.0 ** (math.floor(math.log10(value)) - 1)
+    return math.ceil(value / step - 1e-9) * step
 
 
 def _integer_scaling(dtype: np.dtype, lowest: int, highest: int, constant: int | None) -> Scaling:

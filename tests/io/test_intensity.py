@@ -110,6 +110,20 @@ def test_non_finite_values_are_refused_with_their_count_and_first_position(gray_
         array_input(volume, loaded)
 
 
+@pytest.mark.parametrize(
+    "low, high, suggested",
+    [(0.001, 4.998, "range:0,5"), (0.0, 200.0, "range:0,255"), (3.0, 3000.0, "range:0,4095"),
+     (-3.2, 7.01, "range:-3.2,7.1")],
+)  # fmt: skip
+def test_floats_beyond_the_unit_range_are_refused_suggesting_a_range_they_span(low, high, suggested):
+    image = np.linspace(low, high, 100, dtype=np.float64).reshape(10, 10)
+    with pytest.raises(IntensityError, match=r"holds values in \[") as refused:
+        Intensity().scaling(image, floats_in_unit_range=True)
+    assert refused.value.fix.values[0] == suggested
+    scaled = Intensity.parse(suggested).scaling(image).apply_(image.copy())
+    assert scaled.min() >= 0 and scaled.max() <= 1 and scaled.max() - scaled.min() > 0.5  # not all but black
+
+
 def test_percentiles_map_to_zero_and_one_as_computed_independently(gray_model):
     loaded = densecnn.load(gray_model)
     image = (GRAY.astype(np.uint16) * 16 + 1000).astype(np.uint16)  # 12-bit-like data with an offset
