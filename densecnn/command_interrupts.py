@@ -1,4 +1,5 @@
-"""Ctrl-C in the ``densecnn`` command: its exit status, and one line instead of a traceback while it starts.
+"""Ctrl-C in the ``densecnn`` command: its exit status (and a run's stopped by SIGTERM), and one line instead of a
+traceback while it starts.
 
 Kept apart from :mod:`densecnn.cli` (which ``python -m densecnn.cli`` runs as ``__main__``): the package's own
 imports run under :func:`quiet_interrupt_while_starting`.
@@ -13,6 +14,8 @@ from pathlib import Path
 
 # the exit status of a command stopped by Ctrl-C: 128 + SIGINT, as shells report it
 INTERRUPTED = 130
+# the exit status of a run stopped by SIGTERM (kill, docker stop, a scheduler's preemption): 128 + SIGTERM
+TERMINATED = 143
 
 
 @contextlib.contextmanager

@@ -9,11 +9,12 @@ import argparse
 import dataclasses
 import errno
 import os
+import signal
 import sys
 import typing
 from pathlib import Path
 
-from ..command_interrupts import INTERRUPTED
+from ..command_interrupts import INTERRUPTED, TERMINATED
 
 EPILOG = """\
 dataset layout: DIR/images/NAME.(png|tif|jpg...), DIR/labels/NAME.(png|tif) with class ids 0..K-1 and 255 = ignore,
@@ -29,8 +30,9 @@ trains) for early stopping and keeps the best weights (docs/training.md, "Traini
 and --weight-decay; the other schedule and optimiser options are --model runs' and refused without it.
 --resume takes --max-seconds, --val-every, --checkpoint-every, --keep-checkpoints and --device for the session,
 and refuses other options that differ from the run's. An --out that holds a run is never overwritten.
-A run stopped by --max-seconds, Ctrl-C (exit 130) or an error writes OUT/model from the steps taken; a run whose
---max-seconds ran out before the first step writes an untrained model and warns.
+A run stopped by --max-seconds, Ctrl-C (exit 130), SIGTERM (exit 143: kill, docker stop, preemption) or an error
+writes OUT/model from the steps taken; a run whose --max-seconds ran out before the first step writes an untrained
+model and warns.
 
 examples:
   densecnn train --data my/strokes --out runs/strokes --max-seconds 120      # the default recipe
@@ -155,28 +157,22 @@ def config_from_args(args: argparse.Namespace, launcher: str | None = None):
 def run(args: argparse.Namespace, launcher: str | None = None) -> int:
     from ..train import train
     from ..train.from_strokes import train_from_strokes
-    from ..train.interrupts import TrainingInterrupted
+    from ..train.interrupts import sigterm_stops_runs
 
     config, given = config_from_args(args, launcher), given_options(args)
     recipe = not config.model and not config.resume  # no --model: the default recipe for sparse labels
     main_process = int(os.environ.get("RANK", "0")) == 0
     check_out(config.out)
     try:
-        model_dir = train_from_strokes(config.check(), given) if recipe else train(config, given)
+        with sigterm_stops_runs():  # SIGTERM (kill, docker stop, preemption) stops the run as Ctrl-C does
+            model_dir = train_from_strokes(config.check(), given) if recipe else train(config, given)
     except Exception as exc:
         failed = _failed_write(exc)
         if failed is None:
             raise
         raise write_error(failed, config.out) from None
     except KeyboardInterrupt as exc:
-        if main_process:  # the steps taken and the model written, as the run says them
-            said = (
-                exc.message()
-                if isinstance(exc, TrainingInterrupted)
-                else "interrupted before the first step; no model written"
-            )
-            print(f"densecnn train: {said}", file=sys.stderr)
-        return INTERRUPTED
+        return _stopped(exc, main_process)
     if main_process:
         if _steps_taken(model_dir) == 0:  # --max-seconds ran out before the first step
             why = f" (--max-seconds {config.max_seconds:g} ended the run first)" if config.max_seconds else ""
@@ -189,6 +185,21 @@ def run(args: argparse.Namespace, launcher: str | None = None) -> int:
         else:
             print(f"model written to {model_dir} (model card: {model_dir / 'README.md'})")
     return 0
+
+
+def _stopped(interrupt: KeyboardInterrupt, main_process: bool) -> int:
+    """Say what stopped the run (Ctrl-C or SIGTERM), the steps taken and the model written, as the run says them;
+    returns the exit status: :data:`INTERRUPTED` or :data:`TERMINATED`."""
+    from ..train.interrupts import TrainingInterrupted
+
+    stopped = (
+        interrupt
+        if isinstance(interrupt, TrainingInterrupted)
+        else TrainingInterrupted.by(interrupt, steps=0)
+    )
+    if main_process:
+        print(f"densecnn train: {stopped.message()}", file=sys.stderr)
+    return TERMINATED if stopped.signum == signal.SIGTERM else INTERRUPTED
 
 
 # the errors of a write the user can fix (space, permissions, a file where a folder goes): said in one line

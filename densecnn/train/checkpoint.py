@@ -23,6 +23,8 @@ from ..io.identity import input_identity
 LATEST = "latest"
 # a dataset's folders whose files a run reads (densecnn.train.dataset's layout)
 DATA_FOLDERS = ("images", "labels", "masks", "annotations")
+# the classes.json a dataset reads, by its name relative to it: its own, else its parent's (the first there is)
+CLASS_FILES = ("classes.json", "../classes.json")
 
 
 @dataclass
@@ -199,10 +201,8 @@ def _folder_record(directory: Path) -> dict[str, str]:
                 continue
             record[f"{name}/{entry.name}"] = input_identity(entry)["digest"]
     # the classes.json the dataset reads: its own, else its parent's (densecnn.train.dataset.read_class_info)
-    for key, path in (
-        ("classes.json", directory / "classes.json"),
-        ("../classes.json", directory.parent / "classes.json"),
-    ):
+    for key in CLASS_FILES:
+        path = directory / key
         if path.is_file():
             record[key] = input_identity(path)["digest"]
             break
@@ -219,14 +219,18 @@ def check_data_unchanged(saved: dict | None, config) -> None:
     changes = []
     for which, folder in (("train", config.data), ("val", config.val)):
         before, now = saved.get(which, {}), current[which]
-        kinds = (
-            ("changed", [n for n in before if n in now and before[n] != now[n]]),
-            ("added", [n for n in now if n not in before]),
-            ("removed", [n for n in before if n not in now]),
+        files_before, files_now = (
+            {n: d for n, d in record.items() if n not in CLASS_FILES} for record in (before, now)
         )
-        said = "; ".join(f"{_some(names)} {kind}" for kind, names in kinds if names)
+        kinds = (
+            ("changed", [n for n in files_before if n in files_now and files_before[n] != files_now[n]]),
+            ("added", [n for n in files_now if n not in files_before]),
+            ("removed", [n for n in files_before if n not in files_now]),
+        )
+        said = [f"{_some(names)} {kind}" for kind, names in kinds if names]
+        said += [change] if (change := _class_file_change(before, now)) else []
         if said:
-            changes.append(f"{folder}: {said}")
+            changes.append(f"{folder}: {'; '.join(said)}")
     if not changes:
         return
     model = Path(config.out) / "model"
@@ -240,6 +244,22 @@ def check_data_unchanged(saved: dict | None, config) -> None:
         "run goes on with the data it started with: put the files back as they were, or train on the new data: "
         f"{fine_tune}start a new run with another --out"
     )
+
+
+def _class_file_change(before: dict, now: dict) -> str | None:
+    """How the classes.json a dataset reads (its own, else its parent's: :data:`CLASS_FILES`) changed between two
+    records of it (:func:`data_record`); None when it is the same file, unchanged (or none)."""
+    read_before = next((name for name in CLASS_FILES if name in before), None)
+    read_now = next((name for name in CLASS_FILES if name in now), None)
+    if read_before == read_now:
+        return None if read_now is None or before[read_now] == now[read_now] else f"{read_now} changed"
+    if read_before is None:
+        return f"{read_now} added"
+    if read_now is None:
+        return f"{read_before} removed"
+    if read_now == CLASS_FILES[0]:
+        return f"{read_now} added (read in place of {read_before})"
+    return f"{read_before} removed (now {read_now} is read)"
 
 
 def _some(names: list[str], shown: int = 4) -> str:

@@ -72,6 +72,8 @@ from .windows import (
 ANNOTATIONS = "annotations"  # the folder of GeoJSON annotation files beside images/
 # a map's spatial axes, for messages
 _AXES = {1: "(L)", 2: "(H, W)", 3: "(D, H, W)"}
+# what a model of 1 or 3 spatial axes takes, for messages
+_KINDS = {1: ("signals", ".npy arrays (L,) or (C, L)"), 3: ("volumes", "TIFF stacks, .npy or .zarr arrays")}
 DEFAULT_WINDOW_MARGIN = window_margin((49, 49))  # windows' margin for the default net's patch (filter_bank's)
 
 
@@ -104,11 +106,18 @@ def image_files(directory: str | Path, spatial_dims: int = 2) -> list[Path]:
         )
     suffixes = _image_suffixes(spatial_dims)
     files = sorted(p for p in folder.iterdir() if p.suffix.lower() in suffixes)
-    if not files:
-        raise DatasetError(f"{folder}: no images found (looked for {', '.join(suffixes)})")
     flat = sorted(
         p.name for p in folder.iterdir() if p.suffix.lower() in _image_suffixes(2) and p not in files
     )
+    if not files and flat and spatial_dims != 2:
+        kind, forms = _KINDS[spatial_dims]
+        raise DatasetError(
+            f"{folder}: {', '.join(flat[:3])}{' ...' if len(flat) > 3 else ''} are 2-D images, and the model takes "
+            f"{kind} ({forms}); train a 2-D model on them (a zoo name for images, or a 2-D model directory), or give "
+            f"a dataset of {kind}"
+        )
+    if not files:
+        raise DatasetError(f"{folder}: no images found (looked for {', '.join(suffixes)})")
     if flat:  # 2-D images beside the arrays of a run of signals or volumes: never skipped unsaid
         kind = "volumes" if spatial_dims == 3 else "signals"
         raise DatasetError(
@@ -291,10 +300,10 @@ def read_dataset(
     [(1, 31, 61, 40)]
     """
     directory = Path(directory)
+    files = image_files(directory, spatial_dims)  # images of other dimensions refused before their classes
     info = read_class_info(directory)
     unlabelled = info.unlabelled if unlabelled is None else unlabelled
     classes = _Classes(directory, info, class_names, num_classes, validation=validation)
-    files = image_files(directory, spatial_dims)
     plans = {
         path: _plan_windows(directory, path, margin, unlabelled)
         for path in files

@@ -34,6 +34,7 @@ from .config import TrainConfig, flag, option_text, set_in_python
 from .dataset import check_labelled_classes, infer_channels, read_class_info, read_dataset
 from .interrupts import TrainingInterrupted, interrupts_deferred
 from .metrics import MetricsLog
+from .model import check_classes_match_names, refuse_options_the_model_fixes
 from .recipe import default_model
 from .strokes import StrokeTrainer
 from .windows import window_margin
@@ -43,8 +44,9 @@ def train_from_strokes(config: TrainConfig, given: Collection[str] | None = None
     """Train ``config.data`` by the default recipe into ``config.out``/model; see the module's docs.
 
     Options of ``config`` it reads: data, out, model (empty: the recipe's net), seed, max_seconds, unlabelled,
-    holdout, classes (a fresh net's, when classes.json gives no names), channels, and lr and weight_decay (the
-    recipe's AdamW, in place of its own); the recipe sets the rest, and refuses any other option given
+    holdout, classes (a fresh net's, when classes.json gives no names; else equal to their number), channels (a
+    fine-tuned model's refused unless equal to its own), and lr and weight_decay (the recipe's AdamW, in place of its
+    own); the recipe sets the rest, and refuses any other option given
     (:func:`recipe_changes`; ``given``: the options the command line gave). NaN/±Inf image pixels are refused
     (``--nonfinite propagate`` trains with ``--model`` only). An ``out`` that already holds a run is refused.
     """
@@ -61,6 +63,10 @@ def train_from_strokes(config: TrainConfig, given: Collection[str] | None = None
     fine_tuned = load(config.model) if config.model and (Path(config.model) / CONFIG_FILE).is_file() else None
     spatial_dims = len(fine_tuned.patch_size) if fine_tuned else _spatial_dims(config)
     info = read_class_info(config.data)
+    if fine_tuned:
+        refuse_options_the_model_fixes(config, fine_tuned, given)
+    else:
+        check_classes_match_names(config.classes, info)
     channels = (
         fine_tuned.in_channels if fine_tuned else config.channels or infer_channels(config.data, spatial_dims)
     )
@@ -127,8 +133,8 @@ def train_from_strokes(config: TrainConfig, given: Collection[str] | None = None
                     trainer.save(staging, palette=palette)
                     _write_card(staging, config, trainer, samples, changes)
                 written = model_dir
-    except KeyboardInterrupt:
-        raise TrainingInterrupted(trainer.step, written) from None
+    except KeyboardInterrupt as exc:
+        raise TrainingInterrupted.by(exc, trainer.step, written) from None
     return model_dir
 
 

@@ -7,6 +7,7 @@ have drawn.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Collection
 from pathlib import Path
@@ -16,7 +17,7 @@ import torch
 from .. import zoo
 from ..convert import convert
 from ..errors import TrainingError
-from ..modelfile import CONFIG_FILE
+from ..modelfile import CONFIG_FILE, LoadedModel
 from .checkpoint import (
     Progress,
     check_data_unchanged,
@@ -70,10 +71,11 @@ class Trainer:
             check_data_unchanged(state.get("data"), config)  # before a file is read
         # the data as stored, kept in every checkpoint: a resume on changed data is refused
         self.data_record = data_record(config.data, config.val)
-        self.config, self.progress = config, Progress.from_state(state)
+        self.progress = Progress.from_state(state)
         if config.classes is None:  # with --classes, the zoo says it (start_model)
             check_model_option(config.model)
-        self.model = start_model(config)
+        self.model = start_model(config, given)
+        self.config = config = _as_trained(config, self.model)
         if state is not None:
             self.model.model.load_state_dict(state["model"])
             self.model.normalization = state["normalization"]
@@ -101,11 +103,12 @@ class Trainer:
             self.log = MetricsLog(self.run_dir / "metrics.jsonl", keep_until_step=keep_until)
 
     def run(self) -> Path:
-        """Train to the end of the schedule or of ``--max-seconds``, then write ``OUT/model``. Interrupted (Ctrl-C)
-        or failing mid-run, it writes ``OUT/model`` from the weights of the last completed step before the error
-        goes on, so every run that took a step leaves a model directory that loads. A run whose loss or weights
-        become NaN/±Inf stops with a :class:`~densecnn.errors.TrainingError` naming the step, and writes ``OUT/model``
-        from the last weights whose loss was finite (:mod:`densecnn.train.diverged`)."""
+        """Train to the end of the schedule or of ``--max-seconds``, then write ``OUT/model``. Interrupted (Ctrl-C,
+        or SIGTERM under :func:`~densecnn.train.interrupts.sigterm_stops_runs`) or failing mid-run, it writes
+        ``OUT/model`` from the weights of the last completed step before the error goes on, so every run that took a
+        step leaves a model directory that loads. A run whose loss or weights become NaN/±Inf stops with a
+        :class:`~densecnn.errors.TrainingError` naming the step, and writes ``OUT/model`` from the last weights whose
+        loss was finite (:mod:`densecnn.train.diverged`)."""
         bar = self._progress_bar()
         try:
             try:
@@ -120,8 +123,8 @@ class Trainer:
                 if bar is not None:
                     bar.close()
             return self._finish(val_scores)
-        except KeyboardInterrupt:
-            raise TrainingInterrupted(self.progress.step, self.written) from None
+        except KeyboardInterrupt as exc:
+            raise TrainingInterrupted.by(exc, self.progress.step, self.written) from None
 
     def _diverged(self, exc: Diverged) -> TrainingError:
         """Write ``OUT/model`` from the weights the diverged step put back (the last whose loss was finite, if the run
@@ -260,6 +263,17 @@ class Trainer:
             )
             self.written = self.run_dir / "model"
             return self.written
+
+
+def _as_trained(config: TrainConfig, model: LoadedModel) -> TrainConfig:
+    """``config`` with the padding mode of the ``model`` it trains (a fine-tuned model keeps its own), and its
+    command written so: what the run's checkpoints, model.json and card record."""
+    if config.padding_mode == model.padding_mode:
+        return config
+    trained = dataclasses.replace(config, padding_mode=model.padding_mode)
+    if config.command:
+        trained.command = trained.command_line(config.launcher())
+    return trained
 
 
 def check_model_option(model: str) -> None:

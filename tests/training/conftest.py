@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import signal
+import types
+
 import pytest
 
 from densecnn.train import strokes as strokes_module
@@ -14,3 +17,17 @@ def tiny_recipe(monkeypatch):
     monkeypatch.setattr(strokes_module, "default_recipe", lambda *args, **kwargs: recipe)
     monkeypatch.setattr(strokes_module, "default_model", lambda **kwargs: "tiny")
     return recipe
+
+
+@pytest.fixture
+def sigterm_counter():
+    """A SIGTERM handler of the test's own while it runs, counting the signals it gets: a run that did not take
+    SIGTERM over leaves them to it (instead of this process ending), and a run that did must have put it back."""
+    received: list[int] = []
+
+    def count(signum, frame) -> None:
+        received.append(signum)
+
+    previous = signal.signal(signal.SIGTERM, count)
+    yield types.SimpleNamespace(handler=count, received=received)
+    signal.signal(signal.SIGTERM, previous)

@@ -20,7 +20,7 @@ from densecnn.cli import main
 from densecnn.train import TrainConfig
 from densecnn.train import checkpoint as checkpoint_module
 from densecnn.train import record as record_module
-from densecnn.train.checkpoint import checkpoint_dir
+from densecnn.train.checkpoint import check_data_unchanged, checkpoint_dir, data_record
 from densecnn.train.data import TrainingData
 from densecnn.train.dataset import infer_channels
 from densecnn.train.distributed import Distributed
@@ -291,3 +291,66 @@ def test_two_images_of_one_name_are_refused(tmp_path):
     Image.open(image).save(image.with_suffix(".tif"))
     with pytest.raises(densecnn.errors.DatasetError, match=r"share the name .* rename one"):
         infer_channels(data)
+
+
+@pytest.mark.parametrize(
+    "classes, fix",
+    [
+        ("4", "leave --classes out to train these 3, or add names for class 3 to {path}"),
+        ("2", "leave --classes out to train all 3"),
+    ],
+    ids=["more", "fewer"],
+)
+@pytest.mark.parametrize("model", [["--model", "tiny"], []], ids=["--model tiny", "default recipe"])
+def test_classes_other_than_the_names_of_classes_json_are_refused_naming_both(
+    tmp_path, capsys, tiny_recipe, model, classes, fix
+):
+    data = make_dataset(tmp_path / "data" / "train", images=1)
+    path = tmp_path / "data" / "classes.json"
+    path.write_text(json.dumps({"names": ["bg", "disc", "square"]}))
+    out = tmp_path / "run"
+    argv = ["train", *model, "--classes", classes, "--data", str(data), "--out", str(out)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert (
+        f"--classes {classes}: {path} names 3 classes ('bg', 'disc', 'square'); {fix.format(path=path)}"
+        in err
+    )
+    assert len(err.strip().splitlines()) == 1 and not (out / "model").exists()
+
+
+def test_a_classes_json_added_or_removed_beside_the_parents_is_said_so(tmp_path):
+    data = two_halves(tmp_path / "data" / "train")
+    parents = data.parent / "classes.json"
+    (data / "classes.json").rename(parents)
+    config = TrainConfig(model="tiny", data=str(data), out=str(tmp_path / "run"))
+    read_parents = data_record(data, None)
+    (data / "classes.json").write_text(parents.read_text())
+    with pytest.raises(densecnn.TrainingError) as added:
+        check_data_unchanged(read_parents, config)
+    assert f"({data}: classes.json added (read in place of ../classes.json))" in str(added.value)
+    read_own = data_record(data, None)
+    (data / "classes.json").unlink()
+    with pytest.raises(densecnn.TrainingError) as removed:
+        check_data_unchanged(read_own, config)
+    assert f"({data}: classes.json removed (now ../classes.json is read))" in str(removed.value)
+
+
+def signal_model(path: Path, class_names: list[str]) -> Path:
+    """A model directory of a small 1-D (signal) net with a patch of 9 samples."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(
+        torch.nn.Conv1d(1, 4, 5), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(20, len(class_names))
+    )
+    densecnn.save(net.eval(), path, patch_size=(9,), class_names=class_names, padding_mode="reflect")
+    return path
+
+
+def test_a_signal_model_given_images_is_refused_for_their_dimensions_before_their_classes(tmp_path, capsys):
+    model = signal_model(tmp_path / "signals", ["bg", "peak", "trough"])
+    # 2-D images whose classes.json names classes the model does not have
+    data = two_halves(tmp_path / "data")
+    assert main(["train", "--model", str(model), "--data", str(data), "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert f"{data / 'images'}: a.png are 2-D images, and the model takes signals (.npy arrays" in err
+    assert "not classes of the model" not in err

@@ -33,6 +33,12 @@ def tiny_run(data, out, *extra) -> list[str]:
             "--crops-per-image", "2", "--batch", "2", "--crop", "16", *extra]  # fmt: skip
 
 
+def fine_tune(model, data, out, *extra) -> list[str]:
+    """The arguments of a short run fine-tuning ``model``."""
+    return ["train", "--model", str(model), "--data", str(data), "--out", str(out), "--epochs", "1",
+            "--crops-per-image", "2", "--batch", "2", "--crop", "16", *extra]  # fmt: skip
+
+
 # 1. --resume
 
 
@@ -175,3 +181,36 @@ def test_a_model_of_other_channels_names_the_fix():
     dense = densecnn.convert(*densecnn.zoo.tiny(in_channels=1, num_classes=2))
     with pytest.raises(InvalidInputError, match=r"the images have 3: give images of 1 channel\(s\)"):
         dense(torch.zeros(1, 3, 16, 16))
+
+
+# 3. fine-tuning
+
+
+def test_fine_tuning_refuses_options_the_model_fixes_unless_they_are_its_own(data, tmp_path, capsys):
+    base = tmp_path / "base"
+    assert main(tiny_run(data, base, "--padding-mode", "reflect")) == 0
+    capsys.readouterr()
+    refused = tmp_path / "refused"
+    assert main(fine_tune(base / "model", data, refused, "--padding-mode", "zeros", "--channels", "3")) == 2
+    err = capsys.readouterr().err
+    assert (
+        "--channels 3 (the model's: --channels 1), --padding-mode zeros (the model's: --padding-mode reflect): "
+        f"fine-tuning {base / 'model'} keeps the model's classes, input channels and padding mode; leave --channels "
+        "and --padding-mode out" in err
+    )
+    assert len(err.strip().splitlines()) == 1 and not refused.exists()
+    own = ("--padding-mode", "reflect", "--channels", "1", "--classes", "3")
+    assert main(fine_tune(base / "model", data, tmp_path / "own", *own)) == 0
+
+
+def test_a_fine_tuned_models_record_and_card_say_its_own_padding_mode(data, tmp_path):
+    base = tmp_path / "base"
+    assert main(tiny_run(data, base, "--padding-mode", "zeros")) == 0
+    out = tmp_path / "tuned"
+    assert main(fine_tune(base / "model", data, out)) == 0  # without --padding-mode: the model's is kept
+    record = densecnn.load(out / "model").extra["training"]["config"]
+    command = card_command(out / "model")
+    assert record["padding_mode"] == "zeros" and "--padding-mode zeros" in record["command"]
+    assert command[command.index("--padding-mode") + 1] == "zeros"
+    command[command.index("--out") + 1] = str(tmp_path / "again")
+    assert main(command[1:]) == 0  # the card's command reproduces the run

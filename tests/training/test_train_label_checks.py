@@ -64,23 +64,28 @@ def train_error(data, tmp_path, capsys, *extra) -> str:
 # 1. Ctrl-C while the model is written
 
 
+@pytest.mark.parametrize(
+    "signum, status, said",
+    [(signal.SIGINT, 130, "interrupted"), (signal.SIGTERM, 143, "stopped by SIGTERM")],
+    ids=["SIGINT", "SIGTERM"],
+)
 def test_ctrl_c_while_the_model_is_written_still_writes_it_and_counts_the_steps(
-    tmp_path, tiny_recipe, monkeypatch, capsys
+    tmp_path, tiny_recipe, monkeypatch, capsys, sigterm_counter, signum, status, said
 ):
     data = dataset(tmp_path / "data", halves(1, 2, unlabelled=0), {"names": ["bg", "cell"], "unlabelled": 0})
     original = strokes_module.StrokeTrainer.save
 
     def interrupted_save(self, *args, **kwargs):
-        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C just as the run ends, while the model is written
+        os.kill(os.getpid(), signum)  # Ctrl-C (or SIGTERM) just as the run ends, while the model is written
         return original(self, *args, **kwargs)
 
     monkeypatch.setattr(strokes_module.StrokeTrainer, "save", interrupted_save)
     out = tmp_path / "run"
-    assert main(["train", "--data", str(data), "--out", str(out)]) == 130
+    assert main(["train", "--data", str(data), "--out", str(out)]) == status
     assert densecnn.load(out / "model").class_names == ["bg", "cell"]
     assert (out / "model" / "README.md").is_file()
     message = capsys.readouterr().err
-    assert "interrupted after 8 step(s)" in message and str(out / "model") in message
+    assert f"{said} after 8 step(s)" in message and str(out / "model") in message
     assert "no step was taken" not in message
 
 
@@ -212,7 +217,10 @@ def test_the_hint_for_ids_beyond_classes_json_names_points_at_classes_json(tmp_p
     error = train_error(
         dataset(tmp_path / "data", labels, {"names": ["bg", "cell"]}), tmp_path, capsys, "--classes", "3"
     )
-    assert "add the classes to the names in" in error and "use --classes" not in error
+    assert (
+        f"add names for class 2 to {tmp_path / 'data' / 'classes.json'}" in error
+        and "use --classes" not in error
+    )
 
 
 def test_a_negative_unlabelled_value_in_npy_labels_is_read_as_unlabelled(tmp_path):

@@ -1,9 +1,11 @@
-"""``densecnn train`` from sparse labels by the default recipe, and runs stopped early: --max-seconds, Ctrl-C and an
-error mid-step all leave a model directory that loads."""
+"""``densecnn train`` from sparse labels by the default recipe, and runs stopped early: --max-seconds, Ctrl-C,
+SIGTERM and an error mid-step all leave a model directory that loads."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 import types
 
@@ -94,6 +96,39 @@ def test_default_recipe_stopped_mid_step_leaves_a_model(
             main(argv)
     densecnn.load(out / "model")
     assert len(read_metrics(out / "metrics.jsonl")) == 3
+
+
+def terminated_after(calls: int, original):
+    """A replacement of ``original`` (a method) that sends this process SIGTERM on call number ``calls + 1``."""
+    count = {"n": 0}
+
+    def replacement(self, *args, **kwargs):
+        count["n"] += 1
+        if count["n"] > calls:
+            os.kill(os.getpid(), signal.SIGTERM)  # kill, docker stop, a scheduler's preemption
+        return original(self, *args, **kwargs)
+
+    return replacement
+
+
+@pytest.mark.parametrize("recipe", [True, False], ids=["default recipe", "--model"])
+def test_sigterm_stops_a_run_as_ctrl_c_does_and_puts_the_handler_back(
+    strokes_dataset, tmp_path, tiny_recipe, monkeypatch, capsys, sigterm_counter, recipe
+):
+    if recipe:
+        stepping = (strokes_module.StrokeTrainer, "_take_step")
+        argv = []
+    else:
+        stepping = (Step, "__call__")
+        argv = ["--model", "tiny", "--epochs", "5", "--batch", "2", "--crop", "16", "--unlabelled", "0"]
+    monkeypatch.setattr(*stepping, terminated_after(3, getattr(*stepping)))
+    out = tmp_path / "run"
+    assert main(["train", "--data", str(strokes_dataset), "--out", str(out), *argv]) == 143  # 128 + SIGTERM
+    assert densecnn.load(out / "model").extra["training"]["steps"] == 3
+    assert f"densecnn train: stopped by SIGTERM after 3 step(s); the model so far is in {out / 'model'}" in (
+        capsys.readouterr().err
+    )
+    assert signal.getsignal(signal.SIGTERM) is sigterm_counter.handler and not sigterm_counter.received
 
 
 def options(data, out, **overrides) -> TrainConfig:
