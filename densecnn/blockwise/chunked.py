@@ -20,7 +20,15 @@ from .cluster import task_memory, worker_count
 from .foreground import MODES as FOREGROUND_MODES
 from .foreground import foreground
 from .inputs import input_errors
-from .ngff import NgffTarget, PyramidJob, create_levels, downsample_chunk, standalone_target, write_metadata
+from .ngff import (
+    NgffTarget,
+    PyramidJob,
+    create_levels,
+    downsample_chunk,
+    is_ome_zarr,
+    standalone_target,
+    write_metadata,
+)
 from .options import BlockwiseOptions
 from .planning import TaskPlan, plan_tasks
 from .provenance import config_digest, weights_digest
@@ -165,7 +173,7 @@ def create_outputs(loaded, source: LazyArray, chunks, output: Path | None, targe
     probabilities = options.probabilities
     if probabilities is not None:
         attributes = {**description, "content": "probabilities"}
-        if str(probabilities).endswith(".ome.zarr"):
+        if is_ome_zarr(probabilities):
             image = standalone_target(Path(probabilities), source, channels=loaded.num_classes)
             levels = create_levels(image, shape, chunks, np.float16, attributes, resume=resume)
             scores, probabilities = levels[0], Path(image.level(0))

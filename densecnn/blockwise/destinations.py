@@ -1,6 +1,9 @@
 """What a run writes, checked against what it reads before any work (:func:`check_destinations`): no output may be
 an input, hold one, or share its path with another output, so that a run never replaces, deletes (``overwrite``
-removes an output before writing it) or mistakes for its own work a file it reads.
+removes an output before writing it) or mistakes for its own work a file it reads. An output written as one file
+(a label map, the GeoJSON) replaces a file already there only with ``overwrite``: unlike a zarr output or a folder
+of label maps, a single file keeps no record of what wrote it, so a run cannot tell its own earlier output from a
+file of the user's.
 
 Paths are compared as the file system sees them: the same file under two names (a symlink, a relative path, a hard
 link) is one path.
@@ -12,24 +15,31 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import ImageReadError, PredictInputError
+from ..errors import Fix, ImageReadError, PredictInputError
 from ..io import image_files, is_zarr
 from .foreground import MODES as FOREGROUND_MODES
 from .inputs import is_image_set, writes_chunked
 from .options import BlockwiseOptions
+
+REPLACE = Fix("remove it, choose another path, or replace it", (("overwrite", ""),))
 
 
 @dataclass(frozen=True)
 class Destination:
     """A path a run writes: ``what`` it is (named in messages), whether it is a ``store`` (a zarr array or group, a
     directory written and removed whole) or a ``folder`` of label maps (its files written one by one), and whether
-    it is made to lie ``within_input`` (the input image's own labels group)."""
+    it is made to lie ``within_input`` (the input image's own labels group); neither a store nor a folder, it is
+    one file."""
 
     what: str
     path: Path
     store: bool = False
     folder: bool = False
     within_input: bool = False
+
+    @property
+    def file(self) -> bool:
+        return not (self.store or self.folder)
 
 
 @dataclass(frozen=True)
@@ -48,9 +58,10 @@ def check_destinations(
     *,
     geojson: str | Path | None = None,
 ) -> None:
-    """Refuse, before any work, two outputs sharing a path (or one inside the other), and an output that is an
+    """Refuse, before any work, two outputs sharing a path (or one inside the other), an output that is an
     input, holds one (a store that ``overwrite`` would remove, a folder of label maps beside the images it
-    labels), or lies inside an input zarr store (the labels group of ``labels_into`` excepted: it is made for that).
+    labels), or lies inside an input zarr store (the labels group of ``labels_into`` excepted: it is made for that),
+    and an output that cannot take the place of what is at its path (:func:`_check_replaceable`).
 
     Raises:
         PredictInputError: naming both paths and what to give instead.
@@ -63,6 +74,8 @@ def check_destinations(
     for destination in writes:
         for source in reads:
             _check_not_reading(destination, source)
+    for destination in writes:
+        _check_replaceable(destination, options.overwrite)
 
 
 def destinations(
@@ -149,6 +162,31 @@ def _check_not_reading(destination: Destination, source: Source) -> None:
         raise PredictInputError(
             f"{where} lies inside {source.what} {source.path}, a zarr store the run reads; give a path outside it"
         )
+
+
+def _check_replaceable(destination: Destination, overwrite: bool) -> None:
+    """Refuse what is in an output's way: a folder where one file is written, a file where a folder (a zarr store,
+    a folder of label maps) is, a folder of other files where a zarr store is (which ``overwrite`` would delete),
+    and a file where one file is written unless ``overwrite`` (densecnn's own earlier output or a file of the
+    user's: a single file cannot tell)."""
+    path = destination.path
+    if not os.path.lexists(path):
+        return
+    where = f"{destination.what} {path}"
+    if not destination.file:
+        if not path.is_dir():
+            kind = "a zarr store" if destination.store else "a folder of label maps"
+            raise PredictInputError(f"{where} is a file, where {kind} is written; give another path")
+        if destination.store and not is_zarr(path) and any(path.iterdir()):
+            raise PredictInputError(
+                f"{where} is a folder of other files, not a zarr store, which starting over would delete; give "
+                "another path"
+            )
+        return
+    if path.is_dir():
+        raise PredictInputError(f"{where} is a folder, where one file is written; give a file path")
+    if not overwrite:
+        raise PredictInputError(f"{where} already exists", fix=REPLACE)
 
 
 def same_path(first: Path, second: Path) -> bool:

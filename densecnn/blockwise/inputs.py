@@ -150,8 +150,9 @@ def check_image_files(input: Path, output: Path, spatial_dims: int, options: Blo
     if spatial_dims != 2:
         kind = {1: "signal", 3: "volume"}[spatial_dims]
         raise PredictInputError(
-            f"{input} -> {output}: a {spatial_dims}-D model labels a chunked {kind}, not image files; give a zarr "
-            f"array, OME-Zarr group or TIFF holding the {kind} as input and an output ending in .zarr"
+            f"{input} -> {output}: a {spatial_dims}-D model labels a chunked {kind} (a zarr array, OME-Zarr group, "
+            f"TIFF or .npy file), not image files, into a zarr array; give the {kind} as one of those and an output "
+            "ending in .zarr"
         )
     if options.probabilities is not None or options.foreground is not None:
         what = "probabilities are" if options.probabilities is not None else "background skipping is"

@@ -29,6 +29,25 @@ from .sinks import chunk_written, create_output, open_output, persist_chunk
 from .worker import TaskResult
 
 MAX_LEVELS = 8  # pyramid levels at most, level 0 included
+SPATIAL_AXES = (2, 3)  # how many space axes an NGFF image has
+
+
+def is_ome_zarr(path: str | Path | None) -> bool:
+    """Whether an output path names a standalone OME-Zarr image (it ends in ``.ome.zarr``)."""
+    return path is not None and str(path).endswith(".ome.zarr")
+
+
+def check_spatial_axes(output: Path | None, probabilities: str | Path | None, spatial_dims: int) -> None:
+    """Refuse, before any work, an OME-Zarr output of a model whose labels have fewer spatial axes than an NGFF
+    image (2 or 3; a 1-D model's have one)."""
+    if spatial_dims in SPATIAL_AXES:
+        return
+    for what, path in (("the output", output), ("the probabilities", probabilities)):
+        if is_ome_zarr(path):
+            raise PredictInputError(
+                f"{what} {path}: an OME-Zarr image has 2 or 3 spatial axes, and a {spatial_dims}-D model's output "
+                f"has {spatial_dims}; give a path ending in .zarr (a plain zarr array), not .ome.zarr"
+            )
 
 
 @dataclass(frozen=True)

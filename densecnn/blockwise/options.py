@@ -145,7 +145,10 @@ class BlockwiseOptions:
         help="NaN/±Inf input pixels: refuse the image (default), or propagate them as no-data, labelled the label "
         "type's maximum (255 in uint8, 65535 in uint16) wherever a pixel's patch reads one, probabilities NaN",
     )  # fmt: skip
-    overwrite: bool = option(False, help="start over instead of resuming from what is already written")
+    overwrite: bool = option(
+        False,
+        help="start over instead of resuming from what is already written; replace an existing output file",
+    )
     retries: int = option(2, metavar="N", help="resubmissions of a failing task (default 2)")
     progress: bool = option(True, help="a progress bar on a terminal")
     cancel: threading.Event | None = None

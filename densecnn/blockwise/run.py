@@ -18,7 +18,7 @@ from .cluster import connect
 from .destinations import check_destinations
 from .images import label_image_set, label_one_image, plan_image_set
 from .inputs import check_image_files, input_errors, is_image_set, open_chunked, require_dist, writes_chunked
-from .ngff import labels_target, standalone_target
+from .ngff import check_spatial_axes, is_ome_zarr, labels_target, standalone_target
 from .options import BlockwiseOptions
 from .summary import Summary
 from .worker import check_device
@@ -76,6 +76,7 @@ def predict_to_disk(
         )
     output = None if output is None else Path(output)
     check_destinations(model, input, output, options)
+    check_spatial_axes(output, options.probabilities, len(loaded.patch_size))
     if writes_chunked(output):
         return _label_chunked(loaded, model, input, output, options)
     return _label_files(loaded, model, input, output, options)
@@ -101,7 +102,7 @@ def _label_chunked(
     target = None
     if options.labels_into is not None:
         target = labels_target(input, options.labels_into, source, level)
-    elif str(output).endswith(".ome.zarr"):
+    elif is_ome_zarr(output):
         target = standalone_target(output, source)
     with connect(options) as (client, threads):
         return label_array(client, threads, loaded, model, source, output, options, target)

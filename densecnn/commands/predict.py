@@ -29,8 +29,9 @@ examples:
   densecnn predict models/he tissue.svs tissue-labels.ome.zarr --foreground auto
 
 A re-run with the same arguments skips chunks and images already written by the same model and options from
-the input as it is now, and refuses any others (--overwrite starts over). No output may be an input, hold one,
-or share a path with another output.
+the input as it is now, and refuses any others (--overwrite starts over). A file already at a single-file output
+(a label map, --geojson) is replaced only with --overwrite. No output may be an input, hold one, or share a path
+with another output.
 """
 
 
@@ -153,8 +154,8 @@ def quiet_dask_logs() -> None:
 
 def check_geojson(model: str, input: Path, output: str | None, geojson: Path) -> None:
     """Refuse, before any work, a ``--geojson`` that cannot be written: no OUTPUT, an image set (GeoJSON holds
-    one label map), a model that is not 2-D (GeoJSON holds 2-D polygons), or a path whose folder is missing or
-    read-only."""
+    one label map), a model that is not 2-D (GeoJSON holds 2-D polygons), a folder (it takes a file path), or a
+    path whose folder is missing or read-only."""
     import os
 
     from ..blockwise.destinations import is_set_of_images
@@ -172,6 +173,11 @@ def check_geojson(model: str, input: Path, output: str | None, geojson: Path) ->
     if dims != 2:
         raise PredictInputError(
             f"--geojson writes 2-D polygons, and the model labels {dims}-D inputs; leave out --geojson"
+        )
+    if geojson.is_dir():
+        raise PredictInputError(
+            f"--geojson {geojson} is a folder, and --geojson takes a file path; give one such as "
+            f"{geojson / 'regions.geojson'}"
         )
     folder = geojson.parent
     if not folder.is_dir():

@@ -341,3 +341,28 @@ def test_starting_over_takes_the_finished_image_away_until_it_is_rewritten(model
     labels = torch.from_numpy(np.asarray(node.data[0])[0, 0, 0].astype(np.int64))
     assert_labels_equal_except_ties(labels[None], whole_image_scores(model_dir, pixels)[None])
     assert len(list(Reader(parse_url(str(standalone)))())) == 1
+
+
+@pytest.mark.parametrize("flag", ["output", "probabilities"])
+def test_a_1d_models_ome_zarr_output_is_refused_before_any_work(tmp_path, flag, capsys):
+    """An NGFF image has 2 or 3 spatial axes; a 1-D model's labels and probabilities have one."""
+    from densecnn.cli import main
+
+    signal_net = torch.nn.Sequential(torch.nn.Conv1d(1, 2, 3), torch.nn.Flatten())
+    signal_model = save_model(signal_net, tmp_path / "signal", (3,), "zeros", 1)
+    signal = tmp_path / "signal.zarr"
+    zarr.create_array(store=str(signal), data=np.linspace(0, 1, 64, dtype=np.float32), chunks=(16,))
+    output, probabilities = tmp_path / "labels.zarr", None
+    if flag == "output":
+        output = tmp_path / "labels.ome.zarr"
+    else:
+        probabilities = tmp_path / "probabilities.ome.zarr"
+    with pytest.raises(PredictInputError, match=f"{flag} .*2 or 3 spatial axes.*1-D model.*ending in .zarr"):
+        predict_to_disk(
+            signal_model, signal, output, BlockwiseOptions(probabilities=probabilities, progress=False)
+        )
+    argv = ["predict", str(signal_model), str(signal), str(output), "--no-progress"]
+    assert main(argv + (["--probabilities", str(probabilities)] if probabilities else [])) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "Traceback" not in error and "not .ome.zarr" in error, error
+    assert not output.exists() and (probabilities is None or not probabilities.exists())

@@ -430,7 +430,8 @@ def test_a_volume_model_given_image_files_names_what_to_pass(tmp_path):
     model, patch = _volume(1)
     model_dir = save_model(model, tmp_path / "model", patch, "zeros", 1)
     Image.fromarray(nuclei_pixels()[:40, :40]).save(tmp_path / "cells.png")
-    with pytest.raises(PredictInputError, match="3-D model labels a chunked volume.*zarr array"):
+    accepted = r"3-D model labels a chunked volume \(a zarr array, OME-Zarr group, TIFF or .npy file\)"
+    with pytest.raises(PredictInputError, match=accepted):
         predict_to_disk(model_dir, tmp_path / "cells.png", tmp_path / "cells-labels.png")
     with pytest.raises(PredictInputError, match=r"does not fit a 3-D model.*\(D, H, W\) or \(C, D, H, W\)"):
         zarr.create_array(store=str(tmp_path / "plane.zarr"), data=nuclei_pixels()[:40, :40], chunks=(20, 20))

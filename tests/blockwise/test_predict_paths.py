@@ -72,22 +72,99 @@ def test_an_output_folder_inside_the_input_folder_is_labelled(images):
     assert (again.computed, again.skipped) == (0, 3)
 
 
+@pytest.mark.parametrize("overwrite", [False, True], ids=["resume", "overwrite"])
 @pytest.mark.parametrize("suffix", [".png", ".tif"])
 def test_an_output_file_that_is_the_input_file_is_refused_under_any_of_its_names(
-    tmp_path, suffix, monkeypatch
+    tmp_path, suffix, overwrite, monkeypatch
 ):
     image = tmp_path / f"cells{suffix}"
     Image.fromarray(tiled_nuclei(48, 48)).save(image)
     before = image.read_bytes()
     (tmp_path / "alias").symlink_to(tmp_path)
     monkeypatch.chdir(tmp_path)
+    options = BlockwiseOptions(overwrite=overwrite, progress=False)
     for output in (image, Path(image.name), tmp_path / "alias" / image.name):
         with pytest.raises(PredictInputError, match=f"the output {output} is the input {image}"):
-            predict_to_disk(NUCLEI_MODEL, image, output, QUIET)
+            predict_to_disk(NUCLEI_MODEL, image, output, options)
     os.link(image, tmp_path / f"hard{suffix}")
     with pytest.raises(PredictInputError, match="is the input"):
-        predict_to_disk(NUCLEI_MODEL, image, tmp_path / f"hard{suffix}", QUIET)
+        predict_to_disk(NUCLEI_MODEL, image, tmp_path / f"hard{suffix}", options)
     assert image.read_bytes() == before
+
+
+@pytest.mark.parametrize("suffix", [".png", ".tif", ".npy"])
+def test_an_existing_label_file_is_replaced_only_with_overwrite(tmp_path, suffix, capsys):
+    """A single file keeps no record of what wrote it: a user's file and densecnn's own earlier map alike are
+    refused before any work, and replaced only with --overwrite."""
+    image = tmp_path / "cells.png"
+    Image.fromarray(tiled_nuclei(48, 48)).save(image)
+    users_own = tmp_path / f"precious{suffix}"
+    Image.fromarray(tiled_nuclei(40, 40)).save(tmp_path / "precious.png")
+    users_own.write_bytes((tmp_path / "precious.png").read_bytes())
+    before = users_own.read_bytes()
+    with pytest.raises(PredictInputError, match=f"the output {users_own} already exists"):
+        predict_to_disk(NUCLEI_MODEL, image, users_own, QUIET)
+    argv = ["predict", str(NUCLEI_MODEL), str(image), str(users_own), "--no-progress"]
+    assert main(argv) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and "Traceback" not in error, error
+    assert "already exists; remove it, choose another path, or replace it: --overwrite" in error
+    assert users_own.read_bytes() == before
+    assert main(argv + ["--overwrite"]) == 0
+    assert users_own.read_bytes() != before
+    written = users_own.read_bytes()
+    assert main(argv) == 2 and "already exists" in capsys.readouterr().err  # densecnn's own map alike
+    assert users_own.read_bytes() == written
+
+
+def test_an_existing_geojson_is_replaced_only_with_overwrite(tmp_path, capsys):
+    image = tmp_path / "cells.png"
+    Image.fromarray(tiled_nuclei(48, 48)).save(image)
+    regions = tmp_path / "regions.geojson"
+    regions.write_text("the user's own notes")
+    labels = tmp_path / "labels.png"
+    argv = ["predict", str(NUCLEI_MODEL), str(image), str(labels), "--geojson", str(regions), "--no-progress"]
+    assert main(argv) == 2
+    error = capsys.readouterr().err
+    assert (
+        f"the GeoJSON {regions} already exists" in error and "--overwrite" in error and error.count("\n") == 1
+    )
+    assert regions.read_text() == "the user's own notes" and not labels.exists()
+    assert main(argv + ["--overwrite"]) == 0
+    assert regions.read_text().startswith('{"type": "FeatureCollection"')
+
+
+def test_what_is_in_an_outputs_way_is_refused_before_any_work_even_with_overwrite(tmp_path, capsys):
+    """A folder where one label map is written, a file where a zarr store is, a folder of other files where a zarr
+    store is: refused, nothing replaced or deleted."""
+    image = tmp_path / "cells.png"
+    Image.fromarray(tiled_nuclei(48, 48)).save(image)
+    slide = tmp_path / "slide.zarr"
+    zarr.create_array(store=str(slide), data=tiled_nuclei(64, 64), chunks=(32, 32))
+    folder = tmp_path / "maps"
+    folder.mkdir()
+    (folder / "keep.txt").write_text("kept")
+    np.save(tmp_path / "scores.npy", np.arange(4))
+    (tmp_path / "notes.zarr").mkdir()
+    (tmp_path / "notes.zarr" / "notes.txt").write_text("kept")
+    before = _digests(tmp_path)
+    model = str(NUCLEI_MODEL)
+    cases = [
+        ([model, str(image), str(folder)], f"the output {folder} is a folder, where one file is written"),
+        ([model, str(slide), str(tmp_path / "o.zarr"), "--probabilities", str(tmp_path / "scores.npy")],
+         "the probabilities .*scores.npy is a file, where a zarr store is written"),
+        ([model, str(slide), str(tmp_path / "notes.zarr")],
+         "the output .*notes.zarr is a folder of other files, not a zarr store, which starting over would delete"),
+        ([model, str(image), str(folder / "a.png"), "--geojson", f"{folder}/"],
+         f"--geojson {folder} is a folder, and --geojson takes a file path"),
+    ]  # fmt: skip
+    for argv, message in cases:
+        for extra in ([], ["--overwrite"]):
+            assert main(["predict", *argv, *extra, "--no-progress"]) == 2, argv
+            error = capsys.readouterr().err
+            assert error.count("\n") == 1 and "Traceback" not in error and "lies inside" not in error, error
+            assert re.search(message, error), (message, error)
+    assert _digests(tmp_path) == before
 
 
 def test_geojson_and_probabilities_may_not_share_a_path_with_the_output_or_the_input(tmp_path, capsys):
