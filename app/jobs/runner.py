@@ -237,7 +237,9 @@ class JobRunner:
         self.store.set(job.id, state=State.running.value, started=started, error=None, blocks_done=0,
                        blocks_computed=0, pixels=0, run_seconds=0.0)  # fmt: skip
         report = _Reporter(self, job.id, stop, started)
-        options = self._options(job, stop, report)
+        # a one-image job rerun (its server stopped before it was marked done) replaces its own label image; a
+        # zarr store is resumed from the chunks already written
+        options = self._options(job, stop, report, replace=not chunked)
         where = str(directory)
         try:
             model = self._job_model(job)
@@ -351,8 +353,9 @@ class JobRunner:
                            "added or rewritten), so its labels would not be those of one input; submit the job "
                            "again once the input is complete and stays unchanged")  # fmt: skip
 
-    def _options(self, job: JobRecord, stop: threading.Event, report: _Reporter):
-        """The engine's options for ``job``: its own (level, chunk, intensity, nonfinite) and the server's."""
+    def _options(self, job: JobRecord, stop: threading.Event, report: _Reporter, *, replace: bool):
+        """The engine's options for ``job``: its own (level, chunk, intensity, nonfinite) and the server's;
+        ``replace``: an output already in the job's directory is replaced."""
         from densecnn.blockwise import BlockwiseOptions
         from densecnn.io import Intensity
 
@@ -365,6 +368,7 @@ class JobRunner:
             max_memory=task_memory(self.settings),
             intensity=Intensity.parse(job.intensity) if job.intensity else None,
             nonfinite=job.nonfinite,
+            overwrite=replace,
             progress=False,
             cancel=stop,  # set: no block starts, and a block in flight writes no further chunk
             on_progress=report,

@@ -120,6 +120,27 @@ def test_a_job_stopped_with_the_server_resumes_at_the_next_start(tmp_path):
     np.testing.assert_array_equal(stored, reference_labels(settings.model_dir / "cells", pixels))
 
 
+def test_a_one_image_job_rerun_after_its_label_image_was_written_replaces_it(tmp_path):
+    # the server stopped after the job wrote labels.png and before it was marked done: the rerun writes it again
+    settings = job_settings(tmp_path)
+    pixels = blobs(40, 36, seed=2)
+    with serving(settings) as client:
+        location = client.post(
+            "/v1/jobs", params={"model": "cells"}, files={"image": ("cells.png", encode(pixels))}
+        ).headers["location"]
+        job = wait_for(client, location)
+        assert job["state"] == "succeeded", job
+        assert (settings.data_dir / "jobs" / job["id"] / "labels.png").is_file()
+        client.app.state.jobs.store.set(job["id"], state="queued", finished=None, runner=None)
+    with serving(settings) as client:
+        job = wait_for(client, location)
+        assert job["state"] == "succeeded", job["error"]
+        png = client.get(job["results"]["png"]).content
+    np.testing.assert_array_equal(
+        np.asarray(Image.open(io.BytesIO(png))), reference_labels(settings.model_dir / "cells", pixels)
+    )
+
+
 def test_cancelling_a_running_job_frees_its_slot(tmp_path):
     write_zarr(tmp_path / "data" / "big.zarr", 256, 256, chunks=16)
     write_zarr(tmp_path / "data" / "small.zarr", 32, 32)
