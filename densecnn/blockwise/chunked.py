@@ -44,7 +44,9 @@ def label_array(
     """Label ``source`` into the zarr array ``output``, or the OME-Zarr ``target``, on ``client``'s cluster."""
     budget = task_memory(client, options.max_memory)
     plan = plan_tasks(source, loaded.dense(), options.chunk, options.block, budget)
-    scaling = whole_image_scaling(source, options.intensity or loaded.intensity)
+    scaling = whole_image_scaling(
+        source, options.intensity or loaded.intensity, finite=options.nonfinite != "propagate"
+    )
     with input_errors():
         where = foreground(options.foreground, source, scaling) if options.foreground else None
     description = _description(loaded, model, source, scaling, options)
@@ -70,10 +72,11 @@ def label_array(
     return summary
 
 
-def whole_image_scaling(source: LazyArray, intensity) -> Scaling:
-    """The intensity scaling of the whole array, from its sample windows (every block is scaled by it)."""
+def whole_image_scaling(source: LazyArray, intensity, *, finite: bool) -> Scaling:
+    """The intensity scaling of the whole array, from its sample windows (every block is scaled by it); ``finite``:
+    NaN/±Inf values in them are refused before any output is made."""
     try:
-        return array_scaling(source, intensity)
+        return array_scaling(source, intensity, finite=finite)
     except (OSError, RuntimeError, ValueError) as exc:
         if isinstance(exc, DenseCNNError):  # the values do not fit the intensity scaling: its own message
             raise

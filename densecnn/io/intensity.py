@@ -312,8 +312,9 @@ def require_finite(
             "range; give the intensity range the image's values span"
         )
     raise NonFiniteInputError(
-        f"the image has {count:,} pixels holding NaN or infinite values (beyond float32's range counts too), the "
-        f"first at position {tuple(first)}; no label map computed from them means anything: send finite values",
+        f"the image has {count:,} {'pixel' if count == 1 else 'pixels'} holding NaN or infinite values (beyond "
+        f"float32's range counts too), the first at position {tuple(first)}; no label map computed from them means "
+        "anything: send finite values",
         fix=NO_DATA_FIX,
     )
 

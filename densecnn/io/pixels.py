@@ -114,12 +114,19 @@ def image_scaling(
     return intensity.scaling(np.concatenate(parts), floats_in_unit_range=len(spatial_axes) > 1)
 
 
-def array_scaling(source, intensity: Intensity) -> Scaling:
+def array_scaling(source, intensity: Intensity, *, finite: bool = False) -> Scaling:
     """:func:`image_scaling` of a :class:`~densecnn.io.LazyArray` too large to read whole: the same sample
-    windows, each read on its own, so a block-wise run scales every block as one pass over the image would."""
+    windows, each read on its own, so a block-wise run scales every block as one pass over the image would.
+    ``finite``: a NaN/±Inf value in the sample is refused (:class:`~densecnn.errors.NonFiniteInputError`, naming
+    its position in the image), before any block runs: the whole of an image smaller than the sample."""
     spatial = source.spatial_shape
-    sample = np.concatenate([np.asarray(source.read(window)).ravel() for window in sample_windows(spatial)])
-    return intensity.scaling(sample, floats_in_unit_range=len(spatial) > 1)
+    parts = []
+    for window in sample_windows(spatial):
+        values = np.asarray(source.read(window))  # (S, *window)
+        if finite:
+            require_finite(values, channel_axis=0, origin=tuple(axis.start for axis in window))
+        parts.append(values.ravel())
+    return intensity.scaling(np.concatenate(parts), floats_in_unit_range=len(spatial) > 1)
 
 
 def model_input(image: np.ndarray, model, scaling: Scaling | None = None) -> torch.Tensor:
