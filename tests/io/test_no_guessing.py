@@ -201,7 +201,7 @@ def test_values_overflowing_a_narrow_range_blame_the_range_not_the_image(nuclei)
         ):
             to_input()
     image[3, 4] = np.nan  # an image that is not finite is still named as such
-    with pytest.raises(densecnn.errors.NonFiniteInputError, match=r"1 pixels .* position \(3, 4\)"):
+    with pytest.raises(densecnn.errors.NonFiniteInputError, match=r"1 pixel .* position \(3, 4\)"):
         densecnn.io.model_input(image, nuclei, scaling)
 
 

@@ -235,12 +235,12 @@ def test_non_finite_image_pixels_are_refused_before_training_naming_the_first(va
     bad = image.astype(dtype)
     bad[0, 3, 4] = value  # 1e39: finite in float64, beyond the float32 the model reads
     with pytest.raises(
-        TrainingError, match=rf"image 1: the image has 1 pixels .*NaN.* {re.escape(position)}.*nan_to_num"
+        TrainingError, match=rf"image 1: the image has 1 pixel .*NaN.* {re.escape(position)}.*nan_to_num"
     ):
         StrokeTrainer([image, bad], [painted(truth), painted(truth)], model="tiny", recipe=TINY)
     trainer = StrokeTrainer([image], [painted(truth)], model="tiny", recipe=TINY)
     with pytest.raises(
-        TrainingError, match="image 0: the image has 1 pixels"
+        TrainingError, match="image 0: the image has 1 pixel "
     ):  # new strokes, as napari sends them
         trainer.set_labels([bad], [painted(truth)])
 
