@@ -24,23 +24,37 @@ def _raise_terminated(signum, frame) -> None:
     raise Terminated
 
 
+# the handler a signal has when Python's own (None: not installed from Python) is put back
+_DEFAULT_HANDLERS = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}
+
+
 @contextlib.contextmanager
-def sigterm_stops_runs() -> Iterator[None]:
-    """Run the block with SIGTERM raising :class:`Terminated`, so that a run stopped by it writes its model as on
-    Ctrl-C; the previous handler is put back afterwards. Outside the main thread (where Python delivers signals) the
-    block runs as it is."""
+def _signal_handlers(handlers: dict) -> Iterator[None]:
+    """Run the block with ``handlers`` (signal -> handler) installed and the previous ones put back afterwards;
+    outside the main thread (where Python delivers signals), or where there are no signals (an embedded
+    interpreter), the block runs as it is."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     try:
-        previous = signal.signal(signal.SIGTERM, _raise_terminated)
-    except ValueError:  # no signals here (an embedded interpreter)
+        previous = {signum: signal.signal(signum, handler) for signum, handler in handlers.items()}
+    except ValueError:
         yield
         return
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler if handler is not None else _DEFAULT_HANDLERS[signum])
+
+
+@contextlib.contextmanager
+def sigterm_stops_runs() -> Iterator[None]:
+    """Run the block with SIGTERM raising :class:`Terminated`, so that a run stopped by it writes its model as on
+    Ctrl-C; the previous handler is put back afterwards. Outside the main thread (where Python delivers signals) the
+    block runs as it is."""
+    with _signal_handlers({signal.SIGTERM: _raise_terminated}):
+        yield
 
 
 @contextlib.contextmanager
@@ -50,9 +64,6 @@ def interrupts_deferred() -> Iterator[None]:
 
     Outside the main thread (where Python delivers signals) the block runs as it is.
     """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
     held = [signal.SIGINT]
     if signal.getsignal(signal.SIGTERM) is _raise_terminated:  # under sigterm_stops_runs
         held.append(signal.SIGTERM)
@@ -61,16 +72,8 @@ def interrupts_deferred() -> Iterator[None]:
     def hold(signum, frame) -> None:
         received.append(signum)
 
-    try:
-        previous = {signum: signal.signal(signum, hold) for signum in held}
-    except ValueError:  # no signals here (an embedded interpreter)
+    with _signal_handlers(dict.fromkeys(held, hold)):
         yield
-        return
-    try:
-        yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler if handler is not None else signal.default_int_handler)
     if received:
         raise Terminated if received[0] == signal.SIGTERM else KeyboardInterrupt
 
