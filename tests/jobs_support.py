@@ -1,4 +1,5 @@
-"""Helpers for the job tests: a service with a data root holding a small zarr image, polling, the reference labels."""
+"""Helpers for the job tests: a service with a data root holding a small zarr image, polling, the reference labels,
+the API's error bodies."""
 
 from __future__ import annotations
 
@@ -57,6 +58,16 @@ def reference_labels(model_dir: Path, pixels: np.ndarray) -> np.ndarray:
         return loaded.dense().predict(model_input(pixels, loaded))[0].numpy()
 
 
+def error_of(response, status: int, code: str) -> dict:
+    """The error body of ``response``, checked to have ``status``, ``code``, a message and the request's id."""
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert (
+        error["code"] == code and error["message"] and error["request_id"] == response.headers["x-request-id"]
+    ), error
+    return error
+
+
 def wait_for(
     client, location: str, until=lambda job: job["state"] in FINISHED, timeout: float = 120.0, **kwargs
 ):
@@ -70,6 +81,16 @@ def wait_for(
             return job
         time.sleep(0.02)
     raise AssertionError(f"the job did not get there in {timeout} s: {job}")
+
+
+def succeeded_upload_job(client, image: bytes, name: str = "a.png") -> dict:
+    """Submit the encoded ``image`` as an uploaded job for the model "cells" and wait until it ends; the job,
+    checked to have been accepted and to have succeeded."""
+    created = client.post("/v1/jobs", params={"model": "cells"}, files={"image": (name, image)})
+    assert created.status_code == 202, created.text
+    job = wait_for(client, created.headers["location"])
+    assert job["state"] == "succeeded", job
+    return job
 
 
 def download_zarr(client, job_id: str, target: Path, **kwargs):

@@ -21,23 +21,16 @@ from tests.app_support import blobs, encode  # noqa: E402
 from tests.jobs_support import (  # noqa: E402
     FINISHED,
     download_zarr,
+    error_of,
     job_settings,
     reference_labels,
     serving,
+    succeeded_upload_job,
     wait_for,
     write_zarr,
 )
 
 pytestmark = pytest.mark.xdist_group("jobs")  # Dask clusters: one test at a time
-
-
-def error_of(response, status: int, code: str) -> dict:
-    assert response.status_code == status, response.text
-    error = response.json()["error"]
-    assert (
-        error["code"] == code and error["message"] and error["request_id"] == response.headers["x-request-id"]
-    )
-    return error
 
 
 def test_a_server_side_zarr_job_equals_the_in_memory_prediction(tmp_path):
@@ -125,11 +118,8 @@ def test_a_one_image_job_rerun_after_its_label_image_was_written_replaces_it(tmp
     settings = job_settings(tmp_path)
     pixels = blobs(40, 36, seed=2)
     with serving(settings) as client:
-        location = client.post(
-            "/v1/jobs", params={"model": "cells"}, files={"image": ("cells.png", encode(pixels))}
-        ).headers["location"]
-        job = wait_for(client, location)
-        assert job["state"] == "succeeded", job
+        job = succeeded_upload_job(client, encode(pixels), "cells.png")
+        location = f"/v1/jobs/{job['id']}"
         assert (settings.data_dir / "jobs" / job["id"] / "labels.png").is_file()
         client.app.state.jobs.store.set(job["id"], state="queued", finished=None, runner=None)
     with serving(settings) as client:

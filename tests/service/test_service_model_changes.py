@@ -24,21 +24,16 @@ from densecnn.errors import InvalidInputError, PredictInputError  # noqa: E402
 from tests.app_support import CLASS_NAMES, blobs, brightness_model, encode  # noqa: E402
 from tests.jobs_support import (  # noqa: E402
     download_zarr,
+    error_of,
     job_settings,
     reference_labels,
     serving,
+    succeeded_upload_job,
     wait_for,
     write_zarr,
 )
 
 pytestmark = pytest.mark.xdist_group("jobs")  # Dask clusters: one test at a time
-
-
-def error_of(response, status: int, code: str) -> dict:
-    assert response.status_code == status, response.text
-    error = response.json()["error"]
-    assert error["code"] == code and error["message"], error
-    return error
 
 
 def _save_other_model(directory) -> None:
@@ -71,10 +66,7 @@ def test_a_model_replaced_in_place_is_served_alike_by_segment_jobs_and_the_model
         expected = reference_labels(model_dir, pixels)
         assert (expected != before).any(), "the replacement model must label the image otherwise"
         segment = _png_labels(client.post("/v1/models/cells/segment", files={"image": ("a.png", png)}))
-        created = client.post("/v1/jobs", params={"model": "cells"}, files={"image": ("a.png", png)})
-        assert created.status_code == 202, created.text
-        job = wait_for(client, created.headers["location"])
-        assert job["state"] == "succeeded", job
+        job = succeeded_upload_job(client, png)
         from_job = _png_labels(client.get(job["results"]["png"]))
         np.testing.assert_array_equal(segment, expected)
         np.testing.assert_array_equal(from_job, expected)
@@ -142,11 +134,7 @@ def test_a_model_replaced_while_its_job_runs_leaves_the_job_on_the_version_it_st
     monkeypatch.setattr(densecnn.blockwise, "predict_to_disk", replaced_first)
     with serving(settings) as client:
         before = client.get("/v1/models/cells").json()["version"]
-        created = client.post(
-            "/v1/jobs", params={"model": "cells"}, files={"image": ("a.png", encode(pixels))}
-        )
-        job = wait_for(client, created.headers["location"])
-        assert job["state"] == "succeeded", job
+        job = succeeded_upload_job(client, encode(pixels))
         from_job = _png_labels(client.get(job["results"]["png"]))
         after = client.get("/v1/models/cells").json()["version"]
     old, new = reference_labels(kept, pixels), reference_labels(model_dir, pixels)
@@ -250,11 +238,7 @@ def test_a_removed_model_keeps_finished_results_and_refuses_new_jobs_at_once(tmp
     settings = job_settings(tmp_path)
     pixels = blobs(40, 48, seed=2)
     with serving(settings) as client:
-        created = client.post(
-            "/v1/jobs", params={"model": "cells"}, files={"image": ("a.png", encode(pixels))}
-        )
-        job = wait_for(client, created.headers["location"])
-        assert job["state"] == "succeeded", job
+        job = succeeded_upload_job(client, encode(pixels))
         shutil.rmtree(settings.model_dir / "cells")
         expected = _png_labels(client.get(job["results"]["png"]))
         tiff = client.get(f"/v1/jobs/{job['id']}/result.tif")
