@@ -109,21 +109,20 @@ def image_files(directory: str | Path, spatial_dims: int = 2) -> list[Path]:
     flat = sorted(
         p.name for p in folder.iterdir() if p.suffix.lower() in _image_suffixes(2) and p not in files
     )
-    if not files and flat and spatial_dims != 2:
+    if flat:  # 2-D images in a dataset of signals or volumes (in one of images, every file is one)
         kind, forms = _KINDS[spatial_dims]
-        raise DatasetError(
-            f"{folder}: {', '.join(flat[:3])}{' ...' if len(flat) > 3 else ''} are 2-D images, and the model takes "
-            f"{kind} ({forms}); train a 2-D model on them (a zoo name for images, or a 2-D model directory), or give "
-            f"a dataset of {kind}"
+        shown = f"{', '.join(flat[:3])}{' ...' if len(flat) > 3 else ''} are 2-D images"
+        if not files:
+            raise DatasetError(
+                f"{folder}: {shown}, and the model takes {kind} ({forms}); train a 2-D model on them (a zoo name for "
+                f"images, or a 2-D model directory), or give a dataset of {kind}"
+            )
+        raise DatasetError(  # never skipped unsaid
+            f"{folder}: {shown}, and the run trains on {kind} ({files[0].name}); a dataset holds one kind: move them "
+            "to a dataset of their own"
         )
     if not files:
         raise DatasetError(f"{folder}: no images found (looked for {', '.join(suffixes)})")
-    if flat:  # 2-D images beside the arrays of a run of signals or volumes: never skipped unsaid
-        kind = "volumes" if spatial_dims == 3 else "signals"
-        raise DatasetError(
-            f"{folder}: {', '.join(flat[:3])}{' ...' if len(flat) > 3 else ''} are 2-D images, and the run trains "
-            f"on {kind} ({files[0].name}); a dataset holds one kind: move them to a dataset of their own"
-        )
     by_name: dict[str, list[str]] = {}
     for path in files:
         by_name.setdefault(path.stem, []).append(path.name)
