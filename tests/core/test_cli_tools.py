@@ -9,9 +9,14 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
+from PIL import Image
+from torch import nn
 
 import densecnn.bench
 from densecnn.cli import main
@@ -228,13 +233,6 @@ def test_an_invalid_setting_is_one_line_even_for_help(variable, value):
 
 
 def test_densecnn_warnings_are_one_line_each_said_once(tmp_path, capsys):
-    import warnings
-
-    import numpy as np
-    import torch
-    from PIL import Image
-    from torch import nn
-
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(4, 3, 2)).eval()
     with warnings.catch_warnings():
